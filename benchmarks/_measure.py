@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Run one command and measure its wall time and peak memory; used by bench_ingest.py.
+
+    python _measure.py RESULT.json -- COMMAND [ARG...]
+
+Why a separate launcher: on Linux a child's ru_maxrss starts from the RSS of the process
+that forked (or vforked) it and survives execve, so measuring from the benchmark harness,
+which has touched hundreds of MB itself, would report the harness's peak for every small
+run. This launcher is small (~10 MB), so the peak it reports (wait4's ru_maxrss) is the
+command's own. It also samples the RSS and PSS of the command's whole process tree, for
+loaders that fork workers (HTA parses several ranks in a process pool); PSS counts pages
+shared between a parent and its forked workers once. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _descendants(root: int) -> list[int]:
+    parent: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # the comm field may contain spaces and parentheses: split after the last ")"
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        parent[int(name)] = int(rest[1])
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += [c for c, pp in parent.items() if pp == p]
+    return out
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * PAGE_KB
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return _rss_kb(pid)
+
+
+class Sampler(threading.Thread):
+    def __init__(self, pid: int, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.rss_peak_kb = self.pss_peak_kb = self.max_procs = self.samples = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            pids = _descendants(self.pid)
+            self.max_procs = max(self.max_procs, len(pids))
+            rss = sum(_rss_kb(p) for p in pids)
+            # PSS only matters (and is only paid for) when several processes share pages
+            pss = sum(_pss_kb(p) for p in pids) if len(pids) > 1 else rss
+            self.rss_peak_kb = max(self.rss_peak_kb, rss)
+            self.pss_peak_kb = max(self.pss_peak_kb, pss)
+            self.samples += 1
+            self.done.wait(self.interval)
+
+
+def main() -> int:
+    result_path = sys.argv[1]
+    sep = sys.argv.index("--")
+    argv = sys.argv[sep + 1 :]
+    interval = float(os.environ.get("BENCH_SAMPLE_INTERVAL", "0.05"))
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    sampler = Sampler(p.pid, interval)
+    sampler.start()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    sampler.done.set()
+    sampler.join()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    with open(result_path, "w") as fh:
+        json.dump(
+            {
+                "rc": p.returncode,
+                "proc_s": wall,
+                "maxrss_kb": ru.ru_maxrss,
+                "tree_rss_peak_kb": sampler.rss_peak_kb,
+                "tree_pss_peak_kb": sampler.pss_peak_kb,
+                "max_procs": sampler.max_procs,
+                "samples": sampler.samples,
+                "user_s": ru.ru_utime,
+                "sys_s": ru.ru_stime,
+            },
+            fh,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

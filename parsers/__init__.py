@@ -1,0 +1,111 @@
+"""Trace parsers: one module per trace format, behind one small protocol and one registry.
+
+A parser turns one trace file into a ``ParsedTrace``: an Arrow table of raw events in
+``schema.RAW_SCHEMA`` (times in nanoseconds on the trace's absolute clock where it has one) plus
+what the file says about itself (rank, world size, host). Classification and structure are the
+core's job, so a parser stays small. Third-party parsers register under the entry-point group
+``traceview.parsers`` with the same protocol.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from traceview.errors import BadInput, Notes
+from traceview.rules import RuleSet
+
+
+@dataclass
+class ParsedTrace:
+    path: Path
+    framework: str
+    events: pa.Table  # schema.RAW_SCHEMA
+    rank: int | None = None  # as the trace itself states it
+    world_size: int | None = None
+    host: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # backend, devices, versions...
+    threads: dict[str, str] = field(default_factory=dict)  # "pid/tid" -> thread name
+    notes: Notes = field(default_factory=Notes)
+    bytes_read: int = 0
+    lost_bytes: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # records not kept as events, by type
+
+
+@dataclass
+class TraceIdentity:
+    """What a trace says about who wrote it, read cheaply before the full parse."""
+
+    rank: int | None = None
+    world_size: int | None = None
+    host: str | None = None
+
+
+class Parser(Protocol):
+    name: str
+    framework: str
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        """Whether ``path`` (whose first decompressed bytes are ``head``) is this format."""
+        ...
+
+    def identify(self, path: Path) -> TraceIdentity:
+        """Rank, world size and host as the trace states them (all None when it does not)."""
+        ...
+
+    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace: ...
+
+
+#: Built-in parsers, imported only when needed: "module:Class".
+BUILTIN_PARSERS: tuple[str, ...] = ("traceview.parsers.kineto:KinetoParser",)
+
+
+def _load(spec: str) -> Parser:
+    module_name, _, attr = spec.partition(":")
+    parser: Parser = getattr(importlib.import_module(module_name), attr)()
+    return parser
+
+
+def registered() -> list[Parser]:
+    """Every parser: built-in ones first, then those registered by other packages."""
+    parsers = [_load(spec) for spec in BUILTIN_PARSERS]
+    for entry in entry_points(group="traceview.parsers"):
+        parsers.append(entry.load()())
+    return parsers
+
+
+def parser_for(path: Path, head: bytes) -> Parser | None:
+    for parser in registered():
+        if parser.sniff(path, head):
+            return parser
+    return None
+
+
+def parser_named(name: str) -> Parser:
+    for parser in registered():
+        if name in (parser.name, parser.framework):
+            return parser
+    known = ", ".join(p.name for p in registered())
+    raise BadInput(f"unknown trace format {name!r} (known: {known})")
+
+
+_RANK_IN_NAME = (
+    re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)", re.IGNORECASE),
+    re.compile(r"(?:^|[^a-z])worker[-_]?(\d+)", re.IGNORECASE),
+)
+
+
+def rank_from_filename(path: Path) -> int | None:
+    """``rank-3.pt.trace.json`` -> 3, ``worker1.json`` -> 1; looks at the file, then its folder."""
+    for part in (path.name, path.parent.name):
+        for pattern in _RANK_IN_NAME:
+            match = pattern.search(part)
+            if match:
+                return int(match.group(1))
+    return None

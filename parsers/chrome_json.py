@@ -1,0 +1,310 @@
+"""Streaming reader for Chrome-trace JSON (``{"traceEvents": [...]}`` or a bare ``[...]``).
+
+Traces reach gigabytes, so the file is never decoded in one piece: the events array is cut into
+chunks of a few megabytes at ``}, {`` boundaries and each chunk is decoded on its own by the
+caller's typed decoder. A cut is valid exactly when the chunk decodes: a boundary inside a string
+or a nested object leaves an unterminated string or unbalanced brackets, which no JSON decoder
+accepts, so such a cut is simply moved to the next candidate.
+
+Plain and gzip files are read the same way. A file that ends early (a rank killed mid-write) keeps
+every complete event before the cut; the reader says how many bytes were lost.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from traceview.errors import BadInput
+
+T = TypeVar("T")
+
+CHUNK_BYTES = 8 << 20
+_BLOCK_BYTES = 4 << 20
+_HEADER_LIMIT = 256 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BYTE_POSITION = re.compile(r"\(byte (\d+)\)")
+_RECOVERY_TRIES = 64
+
+
+@dataclass
+class StreamState:
+    """What the byte stream under the JSON looked like."""
+
+    bytes_read: int = 0
+    compressed: bool = False
+    ended_early: str | None = None  # why the byte stream stopped before its end
+
+
+@dataclass
+class ChromeTraceInfo:
+    """Everything around the events: top-level keys and how the read went."""
+
+    header: dict[str, Any] = field(default_factory=dict)
+    trailer: dict[str, Any] = field(default_factory=dict)
+    stream: StreamState = field(default_factory=StreamState)
+    lost_bytes: int = 0  # bytes that held no complete event (truncation or corruption)
+    damage: str | None = None  # what was wrong with the JSON, if anything
+
+    @property
+    def top_level(self) -> dict[str, Any]:
+        return {**self.header, **self.trailer}
+
+
+def is_gzip(head: bytes) -> bool:
+    return head[:2] == _GZIP_MAGIC
+
+
+def read_head(path: Path, size: int = 1 << 16) -> bytes:
+    """The first ``size`` decompressed bytes of ``path`` (for sniffing)."""
+    with path.open("rb") as f:
+        raw = f.read(size)
+    if not is_gzip(raw):
+        return raw
+    try:
+        return zlib.decompressobj(wbits=31).decompress(raw, size)
+    except zlib.error as exc:
+        raise BadInput(f"{path}: corrupt gzip data ({exc})") from None
+
+
+def _byte_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
+    """Decompressed blocks of ``path``; a damaged or cut gzip stream ends the iteration early."""
+    with path.open("rb") as f:
+        first = f.read(_BLOCK_BYTES)
+        if not is_gzip(first):
+            block = first
+            while block:
+                state.bytes_read += len(block)
+                yield block
+                block = f.read(_BLOCK_BYTES)
+            return
+        state.compressed = True
+        decompressor = zlib.decompressobj(wbits=31)
+        compressed = first
+        while True:
+            try:
+                out = decompressor.decompress(compressed)
+            except zlib.error as exc:
+                state.ended_early = f"corrupt gzip data ({exc})"
+                return
+            if out:
+                state.bytes_read += len(out)
+                yield out
+            if decompressor.eof:
+                rest = decompressor.unused_data
+                if rest.strip(b"\0"):  # another gzip member follows
+                    decompressor = zlib.decompressobj(wbits=31)
+                    compressed = rest
+                    continue
+            compressed = f.read(_BLOCK_BYTES)
+            if not compressed:
+                break
+        if not decompressor.eof:
+            tail = decompressor.flush()
+            if tail:
+                state.bytes_read += len(tail)
+                yield tail
+            state.ended_early = "the gzip stream ends before its end marker"
+
+
+def _error_byte(exc: Exception) -> int | None:
+    match = _BYTE_POSITION.search(str(exc))
+    return int(match.group(1)) if match else None
+
+
+def _decode_object(text: bytes) -> dict[str, Any]:
+    value = msgspec.json.decode(text)
+    return value if isinstance(value, dict) else {}
+
+
+class ChromeTraceReader(Generic[T]):
+    """Iterate over decoded chunks of a Chrome trace's events.
+
+    ``decode`` receives the bytes of a JSON array of complete events and returns whatever the
+    parser wants (typically columns). It must raise ``msgspec.DecodeError`` for malformed JSON and
+    handle type surprises itself. After iteration, ``info`` holds the top-level keys and damage.
+    """
+
+    def __init__(self, path: Path, decode: Callable[[bytes], T], chunk_bytes: int = CHUNK_BYTES):
+        self.path = path
+        self.decode = decode
+        self.chunk_bytes = chunk_bytes
+        self.info = ChromeTraceInfo()
+
+    # -- the events array -----------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[T]:
+        blocks = _byte_blocks(self.path, self.info.stream)
+        buf = bytearray()
+        exhausted = False
+
+        def fill() -> bool:
+            nonlocal exhausted
+            for block in blocks:
+                buf.extend(block)
+                return True
+            exhausted = True
+            return False
+
+        body_start = self._read_header(buf, fill)
+        if body_start is None:
+            return
+        del buf[:body_start]
+        search_from = self.chunk_bytes
+        while True:
+            if not exhausted and len(buf) < self.chunk_bytes + _BLOCK_BYTES:
+                fill()
+                continue
+            if exhausted:
+                # Cut before the last event so that the final piece, which must be decoded
+                # twice to find where the array ends, holds a single event.
+                match = None
+                for match in _SEPARATOR.finditer(buf):  # noqa: B007 - keep the last one
+                    pass
+                if match is None:
+                    yield from self._final(buf)
+                    return
+            else:
+                match = _SEPARATOR.search(buf, search_from)
+                if match is None:
+                    search_from = max(self.chunk_bytes, len(buf) - 64)
+                    fill()
+                    continue
+            end = match.start() + 1
+            try:
+                chunk = self.decode(b"[" + bytes(buf[:end]) + b"]")
+            except msgspec.DecodeError as exc:
+                position = _error_byte(exc)
+                if "trailing characters" in str(exc):
+                    # The array ends inside this piece: finish with the whole rest.
+                    while fill():
+                        pass
+                    yield from self._final(buf)
+                    return
+                if position is not None and position < end - 1:
+                    # Malformed JSON well before the cut: real damage, not a bad cut.
+                    yield from self._skip_damage(buf, position - 1)
+                    search_from = self.chunk_bytes
+                elif exhausted:
+                    yield from self._final(buf)
+                    return
+                else:
+                    search_from = match.start() + 1
+                continue
+            yield chunk
+            del buf[: match.end() - 1]
+            search_from = self.chunk_bytes if not exhausted else 0
+
+    def _read_header(self, buf: bytearray, fill: Callable[[], bool]) -> int | None:
+        """Parse the keys before the events array; return where the events begin."""
+        while True:
+            stripped = buf.lstrip()
+            if stripped:
+                first = stripped[:1]
+                if first == b"[":
+                    return buf.index(b"[") + 1
+                if first != b"{":
+                    raise BadInput(f"{self.path}: not a JSON trace (starts with {bytes(first)!r})")
+                match = _EVENTS_KEY.search(buf)
+                if match is not None:
+                    head = bytes(buf[: match.start()]).rstrip().rstrip(b",")
+                    try:
+                        self.info.header = _decode_object(head + b"}") if head != b"{" else {}
+                    except msgspec.DecodeError:
+                        self.info.header = {}
+                    return match.end()
+            if len(buf) > _HEADER_LIMIT or not fill():
+                break
+        if not buf.strip():
+            if self.info.stream.ended_early:
+                raise BadInput(f"{self.path}: {self.info.stream.ended_early}, nothing readable")
+            raise BadInput(f"{self.path}: empty file")
+        try:
+            document = msgspec.json.decode(bytes(buf))
+        except msgspec.DecodeError:
+            raise BadInput(f"{self.path}: not a Chrome trace (no traceEvents array)") from None
+        keys = ", ".join(sorted(document)[:6]) if isinstance(document, dict) else ""
+        raise BadInput(f"{self.path}: JSON without a traceEvents array (keys: {keys})")
+
+    def _final(self, buf: bytearray) -> Iterator[T]:
+        """Decode the last chunk, which holds the end of the array and the trailing keys."""
+        piece = b"[" + bytes(buf)
+        try:
+            yield self.decode(piece)
+            return
+        except msgspec.DecodeError as exc:
+            message = str(exc)
+            position = _error_byte(exc)
+        if "trailing characters" in message and position is not None:
+            end = piece.rfind(b"]", 0, position) + 1  # msgspec points just past the array
+            yield self.decode(piece[:end])
+            trailer = piece[end:].strip().lstrip(b",").strip()
+            if trailer and trailer != b"}":
+                try:
+                    self.info.trailer = _decode_object(b"{" + trailer)
+                except msgspec.DecodeError:
+                    self.info.damage = "unreadable keys after the events array"
+            return
+        # The file ends inside the events array: keep every complete event.
+        kept = yield from self._decode_prefix(buf, len(buf))
+        self.info.lost_bytes += len(buf) - kept
+        reason = self.info.stream.ended_early or "the JSON ends inside the events array"
+        self.info.damage = self.info.damage or reason
+
+    def _decode_prefix(self, buf: bytearray, limit: int) -> Iterator[T]:
+        """Yield the longest decodable run of complete events that ends before ``limit``.
+
+        Returns (as the generator's value) how many bytes of ``buf`` it consumed.
+        """
+        end = limit
+        for _ in range(_RECOVERY_TRIES):
+            end = buf.rfind(b"}", 0, end)
+            if end < 0:
+                break
+            following = bytes(buf[end + 1 : end + 64]).lstrip()[:1]
+            if following not in (b",", b"]", b""):
+                continue
+            try:
+                chunk = self.decode(b"[" + bytes(buf[: end + 1]) + b"]")
+            except msgspec.DecodeError:
+                continue
+            yield chunk
+            return end + 1
+        return 0
+
+    def _skip_damage(self, buf: bytearray, position: int) -> Iterator[T]:
+        """Keep the events before malformed bytes at ``position``, drop up to the next event."""
+        kept = yield from self._decode_prefix(buf, position)
+        resume = _SEPARATOR.search(buf, max(position, kept))
+        cut = resume.end() - 1 if resume else len(buf)
+        self.info.lost_bytes += cut - kept
+        self.info.damage = (
+            f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position}"
+        )
+        del buf[:cut]
+        if resume is None:
+            buf.clear()
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The top-level keys written before the events array (cheap: stops at ``traceEvents``)."""
+    reader: ChromeTraceReader[None] = ChromeTraceReader(path, lambda _: None)
+    blocks = _byte_blocks(path, reader.info.stream)
+    buf = bytearray()
+
+    def fill() -> bool:
+        for block in blocks:
+            buf.extend(block)
+            return True
+        return False
+
+    reader._read_header(buf, fill)
+    return reader.info.header

@@ -1,0 +1,368 @@
+"""PyTorch profiler traces (Kineto Chrome-trace JSON, plain or gzip), both generations.
+
+Current Kineto writes categories cpu_op, user_annotation, python_function, cuda_runtime, kernel,
+gpu_memcpy, gpu_memset, gpu_user_annotation and ac2g flows; the 2021 format writes Operator,
+Runtime, Kernel, Memcpy, Memset and ``async`` flows. ROCm traces use the same categories with
+hip* names. Device activities carry the ``correlation`` id of the runtime call that launched
+them, which is all the core needs to link the two, so flow events are counted, not kept.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from traceview.parsers import ParsedTrace, TraceIdentity
+from traceview.parsers.chrome_json import ChromeTraceReader, read_head, read_header
+
+from traceview import schema as S
+from traceview.errors import BadInput, Notes
+from traceview.rules import RuleSet
+
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, "Double": 8,
+    "c10::Half": 2, "Half": 2, "half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2,
+    "bfloat16": 2, "long int": 8, "int64": 8, "Long": 8, "int": 4, "int32": 4, "Int": 4,
+    "short int": 2, "int16": 2, "Short": 2, "signed char": 1, "int8": 1, "Char": 1,
+    "unsigned char": 1, "uint8": 1, "Byte": 1, "bool": 1, "Bool": 1,
+    "c10::complex<float>": 8, "c10::complex<double>": 16, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
+}  # fmt: skip
+_COMM_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "c10d::", "record_param_comms")
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The few ``args`` the core needs; everything else in ``args`` is skipped while decoding."""
+
+    external_id: int | str | None = msgspec.field(default=None, name="External id")
+    external_id_old: int | str | None = msgspec.field(default=None, name="external id")
+    correlation: int | str | None = None
+    nbytes: int | float | str | None = msgspec.field(default=None, name="bytes")
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: int | str | None = msgspec.field(default=None, name="In msg nelems")
+    dtype: str | None = None
+    input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
+    input_type: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
+    meta_name: str | None = msgspec.field(default=None, name="name")
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+_DECODER = msgspec.json.Decoder(list[_Event])
+_NO_ARGS = _Args()
+
+
+def _as_int(value: Any) -> int | None:
+    """Ids and counts as integers, whatever the trace wrote ("7", 7.0, "stream 7", "0x1f")."""
+    if value is None or value.__class__ is int:
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, float):
+        return int(value) if value == value else None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("stream "):
+            text = text[7:]
+        try:
+            return int(text, 0) if text.startswith(("0x", "0X")) else int(text)
+        except ValueError:
+            return None
+    return None
+
+
+def _thread_id(value: Any) -> int:
+    """pid/tid as int64: numbers as they are, labels ("Spans", "") as stable negative ids."""
+    number = _as_int(value)
+    if number is not None:
+        return number if number < 1 << 63 else number - (1 << 64)  # keep all 64 bits exactly
+    return -1 - zlib.crc32(str(value).encode())
+
+
+def _coerce(raw: dict[str, Any]) -> _Event:
+    """One event decoded without a schema, made to fit ``_Event`` (the slow, tolerant path)."""
+    args = raw.get("args")
+    parsed_args = None
+    if isinstance(args, dict):
+        dims = args.get("Input Dims")
+        types = args.get("Input type")
+        parsed_args = _Args(
+            external_id=_as_int(args.get("External id")),
+            external_id_old=_as_int(args.get("external id")),
+            correlation=_as_int(args.get("correlation")),
+            nbytes=_as_int(args.get("bytes")),
+            collective=_str_or_none(args.get("Collective name")),
+            in_nelems=_as_int(args.get("In msg nelems")),
+            dtype=_str_or_none(args.get("dtype")),
+            input_dims=msgspec.Raw(msgspec.json.encode(dims)) if dims is not None else None,
+            input_type=msgspec.Raw(msgspec.json.encode(types)) if types is not None else None,
+            meta_name=_str_or_none(args.get("name")),
+        )
+    return _Event(
+        ph=str(raw.get("ph", "")),
+        cat=_str_or_none(raw.get("cat")),
+        name=_str_or_none(raw.get("name")),
+        pid=raw.get("pid") if isinstance(raw.get("pid"), int | str) else None,
+        tid=raw.get("tid") if isinstance(raw.get("tid"), int | str) else None,
+        ts=_float_or_none(raw.get("ts")),
+        dur=_float_or_none(raw.get("dur")),
+        args=parsed_args,
+    )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int_array(values: list[Any]) -> pa.Array:
+    try:
+        return pa.array(values, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        return pa.array([_as_int(v) for v in values], pa.int64())
+
+
+def _comm_bytes(args: _Args) -> int | None:
+    """Message size of a collective from ``In msg nelems``/``dtype`` or the input shapes."""
+    if args.in_nelems is not None:
+        size = _DTYPE_BYTES.get(args.dtype or "")
+        count = _as_int(args.in_nelems)
+        return count * size if size and count is not None else None
+    if args.input_dims is None or args.input_type is None:
+        return None
+    try:
+        dims = msgspec.json.decode(args.input_dims)
+        types = msgspec.json.decode(args.input_type)
+    except msgspec.DecodeError:
+        return None
+    if not dims or not types or not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    size = _DTYPE_BYTES.get(types[0]) if isinstance(types[0], str) else None
+    first = dims[0]
+    if size is None or not isinstance(first, list) or not all(isinstance(d, int) for d in first):
+        return None  # a tensor list or an unknown dtype: the size cannot be told
+    count = 1
+    for d in first:
+        count *= d
+    return count * size
+
+
+class _Chunk:
+    """Columns of one decoded chunk, plus the few metadata records it held."""
+
+    __slots__ = ("batch", "meta")
+
+    def __init__(self, batch: pa.RecordBatch, meta: list[_Event]):
+        self.batch = batch
+        self.meta = meta
+
+
+def _decode_chunk(data: bytes) -> _Chunk:
+    try:
+        events: Sequence[_Event] = _DECODER.decode(data)
+    except msgspec.ValidationError:
+        raw = msgspec.json.decode(data)
+        events = [_coerce(e) for e in raw if isinstance(e, dict)]
+    ph = list(map(attrgetter("ph"), events))
+    names = list(map(attrgetter("name"), events))
+    args = [a if a is not None else _NO_ARGS for a in map(attrgetter("args"), events)]
+    meta = [events[i] for i, p in enumerate(ph) if p == "M"] if "M" in ph else []
+
+    nbytes: list[int | None] = [_as_int(v) for v in map(attrgetter("nbytes"), args)]
+    comm_names = {n for n in set(names) if n and n.startswith(_COMM_PREFIXES)}
+    if comm_names:
+        for i, name in enumerate(names):
+            if name in comm_names and nbytes[i] is None:
+                nbytes[i] = _comm_bytes(args[i])
+
+    external = list(map(attrgetter("external_id"), args))
+    external_old = list(map(attrgetter("external_id_old"), args))
+    ext = [a if a is not None else b for a, b in zip(external, external_old, strict=True)]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "ph": pa.array(ph, pa.string()).dictionary_encode(),
+            S.CAT: pa.array(list(map(attrgetter("cat"), events)), pa.string()).dictionary_encode(),
+            S.NAME: pa.array(names, pa.string()).dictionary_encode(),
+            S.PID: pa.array([_thread_id(v) for v in map(attrgetter("pid"), events)], pa.int64()),
+            S.TID: pa.array([_thread_id(v) for v in map(attrgetter("tid"), events)], pa.int64()),
+            "ts_us": pa.array(list(map(attrgetter("ts"), events)), pa.float64()),
+            "dur_us": pa.array(list(map(attrgetter("dur"), events)), pa.float64()),
+            S.CORRELATION: _int_array(list(map(attrgetter("correlation"), args))),
+            S.EXTERNAL_ID: _int_array(ext),
+            S.BYTES: pa.array(nbytes, pa.int64()),
+            S.COLLECTIVE: pa.array(list(map(attrgetter("collective"), args)), pa.string()),
+        }
+    )
+    return _Chunk(batch, meta)
+
+
+def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
+    """Microseconds (float64) to int64 nanoseconds, exact for integral epoch microseconds."""
+    ns = np.empty(len(us), dtype=np.int64)
+    small = np.abs(us) < 2**53 / 1000  # the product is still exact to the nanosecond
+    ns[small] = np.rint(us[small] * 1000.0).astype(np.int64)
+    big = ~small
+    if big.any():
+        whole = np.floor(us[big])
+        ns[big] = whole.astype(np.int64) * 1000 + np.rint((us[big] - whole) * 1000).astype(np.int64)
+    return ns + base_ns
+
+
+class KinetoParser:
+    name = "kineto"
+    framework = "pytorch"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        if b'"traceEvents"' not in head and not head.lstrip().startswith(b"["):
+            return False
+        markers = (b'"schemaVersion"', b'"cpu_op"', b'"Operator"', b'"ProfilerStep#', b'"ac2g"')
+        return any(marker in head for marker in markers)
+
+    def identify(self, path: Path) -> TraceIdentity:
+        header = read_header(path)
+        distributed = header.get("distributedInfo")
+        distributed = distributed if isinstance(distributed, dict) else {}
+        return TraceIdentity(
+            rank=_as_int(distributed.get("rank")),
+            world_size=_as_int(distributed.get("world_size")),
+            host=_str_or_none(header.get("host_name")),
+        )
+
+    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
+        reader = ChromeTraceReader(path, _decode_chunk)
+        batches: list[pa.RecordBatch] = []
+        meta_events: list[_Event] = []
+        for chunk in reader:
+            batches.append(chunk.batch)
+            meta_events.extend(chunk.meta)
+        info = reader.info
+        notes = Notes()
+        top = info.top_level
+        if not batches or sum(b.num_rows for b in batches) == 0:
+            if info.damage:
+                raise BadInput(f"{path}: no complete event before the damage ({info.damage})")
+            raise BadInput(f"{path}: the trace holds no events")
+        table = pa.Table.from_batches(batches).unify_dictionaries().combine_chunks()
+        del batches
+
+        ph = table.column("ph")
+        counts = {str(k): int(v) for k, v in _value_counts(ph).items()}
+        keep = pc.is_in(ph, pa.array(["X", "i", "I"]))
+        has_ts = pc.is_valid(table.column("ts_us"))
+        kept = pc.and_(keep, has_ts)
+        no_ts = int(pc.sum(pc.and_(keep, pc.invert(has_ts))).as_py() or 0)
+        table = table.filter(kept)
+
+        base_ns = int(top.get("baseTimeNanoseconds") or 0)
+        ts_ns = us_to_ns(table.column("ts_us").to_numpy(zero_copy_only=False), base_ns)
+        dur = table.column("dur_us").to_numpy(zero_copy_only=False)
+        dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
+
+        cat_column = table.column(S.CAT).combine_chunks()
+        instants = pc.is_in(table.column("ph"), pa.array(["i", "I"]))
+        cat_kind = pa.array([rules.kind_of(c.as_py()) for c in cat_column.dictionary], pa.string())
+        kind_codes = pc.fill_null(cat_column.indices, len(cat_kind))
+        kind_lookup = pa.concat_arrays([cat_kind, pa.array([rules.default_kind], pa.string())])
+        kind = pc.if_else(instants, S.KIND_INSTANT, pc.take(kind_lookup, kind_codes))
+
+        raw = pa.table(
+            {
+                S.KIND: kind.dictionary_encode(),
+                S.CAT: table.column(S.CAT),
+                S.NAME: pc.fill_null(table.column(S.NAME), ""),
+                S.PID: table.column(S.PID),
+                S.TID: table.column(S.TID),
+                S.TS_NS: ts_ns,
+                S.DUR_NS: dur_ns,
+                S.CORRELATION: table.column(S.CORRELATION),
+                S.EXTERNAL_ID: table.column(S.EXTERNAL_ID),
+                S.BYTES: table.column(S.BYTES),
+                S.COLLECTIVE: table.column(S.COLLECTIVE).dictionary_encode(),
+            }
+        )
+        raw = S.conform(raw, S.RAW_SCHEMA)
+
+        distributed = (
+            top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
+        )
+        threads = {}
+        for event in meta_events:
+            if event.name == "thread_name" and event.args is not None and event.args.meta_name:
+                threads[f"{_thread_id(event.pid)}/{_thread_id(event.tid)}"] = event.args.meta_name
+        skipped = {
+            "flow": sum(counts.get(p, 0) for p in ("s", "f", "t")),
+            "metadata": counts.get("M", 0),
+            "other": sum(
+                v for p, v in counts.items() if p not in ("X", "i", "I", "s", "f", "t", "M")
+            ),
+            "no_timestamp": no_ts,
+        }
+        if skipped["other"]:
+            kinds = ", ".join(
+                sorted(p for p in counts if p not in ("X", "i", "I", "s", "f", "t", "M"))
+            )
+            notes.warn(
+                f"{path.name}: {skipped['other']} events of unsupported types ({kinds}) not read"
+            )
+        if info.damage:
+            notes.warn(
+                f"{path.name}: trace damaged ({info.damage}): kept {raw.num_rows} events from the "
+                f"first {info.stream.bytes_read - info.lost_bytes:,} bytes; lost {info.lost_bytes:,} "
+                "bytes after the last complete event (the rank probably died while writing)"
+            )
+        devices = top.get("deviceProperties")
+        meta: dict[str, Any] = {
+            "schema_version": top.get("schemaVersion"),
+            "backend": distributed.get("backend"),
+            "nccl_version": distributed.get("nccl_version"),
+            "devices": [d.get("name") for d in devices if isinstance(d, dict)]
+            if isinstance(devices, list)
+            else [],
+            "base_time_ns": base_ns or None,
+            "trace_name": top.get("traceName"),
+        }
+        return ParsedTrace(
+            path=path,
+            framework=self.framework,
+            events=raw,
+            rank=_as_int(distributed.get("rank")),
+            world_size=_as_int(distributed.get("world_size")),
+            host=_str_or_none(top.get("host_name")),
+            meta={k: v for k, v in meta.items() if v not in (None, [], "")},
+            threads=threads,
+            notes=notes,
+            bytes_read=info.stream.bytes_read,
+            lost_bytes=info.lost_bytes,
+            skipped=skipped,
+        )
+
+
+def _value_counts(array: pa.ChunkedArray) -> dict[Any, int]:
+    counts = pc.value_counts(
+        array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+    )
+    return {item["values"].as_py(): item["counts"].as_py() for item in counts}
+
+
+def sniff_file(path: Path) -> bool:
+    """Convenience for tests: whether ``path`` looks like a Kineto trace."""
+    return KinetoParser().sniff(path, read_head(path))

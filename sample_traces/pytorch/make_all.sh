@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Regenerate the PyTorch sample traces (ddp, explicit, slowio) with 2 ranks under Open MPI.
+# Run from anywhere with the project venv active (or set PYTHON=/path/to/python).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root"
+py="${PYTHON:-python}"
+mpi_flags=()
+if [ "$(id -u)" -eq 0 ]; then
+  mpi_flags=(--allow-run-as-root --oversubscribe)
+fi
+for scenario in ddp explicit slowio; do
+  out="sample_traces/pytorch/$scenario"
+  cmd=(mpirun ${mpi_flags[@]+"${mpi_flags[@]}"} -np 2 "$py" sample_traces/pytorch/make_traces.py "$scenario" "$out")
+  rm -f "$out"/rank-*.pt.trace.json* "$out"/groundtruth.json
+  echo "+ ${cmd[*]}" >&2
+  SAMPLE_TRACE_COMMAND="${cmd[*]}" "${cmd[@]}"
+done
+ls -l sample_traces/pytorch/*/

@@ -1,0 +1,95 @@
+"""Numpy views of an events table, with kinds and phases as fixed small-integer codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview import schema as S
+
+KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
+PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
+
+
+def coded(
+    column: pa.ChunkedArray | pa.Array, codes: dict[str, int], missing: int = -1
+) -> np.ndarray:
+    """A dictionary (or string) column as codes from ``codes``; unknown or null: ``missing``."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    lut = np.array(
+        [codes.get(v, missing) for v in array.dictionary.to_pylist()] + [missing], np.int64
+    )
+    indices = pc.fill_null(array.indices, len(lut) - 1).to_numpy(zero_copy_only=False)
+    return lut[np.asarray(indices, dtype=np.int64)]
+
+
+def ints(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
+    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def training_thread_of(
+    pid: np.ndarray, tid: np.ndarray, kind: np.ndarray, self_ns: np.ndarray
+) -> tuple[int, int] | None:
+    """The thread that runs the training loop: the one with the step markers, else the one with
+    the most operator time."""
+    if len(pid) == 0:
+        return None
+    step = kind == KIND_CODE[S.KIND_STEP]
+    if step.any():
+        threads, counts = np.unique(np.stack([pid[step], tid[step]]), axis=1, return_counts=True)
+        best = int(np.argmax(counts))
+        return int(threads[0, best]), int(threads[1, best])
+    op = kind == KIND_CODE[S.KIND_OP]
+    if not op.any():
+        op = np.ones(len(pid), bool)
+    threads, inverse = np.unique(np.stack([pid[op], tid[op]]), axis=1, return_inverse=True)
+    totals = np.bincount(inverse.ravel(), weights=self_ns[op].astype(np.float64))
+    best = int(np.argmax(totals))
+    return int(threads[0, best]), int(threads[1, best])
+
+
+@dataclass
+class EventArrays:
+    """The columns the analyses need, as numpy arrays aligned by row."""
+
+    kind: np.ndarray
+    phase: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    ts: np.ndarray
+    end: np.ndarray
+    self_ns: np.ndarray
+    step: np.ndarray  # -1: no step
+    parent_row: np.ndarray  # row index of the parent event, -1: none
+    depth: np.ndarray
+
+    @classmethod
+    def of(cls, events: pa.Table) -> EventArrays:
+        ts = ints(events.column(S.TS_NS), 0)
+        ids = ints(events.column(S.EVENT_ID), 0)
+        parent = ints(events.column(S.PARENT), -1)
+        row_of_id = np.full(int(ids.max(initial=-1)) + 1, -1, np.int64)
+        row_of_id[ids] = np.arange(len(ids))
+        parent_row = np.where(
+            parent >= 0, row_of_id[np.clip(parent, 0, max(len(row_of_id) - 1, 0))], -1
+        )
+        return cls(
+            kind=coded(events.column(S.KIND), KIND_CODE),
+            phase=coded(events.column(S.PHASE), PHASE_CODE, PHASE_CODE[S.OTHER]),
+            pid=ints(events.column(S.PID), 0),
+            tid=ints(events.column(S.TID), 0),
+            ts=ts,
+            end=ts + ints(events.column(S.DUR_NS), 0),
+            self_ns=ints(events.column(S.SELF_NS), 0),
+            step=ints(events.column(S.STEP), -1),
+            parent_row=parent_row,
+            depth=ints(events.column(S.DEPTH), -1),
+        )
+
+    def of_kinds(self, *kinds: str) -> np.ndarray:
+        return np.isin(self.kind, [KIND_CODE[k] for k in kinds])

@@ -1,0 +1,257 @@
+"""The per-step breakdown: every instant of a step counted once, by the highest-priority phase.
+
+Per rank, time is cut into step windows and every instant of a window goes to the highest-priority
+phase active at that instant on the rank's critical timeline:
+
+    forward | backward | update  >  h2d  >  io  >  comm  >  (region fill)  >  other  >  idle
+
+The critical timeline is, on CPU runs, the training thread: at each instant the innermost event
+on it decides; on GPU runs, the device: kernels and copies (which carry the phase of the host
+call that launched them), plus the training thread's data loading. Communication on any thread
+or stream of the rank also counts. Time on the training thread that no operator covers (Python
+between operators, a wait without an event of its own) counts as the enclosing region's phase
+("region fill": inside a forward/backward/optimizer region, or between two operators of the same
+phase), but only when no communication is in flight then: a training thread that stops while a
+collective runs is waiting for it, which is communication, not compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from traceview import schema as S
+from traceview.analysis.columns import KIND_CODE, PHASE_CODE, EventArrays, training_thread_of
+
+# Priority levels, highest first, and the phase each one reports as.
+LEVEL_PHASES = (
+    S.FORWARD,
+    S.BACKWARD,
+    S.UPDATE,
+    S.H2D,
+    S.IO,
+    S.COMM,
+    S.FORWARD,  # region fill
+    S.BACKWARD,  # region fill
+    S.UPDATE,  # region fill
+    S.OTHER,
+)
+_COMM_LEVEL = LEVEL_PHASES.index(S.COMM)
+_OTHER_LEVEL = len(LEVEL_PHASES) - 1
+_GAP = -1
+# level of an event's time by its phase code: explicit (an operator) and as a region (fill)
+_EXPLICIT = np.array([4, 3, 0, 1, 2, 5, 9])  # io, h2d, forward, backward, update, comm, other
+_REGION = np.array([4, 3, 6, 7, 8, 5, _GAP])
+# A gap between two segments takes their level when they agree: compute as region fill, data
+# loading, copies and communication as themselves; "other" never spreads.
+_FILL_OF = {0: 6, 1: 7, 2: 8, 6: 6, 7: 7, 8: 8, 3: 3, 4: 4, 5: 5}
+
+_DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
+_HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
+_STRUCTURAL_KINDS = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
+_TIMED_KINDS = [*_HOST_KINDS, *_DEVICE_KINDS]
+
+
+def disjoint(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Mask keeping intervals (sorted by start) that start after every earlier kept one ended."""
+    keep = np.ones(len(starts), bool)
+    if len(starts) > 1:
+        keep[1:] = starts[1:] >= np.maximum.accumulate(ends)[:-1]
+    return keep
+
+
+def step_windows(
+    ev: EventArrays, training: tuple[int, int] | None, gpu: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, step numbers) of the rank's step windows, disjoint and sorted.
+
+    A window is the step marker on the training thread; on GPU runs it extends to the end of the
+    last device activity launched in that step (the device runs behind the host), and the next
+    window starts no earlier than that.
+    """
+    markers = np.zeros(len(ev.ts), bool)
+    if training is not None:
+        markers = (
+            (ev.kind == KIND_CODE[S.KIND_STEP]) & (ev.pid == training[0]) & (ev.tid == training[1])
+        )
+    idx = np.flatnonzero(markers)
+    idx = idx[np.argsort(ev.ts[idx], kind="stable")]
+    idx = idx[disjoint(ev.ts[idx], ev.end[idx])]
+    if len(idx) == 0:
+        timed = np.isin(ev.kind, _TIMED_KINDS)
+        if not timed.any():
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return (
+            np.array([ev.ts[timed].min()]),
+            np.array([ev.end[timed].max()]),
+            np.array([-1]),
+        )
+    starts, ends, numbers = ev.ts[idx].copy(), ev.end[idx].copy(), ev.step[idx].copy()
+    if gpu:
+        device = np.isin(ev.kind, _DEVICE_KINDS) & (ev.step >= 0)
+        order = np.argsort(numbers)
+        pos = np.searchsorted(numbers[order], ev.step[device])
+        pos = np.minimum(pos, len(numbers) - 1)
+        match = numbers[order][pos] == ev.step[device]
+        device_end = np.full(len(numbers), np.iinfo(np.int64).min)
+        np.maximum.at(device_end, order[pos[match]], ev.end[device][match])
+        ends = np.maximum(ends, device_end)
+        ends = np.maximum.accumulate(ends)
+        starts[1:] = np.maximum(starts[1:], ends[:-1])
+    return starts, ends, numbers
+
+
+def _thread_segments(
+    ev: EventArrays, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut one thread's time into segments owned by the innermost event: (starts, ends, row).
+
+    Row is -1 where no event covers the time. Uses the call tree (parent rows), so it needs no
+    per-event loop: an event's start hands the thread to it, its end back to its parent.
+    """
+    if len(rows) == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    depth = np.maximum(ev.depth[rows], 0)
+    times = np.concatenate([ev.ts[rows], ev.end[rows]])
+    is_start = np.concatenate([np.ones(len(rows), np.int64), np.zeros(len(rows), np.int64)])
+    # Ends before starts at the same instant; deeper ends first; shallower starts first.
+    tie = np.concatenate([depth, -depth])
+    owner = np.concatenate([rows, ev.parent_row[rows]])
+    order = np.lexsort((tie, is_start, times))
+    times, owner = times[order], owner[order]
+    starts, ends = times[:-1], times[1:]
+    owner = owner[:-1]
+    keep = ends > starts
+    return starts[keep], ends[keep], owner[keep]
+
+
+def _training_levels(ev: EventArrays, owner: np.ndarray) -> np.ndarray:
+    """Priority level of each training-thread segment from the event that owns it."""
+    level = np.full(len(owner), _GAP, np.int64)
+    has = owner >= 0
+    rows = owner[has]
+    structural = np.isin(ev.kind[rows], _STRUCTURAL_KINDS)
+    phase = ev.phase[rows]
+    level[has] = np.where(structural, _REGION[phase], _EXPLICIT[phase])
+    # A gap between two segments of the same phase belongs to that phase.
+    gap = level == _GAP
+    if gap.any() and (~gap).any():
+        index = np.arange(len(level))
+        prev_idx = np.maximum.accumulate(np.where(~gap, index, -1))
+        next_idx = np.minimum.accumulate(np.where(~gap, index, len(level))[::-1])[::-1]
+        prev_level = np.where(prev_idx >= 0, level[np.maximum(prev_idx, 0)], _GAP)
+        next_level = np.where(
+            next_idx < len(level), level[np.minimum(next_idx, len(level) - 1)], _GAP
+        )
+        prev_fill, next_fill = _fill_of(prev_level), _fill_of(next_level)
+        fill = np.where(prev_fill == next_fill, prev_fill, _GAP)
+        level = np.where(gap, fill, level)
+    return level
+
+
+def _fill_of(levels: np.ndarray) -> np.ndarray:
+    out = np.full(len(levels), _GAP, np.int64)
+    for level, fill_level in _FILL_OF.items():
+        out[levels == level] = fill_level
+    return out
+
+
+def _clip(
+    starts: np.ndarray, ends: np.ndarray, levels: np.ndarray, w_start: np.ndarray, w_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Intervals cut to the windows they overlap: (window, start, end, level)."""
+    first = np.searchsorted(w_end, starts, side="right")
+    last = np.searchsorted(w_start, ends, side="left") - 1
+    count = np.maximum(last - first + 1, 0)
+    window = np.repeat(first, count) + (
+        np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    )
+    s = np.maximum(np.repeat(starts, count), w_start[window])
+    e = np.minimum(np.repeat(ends, count), w_end[window])
+    keep = e > s
+    return window[keep], s[keep], e[keep], np.repeat(levels, count)[keep]
+
+
+def _union_by_window(
+    window: np.ndarray, s: np.ndarray, e: np.ndarray, n_windows: int
+) -> np.ndarray:
+    """Length of the union of intervals per window; inputs sorted by (window, start)."""
+    if len(s) == 0:
+        return np.zeros(n_windows, np.int64)
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = (s[1:] > reach[:-1]) | (window[1:] != window[:-1])
+    heads = np.flatnonzero(new)
+    run_end = np.maximum.reduceat(e, heads)
+    # reduceat over a run that follows another keeps the earlier reach out: runs are split where
+    # a start passes the running maximum, so each run's own max end is its union end.
+    lengths = run_end - s[heads]
+    return np.bincount(window[heads], weights=lengths, minlength=n_windows).astype(np.int64)
+
+
+def breakdown(events: pa.Table) -> pa.Table:
+    """The steps table (schema.STEPS_SCHEMA) of one rank's events."""
+    ev = EventArrays.of(events)
+    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
+    host = np.isin(ev.kind, _HOST_KINDS)
+    training = training_thread_of(ev.pid[host], ev.tid[host], ev.kind[host], ev.self_ns[host])
+    device = np.isin(ev.kind, _DEVICE_KINDS)
+    gpu = bool(device.any())
+    w_start, w_end, numbers = step_windows(ev, training, gpu)
+    n_windows = len(w_start)
+    if n_windows == 0:
+        return pa.Table.from_pylist([], schema=S.STEPS_SCHEMA)
+
+    parts_s, parts_e, parts_l = [], [], []
+    on_training = np.zeros(len(ev.ts), bool)
+    if training is not None:
+        on_training = host & (ev.pid == training[0]) & (ev.tid == training[1])
+        seg_s, seg_e, owner = _thread_segments(ev, np.flatnonzero(on_training))
+        seg_l = _training_levels(ev, owner)
+        if gpu:  # on GPU runs the host thread only contributes its waits: data, copies, comm
+            seg_l = np.where(np.isin(seg_l, [3, 4, 5]), seg_l, _GAP)
+        keep = seg_l != _GAP
+        parts_s.append(seg_s[keep]), parts_e.append(seg_e[keep]), parts_l.append(seg_l[keep])
+    comm_elsewhere = host & ~on_training & (ev.phase == PHASE_CODE[S.COMM])
+    parts_s.append(ev.ts[comm_elsewhere]), parts_e.append(ev.end[comm_elsewhere])
+    parts_l.append(np.full(int(comm_elsewhere.sum()), _COMM_LEVEL))
+    if gpu:
+        parts_s.append(ev.ts[device]), parts_e.append(ev.end[device])
+        parts_l.append(_EXPLICIT[ev.phase[device]])
+
+    window, s, e, level = _clip(
+        np.concatenate(parts_s), np.concatenate(parts_e), np.concatenate(parts_l), w_start, w_end
+    )
+    order = np.lexsort((s, window))
+    window, s, e, level = window[order], s[order], e[order], level[order]
+
+    covered_by = np.zeros((len(LEVEL_PHASES) + 1, n_windows), np.int64)
+    for lvl in range(len(LEVEL_PHASES)):
+        mask = level <= lvl
+        covered_by[lvl + 1] = _union_by_window(window[mask], s[mask], e[mask], n_windows)
+    exclusive = np.diff(covered_by, axis=0)
+    comm = level == _COMM_LEVEL
+    comm_total = _union_by_window(window[comm], s[comm], e[comm], n_windows)
+
+    wall = w_end - w_start
+    columns: dict[str, object] = {
+        S.RANK: np.full(n_windows, rank, np.int32),
+        S.STEP: pa.array(numbers, pa.int64(), mask=numbers < 0),
+        S.TIMELINE: [S.DEVICE_GPU if gpu else S.DEVICE_CPU] * n_windows,
+        S.START_NS: w_start,
+        S.END_NS: w_end,
+        S.WALL_NS: wall,
+    }
+    for phase in S.BREAKDOWN_PHASES:
+        if phase == S.IDLE:
+            columns[S.phase_ns(phase)] = wall - covered_by[-1]
+        else:
+            levels = [i for i, p in enumerate(LEVEL_PHASES) if p == phase]
+            columns[S.phase_ns(phase)] = exclusive[levels].sum(axis=0)
+    exposed = exclusive[_COMM_LEVEL]
+    columns[S.COMM_TOTAL_NS] = comm_total
+    columns[S.COMM_EXPOSED_NS] = exposed
+    with np.errstate(divide="ignore", invalid="ignore"):
+        columns[S.COMM_HIDDEN_FRACTION] = np.where(comm_total > 0, 1.0 - exposed / comm_total, 0.0)
+    return pa.table(columns, schema=S.STEPS_SCHEMA)

@@ -1,0 +1,75 @@
+"""traceview: where each training step's time goes, on every rank, and what would make it faster.
+
+Point it at the profiler traces of a distributed training run (one file per rank, or a folder):
+
+  traceview report TRACES...            the per-step breakdown, communication, bottleneck
+  traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
+  traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
+
+Exit codes: 0 ok; 2 usage or bad input (one line on stderr); 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from traceview import __version__
+from traceview.commands import all_commands
+from traceview.errors import TraceviewError
+from traceview.text import safe
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="traceview",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"traceview {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in all_commands():
+        summary = command.help.strip().splitlines()[0] if command.help.strip() else ""
+        child = sub.add_parser(
+            command.name,
+            help=summary,
+            description=command.help,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.prepare(child)
+        child.set_defaults(handler=command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler.run(args))
+    except TraceviewError as exc:
+        print(f"traceview: error: {safe(exc)}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("traceview: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # an internal error: one line unless asked for the traceback
+        if os.environ.get("TRACEVIEW_DEBUG"):
+            traceback.print_exc()
+        else:
+            print(
+                f"traceview: internal error: {type(exc).__name__}: {safe(exc)} "
+                "(set TRACEVIEW_DEBUG=1 for the traceback)",
+                file=sys.stderr,
+            )
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Subcommands: each is a small object with a name, its help (the module docstring) and run()."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Protocol
+
+
+class Command(Protocol):
+    name: str
+    help: str
+
+    def prepare(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def all_commands() -> list[Command]:
+    from traceview.commands.export import ExportCommand
+    from traceview.commands.ingest import IngestCommand
+    from traceview.commands.report import ReportCommand
+
+    return [IngestCommand(), ReportCommand(), ExportCommand()]

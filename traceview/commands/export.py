@@ -1,0 +1,42 @@
+"""Export a run: Parquet or CSV tables, or one merged Chrome trace (one process per rank) for Perfetto."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from traceview import export
+from traceview import rundir as R
+from traceview.errors import UsageError
+
+
+class ExportCommand:
+    name = "export"
+    help = __doc__ or ""
+
+    def prepare(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "run", type=Path, metavar="RUN", help="run directory (from `traceview ingest`)"
+        )
+        parser.add_argument("--format", choices=("parquet", "csv", "chrome"), default="parquet")
+        parser.add_argument(
+            "-o",
+            "--output",
+            type=Path,
+            metavar="PATH",
+            help="folder for parquet/csv (default RUN/export), file for chrome (default RUN/trace.json.gz)",
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        if not R.is_run_dir(args.run):
+            raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
+        if args.format == "chrome":
+            out = args.output or args.run / "trace.json.gz"
+            count = export.chrome(args.run, out)
+            print(f"{out}: {count:,} events (open in https://ui.perfetto.dev)")
+        else:
+            out = args.output or args.run / "export"
+            written = export.tables(args.run, out, args.format)
+            for path in written:
+                print(path)
+        return 0

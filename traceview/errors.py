@@ -1,0 +1,46 @@
+"""Errors that end a command with one line on stderr, and warnings that do not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class TraceviewError(Exception):
+    """A failure the user can fix; the CLI prints ``str(self)`` and exits with ``exit_code``."""
+
+    exit_code = 2
+
+
+class UsageError(TraceviewError):
+    """The command line asks for something that cannot be done."""
+
+
+class BadInput(TraceviewError):
+    """A trace or run directory cannot be read."""
+
+
+@dataclass
+class Notes:
+    """Warnings and remarks collected while reading or analysing a run.
+
+    ``warnings`` are problems with the data (a truncated trace, missing ranks); ``remarks`` explain
+    how a result was obtained (no step markers, so the whole trace is one window). Both end up in
+    the manifest and the report.
+    """
+
+    warnings: list[str] = field(default_factory=list)
+    remarks: list[str] = field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def remark(self, message: str) -> None:
+        if message not in self.remarks:
+            self.remarks.append(message)
+
+    def extend(self, other: Notes) -> None:
+        for message in other.warnings:
+            self.warn(message)
+        for message in other.remarks:
+            self.remark(message)

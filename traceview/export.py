@@ -1,0 +1,197 @@
+"""Exports of a run directory: flat tables (Parquet, CSV) and a merged Chrome trace.
+
+The Chrome trace puts each rank in its own process (named ``rank N (host)``), its host threads
+and device streams as threads, and the step windows with their breakdown on a track of their
+own; all ranks share the run's aligned clock, so collectives line up across ranks in Perfetto.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from traceview import rundir as R
+from traceview import schema as S
+
+_GPU_TID_BASE = 1 << 30  # device streams get tids of their own, apart from host threads
+_STEPS_TID = (1 << 31) - 1
+
+
+def tables(run: Path, out: Path, fmt: str) -> list[Path]:
+    """events, steps and ops of ``run`` as single files under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    events = R.read_events(run)
+    written = []
+    for name, table in (("events", events), ("steps", R.read_steps(run)), ("ops", R.read_ops(run))):
+        path = out / f"{name}.{fmt}"
+        if fmt == "parquet":
+            R.write_parquet(path, table)
+        else:
+            with R.atomic_path(path) as tmp:
+                pcsv.write_csv(_plain(table), tmp)
+        written.append(path)
+    return written
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary columns decoded (CSV writers want plain strings)."""
+    columns = [
+        c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns
+    ]
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
+def _open(path: Path, tmp: Path) -> IO[bytes]:
+    if path.suffix == ".gz":
+        return gzip.open(tmp, "wb", compresslevel=6)
+    return tmp.open("wb")
+
+
+def chrome(run: Path, out: Path) -> int:
+    """Write the merged multi-rank trace; returns the number of trace events written."""
+    manifest = R.read_manifest(run)
+    steps = pl.from_arrow(R.read_steps(run))
+    ranks = [r["rank"] for r in manifest["ranks"]]
+    info = {r["rank"]: r for r in manifest["ranks"]}
+    origin: int | None = None
+    for rank in ranks:
+        ts = R.read_events(run, [rank]).column(S.TS_NS)
+        if len(ts):
+            low = pc.min(ts).as_py()
+            origin = low if origin is None else min(origin, low)
+    origin = origin or 0
+    count = 0
+    with R.atomic_path(out) as tmp, _open(out, tmp) as f:
+        f.write(b'{"displayTimeUnit":"ms","otherData":{"generator":"traceview"},"traceEvents":[\n')
+        first = True
+
+        def emit(records: list[dict[str, Any]]) -> None:
+            nonlocal first, count
+            for record in records:
+                f.write((b"" if first else b",\n") + orjson.dumps(record))
+                first = False
+            count += len(records)
+
+        for rank in ranks:
+            rank_info = info[rank]
+            host = rank_info.get("host") or ""
+            emit(
+                [
+                    {
+                        "ph": "M",
+                        "name": "process_name",
+                        "pid": rank,
+                        "tid": 0,
+                        "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")},
+                    },
+                    {
+                        "ph": "M",
+                        "name": "process_sort_index",
+                        "pid": rank,
+                        "tid": 0,
+                        "args": {"sort_index": rank},
+                    },
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": rank,
+                        "tid": _STEPS_TID,
+                        "args": {"name": "traceview steps"},
+                    },
+                ]
+            )
+            df = pl.from_arrow(R.read_events(run, [rank]))
+            assert isinstance(df, pl.DataFrame)
+            df = df.filter(~pl.col(S.KIND).cast(pl.String).is_in([S.KIND_TRACE]))
+            gpu = pl.col(S.DEVICE).cast(pl.String) == S.DEVICE_GPU
+            df = df.with_columns(
+                pl.when(gpu)
+                .then(_GPU_TID_BASE + pl.col(S.PID) * 4096 + pl.col(S.TID))
+                .otherwise(pl.col(S.TID))
+                .alias("lane"),
+                ((pl.col(S.TS_NS) - origin) / 1000).alias("ts_us"),
+                (pl.col(S.DUR_NS) / 1000).alias("dur_us"),
+            )
+            lanes = df.group_by("lane").agg(
+                pl.col(S.PID).first(), pl.col(S.TID).first(), gpu.first().alias("gpu")
+            )
+            threads = rank_info.get("threads", {})
+            for lane in lanes.iter_rows(named=True):
+                label = (
+                    f"GPU {lane[S.PID]} stream {lane[S.TID]}"
+                    if lane["gpu"]
+                    else threads.get(f"{lane[S.PID]}/{lane[S.TID]}", f"thread {lane[S.TID]}")
+                )
+                emit(
+                    [
+                        {
+                            "ph": "M",
+                            "name": "thread_name",
+                            "pid": rank,
+                            "tid": lane["lane"],
+                            "args": {"name": label},
+                        }
+                    ]
+                )
+            for batch in df.iter_slices(50_000):
+                records = []
+                for row in batch.select(
+                    S.NAME,
+                    S.KIND,
+                    S.PHASE,
+                    S.OP,
+                    S.STEP,
+                    S.BYTES,
+                    S.COLLECTIVE,
+                    "lane",
+                    "ts_us",
+                    "dur_us",
+                ).iter_rows():
+                    name, kind, phase, op, step, nbytes, collective, lane, ts, dur = row
+                    args: dict[str, Any] = {"phase": phase, "op": op}
+                    if step is not None:
+                        args["step"] = step
+                    if collective is not None:
+                        args["collective"] = collective
+                    if nbytes is not None:
+                        args["bytes"] = nbytes
+                    record: dict[str, Any] = {
+                        "name": name,
+                        "cat": kind,
+                        "pid": rank,
+                        "tid": lane,
+                        "ts": round(ts, 3),
+                        "args": args,
+                    }
+                    if kind == S.KIND_INSTANT:
+                        record.update(ph="i", s="t")
+                    else:
+                        record.update(ph="X", dur=round(dur, 3))
+                    records.append(record)
+                emit(records)
+            for row in steps.filter(pl.col(S.RANK) == rank).iter_rows(named=True):
+                args = {p: round(row[S.phase_ns(p)] / 1e6, 3) for p in S.BREAKDOWN_PHASES}
+                args["comm_hidden_fraction"] = round(row[S.COMM_HIDDEN_FRACTION], 3)
+                emit(
+                    [
+                        {
+                            "ph": "X",
+                            "name": f"step {row[S.STEP]}" if row[S.STEP] is not None else "trace",
+                            "cat": "traceview",
+                            "pid": rank,
+                            "tid": _STEPS_TID,
+                            "ts": round((row[S.START_NS] - origin) / 1000, 3),
+                            "dur": round(row[S.WALL_NS] / 1000, 3),
+                            "args": {"breakdown_ms": args},
+                        }
+                    ]
+                )
+        f.write(b"\n]}\n")
+    return count

@@ -1,0 +1,322 @@
+"""Ingest: trace files in, a run directory out (events, steps, ops, manifest).
+
+Files are found (a folder is searched recursively; a run directory's raw/ traces are used),
+identified cheaply (rank, world size) so ranks are fixed before any heavy work, then each rank is
+parsed, normalized, written and analysed in its own worker process. The run directory is built
+beside the target and renamed into place at the end: readers never see a half-written run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from traceview import __version__
+from traceview import rundir as R
+from traceview import schema as S
+from traceview.analysis.ops import op_stats
+from traceview.analysis.timeline import breakdown
+from traceview.errors import BadInput, Notes, TraceviewError, UsageError
+from traceview.normalize import RankMeta, normalize
+from traceview.parsers import Parser, rank_from_filename, registered
+from traceview.parsers.chrome_json import read_head
+from traceview.rules import rules_for
+
+#: Below this much trace data, parsing in the parent beats starting worker processes.
+PARALLEL_MIN_BYTES = 48 << 20
+
+
+@dataclass
+class TraceFile:
+    path: Path
+    parser: str
+    framework: str
+    rank: int = -1
+    claimed_rank: int | None = None
+    world_size: int | None = None
+    host: str | None = None
+    size: int = 0
+
+
+@dataclass
+class RankResult:
+    rank: int
+    info: dict[str, Any]
+    steps: pa.Table
+    ops: pa.Table
+    notes: Notes = field(default_factory=Notes)
+
+
+def _candidates(folder: Path) -> list[Path]:
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    return [
+        p for p in files if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+
+
+def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
+    """The traces among ``paths``; a named file that is not a trace is an error."""
+    parsers = registered()
+    found: list[TraceFile] = []
+    skipped: list[str] = []
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"{path}: no such file or directory")
+        if path.is_dir():
+            folder = path / R.RAW if R.is_run_dir(path) and (path / R.RAW).is_dir() else path
+            for candidate in _candidates(folder):
+                trace = _identify(candidate, parsers)
+                if trace is None:
+                    skipped.append(str(candidate.relative_to(folder)))
+                else:
+                    found.append(trace)
+            if not found:
+                raise BadInput(f"{path}: no traces found in this folder")
+        else:
+            trace = _identify(path, parsers)
+            if trace is None:
+                raise BadInput(
+                    f"{path}: not a trace traceview can read (PyTorch/Kineto JSON expected)"
+                )
+            found.append(trace)
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (
+            f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        )
+        notes.remark(f"skipped {len(skipped)} file(s) that are not traces: {shown}")
+    return found
+
+
+def _identify(path: Path, parsers: list[Parser]) -> TraceFile | None:
+    try:
+        if path.stat().st_size == 0:
+            raise BadInput(f"{path}: empty file")
+        head = read_head(path)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+    parser = next((p for p in parsers if p.sniff(path, head)), None)
+    if parser is None:
+        return None
+    identity = parser.identify(path)
+    return TraceFile(
+        path=path,
+        parser=parser.name,
+        framework=parser.framework,
+        claimed_rank=identity.rank,
+        world_size=identity.world_size,
+        host=identity.host,
+        size=path.stat().st_size,
+    )
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    out: list[str] = []
+    start = prev = None
+    for n in sorted(numbers):
+        if start is None:
+            start = prev = n
+        elif prev is not None and n == prev + 1:
+            prev = n
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = n
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(out)
+
+
+def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
+    """Fix each trace's rank: what the trace says, else its file name, else its order.
+
+    Returns the world size (the largest any trace states) and warns about missing ranks.
+    """
+    by_rank: dict[int, TraceFile] = {}
+    for trace in traces:
+        if trace.claimed_rank is None:
+            continue
+        if trace.claimed_rank in by_rank:
+            other = by_rank[trace.claimed_rank]
+            raise BadInput(
+                f"two traces say they are rank {trace.claimed_rank}: {other.path} and {trace.path} "
+                "(traces of different runs? ingest one run at a time)"
+            )
+        by_rank[trace.claimed_rank] = trace
+        trace.rank = trace.claimed_rank
+    unclaimed = [t for t in traces if t.claimed_rank is None]
+    by_name = [(t, rank_from_filename(t.path)) for t in unclaimed]
+    if (
+        by_name
+        and all(r is not None for _, r in by_name)
+        and len({r for _, r in by_name}) == len(by_name)
+    ):
+        if not any(r in by_rank for _, r in by_name):
+            for trace, rank in by_name:
+                assert rank is not None
+                trace.rank = rank
+                by_rank[rank] = trace
+            unclaimed = []
+        notes.remark(
+            "ranks taken from the file names (the traces do not state them)"
+        ) if not unclaimed else None
+    next_rank = 0
+    for trace in unclaimed:
+        while next_rank in by_rank:
+            next_rank += 1
+        trace.rank = next_rank
+        by_rank[next_rank] = trace
+    if unclaimed and len(traces) > 1:
+        notes.remark("ranks numbered in file order (neither the traces nor their names state them)")
+    worlds = [t.world_size for t in traces if t.world_size]
+    world = max(worlds) if worlds else None
+    present = sorted(by_rank)
+    if world is not None and world > len(present):
+        missing = sorted(set(range(world)) - set(present))
+        notes.warn(
+            f"world size {world} but {len(present)} trace(s) given: missing rank(s) {_ranges(missing)}; "
+            f"reporting rank(s) {_ranges(present)} only"
+        )
+    return world
+
+
+def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | None) -> RankResult:
+    """Parse, normalize, write and analyse one rank (runs in a worker process)."""
+    from traceview.parsers import parser_named
+
+    started = time.perf_counter()
+    parser = parser_named(trace.parser)
+    rules = rules_for(parser.framework, rules_path)
+    parsed = parser.parse(trace.path, rules)
+    host = trace.host or parsed.host
+    meta = RankMeta(run_id=run_id, rank=trace.rank, framework=parser.framework, host=host)
+    normalized = normalize(parsed.events, rules, meta)
+    del parsed.events
+    R.write_events(run, trace.rank, normalized.events)
+    steps = breakdown(normalized.events)
+    ops = op_stats(normalized.events)
+    notes = Notes()
+    notes.extend(parsed.notes)
+    notes.extend(normalized.notes)
+    info = {
+        "rank": trace.rank,
+        "source": str(trace.path),
+        "format": parser.name,
+        "framework": parser.framework,
+        "host": host,
+        "status": "truncated" if parsed.lost_bytes else "ok",
+        "events": normalized.events.num_rows,
+        "bytes_read": parsed.bytes_read,
+        "lost_bytes": parsed.lost_bytes,
+        "skipped_records": parsed.skipped,
+        "steps": normalized.steps,
+        "training_thread": list(normalized.training_thread) if normalized.training_thread else None,
+        "threads": parsed.threads,
+        "clock_offset_ns": 0,
+        "meta": parsed.meta,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    return RankResult(trace.rank, info, steps, ops, notes)
+
+
+def _run_all(
+    traces: list[TraceFile], staged: Path, run_id: str, rules_path: Path | None, jobs: int
+) -> list[RankResult]:
+    total = sum(t.size for t in traces)
+    if jobs <= 1 or len(traces) == 1 or total < PARALLEL_MIN_BYTES:
+        return [_process_rank(t, staged, run_id, rules_path) for t in traces]
+    # Larger files first, so the pool's last task is a short one.
+    ordered = sorted(traces, key=lambda t: -t.size)
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(traces)), mp_context=get_context("spawn")
+    ) as pool:
+        futures = [pool.submit(_process_rank, t, staged, run_id, rules_path) for t in ordered]
+        return [f.result() for f in futures]
+
+
+def ingest(
+    paths: list[Path],
+    out: Path,
+    *,
+    rules_path: Path | None = None,
+    jobs: int | None = None,
+    command: list[str] | None = None,
+) -> Path:
+    """Read the traces under ``paths`` into the run directory ``out``; return ``out``."""
+    notes = Notes()
+    if out.exists() and not R.is_run_dir(out) and any(out.iterdir()):
+        raise UsageError(f"{out}: exists and is not a traceview run directory")
+    traces = discover(paths, notes)
+    world = assign_ranks(traces, notes)
+    traces.sort(key=lambda t: t.rank)
+    run_id = uuid.uuid4().hex[:12]
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    started = time.time()
+    try:
+        results = _run_all(traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1)
+        for result in results:
+            notes.extend(result.notes)
+        steps = (
+            pa.concat_tables([r.steps for r in results])
+            if results
+            else S.STEPS_SCHEMA.empty_table()
+        )
+        ops = pa.concat_tables([r.ops for r in results]) if results else S.OPS_SCHEMA.empty_table()
+        R.write_parquet(staged / R.STEPS, steps)
+        R.write_parquet(staged / R.OPS, ops)
+        frameworks = sorted({r.info["framework"] for r in results})
+        present = [r.rank for r in results]
+        manifest: dict[str, Any] = {
+            "traceview_version": __version__,
+            "schema_version": S.SCHEMA_VERSION,
+            "run_id": run_id,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "command": command or [],
+            "inputs": [str(p) for p in paths],
+            "framework": "+".join(frameworks),
+            "world_size": world,
+            "ranks_present": present,
+            "missing_ranks": sorted(set(range(world)) - set(present)) if world else [],
+            "ranks": [r.info for r in results],
+            "notes": {"warnings": notes.warnings, "remarks": notes.remarks},
+            "ingest_seconds": round(time.time() - started, 3),
+        }
+        if R.is_run_dir(out):
+            previous = R.read_manifest(out)
+            for key in ("collect", "command", "start", "end", "hosts"):
+                if key in previous and key not in ("command",):
+                    manifest[key] = previous[key]
+            if previous.get("command"):
+                manifest["command"] = previous["command"]
+        R.write_json(staged / R.MANIFEST, manifest)
+        R.replace_dir(staged, out)
+    except TraceviewError:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out
+
+
+def warn_lines(out: Path) -> list[str]:
+    """The manifest's warnings, for printing after an ingest."""
+    manifest = R.read_manifest(out)
+    return list(manifest.get("notes", {}).get("warnings", []))
+
+
+def eprint(message: str) -> None:
+    print(message, file=sys.stderr)

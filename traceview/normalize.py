@@ -1,0 +1,408 @@
+"""From a parser's raw events to the ``events`` table: classification, call trees, phases, steps.
+
+Everything here is vectorized over the whole rank (numpy), except the rules, which run once per
+distinct (kind, category, name). The steps, in order:
+
+1. classify: rules give each distinct name its kind, own phase, canonical op and collective;
+2. call trees: host events nest per thread; depth, parent and self time come from sorting and
+   binary searches, not from a per-event stack;
+3. steps: the training thread's step markers cut time into windows;
+4. phases: an event without a phase of its own inherits its nearest ancestor's; an operator at
+   the top of the training thread is ``forward`` when the next phase marker after it (data
+   loading, forward or backward region, optimizer, step end) is forward or backward, else
+   ``other``; region markers and Python frames pass phases down but get none by position;
+5. devices: kernels and copies take the phase, step and operator of the host call that launched
+   them (``correlation``, else the operator's ``external_id``), unless a rule says otherwise
+   (NCCL kernels are communication, host-to-device copies are h2d).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview import schema as S
+from traceview.analysis.columns import training_thread_of
+from traceview.errors import Notes
+from traceview.rules import RuleSet
+
+PHASE_CODES: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
+NO_PHASE = -1
+_STEP_END = len(S.EVENT_PHASES)  # pseudo-phase of a step's end, used as a positional anchor
+_KIND_CODES: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
+_HOST_TREE = np.array([k in S.HOST_TREE_KINDS for k in S.EVENT_KINDS])
+_STRUCTURAL = np.array([k in S.STRUCTURAL_KINDS for k in S.EVENT_KINDS])
+_DEVICE = np.array([k in S.DEVICE_ACTIVITY_KINDS for k in S.EVENT_KINDS])
+_ON_DEVICE = np.array(
+    [k in (*S.DEVICE_ACTIVITY_KINDS, S.KIND_GPU_ANNOTATION) for k in S.EVENT_KINDS]
+)
+_ANCHOR_PHASES = np.array([p != S.COMM for p in S.EVENT_PHASES] + [True])
+
+
+@dataclass
+class RankMeta:
+    run_id: str
+    rank: int
+    framework: str
+    host: str | None = None
+
+
+@dataclass
+class Normalized:
+    events: pa.Table  # schema.EVENTS_SCHEMA
+    training_thread: tuple[int, int] | None
+    steps: int  # number of step markers found on the training thread
+    notes: Notes = field(default_factory=Notes)
+
+
+def _dictionary(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    return array
+
+
+def _codes(array: pa.DictionaryArray) -> np.ndarray:
+    """Dictionary indices as int64 with -1 for null."""
+    return np.asarray(
+        pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64
+    )
+
+
+def _numpy(column: pa.ChunkedArray, fill: int) -> np.ndarray:
+    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+@dataclass
+class _Classes:
+    kind: np.ndarray  # kind code per event
+    phase: np.ndarray  # own phase code per event (NO_PHASE: context decides)
+    rule_op: np.ndarray  # index into ops (-1: no canonical op from a rule)
+    default_op: np.ndarray  # index into ops: the name-derived op
+    collective: np.ndarray  # index into collectives (-1: none)
+    from_args: np.ndarray  # bool: collective comes from the trace's argument
+    step_number: np.ndarray  # step number for step markers (-1: none)
+    ops: list[str]
+    collectives: list[str]
+
+
+def _classify(raw: pa.Table, rules: RuleSet) -> _Classes:
+    kind_dict = _dictionary(raw.column(S.KIND))
+    cat_dict = _dictionary(raw.column(S.CAT))
+    name_dict = _dictionary(raw.column(S.NAME))
+    kinds = [str(k) for k in kind_dict.dictionary.to_pylist()]
+    cats = cat_dict.dictionary.to_pylist()
+    names = [str(n) for n in name_dict.dictionary.to_pylist()]
+    k, c, n = _codes(kind_dict), _codes(cat_dict) + 1, _codes(name_dict)
+    key = (k * (len(cats) + 1) + c) * max(len(names), 1) + n
+    unique, inverse = np.unique(key, return_inverse=True)
+
+    ops: dict[str, int] = {}
+    collectives: dict[str, int] = {}
+    count = len(unique)
+    u_kind = np.empty(count, np.int64)
+    u_phase = np.empty(count, np.int64)
+    u_rule_op = np.empty(count, np.int64)
+    u_default_op = np.empty(count, np.int64)
+    u_collective = np.empty(count, np.int64)
+    u_from_args = np.zeros(count, bool)
+    u_step = np.full(count, -1, np.int64)
+    for i, value in enumerate(unique.tolist()):
+        name_i = value % max(len(names), 1)
+        rest = value // max(len(names), 1)
+        cat = cats[rest % (len(cats) + 1) - 1] if rest % (len(cats) + 1) else None
+        kind = kinds[rest // (len(cats) + 1)]
+        name = names[name_i]
+        result = rules.classify(kind, cat, name)
+        u_kind[i] = _KIND_CODES.get(result.kind, _KIND_CODES[S.KIND_OP])
+        u_phase[i] = PHASE_CODES[result.phase] if result.phase else NO_PHASE
+        u_rule_op[i] = ops.setdefault(result.op, len(ops)) if result.op else -1
+        u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
+        u_collective[i] = (
+            collectives.setdefault(result.collective, len(collectives)) if result.collective else -1
+        )
+        u_from_args[i] = result.collective_from_args
+        if result.kind == S.KIND_STEP:
+            number = rules.step_number(name)
+            u_step[i] = -1 if number is None else number
+    return _Classes(
+        kind=u_kind[inverse],
+        phase=u_phase[inverse],
+        rule_op=u_rule_op[inverse],
+        default_op=u_default_op[inverse],
+        collective=u_collective[inverse],
+        from_args=u_from_args[inverse],
+        step_number=u_step[inverse],
+        ops=list(ops),
+        collectives=list(collectives),
+    )
+
+
+@dataclass
+class _Tree:
+    order: np.ndarray  # host event indices, sorted by thread then time
+    depth: np.ndarray  # per host event (aligned with order)
+    parent: np.ndarray  # position in order of the parent (-1: none)
+    self_ns: np.ndarray
+
+
+def _call_trees(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> _Tree:
+    """Nesting of host events per thread, without a per-event loop.
+
+    Sorted by (thread, start, zero-length first, longer first), the ancestors of event i are the
+    earlier events of its thread that are still open when it starts, so its depth is
+    ``i - (#earlier events of the thread that ended by then)``; its parent is the last earlier
+    event one level up. Zero-length events never contain others.
+    """
+    n = len(ts)
+    if n == 0:
+        empty = np.zeros(0, np.int64)
+        return _Tree(empty, empty, empty, empty)
+    order = np.lexsort((-dur, dur != 0, ts, tid, pid))
+    p, t, s, d = pid[order], tid[order], ts[order], dur[order]
+    new_thread = np.ones(n, bool)
+    new_thread[1:] = (p[1:] != p[:-1]) | (t[1:] != t[:-1])
+    group = np.cumsum(new_thread) - 1
+    t0 = int(s.min())
+    span = int((s + d).max()) - t0 + 1
+    if (int(group[-1]) + 1) * span >= 2**62:  # pragma: no cover - absurd time spans
+        raise ValueError("trace time span too large to nest events")
+    start_key = group * span + (s - t0)
+    end_key = start_key + d
+    closed = np.searchsorted(np.sort(end_key), start_key, side="right")
+    # Zero-length events that start with event i and sort after it have "ended" by its start
+    # but are not before it; count them back (i itself included when it is zero-length).
+    zero = d == 0
+    index = np.arange(n)
+    correction = np.zeros(n, np.int64)
+    if zero.any():
+        run_start = zero & np.concatenate(([True], (start_key[1:] != start_key[:-1]) | ~zero[:-1]))
+        run_id = np.cumsum(run_start) - 1
+        run_end = np.zeros(int(run_id.max()) + 1, np.int64)
+        np.maximum.at(run_end, run_id[zero], index[zero] + 1)
+        correction[zero] = run_end[run_id[zero]] - index[zero]
+    depth = np.maximum(index - closed + correction, 0)
+
+    by_level = np.sort(depth * n + index)
+    query = (depth - 1) * n + index
+    pos = np.searchsorted(by_level, query, side="left") - 1
+    candidate = np.where(pos >= 0, by_level[np.maximum(pos, 0)] % n, -1)
+    ok = (depth > 0) & (pos >= 0)
+    ok &= np.where(ok, by_level[np.maximum(pos, 0)] // n == depth - 1, False)
+    ok &= np.where(ok, group[np.maximum(candidate, 0)] == group, False)
+    parent = np.where(ok, candidate, -1)
+
+    has_parent = parent >= 0
+    child_ns = np.bincount(parent[has_parent], weights=d[has_parent], minlength=n)
+    self_ns = np.maximum(d - child_ns.astype(np.int64), 0)
+    return _Tree(order, depth, parent, self_ns)
+
+
+def _windows(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Index of the window (sorted, disjoint) that contains each timestamp, -1 for none."""
+    if len(starts) == 0:
+        return np.full(len(ts), -1, np.int64)
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    inside = (idx >= 0) & (ts < ends[np.maximum(idx, 0)])
+    return np.where(inside, idx, -1)
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """values[j] for the j with keys[j] == query (first such j), -1 where none; keys >= 0."""
+    valid = keys >= 0
+    if not valid.any() or len(query) == 0:
+        return np.full(len(query), -1, np.int64)
+    k, v = keys[valid], values[valid]
+    order = np.argsort(k, kind="stable")
+    k, v = k[order], v[order]
+    first = np.concatenate(([True], k[1:] != k[:-1]))
+    k, v = k[first], v[first]
+    pos = np.minimum(np.searchsorted(k, query), len(k) - 1)
+    return np.where((query >= 0) & (k[pos] == query), v[pos], -1)
+
+
+def _dict_array(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
+    indices = pa.array(codes, pa.int32(), mask=codes < 0)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
+
+
+def _constant(value: str | None, n: int) -> pa.DictionaryArray:
+    if value is None:
+        return pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
+
+
+def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
+    """Classify and structure one rank's raw events into the ``events`` table."""
+    notes = Notes()
+    n = raw.num_rows
+    cls = _classify(raw, rules)
+    pid = _numpy(raw.column(S.PID), 0)
+    tid = _numpy(raw.column(S.TID), 0)
+    ts = _numpy(raw.column(S.TS_NS), 0)
+    dur = np.maximum(_numpy(raw.column(S.DUR_NS), 0), 0)
+    kind = cls.kind
+
+    # -- call trees on host threads ---------------------------------------------------------
+    host_idx = np.flatnonzero(_HOST_TREE[kind])
+    tree = _call_trees(pid[host_idx], tid[host_idx], ts[host_idx], dur[host_idx])
+    hosts = host_idx[tree.order]  # event index of each host position
+    h_parent = tree.parent
+    depth = np.full(n, -1, np.int64)
+    depth[hosts] = tree.depth
+    parent = np.full(n, -1, np.int64)
+    parent[hosts] = np.where(h_parent >= 0, hosts[np.maximum(h_parent, 0)], -1)
+    self_ns = np.where(_HOST_TREE[kind], 0, dur)
+    self_ns[hosts] = tree.self_ns
+
+    # -- the training thread and its steps ------------------------------------------------------
+    training = training_thread_of(pid[hosts], tid[hosts], kind[hosts], self_ns[hosts])
+    on_training = np.zeros(n, bool)
+    if training is not None:
+        on_training = (pid == training[0]) & (tid == training[1]) & _HOST_TREE[kind]
+    marker = np.flatnonzero(on_training & (kind == _KIND_CODES[S.KIND_STEP]))
+    marker = marker[np.argsort(ts[marker], kind="stable")]
+    if len(marker):
+        # Keep disjoint windows: a marker that starts inside the previous one is dropped.
+        keep = np.ones(len(marker), bool)
+        ends = ts[marker] + dur[marker]
+        keep[1:] = ts[marker[1:]] >= np.maximum.accumulate(ends)[:-1]
+        marker = marker[keep]
+    step_starts, step_ends = ts[marker], ts[marker] + dur[marker]
+    step_numbers = np.where(
+        cls.step_number[marker] >= 0, cls.step_number[marker], np.arange(len(marker))
+    )
+    if len(marker) == 0:
+        notes.remark(
+            "no step markers (ProfilerStep#N) on the training thread: the whole trace is "
+            "analysed as one window with no step number"
+        )
+    window = _windows(step_starts, step_ends, ts)
+    step = np.where(window >= 0, step_numbers[np.maximum(window, 0)], -1)
+
+    # -- phases on the host: own, inherited, or by position ---------------------------------------
+    own = cls.phase
+    anchor = np.flatnonzero(_HOST_TREE[kind] & (own >= 0))
+    anchor = anchor[_ANCHOR_PHASES[own[anchor]]]
+    anchor_ts = np.concatenate([ts[anchor], step_ends])
+    anchor_phase = np.concatenate([own[anchor], np.full(len(step_ends), _STEP_END)])
+    order = np.argsort(anchor_ts, kind="stable")
+    anchor_ts, anchor_phase = anchor_ts[order], anchor_phase[order]
+    next_anchor = np.searchsorted(anchor_ts, ts, side="right")
+    next_phase = np.append(anchor_phase, _STEP_END)[next_anchor]
+    backward = (own == PHASE_CODES[S.BACKWARD]) & _HOST_TREE[kind]
+    steps_with_backward = np.unique(step[backward])
+    step_has_backward = np.isin(step, steps_with_backward)
+    leads_to_compute = np.isin(next_phase, [PHASE_CODES[S.FORWARD], PHASE_CODES[S.BACKWARD]])
+    positional = np.where(
+        on_training & (leads_to_compute | ~step_has_backward),
+        PHASE_CODES[S.FORWARD],
+        PHASE_CODES[S.OTHER],
+    )
+    structural = _STRUCTURAL[kind]
+    phase = np.full(n, NO_PHASE, np.int64)
+    passed = np.full(n, NO_PHASE, np.int64)  # what an event hands down to its children
+    top_op = np.full(n, -1, np.int64)  # outermost canonical operator (from a rule) above
+    level_order = hosts[np.argsort(tree.depth, kind="stable")]
+    level_bounds = np.searchsorted(depth[level_order], np.arange(int(depth.max(initial=0)) + 2))
+    for level in range(len(level_bounds) - 1):
+        rows = level_order[level_bounds[level] : level_bounds[level + 1]]
+        if len(rows) == 0:
+            continue
+        up = parent[rows]
+        has_up = up >= 0
+        inherited = np.where(has_up, passed[np.maximum(up, 0)], NO_PHASE)
+        eff = np.where(own[rows] >= 0, own[rows], inherited)
+        by_position = (eff < 0) & ~structural[rows]
+        eff = np.where(by_position, positional[rows], eff)
+        phase[rows] = eff
+        passed[rows] = np.where(structural[rows] & (own[rows] < 0), inherited, eff)
+        parent_op = np.where(has_up, top_op[np.maximum(up, 0)], -1)
+        top_op[rows] = np.where(parent_op >= 0, parent_op, cls.rule_op[rows])
+
+    # -- device activities: phase, step and operator of the launching host call ------------------
+    device = np.flatnonzero(_DEVICE[kind])
+    correlation = _numpy(raw.column(S.CORRELATION), -1)
+    external = _numpy(raw.column(S.EXTERNAL_ID), -1)
+    runtime = hosts[kind[hosts] == _KIND_CODES[S.KIND_RUNTIME]]
+    launcher = _lookup(correlation[runtime], runtime, correlation[device])
+    host_ops = hosts[kind[hosts] != _KIND_CODES[S.KIND_RUNTIME]]
+    by_external = _lookup(external[host_ops], host_ops, external[device])
+    launcher = np.where(launcher >= 0, launcher, by_external)
+    linked = launcher >= 0
+    safe = np.maximum(launcher, 0)
+    if len(device) and not linked.all():
+        notes.remark(
+            f"{int((~linked).sum())} of {len(device)} device activities have no launching host "
+            "call in the trace; their phase is 'other' unless a rule names it"
+        )
+    phase[device] = np.where(
+        own[device] >= 0, own[device], np.where(linked, phase[safe], PHASE_CODES[S.OTHER])
+    )
+    launcher_op = np.where(top_op[safe] >= 0, top_op[safe], cls.rule_op[safe])
+    launcher_op = np.where(launcher_op >= 0, launcher_op, cls.default_op[safe])
+    device_op = np.where(
+        cls.rule_op[device] >= 0, cls.rule_op[device], np.where(linked, launcher_op, -1)
+    )
+    step[device] = np.where(linked, step[safe], step[device])
+    parent[device] = launcher
+
+    # -- everything else ------------------------------------------------------------------------
+    phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
+    op = np.where(cls.rule_op >= 0, cls.rule_op, cls.default_op)
+    op[device] = np.where(device_op >= 0, device_op, cls.default_op[device])
+
+    collectives = list(cls.collectives)
+    collective = cls.collective.copy()
+    hint = _dictionary(raw.column(S.COLLECTIVE))
+    hint_codes = _codes(hint)
+    if cls.from_args.any() and len(hint.dictionary):
+        mapped = []
+        for value in hint.dictionary.to_pylist():
+            name = rules.normalize_collective(value)
+            if name is not None and name not in collectives:
+                collectives.append(name)
+            mapped.append(collectives.index(name) if name is not None else -1)
+        from_hint = np.where(hint_codes >= 0, np.array([*mapped, -1])[hint_codes], -1)
+        use = cls.from_args & (from_hint >= 0)
+        collective[use] = from_hint[use]
+        ops = cls.ops
+        for c_index, c_name in enumerate(collectives):
+            if c_name not in ops:
+                ops.append(c_name)
+            take = use & (from_hint == c_index) & (cls.rule_op < 0)
+            op[take] = ops.index(c_name)
+
+    on_device = _ON_DEVICE[kind]
+    columns: dict[str, Any] = {
+        S.RUN_ID: _constant(meta.run_id, n),
+        S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
+        S.HOST: _constant(meta.host, n),
+        S.FRAMEWORK: _constant(meta.framework, n),
+        S.DEVICE: _dict_array(on_device.astype(np.int64), [S.DEVICE_CPU, S.DEVICE_GPU]),
+        S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
+        S.CAT: raw.column(S.CAT),
+        S.PID: raw.column(S.PID),
+        S.TID: raw.column(S.TID),
+        S.NAME: raw.column(S.NAME),
+        S.OP: _dict_array(op, cls.ops),
+        S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
+        S.STEP: pa.array(step, pa.int64(), mask=step < 0),
+        S.TS_NS: pa.array(ts),
+        S.DUR_NS: pa.array(dur),
+        S.SELF_NS: pa.array(self_ns, pa.int64()),
+        S.BYTES: raw.column(S.BYTES),
+        S.COLLECTIVE: _dict_array(collective, collectives),
+        S.CORRELATION: raw.column(S.CORRELATION),
+        S.EVENT_ID: pa.array(np.arange(n, dtype=np.int64)),
+        S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
+        S.DEPTH: pa.array(depth.astype(np.int32), pa.int32(), mask=depth < 0),
+    }
+    table = pa.table(columns)
+    table = S.conform(table, S.EVENTS_SCHEMA)
+    table = table.take(pa.array(np.argsort(ts, kind="stable")))
+    return Normalized(table, training, len(marker), notes)

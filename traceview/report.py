@@ -1,0 +1,210 @@
+"""Render the run summary (analysis.summary) as text for a terminal or as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from traceview import schema as S
+from traceview.text import safe
+
+PHASE_STYLE = {
+    S.IO: "magenta",
+    S.H2D: "cyan",
+    S.FORWARD: "green",
+    S.BACKWARD: "blue",
+    S.UPDATE: "yellow",
+    S.COMM: "red",
+    S.OTHER: "white",
+    S.IDLE: "bright_black",
+}
+#: One letter per phase, so the breakdown reads without colour too.
+PHASE_LETTER = {
+    S.IO: "I",
+    S.H2D: "H",
+    S.FORWARD: "F",
+    S.BACKWARD: "B",
+    S.UPDATE: "U",
+    S.COMM: "C",
+    S.OTHER: "o",
+    S.IDLE: ".",
+}
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=None, separators=(",", ":"), default=str)
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.2f}" if value < 100 else f"{value:,.1f}"
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def phase_bar(breakdown: dict[str, float], width: int) -> Text:
+    """A stacked bar of the breakdown: coloured, and lettered so it reads in monochrome."""
+    total = sum(breakdown.get(p, 0.0) for p in S.BREAKDOWN_PHASES)
+    bar = Text()
+    if total <= 0 or width <= 0:
+        return bar
+    cells, acc = 0, 0.0
+    for phase in S.BREAKDOWN_PHASES:
+        acc += breakdown.get(phase, 0.0)
+        end = round(acc / total * width)
+        if end > cells:
+            bar.append(PHASE_LETTER[phase] * (end - cells), style=f"reverse {PHASE_STYLE[phase]}")
+            cells = end
+    return bar
+
+
+def _verdict(report: dict[str, Any]) -> Text:
+    summary = report["summary"]
+    step = summary["step_ms"]
+    bottleneck = summary["bottleneck"]
+    text = Text()
+    if bottleneck is None:
+        return Text("no phase time found")
+    share = summary["bottleneck_share"]
+    text.append(f"{bottleneck}", style=f"bold {PHASE_STYLE[bottleneck]}")
+    text.append(f" is the bottleneck: {_pct(share)} of the {_ms(step)} ms step")
+    if summary["comm_total_ms"] > 0:
+        hidden = summary["comm_hidden_fraction"]
+        text.append(
+            f"; communication {_ms(summary['comm_total_ms'])} ms per step, {_pct(hidden)} of it "
+            f"hidden behind compute (hidden: {summary['hidden']})"
+        )
+    return text
+
+
+def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
+    run, summary, ranks = report["run"], report["summary"], report["ranks"]
+    title = Text()
+    title.append("traceview", style="bold")
+    title.append(
+        f" · {safe(run['framework'] or '?')} · {run['ranks']} rank(s)"
+        + (
+            f" of {run['world_size']}"
+            if run.get("world_size") and run["world_size"] != run["ranks"]
+            else ""
+        )
+        + f" · {run['steps']} step(s) · {run['timeline'] or '?'} timeline"
+    )
+    console.print(title)
+    console.print(_verdict(report))
+    console.print()
+
+    breakdown = Table(
+        title="Per step (exclusive, mean of ranks)", title_justify="left", box=None, pad_edge=False
+    )
+    breakdown.add_column("phase")
+    breakdown.add_column("ms", justify="right")
+    breakdown.add_column("share", justify="right")
+    breakdown.add_column("")
+    step = summary["step_ms"] or 1.0
+    for phase in S.BREAKDOWN_PHASES:
+        value = summary["breakdown_ms"][phase]
+        cells = round(value / step * 30)
+        bar = Text(PHASE_LETTER[phase] * cells, style=f"reverse {PHASE_STYLE[phase]}")
+        breakdown.add_row(
+            Text(phase, style=PHASE_STYLE[phase]), _ms(value), _pct(value / step), bar
+        )
+    breakdown.add_row(
+        Text("step", style="bold"), Text(_ms(summary["step_ms"]), style="bold"), "100%", ""
+    )
+    console.print(breakdown)
+    console.print()
+
+    comm = Text("communication: ")
+    if summary["comm_total_ms"] > 0:
+        comm.append(
+            f"total {_ms(summary['comm_total_ms'])} ms, exposed {_ms(summary['comm_exposed_ms'])} ms, "
+            f"hidden {_pct(summary['comm_hidden_fraction'])}  →  hidden: "
+        )
+        comm.append(summary["hidden"], style="bold")
+    else:
+        comm.append("none found")
+    console.print(comm)
+    if summary.get("straggler_rank") is not None:
+        excess = summary.get("straggler_excess", 0.0)
+        line = Text(f"straggler: rank {summary['straggler_rank']}")
+        if summary.get("straggler_significant"):
+            line.append(
+                f" (busy {_pct(excess)} longer than the median rank; the others wait for it)"
+            )
+        else:
+            line.append(f" (busiest, but only {_pct(excess)} above the median: ranks are balanced)")
+        console.print(line)
+    console.print()
+
+    if ranks:
+        table = Table(
+            title="Per rank (ms per step)", title_justify="left", box=None, pad_edge=False
+        )
+        table.add_column("rank", justify="right")
+        table.add_column("steps", justify="right")
+        table.add_column("step", justify="right")
+        for phase in S.BREAKDOWN_PHASES:
+            table.add_column(phase, justify="right", style=PHASE_STYLE[phase])
+        table.add_column("comm total", justify="right")
+        table.add_column("hidden", justify="right")
+        width = max(console.width - 100, 10)
+        table.add_column("", no_wrap=True)
+        for row in sorted(ranks, key=lambda r: r["rank"]):
+            straggler = row["rank"] == summary.get("straggler_rank") and summary.get(
+                "straggler_significant"
+            )
+            table.add_row(
+                Text(str(row["rank"]), style="bold" if straggler else ""),
+                str(row["steps"]),
+                _ms(row["step_ms"]),
+                *(_ms(row["breakdown_ms"][p]) for p in S.BREAKDOWN_PHASES),
+                _ms(row["comm_total_ms"]),
+                _pct(row["comm_hidden_fraction"]) if row["comm_total_ms"] > 0 else "-",
+                phase_bar(row["breakdown_ms"], min(width, 30)),
+            )
+        console.print(table)
+        console.print()
+
+    if report.get("top_ops"):
+        ops = Table(
+            title="Top operators (self time per step)",
+            title_justify="left",
+            box=None,
+            pad_edge=False,
+        )
+        ops.add_column("op")
+        ops.add_column("name (as in the trace)", overflow="ellipsis", no_wrap=True, max_width=48)
+        ops.add_column("on")
+        ops.add_column("phase")
+        ops.add_column("calls", justify="right")
+        ops.add_column("self ms", justify="right")
+        ops.add_column("total ms", justify="right")
+        ops.add_column("p95 ms", justify="right")
+        for op in report["top_ops"][:top]:
+            ops.add_row(
+                Text(safe(op["op"], 40)),
+                Text(safe(op["name"], 80)),
+                op["device"],
+                Text(op["phase"], style=PHASE_STYLE.get(op["phase"], "")),
+                f"{op['calls_per_step']:g}",
+                _ms(op["self_ms_per_step"]),
+                _ms(op["total_ms_per_step"]),
+                _ms(op["p95_ms"]),
+            )
+        console.print(ops)
+        console.print()
+
+    for warning in report.get("warnings", []):
+        console.print(Text("warning: " + safe(warning), style="yellow"))
+    for remark in report.get("remarks", []):
+        console.print(Text("note: " + safe(remark), style="bright_black"))
+
+
+def render_to_console(report: dict[str, Any], *, top: int = 10) -> None:
+    render(report, Console(highlight=False, markup=False, emoji=False), top=top)

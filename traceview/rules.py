@@ -1,0 +1,224 @@
+"""Classification rules: trace names to event kind, phase, canonical operator and collective.
+
+Rules are data (a TOML file per framework, shipped in ``traceview/parsers/rules``), not code.
+A user extends them with ``--rules FILE``; that file's rules are tried before the built-in ones.
+The first rule whose pattern matches an event's name (and whose ``kind``/``cat`` filters, if any,
+accept the event) decides; fields a rule leaves out stay unset. Rules are applied to each distinct
+(kind, category, name) once, never per event.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from traceview import schema as S
+from traceview.errors import BadInput, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: re.Pattern[str]
+    kinds: frozenset[str] | None = None
+    cats: frozenset[str] | None = None
+    phase: str | None = None
+    op: str | None = None
+    collective: str | None = None
+    kind: str | None = None  # overrides the kind the category gave
+
+    def accepts(self, kind: str, cat: str | None, name: str) -> re.Match[str] | None:
+        if self.kinds is not None and kind not in self.kinds:
+            return None
+        if self.cats is not None and (cat or "") not in self.cats:
+            return None
+        return self.pattern.search(name)
+
+
+@dataclass(frozen=True)
+class Classification:
+    kind: str
+    phase: str | None  # None: decided by context (ancestors, position, launching operator)
+    op: str | None  # the canonical operator a rule names; None: derived from the name
+    collective: str | None
+    collective_from_args: bool = False  # the name does not say; use the trace's own argument
+
+
+AUTO = "auto"
+
+
+@dataclass
+class RuleSet:
+    framework: str
+    kinds: dict[str, str] = field(default_factory=dict)  # trace category -> event kind
+    default_kind: str = S.KIND_OP
+    step_pattern: re.Pattern[str] = re.compile(r"^ProfilerStep#(\d+)$")
+    rules: list[Rule] = field(default_factory=list)
+    collectives: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
+    strip_prefixes: tuple[str, ...] = ()
+    rules_define_step: bool = False
+
+    def kind_of(self, cat: str | None, ph: str | None = None) -> str:
+        if ph in ("i", "I", "n"):
+            return S.KIND_INSTANT
+        return self.kinds.get(cat or "", self.default_kind)
+
+    def classify(self, kind: str, cat: str | None, name: str) -> Classification:
+        if kind in (S.KIND_ANNOTATION, S.KIND_OP) and self.step_pattern.search(name):
+            return Classification(S.KIND_STEP, None, None, None)
+        for rule in self.rules:
+            match = rule.accepts(kind, cat, name)
+            if match is None:
+                continue
+            collective = rule.collective
+            from_args = False
+            if collective == AUTO:
+                collective = self.normalize_collective(name)
+                from_args = collective is None
+            op = rule.op
+            if op == AUTO:
+                op = collective
+            elif op and "\\" in op:
+                op = match.expand(op)
+            return Classification(rule.kind or kind, rule.phase, op, collective, from_args)
+        return Classification(kind, None, None, None)
+
+    def default_op(self, name: str) -> str:
+        for prefix in self.strip_prefixes:
+            if name.startswith(prefix):
+                return name[len(prefix) :]
+        return name
+
+    def step_number(self, name: str) -> int | None:
+        match = self.step_pattern.search(name)
+        if match is None or not match.groups():
+            return None
+        try:
+            return int(match.group(1))
+        except ValueError:
+            return None
+
+    def normalize_collective(self, hint: str | None) -> str | None:
+        if not hint:
+            return None
+        for pattern, collective in self.collectives:
+            if pattern.search(hint):
+                return collective
+        return None
+
+    def extended(self, other: RuleSet) -> RuleSet:
+        """``other``'s rules first, then these; ``other``'s kinds override these."""
+        return RuleSet(
+            framework=self.framework,
+            kinds={**self.kinds, **other.kinds},
+            default_kind=self.default_kind,
+            step_pattern=other.step_pattern if other.rules_define_step else self.step_pattern,
+            rules=[*other.rules, *self.rules],
+            collectives=[*other.collectives, *self.collectives],
+            strip_prefixes=(*other.strip_prefixes, *self.strip_prefixes),
+        )
+
+
+def _strings(value: Any, what: str, source: str) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return frozenset([value])
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return frozenset(value)
+    raise BadInput(f"{source}: {what} must be a string or a list of strings")
+
+
+def _compile(pattern: Any, source: str) -> re.Pattern[str]:
+    if not isinstance(pattern, str):
+        raise BadInput(f"{source}: every rule needs a 'match' pattern (a string)")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise BadInput(f"{source}: bad pattern {pattern!r}: {exc}") from None
+
+
+def parse_rules(data: dict[str, Any], source: str) -> RuleSet:
+    """Build a RuleSet from the TOML document ``data`` (``source`` names it in errors)."""
+    ruleset = RuleSet(framework=str(data.get("framework", "")))
+    kinds = data.get("kinds", {})
+    if not isinstance(kinds, dict):
+        raise BadInput(f"{source}: [kinds] must map trace categories to kinds")
+    for cat, kind in kinds.items():
+        if kind not in S.EVENT_KINDS:
+            raise BadInput(f"{source}: unknown kind {kind!r} for category {cat!r}")
+        ruleset.kinds[str(cat)] = kind
+    if "default_kind" in data:
+        ruleset.default_kind = str(data["default_kind"])
+    step = data.get("step", {})
+    if "pattern" in step:
+        ruleset.step_pattern = _compile(step["pattern"], source)
+        ruleset.rules_define_step = True
+    ruleset.strip_prefixes = tuple(data.get("op", {}).get("strip_prefixes", ()))
+    for entry in data.get("rule", []):
+        phase = entry.get("phase")
+        if phase is not None and phase not in S.EVENT_PHASES:
+            raise BadInput(
+                f"{source}: unknown phase {phase!r} (use one of {', '.join(S.EVENT_PHASES)})"
+            )
+        kind = entry.get("set_kind")
+        if kind is not None and kind not in S.EVENT_KINDS:
+            raise BadInput(f"{source}: unknown kind {kind!r}")
+        collective = entry.get("collective")
+        if collective is not None and collective != AUTO and collective not in S.COLLECTIVES:
+            raise BadInput(f"{source}: unknown collective {collective!r}")
+        ruleset.rules.append(
+            Rule(
+                pattern=_compile(entry.get("match"), source),
+                kinds=_strings(entry.get("kind"), "kind", source),
+                cats=_strings(entry.get("cat"), "cat", source),
+                phase=phase,
+                op=entry.get("op"),
+                collective=collective,
+                kind=kind,
+            )
+        )
+    for entry in data.get("collective", []):
+        name = entry.get("name")
+        if name not in S.COLLECTIVES:
+            raise BadInput(f"{source}: unknown collective {name!r}")
+        ruleset.collectives.append((_compile(entry.get("match"), source), name))
+    return ruleset
+
+
+def load_rules_file(path: Path) -> RuleSet:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such rules file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read rules: {exc}") from None
+    return parse_rules(data, str(path))
+
+
+_BUILTIN: dict[str, RuleSet] = {}
+
+
+def builtin_rules(framework: str) -> RuleSet:
+    """The rules shipped for ``framework`` (pytorch, tensorflow, mxnet)."""
+    if framework not in _BUILTIN:
+        source = resources.files("traceview.parsers").joinpath("rules", f"{framework}.toml")
+        try:
+            text = source.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UsageError(f"no built-in rules for framework {framework!r}") from None
+        _BUILTIN[framework] = parse_rules(tomllib.loads(text), f"rules/{framework}.toml")
+    return _BUILTIN[framework]
+
+
+def rules_for(framework: str, extra: Path | None = None) -> RuleSet:
+    rules = builtin_rules(framework)
+    return rules.extended(load_rules_file(extra)) if extra is not None else rules

@@ -1,0 +1,237 @@
+"""The data model: column names, phases and the Arrow schemas of every table traceview writes.
+
+Every other module refers to columns through these constants, never through string literals,
+so a rename happens here and nowhere else. Units are part of the names (``ts_ns``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+SCHEMA_VERSION: Final = "1"
+SCHEMA_VERSION_KEY: Final = b"traceview.schema_version"
+
+# --- phases ---------------------------------------------------------------------------------
+
+IO: Final = "io"
+H2D: Final = "h2d"
+FORWARD: Final = "forward"
+BACKWARD: Final = "backward"
+UPDATE: Final = "update"
+COMM: Final = "comm"
+OTHER: Final = "other"
+IDLE: Final = "idle"
+
+#: Phases an event can carry (idle is a property of time, not of an event).
+EVENT_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM, OTHER)
+#: The exclusive breakdown of a step, in report order.
+BREAKDOWN_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM, OTHER, IDLE)
+#: Phases that can be "the bottleneck" of a step.
+BOTTLENECK_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM)
+COMPUTE_PHASES: Final = (FORWARD, BACKWARD, UPDATE)
+
+# --- event kinds ----------------------------------------------------------------------------
+
+KIND_OP: Final = "op"  # a framework operator on a host thread
+KIND_RUNTIME: Final = "runtime"  # a CUDA/HIP runtime or driver call (kernel launch, memcpy call)
+KIND_ANNOTATION: Final = "annotation"  # a user or framework region marker (record_function)
+KIND_STEP: Final = "step"  # a training-step marker (ProfilerStep#N)
+KIND_PYTHON: Final = "python"  # a Python stack frame (with_stack)
+KIND_KERNEL: Final = "kernel"  # device kernel
+KIND_MEMCPY: Final = "memcpy"  # device copy
+KIND_MEMSET: Final = "memset"  # device memset
+KIND_GPU_ANNOTATION: Final = "gpu_annotation"  # a region marker projected onto a device stream
+KIND_INSTANT: Final = "instant"  # zero-duration marker
+KIND_TRACE: Final = "trace"  # the profiler's own window / bookkeeping
+KIND_OVERHEAD: Final = "overhead"  # profiler overhead records
+
+EVENT_KINDS: Final = (
+    KIND_OP,
+    KIND_RUNTIME,
+    KIND_ANNOTATION,
+    KIND_STEP,
+    KIND_PYTHON,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_GPU_ANNOTATION,
+    KIND_INSTANT,
+    KIND_TRACE,
+    KIND_OVERHEAD,
+)
+#: Kinds that execute on a device (their time is device time).
+DEVICE_ACTIVITY_KINDS: Final = (KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET)
+#: Host kinds that nest into a call tree per thread.
+HOST_TREE_KINDS: Final = (KIND_OP, KIND_RUNTIME, KIND_ANNOTATION, KIND_STEP, KIND_PYTHON)
+#: Host kinds that only structure time (their own time is not an operator's).
+STRUCTURAL_KINDS: Final = (KIND_ANNOTATION, KIND_STEP, KIND_PYTHON)
+
+DEVICE_CPU: Final = "cpu"
+DEVICE_GPU: Final = "gpu"
+
+COLLECTIVES: Final = (
+    "allreduce",
+    "allgather",
+    "reduce_scatter",
+    "broadcast",
+    "alltoall",
+    "send",
+    "recv",
+    "push",
+    "pull",
+    "barrier",
+    "reduce",
+    "gather",
+    "scatter",
+)
+
+# --- events: one row per trace event ---------------------------------------------------------
+
+RUN_ID: Final = "run_id"
+RANK: Final = "rank"
+HOST: Final = "host"
+FRAMEWORK: Final = "framework"
+DEVICE: Final = "device"
+KIND: Final = "kind"
+CAT: Final = "cat"
+PID: Final = "pid"
+TID: Final = "tid"
+NAME: Final = "name"
+OP: Final = "op"
+PHASE: Final = "phase"
+STEP: Final = "step"
+TS_NS: Final = "ts_ns"
+DUR_NS: Final = "dur_ns"
+SELF_NS: Final = "self_ns"
+BYTES: Final = "bytes"
+COLLECTIVE: Final = "collective"
+CORRELATION: Final = "correlation"
+EVENT_ID: Final = "id"
+PARENT: Final = "parent"
+DEPTH: Final = "depth"
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+EVENTS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RUN_ID, _DICT, nullable=False),
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(HOST, _DICT),
+        pa.field(FRAMEWORK, _DICT, nullable=False),
+        pa.field(DEVICE, _DICT, nullable=False),
+        pa.field(KIND, _DICT, nullable=False),
+        pa.field(CAT, _DICT),
+        pa.field(PID, pa.int64()),
+        pa.field(TID, pa.int64()),
+        pa.field(NAME, _DICT, nullable=False),
+        pa.field(OP, _DICT),
+        pa.field(PHASE, _DICT, nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(TS_NS, pa.int64(), nullable=False),
+        pa.field(DUR_NS, pa.int64(), nullable=False),
+        pa.field(SELF_NS, pa.int64()),
+        pa.field(BYTES, pa.int64()),
+        pa.field(COLLECTIVE, _DICT),
+        pa.field(CORRELATION, pa.int64()),
+        pa.field(EVENT_ID, pa.int64(), nullable=False),
+        pa.field(PARENT, pa.int64()),
+        pa.field(DEPTH, pa.int32()),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+#: What a parser hands to the core: trace events before classification.
+#: ``correlation`` links a device activity to the host runtime call that launched it;
+#: ``external_id`` links it to the host operator when no runtime call is in the trace.
+EXTERNAL_ID: Final = "external_id"
+RAW_SCHEMA: Final = pa.schema(
+    [
+        pa.field(KIND, _DICT, nullable=False),
+        pa.field(CAT, _DICT),
+        pa.field(NAME, _DICT, nullable=False),
+        pa.field(PID, pa.int64()),
+        pa.field(TID, pa.int64()),
+        pa.field(TS_NS, pa.int64(), nullable=False),
+        pa.field(DUR_NS, pa.int64(), nullable=False),
+        pa.field(CORRELATION, pa.int64()),
+        pa.field(EXTERNAL_ID, pa.int64()),
+        pa.field(BYTES, pa.int64()),
+        pa.field(COLLECTIVE, _DICT),
+    ]
+)
+
+# --- steps: one row per (rank, step) -----------------------------------------------------------
+
+START_NS: Final = "start_ns"
+END_NS: Final = "end_ns"
+WALL_NS: Final = "wall_ns"
+COMM_TOTAL_NS: Final = "comm_total_ns"
+COMM_EXPOSED_NS: Final = "comm_exposed_ns"
+COMM_HIDDEN_FRACTION: Final = "comm_hidden_fraction"
+TIMELINE: Final = "timeline"  # which clock the breakdown was measured on: cpu or gpu
+
+
+def phase_ns(phase: str) -> str:
+    """The steps-table column holding the exclusive time of ``phase``."""
+    return f"{phase}_ns"
+
+
+STEPS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(TIMELINE, pa.string(), nullable=False),
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(END_NS, pa.int64(), nullable=False),
+        pa.field(WALL_NS, pa.int64(), nullable=False),
+        *(pa.field(phase_ns(p), pa.int64(), nullable=False) for p in BREAKDOWN_PHASES),
+        pa.field(COMM_TOTAL_NS, pa.int64(), nullable=False),
+        pa.field(COMM_EXPOSED_NS, pa.int64(), nullable=False),
+        pa.field(COMM_HIDDEN_FRACTION, pa.float64(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+# --- ops: per canonical operator and rank ----------------------------------------------------------
+
+COUNT: Final = "count"
+TOTAL_NS: Final = "total_ns"
+MEAN_NS: Final = "mean_ns"
+P50_NS: Final = "p50_ns"
+P95_NS: Final = "p95_ns"
+
+OPS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(DEVICE, pa.string(), nullable=False),
+        pa.field(PHASE, pa.string(), nullable=False),
+        pa.field(OP, pa.string(), nullable=False),
+        pa.field(NAME, pa.string(), nullable=False),  # the most frequent framework name
+        pa.field(COUNT, pa.int64(), nullable=False),
+        pa.field(TOTAL_NS, pa.int64(), nullable=False),
+        pa.field(SELF_NS, pa.int64(), nullable=False),
+        pa.field(MEAN_NS, pa.float64(), nullable=False),
+        pa.field(P50_NS, pa.float64(), nullable=False),
+        pa.field(P95_NS, pa.float64(), nullable=False),
+        pa.field(BYTES, pa.int64()),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select, order and cast ``table``'s columns to ``schema`` (missing nullable columns: null)."""
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            column = table.column(field.name)
+            if column.type != field.type:
+                column = column.cast(field.type)
+        elif field.nullable:
+            column = pa.nulls(table.num_rows, field.type)
+        else:
+            raise ValueError(f"table lacks the required column {field.name!r}")
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)

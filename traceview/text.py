@@ -1,0 +1,25 @@
+"""Trace contents are untrusted: make names safe to show in a terminal.
+
+Event names come from other people's programs; they can hold terminal escape sequences (which
+could retitle a window, hide text or worse) or Rich markup. ``safe`` removes the first by showing
+control characters as visible escapes; the reporters never interpret markup in names.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: object, limit: int | None = None) -> str:
+    """``text`` with control and bidi characters escaped, cut to ``limit`` characters."""
+    value = _CONTROL.sub(_escape, str(text))
+    if limit is not None and len(value) > limit:
+        value = value[: max(limit - 1, 1)] + "…"
+    return value
