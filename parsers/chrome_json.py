@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -33,6 +34,8 @@ _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BYTE_POSITION = re.compile(r"\(byte (\d+)\)")
 _RECOVERY_TRIES = 64
+# What may follow the events array: more top-level keys, or the end of the document.
+_TRAILER = re.compile(rb"\s*(,\s*\"|\}\s*\Z)")
 
 
 @dataclass
@@ -120,6 +123,11 @@ def _error_byte(exc: Exception) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _after_array(buf: bytearray, position: int | None) -> int:
+    """Index in ``buf`` just past the ``]`` that closed the array msgspec complained after."""
+    return buf.rfind(b"]", 0, max((position or 0) - 1, 0) + 1) + 1
+
+
 def _decode_object(text: bytes) -> dict[str, Any]:
     value = msgspec.json.decode(text)
     return value if isinstance(value, dict) else {}
@@ -164,38 +172,40 @@ class ChromeTraceReader(Generic[T]):
                 fill()
                 continue
             if exhausted:
-                # Cut before the last event so that the final piece, which must be decoded
-                # twice to find where the array ends, holds a single event.
+                # Cut before the last event, so that the final piece (decoded twice, to find
+                # where the array ends) is small.
                 match = None
                 for match in _SEPARATOR.finditer(buf):  # noqa: B007 - keep the last one
                     pass
-                if match is None:
-                    yield from self._final(buf)
-                    return
             else:
                 match = _SEPARATOR.search(buf, search_from)
                 if match is None:
                     search_from = max(self.chunk_bytes, len(buf) - 64)
                     fill()
                     continue
+            if match is None:
+                if (yield from self._tail(buf)):
+                    return
+                continue
             end = match.start() + 1
             try:
                 chunk = self.decode(b"[" + bytes(buf[:end]) + b"]")
             except msgspec.DecodeError as exc:
-                position = _error_byte(exc)
-                if "trailing characters" in str(exc):
-                    # The array ends inside this piece: finish with the whole rest.
-                    while fill():
+                position = _error_byte(exc)  # in the piece, which has one extra leading byte
+                if "trailing characters" in str(exc) and _TRAILER.match(
+                    buf, _after_array(buf, position)
+                ):
+                    while fill():  # the events end in this piece: finish with the whole rest
                         pass
-                    yield from self._final(buf)
-                    return
-                if position is not None and position < end - 1:
-                    # Malformed JSON well before the cut: real damage, not a bad cut.
+                    if (yield from self._tail(buf)):
+                        return
+                elif position is not None and position < end:
+                    # Malformed JSON before the cut: real damage, not a cut in the wrong place.
                     yield from self._skip_damage(buf, position - 1)
                     search_from = self.chunk_bytes
                 elif exhausted:
-                    yield from self._final(buf)
-                    return
+                    if (yield from self._tail(buf)):
+                        return
                 else:
                     search_from = match.start() + 1
                 continue
@@ -234,30 +244,46 @@ class ChromeTraceReader(Generic[T]):
         keys = ", ".join(sorted(document)[:6]) if isinstance(document, dict) else ""
         raise BadInput(f"{self.path}: JSON without a traceEvents array (keys: {keys})")
 
-    def _final(self, buf: bytearray) -> Iterator[T]:
-        """Decode the last chunk, which holds the end of the array and the trailing keys."""
+    def _tail(self, buf: bytearray) -> Generator[T, None, bool]:
+        """Decode the last piece: the end of the events array and the keys after it.
+
+        Returns False when the piece turns out not to hold the end (damage earlier in the file
+        put the cut inside an event), after skipping past the damage.
+        """
         piece = b"[" + bytes(buf)
         try:
             yield self.decode(piece)
-            return
+            buf.clear()
+            return True
         except msgspec.DecodeError as exc:
             message = str(exc)
             position = _error_byte(exc)
         if "trailing characters" in message and position is not None:
-            end = piece.rfind(b"]", 0, position) + 1  # msgspec points just past the array
-            yield self.decode(piece[:end])
+            end = _after_array(buf, position) + 1  # in the piece
             trailer = piece[end:].strip().lstrip(b",").strip()
+            keys: dict[str, Any] | None = {}
             if trailer and trailer != b"}":
                 try:
-                    self.info.trailer = _decode_object(b"{" + trailer)
+                    keys = _decode_object(b"{" + trailer)
                 except msgspec.DecodeError:
-                    self.info.damage = "unreadable keys after the events array"
-            return
+                    keys = None
+            if keys is not None:
+                yield self.decode(piece[:end])
+                self.info.trailer = keys
+                buf.clear()
+                return True
+            yield from self._skip_damage(buf, position - 1)
+            return False
         # The file ends inside the events array: keep every complete event.
         kept = yield from self._decode_prefix(buf, len(buf))
         self.info.lost_bytes += len(buf) - kept
-        reason = self.info.stream.ended_early or "the JSON ends inside the events array"
-        self.info.damage = self.info.damage or reason
+        self.info.damage = (
+            self.info.damage
+            or self.info.stream.ended_early
+            or "the JSON ends inside the events array"
+        )
+        buf.clear()
+        return True
 
     def _decode_prefix(self, buf: bytearray, limit: int) -> Iterator[T]:
         """Yield the longest decodable run of complete events that ends before ``limit``.
@@ -280,18 +306,34 @@ class ChromeTraceReader(Generic[T]):
             return end + 1
         return 0
 
+    def _decodes(self, events: bytearray) -> bool:
+        try:
+            self.decode(b"[" + bytes(events) + b"]")
+        except msgspec.DecodeError:
+            return False
+        return True
+
     def _skip_damage(self, buf: bytearray, position: int) -> Iterator[T]:
-        """Keep the events before malformed bytes at ``position``, drop up to the next event."""
+        """Keep the events before malformed bytes at ``position``; resume at the next event."""
         kept = yield from self._decode_prefix(buf, position)
-        resume = _SEPARATOR.search(buf, max(position, kept))
-        cut = resume.end() - 1 if resume else len(buf)
+        cut = len(buf)
+        # (positions only: a live match iterator would pin the buffer's size)
+        starts = [
+            m.end() - 1
+            for m in islice(_SEPARATOR.finditer(buf, max(position, kept)), _RECOVERY_TRIES)
+        ]
+        for start in starts:
+            # A real event start decodes up to one of the next separators (the event's end;
+            # earlier ones may lie inside it); a "}, {" inside an event's arguments does not.
+            ends = [m.start() + 1 for m in islice(_SEPARATOR.finditer(buf, start + 1), 16)]
+            if not ends or any(self._decodes(buf[start:end]) for end in ends):
+                cut = start
+                break
         self.info.lost_bytes += cut - kept
         self.info.damage = (
-            f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position}"
+            f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position:,}"
         )
         del buf[:cut]
-        if resume is None:
-            buf.clear()
 
 
 def read_header(path: Path) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.analysis.columns import training_thread_of
+from traceview.analysis.columns import outermost_operators, training_thread_of
 from traceview.errors import Notes
 from traceview.rules import RuleSet
 
@@ -40,7 +40,9 @@ _DEVICE = np.array([k in S.DEVICE_ACTIVITY_KINDS for k in S.EVENT_KINDS])
 _ON_DEVICE = np.array(
     [k in (*S.DEVICE_ACTIVITY_KINDS, S.KIND_GPU_ANNOTATION) for k in S.EVENT_KINDS]
 )
-_ANCHOR_PHASES = np.array([p != S.COMM for p in S.EVENT_PHASES] + [True])
+# Phase markers that tell unclassified top-level operators where they stand: communication and
+# "other" regions (zero_grad, often called between forward and backward) can sit anywhere.
+_ANCHOR_PHASES = np.array([p not in (S.COMM, S.OTHER) for p in S.EVENT_PHASES] + [True])
 
 
 @dataclass
@@ -196,10 +198,38 @@ def _call_trees(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarra
     ok &= np.where(ok, group[np.maximum(candidate, 0)] == group, False)
     parent = np.where(ok, candidate, -1)
 
+    # Exact when events nest properly. A thread where some event outlives the one it started in
+    # (Python frames against record_function regions, say) is walked with a stack instead.
+    has_parent = parent >= 0
+    outlives = has_parent & (end_key[np.maximum(parent, 0)] < end_key)
+    for g in np.unique(group[outlives]):
+        rows = np.flatnonzero(group == g)
+        depth[rows], parent[rows] = _stack_walk(s[rows], (s + d)[rows], int(rows[0]))
+
     has_parent = parent >= 0
     child_ns = np.bincount(parent[has_parent], weights=d[has_parent], minlength=n)
     self_ns = np.maximum(d - child_ns.astype(np.int64), 0)
     return _Tree(order, depth, parent, self_ns)
+
+
+def _stack_walk(start: np.ndarray, end: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """Depth and parent (positions + ``offset``) of one thread's events, sorted by start.
+
+    The parent is the latest-started event still open; an event that ended under a longer-lived
+    child stays on the stack until the child ends, as a profiler's own stack would have it.
+    """
+    depth = np.zeros(len(start), np.int64)
+    parent = np.full(len(start), -1, np.int64)
+    stack: list[int] = []
+    ends = end.tolist()
+    for i, t in enumerate(start.tolist()):
+        while stack and ends[stack[-1]] <= t:
+            stack.pop()
+        depth[i] = len(stack)
+        if stack:
+            parent[i] = stack[-1] + offset
+        stack.append(i)
+    return depth, parent
 
 
 def _windows(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -260,7 +290,11 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     self_ns[hosts] = tree.self_ns
 
     # -- the training thread and its steps ------------------------------------------------------
-    training = training_thread_of(pid[hosts], tid[hosts], kind[hosts], self_ns[hosts])
+    backward_own = cls.phase == PHASE_CODES[S.BACKWARD]
+    top = outermost_operators(kind, parent)
+    training = training_thread_of(
+        pid[hosts], tid[hosts], kind[hosts], top[hosts], dur[hosts], backward_own[hosts]
+    )
     on_training = np.zeros(n, bool)
     if training is not None:
         on_training = (pid == training[0]) & (tid == training[1]) & _HOST_TREE[kind]
@@ -282,7 +316,11 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
             "analysed as one window with no step number"
         )
     window = _windows(step_starts, step_ends, ts)
-    step = np.where(window >= 0, step_numbers[np.maximum(window, 0)], -1)
+    step = (
+        np.where(window >= 0, step_numbers[np.maximum(window, 0)], -1)
+        if len(marker)
+        else np.full(n, -1)
+    )
 
     # -- phases on the host: own, inherited, or by position ---------------------------------------
     own = cls.phase

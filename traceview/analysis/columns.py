@@ -33,10 +33,19 @@ def ints(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
 
 
 def training_thread_of(
-    pid: np.ndarray, tid: np.ndarray, kind: np.ndarray, self_ns: np.ndarray
+    pid: np.ndarray,
+    tid: np.ndarray,
+    kind: np.ndarray,
+    top: np.ndarray,
+    dur: np.ndarray,
+    backward: np.ndarray,
 ) -> tuple[int, int] | None:
-    """The thread that runs the training loop: the one with the step markers, else the one with
-    the most operator time."""
+    """The thread that runs the training loop (arrays: host call-tree events).
+
+    The thread with the step markers; without markers, the thread with the most time in
+    outermost operators (``top``: not inside another operator or region), leaving out autograd's
+    own threads (whose outermost operators are all backward) unless there is nothing else.
+    """
     if len(pid) == 0:
         return None
     step = kind == KIND_CODE[S.KIND_STEP]
@@ -44,13 +53,27 @@ def training_thread_of(
         threads, counts = np.unique(np.stack([pid[step], tid[step]]), axis=1, return_counts=True)
         best = int(np.argmax(counts))
         return int(threads[0, best]), int(threads[1, best])
-    op = kind == KIND_CODE[S.KIND_OP]
-    if not op.any():
-        op = np.ones(len(pid), bool)
-    threads, inverse = np.unique(np.stack([pid[op], tid[op]]), axis=1, return_inverse=True)
-    totals = np.bincount(inverse.ravel(), weights=self_ns[op].astype(np.float64))
-    best = int(np.argmax(totals))
+    if not top.any():
+        top = np.ones(len(pid), bool)
+    threads, inverse = np.unique(np.stack([pid[top], tid[top]]), axis=1, return_inverse=True)
+    inverse = inverse.ravel()
+    busy = np.bincount(inverse, weights=dur[top].astype(np.float64))
+    in_backward = np.bincount(inverse, weights=(dur[top] * backward[top]).astype(np.float64))
+    autograd = in_backward >= 0.9 * busy
+    if not autograd.all():
+        busy = np.where(autograd, -1.0, busy)
+    best = int(np.argmax(busy))
     return int(threads[0, best]), int(threads[1, best])
+
+
+_OPERATOR_KINDS = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION)]
+
+
+def outermost_operators(kind: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Operators, runtime calls and regions not nested in another one (Python frames aside)."""
+    operator = np.isin(kind, _OPERATOR_KINDS)
+    inside = np.where(parent >= 0, operator[np.maximum(parent, 0)], False)
+    return operator & ~inside
 
 
 @dataclass

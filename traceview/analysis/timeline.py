@@ -21,7 +21,13 @@ import numpy as np
 import pyarrow as pa
 
 from traceview import schema as S
-from traceview.analysis.columns import KIND_CODE, PHASE_CODE, EventArrays, training_thread_of
+from traceview.analysis.columns import (
+    KIND_CODE,
+    PHASE_CODE,
+    EventArrays,
+    outermost_operators,
+    training_thread_of,
+)
 
 # Priority levels, highest first, and the phase each one reports as.
 LEVEL_PHASES = (
@@ -195,7 +201,11 @@ def breakdown(events: pa.Table) -> pa.Table:
     ev = EventArrays.of(events)
     rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
     host = np.isin(ev.kind, _HOST_KINDS)
-    training = training_thread_of(ev.pid[host], ev.tid[host], ev.kind[host], ev.self_ns[host])
+    backward = ev.phase == PHASE_CODE[S.BACKWARD]
+    top = outermost_operators(ev.kind, ev.parent_row)
+    training = training_thread_of(
+        ev.pid[host], ev.tid[host], ev.kind[host], top[host], (ev.end - ev.ts)[host], backward[host]
+    )
     device = np.isin(ev.kind, _DEVICE_KINDS)
     gpu = bool(device.any())
     w_start, w_end, numbers = step_windows(ev, training, gpu)

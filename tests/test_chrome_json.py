@@ -1,0 +1,154 @@
+"""The streaming Chrome-trace reader: any chunking gives the same events as one json.loads."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from traceview.errors import BadInput
+from traceview.parsers.chrome_json import ChromeTraceReader, read_header
+
+
+def events_of(path: Path, chunk_bytes: int) -> tuple[list[dict], ChromeTraceReader]:
+    reader = ChromeTraceReader(path, msgspec.json.decode, chunk_bytes=chunk_bytes)
+    events = [e for chunk in reader for e in chunk]
+    return events, reader
+
+
+TRICKY_NAMES = [
+    "aten::mm",
+    'a "quoted" }, {"name": "fake"} name',
+    "brackets ] [ } { inside",
+    "line\nbreak and tab\t and \\ backslash",
+    "\x1b]0;pwned\x07 escape",
+    "ünïcødé ✓",
+]
+
+
+def kineto_like(n: int) -> dict:
+    events = []
+    for i in range(n):
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": TRICKY_NAMES[i % len(TRICKY_NAMES)],
+                "pid": 1,
+                "tid": 2,
+                "ts": 1000.5 + i,
+                "dur": 0.5,
+                "args": {
+                    "External id": i,
+                    "Input Dims": [[1, 2], []],
+                    "nested": [{"a": 1}, {"b": [2]}],
+                },
+            }
+        )
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"rank": 3, "world_size": 8},
+        "traceEvents": events,
+        "deviceProperties": [{"id": 0}, {"id": 1}],
+        "traceName": "x",
+        "baseTimeNanoseconds": 1700000000000000000,
+    }
+
+
+def write(path: Path, doc: object, indent: int | None = 2) -> bytes:
+    data = json.dumps(doc, indent=indent).encode()
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return data
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("chunk_bytes", [64, 333, 4096, 1 << 20])
+def test_any_chunk_size_reads_the_same_events(
+    tmp_path: Path, indent: int | None, chunk_bytes: int
+) -> None:
+    doc = kineto_like(200)
+    path = tmp_path / "t.json"
+    write(path, doc, indent)
+    events, reader = events_of(path, chunk_bytes)
+    assert events == doc["traceEvents"]
+    assert reader.info.header == {
+        "schemaVersion": 1,
+        "distributedInfo": {"rank": 3, "world_size": 8},
+    }
+    assert reader.info.trailer["baseTimeNanoseconds"] == doc["baseTimeNanoseconds"]
+    assert reader.info.trailer["deviceProperties"] == [{"id": 0}, {"id": 1}]
+    assert reader.info.lost_bytes == 0 and reader.info.damage is None
+
+
+def test_gzip_and_bare_array(tmp_path: Path) -> None:
+    doc = kineto_like(50)
+    path = tmp_path / "t.json.gz"
+    write(path, doc["traceEvents"])
+    events, reader = events_of(path, 100)
+    assert events == doc["traceEvents"]
+    assert reader.info.stream.compressed
+
+
+def test_header_is_read_without_the_events(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    write(path, kineto_like(10))
+    assert read_header(path)["distributedInfo"] == {"rank": 3, "world_size": 8}
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_truncated_trace_keeps_every_complete_event(tmp_path: Path, suffix: str) -> None:
+    doc = kineto_like(300)
+    full = json.dumps(doc, indent=2).encode()
+    for cut in (len(full) // 3, len(full) // 2 + 17, len(full) - 200):
+        path = tmp_path / f"cut{cut}{suffix}"
+        data = full[:cut]
+        path.write_bytes(
+            gzip.compress(data)[: len(gzip.compress(data)) - 5] if suffix == ".json.gz" else data
+        )
+        events, reader = events_of(path, 512)
+        assert 0 < len(events) < 300
+        assert events == doc["traceEvents"][: len(events)], (
+            "kept events must be the prefix, unchanged"
+        )
+        assert reader.info.damage is not None
+        # Everything after the last kept event is reported lost.
+        assert reader.info.lost_bytes > 0
+
+
+def test_malformed_event_in_the_middle_loses_only_that_event(tmp_path: Path) -> None:
+    doc = kineto_like(100)
+    text = json.dumps(doc, indent=2)
+    marker = '"External id": 50,'
+    assert marker in text
+    broken = text.replace(marker, '"External id": 50 oops,', 1)
+    path = tmp_path / "t.json"
+    path.write_text(broken)
+    events, reader = events_of(path, 256)
+    ids = [e["args"]["External id"] for e in events]
+    assert 50 not in ids
+    assert ids[:50] == list(range(50))
+    assert ids[-1] == 99, "events after the damage are still read"
+    assert reader.info.damage and "malformed" in reader.info.damage
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty"),
+        (b"   \n ", "empty"),
+        (b"hello world", "not a JSON trace"),
+        (b'{"foo": 1, "bar": [1, 2]}', "without a traceEvents array"),
+        (b"\x1f\x8b\x08\x00garbage-that-is-not-deflate", "corrupt gzip"),
+    ],
+)
+def test_unreadable_input_is_bad_input(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(BadInput, match=message):
+        events_of(path, 1024)
