@@ -19,11 +19,11 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import ChromeTraceReader, read_head, read_header
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
+from traceview.parsers import ParsedTrace, TraceIdentity
+from traceview.parsers.chrome_json import ChromeTraceReader, read_head, read_header
 from traceview.rules import RuleSet
 
 _DTYPE_BYTES = {
