@@ -1,0 +1,192 @@
+"""The command line as a user meets it: contracts, exit codes, bad input, partial data."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import SAMPLES, run_cli, shared_traces
+
+DDP = SAMPLES / "pytorch" / "ddp"
+
+
+def test_help_lists_the_commands() -> None:
+    result = run_cli("--help")
+    assert result.code == 0
+    for command in ("ingest", "report", "export"):
+        assert command in result.out
+
+
+def test_report_json_contract() -> None:
+    result = run_cli("report", DDP, "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert report["run"]["framework"] == "pytorch"
+    assert report["run"]["ranks"] == 2 and report["run"]["steps"] == 5
+    summary = report["summary"]
+    phases = {"io", "h2d", "forward", "backward", "update", "comm", "other", "idle"}
+    assert set(summary["breakdown_ms"]) == phases
+    for key in ("step_ms", "comm_total_ms", "comm_hidden_fraction", "bottleneck", "straggler_rank"):
+        assert key in summary
+    assert summary["bottleneck"] in {"io", "h2d", "forward", "backward", "update", "comm"}
+    assert sum(summary["breakdown_ms"].values()) == pytest.approx(summary["step_ms"], abs=0.05)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    for rank in report["ranks"]:
+        assert {
+            "rank",
+            "steps",
+            "step_ms",
+            "breakdown_ms",
+            "comm_total_ms",
+            "comm_hidden_fraction",
+        } <= set(rank)
+        assert set(rank["breakdown_ms"]) == phases
+
+
+def test_report_text_tells_the_story() -> None:
+    result = run_cli("report", SAMPLES / "pytorch" / "explicit")
+    assert result.code == 0, result.err
+    text = result.out
+    assert "comm is the bottleneck" in text
+    assert "hidden: no" in text
+    assert "Per rank" in text and "Top operators" in text
+    assert "allreduce" in text
+
+
+def test_ingest_then_report_and_export(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = run_cli("ingest", DDP, "-o", run)
+    assert result.code == 0, result.err
+    assert (run / "manifest.json").is_file()
+    assert (run / "events" / "rank=0" / "part-0.parquet").is_file()
+    assert (run / "events" / "rank=1" / "part-0.parquet").is_file()
+    assert pq.read_table(run / "steps.parquet").num_rows == 10
+    # nothing half-written is left beside it
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+    from_run = run_cli("report", run, "--json").json()
+    from_traces = run_cli("report", DDP, "--json").json()
+    assert from_run["summary"] == from_traces["summary"]
+
+    result = run_cli("export", run, "--format", "chrome", "-o", tmp_path / "merged.json.gz")
+    assert result.code == 0, result.err
+    trace = json.loads(gzip.decompress((tmp_path / "merged.json.gz").read_bytes()))
+    events = trace["traceEvents"]
+    names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
+    assert [n.split(" (")[0] for n in names] == ["rank 0", "rank 1"]
+    steps = [e for e in events if e.get("cat") == "traceview"]
+    assert len(steps) == 10 and all("breakdown_ms" in e["args"] for e in steps)
+    assert min(e["ts"] for e in events if "ts" in e) >= 0
+
+    for fmt in ("parquet", "csv"):
+        result = run_cli("export", run, "--format", fmt, "-o", tmp_path / fmt)
+        assert result.code == 0, result.err
+        assert {p.name for p in (tmp_path / fmt).iterdir()} == {
+            f"events.{fmt}",
+            f"steps.{fmt}",
+            f"ops.{fmt}",
+        }
+
+
+def _assert_one_line_error(result, *fragments: str) -> None:
+    assert result.code == 2, (result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert "Traceback" not in result.err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("empty.json", b"", "empty file"),
+        ("notes.json", b"this is not json at all", "not a trace"),
+        ("broken.json.gz", b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage", "corrupt gzip"),
+        ("other.json", json.dumps({"some": "document"}).encode(), "not a trace"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, name: str, content: bytes, fragment: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    _assert_one_line_error(run_cli("report", path), fragment)
+
+
+def test_traces_of_other_frameworks_are_refused_clearly() -> None:
+    for path in (
+        shared_traces("tensorflow/tf1_timeline_mnist_mlp_cpu/timeline_02_step_0.json.gz"),
+        shared_traces("mxnet/mxnet_profiler_demo_mnist_cnn/gpu_mnist_cnn_profile_output.json.gz"),
+        shared_traces("tensorflow/tfprofiler_gpu_multi_worker/34.83.195.179_6003.xplane.pb"),
+    ):
+        _assert_one_line_error(run_cli("report", path), "not a trace traceview can read")
+
+
+def test_missing_paths_and_empty_folders(tmp_path: Path) -> None:
+    _assert_one_line_error(run_cli("report", tmp_path / "nope"), "no such file or directory")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "readme.txt").write_text("no traces here")
+    _assert_one_line_error(run_cli("report", tmp_path / "empty"), "no traces found")
+    result = run_cli("report")
+    assert result.code == 2 and "Traceback" not in result.err
+
+
+def test_truncated_trace_keeps_what_was_written(tmp_path: Path) -> None:
+    data = gzip.decompress((DDP / "rank-1.pt.trace.json.gz").read_bytes())
+    cut = int(len(data) * 0.6)
+    (tmp_path / "rank-1.pt.trace.json").write_bytes(data[:cut])
+    shutil.copy(DDP / "rank-0.pt.trace.json.gz", tmp_path)
+    result = run_cli("report", tmp_path, "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert report["run"]["ranks"] == 2
+    (warning,) = [w for w in report["warnings"] if "damaged" in w]
+    assert "rank-1.pt.trace.json" in warning and "lost" in warning
+    lost = int(warning.split("lost ")[1].split(" bytes")[0].replace(",", ""))
+    assert 0 < lost < len(data) - cut + 2000
+    # the rank that died mid-write still reports the steps it completed before the cut
+    rank1 = [r for r in report["ranks"] if r["rank"] == 1][0]
+    assert 1 <= rank1["steps"] <= 5
+
+
+def test_missing_ranks_are_named(tmp_path: Path) -> None:
+    shutil.copy(DDP / "rank-0.pt.trace.json.gz", tmp_path)
+    result = run_cli("report", tmp_path, "--json")
+    assert result.code == 0
+    report = result.json()
+    assert report["run"]["ranks"] == 1 and report["run"]["missing_ranks"] == [1]
+    assert any("missing rank(s) 1" in w for w in report["warnings"])
+    text = run_cli("report", tmp_path)
+    assert "warning: world size 2 but 1 trace(s) given: missing rank(s) 1" in text.out
+
+
+def test_failed_ingest_leaves_the_previous_run_untouched(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert run_cli("ingest", DDP, "-o", run).code == 0
+    before = (run / "manifest.json").read_bytes()
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"")
+    result = run_cli("ingest", bad, "-o", run)
+    assert result.code == 2
+    assert (run / "manifest.json").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "run"]
+
+
+def test_names_from_traces_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    data = json.loads(gzip.decompress((DDP / "rank-0.pt.trace.json.gz").read_bytes()))
+    evil = "[b]x[/b]\x1b]0;pwned\x07\x1b[2J"
+    for event in data["traceEvents"]:
+        if event.get("name") == "aten::mm":
+            event["name"] = evil
+    (tmp_path / "rank-0.json").write_text(json.dumps(data))
+    result = run_cli("report", tmp_path / "rank-0.json", "--top", "40")
+    assert result.code == 0, result.err
+    assert "\x1b" not in result.out and "\x07" not in result.out
+    assert "\\x1b]0;pwned\\x07" in result.out  # shown, escaped
+    assert "[b]x[/b]" in result.out  # shown literally, not interpreted as markup
