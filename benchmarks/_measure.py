@@ -9,13 +9,15 @@ which has touched hundreds of MB itself, would report the harness's peak for eve
 run. This launcher is small (~10 MB), so the peak it reports (wait4's ru_maxrss) is the
 command's own. It also samples the RSS and PSS of the command's whole process tree, for
 loaders that fork workers (HTA parses several ranks in a process pool); PSS counts pages
-shared between a parent and its forked workers once. Standard library only.
+shared between a parent and its forked workers once. It also records how much CPU time
+other processes used during the run (the machine may be shared). Standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -84,17 +86,36 @@ class Sampler(threading.Thread):
             self.done.wait(self.interval)
 
 
+def _busy_s() -> float:
+    """CPU seconds all CPUs spent busy since boot (from /proc/stat)."""
+    try:
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    # user nice system idle iowait irq softirq steal ...
+    busy = f[0] + f[1] + f[2] + sum(f[5:8])
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     result_path = sys.argv[1]
     sep = sys.argv.index("--")
     argv = sys.argv[sep + 1 :]
     interval = float(os.environ.get("BENCH_SAMPLE_INTERVAL", "0.05"))
+    load_before = os.getloadavg()
+    me0 = resource.getrusage(resource.RUSAGE_SELF)
+    own0 = me0.ru_utime + me0.ru_stime
+    busy0 = _busy_s()
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     sampler = Sampler(p.pid, interval)
     sampler.start()
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
+    busy = _busy_s() - busy0
+    me = resource.getrusage(resource.RUSAGE_SELF)  # this launcher, sampling included
+    mine = me.ru_utime + me.ru_stime - own0
     sampler.done.set()
     sampler.join()
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -110,6 +131,11 @@ def main() -> int:
                 "samples": sampler.samples,
                 "user_s": ru.ru_utime,
                 "sys_s": ru.ru_stime,
+                "launcher_cpu_s": mine,
+                # CPU time that other processes used meanwhile: how much the machine was
+                # shared during the run
+                "foreign_cpu_s": max(0.0, busy - ru.ru_utime - ru.ru_stime - mine),
+                "loadavg_before": load_before,
             },
             fh,
         )

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,29 @@ def _peak_kb(r: dict[str, Any]) -> int:
     return max(r.get("maxrss_kb", 0), r.get("tree_pss_peak_kb", 0))
 
 
+def wait_for_quiet(max_wait: float, threshold: float) -> tuple[float, float]:
+    """Wait (up to max_wait s) until other processes use less than `threshold` cores.
+    Returns (seconds waited, cores in use by others at the last look)."""
+    t0 = time.monotonic()
+    while True:
+        b0 = _busy_s()
+        time.sleep(1.0)
+        others = (_busy_s() - b0) / 1.0
+        waited = time.monotonic() - t0
+        if others <= threshold or waited >= max_wait:
+            return waited, others
+        time.sleep(2.0)
+
+
+def _busy_s() -> float:
+    try:
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    return (f[0] + f[1] + f[2] + sum(f[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
 def _log_tail(path: Path, n: int = 15) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -272,7 +296,9 @@ def _med(xs: list[float]) -> float | None:
 def summarize(
     ld: Loader, ds: DataSet, runs: list[dict[str, Any]], baseline: dict[str, Any] | None
 ) -> dict[str, Any]:
-    ok = [r for r in runs if r.get("ok")]
+    ok_all = [r for r in runs if r.get("ok")]
+    # runs during which other processes used the CPU are only used when there is no other
+    ok = [r for r in ok_all if not r.get("disturbed")] or ok_all
     row: dict[str, Any] = {
         "loader": ld.name,
         "title": ld.title,
@@ -300,6 +326,10 @@ def summarize(
             "load_s": load_s,
             "load_s_min": min(r.get("load_s", r["proc_s"]) for r in ok),
             "proc_s": _med([r["proc_s"] for r in ok]),
+            "cpu_s": _med([r.get("user_s", 0.0) + r.get("sys_s", 0.0) for r in ok]),
+            # cores' worth of CPU other processes used during the run (worst run)
+            "others_cores_max": max(r.get("others_cores", 0.0) for r in ok),
+            "n_disturbed": sum(1 for r in ok_all if r.get("disturbed")),
             "mb_per_s": ds.uncompressed_bytes / MB / load_s,
             "events_per_s": ds.events / load_s,
             "peak_rss_mb": peak_kb * 1024 / MB,
@@ -338,10 +368,10 @@ def markdown(
         )
     out += [
         "",
-        "| set | loader | load s | process s | MB/s | events/s | peak RSS MB "
+        "| set | loader | load s | process s | process CPU s | MB/s | events/s | peak RSS MB "
         "| peak / file | baseline RSS MB | data RSS MB (peak - baseline) | data / file "
-        "| runs ok |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| runs ok | others' CPU |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def f(v: Any, fmt: str) -> str:
@@ -350,23 +380,24 @@ def markdown(
     for r in rows:
         if r.get("skipped"):
             out.append(
-                f"| {r['set']} | {r['loader']} | skipped: {r['skipped']} | | | | | | | | | |"
+                f"| {r['set']} | {r['loader']} | skipped: {r['skipped']} | | | | | | | | | | | |"
             )
             continue
         if "load_s" not in r:
             err = (r.get("error") or "").strip().splitlines()[-1:] or ["failed"]
             out.append(
                 f"| {r['set']} | {r['loader']} | FAILED: {err[0][:120]} "
-                f"| | | | | | | | | 0/{len(r['runs'])} |"
+                f"| | | | | | | | | | 0/{len(r['runs'])} | |"
             )
             continue
         out.append(
             f"| {r['set']} | {r['loader']} | {r['load_s']:.2f} | {r['proc_s']:.2f} "
+            f"| {r['cpu_s']:.2f} "
             f"| {r['mb_per_s']:.1f} | {r['events_per_s']:,.0f} | {r['peak_rss_mb']:,.0f} "
             f"| {r['peak_x_file']:.1f}× | {f(r['baseline_rss_mb'], ',.0f')} "
             f"| {f(r['data_rss_mb'], ',.0f')} | "
             f"{'–' if r['data_x_file'] is None else format(r['data_x_file'], '.1f') + '×'} "
-            f"| {r['n_ok']}/{len(r['runs'])} |"
+            f"| {r['n_ok']}/{len(r['runs'])} | {r['others_cores_max']:.2f} |"
         )
     out.append("")
     out += [f"- {n}" for n in notes]
@@ -456,6 +487,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
     p.add_argument(
+        "--disturbed-cores",
+        type=float,
+        default=0.3,
+        help="a run during which other processes used more CPU than this (in cores) is "
+        "'disturbed': it is repeated and left out of the medians (default %(default)s)",
+    )
+    p.add_argument(
+        "--retries", type=int, default=2, help="extra tries for a disturbed run (default 2)"
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=120.0,
+        help="before each run, wait up to this many seconds for the machine to be quiet",
+    )
+    p.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -498,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
         "counts pages shared with forked workers once)."
         " baseline RSS: the subprocess's RSS after imports, before loading (for CLI loaders: "
         "peak RSS of the tiny-trace run).",
+        "process CPU s: user + sys of the subprocess and its children (median). others' CPU: "
+        "the CPU other processes used during the worst run kept, in cores (from /proc/stat, "
+        "less the loader's and the launcher's own CPU time). Runs during which others used "
+        "more than --disturbed-cores are repeated (--retries) and left out of the medians "
+        "when an undisturbed run exists; the JSON keeps every run.",
         "hta / hta_ijson keep every rank's DataFrame (TraceAnalysis); tb and json drop each "
         "file's result before the next file; traceview writes Parquet to a fresh directory.",
     ]
@@ -514,13 +566,21 @@ def main(argv: list[str] | None = None) -> int:
         tiny_dir = work / "tiny"
         tiny_dir.mkdir(exist_ok=True)
         tiny = make_tiny_trace(tiny_dir)
-        baseline = measure_cli(tv, None, [tiny], work, a.timeout, "tiny")
+        # median of --repeat runs: the startup time is subtracted from every traceview run
+        tiny_runs = [
+            measure_cli(tv, None, [tiny], work, a.timeout, f"tiny-{i}") for i in range(a.repeat)
+        ]
+        good = [r for r in tiny_runs if r["ok"]]
+        baseline = dict(good[len(good) // 2] if good else tiny_runs[-1])
+        if good:
+            baseline["proc_s"] = statistics.median(r["proc_s"] for r in good)
+            baseline["peak_rss_kb"] = statistics.median(r["peak_rss_kb"] for r in good)
+            baseline["runs"] = tiny_runs
         if not baseline["ok"]:
+            last = (baseline.get("error") or "").strip().splitlines()[-1:] or ["no output"]
             notes.append(
-                "traceview on the tiny trace failed, so its baseline is unknown: "
-                + (baseline.get("error") or "").splitlines()[-1:][0][:200]
-                if baseline.get("error")
-                else "traceview tiny run failed"
+                "traceview failed on the tiny trace, so its startup time and baseline RSS "
+                f"are unknown (load s = process s): {last[0][:200]}"
             )
     if "traceview" in wanted and tv.skip_reason:
         notes.append(f"traceview skipped: {tv.skip_reason}")
@@ -533,19 +593,32 @@ def main(argv: list[str] | None = None) -> int:
                 ld = loaders[name]
                 if ld.skip_reason:
                     continue
-                if ld.kind == "python":
-                    r = measure_python(ld, ds, work, a.timeout)
-                else:
-                    r = measure_cli(ld, ds, ds.files, work, a.timeout, f"{ds.name}-{rep}")
-                results.setdefault((ds.name, name), []).append(r)
-                shown = f"load {r['load_s']:.2f}s" if "load_s" in r else f"proc {r['proc_s']:.2f}s"
-                print(
-                    f"# {ds.name} {name} run {rep + 1}/{a.repeat}: "
-                    f"{'ok' if r['ok'] else 'FAILED rc=' + str(r['rc'])} {shown} "
-                    f"peak {r.get('peak_rss_kb', 0) * 1024 / MB:.0f} MB",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                for attempt in range(1 + a.retries):
+                    waited, others = wait_for_quiet(a.quiet_wait, a.disturbed_cores)
+                    if ld.kind == "python":
+                        r = measure_python(ld, ds, work, a.timeout)
+                    else:
+                        r = measure_cli(ld, ds, ds.files, work, a.timeout, f"{ds.name}-{rep}")
+                    r["others_cores"] = r.get("foreign_cpu_s", 0.0) / max(r["proc_s"], 1e-9)
+                    r["others_cores_before"] = others
+                    r["waited_for_quiet_s"] = waited
+                    r["attempt"] = attempt
+                    r["disturbed"] = r["others_cores"] > a.disturbed_cores
+                    shown = (
+                        f"load {r['load_s']:.2f}s" if "load_s" in r else f"proc {r['proc_s']:.2f}s"
+                    )
+                    print(
+                        f"# {ds.name} {name} run {rep + 1}/{a.repeat}: "
+                        f"{'ok' if r['ok'] else 'FAILED rc=' + str(r['rc'])} {shown} "
+                        f"peak {r.get('peak_rss_kb', 0) * 1024 / MB:.0f} MB, "
+                        f"others used {r['others_cores']:.2f} cores"
+                        + (" (disturbed)" if r["disturbed"] else ""),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    results.setdefault((ds.name, name), []).append(r)
+                    if not r["disturbed"] or not r["ok"]:
+                        break
         for name in wanted:
             ld = loaders[name]
             if ld.skip_reason:

@@ -271,7 +271,12 @@ def analyze(src: SourceTrace, gap_us: int | None, jitter_us: int) -> None:
                 vals[k].append(v)
         if e.d.get("ph") in FLOW_PHASES and isinstance(e.d.get("id"), int):
             vals["correlation"].append(e.d["id"])  # flows share correlation's offset
-    src.strides = {k: (max(v) - min(v) + 1 if v else 0) for k, v in vals.items()}
+    # a value that is the same on every event (e.g. "Record function id": 0 when record
+    # functions are off) is no id in this trace: leave it alone
+    src.strides = {
+        k: (max(v) - min(v) + 1 if v and (max(v) > min(v) or len(v) == 1) else 0)
+        for k, v in vals.items()
+    }
 
     # copy period: from the first step start to the end of everything the body holds
     t_end = w0
@@ -466,68 +471,76 @@ def trace_filename(rank: int, use_gzip: bool) -> str:
 
 
 def check_trace(path: Path) -> dict[str, Any]:
-    """Load a generated file and verify ids and links (uses memory ~10x the file)."""
+    """Load a trace and look for broken ids and links (uses memory ~10x the file).
+
+    "problems" maps a kind of problem to a detail. A generated file should show no kind of
+    problem its source does not already have (see --check)."""
     d = json.loads(read_text(path))
     ev = d["traceEvents"]
-    problems: list[str] = []
+    problems: dict[str, str] = {}
     ext: dict[int, int] = {}
     for e in ev:
         a = e.get("args") or {}
-        if e.get("cat") in ("cpu_op", "user_annotation") and "External id" in a:
+        if e.get("cat") in ("cpu_op", "user_annotation", "Operator") and "External id" in a:
             ext[a["External id"]] = ext.get(a["External id"], 0) + 1
     dup_ext = sum(1 for v in ext.values() if v > 1)
+    if dup_ext:
+        problems["duplicate host External id"] = str(dup_ext)
     rt_corr = [
         e["args"]["correlation"]
         for e in ev
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        if e.get("cat") in RUNTIME_CATS and "correlation" in (e.get("args") or {})
     ]
-    gpu_corr = [
+    rt_set = set(rt_corr)
+    gpu_corr = {
         e["args"]["correlation"]
         for e in ev
-        if e.get("cat") in GPU_CATS and "correlation" in e.get("args", {})
-    ]
-    if len(set(rt_corr)) != len(rt_corr):
-        problems.append("duplicate runtime correlation ids")
-    if not set(gpu_corr) <= set(rt_corr):
-        problems.append(f"{len(set(gpu_corr) - set(rt_corr))} GPU correlations without runtime")
-    for key in ("Ev Idx", "Record function id"):
+        if e.get("cat") in GPU_CATS and "correlation" in (e.get("args") or {})
+    }
+    if len(rt_set) != len(rt_corr):
+        problems["duplicate runtime correlation"] = str(len(rt_corr) - len(rt_set))
+    if not gpu_corr <= rt_set:
+        problems["GPU correlation without runtime call"] = str(len(gpu_corr - rt_set))
+    for key in ("Ev Idx", "Record function id", "Python id"):
         vals = [e["args"][key] for e in ev if key in (e.get("args") or {})]
         if len(set(vals)) != len(vals):
-            problems.append(f"duplicate {key}")
+            problems[f"duplicate {key}"] = str(len(vals) - len(set(vals)))
     flows: dict[tuple[Any, Any], list[str]] = {}
     for e in ev:
         if e.get("ph") in FLOW_PHASES:
             flows.setdefault((e.get("cat"), e.get("id")), []).append(e["ph"])
     bad_flows = sum(1 for v in flows.values() if v.count("s") > 1)
     if bad_flows:
-        problems.append(f"{bad_flows} flow ids with more than one start")
+        problems["flow id with several starts"] = str(bad_flows)
     ac2g_ids = {i for (c, i) in flows if c == "ac2g"}
-    if not ac2g_ids <= set(rt_corr):
-        problems.append("ac2g flow ids that are no runtime correlation")
+    if not ac2g_ids <= rt_set:
+        problems["ac2g flow id that is no runtime correlation"] = str(len(ac2g_ids - rt_set))
     steps = sorted(
         (
             e
             for e in ev
-            if _STEP_NAME_RE.match(str(e.get("name", ""))) and e.get("cat") == "user_annotation"
+            if e.get("ph") == "X"
+            and _STEP_NAME_RE.match(str(e.get("name", "")))
+            and e.get("cat") != "gpu_user_annotation"
         ),
         key=lambda e: e["ts"],
     )
     names = [e["name"] for e in steps]
     if len(set(names)) != len(names):
-        problems.append("duplicate ProfilerStep names")
+        problems["duplicate ProfilerStep"] = str(len(names) - len(set(names)))
     for a, b in itertools.pairwise(steps):
         if b["ts"] < a["ts"] + a["dur"]:
-            problems.append(f"overlapping steps {a['name']} {b['name']}")
+            problems["overlapping ProfilerSteps"] = f"{a['name']} {b['name']}"
             break
-    if dup_ext:
-        problems.append(f"{dup_ext} duplicate host External ids")
     return {
         "file": str(path),
         "events": len(ev),
         "steps": len(steps),
         "first_step": names[0] if names else None,
         "last_step": names[-1] if names else None,
-        "distributedInfo": {k: d.get("distributedInfo", {}).get(k) for k in ("rank", "world_size")},
+        "distributedInfo": {
+            k: (d.get("distributedInfo") or {}).get(k) for k in ("rank", "world_size")
+        },
         "keys": list(d.keys()),
         "problems": problems,
     }
@@ -637,13 +650,20 @@ def main(argv: list[str] | None = None) -> int:
     (out / INFO_NAME).write_text(json.dumps(meta, indent=1) + "\n")
     print(f"done in {time.perf_counter() - t0:.1f} s -> {out}", file=sys.stderr)
     if a.check:
+        inherited = check_trace(a.source)["problems"]
         bad = 0
         for s in summary:
             res = check_trace(Path(s["file"]))
+            res["new_problems"] = {k: v for k, v in res["problems"].items() if k not in inherited}
+            res["problems_also_in_source"] = {
+                k: v for k, v in res.pop("problems").items() if k in inherited
+            }
             print(json.dumps(res), file=sys.stderr)
-            bad += bool(res["problems"])
+            bad += bool(res["new_problems"])
         if bad:
+            print("check FAILED: the output has problems its source does not have", file=sys.stderr)
             return 1
+        print("check ok", file=sys.stderr)
     return 0
 
 

@@ -151,7 +151,7 @@ def test_truncated_trace_keeps_what_was_written(tmp_path: Path) -> None:
     lost = int(warning.split("lost ")[1].split(" bytes")[0].replace(",", ""))
     assert 0 < lost < len(data) - cut + 2000
     # the rank that died mid-write still reports the steps it completed before the cut
-    rank1 = [r for r in report["ranks"] if r["rank"] == 1][0]
+    rank1 = next(r for r in report["ranks"] if r["rank"] == 1)
     assert 1 <= rank1["steps"] <= 5
 
 
