@@ -10,7 +10,9 @@ them, which is all the core needs to link the two, so flow events are counted, n
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from collections.abc import Sequence
+from itertools import compress
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ _DTYPE_BYTES = {
 _COMM_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "c10d::", "record_param_comms")
 
 
-class _Args(msgspec.Struct, gc=False):
+class _Args(msgspec.Struct, frozen=True, gc=False):
     """The few ``args`` the core needs; everything else in ``args`` is skipped while decoding."""
 
     external_id: int | str | None = msgspec.field(default=None, name="External id")
@@ -52,6 +54,9 @@ class _Args(msgspec.Struct, gc=False):
     meta_name: str | None = msgspec.field(default=None, name="name")
 
 
+_NO_ARGS = _Args()
+
+
 class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str | None = None
@@ -60,11 +65,10 @@ class _Event(msgspec.Struct, gc=False):
     tid: int | str | None = None
     ts: float | None = None
     dur: float | None = None
-    args: _Args | None = None
+    args: _Args = _NO_ARGS
 
 
 _DECODER = msgspec.json.Decoder(list[_Event])
-_NO_ARGS = _Args()
 
 
 def _as_int(value: Any) -> int | None:
@@ -95,7 +99,7 @@ def _thread_id(value: Any) -> int:
 def _coerce(raw: dict[str, Any]) -> _Event:
     """One event decoded without a schema, made to fit ``_Event`` (the slow, tolerant path)."""
     args = raw.get("args")
-    parsed_args = None
+    parsed_args = _NO_ARGS
     if isinstance(args, dict):
         dims = args.get("Input Dims")
         types = args.get("Input type")
@@ -135,10 +139,23 @@ def _float_or_none(value: Any) -> float | None:
 
 
 def _int_array(values: list[Any]) -> pa.Array:
+    """Integers (ids, sizes) as int64; floats are truncated, numeric strings parsed."""
     try:
-        return pa.array(values, pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        array = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         return pa.array([_as_int(v) for v in values], pa.int64())
+    if pa.types.is_integer(array.type) or pa.types.is_null(array.type):
+        return array.cast(pa.int64())
+    if pa.types.is_floating(array.type):
+        return pc.cast(array, pa.int64(), safe=False)
+    return pa.array([_as_int(v) for v in values], pa.int64())
+
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+
+def _dictionary(values: list[Any]) -> pa.Array:
+    return pa.array(values, _DICT)
 
 
 def _comm_bytes(args: _Args) -> int | None:
@@ -167,13 +184,26 @@ def _comm_bytes(args: _Args) -> int | None:
 
 
 class _Chunk:
-    """Columns of one decoded chunk, plus the few metadata records it held."""
+    """Columns of one decoded chunk's events, its metadata records, and counts by record type."""
 
-    __slots__ = ("batch", "meta")
+    __slots__ = ("batch", "counts", "meta")
 
-    def __init__(self, batch: pa.RecordBatch, meta: list[_Event]):
+    def __init__(self, batch: pa.RecordBatch, meta: list[_Event], counts: dict[str, int]):
         self.batch = batch
         self.meta = meta
+        self.counts = counts
+
+
+_KEPT_PHASES = frozenset(("X", "i", "I"))
+
+
+def _ids(values: list[Any]) -> pa.Array:
+    """pid/tid column: integers, and a few labels ("Spans") turned into stable negative ids."""
+    try:
+        return pa.array(values, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        mapping = {v: _thread_id(v) for v in set(values)}
+        return pa.array(list(map(mapping.__getitem__, values)), pa.int64())
 
 
 def _decode_chunk(data: bytes) -> _Chunk:
@@ -182,37 +212,44 @@ def _decode_chunk(data: bytes) -> _Chunk:
     except msgspec.ValidationError:
         raw = msgspec.json.decode(data)
         events = [_coerce(e) for e in raw if isinstance(e, dict)]
-    ph = list(map(attrgetter("ph"), events))
-    names = list(map(attrgetter("name"), events))
-    args = [a if a is not None else _NO_ARGS for a in map(attrgetter("args"), events)]
-    meta = [events[i] for i, p in enumerate(ph) if p == "M"] if "M" in ph else []
+    # Flows and metadata are counted, not kept: drop them before building columns.
+    phases = list(map(attrgetter("ph"), events))
+    counts = dict(Counter(phases))
+    meta = [e for e in events if e.ph == "M"] if "M" in counts else []
+    if any(ph not in _KEPT_PHASES for ph in counts):
+        events = list(compress(events, map(_KEPT_PHASES.__contains__, phases)))
+        phases = list(map(attrgetter("ph"), events))
 
-    nbytes: list[int | None] = [_as_int(v) for v in map(attrgetter("nbytes"), args)]
+    names = list(map(attrgetter("name"), events))
+    args = list(map(attrgetter("args"), events))
+    nbytes = _int_array(list(map(attrgetter("nbytes"), args)))
     comm_names = {n for n in set(names) if n and n.startswith(_COMM_PREFIXES)}
     if comm_names:
+        values = nbytes.to_pylist()
         for i, name in enumerate(names):
-            if name in comm_names and nbytes[i] is None:
-                nbytes[i] = _comm_bytes(args[i])
-
-    external = list(map(attrgetter("external_id"), args))
-    external_old = list(map(attrgetter("external_id_old"), args))
-    ext = [a if a is not None else b for a, b in zip(external, external_old, strict=True)]
+            if name in comm_names and values[i] is None:
+                values[i] = _comm_bytes(args[i])
+        nbytes = pa.array(values, pa.int64())
+    external = _int_array(list(map(attrgetter("external_id"), args)))
+    older = _int_array(list(map(attrgetter("external_id_old"), args)))  # the 2021 spelling
+    if older.null_count < len(older):
+        external = pc.coalesce(external, older)
     batch = pa.RecordBatch.from_pydict(
         {
-            "ph": pa.array(ph, pa.string()).dictionary_encode(),
-            S.CAT: pa.array(list(map(attrgetter("cat"), events)), pa.string()).dictionary_encode(),
-            S.NAME: pa.array(names, pa.string()).dictionary_encode(),
-            S.PID: pa.array([_thread_id(v) for v in map(attrgetter("pid"), events)], pa.int64()),
-            S.TID: pa.array([_thread_id(v) for v in map(attrgetter("tid"), events)], pa.int64()),
+            "ph": _dictionary(phases),
+            S.CAT: _dictionary(list(map(attrgetter("cat"), events))),
+            S.NAME: _dictionary(names),
+            S.PID: _ids(list(map(attrgetter("pid"), events))),
+            S.TID: _ids(list(map(attrgetter("tid"), events))),
             "ts_us": pa.array(list(map(attrgetter("ts"), events)), pa.float64()),
             "dur_us": pa.array(list(map(attrgetter("dur"), events)), pa.float64()),
             S.CORRELATION: _int_array(list(map(attrgetter("correlation"), args))),
-            S.EXTERNAL_ID: _int_array(ext),
-            S.BYTES: pa.array(nbytes, pa.int64()),
+            S.EXTERNAL_ID: external,
+            S.BYTES: nbytes,
             S.COLLECTIVE: pa.array(list(map(attrgetter("collective"), args)), pa.string()),
         }
     )
-    return _Chunk(batch, meta)
+    return _Chunk(batch, meta, counts)
 
 
 def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
@@ -251,26 +288,30 @@ class KinetoParser:
         reader = ChromeTraceReader(path, _decode_chunk)
         batches: list[pa.RecordBatch] = []
         meta_events: list[_Event] = []
+        counts: dict[str, int] = {}
         for chunk in reader:
             batches.append(chunk.batch)
             meta_events.extend(chunk.meta)
+            for ph, count in chunk.counts.items():
+                counts[ph] = counts.get(ph, 0) + count
         info = reader.info
         notes = Notes()
         top = info.top_level
         if not batches or sum(b.num_rows for b in batches) == 0:
+            if counts:
+                raise BadInput(
+                    f"{path}: the trace holds no timed events (only {', '.join(sorted(counts))} records)"
+                )
             if info.damage:
                 raise BadInput(f"{path}: no complete event before the damage ({info.damage})")
             raise BadInput(f"{path}: the trace holds no events")
         table = pa.Table.from_batches(batches).unify_dictionaries().combine_chunks()
         del batches
 
-        ph = table.column("ph")
-        counts = {str(k): int(v) for k, v in _value_counts(ph).items()}
-        keep = pc.is_in(ph, pa.array(["X", "i", "I"]))
         has_ts = pc.is_valid(table.column("ts_us"))
-        kept = pc.and_(keep, has_ts)
-        no_ts = int(pc.sum(pc.and_(keep, pc.invert(has_ts))).as_py() or 0)
-        table = table.filter(kept)
+        no_ts = table.num_rows - int(pc.sum(has_ts).as_py() or 0)
+        if no_ts:
+            table = table.filter(has_ts)
 
         base_ns = int(top.get("baseTimeNanoseconds") or 0)
         ts_ns = us_to_ns(table.column("ts_us").to_numpy(zero_copy_only=False), base_ns)

@@ -344,7 +344,11 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     structural = _STRUCTURAL[kind]
     phase = np.full(n, NO_PHASE, np.int64)
     passed = np.full(n, NO_PHASE, np.int64)  # what an event hands down to its children
-    top_op = np.full(n, -1, np.int64)  # outermost canonical operator (from a rule) above
+    top_op = np.full(n, -1, np.int64)  # outermost operator's canonical name (from a rule)
+    near_op = np.full(
+        n, -1, np.int64
+    )  # nearest operator (kind op) at or above, its name-derived op
+    is_op = kind == _KIND_CODES[S.KIND_OP]
     level_order = hosts[np.argsort(tree.depth, kind="stable")]
     level_bounds = np.searchsorted(depth[level_order], np.arange(int(depth.max(initial=0)) + 2))
     for level in range(len(level_bounds) - 1):
@@ -360,7 +364,10 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
         phase[rows] = eff
         passed[rows] = np.where(structural[rows] & (own[rows] < 0), inherited, eff)
         parent_op = np.where(has_up, top_op[np.maximum(up, 0)], -1)
-        top_op[rows] = np.where(parent_op >= 0, parent_op, cls.rule_op[rows])
+        own_op = np.where(is_op[rows], cls.rule_op[rows], -1)
+        top_op[rows] = np.where(parent_op >= 0, parent_op, own_op)
+        parent_near = np.where(has_up, near_op[np.maximum(up, 0)], -1)
+        near_op[rows] = np.where(is_op[rows], cls.default_op[rows], parent_near)
 
     # -- device activities: phase, step and operator of the launching host call ------------------
     device = np.flatnonzero(_DEVICE[kind])
@@ -381,7 +388,9 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     phase[device] = np.where(
         own[device] >= 0, own[device], np.where(linked, phase[safe], PHASE_CODES[S.OTHER])
     )
-    launcher_op = np.where(top_op[safe] >= 0, top_op[safe], cls.rule_op[safe])
+    # A kernel is named after the operator that launched it: the outermost one with a canonical
+    # name (aten::linear -> fully_connected), else the nearest one, else the runtime call.
+    launcher_op = np.where(top_op[safe] >= 0, top_op[safe], near_op[safe])
     launcher_op = np.where(launcher_op >= 0, launcher_op, cls.default_op[safe])
     device_op = np.where(
         cls.rule_op[device] >= 0, cls.rule_op[device], np.where(linked, launcher_op, -1)

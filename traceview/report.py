@@ -23,6 +23,17 @@ PHASE_STYLE = {
     S.IDLE: "bright_black",
 }
 #: One letter per phase, so the breakdown reads without colour too.
+#: Column headers short enough for an 80-column terminal.
+SHORT = {
+    S.IO: "io",
+    S.H2D: "h2d",
+    S.FORWARD: "fwd",
+    S.BACKWARD: "bwd",
+    S.UPDATE: "upd",
+    S.COMM: "comm",
+    S.OTHER: "other",
+    S.IDLE: "idle",
+}
 PHASE_LETTER = {
     S.IO: "I",
     S.H2D: "H",
@@ -144,58 +155,62 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
 
     if ranks:
         table = Table(
-            title="Per rank (ms per step)", title_justify="left", box=None, pad_edge=False
+            title="Per rank (ms per step)",
+            title_justify="left",
+            box=None,
+            pad_edge=False,
+            padding=(0, 1),
         )
         table.add_column("rank", justify="right")
-        table.add_column("steps", justify="right")
         table.add_column("step", justify="right")
         for phase in S.BREAKDOWN_PHASES:
-            table.add_column(phase, justify="right", style=PHASE_STYLE[phase])
-        table.add_column("comm total", justify="right")
+            table.add_column(SHORT[phase], justify="right", style=PHASE_STYLE[phase])
         table.add_column("hidden", justify="right")
-        width = max(console.width - 100, 10)
-        table.add_column("", no_wrap=True)
+        bar_width = console.width - 76
+        if bar_width >= 10:
+            table.add_column("", no_wrap=True)
+        significant = bool(summary.get("straggler_significant"))
         for row in sorted(ranks, key=lambda r: r["rank"]):
-            straggler = row["rank"] == summary.get("straggler_rank") and summary.get(
-                "straggler_significant"
-            )
-            table.add_row(
-                Text(str(row["rank"]), style="bold" if straggler else ""),
-                str(row["steps"]),
+            straggler = significant and row["rank"] == summary.get("straggler_rank")
+            cells: list[Text | str] = [
+                Text(f"{row['rank']}{'*' if straggler else ''}", style="bold" if straggler else ""),
                 _ms(row["step_ms"]),
                 *(_ms(row["breakdown_ms"][p]) for p in S.BREAKDOWN_PHASES),
-                _ms(row["comm_total_ms"]),
                 _pct(row["comm_hidden_fraction"]) if row["comm_total_ms"] > 0 else "-",
-                phase_bar(row["breakdown_ms"], min(width, 30)),
-            )
+            ]
+            if bar_width >= 10:
+                cells.append(phase_bar(row["breakdown_ms"], min(bar_width, 40)))
+            table.add_row(*cells)
         console.print(table)
+        if significant:
+            console.print(Text("* the straggler", style="bright_black"))
         console.print()
 
     if report.get("top_ops"):
         ops = Table(
-            title="Top operators (self time per step)",
+            title="Top operators (per step)",
             title_justify="left",
             box=None,
             pad_edge=False,
+            padding=(0, 1),
         )
-        ops.add_column("op")
-        ops.add_column("name (as in the trace)", overflow="ellipsis", no_wrap=True, max_width=48)
-        ops.add_column("on")
-        ops.add_column("phase")
-        ops.add_column("calls", justify="right")
-        ops.add_column("self ms", justify="right")
-        ops.add_column("total ms", justify="right")
-        ops.add_column("p95 ms", justify="right")
+        ops.add_column("op", no_wrap=True, overflow="ellipsis", max_width=24)
+        ops.add_column("phase", no_wrap=True)
+        ops.add_column("on", no_wrap=True)
+        ops.add_column("calls", justify="right", no_wrap=True)
+        ops.add_column("self ms", justify="right", no_wrap=True)
+        ops.add_column("total ms", justify="right", no_wrap=True)
+        name_width = max(console.width - 66, 12)
+        ops.add_column("name in the trace", no_wrap=True, overflow="ellipsis", max_width=name_width)
         for op in report["top_ops"][:top]:
             ops.add_row(
-                Text(safe(op["op"], 40)),
-                Text(safe(op["name"], 80)),
+                Text(safe(op["op"], 60)),
+                Text(SHORT.get(op["phase"], op["phase"]), style=PHASE_STYLE.get(op["phase"], "")),
                 op["device"],
-                Text(op["phase"], style=PHASE_STYLE.get(op["phase"], "")),
                 f"{op['calls_per_step']:g}",
                 _ms(op["self_ms_per_step"]),
                 _ms(op["total_ms_per_step"]),
-                _ms(op["p95_ms"]),
+                Text(safe(op["name"], 200)),
             )
         console.print(ops)
         console.print()

@@ -206,6 +206,7 @@ OPS_SCHEMA: Final = pa.schema(
     [
         pa.field(RANK, pa.int32(), nullable=False),
         pa.field(DEVICE, pa.string(), nullable=False),
+        pa.field(KIND, pa.string(), nullable=False),  # op, annotation (a region), kernel, memcpy...
         pa.field(PHASE, pa.string(), nullable=False),
         pa.field(OP, pa.string(), nullable=False),
         pa.field(NAME, pa.string(), nullable=False),  # the most frequent framework name

@@ -1,4 +1,4 @@
-"""The ops table: per rank, device, phase and canonical operator, how often and how long.
+"""The ops table: per rank, device, kind, phase and canonical operator, how often and how long.
 
 ``count``/``total``/percentiles count an operator once where it nests inside itself (aten::conv2d
 around aten::convolution are both "convolution"); ``self`` adds the time of every event mapped to
@@ -50,7 +50,7 @@ def op_stats(events: pa.Table) -> pa.Table:
     df = df.join(parents, on=[S.RANK, S.PARENT], how="left")
     outer = pl.col("parent_op").is_null() | (pl.col("parent_op") != pl.col(S.OP))
     stats = (
-        df.group_by(S.RANK, S.DEVICE, S.PHASE, S.OP)
+        df.group_by(S.RANK, S.DEVICE, S.KIND, S.PHASE, S.OP)
         .agg(
             pl.col(S.NAME).mode().first().alias(S.NAME),
             outer.sum().cast(pl.Int64).alias(S.COUNT),

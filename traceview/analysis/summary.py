@@ -138,8 +138,10 @@ def summarize(
     top_ops: list[dict[str, Any]] = []
     if ops_df.height:
         n_steps = max(int(df.height), 1)
+        # Operators and device activities; regions (annotations) hold waits, not work.
+        operators = ops_df.filter(pl.col(S.KIND).is_in([S.KIND_OP, *S.DEVICE_ACTIVITY_KINDS]))
         agg = (
-            ops_df.group_by(S.DEVICE, S.PHASE, S.OP)
+            operators.group_by(S.DEVICE, S.PHASE, S.OP)
             .agg(
                 pl.col(S.NAME).first(),
                 pl.col(S.COUNT).sum(),
