@@ -26,8 +26,8 @@ from traceview.errors import BadInput
 
 T = TypeVar("T")
 
-CHUNK_BYTES = 8 << 20
-_BLOCK_BYTES = 4 << 20
+CHUNK_BYTES = 4 << 20
+_BLOCK_BYTES = 2 << 20
 _HEADER_LIMIT = 256 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
@@ -125,7 +125,7 @@ def _error_byte(exc: Exception) -> int | None:
 
 def _after_array(buf: bytearray, position: int | None) -> int:
     """Index in ``buf`` just past the ``]`` that closed the array msgspec complained after."""
-    return buf.rfind(b"]", 0, max((position or 0) - 1, 0) + 1) + 1
+    return buf.rfind(b"]", 0, (position or 0) + 1) + 1
 
 
 def _decode_object(text: bytes) -> dict[str, Any]:
@@ -136,18 +136,38 @@ def _decode_object(text: bytes) -> dict[str, Any]:
 class ChromeTraceReader(Generic[T]):
     """Iterate over decoded chunks of a Chrome trace's events.
 
-    ``decode`` receives the bytes of a JSON array of complete events and returns whatever the
-    parser wants (typically columns). It must raise ``msgspec.DecodeError`` for malformed JSON and
-    handle type surprises itself. After iteration, ``info`` holds the top-level keys and damage.
+    ``decode`` receives a buffer holding a JSON array of complete events and returns whatever
+    the parser wants (typically columns). The buffer is a view into the reader's own memory,
+    valid only during the call: ``decode`` must not keep references into it (msgspec.Raw
+    values included). It must raise ``msgspec.DecodeError`` for malformed JSON and handle type
+    surprises itself. After iteration, ``info`` holds the top-level keys and any damage.
     """
 
-    def __init__(self, path: Path, decode: Callable[[bytes], T], chunk_bytes: int = CHUNK_BYTES):
+    def __init__(self, path: Path, decode: Callable[[Any], T], chunk_bytes: int = CHUNK_BYTES):
         self.path = path
         self.decode = decode
         self.chunk_bytes = chunk_bytes
         self.info = ChromeTraceInfo()
 
-    # -- the events array -----------------------------------------------------------------
+    # The buffer always starts with "[" followed by the next undecoded event, so a chunk is
+    # decoded in place: the byte after its last "}" (a comma or a space) becomes "]" for the
+    # duration of the call. No copies of the text are made.
+
+    def _decode_in_place(self, buf: bytearray, end: int) -> T:
+        """Decode buf[0:end] as an array; buf[end] is borrowed for the closing bracket."""
+        saved = buf[end]
+        buf[end] = 0x5D  # "]"
+        try:
+            with memoryview(buf) as view, view[: end + 1] as piece:
+                return self.decode(piece)
+        finally:
+            buf[end] = saved
+
+    @staticmethod
+    def _consume(buf: bytearray, start: int) -> None:
+        """Drop the decoded events: the next event begins at ``start``."""
+        buf[start - 1] = 0x5B  # "["
+        del buf[: start - 1]
 
     def __iter__(self) -> Iterator[T]:
         blocks = _byte_blocks(self.path, self.info.stream)
@@ -165,7 +185,7 @@ class ChromeTraceReader(Generic[T]):
         body_start = self._read_header(buf, fill)
         if body_start is None:
             return
-        del buf[:body_start]
+        del buf[: body_start - 1]  # keep the "[" that opens the events array
         search_from = self.chunk_bytes
         while True:
             if not exhausted and len(buf) < self.chunk_bytes + _BLOCK_BYTES:
@@ -174,47 +194,48 @@ class ChromeTraceReader(Generic[T]):
             if exhausted:
                 # Cut before the last event, so that the final piece (decoded twice, to find
                 # where the array ends) is small.
-                match = None
-                for match in _SEPARATOR.finditer(buf):  # noqa: B007 - keep the last one
-                    pass
+                last = None
+                for match in _SEPARATOR.finditer(buf):
+                    last = (match.start(), match.end())
+                if last is None:
+                    if (yield from self._tail(buf)):
+                        return
+                    continue
+                cut_start, cut_end = last
             else:
                 match = _SEPARATOR.search(buf, search_from)
                 if match is None:
                     search_from = max(self.chunk_bytes, len(buf) - 64)
                     fill()
                     continue
-            if match is None:
-                if (yield from self._tail(buf)):
-                    return
-                continue
-            end = match.start() + 1
+                cut_start, cut_end = match.start(), match.end()
+                del match
+            end = cut_start + 1
             try:
-                chunk = self.decode(b"[" + bytes(buf[:end]) + b"]")
+                chunk = self._decode_in_place(buf, end)
             except msgspec.DecodeError as exc:
-                position = _error_byte(exc)  # in the piece, which has one extra leading byte
-                if "trailing characters" in str(exc) and _TRAILER.match(
-                    buf, _after_array(buf, position)
-                ):
+                position = _error_byte(exc)
+                if "trailing characters" in str(exc) and _TRAILER.match(buf, _after_array(buf, position)):
                     while fill():  # the events end in this piece: finish with the whole rest
                         pass
                     if (yield from self._tail(buf)):
                         return
-                elif position is not None and position < end:
+                elif position is not None and position < end - 1:
                     # Malformed JSON before the cut: real damage, not a cut in the wrong place.
-                    yield from self._skip_damage(buf, position - 1)
+                    yield from self._skip_damage(buf, position)
                     search_from = self.chunk_bytes
                 elif exhausted:
                     if (yield from self._tail(buf)):
                         return
                 else:
-                    search_from = match.start() + 1
+                    search_from = cut_start + 1
                 continue
             yield chunk
-            del buf[: match.end() - 1]
+            self._consume(buf, cut_end - 1)
             search_from = self.chunk_bytes if not exhausted else 0
 
     def _read_header(self, buf: bytearray, fill: Callable[[], bool]) -> int | None:
-        """Parse the keys before the events array; return where the events begin."""
+        """Parse the keys before the events array; return where the events begin (after "[")."""
         while True:
             stripped = buf.lstrip()
             if stripped:
@@ -250,17 +271,18 @@ class ChromeTraceReader(Generic[T]):
         Returns False when the piece turns out not to hold the end (damage earlier in the file
         put the cut inside an event), after skipping past the damage.
         """
-        piece = b"[" + bytes(buf)
         try:
-            yield self.decode(piece)
+            with memoryview(buf) as view:
+                chunk = self.decode(view)
+            yield chunk
             buf.clear()
             return True
         except msgspec.DecodeError as exc:
             message = str(exc)
             position = _error_byte(exc)
         if "trailing characters" in message and position is not None:
-            end = _after_array(buf, position) + 1  # in the piece
-            trailer = piece[end:].strip().lstrip(b",").strip()
+            end = _after_array(buf, position)
+            trailer = bytes(buf[end:]).strip().lstrip(b",").strip()
             keys: dict[str, Any] | None = {}
             if trailer and trailer != b"}":
                 try:
@@ -268,27 +290,33 @@ class ChromeTraceReader(Generic[T]):
                 except msgspec.DecodeError:
                     keys = None
             if keys is not None:
-                yield self.decode(piece[:end])
+                del buf[end:]
+                with memoryview(buf) as view:
+                    chunk = self.decode(view)
+                yield chunk
                 self.info.trailer = keys
                 buf.clear()
                 return True
-            yield from self._skip_damage(buf, position - 1)
+            yield from self._skip_damage(buf, position)
             return False
         # The file ends inside the events array: keep every complete event.
         kept = yield from self._decode_prefix(buf, len(buf))
-        self.info.lost_bytes += len(buf) - kept
-        self.info.damage = (
-            self.info.damage
-            or self.info.stream.ended_early
-            or "the JSON ends inside the events array"
-        )
+        self.info.lost_bytes += len(buf) - max(kept, 1)
+        self.info.damage = self.info.damage or self.info.stream.ended_early or "the JSON ends inside the events array"
         buf.clear()
         return True
 
-    def _decode_prefix(self, buf: bytearray, limit: int) -> Iterator[T]:
+    def _decodes(self, buf: bytearray, start: int, end: int) -> bool:
+        try:
+            self.decode(b"[" + bytes(buf[start:end]) + b"]")
+        except msgspec.DecodeError:
+            return False
+        return True
+
+    def _decode_prefix(self, buf: bytearray, limit: int) -> Generator[T, None, int]:
         """Yield the longest decodable run of complete events that ends before ``limit``.
 
-        Returns (as the generator's value) how many bytes of ``buf`` it consumed.
+        Returns how many bytes of ``buf`` (from its start) it consumed.
         """
         end = limit
         for _ in range(_RECOVERY_TRIES):
@@ -299,41 +327,33 @@ class ChromeTraceReader(Generic[T]):
             if following not in (b",", b"]", b""):
                 continue
             try:
-                chunk = self.decode(b"[" + bytes(buf[: end + 1]) + b"]")
+                chunk = self.decode(bytes(buf[: end + 1]) + b"]")
             except msgspec.DecodeError:
                 continue
             yield chunk
             return end + 1
         return 0
 
-    def _decodes(self, events: bytearray) -> bool:
-        try:
-            self.decode(b"[" + bytes(events) + b"]")
-        except msgspec.DecodeError:
-            return False
-        return True
-
     def _skip_damage(self, buf: bytearray, position: int) -> Iterator[T]:
         """Keep the events before malformed bytes at ``position``; resume at the next event."""
         kept = yield from self._decode_prefix(buf, position)
+        kept = max(kept, 1)
         cut = len(buf)
         # (positions only: a live match iterator would pin the buffer's size)
-        starts = [
-            m.end() - 1
-            for m in islice(_SEPARATOR.finditer(buf, max(position, kept)), _RECOVERY_TRIES)
-        ]
+        starts = [m.end() - 1 for m in islice(_SEPARATOR.finditer(buf, max(position, kept)), _RECOVERY_TRIES)]
         for start in starts:
             # A real event start decodes up to one of the next separators (the event's end;
             # earlier ones may lie inside it); a "}, {" inside an event's arguments does not.
             ends = [m.start() + 1 for m in islice(_SEPARATOR.finditer(buf, start + 1), 16)]
-            if not ends or any(self._decodes(buf[start:end]) for end in ends):
+            if not ends or any(self._decodes(buf, start, e) for e in ends):
                 cut = start
                 break
         self.info.lost_bytes += cut - kept
-        self.info.damage = (
-            f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position:,}"
-        )
-        del buf[:cut]
+        self.info.damage = f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position:,}"
+        if cut >= len(buf):
+            buf[:] = b"["
+        else:
+            self._consume(buf, cut)
 
 
 def read_header(path: Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -57,8 +57,9 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
 _NO_ARGS = _Args()
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
+class _Complete(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    """A timed event; the record type ("ph") selects the class while decoding."""
+
     cat: str | None = None
     name: str | None = None
     pid: int | str | None = None
@@ -68,7 +69,37 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args = _NO_ARGS
 
 
-_DECODER = msgspec.json.Decoder(list[_Event])
+class _Instant(_Complete, tag="i"):
+    pass
+
+
+class _GlobalInstant(_Complete, tag="I"):
+    pass
+
+
+class _Meta(msgspec.Struct, tag_field="ph", tag="M", gc=False):
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _Args = _NO_ARGS
+
+
+class _Skipped(msgspec.Struct, tag_field="ph", gc=False):
+    """Records traceview counts but does not keep (flows, counters...): decoded without fields."""
+
+
+# Every other record type of the Chrome trace format, skipped without reading its fields.
+_SKIPPED_TAGS = ("s", "t", "f", "B", "E", "C", "b", "e", "n", "P", "O", "N", "D", "R", "(", ")",
+                 "S", "T", "p", "F", "c", "v", "V")  # fmt: skip
+_SKIPPED = tuple(type(f"_Skipped{ord(t)}", (_Skipped,), {}, tag=t) for t in _SKIPPED_TAGS)
+_TAG_OF: dict[type, str] = {
+    _Complete: "X", _Instant: "i", _GlobalInstant: "I", _Meta: "M",
+    **dict(zip(_SKIPPED, _SKIPPED_TAGS, strict=True)),
+}  # fmt: skip
+_CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}
+_TIMED = frozenset((_Complete, _Instant, _GlobalInstant))
+_INSTANTS = frozenset((_Instant, _GlobalInstant))
+_DECODER = msgspec.json.Decoder(list[Union[(_Complete, _Instant, _GlobalInstant, _Meta, *_SKIPPED)]])
 
 
 def _as_int(value: Any) -> int | None:
@@ -96,8 +127,8 @@ def _thread_id(value: Any) -> int:
     return -1 - zlib.crc32(str(value).encode())
 
 
-def _coerce(raw: dict[str, Any]) -> _Event:
-    """One event decoded without a schema, made to fit ``_Event`` (the slow, tolerant path)."""
+def _coerce(raw: dict[str, Any]) -> Any:
+    """One event decoded without a schema, made to fit the classes above (the slow path)."""
     args = raw.get("args")
     parsed_args = _NO_ARGS
     if isinstance(args, dict):
@@ -115,16 +146,20 @@ def _coerce(raw: dict[str, Any]) -> _Event:
             input_type=msgspec.Raw(msgspec.json.encode(types)) if types is not None else None,
             meta_name=_str_or_none(args.get("name")),
         )
-    return _Event(
-        ph=str(raw.get("ph", "")),
-        cat=_str_or_none(raw.get("cat")),
-        name=_str_or_none(raw.get("name")),
-        pid=raw.get("pid") if isinstance(raw.get("pid"), int | str) else None,
-        tid=raw.get("tid") if isinstance(raw.get("tid"), int | str) else None,
-        ts=_float_or_none(raw.get("ts")),
-        dur=_float_or_none(raw.get("dur")),
-        args=parsed_args,
-    )
+    cls = _CLASS_OF.get(str(raw.get("ph", "")), _Skipped)
+    ids = {k: raw.get(k) if isinstance(raw.get(k), int | str) else None for k in ("pid", "tid")}
+    if cls is _Meta:
+        return _Meta(name=_str_or_none(raw.get("name")), args=parsed_args, **ids)
+    if cls in _TIMED:
+        return cls(
+            cat=_str_or_none(raw.get("cat")),
+            name=_str_or_none(raw.get("name")),
+            ts=_float_or_none(raw.get("ts")),
+            dur=_float_or_none(raw.get("dur")),
+            args=parsed_args,
+            **ids,
+        )
+    return cls()
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -140,18 +175,28 @@ def _float_or_none(value: Any) -> float | None:
 
 def _int_array(values: list[Any]) -> pa.Array:
     """Integers (ids, sizes) as int64; floats are truncated, numeric strings parsed."""
+    if values.count(None) == len(values):
+        return pa.nulls(len(values), pa.int64())  # (pyarrow is very slow on all-null lists)
+    try:
+        return pa.array(values, pa.int64())  # the common case: ints and nulls
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        pass
     try:
         array = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         return pa.array([_as_int(v) for v in values], pa.int64())
-    if pa.types.is_integer(array.type) or pa.types.is_null(array.type):
-        return array.cast(pa.int64())
     if pa.types.is_floating(array.type):
         return pc.cast(array, pa.int64(), safe=False)
     return pa.array([_as_int(v) for v in values], pa.int64())
 
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
+
+
+def _strings(values: list[Any]) -> pa.Array:
+    if values.count(None) == len(values):
+        return pa.nulls(len(values), pa.string())  # (pyarrow is very slow on all-null lists)
+    return pa.array(values, pa.string())
 
 
 def _dictionary(values: list[Any]) -> pa.Array:
@@ -186,15 +231,12 @@ def _comm_bytes(args: _Args) -> int | None:
 class _Chunk:
     """Columns of one decoded chunk's events, its metadata records, and counts by record type."""
 
-    __slots__ = ("batch", "counts", "meta")
+    __slots__ = ("batch", "counts", "threads")
 
-    def __init__(self, batch: pa.RecordBatch, meta: list[_Event], counts: dict[str, int]):
+    def __init__(self, batch: pa.RecordBatch, threads: dict[str, str], counts: dict[str, int]):
         self.batch = batch
-        self.meta = meta
+        self.threads = threads
         self.counts = counts
-
-
-_KEPT_PHASES = frozenset(("X", "i", "I"))
 
 
 def _ids(values: list[Any]) -> pa.Array:
@@ -206,19 +248,21 @@ def _ids(values: list[Any]) -> pa.Array:
         return pa.array(list(map(mapping.__getitem__, values)), pa.int64())
 
 
-def _decode_chunk(data: bytes) -> _Chunk:
+def _decode_chunk(data: Any) -> _Chunk:
     try:
-        events: Sequence[_Event] = _DECODER.decode(data)
+        records: Sequence[Any] = _DECODER.decode(data)
     except msgspec.ValidationError:
-        raw = msgspec.json.decode(data)
-        events = [_coerce(e) for e in raw if isinstance(e, dict)]
-    # Flows and metadata are counted, not kept: drop them before building columns.
-    phases = list(map(attrgetter("ph"), events))
-    counts = dict(Counter(phases))
-    meta = [e for e in events if e.ph == "M"] if "M" in counts else []
-    if any(ph not in _KEPT_PHASES for ph in counts):
-        events = list(compress(events, map(_KEPT_PHASES.__contains__, phases)))
-        phases = list(map(attrgetter("ph"), events))
+        records = [_coerce(e) for e in msgspec.json.decode(data) if isinstance(e, dict)]
+    # Flows, counters and metadata are counted, not kept: drop them before building columns.
+    counts = {_TAG_OF.get(cls, "?"): n for cls, n in Counter(map(type, records)).items()}
+    threads = {}
+    if "M" in counts:
+        for meta in (r for r in records if type(r) is _Meta):
+            if meta.name == "thread_name" and meta.args.meta_name:
+                threads[f"{_thread_id(meta.pid)}/{_thread_id(meta.tid)}"] = meta.args.meta_name
+    if any(tag not in ("X", "i", "I") for tag in counts):
+        records = list(compress(records, map(_TIMED.__contains__, map(type, records))))
+    events: Sequence[_Complete] = records
 
     names = list(map(attrgetter("name"), events))
     args = list(map(attrgetter("args"), events))
@@ -229,14 +273,14 @@ def _decode_chunk(data: bytes) -> _Chunk:
         for i, name in enumerate(names):
             if name in comm_names and values[i] is None:
                 values[i] = _comm_bytes(args[i])
-        nbytes = pa.array(values, pa.int64())
+        nbytes = _int_array(values)
     external = _int_array(list(map(attrgetter("external_id"), args)))
     older = _int_array(list(map(attrgetter("external_id_old"), args)))  # the 2021 spelling
     if older.null_count < len(older):
         external = pc.coalesce(external, older)
     batch = pa.RecordBatch.from_pydict(
         {
-            "ph": _dictionary(phases),
+            "instant": pa.array(list(map(_INSTANTS.__contains__, map(type, events))), pa.bool_()),
             S.CAT: _dictionary(list(map(attrgetter("cat"), events))),
             S.NAME: _dictionary(names),
             S.PID: _ids(list(map(attrgetter("pid"), events))),
@@ -246,10 +290,10 @@ def _decode_chunk(data: bytes) -> _Chunk:
             S.CORRELATION: _int_array(list(map(attrgetter("correlation"), args))),
             S.EXTERNAL_ID: external,
             S.BYTES: nbytes,
-            S.COLLECTIVE: pa.array(list(map(attrgetter("collective"), args)), pa.string()),
+            S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
         }
     )
-    return _Chunk(batch, meta, counts)
+    return _Chunk(batch, threads, counts)
 
 
 def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
@@ -287,11 +331,11 @@ class KinetoParser:
     def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
         reader = ChromeTraceReader(path, _decode_chunk)
         batches: list[pa.RecordBatch] = []
-        meta_events: list[_Event] = []
+        threads: dict[str, str] = {}
         counts: dict[str, int] = {}
         for chunk in reader:
             batches.append(chunk.batch)
-            meta_events.extend(chunk.meta)
+            threads.update(chunk.threads)
             for ph, count in chunk.counts.items():
                 counts[ph] = counts.get(ph, 0) + count
         info = reader.info
@@ -305,7 +349,7 @@ class KinetoParser:
             if info.damage:
                 raise BadInput(f"{path}: no complete event before the damage ({info.damage})")
             raise BadInput(f"{path}: the trace holds no events")
-        table = pa.Table.from_batches(batches).unify_dictionaries().combine_chunks()
+        table = pa.Table.from_batches(batches).unify_dictionaries()
         del batches
 
         has_ts = pc.is_valid(table.column("ts_us"))
@@ -319,7 +363,7 @@ class KinetoParser:
         dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
 
         cat_column = table.column(S.CAT).combine_chunks()
-        instants = pc.is_in(table.column("ph"), pa.array(["i", "I"]))
+        instants = table.column("instant")
         cat_kind = pa.array([rules.kind_of(c.as_py()) for c in cat_column.dictionary], pa.string())
         kind_codes = pc.fill_null(cat_column.indices, len(cat_kind))
         kind_lookup = pa.concat_arrays([cat_kind, pa.array([rules.default_kind], pa.string())])
@@ -345,10 +389,6 @@ class KinetoParser:
         distributed = (
             top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
         )
-        threads = {}
-        for event in meta_events:
-            if event.name == "thread_name" and event.args is not None and event.args.meta_name:
-                threads[f"{_thread_id(event.pid)}/{_thread_id(event.tid)}"] = event.args.meta_name
         skipped = {
             "flow": sum(counts.get(p, 0) for p in ("s", "f", "t")),
             "metadata": counts.get("M", 0),

@@ -67,15 +67,16 @@ PAIRS = {
 
 
 def check_against_timers(
-    df: pl.DataFrame, label: str, per_step: float = 0.10, mean: float = 0.05
+    df: pl.DataFrame, label: str, per_step: float = 0.10, mean: float = 0.05, floor_ms: float = 0.5
 ) -> None:
-    """Each step within max(0.5 ms, per_step), the means within max(0.3 ms, mean)."""
+    """Each step within max(floor_ms, per_step), the means within max(0.3 ms, mean)."""
     for ours, timer in PAIRS.items():
         error = (df[ours] - df[timer]).abs()
-        allowed = (per_step * df[timer].abs()).clip(lower_bound=0.5)
+        allowed = (per_step * df[timer].abs()).clip(lower_bound=floor_ms)
         bad = df.filter(error > allowed)
         assert bad.height == 0, (
-            f"{label}: {ours} vs {timer} off by more than max(0.5 ms, {per_step:.0%}):\n{bad.select(S.RANK, S.STEP, ours, timer)}"
+            f"{label}: {ours} vs {timer} off by more than max({floor_ms} ms, {per_step:.0%}):\n"
+            f"{bad.select(S.RANK, S.STEP, ours, timer)}"
         )
     means = df.group_by(S.RANK).agg(pl.col(list(PAIRS)).mean(), pl.col(list(PAIRS.values())).mean())
     for ours, timer in PAIRS.items():

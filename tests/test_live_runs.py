@@ -3,7 +3,7 @@
 The committed sample traces could hide a regression in how today's PyTorch writes traces; these
 tests make new ones with the same script (sample_traces/pytorch/make_traces.py: CPU PyTorch,
 gloo, 2 ranks) and apply the same checks, a little looser per step since the machine running
-the tests may be busier than the one that made the samples.
+the tests is busy running them (two ranks, their gloo threads and pytest share two cores).
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def live(
 
 def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
     scenario, out, run = live
-    check_against_timers(steps_with_timers(run, out), f"fresh {scenario}", per_step=0.15, mean=0.08)
+    # A rank preempted between a timer call and the profiler's record function shows up as up
+    # to a millisecond between the two in a single step: per step, allow 1 ms or 15 %.
+    check_against_timers(steps_with_timers(run, out), f"fresh {scenario}", per_step=0.15, mean=0.08, floor_ms=1.0)
 
 
 def test_fresh_run_hidden_verdict(live: tuple[str, Path, Path]) -> None:

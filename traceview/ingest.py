@@ -193,6 +193,8 @@ def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | N
     """Parse, normalize, write and analyse one rank (runs in a worker process)."""
     from traceview.parsers import parser_named
 
+    if pa.default_memory_pool().backend_name != "system":  # a fresh worker process
+        pa.set_memory_pool(pa.system_memory_pool())
     started = time.perf_counter()
     parser = parser_named(trace.parser)
     rules = rules_for(parser.framework, rules_path)

@@ -451,5 +451,4 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     }
     table = pa.table(columns)
     table = S.conform(table, S.EVENTS_SCHEMA)
-    table = table.take(pa.array(np.argsort(ts, kind="stable")))
     return Normalized(table, training, len(marker), notes)

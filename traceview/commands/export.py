@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview import export
 from traceview import rundir as R
 from traceview.errors import UsageError
 
@@ -28,6 +27,8 @@ class ExportCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from traceview import export
+
         if not R.is_run_dir(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
         if args.format == "chrome":

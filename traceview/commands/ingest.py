@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from traceview import rundir as R
-from traceview.ingest import ingest
 from traceview.text import safe
 
 
@@ -33,6 +32,8 @@ class IngestCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from traceview.ingest import ingest
+
         out = ingest(
             args.paths, args.output, rules_path=args.rules, jobs=args.jobs, command=sys.argv
         )

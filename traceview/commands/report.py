@@ -11,13 +11,13 @@ import tempfile
 from pathlib import Path
 
 from traceview import rundir as R
-from traceview.analysis.summary import summarize
-from traceview.ingest import ingest
-from traceview.report import render_to_console, to_json
 
 
 def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> dict:
     """The report object for a run directory, or for traces read into a temporary run."""
+    from traceview.analysis.summary import summarize
+    from traceview.ingest import ingest
+
     if (
         len(paths) == 1
         and R.is_run_dir(paths[0])
@@ -49,6 +49,8 @@ class ReportCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from traceview.report import render_to_console, to_json
+
         report = load_report(args.paths, args.rules, args.top)
         if args.json:
             print(to_json(report))
