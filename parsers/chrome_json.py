@@ -215,7 +215,9 @@ class ChromeTraceReader(Generic[T]):
                 chunk = self._decode_in_place(buf, end)
             except msgspec.DecodeError as exc:
                 position = _error_byte(exc)
-                if "trailing characters" in str(exc) and _TRAILER.match(buf, _after_array(buf, position)):
+                if "trailing characters" in str(exc) and _TRAILER.match(
+                    buf, _after_array(buf, position)
+                ):
                     while fill():  # the events end in this piece: finish with the whole rest
                         pass
                     if (yield from self._tail(buf)):
@@ -302,7 +304,11 @@ class ChromeTraceReader(Generic[T]):
         # The file ends inside the events array: keep every complete event.
         kept = yield from self._decode_prefix(buf, len(buf))
         self.info.lost_bytes += len(buf) - max(kept, 1)
-        self.info.damage = self.info.damage or self.info.stream.ended_early or "the JSON ends inside the events array"
+        self.info.damage = (
+            self.info.damage
+            or self.info.stream.ended_early
+            or "the JSON ends inside the events array"
+        )
         buf.clear()
         return True
 
@@ -340,7 +346,10 @@ class ChromeTraceReader(Generic[T]):
         kept = max(kept, 1)
         cut = len(buf)
         # (positions only: a live match iterator would pin the buffer's size)
-        starts = [m.end() - 1 for m in islice(_SEPARATOR.finditer(buf, max(position, kept)), _RECOVERY_TRIES)]
+        starts = [
+            m.end() - 1
+            for m in islice(_SEPARATOR.finditer(buf, max(position, kept)), _RECOVERY_TRIES)
+        ]
         for start in starts:
             # A real event start decodes up to one of the next separators (the event's end;
             # earlier ones may lie inside it); a "}, {" inside an event's arguments does not.
@@ -349,7 +358,9 @@ class ChromeTraceReader(Generic[T]):
                 cut = start
                 break
         self.info.lost_bytes += cut - kept
-        self.info.damage = f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position:,}"
+        self.info.damage = (
+            f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position:,}"
+        )
         if cut >= len(buf):
             buf[:] = b"["
         else:

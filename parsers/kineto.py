@@ -99,7 +99,9 @@ _TAG_OF: dict[type, str] = {
 _CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}
 _TIMED = frozenset((_Complete, _Instant, _GlobalInstant))
 _INSTANTS = frozenset((_Instant, _GlobalInstant))
-_DECODER = msgspec.json.Decoder(list[Union[(_Complete, _Instant, _GlobalInstant, _Meta, *_SKIPPED)]])
+_DECODER = msgspec.json.Decoder(
+    list[Union[(_Complete, _Instant, _GlobalInstant, _Meta, *_SKIPPED)]]
+)
 
 
 def _as_int(value: Any) -> int | None:

@@ -81,15 +81,21 @@ def _numpy(column: pa.ChunkedArray, fill: int) -> np.ndarray:
 
 @dataclass
 class _Classes:
-    kind: np.ndarray  # kind code per event
-    phase: np.ndarray  # own phase code per event (NO_PHASE: context decides)
-    rule_op: np.ndarray  # index into ops (-1: no canonical op from a rule)
-    default_op: np.ndarray  # index into ops: the name-derived op
-    collective: np.ndarray  # index into collectives (-1: none)
+    """What the rules say, per event, in the smallest integer types that hold it."""
+
+    kind: np.ndarray  # int8 kind code
+    phase: np.ndarray  # int8 own phase code (NO_PHASE: context decides)
+    rule_op: np.ndarray  # int32 index into ops (-1: no canonical op from a rule)
+    default_op: np.ndarray  # int32 index into ops: the name-derived op
+    collective: np.ndarray  # int16 index into collectives (-1: none)
     from_args: np.ndarray  # bool: collective comes from the trace's argument
-    step_number: np.ndarray  # step number for step markers (-1: none)
     ops: list[str]
     collectives: list[str]
+    _step: np.ndarray  # per distinct name: step number of step markers (-1: none)
+    _inverse: np.ndarray
+
+    def step_number(self, rows: np.ndarray) -> np.ndarray:
+        return self._step[self._inverse[rows]]
 
 
 def _classify(raw: pa.Table, rules: RuleSet) -> _Classes:
@@ -99,18 +105,20 @@ def _classify(raw: pa.Table, rules: RuleSet) -> _Classes:
     kinds = [str(k) for k in kind_dict.dictionary.to_pylist()]
     cats = cat_dict.dictionary.to_pylist()
     names = [str(n) for n in name_dict.dictionary.to_pylist()]
-    k, c, n = _codes(kind_dict), _codes(cat_dict) + 1, _codes(name_dict)
-    key = (k * (len(cats) + 1) + c) * max(len(names), 1) + n
+    key = _codes(kind_dict) * (len(cats) + 1) + (_codes(cat_dict) + 1)
+    key = key * max(len(names), 1) + _codes(name_dict)
     unique, inverse = np.unique(key, return_inverse=True)
+    del key
+    inverse = inverse.astype(np.int32)
 
     ops: dict[str, int] = {}
     collectives: dict[str, int] = {}
     count = len(unique)
-    u_kind = np.empty(count, np.int64)
-    u_phase = np.empty(count, np.int64)
-    u_rule_op = np.empty(count, np.int64)
-    u_default_op = np.empty(count, np.int64)
-    u_collective = np.empty(count, np.int64)
+    u_kind = np.empty(count, np.int8)
+    u_phase = np.empty(count, np.int8)
+    u_rule_op = np.empty(count, np.int32)
+    u_default_op = np.empty(count, np.int32)
+    u_collective = np.empty(count, np.int16)
     u_from_args = np.zeros(count, bool)
     u_step = np.full(count, -1, np.int64)
     for i, value in enumerate(unique.tolist()):
@@ -138,9 +146,10 @@ def _classify(raw: pa.Table, rules: RuleSet) -> _Classes:
         default_op=u_default_op[inverse],
         collective=u_collective[inverse],
         from_args=u_from_args[inverse],
-        step_number=u_step[inverse],
         ops=list(ops),
         collectives=list(collectives),
+        _step=u_step,
+        _inverse=inverse,
     )
 
 
@@ -175,6 +184,7 @@ def _call_trees(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarra
         raise ValueError("trace time span too large to nest events")
     start_key = group * span + (s - t0)
     end_key = start_key + d
+    del p, t, new_thread
     closed = np.searchsorted(np.sort(end_key), start_key, side="right")
     # Zero-length events that start with event i and sort after it have "ended" by its start
     # but are not before it; count them back (i itself included when it is zero-length).
@@ -188,6 +198,7 @@ def _call_trees(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarra
         np.maximum.at(run_end, run_id[zero], index[zero] + 1)
         correction[zero] = run_end[run_id[zero]] - index[zero]
     depth = np.maximum(index - closed + correction, 0)
+    del closed, correction, zero
 
     by_level = np.sort(depth * n + index)
     query = (depth - 1) * n + index
@@ -197,6 +208,7 @@ def _call_trees(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarra
     ok &= np.where(ok, by_level[np.maximum(pos, 0)] // n == depth - 1, False)
     ok &= np.where(ok, group[np.maximum(candidate, 0)] == group, False)
     parent = np.where(ok, candidate, -1)
+    del by_level, query, pos, candidate, ok, index
 
     # Exact when events nest properly. A thread where some event outlives the one it started in
     # (Python frames against record_function regions, say) is walked with a stack instead.
@@ -206,10 +218,11 @@ def _call_trees(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarra
         rows = np.flatnonzero(group == g)
         depth[rows], parent[rows] = _stack_walk(s[rows], (s + d)[rows], int(rows[0]))
 
+    del start_key, end_key, group
     has_parent = parent >= 0
     child_ns = np.bincount(parent[has_parent], weights=d[has_parent], minlength=n)
     self_ns = np.maximum(d - child_ns.astype(np.int64), 0)
-    return _Tree(order, depth, parent, self_ns)
+    return _Tree(order, depth.astype(np.int32), parent.astype(np.int32), self_ns)
 
 
 def _stack_walk(start: np.ndarray, end: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -256,7 +269,7 @@ def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarr
 
 
 def _dict_array(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
-    indices = pa.array(codes, pa.int32(), mask=codes < 0)
+    indices = pa.array(codes.astype(np.int32, copy=False), pa.int32(), mask=codes < 0)
     return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
 
 
@@ -271,85 +284,94 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     notes = Notes()
     n = raw.num_rows
     cls = _classify(raw, rules)
+    kind, own = cls.kind, cls.phase
     pid = _numpy(raw.column(S.PID), 0)
     tid = _numpy(raw.column(S.TID), 0)
     ts = _numpy(raw.column(S.TS_NS), 0)
     dur = np.maximum(_numpy(raw.column(S.DUR_NS), 0), 0)
-    kind = cls.kind
+    host_tree = _HOST_TREE[kind]
 
     # -- call trees on host threads ---------------------------------------------------------
-    host_idx = np.flatnonzero(_HOST_TREE[kind])
+    host_idx = np.flatnonzero(host_tree)
     tree = _call_trees(pid[host_idx], tid[host_idx], ts[host_idx], dur[host_idx])
     hosts = host_idx[tree.order]  # event index of each host position
-    h_parent = tree.parent
-    depth = np.full(n, -1, np.int64)
+    del host_idx
+    depth = np.full(n, -1, np.int32)
     depth[hosts] = tree.depth
-    parent = np.full(n, -1, np.int64)
-    parent[hosts] = np.where(h_parent >= 0, hosts[np.maximum(h_parent, 0)], -1)
-    self_ns = np.where(_HOST_TREE[kind], 0, dur)
+    parent = np.full(n, -1, np.int32)
+    parent[hosts] = np.where(tree.parent >= 0, hosts[np.maximum(tree.parent, 0)], -1)
+    self_ns = np.where(host_tree, 0, dur)
     self_ns[hosts] = tree.self_ns
+    level_order = hosts[np.argsort(tree.depth, kind="stable")]
+    del tree
 
     # -- the training thread and its steps ------------------------------------------------------
-    backward_own = cls.phase == PHASE_CODES[S.BACKWARD]
     top = outermost_operators(kind, parent)
     training = training_thread_of(
-        pid[hosts], tid[hosts], kind[hosts], top[hosts], dur[hosts], backward_own[hosts]
-    )
+        pid[hosts], tid[hosts], kind[hosts], top[hosts], dur[hosts],
+        own[hosts] == PHASE_CODES[S.BACKWARD],
+    )  # fmt: skip
+    del top
     on_training = np.zeros(n, bool)
     if training is not None:
-        on_training = (pid == training[0]) & (tid == training[1]) & _HOST_TREE[kind]
+        on_training = (pid == training[0]) & (tid == training[1]) & host_tree
     marker = np.flatnonzero(on_training & (kind == _KIND_CODES[S.KIND_STEP]))
     marker = marker[np.argsort(ts[marker], kind="stable")]
     if len(marker):
         # Keep disjoint windows: a marker that starts inside the previous one is dropped.
         keep = np.ones(len(marker), bool)
-        ends = ts[marker] + dur[marker]
-        keep[1:] = ts[marker[1:]] >= np.maximum.accumulate(ends)[:-1]
+        keep[1:] = ts[marker[1:]] >= np.maximum.accumulate(ts[marker] + dur[marker])[:-1]
         marker = marker[keep]
     step_starts, step_ends = ts[marker], ts[marker] + dur[marker]
-    step_numbers = np.where(
-        cls.step_number[marker] >= 0, cls.step_number[marker], np.arange(len(marker))
-    )
+    numbers = cls.step_number(marker)
+    step_numbers = np.where(numbers >= 0, numbers, np.arange(len(marker)))
     if len(marker) == 0:
         notes.remark(
             "no step markers (ProfilerStep#N) on the training thread: the whole trace is "
             "analysed as one window with no step number"
         )
-    window = _windows(step_starts, step_ends, ts)
-    step = (
-        np.where(window >= 0, step_numbers[np.maximum(window, 0)], -1)
-        if len(marker)
-        else np.full(n, -1)
-    )
+        step = np.full(n, -1, np.int64)
+    else:
+        window = _windows(step_starts, step_ends, ts)
+        step = np.where(window >= 0, step_numbers[np.maximum(window, 0)], -1)
+        del window
 
     # -- phases on the host: own, inherited, or by position ---------------------------------------
-    own = cls.phase
-    anchor = np.flatnonzero(_HOST_TREE[kind] & (own >= 0))
+    # By position: an operator with no phase of its own or from above, at the top of the
+    # training thread, is forward when the next phase marker after it is forward or backward
+    # (or when its step has no backward at all), else other.
+    structural = _STRUCTURAL[kind]
+    positional = np.full(n, PHASE_CODES[S.OTHER], np.int8)
+    candidates = np.flatnonzero(on_training & (own < 0) & ~structural)
+    anchor = np.flatnonzero(host_tree & (own >= 0))
     anchor = anchor[_ANCHOR_PHASES[own[anchor]]]
     anchor_ts = np.concatenate([ts[anchor], step_ends])
-    anchor_phase = np.concatenate([own[anchor], np.full(len(step_ends), _STEP_END)])
-    order = np.argsort(anchor_ts, kind="stable")
-    anchor_ts, anchor_phase = anchor_ts[order], anchor_phase[order]
-    next_anchor = np.searchsorted(anchor_ts, ts, side="right")
-    next_phase = np.append(anchor_phase, _STEP_END)[next_anchor]
-    backward = (own == PHASE_CODES[S.BACKWARD]) & _HOST_TREE[kind]
-    steps_with_backward = np.unique(step[backward])
-    step_has_backward = np.isin(step, steps_with_backward)
-    leads_to_compute = np.isin(next_phase, [PHASE_CODES[S.FORWARD], PHASE_CODES[S.BACKWARD]])
-    positional = np.where(
-        on_training & (leads_to_compute | ~step_has_backward),
-        PHASE_CODES[S.FORWARD],
-        PHASE_CODES[S.OTHER],
+    anchor_phase = np.concatenate(
+        [own[anchor].astype(np.int64), np.full(len(step_ends), _STEP_END)]
     )
-    structural = _STRUCTURAL[kind]
-    phase = np.full(n, NO_PHASE, np.int64)
-    passed = np.full(n, NO_PHASE, np.int64)  # what an event hands down to its children
-    top_op = np.full(n, -1, np.int64)  # outermost operator's canonical name (from a rule)
-    near_op = np.full(
-        n, -1, np.int64
-    )  # nearest operator (kind op) at or above, its name-derived op
+    order = np.argsort(anchor_ts, kind="stable")
+    anchor_ts, anchor_phase = anchor_ts[order], np.append(anchor_phase[order], _STEP_END)
+    next_phase = anchor_phase[np.searchsorted(anchor_ts, ts[candidates], side="right")]
+    backward_steps = np.unique(step[host_tree & (own == PHASE_CODES[S.BACKWARD])])
+    leads_to_compute = np.isin(next_phase, [PHASE_CODES[S.FORWARD], PHASE_CODES[S.BACKWARD]])
+    forward = leads_to_compute | ~np.isin(step[candidates], backward_steps)
+    positional[candidates[forward]] = PHASE_CODES[S.FORWARD]
+    del (
+        candidates,
+        anchor,
+        anchor_ts,
+        anchor_phase,
+        next_phase,
+        leads_to_compute,
+        forward,
+        on_training,
+    )
+
+    phase = np.full(n, NO_PHASE, np.int8)
+    passed = np.full(n, NO_PHASE, np.int8)  # what an event hands down to its children
+    top_op = np.full(n, -1, np.int32)  # the outermost operator's canonical name (from a rule)
+    near_op = np.full(n, -1, np.int32)  # the nearest operator's name-derived op
     is_op = kind == _KIND_CODES[S.KIND_OP]
-    level_order = hosts[np.argsort(tree.depth, kind="stable")]
     level_bounds = np.searchsorted(depth[level_order], np.arange(int(depth.max(initial=0)) + 2))
     for level in range(len(level_bounds) - 1):
         rows = level_order[level_bounds[level] : level_bounds[level + 1]]
@@ -357,17 +379,20 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
             continue
         up = parent[rows]
         has_up = up >= 0
-        inherited = np.where(has_up, passed[np.maximum(up, 0)], NO_PHASE)
+        up = np.maximum(up, 0)
+        inherited = np.where(has_up, passed[up], NO_PHASE)
         eff = np.where(own[rows] >= 0, own[rows], inherited)
-        by_position = (eff < 0) & ~structural[rows]
-        eff = np.where(by_position, positional[rows], eff)
+        eff = np.where((eff < 0) & ~structural[rows], positional[rows], eff)
         phase[rows] = eff
         passed[rows] = np.where(structural[rows] & (own[rows] < 0), inherited, eff)
-        parent_op = np.where(has_up, top_op[np.maximum(up, 0)], -1)
-        own_op = np.where(is_op[rows], cls.rule_op[rows], -1)
-        top_op[rows] = np.where(parent_op >= 0, parent_op, own_op)
-        parent_near = np.where(has_up, near_op[np.maximum(up, 0)], -1)
-        near_op[rows] = np.where(is_op[rows], cls.default_op[rows], parent_near)
+        parent_op = np.where(has_up, top_op[up], -1)
+        top_op[rows] = np.where(
+            parent_op >= 0, parent_op, np.where(is_op[rows], cls.rule_op[rows], -1)
+        )
+        near_op[rows] = np.where(
+            is_op[rows], cls.default_op[rows], np.where(has_up, near_op[up], -1)
+        )
+    del level_order, passed, positional, structural, is_op
 
     # -- device activities: phase, step and operator of the launching host call ------------------
     device = np.flatnonzero(_DEVICE[kind])
@@ -377,6 +402,7 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     launcher = _lookup(correlation[runtime], runtime, correlation[device])
     host_ops = hosts[kind[hosts] != _KIND_CODES[S.KIND_RUNTIME]]
     by_external = _lookup(external[host_ops], host_ops, external[device])
+    del correlation, external, runtime, host_ops, hosts
     launcher = np.where(launcher >= 0, launcher, by_external)
     linked = launcher >= 0
     safe = np.maximum(launcher, 0)
@@ -397,17 +423,19 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     )
     step[device] = np.where(linked, step[safe], step[device])
     parent[device] = launcher
+    del top_op, near_op, launcher, safe, launcher_op
 
     # -- everything else ------------------------------------------------------------------------
     phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
     op = np.where(cls.rule_op >= 0, cls.rule_op, cls.default_op)
     op[device] = np.where(device_op >= 0, device_op, cls.default_op[device])
+    del device_op
 
     collectives = list(cls.collectives)
     collective = cls.collective.copy()
     hint = _dictionary(raw.column(S.COLLECTIVE))
-    hint_codes = _codes(hint)
     if cls.from_args.any() and len(hint.dictionary):
+        hint_codes = _codes(hint)
         mapped = []
         for value in hint.dictionary.to_pylist():
             name = rules.normalize_collective(value)
@@ -424,13 +452,12 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
             take = use & (from_hint == c_index) & (cls.rule_op < 0)
             op[take] = ops.index(c_name)
 
-    on_device = _ON_DEVICE[kind]
     columns: dict[str, Any] = {
         S.RUN_ID: _constant(meta.run_id, n),
         S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
         S.HOST: _constant(meta.host, n),
         S.FRAMEWORK: _constant(meta.framework, n),
-        S.DEVICE: _dict_array(on_device.astype(np.int64), [S.DEVICE_CPU, S.DEVICE_GPU]),
+        S.DEVICE: _dict_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
         S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
         S.CAT: raw.column(S.CAT),
         S.PID: raw.column(S.PID),
@@ -447,8 +474,7 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
         S.CORRELATION: raw.column(S.CORRELATION),
         S.EVENT_ID: pa.array(np.arange(n, dtype=np.int64)),
         S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
-        S.DEPTH: pa.array(depth.astype(np.int32), pa.int32(), mask=depth < 0),
+        S.DEPTH: pa.array(depth, pa.int32(), mask=depth < 0),
     }
-    table = pa.table(columns)
-    table = S.conform(table, S.EVENTS_SCHEMA)
+    table = S.conform(pa.table(columns), S.EVENTS_SCHEMA)
     return Normalized(table, training, len(marker), notes)

@@ -55,7 +55,7 @@ def write_json(path: Path, value: Any) -> None:
 
 def write_parquet(path: Path, table: pa.Table) -> None:
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 16)
 
 
 def is_run_dir(path: Path) -> bool:

@@ -23,7 +23,9 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     if not pa.types.is_dictionary(array.type):
         array = array.dictionary_encode()
     values = [str(v) for v in array.dictionary.to_pylist()]
-    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    codes = np.asarray(
+        pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64
+    )
     return codes, values
 
 
@@ -34,7 +36,9 @@ def _rank_ops(events: pa.Table, rank: int) -> pa.Table:
     op, ops = _codes(events.column(S.OP))
     name, names = _codes(events.column(S.NAME))
     dur = ints(events.column(S.DUR_NS), 0)
-    self_ns = np.asarray(pc.fill_null(events.column(S.SELF_NS), events.column(S.DUR_NS)).to_numpy(), np.int64)
+    self_ns = np.asarray(
+        pc.fill_null(events.column(S.SELF_NS), events.column(S.DUR_NS)).to_numpy(), np.int64
+    )
     nbytes = ints(events.column(S.BYTES), -1)
     ids = ints(events.column(S.EVENT_ID), 0)
     parent = ints(events.column(S.PARENT), -1)
@@ -50,15 +54,21 @@ def _rank_ops(events: pa.Table, rank: int) -> pa.Table:
     if len(rows) == 0:
         return S.OPS_SCHEMA.empty_table()
     sizes = (len(devices) + 1, len(kinds) + 1, len(phases) + 1, len(ops) + 1)
-    key = np.ravel_multi_index((device[rows] + 1, kind[rows] + 1, phase[rows] + 1, op[rows] + 1), sizes)
+    key = np.ravel_multi_index(
+        (device[rows] + 1, kind[rows] + 1, phase[rows] + 1, op[rows] + 1), sizes
+    )
     groups, group = np.unique(key, return_inverse=True)
     n = len(groups)
     is_outer = outer[rows]
     count = np.bincount(group, weights=is_outer, minlength=n).astype(np.int64)
-    total = np.bincount(group, weights=np.where(is_outer, dur[rows], 0), minlength=n).astype(np.int64)
+    total = np.bincount(group, weights=np.where(is_outer, dur[rows], 0), minlength=n).astype(
+        np.int64
+    )
     self_total = np.bincount(group, weights=self_ns[rows], minlength=n).astype(np.int64)
     has_bytes = is_outer & (nbytes[rows] >= 0)
-    byte_total = np.bincount(group, weights=np.where(has_bytes, nbytes[rows], 0), minlength=n).astype(np.int64)
+    byte_total = np.bincount(
+        group, weights=np.where(has_bytes, nbytes[rows], 0), minlength=n
+    ).astype(np.int64)
     byte_known = np.bincount(group, weights=has_bytes, minlength=n) > 0
 
     # percentiles of the outermost durations, per group: sort by (group, duration)
@@ -114,5 +124,7 @@ def op_stats(events: pa.Table) -> pa.Table:
     ranks = np.unique(ints(events.column(S.RANK), 0))
     if len(ranks) == 1:
         return _rank_ops(events, int(ranks[0]))
-    parts = [_rank_ops(events.filter(pc.equal(events.column(S.RANK), int(r))), int(r)) for r in ranks]
+    parts = [
+        _rank_ops(events.filter(pc.equal(events.column(S.RANK), int(r))), int(r)) for r in ranks
+    ]
     return pa.concat_tables(parts)
