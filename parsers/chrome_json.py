@@ -12,13 +12,16 @@ every complete event before the cut; the reader says how many bytes were lost.
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import msgspec
 
@@ -79,7 +82,10 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
 
 
 def _byte_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
-    """Decompressed blocks of ``path``; a damaged or cut gzip stream ends the iteration early."""
+    """Decompressed blocks of ``path``; a damaged or cut gzip stream ends the iteration early.
+
+    Gzip is inflated by a helper thread (zlib releases the GIL), one block ahead of the caller.
+    """
     with path.open("rb") as f:
         first = f.read(_BLOCK_BYTES)
         if not is_gzip(first):
@@ -90,17 +96,40 @@ def _byte_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
                 block = f.read(_BLOCK_BYTES)
             return
         state.compressed = True
-        decompressor = zlib.decompressobj(wbits=31)
-        compressed = first
-        while True:
+        ahead: queue.Queue[bytes | None] = queue.Queue(maxsize=2)
+        stop = threading.Event()
+        worker = threading.Thread(target=_inflate, args=(f, first, ahead, state, stop), daemon=True)
+        worker.start()
+        try:
+            while (block := ahead.get()) is not None:
+                yield block
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a producer waiting on a full queue
+                with contextlib.suppress(queue.Empty):
+                    ahead.get_nowait()
+                worker.join(timeout=0.01)
+
+
+def _inflate(
+    f: BinaryIO,
+    first: bytes,
+    out: queue.Queue[bytes | None],
+    state: StreamState,
+    stop: threading.Event,
+) -> None:
+    decompressor = zlib.decompressobj(wbits=31)
+    compressed = first
+    try:
+        while not stop.is_set():
             try:
-                out = decompressor.decompress(compressed)
+                block = decompressor.decompress(compressed)
             except zlib.error as exc:
                 state.ended_early = f"corrupt gzip data ({exc})"
                 return
-            if out:
-                state.bytes_read += len(out)
-                yield out
+            if block:
+                state.bytes_read += len(block)
+                out.put(block)
             if decompressor.eof:
                 rest = decompressor.unused_data
                 if rest.strip(b"\0"):  # another gzip member follows
@@ -110,12 +139,14 @@ def _byte_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
             compressed = f.read(_BLOCK_BYTES)
             if not compressed:
                 break
-        if not decompressor.eof:
+        if not decompressor.eof and not stop.is_set():
             tail = decompressor.flush()
             if tail:
                 state.bytes_read += len(tail)
-                yield tail
+                out.put(tail)
             state.ended_early = "the gzip stream ends before its end marker"
+    finally:
+        out.put(None)
 
 
 def _error_byte(exc: Exception) -> int | None:

@@ -272,8 +272,8 @@ def _decode_chunk(data: Any) -> _Chunk:
     comm_names = {n for n in set(names) if n and n.startswith(_COMM_PREFIXES)}
     if comm_names:
         values = nbytes.to_pylist()
-        for i, name in enumerate(names):
-            if name in comm_names and values[i] is None:
+        for i in compress(range(len(names)), map(comm_names.__contains__, names)):
+            if values[i] is None:
                 values[i] = _comm_bytes(args[i])
         nbytes = _int_array(values)
     external = _int_array(list(map(attrgetter("external_id"), args)))

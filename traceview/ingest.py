@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 import uuid
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -203,9 +203,12 @@ def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | N
     meta = RankMeta(run_id=run_id, rank=trace.rank, framework=parser.framework, host=host)
     normalized = normalize(parsed.events, rules, meta)
     del parsed.events
-    R.write_events(run, trace.rank, normalized.events)
-    steps = breakdown(normalized.events)
-    ops = op_stats(normalized.events)
+    # Parquet encoding runs outside the GIL: write while the analyses run.
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        written = writer.submit(R.write_events, run, trace.rank, normalized.events)
+        steps = breakdown(normalized.events)
+        ops = op_stats(normalized.events)
+        written.result()
     notes = Notes()
     notes.extend(parsed.notes)
     notes.extend(normalized.notes)
