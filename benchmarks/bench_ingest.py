@@ -370,7 +370,7 @@ def markdown(
         "",
         "| set | loader | load s | process s | process CPU s | MB/s | events/s | peak RSS MB "
         "| peak / file | baseline RSS MB | data RSS MB (peak - baseline) | data / file "
-        "| runs ok | others' CPU |",
+        "| runs used / made | others' CPU |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 

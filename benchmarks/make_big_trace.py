@@ -57,7 +57,14 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SOURCE = Path("/work/shared/traces/pytorch/hta_nccl_parser_config/nccl_data.json.gz")
+DEFAULT_SOURCE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "traces"
+    / "pytorch"
+    / "hta_nccl_parser_config"
+    / "nccl_data.json.gz"
+)
 DEFAULT_OUT_ROOT = REPO_ROOT / "bench-data"
 MB = 1_000_000  # sizes and MB/s use decimal megabytes
 INFO_NAME = "make_big_trace.info"  # JSON summary written next to the traces

@@ -154,21 +154,18 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
         by_rank[trace.claimed_rank] = trace
         trace.rank = trace.claimed_rank
     unclaimed = [t for t in traces if t.claimed_rank is None]
-    by_name = [(t, rank_from_filename(t.path)) for t in unclaimed]
-    if (
-        by_name
-        and all(r is not None for _, r in by_name)
-        and len({r for _, r in by_name}) == len(by_name)
-    ):
-        if not any(r in by_rank for _, r in by_name):
-            for trace, rank in by_name:
-                assert rank is not None
-                trace.rank = rank
-                by_rank[rank] = trace
-            unclaimed = []
-        notes.remark(
-            "ranks taken from the file names (the traces do not state them)"
-        ) if not unclaimed else None
+    # File names are used only when they number every remaining trace without collisions.
+    named = {t.path: rank_from_filename(t.path) for t in unclaimed}
+    ranks = [r for r in named.values() if r is not None]
+    distinct = len(ranks) == len(unclaimed) and len(set(ranks)) == len(ranks)
+    if unclaimed and distinct and not set(ranks) & set(by_rank):
+        for trace in unclaimed:
+            rank = named[trace.path]
+            assert rank is not None
+            trace.rank = rank
+            by_rank[rank] = trace
+        unclaimed = []
+        notes.remark("ranks taken from the file names (the traces do not state them)")
     next_rank = 0
     for trace in unclaimed:
         while next_rank in by_rank:

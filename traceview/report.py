@@ -50,6 +50,10 @@ def to_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=None, separators=(",", ":"), default=str)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _ms(value: float) -> str:
     return f"{value:,.2f}" if value < 100 else f"{value:,.1f}"
 
@@ -97,14 +101,11 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
     run, summary, ranks = report["run"], report["summary"], report["ranks"]
     title = Text()
     title.append("traceview", style="bold")
+    world = run.get("world_size")
+    of_world = f" of {world}" if world and world != run["ranks"] else ""
     title.append(
-        f" · {safe(run['framework'] or '?')} · {run['ranks']} rank(s)"
-        + (
-            f" of {run['world_size']}"
-            if run.get("world_size") and run["world_size"] != run["ranks"]
-            else ""
-        )
-        + f" · {run['steps']} step(s) · {run['timeline'] or '?'} timeline"
+        f" · {safe(run['framework'] or '?')} · {_count(run['ranks'], 'rank')}{of_world}"
+        f" · {_count(run['steps'], 'step')} · {run['timeline'] or '?'} timeline"
     )
     console.print(title)
     console.print(_verdict(report))
