@@ -101,8 +101,8 @@ def _byte_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
         worker = threading.Thread(target=_inflate, args=(f, first, ahead, state, stop), daemon=True)
         worker.start()
         try:
-            while (block := ahead.get()) is not None:
-                yield block
+            while (inflated := ahead.get()) is not None:
+                yield inflated
         finally:
             stop.set()
             while worker.is_alive():  # unblock a producer waiting on a full queue
@@ -119,7 +119,7 @@ def _inflate(
     stop: threading.Event,
 ) -> None:
     decompressor = zlib.decompressobj(wbits=31)
-    compressed = first
+    compressed: bytes = first
     try:
         while not stop.is_set():
             try:
@@ -226,8 +226,8 @@ class ChromeTraceReader(Generic[T]):
                 # Cut before the last event, so that the final piece (decoded twice, to find
                 # where the array ends) is small.
                 last = None
-                for match in _SEPARATOR.finditer(buf):
-                    last = (match.start(), match.end())
+                for found in _SEPARATOR.finditer(buf):
+                    last = (found.start(), found.end())
                 if last is None:
                     if (yield from self._tail(buf)):
                         return

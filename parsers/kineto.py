@@ -99,15 +99,14 @@ _TAG_OF: dict[type, str] = {
 _CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}
 _TIMED = frozenset((_Complete, _Instant, _GlobalInstant))
 _INSTANTS = frozenset((_Instant, _GlobalInstant))
-_DECODER = msgspec.json.Decoder(
-    list[Union[(_Complete, _Instant, _GlobalInstant, _Meta, *_SKIPPED)]]
-)
+_RECORD_TYPES: tuple[type, ...] = (_Complete, _Instant, _GlobalInstant, _Meta, *_SKIPPED)
+_DECODER = msgspec.json.Decoder(list[Union[_RECORD_TYPES]])  # type: ignore[valid-type]  # noqa: UP007
 
 
 def _as_int(value: Any) -> int | None:
     """Ids and counts as integers, whatever the trace wrote ("7", 7.0, "stream 7", "0x1f")."""
     if value is None or value.__class__ is int:
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, float):
         return int(value) if value == value else None
     if isinstance(value, str):
@@ -388,9 +387,8 @@ class KinetoParser:
         )
         raw = S.conform(raw, S.RAW_SCHEMA)
 
-        distributed = (
-            top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
-        )
+        info_value = top.get("distributedInfo")
+        distributed: dict[str, Any] = info_value if isinstance(info_value, dict) else {}
         skipped = {
             "flow": sum(counts.get(p, 0) for p in ("s", "f", "t")),
             "metadata": counts.get("M", 0),

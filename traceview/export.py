@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import orjson
 import polars as pl
@@ -50,7 +50,7 @@ def _plain(table: pa.Table) -> pa.Table:
 
 def _open(path: Path, tmp: Path) -> IO[bytes]:
     if path.suffix == ".gz":
-        return gzip.open(tmp, "wb", compresslevel=6)
+        return cast(IO[bytes], gzip.open(tmp, "wb", compresslevel=6))
     return tmp.open("wb")
 
 
@@ -176,19 +176,21 @@ def chrome(run: Path, out: Path) -> int:
                         record.update(ph="X", dur=round(dur, 3))
                     records.append(record)
                 emit(records)
-            for row in steps.filter(pl.col(S.RANK) == rank).iter_rows(named=True):
-                args = {p: round(row[S.phase_ns(p)] / 1e6, 3) for p in S.BREAKDOWN_PHASES}
-                args["comm_hidden_fraction"] = round(row[S.COMM_HIDDEN_FRACTION], 3)
+            for window in steps.filter(pl.col(S.RANK) == rank).iter_rows(named=True):
+                args = {p: round(window[S.phase_ns(p)] / 1e6, 3) for p in S.BREAKDOWN_PHASES}
+                args["comm_hidden_fraction"] = round(window[S.COMM_HIDDEN_FRACTION], 3)
                 emit(
                     [
                         {
                             "ph": "X",
-                            "name": f"step {row[S.STEP]}" if row[S.STEP] is not None else "trace",
+                            "name": f"step {window[S.STEP]}"
+                            if window[S.STEP] is not None
+                            else "trace",
                             "cat": "traceview",
                             "pid": rank,
                             "tid": _STEPS_TID,
-                            "ts": round((row[S.START_NS] - origin) / 1000, 3),
-                            "dur": round(row[S.WALL_NS] / 1000, 3),
+                            "ts": round((window[S.START_NS] - origin) / 1000, 3),
+                            "dur": round(window[S.WALL_NS] / 1000, 3),
                             "args": {"breakdown_ms": args},
                         }
                     ]

@@ -121,8 +121,8 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
     step = summary["step_ms"] or 1.0
     for phase in S.BREAKDOWN_PHASES:
         value = summary["breakdown_ms"][phase]
-        cells = round(value / step * 30)
-        bar = Text(PHASE_LETTER[phase] * cells, style=f"reverse {PHASE_STYLE[phase]}")
+        width = round(value / step * 30)
+        bar = Text(PHASE_LETTER[phase] * width, style=f"reverse {PHASE_STYLE[phase]}")
         breakdown.add_row(
             Text(phase, style=PHASE_STYLE[phase]), _ms(value), _pct(value / step), bar
         )

@@ -210,7 +210,9 @@ _BUILTIN: dict[str, RuleSet] = {}
 def builtin_rules(framework: str) -> RuleSet:
     """The rules shipped for ``framework`` (pytorch, tensorflow, mxnet)."""
     if framework not in _BUILTIN:
-        source = resources.files("traceview.parsers").joinpath("rules", f"{framework}.toml")
+        source = (
+            resources.files("traceview.parsers").joinpath("rules").joinpath(f"{framework}.toml")
+        )
         try:
             text = source.read_text(encoding="utf-8")
         except FileNotFoundError:

@@ -222,12 +222,16 @@ def breakdown(events: pa.Table) -> pa.Table:
         if gpu:  # on GPU runs the host thread only contributes its waits: data, copies, comm
             seg_l = np.where(np.isin(seg_l, [3, 4, 5]), seg_l, _GAP)
         keep = seg_l != _GAP
-        parts_s.append(seg_s[keep]), parts_e.append(seg_e[keep]), parts_l.append(seg_l[keep])
+        parts_s.append(seg_s[keep])
+        parts_e.append(seg_e[keep])
+        parts_l.append(seg_l[keep])
     comm_elsewhere = host & ~on_training & (ev.phase == PHASE_CODE[S.COMM])
-    parts_s.append(ev.ts[comm_elsewhere]), parts_e.append(ev.end[comm_elsewhere])
+    parts_s.append(ev.ts[comm_elsewhere])
+    parts_e.append(ev.end[comm_elsewhere])
     parts_l.append(np.full(int(comm_elsewhere.sum()), _COMM_LEVEL))
     if gpu:
-        parts_s.append(ev.ts[device]), parts_e.append(ev.end[device])
+        parts_s.append(ev.ts[device])
+        parts_e.append(ev.end[device])
         parts_l.append(_EXPLICIT[ev.phase[device]])
 
     window, s, e, level = _clip(
