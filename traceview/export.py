@@ -11,7 +11,7 @@ import gzip
 from pathlib import Path
 from typing import IO, Any, cast
 
-import orjson
+import msgspec
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -75,7 +75,7 @@ def chrome(run: Path, out: Path) -> int:
         def emit(records: list[dict[str, Any]]) -> None:
             nonlocal first, count
             for record in records:
-                f.write((b"" if first else b",\n") + orjson.dumps(record))
+                f.write((b"" if first else b",\n") + msgspec.json.encode(record))
                 first = False
             count += len(records)
 
