@@ -8,6 +8,7 @@ beside the target and renamed into place at the end: readers never see a half-wr
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview import __version__
 from traceview import rundir as R
@@ -57,11 +59,24 @@ class RankResult:
     notes: Notes = field(default_factory=Notes)
 
 
+#: What `traceview collect` writes beside each rank's trace.
+RANK_STATUS = "status.json"
+
+
 def _candidates(folder: Path) -> list[Path]:
-    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != RANK_STATUS]
     return [
         p for p in files if not any(part.startswith(".") for part in p.relative_to(folder).parts)
     ]
+
+
+def rank_status(trace: Path) -> dict[str, Any]:
+    """The status `traceview collect` wrote beside a trace ({} when there is none)."""
+    try:
+        value = json.loads((trace.parent / RANK_STATUS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
@@ -108,13 +123,14 @@ def _identify(path: Path, parsers: list[Parser]) -> TraceFile | None:
     if parser is None:
         return None
     identity = parser.identify(path)
+    status = rank_status(path)
     return TraceFile(
         path=path,
         parser=parser.name,
         framework=parser.framework,
-        claimed_rank=identity.rank,
-        world_size=identity.world_size,
-        host=identity.host,
+        claimed_rank=identity.rank if identity.rank is not None else status.get("rank"),
+        world_size=identity.world_size or status.get("world_size"),
+        host=identity.host or status.get("host"),
         size=path.stat().st_size,
     )
 
@@ -196,6 +212,13 @@ def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | N
     parser = parser_named(trace.parser)
     rules = rules_for(parser.framework, rules_path)
     parsed = parser.parse(trace.path, rules)
+    clock = rank_status(trace.path).get("clock") or {}
+    offset = int(clock.get("offset_ns") or 0)
+    if offset:  # onto the launcher's clock, which all ranks share
+        shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))
+        parsed.events = parsed.events.set_column(
+            parsed.events.schema.get_field_index(S.TS_NS), S.TS_NS, shifted
+        )
     host = trace.host or parsed.host
     meta = RankMeta(run_id=run_id, rank=trace.rank, framework=parser.framework, host=host)
     normalized = normalize(parsed.events, rules, meta)
@@ -223,7 +246,8 @@ def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | N
         "steps": normalized.steps,
         "training_thread": list(normalized.training_thread) if normalized.training_thread else None,
         "threads": parsed.threads,
-        "clock_offset_ns": 0,
+        "clock_offset_ns": offset,
+        "clock": clock,
         "meta": parsed.meta,
         "seconds": round(time.perf_counter() - started, 3),
     }
@@ -259,6 +283,15 @@ def ingest(
         raise UsageError(f"{out}: exists and is not a traceview run directory")
     traces = discover(paths, notes)
     world = assign_ranks(traces, notes)
+    previous = R.read_manifest(out) if R.is_run_dir(out) else {}
+    collected = previous.get("collect") or {}
+    for rank in collected.get("ranks", []):
+        if rank.get("state") not in ("ok", "running"):
+            detail = f" ({rank['detail']})" if rank.get("detail") else ""
+            notes.warn(f"rank {rank.get('rank')} ended: {rank.get('state')}{detail}")
+        if not rank.get("trace"):
+            notes.warn(f"rank {rank.get('rank')} wrote no trace")
+    world = world or collected.get("world_size")
     traces.sort(key=lambda t: t.rank)
     run_id = uuid.uuid4().hex[:12]
     out = out.resolve()
@@ -296,13 +329,8 @@ def ingest(
             "notes": {"warnings": notes.warnings, "remarks": notes.remarks},
             "ingest_seconds": round(time.time() - started, 3),
         }
-        if R.is_run_dir(out):
-            previous = R.read_manifest(out)
-            for key in ("collect", "command", "start", "end", "hosts"):
-                if key in previous and key not in ("command",):
-                    manifest[key] = previous[key]
-            if previous.get("command"):
-                manifest["command"] = previous["command"]
+        if collected:
+            manifest["collect"] = collected
         R.write_json(staged / R.MANIFEST, manifest)
         R.replace_dir(staged, out)
     except TraceviewError:

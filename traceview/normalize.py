@@ -372,6 +372,7 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     top_op = np.full(n, -1, np.int32)  # the outermost operator's canonical name (from a rule)
     near_op = np.full(n, -1, np.int32)  # the nearest operator's name-derived op
     is_op = kind == _KIND_CODES[S.KIND_OP]
+    is_step = kind == _KIND_CODES[S.KIND_STEP]
     level_bounds = np.searchsorted(depth[level_order], np.arange(int(depth.max(initial=0)) + 2))
     for level in range(len(level_bounds) - 1):
         rows = level_order[level_bounds[level] : level_bounds[level + 1]]
@@ -380,7 +381,9 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
         up = parent[rows]
         has_up = up >= 0
         up = np.maximum(up, 0)
-        inherited = np.where(has_up, passed[up], NO_PHASE)
+        # A step marker starts afresh: under `traceview collect` it opens inside the previous
+        # step's optimizer region (the profiler is advanced from an optimizer hook).
+        inherited = np.where(has_up & ~is_step[rows], passed[up], NO_PHASE)
         eff = np.where(own[rows] >= 0, own[rows], inherited)
         eff = np.where((eff < 0) & ~structural[rows], positional[rows], eff)
         phase[rows] = eff
@@ -392,7 +395,7 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
         near_op[rows] = np.where(
             is_op[rows], cls.default_op[rows], np.where(has_up, near_op[up], -1)
         )
-    del level_order, passed, positional, structural, is_op
+    del level_order, passed, positional, structural, is_op, is_step
 
     # -- device activities: phase, step and operator of the launching host call ------------------
     device = np.flatnonzero(_DEVICE[kind])

@@ -108,6 +108,17 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
         f" · {_count(run['steps'], 'step')} · {run['timeline'] or '?'} timeline"
     )
     console.print(title)
+    job = run.get("job")
+    if job:
+        line = Text(
+            f"job: {safe(' '.join(map(str, job.get('command') or [])), 120)} · exit code {job.get('exit_code')}"
+        )
+        if job.get("clock_uncertainty_us") is not None:
+            line.append(
+                f" · clocks aligned to ±{job['clock_uncertainty_us']:g} µs"
+                f" (largest offset {job['max_clock_offset_us']:g} µs)"
+            )
+        console.print(line, style="bright_black")
     console.print(_verdict(report))
     console.print()
 

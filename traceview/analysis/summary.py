@@ -167,6 +167,27 @@ def summarize(
             )
 
     world = manifest.get("world_size")
+    collected = manifest.get("collect") or {}
+    job = None
+    if collected:
+        clocks = [r.get("clock") or {} for r in collected.get("ranks", [])]
+        probed = [c for c in clocks if c.get("method") == "tcp"]
+        job = {
+            "command": collected.get("command"),
+            "exit_code": collected.get("exit_code"),
+            "hosts": collected.get("hosts", []),
+            "clock_method": "tcp"
+            if probed and len(probed) == len(clocks)
+            else ("mixed" if probed else "wallclock"),
+            "clock_uncertainty_us": round(
+                max((c.get("uncertainty_ns") or 0) for c in probed) / 1e3, 1
+            )
+            if probed
+            else None,
+            "max_clock_offset_us": round(max(abs(c.get("offset_ns") or 0) for c in probed) / 1e3, 1)
+            if probed
+            else None,
+        }
     return {
         "run": {
             "framework": manifest.get("framework"),
@@ -179,6 +200,7 @@ def summarize(
             "timeline": ranks[0]["timeline"] if ranks else None,
             "path": manifest.get("path"),
             "run_id": manifest.get("run_id"),
+            "job": job,
         },
         "summary": summary,
         "ranks": ranks,

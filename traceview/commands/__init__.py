@@ -16,8 +16,9 @@ class Command(Protocol):
 
 
 def all_commands() -> list[Command]:
+    from traceview.commands.collect import CollectCommand
     from traceview.commands.export import ExportCommand
     from traceview.commands.ingest import IngestCommand
     from traceview.commands.report import ReportCommand
 
-    return [IngestCommand(), ReportCommand(), ExportCommand()]
+    return [CollectCommand(), IngestCommand(), ReportCommand(), ExportCommand()]

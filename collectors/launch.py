@@ -1,0 +1,271 @@
+"""`traceview collect`: run a job with every rank profiled, then read what it left behind.
+
+The job's command is run unchanged, except that its environment carries a folder (first on
+PYTHONPATH) holding a ``sitecustomize.py`` that loads the rank-side collector
+(``rankside.py``) into every Python process, plus the collection's settings. MPI launchers get
+the variables passed on to remote ranks (``-x`` for Open MPI, ``-genv`` for MPICH and Intel
+MPI); Slurm's srun, torchrun and plain processes inherit them.
+
+While the job runs, this process serves its clock on a TCP port so each rank can measure its
+clock's offset to it. Signals (Ctrl-C, SIGTERM, SIGHUP) are passed to the job, which runs in a
+session of its own; whatever the ranks wrote is kept. Then the run directory is ingested and
+the report printed, and the job's exit code returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from traceview import __version__
+from traceview import rundir as R
+from traceview.collectors import RANKSIDE_MODULE, rankside
+
+BOOTSTRAP_DIR = ".traceview-bootstrap"
+OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "oshrun")
+HYDRA_LAUNCHERS = ("mpiexec.hydra", "mpirun.hydra")
+
+SITECUSTOMIZE = f'''"""Written by `traceview collect`: loads traceview's collector into every Python process of
+the job, then the sitecustomize this file shadows, if there is one."""
+
+import sys as _sys
+
+try:
+    import {RANKSIDE_MODULE}
+
+    {RANKSIDE_MODULE}.install()
+except Exception as _exc:  # the job must run on, profiled or not
+    print(f"traceview: collector not loaded ({{type(_exc).__name__}}: {{_exc}})", file=_sys.stderr)
+
+
+def _chain():
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in _sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        _sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
+
+
+_chain()
+del _chain
+'''
+
+
+@dataclass
+class CollectSettings:
+    steps: int = 5
+    warmup: int = 2
+    skip: int = 1
+    nvtx: str = "auto"  # on | off | auto (on when an NVTX tool such as Nsight Systems is attached)
+
+
+@dataclass
+class JobResult:
+    command: list[str]
+    launched: list[str]
+    exit_code: int
+    started: float
+    ended: float
+    interrupted: str | None = None
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+
+
+def default_run_dir() -> Path:
+    base = Path(f"traceview-run-{time.strftime('%Y%m%d-%H%M%S')}")
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def write_bootstrap(run: Path) -> Path:
+    folder = run / BOOTSTRAP_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    shutil.copyfile(Path(rankside.__file__), folder / f"{RANKSIDE_MODULE}.py")
+    return folder
+
+
+def mpi_flavor(executable: str) -> str | None:
+    """ "openmpi", "hydra" (MPICH, Intel MPI, MVAPICH) or None, from ``--version``."""
+    try:
+        proc = subprocess.run(
+            [executable, "--version"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = proc.stdout + proc.stderr
+    if "Open MPI" in text or "Open RTE" in text or "OpenRTE" in text or "prterun" in text:
+        return "openmpi"
+    if any(word in text for word in ("HYDRA", "MPICH", "Intel(R) MPI", "MVAPICH")):
+        return "hydra"
+    return None
+
+
+def pass_environment(command: list[str], env: dict[str, str], names: list[str]) -> list[str]:
+    """The command with the launcher flags that carry ``names`` to remote ranks."""
+    launcher = Path(command[0]).name
+    if launcher in HYDRA_LAUNCHERS:
+        flavor: str | None = "hydra"
+    elif launcher in OPEN_MPI_LAUNCHERS:
+        flavor = mpi_flavor(command[0])
+    else:
+        return list(command)
+    if flavor == "openmpi":
+        extra = [arg for name in names for arg in ("-x", name)]
+    elif flavor == "hydra":
+        extra = [arg for name in names for arg in ("-genv", name, env[name])]
+    else:
+        return list(command)
+    return [command[0], *extra, *command[1:]]
+
+
+def job_environment(
+    run: Path, bootstrap: Path, settings: CollectSettings, clock: str
+) -> dict[str, str]:
+    env = dict(os.environ)
+    python_path = [str(bootstrap.resolve())]
+    if env.get("PYTHONPATH"):
+        python_path.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(python_path)
+    env[rankside.ENV_RUN_DIR] = str(run.resolve())
+    env[rankside.ENV_STEPS] = str(settings.steps)
+    env[rankside.ENV_WARMUP] = str(settings.warmup)
+    env[rankside.ENV_SKIP] = str(settings.skip)
+    env[rankside.ENV_CLOCK] = clock
+    env[rankside.ENV_NVTX] = settings.nvtx
+    return env
+
+
+PASSED_VARIABLES = (
+    "PYTHONPATH",
+    rankside.ENV_RUN_DIR,
+    rankside.ENV_STEPS,
+    rankside.ENV_WARMUP,
+    rankside.ENV_SKIP,
+    rankside.ENV_CLOCK,
+    rankside.ENV_NVTX,
+)
+
+
+def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResult:
+    """Run ``command`` with every rank profiled into ``run``; returns how it went."""
+    (run / R.RAW).mkdir(parents=True, exist_ok=True)
+    bootstrap = write_bootstrap(run)
+    stop_clock = threading.Event()
+    host, port = rankside.serve_clock(stop_clock)
+    env = job_environment(run, bootstrap, settings, f"{host}:{port}")
+    launched = pass_environment(command, env, list(PASSED_VARIABLES))
+    started = time.time()
+    interrupted: list[str] = []
+    try:
+        child = subprocess.Popen(launched, env=env, start_new_session=True)
+    except OSError as exc:
+        stop_clock.set()
+        raise JobNotStarted(
+            f"cannot run {shlex.quote(command[0])}: {exc.strerror or exc}"
+        ) from None
+
+    def forward(signum: int, frame: Any) -> None:
+        interrupted.append(signal.Signals(signum).name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop_clock.set()
+    if code < 0:
+        code = 128 - code  # killed by a signal: report it as a shell would
+    return JobResult(
+        command=list(command),
+        launched=launched,
+        exit_code=code,
+        started=started,
+        ended=time.time(),
+        interrupted=interrupted[0] if interrupted else None,
+        statuses=read_statuses(run),
+    )
+
+
+class JobNotStarted(Exception):
+    pass
+
+
+def read_statuses(run: Path) -> list[dict[str, Any]]:
+    statuses = []
+    for path in sorted((run / R.RAW).glob("rank-*/status.json")):
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        status["folder"] = path.parent.name
+        status["trace_present"] = any(path.parent.glob("rank-*.pt.trace.json*"))
+        statuses.append(status)
+    return statuses
+
+
+def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, Any]:
+    """The "collect" section of the run's manifest: what ran, where, and how each rank ended."""
+    ranks = []
+    for status in result.statuses:
+        state = status.get("state")
+        if status.get("ended_ns") is None and state in ("running", "profiling"):
+            # The process never reached its exit handlers: killed, crashed, or still running.
+            state = "crashed" if result.exit_code != 0 else "unknown"
+        ranks.append(
+            {
+                "rank": status.get("rank"),
+                "host": status.get("host"),
+                "pid": status.get("pid"),
+                "state": state,
+                "detail": status.get("detail"),
+                "trace": status.get("trace_present", False),
+                "framework": status.get("framework"),
+                "framework_version": status.get("framework_version"),
+                "clock": status.get("clock", {}),
+                "rank_source": status.get("rank_source"),
+                "user_profiler": status.get("user_profiler", False),
+                "notes": status.get("notes", []),
+            }
+        )
+    worlds = [int(s["world_size"]) for s in result.statuses if s.get("world_size")]
+    return {
+        "command": result.command,
+        "launched": result.launched,
+        "exit_code": result.exit_code,
+        "interrupted": result.interrupted,
+        "start": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(result.started)),
+        "end": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(result.ended)),
+        "seconds": round(result.ended - result.started, 3),
+        "schedule": {"skip": settings.skip, "warmup": settings.warmup, "steps": settings.steps},
+        "world_size": max(worlds) if worlds else None,
+        "hosts": sorted({r["host"] for r in ranks if r.get("host")}),
+        "ranks": sorted(ranks, key=lambda r: r["rank"] if r["rank"] is not None else -1),
+        "traceview_version": __version__,
+        "python": sys.version.split()[0],
+    }

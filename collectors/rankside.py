@@ -1,0 +1,652 @@
+"""What `traceview collect` runs inside every process of the job (standard library only).
+
+`traceview collect` copies this file into the run directory as ``_traceview_rankside.py`` next
+to a ``sitecustomize.py`` that imports it, and puts that folder first on the job's PYTHONPATH,
+so every Python process of the job loads it at start-up without the training script being
+edited, and without traceview having to be importable in the job's environment.
+
+At start-up nothing happens but the installation of an import hook. When the process imports
+PyTorch, the hook registers a global optimizer-step hook; the first optimizer step starts
+``torch.profiler`` with the collection's schedule, every later one advances it, and the trace
+is written to ``RUN/raw/rank-NNNNN/`` when the schedule ends or the process exits. Processes
+that never step an optimizer (a launcher's agent, data-loader workers) leave nothing behind.
+
+Nothing here may break the job: every failure prints one line prefixed ``traceview:`` on the
+rank's stderr and the job runs on unprofiled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_RUN_DIR = "TRACEVIEW_RUN_DIR"
+ENV_STEPS = "TRACEVIEW_STEPS"
+ENV_WARMUP = "TRACEVIEW_WARMUP"
+ENV_SKIP = "TRACEVIEW_SKIP"
+ENV_CLOCK = "TRACEVIEW_CLOCK"  # host:port of the launcher's clock service
+ENV_NVTX = "TRACEVIEW_NVTX"  # "on", "off", or "auto": on when an NVTX tool (Nsight) is attached
+NVTX_TOOL_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
+
+# --- who am I: rank, world size and local rank from the launcher's environment ---------------
+
+#: (rank, world size, local rank) variables, in the order they are trusted. Open MPI, MPICH
+#: and Intel MPI (PMI), PMIx launchers, Slurm, torchrun and friends, MVAPICH.
+RANK_VARIABLES: tuple[tuple[str, str | None, str | None], ...] = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK"),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    source: str  # the variable the rank came from, or "default" for a single process
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def detect_rank(env: Mapping[str, str]) -> RankInfo:
+    """The process's place in the job, from the first launcher whose variables are set."""
+    for rank_var, size_var, local_var in RANK_VARIABLES:
+        rank = _int(env.get(rank_var))
+        if rank is None:
+            continue
+        size = _int(env.get(size_var)) if size_var else None
+        local = _int(env.get(local_var)) if local_var else None
+        if size is None and rank_var == "PMIX_RANK":
+            size = _int(env.get("OMPI_COMM_WORLD_SIZE"))
+        return RankInfo(
+            rank,
+            size if size is not None else rank + 1,
+            local if local is not None else 0,
+            rank_var,
+        )
+    return RankInfo(0, 1, 0, "default")
+
+
+# --- clock: offset of this host's clock to the launcher's ------------------------------------
+
+
+@dataclass
+class ClockOffset:
+    offset_ns: int = 0  # add to this process's time.time_ns() to get the launcher's clock
+    uncertainty_ns: int | None = None  # half the best round trip
+    method: str = "wallclock"  # "tcp" (probed against the launcher) or "wallclock" (assumed 0)
+    probes: int = 0
+
+
+def probe_clock(address: str | None, rounds: int = 16, timeout: float = 2.0) -> ClockOffset:
+    """Cristian's algorithm against the launcher: keep the round trip with the smallest delay."""
+    if not address:
+        return ClockOffset()
+    host, _, port = address.rpartition(":")
+    for candidate in dict.fromkeys([host, "127.0.0.1"]):
+        try:
+            with socket.create_connection((candidate, int(port)), timeout=timeout) as conn:
+                conn.settimeout(timeout)
+                best: tuple[int, int] | None = None
+                for _ in range(rounds):
+                    sent = time.time_ns()
+                    conn.sendall(b"t")
+                    reply = b""
+                    while len(reply) < 20:
+                        piece = conn.recv(20 - len(reply))
+                        if not piece:
+                            raise ConnectionError("closed")
+                        reply += piece
+                    received = time.time_ns()
+                    remote = int(reply)
+                    rtt = received - sent
+                    if best is None or rtt < best[0]:
+                        best = (rtt, remote - (sent + received) // 2)
+                assert best is not None
+                return ClockOffset(best[1], best[0] // 2, "tcp", rounds)
+        except (OSError, ValueError, ConnectionError):
+            continue
+    return ClockOffset()
+
+
+def serve_clock(stop: threading.Event) -> tuple[str, int]:
+    """Start the launcher's clock service in a thread; returns (host, port)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))
+    server.listen(64)
+    server.settimeout(0.2)
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5.0)
+            with contextlib.suppress(OSError):
+                while conn.recv(1):
+                    conn.sendall(b"%020d" % time.time_ns())
+
+    def accept() -> None:
+        with server:
+            while not stop.is_set():
+                try:
+                    conn, _ = server.accept()
+                except (TimeoutError, OSError):
+                    continue
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, name="traceview-clock", daemon=True).start()
+    return socket.gethostname(), server.getsockname()[1]
+
+
+# --- the collection's configuration and this rank's record ------------------------------------
+
+
+@dataclass
+class Config:
+    run_dir: Path
+    active: int = 5
+    warmup: int = 2
+    skip: int = 1
+    nvtx: bool = True
+    clock: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Config | None:
+        if not env.get(ENV_RUN_DIR):
+            return None
+        return cls(
+            run_dir=Path(env[ENV_RUN_DIR]),
+            active=max(_int(env.get(ENV_STEPS)) or 5, 1),
+            warmup=max(_int(env.get(ENV_WARMUP)) or 0, 0) if env.get(ENV_WARMUP) else 2,
+            skip=max(_int(env.get(ENV_SKIP)) or 0, 0) if env.get(ENV_SKIP) else 1,
+            nvtx=_nvtx_wanted(env),
+            clock=env.get(ENV_CLOCK),
+        )
+
+
+def _nvtx_wanted(env: Mapping[str, str]) -> bool:
+    """NVTX ranges cost a little on every module call: only mark them when a tool listens."""
+    setting = env.get(ENV_NVTX, "auto")
+    if setting in ("on", "1"):
+        return True
+    if setting in ("off", "0"):
+        return False
+    return any(env.get(name) for name in NVTX_TOOL_VARIABLES)
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    return run_dir / "raw" / f"rank-{rank:05d}"
+
+
+@dataclass
+class Status:
+    """The rank's own account, written to raw/rank-NNNNN/status.json (read by the launcher)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    rank_source: str
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
+    python: str = sys.version.split()[0]
+    framework: str | None = None
+    framework_version: str | None = None
+    state: str = "running"  # running | profiling | ok | exception | signal
+    detail: str | None = None
+    started_ns: int = field(default_factory=time.time_ns)
+    ended_ns: int | None = None
+    clock: dict[str, Any] = field(default_factory=dict)
+    trace_files: list[str] = field(default_factory=list)
+    profiled_steps: int = 0
+    user_profiler: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def write(self, run_dir: Path) -> None:
+        folder = rank_dir(run_dir, self.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".status.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, folder / "status.json")
+
+
+def warn(message: str) -> None:
+    with contextlib.suppress(Exception):
+        print(f"traceview: {message}", file=sys.stderr, flush=True)
+
+
+# --- running code right after a module is imported ----------------------------------------------
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` once the top-level module ``name`` has finished importing."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]):
+        self.name = name
+        self.callback = callback
+        self.done = False
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        if fullname != self.name or self.done:
+            return None
+        self.done = True
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, callback = spec.loader, self.callback
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                try:
+                    callback(module)
+                except Exception as exc:  # never break the job
+                    warn(
+                        f"could not set up profiling ({type(exc).__name__}: {exc}); running unprofiled"
+                    )
+
+        spec.loader = _Loader()
+        return spec
+
+
+# --- PyTorch ----------------------------------------------------------------------------------
+
+
+class TorchCollector:
+    """Drives torch.profiler from a global optimizer-step hook (or from ``step()``)."""
+
+    def __init__(self, config: Config, torch: Any):
+        self.config = config
+        self.torch = torch
+        self.profiler: Any = None
+        self.status: Status | None = None
+        self.hook: Any = None
+        self.stepping_optimizer: int | None = None  # id() of the optimizer that paces steps
+        self.steps_seen = 0  # steps ended so far (the profiler is created after --skip of them)
+        self.manual = False  # the script calls traceview's step() itself
+        self.finished = False
+        self.lock = threading.RLock()
+        self.nvtx: Any = None
+        self.user_profilers = 0  # torch.profiler sessions the script itself has running
+
+    # the schedule ------------------------------------------------------------------------
+
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.hook = register_optimizer_step_post_hook(self._after_optimizer_step)
+        self._watch_user_profilers()
+        if self.config.nvtx:
+            self.nvtx = NvtxPhases.install(self.torch)
+        atexit.register(self.finish, "ok")
+        _install_exit_handlers(self)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.manual or self.finished:
+            return
+        if self.stepping_optimizer is None:
+            self.stepping_optimizer = id(optimizer)
+        if id(optimizer) == self.stepping_optimizer:  # several optimizers: the first paces
+            self.step()
+
+    def step(self) -> None:
+        """End of a training step: count the skipped ones, then start and advance the profiler.
+
+        Nothing of torch.profiler exists during the skipped steps, so they run as fast as
+        without traceview.
+        """
+        with self.lock:
+            if self.finished:
+                return
+            self.steps_seen += 1
+            if self.steps_seen <= self.config.skip:
+                return
+            try:
+                if self.profiler is None:
+                    self._start()
+                elif self.profiler is not False:
+                    self.profiler.step()
+                    if self.profiler.step_num >= self.config.warmup + self.config.active:
+                        self.finish()
+            except Exception as exc:
+                warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
+                self._abandon(f"{type(exc).__name__}: {exc}")
+
+    def _start(self) -> None:
+        torch = self.torch
+        info = self._rank_info()
+        self.status = Status(info.rank, info.world_size, info.local_rank, info.source)
+        self.status.framework, self.status.framework_version = "pytorch", str(torch.__version__)
+        self.status.clock = asdict(probe_clock(self.config.clock))
+        if self.user_profilers or _profiler_enabled(torch):
+            # The script profiles on its own: keep its traces (see _watch_user_profilers).
+            self.status.user_profiler = True
+            self.status.notes.append("the script runs torch.profiler itself; its trace is kept")
+            self.profiler = False
+            self.status.write(self.config.run_dir)
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        schedule = torch.profiler.schedule(
+            wait=0, warmup=self.config.warmup, active=self.config.active, repeat=1
+        )
+        self.profiler = torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self._export,
+            record_shapes=True,
+        )
+        self.status.state = "profiling"
+        self.status.write(self.config.run_dir)
+        self.profiler.start()
+
+    def _rank_info(self) -> RankInfo:
+        info = detect_rank(os.environ)
+        with contextlib.suppress(Exception):
+            dist = self.torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                return RankInfo(
+                    dist.get_rank(), dist.get_world_size(), info.local_rank, "torch.distributed"
+                )
+        return info
+
+    def _export(self, profiler: Any) -> None:
+        assert self.status is not None
+        folder = rank_dir(self.config.run_dir, self.status.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"rank-{self.status.rank}.pt.trace.json.gz"
+        tmp = folder / f".{path.name}.{os.getpid()}.tmp.json.gz"
+        profiler.export_chrome_trace(str(tmp))
+        os.replace(tmp, path)
+        self.status.trace_files = [path.name]
+        self.status.profiled_steps = max(profiler.step_num - self.config.warmup, 0)
+
+    def finish(self, state: str | None = None, detail: str | None = None) -> None:
+        """Stop profiling (writing what was recorded) and leave the job alone from now on.
+
+        ``state`` records how the process ends (ok, exception, signal) when called at exit;
+        None when only the profiling window is over.
+        """
+        with self.lock:
+            if not self.finished:
+                # The hooks stay registered (removing one from inside a hook would change the
+                # dict torch is iterating over); they return at once from now on.
+                self.finished = True
+                if self.profiler:
+                    try:
+                        self.profiler.stop()
+                    except Exception as exc:
+                        warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+                        if self.status is not None:
+                            self.status.notes.append(f"trace not written: {exc}")
+                    self.profiler = False
+            if self.status is None:
+                return  # never stepped: nothing to report (an agent, a data-loader worker)
+            if state is not None and self.status.ended_ns is None:
+                self.status.state = state
+                self.status.detail = detail
+                self.status.ended_ns = time.time_ns()
+            elif self.status.state == "profiling":
+                self.status.state = "running"  # the window is over; the process goes on
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+    def _abandon(self, reason: str) -> None:
+        self.finished = True
+        if self.status is not None:
+            self.status.notes.append(f"profiling stopped: {reason}")
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+    # scripts that profile on their own ------------------------------------------------------
+
+    def _watch_user_profilers(self) -> None:
+        """A script's own torch.profiler wins: ours steps aside, theirs is copied into the run."""
+        profile_cls = self.torch.profiler.profile
+        collector = self
+        original_start = profile_cls.start
+        original_export = profile_cls.export_chrome_trace
+
+        original_stop = profile_cls.stop
+
+        def start(profiler: Any) -> None:
+            if profiler is not collector.profiler:
+                collector.user_profilers += 1
+                if collector.profiler:
+                    collector._yield_to_user_profiler()
+            original_start(profiler)
+
+        def stop(profiler: Any) -> None:
+            if profiler is not collector.profiler:
+                collector.user_profilers = max(collector.user_profilers - 1, 0)
+            original_stop(profiler)
+
+        def export_chrome_trace(profiler: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+            result = original_export(profiler, path, *args, **kwargs)
+            if profiler is not collector.profiler:
+                collector._keep_user_trace(Path(path))
+            return result
+
+        profile_cls.start = start
+        profile_cls.stop = stop
+        profile_cls.export_chrome_trace = export_chrome_trace
+
+    def _yield_to_user_profiler(self) -> None:
+        with self.lock:
+            profiler, self.profiler = self.profiler, False
+            with contextlib.suppress(Exception):
+                profiler.on_trace_ready = None
+                profiler.stop()
+            if self.status is not None:
+                self.status.user_profiler = True
+                self.status.notes.append(
+                    "the script started torch.profiler itself; its trace is kept"
+                )
+
+    def _keep_user_trace(self, path: Path) -> None:
+        with contextlib.suppress(Exception):
+            if self.status is None:
+                info = self._rank_info()
+                self.status = Status(info.rank, info.world_size, info.local_rank, info.source)
+                self.status.framework, self.status.framework_version = (
+                    "pytorch",
+                    str(self.torch.__version__),
+                )
+                self.status.clock = asdict(probe_clock(self.config.clock))
+                self.profiler = False
+            self.status.user_profiler = True
+            folder = rank_dir(self.config.run_dir, self.status.rank)
+            folder.mkdir(parents=True, exist_ok=True)
+            suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
+            target = folder / f"rank-{self.status.rank}.pt.trace{suffix}"
+            for old in folder.glob("rank-*.pt.trace.json*"):
+                old.unlink()  # one trace per rank: the script's latest export
+            tmp = folder / f".{target.name}.{os.getpid()}.tmp"
+            tmp.write_bytes(path.read_bytes())
+            os.replace(tmp, target)
+            self.status.trace_files = [target.name]
+            self.status.write(self.config.run_dir)
+
+
+def _profiler_enabled(torch: Any) -> bool:
+    with contextlib.suppress(Exception):
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+    return False
+
+
+class NvtxPhases:
+    """NVTX ranges for the phases (data, forward, backward, optimizer), for Nsight Systems."""
+
+    def __init__(self, nvtx: Any):
+        self.nvtx = nvtx
+
+    @classmethod
+    def install(cls, torch: Any) -> NvtxPhases | None:
+        try:
+            import nvtx  # the NVIDIA nvtx package; absent: no ranges
+        except ImportError:
+            return None
+        depth = threading.local()
+        broken: list[bool] = []
+
+        def push(name: str) -> None:
+            if broken:
+                return
+            try:
+                nvtx.push_range(name, domain="traceview")
+            except Exception as exc:  # an NVTX problem must not reach the training loop
+                broken.append(True)
+                warn(f"NVTX ranges off ({type(exc).__name__}: {exc})")
+
+        def pop() -> None:
+            if broken:
+                return
+            try:
+                nvtx.pop_range(domain="traceview")
+            except Exception:
+                broken.append(True)
+
+        # forward: the outermost module call
+        def forward_pre(module: Any, args: Any) -> None:
+            level = getattr(depth, "forward", 0)
+            depth.forward = level + 1
+            if level == 0:
+                push("forward")
+
+        def forward_post(module: Any, args: Any, output: Any) -> None:
+            depth.forward = getattr(depth, "forward", 1) - 1
+            if depth.forward == 0:
+                pop()
+
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+
+        nn_module.register_module_forward_pre_hook(forward_pre)
+        nn_module.register_module_forward_hook(forward_post)
+        optim_module.register_optimizer_step_pre_hook(lambda *a: push("optimizer"))
+        optim_module.register_optimizer_step_post_hook(lambda *a: pop())
+
+        # backward and data loading: wrap the calls
+        def wrap(owner: Any, attr: str, name: str) -> None:
+            original = getattr(owner, attr)
+
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                push(name)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    pop()
+
+            setattr(owner, attr, wrapped)
+
+        wrap(torch.autograd, "backward", "backward")
+        from torch.utils.data import dataloader
+
+        wrap(dataloader._BaseDataLoaderIter, "__next__", "data")
+        return cls(nvtx)
+
+
+# --- exits: normal, exception, SIGTERM -----------------------------------------------------------
+
+
+def _install_exit_handlers(collector: TorchCollector) -> None:
+    previous_hook = sys.excepthook
+
+    def excepthook(kind: Any, value: Any, tb: Any) -> None:
+        collector.finish("exception", f"{kind.__name__}: {value}")
+        previous_hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                # A job killed by its launcher (another rank failed) still writes its trace.
+                def on_term(signum: int, frame: Any) -> None:
+                    collector.finish("signal", "terminated (SIGTERM)")
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+                signal.signal(signal.SIGTERM, on_term)
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+_collector: TorchCollector | None = None
+
+
+def current() -> TorchCollector | None:
+    return _collector
+
+
+def install() -> None:
+    """Called by the generated sitecustomize in every Python process of the job."""
+    config = Config.from_env(os.environ)
+    if config is None:
+        return
+
+    def on_torch(torch: Any) -> None:
+        global _collector
+        _collector = TorchCollector(config, torch)
+        _collector.install()
+
+    if "torch" in sys.modules:
+        on_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", on_torch))
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A region of the step, for the user API: a profiler region and an NVTX range."""
+    collector = _collector
+    if collector is None:
+        yield
+        return
+    region = collector.torch.profiler.record_function(f"## {name} ##")
+    nvtx = collector.nvtx
+    if nvtx is not None:
+        nvtx.nvtx.push_range(name, domain="traceview")
+    with region:
+        try:
+            yield
+        finally:
+            if nvtx is not None:
+                nvtx.nvtx.pop_range(domain="traceview")
+
+
+def step() -> None:
+    """The end of a training step, for the user API (replaces the optimizer hook)."""
+    collector = _collector
+    if collector is not None:
+        collector.manual = True
+        collector.step()

@@ -1,0 +1,271 @@
+"""`traceview collect`: real jobs, real launchers (Open MPI's mpirun, torchrun), no mocks.
+
+The training scripts in tests/workloads know nothing of traceview, except manual_steps.py,
+which uses its small step/phase API on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO, run_cli
+from traceview.collectors import rankside
+from traceview.collectors.launch import pass_environment
+
+WORKLOADS = REPO / "tests" / "workloads"
+pytestmark = pytest.mark.mpi
+
+
+def _needs_torch() -> None:
+    pytest.importorskip("torch", reason="pip install torch==2.13.0 (the CPU build)")
+
+
+def _mpirun() -> list[str]:
+    _needs_torch()
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not found (pip install -e '.[mpi]' provides Open MPI)")
+    flags = ["--allow-run-as-root", "--oversubscribe"] if os.geteuid() == 0 else ["--oversubscribe"]
+    return [mpirun, *flags, "-np", "2"]
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def test_ddp_job_under_mpirun(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--steps", "4", "--warmup", "1", "--skip", "1", "--",
+        *_mpirun(), sys.executable, WORKLOADS / "ddp_train.py", "--steps", "12", "--port", "29661",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "Per rank" in result.out and "communication: total" in result.out
+    collect = _manifest(run)["collect"]
+    assert collect["exit_code"] == 0 and collect["world_size"] == 2
+    launched = collect["launched"]
+    assert launched[1:3] == ["-x", "PYTHONPATH"] and "TRACEVIEW_RUN_DIR" in launched
+    ranks = collect["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for rank in ranks:
+        assert (
+            rank["state"] == "ok" and rank["trace"] and rank["rank_source"] == "torch.distributed"
+        )
+        clock = rank["clock"]
+        # one machine, one clock: the measured offset must be (near) zero, within its error
+        assert clock["method"] == "tcp"
+        assert abs(clock["offset_ns"]) <= clock["uncertainty_ns"] + 100_000
+        assert clock["uncertainty_ns"] < 5_000_000
+    steps = pq.read_table(run / "steps.parquet").to_pylist()
+    # after --skip 1 the profiler starts: its step 0 is the warm-up, steps 1-4 are recorded
+    assert sorted((s["rank"], s["step"]) for s in steps) == [
+        (r, s) for r in (0, 1) for s in range(1, 5)
+    ]
+    report = run_cli("report", run, "--json").json()
+    assert report["summary"]["comm_total_ms"] > 0 and report["run"]["ranks"] == 2
+
+
+def test_a_failing_rank_keeps_the_others_traces(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "3", "--",
+        *_mpirun(), sys.executable, WORKLOADS / "ddp_train.py",
+        "--no-ddp", "--fail-rank", "1", "--fail-at", "6", "--steps", "5000",
+    )  # fmt: skip
+    assert result.code != 0, "the job's failure is collect's exit code"
+    states = {r["rank"]: r for r in _manifest(run)["collect"]["ranks"]}
+    assert states[1]["state"] == "exception" and "fails on purpose" in states[1]["detail"]
+    # rank 0 was still training when Open MPI terminated it: its trace is kept
+    assert states[0]["state"] == "signal" and states[0]["trace"]
+    report = run_cli("report", run, "--json").json()
+    assert 0 in [r["rank"] for r in report["ranks"]]
+    assert any("rank 1 ended: exception" in w for w in report["warnings"])
+
+
+def test_torchrun(tmp_path: Path) -> None:
+    _needs_torch()
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun not installed")
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--steps", "3", "--warmup", "1", "--",
+        torchrun, "--standalone", "--nproc-per-node", "2", WORKLOADS / "ddp_train.py", "--steps", "10",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    ranks = _manifest(run)["collect"]["ranks"]
+    # the two workers, and not torchrun's own agent process (which imports torch too)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["state"] == "ok" and r["trace"] for r in ranks)
+
+
+def test_script_with_its_own_profiler(tmp_path: Path) -> None:
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli("collect", "-o", run, "--", sys.executable, WORKLOADS / "own_profiler.py")
+    assert result.code == 0, result.err
+    (rank,) = _manifest(run)["collect"]["ranks"]
+    assert rank["user_profiler"] and rank["trace"] and rank["state"] == "ok"
+    assert any("its trace is kept" in n for n in rank["notes"])
+    assert pq.read_table(run / "steps.parquet").num_rows >= 1
+
+
+def test_script_without_torch(tmp_path: Path) -> None:
+    result = run_cli(
+        "collect",
+        "-o",
+        tmp_path / "run",
+        "--",
+        sys.executable,
+        WORKLOADS / "no_torch.py",
+        "--exit-3",
+    )
+    assert result.code == 3
+    assert "sum of squares" in result.out
+    assert "left nothing to profile" in result.err
+
+
+def test_manual_steps_and_phases(tmp_path: Path) -> None:
+    _needs_torch()
+    run = tmp_path / "run"
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = run_cli(
+        "collect",
+        "-o",
+        run,
+        "--skip",
+        "1",
+        "--warmup",
+        "1",
+        "--steps",
+        "4",
+        "--",
+        sys.executable,
+        WORKLOADS / "manual_steps.py",
+        env=env,
+    )
+    assert result.code == 0, result.err
+    assert "active: True" in result.out
+    report = run_cli("report", run, "--json").json()
+    assert report["run"]["steps"] == 4
+    breakdown = report["summary"]["breakdown_ms"]
+    for phase in ("io", "forward", "backward", "update"):
+        assert breakdown[phase] > 0, phase
+
+
+def test_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
+    own = tmp_path / "own-site"
+    own.mkdir()
+    marker = tmp_path / "marker"
+    (own / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    env = {"PYTHONPATH": str(own)}
+    result = run_cli(
+        "collect", "-o", tmp_path / "run", "--", sys.executable, WORKLOADS / "no_torch.py", env=env
+    )
+    assert result.code == 0, result.err
+    assert marker.read_text() == "ran"
+
+
+def test_interrupt_keeps_what_was_recorded(tmp_path: Path) -> None:
+    _needs_torch()
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "traceview", "collect", "-o", str(run), "--skip", "0", "--warmup", "0",
+         "--steps", "100000", "--", sys.executable, str(WORKLOADS / "ddp_train.py"), "--steps", "100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    status = run / "raw" / "rank-00000" / "status.json"
+    deadline = time.monotonic() + 120
+    while not (status.exists() and '"profiling"' in status.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, (
+            "the job never started profiling"
+        )
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "interrupted (SIGINT)" in err
+    assert "Per rank" in out, "the steps recorded before Ctrl-C are reported"
+    (rank,) = _manifest(run)["collect"]["ranks"]
+    assert rank["trace"]
+
+
+def test_collect_needs_a_command_and_reports_a_missing_one(tmp_path: Path) -> None:
+    result = run_cli("collect", "-o", tmp_path / "a")
+    assert result.code == 2 and "give the job's command" in result.err
+    result = run_cli("collect", "-o", tmp_path / "b", "--", "no-such-program-traceview")
+    assert result.code == 127 and "cannot run no-such-program-traceview" in result.err
+    assert "Traceback" not in result.err
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "3",
+                "OMPI_COMM_WORLD_SIZE": "8",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            },
+            (3, 8, 1, "OMPI_COMM_WORLD_RANK"),
+        ),
+        ({"PMI_RANK": "5", "PMI_SIZE": "6", "MPI_LOCALRANKID": "2"}, (5, 6, 2, "PMI_RANK")),
+        ({"PMIX_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}, (2, 4, 0, "PMIX_RANK")),
+        (
+            {"SLURM_PROCID": "7", "SLURM_NTASKS": "16", "SLURM_LOCALID": "3"},
+            (7, 16, 3, "SLURM_PROCID"),
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, (1, 2, 1, "RANK")),
+        (
+            {
+                "MV2_COMM_WORLD_RANK": "4",
+                "MV2_COMM_WORLD_SIZE": "9",
+                "MV2_COMM_WORLD_LOCAL_RANK": "0",
+            },
+            (4, 9, 0, "MV2_COMM_WORLD_RANK"),
+        ),
+        # torchrun under srun: the worker's own RANK wins over the Slurm task id
+        (
+            {
+                "RANK": "6",
+                "WORLD_SIZE": "8",
+                "LOCAL_RANK": "2",
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "2",
+            },
+            (6, 8, 2, "RANK"),
+        ),
+        ({}, (0, 1, 0, "default")),
+    ],
+)
+def test_rank_from_each_launchers_environment(env: dict[str, str], expected: tuple) -> None:
+    info = rankside.detect_rank(env)
+    assert (info.rank, info.world_size, info.local_rank, info.source) == expected
+
+
+def test_environment_is_passed_the_way_each_launcher_wants() -> None:
+    env = {"A": "1", "B": "two"}
+    assert pass_environment(["mpiexec.hydra", "-n", "2", "python"], env, ["A", "B"]) == [
+        "mpiexec.hydra", "-genv", "A", "1", "-genv", "B", "two", "-n", "2", "python",
+    ]  # fmt: skip
+    for command in (["srun", "-n", "2", "python"], ["torchrun", "x.py"], ["python", "x.py"]):
+        assert pass_environment(command, env, ["A"]) == command
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+    if mpirun is not None:  # the real Open MPI answers --version as Open MPI does
+        assert pass_environment([mpirun, "-np", "2", "python"], env, ["A", "B"])[1:5] == [
+            "-x",
+            "A",
+            "-x",
+            "B",
+        ]

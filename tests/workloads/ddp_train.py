@@ -1,0 +1,69 @@
+"""An ordinary DDP training script (gloo, CPU) with no traceview code in it.
+
+Rank and world size come from the launcher: Open MPI, torchrun, Slurm or a single process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def launcher_rank() -> tuple[int, int]:
+    for rank, size in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("RANK", "WORLD_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ):
+        if rank in os.environ:
+            return int(os.environ[rank]), int(os.environ[size])
+    return 0, 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--fail-rank", type=int, default=-1, help="this rank raises an error")
+    parser.add_argument("--fail-at", type=int, default=4, help="... at this step")
+    parser.add_argument("--no-ddp", action="store_true", help="ranks train independently")
+    parser.add_argument("--port", default="29650")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank, world = launcher_rank()
+    distributed = world > 1 and not args.no_ddp
+    if distributed:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", args.port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    model: nn.Module = nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+    if distributed:
+        model = DistributedDataParallel(model, bucket_cap_mb=1)
+    data = TensorDataset(
+        torch.randn(64 * args.steps, 256), torch.randint(0, 10, (64 * args.steps,))
+    )
+    loader = DataLoader(data, batch_size=64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step, (x, y) in enumerate(loader):
+        if step == args.fail_at and rank == args.fail_rank:
+            raise RuntimeError(f"rank {rank} fails on purpose at step {step}")
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    if distributed:
+        dist.destroy_process_group()
+    print(f"rank {rank}: done, loss {loss.item():.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Profile every rank of a training job, unmodified, then report where its steps' time goes.
+
+  traceview collect [-o RUN] [--steps 5 --warmup 2 --skip 1] -- COMMAND [ARGS...]
+
+COMMAND is what you already run: `mpirun -np 4 python train.py`, `srun ...`, `torchrun ...`,
+`python train.py`. In every process of the job, PyTorch's profiler starts at the first
+optimizer step, skips --skip steps, warms up for --warmup and records --steps; each rank's
+trace and status land in RUN/raw/, and the run is then read and reported. The exit code is the
+job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from traceview import rundir as R
+from traceview.errors import UsageError
+from traceview.text import safe
+
+
+class CollectCommand:
+    name = "collect"
+    help = __doc__ or ""
+
+    def prepare(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "-o",
+            "--output",
+            type=Path,
+            metavar="RUN",
+            help="run directory (default: ./traceview-run-DATE-TIME)",
+        )
+        parser.add_argument(
+            "--steps", type=int, default=5, help="steps to record per rank (default 5)"
+        )
+        parser.add_argument(
+            "--warmup",
+            type=int,
+            default=2,
+            help="steps profiled but not recorded first (default 2)",
+        )
+        parser.add_argument(
+            "--skip", type=int, default=1, help="steps left alone before the warm-up (default 1)"
+        )
+        parser.add_argument(
+            "--nvtx", choices=("auto", "on", "off"), default="auto",
+            help="mark the phases as NVTX ranges for Nsight Systems (auto: when it is attached)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--no-report", action="store_true", help="ingest, but do not print the report"
+        )
+        parser.add_argument(
+            "command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the job to run"
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        from traceview.collectors.launch import (
+            CollectSettings,
+            JobNotStarted,
+            collect_manifest,
+            default_run_dir,
+            run_job,
+        )
+
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            raise UsageError(
+                "give the job's command after --, e.g. traceview collect -- mpirun -np 2 python train.py"
+            )
+        if min(args.steps, 1) < 1 or args.warmup < 0 or args.skip < 0:
+            raise UsageError("--steps must be at least 1, --warmup and --skip at least 0")
+        run = args.output or default_run_dir()
+        if run.exists() and any(run.iterdir()):
+            raise UsageError(f"{run}: exists and is not empty (choose another -o)")
+        settings = CollectSettings(
+            steps=args.steps, warmup=args.warmup, skip=args.skip, nvtx=args.nvtx
+        )
+        print(f"traceview: profiling every rank into {run}", file=sys.stderr, flush=True)
+        try:
+            result = run_job(command, run, settings)
+        except JobNotStarted as exc:
+            print(f"traceview: error: {safe(exc)}", file=sys.stderr)
+            return 127
+        R.write_json(run / R.MANIFEST, {"collect": collect_manifest(result, settings), "ranks": []})
+        code = result.exit_code
+        if result.interrupted:
+            print(
+                f"traceview: the job was interrupted ({result.interrupted}); keeping what the ranks wrote",
+                file=sys.stderr,
+            )
+        if not any(s.get("trace_present") for s in result.statuses):
+            print(
+                f"traceview: the job exited with code {code} and left nothing to profile: "
+                "no process imported PyTorch and stepped an optimizer",
+                file=sys.stderr,
+            )
+            return code
+        from traceview.errors import TraceviewError
+        from traceview.ingest import ingest
+
+        try:
+            ingest([run], run, command=sys.argv)
+        except TraceviewError as exc:
+            print(f"traceview: error: {safe(exc)}", file=sys.stderr)
+            return code or exc.exit_code
+        if not args.no_report:
+            from traceview.commands.report import load_report
+            from traceview.report import render_to_console
+
+            render_to_console(load_report([run]))
+        print(f"traceview: run directory {run} (job exit code {code})", file=sys.stderr)
+        return code
