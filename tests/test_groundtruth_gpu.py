@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES
+from tests.test_groundtruth import steps_with_timers
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
@@ -32,18 +33,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def joined(run: Path, name: str) -> pl.DataFrame:
-    truth = json.loads((SAMPLES / "pytorch" / name / "groundtruth.json").read_text())
-    timers = pl.DataFrame([r for r in truth["records"] if r["profiled"]])
-    steps = pl.from_arrow(R.read_steps(run))
-    assert isinstance(steps, pl.DataFrame)
-    steps = steps.with_columns(
-        (pl.col(c) / 1e6).alias(c.removesuffix("_ns") + "_tv")
-        for c in steps.columns
-        if c.endswith("_ns")
-    )
-    df = steps.join(timers, on=[S.RANK, S.STEP])
-    assert df.height == steps.height == timers.height == 5
-    assert (steps[S.TIMELINE] == S.DEVICE_GPU).all()
+    df = steps_with_timers(run, SAMPLES / "pytorch" / name)
+    assert df.height == 5
+    assert (df[S.TIMELINE] == S.DEVICE_GPU).all()
     return df
 
 
