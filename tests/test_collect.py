@@ -269,3 +269,30 @@ def test_environment_is_passed_the_way_each_launcher_wants() -> None:
             "-x",
             "B",
         ]
+
+
+def test_a_collector_failure_never_breaks_the_job(tmp_path: Path) -> None:
+    """The rank side cannot write its results (the run directory is under a file): the job
+    still finishes, and the rank says so in one line."""
+    _needs_torch()
+    from traceview.collectors.launch import write_bootstrap
+
+    bootstrap = write_bootstrap(tmp_path / "run")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(bootstrap),
+        rankside.ENV_RUN_DIR: str(blocker / "run"),
+        rankside.ENV_SKIP: "0",
+        rankside.ENV_WARMUP: "0",
+        rankside.ENV_STEPS: "2",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(WORKLOADS / "ddp_train.py"), "--steps", "6"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("traceview:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
