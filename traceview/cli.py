@@ -1,12 +1,14 @@
 """traceview: where each training step's time goes, on every rank, and what would make it faster.
 
-Point it at the profiler traces of a distributed training run (one file per rank, or a folder):
+Profile a job, or point it at the profiler traces of a run (one file per rank, or a folder):
 
-  traceview report TRACES...            the per-step breakdown, communication, bottleneck
+  traceview collect -- mpirun -np 4 python train.py   profile every rank, then report
+  traceview report TRACES...|RUN        the per-step breakdown, communication, bottleneck
   traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
   traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
 
-Exit codes: 0 ok; 2 usage or bad input (one line on stderr); 1 internal error.
+Exit codes: 0 ok; 2 usage or bad input (one line on stderr); 1 internal error;
+collect exits with the job's code.
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
   traceview collect [-o RUN] [--steps 5 --warmup 2 --skip 1] -- COMMAND [ARGS...]
 
 COMMAND is what you already run: `mpirun -np 4 python train.py`, `srun ...`, `torchrun ...`,
-`python train.py`. In every process of the job, PyTorch's profiler starts at the first
-optimizer step, skips --skip steps, warms up for --warmup and records --steps; each rank's
-trace and status land in RUN/raw/, and the run is then read and reported. The exit code is the
-job's.
+`python train.py`. In every process of the job, after --skip optimizer steps PyTorch's
+profiler warms up for --warmup steps and records --steps; each rank's trace and status land in
+RUN/raw/, and the run is then read and reported. The exit code is the job's.
 """
 
 from __future__ import annotations
