@@ -187,3 +187,27 @@ def test_trace_without_step_markers_is_one_window() -> None:
     assert row["step"] is None
     assert (row["start"], row["end"]) == (10, 50)
     assert row["forward"] == 20 and row["backward"] == 10 and row["idle"] == 10
+
+
+def test_timeline_segments_add_up_to_the_breakdown(tmp_path) -> None:
+    """The timeline view's per-instant phases are the breakdown, instant by instant."""
+    from pathlib import Path
+
+    from tests.conftest import SAMPLES
+    from traceview import rundir as R
+    from traceview.analysis.timeline import step_lanes
+    from traceview.ingest import ingest
+
+    for name in ("ddp", "gpu_sync"):
+        run = ingest([SAMPLES / "pytorch" / name], Path(tmp_path) / name)
+        steps = R.read_steps(run).to_pylist()
+        events = R.read_events(run, [0])
+        for row in (r for r in steps if r[S.RANK] == 0):
+            start, end, lanes = step_lanes(events, row[S.STEP])
+            assert (start, end) == (row[S.START_NS], row[S.END_NS])
+            critical = lanes[0]
+            totals: dict[str, int] = {}
+            for s, e, p in zip(critical.starts, critical.ends, critical.phases, strict=True):
+                totals[p] = totals.get(p, 0) + int(e - s)
+            for phase in S.BREAKDOWN_PHASES:
+                assert totals.get(phase, 0) == row[S.phase_ns(phase)], (name, row[S.STEP], phase)

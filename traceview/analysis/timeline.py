@@ -17,6 +17,8 @@ collective runs is waiting for it, which is communication, not compute.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -196,10 +198,24 @@ def _union_by_window(
     return np.bincount(window[heads], weights=lengths, minlength=n_windows).astype(np.int64)
 
 
-def breakdown(events: pa.Table) -> pa.Table:
-    """The steps table (schema.STEPS_SCHEMA) of one rank's events."""
+@dataclass
+class RankTimeline:
+    """One rank's critical-timeline intervals, before they are cut into steps."""
+
+    ev: EventArrays
+    training: tuple[int, int] | None
+    gpu: bool
+    starts: np.ndarray
+    ends: np.ndarray
+    levels: np.ndarray  # priority level (LEVEL_PHASES) of each interval
+    w_start: np.ndarray  # step windows
+    w_end: np.ndarray
+    numbers: np.ndarray  # step numbers (-1: no step markers)
+
+
+def rank_timeline(events: pa.Table) -> RankTimeline:
+    """The intervals that compete for each instant of one rank, and its step windows."""
     ev = EventArrays.of(events)
-    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
     host = np.isin(ev.kind, _HOST_KINDS)
     backward = ev.phase == PHASE_CODE[S.BACKWARD]
     top = outermost_operators(ev.kind, ev.parent_row)
@@ -209,9 +225,6 @@ def breakdown(events: pa.Table) -> pa.Table:
     device = np.isin(ev.kind, _DEVICE_KINDS)
     gpu = bool(device.any())
     w_start, w_end, numbers = step_windows(ev, training, gpu)
-    n_windows = len(w_start)
-    if n_windows == 0:
-        return pa.Table.from_pylist([], schema=S.STEPS_SCHEMA)
 
     parts_s, parts_e, parts_l = [], [], []
     on_training = np.zeros(len(ev.ts), bool)
@@ -233,10 +246,22 @@ def breakdown(events: pa.Table) -> pa.Table:
         parts_s.append(ev.ts[device])
         parts_e.append(ev.end[device])
         parts_l.append(_EXPLICIT[ev.phase[device]])
+    return RankTimeline(
+        ev, training, gpu, np.concatenate(parts_s), np.concatenate(parts_e),
+        np.concatenate(parts_l).astype(np.int64), w_start, w_end, numbers,
+    )  # fmt: skip
 
-    window, s, e, level = _clip(
-        np.concatenate(parts_s), np.concatenate(parts_e), np.concatenate(parts_l), w_start, w_end
-    )
+
+def breakdown(events: pa.Table) -> pa.Table:
+    """The steps table (schema.STEPS_SCHEMA) of one rank's events."""
+    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
+    tl = rank_timeline(events)
+    w_start, w_end, numbers = tl.w_start, tl.w_end, tl.numbers
+    n_windows = len(w_start)
+    if n_windows == 0:
+        return pa.Table.from_pylist([], schema=S.STEPS_SCHEMA)
+
+    window, s, e, level = _clip(tl.starts, tl.ends, tl.levels, w_start, w_end)
     order = np.lexsort((s, window))
     window, s, e, level = window[order], s[order], e[order], level[order]
 
@@ -252,7 +277,7 @@ def breakdown(events: pa.Table) -> pa.Table:
     columns: dict[str, object] = {
         S.RANK: np.full(n_windows, rank, np.int32),
         S.STEP: pa.array(numbers, pa.int64(), mask=numbers < 0),
-        S.TIMELINE: [S.DEVICE_GPU if gpu else S.DEVICE_CPU] * n_windows,
+        S.TIMELINE: [S.DEVICE_GPU if tl.gpu else S.DEVICE_CPU] * n_windows,
         S.START_NS: w_start,
         S.END_NS: w_end,
         S.WALL_NS: wall,
@@ -269,3 +294,127 @@ def breakdown(events: pa.Table) -> pa.Table:
     with np.errstate(divide="ignore", invalid="ignore"):
         columns[S.COMM_HIDDEN_FRACTION] = np.where(comm_total > 0, 1.0 - exposed / comm_total, 0.0)
     return pa.table(columns, schema=S.STEPS_SCHEMA)
+
+
+def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals as sorted, disjoint (start, end) arrays."""
+    if len(s) == 0:
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > reach[:-1]
+    heads = np.flatnonzero(new)
+    return s[heads], np.maximum.reduceat(e, heads)
+
+
+def attribution(tl: RankTimeline, start: int, end: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The exclusive phase of every instant of [start, end): (segment starts, ends, phases).
+
+    The same rule as the breakdown, kept as time segments (idle where nothing runs): what a
+    timeline view draws. Adjacent segments of one phase are merged.
+    """
+    clip_s, clip_e = np.maximum(tl.starts, start), np.minimum(tl.ends, end)
+    keep = clip_e > clip_s
+    s, e, level = clip_s[keep], clip_e[keep], tl.levels[keep]
+    bounds = np.unique(np.concatenate([[start, end], s, e]))
+    mids = (bounds[:-1] + bounds[1:]) // 2
+    winner = np.full(len(mids), len(LEVEL_PHASES), np.int64)  # idle
+    for lvl in range(len(LEVEL_PHASES) - 1, -1, -1):
+        us, ue = _merge(s[level <= lvl], e[level <= lvl])
+        if len(us) == 0:
+            continue
+        pos = np.searchsorted(us, mids, side="right") - 1
+        inside = (pos >= 0) & (mids < ue[np.maximum(pos, 0)])
+        winner[inside] = lvl
+    names = [*LEVEL_PHASES, S.IDLE]
+    phase = np.array([S.BREAKDOWN_PHASES.index(names[w]) for w in range(len(names))])[winner]
+    change = np.ones(len(phase), bool)
+    change[1:] = phase[1:] != phase[:-1]
+    heads = np.flatnonzero(change)
+    seg_s = bounds[:-1][heads]
+    seg_e = np.append(bounds[:-1][heads[1:]], bounds[-1]) if len(heads) else bounds[1:]
+    return seg_s, seg_e, [S.BREAKDOWN_PHASES[p] for p in phase[heads]]
+
+
+@dataclass
+class Lane:
+    """A row of a timeline view: one thread or stream of a rank, or the rank's critical path."""
+
+    rank: int
+    label: str
+    starts: np.ndarray
+    ends: np.ndarray
+    phases: list[str]
+
+
+def step_lanes(
+    events: pa.Table, step: int | None, threads: dict[str, str] | None = None
+) -> tuple[int, int, list[Lane]]:
+    """The lanes of one rank for the window of ``step`` (None: the first window).
+
+    Returns (window start, window end, lanes): first the rank's exclusive attribution
+    ("critical path"), then every host thread and device stream that has operators, kernels or
+    communication in the window, each as the phases of its own events (innermost on a thread).
+    """
+    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
+    tl = rank_timeline(events)
+    if len(tl.w_start) == 0:
+        return 0, 0, []
+    index = (
+        0
+        if step is None
+        else int(np.flatnonzero(tl.numbers == step)[0])
+        if (tl.numbers == step).any()
+        else -1
+    )
+    if index < 0:
+        raise KeyError(f"rank {rank} has no step {step}")
+    start, end = int(tl.w_start[index]), int(tl.w_end[index])
+    seg_s, seg_e, seg_p = attribution(tl, start, end)
+    lanes = [Lane(rank, f"rank {rank} · every instant", seg_s, seg_e, seg_p)]
+    ev = tl.ev
+    in_window = (ev.end > start) & (ev.ts < end)
+    host = np.isin(ev.kind, _HOST_KINDS)
+    names = threads or {}
+    for pid, tid in sorted(
+        {(int(p), int(t)) for p, t in zip(ev.pid[host & in_window], ev.tid[host & in_window], strict=False)}
+    ):
+        rows = np.flatnonzero(host & (ev.pid == pid) & (ev.tid == tid))
+        s, e, owner = _thread_segments(ev, rows)
+        keep = (owner >= 0) & (e > start) & (s < end)
+        if not keep.any():
+            continue
+        structural = np.isin(ev.kind[owner[keep]], _STRUCTURAL_KINDS)
+        phases = [S.EVENT_PHASES[p] for p in ev.phase[owner[keep]]]
+        phases = [S.IDLE if st and p == S.OTHER else p for st, p in zip(structural, phases, strict=False)]
+        role = (
+            "training thread"
+            if tl.training == (pid, tid)
+            else names.get(f"{pid}/{tid}", f"thread {tid}")
+        )
+        lanes.append(
+            Lane(
+                rank,
+                f"rank {rank} · {role}",
+                np.maximum(s[keep], start),
+                np.minimum(e[keep], end),
+                phases,
+            )
+        )
+    device = np.isin(ev.kind, _DEVICE_KINDS) & in_window
+    for pid, tid in sorted({(int(p), int(t)) for p, t in zip(ev.pid[device], ev.tid[device], strict=False)}):
+        rows = np.flatnonzero(device & (ev.pid == pid) & (ev.tid == tid))
+        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+        phases = [S.EVENT_PHASES[p] for p in ev.phase[rows]]
+        lanes.append(
+            Lane(
+                rank,
+                f"rank {rank} · GPU {pid} stream {tid}",
+                np.maximum(ev.ts[rows], start),
+                np.minimum(ev.end[rows], end),
+                phases,
+            )
+        )
+    return start, end, lanes
