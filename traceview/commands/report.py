@@ -6,32 +6,15 @@ PATH is a run directory, a folder of traces, or trace files (read into a tempora
 from __future__ import annotations
 
 import argparse
-import sys
-import tempfile
 from pathlib import Path
-
-from traceview import rundir as R
 
 
 def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> dict:
     """The report object for a run directory, or for traces read into a temporary run."""
-    from traceview.analysis.summary import summarize
-    from traceview.ingest import ingest
+    from traceview.runs import open_run
 
-    if (
-        len(paths) == 1
-        and R.is_run_dir(paths[0])
-        and (paths[0] / R.STEPS).exists()
-        and rules is None
-    ):
-        run = paths[0]
-        return summarize(
-            R.read_steps(run), R.read_ops(run), {**R.read_manifest(run), "path": str(run)}, top
-        )
-    with tempfile.TemporaryDirectory(prefix="traceview-") as tmp:
-        run = ingest(paths, Path(tmp) / "run", rules_path=rules, command=sys.argv)
-        manifest = {**R.read_manifest(run), "path": None}
-        return summarize(R.read_steps(run), R.read_ops(run), manifest, top)
+    with open_run(paths, rules) as run:
+        return run.report(top)
 
 
 class ReportCommand:

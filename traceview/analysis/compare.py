@@ -1,0 +1,94 @@
+"""Runs side by side: step time, phases, communication and canonical operators, with ratios.
+
+The input is each run's report object (analysis.summary) and ops table; the output is one JSON
+object (``traceview compare --json``), which the text report and the TUI render. Operators are
+compared by canonical name (convolution, convolution_backward, batch_norm, fully_connected,
+allreduce ...), so runs of different frameworks line up; on GPU runs their device time is
+compared, on CPU runs their time on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from traceview import schema as S
+
+#: A ratio is worth a headline when the slower side is this much slower...
+NOTABLE_RATIO = 1.5
+#: ...and the operator takes at least this share of that run's step.
+NOTABLE_SHARE = 0.02
+
+
+def _ratio(value: float, base: float) -> float | None:
+    return round(value / base, 3) if base > 0 else None
+
+
+def op_times(ops: pa.Table, report: dict[str, Any]) -> dict[str, float]:
+    """Milliseconds per step (mean over ranks) of each canonical operator of one run."""
+    df = pl.from_arrow(ops)
+    assert isinstance(df, pl.DataFrame)
+    if df.height == 0:
+        return {}
+    device = S.DEVICE_GPU if report["run"].get("timeline") == S.DEVICE_GPU else S.DEVICE_CPU
+    ranks = max(report["run"]["ranks"], 1)
+    steps = max(sum(r["steps"] for r in report["ranks"]) / ranks, 1)
+    df = df.filter((pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in([S.KIND_OP, *S.DEVICE_ACTIVITY_KINDS]))
+    totals = df.group_by(S.OP).agg(pl.col(S.SELF_NS).sum())
+    return {
+        row[S.OP]: round(row[S.SELF_NS] / 1e6 / steps / ranks, 4) for row in totals.iter_rows(named=True)
+    }
+
+
+def compare(reports: list[dict[str, Any]], ops: list[pa.Table], labels: list[str], top: int = 20) -> dict[str, Any]:
+    """The comparison of runs; the first run is the baseline every ratio is taken against."""
+    base = reports[0]["summary"]
+    runs = []
+    for label, report in zip(labels, reports, strict=True):
+        summary = report["summary"]
+        runs.append(
+            {
+                "label": label,
+                "framework": report["run"].get("framework"),
+                "ranks": report["run"]["ranks"],
+                "steps": report["run"]["steps"],
+                "timeline": report["run"].get("timeline"),
+                "step_ms": summary["step_ms"],
+                "step_ratio": _ratio(summary["step_ms"], base["step_ms"]),
+                "breakdown_ms": summary["breakdown_ms"],
+                "comm_total_ms": summary["comm_total_ms"],
+                "comm_hidden_fraction": summary["comm_hidden_fraction"],
+                "hidden": summary["hidden"],
+                "bottleneck": summary["bottleneck"],
+            }
+        )
+    phases = []
+    for phase in S.BREAKDOWN_PHASES:
+        values = [r["summary"]["breakdown_ms"][phase] for r in reports]
+        phases.append({"phase": phase, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]})
+
+    times = [op_times(table, report) for table, report in zip(ops, reports, strict=True)]
+    names = sorted({name for t in times for name in t}, key=lambda n: -max(t.get(n, 0.0) for t in times))
+    rows = []
+    for name in names[:top]:
+        values = [t.get(name, 0.0) for t in times]
+        rows.append({"op": name, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]})
+
+    highlights = []
+    for row in rows:
+        base_ms = row["ms"][0]
+        for label, value, run in zip(labels[1:], row["ms"][1:], runs[1:], strict=True):
+            if base_ms <= 0 or value <= 0:
+                continue
+            slow, fast = max(value, base_ms), min(value, base_ms)
+            share = slow / max(run["step_ms"] if value >= base_ms else runs[0]["step_ms"], 1e-9)
+            if slow / fast >= NOTABLE_RATIO and share >= NOTABLE_SHARE:
+                slower, faster = (label, labels[0]) if value > base_ms else (labels[0], label)
+                highlights.append(f"{slower}'s {row['op']} takes {slow / fast:.1f}× {faster}'s")
+    for run in runs[1:]:
+        ratio = run["step_ratio"]
+        if ratio and (ratio >= NOTABLE_RATIO or ratio <= 1 / NOTABLE_RATIO):
+            highlights.insert(0, f"{run['label']}'s step takes {ratio:.2f}× {labels[0]}'s")
+    return {"runs": runs, "phases": phases, "ops": rows, "highlights": highlights}

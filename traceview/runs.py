@@ -1,0 +1,74 @@
+"""Open what the user points at — a run directory, a folder of traces, or trace files — as a run.
+
+Commands that read results (report, compare, scaling, tui) all start here: a run directory is
+used as it is; traces are ingested into a temporary run directory that lives as long as the
+``with`` block.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from traceview import rundir as R
+
+
+@dataclass
+class Run:
+    path: Path  # the run directory (temporary when read from traces)
+    label: str  # how to name it to the user
+    manifest: dict[str, Any]
+    steps: pa.Table
+    ops: pa.Table
+    temporary: bool
+
+    def report(self, top: int = 10) -> dict[str, Any]:
+        from traceview.analysis.summary import summarize
+
+        manifest = {**self.manifest, "path": None if self.temporary else str(self.path)}
+        return summarize(self.steps, self.ops, manifest, top)
+
+    def events(self, ranks: list[int] | None = None) -> pa.Table:
+        return R.read_events(self.path, ranks)
+
+
+def _label(paths: list[Path]) -> str:
+    path = paths[0].resolve()
+    name = path.name if path.is_dir() else path.parent.name
+    return name + (f" (+{len(paths) - 1})" if len(paths) > 1 else "")
+
+
+@contextmanager
+def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
+    """The run at ``paths``; traces are read into a temporary run directory."""
+    label = _label(paths)
+    if len(paths) == 1 and R.is_run_dir(paths[0]) and (paths[0] / R.STEPS).exists() and rules is None:
+        run = paths[0]
+        yield Run(run, label, R.read_manifest(run), R.read_steps(run), R.read_ops(run), False)
+        return
+    from traceview.ingest import ingest
+
+    with tempfile.TemporaryDirectory(prefix="traceview-") as tmp:
+        run = ingest(paths, Path(tmp) / "run", rules_path=rules, command=sys.argv)
+        yield Run(run, label, R.read_manifest(run), R.read_steps(run), R.read_ops(run), True)
+
+
+@contextmanager
+def open_runs(groups: list[list[Path]], rules: Path | None = None) -> Iterator[list[Run]]:
+    """Several runs at once (compare, scaling); labels made unique."""
+    with ExitStack() as stack:
+        runs = [stack.enter_context(open_run(paths, rules)) for paths in groups]
+        seen: dict[str, int] = {}
+        for run in runs:
+            count = seen.get(run.label, 0)
+            seen[run.label] = count + 1
+            if count:
+                run.label = f"{run.label} #{count + 1}"
+        yield runs
