@@ -37,6 +37,10 @@ _DTYPE_BYTES = {
     "c10::complex<float>": 8, "c10::complex<double>": 16, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
 }  # fmt: skip
 _COMM_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "c10d::", "record_param_comms")
+#: Operators whose first input leads with the mini-batch dimension (N, C, H, W) or (N, ..., F):
+#: the most common leading size among their calls is the trace's batch size, where shapes were
+#: recorded.
+_BATCH_OPS = frozenset(("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::linear"))
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -232,12 +236,33 @@ def _comm_bytes(args: _Args) -> int | None:
 class _Chunk:
     """Columns of one decoded chunk's events, its metadata records, and counts by record type."""
 
-    __slots__ = ("batch", "counts", "threads")
+    __slots__ = ("batch", "batch_sizes", "counts", "threads")
 
-    def __init__(self, batch: pa.RecordBatch, threads: dict[str, str], counts: dict[str, int]):
+    def __init__(
+        self,
+        batch: pa.RecordBatch,
+        threads: dict[str, str],
+        counts: dict[str, int],
+        batch_sizes: Counter[int],
+    ):
         self.batch = batch
         self.threads = threads
         self.counts = counts
+        self.batch_sizes = batch_sizes
+
+
+def _leading_size(dims: msgspec.Raw | None) -> int | None:
+    """The first dimension of the first input, when that input has at least two dimensions."""
+    if dims is None:
+        return None
+    try:
+        shapes = msgspec.json.decode(dims)
+        first = shapes[0]
+        if isinstance(first, list) and len(first) >= 2 and isinstance(first[0], int) and first[0] > 0:
+            return int(first[0])
+    except (msgspec.DecodeError, IndexError, KeyError, TypeError):
+        pass
+    return None
 
 
 def _ids(values: list[Any]) -> pa.Array:
@@ -275,6 +300,12 @@ def _decode_chunk(data: Any) -> _Chunk:
             if values[i] is None:
                 values[i] = _comm_bytes(args[i])
         nbytes = _int_array(values)
+    batch_sizes: Counter[int] = Counter()
+    if not _BATCH_OPS.isdisjoint(names):
+        for i in compress(range(len(names)), map(_BATCH_OPS.__contains__, names)):
+            size = _leading_size(args[i].input_dims)
+            if size is not None:
+                batch_sizes[size] += 1
     external = _int_array(list(map(attrgetter("external_id"), args)))
     older = _int_array(list(map(attrgetter("external_id_old"), args)))  # the 2021 spelling
     if older.null_count < len(older):
@@ -294,7 +325,7 @@ def _decode_chunk(data: Any) -> _Chunk:
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
         }
     )
-    return _Chunk(batch, threads, counts)
+    return _Chunk(batch, threads, counts, batch_sizes)
 
 
 def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
@@ -334,8 +365,10 @@ class KinetoParser:
         batches: list[pa.RecordBatch] = []
         threads: dict[str, str] = {}
         counts: dict[str, int] = {}
+        batch_sizes: Counter[int] = Counter()
         for chunk in reader:
             batches.append(chunk.batch)
+            batch_sizes.update(chunk.batch_sizes)
             threads.update(chunk.threads)
             for ph, count in chunk.counts.items():
                 counts[ph] = counts.get(ph, 0) + count
@@ -420,6 +453,8 @@ class KinetoParser:
             else [],
             "base_time_ns": base_ns or None,
             "trace_name": top.get("traceName"),
+            # from the recorded input shapes of convolutions and linear layers (a guess)
+            "batch_size": batch_sizes.most_common(1)[0][0] if batch_sizes else None,
         }
         return ParsedTrace(
             path=path,

@@ -235,3 +235,175 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
 
 def render_to_console(report: dict[str, Any], *, top: int = 10) -> None:
     render(report, Console(highlight=False, markup=False, emoji=False), top=top)
+
+
+def _ratio_text(ratio: float | None) -> Text:
+    """×1.00 plain; slower (above 1) red, faster green, so the eye finds the differences."""
+    if ratio is None:
+        return Text("-", style="bright_black")
+    style = "red" if ratio >= 1.1 else "green" if ratio <= 1 / 1.1 else ""
+    return Text(f"×{ratio:.2f}", style=style)
+
+
+def render_comparison(result: dict[str, Any], console: Console) -> None:
+    runs = result["runs"]
+    labels = [safe(r["label"], 24) for r in runs]
+    console.print(Text("traceview compare", style="bold") + Text(f" · {len(runs)} runs · baseline {labels[0]}"))
+    for run, label in zip(runs, labels, strict=True):
+        line = Text(f"  {label}: ", style="bold")
+        line.append(
+            f"{safe(run['framework'] or '?')}, {_count(run['ranks'], 'rank')}, "
+            f"{_count(run['steps'], 'step')}, {run['timeline'] or '?'} timeline"
+        )
+        console.print(line)
+    console.print()
+    for highlight in result["highlights"]:
+        console.print(Text("• " + safe(highlight, 200)))
+    if result["highlights"]:
+        console.print()
+
+    def table(title: str, first: str) -> Table:
+        t = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+        t.add_column(first, no_wrap=True, overflow="ellipsis", max_width=26)
+        for i, label in enumerate(labels):
+            t.add_column(label, justify="right", no_wrap=True, overflow="ellipsis", max_width=18)
+            if i:
+                t.add_column("", justify="right", no_wrap=True)
+        return t
+
+    def cells(values: list[float], ratios: list[float | None]) -> list[Text | str]:
+        # an operator a run does not have reads "-", not 0.00 ms ×0.00
+        out: list[Text | str] = [_ms(values[0]) if values[0] else "-"]
+        for value, ratio in zip(values[1:], ratios[1:], strict=True):
+            out += [_ms(value), _ratio_text(ratio)] if value else ["-", ""]
+        return out
+
+    phases = table("Per step (ms, exclusive)", "phase")
+    for row in result["phases"]:
+        phases.add_row(Text(row["phase"], style=PHASE_STYLE[row["phase"]]), *cells(row["ms"], row["ratio"]))
+    phases.add_row(
+        Text("step", style="bold"),
+        *cells([r["step_ms"] for r in runs], [r["step_ratio"] for r in runs]),
+    )
+    hidden: list[Text | str] = []
+    for i, run in enumerate(runs):
+        hidden.append(_pct(run["comm_hidden_fraction"]) if run["comm_total_ms"] > 0 else "-")
+        if i:
+            hidden.append("")
+    phases.add_row(Text("comm hidden"), *hidden)
+    console.print(phases)
+    console.print()
+
+    if result["ops"]:
+        ops = table("Canonical operators (ms per step)", "op")
+        for row in result["ops"]:
+            ops.add_row(Text(safe(row["op"], 60)), *cells(row["ms"], row["ratio"]))
+        console.print(ops)
+        console.print(
+            Text(
+                "operators: device time of their kernels on GPU runs, inclusive host time on CPU runs",
+                style="bright_black",
+            )
+        )
+
+
+def render_comparison_to_console(result: dict[str, Any]) -> None:
+    render_comparison(result, Console(highlight=False, markup=False, emoji=False))
+
+
+def render_scaling(result: dict[str, Any], console: Console) -> None:
+    base = result["base"]
+    console.print(
+        Text("traceview scaling", style="bold")
+        + Text(
+            f" · {len(result['runs'])} runs · weak scaling from {safe(base['label'], 40)}"
+            f" ({_count(base['ranks'], 'rank')}, {_ms(base['step_ms'])} ms per step)"
+        )
+    )
+    best = result["best_model"]
+    if best:
+        errors = ", ".join(
+            f"{m} {_pct(v['mean_error'])}" for m, v in result["models"].items() if v["mean_error"] is not None
+        )
+        console.print(Text(f"best fitting model: {best} (mean prediction error: {errors})"))
+    console.print()
+
+    measured = Table(title="Measured", title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+    for name in ("run", "ranks", "step ms", "speedup", "effic.", "samples/s", "comm ms", "hidden", "compute"):
+        measured.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+    for run in result["runs"]:
+        measured.add_row(
+            Text(safe(run["label"], 24)),
+            str(run["ranks"]),
+            _ms(run["step_ms"]),
+            f"{run['speedup']:.2f}" if run["speedup"] is not None else "-",
+            _pct(run["efficiency"]) if run["efficiency"] is not None else "-",
+            f"{run['samples_per_s']:,.0f}" if run["samples_per_s"] is not None else "-",
+            _ms(run["comm_total_ms"]),
+            _pct(run["comm_hidden_fraction"]) if run["comm_total_ms"] > 0 else "-",
+            f"×{run['compute_ratio']:.2f}" if run.get("compute_ratio") is not None else "-",
+        )
+    console.print(measured)
+    console.print(
+        Text("compute: each run's compute time per step against the smallest run's", style="bright_black")
+    )
+    console.print()
+
+    model = Table(
+        title="Predicted step ms (error against the measurement)",
+        title_justify="left", box=None, pad_edge=False, padding=(0, 1),
+    )  # fmt: skip
+    model.add_column("ranks", justify="right")
+    model.add_column("measured", justify="right")
+    for name in result["models"]:
+        model.add_column(name, justify="right", no_wrap=True)
+    for run in result["runs"]:
+        row: list[Text | str] = [str(run["ranks"]), _ms(run["step_ms"])]
+        for name in result["models"]:
+            p = run["predicted"][name]
+            err = f" ({_pct(p['error'])})" if p["error"] is not None else ""
+            row.append(Text(f"{_ms(p['step_ms'])}{err}", style="bold" if name == best else ""))
+        model.add_row(*row)
+    console.print(model)
+    console.print()
+
+    what_if = Table(
+        title="What if (step ms / speedup)", title_justify="left", box=None, pad_edge=False, padding=(0, 1)
+    )
+    what_if.add_column("ranks", justify="right")
+    keys = [k for k in result["runs"][0]["what_if"] if k.endswith("_ms")]
+    headers = {"comm_hidden_ms": "comm hidden", "io_hidden_ms": "io hidden"}
+    for key in keys:
+        what_if.add_column(headers.get(key, key.removesuffix("_ms").replace("_", " ")), justify="right")
+    for run in result["runs"]:
+        w = run["what_if"]
+        what_if.add_row(
+            str(run["ranks"]),
+            *(f"{_ms(w[k])} / {w[k.replace('_ms', '_speedup')] or 0:.2f}" for k in keys),
+        )
+    console.print(what_if)
+
+    if result.get("link_gbps"):
+        console.print()
+        ar = Table(
+            title=f"All-reduce against a {result['link_gbps']:g} Gb/s link",
+            title_justify="left", box=None, pad_edge=False, padding=(0, 1),
+        )  # fmt: skip
+        for name in ("ranks", "MB per step", "algbw Gb/s", "busbw Gb/s", "efficiency"):
+            ar.add_column(name, justify="right")
+        for run in result["runs"]:
+            a = run.get("allreduce")
+            if a:
+                ar.add_row(
+                    str(run["ranks"]), f"{a['bytes_per_step'] / 1e6:,.1f}", f"{a['algbw_gbps']:.2f}",
+                    f"{a['busbw_gbps']:.2f}", _pct(a["efficiency"]),
+                )  # fmt: skip
+            else:
+                ar.add_row(str(run["ranks"]), "-", "-", "-", "-")
+        console.print(ar)
+    for note in result.get("notes", []):
+        console.print(Text("note: " + safe(note), style="bright_black"))
+
+
+def render_scaling_to_console(result: dict[str, Any]) -> None:
+    render_scaling(result, Console(highlight=False, markup=False, emoji=False))

@@ -3,8 +3,11 @@
 The input is each run's report object (analysis.summary) and ops table; the output is one JSON
 object (``traceview compare --json``), which the text report and the TUI render. Operators are
 compared by canonical name (convolution, convolution_backward, batch_norm, fully_connected,
-allreduce ...), so runs of different frameworks line up; on GPU runs their device time is
-compared, on CPU runs their time on the host.
+allreduce ...), so runs of different frameworks line up. On GPU runs an operator's time is the
+device time of the kernels and copies it launched; on CPU runs it is the operator's inclusive time
+on the host (a layer's backward includes the matrix products it calls, as the framework's own
+profiler tables count it), over operators and regions (data loading, the optimizer step,
+collectives on the communication threads).
 """
 
 from __future__ import annotations
@@ -35,10 +38,13 @@ def op_times(ops: pa.Table, report: dict[str, Any]) -> dict[str, float]:
     device = S.DEVICE_GPU if report["run"].get("timeline") == S.DEVICE_GPU else S.DEVICE_CPU
     ranks = max(report["run"]["ranks"], 1)
     steps = max(sum(r["steps"] for r in report["ranks"]) / ranks, 1)
-    df = df.filter((pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in([S.KIND_OP, *S.DEVICE_ACTIVITY_KINDS]))
-    totals = df.group_by(S.OP).agg(pl.col(S.SELF_NS).sum())
+    if device == S.DEVICE_GPU:
+        df = df.filter((pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in(S.DEVICE_ACTIVITY_KINDS))
+    else:
+        df = df.filter((pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in([S.KIND_OP, S.KIND_ANNOTATION]))
+    totals = df.group_by(S.OP).agg(pl.col(S.TOTAL_NS).sum())
     return {
-        row[S.OP]: round(row[S.SELF_NS] / 1e6 / steps / ranks, 4) for row in totals.iter_rows(named=True)
+        row[S.OP]: round(row[S.TOTAL_NS] / 1e6 / steps / ranks, 4) for row in totals.iter_rows(named=True)
     }
 
 

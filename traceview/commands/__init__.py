@@ -17,8 +17,17 @@ class Command(Protocol):
 
 def all_commands() -> list[Command]:
     from traceview.commands.collect import CollectCommand
+    from traceview.commands.compare import CompareCommand
     from traceview.commands.export import ExportCommand
     from traceview.commands.ingest import IngestCommand
     from traceview.commands.report import ReportCommand
+    from traceview.commands.scaling import ScalingCommand
 
-    return [CollectCommand(), IngestCommand(), ReportCommand(), ExportCommand()]
+    return [
+        CollectCommand(),
+        IngestCommand(),
+        ReportCommand(),
+        CompareCommand(),
+        ScalingCommand(),
+        ExportCommand(),
+    ]

@@ -1,0 +1,182 @@
+"""Scaling: measured throughput and speedup of runs with 1..N workers, against the performance model.
+
+Weak scaling, as in the synchronous-SGD studies this tool grows out of: every worker processes
+its own mini-batch, so N workers do N times the work per step. With t(N) the step time on N
+workers and N0 the smallest run,
+
+    speedup S(N) = N * t(N0) / t(N)        efficiency = S(N) / N
+
+(S(1) = 1 when the smallest run has one worker). The model predicts t(N) from the smallest
+run's breakdown (io, compute = h2d + forward + backward + update, the rest = other + idle) and
+each run's own measured communication t_comm(N):
+
+    sequential   t = io + compute + rest + t_comm(N)
+    pipelined    t = max(compute + rest + t_comm(N), io)            (data loading prefetched)
+    overlapped   t = io + compute + rest + max(0, t_comm(N) - backward)
+                 (layer-wise pipelining: only communication that outlasts backward is exposed)
+
+and says which model fits the measurements best. What-ifs take each run's own breakdown.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from traceview import schema as S
+
+MODELS = ("sequential", "pipelined", "overlapped")
+
+
+def predict(model: str, base: dict[str, float], comm_ms: float) -> float:
+    io = base[S.IO]
+    compute = compute_ms(base)
+    rest = base[S.OTHER] + base[S.IDLE]
+    if model == "sequential":
+        return io + compute + rest + comm_ms
+    if model == "pipelined":
+        return max(compute + rest + comm_ms, io)
+    if model == "overlapped":
+        return io + compute + rest + max(0.0, comm_ms - base[S.BACKWARD])
+    raise ValueError(f"unknown model {model!r}")
+
+
+def allreduce_bytes(ops: pa.Table, report: dict[str, Any]) -> float | None:
+    """Bytes all-reduced per step and rank, where the trace tells message sizes."""
+    df = pl.from_arrow(ops)
+    assert isinstance(df, pl.DataFrame)
+    df = df.filter((pl.col(S.OP) == "allreduce") & pl.col(S.BYTES).is_not_null())
+    if df.height == 0:
+        return None
+    # the same collective can be seen on the host and on the device: take the larger view
+    per_device = df.group_by(S.DEVICE).agg(pl.col(S.BYTES).sum())
+    total = float(per_device[S.BYTES].max() or 0)
+    steps = sum(r["steps"] for r in report["ranks"]) or 1
+    return total / steps if total else None
+
+
+def compute_ms(breakdown: dict[str, float]) -> float:
+    return breakdown[S.H2D] + breakdown[S.FORWARD] + breakdown[S.BACKWARD] + breakdown[S.UPDATE]
+
+
+def traced_batch_size(manifest: dict[str, Any]) -> int | None:
+    """The per-rank mini-batch the parsers read off the traces' input shapes (most ranks' value)."""
+    sizes = [r.get("meta", {}).get("batch_size") for r in manifest.get("ranks", [])]
+    counts = Counter(s for s in sizes if isinstance(s, int) and s > 0)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def what_if(step_ms: float, breakdown: dict[str, float], comm_total: float, comm_exposed: float, k: float) -> dict[str, float]:
+    hidden = comm_total - comm_exposed
+    faster = max(0.0, comm_total / k - hidden)  # what stays hidden stays hidden
+    return {
+        "comm_hidden_ms": round(step_ms - comm_exposed, 3),
+        "io_hidden_ms": round(step_ms - breakdown[S.IO], 3),
+        f"comm_{k:g}x_faster_ms": round(step_ms - comm_exposed + faster, 3),
+    }
+
+
+def scaling(
+    reports: list[dict[str, Any]],
+    ops: list[pa.Table],
+    labels: list[str],
+    *,
+    batch_size: int | None = None,
+    traced_batch_sizes: list[int | None] | None = None,
+    link_gbps: float | None = None,
+    faster_comm: float = 2.0,
+) -> dict[str, Any]:
+    """The scaling analysis of several runs of one job with different rank counts.
+
+    ``batch_size`` (the user's) wins over ``traced_batch_sizes`` (read off each run's traces).
+    """
+    order = sorted(range(len(reports)), key=lambda i: reports[i]["run"]["ranks"])
+    reports = [reports[i] for i in order]
+    ops = [ops[i] for i in order]
+    labels = [labels[i] for i in order]
+    traced = [(traced_batch_sizes or [None] * len(order))[i] for i in order]
+    base_report = reports[0]
+    n0 = base_report["run"]["ranks"]
+    t0 = base_report["summary"]["step_ms"]
+    base = base_report["summary"]["breakdown_ms"]
+    runs = []
+    errors: dict[str, list[float]] = {m: [] for m in MODELS}
+    base_compute = compute_ms(base)
+    notes = []
+    for label, report, table, guess in zip(labels, reports, ops, traced, strict=True):
+        summary = report["summary"]
+        n = report["run"]["ranks"]
+        t = summary["step_ms"]
+        comm = summary["comm_total_ms"]
+        batch = batch_size or guess
+        entry: dict[str, Any] = {
+            "label": label,
+            "ranks": n,
+            "step_ms": t,
+            "speedup": round(n * t0 / t, 3) if t > 0 else None,
+            "efficiency": round(t0 / t, 3) if t > 0 else None,
+            "batch_size": batch,
+            "batch_size_from": "user" if batch_size else "input shapes" if guess else None,
+            "samples_per_s": round(n * batch / (t / 1e3), 1) if batch and t > 0 else None,
+            "compute_ratio": round(compute_ms(summary["breakdown_ms"]) / base_compute, 3)
+            if base_compute > 0
+            else None,
+            "comm_total_ms": comm,
+            "comm_exposed_ms": summary["comm_exposed_ms"],
+            "comm_hidden_fraction": summary["comm_hidden_fraction"],
+            "breakdown_ms": summary["breakdown_ms"],
+            "predicted": {},
+            "what_if": what_if(t, summary["breakdown_ms"], comm, summary["comm_exposed_ms"], faster_comm),
+        }
+        for model in MODELS:
+            predicted = predict(model, base, comm)
+            error = abs(predicted - t) / t if t > 0 else None
+            entry["predicted"][model] = {
+                "step_ms": round(predicted, 3),
+                "speedup": round(n * t0 / predicted, 3) if predicted > 0 else None,
+                "error": round(error, 4) if error is not None else None,
+            }
+            if n > n0 and error is not None:
+                errors[model].append(error)
+        for key, ms in list(entry["what_if"].items()):
+            entry["what_if"][key.replace("_ms", "_speedup")] = round(n * t0 / ms, 3) if ms > 0 else None
+        if link_gbps:
+            per_step = allreduce_bytes(table, report)
+            if per_step and comm > 0 and n > 1:
+                algbw = per_step / (comm / 1e3)  # bytes/s as the application sees it
+                busbw = algbw * 2 * (n - 1) / n  # what a ring moves over each link
+                entry["allreduce"] = {
+                    "bytes_per_step": int(per_step),
+                    "algbw_gbps": round(algbw * 8 / 1e9, 3),
+                    "busbw_gbps": round(busbw * 8 / 1e9, 3),
+                    # gradient bytes / (t_comm x bandwidth), and what a ring achieves per link
+                    "efficiency": round(algbw * 8 / 1e9 / link_gbps, 4),
+                    "bus_efficiency": round(busbw * 8 / 1e9 / link_gbps, 4),
+                }
+            else:
+                entry["allreduce"] = None
+        runs.append(entry)
+        if batch is None:
+            notes.append(f"{label}: no batch size in the trace's input shapes; give --batch-size for samples/s")
+    slow = [r for r in runs[1:] if (r["compute_ratio"] or 0) > 1.2]
+    if slow:
+        worst = max(slow, key=lambda r: r["compute_ratio"])
+        notes.append(
+            f"compute per step grows to ×{worst['compute_ratio']:.2f} at {worst['ranks']} ranks: the model"
+            " assumes it stays as in the smallest run (ranks sharing cores or memory bandwidth break that)"
+        )
+    fits = {m: round(sum(e) / len(e), 4) if e else None for m, e in errors.items()}
+    ranked = [m for m in MODELS if fits[m] is not None]
+    best = min(ranked, key=lambda m: fits[m] or 0.0) if ranked else None
+    return {
+        "base": {"label": labels[0], "ranks": n0, "step_ms": t0, "breakdown_ms": base},
+        "runs": runs,
+        "models": {m: {"mean_error": fits[m]} for m in MODELS},
+        "best_model": best,
+        "batch_size": batch_size,
+        "link_gbps": link_gbps,
+        "notes": notes,
+    }

@@ -1,0 +1,42 @@
+"""Runs side by side: step time, phases, hidden communication and canonical operators, with ratios.
+
+  traceview compare RUN_A RUN_B [RUN_C ...]
+
+Each RUN is a run directory or a folder of traces (several files of one run: use a folder).
+The first is the baseline: every ratio is against it. Operators are compared by canonical name
+(convolution, convolution_backward, batch_norm, fully_connected, allreduce ...), so runs of
+different frameworks, settings or rank counts line up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from traceview.errors import UsageError
+
+
+class CompareCommand:
+    name = "compare"
+    help = __doc__ or ""
+
+    def prepare(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
+        parser.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+        parser.add_argument("--top", type=int, default=15, help="operators to compare (default 15)")
+        parser.add_argument("--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from traceview.analysis.compare import compare
+        from traceview.report import render_comparison_to_console, to_json
+        from traceview.runs import open_runs
+
+        if len(args.runs) < 2:
+            raise UsageError("compare needs at least two runs")
+        with open_runs([[path] for path in args.runs], args.rules) as runs:
+            result = compare([r.report() for r in runs], [r.ops for r in runs], [r.label for r in runs], args.top)
+        if args.json:
+            print(to_json(result))
+        else:
+            render_comparison_to_console(result)
+        return 0

@@ -1,0 +1,55 @@
+"""How a job scales from its smallest run to N workers, measured and as the model predicts it.
+
+  traceview scaling RUN_1 RUN_2 RUN_4 ... [--batch-size B] [--link-gbps G]
+
+Each RUN is a run directory or a folder of traces of the same job with a different number of
+ranks (weak scaling: each rank its own mini-batch of B samples). Prints throughput, speedup and
+efficiency per run, the step time the performance model predicts (sequential, pipelined I/O,
+layer-wise overlap) and how far off each model is, and what-ifs: communication hidden, data
+loading hidden, communication k times faster. With --link-gbps, all-reduce efficiency too.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from traceview.errors import UsageError
+
+
+class ScalingCommand:
+    name = "scaling"
+    help = __doc__ or ""
+
+    def prepare(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
+        parser.add_argument("--batch-size", type=int, help="per-worker mini-batch, for samples/s")
+        parser.add_argument("--link-gbps", type=float, help="link bandwidth, for all-reduce efficiency")
+        parser.add_argument("--faster-comm", type=float, default=2.0, metavar="K", help="what-if factor (default 2)")
+        parser.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
+        parser.add_argument("--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from traceview.analysis.scaling import scaling, traced_batch_size
+        from traceview.report import render_scaling_to_console, to_json
+        from traceview.runs import open_runs
+
+        if len(args.runs) < 2:
+            raise UsageError("scaling needs at least two runs with different numbers of ranks")
+        if args.batch_size is not None and args.batch_size < 1:
+            raise UsageError("--batch-size must be at least 1")
+        with open_runs([[path] for path in args.runs], args.rules) as runs:
+            reports = [r.report() for r in runs]
+            counts = [r["run"]["ranks"] for r in reports]
+            if len(set(counts)) < len(counts):
+                raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
+            result = scaling(
+                reports, [r.ops for r in runs], [r.label for r in runs],
+                batch_size=args.batch_size,
+                traced_batch_sizes=[traced_batch_size(r.manifest) for r in runs], link_gbps=args.link_gbps, faster_comm=args.faster_comm,
+            )  # fmt: skip
+        if args.json:
+            print(to_json(result))
+        else:
+            render_scaling_to_console(result)
+        return 0
