@@ -258,7 +258,12 @@ def _leading_size(dims: msgspec.Raw | None) -> int | None:
     try:
         shapes = msgspec.json.decode(dims)
         first = shapes[0]
-        if isinstance(first, list) and len(first) >= 2 and isinstance(first[0], int) and first[0] > 0:
+        if (
+            isinstance(first, list)
+            and len(first) >= 2
+            and isinstance(first[0], int)
+            and first[0] > 0
+        ):
             return int(first[0])
     except (msgspec.DecodeError, IndexError, KeyError, TypeError):
         pass

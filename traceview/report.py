@@ -248,7 +248,10 @@ def _ratio_text(ratio: float | None) -> Text:
 def render_comparison(result: dict[str, Any], console: Console) -> None:
     runs = result["runs"]
     labels = [safe(r["label"], 24) for r in runs]
-    console.print(Text("traceview compare", style="bold") + Text(f" · {len(runs)} runs · baseline {labels[0]}"))
+    console.print(
+        Text("traceview compare", style="bold")
+        + Text(f" · {len(runs)} runs · baseline {labels[0]}")
+    )
     for run, label in zip(runs, labels, strict=True):
         line = Text(f"  {label}: ", style="bold")
         line.append(
@@ -280,7 +283,9 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
 
     phases = table("Per step (ms, exclusive)", "phase")
     for row in result["phases"]:
-        phases.add_row(Text(row["phase"], style=PHASE_STYLE[row["phase"]]), *cells(row["ms"], row["ratio"]))
+        phases.add_row(
+            Text(row["phase"], style=PHASE_STYLE[row["phase"]]), *cells(row["ms"], row["ratio"])
+        )
     phases.add_row(
         Text("step", style="bold"),
         *cells([r["step_ms"] for r in runs], [r["step_ratio"] for r in runs]),
@@ -315,21 +320,38 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
     base = result["base"]
     console.print(
         Text("traceview scaling", style="bold")
-        + Text(
-            f" · {len(result['runs'])} runs · weak scaling from {safe(base['label'], 40)}"
-            f" ({_count(base['ranks'], 'rank')}, {_ms(base['step_ms'])} ms per step)"
+        + Text(f" · {len(result['runs'])} runs · weak scaling")
+    )
+    console.print(
+        Text(
+            f"baseline {safe(base['label'], 40)}: {_count(base['ranks'], 'rank')}, "
+            f"{_ms(base['step_ms'])} ms per step"
         )
     )
     best = result["best_model"]
     if best:
         errors = ", ".join(
-            f"{m} {_pct(v['mean_error'])}" for m, v in result["models"].items() if v["mean_error"] is not None
+            f"{m} {_pct(v['mean_error'])}"
+            for m, v in result["models"].items()
+            if v["mean_error"] is not None
         )
-        console.print(Text(f"best fitting model: {best} (mean prediction error: {errors})"))
+        console.print(Text(f"best fit: {best} (mean error {errors})"))
     console.print()
 
-    measured = Table(title="Measured", title_justify="left", box=None, pad_edge=False, padding=(0, 1))
-    for name in ("run", "ranks", "step ms", "speedup", "effic.", "samples/s", "comm ms", "hidden", "compute"):
+    measured = Table(
+        title="Measured", title_justify="left", box=None, pad_edge=False, padding=(0, 1)
+    )
+    for name in (
+        "run",
+        "ranks",
+        "step ms",
+        "speedup",
+        "effic.",
+        "samples/s",
+        "comm ms",
+        "hidden",
+        "compute",
+    ):
         measured.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
     for run in result["runs"]:
         measured.add_row(
@@ -345,7 +367,10 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
         )
     console.print(measured)
     console.print(
-        Text("compute: each run's compute time per step against the smallest run's", style="bright_black")
+        Text(
+            "compute: each run's compute time per step against the smallest run's",
+            style="bright_black",
+        )
     )
     console.print()
 
@@ -365,16 +390,40 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
             row.append(Text(f"{_ms(p['step_ms'])}{err}", style="bold" if name == best else ""))
         model.add_row(*row)
     console.print(model)
+    if any((r.get("compute_ratio") or 1.0) > 1.2 for r in result["runs"]):
+        own = Table(
+            title="Same models on each run's own compute (the comm model alone)",
+            title_justify="left", box=None, pad_edge=False, padding=(0, 1),
+        )  # fmt: skip
+        own.add_column("ranks", justify="right")
+        own.add_column("measured", justify="right")
+        for name in result["models"]:
+            own.add_column(name, justify="right", no_wrap=True)
+        for run in result["runs"]:
+            cells: list[Text | str] = [str(run["ranks"]), _ms(run["step_ms"])]
+            for name in result["models"]:
+                p = run["predicted_own_compute"][name]
+                err = f" ({_pct(p['error'])})" if p["error"] is not None else ""
+                cells.append(f"{_ms(p['step_ms'])}{err}")
+            own.add_row(*cells)
+        console.print()
+        console.print(own)
     console.print()
 
     what_if = Table(
-        title="What if (step ms / speedup)", title_justify="left", box=None, pad_edge=False, padding=(0, 1)
+        title="What if (step ms / speedup)",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        padding=(0, 1),
     )
     what_if.add_column("ranks", justify="right")
     keys = [k for k in result["runs"][0]["what_if"] if k.endswith("_ms")]
     headers = {"comm_hidden_ms": "comm hidden", "io_hidden_ms": "io hidden"}
     for key in keys:
-        what_if.add_column(headers.get(key, key.removesuffix("_ms").replace("_", " ")), justify="right")
+        what_if.add_column(
+            headers.get(key, key.removesuffix("_ms").replace("_", " ")), justify="right"
+        )
     for run in result["runs"]:
         w = run["what_if"]
         what_if.add_row(

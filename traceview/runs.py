@@ -49,7 +49,12 @@ def _label(paths: list[Path]) -> str:
 def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
     """The run at ``paths``; traces are read into a temporary run directory."""
     label = _label(paths)
-    if len(paths) == 1 and R.is_run_dir(paths[0]) and (paths[0] / R.STEPS).exists() and rules is None:
+    if (
+        len(paths) == 1
+        and R.is_run_dir(paths[0])
+        and (paths[0] / R.STEPS).exists()
+        and rules is None
+    ):
         run = paths[0]
         yield Run(run, label, R.read_manifest(run), R.read_steps(run), R.read_ops(run), False)
         return

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate the PyTorch sample traces (ddp, explicit, slowio) with 2 ranks under Open MPI.
+# Regenerate the PyTorch sample traces (ddp, explicit, slowio) with 2 ranks under Open MPI,
+# and the scaling set (ddp on 1, 2 and 4 ranks).
 # Run from anywhere with the project venv active (or set PYTHON=/path/to/python).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,4 +18,14 @@ for scenario in ddp explicit slowio; do
   echo "+ ${cmd[*]}" >&2
   SAMPLE_TRACE_COMMAND="${cmd[*]}" "${cmd[@]}"
 done
-ls -l sample_traces/pytorch/*/
+# The scaling set: the ddp job on 1, 2 and 4 ranks. --bind-to none: Open MPI would otherwise
+# bind oversubscribed ranks to one core, and the compute of 2 ranks would already double.
+for n in 1 2 4; do
+  out="sample_traces/pytorch/scaling/ranks-$n"
+  mkdir -p "$out"
+  cmd=(mpirun ${mpi_flags[@]+"${mpi_flags[@]}"} --bind-to none -np "$n" "$py" sample_traces/pytorch/make_traces.py ddp "$out")
+  rm -f "$out"/rank-*.pt.trace.json* "$out"/groundtruth.json
+  echo "+ ${cmd[*]}" >&2
+  SAMPLE_TRACE_COMMAND="${cmd[*]}" "${cmd[@]}"
+done
+ls -l sample_traces/pytorch/*/ sample_traces/pytorch/scaling/*/

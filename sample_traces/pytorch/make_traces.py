@@ -228,6 +228,8 @@ def main(argv: list[str]) -> int:
                 "record_shapes": True,
             },
             "iterations": ITERS,
+            "batch_size": BATCH,
+            "gradient_bytes": n_params * 4,
             "records": [r for per_rank in gathered for r in per_rank],
         }
         tmp = outdir / "groundtruth.json.tmp"

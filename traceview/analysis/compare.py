@@ -41,14 +41,19 @@ def op_times(ops: pa.Table, report: dict[str, Any]) -> dict[str, float]:
     if device == S.DEVICE_GPU:
         df = df.filter((pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in(S.DEVICE_ACTIVITY_KINDS))
     else:
-        df = df.filter((pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in([S.KIND_OP, S.KIND_ANNOTATION]))
+        df = df.filter(
+            (pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in([S.KIND_OP, S.KIND_ANNOTATION])
+        )
     totals = df.group_by(S.OP).agg(pl.col(S.TOTAL_NS).sum())
     return {
-        row[S.OP]: round(row[S.TOTAL_NS] / 1e6 / steps / ranks, 4) for row in totals.iter_rows(named=True)
+        row[S.OP]: round(row[S.TOTAL_NS] / 1e6 / steps / ranks, 4)
+        for row in totals.iter_rows(named=True)
     }
 
 
-def compare(reports: list[dict[str, Any]], ops: list[pa.Table], labels: list[str], top: int = 20) -> dict[str, Any]:
+def compare(
+    reports: list[dict[str, Any]], ops: list[pa.Table], labels: list[str], top: int = 20
+) -> dict[str, Any]:
     """The comparison of runs; the first run is the baseline every ratio is taken against."""
     base = reports[0]["summary"]
     runs = []
@@ -73,10 +78,14 @@ def compare(reports: list[dict[str, Any]], ops: list[pa.Table], labels: list[str
     phases = []
     for phase in S.BREAKDOWN_PHASES:
         values = [r["summary"]["breakdown_ms"][phase] for r in reports]
-        phases.append({"phase": phase, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]})
+        phases.append(
+            {"phase": phase, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]}
+        )
 
     times = [op_times(table, report) for table, report in zip(ops, reports, strict=True)]
-    names = sorted({name for t in times for name in t}, key=lambda n: -max(t.get(n, 0.0) for t in times))
+    names = sorted(
+        {name for t in times for name in t}, key=lambda n: -max(t.get(n, 0.0) for t in times)
+    )
     rows = []
     for name in names[:top]:
         values = [t.get(name, 0.0) for t in times]

@@ -12,10 +12,16 @@ each run's own measured communication t_comm(N):
 
     sequential   t = io + compute + rest + t_comm(N)
     pipelined    t = max(compute + rest + t_comm(N), io)            (data loading prefetched)
-    overlapped   t = io + compute + rest + max(0, t_comm(N) - backward)
-                 (layer-wise pipelining: only communication that outlasts backward is exposed)
+    overlapped   t = io + compute + rest + exposed(N)
+                 layer-wise pipelining (wait-free backpropagation): run N's collectives, each
+                 issued when the share of backward that it was issued after in run N is done on
+                 the smallest run's backward, one after another, with run N's comm time; only
+                 what runs past the end of backward is exposed. Without collectives to replay,
+                 exposed = max(0, t_comm(N) - backward).
 
-and says which model fits the measurements best. What-ifs take each run's own breakdown.
+and says which model fits the measurements best. The same models on each run's own breakdown
+("predicted_own_compute") separate the communication model's error from compute that grew with N
+(ranks sharing cores, memory bandwidth or a PCIe switch). What-ifs take each run's own breakdown.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ import polars as pl
 import pyarrow as pa
 
 from traceview import schema as S
+from traceview.analysis.timeline import CommSchedule, layerwise_exposed
 
 MODELS = ("sequential", "pipelined", "overlapped")
 
 
-def predict(model: str, base: dict[str, float], comm_ms: float) -> float:
+def predict(
+    model: str, base: dict[str, float], comm_ms: float, schedules: list[CommSchedule] | None = None
+) -> float:
     io = base[S.IO]
     compute = compute_ms(base)
     rest = base[S.OTHER] + base[S.IDLE]
@@ -40,6 +49,9 @@ def predict(model: str, base: dict[str, float], comm_ms: float) -> float:
     if model == "pipelined":
         return max(compute + rest + comm_ms, io)
     if model == "overlapped":
+        if schedules:
+            exposed = sum(layerwise_exposed(s, base[S.BACKWARD], comm_ms) for s in schedules)
+            return io + compute + rest + exposed / len(schedules)
         return io + compute + rest + max(0.0, comm_ms - base[S.BACKWARD])
     raise ValueError(f"unknown model {model!r}")
 
@@ -51,9 +63,11 @@ def allreduce_bytes(ops: pa.Table, report: dict[str, Any]) -> float | None:
     df = df.filter((pl.col(S.OP) == "allreduce") & pl.col(S.BYTES).is_not_null())
     if df.height == 0:
         return None
-    # the same collective can be seen on the host and on the device: take the larger view
-    per_device = df.group_by(S.DEVICE).agg(pl.col(S.BYTES).sum())
-    total = float(per_device[S.BYTES].max() or 0)
+    # one collective can be seen by several events (c10d::allreduce_, gloo:all_reduce, an NCCL
+    # kernel): take the view that saw the most bytes
+    per_view = df.group_by(S.DEVICE, S.NAME).agg(pl.col(S.BYTES).sum())
+    most = per_view[S.BYTES].max()
+    total = float(most) if isinstance(most, int | float) else 0.0
     steps = sum(r["steps"] for r in report["ranks"]) or 1
     return total / steps if total else None
 
@@ -69,7 +83,9 @@ def traced_batch_size(manifest: dict[str, Any]) -> int | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def what_if(step_ms: float, breakdown: dict[str, float], comm_total: float, comm_exposed: float, k: float) -> dict[str, float]:
+def what_if(
+    step_ms: float, breakdown: dict[str, float], comm_total: float, comm_exposed: float, k: float
+) -> dict[str, float]:
     hidden = comm_total - comm_exposed
     faster = max(0.0, comm_total / k - hidden)  # what stays hidden stays hidden
     return {
@@ -86,18 +102,21 @@ def scaling(
     *,
     batch_size: int | None = None,
     traced_batch_sizes: list[int | None] | None = None,
+    schedules: list[list[CommSchedule]] | None = None,
     link_gbps: float | None = None,
     faster_comm: float = 2.0,
 ) -> dict[str, Any]:
     """The scaling analysis of several runs of one job with different rank counts.
 
-    ``batch_size`` (the user's) wins over ``traced_batch_sizes`` (read off each run's traces).
+    ``batch_size`` (the user's) wins over ``traced_batch_sizes`` (read off each run's traces);
+    ``schedules``: each run's collectives as analysis.timeline.comm_schedule reads them.
     """
     order = sorted(range(len(reports)), key=lambda i: reports[i]["run"]["ranks"])
     reports = [reports[i] for i in order]
     ops = [ops[i] for i in order]
     labels = [labels[i] for i in order]
     traced = [(traced_batch_sizes or [None] * len(order))[i] for i in order]
+    replays = [(schedules or [[]] * len(order))[i] for i in order]
     base_report = reports[0]
     n0 = base_report["run"]["ranks"]
     t0 = base_report["summary"]["step_ms"]
@@ -106,7 +125,9 @@ def scaling(
     errors: dict[str, list[float]] = {m: [] for m in MODELS}
     base_compute = compute_ms(base)
     notes = []
-    for label, report, table, guess in zip(labels, reports, ops, traced, strict=True):
+    for label, report, table, guess, replay in zip(
+        labels, reports, ops, traced, replays, strict=True
+    ):
         summary = report["summary"]
         n = report["run"]["ranks"]
         t = summary["step_ms"]
@@ -129,10 +150,13 @@ def scaling(
             "comm_hidden_fraction": summary["comm_hidden_fraction"],
             "breakdown_ms": summary["breakdown_ms"],
             "predicted": {},
-            "what_if": what_if(t, summary["breakdown_ms"], comm, summary["comm_exposed_ms"], faster_comm),
+            "predicted_own_compute": {},
+            "what_if": what_if(
+                t, summary["breakdown_ms"], comm, summary["comm_exposed_ms"], faster_comm
+            ),
         }
         for model in MODELS:
-            predicted = predict(model, base, comm)
+            predicted = predict(model, base, comm, replay)
             error = abs(predicted - t) / t if t > 0 else None
             entry["predicted"][model] = {
                 "step_ms": round(predicted, 3),
@@ -141,8 +165,16 @@ def scaling(
             }
             if n > n0 and error is not None:
                 errors[model].append(error)
+            # the same model on this run's own io and compute: the communication model alone
+            own = predict(model, summary["breakdown_ms"], comm, replay)
+            entry["predicted_own_compute"][model] = {
+                "step_ms": round(own, 3),
+                "error": round(abs(own - t) / t, 4) if t > 0 else None,
+            }
         for key, ms in list(entry["what_if"].items()):
-            entry["what_if"][key.replace("_ms", "_speedup")] = round(n * t0 / ms, 3) if ms > 0 else None
+            entry["what_if"][key.replace("_ms", "_speedup")] = (
+                round(n * t0 / ms, 3) if ms > 0 else None
+            )
         if link_gbps:
             per_step = allreduce_bytes(table, report)
             if per_step and comm > 0 and n > 1:
@@ -159,8 +191,15 @@ def scaling(
             else:
                 entry["allreduce"] = None
         runs.append(entry)
+        if comm > 0 and not replay:
+            notes.append(
+                f"{label}: no collectives to replay; the overlapped model lets the whole backward hide"
+                " communication"
+            )
         if batch is None:
-            notes.append(f"{label}: no batch size in the trace's input shapes; give --batch-size for samples/s")
+            notes.append(
+                f"{label}: no batch size in the trace's input shapes; give --batch-size for samples/s"
+            )
     slow = [r for r in runs[1:] if (r["compute_ratio"] or 0) > 1.2]
     if slow:
         worst = max(slow, key=lambda r: r["compute_ratio"])

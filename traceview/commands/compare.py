@@ -22,9 +22,13 @@ class CompareCommand:
 
     def prepare(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
-        parser.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+        parser.add_argument(
+            "--json", action="store_true", help="print the comparison as one JSON object"
+        )
         parser.add_argument("--top", type=int, default=15, help="operators to compare (default 15)")
-        parser.add_argument("--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)")
+        parser.add_argument(
+            "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
@@ -34,7 +38,9 @@ class CompareCommand:
         if len(args.runs) < 2:
             raise UsageError("compare needs at least two runs")
         with open_runs([[path] for path in args.runs], args.rules) as runs:
-            result = compare([r.report() for r in runs], [r.ops for r in runs], [r.label for r in runs], args.top)
+            result = compare(
+                [r.report() for r in runs], [r.ops for r in runs], [r.label for r in runs], args.top
+            )
         if args.json:
             print(to_json(result))
         else:

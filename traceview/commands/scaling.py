@@ -16,6 +16,18 @@ from pathlib import Path
 
 from traceview.errors import UsageError
 
+#: Ranks whose collectives the overlap model replays (their pattern repeats across ranks).
+REPLAY_RANKS = 4
+
+
+def sample_ranks(manifest: dict) -> list[int]:
+    """Up to REPLAY_RANKS ranks spread over the run."""
+    ranks = sorted(manifest.get("ranks_present") or [r["rank"] for r in manifest.get("ranks", [])])
+    if len(ranks) <= REPLAY_RANKS:
+        return ranks
+    picks = {round(i * (len(ranks) - 1) / (REPLAY_RANKS - 1)) for i in range(REPLAY_RANKS)}
+    return [ranks[i] for i in sorted(picks)]
+
 
 class ScalingCommand:
     name = "scaling"
@@ -24,13 +36,22 @@ class ScalingCommand:
     def prepare(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
         parser.add_argument("--batch-size", type=int, help="per-worker mini-batch, for samples/s")
-        parser.add_argument("--link-gbps", type=float, help="link bandwidth, for all-reduce efficiency")
-        parser.add_argument("--faster-comm", type=float, default=2.0, metavar="K", help="what-if factor (default 2)")
-        parser.add_argument("--json", action="store_true", help="print the analysis as one JSON object")
-        parser.add_argument("--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)")
+        parser.add_argument(
+            "--link-gbps", type=float, help="link bandwidth, for all-reduce efficiency"
+        )
+        parser.add_argument(
+            "--faster-comm", type=float, default=2.0, metavar="K", help="what-if factor (default 2)"
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="print the analysis as one JSON object"
+        )
+        parser.add_argument(
+            "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.scaling import scaling, traced_batch_size
+        from traceview.analysis.timeline import comm_schedule
         from traceview.report import render_scaling_to_console, to_json
         from traceview.runs import open_runs
 
@@ -43,10 +64,15 @@ class ScalingCommand:
             counts = [r["run"]["ranks"] for r in reports]
             if len(set(counts)) < len(counts):
                 raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
+            schedules = [
+                [s for rank in sample_ranks(r.manifest) for s in comm_schedule(r.events([rank]))]
+                for r in runs
+            ]
             result = scaling(
                 reports, [r.ops for r in runs], [r.label for r in runs],
                 batch_size=args.batch_size,
-                traced_batch_sizes=[traced_batch_size(r.manifest) for r in runs], link_gbps=args.link_gbps, faster_comm=args.faster_comm,
+                traced_batch_sizes=[traced_batch_size(r.manifest) for r in runs],
+                schedules=schedules, link_gbps=args.link_gbps, faster_comm=args.faster_comm,
             )  # fmt: skip
         if args.json:
             print(to_json(result))

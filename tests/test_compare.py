@@ -1,0 +1,118 @@
+"""`traceview compare` on real runs: phases, hidden communication and operators side by side.
+
+Expectations come from each run's own report, from the ground-truth timers beside the sample
+traces and from what the scenarios are built to show, never from the comparison's output.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES, run_cli
+
+PYTORCH = SAMPLES / "pytorch"
+
+
+def timer_means(scenario: str) -> dict[str, float]:
+    truth = json.loads((PYTORCH / scenario / "groundtruth.json").read_text())
+    records = [r for r in truth["records"] if r["profiled"]]
+    return {k: statistics.mean(r[k] for r in records) for k in records[0] if k.endswith("_ms")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("compare")
+    paths = {}
+    for scenario in ("ddp", "explicit", "slowio", "gpu_sync", "gpu_async"):
+        result = run_cli("ingest", PYTORCH / scenario, "-o", out / scenario)
+        assert result.code == 0, result.err
+        paths[scenario] = out / scenario
+    return paths
+
+
+def compare_json(*paths: Path, top: int = 40) -> dict:
+    result = run_cli("compare", *paths, "--json", "--top", str(top))
+    assert result.code == 0, result.err
+    return result.json()
+
+
+def test_a_run_against_itself_is_the_same_everywhere(runs: dict[str, Path]) -> None:
+    result = compare_json(runs["ddp"], runs["ddp"])
+    assert [r["label"] for r in result["runs"]] == ["ddp", "ddp #2"]
+    assert result["runs"][1]["step_ratio"] == 1.0
+    for row in result["phases"] + result["ops"]:
+        assert row["ms"][0] == row["ms"][1]
+        assert row["ratio"][1] in (1.0, None)
+    assert result["highlights"] == []
+
+
+def test_phases_are_each_runs_own_report(runs: dict[str, Path]) -> None:
+    result = compare_json(runs["ddp"], runs["explicit"], runs["slowio"])
+    for i, name in enumerate(("ddp", "explicit", "slowio")):
+        summary = run_cli("report", runs[name], "--json").json()["summary"]
+        assert result["runs"][i]["step_ms"] == summary["step_ms"]
+        for row in result["phases"]:
+            assert row["ms"][i] == summary["breakdown_ms"][row["phase"]]
+
+
+def test_what_the_scenarios_were_built_to_show(runs: dict[str, Path]) -> None:
+    """explicit exposes its all-reduces, DDP hides part of them, slowio waits on data."""
+    result = compare_json(runs["ddp"], runs["explicit"], runs["slowio"])
+    ddp, explicit, _ = result["runs"]
+    assert explicit["hidden"] == "no" and ddp["hidden"] in ("partly", "yes")
+    assert explicit["comm_hidden_fraction"] < ddp["comm_hidden_fraction"]
+    phases = {row["phase"]: row for row in result["phases"]}
+    assert phases["comm"]["ratio"][1] > 2  # explicit's exposed comm dwarfs ddp's
+    assert phases["io"]["ratio"][2] > 10  # slowio's data loading
+    # the step ratios agree with the timers of the training loops
+    for i, name in ((1, "explicit"), (2, "slowio")):
+        expected = timer_means(name)["step_ms"] / timer_means("ddp")["step_ms"]
+        assert result["runs"][i]["step_ratio"] == pytest.approx(expected, rel=0.10)
+    assert any(h.startswith("slowio's step takes") for h in result["highlights"])
+
+
+def test_operator_times_agree_with_the_timers(runs: dict[str, Path]) -> None:
+    """On CPU runs an operator's time is inclusive: the optimizer step and the data loader's
+    next() are regions the training loop also timed."""
+    result = compare_json(runs["ddp"], runs["slowio"])
+    ops = {row["op"]: row["ms"] for row in result["ops"]}
+    for i, name in enumerate(("ddp", "slowio")):
+        timers = timer_means(name)
+        assert ops["data_loader"][i] == pytest.approx(timers["data_ms"], rel=0.15, abs=0.3)
+        assert ops["weights_update"][i] == pytest.approx(timers["optimizer_ms"], rel=0.25, abs=0.3)
+
+
+def test_gpu_runs_compare_device_time_of_the_same_kernels(runs: dict[str, Path]) -> None:
+    """gpu_sync and gpu_async run the same model on one H100 and differ only in host syncs, so
+    each layer's device time matches, while the step differs by the host waits."""
+    result = compare_json(runs["gpu_sync"], runs["gpu_async"])
+    ops = {row["op"]: row for row in result["ops"]}
+    for op in ("convolution", "convolution_backward", "batch_norm", "batch_norm_backward"):
+        assert ops[op]["ms"][0] > 0
+        assert ops[op]["ratio"][1] == pytest.approx(1.0, abs=0.05), op
+    step_ratio = timer_means("gpu_async")["step_ms"] / timer_means("gpu_sync")["step_ms"]
+    assert result["runs"][1]["step_ratio"] == pytest.approx(step_ratio, rel=0.10)
+
+
+def test_text_at_80_columns_and_untrusted_labels(runs: dict[str, Path], tmp_path: Path) -> None:
+    odd = tmp_path / "[b]x[red] \x1b[31mr"  # no slash: it would make a folder
+    shutil.copytree(runs["explicit"], odd)
+    result = run_cli("compare", runs["ddp"], odd, env={"COLUMNS": "80"})
+    assert result.code == 0, result.err
+    assert "\x1b" not in result.out
+    assert "[b]x[red]" in result.out  # shown as written, not as markup
+    lines = result.out.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line.split()}
+    assert rows["comm"][0] == "comm" and rows["step"][0] == "step"
+
+
+def test_needs_two_runs() -> None:
+    result = run_cli("compare", PYTORCH / "ddp")
+    assert result.code == 2 and "at least two runs" in result.err
+    assert len(result.err.strip().splitlines()) == 1
