@@ -5,6 +5,9 @@ Profile a job, or point it at the profiler traces of a run (one file per rank, o
   traceview collect -- mpirun -np 4 python train.py   profile every rank, then report
   traceview report TRACES...|RUN        the per-step breakdown, communication, bottleneck
   traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
+  traceview tui TRACES...|RUN           explore it in the terminal (q quits, ? helps)
+  traceview compare RUN_A RUN_B         two runs or frameworks side by side, with ratios
+  traceview scaling RUN_1 RUN_2 RUN_4   speedup, efficiency, the model's predictions
   traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
 
 Exit codes: 0 ok; 2 usage or bad input (one line on stderr); 1 internal error;

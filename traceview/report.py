@@ -392,7 +392,7 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
     console.print(model)
     if any((r.get("compute_ratio") or 1.0) > 1.2 for r in result["runs"]):
         own = Table(
-            title="Same models on each run's own compute (the comm model alone)",
+            title="Same models, each run's own compute (comm model alone)",
             title_justify="left", box=None, pad_edge=False, padding=(0, 1),
         )  # fmt: skip
         own.add_column("ranks", justify="right")

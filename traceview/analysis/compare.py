@@ -21,8 +21,11 @@ from traceview import schema as S
 
 #: A ratio is worth a headline when the slower side is this much slower...
 NOTABLE_RATIO = 1.5
-#: ...and the operator takes at least this share of that run's step.
+#: ...and the operator takes at least this share of that run's step...
 NOTABLE_SHARE = 0.02
+#: ...or, for a phase, this share.
+NOTABLE_PHASE_SHARE = 0.05
+MAX_OP_HIGHLIGHTS = 5
 
 
 def _ratio(value: float, base: float) -> float | None:
@@ -92,6 +95,18 @@ def compare(
         rows.append({"op": name, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]})
 
     highlights = []
+    for row in phases:
+        base_ms = row["ms"][0]
+        for label, value, run in zip(labels[1:], row["ms"][1:], runs[1:], strict=True):
+            slow, fast = max(value, base_ms), min(value, base_ms)
+            step = run["step_ms"] if value >= base_ms else runs[0]["step_ms"]
+            if fast > 0 and slow / fast >= NOTABLE_RATIO and slow >= NOTABLE_PHASE_SHARE * step:
+                slower, faster = (label, labels[0]) if value > base_ms else (labels[0], label)
+                highlights.append(
+                    f"{slower}'s {'exposed comm' if row['phase'] == S.COMM else row['phase']} takes {slow / fast:.1f}× {faster}'s"
+                    f" ({slow:.2f} against {fast:.2f} ms per step)"
+                )
+    notable_ops = []
     for row in rows:
         base_ms = row["ms"][0]
         for label, value, run in zip(labels[1:], row["ms"][1:], runs[1:], strict=True):
@@ -101,7 +116,11 @@ def compare(
             share = slow / max(run["step_ms"] if value >= base_ms else runs[0]["step_ms"], 1e-9)
             if slow / fast >= NOTABLE_RATIO and share >= NOTABLE_SHARE:
                 slower, faster = (label, labels[0]) if value > base_ms else (labels[0], label)
-                highlights.append(f"{slower}'s {row['op']} takes {slow / fast:.1f}× {faster}'s")
+                notable_ops.append(
+                    (slow - fast, f"{slower}'s {row['op']} takes {slow / fast:.1f}× {faster}'s")
+                )
+    # the operators that cost the most time, not the largest ratios of small numbers
+    highlights += [text for _, text in sorted(notable_ops, key=lambda x: -x[0])[:MAX_OP_HIGHLIGHTS]]
     for run in runs[1:]:
         ratio = run["step_ratio"]
         if ratio and (ratio >= NOTABLE_RATIO or ratio <= 1 / NOTABLE_RATIO):
