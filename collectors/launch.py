@@ -100,7 +100,10 @@ def write_bootstrap(run: Path) -> Path:
     folder = run / BOOTSTRAP_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    shutil.copyfile(Path(rankside.__file__), folder / f"{RANKSIDE_MODULE}.py")
+    # the core and its per-framework siblings (rankside_<framework>.py)
+    for source in Path(rankside.__file__).parent.glob("rankside*.py"):
+        name = RANKSIDE_MODULE + source.stem.removeprefix("rankside")
+        shutil.copyfile(source, folder / f"{name}.py")
     return folder
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import importlib.abc
+import importlib.util
 import json
 import os
 import signal
@@ -30,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ENV_RUN_DIR = "TRACEVIEW_RUN_DIR"
 ENV_STEPS = "TRACEVIEW_STEPS"
@@ -307,8 +309,7 @@ class TorchCollector:
         self._watch_user_profilers()
         if self.config.nvtx:
             self.nvtx = NvtxPhases.install(self.torch)
-        atexit.register(self.finish, "ok")
-        _install_exit_handlers(self)
+        install_exit_handlers(self)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.manual or self.finished:
@@ -579,7 +580,13 @@ class NvtxPhases:
 # --- exits: normal, exception, SIGTERM -----------------------------------------------------------
 
 
-def _install_exit_handlers(collector: TorchCollector) -> None:
+class Finishing(Protocol):
+    def finish(self, state: str | None = None, detail: str | None = None) -> None: ...
+
+
+def install_exit_handlers(collector: Finishing) -> None:
+    """Write what was recorded when the process exits: normally, by an exception, by SIGTERM."""
+    atexit.register(collector.finish, "ok")
     previous_hook = sys.excepthook
 
     def excepthook(kind: Any, value: Any, tb: Any) -> None:
@@ -608,6 +615,22 @@ def current() -> TorchCollector | None:
     return _collector
 
 
+#: Frameworks profiled by a sibling module (``<this module>_<framework>``, also standard library
+#: only), loaded when the job imports the framework; each has ``start(core, config, framework)``.
+SIBLING_FRAMEWORKS: tuple[str, ...] = ("tensorflow", "mxnet")
+
+
+def _sibling(framework: str, config: Config) -> Callable[[Any], None] | None:
+    name = f"{__name__}_{framework}"
+    if importlib.util.find_spec(name) is None:  # not written yet for this framework
+        return None
+
+    def on_import(module: Any) -> None:
+        importlib.import_module(name).start(sys.modules[__name__], config, module)
+
+    return on_import
+
+
 def install() -> None:
     """Called by the generated sitecustomize in every Python process of the job."""
     config = Config.from_env(os.environ)
@@ -619,10 +642,21 @@ def install() -> None:
         _collector = TorchCollector(config, torch)
         _collector.install()
 
-    if "torch" in sys.modules:
-        on_torch(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _AfterImport("torch", on_torch))
+    hooks: dict[str, Callable[[Any], None]] = {"torch": on_torch}
+    for framework in SIBLING_FRAMEWORKS:
+        sibling = _sibling(framework, config)
+        if sibling is not None:
+            hooks[framework] = sibling
+    for name, callback in hooks.items():
+        if name in sys.modules:
+            try:
+                callback(sys.modules[name])
+            except Exception as exc:  # never break the job
+                warn(
+                    f"could not set up profiling ({type(exc).__name__}: {exc}); running unprofiled"
+                )
+        else:
+            sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 @contextlib.contextmanager
