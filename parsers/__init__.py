@@ -63,7 +63,11 @@ class Parser(Protocol):
 
 
 #: Built-in parsers, imported only when needed: "module:Class".
-BUILTIN_PARSERS: tuple[str, ...] = ("traceview.parsers.kineto:KinetoParser",)
+BUILTIN_PARSERS: tuple[str, ...] = (
+    "traceview.parsers.kineto:KinetoParser",
+    "traceview.parsers.tensorflow:XPlaneParser",
+    "traceview.parsers.tf_timeline:TimelineParser",
+)
 
 
 def _load(spec: str) -> Parser:

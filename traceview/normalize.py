@@ -12,8 +12,9 @@ distinct (kind, category, name). The steps, in order:
    loading, forward or backward region, optimizer, step end) is forward or backward, else
    ``other``; region markers and Python frames pass phases down but get none by position;
 5. devices: kernels and copies take the phase, step and operator of the host call that launched
-   them (``correlation``, else the operator's ``external_id``), unless a rule says otherwise
-   (NCCL kernels are communication, host-to-device copies are h2d).
+   them (``correlation``, else the operator's ``external_id``), or of the operator the trace names
+   as their ``scope`` (TensorFlow), unless a rule says otherwise (NCCL kernels are communication,
+   host-to-device copies are h2d).
 """
 
 from __future__ import annotations
@@ -268,6 +269,39 @@ def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarr
     return np.where((query >= 0) & (k[pos] == query), v[pos], -1)
 
 
+def has_scope(raw: pa.Table) -> bool:
+    return S.SCOPE in raw.column_names and raw.column(S.SCOPE).null_count < raw.num_rows
+
+
+def _scope_classes(
+    raw: pa.Table, rows: np.ndarray, rules: RuleSet, ops: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Phase and op codes (-1: none) of ``rows`` as the operator named in their scope would get.
+
+    ``ops`` gains the canonical names it did not have yet.
+    """
+    phase = np.full(len(rows), NO_PHASE, np.int8)
+    op = np.full(len(rows), -1, np.int32)
+    if not has_scope(raw) or len(rows) == 0:
+        return phase, op
+    scope = _dictionary(raw.column(S.SCOPE))
+    codes = _codes(scope)[rows]
+    index = {name: i for i, name in enumerate(ops)}
+    u_phase, u_op = [], []
+    for name in scope.dictionary.to_pylist():
+        result = rules.classify(S.KIND_OP, None, str(name))
+        u_phase.append(PHASE_CODES[result.phase] if result.phase else NO_PHASE)
+        canonical = result.op or rules.default_op(str(name))
+        if canonical not in index:
+            index[canonical] = len(ops)
+            ops.append(canonical)
+        u_op.append(index[canonical])
+    known = codes >= 0
+    phase[known] = np.array(u_phase, np.int8)[codes[known]]
+    op[known] = np.array(u_op, np.int32)[codes[known]]
+    return phase, op
+
+
 def _dict_array(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
     indices = pa.array(codes.astype(np.int32, copy=False), pa.int32(), mask=codes < 0)
     return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
@@ -409,20 +443,28 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     launcher = np.where(launcher >= 0, launcher, by_external)
     linked = launcher >= 0
     safe = np.maximum(launcher, 0)
-    if len(device) and not linked.all():
+    if len(device) and not linked.all() and not has_scope(raw):
         notes.remark(
             f"{int((~linked).sum())} of {len(device)} device activities have no launching host "
             "call in the trace; their phase is 'other' unless a rule names it"
         )
+    scope_phase, scope_op = _scope_classes(raw, device, rules, cls.ops)
+    # The trace's own word on the operator (its scope) beats the runtime call that launched it.
     phase[device] = np.where(
-        own[device] >= 0, own[device], np.where(linked, phase[safe], PHASE_CODES[S.OTHER])
+        own[device] >= 0,
+        own[device],
+        np.where(
+            scope_phase >= 0, scope_phase, np.where(linked, phase[safe], PHASE_CODES[S.OTHER])
+        ),
     )
     # A kernel is named after the operator that launched it: the outermost one with a canonical
     # name (aten::linear -> fully_connected), else the nearest one, else the runtime call.
     launcher_op = np.where(top_op[safe] >= 0, top_op[safe], near_op[safe])
     launcher_op = np.where(launcher_op >= 0, launcher_op, cls.default_op[safe])
     device_op = np.where(
-        cls.rule_op[device] >= 0, cls.rule_op[device], np.where(linked, launcher_op, -1)
+        cls.rule_op[device] >= 0,
+        cls.rule_op[device],
+        np.where(scope_op >= 0, scope_op, np.where(linked, launcher_op, -1)),
     )
     step[device] = np.where(linked, step[safe], step[device])
     parent[device] = launcher

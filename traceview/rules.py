@@ -61,6 +61,9 @@ class RuleSet:
     kinds: dict[str, str] = field(default_factory=dict)  # trace category -> event kind
     default_kind: str = S.KIND_OP
     step_pattern: re.Pattern[str] = re.compile(r"^ProfilerStep#(\d+)$")
+    #: the kinds of event the step pattern turns into step markers (a parser that marks steps
+    #: itself gives them a category mapped to kind "step", and the pattern only numbers them)
+    step_kinds: tuple[str, ...] = (S.KIND_ANNOTATION, S.KIND_OP)
     rules: list[Rule] = field(default_factory=list)
     collectives: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
     strip_prefixes: tuple[str, ...] = ()
@@ -72,7 +75,7 @@ class RuleSet:
         return self.kinds.get(cat or "", self.default_kind)
 
     def classify(self, kind: str, cat: str | None, name: str) -> Classification:
-        if kind in (S.KIND_ANNOTATION, S.KIND_OP) and self.step_pattern.search(name):
+        if kind in self.step_kinds and self.step_pattern.search(name):
             return Classification(S.KIND_STEP, None, None, None)
         for rule in self.rules:
             match = rule.accepts(kind, cat, name)
@@ -121,6 +124,7 @@ class RuleSet:
             kinds={**self.kinds, **other.kinds},
             default_kind=self.default_kind,
             step_pattern=other.step_pattern if other.rules_define_step else self.step_pattern,
+            step_kinds=other.step_kinds if other.rules_define_step else self.step_kinds,
             rules=[*other.rules, *self.rules],
             collectives=[*other.collectives, *self.collectives],
             strip_prefixes=(*other.strip_prefixes, *self.strip_prefixes),
@@ -161,6 +165,13 @@ def parse_rules(data: dict[str, Any], source: str) -> RuleSet:
     step = data.get("step", {})
     if "pattern" in step:
         ruleset.step_pattern = _compile(step["pattern"], source)
+        ruleset.rules_define_step = True
+    if "kinds" in step:
+        step_kinds = _strings(step["kinds"], "kind", source) or frozenset()
+        unknown = sorted(step_kinds - set(S.EVENT_KINDS))
+        if unknown:
+            raise BadInput(f"{source}: unknown step kind {unknown[0]!r}")
+        ruleset.step_kinds = tuple(sorted(step_kinds))
         ruleset.rules_define_step = True
     ruleset.strip_prefixes = tuple(data.get("op", {}).get("strip_prefixes", ()))
     for entry in data.get("rule", []):

@@ -144,8 +144,11 @@ EVENTS_SCHEMA: Final = pa.schema(
 
 #: What a parser hands to the core: trace events before classification.
 #: ``correlation`` links a device activity to the host runtime call that launched it;
-#: ``external_id`` links it to the host operator when no runtime call is in the trace.
+#: ``external_id`` links it to the host operator when no runtime call is in the trace;
+#: ``scope`` names that operator where the trace says it instead (TensorFlow: the op's full name
+#: on each kernel), so an unlinked device activity is classified as its operator would be.
 EXTERNAL_ID: Final = "external_id"
+SCOPE: Final = "scope"
 RAW_SCHEMA: Final = pa.schema(
     [
         pa.field(KIND, _DICT, nullable=False),
@@ -159,6 +162,7 @@ RAW_SCHEMA: Final = pa.schema(
         pa.field(EXTERNAL_ID, pa.int64()),
         pa.field(BYTES, pa.int64()),
         pa.field(COLLECTIVE, _DICT),
+        pa.field(SCOPE, _DICT),
     ]
 )
 

@@ -59,7 +59,7 @@ def compare(
 ) -> dict[str, Any]:
     """The comparison of runs; the first run is the baseline every ratio is taken against."""
     base = reports[0]["summary"]
-    runs = []
+    runs: list[dict[str, Any]] = []
     for label, report in zip(labels, reports, strict=True):
         summary = report["summary"]
         runs.append(
@@ -78,7 +78,7 @@ def compare(
                 "bottleneck": summary["bottleneck"],
             }
         )
-    phases = []
+    phases: list[dict[str, Any]] = []
     for phase in S.BREAKDOWN_PHASES:
         values = [r["summary"]["breakdown_ms"][phase] for r in reports]
         phases.append(
@@ -89,7 +89,7 @@ def compare(
     names = sorted(
         {name for t in times for name in t}, key=lambda n: -max(t.get(n, 0.0) for t in times)
     )
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names[:top]:
         values = [t.get(name, 0.0) for t in times]
         rows.append({"op": name, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]})
@@ -102,8 +102,9 @@ def compare(
             step = run["step_ms"] if value >= base_ms else runs[0]["step_ms"]
             if fast > 0 and slow / fast >= NOTABLE_RATIO and slow >= NOTABLE_PHASE_SHARE * step:
                 slower, faster = (label, labels[0]) if value > base_ms else (labels[0], label)
+                what = "exposed comm" if row["phase"] == S.COMM else row["phase"]
                 highlights.append(
-                    f"{slower}'s {'exposed comm' if row['phase'] == S.COMM else row['phase']} takes {slow / fast:.1f}× {faster}'s"
+                    f"{slower}'s {what} takes {slow / fast:.1f}× {faster}'s"
                     f" ({slow:.2f} against {fast:.2f} ms per step)"
                 )
     notable_ops = []

@@ -214,6 +214,40 @@ class RankTimeline:
     numbers: np.ndarray  # step numbers (-1: no step markers)
 
 
+_COMPUTE_CODES = [PHASE_CODE[p] for p in S.COMPUTE_PHASES]
+
+
+def _compute_elsewhere(
+    ev: EventArrays, rows_mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward, backward and update operators on host threads other than the training thread.
+
+    Per thread, the innermost event decides each instant, as on the training thread; only
+    operators (not regions) with a compute phase count, at their explicit level. On PyTorch CPU
+    runs there are none (autograd runs on the training thread); TensorFlow runs a step's graph
+    on its executor threads while the Python thread waits.
+    """
+    candidates = (
+        rows_mask & np.isin(ev.phase, _COMPUTE_CODES) & ~np.isin(ev.kind, _STRUCTURAL_KINDS)
+    )
+    empty = np.zeros(0, np.int64)
+    if not candidates.any():
+        return empty, empty, empty
+    out_s, out_e, out_l = [empty], [empty], [empty]
+    threads = np.unique(np.stack([ev.pid[candidates], ev.tid[candidates]]), axis=1)
+    for pid, tid in threads.T:
+        rows = np.flatnonzero(rows_mask & (ev.pid == pid) & (ev.tid == tid))
+        seg_s, seg_e, owner = _thread_segments(ev, rows)
+        has = owner >= 0
+        owner_safe = np.maximum(owner, 0)
+        keep = has & np.isin(ev.phase[owner_safe], _COMPUTE_CODES)
+        keep &= ~np.isin(ev.kind[owner_safe], _STRUCTURAL_KINDS)
+        out_s.append(seg_s[keep])
+        out_e.append(seg_e[keep])
+        out_l.append(_EXPLICIT[ev.phase[owner[keep]]])
+    return np.concatenate(out_s), np.concatenate(out_e), np.concatenate(out_l).astype(np.int64)
+
+
 def rank_timeline(events: pa.Table) -> RankTimeline:
     """The intervals that compete for each instant of one rank, and its step windows."""
     ev = EventArrays.of(events)
@@ -239,6 +273,11 @@ def rank_timeline(events: pa.Table) -> RankTimeline:
         parts_s.append(seg_s[keep])
         parts_e.append(seg_e[keep])
         parts_l.append(seg_l[keep])
+    if not gpu:  # compute that the framework runs on other threads (TensorFlow's executors)
+        s_, e_, l_ = _compute_elsewhere(ev, host & ~on_training)
+        parts_s.append(s_)
+        parts_e.append(e_)
+        parts_l.append(l_)
     comm_elsewhere = host & ~on_training & (ev.phase == PHASE_CODE[S.COMM])
     parts_s.append(ev.ts[comm_elsewhere])
     parts_e.append(ev.end[comm_elsewhere])

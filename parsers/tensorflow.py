@@ -1,0 +1,369 @@
+"""TensorFlow 2 profiler output: ``*.xplane.pb`` (an XSpace protobuf, one per host and session).
+
+The XSpace is turned into trace events by the profiler's own library (xprof, the package behind
+TensorBoard's profile plugin: ``xspace_to_tool_data(..., "trace_viewer")``), so no protobuf is
+decoded here. What this module adds is TensorFlow's meaning:
+
+- host threads: graph ops run by the executor (named by their full name,
+  ``scope/op_name:OpType``), tf.data iterator work, the runtime's own regions, and step markers
+  (``tf.profiler.experimental.Trace(name, step_num=N)``, Keras batches);
+- device streams: kernels and copies, each with the op it belongs to as its scope (the name
+  TensorFlow annotates every kernel with), so a kernel is classified as its op;
+- the lines xprof derives from those (TensorFlow Ops, Name Scope, Steps, XLA Modules) are left
+  out: they repeat the kernels.
+
+Times are made absolute with the session's ``profile_start_time`` where the XSpace records it
+(TensorFlow 2.x writes it on a "Task Environment" plane); older files keep the session's clock.
+Without step markers, steps come from TensorFlow's own grouping of events into steps
+(``group_id``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from traceview import schema as S
+from traceview.errors import BadInput, Notes
+from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename
+from traceview.rules import RuleSet
+
+SUFFIX = ".xplane.pb"
+HOST_PLANE = "/host:CPU"
+# Lines xprof derives from the device's kernels; keeping them would count the kernels twice.
+DERIVED_LINES = frozenset(
+    ("TensorFlow Ops", "TensorFlow Name Scope", "Steps", "XLA Ops", "XLA Modules", "Source",
+     "Framework Ops", "Framework Name Scope", "XLA TraceMe", "SparseCore", "Launch Stats")
+)  # fmt: skip
+_RANK_DIR = re.compile(r"^rank-(\d+)$")
+_SHAPE_SUFFIX = re.compile(r"#.*$")
+_MEMCPY_SIZE = re.compile(r"size:(\d+)")
+#: Synthetic thread that holds step markers made from TensorFlow's step groups.
+STEP_THREAD = -2
+
+
+class _Args(msgspec.Struct, frozen=True, gc=False):
+    """The few args TensorFlow's events carry that matter here (all strings in xprof's JSON)."""
+
+    long_name: str | None = None
+    step_num: str | int | None = None
+    step_name: str | None = None
+    group_id: str | int | None = None
+    correlation_id: str | int | None = None
+    level0: str | None = msgspec.field(default=None, name="level 0")
+    annotation: str | None = None
+    memcpy_details: str | None = None
+    name: str | None = None  # of process_name / thread_name records
+
+
+_NO_ARGS = _Args()
+
+
+class _Record(msgspec.Struct, frozen=True, gc=False):
+    ph: str | None = None
+    name: str | None = None
+    pid: int | None = None
+    tid: int | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args = _NO_ARGS
+
+
+class _Trace(msgspec.Struct, gc=False):
+    traceEvents: list[_Record] = []  # the JSON key
+
+
+_DECODER = msgspec.json.Decoder(_Trace)
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """Collect what native code writes to file descriptor 2 (xprof logs its errors there)."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode("utf-8", "replace").splitlines())
+
+
+def _native_error(lines: list[str]) -> str:
+    """The last error xprof logged, without its log prefix."""
+    errors = [line for line in lines if line.startswith("E0000") or " error" in line.lower()]
+    message = (errors or lines or ["unknown error"])[-1]
+    return message.split("] ", 1)[-1].strip()
+
+
+def _require_xprof() -> Any:
+    try:
+        from xprof.convert import raw_to_tool_data
+    except ImportError:
+        raise BadInput(
+            "reading TensorFlow .xplane.pb traces needs the xprof package: "
+            "pip install 'traceview[tensorflow]'"
+        ) from None
+    return raw_to_tool_data
+
+
+def _start_time_ns(path: Path) -> int | None:
+    """The session's profile_start_time (Unix ns), where the XSpace records it."""
+    try:
+        from xprof.profile_data import ProfileData
+    except ImportError:  # pragma: no cover - shipped with xprof
+        return None
+    with _captured_stderr():
+        try:
+            data = ProfileData.from_file(str(path))
+            for plane in data.planes:
+                for key, value in plane.stats:
+                    if key == "profile_start_time":
+                        return int(value)
+        except Exception:
+            return None
+    return None
+
+
+def rank_from_path(path: Path) -> int | None:
+    """``RUN/raw/rank-00003/plugins/profile/<session>/<host>.xplane.pb`` -> 3."""
+    for part in reversed(path.parts[:-1]):
+        match = _RANK_DIR.match(part)
+        if match:
+            return int(match.group(1))
+    return rank_from_filename(path)
+
+
+class XPlaneParser:
+    name = "xplane"
+    framework = "tensorflow"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return path.name.endswith(SUFFIX)
+
+    def identify(self, path: Path) -> TraceIdentity:
+        return TraceIdentity(rank=rank_from_path(path), host=path.name[: -len(SUFFIX)] or None)
+
+    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
+        tools = _require_xprof()
+        size = path.stat().st_size
+        if size == 0:
+            raise BadInput(f"{path}: empty file")
+        with _captured_stderr() as logged:
+            try:
+                result = tools.xspace_to_tool_data([str(path)], "trace_viewer", {})
+            except Exception as exc:
+                raise BadInput(f"{path}: not a readable XSpace: {exc}") from None
+        data = result[0] if isinstance(result, tuple) else result
+        if not data:
+            raise BadInput(
+                f"{path}: not a readable TensorFlow profile (xplane.pb): {_native_error(logged)}"
+            )
+        try:
+            records = _DECODER.decode(data).traceEvents
+        except msgspec.DecodeError as exc:  # pragma: no cover - xprof writes valid JSON
+            raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
+        del data
+        start_ns = _start_time_ns(path)
+        events, meta, threads, skipped, notes = _events(records, start_ns, path, rules)
+        if events.num_rows == 0:
+            raise BadInput(f"{path}: the TensorFlow profile holds no events")
+        return ParsedTrace(
+            path=path,
+            framework=self.framework,
+            events=events,
+            rank=rank_from_path(path),
+            host=path.name[: -len(SUFFIX)] or None,
+            meta=meta,
+            threads=threads,
+            notes=notes,
+            bytes_read=size,
+            skipped=skipped,
+        )
+
+
+def _int(value: str | int | None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _scope(args: _Args) -> str | None:
+    """The op a kernel belongs to: ``scope/name:Type`` without xprof's ``#shape=...#`` tail."""
+    text = args.level0 or args.annotation or args.long_name
+    return _SHAPE_SUFFIX.sub("", text) if text else None
+
+
+def _events(
+    records: list[_Record], start_ns: int | None, path: Path, rules: RuleSet
+) -> tuple[pa.Table, dict[str, Any], dict[str, str], dict[str, int], Notes]:
+    notes = Notes()
+    planes: dict[int, str] = {}
+    lines: dict[tuple[int, int], str] = {}
+    for r in records:
+        if r.ph == "M" and r.pid is not None and r.args.name is not None:
+            if r.name == "process_name":
+                planes[r.pid] = r.args.name
+            elif r.name == "thread_name" and r.tid is not None:
+                lines[(r.pid, r.tid)] = r.args.name
+    host_pids = {pid for pid, name in planes.items() if name.startswith("/host:")}
+    device_pids = {pid for pid, name in planes.items() if name.startswith("/device:")}
+
+    skipped: Counter[str] = Counter()
+    cat: list[str] = []
+    name: list[str] = []
+    pid: list[int] = []
+    tid: list[int] = []
+    ts: list[float] = []
+    dur: list[float] = []
+    scope: list[str | None] = []
+    nbytes: list[int | None] = []
+    correlation: list[int | None] = []
+    groups: list[int | None] = []
+    for r in records:
+        if r.ph != "X" or r.ts is None or r.pid is None or r.tid is None:
+            skipped["metadata" if r.ph == "M" else "other"] += 1
+            continue
+        line = lines.get((r.pid, r.tid), "")
+        args = r.args
+        kernel_scope: str | None = None
+        size: int | None = None
+        if r.pid in host_pids:
+            label = r.name or ""
+            if args.step_num is not None:
+                # "train 3": the step's name as TensorFlow shows it, ending in its number
+                kind, label = "tf_step", f"{(args.step_name or label).strip()} {args.step_num}"
+                label = label.removeprefix(f"{args.step_num} ")
+            elif label.startswith("ThreadpoolListener"):
+                kind = "tf_host"  # a pool's bookkeeping, whichever pool
+            elif label.startswith("Iterator::") or line.startswith("tf_data"):
+                kind = "tf_data"
+            elif args.long_name and ":" in args.long_name:
+                kind, label = "tf_op", args.long_name
+            else:
+                kind = "tf_host"
+            if args.memcpy_details:
+                match = _MEMCPY_SIZE.search(args.memcpy_details)
+                size = int(match.group(1)) if match else None
+        elif r.pid in device_pids:
+            if line in DERIVED_LINES:
+                skipped["derived"] += 1
+                continue
+            label = r.name or ""
+            upper = label.upper()
+            if "MEMCPY" in upper:
+                kind = "tf_memcpy"
+                match = _MEMCPY_SIZE.search(args.memcpy_details or "")
+                size = int(match.group(1)) if match else None
+            elif "MEMSET" in upper:
+                kind = "tf_memset"
+            else:
+                kind = "tf_kernel"
+            kernel_scope = _scope(args)
+        else:
+            skipped["other"] += 1
+            continue
+        cat.append(kind)
+        name.append(label)
+        pid.append(r.pid)
+        tid.append(r.tid)
+        ts.append(r.ts)
+        dur.append(r.dur or 0.0)
+        scope.append(kernel_scope)
+        nbytes.append(size)
+        correlation.append(_int(args.correlation_id))
+        groups.append(_int(args.group_id))
+
+    base = start_ns or 0
+    if start_ns is None:
+        notes.remark(
+            f"{path.name}: no profile start time in this XSpace (written before TensorFlow 2.x "
+            "recorded it): times are relative to the profiling session"
+        )
+    if "tf_step" not in cat:
+        _step_markers_from_groups(cat, name, pid, tid, ts, dur, scope, nbytes, correlation, groups)
+        if "tf_step" in cat:
+            notes.remark(
+                "no step markers in the TensorFlow profile: steps are TensorFlow's own grouping "
+                "of events into steps (group_id)"
+            )
+    ts_ns = np.rint(np.asarray(ts, np.float64) * 1e3).astype(np.int64) + base
+    dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0.0) * 1e3).astype(np.int64)
+    categories = pa.array(cat, pa.string()).dictionary_encode()
+    kinds = pa.array([rules.kind_of(c) for c in categories.dictionary.to_pylist()], pa.string())
+    table = pa.table(
+        {
+            S.KIND: pa.DictionaryArray.from_arrays(categories.indices, kinds),
+            S.CAT: categories,
+            S.NAME: pa.array(name, pa.string()).dictionary_encode(),
+            S.PID: pa.array(pid, pa.int64()),
+            S.TID: pa.array(tid, pa.int64()),
+            S.TS_NS: ts_ns,
+            S.DUR_NS: dur_ns,
+            S.CORRELATION: pa.array(correlation, pa.int64()),
+            S.BYTES: pa.array(nbytes, pa.int64()),
+            S.SCOPE: pa.array(scope, pa.string()).dictionary_encode(),
+        }
+    )
+    thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}
+    if "tf_step" in cat and STEP_THREAD in tid:
+        thread_names[f"{next(iter(host_pids), 0)}/{STEP_THREAD}"] = (
+            "steps (TensorFlow's step groups)"
+        )
+    meta = {
+        "planes": sorted(set(planes.values())),
+        "devices": sorted(planes[p] for p in device_pids),
+        "base_time_ns": start_ns,
+    }
+    return S.conform(table, S.RAW_SCHEMA), meta, thread_names, dict(skipped), notes
+
+
+def _step_markers_from_groups(
+    cat: list[str],
+    name: list[str],
+    pid: list[int],
+    tid: list[int],
+    ts: list[float],
+    dur: list[float],
+    scope: list[str | None],
+    nbytes: list[int | None],
+    correlation: list[int | None],
+    groups: list[int | None],
+) -> None:
+    """One step marker per TensorFlow step group, spanning the group's host events."""
+    host = [i for i, g in enumerate(groups) if g is not None and not cat[i].startswith("tf_mem")]
+    host = [i for i in host if cat[i] != "tf_kernel"]
+    if not host:
+        return
+    group = np.array([groups[i] for i in host], np.int64)
+    start = np.array([ts[i] for i in host])
+    end = start + np.array([dur[i] for i in host])
+    step_pid = pid[host[0]]
+    for g in np.unique(group):
+        mask = group == g
+        cat.append("tf_step")
+        name.append(f"step {int(g)}")
+        pid.append(step_pid)
+        tid.append(STEP_THREAD)
+        ts.append(float(start[mask].min()))
+        dur.append(float(end[mask].max() - start[mask].min()))
+        scope.append(None)
+        nbytes.append(None)
+        correlation.append(None)
+        groups.append(int(g))

@@ -1,0 +1,235 @@
+"""TensorFlow 1 Timeline traces: ``timeline.Timeline(step_stats).generate_chrome_trace_format()``.
+
+The Chrome-trace JSON of the TF1 era (and of ``tf.compat.v1`` code today). Processes are devices:
+
+- ``/job:.../device:CPU:0 Compute`` (or ``.../cpu:0 Compute``): ops the executor ran on the CPU;
+  its "threads" are lanes the Timeline laid out so that concurrent ops do not overlap;
+- ``/job:.../device:GPU:0 Compute``: the host side of GPU ops (their launch);
+- ``/device:GPU:0/stream:N Compute``: kernels and copies per stream; ``.../stream:all Compute``
+  and ``.../memcpy Compute`` repeat them (left out);
+- ``... Tensors`` and ``Allocators``: memory, not time (left out).
+
+Every op event carries ``args.name`` (its full name with name scopes) and ``args.op`` (its type),
+named here ``scope/name:Type`` as TensorFlow 2's profiler names them, so one rules file serves
+both. The Timeline writes no step markers: each ``Session.run`` starts with the executor's
+``_SOURCE`` node, so a trace of several merged runs is cut into steps there; a trace of one run
+is one step. Timestamps are Unix microseconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from traceview import schema as S
+from traceview.errors import BadInput, Notes
+from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename
+from traceview.parsers.chrome_json import ChromeTraceReader
+from traceview.parsers.kineto import us_to_ns
+from traceview.rules import RuleSet
+
+_STREAM = re.compile(r"/(?:device:)?gpu:\d+/stream:(\d+|all) Compute$", re.IGNORECASE)
+_MEMCPY = re.compile(r"/(?:device:)?gpu:\d+/memcpy Compute$", re.IGNORECASE)
+_DEVICE_COMPUTE = re.compile(r"/job:[^ ]+ Compute$")
+STEP_THREAD = -2  # synthetic thread holding the step markers made from _SOURCE nodes
+
+
+class _Args(msgspec.Struct, frozen=True, gc=False):
+    name: str | None = None
+    op: str | None = None
+
+
+_NO_ARGS = _Args()
+
+
+class _Op(msgspec.Struct, tag_field="ph", tag="X", frozen=True, gc=False):
+    name: str | None = None
+    pid: int | None = None
+    tid: int | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args = _NO_ARGS
+
+
+class _Meta(msgspec.Struct, tag_field="ph", tag="M", frozen=True, gc=False):
+    name: str | None = None
+    pid: int | None = None
+    args: _Args = _NO_ARGS
+
+
+class _Other(msgspec.Struct, tag_field="ph", frozen=True, gc=False):
+    """Flows (DataFlow s/t), counters...: counted, not read."""
+
+
+_OTHER_TAGS = ("s", "t", "f", "B", "E", "C", "b", "e", "n", "i", "I", "P", "O", "N", "D")
+_OTHERS = tuple(type(f"_Other{ord(t)}", (_Other,), {}, tag=t) for t in _OTHER_TAGS)
+_RECORD_TYPES: tuple[type, ...] = (_Op, _Meta, *_OTHERS)
+_DECODER = msgspec.json.Decoder(list[Union[_RECORD_TYPES]])  # type: ignore[valid-type]  # noqa: UP007
+
+
+def sniff_text(head: bytes) -> bool:
+    """A TF1 Timeline: device processes named "/job:... Compute" and ops of category "Op"."""
+    return (
+        b"Compute" in head
+        and (b'"Op"' in head or b'"DataFlow"' in head)
+        and (b"/job:" in head or b"/device:" in head or b"/gpu:" in head)
+    )
+
+
+class TimelineParser:
+    name = "tf_timeline"
+    framework = "tensorflow"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return head.lstrip()[:1] in (b"{", b"[") and sniff_text(head)
+
+    def identify(self, path: Path) -> TraceIdentity:
+        return TraceIdentity(rank=rank_from_filename(path))
+
+    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
+        reader: ChromeTraceReader[list[Any]] = ChromeTraceReader(path, _DECODER.decode)
+        ops: list[_Op] = []
+        processes: dict[int, str] = {}
+        other = 0
+        for chunk in reader:
+            for record in chunk:
+                if isinstance(record, _Op):
+                    ops.append(record)
+                elif isinstance(record, _Meta):
+                    if (
+                        record.name == "process_name"
+                        and record.pid is not None
+                        and record.args.name
+                    ):
+                        processes[record.pid] = record.args.name
+                else:
+                    other += 1
+        info = reader.info
+        notes = Notes()
+        if info.damage:
+            notes.warn(
+                f"{path.name}: trace damaged ({info.damage}): kept {len(ops)} events; lost "
+                f"{info.lost_bytes:,} bytes after the last complete event"
+            )
+        events, skipped = _events(ops, processes, rules, notes, path)
+        skipped["flow_and_other"] = other
+        return ParsedTrace(
+            path=path,
+            framework=self.framework,
+            events=events,
+            rank=rank_from_filename(path),
+            meta={"devices": sorted(set(processes.values()))},
+            threads={},
+            notes=notes,
+            bytes_read=info.stream.bytes_read,
+            lost_bytes=info.lost_bytes,
+            skipped=skipped,
+        )
+
+
+def _category(process: str) -> str | None:
+    """What a Timeline process holds: host ops, device work (per stream), or nothing timed."""
+    if _MEMCPY.search(process):
+        return None  # the copies again, as on their own streams
+    stream = _STREAM.search(process)
+    if stream:
+        return None if stream.group(1) == "all" else "tf_kernel"
+    if _DEVICE_COMPUTE.search(process):
+        return "tf_op"
+    return None
+
+
+def _events(
+    ops: list[_Op], processes: dict[int, str], rules: RuleSet, notes: Notes, path: Path
+) -> tuple[pa.Table, dict[str, int]]:
+    skipped: Counter[str] = Counter()
+    category = {pid: _category(name) for pid, name in processes.items()}
+    cat: list[str] = []
+    name: list[str] = []
+    pid: list[int] = []
+    tid: list[int] = []
+    ts: list[float] = []
+    dur: list[float] = []
+    scope: list[str | None] = []
+    sources: list[float] = []
+    for op in ops:
+        kind = category.get(op.pid) if op.pid is not None else None
+        if kind is None or op.ts is None:
+            skipped["not_timed" if op.ts is not None else "no_timestamp"] += 1
+            continue
+        full = f"{op.args.name}:{op.args.op}" if op.args.name and op.args.op else (op.name or "")
+        if kind == "tf_op":
+            label, own_scope = full, None
+            if op.args.name == "_SOURCE" and "cpu" in processes.get(op.pid or 0, "").lower():
+                sources.append(op.ts)
+        elif (op.args.op or op.name or "").upper().startswith("MEMCPY"):
+            kind, label, own_scope = "tf_memcpy", op.args.op or op.name or "memcpy", None
+        else:
+            label, own_scope = op.args.op or op.name or "", full
+        cat.append(kind)
+        name.append(label)
+        pid.append(op.pid or 0)
+        tid.append(op.tid or 0)
+        ts.append(op.ts)
+        dur.append(op.dur or 0.0)
+        scope.append(own_scope)
+    if not cat:
+        raise BadInput(f"{path}: the TensorFlow Timeline holds no op events")
+    if not sources:  # a GPU-only graph: the first device's _SOURCE nodes
+        sources = [
+            o.ts for o in ops if o.args.name == "_SOURCE" and o.ts is not None and o.pid in category
+        ]
+    _step_markers(sorted(set(sources)), cat, name, pid, tid, ts, dur, scope)
+    if len(sources) > 1:
+        notes.remark(
+            "TensorFlow Timeline without step markers: steps start at each Session.run's _SOURCE "
+            "node"
+        )
+    categories = pa.array(cat, pa.string()).dictionary_encode()
+    kinds = pa.array([rules.kind_of(c) for c in categories.dictionary.to_pylist()], pa.string())
+    table = pa.table(
+        {
+            S.KIND: pa.DictionaryArray.from_arrays(categories.indices, kinds),
+            S.CAT: categories,
+            S.NAME: pa.array(name, pa.string()).dictionary_encode(),
+            S.PID: pa.array(pid, pa.int64()),
+            S.TID: pa.array(tid, pa.int64()),
+            S.TS_NS: us_to_ns(np.asarray(ts, np.float64)),
+            S.DUR_NS: np.rint(np.maximum(np.asarray(dur, np.float64), 0) * 1e3).astype(np.int64),
+            S.SCOPE: pa.array(scope, pa.string()).dictionary_encode(),
+        }
+    )
+    return S.conform(table, S.RAW_SCHEMA), dict(skipped)
+
+
+def _step_markers(
+    starts: list[float],
+    cat: list[str],
+    name: list[str],
+    pid: list[int],
+    tid: list[int],
+    ts: list[float],
+    dur: list[float],
+    scope: list[str | None],
+) -> None:
+    """A step per Session.run: from its _SOURCE node to the next one (the last: to the end)."""
+    if not starts:
+        return
+    end = max(t + d for t, d in zip(ts, dur, strict=True))
+    host_pid = pid[cat.index("tf_op")] if "tf_op" in cat else pid[0]
+    bounds = [*starts, end]
+    for number, (start, stop) in enumerate(pairwise(bounds)):
+        cat.append("tf_step")
+        name.append(f"Session.run {number}")
+        pid.append(host_pid)
+        tid.append(STEP_THREAD)
+        ts.append(start)
+        dur.append(max(stop - start, 0.0))
+        scope.append(None)
