@@ -221,25 +221,47 @@ class JobNotStarted(Exception):
 
 def read_statuses(run: Path) -> list[dict[str, Any]]:
     statuses = []
-    for path in sorted((run / R.RAW).glob("rank-*/status.json")):
+    # rank-NNNNN/ for the ranks; other folders for processes that are recorded but not
+    # profiled (an MXNet parameter-server job's scheduler-N/, server-N/)
+    for path in sorted((run / R.RAW).glob("*/status.json")):
         try:
             status = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         status["folder"] = path.parent.name
-        status["trace_present"] = any(path.parent.glob("rank-*.pt.trace.json*"))
+        listed = [path.parent / name for name in status.get("trace_files") or []]
+        status["trace_present"] = any(f.is_file() for f in listed) or any(
+            path.parent.glob("rank-*.pt.trace.json*")
+        )
         statuses.append(status)
     return statuses
+
+
+def _is_rank(status: dict[str, Any]) -> bool:
+    return status.get("role") in (None, "", "worker")
 
 
 def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, Any]:
     """The "collect" section of the run's manifest: what ran, where, and how each rank ended."""
     ranks = []
+    processes = []
     for status in result.statuses:
         state = status.get("state")
         if status.get("ended_ns") is None and state in ("running", "profiling"):
             # The process never reached its exit handlers: killed, crashed, or still running.
             state = "crashed" if result.exit_code != 0 else "unknown"
+        if not _is_rank(status):
+            processes.append(
+                {
+                    "role": status.get("role"),
+                    "host": status.get("host"),
+                    "pid": status.get("pid"),
+                    "state": state,
+                    "detail": status.get("detail"),
+                    "framework": status.get("framework"),
+                }
+            )
+            continue
         ranks.append(
             {
                 "rank": status.get("rank"),
@@ -256,7 +278,9 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
                 "notes": status.get("notes", []),
             }
         )
-    worlds = [int(s["world_size"]) for s in result.statuses if s.get("world_size")]
+    worlds = [
+        int(s["world_size"]) for s in result.statuses if s.get("world_size") and _is_rank(s)
+    ]
     return {
         "command": result.command,
         "launched": result.launched,
@@ -269,6 +293,7 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
         "world_size": max(worlds) if worlds else None,
         "hosts": sorted({r["host"] for r in ranks if r.get("host")}),
         "ranks": sorted(ranks, key=lambda r: r["rank"] if r["rank"] is not None else -1),
+        "processes": processes,  # recorded but not profiled (parameter-server roles)
         "traceview_version": __version__,
         "python": sys.version.split()[0],
     }

@@ -223,6 +223,7 @@ class Status:
     profiled_steps: int = 0
     user_profiler: bool = False
     notes: list[str] = field(default_factory=list)
+    role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler
 
     def write(self, run_dir: Path) -> None:
         folder = rank_dir(run_dir, self.rank)
@@ -609,10 +610,17 @@ def install_exit_handlers(collector: Finishing) -> None:
 # --- entry points ------------------------------------------------------------------------------
 
 _collector: TorchCollector | None = None
+#: Collectors of the sibling frameworks, registered by their ``start``; each has
+#: ``manual_step()`` (the user API's step) and ``phase(name)`` (a context manager).
+_sibling_collectors: list[Any] = []
 
 
-def current() -> TorchCollector | None:
-    return _collector
+def register(collector: Any) -> None:
+    _sibling_collectors.append(collector)
+
+
+def current() -> Any:
+    return _collector if _collector is not None else next(iter(_sibling_collectors), None)
 
 
 #: Frameworks profiled by a sibling module (``<this module>_<framework>``, also standard library
@@ -624,6 +632,14 @@ def _sibling(framework: str, config: Config) -> Callable[[Any], None] | None:
     name = f"{__name__}_{framework}"
     if importlib.util.find_spec(name) is None:  # not written yet for this framework
         return None
+    # A sibling may act at start-up, before the job imports anything (MXNet's parameter
+    # servers never return from ``import mxnet``): its optional ``prepare(core, config)``.
+    try:
+        prepare = getattr(importlib.import_module(name), "prepare", None)
+        if prepare is not None:
+            prepare(sys.modules[__name__], config)
+    except Exception as exc:  # never break the job
+        warn(f"could not set up profiling ({type(exc).__name__}: {exc}); running unprofiled")
 
     def on_import(module: Any) -> None:
         importlib.import_module(name).start(sys.modules[__name__], config, module)
@@ -664,7 +680,9 @@ def phase(name: str) -> Iterator[None]:
     """A region of the step, for the user API: a profiler region and an NVTX range."""
     collector = _collector
     if collector is None:
-        yield
+        sibling = next(iter(_sibling_collectors), None)
+        with sibling.phase(name) if sibling is not None else contextlib.nullcontext():
+            yield
         return
     region = collector.torch.profiler.record_function(f"## {name} ##")
     nvtx = collector.nvtx
@@ -684,3 +702,5 @@ def step() -> None:
     if collector is not None:
         collector.manual = True
         collector.step()
+    for sibling in _sibling_collectors:
+        sibling.manual_step()

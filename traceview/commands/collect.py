@@ -94,7 +94,7 @@ class CollectCommand:
         if not any(s.get("trace_present") for s in result.statuses):
             print(
                 f"traceview: the job exited with code {code} and left nothing to profile: "
-                "no process imported PyTorch and stepped an optimizer",
+                "no process imported PyTorch, TensorFlow or MXNet and ran a training step",
                 file=sys.stderr,
             )
             return code

@@ -1,0 +1,274 @@
+"""What `traceview collect` runs inside a TensorFlow process (standard library only).
+
+Loaded by the rank-side core (``rankside.py``) right after the job imports ``tensorflow``;
+``start(core, config, tf)`` arms the collector. Steps are found without touching the script:
+
+- Keras ``Model.fit``: a callback is added, whose batch begin and end bound each step;
+- custom training loops: every ``next()`` on a tf.data iterator (plain or distributed) starts a
+  step, which ends at the next one;
+- the user API (``traceview.collectors.step()``) when the script marks steps itself.
+
+After ``--skip`` steps, ``tf.profiler.experimental`` starts; the next ``--warmup`` steps run
+profiled but unmarked, then ``--steps`` steps are marked with ``Trace("train", step_num=N)``,
+and the profiler stops. Its XSpace is moved to ``RUN/raw/rank-NNNNN/<host>.xplane.pb``. The rank
+comes from the launcher's variables, else from TF_CONFIG (MultiWorkerMirroredStrategy).
+
+As everywhere in the rank-side code, a failure prints one ``traceview:`` line and the job runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+# Who marks steps, by precedence: the script itself, Keras' batches, then iterator calls.
+_SOURCES = ("iterator", "keras", "manual")
+_LOGDIR = ".tfprofile"
+
+
+def rank_from_tf_config(value: str | None) -> tuple[int, int] | None:
+    """(rank, world size) of a worker from TF_CONFIG: the chief first, then the workers."""
+    if not value:
+        return None
+    try:
+        config = json.loads(value)
+        cluster, task = config.get("cluster", {}), config.get("task", {})
+        chiefs = len(cluster.get("chief", []))
+        workers = len(cluster.get("worker", []))
+        kind, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if kind == "chief":
+        return index, chiefs + workers
+    if kind == "worker":
+        return chiefs + index, chiefs + workers
+    return None
+
+
+class TensorFlowCollector:
+    def __init__(self, core: Any, config: Any, tf: Any):
+        self.core = core
+        self.config = config
+        self.tf = tf
+        self.lock = threading.RLock()
+        self.source: str | None = None  # who marks the steps (see _SOURCES)
+        self.begun = 0  # steps begun so far
+        self.marker: Any = None  # the open Trace("train", step_num=N) of the current step
+        self.profiling = False
+        self.finished = False
+        self.status: Any = None
+        self.logdir: Path | None = None
+        self.inside_next = threading.local()
+
+    # set-up -------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        self._hook_iterators()
+        self.core.install_exit_handlers(self)
+        self.core.register(self)
+
+    def _hook_iterators(self) -> None:
+        collector = self
+
+        def wrap(cls: Any) -> None:
+            original = cls.__next__
+
+            def __next__(iterator: Any) -> Any:
+                outer = not getattr(collector.inside_next, "active", False)
+                if outer:  # a distributed iterator's next() calls the plain one: count once
+                    collector.boundary("iterator")
+                    collector.inside_next.active = True
+                try:
+                    return original(iterator)
+                finally:
+                    if outer:
+                        collector.inside_next.active = False
+
+            cls.__next__ = __next__
+
+        from tensorflow.python.data.ops import iterator_ops
+
+        wrap(iterator_ops.OwnedIterator)
+        with contextlib.suppress(ImportError, AttributeError):
+            from tensorflow.python.distribute import input_lib
+
+            wrap(input_lib.DistributedIterator)
+
+    def hook_keras(self, keras: Any) -> None:
+        """Add a step-marking callback to every ``Model.fit``."""
+        collector = self
+        base = keras.callbacks.Callback
+
+        class _Steps(base):  # type: ignore[misc, valid-type]
+            def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+                collector.boundary("keras")
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                collector.end_step("keras")
+
+        model_cls = keras.Model
+        original = model_cls.fit
+
+        def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if len(args) <= 5:  # callbacks is fit's 6th positional parameter
+                with contextlib.suppress(Exception):
+                    kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _Steps()]
+            return original(model, *args, **kwargs)
+
+        model_cls.fit = fit
+
+    # steps ----------------------------------------------------------------------------------
+
+    def manual_step(self) -> None:
+        self.boundary("manual")
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with self.tf.profiler.experimental.Trace(f"## {name} ##"):
+            yield
+
+    def _accepts(self, source: str) -> bool:
+        """The first source seen wins, unless one with more precedence appears later."""
+        if self.source is None or _SOURCES.index(source) > _SOURCES.index(self.source):
+            self.source = source
+        return source == self.source
+
+    def boundary(self, source: str) -> None:
+        """A step begins (and the one before it ends)."""
+        with self.lock:
+            if self.finished or not self._accepts(source):
+                return
+            try:
+                self._close_marker()
+                number = self.begun
+                self.begun += 1
+                first_marked = self.config.skip + self.config.warmup
+                if number == self.config.skip:
+                    self._start()
+                if number >= first_marked + self.config.active:
+                    self.finish()
+                elif self.profiling and number >= first_marked:
+                    marker = self.tf.profiler.experimental.Trace("train", step_num=number, _r=1)
+                    marker.__enter__()
+                    self.marker = marker
+                    self.status.profiled_steps += 1
+            except Exception as exc:
+                self.core.warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
+                self._abandon(f"{type(exc).__name__}: {exc}")
+
+    def end_step(self, source: str) -> None:
+        """A step ends without the next one beginning yet (Keras' batch end)."""
+        with self.lock:
+            if not self.finished and source == self.source:
+                with contextlib.suppress(Exception):
+                    self._close_marker()
+
+    def _close_marker(self) -> None:
+        marker, self.marker = self.marker, None
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
+    # the profiler ---------------------------------------------------------------------------
+
+    def _rank(self) -> Any:
+        core = self.core
+        info = core.detect_rank(os.environ)
+        if info.source == "default":
+            from_config = rank_from_tf_config(os.environ.get("TF_CONFIG"))
+            if from_config is not None:
+                return core.RankInfo(from_config[0], from_config[1], 0, "TF_CONFIG")
+        return info
+
+    def _start(self) -> None:
+        core, tf = self.core, self.tf
+        info = self._rank()
+        self.status = core.Status(info.rank, info.world_size, info.local_rank, info.source)
+        self.status.framework, self.status.framework_version = "tensorflow", str(tf.__version__)
+        self.status.clock = asdict(core.probe_clock(self.config.clock))
+        self.logdir = core.rank_dir(self.config.run_dir, info.rank) / _LOGDIR
+        try:
+            tf.profiler.experimental.start(str(self.logdir))
+        except Exception as exc:  # the script profiles on its own (one session per process)
+            self.status.user_profiler = True
+            self.status.notes.append(f"tf.profiler not started ({type(exc).__name__}): {exc}")
+            self.status.write(self.config.run_dir)
+            self.finished = True
+            return
+        self.profiling = True
+        self.status.state = "profiling"
+        self.status.write(self.config.run_dir)
+
+    def _stop(self) -> None:
+        """Stop the profiler and move its XSpace next to the status."""
+        self._close_marker()
+        if not self.profiling:
+            return
+        self.profiling = False
+        self.tf.profiler.experimental.stop()
+        assert self.logdir is not None and self.status is not None
+        folder = self.logdir.parent
+        written = sorted(self.logdir.glob("plugins/profile/*/*.xplane.pb"))
+        names = []
+        for source in written:
+            target = (
+                folder / f"{source.name[: -len('.xplane.pb')] or socket.gethostname()}.xplane.pb"
+            )
+            os.replace(source, target)
+            names.append(target.name)
+        shutil.rmtree(self.logdir, ignore_errors=True)
+        self.status.trace_files = names
+        if not names:
+            self.status.notes.append("tf.profiler wrote no XSpace")
+
+    def finish(self, state: str | None = None, detail: str | None = None) -> None:
+        """Stop profiling (writing what was recorded); at exit, record how the process ended."""
+        with self.lock:
+            if not self.finished:
+                self.finished = True
+                try:
+                    self._stop()
+                except Exception as exc:
+                    self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+                    if self.status is not None:
+                        self.status.notes.append(f"trace not written: {exc}")
+            if self.status is None:
+                return  # never stepped: nothing to report
+            if state is not None and self.status.ended_ns is None:
+                self.status.state = state
+                self.status.detail = detail
+                self.status.ended_ns = time.time_ns()
+            elif self.status.state == "profiling":
+                self.status.state = "running"
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+    def _abandon(self, reason: str) -> None:
+        self.finished = True
+        with contextlib.suppress(Exception):
+            self._stop()
+        if self.status is not None:
+            self.status.notes.append(f"profiling stopped: {reason}")
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+
+def start(core: Any, config: Any, tf: Any) -> None:
+    """Called by the rank-side core once the job has imported tensorflow."""
+    collector = TensorFlowCollector(core, config, tf)
+    collector.install()
+    keras_hook = collector.hook_keras
+    for name in ("keras", "tf_keras"):
+        if name in sys.modules:
+            keras_hook(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, core._AfterImport(name, keras_hook))

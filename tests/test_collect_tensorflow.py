@@ -1,0 +1,100 @@
+"""`traceview collect` on real TensorFlow jobs: MultiWorkerMirroredStrategy under mpirun, Keras fit.
+
+tests/workloads/tf_train.py knows nothing of traceview; steps are found from its tf.data
+iterator (custom loop) or Keras' batches (fit).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from traceview.collectors.rankside_tensorflow import rank_from_tf_config
+
+WORKLOADS = REPO / "tests" / "workloads"
+pytestmark = pytest.mark.mpi
+
+
+def _needs_tensorflow() -> None:
+    pytest.importorskip("tensorflow", reason="pip install tensorflow-cpu==2.21.0")
+    pytest.importorskip("xprof", reason="pip install '.[tensorflow]'")
+
+
+def _mpirun(n: int = 2) -> list[str]:
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not found (pip install -e '.[mpi]' provides Open MPI)")
+    flags = ["--allow-run-as-root", "--oversubscribe"] if os.geteuid() == 0 else ["--oversubscribe"]
+    return [mpirun, *flags, "-np", str(n)]
+
+
+def test_multi_worker_custom_loop_under_mpirun(tmp_path: Path) -> None:
+    _needs_tensorflow()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--steps", "3", "--warmup", "1", "--skip", "2", "--",
+        *_mpirun(), sys.executable, WORKLOADS / "tf_train.py", "--steps", "10", "--port", "23671",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "tensorflow · 2 ranks · 3 steps" in result.out
+    collect = json.loads((run / "manifest.json").read_text())["collect"]
+    assert [r["rank"] for r in collect["ranks"]] == [0, 1]
+    for rank in collect["ranks"]:
+        assert rank["state"] == "ok" and rank["framework"] == "tensorflow"
+    for folder in ("rank-00000", "rank-00001"):
+        status = json.loads((run / "raw" / folder / "status.json").read_text())
+        assert status["profiled_steps"] == 3 and len(status["trace_files"]) == 1
+        assert (run / "raw" / folder / status["trace_files"][0]).is_file()
+        assert not (run / "raw" / folder / ".tfprofile").exists()
+    report = run_cli("report", run, "--json").json()
+    summary = report["summary"]
+    # the strategy all-reduces every step's gradients after backward
+    assert summary["comm_total_ms"] > 0 and summary["breakdown_ms"]["comm"] > 0
+    assert summary["breakdown_ms"]["backward"] > 0 and summary["breakdown_ms"]["forward"] > 0
+    assert {op["op"] for op in report["top_ops"]} >= {"fully_connected", "allreduce"}
+
+
+def test_keras_fit_steps_come_from_its_batches(tmp_path: Path) -> None:
+    _needs_tensorflow()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--steps", "4", "--warmup", "1", "--skip", "2", "--",
+        sys.executable, WORKLOADS / "tf_train.py", "--loop", "fit", "--steps", "10",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    report = run_cli("report", run, "--json").json()
+    assert report["run"]["framework"] == "tensorflow" and report["run"]["steps"] == 4
+    breakdown = report["summary"]["breakdown_ms"]
+    assert breakdown["forward"] > 0 and breakdown["backward"] > 0
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}, (1, 2)),
+        (
+            {
+                "cluster": {"chief": ["c:1"], "worker": ["a:1", "b:1"]},
+                "task": {"type": "worker", "index": 0},
+            },
+            (1, 3),
+        ),
+        (
+            {
+                "cluster": {"chief": ["c:1"], "worker": ["a:1"]},
+                "task": {"type": "chief", "index": 0},
+            },
+            (0, 2),
+        ),
+        ({"cluster": {"ps": ["p:1"], "worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}, None),
+    ],
+)
+def test_rank_from_tf_config(config: dict, expected: tuple[int, int] | None) -> None:
+    assert rank_from_tf_config(json.dumps(config)) == expected
+    assert rank_from_tf_config("not json") is None and rank_from_tf_config(None) is None
