@@ -256,6 +256,8 @@ def _events(
                 kind = "tf_data"
             elif args.long_name and ":" in args.long_name:
                 kind, label = "tf_op", args.long_name
+            elif line.startswith("collective_ops"):
+                kind = "tf_collective"  # the collective executor's own work: communication
             else:
                 kind = "tf_host"
             if args.memcpy_details:

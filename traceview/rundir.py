@@ -91,7 +91,9 @@ def read_manifest(run: Path) -> dict[str, Any]:
 
 def _read_table(path: Path) -> pa.Table:
     try:
-        return pq.read_table(path)
+        # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
+        with pq.ParquetFile(path) as file:
+            return file.read()
     except FileNotFoundError:
         raise BadInput(f"{path}: missing (re-run `traceview ingest`)") from None
     except (OSError, pa.ArrowInvalid) as exc:

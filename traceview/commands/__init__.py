@@ -22,6 +22,7 @@ def all_commands() -> list[Command]:
     from traceview.commands.ingest import IngestCommand
     from traceview.commands.report import ReportCommand
     from traceview.commands.scaling import ScalingCommand
+    from traceview.commands.tui import TuiCommand
 
     return [
         CollectCommand(),
@@ -30,4 +31,5 @@ def all_commands() -> list[Command]:
         CompareCommand(),
         ScalingCommand(),
         ExportCommand(),
+        TuiCommand(),
     ]

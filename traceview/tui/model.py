@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import polars as pl
 
 from traceview import schema as S
 from traceview.analysis.compare import compare
-from traceview.analysis.timeline import Lane, step_lanes
 from traceview.runs import Run
 from traceview.text import safe
+
+if TYPE_CHECKING:  # the timeline analysis (and pyarrow.compute) loads with the first lanes
+    from traceview.analysis.timeline import Lane
 
 #: A leading step this much slower than the median step is counted as warm-up.
 WARMUP_FACTOR = 1.10
@@ -324,6 +326,8 @@ class RankLanes:
 
 def rank_lanes(run: Run, rank: int, step: int | None, threads: dict[str, str]) -> RankLanes:
     """Read one rank's events and cut its lanes for ``step`` (10-100 ms: a worker's job)."""
+    from traceview.analysis.timeline import step_lanes
+
     events = run.events([rank])
     if events.num_rows == 0:
         return RankLanes(rank, step, 0, 0, [], "no events")
@@ -360,10 +364,21 @@ def _covered_until(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
     return before[last] * (k > 0) + partial
 
 
-def bin_lane(lane: Lane, lo: int, hi: int, width: int) -> list[str | None]:
-    """The phase to draw in each of ``width`` cells spanning [lo, hi) ns: the one covering most
-    of the cell (ties by priority), None where nothing covers it."""
-    cells: list[str | None] = [None] * max(width, 0)
+#: A cell is drawn solid when its phase covers at least this much of it, as a plain letter below.
+SOLID = 0.5
+
+Cell: TypeAlias = tuple[str, bool] | None  # (phase, solid); None: nothing in the cell
+
+
+def bin_lane(lane: Lane, lo: int, hi: int, width: int) -> list[Cell]:
+    """What to draw in each of ``width`` cells spanning [lo, hi) ns.
+
+    A cell shows the phase covering most of it other than idle (ties by priority), solid when
+    it covers at least half the cell; idle where only idle time is in the cell; None where
+    nothing is. So a lane with short kernels and long gaps still shows where the kernels are,
+    and which cells they fill.
+    """
+    cells: list[Cell] = [None] * max(width, 0)
     if width <= 0 or hi <= lo or len(lane.starts) == 0:
         return cells
     edges = np.linspace(0.0, float(hi - lo), width + 1)
@@ -372,6 +387,7 @@ def bin_lane(lane: Lane, lo: int, hi: int, width: int) -> list[str | None]:
     codes = np.array([_PHASE_CODE.get(p, _PHASE_CODE[S.OTHER]) for p in lane.phases])
     best = np.zeros(width)
     winner = np.full(width, -1)
+    idle = np.zeros(width)
     for phase in _TIE_ORDER:
         mask = (codes == _PHASE_CODE[phase]) & (ends > 0) & (starts < edges[-1])
         if not mask.any():
@@ -379,10 +395,19 @@ def bin_lane(lane: Lane, lo: int, hi: int, width: int) -> list[str | None]:
         s, e = _merge(starts[mask], ends[mask])
         covered = _covered_until(s, e, edges)
         amount = covered[1:] - covered[:-1]
+        if phase == S.IDLE:
+            idle = amount
+            continue
         better = amount > best
         winner[better] = _PHASE_CODE[phase]
         best[better] = amount[better]
-    return [S.BREAKDOWN_PHASES[w] if w >= 0 else None for w in winner]
+    cell = edges[1] - edges[0]
+    for i in range(width):
+        if winner[i] >= 0:
+            cells[i] = (S.BREAKDOWN_PHASES[winner[i]], bool(best[i] >= SOLID * cell))
+        elif idle[i] > 0:
+            cells[i] = (S.IDLE, False)
+    return cells
 
 
 def nice_ticks(span_ms: float, cells: int, min_gap: int = 12) -> float:

@@ -13,7 +13,7 @@ from rich.text import Text
 from traceview import schema as S
 from traceview.report import PHASE_LETTER, PHASE_STYLE, SHORT, phase_bar
 from traceview.text import safe
-from traceview.tui.model import PHASE_WORDS
+from traceview.tui.model import PHASE_WORDS, Cell
 
 __all__ = ["PHASE_LETTER", "PHASE_STYLE", "SHORT", "phase_bar"]
 
@@ -71,7 +71,9 @@ def verdict_text(report: dict[str, Any]) -> Text:
         )
     if comm > 0:
         exposed = summary["comm_exposed_ms"]
-        text.append(f" (exposed {ms(exposed)} ms, {pct(exposed / step if step else 0)} of the step;")
+        text.append(
+            f" (exposed {ms(exposed)} ms, {pct(exposed / step if step else 0)} of the step;"
+        )
         text.append(f" hidden: {summary['hidden']})")
     else:
         text.append("; no communication found")
@@ -116,36 +118,35 @@ def legend_text(phases: tuple[str, ...] = S.BREAKDOWN_PHASES) -> Text:
     return text
 
 
-def lane_cells(cells: list[str | None]) -> Text:
-    """A timeline lane from its binned cells: a coloured letter per phase, blank where none."""
+def lane_cells(cells: list[Cell]) -> Text:
+    """A timeline lane from its binned cells: a letter per phase, reversed where the phase fills
+    the cell, plain where it fills part of it, '.' for idle time, blank where nothing runs."""
     text = Text(no_wrap=True)
-    run_phase: str | None = None
-    run_length = 0
-
-    def flush() -> None:
-        if run_length == 0:
-            return
-        if run_phase is None:
-            text.append(" " * run_length)
-        elif run_phase == S.IDLE:
-            text.append(PHASE_LETTER[S.IDLE] * run_length, style="bright_black")
+    start = 0
+    for i in range(1, len(cells) + 1):
+        if i < len(cells) and cells[i] == cells[start]:
+            continue
+        cell, length = cells[start], i - start
+        if cell is None:
+            text.append(" " * length)
         else:
-            text.append(
-                PHASE_LETTER[run_phase] * run_length, style=f"reverse {PHASE_STYLE[run_phase]}"
-            )
-
-    for cell in cells:
-        if cell != run_phase:
-            flush()
-            run_phase, run_length = cell, 0
-        run_length += 1
-    flush()
+            phase, solid = cell
+            style = PHASE_STYLE[phase]
+            if phase == S.IDLE:
+                style = "bright_black"
+            elif solid:
+                style = f"reverse {style}"
+            text.append(PHASE_LETTER[phase] * length, style=style)
+        start = i
     return text
 
 
 def ratio_text(ratio: float | None) -> Text:
-    """A ratio against the baseline; slower (above 1.1) in red, faster (below 0.9) in green."""
+    """A ratio against the baseline; slower (above 1.1) in red, faster (below 0.9) in green;
+    "-" where the baseline has none, "absent" where this run has none."""
     if ratio is None:
         return Text("-", style="bright_black")
+    if ratio == 0:
+        return Text("absent", style="bright_black")
     style = "red" if ratio > 1.1 else "green" if ratio < 0.9 else ""
     return Text(f"{ratio:.2f}×", style=style)

@@ -1,0 +1,539 @@
+"""The terminal UI, driven by keys with Textual's Pilot at 80×24: what a person would read.
+
+Each test opens a real sample run (ingested once per module), waits until the overview is drawn
+and the workers are done, presses keys and reads the widgets' content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rich.text import Text
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Input, Static, TabbedContent
+
+from tests.conftest import REPO, run_cli
+from tests.tui_helpers import EVIL, evil_run, loaded, sample_run, settle
+from traceview import schema as S
+from traceview.analysis.compare import compare
+from traceview.commands.tui import run_groups
+from traceview.runs import Run, open_run, open_runs
+from traceview.text import safe
+from traceview.tui.app import TraceviewApp
+from traceview.tui.help import HelpScreen
+from traceview.tui.model import build_view, step_rows
+from traceview.tui.operators import OperatorsPane
+from traceview.tui.overview import Legend, RankBars
+from traceview.tui.render import ms, pct
+from traceview.tui.timeline import Timeline
+
+SIZE = (80, 24)
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tui-runs")
+
+
+@pytest.fixture(scope="module")
+def ddp(runs_root: Path) -> Iterator[Run]:
+    with open_run([sample_run("ddp", runs_root)]) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def explicit(runs_root: Path) -> Iterator[Run]:
+    with open_run([sample_run("explicit", runs_root)]) as run:
+        yield run
+
+
+def drive(
+    runs: list[Run], scenario: Callable[[TraceviewApp, Pilot[None]], Awaitable[None]]
+) -> TraceviewApp:
+    """Run the app headless at 80×24, wait until it has loaded, then play ``scenario``."""
+    app = TraceviewApp(runs)
+    app.animation_level = "none"  # the tabs' underline would slide for a while on every switch
+
+    async def main() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            await scenario(app, pilot)
+
+    asyncio.run(main())
+    return app
+
+
+def plain(value: object) -> str:
+    if isinstance(value, Text):
+        return value.plain
+    if isinstance(value, Static):
+        return plain(value.content)
+    return str(value)
+
+
+def rows(table: DataTable) -> list[list[str]]:
+    return [[plain(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+# --- overview ---------------------------------------------------------------------------------
+
+
+def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) -> None:
+    report = ddp.report()
+    summary = report["summary"]
+    seen: dict[str, str] = {}
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        seen["verdict"] = plain(app.query_one("#verdict", Static))
+        seen["bars"] = plain(app.query_one(RankBars).render())
+        seen["legend"] = plain(app.query_one(Legend).render())
+        seen["notes"] = plain(app.query_one("#notes", Static))
+        seen["title"] = plain(app.query_one("#title", Static))
+
+    drive([ddp], look)
+    assert seen["verdict"].startswith(
+        f"backward is the bottleneck: {pct(summary['bottleneck_share'])} of the "
+        f"{ms(summary['step_ms'])} ms step"
+    ), seen["verdict"]
+    assert f"{pct(summary['comm_hidden_fraction'])} of it hidden behind compute" in seen["verdict"]
+    assert "ddp · pytorch · 2 ranks · 5 steps · cpu timeline" in seen["title"]
+    # One bar per rank and the mean, each with its step time; the straggler is called out.
+    lines = seen["bars"].splitlines()
+    assert lines[1].split()[:2] == ["mean", ms(summary["step_ms"])]
+    for row in report["ranks"]:
+        line = next(x for x in lines if x.startswith(f"rank {row['rank']} "))
+        assert ms(row["step_ms"]) in line
+        assert ("◀ straggler" in line) == (row["rank"] == summary["straggler_rank"])
+        bar = line.split()[3]
+        assert set(bar) <= set("IHFBUCo."), "bars carry one letter per phase"
+    # The legend gives every phase's mean ms and share, letter first.
+    for phase, value in summary["breakdown_ms"].items():
+        entry = f"{phase:<9}{ms(value):>8} ms {pct(value / summary['step_ms']):>4}"
+        assert entry in seen["legend"], f"{phase}: {entry!r} not in legend"
+    assert f"straggler: rank {summary['straggler_rank']}" in seen["notes"]
+
+
+def test_every_screen_fits_80_by_24(ddp: Run, explicit: Run) -> None:
+    """The main content of each screen lies inside the terminal (or scrolls inside it)."""
+
+    async def visit(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        screen = app.screen.region
+        for key, widget in [
+            ("1", "#overview-pane"),
+            ("2", "#timeline"),
+            ("3", "#ops-table"),
+            ("4", "#ranks-table"),
+            ("5", "#steps-table"),
+            ("6", "#compare-pane"),
+        ]:
+            await pilot.press(key)
+            await settle(pilot)
+            region = app.query_one(widget).region
+            assert region.width > 0 and region.height >= 3, (key, region)
+            assert screen.contains_region(region), (key, region, screen)
+
+    drive([ddp, explicit], visit)
+
+
+# --- navigation -------------------------------------------------------------------------------
+
+
+def test_number_keys_and_tab_switch_screens_and_q_quits(ddp: Run) -> None:
+    visited: list[str] = []
+
+    async def walk(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        tabs = app.query_one(TabbedContent)
+        for key in ["2", "3", "4", "5", "6", "1", "tab", "tab", "shift+tab"]:
+            await pilot.press(key)
+            visited.append(tabs.active)
+        await pilot.press("q")
+
+    app = drive([ddp], walk)
+    assert visited == [
+        "timeline", "operators", "ranks", "steps", "compare", "overview",
+        "timeline", "operators", "timeline",
+    ]  # fmt: skip
+    assert app.return_code == 0, "q leaves the app"
+
+
+def test_question_mark_opens_and_closes_the_help(ddp: Run) -> None:
+    seen: list[str] = []
+
+    async def help(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        keys = app.screen.query_one("#help-keys", Static)
+        seen.append("\n".join(line.text for line in keys.render_lines(keys.region.reset_offset)))
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+    drive([ddp], help)
+    assert "[ ]" in seen[0] and "previous, next step" in seen[0]
+    assert "quit" in seen[0]
+
+
+# --- operators --------------------------------------------------------------------------------
+
+
+def test_operators_table_matches_the_reports_top_operators(ddp: Run) -> None:
+    report = ddp.report(5)
+    table: list[list[str]] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3")
+        table.extend(rows(app.query_one("#ops-table", DataTable)))
+
+    drive([ddp], look)
+    for row, op in zip(table, report["top_ops"], strict=False):
+        op_name, _phase, device, calls, self_ms, total_ms, *_rest, name = row
+        assert (op_name, device, name) == (op["op"], op["device"], op["name"])
+        assert (self_ms, total_ms) == (ms(op["self_ms_per_step"]), ms(op["total_ms_per_step"]))
+        assert calls == f"{op['calls_per_step']:g}"
+    share = float(table[0][8].rstrip("%")) / 100
+    top = report["top_ops"][0]["self_ms_per_step"] / report["summary"]["step_ms"]
+    assert share == pytest.approx(top, abs=0.006)
+
+
+def test_operators_filter_box_and_phase_filter(ddp: Run) -> None:
+    seen: dict[str, list[list[str]]] = {}
+
+    async def filter(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3", "slash")
+        assert isinstance(app.focused, Input), "/ puts the cursor in the filter box"
+        await pilot.press(*"back")
+        seen["text"] = rows(app.query_one("#ops-table", DataTable))
+        await pilot.press("enter")
+        assert isinstance(app.focused, DataTable), "enter goes back to the table"
+        await pilot.press("slash", "ctrl+u", "escape")
+        assert isinstance(app.focused, DataTable), "escape goes back to the table"
+        seen["all"] = rows(app.query_one("#ops-table", DataTable))
+        for phase in ["io", "h2d", "forward"]:  # p: all -> io -> h2d -> forward ...
+            await pilot.press("p")
+            assert app.query_one(OperatorsPane).phase == phase
+            seen[phase] = rows(app.query_one("#ops-table", DataTable))
+
+    drive([ddp], filter)
+    assert seen["text"], "some operators match 'back'"
+    assert all("back" in (r[0] + r[-1]).lower() for r in seen["text"])
+    assert len(seen["all"]) > len(seen["text"]), "clearing the box shows every operator again"
+    assert seen["io"] and all(r[1] == "io" for r in seen["io"])
+    assert seen["forward"] and all(r[1] == "fwd" for r in seen["forward"])
+    assert seen["h2d"] == [], "a CPU run has no host-to-device copies"
+
+
+def test_operators_sort_key_cycles_through_the_columns(ddp: Run) -> None:
+    orders: dict[str, list[list[str]]] = {}
+
+    async def sort(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3")
+        orders["self"] = rows(app.query_one("#ops-table", DataTable))
+        for expected in ["total", "calls", "mean", "p95", "op"]:
+            await pilot.press("s")
+            assert app.query_one(OperatorsPane).sort == expected
+            orders[expected] = rows(app.query_one("#ops-table", DataTable))
+
+    drive([ddp], sort)
+
+    def numbers(table: list[list[str]], column: int) -> list[float]:
+        return [float(r[column].replace(",", "")) for r in table]
+
+    assert numbers(orders["self"], 4) == sorted(numbers(orders["self"], 4), reverse=True)
+    assert numbers(orders["total"], 5) == sorted(numbers(orders["total"], 5), reverse=True)
+    assert numbers(orders["calls"], 3) == sorted(numbers(orders["calls"], 3), reverse=True)
+    names = [r[0] for r in orders["op"]]
+    assert names == sorted(names)
+
+
+# --- ranks and steps --------------------------------------------------------------------------
+
+
+def test_ranks_screen_lists_the_slowest_rank_first(ddp: Run) -> None:
+    report = ddp.report()
+    table: list[list[str]] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("4")
+        table.extend(rows(app.query_one("#ranks-table", DataTable)))
+
+    drive([ddp], look)
+    by_busy = sorted(report["ranks"], key=lambda r: -r["busy_ms"])
+    assert [int(r[0].rstrip("*")) for r in table] == [r["rank"] for r in by_busy]
+    for row, rank in zip(table, by_busy, strict=True):
+        assert row[1:3] == [ms(rank["step_ms"]), ms(rank["busy_ms"])]
+        wait = rank["comm_exposed_ms"] + rank["breakdown_ms"]["idle"]
+        assert row[4] == ms(wait)
+        assert row[7:15] == [ms(rank["breakdown_ms"][p]) for p in S.BREAKDOWN_PHASES]
+    assert table[0][0].endswith("*"), "the straggler is marked"
+
+
+def test_steps_screen_shows_each_step_and_marks_the_first(ddp: Run) -> None:
+    expected, stats = step_rows(ddp)
+    table: list[list[str]] = []
+    summary: list[str] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("5")
+        table.extend(rows(app.query_one("#steps-table", DataTable)))
+        summary.append(plain(app.query_one("#steps-summary", Static)))
+
+    drive([ddp], look)
+    assert [r[0] for r in table] == ["2", "3", "4", "5", "6"]
+    assert table[0][1] == "first"
+    assert [r[2] for r in table] == [ms(r.mean_ms) for r in expected]
+    assert f"5 steps · mean {ms(stats.mean_ms)} ms" in summary[0]
+
+
+def test_warm_up_steps_are_marked_from_their_time() -> None:
+    """A leading step well above the median is warm-up; a later one, slow."""
+    import pyarrow as pa
+
+    def table(walls_ms: list[float]) -> pa.Table:
+        n = len(walls_ms)
+        walls = [int(w * 1e6) for w in walls_ms]
+        columns = {
+            S.RANK: [0] * n,
+            S.STEP: list(range(n)),
+            S.TIMELINE: ["cpu"] * n,
+            S.START_NS: [0] * n,
+            S.END_NS: walls,
+            S.WALL_NS: walls,
+            **{S.phase_ns(p): [0] * n for p in S.BREAKDOWN_PHASES},
+            S.COMM_TOTAL_NS: [0] * n,
+            S.COMM_EXPOSED_NS: [0] * n,
+            S.COMM_HIDDEN_FRACTION: [0.0] * n,
+        }
+        return pa.table(columns, schema=S.STEPS_SCHEMA)
+
+    run = Run(Path("."), "x", {}, table([80, 50, 10, 10, 10, 30, 10]), pa.table({}), False)
+    marks = [r.mark for r in step_rows(run)[0]]
+    assert marks == ["warm-up", "warm-up", "", "", "", "slow", ""]
+
+
+# --- timeline ---------------------------------------------------------------------------------
+
+
+def test_timeline_zoom_and_pan_change_the_visible_range(ddp: Run) -> None:
+    ranges: dict[str, tuple[float, float, float]] = {}
+    headers: dict[str, str] = {}
+
+    async def zoom(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        for name, keys in [
+            ("start", []),
+            ("zoomed", ["plus"]),
+            ("right", ["right"]),
+            ("left", ["h", "h"]),
+            ("far right", ["l"] * 4),
+            ("reset", ["0"]),
+            ("out", ["minus"]),
+        ]:
+            await pilot.press(*keys)
+            ranges[name] = timeline.visible_ms()
+            headers[name] = plain(app.query_one("#timeline-header", Static))
+
+    drive([ddp], zoom)
+    first, last, whole = ranges["start"]
+    assert (first, last) == (0.0, pytest.approx(whole)) and whole > 30
+    assert ranges["zoomed"][:2] == pytest.approx((whole / 4, 3 * whole / 4))
+    assert ranges["right"][0] == pytest.approx(ranges["zoomed"][0] + whole / 8)
+    assert ranges["left"][0] == pytest.approx(ranges["right"][0] - whole / 4)
+    assert ranges["far right"][1] == pytest.approx(whole), "panning stops at the end"
+    assert ranges["reset"][:2] == (0.0, pytest.approx(whole))
+    assert ranges["out"] == ranges["reset"], "never zooms out past the whole step"
+    assert (
+        f"{ms(whole / 4)}–{ms(3 * whole / 4)} ms of {ms(whole)} ms · zoom 2×" in headers["zoomed"]
+    )
+
+
+def test_timeline_shows_ddp_communication_under_backward(ddp: Run) -> None:
+    """The DDP sample's all-reduce runs on gloo threads while the training thread is in
+    backward: in some cell of the step, one lane shows B and another C."""
+    lanes: dict[str, str] = {}
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        width = timeline.bar_width()
+        for y in range(len(timeline.rows)):
+            line = timeline.render_line(y - round(timeline.scroll_offset.y)).text
+            label, bar = line[: timeline.label_width()], line[timeline.label_width() + 1 :]
+            lanes[label.strip()] = bar[:width]
+
+    drive([ddp], look)
+    assert any(label.startswith("▾ rank 0") for label in lanes), lanes.keys()
+    training = lanes["training thread"]
+    comm_threads = [bar for label, bar in lanes.items() if "gloo" in label or "6298" in label]
+    assert comm_threads, lanes.keys()
+    overlap = [
+        i for i, c in enumerate(training) if c == "B" and any(b[i] == "C" for b in comm_threads)
+    ]
+    assert overlap, "communication drawn under backward"
+
+
+def test_timeline_step_keys_change_the_step_and_cut_its_lanes(ddp: Run) -> None:
+    steps: list[int | None] = []
+    headers: list[str] = []
+
+    async def step(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        for key in ["right_square_bracket"] * 2 + ["left_square_bracket"] * 4:
+            await pilot.press(key)
+            await settle(pilot)
+            steps.append(timeline.step)
+            headers.append(plain(app.query_one("#timeline-header", Static)))
+            assert timeline.pending == 0
+            assert all(row.lane is not None for row in timeline.rows), "every rank has lanes"
+
+    drive([ddp], step)
+    # Starts on step 3 (step 2, the first, may be warm-up), then ] ] and [ past the first.
+    assert steps == [4, 5, 4, 3, 2, 2]
+    assert headers[0].startswith("step 4 (3 of 5)")
+    assert headers[-1].startswith("step 2 (1 of 5, first)")
+
+
+def test_timeline_rank_selection_opens_that_ranks_threads(ddp: Run) -> None:
+    labels: dict[str, list[str]] = {}
+
+    async def select(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        labels["start"] = [f"{r.rank}:{r.lane}" for r in timeline.rows]
+        await pilot.press("down")
+        await settle(pilot)
+        labels["down"] = [f"{r.rank}:{r.lane}" for r in timeline.rows]
+        await pilot.press("e")
+        labels["all"] = [f"{r.rank}:{r.lane}" for r in timeline.rows]
+
+    drive([ddp], select)
+    assert labels["start"][:2] == ["0:0", "0:1"] and labels["start"][-1] == "1:0"
+    assert labels["down"][0] == "0:0" and labels["down"][1] == "1:0"
+    assert len(labels["all"]) > len(labels["down"]), "e opens every rank's threads"
+
+
+# --- compare ----------------------------------------------------------------------------------
+
+
+def test_compare_screen_shows_both_runs_with_ratios(ddp: Run, explicit: Run) -> None:
+    expected = compare(
+        [ddp.report(), explicit.report()], [ddp.ops, explicit.ops], ["ddp", "explicit"]
+    )
+    seen: dict[str, list[list[str]]] = {}
+    summary: list[str] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("6")
+        for name in ("runs", "phases", "ops"):
+            seen[name] = rows(app.query_one(f"#compare-{name}", DataTable))
+        summary.append(plain(app.query_one("#compare-summary", Static)))
+
+    drive([ddp, explicit], look)
+    assert "A ddp (baseline)" in summary[0] and "B explicit" in summary[0]
+    comm = next(r for r in seen["phases"] if r[0] == "comm")
+    row = next(p for p in expected["phases"] if p["phase"] == "comm")
+    assert comm == ["comm", ms(row["ms"][0]), ms(row["ms"][1]), f"{row['ratio'][1]:.2f}×"]
+    assert seen["runs"][1][4] == f"{expected['runs'][1]['step_ratio']:.2f}×"
+    assert [r[0] for r in seen["ops"]] == [o["op"] for o in expected["ops"]]
+
+
+def test_compare_screen_without_a_second_run_says_how_to_get_one(ddp: Run) -> None:
+    seen: list[str] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("6")
+        seen.append(plain(app.query_one("#compare-summary", Static)))
+
+    drive([ddp], look)
+    assert "Compare needs two runs" in seen[0]
+
+
+# --- untrusted names --------------------------------------------------------------------------
+
+
+def test_names_from_traces_are_shown_literally(runs_root: Path) -> None:
+    seen: dict[str, object] = {}
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3")
+        table = app.query_one("#ops-table", DataTable)
+        seen["row"] = table.get_row_at(0)
+        seen["detail"] = app.query_one("#ops-detail", Static).content
+        await pilot.press("2")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        seen["labels"] = [timeline.render_line(y).text for y in range(len(timeline.rows))]
+        seen["lanes"] = [lane.label for lanes in timeline.cache.values() for lane in lanes.lanes]
+        await pilot.press("3")
+        seen["svg"] = app.export_screenshot()
+
+    with open_run([evil_run(runs_root)]) as run:
+        drive([run], look)
+    row = seen["row"]
+    assert isinstance(row, list)
+    op, name = row[0], row[-1]
+    assert isinstance(op, Text) and isinstance(name, Text)
+    assert name.plain == safe("aten::mm" + EVIL)
+    assert "\\x1b]2;PWNED\\x07\\x1b[2J[bold]x[/bold]\\u202e" in name.plain
+    assert not name.spans, "markup in a name is not interpreted"
+    for text in [op.plain, name.plain, str(seen["detail"]), *map(str, seen["labels"])]:  # type: ignore[call-overload]
+        assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    lanes = seen["lanes"]
+    assert isinstance(lanes, list)
+    assert any("(gloo\\x1b]2;PWNED\\x07" in label for label in lanes), lanes
+    assert not any("\x1b" in label for label in lanes)
+    svg = str(seen["svg"])
+    assert "[bold]x[/bold]" in svg and "\x1b" not in svg
+
+
+# --- command and layering ---------------------------------------------------------------------
+
+
+def test_two_folders_are_two_runs_and_files_are_one(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    f1, f2 = tmp_path / "r0.json", tmp_path / "r1.json"
+    assert run_groups([a, b], None) == [[a], [b]]
+    assert run_groups([f1, f2], None) == [[f1, f2]]
+    assert run_groups([a], None) == [[a]]
+    assert run_groups([f1, f2], [f1]) == [[f1, f2], [f1]]
+
+
+def test_tui_on_a_missing_path_fails_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("tui", tmp_path / "nothing-here")
+    assert result.code == 2, result.err
+    assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
+
+
+def test_headless_modules_never_import_textual() -> None:
+    code = (
+        "import sys\n"
+        "import traceview.analysis, traceview.analysis.timeline, traceview.ingest, traceview.report\n"
+        "import traceview.runs, traceview.cli, traceview.tui.model\n"
+        "from traceview.cli import build_parser; build_parser()\n"
+        "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert proc.stdout.strip() == "[]", f"textual imported by headless modules: {proc.stdout}"
+
+
+def test_views_of_several_runs_are_built_off_the_ui_thread(ddp: Run, explicit: Run) -> None:
+    """The model needs no Textual and no UI thread: build it here, as the worker does."""
+    view = build_view(ddp)
+    assert view.rank_numbers == [0, 1]
+    assert view.step_numbers == [2, 3, 4, 5, 6]
+    assert view.ops[0].op == ddp.report(1)["top_ops"][0]["op"]
+    with open_runs([[ddp.path], [explicit.path]]) as both:
+        assert [r.label for r in both] == ["ddp", "explicit"]

@@ -1,0 +1,101 @@
+"""What the screens look like: SVG snapshots at a fixed terminal size (pytest-textual-snapshot).
+
+The runs are the bundled samples ingested into run directories named after them, so nothing
+in a snapshot depends on a clock, a temporary path or the order of a hash. After a deliberate
+change of appearance, look at the report and refresh with
+``pytest tests/test_tui_snapshots.py --snapshot-update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from tests.tui_helpers import evil_run, loaded, sample_run, settle
+from traceview.runs import Run, open_run
+from traceview.tui.app import TraceviewApp
+
+SnapCompare = Callable[..., bool]
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tui-snapshot-runs")
+
+
+@pytest.fixture(scope="module")
+def ddp(runs_root: Path) -> Iterator[Run]:
+    with open_run([sample_run("ddp", runs_root)]) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def explicit(runs_root: Path) -> Iterator[Run]:
+    with open_run([sample_run("explicit", runs_root)]) as run:
+        yield run
+
+
+def app_of(*runs: Run) -> TraceviewApp:
+    app = TraceviewApp(list(runs))
+    app.animation_level = "none"
+    return app
+
+
+def keys(*presses: str) -> Callable[[Pilot[Any]], Any]:
+    """Wait for the run to load, press ``presses`` and let the workers finish (lanes)."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await loaded(pilot)
+        for key in presses:
+            await pilot.press(key)
+            await settle(pilot)
+
+    return run_before
+
+
+def test_overview_80x24(snap_compare: SnapCompare, ddp: Run) -> None:
+    assert snap_compare(app_of(ddp), terminal_size=(80, 24), run_before=keys())
+
+
+def test_overview_scales_up_120x36(snap_compare: SnapCompare, explicit: Run) -> None:
+    assert snap_compare(app_of(explicit), terminal_size=(120, 36), run_before=keys())
+
+
+def test_timeline_80x24(snap_compare: SnapCompare, ddp: Run) -> None:
+    assert snap_compare(app_of(ddp), terminal_size=(80, 24), run_before=keys("2"))
+
+
+def test_timeline_zoomed_on_the_all_reduce_100x30(snap_compare: SnapCompare, explicit: Run) -> None:
+    # The explicit all-reduce runs after backward: zoom on the end of the step.
+    presses = ("2", "e", "plus", "plus", "l", "l", "l", "l", "l", "l")
+    assert snap_compare(app_of(explicit), terminal_size=(100, 30), run_before=keys(*presses))
+
+
+def test_operators_filtered_80x24(snap_compare: SnapCompare, ddp: Run) -> None:
+    presses = ("3", "slash", "a", "l", "l", "enter")
+    assert snap_compare(app_of(ddp), terminal_size=(80, 24), run_before=keys(*presses))
+
+
+def test_ranks_80x24(snap_compare: SnapCompare, ddp: Run) -> None:
+    assert snap_compare(app_of(ddp), terminal_size=(80, 24), run_before=keys("4"))
+
+
+def test_steps_80x24(snap_compare: SnapCompare, ddp: Run) -> None:
+    assert snap_compare(app_of(ddp), terminal_size=(80, 24), run_before=keys("5"))
+
+
+def test_compare_100x30(snap_compare: SnapCompare, ddp: Run, explicit: Run) -> None:
+    assert snap_compare(app_of(ddp, explicit), terminal_size=(100, 30), run_before=keys("6"))
+
+
+def test_help_80x24(snap_compare: SnapCompare, ddp: Run) -> None:
+    assert snap_compare(app_of(ddp), terminal_size=(80, 24), run_before=keys("question_mark"))
+
+
+def test_untrusted_names_shown_escaped_100x24(snap_compare: SnapCompare, runs_root: Path) -> None:
+    with open_run([evil_run(runs_root)]) as run:
+        assert snap_compare(app_of(run), terminal_size=(100, 24), run_before=keys("3"))

@@ -1,0 +1,147 @@
+"""Overview: the verdict in words, a stacked bar per rank, the run's mean and the straggler."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.geometry import Size
+from textual.widget import Widget
+from textual.widgets import Static
+
+from traceview import schema as S
+from traceview.tui.model import RunView
+from traceview.tui.render import (
+    PHASE_LETTER,
+    PHASE_STYLE,
+    communication_text,
+    ms,
+    pct,
+    phase_bar,
+    straggler_text,
+    untrusted,
+    verdict_text,
+)
+
+LABEL = 9  # "rank 123 "
+NUMBER = 9  # " 1,234.5 "
+MARK = " ◀ straggler"
+
+
+class RankBars(Widget):
+    """The run's mean and one bar per rank, every bar the exclusive breakdown of a step."""
+
+    DEFAULT_CSS = "RankBars { height: auto; }"
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.view: RunView | None = None
+
+    def show(self, view: RunView) -> None:
+        self.view = view
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return 2 + len(self.view.ranks) if self.view else 1
+
+    def render(self) -> Text:
+        if self.view is None:
+            return Text("")
+        view = self.view
+        summary = view.report["summary"]
+        straggler = view.straggler
+        mark = len(MARK) if straggler else 0
+        width = max(self.size.width - LABEL - NUMBER - 1 - mark, 8)
+        # Every bar on one scale, so a longer step draws a longer bar.
+        longest = max([summary["step_ms"], *(r.step_ms for r in view.ranks)]) or 1.0
+        text = Text(no_wrap=True)
+        text.append(f"{'':<{LABEL}}{'step ms':>{NUMBER}} ", style="bold")
+        text.append("each step, every instant once, by phase", style="bold")
+        text.append("\n")
+        text.append(f"{'mean':<{LABEL}}", style="bold")
+        text.append(f"{ms(summary['step_ms']):>{NUMBER - 1}}  ", style="bold")
+        text.append_text(
+            phase_bar(summary["breakdown_ms"], round(width * summary["step_ms"] / longest))
+        )
+        for row in view.ranks:
+            text.append("\n")
+            highlight = "bold reverse" if row.straggler else ""
+            text.append(f"{'rank ' + str(row.rank):<{LABEL}}", style=highlight)
+            text.append(f"{ms(row.step_ms):>{NUMBER - 1}}  ")
+            text.append_text(phase_bar(row.breakdown_ms, round(width * row.step_ms / longest)))
+            if row.straggler:
+                text.append(MARK, style="bold")
+        return text
+
+
+class Legend(Widget):
+    """The key to the bars, with the run's mean per phase: letter, name, ms and share."""
+
+    DEFAULT_CSS = "Legend { height: auto; }"
+    ENTRY = 29
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.view: RunView | None = None
+
+    def show(self, view: RunView) -> None:
+        self.view = view
+        self.refresh(layout=True)
+
+    def _columns(self, width: int) -> int:
+        return 2 if width >= 2 * self.ENTRY + 2 else 1
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return 1 + len(S.BREAKDOWN_PHASES) // self._columns(width)
+
+    def render(self) -> Text:
+        if self.view is None:
+            return Text("")
+        summary = self.view.report["summary"]
+        step = summary["step_ms"] or 1.0
+        columns = self._columns(self.size.width)
+        per_column = len(S.BREAKDOWN_PHASES) // columns
+        text = Text(no_wrap=True)
+        text.append("mean per step (ms, share)", style="bold")
+        for line in range(per_column):
+            text.append("\n")
+            for column in range(columns):
+                phase = S.BREAKDOWN_PHASES[column * per_column + line]
+                value = summary["breakdown_ms"][phase]
+                if column:
+                    text.append("   ")
+                text.append(PHASE_LETTER[phase], style=f"reverse {PHASE_STYLE[phase]}")
+                text.append(f" {phase:<9}", style=PHASE_STYLE[phase])
+                text.append(f"{ms(value):>8} ms {pct(value / step):>4}")
+        return text
+
+
+class OverviewPane(VerticalScroll):
+    """Where the time goes, at a glance."""
+
+    can_focus = True
+    DEFAULT_CSS = """
+    OverviewPane #verdict, OverviewPane RankBars, OverviewPane Legend { margin: 0 0 1 0; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("reading the analysis results…", id="verdict", markup=False)
+        yield RankBars(id="bars")
+        yield Legend(id="legend")
+        yield Static(id="notes", markup=False)
+
+    def show(self, view: RunView) -> None:
+        self.query_one("#verdict", Static).update(verdict_text(view.report))
+        self.query_one(RankBars).show(view)
+        self.query_one(Legend).show(view)
+        notes = Text()
+        notes.append_text(communication_text(view.report))
+        notes.append("\n")
+        notes.append_text(straggler_text(view.report))
+        for warning in view.report.get("warnings", []):
+            notes.append("\n")
+            notes.append_text(untrusted("warning: " + str(warning), style="yellow"))
+        for remark in view.report.get("remarks", []):
+            notes.append("\n")
+            notes.append_text(untrusted("note: " + str(remark), style="bright_black"))
+        self.query_one("#notes", Static).update(notes)

@@ -1,0 +1,100 @@
+"""Ranks: per-rank step time, own work, waiting and phases side by side, slowest first."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from traceview import schema as S
+from traceview.tui.model import RANK_SORTS, RunView, sort_ranks
+from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct
+
+BAR = 20
+
+
+class RanksPane(Vertical):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("s", "sort", "Sort")]
+
+    DEFAULT_CSS = """
+    RanksPane #ranks-summary { height: auto; }
+    RanksPane #ranks-table { height: 1fr; }
+    """
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.view: RunView | None = None
+        self.sort = "busy"
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="ranks-summary", markup=False)
+        yield DataTable(id="ranks-table", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_column("rank", key="rank")
+        table.add_column("step", key="step")
+        table.add_column("busy", key="busy")
+        table.add_column("vs med", key="imbalance")
+        table.add_column("wait", key="wait")
+        table.add_column("hidden", key="hidden")
+        table.add_column("phases (to scale)", key="bar")
+        for phase in S.BREAKDOWN_PHASES:
+            table.add_column(SHORT[phase], key=phase)
+
+    def show(self, view: RunView) -> None:
+        self.view = view
+        self.refill()
+
+    def refill(self) -> None:
+        if self.view is None:
+            return
+        rows = sort_ranks(self.view.ranks, self.sort)
+        table = self.query_one(DataTable)
+        table.clear()
+        longest = max((row.step_ms for row in rows), default=0.0) or 1.0
+        for row in rows:
+            mark = "*" if row.straggler else ""
+            table.add_row(
+                Text(f"{row.rank}{mark}", style="bold" if row.straggler else "", justify="right"),
+                Text(ms(row.step_ms), justify="right"),
+                Text(ms(row.busy_ms), justify="right"),
+                Text(signed_pct(row.imbalance), justify="right"),
+                Text(ms(row.wait_ms), justify="right"),
+                Text(pct(row.hidden) if row.hidden is not None else "-", justify="right"),
+                phase_bar(row.breakdown_ms, round(BAR * row.step_ms / longest)),
+                *(Text(ms(row.breakdown_ms[p]), justify="right") for p in S.BREAKDOWN_PHASES),
+                key=str(row.rank),
+            )
+        self._summary()
+
+    def _summary(self) -> None:
+        assert self.view is not None
+        ranks = self.view.ranks
+        text = Text()
+        text.append(f"{len(ranks)} ranks, sorted by {self.sort}", style="bold")
+        text.append(" (s: sort) · ms per step · busy = step - exposed comm - idle;")
+        text.append(" wait = exposed comm + idle")
+        if ranks:
+            busiest = max(ranks, key=lambda r: (r.busy_ms, -r.rank))
+            step = self.view.report["summary"]["step_ms"] or 1.0
+            wait = sum(r.wait_ms for r in ranks) / len(ranks)
+            text.append("\nimbalance: ")
+            text.append(f"rank {busiest.rank}", style="bold")
+            text.append(
+                f" is busiest, {signed_pct(busiest.imbalance)} vs the median rank;"
+                f" ranks wait {ms(wait)} ms per step on average ({pct(wait / step)} of the step)"
+            )
+        self.query_one("#ranks-summary", Static).update(text)
+
+    def action_sort(self) -> None:
+        keys = list(RANK_SORTS)
+        self.sort = keys[(keys.index(self.sort) + 1) % len(keys)]
+        self.refill()
+
+    def focus_main(self) -> None:
+        self.query_one(DataTable).focus()

@@ -1,0 +1,375 @@
+"""Overlap / timeline: one step drawn along time, a lane per rank, and per thread and stream.
+
+The first lane of a rank is every instant of its step as the breakdown counts it (the exclusive
+attribution); under the selected rank (or every rank, `e`) come its threads and GPU streams, so
+one sees whether communication runs under backward or after it. Lanes are cut by
+``analysis.timeline.step_lanes`` in a worker thread, one rank at a time, and cached per
+(rank, step); until a rank's lanes arrive its row says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Static
+from textual.worker import get_current_worker
+
+from traceview.runs import Run
+from traceview.tui.model import RankLanes, RunView, bin_lane, nice_ticks, rank_lanes
+from traceview.tui.render import lane_cells, legend_text, ms
+
+MAX_ZOOM = 4096.0
+
+
+@dataclass(frozen=True)
+class Row:
+    rank: int
+    lane: int | None  # index into the rank's lanes; None: lanes not ready (or none)
+
+
+def lane_role(label: str) -> str:
+    """A thread or stream lane's label without its rank (the row above says it), the thread's
+    name before its id so a narrow label column still shows it: ``rank 0 · thread 6299
+    (pt_gloo_runloop)`` reads ``pt_gloo_runloop 6299``."""
+    role = label.split(" · ", 1)[-1]
+    if role.startswith("thread ") and role.endswith(")") and " (" in role:
+        tid, _, name = role.removeprefix("thread ").partition(" (")
+        return f"{name[:-1]} {tid}"
+    return role
+
+
+class Timeline(ScrollView, can_focus=True):
+    """The lanes of one step. Owns the step, zoom, pan and rank selection."""
+
+    DEFAULT_CSS = """
+    Timeline { height: 1fr; overflow-x: hidden; overflow-y: auto; scrollbar-gutter: stable; }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("left,h", "pan(-1)", "Pan", key_display="←→"),
+        Binding("right,l", "pan(1)", "Pan", show=False),
+        Binding("plus,equals_sign", "zoom(2)", "Zoom", key_display="+-"),
+        Binding("minus", "zoom(0.5)", "Zoom out", show=False),
+        Binding("0", "reset_zoom", "Whole step", show=False),
+        Binding("left_square_bracket", "step(-1)", "Step", key_display="[]"),
+        Binding("right_square_bracket", "step(1)", "Next step", show=False),
+        Binding("up,k", "rank(-1)", "Rank", key_display="↑↓"),
+        Binding("down,j", "rank(1)", "Next rank", show=False),
+        Binding("e", "expand", "Threads"),
+        Binding("a", "align", "Align", show=False),
+    ]
+
+    class LanesReady(Message):
+        def __init__(self, result: RankLanes) -> None:
+            super().__init__()
+            self.result = result
+
+    class Changed(Message):
+        """The step, range, selection or lanes changed: the header and axis need redrawing."""
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.run: Run | None = None
+        self.view: RunView | None = None
+        self.step_index = 0
+        self.zoom = 1.0
+        self.center = 0.5
+        self.selected = 0  # index into the view's ranks
+        self.expand_all = False
+        self.aligned = False  # False: the run's clock; True: each rank from its own step start
+        self.cache: dict[tuple[int, int | None], RankLanes] = {}
+        self.rows: list[Row] = []
+        self._cells: dict[tuple[object, ...], Text] = {}
+        self._active = False
+
+    # --- data -------------------------------------------------------------------------------
+
+    def load(self, run: Run, view: RunView) -> None:
+        self.run, self.view = run, view
+        # Start on a typical step: the first one not marked first, warm-up or slow.
+        typical = [i for i, row in enumerate(view.steps) if not row.mark]
+        self.step_index = typical[0] if typical else 0
+        self._update_rows()
+        if self._active:
+            self._compute()
+
+    def activate(self) -> None:
+        """The timeline is on screen: cut the lanes of the current step (once)."""
+        self._active = True
+        self._compute()
+
+    @property
+    def step(self) -> int | None:
+        if self.view is None or not self.view.step_numbers:
+            return None
+        return self.view.step_numbers[self.step_index]
+
+    @property
+    def ranks(self) -> list[int]:
+        return self.view.rank_numbers if self.view else []
+
+    @property
+    def pending(self) -> int:
+        return sum((rank, self.step) not in self.cache for rank in self.ranks)
+
+    def _compute(self) -> None:
+        if self.run is None or not self.ranks:
+            return
+        selected = self.ranks[self.selected]
+        order = [selected, *(r for r in self.ranks if r != selected)]
+        order = [r for r in order if (r, self.step) not in self.cache]
+        if order:
+            self._cut_lanes(self.run, self.step, order)
+
+    @work(thread=True, exclusive=True, group="timeline-lanes")
+    def _cut_lanes(self, run: Run, step: int | None, ranks: list[int]) -> None:
+        worker = get_current_worker()
+        threads = self.view.threads if self.view else {}
+        for rank in ranks:
+            if worker.is_cancelled:
+                return
+            try:
+                result = rank_lanes(run, rank, step, threads.get(rank, {}))
+            except Exception as exc:  # one bad rank must not take the view down
+                result = RankLanes(
+                    rank, step, 0, 0, [], f"could not cut lanes: {type(exc).__name__}"
+                )
+            self.post_message(self.LanesReady(result))
+
+    def on_timeline_lanes_ready(self, message: LanesReady) -> None:
+        result = message.result
+        self.cache[(result.rank, result.step)] = result
+        if result.step == self.step:
+            self._update_rows()
+
+    # --- geometry ---------------------------------------------------------------------------
+
+    def label_width(self, width: int | None = None) -> int:
+        width = self.scrollable_content_region.width if width is None else width
+        return min(max(width // 4, 22), 30)
+
+    def bar_width(self) -> int:
+        width = self.scrollable_content_region.width
+        return max(width - self.label_width(width) - 1, 1)
+
+    def fractions(self) -> tuple[float, float]:
+        """The visible part of the step, as fractions of the whole axis."""
+        span = 1.0 / self.zoom
+        lo = min(max(self.center - span / 2, 0.0), 1.0 - span)
+        return lo, lo + span
+
+    def axis(self) -> tuple[int, int]:
+        """(origin, length) in ns of the time axis: from the earliest rank's step start to the
+        latest end on the run's clock, or the longest step when each rank is aligned."""
+        windows = self.view.windows.get(self.step, {}) if self.view else {}
+        if not windows:
+            return 0, 0
+        starts = [s for s, _ in windows.values()]
+        if self.aligned:
+            return min(starts), max(e - s for s, e in windows.values())
+        return min(starts), max(e for _, e in windows.values()) - min(starts)
+
+    def range_of(self, rank: int) -> tuple[int, int]:
+        """The visible [lo, hi) ns of ``rank``'s lanes."""
+        origin, length = self.axis()
+        if self.aligned and self.view:
+            origin = self.view.windows.get(self.step, {}).get(rank, (origin, 0))[0]
+        lo, hi = self.fractions()
+        return origin + round(length * lo), origin + round(length * hi)
+
+    def visible_ms(self) -> tuple[float, float, float]:
+        """(first, last, whole) visible milliseconds, from the start of the axis."""
+        _, length = self.axis()
+        lo, hi = self.fractions()
+        return length * lo / 1e6, length * hi / 1e6, length / 1e6
+
+    # --- rows -------------------------------------------------------------------------------
+
+    def expanded(self, rank: int) -> bool:
+        return self.expand_all or (bool(self.ranks) and rank == self.ranks[self.selected])
+
+    def _update_rows(self) -> None:
+        rows: list[Row] = []
+        for rank in self.ranks:
+            lanes = self.cache.get((rank, self.step))
+            if lanes is None or not lanes.lanes:
+                rows.append(Row(rank, None))
+                continue
+            count = len(lanes.lanes) if self.expanded(rank) else 1
+            rows.extend(Row(rank, i) for i in range(count))
+        self.rows = rows
+        self.virtual_size = Size(self.scrollable_content_region.width, len(rows))
+        self._cells.clear()
+        self.refresh()
+        self.post_message(self.Changed())
+
+    def _scroll_to_selected(self) -> None:
+        if not self.ranks:
+            return
+        rank = self.ranks[self.selected]
+        ys = [y for y, row in enumerate(self.rows) if row.rank == rank]
+        if ys:
+            self.scroll_to_region(Region(0, ys[0], 1, len(ys)), animate=False, immediate=True)
+
+    def on_resize(self) -> None:
+        self._update_rows()
+
+    # --- drawing ----------------------------------------------------------------------------
+
+    def _label(self, row: Row) -> Text:
+        rank = row.rank
+        selected = bool(self.ranks) and rank == self.ranks[self.selected]
+        lanes = self.cache.get((rank, self.step))
+        if row.lane is None or row.lane == 0 or lanes is None:
+            marker = "▾" if self.expanded(rank) else "▸"
+            straggler = (
+                self.view is not None
+                and self.view.straggler is not None
+                and (self.view.straggler.rank == rank)
+            )
+            return Text(
+                f"{marker} rank {rank}{'*' if straggler else ''}",
+                style="bold reverse" if selected else "bold",
+            )
+        label = lane_role(lanes.lanes[row.lane].label)
+        return Text("  " + label, style="reverse" if selected else "")
+
+    def _bar(self, row: Row, width: int) -> Text:
+        lanes = self.cache.get((row.rank, self.step))
+        if lanes is None:
+            return Text("cutting lanes…", style="italic bright_black")
+        if row.lane is None:
+            return Text(lanes.error or "nothing on this rank in this step", style="bright_black")
+        lo, hi = self.range_of(row.rank)
+        key = (row.rank, self.step, row.lane, lo, hi, width)
+        if key not in self._cells:
+            self._cells[key] = lane_cells(bin_lane(lanes.lanes[row.lane], lo, hi, width))
+        return self._cells[key]
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        index = y + round(self.scroll_offset.y)
+        if index >= len(self.rows) or width <= 0:
+            return Strip.blank(width, self.rich_style)
+        row = self.rows[index]
+        label_width = self.label_width(width)
+        text = self._label(row)
+        text.truncate(label_width, overflow="ellipsis", pad=True)
+        text.append(" ")
+        text.append_text(self._bar(row, width - label_width - 1))
+        text.truncate(width, pad=True)
+        return Strip(list(text.render(self.app.console)), width).apply_style(self.rich_style)
+
+    def header_text(self) -> Text:
+        if self.view is None or not self.view.step_numbers:
+            return Text("no steps in this run")
+        first, last, whole = self.visible_ms()
+        n = len(self.view.step_numbers)
+        mark = self.view.steps[self.step_index].mark
+        text = Text()
+        text.append(f"step {self.step}", style="bold")
+        text.append(f" ({self.step_index + 1} of {n}{', ' + mark if mark else ''})")
+        text.append(f" · {ms(first)}–{ms(last)} ms of {ms(whole)} ms")
+        text.append(f" · zoom {self.zoom:g}×")
+        text.append(" · ranks aligned at their step start" if self.aligned else " · run clock")
+        pending = self.pending
+        if pending:
+            text.append(f" · cutting lanes: {len(self.ranks) - pending}/{len(self.ranks)}")
+        return text
+
+    def axis_text(self) -> Text:
+        """Tick marks in ms from the start of the axis, under the lanes."""
+        width = self.bar_width()
+        first, last, _ = self.visible_ms()
+        line = [" "] * width
+        if last > first:
+            tick = nice_ticks(last - first, width)
+            value = (first // tick) * tick
+            while value <= last:
+                pos = round((value - first) / (last - first) * width)
+                label = f"╵{value:g} ms" if tick < 1000 else f"╵{value / 1000:g} s"
+                if (
+                    pos >= 0
+                    and pos + len(label) <= width
+                    and all(c == " " for c in line[pos : pos + len(label) + 1])
+                ):
+                    line[pos : pos + len(label)] = label
+                value += tick
+        text = Text(" " * (self.label_width() + 1), no_wrap=True)
+        text.append("".join(line), style="bright_black")
+        return text
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def _moved(self) -> None:
+        self._cells.clear()
+        self.refresh()
+        self.post_message(self.Changed())
+
+    def action_pan(self, direction: int) -> None:
+        span = 1.0 / self.zoom
+        self.center = min(max(self.center + direction * span / 4, span / 2), 1 - span / 2)
+        self._moved()
+
+    def action_zoom(self, factor: float) -> None:
+        self.zoom = min(max(self.zoom * factor, 1.0), MAX_ZOOM)
+        span = 1.0 / self.zoom
+        self.center = min(max(self.center, span / 2), 1 - span / 2)
+        self._moved()
+
+    def action_reset_zoom(self) -> None:
+        self.zoom, self.center = 1.0, 0.5
+        self._moved()
+
+    def action_step(self, delta: int) -> None:
+        if self.view is None or not self.view.step_numbers:
+            return
+        index = min(max(self.step_index + delta, 0), len(self.view.step_numbers) - 1)
+        if index != self.step_index:
+            self.step_index = index
+            self._update_rows()
+            self._compute()
+
+    def action_rank(self, delta: int) -> None:
+        if not self.ranks:
+            return
+        self.selected = min(max(self.selected + delta, 0), len(self.ranks) - 1)
+        self._update_rows()
+        self._scroll_to_selected()
+        if (self.ranks[self.selected], self.step) not in self.cache:
+            self._compute()
+
+    def action_expand(self) -> None:
+        self.expand_all = not self.expand_all
+        self._update_rows()
+        self._scroll_to_selected()
+
+    def action_align(self) -> None:
+        self.aligned = not self.aligned
+        self._moved()
+
+
+class TimelinePane(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static(id="timeline-header", markup=False)
+        yield Timeline(id="timeline")
+        yield Static(id="timeline-axis", markup=False)
+        legend = legend_text()
+        legend.append("\n▾ rank N: every instant, as the breakdown counts it; under it: its")
+        legend.append(" threads and streams. Reversed: fills the cell; plain letter: part of it.")
+        yield Static(legend, id="timeline-legend", markup=False)
+
+    def on_timeline_changed(self, message: Timeline.Changed) -> None:
+        timeline = self.query_one(Timeline)
+        self.query_one("#timeline-header", Static).update(timeline.header_text())
+        self.query_one("#timeline-axis", Static).update(timeline.axis_text())
