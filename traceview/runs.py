@@ -70,6 +70,14 @@ def open_runs(groups: list[list[Path]], rules: Path | None = None) -> Iterator[l
     """Several runs at once (compare, scaling); labels made unique."""
     with ExitStack() as stack:
         runs = [stack.enter_context(open_run(paths, rules)) for paths in groups]
+        # Same folder name in different frameworks' trees (pytorch/explicit, tensorflow/explicit):
+        # prefix the framework; otherwise number the repeats.
+        labels = [run.label for run in runs]
+        frameworks = [run.manifest.get("framework") for run in runs]
+        for run, framework in zip(runs, frameworks, strict=True):
+            same = [f for label, f in zip(labels, frameworks, strict=True) if label == run.label]
+            if len(same) > 1 and framework and len(set(same)) > 1:
+                run.label = f"{framework}/{run.label}"
         seen: dict[str, int] = {}
         for run in runs:
             count = seen.get(run.label, 0)
