@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from traceview import schema as S
 from traceview.errors import BadInput, Notes
 from traceview.rules import RuleSet
 
@@ -60,6 +61,34 @@ class Parser(Protocol):
         ...
 
     def parse(self, path: Path, rules: RuleSet) -> ParsedTrace: ...
+
+
+def raw_events(
+    rules: RuleSet,
+    categories: list[str],
+    names: list[str],
+    pid: list[int],
+    tid: list[int],
+    ts_ns: Any,
+    dur_ns: Any,
+    **columns: pa.Array,
+) -> pa.Table:
+    """A RAW_SCHEMA table from per-event lists, each event's kind read off its category."""
+    cats = pa.array(categories, pa.string()).dictionary_encode()
+    kinds = pa.array([rules.kind_of(c) for c in cats.dictionary.to_pylist()], pa.string())
+    table = pa.table(
+        {
+            S.KIND: pa.DictionaryArray.from_arrays(cats.indices, kinds),
+            S.CAT: cats,
+            S.NAME: pa.array(names, pa.string()).dictionary_encode(),
+            S.PID: pa.array(pid, pa.int64()),
+            S.TID: pa.array(tid, pa.int64()),
+            S.TS_NS: ts_ns,
+            S.DUR_NS: dur_ns,
+            **columns,
+        }
+    )
+    return S.conform(table, S.RAW_SCHEMA)
 
 
 #: Built-in parsers, imported only when needed: "module:Class".

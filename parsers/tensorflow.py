@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename
+from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename, raw_events
 from traceview.rules import RuleSet
 
 SUFFIX = ".xplane.pb"
@@ -307,22 +307,14 @@ def _events(
             )
     ts_ns = np.rint(np.asarray(ts, np.float64) * 1e3).astype(np.int64) + base
     dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0.0) * 1e3).astype(np.int64)
-    categories = pa.array(cat, pa.string()).dictionary_encode()
-    kinds = pa.array([rules.kind_of(c) for c in categories.dictionary.to_pylist()], pa.string())
-    table = pa.table(
-        {
-            S.KIND: pa.DictionaryArray.from_arrays(categories.indices, kinds),
-            S.CAT: categories,
-            S.NAME: pa.array(name, pa.string()).dictionary_encode(),
-            S.PID: pa.array(pid, pa.int64()),
-            S.TID: pa.array(tid, pa.int64()),
-            S.TS_NS: ts_ns,
-            S.DUR_NS: dur_ns,
+    table = raw_events(
+        rules, cat, name, pid, tid, ts_ns, dur_ns,
+        **{
             S.CORRELATION: pa.array(correlation, pa.int64()),
             S.BYTES: pa.array(nbytes, pa.int64()),
             S.SCOPE: pa.array(scope, pa.string()).dictionary_encode(),
-        }
-    )
+        },
+    )  # fmt: skip
     thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}
     if "tf_step" in cat and STEP_THREAD in tid:
         thread_names[f"{next(iter(host_pids), 0)}/{STEP_THREAD}"] = (
@@ -333,7 +325,7 @@ def _events(
         "devices": sorted(planes[p] for p in device_pids),
         "base_time_ns": start_ns,
     }
-    return S.conform(table, S.RAW_SCHEMA), meta, thread_names, dict(skipped), notes
+    return table, meta, thread_names, dict(skipped), notes
 
 
 def _step_markers_from_groups(

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename
+from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename, raw_events
 from traceview.parsers.chrome_json import ChromeTraceReader
 from traceview.parsers.kineto import us_to_ns
 from traceview.rules import RuleSet
@@ -192,21 +192,11 @@ def _events(
             "TensorFlow Timeline without step markers: steps start at each Session.run's _SOURCE "
             "node"
         )
-    categories = pa.array(cat, pa.string()).dictionary_encode()
-    kinds = pa.array([rules.kind_of(c) for c in categories.dictionary.to_pylist()], pa.string())
-    table = pa.table(
-        {
-            S.KIND: pa.DictionaryArray.from_arrays(categories.indices, kinds),
-            S.CAT: categories,
-            S.NAME: pa.array(name, pa.string()).dictionary_encode(),
-            S.PID: pa.array(pid, pa.int64()),
-            S.TID: pa.array(tid, pa.int64()),
-            S.TS_NS: us_to_ns(np.asarray(ts, np.float64)),
-            S.DUR_NS: np.rint(np.maximum(np.asarray(dur, np.float64), 0) * 1e3).astype(np.int64),
-            S.SCOPE: pa.array(scope, pa.string()).dictionary_encode(),
-        }
-    )
-    return S.conform(table, S.RAW_SCHEMA), dict(skipped)
+    ts_ns = us_to_ns(np.asarray(ts, np.float64))
+    dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0) * 1e3).astype(np.int64)
+    scopes = pa.array(scope, pa.string()).dictionary_encode()
+    table = raw_events(rules, cat, name, pid, tid, ts_ns, dur_ns, **{S.SCOPE: scopes})
+    return table, dict(skipped)
 
 
 def _step_markers(

@@ -316,6 +316,24 @@ def render_comparison_to_console(result: dict[str, Any]) -> None:
     render_comparison(result, Console(highlight=False, markup=False, emoji=False))
 
 
+def _predictions(result: dict[str, Any], key: str, title: str) -> Table:
+    """Each run's measured step beside each model's prediction (``key``) and its error."""
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+    table.add_column("ranks", justify="right")
+    table.add_column("measured", justify="right")
+    for name in result["models"]:
+        table.add_column(name, justify="right", no_wrap=True)
+    for run in result["runs"]:
+        row: list[Text | str] = [str(run["ranks"]), _ms(run["step_ms"])]
+        for name in result["models"]:
+            p = run[key][name]
+            err = f" ({_pct(p['error'])})" if p["error"] is not None else ""
+            bold = key == "predicted" and name == result["best_model"]
+            row.append(Text(f"{_ms(p['step_ms'])}{err}", style="bold" if bold else ""))
+        table.add_row(*row)
+    return table
+
+
 def render_scaling(result: dict[str, Any], console: Console) -> None:
     base = result["base"]
     console.print(
@@ -374,40 +392,18 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
     )
     console.print()
 
-    model = Table(
-        title="Predicted step ms (error against the measurement)",
-        title_justify="left", box=None, pad_edge=False, padding=(0, 1),
-    )  # fmt: skip
-    model.add_column("ranks", justify="right")
-    model.add_column("measured", justify="right")
-    for name in result["models"]:
-        model.add_column(name, justify="right", no_wrap=True)
-    for run in result["runs"]:
-        row: list[Text | str] = [str(run["ranks"]), _ms(run["step_ms"])]
-        for name in result["models"]:
-            p = run["predicted"][name]
-            err = f" ({_pct(p['error'])})" if p["error"] is not None else ""
-            row.append(Text(f"{_ms(p['step_ms'])}{err}", style="bold" if name == best else ""))
-        model.add_row(*row)
-    console.print(model)
+    console.print(
+        _predictions(result, "predicted", "Predicted step ms (error against the measurement)")
+    )
     if any((r.get("compute_ratio") or 1.0) > 1.2 for r in result["runs"]):
-        own = Table(
-            title="Same models, each run's own compute (comm model alone)",
-            title_justify="left", box=None, pad_edge=False, padding=(0, 1),
-        )  # fmt: skip
-        own.add_column("ranks", justify="right")
-        own.add_column("measured", justify="right")
-        for name in result["models"]:
-            own.add_column(name, justify="right", no_wrap=True)
-        for run in result["runs"]:
-            cells: list[Text | str] = [str(run["ranks"]), _ms(run["step_ms"])]
-            for name in result["models"]:
-                p = run["predicted_own_compute"][name]
-                err = f" ({_pct(p['error'])})" if p["error"] is not None else ""
-                cells.append(f"{_ms(p['step_ms'])}{err}")
-            own.add_row(*cells)
         console.print()
-        console.print(own)
+        console.print(
+            _predictions(
+                result,
+                "predicted_own_compute",
+                "Same models, each run's own compute (comm model alone)",
+            )
+        )
     console.print()
 
     what_if = Table(
