@@ -74,6 +74,22 @@ def test_keras_fit_steps_come_from_its_batches(tmp_path: Path) -> None:
     assert breakdown["forward"] > 0 and breakdown["backward"] > 0
 
 
+def test_workers_configured_by_tf_config_alone(tmp_path: Path) -> None:
+    """A cluster manager's launch: each worker knows its place only from TF_CONFIG."""
+    _needs_tensorflow()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--steps", "2", "--warmup", "1", "--skip", "2", "--",
+        sys.executable, WORKLOADS / "tf_config_launcher.py", "2", "23681", "--steps", "8",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    for rank in (0, 1):
+        status = json.loads((run / "raw" / f"rank-{rank:05d}" / "status.json").read_text())
+        assert status["rank_source"] == "TF_CONFIG" and status["world_size"] == 2
+    report = run_cli("report", run, "--json").json()
+    assert report["run"]["ranks"] == 2 and report["summary"]["comm_total_ms"] > 0
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [

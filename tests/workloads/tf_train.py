@@ -23,7 +23,10 @@ def main() -> None:
 
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
-    if world > 1 and "TF_CONFIG" not in os.environ:
+    if "TF_CONFIG" in os.environ:  # started by a cluster manager (tf_config_launcher.py)
+        config = json.loads(os.environ["TF_CONFIG"])
+        rank, world = config["task"]["index"], len(config["cluster"]["worker"])
+    elif world > 1:
         workers = [f"127.0.0.1:{args.port + i}" for i in range(world)]
         os.environ["TF_CONFIG"] = json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
