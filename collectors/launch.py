@@ -247,8 +247,9 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
     processes = []
     for status in result.statuses:
         state = status.get("state")
-        if status.get("ended_ns") is None and state in ("running", "profiling"):
-            # The process never reached its exit handlers: killed, crashed, or still running.
+        if status.get("ended_ns") is None and state in ("running", "profiling", "stopping"):
+            # The process never reached its exit handlers: killed, crashed, or still running
+            # (a "stopping" status keeps the detail of where: inside the profiler's stop).
             state = "crashed" if result.exit_code != 0 else "unknown"
         if not _is_rank(status):
             processes.append(
@@ -278,9 +279,7 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
                 "notes": status.get("notes", []),
             }
         )
-    worlds = [
-        int(s["world_size"]) for s in result.statuses if s.get("world_size") and _is_rank(s)
-    ]
+    worlds = [int(s["world_size"]) for s in result.statuses if s.get("world_size") and _is_rank(s)]
     return {
         "command": result.command,
         "launched": result.launched,

@@ -34,6 +34,7 @@ from typing import Any
 # Who marks steps, by precedence: the script itself, Keras' batches, then iterator calls.
 _SOURCES = ("iterator", "keras", "manual")
 _LOGDIR = ".tfprofile"
+STOPPING = "stopping"  # status state while the profiler stops (see _stop)
 
 
 def rank_from_tf_config(value: str | None) -> tuple[int, int] | None:
@@ -214,8 +215,16 @@ class TensorFlowCollector:
         if not self.profiling:
             return
         self.profiling = False
-        self.tf.profiler.experimental.stop()
         assert self.logdir is not None and self.status is not None
+        # TensorFlow's profiler can corrupt the heap while it collects the events (2.21: a
+        # use-after-free in TraceMeRecorder::Consume when cross-thread events are pending):
+        # the process then aborts or hangs in here. Say so in the status, in case.
+        state, self.status.state = self.status.state, STOPPING
+        self.status.detail = "died inside tf.profiler.experimental.stop()"
+        with contextlib.suppress(Exception):
+            self.status.write(self.config.run_dir)
+        self.tf.profiler.experimental.stop()
+        self.status.state, self.status.detail = state, None
         folder = self.logdir.parent
         written = sorted(self.logdir.glob("plugins/profile/*/*.xplane.pb"))
         names = []

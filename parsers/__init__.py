@@ -96,6 +96,7 @@ BUILTIN_PARSERS: tuple[str, ...] = (
     "traceview.parsers.kineto:KinetoParser",
     "traceview.parsers.tensorflow:XPlaneParser",
     "traceview.parsers.tf_timeline:TimelineParser",
+    "traceview.parsers.mxnet:MXNetParser",
 )
 
 

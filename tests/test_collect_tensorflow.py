@@ -2,6 +2,14 @@
 
 tests/workloads/tf_train.py knows nothing of traceview; steps are found from its tf.data
 iterator (custom loop) or Keras' batches (fit).
+
+TensorFlow 2.21's profiler sometimes breaks a multi-worker job while it stops: about 1 stop in 10
+here, a worker aborts ("double free or corruption") or hangs inside
+``tf.profiler.experimental.stop()`` (gdb: ``TraceMeRecorder::Consume`` →
+``SplitEventTracker::FindStartAndMerge`` → ``free``; the recorder keeps pointers into per-thread
+deques that its result vector copies when it grows). traceview cannot prevent it; the status
+says where the worker died. These tests run such a job again, up to 3 times, when that happened
+(and only then), and say so.
 """
 
 from __future__ import annotations
@@ -9,12 +17,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, Result, run_cli
 from traceview.collectors.rankside_tensorflow import rank_from_tf_config
 
 WORKLOADS = REPO / "tests" / "workloads"
@@ -34,11 +45,53 @@ def _mpirun(n: int = 2) -> list[str]:
     return [mpirun, *flags, "-np", str(n)]
 
 
+# What glibc prints when TensorFlow's profiler has corrupted the heap.
+HEAP_CORRUPTION = ("double free or corruption", "free(): ", "corrupted size", "malloc(): ")
+ATTEMPTS = 3
+JOB_TIMEOUT_S = 180  # these jobs take 10-20 s
+
+
+def _stuck_in_profiler_stop(run: Path) -> bool:
+    return any(
+        json.loads(path.read_text()).get("state") == "stopping"
+        for path in (run / "raw").glob("rank-*/status.json")
+    )
+
+
+def collect_tensorflow(run: Path, *args: str | Path) -> Result:
+    """``traceview collect -o RUN ARGS...``, run again when TensorFlow's profiler broke the job
+    (see the module docstring); any other failure is returned as it is."""
+    command = [sys.executable, "-m", "traceview", "collect", "-o", str(run), *map(str, args)]
+    for attempt in range(1, ATTEMPTS + 1):
+        shutil.rmtree(run, ignore_errors=True)
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True, env={**os.environ, "COLUMNS": "120"},
+        )  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            if not _stuck_in_profiler_stop(run):
+                pytest.fail(f"collect hung for {JOB_TIMEOUT_S} s, not in tf.profiler:\n{err}")
+            what = "a worker hung in tf.profiler.experimental.stop()"
+        else:
+            crash = next((text for text in HEAP_CORRUPTION if text in err), None)
+            if proc.returncode == 0 or crash is None:
+                return Result(proc.returncode, out, err)
+            what = f"a worker aborted: {crash.strip()}"
+        warnings.warn(
+            f"attempt {attempt}: TensorFlow's profiler broke the job ({what})", stacklevel=2
+        )
+    pytest.fail(f"TensorFlow's profiler broke the job {ATTEMPTS} times in a row")
+
+
 def test_multi_worker_custom_loop_under_mpirun(tmp_path: Path) -> None:
     _needs_tensorflow()
     run = tmp_path / "run"
-    result = run_cli(
-        "collect", "-o", run, "--steps", "3", "--warmup", "1", "--skip", "2", "--",
+    result = collect_tensorflow(
+        run, "--steps", "3", "--warmup", "1", "--skip", "2", "--",
         *_mpirun(), sys.executable, WORKLOADS / "tf_train.py", "--steps", "10", "--port", "23671",
     )  # fmt: skip
     assert result.code == 0, result.err
@@ -63,8 +116,8 @@ def test_multi_worker_custom_loop_under_mpirun(tmp_path: Path) -> None:
 def test_keras_fit_steps_come_from_its_batches(tmp_path: Path) -> None:
     _needs_tensorflow()
     run = tmp_path / "run"
-    result = run_cli(
-        "collect", "-o", run, "--steps", "4", "--warmup", "1", "--skip", "2", "--",
+    result = collect_tensorflow(
+        run, "--steps", "4", "--warmup", "1", "--skip", "2", "--",
         sys.executable, WORKLOADS / "tf_train.py", "--loop", "fit", "--steps", "10",
     )  # fmt: skip
     assert result.code == 0, result.err
@@ -78,8 +131,8 @@ def test_workers_configured_by_tf_config_alone(tmp_path: Path) -> None:
     """A cluster manager's launch: each worker knows its place only from TF_CONFIG."""
     _needs_tensorflow()
     run = tmp_path / "run"
-    result = run_cli(
-        "collect", "-o", run, "--steps", "2", "--warmup", "1", "--skip", "2", "--",
+    result = collect_tensorflow(
+        run, "--steps", "2", "--warmup", "1", "--skip", "2", "--",
         sys.executable, WORKLOADS / "tf_config_launcher.py", "2", "23681", "--steps", "8",
     )  # fmt: skip
     assert result.code == 0, result.err

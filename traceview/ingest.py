@@ -101,7 +101,8 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
             trace = _identify(path, parsers)
             if trace is None:
                 raise BadInput(
-                    f"{path}: not a trace traceview can read (PyTorch/Kineto JSON expected)"
+                    f"{path}: not a trace traceview can read (expected PyTorch/Kineto JSON, "
+                    "TensorFlow .xplane.pb or Timeline JSON, or MXNet profiler JSON)"
                 )
             found.append(trace)
     if skipped:
@@ -291,6 +292,20 @@ def ingest(
             notes.warn(f"rank {rank.get('rank')} ended: {rank.get('state')}{detail}")
         if not rank.get("trace"):
             notes.warn(f"rank {rank.get('rank')} wrote no trace")
+    others = collected.get("processes") or []
+    if others:
+        roles = sorted({str(p.get("role")) for p in others})
+        counts = ", ".join(f"{sum(p.get('role') == r for p in others)} {r}" for r in roles)
+        notes.remark(
+            f"parameter-server job: {counts} beside the workers, recorded but not profiled "
+            "(what the servers do shows as the workers' push/pull time)"
+        )
+        for proc in others:
+            if proc.get("state") not in ("ok", "running"):
+                detail = f" ({proc['detail']})" if proc.get("detail") else ""
+                notes.warn(
+                    f"{proc.get('role')} (pid {proc.get('pid')}) ended: {proc.get('state')}{detail}"
+                )
     world = world or collected.get("world_size")
     traces.sort(key=lambda t: t.rank)
     run_id = uuid.uuid4().hex[:12]

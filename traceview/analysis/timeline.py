@@ -117,7 +117,10 @@ def _thread_segments(
 
     Row is -1 where no event covers the time. Uses the call tree (parent rows), so it needs no
     per-event loop: an event's start hands the thread to it, its end back to its parent.
+    Zero-length events own no time (their end would sort before their start and hand them the
+    thread until the next event).
     """
+    rows = rows[ev.end[rows] > ev.ts[rows]]
     if len(rows) == 0:
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
@@ -215,20 +218,24 @@ class RankTimeline:
 
 
 _COMPUTE_CODES = [PHASE_CODE[p] for p in S.COMPUTE_PHASES]
+# What counts from host threads other than the training thread on CPU timelines.
+_ELSEWHERE_CODES = [*_COMPUTE_CODES, PHASE_CODE[S.H2D]]
 
 
 def _compute_elsewhere(
     ev: EventArrays, rows_mask: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Forward, backward and update operators on host threads other than the training thread.
+    """Forward, backward, update and host-to-device operators on host threads other than the
+    training thread.
 
     Per thread, the innermost event decides each instant, as on the training thread; only
-    operators (not regions) with a compute phase count, at their explicit level. On PyTorch CPU
-    runs there are none (autograd runs on the training thread); TensorFlow runs a step's graph
-    on its executor threads while the Python thread waits.
+    operators (not regions) with a compute or h2d phase count, at their explicit level. On
+    PyTorch CPU runs there are none (autograd runs on the training thread); TensorFlow runs a
+    step's graph on its executor threads while the Python thread waits; MXNet copies to the GPU
+    on engine threads of their own, which the step waits for when nothing else runs.
     """
     candidates = (
-        rows_mask & np.isin(ev.phase, _COMPUTE_CODES) & ~np.isin(ev.kind, _STRUCTURAL_KINDS)
+        rows_mask & np.isin(ev.phase, _ELSEWHERE_CODES) & ~np.isin(ev.kind, _STRUCTURAL_KINDS)
     )
     empty = np.zeros(0, np.int64)
     if not candidates.any():
@@ -240,7 +247,7 @@ def _compute_elsewhere(
         seg_s, seg_e, owner = _thread_segments(ev, rows)
         has = owner >= 0
         owner_safe = np.maximum(owner, 0)
-        keep = has & np.isin(ev.phase[owner_safe], _COMPUTE_CODES)
+        keep = has & np.isin(ev.phase[owner_safe], _ELSEWHERE_CODES)
         keep &= ~np.isin(ev.kind[owner_safe], _STRUCTURAL_KINDS)
         out_s.append(seg_s[keep])
         out_e.append(seg_e[keep])

@@ -1,0 +1,484 @@
+"""`traceview collect`'s MXNet side, in every process of the job (standard library only).
+
+Copied into the bootstrap as ``_traceview_rankside_mxnet.py`` beside the core
+(``_traceview_rankside.py``), which calls ``prepare`` at start-up and ``start`` once the job has
+imported ``mxnet``.
+
+- Parameter-server jobs (ps-lite KVStore) run a scheduler, servers and workers, told apart by
+  ``DMLC_ROLE``. A scheduler or server never gets past ``import mxnet`` (MXNet runs the server
+  loop inside the import and exits), so ``prepare`` records it: its status goes to
+  ``RUN/raw/<role>-<n>/status.json`` and is updated at exit. They are not profiled.
+- A worker (or a process without a role) is profiled from a hook on ``gluon.Trainer.step`` (and
+  ``Trainer.update``, ``Module.update``): after ``--skip`` + ``--warmup`` steps it waits for the
+  engine, starts ``mx.profiler`` (profile_all), marks each of the next ``--steps`` steps as an
+  ``mx.profiler.Task`` named ``step#N`` in the ``traceview`` domain, waits for the engine again
+  and writes ``RUN/raw/rank-NNNNN/rank-N.mxnet.json.gz``. Data loading (Gluon DataLoader,
+  ``mx.io.DataIter``) is marked as ``DataLoader.next``/``DataIter.next`` Tasks.
+- The rank is the KVStore's (``kv.rank``) for distributed KVStores, else ``DMLC_TASK_ID`` for a
+  worker that has one, else the launcher's (the core's ``detect_rank``).
+- Backward bulking is turned off (``MXNET_EXEC_BULK_EXEC_TRAIN=0`` unless the job sets it), so
+  that backward operators are timed one by one rather than as ``ImperativeBulk`` segments.
+
+Nothing here may break the job: a failure prints one ``traceview:`` line and the job runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import shutil
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+ROLE_VARIABLE = "DMLC_ROLE"
+SERVER_ROLES = ("scheduler", "server")
+DOMAIN = "traceview"
+TRACE_SUFFIX = ".mxnet.json.gz"
+
+_collector: MXNetCollector | None = None
+
+
+# --- scheduler and servers: recorded, not profiled ---------------------------------------------
+
+
+class _RoleRecord:
+    """The status of a scheduler or server process, written at start and at exit."""
+
+    def __init__(self, core: Any, config: Any, role: str):
+        self.config = config
+        index = os.environ.get("DMLC_TASK_ID") or os.environ.get("DMLC_SERVER_ID")
+        self.folder = Path(config.run_dir) / "raw" / f"{role}-{index or os.getpid()}"
+        info = core.detect_rank(os.environ)
+        self.status = core.Status(-1, info.world_size, info.local_rank, ROLE_VARIABLE)
+        self.status.role = role
+        self.status.framework = "mxnet"
+        self.status.notes.append(
+            f"MXNet parameter-server {role} (DMLC_ROLE={role}): recorded, not profiled"
+        )
+        self.finished = False
+
+    def write(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".status.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(asdict(self.status), indent=2))
+        os.replace(tmp, self.folder / "status.json")
+
+    def finish(self, state: str | None = None, detail: str | None = None) -> None:
+        if self.finished or state is None:
+            return
+        self.finished = True
+        self.status.state, self.status.detail = state, detail
+        self.status.ended_ns = time.time_ns()
+        with contextlib.suppress(Exception):
+            self.write()
+
+
+def prepare(core: Any, config: Any) -> None:
+    """At start-up of every process: record a parameter-server scheduler or server."""
+    role = os.environ.get(ROLE_VARIABLE, "").strip().lower()
+    if role not in SERVER_ROLES:
+        return
+    record = _RoleRecord(core, config, role)
+    record.write()
+    core.install_exit_handlers(record)
+
+
+# --- workers ---------------------------------------------------------------------------------------
+
+
+class _Timed:
+    """An iterator whose ``next`` is marked as a profiler Task while traceview records."""
+
+    def __init__(self, inner: Iterator[Any], collector: MXNetCollector, name: str):
+        self.inner = inner
+        self.collector = collector
+        self.name = name
+
+    def __iter__(self) -> _Timed:
+        return self
+
+    def __next__(self) -> Any:
+        task = self.collector.task(self.name)
+        try:
+            return next(self.inner)
+        finally:
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    task.stop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class MXNetCollector:
+    """Drives mx.profiler from the trainer's step (one profiled window per process)."""
+
+    def __init__(self, core: Any, config: Any, mx: Any):
+        self.core = core
+        self.config = config
+        self.mx = mx
+        self.lock = threading.RLock()
+        self.status: Any = None
+        # Weak: a KVStore kept alive into the interpreter's teardown aborts a dist worker
+        # (its ps-lite shutdown then runs after MXNet's own).
+        self._kvstore: Any = None
+        self.pacer: int | None = None  # id() of the trainer (or module) whose steps count
+        self.steps_seen = 0
+        self.recorded = 0
+        self.recording = False
+        self.finished = False
+        self.domain: Any = None
+        self.step_task: Any = None
+        self.raw_path: Path | None = None
+        self.user_profiler = False
+        self.window_done = False
+        self.written = False
+        self.stop_pending = False
+        # the profiler's own functions, kept when the watch below replaces them
+        self._set_state: Any = mx.profiler.set_state
+        self._set_config: Any = mx.profiler.set_config
+        self._dump: Any = mx.profiler.dump
+        self.user_file = "profile.json"
+
+    # hooks -----------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
+        mx = self.mx
+        trainer = mx.gluon.Trainer
+        for name in ("step", "update"):
+            self._after(trainer, name, lambda owner, result: self.after_step(owner))
+        module = getattr(getattr(mx, "module", None), "Module", None)
+        if module is not None:
+            self._after(module, "update", lambda owner, result: self.after_step(owner))
+        self._after(mx.kv, "create", lambda owner, result: self._remember_kvstore(result))
+        loader = mx.gluon.data.DataLoader
+        original_iter = loader.__iter__
+        collector = self
+
+        def loader_iter(self: Any) -> Any:
+            return _Timed(original_iter(self), collector, "DataLoader.next")
+
+        loader.__iter__ = loader_iter
+        data_iter = mx.io.DataIter
+        original_next = data_iter.__next__
+
+        def iter_next(self: Any) -> Any:
+            task = collector.task("DataIter.next")
+            try:
+                return original_next(self)
+            finally:
+                if task is not None:
+                    with contextlib.suppress(Exception):
+                        task.stop()
+
+        data_iter.__next__ = iter_next
+        # The Python side of each phase: where the engine idles, it waits for these calls.
+        self._region(mx.gluon.utils, "split_and_load", "split_and_load")
+        self._region(mx.gluon.Block, "__call__", "Block.forward", outermost=True)
+        self._region(mx.autograd, "backward", "autograd.backward")
+        self._region(mx.nd.NDArray, "backward", "autograd.backward")
+        self._region(trainer, "step", "Trainer.step")
+        self._region(trainer, "_allreduce_grads", "Trainer.allreduce_grads")
+        self._region(trainer, "_update", "Trainer.update")
+        self._watch_user_profiler()
+        self.core.install_exit_handlers(self)
+
+    def _after(self, owner: Any, name: str, callback: Any) -> None:
+        original = getattr(owner, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                callback(args[0] if args else None, result)
+            except Exception as exc:  # never break the job
+                self.core.warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
+                self._abandon(f"{type(exc).__name__}: {exc}")
+            return result
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        setattr(owner, name, wrapped)
+
+    @property
+    def kvstore(self) -> Any:
+        return self._kvstore() if self._kvstore is not None else None
+
+    def _region(self, owner: Any, name: str, label: str, outermost: bool = False) -> None:
+        """Mark calls of ``owner.name`` as a profiler Task ``label`` while recording (only the
+        outermost call where calls nest, as blocks inside blocks do)."""
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        depth = threading.local()
+        collector = self
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if not collector.recording:
+                return original(*args, **kwargs)
+            level = getattr(depth, "level", 0)
+            task = collector.task(label) if not (outermost and level) else None
+            depth.level = level + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth.level = level
+                if task is not None:
+                    with contextlib.suppress(Exception):
+                        task.stop()
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        setattr(owner, name, wrapped)
+
+    def _remember_kvstore(self, kv: Any) -> None:
+        if kv is None:
+            return
+        with contextlib.suppress(TypeError):
+            if self.kvstore is None or "dist" in str(getattr(kv, "type", "")):
+                self._kvstore = weakref.ref(kv)
+
+    def _watch_user_profiler(self) -> None:
+        """A script that drives mx.profiler itself keeps it: traceview steps aside and keeps
+        the script's latest dump as the rank's trace."""
+        profiler = self.mx.profiler
+        original_state, original_config = profiler.set_state, profiler.set_config
+        original_dump = profiler.dump
+        collector = self
+
+        def set_state(state: str = "stop", profile_process: str = "worker") -> Any:
+            if not collector.recording and not collector.finished:
+                collector.user_profiler = True
+            return original_state(state, profile_process)
+
+        def set_config(**kwargs: Any) -> Any:
+            collector.user_file = str(kwargs.get("filename", "profile.json"))
+            return original_config(**kwargs)
+
+        def dump(*args: Any, **kwargs: Any) -> Any:
+            result = original_dump(*args, **kwargs)
+            if collector.user_profiler and not collector.recording:
+                try:
+                    collector._keep_user_trace(Path(collector.user_file))
+                except Exception as exc:
+                    collector.core.warn(f"could not keep the script's trace ({exc})")
+            return result
+
+        profiler.set_state, profiler.set_config, profiler.dump = set_state, set_config, dump
+        self._set_state, self._set_config, self._dump = (
+            original_state,
+            original_config,
+            original_dump,
+        )
+
+    def _keep_user_trace(self, path: Path) -> None:
+        if not path.is_file():
+            return
+        if self.status is None:
+            self.status = self._new_status()
+        self.status.user_profiler = True
+        if not any("itself" in note for note in self.status.notes):
+            self.status.notes.append("the script runs mx.profiler itself; its trace is kept")
+        folder = self.core.rank_dir(self.config.run_dir, self.status.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"rank-{self.status.rank}{TRACE_SUFFIX}"
+        tmp = folder / f".{target.name}.{os.getpid()}.tmp"
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(tmp, target)
+        self.status.trace_files = [target.name]
+        self.status.write(self.config.run_dir)
+
+    # the schedule ----------------------------------------------------------------------------
+
+    def task(self, name: str) -> Any:
+        """A started profiler Task named ``name`` while recording, else None."""
+        if not self.recording:
+            return None
+        try:
+            task = self.mx.profiler.Task(self.domain, name)
+            task.start()
+            return task
+        except Exception:
+            return None
+
+    def after_step(self, owner: Any) -> None:
+        with self.lock:
+            if self.finished:
+                if self.stop_pending and id(owner) == self.pacer:
+                    self._stop_profiler()  # a step after the window: its timing is not kept
+                return
+            if self.pacer is None:
+                self.pacer = id(owner)
+            if id(owner) != self.pacer:  # several trainers: the first one paces the steps
+                return
+            if owner is not None and self.kvstore is None:
+                self._remember_kvstore(getattr(owner, "_kvstore", None))
+            self.steps_seen += 1
+            before = self.config.skip + self.config.warmup
+            if self.steps_seen < before:
+                return
+            if self.user_profiler:
+                self._step_aside()
+                return
+            if not self.recording:
+                self._start()
+                return
+            self.recorded += 1
+            if self.recorded >= self.config.active:
+                self._end_window()  # the last step's Task ends once the engine is done
+                return
+            self.step_task.stop()
+            self._next_task()
+
+    def _next_task(self) -> None:
+        number = self.config.warmup + self.recorded
+        self.step_task = self.mx.profiler.Task(self.domain, f"step#{number}")
+        self.step_task.start()
+
+    def _rank(self) -> Any:
+        core = self.core
+        kv = self.kvstore
+        with contextlib.suppress(Exception):
+            if kv is not None and "dist" in str(kv.type):
+                info = core.detect_rank(os.environ)
+                return core.RankInfo(int(kv.rank), int(kv.num_workers), info.local_rank, "kvstore")
+        task = os.environ.get("DMLC_TASK_ID")
+        if os.environ.get(ROLE_VARIABLE) == "worker" and task is not None and task.isdigit():
+            workers = int(os.environ.get("DMLC_NUM_WORKER", "0") or 0)
+            return core.RankInfo(int(task), max(workers, int(task) + 1), 0, "DMLC_TASK_ID")
+        return core.detect_rank(os.environ)
+
+    def _new_status(self) -> Any:
+        core = self.core
+        info = self._rank()
+        status = core.Status(info.rank, info.world_size, info.local_rank, info.source)
+        status.framework, status.framework_version = "mxnet", str(self.mx.__version__)
+        status.role = os.environ.get(ROLE_VARIABLE, "").strip().lower() or None
+        status.clock = asdict(core.probe_clock(self.config.clock))
+        if self.kvstore is not None:
+            with contextlib.suppress(Exception):
+                status.notes.append(f"KVStore {self.kvstore.type}")
+        return status
+
+    def _start(self) -> None:
+        core, mx = self.core, self.mx
+        self.status = self._new_status()
+        info = self.status
+        folder = core.rank_dir(self.config.run_dir, info.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.raw_path = folder / f".rank-{info.rank}.{os.getpid()}.mxnet.json"
+        mx.nd.waitall()  # the window starts with an idle engine
+        self._set_config(
+            profile_all=True,
+            aggregate_stats=False,
+            continuous_dump=False,
+            filename=str(self.raw_path),
+        )
+        self.domain = mx.profiler.Domain(DOMAIN)
+        self._set_state("run")
+        self.recording = True
+        self.status.state = "profiling"
+        self.status.write(self.config.run_dir)
+        self._next_task()
+
+    def _end_window(self) -> None:
+        """The last recorded step is over: its Task ends once the engine has done the step's
+        work (the job waits for that right after, as a rule). Stopping the profiler takes
+        milliseconds: it waits for the next step's end (or the exit), so that the job's timing
+        of its last recorded step does not see it. The trace is written at exit (``finish``)."""
+        self.finished = True
+        self.recording = False
+        self.window_done = True
+        try:
+            self.mx.nd.waitall()
+            if self.step_task is not None:
+                self.step_task.stop()
+        except Exception as exc:
+            self.core.warn(f"could not end the last step ({type(exc).__name__}: {exc})")
+        if self.status is not None:
+            self.status.state = "running"
+            self.status.profiled_steps = self.recorded
+        self.stop_pending = True
+
+    def _stop_profiler(self) -> None:
+        if not self.stop_pending:
+            return
+        self.stop_pending = False
+        try:
+            self._set_state("stop")
+        except Exception as exc:
+            self.core.warn(f"could not stop the profiler ({type(exc).__name__}: {exc})")
+        if self.status is not None:
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+    def finish(self, state: str | None = None, detail: str | None = None) -> None:
+        """At exit (or when the window ends): write what was recorded; leave the job alone."""
+        with self.lock:
+            if self.recording:  # the process ends inside the window
+                self._end_window()
+            self.finished = True
+            self._stop_profiler()
+            if self.window_done and not self.written:
+                self.written = True
+                self._write_trace()
+            if self.status is None:
+                return  # never reached the window: nothing to report
+            if state is not None and self.status.ended_ns is None:
+                self.status.state, self.status.detail = state, detail
+                self.status.ended_ns = time.time_ns()
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+    def _write_trace(self) -> None:
+        status = self.status
+        try:
+            self._dump(finished=False)
+            assert self.raw_path is not None
+            target = self.raw_path.with_name(f"rank-{status.rank}{TRACE_SUFFIX}")
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            with open(self.raw_path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(tmp, target)
+            self.raw_path.unlink()
+            status.trace_files = [target.name]
+        except Exception as exc:
+            self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+            status.notes.append(f"trace not written: {exc}")
+
+    def _step_aside(self) -> None:
+        self.finished = True
+        self.core.warn("the script drives mx.profiler itself; its trace is kept instead")
+
+    def _abandon(self, reason: str) -> None:
+        with self.lock:
+            self.finished = True
+            if self.recording:
+                self.recording = False
+                with contextlib.suppress(Exception):
+                    self._set_state("stop")
+            if self.status is not None:
+                self.status.notes.append(f"profiling stopped: {reason}")
+                with contextlib.suppress(Exception):
+                    self.status.write(self.config.run_dir)
+
+
+def start(core: Any, config: Any, mxnet: Any) -> None:
+    """Called once the job has imported mxnet (a worker, or a job without a parameter server)."""
+    global _collector
+    if os.environ.get(ROLE_VARIABLE, "").strip().lower() in SERVER_ROLES:
+        return  # not reached in practice: the import runs the server and exits
+    _collector = MXNetCollector(core, config, mxnet)
+    _collector.install()
+
+
+def current() -> MXNetCollector | None:
+    return _collector

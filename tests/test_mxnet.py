@@ -1,0 +1,470 @@
+"""MXNet: mx.profiler traces parsed into the same breakdown, checked against the training loop's
+own timers; parameter-server (ps-lite KVStore) communication reported as comm.
+
+- sample_traces/mxnet holds real runs made by make_traces.py under `traceview collect`: a
+  dist_sync job (1 scheduler, 1 server, 2 workers on 127.0.0.1) and a local-KVStore job over two
+  CPU contexts. Every phase of every step ends with nd.waitall(), so each timer covers the
+  engine's work for that phase (see sample_traces/README.md).
+- The live tests run new jobs the same way when the MXNet environment exists
+  (tests/workloads/mxnet/make_venv.sh; TRACEVIEW_MXNET_PYTHON points elsewhere), and skip
+  with the reason otherwise. traceview itself never imports mxnet.
+
+Tolerances: a phase may come out short of its timer by the step's idle and other time: time in
+which no engine thread ran at all (a process waiting for one of the machine's two cores, a
+Python thread waking up late from waitall) or only engine bookkeeping outside any phase ran
+(copies, DeleteVariable), which a timer bills to the phase it interrupts; beyond that, per step
+within max(floor, per_step) and per-rank means within max(0.3 ms, 5 %).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, SAMPLES, run_cli, shared_traces
+from traceview import rundir as R
+from traceview import schema as S
+from traceview.ingest import ingest
+from traceview.parsers.mxnet import MXNetParser
+from traceview.rules import rules_for
+
+MX_SAMPLES = SAMPLES / "mxnet"
+SCENARIOS = ("dist_sync", "local")  # every phase ends with nd.waitall()
+SAMPLED = (*SCENARIOS, "dist_overlap")  # ... except backward, which overlaps the push/pull
+MX_PYTHON = Path(os.environ.get("TRACEVIEW_MXNET_PYTHON", REPO / ".venv-mxnet" / "bin" / "python"))
+PAIRS = {
+    "wall_tv": "step_ms",
+    "io_tv": "data_ms",
+    "forward_tv": "forward_ms",
+    "backward_tv": "backward_ms",
+    "comm_tv": "comm_ms",
+    "update_tv": "update_ms",
+}
+# Without a wait between backward and Trainer.step, their timers only split the Python calls:
+# backward and the exposed push/pull are compared together.
+OVERLAP_PAIRS = {
+    "wall_tv": "step_ms",
+    "io_tv": "data_ms",
+    "forward_tv": "forward_ms",
+    "backward_and_comm_tv": "backward_and_comm_ms",
+    "update_tv": "update_ms",
+}
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("mxnet")
+    return {s: ingest([MX_SAMPLES / s], out / s) for s in SAMPLED}
+
+
+def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:
+    truth = json.loads((truth_dir / "groundtruth.json").read_text())
+    timers = pl.DataFrame([r for r in truth["records"] if r["profiled"]])
+    steps = pl.from_arrow(R.read_steps(run))
+    assert isinstance(steps, pl.DataFrame)
+    steps = steps.with_columns(
+        (pl.col(c) / 1e6).alias(c.removesuffix("_ns") + "_tv")
+        for c in steps.columns
+        if c.endswith("_ns")
+    )
+    joined = steps.join(timers, on=[S.RANK, S.STEP], how="inner")
+    assert joined.height == timers.height == steps.height, (
+        f"every profiled step has a window and a timer: {steps.height} windows, "
+        f"{timers.height} timed steps, {joined.height} matched"
+    )
+    return joined.with_columns(
+        (pl.col("backward_tv") + pl.col("comm_tv")).alias("backward_and_comm_tv"),
+        (pl.col("backward_ms") + pl.col("comm_ms")).alias("backward_and_comm_ms"),
+    )
+
+
+def check_against_timers(
+    df: pl.DataFrame,
+    label: str,
+    per_step: float = 0.10,
+    floor_ms: float = 0.5,
+    pairs: dict[str, str] = PAIRS,
+) -> None:
+    for ours, timer in pairs.items():
+        allowed = (per_step * df[timer].abs()).clip(lower_bound=floor_ms)
+        short = df[timer] - df[ours]  # > 0: traceview found less than the timer
+        unassigned = df["idle_tv"] + df["other_tv"]
+        ok = (short.abs() <= allowed) | ((short > 0) & (short <= unassigned + allowed))
+        bad = df.filter(~ok)
+        assert bad.height == 0, (
+            f"{label}: {ours} vs {timer} off by more than max({floor_ms} ms, {per_step:.0%}) "
+            f"plus the step's idle and other time:\n"
+            f"{bad.select(S.RANK, S.STEP, ours, timer, 'idle_tv', 'other_tv')}"
+        )
+    means = df.group_by(S.RANK).agg(
+        pl.col([*pairs, *pairs.values()]).mean(),
+        (pl.col("idle_tv") + pl.col("other_tv")).mean().alias("unassigned"),
+    )
+    for ours, timer in pairs.items():
+        for row in means.iter_rows(named=True):
+            allowed = max(0.3, 0.05 * abs(row[timer]))
+            short = row[timer] - row[ours]
+            assert abs(short) <= allowed or 0 < short <= row["unassigned"] + allowed, (
+                f"{label} rank {row[S.RANK]}: mean {ours} {row[ours]:.2f} ms vs {timer} "
+                f"{row[timer]:.2f} ms (idle + other {row['unassigned']:.2f} ms)"
+            )
+
+
+# --- the committed sample runs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SAMPLED)
+def test_each_step_matches_the_timers(samples: dict[str, Path], scenario: str) -> None:
+    pairs = OVERLAP_PAIRS if scenario == "dist_overlap" else PAIRS
+    df = steps_with_timers(samples[scenario], MX_SAMPLES / scenario)
+    check_against_timers(df, scenario, pairs=pairs)
+
+
+@pytest.mark.parametrize("scenario", SAMPLED)
+def test_exclusive_phases_sum_to_the_step(samples: dict[str, Path], scenario: str) -> None:
+    steps = pl.from_arrow(R.read_steps(samples[scenario]))
+    assert isinstance(steps, pl.DataFrame)
+    total = steps.select(pl.sum_horizontal([S.phase_ns(p) for p in S.BREAKDOWN_PHASES])).to_series()
+    assert (total == steps[S.WALL_NS]).all()
+
+
+def test_parameter_server_push_pull_is_communication(samples: dict[str, Path]) -> None:
+    run = samples["dist_sync"]
+    df = steps_with_timers(run, MX_SAMPLES / "dist_sync")
+    # Trainer.step is one push/pull round (the server runs the optimizer): all of it is comm,
+    # none hidden (the script waits for backward before it pushes), and nothing is update.
+    assert (df["comm_tv"] > 0.5 * df["comm_ms"]).all()
+    assert (df["comm_hidden_fraction"] < 0.05).all()
+    assert (df["update_tv"] == 0).all()
+    events = pl.from_arrow(R.read_events(run))
+    assert isinstance(events, pl.DataFrame)
+    kvstore = events.filter(pl.col(S.NAME).cast(pl.String).str.starts_with("KVStoreDist"))
+    assert kvstore.height > 0
+    assert set(kvstore[S.PHASE].cast(pl.String)) == {S.COMM}
+    assert set(kvstore[S.COLLECTIVE].cast(pl.String)) <= {"push", "pull"}
+    assert set(kvstore[S.OP].cast(pl.String)) <= {"push", "pull", "push_pull"}
+    report = run_cli("report", run, "--json").json()
+    assert report["run"]["framework"] == "mxnet" and report["run"]["ranks"] == 2
+    assert report["summary"]["hidden"] == "no"
+    comm_ops = {op["op"] for op in report["top_ops"] if op["phase"] == S.COMM}
+    assert "push_pull" in comm_ops
+
+
+def test_pushes_during_backward_are_hidden(samples: dict[str, Path]) -> None:
+    """Trainer.step right after loss.backward(): MXNet pushes a layer's gradients as soon as
+    they exist, so part of the push/pull runs while earlier layers' backward still computes."""
+    df = steps_with_timers(samples["dist_overlap"], MX_SAMPLES / "dist_overlap")
+    assert (df["comm_total_tv"] > df["comm_tv"]).all()
+    assert (df["comm_hidden_fraction"] > 0.2).all(), df.select("comm_hidden_fraction")
+    report = run_cli("report", samples["dist_overlap"], "--json").json()
+    assert report["summary"]["hidden"] in ("partly", "yes")
+    # the same job waiting for backward first hides nothing
+    waited = run_cli("report", samples["dist_sync"], "--json").json()
+    assert waited["summary"]["comm_hidden_fraction"] < 0.05
+
+
+def test_local_kvstore_reduce_is_communication_and_update_is_local(
+    samples: dict[str, Path],
+) -> None:
+    run = samples["local"]
+    df = steps_with_timers(run, MX_SAMPLES / "local")
+    assert (df["comm_tv"] > 0).all() and (df["update_tv"] > 0).all()
+    events = pl.from_arrow(R.read_events(run))
+    assert isinstance(events, pl.DataFrame)
+    reduce = events.filter(pl.col(S.NAME).cast(pl.String) == "KVStoreReduce")
+    assert reduce.height > 0 and set(reduce[S.COLLECTIVE].cast(pl.String)) == {"reduce"}
+    update = events.filter(pl.col(S.NAME).cast(pl.String).str.ends_with("_update"))
+    assert set(update[S.PHASE].cast(pl.String)) == {S.UPDATE}
+    assert set(update[S.OP].cast(pl.String)) == {"weights_update"}
+
+
+def _without_markers(source: Path, target: Path) -> Path:
+    """The trace minus traceview collect's step markers: what mx.profiler alone writes."""
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    doc["traceEvents"] = [
+        e
+        for e in doc["traceEvents"]
+        if not (e.get("cat") == "traceview" and str(e.get("name", "")).startswith("step#"))
+    ]
+    target.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return target
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_steps_inferred_without_markers_match_the_marked_ones(
+    tmp_path: Path, scenario: str
+) -> None:
+    rules = rules_for("mxnet")
+    source = MX_SAMPLES / scenario / "rank-0.mxnet.json.gz"
+    marked = MXNetParser().parse(source, rules)
+    bare = MXNetParser().parse(_without_markers(source, tmp_path / source.name), rules)
+    assert marked.meta["steps_from"] == "collector"
+    assert bare.meta["steps_from"] == "inferred"
+    assert any("no step markers" in r and "inferred" in r for r in bare.notes.remarks)
+
+    def windows(parsed: object) -> pl.DataFrame:
+        df = pl.from_arrow(parsed.events)  # type: ignore[attr-defined]
+        assert isinstance(df, pl.DataFrame)
+        return (
+            df.filter(pl.col(S.NAME).cast(pl.String).str.starts_with("step#"))
+            .sort(S.TS_NS)
+            .select(S.TS_NS, (pl.col(S.TS_NS) + pl.col(S.DUR_NS)).alias("end"))
+        )
+
+    ours, theirs = windows(bare), windows(marked)
+    # One step per round: the inferred windows end where the marked ones do.
+    assert ours.height >= theirs.height == 5
+    assert (ours["end"].head(theirs.height) - theirs["end"]).abs().max() == 0
+
+
+def test_operators_get_canonical_names_shared_with_pytorch() -> None:
+    rules = rules_for("mxnet")
+    expect = {
+        ("op", "operator", "Convolution"): (None, "convolution"),
+        ("op", "operator", "_backward_Convolution"): (S.BACKWARD, "convolution_backward"),
+        ("op", "operator", "BatchNorm"): (None, "batch_norm"),
+        ("op", "operator", "_backward_BatchNorm"): (S.BACKWARD, "batch_norm_backward"),
+        ("op", "operator", "FullyConnected"): (None, "fully_connected"),
+        ("op", "operator", "_backward_FullyConnected"): (S.BACKWARD, "fully_connected_backward"),
+        ("op", "operator", "Pooling"): (None, "pooling"),
+        ("op", "operator", "_backward_mean"): (S.BACKWARD, None),
+        ("op", "operator", "sgd_update"): (S.UPDATE, "weights_update"),
+        ("op", "operator", "sgd_mom_update"): (S.UPDATE, "weights_update"),
+        ("op", "operator", "multi_sgd_mom_update"): (S.UPDATE, "weights_update"),
+        ("op", "operator", "adam_update"): (S.UPDATE, "weights_update"),
+        ("op", "operator", "CopyCPU2GPU"): (S.H2D, "h2d_copy"),
+        ("op", "operator", "KVStoreDistDefaultPush"): (S.COMM, "push"),
+        ("op", "operator", "KVStoreDistDefaultStoragePull"): (S.COMM, "pull"),
+        ("op", "operator", "KVStoreDistDefaultStoragePushPull"): (S.COMM, "push_pull"),
+        ("op", "operator", "KVStoreReduce"): (S.COMM, "reduce"),
+        ("op", "operator", "KVStoreBCast"): (S.COMM, "broadcast"),
+        ("runtime", "MXNET_C_API", "MXKVStorePushPull"): (S.COMM, "push_pull"),
+        ("runtime", "MXNET_C_API", "MXDataIterNext"): (S.IO, "data_loader"),
+        ("annotation", "traceview", "DataLoader.next"): (S.IO, "data_loader"),
+        ("op", "operator", "kvstore:push:3"): (S.COMM, "push"),
+        ("op", "operator", "kvstore:pull:3"): (S.COMM, "pull"),
+    }
+    for (kind, cat, name), (phase, op) in expect.items():
+        result = rules.classify(kind, cat, name)
+        assert (result.phase, result.op) == (phase, op), name
+    assert rules.classify("op", "operator", "KVStoreDistDefaultPush").collective == "push"
+    assert rules.classify("op", "operator", "KVStoreDistDefaultStoragePull").collective == "pull"
+    assert rules.classify("annotation", "traceview", "step#7").kind == S.KIND_STEP
+
+
+# --- other people's MXNet traces (../shared/traces/mxnet) ------------------------------------------
+
+
+def test_every_shared_mxnet_trace_parses() -> None:
+    root = shared_traces("mxnet")
+    files = sorted(root.rglob("*.json.gz"))
+    assert len(files) >= 2
+    for path in files:
+        result = run_cli("report", path, "--json")
+        assert result.code == 0, result.err
+        report = result.json()
+        assert report["run"]["framework"] == "mxnet"
+        assert report["run"]["steps"] >= 1
+        breakdown = report["summary"]["breakdown_ms"]
+        assert sum(breakdown.values()) == pytest.approx(report["summary"]["step_ms"], abs=0.02)
+
+
+def test_shared_gpu_cnn_iteration() -> None:
+    """The GPU MNIST CNN: one training iteration, no markers: one step, from its update round."""
+    root = shared_traces("mxnet/mxnet_profiler_demo_mnist_cnn")
+    result = run_cli("report", root, "--json")  # the folder: the nvprof database is skipped
+    assert result.code == 0, result.err
+    report = result.json()
+    assert report["run"]["steps"] == 1
+    assert any("basic_nvprof_output.nvvp" in r for r in report["remarks"])
+    assert any("inferred" in r for r in report["remarks"])
+    breakdown = report["summary"]["breakdown_ms"]
+    for phase in (S.IO, S.H2D, S.FORWARD, S.BACKWARD, S.UPDATE):
+        assert breakdown[phase] > 0, phase
+    ops = {op["op"]: op["phase"] for op in report["top_ops"]}
+    assert ops.get("h2d_copy") == S.H2D
+    assert ops.get("convolution_backward") == S.BACKWARD
+
+
+def test_copies_on_their_own_engine_threads_are_h2d_where_nothing_else_runs() -> None:
+    """The copy micro-run: one broadcast_add on cpu/0 while two CopyCPU2GPU run on gpu/0's copy
+    threads, then a waitall. Read straight from the JSON: once the add is done, the iteration
+    waits for the copies only, so that time is h2d (not forward, not idle)."""
+    path = shared_traces("mxnet/mxnet_profiler_demo_data_copy") / (
+        "cpu_gpu_data_copy_profiler_output.json.gz"
+    )
+    records = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+    def span(name: str) -> tuple[float, float]:
+        begins = [r["ts"] for r in records if r.get("name") == name and r.get("ph") == "B"]
+        ends = [r["ts"] for r in records if r.get("name") == name and r.get("ph") == "E"]
+        return min(begins) / 1e3, max(ends) / 1e3
+
+    add_start, add_end = span("broadcast_add")
+    copy_start, copy_end = span("CopyCPU2GPU")
+    assert copy_start < add_start < add_end < copy_end  # the add runs under the copies
+    report = run_cli("report", path, "--json").json()
+    breakdown = report["summary"]["breakdown_ms"]
+    assert breakdown[S.H2D] == pytest.approx(copy_end - add_end, abs=1.5)
+    assert breakdown[S.FORWARD] == pytest.approx(add_end - add_start, abs=1.5)
+    assert report["summary"]["bottleneck"] == S.H2D
+
+
+def test_ids_above_2_53_are_kept_exactly() -> None:
+    path = shared_traces("mxnet/mxnet_profiler_demo_data_copy") / (
+        "cpu_gpu_data_copy_profiler_output.json.gz"
+    )
+    parsed = MXNetParser().parse(path, rules_for("mxnet"))
+    pids = set(parsed.events.column(S.PID).to_pylist())
+    tids = set(parsed.events.column(S.TID).to_pylist())
+    assert 849786139768988538 in pids  # the C API domain, above 2**53
+    assert 602310518397221010 in tids  # the Python thread
+    # above 2**63: the same 64 bits, as int64
+    assert 13084354670121613409 - (1 << 64) in tids
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    text = tmp_path / "notes.json"
+    text.write_text("this is not JSON\n")
+    only_meta = tmp_path / "meta.json"
+    only_meta.write_text(
+        '{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0, '
+        '"args": {"name": "MXNET_C_API"}}]}'
+    )
+    for path in (empty, text, only_meta):
+        result = run_cli("report", path)
+        assert result.code == 2, (path, result.err)
+        assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
+
+
+def test_truncated_trace_keeps_what_was_written(tmp_path: Path) -> None:
+    text = gzip.decompress((MX_SAMPLES / "local" / "rank-0.mxnet.json.gz").read_bytes())
+    cut = tmp_path / "rank-0.mxnet.json"
+    cut.write_bytes(text[: len(text) * 2 // 3])
+    result = run_cli("report", cut, "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert any("damaged" in w for w in report["warnings"])
+    assert report["run"]["steps"] >= 2
+    early = tmp_path / "early.json"
+    early.write_bytes(text[:200])
+    result = run_cli("report", early)
+    assert result.code == 2 and "Traceback" not in result.err
+    assert len(result.err.strip().splitlines()) == 1
+
+
+# --- the parameter-server launcher ---------------------------------------------------------------
+
+
+def test_dmlc_launcher_stops_the_job_when_a_worker_fails() -> None:
+    script = (
+        "import os, sys, time\n"
+        "role, task = os.environ['DMLC_ROLE'], os.environ.get('DMLC_TASK_ID')\n"
+        "assert os.environ['DMLC_PS_ROOT_URI'] == '127.0.0.1' == os.environ['DMLC_NODE_HOST']\n"
+        "assert os.environ['DMLC_NUM_WORKER'] == '2' and os.environ['DMLC_NUM_SERVER'] == '1'\n"
+        "if role == 'worker' and task == '1': sys.exit(3)\n"
+        "time.sleep(0 if role == 'worker' else 60)\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "traceview.collectors.dmlc",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "worker 1 exited with code 3" in proc.stderr
+
+
+# --- live runs: real MXNet processes, real ps-lite -----------------------------------------------
+
+
+def _mxnet_python() -> Path:
+    if not MX_PYTHON.exists():
+        pytest.skip(
+            f"no MXNet environment at {MX_PYTHON} (tests/workloads/mxnet/make_venv.sh makes it; "
+            "TRACEVIEW_MXNET_PYTHON points elsewhere)"
+        )
+    probe = subprocess.run([str(MX_PYTHON), "-c", "import mxnet"], capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"{MX_PYTHON} cannot import mxnet: {probe.stderr.decode()[-300:]}")
+    return MX_PYTHON
+
+
+@pytest.fixture(scope="module", params=SCENARIOS)
+def live(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, Path]:
+    python = _mxnet_python()
+    scenario = request.param
+    work = tmp_path_factory.mktemp(f"mxnet-live-{scenario}")
+    out, run = work / "out", work / "run"
+    launcher = [
+        str(Path(sys.executable).with_name("traceview-dmlc"))
+        if Path(sys.executable).with_name("traceview-dmlc").exists()
+        else shutil.which("traceview-dmlc") or "traceview-dmlc",
+        "-n", "2", "-s", "1",
+    ] if scenario == "dist_sync" else []  # fmt: skip
+    command = [
+        sys.executable, "-m", "traceview", "collect", "--no-report", "-o", str(run), "--",
+        *launcher, str(python), str(MX_SAMPLES / "make_traces.py"), "train", scenario, str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    merged = subprocess.run(
+        [str(python), str(MX_SAMPLES / "make_traces.py"), "merge", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert merged.returncode == 0, merged.stderr
+    return scenario, out, run
+
+
+def test_live_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
+    scenario, out, run = live
+    # The tests share the two cores with the job: per step, allow 1 ms or 15 %.
+    check_against_timers(steps_with_timers(run, out), f"live {scenario}", 0.15, 1.0)
+
+
+def test_live_run_manifest(live: tuple[str, Path, Path]) -> None:
+    scenario, _, run = live
+    manifest = R.read_manifest(run)
+    collected = manifest["collect"]
+    ranks = collected["ranks"]
+    assert all(r["framework"] == "mxnet" and r["trace"] and r["state"] == "ok" for r in ranks)
+    if scenario == "dist_sync":
+        assert sorted(r["rank"] for r in ranks) == [0, 1]
+        assert {r["rank_source"] for r in ranks} == {"kvstore"}
+        roles = sorted(p["role"] for p in collected["processes"])
+        assert roles == ["scheduler", "server"]
+        assert all(p["state"] == "ok" for p in collected["processes"])
+        assert any("parameter-server job" in r for r in manifest["notes"]["remarks"])
+        summary = run_cli("report", run, "--json").json()["summary"]
+        assert summary["comm_total_ms"] > 0 and summary["breakdown_ms"][S.UPDATE] == 0
+    else:
+        assert [r["rank"] for r in ranks] == [0] and collected["processes"] == []
