@@ -116,3 +116,59 @@ def test_needs_two_runs() -> None:
     result = run_cli("compare", PYTORCH / "ddp")
     assert result.code == 2 and "at least two runs" in result.err
     assert len(result.err.strip().splitlines()) == 1
+
+
+# --- one model, three frameworks ------------------------------------------------------------------
+
+# The same MLP (512-1024-1024-1024-10, batch 128 per worker, SGD), 2 workers, every phase timed
+# with the framework synchronized: PyTorch with an explicit gloo all-reduce, TensorFlow with
+# MultiWorkerMirroredStrategy's all-reduce called explicitly, MXNet with a dist_sync parameter
+# server. Timer names per framework: (data, forward, backward, communication).
+FRAMEWORK_RUNS = {
+    "pytorch": (SAMPLES / "pytorch" / "explicit", ("data_ms", "forward_ms", "backward_ms", "allreduce_ms")),
+    "tensorflow": (SAMPLES / "tensorflow" / "explicit", ("data_ms", "forward_ms", "backward_ms", "allreduce_ms")),
+    "mxnet": (SAMPLES / "mxnet" / "mlp", ("data_ms", "forward_ms", "backward_ms", "comm_ms")),
+}  # fmt: skip
+
+
+def _means(folder: Path) -> dict[str, float]:
+    truth = json.loads((folder / "groundtruth.json").read_text())
+    records = [r for r in truth["records"] if r["profiled"]]
+    return {k: statistics.mean(r[k] for r in records) for k in records[0] if k.endswith("_ms")}
+
+
+def test_frameworks_compare_as_their_timers_do() -> None:
+    """PyTorch, TensorFlow and MXNet training one model: step and phase ratios against PyTorch
+    are the timers' ratios (within 12 %; phases under 2 ms within 0.5 ms of their timer), and
+    the operators line up by canonical name."""
+    pytest.importorskip(
+        "xprof", reason="reading .xplane.pb needs xprof: pip install '.[tensorflow]'"
+    )
+    folders = [folder for folder, _ in FRAMEWORK_RUNS.values()]
+    report = compare_json(*folders)
+    assert [r["framework"] for r in report["runs"]] == list(FRAMEWORK_RUNS)
+    timers = [(_means(folder), names) for folder, names in FRAMEWORK_RUNS.values()]
+    base, base_names = timers[0]
+    phases = {row["phase"]: row["ratio"] for row in report["phases"]}
+    for index, (means, names) in enumerate(timers[1:], start=1):
+        run = report["runs"][index]
+        assert run["step_ratio"] == pytest.approx(means["step_ms"] / base["step_ms"], rel=0.12)
+        for phase, name, base_name in zip(
+            ("io", "forward", "backward", "comm"), names, base_names, strict=True
+        ):
+            expected = means[name] / base[base_name]
+            if min(means[name], base[base_name]) >= 2.0:
+                assert phases[phase][index] == pytest.approx(expected, rel=0.12), (
+                    run["label"],
+                    phase,
+                )
+            else:  # sub-2 ms phases (data loading): within half a millisecond of the timer
+                ms = run["breakdown_ms"][phase]
+                assert ms == pytest.approx(means[name], abs=0.5), (run["label"], phase)
+        assert run["hidden"] == "no"  # every run waits for its communication
+    ops = {row["op"]: row["ms"] for row in report["ops"]}
+    for op in ("fully_connected", "fully_connected_backward", "data_loader"):
+        assert all(ms and ms > 0 for ms in ops[op]), (op, ops[op])
+    assert ops["allreduce"][0] > 0 and ops["allreduce"][1] > 0 and ops["push_pull"][2] > 0
+    # the parameter server's synthetic spans and Python-call regions are not operators
+    assert not {"engine backward", "kvstore_round", "step_call"} & set(ops)

@@ -37,7 +37,7 @@ from traceview.parsers.mxnet import MXNetParser
 from traceview.rules import rules_for
 
 MX_SAMPLES = SAMPLES / "mxnet"
-SCENARIOS = ("dist_sync", "local")  # every phase ends with nd.waitall()
+SCENARIOS = ("dist_sync", "mlp", "local")  # every phase ends with nd.waitall()
 SAMPLED = (*SCENARIOS, "dist_overlap")  # ... except backward, which overlaps the push/pull
 MX_PYTHON = Path(os.environ.get("TRACEVIEW_MXNET_PYTHON", REPO / ".venv-mxnet" / "bin" / "python"))
 PAIRS = {
@@ -414,7 +414,10 @@ def _mxnet_python() -> Path:
     return MX_PYTHON
 
 
-@pytest.fixture(scope="module", params=SCENARIOS)
+LIVE = ("dist_sync", "local")  # one parameter-server job, one local one
+
+
+@pytest.fixture(scope="module", params=LIVE)
 def live(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, Path, Path]:

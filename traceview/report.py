@@ -269,7 +269,7 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         t = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
         t.add_column(first, no_wrap=True, overflow="ellipsis", max_width=26)
         for i, label in enumerate(labels):
-            t.add_column(label, justify="right", no_wrap=True, overflow="ellipsis", max_width=18)
+            t.add_column(label, justify="right", no_wrap=True, overflow="ellipsis", max_width=22)
             if i:
                 t.add_column("", justify="right", no_wrap=True)
         return t
