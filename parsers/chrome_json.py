@@ -17,7 +17,7 @@ import queue
 import re
 import threading
 import zlib
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -63,6 +63,28 @@ class ChromeTraceInfo:
     @property
     def top_level(self) -> dict[str, Any]:
         return {**self.header, **self.trailer}
+
+    def require_events(self, path: Path, rows: int, counts: Mapping[str, int]) -> None:
+        """One clear error when the trace held no timed event (``counts``: records by type)."""
+        if rows:
+            return
+        if counts:
+            raise BadInput(
+                f"{path}: the trace holds no timed events (only {', '.join(sorted(counts))} records)"
+            )
+        if self.damage:
+            raise BadInput(f"{path}: no complete event before the damage ({self.damage})")
+        raise BadInput(f"{path}: the trace holds no events")
+
+    def damage_warning(self, path: Path, kept: int) -> str | None:
+        """What a damaged (usually cut) trace lost, for the notes; None when it was whole."""
+        if not self.damage:
+            return None
+        return (
+            f"{path.name}: trace damaged ({self.damage}): kept {kept} events from the first "
+            f"{self.stream.bytes_read - self.lost_bytes:,} bytes; lost {self.lost_bytes:,} bytes "
+            "after the last complete event (the process probably died while writing)"
+        )
 
 
 def is_gzip(head: bytes) -> bool:

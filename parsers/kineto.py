@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.errors import BadInput, Notes
+from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
 from traceview.parsers.chrome_json import ChromeTraceReader, read_head, read_header
 from traceview.rules import RuleSet
@@ -380,14 +380,7 @@ class KinetoParser:
         info = reader.info
         notes = Notes()
         top = info.top_level
-        if not batches or sum(b.num_rows for b in batches) == 0:
-            if counts:
-                raise BadInput(
-                    f"{path}: the trace holds no timed events (only {', '.join(sorted(counts))} records)"
-                )
-            if info.damage:
-                raise BadInput(f"{path}: no complete event before the damage ({info.damage})")
-            raise BadInput(f"{path}: the trace holds no events")
+        info.require_events(path, sum(b.num_rows for b in batches), counts)
         table = pa.Table.from_batches(batches).unify_dictionaries()
         del batches
 
@@ -442,12 +435,8 @@ class KinetoParser:
             notes.warn(
                 f"{path.name}: {skipped['other']} events of unsupported types ({kinds}) not read"
             )
-        if info.damage:
-            notes.warn(
-                f"{path.name}: trace damaged ({info.damage}): kept {raw.num_rows} events from the "
-                f"first {info.stream.bytes_read - info.lost_bytes:,} bytes; lost {info.lost_bytes:,} "
-                "bytes after the last complete event (the rank probably died while writing)"
-            )
+        if damage := info.damage_warning(path, raw.num_rows):
+            notes.warn(damage)
         devices = top.get("deviceProperties")
         meta: dict[str, Any] = {
             "schema_version": top.get("schemaVersion"),

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.errors import BadInput, Notes
+from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
 from traceview.parsers.chrome_json import ChromeTraceReader
 from traceview.rules import RuleSet
@@ -309,14 +309,7 @@ class MXNetParser:
             counts.update(chunk.counts)
         info = reader.info
         notes = Notes()
-        if not batches or sum(b.num_rows for b in batches) == 0:
-            if counts:
-                raise BadInput(
-                    f"{path}: the trace holds no timed events (only {', '.join(sorted(counts))} records)"
-                )
-            if info.damage:
-                raise BadInput(f"{path}: no complete event before the damage ({info.damage})")
-            raise BadInput(f"{path}: the trace holds no events")
+        info.require_events(path, sum(b.num_rows for b in batches), counts)
         table = pa.Table.from_batches(batches).unify_dictionaries()
         del batches
 
@@ -333,12 +326,8 @@ class MXNetParser:
             notes.warn(
                 f"{path.name}: {unmatched} begin/end records without their other half not read"
             )
-        if info.damage:
-            notes.warn(
-                f"{path.name}: trace damaged ({info.damage}): kept {raw.num_rows} events from the "
-                f"first {info.stream.bytes_read - info.lost_bytes:,} bytes; lost {info.lost_bytes:,} "
-                "bytes after the last complete event (the process probably died while writing)"
-            )
+        if damage := info.damage_warning(path, raw.num_rows):
+            notes.warn(damage)
         threads = {f"{p}/{t}": label for (p, t), label in thread_names.items()}
         for (pid, tid), label in layout.thread_labels.items():
             threads.setdefault(f"{pid}/{tid}", label)

@@ -113,11 +113,8 @@ class TimelineParser:
                     other += 1
         info = reader.info
         notes = Notes()
-        if info.damage:
-            notes.warn(
-                f"{path.name}: trace damaged ({info.damage}): kept {len(ops)} events; lost "
-                f"{info.lost_bytes:,} bytes after the last complete event"
-            )
+        if damage := info.damage_warning(path, len(ops)):
+            notes.warn(damage)
         events, skipped = _events(ops, processes, rules, notes, path)
         skipped["flow_and_other"] = other
         return ParsedTrace(

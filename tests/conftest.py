@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,3 +60,26 @@ def run_cli(
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:
+    """A run's steps table (times in ms, as ``<phase>_tv``) joined to the profiled records of
+    the ground truth beside its traces, on rank and step; every step must have its timer."""
+    from traceview import rundir as R
+    from traceview import schema as S
+
+    truth = json.loads((truth_dir / "groundtruth.json").read_text())
+    timers = pl.DataFrame([r for r in truth["records"] if r["profiled"]])
+    steps = pl.from_arrow(R.read_steps(run))
+    assert isinstance(steps, pl.DataFrame)
+    steps = steps.with_columns(
+        (pl.col(c) / 1e6).alias(c.removesuffix("_ns") + "_tv")
+        for c in steps.columns
+        if c.endswith("_ns")
+    )
+    joined = steps.join(timers, on=[S.RANK, S.STEP], how="inner")
+    assert joined.height == timers.height == steps.height, (
+        f"every profiled step has a window and a timer: {steps.height} windows, "
+        f"{timers.height} timed steps, {joined.height} matched"
+    )
+    return joined

@@ -22,6 +22,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES
+from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
@@ -37,20 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:
-    truth = json.loads((truth_dir / "groundtruth.json").read_text())
-    timers = pl.DataFrame([r for r in truth["records"] if r["profiled"]])
-    steps = pl.from_arrow(R.read_steps(run))
-    assert isinstance(steps, pl.DataFrame)
-    steps = steps.with_columns(
-        (pl.col(c) / 1e6).alias(c.removesuffix("_ns") + "_tv")
-        for c in steps.columns
-        if c.endswith("_ns")
-    )
-    joined = steps.join(timers, on=[S.RANK, S.STEP], how="inner")
-    assert joined.height == timers.height == steps.height, (
-        "every profiled step has a ProfilerStep window and a timer"
-    )
-    return joined.with_columns(
+    return timed_steps(run, truth_dir).with_columns(
         (pl.col("backward_tv") + pl.col("comm_exposed_tv")).alias("backward_and_wait_tv"),
         (pl.col("backward_ms") + pl.col("allreduce_ms")).alias("backward_and_allreduce_ms"),
     )

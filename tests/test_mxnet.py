@@ -30,6 +30,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import REPO, SAMPLES, run_cli, shared_traces
+from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.ingest import ingest
@@ -66,20 +67,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:
-    truth = json.loads((truth_dir / "groundtruth.json").read_text())
-    timers = pl.DataFrame([r for r in truth["records"] if r["profiled"]])
-    steps = pl.from_arrow(R.read_steps(run))
-    assert isinstance(steps, pl.DataFrame)
-    steps = steps.with_columns(
-        (pl.col(c) / 1e6).alias(c.removesuffix("_ns") + "_tv")
-        for c in steps.columns
-        if c.endswith("_ns")
-    )
-    joined = steps.join(timers, on=[S.RANK, S.STEP], how="inner")
-    assert joined.height == timers.height == steps.height, (
-        f"every profiled step has a window and a timer: {steps.height} windows, "
-        f"{timers.height} timed steps, {joined.height} matched"
-    )
+    joined = timed_steps(run, truth_dir)
     return joined.with_columns(
         (pl.col("backward_tv") + pl.col("comm_tv")).alias("backward_and_comm_tv"),
         (pl.col("backward_ms") + pl.col("comm_ms")).alias("backward_and_comm_ms"),
