@@ -486,7 +486,9 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
                 thread_labels[(pid, int(t))] = f"{label.rstrip('/')} engine worker"
     for t in python_tids.tolist():
         for pid in np.unique(ev.pid[ev.tid == t]).tolist():
-            thread_labels.setdefault((int(pid), int(t)), "python (MXNet C API)")
+            domain = process_names.get(int(pid), "")
+            what = "MXNet C API" if domain in ("", "MXNET_C_API") else f"{domain} domain"
+            thread_labels.setdefault((int(pid), int(t)), f"python ({what})")
     computing = (
         engine & ~_bookkeeping(ev) & ~np.isin(own, [_PHASE_CODES[p] for p in (S.COMM, S.H2D, S.IO)])
     )
