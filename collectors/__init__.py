@@ -18,8 +18,10 @@ steps per optimizer step) or that want their own phase regions can say so::
         tv.step()  # the step ends here; from now on optimizer steps no longer count
 
 ``phase`` opens a profiler region named ``## <name> ##`` (the rules read forward, backward,
-optimizer/update, data, h2d as those phases) and an NVTX range for Nsight Systems. Outside
-``traceview collect`` both functions do nothing, so the script runs unchanged anywhere.
+optimizer/update, data, h2d as those phases): under PyTorch a ``record_function`` and an NVTX
+range for Nsight Systems, under TensorFlow a ``tf.profiler`` Trace, under MXNet an
+``mx.profiler`` Task. Outside ``traceview collect`` both functions do nothing, so the script runs
+unchanged anywhere.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ imported ``mxnet``.
   loop inside the import and exits), so ``prepare`` records it: its status goes to
   ``RUN/raw/<role>-<n>/status.json`` and is updated at exit. They are not profiled.
 - A worker (or a process without a role) is profiled from a hook on ``gluon.Trainer.step`` (and
-  ``Trainer.update``, ``Module.update``): after ``--skip`` + ``--warmup`` steps it waits for the
+  ``Trainer.update``, ``Module.update``), or from ``traceview.collectors.step()`` once the script
+  calls it: after ``--skip`` + ``--warmup`` steps it waits for the
   engine, starts ``mx.profiler`` (profile_all), marks each of the next ``--steps`` steps as an
   ``mx.profiler.Task`` named ``step#N`` in the ``traceview`` domain, waits for the engine again
   and writes ``RUN/raw/rank-NNNNN/rank-N.mxnet.json.gz``. Data loading (Gluon DataLoader,
@@ -43,6 +44,8 @@ DOMAIN = "traceview"
 TRACE_SUFFIX = ".mxnet.json.gz"
 
 _collector: MXNetCollector | None = None
+#: The pacer of steps marked through the user API (traceview.collectors.step()).
+_USER_STEPS = object()
 
 
 # --- scheduler and servers: recorded, not profiled ---------------------------------------------
@@ -190,6 +193,28 @@ class MXNetCollector:
         self._region(trainer, "_update", "Trainer.update")
         self._watch_user_profiler()
         self.core.install_exit_handlers(self)
+        self.core.register(self)
+
+    # the user API (traceview.collectors.step / phase) ----------------------------------------
+
+    def manual_step(self) -> None:
+        """The end of a step, marked by the script: from the first call on, these pace the
+        steps and the trainer's no longer count."""
+        with self.lock:
+            self.pacer = id(_USER_STEPS)
+        self.after_step(_USER_STEPS)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A region ``## name ##`` of the Python thread while recording (the rules read data,
+        forward, backward, optimizer as those phases)."""
+        task = self.task(f"## {name} ##")
+        try:
+            yield
+        finally:
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    task.stop()
 
     def _after(self, owner: Any, name: str, callback: Any) -> None:
         original = getattr(owner, name)

@@ -459,3 +459,32 @@ def test_live_run_manifest(live: tuple[str, Path, Path]) -> None:
         assert summary["comm_total_ms"] > 0 and summary["breakdown_ms"][S.UPDATE] == 0
     else:
         assert [r["rank"] for r in ranks] == [0] and collected["processes"] == []
+
+
+def test_script_that_marks_its_own_steps_and_phases(tmp_path: Path) -> None:
+    """No gluon.Trainer: the script updates its weights with nd.sgd_update and marks steps and
+    phases through traceview.collectors (installed in the MXNet environment by make_venv.sh)."""
+    python = _mxnet_python()
+    probe = subprocess.run(
+        [str(python), "-c", "import traceview.collectors"], capture_output=True, timeout=120
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"traceview is not installed in {python} (tests/workloads/mxnet/make_venv.sh)")
+    out, run = tmp_path / "out", tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--",
+        python, REPO / "tests" / "workloads" / "mxnet" / "manual_steps.py", out,
+        env={"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    truth = json.loads((out / "groundtruth.json").read_text())
+    assert truth["active"], "traceview.collectors saw no collector in the job"
+    df = steps_with_timers(run, out)
+    assert df[S.STEP].to_list() == [2, 3, 4, 5, 6]  # the user's steps, numbered as collect's
+    check_against_timers(df, "manual steps", 0.15, 1.0)
+    ops = R.read_ops(run).to_pylist()
+    assert {o["op"] for o in ops if o["phase"] == S.UPDATE} >= {"weights_update"}
+    names = {o["name"]: o["op"] for o in ops}
+    # the compute regions time Python queueing work, not operators; data loading is one
+    assert not {"## forward ##", "## backward ##", "## optimizer ##"} & set(names)
+    assert names["## data ##"] == "data_loader"

@@ -57,7 +57,15 @@ def _return_memory_promptly() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _return_memory_promptly()
+    try:
+        _return_memory_promptly()
+    except ImportError as exc:  # e.g. pyarrow built for NumPy 2 in an environment with NumPy 1
+        print(
+            f"traceview: error: this Python cannot import pyarrow ({safe(exc)}); run traceview "
+            "from an environment where it can (traceview.collectors alone needs nothing)",
+            file=sys.stderr,
+        )
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:

@@ -2,15 +2,18 @@
 # Create the MXNet environment that the MXNet tests and sample scripts run in (idempotent).
 #   tests/workloads/mxnet/make_venv.sh [VENV]        default: .venv-mxnet in the repository
 # MXNet 1.9.1 is the last release on PyPI; it imports only with numpy < 1.24 (np.bool).
-# traceview itself never imports mxnet: only the training jobs use this environment.
+# traceview itself never imports mxnet; the training jobs run in this environment.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 VENV="${1:-.venv-mxnet}"
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import mxnet" >/dev/null 2>&1; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import mxnet, traceview.collectors" >/dev/null 2>&1; then
     echo "$VENV: mxnet $("$VENV/bin/python" -c 'import mxnet; print(mxnet.__version__)') already there"
     exit 0
 fi
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "mxnet==1.9.1" "numpy<1.24"
+# traceview too, for scripts that mark their own steps (import traceview.collectors, standard
+# library only). Its command line needs pyarrow, which wants NumPy 2: run it from .venv.
+"$VENV/bin/python" -m pip install --quiet -e . "numpy<1.24"
 echo "$VENV: mxnet $("$VENV/bin/python" -c 'import mxnet; print(mxnet.__version__)') installed"
