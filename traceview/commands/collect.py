@@ -3,9 +3,12 @@
   traceview collect [-o RUN] [--steps 5 --warmup 2 --skip 1] -- COMMAND [ARGS...]
 
 COMMAND is what you already run: `mpirun -np 4 python train.py`, `srun ...`, `torchrun ...`,
-`python train.py`. In every process of the job, after --skip optimizer steps PyTorch's
-profiler warms up for --warmup steps and records --steps; each rank's trace and status land in
-RUN/raw/, and the run is then read and reported. The exit code is the job's.
+`traceview-dmlc -n 2 -s 1 python train.py` (an MXNet parameter-server job), `python train.py`.
+In every process of the job, once it imports PyTorch, TensorFlow or MXNet, the framework's
+profiler lets --skip steps pass, warms up for --warmup steps and records --steps (a step: an
+optimizer step, a tf.data batch or Keras batch, a gluon Trainer step, or the script's own
+traceview.collectors.step()); each rank's trace and status land in RUN/raw/, and the run is
+then read and reported. The exit code is the job's.
 """
 
 from __future__ import annotations
