@@ -75,6 +75,34 @@ def test_ddp_job_under_mpirun(tmp_path: Path) -> None:
     assert report["summary"]["comm_total_ms"] > 0 and report["run"]["ranks"] == 2
 
 
+MPICH_MPIEXEC = Path(
+    os.environ.get("TRACEVIEW_MPICH_MPIEXEC", REPO / ".venv-mpich" / "bin" / "mpiexec")
+)
+
+
+def test_ddp_job_under_mpich(tmp_path: Path) -> None:
+    """MPICH's Hydra launcher (the `mpich` wheel, in its own environment so that its mpiexec
+    does not shadow Open MPI's): traceview passes its variables with -genv and takes the ranks
+    from PMI_RANK until torch.distributed names them."""
+    _needs_torch()
+    if not MPICH_MPIEXEC.exists():
+        pytest.skip(f"no MPICH at {MPICH_MPIEXEC} (.ci/run makes .venv-mpich: pip install mpich)")
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--steps", "3", "--warmup", "1", "--skip", "1", "--",
+        MPICH_MPIEXEC, "-np", "2", sys.executable, WORKLOADS / "ddp_train.py", "--steps", "10",
+        "--port", "29671",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    collect = _manifest(run)["collect"]
+    launched = collect["launched"]
+    assert launched[1:3] == ["-genv", "PYTHONPATH"] and "-x" not in launched
+    assert [(r["rank"], r["state"]) for r in collect["ranks"]] == [(0, "ok"), (1, "ok")]
+    report = run_cli("report", run, "--json").json()
+    assert report["run"]["ranks"] == 2 and report["run"]["steps"] == 3
+    assert report["summary"]["comm_total_ms"] > 0  # DDP's all-reduce ran between the two ranks
+
+
 def test_a_failing_rank_keeps_the_others_traces(tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = run_cli(

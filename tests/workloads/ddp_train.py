@@ -1,6 +1,7 @@
 """An ordinary DDP training script (gloo, CPU) with no traceview code in it.
 
-Rank and world size come from the launcher: Open MPI, torchrun, Slurm or a single process.
+Rank and world size come from the launcher: Open MPI, MPICH (Hydra's PMI), torchrun, Slurm or
+a single process.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 def launcher_rank() -> tuple[int, int]:
     for rank, size in (
         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
         ("RANK", "WORLD_SIZE"),
         ("SLURM_PROCID", "SLURM_NTASKS"),
     ):
