@@ -59,6 +59,7 @@ class ChromeTraceInfo:
     stream: StreamState = field(default_factory=StreamState)
     lost_bytes: int = 0  # bytes that held no complete event (truncation or corruption)
     damage: str | None = None  # what was wrong with the JSON, if anything
+    truncated: bool = False  # the file ends inside the events array (its writer died)
 
     @property
     def top_level(self) -> dict[str, Any]:
@@ -77,13 +78,18 @@ class ChromeTraceInfo:
         raise BadInput(f"{path}: the trace holds no events")
 
     def damage_warning(self, path: Path, kept: int) -> str | None:
-        """What a damaged (usually cut) trace lost, for the notes; None when it was whole."""
+        """What a damaged (cut or corrupt) trace lost, for the notes; None when it was whole."""
         if not self.damage:
             return None
+        if self.truncated:
+            return (
+                f"{path.name}: trace damaged ({self.damage}): kept {kept} events from the first "
+                f"{self.stream.bytes_read - self.lost_bytes:,} bytes; lost {self.lost_bytes:,} "
+                "bytes after the last complete event (the process probably died while writing)"
+            )
         return (
-            f"{path.name}: trace damaged ({self.damage}): kept {kept} events from the first "
-            f"{self.stream.bytes_read - self.lost_bytes:,} bytes; lost {self.lost_bytes:,} bytes "
-            "after the last complete event (the process probably died while writing)"
+            f"{path.name}: trace damaged ({self.damage}): kept {kept} events; lost "
+            f"{self.lost_bytes:,} bytes around the damage"
         )
 
 
@@ -176,6 +182,24 @@ def _error_byte(exc: Exception) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _utf8_checked(decode: Callable[[Any], T]) -> Callable[[Any], T]:
+    """``decode``, with invalid UTF-8 reported as malformed JSON at its byte (msgspec raises
+    UnicodeDecodeError, whose position counts from the string, not the buffer)."""
+
+    def checked(data: Any) -> T:
+        try:
+            return decode(data)
+        except UnicodeDecodeError as exc:
+            try:
+                bytes(data).decode("utf-8")
+                position = 0
+            except UnicodeDecodeError as where:
+                position = where.start
+            raise msgspec.DecodeError(f"invalid UTF-8: {exc.reason} (byte {position})") from exc
+
+    return checked
+
+
 def _after_array(buf: bytearray, position: int | None) -> int:
     """Index in ``buf`` just past the ``]`` that closed the array msgspec complained after."""
     return buf.rfind(b"]", 0, (position or 0) + 1) + 1
@@ -198,7 +222,7 @@ class ChromeTraceReader(Generic[T]):
 
     def __init__(self, path: Path, decode: Callable[[Any], T], chunk_bytes: int = CHUNK_BYTES):
         self.path = path
-        self.decode = decode
+        self.decode = _utf8_checked(decode)
         self.chunk_bytes = chunk_bytes
         self.info = ChromeTraceInfo()
 
@@ -277,7 +301,7 @@ class ChromeTraceReader(Generic[T]):
                         return
                 elif position is not None and position < end - 1:
                     # Malformed JSON before the cut: real damage, not a cut in the wrong place.
-                    yield from self._skip_damage(buf, position)
+                    yield from self._skip_damage(buf, position, str(exc))
                     search_from = self.chunk_bytes
                 elif exhausted:
                     if (yield from self._tail(buf)):
@@ -352,11 +376,12 @@ class ChromeTraceReader(Generic[T]):
                 self.info.trailer = keys
                 buf.clear()
                 return True
-            yield from self._skip_damage(buf, position)
+            yield from self._skip_damage(buf, position, message)
             return False
         # The file ends inside the events array: keep every complete event.
         kept = yield from self._decode_prefix(buf, len(buf))
         self.info.lost_bytes += len(buf) - max(kept, 1)
+        self.info.truncated = True
         self.info.damage = (
             self.info.damage
             or self.info.stream.ended_early
@@ -393,7 +418,7 @@ class ChromeTraceReader(Generic[T]):
             return end + 1
         return 0
 
-    def _skip_damage(self, buf: bytearray, position: int) -> Iterator[T]:
+    def _skip_damage(self, buf: bytearray, position: int, reason: str = "") -> Iterator[T]:
         """Keep the events before malformed bytes at ``position``; resume at the next event."""
         kept = yield from self._decode_prefix(buf, position)
         kept = max(kept, 1)
@@ -411,9 +436,9 @@ class ChromeTraceReader(Generic[T]):
                 cut = start
                 break
         self.info.lost_bytes += cut - kept
-        self.info.damage = (
-            f"malformed JSON near byte {self.info.stream.bytes_read - len(buf) + position:,}"
-        )
+        where = self.info.stream.bytes_read - len(buf) + position
+        detail = _BYTE_POSITION.sub("", reason).strip().rstrip(",")
+        self.info.damage = f"malformed JSON near byte {where:,}" + (f": {detail}" if detail else "")
         if cut >= len(buf):
             buf[:] = b"["
         else:

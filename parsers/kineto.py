@@ -127,9 +127,9 @@ def _as_int(value: Any) -> int | None:
 def _thread_id(value: Any) -> int:
     """pid/tid as int64: numbers as they are, labels ("Spans", "") as stable negative ids."""
     number = _as_int(value)
-    if number is not None:
+    if number is not None and -(1 << 63) <= number < 1 << 64:
         return number if number < 1 << 63 else number - (1 << 64)  # keep all 64 bits exactly
-    return -1 - zlib.crc32(str(value).encode())
+    return -1 - zlib.crc32(str(value).encode())  # labels, and numbers wider than 64 bits
 
 
 def _coerce(raw: dict[str, Any]) -> Any:

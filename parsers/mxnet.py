@@ -68,6 +68,7 @@ _END = {"E": 0, "e": 1, ")": 2}
 _INSTANT = frozenset(("i", "I", "n"))
 _PHASE_CODES = {p: i for i, p in enumerate(S.EVENT_PHASES)}
 _NO_PHASE = -1
+_MAX_US = float(2**52)  # timestamps and durations beyond this (µs) are not read: no int64 overflow
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -86,8 +87,8 @@ class _Record(msgspec.Struct, gc=False):
     pid: int | str | None = None
     tid: int | str | None = None
     id: int | str | None = None
-    ts: int | float | None = None
-    dur: int | float | None = None
+    ts: float | None = None
+    dur: float | None = None
     args: _Args = _NO_ARGS
 
 
@@ -102,8 +103,10 @@ def _coerce(raw: Any) -> _Record | None:
     def ident(value: Any) -> int | str | None:
         return value if isinstance(value, int | str) and not isinstance(value, bool) else None
 
-    def number(value: Any) -> int | float | None:
-        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    def number(value: Any) -> float | None:
+        return (
+            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        )
 
     args = raw.get("args")
     name = args.get("name") if isinstance(args, dict) else None
@@ -132,7 +135,7 @@ def _ids(values: list[Any]) -> np.ndarray:
         if value not in cache:
             if value is None:
                 cache[value] = 0
-            elif isinstance(value, int):
+            elif isinstance(value, int) and -(1 << 63) <= value < 1 << 64:
                 cache[value] = value - (1 << 64) if value >= 1 << 63 else value
             else:
                 cache[value] = -1 - zlib.crc32(str(value).encode())
@@ -365,11 +368,12 @@ def _intervals(table: pa.Table, rules: RuleSet) -> tuple[_Events, int, int]:
     """
     ph_codes, ph_values = _codes(table.column("ph"))
     ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
-    has_ts = ~np.isnan(ts_us)
+    has_ts = np.abs(ts_us) < _MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
     no_ts = int((~has_ts).sum())
     ts = np.zeros(len(ts_us), np.int64)
     ts[has_ts] = _us_to_ns(ts_us[has_ts])
-    dur_us = np.nan_to_num(table.column("dur_us").to_numpy(zero_copy_only=False), nan=0.0)
+    dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
+    dur_us = np.where(np.abs(dur_us) < _MAX_US, dur_us, 0.0)
     pid = table.column("pid").to_numpy()
     tid = table.column("tid").to_numpy()
     ident = np.where(

@@ -195,3 +195,64 @@ def test_names_from_traces_cannot_drive_the_terminal(tmp_path: Path) -> None:
     assert "\x1b" not in result.out and "\x07" not in result.out
     assert "\\x1b]0;pwned\\x07" in result.out  # shown, escaped
     assert "[b]x[/b]" in result.out  # shown literally, not interpreted as markup
+
+
+# --- hostile records inside otherwise good traces (what a fuzzer found) --------------------------
+
+HOSTILE_SAMPLES = [
+    SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz",
+    SAMPLES / "mxnet" / "dist_sync" / "rank-0.mxnet.json.gz",
+]
+
+
+def _trace_with(tmp_path: Path, sample: Path, change) -> tuple[Path, int]:
+    """The sample with ``change(events)`` applied; returns the file and its step count."""
+    document = json.loads(gzip.decompress(sample.read_bytes()))
+    steps = run_cli("report", sample, "--json").json()["run"]["steps"]
+    change([e for e in document["traceEvents"] if e.get("ph") != "M"])
+    path = tmp_path / sample.name.removesuffix(".gz")
+    path.write_text(json.dumps(document))
+    return path, steps
+
+
+@pytest.mark.parametrize("sample", HOSTILE_SAMPLES, ids=lambda p: p.parent.parent.name)
+def test_invalid_utf8_in_a_name_loses_only_that_event(tmp_path: Path, sample: Path) -> None:
+    path, steps = _trace_with(tmp_path, sample, lambda events: None)
+    data = path.read_bytes()
+    at = data.index(b'"name"', len(data) // 2) + len(b'"name": "')
+    path.write_bytes(data[:at] + b"\xff\xfe" + data[at + 2 :])
+    result = run_cli("report", path, "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert any("invalid UTF-8" in w for w in report["warnings"]), report["warnings"]
+    assert report["run"]["steps"] >= steps - 1
+
+
+@pytest.mark.parametrize("sample", HOSTILE_SAMPLES, ids=lambda p: p.parent.parent.name)
+def test_numbers_too_wide_for_64_bits_are_not_a_crash(tmp_path: Path, sample: Path) -> None:
+    def widen(events: list[dict]) -> None:
+        events[10]["pid"] = 2**70
+        events[11]["tid"] = -(2**70)
+        events[12]["ts"] = 2**70
+        events[13]["dur"] = 2**70
+
+    path, steps = _trace_with(tmp_path, sample, widen)
+    result = run_cli("report", path, "--json")
+    assert result.code == 0, result.err
+    assert result.json()["run"]["steps"] == steps
+
+
+def test_one_event_decades_away_is_dropped_not_fatal(tmp_path: Path) -> None:
+    """MXNet writes epoch microseconds: one record at time 1 would stretch the trace over 56
+    years (and no call tree can be built): it is dropped with a warning, the rest is read."""
+    sample = SAMPLES / "mxnet" / "dist_sync" / "rank-0.mxnet.json.gz"
+
+    def corrupt(events: list[dict]) -> None:
+        next(e for e in events if e.get("ph") == "B")["ts"] = 1
+
+    path, steps = _trace_with(tmp_path, sample, corrupt)
+    result = run_cli("report", path, "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert any("30 days" in w for w in report["warnings"]), report["warnings"]
+    assert report["run"]["steps"] == steps

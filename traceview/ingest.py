@@ -222,7 +222,10 @@ def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | N
         )
     host = trace.host or parsed.host
     meta = RankMeta(run_id=run_id, rank=trace.rank, framework=parser.framework, host=host)
-    normalized = normalize(parsed.events, rules, meta)
+    try:
+        normalized = normalize(parsed.events, rules, meta)
+    except BadInput as exc:
+        raise BadInput(f"{trace.path}: {exc}") from exc
     del parsed.events
     # Parquet encoding runs outside the GIL: write while the analyses run.
     with ThreadPoolExecutor(max_workers=1) as writer:

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.columns import outermost_operators, training_thread_of
-from traceview.errors import Notes
+from traceview.errors import BadInput, Notes
 from traceview.rules import RuleSet
 
 PHASE_CODES: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
@@ -181,8 +181,11 @@ def _call_trees(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarra
     group = np.cumsum(new_thread) - 1
     t0 = int(s.min())
     span = int((s + d).max()) - t0 + 1
-    if (int(group[-1]) + 1) * span >= 2**62:  # pragma: no cover - absurd time spans
-        raise ValueError("trace time span too large to nest events")
+    if (int(group[-1]) + 1) * span >= 2**62:  # timestamps from different clocks, or garbage
+        raise BadInput(
+            f"the trace's events span {span / 3.156e16:,.0f} years on {int(group[-1]) + 1} "
+            "threads: its timestamps are inconsistent, so events cannot be nested"
+        )
     start_key = group * span + (s - t0)
     end_key = start_key + d
     del p, t, new_thread
@@ -313,9 +316,31 @@ def _constant(value: str | None, n: int) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
 
 
+#: No profiled window lasts this long: events this far from the rest carry a corrupt time.
+STRAY_NS = 30 * 86_400 * 10**9
+
+
+def _without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
+    """The events, less those more than 30 days from the trace's median time (or lasting
+    longer): one corrupt record must not make the whole trace unreadable."""
+    if raw.num_rows == 0:
+        return raw
+    ts = _numpy(raw.column(S.TS_NS), 0).astype(np.float64)
+    dur = _numpy(raw.column(S.DUR_NS), 0).astype(np.float64)
+    stray = (np.abs(ts - np.median(ts)) > STRAY_NS) | (dur > STRAY_NS)
+    if not stray.any():
+        return raw
+    notes.warn(
+        f"rank {rank}: {int(stray.sum())} event(s) more than 30 days away from the rest of its trace "
+        "(or lasting longer) were not read: their times are corrupt"
+    )
+    return raw.filter(pa.array(~stray))
+
+
 def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
     """Classify and structure one rank's raw events into the ``events`` table."""
     notes = Notes()
+    raw = _without_stray_times(raw, notes, meta.rank)
     n = raw.num_rows
     cls = _classify(raw, rules)
     kind, own = cls.kind, cls.phase
