@@ -498,12 +498,13 @@ def test_names_from_traces_are_shown_literally(runs_root: Path) -> None:
 # --- command and layering ---------------------------------------------------------------------
 
 
-def test_two_folders_are_two_runs_and_files_are_one(tmp_path: Path) -> None:
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
+def test_folders_are_runs_and_files_are_one(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for folder in (a, b, c):
+        folder.mkdir()
     f1, f2 = tmp_path / "r0.json", tmp_path / "r1.json"
     assert run_groups([a, b], None) == [[a], [b]]
+    assert run_groups([a, b, c], None) == [[a], [b], [c]]
     assert run_groups([f1, f2], None) == [[f1, f2]]
     assert run_groups([a], None) == [[a]]
     assert run_groups([f1, f2], [f1]) == [[f1, f2], [f1]]

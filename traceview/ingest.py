@@ -331,6 +331,11 @@ def ingest(
         R.write_parquet(staged / R.STEPS, steps)
         R.write_parquet(staged / R.OPS, ops)
         frameworks = sorted({r.info["framework"] for r in results})
+        if len(frameworks) > 1:
+            notes.warn(
+                f"one run holds traces of {' and '.join(frameworks)}: traces of different jobs? "
+                "(to compare runs, give each its own: traceview compare A B)"
+            )
         present = [r.rank for r in results]
         manifest: dict[str, Any] = {
             "traceview_version": __version__,

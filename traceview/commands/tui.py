@@ -1,7 +1,7 @@
 """Explore a run in the terminal: where the time goes, per rank, step, thread and operator.
 
   traceview tui RUN                        a run directory, a folder of traces, or trace files
-  traceview tui RUN_A RUN_B                two run directories or folders: the Compare screen
+  traceview tui RUN_A RUN_B [RUN_C ...]    run directories or folders: the Compare screen
   traceview tui A0.json A1.json --compare B0.json --compare B1.json
 
 Keys: 1-6 or tab switch screens (overview, timeline, operators, ranks, steps, compare),
@@ -15,11 +15,12 @@ from pathlib import Path
 
 
 def run_groups(paths: list[Path], compare: list[Path] | None) -> list[list[Path]]:
-    """The runs the user named: two folders are two runs; files are one run; --compare adds one."""
+    """The runs the user named: several folders are as many runs; files are one run; --compare
+    adds one."""
     if compare:
         return [paths, compare]
-    if len(paths) == 2 and all(p.is_dir() for p in paths):
-        return [[paths[0]], [paths[1]]]
+    if len(paths) >= 2 and all(p.is_dir() for p in paths):
+        return [[path] for path in paths]
     return [paths]
 
 
