@@ -46,7 +46,15 @@ def _mpirun(n: int = 2) -> list[str]:
 
 
 # What glibc prints when TensorFlow's profiler has corrupted the heap.
-HEAP_CORRUPTION = ("double free or corruption", "free(): ", "corrupted size", "malloc(): ")
+HEAP_CORRUPTION = (
+    "double free or corruption",
+    "free(): ",
+    "corrupted ",
+    "malloc(): ",
+    "malloc_consolidate(): ",
+    "munmap_chunk(): ",
+    "Segmentation fault",
+)
 ATTEMPTS = 3
 JOB_TIMEOUT_S = 180  # these jobs take 10-20 s
 

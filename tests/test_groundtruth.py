@@ -55,21 +55,39 @@ PAIRS = {
 
 
 def check_against_timers(
-    df: pl.DataFrame, label: str, per_step: float = 0.10, mean: float = 0.05, floor_ms: float = 0.5
+    df: pl.DataFrame,
+    label: str,
+    per_step: float = 0.10,
+    mean: float = 0.05,
+    floor_ms: float = 0.5,
+    idle_may_explain: bool = False,
 ) -> None:
-    """Each step within max(floor_ms, per_step), the means within max(0.3 ms, mean)."""
+    """Each step within max(floor_ms, per_step), the means within max(0.3 ms, mean).
+
+    With ``idle_may_explain`` (runs made while the tests load the machine), a phase may also
+    come out short of its timer by up to that step's idle time: a rank descheduled between
+    two operators leaves a gap that traceview calls idle and the timer bills to its phase."""
     for ours, timer in PAIRS.items():
         error = (df[ours] - df[timer]).abs()
         allowed = (per_step * df[timer].abs()).clip(lower_bound=floor_ms)
-        bad = df.filter(error > allowed)
+        ok = error <= allowed
+        if idle_may_explain:
+            short = df[timer] - df[ours]
+            ok = ok | ((short > 0) & (short <= df["idle_tv"] + allowed))
+        bad = df.filter(~ok)
         assert bad.height == 0, (
             f"{label}: {ours} vs {timer} off by more than max({floor_ms} ms, {per_step:.0%}):\n"
-            f"{bad.select(S.RANK, S.STEP, ours, timer)}"
+            f"{bad.select(S.RANK, S.STEP, ours, timer, 'idle_tv')}"
         )
-    means = df.group_by(S.RANK).agg(pl.col(list(PAIRS)).mean(), pl.col(list(PAIRS.values())).mean())
+    means = df.group_by(S.RANK).agg(
+        pl.col(list(PAIRS)).mean(), pl.col(list(PAIRS.values())).mean(), pl.col("idle_tv").mean()
+    )
     for ours, timer in PAIRS.items():
         for row in means.iter_rows(named=True):
-            assert abs(row[ours] - row[timer]) <= max(0.3, mean * abs(row[timer])), (
+            allowed = max(0.3, mean * abs(row[timer]))
+            short = row[timer] - row[ours]
+            explained = idle_may_explain and 0 < short <= row["idle_tv"] + allowed
+            assert abs(short) <= allowed or explained, (
                 f"{label} rank {row[S.RANK]}: mean {ours} {row[ours]:.2f} ms vs {timer} {row[timer]:.2f} ms"
             )
 

@@ -58,7 +58,12 @@ def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
     # A rank preempted between a timer call and the profiler's record function shows up as up
     # to a millisecond between the two in a single step: per step, allow 1 ms or 15 %.
     check_against_timers(
-        steps_with_timers(run, out), f"fresh {scenario}", per_step=0.15, mean=0.08, floor_ms=1.0
+        steps_with_timers(run, out),
+        f"fresh {scenario}",
+        per_step=0.15,
+        mean=0.08,
+        floor_ms=1.0,
+        idle_may_explain=True,
     )
 
 
