@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Ingest benchmark for MXNet traces: traceview against plain json.loads, side by side.
+
+No other tool reads ``mx.profiler`` traces into tables (MXNet's own answer is chrome://tracing
+or its aggregate-stats table), so the comparison is the floor every Python reader pays:
+``json.loads`` of the decompressed bytes. The data set replicates the steps of the bundled
+``sample_traces/mxnet/local`` run (timestamps shifted, ``step#N`` renumbered) to about
+--target-mb of uncompressed JSON.
+
+Each measurement runs in a fresh process under _measure.py (wall time, peak RSS of the
+command alone). Seconds are the command's wall time minus that of the same command on a tiny
+trace (interpreter start and imports); data RSS is the peak minus that tiny run's peak.
+
+    .venv/bin/python benchmarks/bench_ingest_mxnet.py --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MEASURE = HERE / "_measure.py"
+SOURCE = REPO / "sample_traces" / "mxnet" / "local" / "rank-0.mxnet.json.gz"
+DATA = REPO / "bench-data" / "mxnet"
+MB = 1 << 20
+STEP = re.compile(r"^step#(\d+)$")
+
+
+def replicate(source: Path, out: Path, copies: int) -> int:
+    """Write ``copies`` back-to-back repetitions of the source's timed events; returns bytes."""
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    events = document["traceEvents"]
+    meta = [e for e in events if e.get("ph") == "M"]
+    timed = [e for e in events if e.get("ph") != "M" and "ts" in e]
+    t0 = min(e["ts"] for e in timed)
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - t0 + 1000
+    steps = len({e["name"] for e in timed if STEP.match(str(e.get("name")))})
+    replicated = list(meta)
+    for copy in range(copies):
+        for event in timed:
+            shifted = dict(event, ts=event["ts"] + copy * span)
+            match = STEP.match(str(event.get("name")))
+            if match:
+                shifted["name"] = f"step#{int(match.group(1)) + copy * steps}"
+            replicated.append(shifted)
+    document["traceEvents"] = replicated
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document))
+    return out.stat().st_size
+
+
+def measure(argv: list[str], work: Path) -> dict[str, Any]:
+    result = work / "result.json"
+    result.unlink(missing_ok=True)
+    subprocess.run(
+        [sys.executable, str(MEASURE), str(result), "--", *argv],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    data = json.loads(result.read_text())
+    if data["rc"] != 0:
+        raise SystemExit(f"failed ({data['rc']}): {' '.join(argv)}")
+    return data
+
+
+def loaders(traceview: list[str], work: Path) -> dict[str, Any]:
+    def json_loads(path: Path) -> list[str]:
+        return [sys.executable, "-c", f"import json; json.loads(open({str(path)!r}, 'rb').read())"]
+
+    def ingest(path: Path) -> list[str]:
+        out = work / "run"
+        shutil.rmtree(out, ignore_errors=True)
+        return [*traceview, "ingest", str(path), "-o", str(out)]
+
+    return {"json.loads": json_loads, "traceview ingest": ingest}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target-mb", type=float, default=100.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "ingest_mxnet")
+    args = parser.parse_args()
+
+    traceview = [str(Path(sys.executable).with_name("traceview"))]
+    tiny = DATA / "tiny" / "rank-0.mxnet.json"
+    if not tiny.exists():
+        replicate(SOURCE, tiny, 1)
+    copies = max(1, round(args.target_mb * MB / tiny.stat().st_size))
+    big = DATA / f"mxnet-{copies}x-1rank" / "rank-0.mxnet.json"
+    if not big.exists():
+        replicate(SOURCE, big, copies)
+    size = big.stat().st_size
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-mxnet-") as tmp:
+        work = Path(tmp)
+        for name, command in loaders(traceview, work).items():
+            base = [measure(command(tiny), work) for _ in range(args.repeat)]
+            runs = [measure(command(big), work) for _ in range(args.repeat)]
+            base_s = statistics.median(r["proc_s"] for r in base)
+            base_kb = statistics.median(r["maxrss_kb"] for r in base)
+            wall = statistics.median(r["proc_s"] for r in runs)
+            peak_kb = statistics.median(r["maxrss_kb"] for r in runs)
+            seconds = max(wall - base_s, 1e-9)
+            rows.append(
+                {
+                    "loader": name,
+                    "seconds": round(seconds, 3),
+                    "mb_per_s": round(size / MB / seconds, 1),
+                    "peak_rss_mb": round(peak_kb / 1024, 1),
+                    "data_rss_mb": round((peak_kb - base_kb) / 1024, 1),
+                    "data_rss_per_file": round((peak_kb - base_kb) * 1024 / size, 2),
+                    "wall_s_runs": [round(r["proc_s"], 3) for r in runs],
+                    "foreign_cpu_s": [round(r["foreign_cpu_s"], 2) for r in runs],
+                }
+            )
+    table = [
+        f"MXNet trace: {size / MB:.1f} MB ({copies} copies of sample_traces/mxnet/local), "
+        f"median of {args.repeat}",
+        "",
+        "| loader | seconds | MB/s | peak RSS | data RSS | data RSS ÷ file |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {r['loader']} | {r['seconds']:.2f} | {r['mb_per_s']:.1f} | "
+            f"{r['peak_rss_mb']:.0f} MB | {r['data_rss_mb']:.0f} MB | {r['data_rss_per_file']:.1f}× |"
+            for r in rows
+        ),
+    ]
+    print("\n".join(table))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text("\n".join(table) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"file_mb": round(size / MB, 1), "copies": copies, "rows": rows}, indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
