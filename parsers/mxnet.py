@@ -123,24 +123,23 @@ def _coerce(raw: Any) -> _Record | None:
     )
 
 
+def _id64(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int) and -(1 << 63) <= value < 1 << 64:
+        return value - (1 << 64) if value >= 1 << 63 else value
+    return -1 - zlib.crc32(str(value).encode())
+
+
 def _ids(values: list[Any]) -> np.ndarray:
     """pid/tid/id values as int64: 64-bit hashes keep their bits, labels get stable ids."""
     try:
         return np.array(values, dtype=np.int64)
     except (OverflowError, TypeError, ValueError):
         pass
-    out = np.empty(len(values), np.int64)
-    cache: dict[Any, int] = {}
-    for i, value in enumerate(values):
-        if value not in cache:
-            if value is None:
-                cache[value] = 0
-            elif isinstance(value, int) and -(1 << 63) <= value < 1 << 64:
-                cache[value] = value - (1 << 64) if value >= 1 << 63 else value
-            else:
-                cache[value] = -1 - zlib.crc32(str(value).encode())
-        out[i] = cache[value]
-    return out
+    # Hashes above 2**63 (most of MXNet's thread ids) and labels: convert each distinct value once.
+    cache = {value: _id64(value) for value in set(values)}
+    return np.fromiter(map(cache.__getitem__, values), np.int64, len(values))
 
 
 @dataclass
@@ -239,10 +238,17 @@ def _pair(group: np.ndarray, ts: np.ndarray, begin: np.ndarray) -> tuple[np.ndar
 
 
 def _group_ids(*columns: np.ndarray) -> np.ndarray:
+    """Dense ids of the rows' value combinations, in the columns' lexicographic order (one
+    1-D factorization per column: much faster than np.unique over stacked rows)."""
     if len(columns[0]) == 0:
         return np.zeros(0, np.int64)
-    _, inverse = np.unique(np.stack(columns), axis=1, return_inverse=True)
-    return np.asarray(inverse, np.int64).ravel()
+    group = np.zeros(len(columns[0]), np.int64)
+    for column in columns:
+        _, inverse = np.unique(column, return_inverse=True)
+        inverse = np.asarray(inverse, np.int64).ravel()
+        _, group = np.unique(group * (int(inverse.max()) + 1) + inverse, return_inverse=True)
+        group = np.asarray(group, np.int64).ravel()
+    return group
 
 
 def _covering(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
