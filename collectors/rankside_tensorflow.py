@@ -216,9 +216,9 @@ class TensorFlowCollector:
             return
         self.profiling = False
         assert self.logdir is not None and self.status is not None
-        # TensorFlow's profiler can corrupt the heap while it collects the events (2.21: a
-        # use-after-free in TraceMeRecorder::Consume when cross-thread events are pending):
-        # the process then aborts or hangs in here. Say so in the status, in case.
+        # TensorFlow's profiler can corrupt the heap while it collects the events (2.21, seen
+        # in TraceMeRecorder::Consume): the process then aborts or hangs in here. Say so in
+        # the status, in case.
         state, self.status.state = self.status.state, STOPPING
         self.status.detail = "died inside tf.profiler.experimental.stop()"
         with contextlib.suppress(Exception):
