@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -83,3 +85,29 @@ def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:
         f"{timers.height} timed steps, {joined.height} matched"
     )
     return joined
+
+
+# --- the TUI tests' sample runs (ingested once per session, shared read-only) ------------------
+
+
+@pytest.fixture(scope="session")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tui-runs")
+
+
+@pytest.fixture(scope="session")
+def ddp(runs_root: Path) -> Iterator[Any]:
+    from tests.tui_helpers import sample_run
+    from traceview.runs import open_run
+
+    with open_run([sample_run("ddp", runs_root)]) as run:
+        yield run
+
+
+@pytest.fixture(scope="session")
+def explicit(runs_root: Path) -> Iterator[Any]:
+    from tests.tui_helpers import sample_run
+    from traceview.runs import open_run
+
+    with open_run([sample_run("explicit", runs_root)]) as run:
+        yield run

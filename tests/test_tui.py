@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from tests.conftest import REPO, run_cli
-from tests.tui_helpers import EVIL, evil_run, loaded, sample_run, settle
+from tests.tui_helpers import EVIL, evil_run, loaded, settle
 from traceview import schema as S
 from traceview.analysis.compare import compare
 from traceview.commands.tui import run_groups
@@ -33,23 +33,6 @@ from traceview.tui.render import ms, pct
 from traceview.tui.timeline import Timeline
 
 SIZE = (80, 24)
-
-
-@pytest.fixture(scope="module")
-def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tui-runs")
-
-
-@pytest.fixture(scope="module")
-def ddp(runs_root: Path) -> Iterator[Run]:
-    with open_run([sample_run("ddp", runs_root)]) as run:
-        yield run
-
-
-@pytest.fixture(scope="module")
-def explicit(runs_root: Path) -> Iterator[Run]:
-    with open_run([sample_run("explicit", runs_root)]) as run:
-        yield run
 
 
 def drive(

@@ -8,35 +8,17 @@ change of appearance, look at the report and refresh with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from textual.pilot import Pilot
 
-from tests.tui_helpers import evil_run, loaded, sample_run, settle
+from tests.tui_helpers import evil_run, loaded, settle
 from traceview.runs import Run, open_run
 from traceview.tui.app import TraceviewApp
 
 SnapCompare = Callable[..., bool]
-
-
-@pytest.fixture(scope="module")
-def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tui-snapshot-runs")
-
-
-@pytest.fixture(scope="module")
-def ddp(runs_root: Path) -> Iterator[Run]:
-    with open_run([sample_run("ddp", runs_root)]) as run:
-        yield run
-
-
-@pytest.fixture(scope="module")
-def explicit(runs_root: Path) -> Iterator[Run]:
-    with open_run([sample_run("explicit", runs_root)]) as run:
-        yield run
 
 
 def app_of(*runs: Run) -> TraceviewApp:

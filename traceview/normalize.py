@@ -325,9 +325,12 @@ def _without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
     longer): one corrupt record must not make the whole trace unreadable."""
     if raw.num_rows == 0:
         return raw
-    ts = _numpy(raw.column(S.TS_NS), 0).astype(np.float64)
-    dur = _numpy(raw.column(S.DUR_NS), 0).astype(np.float64)
-    stray = (np.abs(ts - np.median(ts)) > STRAY_NS) | (dur > STRAY_NS)
+    ts = _numpy(raw.column(S.TS_NS), 0)
+    dur = _numpy(raw.column(S.DUR_NS), 0)
+    if int(ts.max()) - int(ts.min()) <= STRAY_NS and int(dur.max()) <= STRAY_NS:
+        return raw  # the usual case: no copies, no median
+    ts_f = ts.astype(np.float64)
+    stray = (np.abs(ts_f - np.median(ts_f)) > STRAY_NS) | (dur > STRAY_NS)
     if not stray.any():
         return raw
     notes.warn(

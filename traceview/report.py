@@ -46,6 +46,11 @@ PHASE_LETTER = {
 }
 
 
+def _table(title: str) -> Table:
+    """A report table: its title on the left, no box, columns one space apart."""
+    return Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+
+
 def to_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=None, separators=(",", ":"), default=str)
 
@@ -122,9 +127,7 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
     console.print(_verdict(report))
     console.print()
 
-    breakdown = Table(
-        title="Per step (exclusive, mean of ranks)", title_justify="left", box=None, pad_edge=False
-    )
+    breakdown = _table("Per step (exclusive, mean of ranks)")
     breakdown.add_column("phase")
     breakdown.add_column("ms", justify="right")
     breakdown.add_column("share", justify="right")
@@ -166,13 +169,7 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
     console.print()
 
     if ranks:
-        table = Table(
-            title="Per rank (ms per step)",
-            title_justify="left",
-            box=None,
-            pad_edge=False,
-            padding=(0, 1),
-        )
+        table = _table("Per rank (ms per step)")
         table.add_column("rank", justify="right")
         table.add_column("step", justify="right")
         for phase in S.BREAKDOWN_PHASES:
@@ -199,13 +196,7 @@ def render(report: dict[str, Any], console: Console, *, top: int = 10) -> None:
         console.print()
 
     if report.get("top_ops"):
-        ops = Table(
-            title="Top operators (per step)",
-            title_justify="left",
-            box=None,
-            pad_edge=False,
-            padding=(0, 1),
-        )
+        ops = _table("Top operators (per step)")
         ops.add_column("op", no_wrap=True, overflow="ellipsis", max_width=24)
         ops.add_column("phase", no_wrap=True)
         ops.add_column("on", no_wrap=True)
@@ -266,7 +257,7 @@ def render_comparison(result: dict[str, Any], console: Console) -> None:
         console.print()
 
     def table(title: str, first: str) -> Table:
-        t = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+        t = _table(title)
         t.add_column(first, no_wrap=True, overflow="ellipsis", max_width=26)
         for i, label in enumerate(labels):
             t.add_column(label, justify="right", no_wrap=True, overflow="ellipsis", max_width=22)
@@ -318,7 +309,7 @@ def render_comparison_to_console(result: dict[str, Any]) -> None:
 
 def _predictions(result: dict[str, Any], key: str, title: str) -> Table:
     """Each run's measured step beside each model's prediction (``key``) and its error."""
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+    table = _table(title)
     table.add_column("ranks", justify="right")
     table.add_column("measured", justify="right")
     for name in result["models"]:
@@ -356,9 +347,7 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
         console.print(Text(f"best fit: {best} (mean error {errors})"))
     console.print()
 
-    measured = Table(
-        title="Measured", title_justify="left", box=None, pad_edge=False, padding=(0, 1)
-    )
+    measured = _table("Measured")
     for name in (
         "run",
         "ranks",
@@ -406,13 +395,7 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
         )
     console.print()
 
-    what_if = Table(
-        title="What if (step ms / speedup)",
-        title_justify="left",
-        box=None,
-        pad_edge=False,
-        padding=(0, 1),
-    )
+    what_if = _table("What if (step ms / speedup)")
     what_if.add_column("ranks", justify="right")
     keys = [k for k in result["runs"][0]["what_if"] if k.endswith("_ms")]
     headers = {"comm_hidden_ms": "comm hidden", "io_hidden_ms": "io hidden"}
@@ -430,10 +413,7 @@ def render_scaling(result: dict[str, Any], console: Console) -> None:
 
     if result.get("link_gbps"):
         console.print()
-        ar = Table(
-            title=f"All-reduce against a {result['link_gbps']:g} Gb/s link",
-            title_justify="left", box=None, pad_edge=False, padding=(0, 1),
-        )  # fmt: skip
+        ar = _table(f"All-reduce against a {result['link_gbps']:g} Gb/s link")
         for name in ("ranks", "MB per step", "algbw Gb/s", "busbw Gb/s", "efficiency"):
             ar.add_column(name, justify="right")
         for run in result["runs"]:
