@@ -6,7 +6,7 @@ Profile a job, or point it at the profiler traces of a run (one file per rank, o
   traceview report TRACES...|RUN        the per-step breakdown, communication, bottleneck
   traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
   traceview tui TRACES...|RUN           explore it in the terminal (q quits, ? helps)
-  traceview compare RUN_A RUN_B         two runs or frameworks side by side, with ratios
+  traceview compare RUN_A RUN_B ...     runs or frameworks side by side, with ratios
   traceview scaling RUN_1 RUN_2 RUN_4   speedup, efficiency, the model's predictions
   traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
 
