@@ -195,7 +195,7 @@ def test_timeline_segments_add_up_to_the_breakdown(tmp_path) -> None:
 
     from tests.conftest import SAMPLES
     from traceview import rundir as R
-    from traceview.analysis.timeline import step_lanes
+    from traceview.analysis.lanes import step_lanes
     from traceview.ingest import ingest
 
     for name in ("ddp", "gpu_sync"):

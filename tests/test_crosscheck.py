@@ -144,4 +144,4 @@ def test_hta_agrees_on_communication_overlap(name: str, tmp_path: Path) -> None:
     same_kernels = events.filter(pl.col(S.STEP).is_in(iterations) & pl.col(S.PARENT).is_not_null())
     assert 100 * _device_overlap(same_kernels) == pytest.approx(hta_pct, abs=1.0)
     report = summarize(R.read_steps(run), R.read_ops(run), R.read_manifest(run))
-    assert 100 * report["summary"]["comm_hidden_fraction"] == pytest.approx(hta_pct, abs=6.0)
+    assert 100 * report.summary.comm_hidden_fraction == pytest.approx(hta_pct, abs=6.0)

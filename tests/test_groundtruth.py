@@ -112,8 +112,8 @@ def test_explicit_allreduce_is_exposed_communication(runs: dict[str, Path]) -> N
         R.read_ops(runs["explicit"]),
         R.read_manifest(runs["explicit"]),
     )
-    assert report["summary"]["hidden"] == "no"
-    assert report["summary"]["bottleneck"] == S.COMM
+    assert report.summary.hidden == "no"
+    assert report.summary.bottleneck == S.COMM
 
 
 def test_ddp_hides_part_of_its_communication(runs: dict[str, Path]) -> None:
@@ -124,20 +124,20 @@ def test_ddp_hides_part_of_its_communication(runs: dict[str, Path]) -> None:
     report = summarize(
         R.read_steps(runs["ddp"]), R.read_ops(runs["ddp"]), R.read_manifest(runs["ddp"])
     )
-    assert report["summary"]["hidden"] == "partly"
-    assert 0.3 < report["summary"]["comm_hidden_fraction"] < 0.95
+    assert report.summary.hidden == "partly"
+    assert 0.3 < report.summary.comm_hidden_fraction < 0.95
 
 
 def test_slow_data_loader_is_the_bottleneck(runs: dict[str, Path]) -> None:
     report = summarize(
         R.read_steps(runs["slowio"]), R.read_ops(runs["slowio"]), R.read_manifest(runs["slowio"])
     )
-    summary = report["summary"]
-    assert summary["bottleneck"] == S.IO
+    summary = report.summary
+    assert summary.bottleneck == S.IO
     truth = json.loads((SAMPLES / "pytorch" / "slowio" / "groundtruth.json").read_text())
     records = [r for r in truth["records"] if r["profiled"]]
     share = sum(r["data_ms"] for r in records) / sum(r["step_ms"] for r in records)
-    assert abs(summary["bottleneck_share"] - share) < 0.03
+    assert abs(summary.bottleneck_share - share) < 0.03
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -93,7 +93,7 @@ def test_explicit_allreduce_with_one_nccl_rank(runs: dict[str, Path]) -> None:
     report = summarize(
         R.read_steps(runs["gpu_explicit_nccl"]), R.read_ops(runs["gpu_explicit_nccl"]), {}
     )
-    assert report["summary"]["hidden"] == "no"
+    assert report.summary.hidden == "no"
 
 
 def test_host_to_device_copies_are_h2d(runs: dict[str, Path]) -> None:

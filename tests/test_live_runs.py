@@ -69,8 +69,8 @@ def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
 
 def test_fresh_run_hidden_verdict(live: tuple[str, Path, Path]) -> None:
     scenario, _, run = live
-    summary = summarize(R.read_steps(run), R.read_ops(run), R.read_manifest(run))["summary"]
+    summary = summarize(R.read_steps(run), R.read_ops(run), R.read_manifest(run)).summary
     if scenario == "explicit":
-        assert summary["hidden"] == "no"
+        assert summary.hidden == "no"
     else:
-        assert summary["comm_hidden_fraction"] > 0.1
+        assert summary.comm_hidden_fraction > 0.1

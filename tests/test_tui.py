@@ -21,12 +21,13 @@ from tests.conftest import REPO, run_cli
 from tests.tui_helpers import EVIL, evil_run, loaded, settle
 from traceview import schema as S
 from traceview.analysis.compare import compare
+from traceview.analysis.summary import summarize
 from traceview.commands.tui import run_groups
 from traceview.runs import Run, open_run, open_runs
 from traceview.text import safe
 from traceview.tui.app import TraceviewApp
 from traceview.tui.help import HelpScreen
-from traceview.tui.model import build_view, step_rows
+from traceview.tui.model import build_view
 from traceview.tui.operators import OperatorsPane
 from traceview.tui.overview import Legend, RankBars
 from traceview.tui.render import ms, pct
@@ -68,7 +69,7 @@ def rows(table: DataTable) -> list[list[str]]:
 
 def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) -> None:
     report = ddp.report()
-    summary = report["summary"]
+    summary = report.summary
     seen: dict[str, str] = {}
 
     async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
@@ -80,25 +81,28 @@ def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) ->
 
     drive([ddp], look)
     assert seen["verdict"].startswith(
-        f"backward is the bottleneck: {pct(summary['bottleneck_share'])} of the "
-        f"{ms(summary['step_ms'])} ms step"
+        f"backward is the bottleneck: {pct(summary.bottleneck_share)} of the "
+        f"{ms(summary.step_ms)} ms step"
     ), seen["verdict"]
-    assert f"{pct(summary['comm_hidden_fraction'])} of it hidden behind compute" in seen["verdict"]
+    assert f"{pct(summary.comm_hidden_fraction)} of it hidden behind compute" in seen["verdict"]
     assert "ddp · pytorch · 2 ranks · 5 steps · cpu timeline" in seen["title"]
-    # One bar per rank and the mean, each with its step time; the straggler is called out.
+    # One bar per rank and the mean, each with its step time; a significant straggler is called
+    # out, a busiest rank within 5% of the median is not (the ranks are balanced).
     lines = seen["bars"].splitlines()
-    assert lines[1].split()[:2] == ["mean", ms(summary["step_ms"])]
-    for row in report["ranks"]:
-        line = next(x for x in lines if x.startswith(f"rank {row['rank']} "))
-        assert ms(row["step_ms"]) in line
-        assert ("◀ straggler" in line) == (row["rank"] == summary["straggler_rank"])
+    assert lines[1].split()[:2] == ["mean", ms(summary.step_ms)]
+    assert summary.straggler_significant is False
+    for row in report.ranks:
+        line = next(x for x in lines if x.startswith(f"rank {row.rank} "))
+        assert ms(row.step_ms) in line
+        assert "◀ straggler" not in line
         bar = line.split()[3]
         assert set(bar) <= set("IHFBUCo."), "bars carry one letter per phase"
     # The legend gives every phase's mean ms and share, letter first.
-    for phase, value in summary["breakdown_ms"].items():
-        entry = f"{phase:<9}{ms(value):>8} ms {pct(value / summary['step_ms']):>4}"
+    for phase, value in summary.breakdown_ms.items():
+        entry = f"{phase:<9}{ms(value):>8} ms {pct(value / summary.step_ms):>4}"
         assert entry in seen["legend"], f"{phase}: {entry!r} not in legend"
-    assert f"straggler: rank {summary['straggler_rank']}" in seen["notes"]
+    assert f"straggler: rank {summary.straggler_rank} (busiest" in seen["notes"]
+    assert "ranks are balanced" in seen["notes"]
 
 
 def test_every_screen_fits_80_by_24(ddp: Run, explicit: Run) -> None:
@@ -172,13 +176,13 @@ def test_operators_table_matches_the_reports_top_operators(ddp: Run) -> None:
         table.extend(rows(app.query_one("#ops-table", DataTable)))
 
     drive([ddp], look)
-    for row, op in zip(table, report["top_ops"], strict=False):
+    for row, op in zip(table, report.top_ops, strict=False):
         op_name, _phase, device, calls, self_ms, total_ms, *_rest, name = row
-        assert (op_name, device, name) == (op["op"], op["device"], op["name"])
-        assert (self_ms, total_ms) == (ms(op["self_ms_per_step"]), ms(op["total_ms_per_step"]))
-        assert calls == f"{op['calls_per_step']:g}"
+        assert (op_name, device, name) == (op.op, op.device, op.name)
+        assert (self_ms, total_ms) == (ms(op.self_ms_per_step), ms(op.total_ms_per_step))
+        assert calls == f"{op.calls_per_step:g}"
     share = float(table[0][8].rstrip("%")) / 100
-    top = report["top_ops"][0]["self_ms_per_step"] / report["summary"]["step_ms"]
+    top = report.top_ops[0].self_ms_per_step / report.summary.step_ms
     assert share == pytest.approx(top, abs=0.006)
 
 
@@ -244,18 +248,21 @@ def test_ranks_screen_lists_the_slowest_rank_first(ddp: Run) -> None:
         table.extend(rows(app.query_one("#ranks-table", DataTable)))
 
     drive([ddp], look)
-    by_busy = sorted(report["ranks"], key=lambda r: -r["busy_ms"])
-    assert [int(r[0].rstrip("*")) for r in table] == [r["rank"] for r in by_busy]
+    by_busy = sorted(report.ranks, key=lambda r: -r.busy_ms)
+    assert [int(r[0].rstrip("*")) for r in table] == [r.rank for r in by_busy]
     for row, rank in zip(table, by_busy, strict=True):
-        assert row[1:3] == [ms(rank["step_ms"]), ms(rank["busy_ms"])]
-        wait = rank["comm_exposed_ms"] + rank["breakdown_ms"]["idle"]
+        assert row[1:3] == [ms(rank.step_ms), ms(rank.busy_ms)]
+        wait = rank.comm_exposed_ms + rank.breakdown_ms.idle
         assert row[4] == ms(wait)
-        assert row[7:15] == [ms(rank["breakdown_ms"][p]) for p in S.BREAKDOWN_PHASES]
-    assert table[0][0].endswith("*"), "the straggler is marked"
+        assert row[7:15] == [ms(rank.breakdown_ms[p]) for p in S.BREAKDOWN_PHASES]
+    # ddp's busiest rank is within 5% of the median: no rank is marked as the straggler
+    assert not any(r[0].endswith("*") for r in table)
 
 
 def test_steps_screen_shows_each_step_and_marks_the_first(ddp: Run) -> None:
-    expected, stats = step_rows(ddp)
+    report = ddp.report()
+    expected, stats = report.per_step, report.step_stats
+    assert stats is not None
     table: list[list[str]] = []
     summary: list[str] = []
 
@@ -267,7 +274,7 @@ def test_steps_screen_shows_each_step_and_marks_the_first(ddp: Run) -> None:
     drive([ddp], look)
     assert [r[0] for r in table] == ["2", "3", "4", "5", "6"]
     assert table[0][1] == "first"
-    assert [r[2] for r in table] == [ms(r.mean_ms) for r in expected]
+    assert [r[2] for r in table] == [ms(r.step_ms) for r in expected]
     assert f"5 steps · mean {ms(stats.mean_ms)} ms" in summary[0]
 
 
@@ -292,8 +299,9 @@ def test_warm_up_steps_are_marked_from_their_time() -> None:
         }
         return pa.table(columns, schema=S.STEPS_SCHEMA)
 
-    run = Run(Path("."), "x", {}, table([80, 50, 10, 10, 10, 30, 10]), pa.table({}), False)
-    marks = [r.mark for r in step_rows(run)[0]]
+    marks = [
+        r.mark for r in summarize(table([80, 50, 10, 10, 10, 30, 10]), pa.table({}), {}).per_step
+    ]
     assert marks == ["warm-up", "warm-up", "", "", "", "slow", ""]
 
 
@@ -423,10 +431,10 @@ def test_compare_screen_shows_both_runs_with_ratios(ddp: Run, explicit: Run) -> 
     drive([ddp, explicit], look)
     assert "A ddp (baseline)" in summary[0] and "B explicit" in summary[0]
     comm = next(r for r in seen["phases"] if r[0] == "comm")
-    row = next(p for p in expected["phases"] if p["phase"] == "comm")
-    assert comm == ["comm", ms(row["ms"][0]), ms(row["ms"][1]), f"{row['ratio'][1]:.2f}×"]
-    assert seen["runs"][1][4] == f"{expected['runs'][1]['step_ratio']:.2f}×"
-    assert [r[0] for r in seen["ops"]] == [o["op"] for o in expected["ops"]]
+    row = next(p for p in expected.phases if p.phase == "comm")
+    assert comm == ["comm", ms(row.ms[0]), ms(row.ms[1]), f"×{row.ratio[1]:.2f}"]
+    assert seen["runs"][1][4] == f"×{expected.runs[1].step_ratio:.2f}"
+    assert [r[0] for r in seen["ops"]] == [o.op for o in expected.ops]
 
 
 def test_compare_screen_without_a_second_run_says_how_to_get_one(ddp: Run) -> None:
@@ -502,7 +510,8 @@ def test_tui_on_a_missing_path_fails_in_one_line(tmp_path: Path) -> None:
 def test_headless_modules_never_import_textual() -> None:
     code = (
         "import sys\n"
-        "import traceview.analysis, traceview.analysis.timeline, traceview.ingest, traceview.report\n"
+        "import traceview.analysis, traceview.analysis.timeline, traceview.ingest\n"
+        "import traceview.views.text, traceview.results\n"
         "import traceview.runs, traceview.cli, traceview.tui.model\n"
         "from traceview.cli import build_parser; build_parser()\n"
         "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.')))\n"
@@ -518,6 +527,6 @@ def test_views_of_several_runs_are_built_off_the_ui_thread(ddp: Run, explicit: R
     view = build_view(ddp)
     assert view.rank_numbers == [0, 1]
     assert view.step_numbers == [2, 3, 4, 5, 6]
-    assert view.ops[0].op == ddp.report(1)["top_ops"][0]["op"]
+    assert view.ops[0].op == ddp.report(1).top_ops[0].op
     with open_runs([[ddp.path], [explicit.path]]) as both:
         assert [r.label for r in both] == ["ddp", "explicit"]

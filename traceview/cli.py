@@ -9,6 +9,7 @@ Profile a job, or point it at the profiler traces of a run (one file per rank, o
   traceview compare RUN_A RUN_B ...     runs or frameworks side by side, with ratios
   traceview scaling RUN_1 RUN_2 RUN_4   speedup, efficiency, the model's predictions
   traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
+  traceview schema report               the JSON Schema of report/compare/scaling --json
 
 Exit codes: 0 ok; 2 usage or bad input (one line on stderr); 1 internal error;
 collect exits with the job's code.

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from traceview import rundir as R
+from traceview.results import RunReport
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Run:
     ops: pa.Table
     temporary: bool
 
-    def report(self, top: int = 10) -> dict[str, Any]:
+    def report(self, top: int = 10) -> RunReport:
         from traceview.analysis.summary import summarize
 
         manifest = {**self.manifest, "path": None if self.temporary else str(self.path)}

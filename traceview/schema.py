@@ -31,6 +31,9 @@ BREAKDOWN_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM, OTHER, IDLE
 #: Phases that can be "the bottleneck" of a step.
 BOTTLENECK_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM)
 COMPUTE_PHASES: Final = (FORWARD, BACKWARD, UPDATE)
+#: The one attribution rule: an instant of a step goes to the first of these active then
+#: (compute > h2d > io > comm > other > idle; docs/design.md).
+ATTRIBUTION_PRIORITY: Final = (FORWARD, BACKWARD, UPDATE, H2D, IO, COMM, OTHER, IDLE)
 
 # --- event kinds ----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Runs side by side: step time, phases, communication and canonical operators, with ratios.
 
-The input is each run's report object (analysis.summary) and ops table; the output is one JSON
-object (``traceview compare --json``), which the text report and the TUI render. Operators are
+The input is each run's report (analysis.summary) and ops table; the output is a
+``results.Comparison`` (``traceview compare --json``), which the text report and the TUI render. Operators are
 compared by canonical name (convolution, convolution_backward, batch_norm, fully_connected,
 allreduce ...), so runs of different frameworks line up. On GPU runs an operator's time is the
 device time of the kernels and copies it launched; on CPU runs it is the operator's inclusive time
@@ -12,12 +12,11 @@ collectives on the communication threads).
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 import pyarrow as pa
 
 from traceview import schema as S
+from traceview.results import ComparedOp, ComparedPhase, ComparedRun, Comparison, RunReport
 
 #: A ratio is worth a headline when the slower side is this much slower...
 NOTABLE_RATIO = 1.5
@@ -32,15 +31,15 @@ def _ratio(value: float, base: float) -> float | None:
     return round(value / base, 3) if base > 0 else None
 
 
-def op_times(ops: pa.Table, report: dict[str, Any]) -> dict[str, float]:
+def op_times(ops: pa.Table, report: RunReport) -> dict[str, float]:
     """Milliseconds per step (mean over ranks) of each canonical operator of one run."""
     df = pl.from_arrow(ops)
     assert isinstance(df, pl.DataFrame)
     if df.height == 0:
         return {}
-    device = S.DEVICE_GPU if report["run"].get("timeline") == S.DEVICE_GPU else S.DEVICE_CPU
-    ranks = max(report["run"]["ranks"], 1)
-    steps = max(sum(r["steps"] for r in report["ranks"]) / ranks, 1)
+    device = S.DEVICE_GPU if report.run.timeline == S.DEVICE_GPU else S.DEVICE_CPU
+    ranks = max(report.run.ranks, 1)
+    steps = max(sum(r.steps for r in report.ranks) / ranks, 1)
     if device == S.DEVICE_GPU:
         df = df.filter((pl.col(S.DEVICE) == device) & pl.col(S.KIND).is_in(S.DEVICE_ACTIVITY_KINDS))
     else:
@@ -55,75 +54,73 @@ def op_times(ops: pa.Table, report: dict[str, Any]) -> dict[str, float]:
 
 
 def compare(
-    reports: list[dict[str, Any]], ops: list[pa.Table], labels: list[str], top: int = 20
-) -> dict[str, Any]:
+    reports: list[RunReport], ops: list[pa.Table], labels: list[str], top: int = 20
+) -> Comparison:
     """The comparison of runs; the first run is the baseline every ratio is taken against."""
-    base = reports[0]["summary"]
-    runs: list[dict[str, Any]] = []
-    for label, report in zip(labels, reports, strict=True):
-        summary = report["summary"]
-        runs.append(
-            {
-                "label": label,
-                "framework": report["run"].get("framework"),
-                "ranks": report["run"]["ranks"],
-                "steps": report["run"]["steps"],
-                "timeline": report["run"].get("timeline"),
-                "step_ms": summary["step_ms"],
-                "step_ratio": _ratio(summary["step_ms"], base["step_ms"]),
-                "breakdown_ms": summary["breakdown_ms"],
-                "comm_total_ms": summary["comm_total_ms"],
-                "comm_hidden_fraction": summary["comm_hidden_fraction"],
-                "hidden": summary["hidden"],
-                "bottleneck": summary["bottleneck"],
-            }
+    base = reports[0].summary
+    runs = [
+        ComparedRun(
+            label=label,
+            framework=report.run.framework,
+            ranks=report.run.ranks,
+            steps=report.run.steps,
+            timeline=report.run.timeline,
+            step_ms=report.summary.step_ms,
+            step_ratio=_ratio(report.summary.step_ms, base.step_ms),
+            breakdown_ms=report.summary.breakdown_ms,
+            comm_total_ms=report.summary.comm_total_ms,
+            comm_hidden_fraction=report.summary.comm_hidden_fraction,
+            hidden=report.summary.hidden,
+            bottleneck=report.summary.bottleneck,
         )
-    phases: list[dict[str, Any]] = []
+        for label, report in zip(labels, reports, strict=True)
+    ]
+    phases: list[ComparedPhase] = []
     for phase in S.BREAKDOWN_PHASES:
-        values = [r["summary"]["breakdown_ms"][phase] for r in reports]
+        values = [r.summary.breakdown_ms[phase] for r in reports]
         phases.append(
-            {"phase": phase, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]}
+            ComparedPhase(phase=phase, ms=values, ratio=[_ratio(v, values[0]) for v in values])
         )
 
     times = [op_times(table, report) for table, report in zip(ops, reports, strict=True)]
     names = sorted(
         {name for t in times for name in t}, key=lambda n: -max(t.get(n, 0.0) for t in times)
     )
-    rows: list[dict[str, Any]] = []
+    rows: list[ComparedOp] = []
     for name in names[:top]:
         values = [t.get(name, 0.0) for t in times]
-        rows.append({"op": name, "ms": values, "ratio": [_ratio(v, values[0]) for v in values]})
+        rows.append(ComparedOp(op=name, ms=values, ratio=[_ratio(v, values[0]) for v in values]))
 
     highlights = []
     for row in phases:
-        base_ms = row["ms"][0]
-        for label, value, run in zip(labels[1:], row["ms"][1:], runs[1:], strict=True):
+        base_ms = row.ms[0]
+        for label, value, run in zip(labels[1:], row.ms[1:], runs[1:], strict=True):
             slow, fast = max(value, base_ms), min(value, base_ms)
-            step = run["step_ms"] if value >= base_ms else runs[0]["step_ms"]
+            step = run.step_ms if value >= base_ms else runs[0].step_ms
             if fast > 0 and slow / fast >= NOTABLE_RATIO and slow >= NOTABLE_PHASE_SHARE * step:
                 slower, faster = (label, labels[0]) if value > base_ms else (labels[0], label)
-                what = "exposed comm" if row["phase"] == S.COMM else row["phase"]
+                what = "exposed comm" if row.phase == S.COMM else row.phase
                 highlights.append(
                     f"{slower}'s {what} takes {slow / fast:.1f}× {faster}'s"
                     f" ({slow:.2f} against {fast:.2f} ms per step)"
                 )
     notable_ops = []
-    for row in rows:
-        base_ms = row["ms"][0]
-        for label, value, run in zip(labels[1:], row["ms"][1:], runs[1:], strict=True):
+    for op_row in rows:
+        base_ms = op_row.ms[0]
+        for label, value, run in zip(labels[1:], op_row.ms[1:], runs[1:], strict=True):
             if base_ms <= 0 or value <= 0:
                 continue
             slow, fast = max(value, base_ms), min(value, base_ms)
-            share = slow / max(run["step_ms"] if value >= base_ms else runs[0]["step_ms"], 1e-9)
+            share = slow / max(run.step_ms if value >= base_ms else runs[0].step_ms, 1e-9)
             if slow / fast >= NOTABLE_RATIO and share >= NOTABLE_SHARE:
                 slower, faster = (label, labels[0]) if value > base_ms else (labels[0], label)
                 notable_ops.append(
-                    (slow - fast, f"{slower}'s {row['op']} takes {slow / fast:.1f}× {faster}'s")
+                    (slow - fast, f"{slower}'s {op_row.op} takes {slow / fast:.1f}× {faster}'s")
                 )
     # the operators that cost the most time, not the largest ratios of small numbers
     highlights += [text for _, text in sorted(notable_ops, key=lambda x: -x[0])[:MAX_OP_HIGHLIGHTS]]
     for run in runs[1:]:
-        ratio = run["step_ratio"]
+        ratio = run.step_ratio
         if ratio and (ratio >= NOTABLE_RATIO or ratio <= 1 / NOTABLE_RATIO):
-            highlights.insert(0, f"{run['label']}'s step takes {ratio:.2f}× {labels[0]}'s")
-    return {"runs": runs, "phases": phases, "ops": rows, "highlights": highlights}
+            highlights.insert(0, f"{run.label}'s step takes {ratio:.2f}× {labels[0]}'s")
+    return Comparison(runs=runs, phases=phases, ops=rows, highlights=highlights)

@@ -34,12 +34,23 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.analysis.timeline import CommSchedule, layerwise_exposed
+from traceview.results import (
+    AllReduceRate,
+    Breakdown,
+    ModelFit,
+    OwnPrediction,
+    Prediction,
+    RunReport,
+    ScaledRun,
+    Scaling,
+    ScalingBase,
+)
 
 MODELS = ("sequential", "pipelined", "overlapped")
 
 
 def predict(
-    model: str, base: dict[str, float], comm_ms: float, schedules: list[CommSchedule] | None = None
+    model: str, base: Breakdown, comm_ms: float, schedules: list[CommSchedule] | None = None
 ) -> float:
     io = base[S.IO]
     compute = compute_ms(base)
@@ -56,7 +67,7 @@ def predict(
     raise ValueError(f"unknown model {model!r}")
 
 
-def allreduce_bytes(ops: pa.Table, report: dict[str, Any]) -> float | None:
+def allreduce_bytes(ops: pa.Table, report: RunReport) -> float | None:
     """Bytes all-reduced per step and rank, where the trace tells message sizes."""
     df = pl.from_arrow(ops)
     assert isinstance(df, pl.DataFrame)
@@ -68,11 +79,11 @@ def allreduce_bytes(ops: pa.Table, report: dict[str, Any]) -> float | None:
     per_view = df.group_by(S.DEVICE, S.NAME).agg(pl.col(S.BYTES).sum())
     most = per_view[S.BYTES].max()
     total = float(most) if isinstance(most, int | float) else 0.0
-    steps = sum(r["steps"] for r in report["ranks"]) or 1
+    steps = sum(r.steps for r in report.ranks) or 1
     return total / steps if total else None
 
 
-def compute_ms(breakdown: dict[str, float]) -> float:
+def compute_ms(breakdown: Breakdown) -> float:
     return breakdown[S.H2D] + breakdown[S.FORWARD] + breakdown[S.BACKWARD] + breakdown[S.UPDATE]
 
 
@@ -84,7 +95,7 @@ def traced_batch_size(manifest: dict[str, Any]) -> int | None:
 
 
 def what_if(
-    step_ms: float, breakdown: dict[str, float], comm_total: float, comm_exposed: float, k: float
+    step_ms: float, breakdown: Breakdown, comm_total: float, comm_exposed: float, k: float
 ) -> dict[str, float]:
     hidden = comm_total - comm_exposed
     faster = max(0.0, comm_total / k - hidden)  # what stays hidden stays hidden
@@ -96,7 +107,7 @@ def what_if(
 
 
 def scaling(
-    reports: list[dict[str, Any]],
+    reports: list[RunReport],
     ops: list[pa.Table],
     labels: list[str],
     *,
@@ -105,22 +116,22 @@ def scaling(
     schedules: list[list[CommSchedule]] | None = None,
     link_gbps: float | None = None,
     faster_comm: float = 2.0,
-) -> dict[str, Any]:
+) -> Scaling:
     """The scaling analysis of several runs of one job with different rank counts.
 
     ``batch_size`` (the user's) wins over ``traced_batch_sizes`` (read off each run's traces);
     ``schedules``: each run's collectives as analysis.timeline.comm_schedule reads them.
     """
-    order = sorted(range(len(reports)), key=lambda i: reports[i]["run"]["ranks"])
+    order = sorted(range(len(reports)), key=lambda i: reports[i].run.ranks)
     reports = [reports[i] for i in order]
     ops = [ops[i] for i in order]
     labels = [labels[i] for i in order]
     traced = [(traced_batch_sizes or [None] * len(order))[i] for i in order]
     replays = [(schedules or [[]] * len(order))[i] for i in order]
     base_report = reports[0]
-    n0 = base_report["run"]["ranks"]
-    t0 = base_report["summary"]["step_ms"]
-    base = base_report["summary"]["breakdown_ms"]
+    n0 = base_report.run.ranks
+    t0 = base_report.summary.step_ms
+    base = base_report.summary.breakdown_ms
     runs = []
     errors: dict[str, list[float]] = {m: [] for m in MODELS}
     base_compute = compute_ms(base)
@@ -128,68 +139,70 @@ def scaling(
     for label, report, table, guess, replay in zip(
         labels, reports, ops, traced, replays, strict=True
     ):
-        summary = report["summary"]
-        n = report["run"]["ranks"]
-        t = summary["step_ms"]
-        comm = summary["comm_total_ms"]
+        summary = report.summary
+        n = report.run.ranks
+        t = summary.step_ms
+        comm = summary.comm_total_ms
         batch = batch_size or guess
-        entry: dict[str, Any] = {
-            "label": label,
-            "ranks": n,
-            "step_ms": t,
-            "speedup": round(n * t0 / t, 3) if t > 0 else None,
-            "efficiency": round(t0 / t, 3) if t > 0 else None,
-            "batch_size": batch,
-            "batch_size_from": "user" if batch_size else "input shapes" if guess else None,
-            "samples_per_s": round(n * batch / (t / 1e3), 1) if batch and t > 0 else None,
-            "compute_ratio": round(compute_ms(summary["breakdown_ms"]) / base_compute, 3)
-            if base_compute > 0
-            else None,
-            "comm_total_ms": comm,
-            "comm_exposed_ms": summary["comm_exposed_ms"],
-            "comm_hidden_fraction": summary["comm_hidden_fraction"],
-            "breakdown_ms": summary["breakdown_ms"],
-            "predicted": {},
-            "predicted_own_compute": {},
-            "what_if": what_if(
-                t, summary["breakdown_ms"], comm, summary["comm_exposed_ms"], faster_comm
-            ),
-        }
+        predicted: dict[str, Prediction] = {}
+        own_compute: dict[str, OwnPrediction] = {}
         for model in MODELS:
-            predicted = predict(model, base, comm, replay)
-            error = abs(predicted - t) / t if t > 0 else None
-            entry["predicted"][model] = {
-                "step_ms": round(predicted, 3),
-                "speedup": round(n * t0 / predicted, 3) if predicted > 0 else None,
-                "error": round(error, 4) if error is not None else None,
-            }
+            value = predict(model, base, comm, replay)
+            error = abs(value - t) / t if t > 0 else None
+            predicted[model] = Prediction(
+                step_ms=round(value, 3),
+                speedup=round(n * t0 / value, 3) if value > 0 else None,
+                error=round(error, 4) if error is not None else None,
+            )
             if n > n0 and error is not None:
                 errors[model].append(error)
             # the same model on this run's own io and compute: the communication model alone
-            own = predict(model, summary["breakdown_ms"], comm, replay)
-            entry["predicted_own_compute"][model] = {
-                "step_ms": round(own, 3),
-                "error": round(abs(own - t) / t, 4) if t > 0 else None,
-            }
-        for key, ms in list(entry["what_if"].items()):
-            entry["what_if"][key.replace("_ms", "_speedup")] = (
-                round(n * t0 / ms, 3) if ms > 0 else None
+            own = predict(model, summary.breakdown_ms, comm, replay)
+            own_compute[model] = OwnPrediction(
+                step_ms=round(own, 3), error=round(abs(own - t) / t, 4) if t > 0 else None
             )
+        scenarios: dict[str, float | None] = dict(
+            what_if(t, summary.breakdown_ms, comm, summary.comm_exposed_ms, faster_comm)
+        )
+        for key, ms in list(scenarios.items()):
+            scenarios[key.replace("_ms", "_speedup")] = (
+                round(n * t0 / ms, 3) if ms is not None and ms > 0 else None
+            )
+        allreduce = None
         if link_gbps:
             per_step = allreduce_bytes(table, report)
             if per_step and comm > 0 and n > 1:
                 algbw = per_step / (comm / 1e3)  # bytes/s as the application sees it
                 busbw = algbw * 2 * (n - 1) / n  # what a ring moves over each link
-                entry["allreduce"] = {
-                    "bytes_per_step": int(per_step),
-                    "algbw_gbps": round(algbw * 8 / 1e9, 3),
-                    "busbw_gbps": round(busbw * 8 / 1e9, 3),
+                allreduce = AllReduceRate(
+                    bytes_per_step=int(per_step),
+                    algbw_gbps=round(algbw * 8 / 1e9, 3),
+                    busbw_gbps=round(busbw * 8 / 1e9, 3),
                     # gradient bytes / (t_comm x bandwidth), and what a ring achieves per link
-                    "efficiency": round(algbw * 8 / 1e9 / link_gbps, 4),
-                    "bus_efficiency": round(busbw * 8 / 1e9 / link_gbps, 4),
-                }
-            else:
-                entry["allreduce"] = None
+                    efficiency=round(algbw * 8 / 1e9 / link_gbps, 4),
+                    bus_efficiency=round(busbw * 8 / 1e9 / link_gbps, 4),
+                )
+        entry = ScaledRun(
+            label=label,
+            ranks=n,
+            step_ms=t,
+            speedup=round(n * t0 / t, 3) if t > 0 else None,
+            efficiency=round(t0 / t, 3) if t > 0 else None,
+            batch_size=batch,
+            batch_size_from="user" if batch_size else "input shapes" if guess else None,
+            samples_per_s=round(n * batch / (t / 1e3), 1) if batch and t > 0 else None,
+            compute_ratio=round(compute_ms(summary.breakdown_ms) / base_compute, 3)
+            if base_compute > 0
+            else None,
+            comm_total_ms=comm,
+            comm_exposed_ms=summary.comm_exposed_ms,
+            comm_hidden_fraction=summary.comm_hidden_fraction,
+            breakdown_ms=summary.breakdown_ms,
+            predicted=predicted,
+            predicted_own_compute=own_compute,
+            what_if=scenarios,
+            allreduce=allreduce,
+        )
         runs.append(entry)
         if comm > 0 and not replay:
             notes.append(
@@ -200,22 +213,22 @@ def scaling(
             notes.append(
                 f"{label}: no batch size in the trace's input shapes; give --batch-size for samples/s"
             )
-    slow = [r for r in runs[1:] if (r["compute_ratio"] or 0) > 1.2]
+    slow = [r for r in runs[1:] if (r.compute_ratio or 0) > 1.2]
     if slow:
-        worst = max(slow, key=lambda r: r["compute_ratio"])
+        worst = max(slow, key=lambda r: r.compute_ratio or 0)
         notes.append(
-            f"compute per step grows to ×{worst['compute_ratio']:.2f} at {worst['ranks']} ranks: the model"
+            f"compute per step grows to ×{worst.compute_ratio or 0:.2f} at {worst.ranks} ranks: the model"
             " assumes it stays as in the smallest run (ranks sharing cores or memory bandwidth break that)"
         )
     fits = {m: round(sum(e) / len(e), 4) if e else None for m, e in errors.items()}
     ranked = [m for m in MODELS if fits[m] is not None]
     best = min(ranked, key=lambda m: fits[m] or 0.0) if ranked else None
-    return {
-        "base": {"label": labels[0], "ranks": n0, "step_ms": t0, "breakdown_ms": base},
-        "runs": runs,
-        "models": {m: {"mean_error": fits[m]} for m in MODELS},
-        "best_model": best,
-        "batch_size": batch_size,
-        "link_gbps": link_gbps,
-        "notes": notes,
-    }
+    return Scaling(
+        base=ScalingBase(label=labels[0], ranks=n0, step_ms=t0, breakdown_ms=base),
+        runs=runs,
+        models={m: ModelFit(mean_error=fits[m]) for m in MODELS},
+        best_model=best,
+        batch_size=batch_size,
+        link_gbps=link_gbps,
+        notes=notes,
+    )

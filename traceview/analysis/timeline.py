@@ -343,7 +343,7 @@ def breakdown(events: pa.Table) -> pa.Table:
     return pa.table(columns, schema=S.STEPS_SCHEMA)
 
 
-def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def merge_intervals(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of intervals as sorted, disjoint (start, end) arrays."""
     if len(s) == 0:
         return s, e
@@ -369,7 +369,7 @@ def attribution(tl: RankTimeline, start: int, end: int) -> tuple[np.ndarray, np.
     mids = (bounds[:-1] + bounds[1:]) // 2
     winner = np.full(len(mids), len(LEVEL_PHASES), np.int64)  # idle
     for lvl in range(len(LEVEL_PHASES) - 1, -1, -1):
-        us, ue = _merge(s[level <= lvl], e[level <= lvl])
+        us, ue = merge_intervals(s[level <= lvl], e[level <= lvl])
         if len(us) == 0:
             continue
         pos = np.searchsorted(us, mids, side="right") - 1
@@ -383,95 +383,6 @@ def attribution(tl: RankTimeline, start: int, end: int) -> tuple[np.ndarray, np.
     seg_s = bounds[:-1][heads]
     seg_e = np.append(bounds[:-1][heads[1:]], bounds[-1]) if len(heads) else bounds[1:]
     return seg_s, seg_e, [S.BREAKDOWN_PHASES[p] for p in phase[heads]]
-
-
-@dataclass
-class Lane:
-    """A row of a timeline view: one thread or stream of a rank, or the rank's critical path."""
-
-    rank: int
-    label: str
-    starts: np.ndarray
-    ends: np.ndarray
-    phases: list[str]
-
-
-def step_lanes(
-    events: pa.Table, step: int | None, threads: dict[str, str] | None = None
-) -> tuple[int, int, list[Lane]]:
-    """The lanes of one rank for the window of ``step`` (None: the first window).
-
-    Returns (window start, window end, lanes): first the rank's exclusive attribution
-    ("critical path"), then every host thread and device stream that has operators, kernels or
-    communication in the window, each as the phases of its own events (innermost on a thread).
-    """
-    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
-    tl = rank_timeline(events)
-    if len(tl.w_start) == 0:
-        return 0, 0, []
-    index = (
-        0
-        if step is None
-        else int(np.flatnonzero(tl.numbers == step)[0])
-        if (tl.numbers == step).any()
-        else -1
-    )
-    if index < 0:
-        raise KeyError(f"rank {rank} has no step {step}")
-    start, end = int(tl.w_start[index]), int(tl.w_end[index])
-    seg_s, seg_e, seg_p = attribution(tl, start, end)
-    lanes = [Lane(rank, f"rank {rank} · every instant", seg_s, seg_e, seg_p)]
-    ev = tl.ev
-    in_window = (ev.end > start) & (ev.ts < end)
-    host = np.isin(ev.kind, _HOST_KINDS)
-    names = threads or {}
-    for pid, tid in sorted(
-        {
-            (int(p), int(t))
-            for p, t in zip(ev.pid[host & in_window], ev.tid[host & in_window], strict=False)
-        }
-    ):
-        rows = np.flatnonzero(host & (ev.pid == pid) & (ev.tid == tid))
-        s, e, owner = _thread_segments(ev, rows)
-        keep = (owner >= 0) & (e > start) & (s < end)
-        if not keep.any():
-            continue
-        structural = np.isin(ev.kind[owner[keep]], _STRUCTURAL_KINDS)
-        phases = [S.EVENT_PHASES[p] for p in ev.phase[owner[keep]]]
-        phases = [
-            S.IDLE if st and p == S.OTHER else p for st, p in zip(structural, phases, strict=False)
-        ]
-        role = (
-            "training thread"
-            if tl.training == (pid, tid)
-            else names.get(f"{pid}/{tid}", f"thread {tid}")
-        )
-        lanes.append(
-            Lane(
-                rank,
-                f"rank {rank} · {role}",
-                np.maximum(s[keep], start),
-                np.minimum(e[keep], end),
-                phases,
-            )
-        )
-    device = np.isin(ev.kind, _DEVICE_KINDS) & in_window
-    for pid, tid in sorted(
-        {(int(p), int(t)) for p, t in zip(ev.pid[device], ev.tid[device], strict=False)}
-    ):
-        rows = np.flatnonzero(device & (ev.pid == pid) & (ev.tid == tid))
-        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-        phases = [S.EVENT_PHASES[p] for p in ev.phase[rows]]
-        lanes.append(
-            Lane(
-                rank,
-                f"rank {rank} · GPU {pid} stream {tid}",
-                np.maximum(ev.ts[rows], start),
-                np.minimum(ev.end[rows], end),
-                phases,
-            )
-        )
-    return start, end, lanes
 
 
 @dataclass

@@ -22,6 +22,7 @@ def all_commands() -> list[Command]:
     from traceview.commands.ingest import IngestCommand
     from traceview.commands.report import ReportCommand
     from traceview.commands.scaling import ScalingCommand
+    from traceview.commands.schema import SchemaCommand
     from traceview.commands.tui import TuiCommand
 
     return [
@@ -32,4 +33,5 @@ def all_commands() -> list[Command]:
         ScalingCommand(),
         ExportCommand(),
         TuiCommand(),
+        SchemaCommand(),
     ]

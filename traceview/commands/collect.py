@@ -111,7 +111,7 @@ class CollectCommand:
             return code or exc.exit_code
         if not args.no_report:
             from traceview.commands.report import load_report
-            from traceview.report import render_to_console
+            from traceview.views.text import render_to_console
 
             render_to_console(load_report([run]))
         print(f"traceview: run directory {run} (job exit code {code})", file=sys.stderr)

@@ -32,8 +32,8 @@ class CompareCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
-        from traceview.report import render_comparison_to_console, to_json
         from traceview.runs import open_runs
+        from traceview.views.text import render_comparison_to_console, to_json
 
         if len(args.runs) < 2:
             raise UsageError("compare needs at least two runs")

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from traceview.results import RunReport
 
 
-def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> dict:
+def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> RunReport:
     """The report object for a run directory, or for traces read into a temporary run."""
     from traceview.runs import open_run
 
@@ -32,7 +36,7 @@ class ReportCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.report import render_to_console, to_json
+        from traceview.views.text import render_to_console, to_json
 
         report = load_report(args.paths, args.rules, args.top)
         if args.json:

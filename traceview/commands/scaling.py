@@ -52,8 +52,8 @@ class ScalingCommand:
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.scaling import scaling, traced_batch_size
         from traceview.analysis.timeline import comm_schedule
-        from traceview.report import render_scaling_to_console, to_json
         from traceview.runs import open_runs
+        from traceview.views.text import render_scaling_to_console, to_json
 
         if len(args.runs) < 2:
             raise UsageError("scaling needs at least two runs with different numbers of ranks")
@@ -61,7 +61,7 @@ class ScalingCommand:
             raise UsageError("--batch-size must be at least 1")
         with open_runs([[path] for path in args.runs], args.rules) as runs:
             reports = [r.report() for r in runs]
-            counts = [r["run"]["ranks"] for r in reports]
+            counts = [r.run.ranks for r in reports]
             if len(set(counts)) < len(counts):
                 raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
             schedules = [

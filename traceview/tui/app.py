@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual import work
@@ -21,6 +21,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from traceview.errors import TraceviewError
+from traceview.results import Comparison
 from traceview.runs import Run, open_runs
 from traceview.text import safe
 from traceview.tui.comparison import ComparePane
@@ -91,7 +92,7 @@ class TraceviewApp(App[None]):
         self.groups = groups
         self.rules = rules
         self.views: list[RunView] = []
-        self.comparison: dict[str, Any] | None = None
+        self.comparison: Comparison | None = None
         self.error: Exception | None = None  # why the runs could not be opened
         self.ready = asyncio.Event()  # set once the screens show the run (or it failed)
         self._stack = ExitStack()  # the runs the app opened itself
@@ -138,9 +139,7 @@ class TraceviewApp(App[None]):
             return
         self.call_from_thread(self._show, runs, views, comparison)
 
-    def _show(
-        self, runs: list[Run], views: list[RunView], comparison: dict[str, Any] | None
-    ) -> None:
+    def _show(self, runs: list[Run], views: list[RunView], comparison: Comparison | None) -> None:
         self.runs, self.views, self.comparison = runs, views, comparison
         view = views[0]
         self.query_one("#title", Static).update(title_text(view.report, view.label))

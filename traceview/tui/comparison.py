@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from traceview.results import Comparison
 from traceview.tui.render import ms, phase_text, ratio_text, untrusted
 
 HINT = (
@@ -38,21 +37,21 @@ class ComparePane(VerticalScroll):
         for table in self.query(DataTable):
             table.display = False
 
-    def show(self, comparison: dict[str, Any] | None) -> None:
+    def show(self, comparison: Comparison | None) -> None:
         if comparison is None:
             return
-        runs = comparison["runs"]
+        runs = comparison.runs
         letters = [_letter(i) for i in range(len(runs))]
         summary = Text()
         for letter, run in zip(letters, runs, strict=True):
             summary.append(f"{letter} ", style="bold")
-            summary.append_text(untrusted(run["label"], 60))
+            summary.append_text(untrusted(run.label, 60))
             summary.append(" (baseline)\n" if letter == "A" else "\n")
-        for line in comparison["highlights"]:
+        for line in comparison.highlights:
             summary.append("▸ ", style="bold")
             summary.append_text(untrusted(line, 200))
             summary.append("\n")
-        if not comparison["highlights"]:
+        if not comparison.highlights:
             summary.append("no operator differs by 1.5× or more\n", style="bright_black")
         summary.append("ms per step (mean of ranks); ratios against A", style="bright_black")
         self.query_one("#compare-summary", Static).update(summary)
@@ -62,20 +61,20 @@ class ComparePane(VerticalScroll):
         for letter, run in zip(letters, runs, strict=True):
             table.add_row(
                 Text(letter, style="bold"),
-                Text(str(run["ranks"]), justify="right"),
-                Text(str(run["steps"]), justify="right"),
-                Text(ms(run["step_ms"]), justify="right"),
-                ratio_text(run["step_ratio"]),
-                phase_text(run["bottleneck"]) if run["bottleneck"] else Text("-"),
-                Text(run["hidden"]),
+                Text(str(run.ranks), justify="right"),
+                Text(str(run.steps), justify="right"),
+                Text(ms(run.step_ms), justify="right"),
+                ratio_text(run.step_ratio),
+                phase_text(run.bottleneck) if run.bottleneck else Text("-"),
+                Text(run.hidden),
             )
         self._values(
             "#compare-phases", "phase", letters,
-            [(phase_text(p["phase"]), p["ms"], p["ratio"]) for p in comparison["phases"]],
+            [(phase_text(p.phase), p.ms, p.ratio) for p in comparison.phases],
         )  # fmt: skip
         self._values(
             "#compare-ops", "operator", letters,
-            [(untrusted(o["op"], 28), o["ms"], o["ratio"]) for o in comparison["ops"]],
+            [(untrusted(o.op, 28), o.ms, o.ratio) for o in comparison.ops],
         )  # fmt: skip
         for table in self.query(DataTable):
             table.display = True

@@ -11,7 +11,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Static
 
 from traceview import schema as S
-from traceview.tui.model import OP_SORTS, OpRow, RunView, filter_ops, sort_ops
+from traceview.results import TopOp
+from traceview.tui.model import OP_SORTS, RunView, filter_ops, sort_ops
 from traceview.tui.render import ms, pct, phase_text, untrusted
 
 OP_WIDTH = 20
@@ -53,7 +54,7 @@ class OperatorsPane(Vertical):
         self.view: RunView | None = None
         self.sort = "self"
         self.phase: str | None = None
-        self.shown: list[OpRow] = []
+        self.shown: list[TopOp] = []
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="ops-bar"):
@@ -89,9 +90,9 @@ class OperatorsPane(Vertical):
                 untrusted(row.op, OP_WIDTH),
                 phase_text(row.phase, short=True),
                 row.device,
-                Text(f"{row.calls:g}", justify="right"),
-                Text(ms(row.self_ms), justify="right"),
-                Text(ms(row.total_ms), justify="right"),
+                Text(f"{row.calls_per_step:g}", justify="right"),
+                Text(ms(row.self_ms_per_step), justify="right"),
+                Text(ms(row.total_ms_per_step), justify="right"),
                 Text(ms(row.mean_ms), justify="right"),
                 Text(ms(row.p95_ms), justify="right"),
                 Text(pct(row.share), justify="right"),
@@ -115,7 +116,7 @@ class OperatorsPane(Vertical):
         if 0 <= index < len(self.shown):
             row = self.shown[index]
             detail.append_text(untrusted(row.name, 300))
-            detail.append(f"  ({row.calls:g} calls per step, mean {ms(row.mean_ms)} ms)")
+            detail.append(f"  ({row.calls_per_step:g} calls per step, mean {ms(row.mean_ms)} ms)")
         elif self.view is not None:
             detail.append("no operator matches", style="bright_black")
         self.query_one("#ops-detail", Static).update(detail)

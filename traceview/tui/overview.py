@@ -48,21 +48,19 @@ class RankBars(Widget):
         if self.view is None:
             return Text("")
         view = self.view
-        summary = view.report["summary"]
+        summary = view.report.summary
         straggler = view.straggler
         mark = len(MARK) if straggler else 0
         width = max(self.size.width - LABEL - NUMBER - 1 - mark, 8)
         # Every bar on one scale, so a longer step draws a longer bar.
-        longest = max([summary["step_ms"], *(r.step_ms for r in view.ranks)]) or 1.0
+        longest = max([summary.step_ms, *(r.step_ms for r in view.ranks)]) or 1.0
         text = Text(no_wrap=True)
         text.append(f"{'':<{LABEL}}{'step ms':>{NUMBER}} ", style="bold")
         text.append("each step, every instant once, by phase", style="bold")
         text.append("\n")
         text.append(f"{'mean':<{LABEL}}", style="bold")
-        text.append(f"{ms(summary['step_ms']):>{NUMBER - 1}}  ", style="bold")
-        text.append_text(
-            phase_bar(summary["breakdown_ms"], round(width * summary["step_ms"] / longest))
-        )
+        text.append(f"{ms(summary.step_ms):>{NUMBER - 1}}  ", style="bold")
+        text.append_text(phase_bar(summary.breakdown_ms, round(width * summary.step_ms / longest)))
         for row in view.ranks:
             text.append("\n")
             highlight = "bold reverse" if row.straggler else ""
@@ -97,8 +95,8 @@ class Legend(Widget):
     def render(self) -> Text:
         if self.view is None:
             return Text("")
-        summary = self.view.report["summary"]
-        step = summary["step_ms"] or 1.0
+        summary = self.view.report.summary
+        step = summary.step_ms or 1.0
         columns = self._columns(self.size.width)
         per_column = len(S.BREAKDOWN_PHASES) // columns
         text = Text(no_wrap=True)
@@ -107,7 +105,7 @@ class Legend(Widget):
             text.append("\n")
             for column in range(columns):
                 phase = S.BREAKDOWN_PHASES[column * per_column + line]
-                value = summary["breakdown_ms"][phase]
+                value = summary.breakdown_ms[phase]
                 if column:
                     text.append("   ")
                 text.append(PHASE_LETTER[phase], style=f"reverse {PHASE_STYLE[phase]}")
@@ -138,10 +136,10 @@ class OverviewPane(VerticalScroll):
         notes.append_text(communication_text(view.report))
         notes.append("\n")
         notes.append_text(straggler_text(view.report))
-        for warning in view.report.get("warnings", []):
+        for warning in view.report.warnings:
             notes.append("\n")
             notes.append_text(untrusted("warning: " + str(warning), style="yellow"))
-        for remark in view.report.get("remarks", []):
+        for remark in view.report.remarks:
             notes.append("\n")
             notes.append_text(untrusted("note: " + str(remark), style="bright_black"))
         self.query_one("#notes", Static).update(notes)

@@ -64,8 +64,10 @@ class RanksPane(Vertical):
                 Text(ms(row.step_ms), justify="right"),
                 Text(ms(row.busy_ms), justify="right"),
                 Text(signed_pct(row.imbalance), justify="right"),
-                Text(ms(row.wait_ms), justify="right"),
-                Text(pct(row.hidden) if row.hidden is not None else "-", justify="right"),
+                Text(ms(row.blocked_ms), justify="right"),
+                Text(
+                    pct(row.comm_hidden_fraction) if row.comm_total_ms > 0 else "-", justify="right"
+                ),
                 phase_bar(row.breakdown_ms, round(BAR * row.step_ms / longest)),
                 *(Text(ms(row.breakdown_ms[p]), justify="right") for p in S.BREAKDOWN_PHASES),
                 key=str(row.rank),
@@ -79,15 +81,15 @@ class RanksPane(Vertical):
         text.append(f"{len(ranks)} ranks, sorted by {self.sort}", style="bold")
         text.append(" (s: sort) · ms per step · busy = step - exposed comm - idle;")
         text.append(" wait = exposed comm + idle")
-        if ranks:
-            busiest = max(ranks, key=lambda r: (r.busy_ms, -r.rank))
-            step = self.view.report["summary"]["step_ms"] or 1.0
-            wait = sum(r.wait_ms for r in ranks) / len(ranks)
+        summary = self.view.report.summary
+        if ranks and summary.straggler_rank is not None:
+            step = summary.step_ms or 1.0
             text.append("\nimbalance: ")
-            text.append(f"rank {busiest.rank}", style="bold")
+            text.append(f"rank {summary.straggler_rank}", style="bold")
             text.append(
-                f" is busiest, {signed_pct(busiest.imbalance)} vs the median rank;"
-                f" ranks wait {ms(wait)} ms per step on average ({pct(wait / step)} of the step)"
+                f" is busiest, {signed_pct(summary.straggler_excess)} vs the median rank;"
+                f" ranks wait {ms(summary.blocked_ms)} ms per step on average"
+                f" ({pct(summary.blocked_ms / step)} of the step)"
             )
         self.query_one("#ranks-summary", Static).update(text)
 

@@ -8,7 +8,8 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from traceview import schema as S
-from traceview.tui.model import WARMUP_FACTOR, RunView
+from traceview.analysis.summary import WARMUP_FACTOR
+from traceview.tui.model import RunView
 from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct
 
 BAR = 20
@@ -46,7 +47,7 @@ class StepsPane(Vertical):
         self.view = view
         stats = view.stats
         text = Text()
-        if stats.count == 0:
+        if stats is None:
             text.append("no steps in this run")
         else:
             text.append(f"{stats.count} steps", style="bold")
@@ -62,14 +63,14 @@ class StepsPane(Vertical):
         self.query_one("#steps-summary", Static).update(text)
         table = self.query_one(DataTable)
         table.clear()
-        longest = max((row.mean_ms for row in view.steps), default=0.0) or 1.0
+        longest = max((row.step_ms for row in view.steps), default=0.0) or 1.0
         for row in view.steps:
             table.add_row(
                 Text("-" if row.step is None else str(row.step), justify="right"),
                 Text(row.mark, style=MARK_STYLE.get(row.mark, "")),
-                Text(ms(row.mean_ms), justify="right"),
+                Text(ms(row.step_ms), justify="right"),
                 Text(signed_pct(row.vs_median), justify="right"),
-                phase_bar(row.breakdown_ms, round(BAR * row.mean_ms / longest)),
+                phase_bar(row.breakdown_ms, round(BAR * row.step_ms / longest)),
                 Text(ms(row.min_ms), justify="right"),
                 Text(ms(row.max_ms), justify="right"),
                 Text(f"rank {row.slowest_rank}", justify="right"),

@@ -3,7 +3,7 @@
 The first lane of a rank is every instant of its step as the breakdown counts it (the exclusive
 attribution); under the selected rank (or every rank, `e`) come its threads and GPU streams, so
 one sees whether communication runs under backward or after it. Lanes are cut by
-``analysis.timeline.step_lanes`` in a worker thread, one rank at a time, and cached per
+``analysis.lanes.rank_lanes`` in a worker thread, one rank at a time, and cached per
 (rank, step); until a rank's lanes arrive its row says so.
 """
 
@@ -24,8 +24,9 @@ from textual.strip import Strip
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
+from traceview.analysis.lanes import RankLanes, bin_lane, rank_lanes
 from traceview.runs import Run
-from traceview.tui.model import RankLanes, RunView, bin_lane, nice_ticks, rank_lanes
+from traceview.tui.model import RunView, nice_ticks
 from traceview.tui.render import lane_cells, legend_text, ms
 
 MAX_ZOOM = 4096.0

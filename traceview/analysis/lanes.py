@@ -1,0 +1,199 @@
+"""Timeline lanes: one rank's threads and streams in one step, cut into phase spans, and binned
+into the cells of a screen (the TUI's timeline; any view that draws lanes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import numpy as np
+import pyarrow as pa
+
+from traceview import schema as S
+from traceview.analysis.timeline import (
+    _DEVICE_KINDS,
+    _HOST_KINDS,
+    _STRUCTURAL_KINDS,
+    _thread_segments,
+    attribution,
+    merge_intervals,
+    rank_timeline,
+)
+from traceview.runs import Run
+from traceview.text import safe
+
+
+@dataclass
+class Lane:
+    """A row of a timeline view: one thread or stream of a rank, or the rank's critical path."""
+
+    rank: int
+    label: str
+    starts: np.ndarray
+    ends: np.ndarray
+    phases: list[str]
+
+
+def step_lanes(
+    events: pa.Table, step: int | None, threads: dict[str, str] | None = None
+) -> tuple[int, int, list[Lane]]:
+    """The lanes of one rank for the window of ``step`` (None: the first window).
+
+    Returns (window start, window end, lanes): first the rank's exclusive attribution
+    ("critical path"), then every host thread and device stream that has operators, kernels or
+    communication in the window, each as the phases of its own events (innermost on a thread).
+    """
+    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
+    tl = rank_timeline(events)
+    if len(tl.w_start) == 0:
+        return 0, 0, []
+    index = (
+        0
+        if step is None
+        else int(np.flatnonzero(tl.numbers == step)[0])
+        if (tl.numbers == step).any()
+        else -1
+    )
+    if index < 0:
+        raise KeyError(f"rank {rank} has no step {step}")
+    start, end = int(tl.w_start[index]), int(tl.w_end[index])
+    seg_s, seg_e, seg_p = attribution(tl, start, end)
+    lanes = [Lane(rank, f"rank {rank} · every instant", seg_s, seg_e, seg_p)]
+    ev = tl.ev
+    in_window = (ev.end > start) & (ev.ts < end)
+    host = np.isin(ev.kind, _HOST_KINDS)
+    names = threads or {}
+    for pid, tid in sorted(
+        {
+            (int(p), int(t))
+            for p, t in zip(ev.pid[host & in_window], ev.tid[host & in_window], strict=False)
+        }
+    ):
+        rows = np.flatnonzero(host & (ev.pid == pid) & (ev.tid == tid))
+        s, e, owner = _thread_segments(ev, rows)
+        keep = (owner >= 0) & (e > start) & (s < end)
+        if not keep.any():
+            continue
+        structural = np.isin(ev.kind[owner[keep]], _STRUCTURAL_KINDS)
+        phases = [S.EVENT_PHASES[p] for p in ev.phase[owner[keep]]]
+        phases = [
+            S.IDLE if st and p == S.OTHER else p for st, p in zip(structural, phases, strict=False)
+        ]
+        role = (
+            "training thread"
+            if tl.training == (pid, tid)
+            else names.get(f"{pid}/{tid}", f"thread {tid}")
+        )
+        lanes.append(
+            Lane(
+                rank,
+                f"rank {rank} · {role}",
+                np.maximum(s[keep], start),
+                np.minimum(e[keep], end),
+                phases,
+            )
+        )
+    device = np.isin(ev.kind, _DEVICE_KINDS) & in_window
+    for pid, tid in sorted(
+        {(int(p), int(t)) for p, t in zip(ev.pid[device], ev.tid[device], strict=False)}
+    ):
+        rows = np.flatnonzero(device & (ev.pid == pid) & (ev.tid == tid))
+        rows = rows[np.argsort(ev.ts[rows], kind="stable")]
+        phases = [S.EVENT_PHASES[p] for p in ev.phase[rows]]
+        lanes.append(
+            Lane(
+                rank,
+                f"rank {rank} · GPU {pid} stream {tid}",
+                np.maximum(ev.ts[rows], start),
+                np.minimum(ev.end[rows], end),
+                phases,
+            )
+        )
+    return start, end, lanes
+
+
+@dataclass(frozen=True)
+class RankLanes:
+    """The lanes of one rank for one step (``step_lanes``), or why there are none."""
+
+    rank: int
+    step: int | None
+    start_ns: int
+    end_ns: int
+    lanes: list[Lane]
+    error: str | None = None
+
+
+def rank_lanes(run: Run, rank: int, step: int | None, threads: dict[str, str]) -> RankLanes:
+    """Read one rank's events and cut its lanes for ``step`` (10-100 ms: a worker's job)."""
+    events = run.events([rank])
+    if events.num_rows == 0:
+        return RankLanes(rank, step, 0, 0, [], "no events")
+    try:
+        start, end, lanes = step_lanes(events, step, threads)
+    except KeyError:
+        return RankLanes(rank, step, 0, 0, [], f"no step {step}")
+    for lane in lanes:
+        lane.label = safe(lane.label)
+    return RankLanes(rank, step, start, end, lanes)
+
+
+_PHASE_CODE = {phase: i for i, phase in enumerate(S.BREAKDOWN_PHASES)}
+#: Which phase wins a cell when two cover it equally: the attribution's priority.
+_TIE_ORDER = S.ATTRIBUTION_PRIORITY
+
+
+def _covered_until(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Time covered by the disjoint sorted intervals (s, e) before each instant of ``t``."""
+    before = np.concatenate([[0.0], np.cumsum(e - s)])
+    k = np.searchsorted(s, t, side="right")  # intervals starting at or before t
+    last = np.maximum(k - 1, 0)
+    partial = np.where(k > 0, np.clip(t - s[last], 0, (e - s)[last]), 0.0)
+    return before[last] * (k > 0) + partial
+
+
+#: A cell is drawn solid when its phase covers at least this much of it, as a plain letter below.
+SOLID = 0.5
+
+Cell: TypeAlias = tuple[str, bool] | None  # (phase, solid); None: nothing in the cell
+
+
+def bin_lane(lane: Lane, lo: int, hi: int, width: int) -> list[Cell]:
+    """What to draw in each of ``width`` cells spanning [lo, hi) ns.
+
+    A cell shows the phase covering most of it other than idle (ties by priority), solid when
+    it covers at least half the cell; idle where only idle time is in the cell; None where
+    nothing is. So a lane with short kernels and long gaps still shows where the kernels are,
+    and which cells they fill.
+    """
+    cells: list[Cell] = [None] * max(width, 0)
+    if width <= 0 or hi <= lo or len(lane.starts) == 0:
+        return cells
+    edges = np.linspace(0.0, float(hi - lo), width + 1)
+    starts = (lane.starts - lo).astype(np.float64)
+    ends = (lane.ends - lo).astype(np.float64)
+    codes = np.array([_PHASE_CODE.get(p, _PHASE_CODE[S.OTHER]) for p in lane.phases])
+    best = np.zeros(width)
+    winner = np.full(width, -1)
+    idle = np.zeros(width)
+    for phase in _TIE_ORDER:
+        mask = (codes == _PHASE_CODE[phase]) & (ends > 0) & (starts < edges[-1])
+        if not mask.any():
+            continue
+        s, e = merge_intervals(starts[mask], ends[mask])
+        covered = _covered_until(s, e, edges)
+        amount = covered[1:] - covered[:-1]
+        if phase == S.IDLE:
+            idle = amount
+            continue
+        better = amount > best
+        winner[better] = _PHASE_CODE[phase]
+        best[better] = amount[better]
+    cell = edges[1] - edges[0]
+    for i in range(width):
+        if winner[i] >= 0:
+            cells[i] = (S.BREAKDOWN_PHASES[winner[i]], bool(best[i] >= SOLID * cell))
+        elif idle[i] > 0:
+            cells[i] = (S.IDLE, False)
+    return cells

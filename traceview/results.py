@@ -1,0 +1,331 @@
+"""The results of the analysis: typed, serialisable structs that every view renders.
+
+The analysis (``traceview.analysis``) computes every figure and every verdict once into these
+structs; the text report, ``--json`` and the TUI only render them. ``report --json`` is
+``to_json(RunReport)``: its keys are a contract (docs/design.md, docs/report.schema.json), so a
+field is never removed or retyped once added, and data a run does not have is ``null``.
+
+Nothing here imports numpy, polars or a UI library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from traceview import schema as S
+
+#: The version of the result model (``schema_version`` of ``report --json``); bumped when a
+#: field changes meaning. Adding a field does not bump it.
+RESULTS_VERSION = "1"
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """Base of every result: JSON in and out."""
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    def to_builtins(self) -> Any:
+        return msgspec.to_builtins(self)
+
+
+R = TypeVar("R", bound=Result)
+
+#: What the JSON's enumerated strings can be (a schema test keeps old values valid).
+Phase = Literal["io", "h2d", "forward", "backward", "update", "comm", "other", "idle"]
+BottleneckPhase = Literal["io", "h2d", "forward", "backward", "update", "comm"]
+Hidden = Literal["yes", "partly", "no", "n/a"]
+Timeline = Literal["cpu", "gpu"]
+StepMark = Literal["first", "warm-up", "slow", ""]
+
+
+def from_json(data: bytes | str, kind: type[R]) -> R:
+    """A result read back from its JSON (``kind`` is the struct it was written from)."""
+    return msgspec.json.decode(data, type=kind)
+
+
+class Breakdown(Result):
+    """Exclusive time per phase (ms): the phases of a step, each instant counted once."""
+
+    io: float = 0.0
+    h2d: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    update: float = 0.0
+    comm: float = 0.0
+    other: float = 0.0
+    idle: float = 0.0
+
+    def __getitem__(self, phase: str) -> float:
+        if phase not in S.BREAKDOWN_PHASES:
+            raise KeyError(phase)
+        return float(getattr(self, phase))
+
+    def get(self, phase: str, default: float = 0.0) -> float:
+        return self[phase] if phase in S.BREAKDOWN_PHASES else default
+
+    def items(self) -> Iterator[tuple[str, float]]:
+        for phase in S.BREAKDOWN_PHASES:
+            yield phase, self[phase]
+
+    def total(self) -> float:
+        return sum(value for _, value in self.items())
+
+    @classmethod
+    def of(cls, values: dict[str, float]) -> Breakdown:
+        return cls(**{p: float(values.get(p, 0.0)) for p in S.BREAKDOWN_PHASES})
+
+
+# The breakdown's fields are the phases, in report order: renaming or reordering one of them
+# without the other would silently mislabel every figure.
+assert Breakdown.__struct_fields__ == S.BREAKDOWN_PHASES, "Breakdown fields != BREAKDOWN_PHASES"
+
+
+# --- the run report (``traceview report --json``) -----------------------------------------------
+
+
+class JobInfo(Result):
+    """The job ``traceview collect`` ran (null for traces read on their own)."""
+
+    command: list[str] | None
+    exit_code: int | None
+    hosts: list[str]
+    clock_method: str  # tcp (every rank's clock probed), mixed, or wallclock
+    clock_uncertainty_us: float | None
+    max_clock_offset_us: float | None
+
+
+class RunInfo(Result):
+    framework: str | None
+    ranks: int  # ranks with steps
+    steps: int  # distinct step numbers (0 when the steps are unnumbered)
+    world_size: int | None
+    missing_ranks: list[int]
+    timeline: Timeline | None  # the clock the breakdown was measured on
+    path: str | None  # the run directory (null for a temporary one)
+    run_id: str | None
+    job: JobInfo | None
+
+
+class Summary(Result):
+    """The run as a whole: means over ranks of each rank's mean step."""
+
+    breakdown_ms: Breakdown
+    step_ms: float
+    comm_total_ms: float
+    comm_exposed_ms: float
+    comm_hidden_fraction: float  # over all ranks' steps: 1 - exposed / total
+    hidden: Hidden  # how much of the communication is hidden behind compute
+    bottleneck: BottleneckPhase | None  # the phase with the largest exclusive share
+    bottleneck_share: float  # its share of the step
+    straggler_rank: int | None  # the busiest rank (null with one rank)
+    straggler_excess: float  # its busy time over the median rank's (0.05: 5% more)
+    straggler_significant: bool | None  # excess at least STRAGGLER_MIN_EXCESS (null: one rank)
+    blocked_ms: float  # mean over ranks of exposed comm + idle: time not on the rank's own work
+
+
+class RankSummary(Result):
+    rank: int
+    steps: int
+    step_ms: float
+    breakdown_ms: Breakdown
+    comm_total_ms: float
+    comm_exposed_ms: float
+    comm_hidden_fraction: float
+    busy_ms: float  # step - exposed comm - idle: the rank's own work
+    bottleneck: BottleneckPhase | None
+    timeline: Timeline
+    blocked_ms: float  # exposed comm + idle: waiting for the others (or the network)
+    imbalance: float  # busy time against the median rank's (0.05: 5% busier)
+    straggler: bool  # this rank is the straggler and it is significant
+
+
+class StepSummary(Result):
+    """One step number across ranks."""
+
+    step: int | None
+    ranks: int
+    step_ms: float  # mean of ranks
+    min_ms: float
+    max_ms: float
+    slowest_rank: int
+    vs_median: float  # against the median step (0.1: 10% slower)
+    breakdown_ms: Breakdown  # mean of ranks
+    mark: StepMark  # leading steps well above the median: warm-up; later ones: slow
+
+
+class StepStats(Result):
+    """How much the step time varies from step to step (over StepSummary.step_ms)."""
+
+    count: int
+    mean_ms: float
+    median_ms: float
+    stdev_ms: float
+    min_ms: float
+    max_ms: float
+    cv: float  # stdev / mean
+
+
+class TopOp(Result):
+    op: str  # canonical name (untrusted: from the trace or the rules)
+    name: str  # the most frequent name in the trace (untrusted)
+    device: Timeline
+    phase: Phase
+    calls_per_step: float
+    self_ms_per_step: float
+    total_ms_per_step: float
+    p95_ms: float  # per call, the largest of the ranks' p95
+    mean_ms: float  # per call
+    share: float  # self time as a fraction of the step
+
+
+class RunReport(Result):
+    """``traceview report --json``."""
+
+    run: RunInfo
+    summary: Summary
+    ranks: list[RankSummary]
+    per_step: list[StepSummary]
+    step_stats: StepStats | None  # null without steps
+    top_ops: list[TopOp]
+    warnings: list[str]
+    remarks: list[str]
+    schema_version: str = RESULTS_VERSION
+
+    @property
+    def straggler(self) -> RankSummary | None:
+        """The significant straggler, if there is one."""
+        return next((r for r in self.ranks if r.straggler), None)
+
+
+# --- compare ---------------------------------------------------------------------------------
+
+
+class ComparedRun(Result):
+    label: str
+    framework: str | None
+    ranks: int
+    steps: int
+    timeline: Timeline | None
+    step_ms: float
+    step_ratio: float | None  # against the baseline (the first run)
+    breakdown_ms: Breakdown
+    comm_total_ms: float
+    comm_hidden_fraction: float
+    hidden: Hidden
+    bottleneck: BottleneckPhase | None
+
+
+class ComparedValues(Result):
+    """One phase or operator across the runs: ms per step, and the ratio to the baseline."""
+
+    ms: list[float]
+    ratio: list[float | None]
+
+
+class ComparedPhase(ComparedValues):
+    phase: Phase
+
+
+class ComparedOp(ComparedValues):
+    op: str
+
+
+class Comparison(Result):
+    """``traceview compare --json``: runs side by side, the first the baseline."""
+
+    runs: list[ComparedRun]
+    phases: list[ComparedPhase]
+    ops: list[ComparedOp]
+    highlights: list[str]
+    schema_version: str = RESULTS_VERSION
+
+
+# --- scaling ---------------------------------------------------------------------------------
+
+
+class ScalingBase(Result):
+    label: str
+    ranks: int
+    step_ms: float
+    breakdown_ms: Breakdown
+
+
+class Prediction(Result):
+    step_ms: float
+    speedup: float | None
+    error: float | None  # |predicted - measured| / measured
+
+
+class OwnPrediction(Result):
+    step_ms: float
+    error: float | None
+
+
+class AllReduceRate(Result):
+    bytes_per_step: int
+    algbw_gbps: float
+    busbw_gbps: float
+    efficiency: float
+    bus_efficiency: float
+
+
+class ScaledRun(Result):
+    label: str
+    ranks: int
+    step_ms: float
+    speedup: float | None
+    efficiency: float | None
+    batch_size: int | None
+    batch_size_from: Literal["user", "input shapes"] | None
+    samples_per_s: float | None
+    compute_ratio: float | None  # compute per step against the smallest run's
+    comm_total_ms: float
+    comm_exposed_ms: float
+    comm_hidden_fraction: float
+    breakdown_ms: Breakdown
+    predicted: dict[str, Prediction]  # model -> prediction from the smallest run
+    predicted_own_compute: dict[str, OwnPrediction]  # model -> on this run's own breakdown
+    what_if: dict[str, float | None]  # <what>_ms and <what>_speedup
+    allreduce: AllReduceRate | None  # with --link-gbps, where message sizes are known
+
+
+class ModelFit(Result):
+    mean_error: float | None
+
+
+class Scaling(Result):
+    """``traceview scaling --json``."""
+
+    base: ScalingBase
+    runs: list[ScaledRun]
+    models: dict[str, ModelFit]
+    best_model: str | None
+    batch_size: int | None
+    link_gbps: float | None
+    notes: list[str]
+    schema_version: str = RESULTS_VERSION
+
+
+#: The results a command prints with ``--json``, by command.
+JSON_RESULTS: dict[str, type[Result]] = {
+    "report": RunReport,
+    "compare": Comparison,
+    "scaling": Scaling,
+}
+
+
+def json_schema(command: str) -> dict[str, Any]:
+    """The JSON Schema of ``traceview COMMAND --json`` (docs/schema/COMMAND.schema.json)."""
+    schema: dict[str, Any] = msgspec.json.schema(JSON_RESULTS[command])
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"traceview {command} --json",
+        "description": f"The object `traceview {command} --json` prints (results version "
+        f"{RESULTS_VERSION}). Keys are never removed or retyped once published; data a run "
+        "does not have is null.",
+        **schema,
+    }

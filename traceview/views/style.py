@@ -1,0 +1,176 @@
+"""What the text report and the TUI share: phase colours and letters, numbers, the verdicts in
+words. One wording for each verdict, so the two views cannot say different things.
+
+Everything from a trace goes through ``safe`` into a ``Text`` (never a markup string), so names
+are shown literally and no control character reaches the terminal.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from traceview import schema as S
+from traceview.results import Breakdown, RunReport
+from traceview.text import safe
+
+PHASE_STYLE = {
+    S.IO: "magenta",
+    S.H2D: "cyan",
+    S.FORWARD: "green",
+    S.BACKWARD: "blue",
+    S.UPDATE: "yellow",
+    S.COMM: "red",
+    S.OTHER: "white",
+    S.IDLE: "bright_black",
+}
+#: Column headers short enough for an 80-column terminal.
+SHORT = {
+    S.IO: "io",
+    S.H2D: "h2d",
+    S.FORWARD: "fwd",
+    S.BACKWARD: "bwd",
+    S.UPDATE: "upd",
+    S.COMM: "comm",
+    S.OTHER: "other",
+    S.IDLE: "idle",
+}
+#: One letter per phase, so the breakdown reads without colour too.
+PHASE_LETTER = {
+    S.IO: "I",
+    S.H2D: "H",
+    S.FORWARD: "F",
+    S.BACKWARD: "B",
+    S.UPDATE: "U",
+    S.COMM: "C",
+    S.OTHER: "o",
+    S.IDLE: ".",
+}
+
+
+def ms(value: float) -> str:
+    return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.1f}"
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def signed_pct(value: float) -> str:
+    return f"{100 * value:+.0f}%"
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def untrusted(value: object, limit: int | None = None, style: str = "") -> Text:
+    """A name from a trace, shown literally: controls escaped, markup not interpreted."""
+    return Text(safe(value, limit), style=style, no_wrap=True, overflow="ellipsis")
+
+
+def phase_text(phase: str, short: bool = False) -> Text:
+    label = SHORT.get(phase, phase) if short else phase
+    return Text(label, style=PHASE_STYLE.get(phase, ""))
+
+
+def phase_bar(breakdown: Breakdown, width: int) -> Text:
+    """A stacked bar of the breakdown: coloured, and lettered so it reads in monochrome."""
+    total = breakdown.total()
+    bar = Text()
+    if total <= 0 or width <= 0:
+        return bar
+    cells, acc = 0, 0.0
+    for phase, value in breakdown.items():
+        acc += value
+        end = round(acc / total * width)
+        if end > cells:
+            bar.append(PHASE_LETTER[phase] * (end - cells), style=f"reverse {PHASE_STYLE[phase]}")
+            cells = end
+    return bar
+
+
+def legend_text(phases: tuple[str, ...] = S.BREAKDOWN_PHASES) -> Text:
+    """One letter per phase, coloured as in the bars: the key to read them without colour."""
+    text = Text()
+    for i, phase in enumerate(phases):
+        if i:
+            text.append("  ")
+        text.append(PHASE_LETTER[phase], style=f"reverse {PHASE_STYLE[phase]}")
+        text.append(f" {phase}")
+    return text
+
+
+def ratio_text(ratio: float | None) -> Text:
+    """A ratio against the baseline; slower (at least 1.1×) red, faster green, so the eye finds
+    the differences; "-" where the baseline has none, "absent" where this run has none."""
+    if ratio is None:
+        return Text("-", style="bright_black")
+    if ratio == 0:
+        return Text("absent", style="bright_black")
+    style = "red" if ratio >= 1.1 else "green" if ratio <= 1 / 1.1 else ""
+    return Text(f"×{ratio:.2f}", style=style)
+
+
+def title_text(report: RunReport, label: str | None = None) -> Text:
+    run = report.run
+    text = Text("traceview", style="bold")
+    if label is not None:
+        text.append(" · ")
+        text.append(safe(label, 40))
+    of_world = f" of {run.world_size}" if run.world_size and run.world_size != run.ranks else ""
+    text.append(
+        f" · {safe(run.framework or '?')} · {count(run.ranks, 'rank')}{of_world}"
+        f" · {count(run.steps, 'step')} · {run.timeline or '?'} timeline"
+    )
+    return text
+
+
+def verdict_text(report: RunReport) -> Text:
+    """Where the time goes, in words: the bottleneck and how much communication is hidden."""
+    summary = report.summary
+    bottleneck = summary.bottleneck
+    if bottleneck is None:
+        return Text("no phase time found in this run")
+    text = Text()
+    text.append(bottleneck, style=f"bold {PHASE_STYLE[bottleneck]}")
+    text.append(
+        f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(summary.step_ms)} ms step"
+    )
+    if summary.comm_total_ms > 0:
+        text.append(
+            f"; communication {ms(summary.comm_total_ms)} ms per step, "
+            f"{pct(summary.comm_hidden_fraction)} of it hidden behind compute "
+            f"(hidden: {summary.hidden})"
+        )
+    else:
+        text.append("; no communication found")
+    return text
+
+
+def communication_text(report: RunReport) -> Text:
+    summary = report.summary
+    if summary.comm_total_ms <= 0:
+        return Text("communication: none found")
+    text = Text(
+        f"communication: total {ms(summary.comm_total_ms)} ms per step, exposed "
+        f"{ms(summary.comm_exposed_ms)} ms, hidden {pct(summary.comm_hidden_fraction)}"
+        "  →  hidden: "
+    )
+    text.append(summary.hidden, style="bold")
+    return text
+
+
+def straggler_text(report: RunReport) -> Text:
+    summary = report.summary
+    rank = summary.straggler_rank
+    if rank is None:
+        return Text("straggler: one rank, none to compare", style="bright_black")
+    excess = summary.straggler_excess
+    text = Text("straggler: ")
+    if summary.straggler_significant:
+        text.append(f"rank {rank}", style="bold reverse")
+        text.append(f" (busy {pct(excess)} longer than the median rank; the others wait for it)")
+    else:
+        text.append(f"rank {rank}", style="bold")
+        text.append(f" (busiest, but only {pct(excess)} above the median: ranks are balanced)")
+    return text

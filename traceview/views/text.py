@@ -1,0 +1,329 @@
+"""The terminal report: the run report, the comparison and the scaling analysis as text.
+
+It renders ``traceview.results`` structs and computes nothing; ``--json`` is the struct itself.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from traceview import schema as S
+from traceview.results import Comparison, Result, RunReport, Scaling
+from traceview.text import safe
+from traceview.views.style import (
+    PHASE_LETTER,
+    PHASE_STYLE,
+    SHORT,
+    communication_text,
+    count,
+    ms,
+    pct,
+    phase_bar,
+    ratio_text,
+    straggler_text,
+    title_text,
+    verdict_text,
+)
+
+
+def _table(title: str) -> Table:
+    """A report table: its title on the left, no box, columns one space apart."""
+    return Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1))
+
+
+def to_json(result: Result) -> str:
+    return result.to_json().decode()
+
+
+def _console() -> Console:
+    return Console(highlight=False, markup=False, emoji=False)
+
+
+def render(report: RunReport, console: Console, *, top: int = 10) -> None:
+    run, summary, ranks = report.run, report.summary, report.ranks
+    console.print(title_text(report))
+    job = run.job
+    if job:
+        line = Text(
+            f"job: {safe(' '.join(map(str, job.command or [])), 120)} · exit code {job.exit_code}"
+        )
+        if job.clock_uncertainty_us is not None:
+            line.append(
+                f" · clocks aligned to ±{job.clock_uncertainty_us:g} µs"
+                f" (largest offset {job.max_clock_offset_us or 0:g} µs)"
+            )
+        console.print(line, style="bright_black")
+    console.print(verdict_text(report))
+    console.print()
+
+    breakdown = _table("Per step (exclusive, mean of ranks)")
+    breakdown.add_column("phase")
+    breakdown.add_column("ms", justify="right")
+    breakdown.add_column("share", justify="right")
+    breakdown.add_column("")
+    step = summary.step_ms or 1.0
+    for phase, value in summary.breakdown_ms.items():
+        width = round(value / step * 30)
+        bar = Text(PHASE_LETTER[phase] * width, style=f"reverse {PHASE_STYLE[phase]}")
+        breakdown.add_row(Text(phase, style=PHASE_STYLE[phase]), ms(value), pct(value / step), bar)
+    breakdown.add_row(
+        Text("step", style="bold"), Text(ms(summary.step_ms), style="bold"), "100%", ""
+    )
+    console.print(breakdown)
+    console.print()
+
+    console.print(communication_text(report))
+    if summary.straggler_rank is not None:
+        console.print(straggler_text(report))
+    console.print()
+
+    if ranks:
+        table = _table("Per rank (ms per step)")
+        table.add_column("rank", justify="right")
+        table.add_column("step", justify="right")
+        for phase in S.BREAKDOWN_PHASES:
+            table.add_column(SHORT[phase], justify="right", style=PHASE_STYLE[phase])
+        table.add_column("hidden", justify="right")
+        bar_width = console.width - 76
+        if bar_width >= 10:
+            table.add_column("", no_wrap=True)
+        for row in sorted(ranks, key=lambda r: r.rank):
+            mark = "*" if row.straggler else ""
+            cells: list[Text | str] = [
+                Text(f"{row.rank}{mark}", style="bold" if row.straggler else ""),
+                ms(row.step_ms),
+                *(ms(value) for _, value in row.breakdown_ms.items()),
+                pct(row.comm_hidden_fraction) if row.comm_total_ms > 0 else "-",
+            ]
+            if bar_width >= 10:
+                cells.append(phase_bar(row.breakdown_ms, min(bar_width, 40)))
+            table.add_row(*cells)
+        console.print(table)
+        if report.straggler is not None:
+            console.print(Text("* the straggler", style="bright_black"))
+        console.print()
+
+    if report.top_ops:
+        ops = _table("Top operators (per step)")
+        ops.add_column("op", no_wrap=True, overflow="ellipsis", max_width=24)
+        ops.add_column("phase", no_wrap=True)
+        ops.add_column("on", no_wrap=True)
+        ops.add_column("calls", justify="right", no_wrap=True)
+        ops.add_column("self ms", justify="right", no_wrap=True)
+        ops.add_column("total ms", justify="right", no_wrap=True)
+        name_width = max(console.width - 66, 12)
+        ops.add_column("name in the trace", no_wrap=True, overflow="ellipsis", max_width=name_width)
+        for op in report.top_ops[:top]:
+            ops.add_row(
+                Text(safe(op.op, 60)),
+                Text(SHORT.get(op.phase, op.phase), style=PHASE_STYLE.get(op.phase, "")),
+                op.device,
+                f"{op.calls_per_step:g}",
+                ms(op.self_ms_per_step),
+                ms(op.total_ms_per_step),
+                Text(safe(op.name, 200)),
+            )
+        console.print(ops)
+        console.print()
+
+    for warning in report.warnings:
+        console.print(Text("warning: " + safe(warning), style="yellow"))
+    for remark in report.remarks:
+        console.print(Text("note: " + safe(remark), style="bright_black"))
+
+
+def render_to_console(report: RunReport, *, top: int = 10) -> None:
+    render(report, _console(), top=top)
+
+
+def render_comparison(result: Comparison, console: Console) -> None:
+    runs = result.runs
+    labels = [safe(r.label, 24) for r in runs]
+    console.print(
+        Text("traceview compare", style="bold")
+        + Text(f" · {len(runs)} runs · baseline {labels[0]}")
+    )
+    for run, label in zip(runs, labels, strict=True):
+        line = Text(f"  {label}: ", style="bold")
+        line.append(
+            f"{safe(run.framework or '?')}, {count(run.ranks, 'rank')}, "
+            f"{count(run.steps, 'step')}, {run.timeline or '?'} timeline"
+        )
+        console.print(line)
+    console.print()
+    for highlight in result.highlights:
+        console.print(Text("• " + safe(highlight, 200)))
+    if result.highlights:
+        console.print()
+
+    def table(title: str, first: str) -> Table:
+        t = _table(title)
+        t.add_column(first, no_wrap=True, overflow="ellipsis", max_width=26)
+        for i, label in enumerate(labels):
+            t.add_column(label, justify="right", no_wrap=True, overflow="ellipsis", max_width=22)
+            if i:
+                t.add_column("", justify="right", no_wrap=True)
+        return t
+
+    def cells(values: list[float], ratios: list[float | None]) -> list[Text | str]:
+        # an operator a run does not have reads "-", not 0.00 ms ×0.00
+        out: list[Text | str] = [ms(values[0]) if values[0] else "-"]
+        for value, ratio in zip(values[1:], ratios[1:], strict=True):
+            out += [ms(value), ratio_text(ratio)] if value else ["-", ""]
+        return out
+
+    phases = table("Per step (ms, exclusive)", "phase")
+    for row in result.phases:
+        phases.add_row(Text(row.phase, style=PHASE_STYLE[row.phase]), *cells(row.ms, row.ratio))
+    phases.add_row(
+        Text("step", style="bold"),
+        *cells([r.step_ms for r in runs], [r.step_ratio for r in runs]),
+    )
+    hidden: list[Text | str] = []
+    for i, run in enumerate(runs):
+        hidden.append(pct(run.comm_hidden_fraction) if run.comm_total_ms > 0 else "-")
+        if i:
+            hidden.append("")
+    phases.add_row(Text("comm hidden"), *hidden)
+    console.print(phases)
+    console.print()
+
+    if result.ops:
+        ops = table("Canonical operators (ms per step)", "op")
+        for op_row in result.ops:
+            ops.add_row(Text(safe(op_row.op, 60)), *cells(op_row.ms, op_row.ratio))
+        console.print(ops)
+        console.print(
+            Text(
+                "operators: device time of their kernels on GPU runs, inclusive host time on CPU runs",
+                style="bright_black",
+            )
+        )
+
+
+def render_comparison_to_console(result: Comparison) -> None:
+    render_comparison(result, _console())
+
+
+def _predictions(result: Scaling, own_compute: bool, title: str) -> Table:
+    """Each run's measured step beside each model's prediction (``key``) and its error."""
+    table = _table(title)
+    table.add_column("ranks", justify="right")
+    table.add_column("measured", justify="right")
+    for name in result.models:
+        table.add_column(name, justify="right", no_wrap=True)
+    for run in result.runs:
+        row: list[Text | str] = [str(run.ranks), ms(run.step_ms)]
+        for name in result.models:
+            p = run.predicted_own_compute[name] if own_compute else run.predicted[name]
+            err = f" ({pct(p.error)})" if p.error is not None else ""
+            bold = not own_compute and name == result.best_model
+            row.append(Text(f"{ms(p.step_ms)}{err}", style="bold" if bold else ""))
+        table.add_row(*row)
+    return table
+
+
+def render_scaling(result: Scaling, console: Console) -> None:
+    base = result.base
+    console.print(
+        Text("traceview scaling", style="bold") + Text(f" · {len(result.runs)} runs · weak scaling")
+    )
+    console.print(
+        Text(
+            f"baseline {safe(base.label, 40)}: {count(base.ranks, 'rank')}, "
+            f"{ms(base.step_ms)} ms per step"
+        )
+    )
+    best = result.best_model
+    if best:
+        errors = ", ".join(
+            f"{m} {pct(v.mean_error)}" for m, v in result.models.items() if v.mean_error is not None
+        )
+        console.print(Text(f"best fit: {best} (mean error {errors})"))
+    console.print()
+
+    measured = _table("Measured")
+    for name in (
+        "run",
+        "ranks",
+        "step ms",
+        "speedup",
+        "effic.",
+        "samples/s",
+        "comm ms",
+        "hidden",
+        "compute",
+    ):
+        measured.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+    for run in result.runs:
+        measured.add_row(
+            Text(safe(run.label, 24)),
+            str(run.ranks),
+            ms(run.step_ms),
+            f"{run.speedup:.2f}" if run.speedup is not None else "-",
+            pct(run.efficiency) if run.efficiency is not None else "-",
+            f"{run.samples_per_s:,.0f}" if run.samples_per_s is not None else "-",
+            ms(run.comm_total_ms),
+            pct(run.comm_hidden_fraction) if run.comm_total_ms > 0 else "-",
+            f"×{run.compute_ratio:.2f}" if run.compute_ratio is not None else "-",
+        )
+    console.print(measured)
+    console.print(
+        Text(
+            "compute: each run's compute time per step against the smallest run's",
+            style="bright_black",
+        )
+    )
+    console.print()
+
+    console.print(_predictions(result, False, "Predicted step ms (error against the measurement)"))
+    if any((r.compute_ratio or 1.0) > 1.2 for r in result.runs):
+        console.print()
+        console.print(
+            _predictions(
+                result,
+                True,
+                "Same models, each run's own compute (comm model alone)",
+            )
+        )
+    console.print()
+
+    what_if = _table("What if (step ms / speedup)")
+    what_if.add_column("ranks", justify="right")
+    keys = [k for k in result.runs[0].what_if if k.endswith("_ms")]
+    headers = {"comm_hidden_ms": "comm hidden", "io_hidden_ms": "io hidden"}
+    for key in keys:
+        what_if.add_column(
+            headers.get(key, key.removesuffix("_ms").replace("_", " ")), justify="right"
+        )
+    for run in result.runs:
+        w = run.what_if
+        what_if.add_row(
+            str(run.ranks),
+            *(f"{ms(w[k] or 0.0)} / {w[k.replace('_ms', '_speedup')] or 0:.2f}" for k in keys),
+        )
+    console.print(what_if)
+
+    if result.link_gbps:
+        console.print()
+        ar = _table(f"All-reduce against a {result.link_gbps:g} Gb/s link")
+        for name in ("ranks", "MB per step", "algbw Gb/s", "busbw Gb/s", "efficiency"):
+            ar.add_column(name, justify="right")
+        for run in result.runs:
+            a = run.allreduce
+            if a:
+                ar.add_row(
+                    str(run.ranks), f"{a.bytes_per_step / 1e6:,.1f}", f"{a.algbw_gbps:.2f}",
+                    f"{a.busbw_gbps:.2f}", pct(a.efficiency),
+                )  # fmt: skip
+            else:
+                ar.add_row(str(run.ranks), "-", "-", "-", "-")
+        console.print(ar)
+    for note in result.notes:
+        console.print(Text("note: " + safe(note), style="bright_black"))
+
+
+def render_scaling_to_console(result: Scaling) -> None:
+    render_scaling(result, _console())
