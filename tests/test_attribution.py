@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from traceview import schema as S
-from traceview.analysis.timeline import breakdown
+from traceview.analysis.attribution import breakdown
 from traceview.normalize import RankMeta, normalize
 from traceview.rules import builtin_rules
 

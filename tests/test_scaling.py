@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import SAMPLES, run_cli
-from traceview.analysis.timeline import CommSchedule, comm_schedule, layerwise_exposed
+from traceview.analysis.attribution import CommSchedule, comm_schedule, layerwise_exposed
 from traceview.runs import open_run
 
 SCALING = SAMPLES / "pytorch" / "scaling"

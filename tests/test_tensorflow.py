@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import SAMPLES, run_cli, shared_traces
-from traceview.analysis.timeline import attribution, rank_timeline
+from traceview.analysis.attribution import attribution, rank_timeline
 from traceview.runs import Run, open_run
 
 pytest.importorskip("xprof", reason="reading .xplane.pb needs xprof: pip install '.[tensorflow]'")

@@ -510,7 +510,7 @@ def test_tui_on_a_missing_path_fails_in_one_line(tmp_path: Path) -> None:
 def test_headless_modules_never_import_textual() -> None:
     code = (
         "import sys\n"
-        "import traceview.analysis, traceview.analysis.timeline, traceview.ingest\n"
+        "import traceview.analysis, traceview.analysis.attribution, traceview.ingest\n"
         "import traceview.views.text, traceview.results\n"
         "import traceview.runs, traceview.cli, traceview.tui.model\n"
         "from traceview.cli import build_parser; build_parser()\n"

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 from traceview import __version__
 from traceview import rundir as R
 from traceview import schema as S
+from traceview.analysis.attribution import breakdown
 from traceview.analysis.ops import op_stats
-from traceview.analysis.timeline import breakdown
 from traceview.errors import BadInput, Notes, TraceviewError, UsageError
 from traceview.normalize import RankMeta, normalize
 from traceview.parsers import Parser, rank_from_filename, registered

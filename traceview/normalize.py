@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.analysis.columns import outermost_operators, training_thread_of
+from traceview.arrays import outermost_operators, training_thread_of
 from traceview.errors import BadInput, Notes
 from traceview.rules import RuleSet
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceview import schema as S
-from traceview.analysis.timeline import (
+from traceview.analysis.attribution import (
     _DEVICE_KINDS,
     _HOST_KINDS,
     _STRUCTURAL_KINDS,

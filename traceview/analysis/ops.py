@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.analysis.columns import ints
+from traceview.arrays import ints
 
 _COUNTED_KINDS = (S.KIND_OP, S.KIND_ANNOTATION, *S.DEVICE_ACTIVITY_KINDS)
 

@@ -33,7 +33,7 @@ import polars as pl
 import pyarrow as pa
 
 from traceview import schema as S
-from traceview.analysis.timeline import CommSchedule, layerwise_exposed
+from traceview.analysis.attribution import CommSchedule, layerwise_exposed
 from traceview.results import (
     AllReduceRate,
     Breakdown,
@@ -120,7 +120,7 @@ def scaling(
     """The scaling analysis of several runs of one job with different rank counts.
 
     ``batch_size`` (the user's) wins over ``traced_batch_sizes`` (read off each run's traces);
-    ``schedules``: each run's collectives as analysis.timeline.comm_schedule reads them.
+    ``schedules``: each run's collectives as analysis.attribution.comm_schedule reads them.
     """
     order = sorted(range(len(reports)), key=lambda i: reports[i].run.ranks)
     reports = [reports[i] for i in order]

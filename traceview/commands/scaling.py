@@ -50,8 +50,8 @@ class ScalingCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from traceview.analysis.attribution import comm_schedule
         from traceview.analysis.scaling import scaling, traced_batch_size
-        from traceview.analysis.timeline import comm_schedule
         from traceview.runs import open_runs
         from traceview.views.text import render_scaling_to_console, to_json
 

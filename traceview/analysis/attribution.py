@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceview import schema as S
-from traceview.analysis.columns import (
+from traceview.arrays import (
     KIND_CODE,
     PHASE_CODE,
     EventArrays,
@@ -31,28 +31,44 @@ from traceview.analysis.columns import (
     training_thread_of,
 )
 
-# Priority levels, highest first, and the phase each one reports as.
-LEVEL_PHASES = (
-    S.FORWARD,
-    S.BACKWARD,
-    S.UPDATE,
-    S.H2D,
-    S.IO,
-    S.COMM,
-    S.FORWARD,  # region fill
-    S.BACKWARD,  # region fill
-    S.UPDATE,  # region fill
-    S.OTHER,
+# Priority levels, highest first: (name, the phase its time reports as). The explicit levels
+# follow schema.ATTRIBUTION_PRIORITY; "fill" levels are a compute region's uncovered time
+# (Python between the region's operators), which ranks below communication.
+LEVELS = (
+    (S.FORWARD, S.FORWARD),
+    (S.BACKWARD, S.BACKWARD),
+    (S.UPDATE, S.UPDATE),
+    (S.H2D, S.H2D),
+    (S.IO, S.IO),
+    (S.COMM, S.COMM),
+    ("forward fill", S.FORWARD),
+    ("backward fill", S.BACKWARD),
+    ("update fill", S.UPDATE),
+    (S.OTHER, S.OTHER),
 )
-_COMM_LEVEL = LEVEL_PHASES.index(S.COMM)
-_OTHER_LEVEL = len(LEVEL_PHASES) - 1
+LEVEL_PHASES = tuple(phase for _, phase in LEVELS)
+LEVEL = {name: i for i, (name, _) in enumerate(LEVELS)}
+_COMM_LEVEL = LEVEL[S.COMM]
+_OTHER_LEVEL = LEVEL[S.OTHER]
 _GAP = -1
-# level of an event's time by its phase code: explicit (an operator) and as a region (fill)
-_EXPLICIT = np.array([4, 3, 0, 1, 2, 5, 9])  # io, h2d, forward, backward, update, comm, other
-_REGION = np.array([4, 3, 6, 7, 8, 5, _GAP])
+_FILL = {p: LEVEL[f"{p} fill"] for p in S.COMPUTE_PHASES}
+# Level of an event's time by its phase code (schema.EVENT_PHASES order): as an operator's own
+# time (explicit), and as a region marker's uncovered time (compute regions fill; other: none).
+_EXPLICIT = np.array([LEVEL[p] for p in S.EVENT_PHASES])
+_REGION = np.array([_FILL.get(p, LEVEL[p]) if p != S.OTHER else _GAP for p in S.EVENT_PHASES])
 # A gap between two segments takes their level when they agree: compute as region fill, data
 # loading, copies and communication as themselves; "other" never spreads.
-_FILL_OF = {0: 6, 1: 7, 2: 8, 6: 6, 7: 7, 8: 8, 3: 3, 4: 4, 5: 5}
+_FILL_OF = {
+    **{LEVEL[p]: _FILL[p] for p in S.COMPUTE_PHASES},
+    **{_FILL[p]: _FILL[p] for p in S.COMPUTE_PHASES},
+    **{LEVEL[p]: LEVEL[p] for p in (S.H2D, S.IO, S.COMM)},
+}
+# On GPU runs the training thread contributes only its waits: data, copies, communication.
+_HOST_WAIT_LEVELS = [LEVEL[p] for p in (S.H2D, S.IO, S.COMM)]
+# The levels must keep the attribution rule's order, fill ranking just below communication.
+assert [n for n, _ in LEVELS if "fill" not in n] == [
+    p for p in S.ATTRIBUTION_PRIORITY if p != S.IDLE
+], "LEVELS out of step with schema.ATTRIBUTION_PRIORITY"
 
 _DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
 _HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
@@ -275,7 +291,7 @@ def rank_timeline(events: pa.Table) -> RankTimeline:
         seg_s, seg_e, owner = _thread_segments(ev, np.flatnonzero(on_training))
         seg_l = _training_levels(ev, owner)
         if gpu:  # on GPU runs the host thread only contributes its waits: data, copies, comm
-            seg_l = np.where(np.isin(seg_l, [3, 4, 5]), seg_l, _GAP)
+            seg_l = np.where(np.isin(seg_l, _HOST_WAIT_LEVELS), seg_l, _GAP)
         keep = seg_l != _GAP
         parts_s.append(seg_s[keep])
         parts_e.append(seg_e[keep])
