@@ -215,3 +215,26 @@ def test_absolute_clock_aligns_ranks() -> None:
     starts = {r["rank"]: r["start_ns"] for r in steps if r["step"] == 3}
     assert abs(starts[0] - starts[1]) < 50e6
     assert np.isfinite(list(starts.values())).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "phase", "op"),
+    [
+        ("sequential/dense/MatMul:_MklMatMul", "forward", "fully_connected"),
+        ("sequential/dense/BiasAdd:_MklFusedMatMul", "forward", "fully_connected"),
+        (
+            "gradient_tape/sequential/dense/MatMul/MatMul_1:_MklMatMul",
+            "backward",
+            "fully_connected_backward",
+        ),
+        ("model/conv/Conv2D:_MklNativeFusedConv2D", "forward", "convolution"),
+        ("gradient_tape/model/relu/ReluGrad:_MklReluGrad", "backward", "activation_backward"),
+    ],
+)
+def test_onednn_op_types_classify_as_their_plain_ops(name: str, phase: str, op: str) -> None:
+    """TensorFlow on x86 CPUs rewrites op types for oneDNN (_Mkl*, _MklNative*): a dense layer's
+    MatMul is still a fully connected layer (seen in a live 2-worker run on this machine)."""
+    from traceview.rules import rules_for
+
+    result = rules_for("tensorflow", None).classify("op", None, name)
+    assert (result.phase, result.op) == (phase, op)
