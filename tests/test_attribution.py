@@ -196,10 +196,10 @@ def test_timeline_segments_add_up_to_the_breakdown(tmp_path) -> None:
     from tests.conftest import SAMPLES
     from traceview import rundir as R
     from traceview.analysis.lanes import step_lanes
-    from traceview.ingest import ingest
+    from traceview.runs import ingest_run
 
     for name in ("ddp", "gpu_sync"):
-        run = ingest([SAMPLES / "pytorch" / name], Path(tmp_path) / name)
+        run = ingest_run([SAMPLES / "pytorch" / name], Path(tmp_path) / name)
         steps = R.read_steps(run).to_pylist()
         events = R.read_events(run, [0])
         for row in (r for r in steps if r[S.RANK] == 0):

@@ -10,7 +10,7 @@ Differences that remain, and why:
   up in its "Other" bucket. traceview reports it as io (checked against timers elsewhere).
 - tb-profiler's computation on CPU is every CPU operator, the communication calls on the training
   thread included (c10d::allreduce_, which blocks for milliseconds on a busy machine); traceview
-  counts a thread blocked in a collective as exposed communication (DESIGN.md). Its hidden
+  counts a thread blocked in a collective as exposed communication (docs/design.md). Its hidden
   fraction is therefore never above tb-profiler's, and on average within 0.1 below it.
 - HTA measures overlap between NCCL kernels and compute kernels, leaving out the last profiled
   step; traceview's hidden fraction also counts the host-side communication calls (nccl:*
@@ -32,7 +32,7 @@ from tests.conftest import SAMPLES, shared_traces
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.ingest import ingest
+from traceview.runs import ingest_run
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def _tb_parse(tb_profiler, path: Path):
 def test_tb_profiler_agrees_on_steps_and_overlap(
     tb_profiler, scenario: str, tmp_path: Path
 ) -> None:
-    run = ingest([SAMPLES / "pytorch" / scenario], tmp_path / "run")
+    run = ingest_run([SAMPLES / "pytorch" / scenario], tmp_path / "run")
     steps = pl.from_arrow(R.read_steps(run))
     assert isinstance(steps, pl.DataFrame)
     for rank in (0, 1):
@@ -133,7 +133,7 @@ def test_hta_agrees_on_communication_overlap(name: str, tmp_path: Path) -> None:
         analysis.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"].iloc[0]
     )
 
-    run = ingest([folder], tmp_path / "run")
+    run = ingest_run([folder], tmp_path / "run")
     events = pl.from_arrow(R.read_events(run))
     assert isinstance(events, pl.DataFrame)
     events = events.with_columns((pl.col(S.TS_NS) + pl.col(S.DUR_NS)).alias("end"))

@@ -26,7 +26,7 @@ from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.ingest import ingest
+from traceview.runs import ingest_run
 
 SCENARIOS = ("ddp", "explicit", "slowio")
 
@@ -34,7 +34,7 @@ SCENARIOS = ("ddp", "explicit", "slowio")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("runs")
-    return {s: ingest([SAMPLES / "pytorch" / s], out / s) for s in SCENARIOS}
+    return {s: ingest_run([SAMPLES / "pytorch" / s], out / s) for s in SCENARIOS}
 
 
 def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:

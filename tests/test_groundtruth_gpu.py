@@ -21,7 +21,7 @@ from tests.test_groundtruth import steps_with_timers
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.ingest import ingest
+from traceview.runs import ingest_run
 
 RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 
@@ -29,7 +29,7 @@ RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("gpu")
-    return {name: ingest([SAMPLES / "pytorch" / name], out / name) for name in RUNS}
+    return {name: ingest_run([SAMPLES / "pytorch" / name], out / name) for name in RUNS}
 
 
 def joined(run: Path, name: str) -> pl.DataFrame:

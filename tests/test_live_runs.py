@@ -20,7 +20,7 @@ from tests.conftest import SAMPLES
 from tests.test_groundtruth import check_against_timers, steps_with_timers
 from traceview import rundir as R
 from traceview.analysis.summary import summarize
-from traceview.ingest import ingest
+from traceview.runs import ingest_run
 
 pytestmark = pytest.mark.mpi
 
@@ -50,7 +50,7 @@ def live(
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return scenario, out, ingest([out], out / "run")
+    return scenario, out, ingest_run([out], out / "run")
 
 
 def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:

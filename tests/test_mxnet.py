@@ -33,9 +33,9 @@ from tests.conftest import REPO, SAMPLES, run_cli, shared_traces
 from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
-from traceview.ingest import ingest
 from traceview.parsers.mxnet import MXNetParser
 from traceview.rules import rules_for
+from traceview.runs import ingest_run
 
 MX_SAMPLES = SAMPLES / "mxnet"
 SCENARIOS = ("dist_sync", "mlp", "local")  # every phase ends with nd.waitall()
@@ -63,7 +63,7 @@ OVERLAP_PAIRS = {
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("mxnet")
-    return {s: ingest([MX_SAMPLES / s], out / s) for s in SAMPLED}
+    return {s: ingest_run([MX_SAMPLES / s], out / s) for s in SAMPLED}
 
 
 def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:

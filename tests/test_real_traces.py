@@ -18,13 +18,13 @@ from tests.conftest import shared_pytorch_files, shared_traces
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.ingest import ingest
+from traceview.runs import ingest_run
 
 FILES = shared_pytorch_files()
 
 
 def _ingest(path: Path | list[Path], tmp_path: Path) -> Path:
-    return ingest(path if isinstance(path, list) else [path], tmp_path / "run")
+    return ingest_run(path if isinstance(path, list) else [path], tmp_path / "run")
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_duplicate_ranks_are_refused(tmp_path: Path) -> None:
     from traceview.errors import BadInput
 
     with pytest.raises(BadInput, match="two traces say they are rank 0"):
-        ingest([tmp_path], tmp_path / "run")
+        ingest_run([tmp_path], tmp_path / "run")
 
 
 def test_schema_carries_its_version(tmp_path: Path) -> None:

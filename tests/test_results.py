@@ -165,10 +165,9 @@ def _tui_screens(run: Any) -> dict[str, str]:
 
 @pytest.mark.parametrize("sample", SAMPLE_RUNS)
 def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -> None:
-    from traceview.ingest import ingest
-    from traceview.runs import open_run
+    from traceview.runs import ingest_run, open_run
 
-    run_dir = ingest([SAMPLES / sample], tmp_path / "run")
+    run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
     with open_run([run_dir]) as run:
         report = run.report()
         as_json = json.loads(report.to_json())

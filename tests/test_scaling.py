@@ -3,7 +3,7 @@
 sample_traces/pytorch/scaling/ranks-N holds the same DDP/gloo job (make_traces.py ddp) run with
 N ranks under mpirun; each folder's groundtruth.json has perf_counter timers for every step, the
 per-rank batch size and the model's gradient bytes. The expectations below come from those
-timers and from the definitions in DESIGN.md, never from traceview's own output.
+timers and from the definitions in docs/design.md, never from traceview's own output.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from tests.conftest import SAMPLES
-from traceview.ingest import ingest
+from traceview.runs import ingest_run
 
 #: A name no terminal should ever act on: an OSC title change, a screen clear, Rich markup and a
 #: right-to-left override, as an event and a thread could be named in someone's trace.
@@ -20,7 +20,7 @@ def sample_run(name: str, root: Path) -> Path:
     """``sample_traces/pytorch/NAME`` ingested into ``root/NAME`` (the run's label is NAME)."""
     out = root / name
     if not out.exists():
-        ingest([SAMPLES / "pytorch" / name], out)
+        ingest_run([SAMPLES / "pytorch" / name], out)
     return out
 
 
@@ -37,7 +37,7 @@ def evil_run(root: Path) -> Path:
         text = text.replace('"name": "aten::mm"', f'"name": "aten::mm{EVIL_JSON}"')
         text = text.replace("(pt_gloo_runloop)", f"(gloo{EVIL_JSON})")
         (traces / source.name.removesuffix(".gz")).write_text(text)
-    ingest([traces], out)
+    ingest_run([traces], out)
     return out
 
 

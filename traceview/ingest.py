@@ -1,9 +1,12 @@
-"""Ingest: trace files in, a run directory out (events, steps, ops, manifest).
+"""Ingest: trace files in, a run directory out (normalized events and the manifest).
 
 Files are found (a folder is searched recursively; a run directory's raw/ traces are used),
 identified cheaply (rank, world size) so ranks are fixed before any heavy work, then each rank is
-parsed, normalized, written and analysed in its own worker process. The run directory is built
-beside the target and renamed into place at the end: readers never see a half-written run.
+parsed, normalized and written in its own worker process. The caller may hand in a per-rank
+analysis (``analyze``): it runs in the same worker on the rank's events while they are in memory,
+and its tables are written beside the events; ingest itself knows nothing of the analysis. The run
+directory is built beside the target and renamed into place at the end: readers never see a
+half-written run.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -26,8 +30,6 @@ import pyarrow.compute as pc
 from traceview import __version__
 from traceview import rundir as R
 from traceview import schema as S
-from traceview.analysis.attribution import breakdown
-from traceview.analysis.ops import op_stats
 from traceview.errors import BadInput, Notes, TraceviewError, UsageError
 from traceview.normalize import RankMeta, normalize
 from traceview.parsers import Parser, rank_from_filename, registered
@@ -50,12 +52,16 @@ class TraceFile:
     size: int = 0
 
 
+#: A per-rank analysis: one rank's events in, named result tables out (written as NAME.parquet).
+#: It must be a module-level function: worker processes receive it by reference.
+RankAnalysis = Callable[[pa.Table], dict[str, pa.Table]]
+
+
 @dataclass
 class RankResult:
     rank: int
     info: dict[str, Any]
-    steps: pa.Table
-    ops: pa.Table
+    tables: dict[str, pa.Table]
     notes: Notes = field(default_factory=Notes)
 
 
@@ -203,8 +209,14 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
     return world
 
 
-def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | None) -> RankResult:
-    """Parse, normalize, write and analyse one rank (runs in a worker process)."""
+def _process_rank(
+    trace: TraceFile,
+    run: Path,
+    run_id: str,
+    rules_path: Path | None,
+    analyze: RankAnalysis | None,
+) -> RankResult:
+    """Parse, normalize and write one rank, and analyse it if asked (in a worker process)."""
     from traceview.parsers import parser_named
 
     if pa.default_memory_pool().backend_name != "system":  # a fresh worker process
@@ -227,11 +239,10 @@ def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | N
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     del parsed.events
-    # Parquet encoding runs outside the GIL: write while the analyses run.
+    # Parquet encoding runs outside the GIL: write while the analysis runs.
     with ThreadPoolExecutor(max_workers=1) as writer:
         written = writer.submit(R.write_events, run, trace.rank, normalized.events)
-        steps = breakdown(normalized.events)
-        ops = op_stats(normalized.events)
+        tables = analyze(normalized.events) if analyze is not None else {}
         written.result()
     notes = Notes()
     notes.extend(parsed.notes)
@@ -255,21 +266,28 @@ def _process_rank(trace: TraceFile, run: Path, run_id: str, rules_path: Path | N
         "meta": parsed.meta,
         "seconds": round(time.perf_counter() - started, 3),
     }
-    return RankResult(trace.rank, info, steps, ops, notes)
+    return RankResult(trace.rank, info, tables, notes)
 
 
 def _run_all(
-    traces: list[TraceFile], staged: Path, run_id: str, rules_path: Path | None, jobs: int
+    traces: list[TraceFile],
+    staged: Path,
+    run_id: str,
+    rules_path: Path | None,
+    jobs: int,
+    analyze: RankAnalysis | None,
 ) -> list[RankResult]:
     total = sum(t.size for t in traces)
     if jobs <= 1 or len(traces) == 1 or total < PARALLEL_MIN_BYTES:
-        return [_process_rank(t, staged, run_id, rules_path) for t in traces]
+        return [_process_rank(t, staged, run_id, rules_path, analyze) for t in traces]
     # Larger files first, so the pool's last task is a short one.
     ordered = sorted(traces, key=lambda t: -t.size)
     with ProcessPoolExecutor(
         max_workers=min(jobs, len(traces)), mp_context=get_context("spawn")
     ) as pool:
-        futures = [pool.submit(_process_rank, t, staged, run_id, rules_path) for t in ordered]
+        futures = [
+            pool.submit(_process_rank, t, staged, run_id, rules_path, analyze) for t in ordered
+        ]
         return [f.result() for f in futures]
 
 
@@ -280,8 +298,15 @@ def ingest(
     rules_path: Path | None = None,
     jobs: int | None = None,
     command: list[str] | None = None,
+    analyze: RankAnalysis | None = None,
+    analysis_version: str | None = None,
 ) -> Path:
-    """Read the traces under ``paths`` into the run directory ``out``; return ``out``."""
+    """Read the traces under ``paths`` into the run directory ``out``; return ``out``.
+
+    With ``analyze``, each rank's tables are written as ``NAME.parquet`` (all ranks in one file)
+    and ``analysis_version`` is recorded in the manifest, so a later reader knows whether they are
+    still current.
+    """
     notes = Notes()
     if out.exists() and not R.is_run_dir(out) and any(out.iterdir()):
         raise UsageError(f"{out}: exists and is not a traceview run directory")
@@ -319,17 +344,13 @@ def ingest(
     staged.mkdir()
     started = time.time()
     try:
-        results = _run_all(traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1)
+        results = _run_all(traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1, analyze)
         for result in results:
             notes.extend(result.notes)
-        steps = (
-            pa.concat_tables([r.steps for r in results])
-            if results
-            else S.STEPS_SCHEMA.empty_table()
-        )
-        ops = pa.concat_tables([r.ops for r in results]) if results else S.OPS_SCHEMA.empty_table()
-        R.write_parquet(staged / R.STEPS, steps)
-        R.write_parquet(staged / R.OPS, ops)
+        for name in sorted({name for r in results for name in r.tables}):
+            R.write_parquet(
+                staged / f"{name}.parquet", pa.concat_tables([r.tables[name] for r in results])
+            )
         frameworks = sorted({r.info["framework"] for r in results})
         if len(frameworks) > 1:
             notes.warn(
@@ -351,6 +372,7 @@ def ingest(
             "ranks": [r.info for r in results],
             "notes": {"warnings": notes.warnings, "remarks": notes.remarks},
             "ingest_seconds": round(time.time() - started, 3),
+            "analysis_version": analysis_version if analyze is not None else None,
         }
         if collected:
             manifest["collect"] = collected

@@ -167,6 +167,8 @@ class StepStats(Result):
     min_ms: float
     max_ms: float
     cv: float  # stdev / mean
+    warmup_factor: float  # leading steps over this × the median are marked warm-up
+    slow_factor: float  # later steps over this × the median are marked slow
 
 
 class TopOp(Result):

@@ -108,6 +108,13 @@ def read_ops(run: Path) -> pa.Table:
     return _read_table(run / OPS)
 
 
+def event_ranks(run: Path) -> list[int]:
+    """The ranks that have events in ``run``."""
+    return sorted(
+        int(path.parent.name.split("=", 1)[1]) for path in (run / EVENTS).glob("rank=*/*.parquet")
+    )
+
+
 def read_events(run: Path, ranks: list[int] | None = None) -> pa.Table:
     """Events of ``ranks`` (all when None), with the rank column restored."""
     tables = []

@@ -1,8 +1,9 @@
 """Open what the user points at — a run directory, a folder of traces, or trace files — as a run.
 
-Commands that read results (report, compare, scaling, tui) all start here: a run directory is
-used as it is; traces are ingested into a temporary run directory that lives as long as the
-``with`` block.
+Commands that read results (report, compare, scaling, tui) all start here: traces are ingested
+(with the per-rank analysis) into a temporary run directory that lives as long as the ``with``
+block; a run directory is used as it is, its cached analysis tables recomputed from its events
+when an older (or newer) traceview wrote them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from traceview import rundir as R
+from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.results import RunReport
 
 
@@ -46,23 +48,49 @@ def _label(paths: list[Path]) -> str:
     return name + (f" (+{len(paths) - 1})" if len(paths) > 1 else "")
 
 
+def ingest_run(paths: list[Path], out: Path, **options: Any) -> Path:
+    """``ingest.ingest`` with the per-rank analysis: the events and the analysis tables."""
+    from traceview.ingest import ingest
+
+    return ingest(paths, out, analyze=rank_tables, analysis_version=ANALYSIS_VERSION, **options)
+
+
+def analysis_is_current(run: Path, manifest: dict[str, Any]) -> bool:
+    return manifest.get("analysis_version") == ANALYSIS_VERSION and all(
+        (run / f"{name}.parquet").is_file() for name in RANK_TABLES
+    )
+
+
+def reanalyze(run: Path, manifest: dict[str, Any]) -> dict[str, pa.Table]:
+    """The analysis tables of ``run`` computed afresh from its events, one rank at a time;
+    cached in the run directory (with this analysis version) where it can be written."""
+    per_rank = [rank_tables(R.read_events(run, [rank])) for rank in R.event_ranks(run)]
+    tables = {name: pa.concat_tables([t[name] for t in per_rank]) for name in RANK_TABLES}
+    try:
+        for name, table in tables.items():
+            R.write_parquet(run / f"{name}.parquet", table)
+        R.write_json(run / R.MANIFEST, {**manifest, "analysis_version": ANALYSIS_VERSION})
+    except OSError:  # a read-only run directory: use the fresh tables without caching them
+        pass
+    return tables
+
+
 @contextmanager
 def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
     """The run at ``paths``; traces are read into a temporary run directory."""
     label = _label(paths)
-    if (
-        len(paths) == 1
-        and R.is_run_dir(paths[0])
-        and (paths[0] / R.STEPS).exists()
-        and rules is None
-    ):
+    if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
         run = paths[0]
-        yield Run(run, label, R.read_manifest(run), R.read_steps(run), R.read_ops(run), False)
+        manifest = R.read_manifest(run)
+        if analysis_is_current(run, manifest):
+            steps, ops = R.read_steps(run), R.read_ops(run)
+        else:
+            tables = reanalyze(run, manifest)
+            steps, ops = tables["steps"], tables["ops"]
+        yield Run(run, label, manifest, steps, ops, False)
         return
-    from traceview.ingest import ingest
-
     with tempfile.TemporaryDirectory(prefix="traceview-") as tmp:
-        run = ingest(paths, Path(tmp) / "run", rules_path=rules, command=sys.argv)
+        run = ingest_run(paths, Path(tmp) / "run", rules_path=rules, command=sys.argv)
         yield Run(run, label, R.read_manifest(run), R.read_steps(run), R.read_ops(run), True)
 
 

@@ -1,0 +1,27 @@
+"""The analysis: pure functions from the normalized events to results.
+
+Per rank (``rank_tables``): the steps table (the exclusive breakdown of every step,
+``attribution``) and the ops table (per-operator statistics, ``ops``). These are cached in the
+run directory as steps.parquet and ops.parquet, stamped with ``ANALYSIS_VERSION``; a reader that
+finds another version recomputes them from the events (``traceview.runs``), so a change of the
+analysis never needs a re-ingest. Run-wide results (``summary``, ``compare``, ``scaling``) are
+computed from those tables into ``traceview.results`` structs.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: Bump when a change alters the steps or ops tables computed from the same events.
+ANALYSIS_VERSION = "1"
+
+#: The per-rank tables, by the file name (without .parquet) they are cached under.
+RANK_TABLES = ("steps", "ops")
+
+
+def rank_tables(events: pa.Table) -> dict[str, pa.Table]:
+    """The per-rank analysis of one rank's events: {"steps": ..., "ops": ...}."""
+    from traceview.analysis.attribution import breakdown
+    from traceview.analysis.ops import op_stats
+
+    return {"steps": breakdown(events), "ops": op_stats(events)}

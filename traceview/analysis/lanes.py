@@ -20,7 +20,6 @@ from traceview.analysis.attribution import (
     merge_intervals,
     rank_timeline,
 )
-from traceview.runs import Run
 from traceview.text import safe
 
 
@@ -125,9 +124,8 @@ class RankLanes:
     error: str | None = None
 
 
-def rank_lanes(run: Run, rank: int, step: int | None, threads: dict[str, str]) -> RankLanes:
-    """Read one rank's events and cut its lanes for ``step`` (10-100 ms: a worker's job)."""
-    events = run.events([rank])
+def rank_lanes(events: pa.Table, rank: int, step: int | None, threads: dict[str, str]) -> RankLanes:
+    """Cut one rank's lanes for ``step`` from its events (10-100 ms: a worker's job)."""
     if events.num_rows == 0:
         return RankLanes(rank, step, 0, 0, [], "no events")
     try:

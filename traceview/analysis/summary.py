@@ -219,6 +219,8 @@ def _per_step(df: pl.DataFrame) -> tuple[list[StepSummary], StepStats | None]:
         min_ms=round(min(means), 6),
         max_ms=round(max(means), 6),
         cv=round(stdev / mean, 4) if mean > 0 else 0.0,
+        warmup_factor=WARMUP_FACTOR,
+        slow_factor=SLOW_FACTOR,
     )
     return rows, stats
 

@@ -102,10 +102,10 @@ class CollectCommand:
             )
             return code
         from traceview.errors import TraceviewError
-        from traceview.ingest import ingest
+        from traceview.runs import ingest_run
 
         try:
-            ingest([run], run, command=sys.argv)
+            ingest_run([run], run, command=sys.argv)
         except TraceviewError as exc:
             print(f"traceview: error: {safe(exc)}", file=sys.stderr)
             return code or exc.exit_code

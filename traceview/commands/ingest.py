@@ -32,9 +32,9 @@ class IngestCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.ingest import ingest
+        from traceview.runs import ingest_run
 
-        out = ingest(
+        out = ingest_run(
             args.paths, args.output, rules_path=args.rules, jobs=args.jobs, command=sys.argv
         )
         manifest = R.read_manifest(out)

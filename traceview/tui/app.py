@@ -84,15 +84,21 @@ class TraceviewApp(App[None]):
         *,
         groups: list[list[Path]] | None = None,
         rules: Path | None = None,
+        views: list[RunView] | None = None,
+        comparison: Comparison | None = None,
     ) -> None:
+        """Show ``runs`` (open run directories), the runs at ``groups`` (opened here), or
+        prepared ``views`` (and their ``comparison``), which need no run directory: the
+        timeline then has no events to draw."""
         super().__init__()
-        if not runs and not groups:
-            raise ValueError("TraceviewApp needs runs or groups of paths")
+        if not runs and not groups and not views:
+            raise ValueError("TraceviewApp needs runs, groups of paths or views")
         self.runs: list[Run] = list(runs or [])
         self.groups = groups
         self.rules = rules
+        self.prepared = list(views or [])
         self.views: list[RunView] = []
-        self.comparison: Comparison | None = None
+        self.comparison: Comparison | None = comparison
         self.error: Exception | None = None  # why the runs could not be opened
         self.ready = asyncio.Event()  # set once the screens show the run (or it failed)
         self._stack = ExitStack()  # the runs the app opened itself
@@ -125,6 +131,9 @@ class TraceviewApp(App[None]):
 
     @work(thread=True, exclusive=True, group="load", name="open runs")
     def _load(self) -> None:
+        if self.prepared:
+            self.call_from_thread(self._show, [], self.prepared, self.comparison)
+            return
         try:
             with ExitStack() as stack:
                 runs = self.runs
@@ -144,7 +153,7 @@ class TraceviewApp(App[None]):
         view = views[0]
         self.query_one("#title", Static).update(title_text(view.report, view.label))
         self.query_one(OverviewPane).show(view)
-        self.query_one(Timeline).load(runs[0], view)
+        self.query_one(Timeline).load(runs[0] if runs else None, view)
         self.query_one(OperatorsPane).show(view)
         self.query_one(RanksPane).show(view)
         self.query_one(StepsPane).show(view)

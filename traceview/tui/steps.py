@@ -8,7 +8,6 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from traceview import schema as S
-from traceview.analysis.summary import WARMUP_FACTOR
 from traceview.tui.model import RunView
 from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct
 
@@ -58,7 +57,7 @@ class StepsPane(Vertical):
             )
             text.append(
                 f"\nms per step, mean of ranks; warm-up: leading steps over"
-                f" {WARMUP_FACTOR:.2f}× the median"
+                f" {stats.warmup_factor:.2f}× the median"
             )
         self.query_one("#steps-summary", Static).update(text)
         table = self.query_one(DataTable)

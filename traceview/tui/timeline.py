@@ -95,7 +95,7 @@ class Timeline(ScrollView, can_focus=True):
 
     # --- data -------------------------------------------------------------------------------
 
-    def load(self, run: Run, view: RunView) -> None:
+    def load(self, run: Run | None, view: RunView) -> None:
         self.run, self.view = run, view
         # Start on a typical step: the first one not marked first, warm-up or slow.
         typical = [i for i, row in enumerate(view.steps) if not row.mark]
@@ -140,7 +140,7 @@ class Timeline(ScrollView, can_focus=True):
             if worker.is_cancelled:
                 return
             try:
-                result = rank_lanes(run, rank, step, threads.get(rank, {}))
+                result = rank_lanes(run.events([rank]), rank, step, threads.get(rank, {}))
             except Exception as exc:  # one bad rank must not take the view down
                 result = RankLanes(
                     rank, step, 0, 0, [], f"could not cut lanes: {type(exc).__name__}"
