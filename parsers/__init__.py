@@ -2,8 +2,10 @@
 
 A parser turns one trace file into a ``ParsedTrace``: an Arrow table of raw events in
 ``schema.RAW_SCHEMA`` (times in nanoseconds on the trace's absolute clock where it has one) plus
-what the file says about itself (rank, world size, host). Classification and structure are the
-core's job, so a parser stays small. Third-party parsers register under the entry-point group
+what the file says about itself (rank, world size, host, process and thread names). It only
+reads: kinds, phases, operators and steps are the core's job (the rules, normalize and its
+passes), so a parser stays small. A format whose timeline needs laying out before the core can
+read it (MXNet's asynchronous engine) names a core layout pass in ``layout``. Third-party parsers register under the entry-point group
 ``traceview.parsers`` with the same protocol.
 """
 
@@ -20,7 +22,6 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
-from traceview.rules import RuleSet
 
 
 @dataclass
@@ -37,6 +38,8 @@ class ParsedTrace:
     bytes_read: int = 0
     lost_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # records not kept as events, by type
+    layout: str | None = None  # a core layout pass the format needs (normalize.LAYOUTS)
+    process_names: dict[int, str] = field(default_factory=dict)  # pid -> name, as the trace says
 
 
 @dataclass
@@ -60,11 +63,10 @@ class Parser(Protocol):
         """Rank, world size and host as the trace states them (all None when it does not)."""
         ...
 
-    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace: ...
+    def parse(self, path: Path) -> ParsedTrace: ...
 
 
 def raw_events(
-    rules: RuleSet,
     categories: list[str],
     names: list[str],
     pid: list[int],
@@ -73,13 +75,10 @@ def raw_events(
     dur_ns: Any,
     **columns: pa.Array,
 ) -> pa.Table:
-    """A RAW_SCHEMA table from per-event lists, each event's kind read off its category."""
-    cats = pa.array(categories, pa.string()).dictionary_encode()
-    kinds = pa.array([rules.kind_of(c) for c in cats.dictionary.to_pylist()], pa.string())
+    """A RAW_SCHEMA table from per-event lists (kinds left to the core, from the categories)."""
     table = pa.table(
         {
-            S.KIND: pa.DictionaryArray.from_arrays(cats.indices, kinds),
-            S.CAT: cats,
+            S.CAT: pa.array(categories, pa.string()).dictionary_encode(),
             S.NAME: pa.array(names, pa.string()).dictionary_encode(),
             S.PID: pa.array(pid, pa.int64()),
             S.TID: pa.array(tid, pa.int64()),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import msgspec
+import numpy as np
 
 from traceview.errors import BadInput
 
@@ -459,3 +460,15 @@ def read_header(path: Path) -> dict[str, Any]:
 
     reader._read_header(buf, fill)
     return reader.info.header
+
+
+def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
+    """Microseconds (float64) to int64 nanoseconds, exact for integral epoch microseconds."""
+    ns = np.empty(len(us), dtype=np.int64)
+    small = np.abs(us) < 2**53 / 1000  # the product is still exact to the nanosecond
+    ns[small] = np.rint(us[small] * 1000.0).astype(np.int64)
+    big = ~small
+    if big.any():
+        whole = np.floor(us[big])
+        ns[big] = whole.astype(np.int64) * 1000 + np.rint((us[big] - whole) * 1000).astype(np.int64)
+    return ns + base_ns

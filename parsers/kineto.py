@@ -25,8 +25,7 @@ import pyarrow.compute as pc
 from traceview import schema as S
 from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import ChromeTraceReader, read_head, read_header
-from traceview.rules import RuleSet
+from traceview.parsers.chrome_json import ChromeTraceReader, read_head, read_header, us_to_ns
 
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, "Double": 8,
@@ -333,18 +332,6 @@ def _decode_chunk(data: Any) -> _Chunk:
     return _Chunk(batch, threads, counts, batch_sizes)
 
 
-def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
-    """Microseconds (float64) to int64 nanoseconds, exact for integral epoch microseconds."""
-    ns = np.empty(len(us), dtype=np.int64)
-    small = np.abs(us) < 2**53 / 1000  # the product is still exact to the nanosecond
-    ns[small] = np.rint(us[small] * 1000.0).astype(np.int64)
-    big = ~small
-    if big.any():
-        whole = np.floor(us[big])
-        ns[big] = whole.astype(np.int64) * 1000 + np.rint((us[big] - whole) * 1000).astype(np.int64)
-    return ns + base_ns
-
-
 class KinetoParser:
     name = "kineto"
     framework = "pytorch"
@@ -365,7 +352,7 @@ class KinetoParser:
             host=_str_or_none(header.get("host_name")),
         )
 
-    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
+    def parse(self, path: Path) -> ParsedTrace:
         reader = ChromeTraceReader(path, _decode_chunk)
         batches: list[pa.RecordBatch] = []
         threads: dict[str, str] = {}
@@ -394,12 +381,8 @@ class KinetoParser:
         dur = table.column("dur_us").to_numpy(zero_copy_only=False)
         dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
 
-        cat_column = table.column(S.CAT).combine_chunks()
-        instants = table.column("instant")
-        cat_kind = pa.array([rules.kind_of(c.as_py()) for c in cat_column.dictionary], pa.string())
-        kind_codes = pc.fill_null(cat_column.indices, len(cat_kind))
-        kind_lookup = pa.concat_arrays([cat_kind, pa.array([rules.default_kind], pa.string())])
-        kind = pc.if_else(instants, S.KIND_INSTANT, pc.take(kind_lookup, kind_codes))
+        # the one kind the format states: instants; the core reads the rest off the categories
+        kind = pc.if_else(table.column("instant"), S.KIND_INSTANT, pa.scalar(None, pa.string()))
 
         raw = pa.table(
             {

@@ -8,23 +8,11 @@ profiler domains of the script's own (``Task``: ``b``/``e``, ``Frame``: ``(``/``
 ``B``/``E``, ``Marker``: ``n``). Timestamps are integer epoch microseconds; pids and tids of
 domains and threads are 64-bit hashes (above 2**53: kept exact as int64 bit patterns).
 
-MXNet runs operators asynchronously on its engine's worker threads while the Python thread only
-queues them, so the timeline that matters is the engine's. The parser makes the busiest worker
-thread of the compute devices (``cpu/N``, ``gpu/N``) the core's training thread; the other
-workers' operators join it where they do not overlap its own (the rest count from their own
-threads, as compute elsewhere). On it go the step markers, the data-loading regions of the
-Python thread, and per step spans over the engine's forward, backward and update operators, so
-that operators without a phase of their own (copies, DeleteVariable...) and the gaps between
-operators take the phase of the span they are in; a span also covers the idle time before its
-first operator in which the Python thread was issuing that phase (traceview collect's regions
-around the Python calls). Each step's KVStore round (from the Trainer.step that asked for the
-first push to the end of the last KVStore operator) is a communication span of its own.
-
-MXNet writes no step markers. ``traceview collect`` records one ``mx.profiler.Task`` per step
-(``step#N``) on the Python thread, which runs ahead of the engine; each window is moved to end
-where the engine finished that step's update (or push/pull) round and the Python thread waiting
-for it went on. Without markers the steps are inferred from those rounds: one optimizer-update
-round per step, or one push/pull round where the servers update; the report says so.
+This parser only reads: it pairs the records into intervals (one row per event, the operator
+domain's duplicate of each device operator dropped) and says what the file states about itself.
+MXNet runs operators asynchronously on its engine's worker threads, so the timeline that matters
+is the engine's: the parser asks the core for the ``mxnet_engine`` layout
+(``traceview/mxnet_engine.py``), which finds that timeline, the steps and their phases.
 """
 
 from __future__ import annotations
@@ -46,28 +34,13 @@ import pyarrow.compute as pc
 from traceview import schema as S
 from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import ChromeTraceReader
-from traceview.rules import RuleSet
+from traceview.parsers.chrome_json import ChromeTraceReader, us_to_ns
 
-#: The category traceview collect's profiler domain writes, and that of the spans made here.
-TRACEVIEW_CAT = "traceview"
-SPAN_NAMES = {S.FORWARD: "engine forward", S.BACKWARD: "engine backward", S.UPDATE: "engine update"}
-ROUND_NAME = "KVStore round"
-STEP_CALL = "Trainer.step"
-_ROUNDS_TID = -1 - zlib.crc32(b"traceview KVStore rounds")
 _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
-# Engine bookkeeping: never the start of a new step's forward pass when steps are inferred.
-_BOOKKEEPING = re.compile(
-    r"^(DeleteVariable|WaitForVar|WaitForAll|Copy\w*2\w+|_copyto|_copy|_zeros\w*|_ones|_full"
-    r"|SetValueOp|ResourceParallelRandomSetSeed|ImperativeBulk)$"
-)
-_WAIT = re.compile(r"^MXNDArray(WaitAll|WaitToRead|WaitToWrite|SyncCopyToCPU)$")
 _MARKERS = (b'"MXNET_C_API"', b'"Device Storage"', b'"MXNet C API Calls"')
 _BEGIN = {"B": 0, "b": 1, "(": 2}  # pair family of each begin record type
 _END = {"E": 0, "e": 1, ")": 2}
 _INSTANT = frozenset(("i", "I", "n"))
-_PHASE_CODES = {p: i for i, p in enumerate(S.EVENT_PHASES)}
-_NO_PHASE = -1
 _MAX_US = float(2**52)  # timestamps and durations beyond this (µs) are not read: no int64 overflow
 
 
@@ -192,12 +165,6 @@ def _decode_chunk(data: Any) -> _Chunk:
     return _Chunk(batch, process_names, thread_names, counts)
 
 
-def _us_to_ns(us: np.ndarray) -> np.ndarray:
-    """Epoch microseconds (float64 holding integers, or fractions) to int64 nanoseconds."""
-    whole = np.floor(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
-
-
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
     array = column.combine_chunks()
     if isinstance(array, pa.ChunkedArray):  # pragma: no cover - combine_chunks of one chunk
@@ -251,42 +218,8 @@ def _group_ids(*columns: np.ndarray) -> np.ndarray:
     return group
 
 
-def _covering(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Index of the interval (sorted by start, disjoint) strictly containing each instant, -1."""
-    if len(starts) == 0:
-        return np.full(len(at), -1, np.int64)
-    idx = np.searchsorted(starts, at, side="left") - 1
-    safe = np.maximum(idx, 0)
-    inside = (idx >= 0) & (ends[safe] > at)
-    return np.where(inside, idx, -1)
-
-
-@dataclass
-class _Events:
-    """Paired intervals, one row per event, before they become the raw table."""
-
-    kind: np.ndarray  # index into S.EVENT_KINDS
-    cat: np.ndarray  # codes into cats
-    name: np.ndarray  # codes into names
-    pid: np.ndarray
-    tid: np.ndarray
-    ts: np.ndarray  # ns
-    dur: np.ndarray  # ns
-    cats: list[Any]
-    names: list[Any]
-
-    def take(self, rows: np.ndarray) -> _Events:
-        return _Events(
-            self.kind[rows], self.cat[rows], self.name[rows], self.pid[rows], self.tid[rows],
-            self.ts[rows], self.dur[rows], self.cats, self.names,
-        )  # fmt: skip
-
-    @property
-    def end(self) -> np.ndarray:
-        return self.ts + self.dur
-
-
-_KIND_CODE = {k: i for i, k in enumerate(S.EVENT_KINDS)}
+#: The layout pass this format needs (see the module docstring).
+LAYOUT = "mxnet_engine"
 
 
 class MXNetParser:
@@ -305,7 +238,7 @@ class MXNetParser:
     def identify(self, path: Path) -> TraceIdentity:
         return TraceIdentity()  # MXNet traces do not say who wrote them
 
-    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
+    def parse(self, path: Path) -> ParsedTrace:
         reader = ChromeTraceReader(path, _decode_chunk)
         batches: list[pa.RecordBatch] = []
         process_names: dict[int, str] = {}
@@ -322,14 +255,11 @@ class MXNetParser:
         table = pa.Table.from_batches(batches).unify_dictionaries()
         del batches
 
-        ev, unmatched, no_ts = _intervals(table, rules)
-        ops_rows = ev.kind == _KIND_CODE[S.KIND_OP]
-        if not ops_rows.any():
+        raw, unmatched, no_ts, operators = _intervals(table)
+        if not operators:
             notes.remark(
                 f"{path.name}: no MXNet operator events (profile_imperative/symbolic off?)"
             )
-        layout = _lay_out(ev, rules, process_names, notes)
-        raw = _raw_table(layout.events)
 
         if unmatched:
             notes.warn(
@@ -338,21 +268,16 @@ class MXNetParser:
         if damage := info.damage_warning(path, raw.num_rows):
             notes.warn(damage)
         threads = {f"{p}/{t}": label for (p, t), label in thread_names.items()}
-        for (pid, tid), label in layout.thread_labels.items():
-            threads.setdefault(f"{pid}/{tid}", label)
         skipped = {
             "counter": counts.get("C", 0),
             "metadata": counts.get("M", 0),
             "unmatched": unmatched,
-            "duplicate": layout.duplicates,
             "no_timestamp": no_ts,
         }
         meta: dict[str, Any] = {
             "devices": sorted(
                 {label for label in process_names.values() if _DEVICE_NAME.match(label)}
             ),
-            "engine_devices": layout.devices,
-            "steps_from": layout.steps_from,
         }
         return ParsedTrace(
             path=path,
@@ -364,20 +289,25 @@ class MXNetParser:
             bytes_read=info.stream.bytes_read,
             lost_bytes=info.lost_bytes,
             skipped=skipped,
+            layout=LAYOUT,
+            process_names=process_names,
         )
 
 
-def _intervals(table: pa.Table, rules: RuleSet) -> tuple[_Events, int, int]:
-    """Begin/end pairs and complete events as intervals; instants as zero-length rows.
+def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool]:
+    """Begin/end pairs and complete events as intervals; instants as zero-length rows, sorted
+    by start.
 
-    Returns (events, unmatched begin/end records, records without a timestamp).
+    Returns (raw events, unmatched begin/end records, records without a timestamp, whether any
+    operator of the ``operator`` domain is there). Kinds are left to the core (from the
+    categories), except instants'.
     """
     ph_codes, ph_values = _codes(table.column("ph"))
     ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
     has_ts = np.abs(ts_us) < _MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
     no_ts = int((~has_ts).sum())
     ts = np.zeros(len(ts_us), np.int64)
-    ts[has_ts] = _us_to_ns(ts_us[has_ts])
+    ts[has_ts] = us_to_ns(ts_us[has_ts])
     dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
     dur_us = np.where(np.abs(dur_us) < _MAX_US, dur_us, 0.0)
     pid = table.column("pid").to_numpy()
@@ -425,535 +355,24 @@ def _intervals(table: pa.Table, rules: RuleSet) -> tuple[_Events, int, int]:
     if (op_rows & ~is_async).any():
         keep = ~(op_rows & is_async)
         rows, dur, is_async = rows[keep], dur[keep], is_async[keep]
-    kind_of_cat = np.array(
-        [_KIND_CODE[rules.kind_of(c if c is not None else None)] for c in cats]
-        + [_KIND_CODE[rules.kind_of(None)]],
-        np.int64,
+    order = np.argsort(ts[rows], kind="stable")
+    rows, dur = rows[order], dur[order]
+    kind = np.where(instant[rows], 0, -1)
+    raw = pa.table(
+        {
+            S.KIND: pa.DictionaryArray.from_arrays(
+                pa.array(kind.astype(np.int32), pa.int32(), mask=kind < 0),
+                pa.array([S.KIND_INSTANT]),
+            ),
+            S.CAT: _dictionary(cat[rows], cats),
+            S.NAME: pc.fill_null(_dictionary(name[rows], names).cast(pa.string()), ""),
+            S.PID: pa.array(pid[rows], pa.int64()),
+            S.TID: pa.array(tid[rows], pa.int64()),
+            S.TS_NS: pa.array(ts[rows], pa.int64()),
+            S.DUR_NS: pa.array(np.maximum(dur, 0), pa.int64()),
+        }
     )
-    kind = kind_of_cat[cat[rows]]
-    kind = np.where(instant[rows], _KIND_CODE[S.KIND_INSTANT], kind)
-    events = _Events(
-        kind=kind.astype(np.int64),
-        cat=cat[rows],
-        name=name[rows],
-        pid=pid[rows],
-        tid=tid[rows],
-        ts=ts[rows],
-        dur=np.maximum(dur, 0),
-        cats=cats,
-        names=names,
-    )
-    order = np.argsort(events.ts, kind="stable")
-    return events.take(order), unmatched, no_ts
-
-
-@dataclass
-class _Layout:
-    events: _Events
-    devices: list[str]
-    steps_from: str
-    thread_labels: dict[tuple[int, int], str]
-    duplicates: int = 0
-
-
-def _own_phases(ev: _Events, rules: RuleSet) -> tuple[np.ndarray, np.ndarray]:
-    """Per event: the phase code its name gives (-1: none) and whether it is a step marker."""
-    key = ev.kind * (len(ev.cats) + 1) + (ev.cat + 1)
-    key = key * (len(ev.names) + 1) + (ev.name + 1)
-    unique, inverse = np.unique(key, return_inverse=True)
-    phase = np.full(len(unique), _NO_PHASE, np.int64)
-    step = np.zeros(len(unique), bool)
-    for i, value in enumerate(unique.tolist()):
-        name_i = value % (len(ev.names) + 1) - 1
-        rest = value // (len(ev.names) + 1)
-        cat_i = rest % (len(ev.cats) + 1) - 1
-        kind = S.EVENT_KINDS[rest // (len(ev.cats) + 1)]
-        cat = ev.cats[cat_i] if cat_i >= 0 else None
-        name = str(ev.names[name_i]) if name_i >= 0 else ""
-        result = rules.classify(kind, cat, name)
-        step[i] = result.kind == S.KIND_STEP
-        phase[i] = _PHASE_CODES[result.phase] if result.phase else _NO_PHASE
-    inverse = np.asarray(inverse).ravel()
-    return phase[inverse], step[inverse]
-
-
-def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: Notes) -> _Layout:
-    """The engine timeline, its step markers and phase spans (see the module docstring)."""
-    own, is_step = _own_phases(ev, rules)
-    is_op = ev.kind == _KIND_CODE[S.KIND_OP]
-    # Compute devices: cpu/N and gpu/N (their pids are small device numbers).
-    device_pids = sorted(p for p, label in process_names.items() if _DEVICE_NAME.match(label))
-    if not device_pids:  # metadata stripped: every process with operators
-        device_pids = sorted({int(p) for p in ev.pid[is_op]})
-    # The Python threads (those calling the C API) run a few operators synchronously; the
-    # engine's worker threads run the rest.
-    python_tids = np.unique(ev.tid[ev.kind == _KIND_CODE[S.KIND_RUNTIME]])
-    engine = is_op & np.isin(ev.pid, device_pids) & ~np.isin(ev.tid, python_tids)
-    thread_labels: dict[tuple[int, int], str] = {}
-    for pid, label in process_names.items():
-        if _DEVICE_NAME.match(label) or label.endswith("/"):
-            for t in np.unique(ev.tid[is_op & (ev.pid == pid)]).tolist():
-                thread_labels[(pid, int(t))] = f"{label.rstrip('/')} engine worker"
-    for t in python_tids.tolist():
-        for pid in np.unique(ev.pid[ev.tid == t]).tolist():
-            domain = process_names.get(int(pid), "")
-            what = "MXNet C API" if domain in ("", "MXNET_C_API") else f"{domain} domain"
-            thread_labels.setdefault((int(pid), int(t)), f"python ({what})")
-    computing = (
-        engine & ~_bookkeeping(ev) & ~np.isin(own, [_PHASE_CODES[p] for p in (S.COMM, S.H2D, S.IO)])
-    )
-    if not computing.any():
-        computing = engine
-    if not computing.any():
-        ev, _ = _without_markers(ev, is_step)
-        return _Layout(ev, [], "none", thread_labels)
-
-    # The timeline thread: the busiest worker. Operators of other workers that do not overlap
-    # its own join it; the rest stay on their threads, where their compute still counts.
-    rows = np.flatnonzero(computing)
-    threads, inverse = np.unique(
-        np.stack([ev.pid[rows], ev.tid[rows]]), axis=1, return_inverse=True
-    )
-    busy = np.bincount(np.asarray(inverse).ravel(), weights=ev.dur[rows].astype(np.float64))
-    best = int(np.argmax(busy))
-    home = (int(threads[0, best]), int(threads[1, best]))
-    at_home = engine & (ev.pid == home[0]) & (ev.tid == home[1])
-    joining = np.flatnonzero(engine & ~at_home)
-    moved = joining[_fits_between(ev.ts[at_home], ev.end[at_home], ev.ts[joining], ev.end[joining])]
-    ev.pid[moved], ev.tid[moved] = home
-    at_home[moved] = True
-    used = sorted({int(p) for p in ev.pid[engine]})
-    devices = [process_names.get(p, f"device {p}") for p in used]
-    thread_labels[home] = f"{', '.join(devices)} engine (timeline)"
-    workers = [
-        (int(p), int(t))
-        for p, t in np.unique(np.stack([ev.pid[computing], ev.tid[computing]]), axis=1).T.tolist()
-    ]
-    if len(workers) > 1:
-        notes.remark(
-            f"MXNet ran operators on {len(workers)} engine worker threads ({', '.join(devices)}); "
-            "those that overlap the busiest one's stay on their own threads and count there"
-        )
-
-    windows, numbers, steps_from = _step_windows(ev, own, is_step, engine, at_home, notes)
-    keep = ~is_step
-    if steps_from == "collector" and len(windows):
-        # traceview collect stops the profiler a step late (off the last step's timing): what
-        # it recorded after the last window is not part of the profiled steps
-        keep &= ev.ts < windows[-1, 1]
-    rows = np.flatnonzero(keep)
-    ev = ev.take(rows)
-    own, engine, at_home = own[rows], engine[rows], at_home[rows]
-    io_rows, io_start, io_end = _io_regions(
-        ev, own, at_home, windows, _spans(ev, own, at_home, windows)
-    )
-    # The Python calls that issued each phase (traceview collect's regions), off the engine.
-    issued = (
-        ~engine
-        & (ev.kind == _KIND_CODE[S.KIND_ANNOTATION])
-        & np.isin(own, [_PHASE_CODES[p] for p in (S.FORWARD, S.BACKWARD, S.UPDATE)])
-    )
-    calls = (ev.ts[issued], own[issued])
-    spans = _spans(ev, own, at_home, windows, (io_start, io_end), calls)
-    ev.ts[io_rows], ev.dur[io_rows] = io_start, io_end - io_start
-    ev.pid[io_rows], ev.tid[io_rows] = home
-    placed = [(home, spans)]
-    none = np.zeros(0, np.int64)
-    for pid, tid in workers:  # the other workers' operators take their phases from spans too
-        if (pid, tid) == home:
-            continue
-        mine = engine & (ev.pid == pid) & (ev.tid == tid)
-        placed.append(((pid, tid), _spans(ev, own, mine, windows, (none, none))))
-
-    rounds = _comm_rounds(ev, own, engine, at_home, windows)
-    if rounds:
-        where = (rounds[0][2], _ROUNDS_TID)
-        placed.append((where, [(ROUND_NAME, start, stop) for start, stop, _ in rounds]))
-        thread_labels[where] = "KVStore rounds (traceview)"
-    extra = _synthetic(ev, home, windows, numbers, placed)
-    return _Layout(_concat(ev, extra), devices, steps_from, thread_labels)
-
-
-def _comm_rounds(
-    ev: _Events, own: np.ndarray, engine: np.ndarray, timeline: np.ndarray, windows: np.ndarray
-) -> list[tuple[int, int, int]]:
-    """Per step, its KVStore round: from the first push/pull the Python thread asked for (or
-    the start of the Trainer.step call that asked) to the end of the last KVStore operator;
-    (start, end, pid of the operators).
-
-    The engine runs a push only when a worker thread is free for it; the step waits for the
-    round all the same, so the wait in between is communication too.
-    """
-    comm = own == _PHASE_CODES[S.COMM]
-    asked = (
-        comm
-        & ~engine
-        & np.isin(ev.kind, [_KIND_CODE[S.KIND_RUNTIME], _KIND_CODE[S.KIND_ANNOTATION]])
-    )
-    done = comm & (ev.kind == _KIND_CODE[S.KIND_OP])
-    # traceview collect's region around Trainer.step: the round starts when the step does
-    names = np.array([str(n) == STEP_CALL for n in ev.names] + [False])[ev.name]
-    calls = np.flatnonzero(names & ~engine & (ev.kind == _KIND_CODE[S.KIND_ANNOTATION]))
-    solid = timeline & (ev.kind == _KIND_CODE[S.KIND_OP]) & ~_bookkeeping(ev)
-    rounds: list[tuple[int, int, int]] = []
-    for w_start, w_end in windows.tolist():
-        a = np.flatnonzero(asked & (ev.ts >= w_start) & (ev.ts < w_end))
-        d = np.flatnonzero(done & (ev.ts >= w_start) & (ev.ts < w_end))
-        if len(a) == 0 or len(d) == 0:
-            continue
-        start = int(ev.ts[a].min())
-        around = calls[
-            (ev.ts[calls] <= start) & (ev.end[calls] > start) & (ev.ts[calls] >= w_start)
-        ]
-        if len(around):
-            start = int(ev.ts[around].min())
-        # ... but only over time in which the engine waited: pushes asked for while backward
-        # still computes wait for their gradients, not for the network.
-        first_op = int(ev.ts[d].min())
-        busy_before = ev.end[solid & (ev.end <= first_op) & (ev.ts >= w_start)]
-        start = max(start, int(busy_before.max()) if len(busy_before) else start)
-        start = min(start, first_op)
-        stop = min(max(int(ev.end[d].max()), int(ev.end[a].max())), w_end)
-        if stop > start:
-            rounds.append((start, stop, int(ev.pid[d[0]])))
-    return rounds
-
-
-def _fits_between(
-    b_start: np.ndarray, b_end: np.ndarray, start: np.ndarray, end: np.ndarray
-) -> np.ndarray:
-    """Which intervals (start, end) can join the busy intervals b without overlapping them or
-    each other: in start order, the first that fits wins."""
-    order_b = np.argsort(b_start, kind="stable")
-    bs = b_start[order_b]
-    be = np.maximum.accumulate(b_end[order_b]) if len(b_end) else b_end
-    # No busy interval runs at the start, none starts then, and the next begins after the end.
-    running = _covering(bs, be, start)
-    following = np.searchsorted(bs, start, side="right")
-    free = (running < 0) & ~np.isin(start, bs)
-    if len(bs):
-        free &= np.where(following < len(bs), end <= bs[np.minimum(following, len(bs) - 1)], True)
-    keep = np.zeros(len(start), bool)
-    reach = np.iinfo(np.int64).min
-    order = np.argsort(start, kind="stable")
-    for i in order[free[order]].tolist():  # those that fit beside b, against each other
-        if start[i] >= reach:
-            keep[i] = True
-            reach = int(end[i])
-    return keep
-
-
-def _without_markers(ev: _Events, is_step: np.ndarray) -> tuple[_Events, _Events]:
-    return ev.take(np.flatnonzero(~is_step)), ev.take(np.flatnonzero(is_step))
-
-
-def _rounds(ev: _Events, own: np.ndarray, engine: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
-    """(first start, last end) of each update (else push/pull) round on the engine.
-
-    A round is a run of optimizer-update operators (or, where the servers update, of KVStore
-    communication) with no forward computation of the next step between them.
-    """
-    is_op = ev.kind == _KIND_CODE[S.KIND_OP]
-    closing, what = engine & (own == _PHASE_CODES[S.UPDATE]), "optimizer-update"
-    if not closing.any():
-        closing, what = is_op & (own == _PHASE_CODES[S.COMM]), "push/pull"
-    if not closing.any():
-        closing = (ev.kind == _KIND_CODE[S.KIND_RUNTIME]) & (own == _PHASE_CODES[S.COMM])
-    rows = np.flatnonzero(closing)
-    if len(rows) == 0:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, ""
-    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    separator = engine & (own < 0) & ~_bookkeeping(ev)
-    sep_ts = np.sort(ev.ts[separator])
-    seen = np.searchsorted(sep_ts, ev.ts[rows], side="left")
-    new = np.concatenate(([True], seen[1:] > seen[:-1]))
-    heads = np.flatnonzero(new)
-    first = ev.ts[rows][heads]
-    last = np.maximum.reduceat(ev.end[rows], heads)
-    return first, last, what
-
-
-def _after_waits(ev: _Events, ends: np.ndarray) -> np.ndarray:
-    """Round ends moved to where a Python thread that waited for the round (``waitall``,
-    ``asnumpy``...) got going again: the next step cannot start before that."""
-    waits = np.array([bool(_WAIT.match(str(n))) for n in ev.names] + [False])[ev.name]
-    rows = np.flatnonzero(waits & (ev.kind == _KIND_CODE[S.KIND_RUNTIME]))
-    if len(rows) == 0 or len(ends) == 0:
-        return ends
-    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    cover = _covering(ev.ts[rows], np.maximum.accumulate(ev.end[rows]), ends)
-    moved = np.where(cover >= 0, np.maximum.accumulate(ev.end[rows])[np.maximum(cover, 0)], ends)
-    # never past the next round's end
-    limit = np.concatenate([ends[1:], [np.iinfo(np.int64).max]])
-    return np.minimum(moved, limit)
-
-
-def _step_windows(
-    ev: _Events,
-    own: np.ndarray,
-    is_step: np.ndarray,
-    engine: np.ndarray,
-    timeline: np.ndarray,
-    notes: Notes,
-) -> tuple[np.ndarray, np.ndarray, str]:
-    """Step windows ((n, 2) start/end ns), their numbers, and where they came from."""
-    markers = np.flatnonzero(is_step)
-    markers = markers[np.argsort(ev.ts[markers], kind="stable")]
-    if len(markers):
-        keep = np.ones(len(markers), bool)
-        keep[1:] = ev.ts[markers[1:]] >= np.maximum.accumulate(ev.end[markers])[:-1]
-        markers = markers[keep]
-    first, last, what = _rounds(ev, own, engine)
-    last = _after_waits(ev, last)
-    busy = ev.ts[engine]
-    if len(markers):
-        numbers = np.array(
-            [int(re.sub(r"\D", "", str(ev.names[ev.name[m]])) or i) for i, m in enumerate(markers)],
-            np.int64,
-        )
-        m_start, m_end = ev.ts[markers], ev.end[markers]
-        inside = first >= m_start[0]
-        if inside.sum() > len(markers):  # rounds of steps after the window (the profiler ran on)
-            inside &= first < m_end[-1]
-        first, last = first[inside][: len(markers)], last[inside][: len(markers)]
-        # The collector marks steps on the Python thread, which runs ahead of the engine: end
-        # each window where the engine finished that step's round.
-        if len(last) == len(markers) and np.all(np.diff(last) > 0) and last[0] > m_start[0]:
-            starts = np.concatenate(([m_start[0]], last[:-1]))
-            return np.stack([starts, last], axis=1), numbers, "collector"
-        notes.remark(
-            f"step windows are traceview collect's markers as the Python thread saw them (the "
-            f"engine's {what or 'update'} rounds did not line up: {len(last)} for {len(markers)} steps)"
-        )
-        return np.stack([m_start, m_end], axis=1), numbers, "collector"
-    if len(last):
-        start0 = int(busy.min()) if len(busy) else int(first[0])
-        starts = np.concatenate(([min(start0, int(first[0]))], last[:-1]))
-        notes.remark(
-            f"MXNet writes no step markers: {len(last)} step(s) inferred, one per {what} round "
-            "(each ends where its round ends; the first starts at the trace's first operator)"
-        )
-        return np.stack([starts, last], axis=1), np.arange(len(last), dtype=np.int64), "inferred"
-    if len(busy):
-        notes.remark(
-            "MXNet writes no step markers and the trace shows no optimizer-update or push/pull "
-            "round: the whole trace is analysed as one step"
-        )
-        whole = np.array([[int(busy.min()), int(ev.end[engine].max())]], np.int64)
-        return whole, np.zeros(1, np.int64), "whole trace"
-    return np.zeros((0, 2), np.int64), np.zeros(0, np.int64), "none"
-
-
-def _bookkeeping(ev: _Events) -> np.ndarray:
-    """Per event: whether its name is engine bookkeeping (copies, deletions, fills)."""
-    return np.array([bool(_BOOKKEEPING.match(str(n))) for n in ev.names] + [True])[ev.name]
-
-
-def _in_window(ev: _Events, timeline: np.ndarray, start: int, end: int) -> np.ndarray:
-    """Timeline operators that run entirely inside [start, end)."""
-    is_op = timeline & (ev.kind == _KIND_CODE[S.KIND_OP])
-    return is_op & (ev.ts >= start) & (ev.ts < end) & (ev.end <= end)
-
-
-def _backward_start(ev: _Events, backward: np.ndarray, forward: np.ndarray) -> int:
-    """Where a step's backward pass starts on the engine.
-
-    The engine runs an operator as soon as its inputs are ready, so the loss's first gradient
-    operators (``_backward_mean``...) can run before the forward pass has finished. Backward
-    starts at the backward operator after which there is the most backward and the least
-    forward time.
-    """
-    rows = np.concatenate([backward, np.flatnonzero(forward)])
-    rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    is_backward = np.isin(rows, backward)
-    weight = np.where(is_backward, ev.dur[rows], -ev.dur[rows])
-    after = np.cumsum(weight[::-1])[::-1]  # backward minus forward time from each row on
-    score = np.where(is_backward, after, np.iinfo(np.int64).min)
-    return int(ev.ts[rows[int(np.argmax(score))]])
-
-
-def _spans(
-    ev: _Events,
-    own: np.ndarray,
-    mine: np.ndarray,
-    windows: np.ndarray,
-    io: tuple[np.ndarray, np.ndarray] | None = None,
-    calls: tuple[np.ndarray, np.ndarray] | None = None,
-) -> list[tuple[str, int, int]]:
-    """Per step, the spans of one thread's backward operators, of the forward ones before them
-    and of the update ones after them, each made of whole operators.
-
-    With ``io`` (data-loading intervals), forward operators inside them are data loading's and
-    the forward span is made too; with ``calls`` (start, phase code of the Python calls that
-    issued each phase), a span also covers the idle time before its first operator in which
-    Python was issuing it, back to the previous operator or data loading.
-    """
-    spans: list[tuple[str, int, int]] = []
-    forward_op = (own < 0) & ~_bookkeeping(ev)
-    io_start = io[0] if io is not None else np.zeros(0, np.int64)
-    io_end = io[1] if io is not None else np.zeros(0, np.int64)
-    if len(io_start):
-        order = np.argsort(io_start)
-        io_start, io_end = io_start[order], np.maximum.accumulate(io_end[order])
-        forward_op &= _covering(io_start, io_end, ev.ts) < 0
-        forward_op &= ~np.isin(ev.ts, io_start)
-    solid = mine & (ev.kind == _KIND_CODE[S.KIND_OP]) & ~_bookkeeping(ev)
-    for w_start, w_end in windows.tolist():
-        inside = _in_window(ev, mine, w_start, w_end)
-        backward = np.flatnonzero(inside & (own == _PHASE_CODES[S.BACKWARD]))
-        found: dict[str, list[int]] = {}
-        b_end = w_start
-        if len(backward):
-            b_end = int(ev.end[backward].max())
-            found[S.BACKWARD] = [_backward_start(ev, backward, inside & forward_op), b_end]
-        update = np.flatnonzero(inside & (own == _PHASE_CODES[S.UPDATE]) & (ev.ts >= b_end))
-        if len(update):
-            found[S.UPDATE] = [int(ev.ts[update].min()), int(ev.end[update].max())]
-        if io is not None and S.BACKWARD in found:
-            b_start = found[S.BACKWARD][0]
-            forward = np.flatnonzero(inside & forward_op & (ev.ts < b_start))
-            if len(forward):
-                found[S.FORWARD] = [int(ev.ts[forward].min()), b_start]
-        if calls is not None:
-            ends = np.concatenate(
-                [ev.end[solid & inside], io_end[(io_end > w_start) & (io_end <= w_end)]]
-            )
-            for phase in (S.FORWARD, S.BACKWARD, S.UPDATE):
-                if phase not in found:
-                    continue
-                start = found[phase][0]
-                issued = calls[0][
-                    (calls[1] == _PHASE_CODES[phase]) & (calls[0] >= w_start) & (calls[0] < start)
-                ]
-                if len(issued) == 0:
-                    continue
-                before = ends[ends <= start]
-                earliest = max(int(issued.min()), int(before.max()) if len(before) else w_start)
-                if len(io_start):  # never from inside data loading
-                    inside_io = _covering(io_start, io_end, np.array([earliest]))[0]
-                    earliest = int(io_end[inside_io]) if inside_io >= 0 else earliest
-                if earliest < start:
-                    found[phase][0] = earliest
-                    if phase == S.BACKWARD and S.FORWARD in found:
-                        found[S.FORWARD][1] = earliest
-        for phase in (S.FORWARD, S.BACKWARD, S.UPDATE):
-            if phase in found and found[phase][1] > found[phase][0]:
-                spans.append((phase, found[phase][0], found[phase][1]))
-    return spans
-
-
-def _io_regions(
-    ev: _Events,
-    own: np.ndarray,
-    timeline: np.ndarray,
-    windows: np.ndarray,
-    spans: list[tuple[str, int, int]],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Data-loading regions of other threads, fitted onto the engine timeline.
-
-    A region keeps the operators that started inside it (the batch's own copies and stacking)
-    and gives up the edges where an operator that started before it, or a phase span, runs.
-    Returns (rows, new starts, new ends) of the regions kept.
-    """
-    io = (
-        ~timeline
-        & (own == _PHASE_CODES[S.IO])
-        & np.isin(ev.kind, [_KIND_CODE[S.KIND_ANNOTATION], _KIND_CODE[S.KIND_RUNTIME]])
-    )
-    rows = np.flatnonzero(io)
-    if len(rows) == 0:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty
-    # Only the outermost region of each thread moves.
-    rows = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.pid[rows]))]
-    group = _group_ids(ev.pid[rows], ev.tid[rows])
-    low = int(ev.ts[rows].min())
-    span = int(ev.end[rows].max()) - low + 1
-    reach = np.maximum.accumulate(group * span + (ev.end[rows] - low))
-    earlier = np.concatenate(([-1], reach[:-1]))
-    rows = rows[~(earlier >= group * span + (ev.end[rows] - low))]
-    start, end = ev.ts[rows].copy(), ev.end[rows].copy()
-    ops = np.flatnonzero(timeline)
-    ops = ops[np.argsort(ev.ts[ops], kind="stable")]
-    o_start, o_end = ev.ts[ops], np.maximum.accumulate(ev.end[ops])
-    # An operator running when the region starts: the region starts when it ends.
-    cover = _covering(o_start, o_end, start)
-    start = np.where(cover >= 0, o_end[np.maximum(cover, 0)], start)
-    # An operator that started inside the region and outlasts it: the region waits for it.
-    cover = _covering(o_start, o_end, end)
-    late = (cover >= 0) & (o_start[np.maximum(cover, 0)] >= start)
-    end = np.where(late, o_end[np.maximum(cover, 0)], end)
-    # Phase spans and step windows are not cut: a region crossing one gives up the rest.
-    if spans:
-        s_start = np.array([s for _, s, _ in spans], np.int64)
-        s_end = np.array([e for _, _, e in spans], np.int64)
-        order = np.argsort(s_start)
-        s_start, s_end = s_start[order], s_end[order]
-        cover = _covering(s_start, s_end, start)
-        start = np.where(cover >= 0, s_end[np.maximum(cover, 0)], start)
-        cover = _covering(s_start, s_end, end)
-        end = np.where(cover >= 0, s_start[np.maximum(cover, 0)], end)
-    if len(windows):
-        w = _covering(windows[:, 0], windows[:, 1], start)
-        end = np.where(w >= 0, np.minimum(end, windows[np.maximum(w, 0), 1]), end)
-    keep = end > start
-    return rows[keep], start[keep], end[keep]
-
-
-def _synthetic(
-    ev: _Events,
-    home: tuple[int, int],
-    windows: np.ndarray,
-    numbers: np.ndarray,
-    placed: list[tuple[tuple[int, int], list[tuple[str, int, int]]]],
-) -> _Events:
-    """Step markers (on the timeline thread) and phase spans (on their threads) as annotations."""
-    labels = [f"step#{n}" for n in numbers.tolist()]
-    ts = [int(v) for v in windows[:, 0].tolist()]
-    end = [int(v) for v in windows[:, 1].tolist()]
-    pids, tids = [home[0]] * len(labels), [home[1]] * len(labels)
-    for (pid, tid), spans in placed:
-        for phase, start, stop in spans:
-            labels.append(SPAN_NAMES.get(phase, phase))
-            ts.append(start)
-            end.append(stop)
-            pids.append(pid)
-            tids.append(tid)
-    n = len(labels)
-    cats = list(ev.cats)
-    if TRACEVIEW_CAT not in cats:
-        cats.append(TRACEVIEW_CAT)
-    names_all = list(ev.names)
-    index = {str(v): i for i, v in enumerate(names_all)}
-    codes = []
-    for label in labels:
-        if label not in index:
-            index[label] = len(names_all)
-            names_all.append(label)
-        codes.append(index[label])
-    ev.cats, ev.names = cats, names_all
-    start_ns = np.array(ts, np.int64)
-    return _Events(
-        kind=np.full(n, _KIND_CODE[S.KIND_ANNOTATION], np.int64),
-        cat=np.full(n, cats.index(TRACEVIEW_CAT), np.int64),
-        name=np.array(codes, np.int64),
-        pid=np.array(pids, np.int64),
-        tid=np.array(tids, np.int64),
-        ts=start_ns,
-        dur=np.array(end, np.int64) - start_ns,
-        cats=cats,
-        names=names_all,
-    )
-
-
-def _concat(a: _Events, b: _Events) -> _Events:
-    return _Events(
-        np.concatenate([a.kind, b.kind]), np.concatenate([a.cat, b.cat]),
-        np.concatenate([a.name, b.name]), np.concatenate([a.pid, b.pid]),
-        np.concatenate([a.tid, b.tid]), np.concatenate([a.ts, b.ts]),
-        np.concatenate([a.dur, b.dur]), b.cats, b.names,
-    )  # fmt: skip
+    return S.conform(raw, S.RAW_SCHEMA), unmatched, no_ts, bool(op_rows.any())
 
 
 def _dictionary(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
@@ -961,22 +380,3 @@ def _dictionary(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(
         indices, pa.array([None if v is None else str(v) for v in values], pa.string())
     )
-
-
-def _raw_table(ev: _Events) -> pa.Table:
-    n = len(ev.ts)
-    raw = pa.table(
-        {
-            S.KIND: pa.DictionaryArray.from_arrays(
-                pa.array(ev.kind.astype(np.int32)), pa.array(list(S.EVENT_KINDS))
-            ),
-            S.CAT: _dictionary(ev.cat, ev.cats),
-            S.NAME: pc.fill_null(_dictionary(ev.name, ev.names).cast(pa.string()), ""),
-            S.PID: pa.array(ev.pid, pa.int64()),
-            S.TID: pa.array(ev.tid, pa.int64()),
-            S.TS_NS: pa.array(ev.ts, pa.int64()),
-            S.DUR_NS: pa.array(ev.dur, pa.int64()),
-            S.COLLECTIVE: pa.nulls(n, pa.string()),
-        }
-    )
-    return S.conform(raw, S.RAW_SCHEMA)

@@ -36,7 +36,6 @@ import pyarrow as pa
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
 from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename, raw_events
-from traceview.rules import RuleSet
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
@@ -157,7 +156,7 @@ class XPlaneParser:
     def identify(self, path: Path) -> TraceIdentity:
         return TraceIdentity(rank=rank_from_path(path), host=path.name[: -len(SUFFIX)] or None)
 
-    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
+    def parse(self, path: Path) -> ParsedTrace:
         tools = _require_xprof()
         size = path.stat().st_size
         if size == 0:
@@ -178,7 +177,7 @@ class XPlaneParser:
             raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
         del data
         start_ns = _start_time_ns(path)
-        events, meta, threads, skipped, notes = _events(records, start_ns, path, rules)
+        events, meta, threads, skipped, notes = _events(records, start_ns, path)
         if events.num_rows == 0:
             raise BadInput(f"{path}: the TensorFlow profile holds no events")
         return ParsedTrace(
@@ -211,7 +210,7 @@ def _scope(args: _Args) -> str | None:
 
 
 def _events(
-    records: list[_Record], start_ns: int | None, path: Path, rules: RuleSet
+    records: list[_Record], start_ns: int | None, path: Path
 ) -> tuple[pa.Table, dict[str, Any], dict[str, str], dict[str, int], Notes]:
     notes = Notes()
     planes: dict[int, str] = {}
@@ -308,7 +307,7 @@ def _events(
     ts_ns = np.rint(np.asarray(ts, np.float64) * 1e3).astype(np.int64) + base
     dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0.0) * 1e3).astype(np.int64)
     table = raw_events(
-        rules, cat, name, pid, tid, ts_ns, dur_ns,
+        cat, name, pid, tid, ts_ns, dur_ns,
         **{
             S.CORRELATION: pa.array(correlation, pa.int64()),
             S.BYTES: pa.array(nbytes, pa.int64()),

@@ -31,9 +31,7 @@ import pyarrow as pa
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
 from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename, raw_events
-from traceview.parsers.chrome_json import ChromeTraceReader
-from traceview.parsers.kineto import us_to_ns
-from traceview.rules import RuleSet
+from traceview.parsers.chrome_json import ChromeTraceReader, us_to_ns
 
 _STREAM = re.compile(r"/(?:device:)?gpu:\d+/stream:(\d+|all) Compute$", re.IGNORECASE)
 _MEMCPY = re.compile(r"/(?:device:)?gpu:\d+/memcpy Compute$", re.IGNORECASE)
@@ -93,7 +91,7 @@ class TimelineParser:
     def identify(self, path: Path) -> TraceIdentity:
         return TraceIdentity(rank=rank_from_filename(path))
 
-    def parse(self, path: Path, rules: RuleSet) -> ParsedTrace:
+    def parse(self, path: Path) -> ParsedTrace:
         reader: ChromeTraceReader[list[Any]] = ChromeTraceReader(path, _DECODER.decode)
         ops: list[_Op] = []
         processes: dict[int, str] = {}
@@ -115,7 +113,7 @@ class TimelineParser:
         notes = Notes()
         if damage := info.damage_warning(path, len(ops)):
             notes.warn(damage)
-        events, skipped = _events(ops, processes, rules, notes, path)
+        events, skipped = _events(ops, processes, notes, path)
         skipped["flow_and_other"] = other
         return ParsedTrace(
             path=path,
@@ -144,7 +142,7 @@ def _category(process: str) -> str | None:
 
 
 def _events(
-    ops: list[_Op], processes: dict[int, str], rules: RuleSet, notes: Notes, path: Path
+    ops: list[_Op], processes: dict[int, str], notes: Notes, path: Path
 ) -> tuple[pa.Table, dict[str, int]]:
     skipped: Counter[str] = Counter()
     category = {pid: _category(name) for pid, name in processes.items()}
@@ -192,7 +190,7 @@ def _events(
     ts_ns = us_to_ns(np.asarray(ts, np.float64))
     dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0) * 1e3).astype(np.int64)
     scopes = pa.array(scope, pa.string()).dictionary_encode()
-    table = raw_events(rules, cat, name, pid, tid, ts_ns, dur_ns, **{S.SCOPE: scopes})
+    table = raw_events(cat, name, pid, tid, ts_ns, dur_ns, **{S.SCOPE: scopes})
     return table, dict(skipped)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import SAMPLES, shared_pytorch_files
 from traceview import schema as S
-from traceview.normalize import _call_trees
+from traceview.normalize import _call_trees, kinds_from_categories
 from traceview.parsers.kineto import KinetoParser
 from traceview.rules import builtin_rules
 
@@ -33,7 +33,7 @@ def reference_tree(pid, tid, ts, dur):
 
 
 def _host_arrays(path: Path):
-    raw = KinetoParser().parse(path, builtin_rules("pytorch")).events
+    raw = kinds_from_categories(KinetoParser().parse(path).events, builtin_rules("pytorch"))
     kind = np.array(raw.column(S.KIND).to_pylist())
     host = np.isin(kind, [S.KIND_OP, S.KIND_ANNOTATION, S.KIND_RUNTIME, S.KIND_PYTHON])
     cols = [

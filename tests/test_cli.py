@@ -90,6 +90,7 @@ def test_ingest_then_report_and_export(tmp_path: Path) -> None:
             f"events.{fmt}",
             f"steps.{fmt}",
             f"ops.{fmt}",
+            f"collectives.{fmt}",
         }
 
 

@@ -32,15 +32,7 @@ PACKAGES = {
 
 #: Walls that the code does not hold yet, each with where it is going. The test fails when one of
 #: these imports disappears, so the list only shrinks.
-KNOWN_DEBT = {
-    # parsers still take the RuleSet to classify kinds (issue 12, next step: classification
-    # becomes a core pass over raw events)
-    ("traceview.parsers", "traceview.rules"),
-    ("traceview.parsers.kineto", "traceview.rules"),
-    ("traceview.parsers.mxnet", "traceview.rules"),
-    ("traceview.parsers.tensorflow", "traceview.rules"),
-    ("traceview.parsers.tf_timeline", "traceview.rules"),
-}
+KNOWN_DEBT: set[tuple[str, str]] = set()
 
 
 def _module_files() -> dict[str, Path]:

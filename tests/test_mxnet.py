@@ -33,6 +33,8 @@ from tests.conftest import REPO, SAMPLES, run_cli, shared_traces
 from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
+from traceview.errors import Notes
+from traceview.normalize import LayoutResult, kinds_from_categories, lay_out
 from traceview.parsers.mxnet import MXNetParser
 from traceview.rules import rules_for
 from traceview.runs import ingest_run
@@ -186,17 +188,26 @@ def _without_markers(source: Path, target: Path) -> Path:
     return target
 
 
+def _laid_out(path: Path) -> tuple[LayoutResult, list[str]]:
+    """The parser's raw events through the core's MXNet engine layout, and its remarks."""
+    rules = rules_for("mxnet")
+    parsed = MXNetParser().parse(path)
+    assert parsed.layout == "mxnet_engine"
+    notes = Notes()
+    raw = kinds_from_categories(parsed.events, rules)
+    return lay_out(raw, rules, parsed.layout, parsed.process_names, notes), notes.remarks
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_steps_inferred_without_markers_match_the_marked_ones(
     tmp_path: Path, scenario: str
 ) -> None:
-    rules = rules_for("mxnet")
     source = MX_SAMPLES / scenario / "rank-0.mxnet.json.gz"
-    marked = MXNetParser().parse(source, rules)
-    bare = MXNetParser().parse(_without_markers(source, tmp_path / source.name), rules)
+    marked, _ = _laid_out(source)
+    bare, remarks = _laid_out(_without_markers(source, tmp_path / source.name))
     assert marked.meta["steps_from"] == "collector"
     assert bare.meta["steps_from"] == "inferred"
-    assert any("no step markers" in r and "inferred" in r for r in bare.notes.remarks)
+    assert any("no step markers" in r and "inferred" in r for r in remarks)
 
     def windows(parsed: object) -> pl.DataFrame:
         df = pl.from_arrow(parsed.events)  # type: ignore[attr-defined]
@@ -310,7 +321,7 @@ def test_ids_above_2_53_are_kept_exactly() -> None:
     path = shared_traces("mxnet/mxnet_profiler_demo_data_copy") / (
         "cpu_gpu_data_copy_profiler_output.json.gz"
     )
-    parsed = MXNetParser().parse(path, rules_for("mxnet"))
+    parsed = MXNetParser().parse(path)
     pids = set(parsed.events.column(S.PID).to_pylist())
     tids = set(parsed.events.column(S.TID).to_pylist())
     assert 849786139768988538 in pids  # the C API domain, above 2**53

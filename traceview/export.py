@@ -24,12 +24,13 @@ _GPU_TID_BASE = 1 << 30  # device streams get tids of their own, apart from host
 _STEPS_TID = (1 << 31) - 1
 
 
-def tables(run: Path, out: Path, fmt: str) -> list[Path]:
-    """events, steps and ops of ``run`` as single files under ``out``."""
+def tables(run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str) -> list[Path]:
+    """The events of ``run`` and its ``analysis`` tables (steps, ops, collectives) as single
+    files under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     events = R.read_events(run)
     written = []
-    for name, table in (("events", events), ("steps", R.read_steps(run)), ("ops", R.read_ops(run))):
+    for name, table in (("events", events), *analysis.items()):
         path = out / f"{name}.{fmt}"
         if fmt == "parquet":
             R.write_parquet(path, table)
@@ -54,10 +55,10 @@ def _open(path: Path, tmp: Path) -> IO[bytes]:
     return tmp.open("wb")
 
 
-def chrome(run: Path, out: Path) -> int:
+def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
     """Write the merged multi-rank trace; returns the number of trace events written."""
     manifest = R.read_manifest(run)
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(steps_table)
     ranks = [r["rank"] for r in manifest["ranks"]]
     info = {r["rank"]: r for r in manifest["ranks"]}
     origin: int | None = None

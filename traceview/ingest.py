@@ -224,7 +224,7 @@ def _process_rank(
     started = time.perf_counter()
     parser = parser_named(trace.parser)
     rules = rules_for(parser.framework, rules_path)
-    parsed = parser.parse(trace.path, rules)
+    parsed = parser.parse(trace.path)
     clock = rank_status(trace.path).get("clock") or {}
     offset = int(clock.get("offset_ns") or 0)
     if offset:  # onto the launcher's clock, which all ranks share
@@ -235,7 +235,9 @@ def _process_rank(
     host = trace.host or parsed.host
     meta = RankMeta(run_id=run_id, rank=trace.rank, framework=parser.framework, host=host)
     try:
-        normalized = normalize(parsed.events, rules, meta)
+        normalized = normalize(
+            parsed.events, rules, meta, layout=parsed.layout, process_names=parsed.process_names
+        )
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     del parsed.events
@@ -247,6 +249,12 @@ def _process_rank(
     notes = Notes()
     notes.extend(parsed.notes)
     notes.extend(normalized.notes)
+    found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
+    if normalized.layout is not None:
+        found.update(normalized.layout.meta)
+        for key, label in normalized.layout.threads.items():
+            threads.setdefault(key, label)
+        skipped.update(normalized.layout.skipped)
     info = {
         "rank": trace.rank,
         "source": str(trace.path),
@@ -257,13 +265,13 @@ def _process_rank(
         "events": normalized.events.num_rows,
         "bytes_read": parsed.bytes_read,
         "lost_bytes": parsed.lost_bytes,
-        "skipped_records": parsed.skipped,
+        "skipped_records": skipped,
         "steps": normalized.steps,
         "training_thread": list(normalized.training_thread) if normalized.training_thread else None,
-        "threads": parsed.threads,
+        "threads": threads,
         "clock_offset_ns": offset,
         "clock": clock,
-        "meta": parsed.meta,
+        "meta": found,
         "seconds": round(time.perf_counter() - started, 3),
     }
     return RankResult(trace.rank, info, tables, notes)

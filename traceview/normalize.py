@@ -60,6 +60,7 @@ class Normalized:
     training_thread: tuple[int, int] | None
     steps: int  # number of step markers found on the training thread
     notes: Notes = field(default_factory=Notes)
+    layout: LayoutResult | None = None  # what a layout pass found (its events dropped)
 
 
 def _dictionary(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
@@ -340,9 +341,66 @@ def _without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
     return raw.filter(pa.array(~stray))
 
 
-def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
+def kinds_from_categories(raw: pa.Table, rules: RuleSet) -> pa.Table:
+    """An event whose parser left its kind open takes the kind the rules give its category."""
+    kind = raw.column(S.KIND)
+    if kind.null_count == 0:
+        return raw
+    cats = _dictionary(raw.column(S.CAT))
+    lut = pa.array(
+        [rules.kind_of(c) for c in cats.dictionary.to_pylist()] + [rules.kind_of(None)],
+        pa.string(),
+    )
+    by_category = pc.take(lut, pc.fill_null(cats.indices, len(lut) - 1))
+    filled = pc.coalesce(kind.cast(pa.string()), by_category).dictionary_encode()
+    return raw.set_column(raw.schema.get_field_index(S.KIND), S.KIND, filled)
+
+
+@dataclass
+class LayoutResult:
+    """What a layout pass returns: the laid-out raw events, and for the manifest what it found
+    (added to the rank's meta, thread names and skipped-record counts)."""
+
+    events: pa.Table  # schema.RAW_SCHEMA
+    meta: dict[str, Any] = field(default_factory=dict)
+    threads: dict[str, str] = field(default_factory=dict)  # "pid/tid" -> label
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+#: Layout passes a parser can ask for (``ParsedTrace.layout``): "module:function", imported
+#: when used; each takes (raw, rules, process names, notes) and returns a LayoutResult.
+LAYOUTS = {"mxnet_engine": "traceview.mxnet_engine:lay_out"}
+
+
+def lay_out(
+    raw: pa.Table, rules: RuleSet, layout: str, process_names: dict[int, str], notes: Notes
+) -> LayoutResult:
+    import importlib
+
+    if layout not in LAYOUTS:
+        raise BadInput(f"the parser asks for an unknown layout {layout!r}")
+    module, _, function = LAYOUTS[layout].partition(":")
+    result: LayoutResult = getattr(importlib.import_module(module), function)(
+        raw, rules, process_names, notes
+    )
+    return result
+
+
+def normalize(
+    raw: pa.Table,
+    rules: RuleSet,
+    meta: RankMeta,
+    *,
+    layout: str | None = None,
+    process_names: dict[int, str] | None = None,
+) -> Normalized:
     """Classify and structure one rank's raw events into the ``events`` table."""
     notes = Notes()
+    raw = kinds_from_categories(raw, rules)
+    found: LayoutResult | None = None
+    if layout is not None:
+        found = lay_out(raw, rules, layout, process_names or {}, notes)
+        raw = found.events
     raw = _without_stray_times(raw, notes, meta.rank)
     n = raw.num_rows
     cls = _classify(raw, rules)
@@ -550,4 +608,6 @@ def normalize(raw: pa.Table, rules: RuleSet, meta: RankMeta) -> Normalized:
         S.DEPTH: pa.array(depth, pa.int32(), mask=depth < 0),
     }
     table = S.conform(pa.table(columns), S.EVENTS_SCHEMA)
-    return Normalized(table, training, len(marker), notes)
+    if found is not None:
+        found.events = found.events.slice(0, 0)
+    return Normalized(table, training, len(marker), notes, found)

@@ -4,7 +4,8 @@
       manifest.json                    what was run and read, per-rank status, notes
       raw/rank-00000/...               traces as the framework wrote them (from ``collect``)
       events/rank=0/part-0.parquet     normalized events, hive-partitioned by rank
-      steps.parquet  ops.parquet       analysis results
+      steps.parquet  ops.parquet  collectives.parquet
+                                       the per-rank analysis, a cache (traceview.analysis)
 
 Every file is written to a temporary name and renamed into place, so a reader never sees half a
 file, and a crash leaves the previous version (or nothing) rather than a torn one.
@@ -89,7 +90,7 @@ def read_manifest(run: Path) -> dict[str, Any]:
     return value
 
 
-def _read_table(path: Path) -> pa.Table:
+def read_table(path: Path) -> pa.Table:
     try:
         # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
         with pq.ParquetFile(path) as file:
@@ -101,11 +102,11 @@ def _read_table(path: Path) -> pa.Table:
 
 
 def read_steps(run: Path) -> pa.Table:
-    return _read_table(run / STEPS)
+    return read_table(run / STEPS)
 
 
 def read_ops(run: Path) -> pa.Table:
-    return _read_table(run / OPS)
+    return read_table(run / OPS)
 
 
 def event_ranks(run: Path) -> list[int]:
@@ -124,7 +125,7 @@ def read_events(run: Path, ranks: list[int] | None = None) -> pa.Table:
         rank = int(path.parent.name.split("=", 1)[1])
         if ranks is not None and rank not in ranks:
             continue
-        table = _read_table(path)
+        table = read_table(path)
         table = table.append_column(S.RANK, pa.array([rank] * table.num_rows, pa.int32()))
         tables.append(S.conform(table, S.EVENTS_SCHEMA))
     if not tables:

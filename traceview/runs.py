@@ -28,9 +28,20 @@ class Run:
     path: Path  # the run directory (temporary when read from traces)
     label: str  # how to name it to the user
     manifest: dict[str, Any]
-    steps: pa.Table
-    ops: pa.Table
+    tables: dict[str, pa.Table]  # the per-rank analysis tables of every rank (RANK_TABLES)
     temporary: bool
+
+    @property
+    def steps(self) -> pa.Table:
+        return self.tables["steps"]
+
+    @property
+    def ops(self) -> pa.Table:
+        return self.tables["ops"]
+
+    @property
+    def collectives(self) -> pa.Table:
+        return self.tables["collectives"]
 
     def report(self, top: int = 10) -> RunReport:
         from traceview.analysis.summary import summarize
@@ -83,15 +94,18 @@ def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
         run = paths[0]
         manifest = R.read_manifest(run)
         if analysis_is_current(run, manifest):
-            steps, ops = R.read_steps(run), R.read_ops(run)
+            tables = _read_tables(run)
         else:
             tables = reanalyze(run, manifest)
-            steps, ops = tables["steps"], tables["ops"]
-        yield Run(run, label, manifest, steps, ops, False)
+        yield Run(run, label, manifest, tables, False)
         return
     with tempfile.TemporaryDirectory(prefix="traceview-") as tmp:
         run = ingest_run(paths, Path(tmp) / "run", rules_path=rules, command=sys.argv)
-        yield Run(run, label, R.read_manifest(run), R.read_steps(run), R.read_ops(run), True)
+        yield Run(run, label, R.read_manifest(run), _read_tables(run), True)
+
+
+def _read_tables(run: Path) -> dict[str, pa.Table]:
+    return {name: R.read_table(run / f"{name}.parquet") for name in RANK_TABLES}
 
 
 @contextmanager

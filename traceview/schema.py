@@ -145,7 +145,9 @@ EVENTS_SCHEMA: Final = pa.schema(
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
 
-#: What a parser hands to the core: trace events before classification.
+#: What a parser hands to the core: trace events before classification. ``kind`` is set where
+#: the format itself says it (an instant record) and otherwise left null: the core reads it off
+#: the category with the rules.
 #: ``correlation`` links a device activity to the host runtime call that launched it;
 #: ``external_id`` links it to the host operator when no runtime call is in the trace;
 #: ``scope`` names that operator where the trace says it instead (TensorFlow: the op's full name
@@ -154,7 +156,7 @@ EXTERNAL_ID: Final = "external_id"
 SCOPE: Final = "scope"
 RAW_SCHEMA: Final = pa.schema(
     [
-        pa.field(KIND, _DICT, nullable=False),
+        pa.field(KIND, _DICT),
         pa.field(CAT, _DICT),
         pa.field(NAME, _DICT, nullable=False),
         pa.field(PID, pa.int64()),
@@ -224,6 +226,32 @@ OPS_SCHEMA: Final = pa.schema(
         pa.field(P50_NS, pa.float64(), nullable=False),
         pa.field(P95_NS, pa.float64(), nullable=False),
         pa.field(BYTES, pa.int64()),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
+# --- collectives: per rank, its collective calls (what cross-rank passes match) -------------------
+
+SEQ: Final = "seq"
+GROUP: Final = "group"
+
+COLLECTIVES_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(DEVICE, pa.string(), nullable=False),
+        pa.field(PID, pa.int64()),
+        pa.field(TID, pa.int64()),  # the thread or stream the call ran on
+        pa.field(NAME, pa.string(), nullable=False),  # the view: c10d::allreduce_, gloo:all_reduce
+        pa.field(COLLECTIVE, pa.string(), nullable=False),
+        pa.field(GROUP, pa.string()),  # process group, where the trace names it
+        pa.field(
+            SEQ, pa.int64(), nullable=False
+        ),  # order of the call among the rank's (name, collective)
+        pa.field(BYTES, pa.int64()),
+        pa.field(START_NS, pa.int64(), nullable=False),  # when the rank arrived
+        pa.field(END_NS, pa.int64(), nullable=False),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )

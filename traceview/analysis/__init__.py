@@ -1,8 +1,9 @@
 """The analysis: pure functions from the normalized events to results.
 
 Per rank (``rank_tables``): the steps table (the exclusive breakdown of every step,
-``attribution``) and the ops table (per-operator statistics, ``ops``). These are cached in the
-run directory as steps.parquet and ops.parquet, stamped with ``ANALYSIS_VERSION``; a reader that
+``attribution``), the ops table (per-operator statistics, ``ops``) and the collective calls
+(``collectives``: what cross-rank passes match). These are cached in the run directory as
+steps.parquet, ops.parquet and collectives.parquet, stamped with ``ANALYSIS_VERSION``; a reader that
 finds another version recomputes them from the events (``traceview.runs``), so a change of the
 analysis never needs a re-ingest. Run-wide results (``summary``, ``compare``, ``scaling``) are
 computed from those tables into ``traceview.results`` structs.
@@ -13,15 +14,20 @@ from __future__ import annotations
 import pyarrow as pa
 
 #: Bump when a change alters the steps or ops tables computed from the same events.
-ANALYSIS_VERSION = "1"
+ANALYSIS_VERSION = "2"  # 2: the collectives table
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
-RANK_TABLES = ("steps", "ops")
+RANK_TABLES = ("steps", "ops", "collectives")
 
 
 def rank_tables(events: pa.Table) -> dict[str, pa.Table]:
-    """The per-rank analysis of one rank's events: {"steps": ..., "ops": ...}."""
+    """The per-rank analysis of one rank's events: {"steps", "ops", "collectives"}."""
     from traceview.analysis.attribution import breakdown
+    from traceview.analysis.collectives import collective_calls
     from traceview.analysis.ops import op_stats
 
-    return {"steps": breakdown(events), "ops": op_stats(events)}
+    return {
+        "steps": breakdown(events),
+        "ops": op_stats(events),
+        "collectives": collective_calls(events),
+    }

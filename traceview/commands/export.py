@@ -28,16 +28,19 @@ class ExportCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview import export
+        from traceview.runs import open_run
 
-        if not R.is_run_dir(args.run):
+        if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
+        with open_run([args.run]) as run:  # the analysis tables, recomputed if stale
+            analysis = run.tables
         if args.format == "chrome":
             out = args.output or args.run / "trace.json.gz"
-            count = export.chrome(args.run, out)
+            count = export.chrome(args.run, analysis["steps"], out)
             print(f"{out}: {count:,} events (open in https://ui.perfetto.dev)")
         else:
             out = args.output or args.run / "export"
-            written = export.tables(args.run, out, args.format)
+            written = export.tables(args.run, analysis, out, args.format)
             for path in written:
                 print(path)
         return 0

@@ -1,0 +1,51 @@
+"""Every registered parser, over every sample and shared trace it recognises, only reads: it
+returns raw events in schema.RAW_SCHEMA, kinds only where the format states them, and names a
+known layout pass if it needs one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import SAMPLES, SHARED
+from traceview import schema as S
+from traceview.normalize import LAYOUTS
+from traceview.parsers import parser_for, registered
+from traceview.parsers.chrome_json import read_head
+
+
+def _traces() -> list[Path]:
+    roots = [SAMPLES, SHARED] if SHARED.exists() else [SAMPLES]
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            suffix = path.name.endswith((".json.gz", ".json", ".xplane.pb"))
+            if path.is_file() and suffix and path.name != "groundtruth.json":
+                found.append(path)
+    return found
+
+
+TRACES = _traces()
+
+
+def test_every_format_has_a_sample() -> None:
+    formats = {parser_for(p, read_head(p)).name for p in TRACES if parser_for(p, read_head(p))}
+    assert formats >= {p.name for p in registered()}
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
+    parser = parser_for(path, read_head(path))
+    assert parser is not None, f"{path}: no parser recognises it"
+    parsed = parser.parse(path)
+    events = parsed.events
+    assert events.schema.equals(S.RAW_SCHEMA, check_metadata=False)
+    assert events.num_rows > 0
+    kinds = set(events.column(S.KIND).to_pylist())
+    # kinds are the core's to decide (from categories); a parser states instants at most
+    assert kinds <= {None, S.KIND_INSTANT}, f"{parser.name} decided kinds {kinds}"
+    assert pc.min(events.column(S.DUR_NS)).as_py() >= 0
+    assert parsed.layout is None or parsed.layout in LAYOUTS
+    assert parsed.framework == parser.framework

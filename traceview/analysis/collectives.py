@@ -1,0 +1,84 @@
+"""A rank's collective calls: the small table cross-rank passes match across ranks, so they run
+on per-rank results without reading events.
+
+A call is an event the rules mark as a collective that no enclosing event is also one: the
+outermost view of each call on its thread or stream (``c10d::allreduce_`` on the training
+thread, ``gloo:all_reduce`` on gloo's thread, a KVStore push/pull, a TensorFlow collective op).
+Views are kept apart (``name``) and numbered in time order per (name, collective): ``seq`` is the
+rank's n-th call of that view, the key to match it with the other ranks' n-th. A call's bytes
+are the most that it or a collective event inside it records (c10d::allreduce_ records none,
+the record_param_comms or nccl:all_reduce inside it do).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview import schema as S
+from traceview.arrays import EventArrays, ints
+
+
+def _inside_a_collective(parent_row: np.ndarray, is_collective: np.ndarray) -> np.ndarray:
+    """Whether any ancestor of each event is a collective (pointer jumping: log2(depth) rounds)."""
+    ancestor = parent_row.copy()
+    hit = np.where(ancestor >= 0, is_collective[np.maximum(ancestor, 0)], False)
+    while (ancestor >= 0).any():
+        reach = np.maximum(ancestor, 0)
+        hit = hit | np.where(ancestor >= 0, hit[reach], False)
+        ancestor = np.where(ancestor >= 0, ancestor[reach], -1)
+    return hit
+
+
+def collective_calls(events: pa.Table) -> pa.Table:
+    """The collective calls of one rank's events (schema.COLLECTIVES_SCHEMA), in time order."""
+    if events.num_rows == 0:
+        return S.COLLECTIVES_SCHEMA.empty_table()
+    is_collective = np.asarray(pc.is_valid(events.column(S.COLLECTIVE)), bool)
+    if not is_collective.any():
+        return S.COLLECTIVES_SCHEMA.empty_table()
+    ev = EventArrays.of(events)
+    nested = is_collective & _inside_a_collective(ev.parent_row, is_collective)
+    outermost = is_collective & ~nested
+    rows = np.flatnonzero(outermost)
+    calls = events.take(pa.array(rows))
+    # bytes: the call's own, or the most a collective nested in it records
+    size = ints(events.column(S.BYTES), -1)
+    inner = np.flatnonzero(nested)
+    owner = ev.parent_row[inner]
+    while len(owner) and not outermost[owner].all():  # climb to the outermost call
+        owner = np.where(outermost[owner], owner, ev.parent_row[owner])
+    best = size.copy()
+    np.maximum.at(best, owner, size[inner])
+    call_bytes = best[rows]
+    names = calls.column(S.NAME).cast(pa.string())
+    kinds = calls.column(S.COLLECTIVE).cast(pa.string())
+    # seq: the call's place among the rank's calls of the same view, in time order
+    key = pc.binary_join_element_wise(names, kinds, "\x00")
+    _, group = np.unique(np.asarray(key.to_pylist(), dtype=object), return_inverse=True)
+    group = np.asarray(group, np.int64).ravel()
+    order = np.lexsort((ev.ts[rows], group))
+    seq = np.empty(len(rows), np.int64)
+    sorted_group = group[order]
+    first = np.concatenate(([True], sorted_group[1:] != sorted_group[:-1]))
+    start_of_group = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+    seq[order] = np.arange(len(order)) - start_of_group
+    table = pa.table(
+        {
+            S.RANK: calls.column(S.RANK),
+            S.STEP: calls.column(S.STEP),
+            S.DEVICE: calls.column(S.DEVICE).cast(pa.string()),
+            S.PID: calls.column(S.PID),
+            S.TID: calls.column(S.TID),
+            S.NAME: names,
+            S.COLLECTIVE: kinds,
+            S.GROUP: pa.nulls(len(rows), pa.string()),
+            S.SEQ: pa.array(seq, pa.int64()),
+            S.BYTES: pa.array(call_bytes, pa.int64(), mask=call_bytes < 0),
+            S.START_NS: pa.array(ev.ts[rows], pa.int64()),
+            S.END_NS: pa.array(ev.end[rows], pa.int64()),
+        }
+    )
+    table = S.conform(table, S.COLLECTIVES_SCHEMA)
+    return table.take(pa.array(np.argsort(ints(table.column(S.START_NS)), kind="stable")))
