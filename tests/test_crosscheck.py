@@ -139,7 +139,7 @@ def test_hta_agrees_on_communication_overlap(name: str, tmp_path: Path) -> None:
     events = events.with_columns((pl.col(S.TS_NS) + pl.col(S.DUR_NS)).alias("end"))
     # HTA keeps only kernels launched by host operators of the iterations it considers complete
     # (not the last profiled step, for one): compare on the same kernels.
-    rank = R.read_manifest(run)["ranks"][0]["rank"]
+    rank = R.read_manifest(run).ranks[0].rank
     iterations = [int(i) for i in analysis.t.get_iterations(rank) if int(i) >= 0]
     same_kernels = events.filter(pl.col(S.STEP).is_in(iterations) & pl.col(S.PARENT).is_not_null())
     assert 100 * _device_overlap(same_kernels) == pytest.approx(hta_pct, abs=1.0)

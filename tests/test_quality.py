@@ -48,3 +48,23 @@ def test_mypy_is_clean(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_package_is_in_the_wheel() -> None:
+    """pyproject lists the packages a (non-editable) install ships: a package missing there
+    works from a checkout and fails in a user's `pip install`."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        "traceview." + ".".join(p.parent.relative_to(REPO / "traceview").parts)
+        if p.parent != REPO / "traceview"
+        else "traceview"
+        for p in (REPO / "traceview").rglob("__init__.py")
+    }
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"

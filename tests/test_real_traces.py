@@ -79,9 +79,9 @@ def test_rank_and_world_size_come_from_distributed_info(tmp_path: Path) -> None:
     path = shared_traces("pytorch/hta_cpu_only_gloo")
     run = _ingest(path, tmp_path)
     manifest = R.read_manifest(run)
-    assert [r["rank"] for r in manifest["ranks"]] == [34]
-    assert manifest["world_size"] == 300
-    assert "missing rank(s) 0-33, 35-299" in manifest["notes"]["warnings"][0]
+    assert [r.rank for r in manifest.ranks] == [34]
+    assert manifest.world_size == 300
+    assert "missing rank(s) 0-33, 35-299" in manifest.notes.warnings[0]
     report = summarize(R.read_steps(run), R.read_ops(run), manifest)
     # a CPU-only gloo job: all it recorded is gloo:all_reduce on the training thread
     assert report.summary.comm_total_ms > 0
@@ -125,7 +125,7 @@ def test_old_kineto_format_and_old_autograd_api(tmp_path: Path) -> None:
         shared_traces("pytorch/kineto_resnet50_autograd_api_num_workers_0"), tmp_path / "b"
     )
     manifest = R.read_manifest(run)
-    assert any("no step markers" in r for r in manifest["notes"]["remarks"])
+    assert any("no step markers" in r for r in manifest.notes.remarks)
     steps = pl.from_arrow(R.read_steps(run))
     assert isinstance(steps, pl.DataFrame)
     assert steps.height == 1 and steps[S.STEP].null_count() == 1
@@ -148,8 +148,8 @@ def test_two_ranks_of_one_job(tmp_path: Path) -> None:
     folder = shared_traces("pytorch/hta_sampled_2rank")
     run = _ingest(folder, tmp_path)
     manifest = R.read_manifest(run)
-    assert [r["rank"] for r in manifest["ranks"]] == [0, 1]
-    assert manifest["world_size"] == 128
+    assert [r.rank for r in manifest.ranks] == [0, 1]
+    assert manifest.world_size == 128
     report = summarize(R.read_steps(run), R.read_ops(run), manifest)
     assert report.run.ranks == 2
     assert report.summary.straggler_rank in (0, 1)

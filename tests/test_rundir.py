@@ -27,7 +27,7 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 
 
 def test_ingest_stamps_the_analysis_version(fresh: Path) -> None:
-    assert R.read_manifest(fresh)["analysis_version"] == ANALYSIS_VERSION
+    assert R.read_manifest(fresh).analysis_version == ANALYSIS_VERSION
 
 
 def test_tables_of_another_analysis_version_are_recomputed_and_cached(
@@ -35,14 +35,14 @@ def test_tables_of_another_analysis_version_are_recomputed_and_cached(
 ) -> None:
     run = _copy(fresh, tmp_path)
     manifest = R.read_manifest(run)
-    (run / R.MANIFEST).write_text(json.dumps({**manifest, "analysis_version": "0"}))
+    (run / R.MANIFEST).write_text(json.dumps({**manifest.to_builtins(), "analysis_version": "0"}))
     # an older analysis wrote different numbers: they must not be read back
     R.write_parquet(run / R.STEPS, R.read_steps(fresh).slice(0, 1))
     with open_run([run]) as opened:
         assert opened.steps.equals(R.read_steps(fresh))
         assert opened.ops.equals(R.read_ops(fresh))
         assert not opened.temporary
-    assert R.read_manifest(run)["analysis_version"] == ANALYSIS_VERSION
+    assert R.read_manifest(run).analysis_version == ANALYSIS_VERSION
     assert R.read_steps(run).equals(R.read_steps(fresh)), "the fresh tables are cached"
 
 

@@ -23,6 +23,7 @@ from traceview import schema as S
 from traceview.analysis.compare import compare
 from traceview.analysis.summary import summarize
 from traceview.commands.tui import run_groups
+from traceview.manifest import Manifest
 from traceview.runs import Run, open_run, open_runs
 from traceview.text import safe
 from traceview.tui.app import TraceviewApp
@@ -300,7 +301,8 @@ def test_warm_up_steps_are_marked_from_their_time() -> None:
         return pa.table(columns, schema=S.STEPS_SCHEMA)
 
     marks = [
-        r.mark for r in summarize(table([80, 50, 10, 10, 10, 30, 10]), pa.table({}), {}).per_step
+        r.mark
+        for r in summarize(table([80, 50, 10, 10, 10, 30, 10]), pa.table({}), Manifest()).per_step
     ]
     assert marks == ["warm-up", "warm-up", "", "", "", "slow", ""]
 

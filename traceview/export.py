@@ -59,8 +59,9 @@ def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
     """Write the merged multi-rank trace; returns the number of trace events written."""
     manifest = R.read_manifest(run)
     steps = pl.from_arrow(steps_table)
-    ranks = [r["rank"] for r in manifest["ranks"]]
-    info = {r["rank"]: r for r in manifest["ranks"]}
+    assert isinstance(steps, pl.DataFrame)
+    ranks = [r.rank for r in manifest.ranks]
+    info = {r.rank: r for r in manifest.ranks}
     origin: int | None = None
     for rank in ranks:
         ts = R.read_events(run, [rank]).column(S.TS_NS)
@@ -82,7 +83,7 @@ def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
 
         for rank in ranks:
             rank_info = info[rank]
-            host = rank_info.get("host") or ""
+            host = rank_info.host or ""
             emit(
                 [
                     {
@@ -123,7 +124,7 @@ def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
             lanes = df.group_by("lane").agg(
                 pl.col(S.PID).first(), pl.col(S.TID).first(), gpu.first().alias("gpu")
             )
-            threads = rank_info.get("threads", {})
+            threads = rank_info.threads
             for lane in lanes.iter_rows(named=True):
                 label = (
                     f"GPU {lane[S.PID]} stream {lane[S.TID]}"

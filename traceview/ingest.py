@@ -11,7 +11,6 @@ half-written run.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -22,7 +21,6 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +29,14 @@ from traceview import __version__
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.errors import BadInput, Notes, TraceviewError, UsageError
+from traceview.manifest import (
+    Collected,
+    Manifest,
+    ManifestNotes,
+    RankIngest,
+    RankStatus,
+    from_json,
+)
 from traceview.normalize import RankMeta, normalize
 from traceview.parsers import Parser, rank_from_filename, registered
 from traceview.parsers.chrome_json import read_head
@@ -60,7 +66,7 @@ RankAnalysis = Callable[[pa.Table], dict[str, pa.Table]]
 @dataclass
 class RankResult:
     rank: int
-    info: dict[str, Any]
+    info: RankIngest
     tables: dict[str, pa.Table]
     notes: Notes = field(default_factory=Notes)
 
@@ -76,13 +82,15 @@ def _candidates(folder: Path) -> list[Path]:
     ]
 
 
-def rank_status(trace: Path) -> dict[str, Any]:
-    """The status `traceview collect` wrote beside a trace ({} when there is none)."""
+def rank_status(trace: Path) -> RankStatus:
+    """The status `traceview collect` wrote beside a trace (empty when there is none, or when
+    it is not a status: the trace is read all the same)."""
+    path = trace.parent / RANK_STATUS
     try:
-        value = json.loads((trace.parent / RANK_STATUS).read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+        status: RankStatus = from_json(path.read_bytes(), RankStatus, str(path))
+    except (OSError, BadInput):
+        return RankStatus()
+    return status
 
 
 def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
@@ -135,9 +143,9 @@ def _identify(path: Path, parsers: list[Parser]) -> TraceFile | None:
         path=path,
         parser=parser.name,
         framework=parser.framework,
-        claimed_rank=identity.rank if identity.rank is not None else status.get("rank"),
-        world_size=identity.world_size or status.get("world_size"),
-        host=identity.host or status.get("host"),
+        claimed_rank=identity.rank if identity.rank is not None else status.rank,
+        world_size=identity.world_size or status.world_size,
+        host=identity.host or status.host,
         size=path.stat().st_size,
     )
 
@@ -225,8 +233,8 @@ def _process_rank(
     parser = parser_named(trace.parser)
     rules = rules_for(parser.framework, rules_path)
     parsed = parser.parse(trace.path)
-    clock = rank_status(trace.path).get("clock") or {}
-    offset = int(clock.get("offset_ns") or 0)
+    clock = rank_status(trace.path).clock
+    offset = clock.offset_ns
     if offset:  # onto the launcher's clock, which all ranks share
         shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))
         parsed.events = parsed.events.set_column(
@@ -255,25 +263,25 @@ def _process_rank(
         for key, label in normalized.layout.threads.items():
             threads.setdefault(key, label)
         skipped.update(normalized.layout.skipped)
-    info = {
-        "rank": trace.rank,
-        "source": str(trace.path),
-        "format": parser.name,
-        "framework": parser.framework,
-        "host": host,
-        "status": "truncated" if parsed.lost_bytes else "ok",
-        "events": normalized.events.num_rows,
-        "bytes_read": parsed.bytes_read,
-        "lost_bytes": parsed.lost_bytes,
-        "skipped_records": skipped,
-        "steps": normalized.steps,
-        "training_thread": list(normalized.training_thread) if normalized.training_thread else None,
-        "threads": threads,
-        "clock_offset_ns": offset,
-        "clock": clock,
-        "meta": found,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    info = RankIngest(
+        rank=trace.rank,
+        source=str(trace.path),
+        format=parser.name,
+        framework=parser.framework,
+        host=host,
+        status="truncated" if parsed.lost_bytes else "ok",
+        events=normalized.events.num_rows,
+        bytes_read=parsed.bytes_read,
+        lost_bytes=parsed.lost_bytes,
+        skipped_records=skipped,
+        steps=normalized.steps,
+        training_thread=list(normalized.training_thread) if normalized.training_thread else None,
+        threads=threads,
+        clock_offset_ns=offset,
+        clock=clock,
+        meta=found,
+        seconds=round(time.perf_counter() - started, 3),
+    )
     return RankResult(trace.rank, info, tables, notes)
 
 
@@ -320,29 +328,10 @@ def ingest(
         raise UsageError(f"{out}: exists and is not a traceview run directory")
     traces = discover(paths, notes)
     world = assign_ranks(traces, notes)
-    previous = R.read_manifest(out) if R.is_run_dir(out) else {}
-    collected = previous.get("collect") or {}
-    for rank in collected.get("ranks", []):
-        if rank.get("state") not in ("ok", "running"):
-            detail = f" ({rank['detail']})" if rank.get("detail") else ""
-            notes.warn(f"rank {rank.get('rank')} ended: {rank.get('state')}{detail}")
-        if not rank.get("trace"):
-            notes.warn(f"rank {rank.get('rank')} wrote no trace")
-    others = collected.get("processes") or []
-    if others:
-        roles = sorted({str(p.get("role")) for p in others})
-        counts = ", ".join(f"{sum(p.get('role') == r for p in others)} {r}" for r in roles)
-        notes.remark(
-            f"parameter-server job: {counts} beside the workers, recorded but not profiled "
-            "(what the servers do shows as the workers' push/pull time)"
-        )
-        for proc in others:
-            if proc.get("state") not in ("ok", "running"):
-                detail = f" ({proc['detail']})" if proc.get("detail") else ""
-                notes.warn(
-                    f"{proc.get('role')} (pid {proc.get('pid')}) ended: {proc.get('state')}{detail}"
-                )
-    world = world or collected.get("world_size")
+    collected = R.read_manifest(out).collect if R.is_run_dir(out) else None
+    if collected is not None:
+        _collect_notes(collected, notes)
+        world = world or collected.world_size
     traces.sort(key=lambda t: t.rank)
     run_id = uuid.uuid4().hex[:12]
     out = out.resolve()
@@ -359,32 +348,31 @@ def ingest(
             R.write_parquet(
                 staged / f"{name}.parquet", pa.concat_tables([r.tables[name] for r in results])
             )
-        frameworks = sorted({r.info["framework"] for r in results})
+        frameworks = sorted({r.info.framework or "?" for r in results})
         if len(frameworks) > 1:
             notes.warn(
                 f"one run holds traces of {' and '.join(frameworks)}: traces of different jobs? "
                 "(to compare runs, give each its own: traceview compare A B)"
             )
         present = [r.rank for r in results]
-        manifest: dict[str, Any] = {
-            "traceview_version": __version__,
-            "schema_version": S.SCHEMA_VERSION,
-            "run_id": run_id,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "command": command or [],
-            "inputs": [str(p) for p in paths],
-            "framework": "+".join(frameworks),
-            "world_size": world,
-            "ranks_present": present,
-            "missing_ranks": sorted(set(range(world)) - set(present)) if world else [],
-            "ranks": [r.info for r in results],
-            "notes": {"warnings": notes.warnings, "remarks": notes.remarks},
-            "ingest_seconds": round(time.time() - started, 3),
-            "analysis_version": analysis_version if analyze is not None else None,
-        }
-        if collected:
-            manifest["collect"] = collected
-        R.write_json(staged / R.MANIFEST, manifest)
+        manifest = Manifest(
+            traceview_version=__version__,
+            schema_version=S.SCHEMA_VERSION,
+            run_id=run_id,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            command=command or [],
+            inputs=[str(p) for p in paths],
+            framework="+".join(frameworks),
+            world_size=world,
+            ranks_present=present,
+            missing_ranks=sorted(set(range(world)) - set(present)) if world else [],
+            ranks=[r.info for r in results],
+            notes=ManifestNotes(warnings=notes.warnings, remarks=notes.remarks),
+            ingest_seconds=round(time.time() - started, 3),
+            analysis_version=analysis_version if analyze is not None else None,
+            collect=collected,
+        )
+        R.write_manifest(staged, manifest)
         R.replace_dir(staged, out)
     except TraceviewError:
         shutil.rmtree(staged, ignore_errors=True)
@@ -397,8 +385,29 @@ def ingest(
 
 def warn_lines(out: Path) -> list[str]:
     """The manifest's warnings, for printing after an ingest."""
-    manifest = R.read_manifest(out)
-    return list(manifest.get("notes", {}).get("warnings", []))
+    return list(R.read_manifest(out).notes.warnings)
+
+
+def _collect_notes(collected: Collected, notes: Notes) -> None:
+    """What `traceview collect` recorded about ranks that ended badly and other processes."""
+    for rank in collected.ranks:
+        if rank.state not in ("ok", "running"):
+            detail = f" ({rank.detail})" if rank.detail else ""
+            notes.warn(f"rank {rank.rank} ended: {rank.state}{detail}")
+        if not rank.trace:
+            notes.warn(f"rank {rank.rank} wrote no trace")
+    others = collected.processes
+    if others:
+        roles = sorted({str(p.role) for p in others})
+        counts = ", ".join(f"{sum(str(p.role) == r for p in others)} {r}" for r in roles)
+        notes.remark(
+            f"parameter-server job: {counts} beside the workers, recorded but not profiled "
+            "(what the servers do shows as the workers' push/pull time)"
+        )
+        for proc in others:
+            if proc.state not in ("ok", "running"):
+                detail = f" ({proc.detail})" if proc.detail else ""
+                notes.warn(f"{proc.role} (pid {proc.pid}) ended: {proc.state}{detail}")
 
 
 def eprint(message: str) -> None:

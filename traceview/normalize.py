@@ -343,17 +343,20 @@ def _without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
 
 def kinds_from_categories(raw: pa.Table, rules: RuleSet) -> pa.Table:
     """An event whose parser left its kind open takes the kind the rules give its category."""
-    kind = raw.column(S.KIND)
-    if kind.null_count == 0:
+    if raw.column(S.KIND).null_count == 0:
         return raw
-    cats = _dictionary(raw.column(S.CAT))
-    lut = pa.array(
-        [rules.kind_of(c) for c in cats.dictionary.to_pylist()] + [rules.kind_of(None)],
-        pa.string(),
-    )
-    by_category = pc.take(lut, pc.fill_null(cats.indices, len(lut) - 1))
-    filled = pc.coalesce(kind.cast(pa.string()), by_category).dictionary_encode()
-    return raw.set_column(raw.schema.get_field_index(S.KIND), S.KIND, filled)
+    kind, cats = _dictionary(raw.column(S.KIND)), _dictionary(raw.column(S.CAT))
+    stated = [str(k) for k in kind.dictionary.to_pylist()]
+    by_category = [rules.kind_of(c) for c in cats.dictionary.to_pylist()] + [rules.kind_of(None)]
+    names = sorted({*stated, *by_category})
+    code = {name: i for i, name in enumerate(names)}
+    # on dictionary codes: the parser's kind where it stated one, else its category's
+    kind_codes, cat_codes = _codes(kind), _codes(cats)
+    from_category = np.array([code[k] for k in by_category], np.int32)[cat_codes]
+    from_parser = np.array([code[k] for k in stated] + [0], np.int32)[kind_codes]
+    filled = np.where(kind_codes >= 0, from_parser, from_category).astype(np.int32)
+    column = pa.DictionaryArray.from_arrays(pa.array(filled), pa.array(names, pa.string()))
+    return raw.set_column(raw.schema.get_field_index(S.KIND), S.KIND, column)
 
 
 @dataclass

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from traceview import schema as S
 from traceview.errors import BadInput
+from traceview.manifest import Manifest, from_json
 
 MANIFEST = "manifest.json"
 EVENTS = "events"
@@ -78,16 +79,19 @@ def write_events(run: Path, rank: int, events: pa.Table) -> Path:
     return path
 
 
-def read_manifest(run: Path) -> dict[str, Any]:
+def read_manifest(run: Path) -> Manifest:
     try:
-        value = json.loads((run / MANIFEST).read_text())
+        data = (run / MANIFEST).read_bytes()
     except FileNotFoundError:
         raise BadInput(f"{run}: not a run directory (no {MANIFEST})") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise BadInput(f"{run}/{MANIFEST}: unreadable ({exc})") from None
-    if not isinstance(value, dict):
-        raise BadInput(f"{run}/{MANIFEST}: not a manifest")
-    return value
+    manifest: Manifest = from_json(data, Manifest, f"{run}/{MANIFEST}")
+    return manifest
+
+
+def write_manifest(run: Path, manifest: Manifest) -> None:
+    write_json(run / MANIFEST, manifest.to_builtins())
 
 
 def read_table(path: Path) -> pa.Table:

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 
 from traceview import rundir as R
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
+from traceview.manifest import Manifest
 from traceview.results import RunReport
 
 
@@ -27,7 +29,7 @@ from traceview.results import RunReport
 class Run:
     path: Path  # the run directory (temporary when read from traces)
     label: str  # how to name it to the user
-    manifest: dict[str, Any]
+    manifest: Manifest
     tables: dict[str, pa.Table]  # the per-rank analysis tables of every rank (RANK_TABLES)
     temporary: bool
 
@@ -46,8 +48,8 @@ class Run:
     def report(self, top: int = 10) -> RunReport:
         from traceview.analysis.summary import summarize
 
-        manifest = {**self.manifest, "path": None if self.temporary else str(self.path)}
-        return summarize(self.steps, self.ops, manifest, top)
+        path = None if self.temporary else str(self.path)
+        return summarize(self.steps, self.ops, self.manifest, top, path=path)
 
     def events(self, ranks: list[int] | None = None) -> pa.Table:
         return R.read_events(self.path, ranks)
@@ -66,13 +68,13 @@ def ingest_run(paths: list[Path], out: Path, **options: Any) -> Path:
     return ingest(paths, out, analyze=rank_tables, analysis_version=ANALYSIS_VERSION, **options)
 
 
-def analysis_is_current(run: Path, manifest: dict[str, Any]) -> bool:
-    return manifest.get("analysis_version") == ANALYSIS_VERSION and all(
+def analysis_is_current(run: Path, manifest: Manifest) -> bool:
+    return manifest.analysis_version == ANALYSIS_VERSION and all(
         (run / f"{name}.parquet").is_file() for name in RANK_TABLES
     )
 
 
-def reanalyze(run: Path, manifest: dict[str, Any]) -> dict[str, pa.Table]:
+def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
     """The analysis tables of ``run`` computed afresh from its events, one rank at a time;
     cached in the run directory (with this analysis version) where it can be written."""
     per_rank = [rank_tables(R.read_events(run, [rank])) for rank in R.event_ranks(run)]
@@ -80,7 +82,7 @@ def reanalyze(run: Path, manifest: dict[str, Any]) -> dict[str, pa.Table]:
     try:
         for name, table in tables.items():
             R.write_parquet(run / f"{name}.parquet", table)
-        R.write_json(run / R.MANIFEST, {**manifest, "analysis_version": ANALYSIS_VERSION})
+        R.write_manifest(run, msgspec.structs.replace(manifest, analysis_version=ANALYSIS_VERSION))
     except OSError:  # a read-only run directory: use the fresh tables without caching them
         pass
     return tables
@@ -116,7 +118,7 @@ def open_runs(groups: list[list[Path]], rules: Path | None = None) -> Iterator[l
         # Same folder name in different frameworks' trees (pytorch/explicit, tensorflow/explicit):
         # prefix the framework; otherwise number the repeats.
         labels = [run.label for run in runs]
-        frameworks = [run.manifest.get("framework") for run in runs]
+        frameworks = [run.manifest.framework for run in runs]
         for run, framework in zip(runs, frameworks, strict=True):
             same = [f for label, f in zip(labels, frameworks, strict=True) if label == run.label]
             if len(same) > 1 and framework and len(set(same)) > 1:

@@ -17,18 +17,31 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import EventArrays, ints
+from traceview.arrays import ints
 
 
-def _inside_a_collective(parent_row: np.ndarray, is_collective: np.ndarray) -> np.ndarray:
-    """Whether any ancestor of each event is a collective (pointer jumping: log2(depth) rounds)."""
-    ancestor = parent_row.copy()
-    hit = np.where(ancestor >= 0, is_collective[np.maximum(ancestor, 0)], False)
-    while (ancestor >= 0).any():
-        reach = np.maximum(ancestor, 0)
-        hit = hit | np.where(ancestor >= 0, hit[reach], False)
-        ancestor = np.where(ancestor >= 0, ancestor[reach], -1)
-    return hit
+def _parent_rows(events: pa.Table) -> np.ndarray:
+    """Row index of each event's parent (-1: none); ids are row numbers as normalize writes them."""
+    ids = ints(events.column(S.EVENT_ID), 0)
+    parent = ints(events.column(S.PARENT), -1)
+    if np.array_equal(ids, np.arange(len(ids))):
+        return parent
+    row_of_id = np.full(int(ids.max(initial=-1)) + 1, -1, np.int64)
+    row_of_id[ids] = np.arange(len(ids))
+    return np.where(parent >= 0, row_of_id[np.clip(parent, 0, max(len(row_of_id) - 1, 0))], -1)
+
+
+def _outermost(parent_row: np.ndarray, is_collective: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The collective rows no ancestor of which is a collective, and for every other collective
+    row the outermost one it is inside. Walks up from the collective rows only (a few per step),
+    one level per round."""
+    rows = np.flatnonzero(is_collective)
+    owner = np.full(len(rows), -1, np.int64)
+    current = parent_row[rows]
+    while (current >= 0).any():
+        owner = np.where((current >= 0) & is_collective[np.maximum(current, 0)], current, owner)
+        current = np.where(current >= 0, parent_row[np.maximum(current, 0)], -1)
+    return rows[owner < 0], np.stack([rows[owner >= 0], owner[owner >= 0]])
 
 
 def collective_calls(events: pa.Table) -> pa.Table:
@@ -38,17 +51,12 @@ def collective_calls(events: pa.Table) -> pa.Table:
     is_collective = np.asarray(pc.is_valid(events.column(S.COLLECTIVE)), bool)
     if not is_collective.any():
         return S.COLLECTIVES_SCHEMA.empty_table()
-    ev = EventArrays.of(events)
-    nested = is_collective & _inside_a_collective(ev.parent_row, is_collective)
-    outermost = is_collective & ~nested
-    rows = np.flatnonzero(outermost)
+    rows, (inner, owner) = _outermost(_parent_rows(events), is_collective)
     calls = events.take(pa.array(rows))
+    ts = ints(calls.column(S.TS_NS), 0)
+    end = ts + ints(calls.column(S.DUR_NS), 0)
     # bytes: the call's own, or the most a collective nested in it records
     size = ints(events.column(S.BYTES), -1)
-    inner = np.flatnonzero(nested)
-    owner = ev.parent_row[inner]
-    while len(owner) and not outermost[owner].all():  # climb to the outermost call
-        owner = np.where(outermost[owner], owner, ev.parent_row[owner])
     best = size.copy()
     np.maximum.at(best, owner, size[inner])
     call_bytes = best[rows]
@@ -58,7 +66,7 @@ def collective_calls(events: pa.Table) -> pa.Table:
     key = pc.binary_join_element_wise(names, kinds, "\x00")
     _, group = np.unique(np.asarray(key.to_pylist(), dtype=object), return_inverse=True)
     group = np.asarray(group, np.int64).ravel()
-    order = np.lexsort((ev.ts[rows], group))
+    order = np.lexsort((ts, group))
     seq = np.empty(len(rows), np.int64)
     sorted_group = group[order]
     first = np.concatenate(([True], sorted_group[1:] != sorted_group[:-1]))
@@ -76,8 +84,8 @@ def collective_calls(events: pa.Table) -> pa.Table:
             S.GROUP: pa.nulls(len(rows), pa.string()),
             S.SEQ: pa.array(seq, pa.int64()),
             S.BYTES: pa.array(call_bytes, pa.int64(), mask=call_bytes < 0),
-            S.START_NS: pa.array(ev.ts[rows], pa.int64()),
-            S.END_NS: pa.array(ev.end[rows], pa.int64()),
+            S.START_NS: pa.array(ts, pa.int64()),
+            S.END_NS: pa.array(end, pa.int64()),
         }
     )
     table = S.conform(table, S.COLLECTIVES_SCHEMA)

@@ -27,13 +27,13 @@ and says which model fits the measurements best. The same models on each run's o
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
 from traceview import schema as S
 from traceview.analysis.attribution import CommSchedule, layerwise_exposed
+from traceview.manifest import Manifest
 from traceview.results import (
     AllReduceRate,
     Breakdown,
@@ -87,9 +87,9 @@ def compute_ms(breakdown: Breakdown) -> float:
     return breakdown[S.H2D] + breakdown[S.FORWARD] + breakdown[S.BACKWARD] + breakdown[S.UPDATE]
 
 
-def traced_batch_size(manifest: dict[str, Any]) -> int | None:
+def traced_batch_size(manifest: Manifest) -> int | None:
     """The per-rank mini-batch the parsers read off the traces' input shapes (most ranks' value)."""
-    sizes = [r.get("meta", {}).get("batch_size") for r in manifest.get("ranks", [])]
+    sizes = [r.meta.get("batch_size") for r in manifest.ranks]
     counts = Counter(s for s in sizes if isinstance(s, int) and s > 0)
     return counts.most_common(1)[0][0] if counts else None
 

@@ -9,12 +9,13 @@ imbalance and blocked time, warm-up and slow steps: all decided here, into
 from __future__ import annotations
 
 import statistics
-from typing import Any, cast
+from typing import cast
 
 import polars as pl
 import pyarrow as pa
 
 from traceview import schema as S
+from traceview.manifest import Collected, Manifest
 from traceview.results import (
     BottleneckPhase,
     Breakdown,
@@ -267,54 +268,60 @@ def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopO
     return top_ops
 
 
-def _job(manifest: dict[str, Any]) -> JobInfo | None:
-    collected = manifest.get("collect") or {}
-    if not collected:
+def _job(collected: Collected | None) -> JobInfo | None:
+    if collected is None:
         return None
-    clocks = [r.get("clock") or {} for r in collected.get("ranks", [])]
-    probed = [c for c in clocks if c.get("method") == "tcp"]
+    clocks = [r.clock for r in collected.ranks]
+    probed = [c for c in clocks if c.method == "tcp"]
     return JobInfo(
-        command=collected.get("command"),
-        exit_code=collected.get("exit_code"),
-        hosts=collected.get("hosts", []),
+        command=collected.command,
+        exit_code=collected.exit_code,
+        hosts=collected.hosts,
         clock_method="tcp"
         if probed and len(probed) == len(clocks)
         else ("mixed" if probed else "wallclock"),
-        clock_uncertainty_us=round(max((c.get("uncertainty_ns") or 0) for c in probed) / 1e3, 1)
+        clock_uncertainty_us=round(max((c.uncertainty_ns or 0) for c in probed) / 1e3, 1)
         if probed
         else None,
-        max_clock_offset_us=round(max(abs(c.get("offset_ns") or 0) for c in probed) / 1e3, 1)
+        max_clock_offset_us=round(max(abs(c.offset_ns) for c in probed) / 1e3, 1)
         if probed
         else None,
     )
 
 
-def summarize(steps: pa.Table, ops: pa.Table, manifest: dict[str, Any], top: int = 10) -> RunReport:
-    """The report of a run (``report --json``, docs/design.md) from its steps and ops tables."""
+def summarize(
+    steps: pa.Table,
+    ops: pa.Table,
+    manifest: Manifest,
+    top: int = 10,
+    *,
+    path: str | None = None,
+) -> RunReport:
+    """The report of a run (``report --json``, docs/design.md) from its steps and ops tables;
+    ``path``: the run directory, where it is not a temporary one."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     ranks_df = _rank_rows(df) if df.height else pl.DataFrame()
     ranks = _ranks(ranks_df)
     summary = _summary(ranks, ranks_df)
     per_step, stats = _per_step(df)
-    notes = manifest.get("notes", {})
     return RunReport(
         run=RunInfo(
-            framework=manifest.get("framework"),
+            framework=manifest.framework,
             ranks=len(ranks),
             steps=int(df[S.STEP].n_unique()) if df.height and df[S.STEP].null_count() == 0 else 0,
-            world_size=manifest.get("world_size"),
-            missing_ranks=manifest.get("missing_ranks", []),
+            world_size=manifest.world_size,
+            missing_ranks=manifest.missing_ranks,
             timeline=ranks[0].timeline if ranks else None,
-            path=manifest.get("path"),
-            run_id=manifest.get("run_id"),
-            job=_job(manifest),
+            path=path,
+            run_id=manifest.run_id,
+            job=_job(manifest.collect),
         ),
         summary=summary,
         ranks=ranks,
         per_step=per_step,
         step_stats=stats,
         top_ops=_top_ops(ops, int(df.height), summary.step_ms, top),
-        warnings=list(notes.get("warnings", [])),
-        remarks=list(notes.get("remarks", [])),
+        warnings=list(manifest.notes.warnings),
+        remarks=list(manifest.notes.remarks),
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from traceview import rundir as R
 from traceview.errors import UsageError
+from traceview.manifest import Manifest, collected
 from traceview.text import safe
 
 
@@ -87,7 +88,7 @@ class CollectCommand:
         except JobNotStarted as exc:
             print(f"traceview: error: {safe(exc)}", file=sys.stderr)
             return 127
-        R.write_json(run / R.MANIFEST, {"collect": collect_manifest(result, settings), "ranks": []})
+        R.write_manifest(run, Manifest(collect=collected(collect_manifest(result, settings))))
         code = result.exit_code
         if result.interrupted:
             print(

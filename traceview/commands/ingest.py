@@ -38,11 +38,11 @@ class IngestCommand:
             args.paths, args.output, rules_path=args.rules, jobs=args.jobs, command=sys.argv
         )
         manifest = R.read_manifest(out)
-        for warning in manifest["notes"]["warnings"]:
+        for warning in manifest.notes.warnings:
             print(f"traceview: warning: {safe(warning)}", file=sys.stderr)
-        events = sum(r["events"] for r in manifest["ranks"])
+        events = sum(r.events for r in manifest.ranks)
         print(
-            f"{out}: {len(manifest['ranks'])} rank(s), {events:,} events, "
-            f"{manifest['ingest_seconds']:.2f} s"
+            f"{out}: {len(manifest.ranks)} rank(s), {events:,} events, "
+            f"{manifest.ingest_seconds or 0:.2f} s"
         )
         return 0

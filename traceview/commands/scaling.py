@@ -15,14 +15,15 @@ import argparse
 from pathlib import Path
 
 from traceview.errors import UsageError
+from traceview.manifest import Manifest
 
 #: Ranks whose collectives the overlap model replays (their pattern repeats across ranks).
 REPLAY_RANKS = 4
 
 
-def sample_ranks(manifest: dict) -> list[int]:
+def sample_ranks(manifest: Manifest) -> list[int]:
     """Up to REPLAY_RANKS ranks spread over the run."""
-    ranks = sorted(manifest.get("ranks_present") or [r["rank"] for r in manifest.get("ranks", [])])
+    ranks = sorted(manifest.ranks_present or [r.rank for r in manifest.ranks])
     if len(ranks) <= REPLAY_RANKS:
         return ranks
     picks = {round(i * (len(ranks) - 1) / (REPLAY_RANKS - 1)) for i in range(REPLAY_RANKS)}

@@ -70,13 +70,11 @@ def step_windows(run: Run) -> dict[int | None, dict[int, tuple[int, int]]]:
 
 def build_view(run: Run) -> RunView:
     """The rows of every screen for ``run`` (tens of milliseconds: call it from a worker)."""
-    threads = {
-        int(r["rank"]): dict(r.get("threads") or {})
-        for r in run.manifest.get("ranks", [])
-        if isinstance(r, dict) and "rank" in r
-    }
     return RunView(
-        label=run.label, report=run.report(ALL_OPS), windows=step_windows(run), threads=threads
+        label=run.label,
+        report=run.report(ALL_OPS),
+        windows=step_windows(run),
+        threads=run.manifest.threads(),
     )
 
 

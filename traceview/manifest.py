@@ -1,0 +1,180 @@
+"""The run directory's records, typed: a rank's status (raw/rank-N/status.json, written by the
+collector inside the job), the "collect" section (written by the launcher) and the manifest
+(written by ingest). They are read back with ``from_json``: every field has a default, so a
+partial manifest (collect's, before ingest) or one written by another traceview version reads,
+and unknown keys are ignored; a value of the wrong type is bad input.
+
+The collectors inside the user's job write status.json with the standard library only (their
+``Status`` dataclass); ``RankStatus`` is the reading side of the same record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from traceview.errors import BadInput
+
+
+class Record(msgspec.Struct, kw_only=True):
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    def to_builtins(self) -> Any:
+        return msgspec.to_builtins(self)
+
+
+def from_json(data: bytes | str, kind: type[Any], what: str) -> Any:
+    """``data`` read as ``kind``; ``what`` names the file in the error of a malformed one."""
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as exc:
+        raise BadInput(f"{what}: unreadable ({exc})") from None
+    except msgspec.DecodeError as exc:
+        raise BadInput(f"{what}: unreadable ({exc})") from None
+
+
+class Clock(Record):
+    """How a rank's clock maps onto the launcher's, which all ranks share."""
+
+    offset_ns: int = 0  # add to the rank's time to get the launcher's
+    uncertainty_ns: int | None = None  # half the best round trip
+    method: str = "wallclock"  # tcp (probed against the launcher) or wallclock (assumed 0)
+    probes: int = 0
+
+
+class RankStatus(Record):
+    """raw/rank-NNNNN/status.json: the rank's own account of its run."""
+
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    rank_source: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    argv: list[str] = []
+    python: str | None = None
+    framework: str | None = None
+    framework_version: str | None = None
+    state: str = "running"  # running | profiling | stopping | ok | exception | signal
+    detail: str | None = None
+    started_ns: int | None = None
+    ended_ns: int | None = None
+    clock: Clock = msgspec.field(default_factory=Clock)
+    trace_files: list[str] = []
+    profiled_steps: int = 0
+    user_profiler: bool = False
+    notes: list[str] = []
+    role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler
+
+
+class CollectedRank(Record):
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    state: str | None = None  # as the status says, or crashed/unknown if it never ended
+    detail: str | None = None
+    trace: bool = False
+    framework: str | None = None
+    framework_version: str | None = None
+    clock: Clock = msgspec.field(default_factory=Clock)
+    rank_source: str | None = None
+    user_profiler: bool = False
+    notes: list[str] = []
+
+
+class CollectedProcess(Record):
+    """A process of the job that is not a rank (a parameter server, a scheduler)."""
+
+    role: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    state: str | None = None
+    detail: str | None = None
+    framework: str | None = None
+
+
+class Schedule(Record):
+    skip: int | None = None
+    warmup: int | None = None
+    steps: int | None = None
+
+
+class Collected(Record):
+    """The manifest's "collect" section: what ``traceview collect`` ran and how it ended."""
+
+    command: list[str] = []
+    launched: list[str] = []
+    exit_code: int | None = None
+    interrupted: str | None = None
+    start: str | None = None
+    end: str | None = None
+    seconds: float | None = None
+    schedule: Schedule = msgspec.field(default_factory=Schedule)
+    world_size: int | None = None
+    hosts: list[str] = []
+    ranks: list[CollectedRank] = []
+    processes: list[CollectedProcess] = []
+    traceview_version: str | None = None
+    python: str | None = None
+
+
+def collected(section: dict[str, Any]) -> Collected:
+    """The launcher's "collect" section (built from the ranks' status files) as a record."""
+    try:
+        result: Collected = msgspec.convert(section, Collected, strict=False)
+    except msgspec.ValidationError as exc:
+        raise BadInput(f"the ranks' status files do not read as a job record ({exc})") from None
+    return result
+
+
+class RankIngest(Record):
+    """One rank as ingest read it."""
+
+    rank: int
+    source: str | None = None
+    format: str | None = None
+    framework: str | None = None
+    host: str | None = None
+    status: str = "ok"  # ok | truncated
+    events: int = 0
+    bytes_read: int = 0
+    lost_bytes: int = 0
+    skipped_records: dict[str, int] = {}
+    steps: int = 0  # step markers found on the training thread
+    training_thread: list[int] | None = None  # [pid, tid]
+    threads: dict[str, str] = {}  # "pid/tid" -> name
+    clock_offset_ns: int = 0
+    clock: Clock = msgspec.field(default_factory=Clock)
+    meta: dict[str, Any] = {}  # what the trace says: backend, devices, versions, batch size...
+    seconds: float = 0.0
+
+
+class ManifestNotes(Record):
+    warnings: list[str] = []
+    remarks: list[str] = []
+
+
+class Manifest(Record):
+    """manifest.json."""
+
+    traceview_version: str | None = None
+    schema_version: str | None = None
+    run_id: str | None = None
+    created: str | None = None
+    command: list[str] = []
+    inputs: list[str] = []
+    framework: str | None = None
+    world_size: int | None = None
+    ranks_present: list[int] = []
+    missing_ranks: list[int] = []
+    ranks: list[RankIngest] = []
+    notes: ManifestNotes = msgspec.field(default_factory=ManifestNotes)
+    ingest_seconds: float | None = None
+    analysis_version: str | None = None  # of the cached analysis tables
+    collect: Collected | None = None
+
+    def threads(self) -> dict[int, dict[str, str]]:
+        """Thread names of each rank."""
+        return {r.rank: dict(r.threads) for r in self.ranks}
