@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -116,3 +117,29 @@ class EventArrays:
 
     def of_kinds(self, *kinds: str) -> np.ndarray:
         return np.isin(self.kind, [KIND_CODE[k] for k in kinds])
+
+
+def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
+    """A column's dictionary codes (int64, -1 for null) and the values they stand for."""
+    array = column.combine_chunks()
+    if isinstance(array, pa.ChunkedArray):  # pragma: no cover - combine_chunks of one chunk
+        array = array.chunk(0)
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    values = array.dictionary.to_pylist()
+    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
+    return codes, values
+
+
+def group_ids(*columns: np.ndarray) -> np.ndarray:
+    """Dense ids of the rows' value combinations, in the columns' lexicographic order (one
+    1-D factorization per column: much faster than np.unique over stacked rows)."""
+    if len(columns[0]) == 0:
+        return np.zeros(0, np.int64)
+    group = np.zeros(len(columns[0]), np.int64)
+    for column in columns:
+        _, inverse = np.unique(column, return_inverse=True)
+        inverse = np.asarray(inverse, np.int64).ravel()
+        _, group = np.unique(group * (int(inverse.max()) + 1) + inverse, return_inverse=True)
+        group = np.asarray(group, np.int64).ravel()
+    return group

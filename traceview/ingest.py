@@ -16,7 +16,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -64,11 +64,44 @@ RankAnalysis = Callable[[pa.Table], dict[str, pa.Table]]
 
 
 @dataclass
-class RankResult:
-    rank: int
+class RankPartial:
+    """One rank's part of a run, wherever it was computed (this process, a worker pool, another
+    machine): its manifest entry, its analysis tables and its notes. ``combine`` merges the
+    ranks' parts into the run's."""
+
     info: RankIngest
     tables: dict[str, pa.Table]
     notes: Notes = field(default_factory=Notes)
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+
+@dataclass
+class Combined:
+    ranks: list[RankIngest]  # by rank
+    tables: dict[str, pa.Table]  # each table: every rank's rows, by rank
+    notes: Notes
+
+
+def combine(parts: Iterable[RankPartial]) -> Combined:
+    """The ranks' parts of one run as the run's: ordered by rank, whatever order they came in
+    (a pool returns them as they finish), tables concatenated per name, notes in rank order."""
+    ordered = sorted(parts, key=lambda p: p.rank)
+    ranks = [p.rank for p in ordered]
+    if len(set(ranks)) < len(ranks):
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        raise BadInput(f"rank(s) {_ranges(twice)} came twice: parts of different runs?")
+    names = sorted({name for p in ordered for name in p.tables})
+    tables = {
+        name: pa.concat_tables([p.tables[name] for p in ordered if name in p.tables])
+        for name in names
+    }
+    notes = Notes()
+    for part in ordered:
+        notes.extend(part.notes)
+    return Combined([p.info for p in ordered], tables, notes)
 
 
 #: What `traceview collect` writes beside each rank's trace.
@@ -217,14 +250,15 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
     return world
 
 
-def _process_rank(
+def ingest_rank(
     trace: TraceFile,
     run: Path,
     run_id: str,
     rules_path: Path | None,
     analyze: RankAnalysis | None,
-) -> RankResult:
-    """Parse, normalize and write one rank, and analyse it if asked (in a worker process)."""
+) -> RankPartial:
+    """Parse, normalize and write one rank's events into ``run``, and analyse them if asked:
+    the unit of work a pool (or another machine) runs, one rank at a time."""
     from traceview.parsers import parser_named
 
     if pa.default_memory_pool().backend_name != "system":  # a fresh worker process
@@ -282,7 +316,7 @@ def _process_rank(
         meta=found,
         seconds=round(time.perf_counter() - started, 3),
     )
-    return RankResult(trace.rank, info, tables, notes)
+    return RankPartial(info, tables, notes)
 
 
 def _run_all(
@@ -292,17 +326,17 @@ def _run_all(
     rules_path: Path | None,
     jobs: int,
     analyze: RankAnalysis | None,
-) -> list[RankResult]:
+) -> list[RankPartial]:
     total = sum(t.size for t in traces)
     if jobs <= 1 or len(traces) == 1 or total < PARALLEL_MIN_BYTES:
-        return [_process_rank(t, staged, run_id, rules_path, analyze) for t in traces]
+        return [ingest_rank(t, staged, run_id, rules_path, analyze) for t in traces]
     # Larger files first, so the pool's last task is a short one.
     ordered = sorted(traces, key=lambda t: -t.size)
     with ProcessPoolExecutor(
         max_workers=min(jobs, len(traces)), mp_context=get_context("spawn")
     ) as pool:
         futures = [
-            pool.submit(_process_rank, t, staged, run_id, rules_path, analyze) for t in ordered
+            pool.submit(ingest_rank, t, staged, run_id, rules_path, analyze) for t in ordered
         ]
         return [f.result() for f in futures]
 
@@ -341,20 +375,19 @@ def ingest(
     staged.mkdir()
     started = time.time()
     try:
-        results = _run_all(traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1, analyze)
-        for result in results:
-            notes.extend(result.notes)
-        for name in sorted({name for r in results for name in r.tables}):
-            R.write_parquet(
-                staged / f"{name}.parquet", pa.concat_tables([r.tables[name] for r in results])
-            )
-        frameworks = sorted({r.info.framework or "?" for r in results})
+        run = combine(
+            _run_all(traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1, analyze)
+        )
+        notes.extend(run.notes)
+        for name, table in run.tables.items():
+            R.write_parquet(staged / f"{name}.parquet", table)
+        frameworks = sorted({r.framework or "?" for r in run.ranks})
         if len(frameworks) > 1:
             notes.warn(
                 f"one run holds traces of {' and '.join(frameworks)}: traces of different jobs? "
                 "(to compare runs, give each its own: traceview compare A B)"
             )
-        present = [r.rank for r in results]
+        present = [r.rank for r in run.ranks]
         manifest = Manifest(
             traceview_version=__version__,
             schema_version=S.SCHEMA_VERSION,
@@ -366,7 +399,7 @@ def ingest(
             world_size=world,
             ranks_present=present,
             missing_ranks=sorted(set(range(world)) - set(present)) if world else [],
-            ranks=[r.info for r in results],
+            ranks=run.ranks,
             notes=ManifestNotes(warnings=notes.warnings, remarks=notes.remarks),
             ingest_seconds=round(time.time() - started, 3),
             analysis_version=analysis_version if analyze is not None else None,

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
+from traceview.arrays import dictionary_codes, group_ids
 from traceview.errors import Notes
 from traceview.normalize import LayoutResult
 from traceview.rules import RuleSet
@@ -70,31 +71,6 @@ def lay_out(
         threads={f"{p}/{t}": label for (p, t), label in layout.thread_labels.items()},
         skipped={"duplicate": layout.duplicates},
     )
-
-
-def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
-    array = column.combine_chunks()
-    if isinstance(array, pa.ChunkedArray):  # pragma: no cover - combine_chunks of one chunk
-        array = array.chunk(0)
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    values = array.dictionary.to_pylist()
-    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
-    return codes, values
-
-
-def _group_ids(*columns: np.ndarray) -> np.ndarray:
-    """Dense ids of the rows' value combinations, in the columns' lexicographic order (one
-    1-D factorization per column: much faster than np.unique over stacked rows)."""
-    if len(columns[0]) == 0:
-        return np.zeros(0, np.int64)
-    group = np.zeros(len(columns[0]), np.int64)
-    for column in columns:
-        _, inverse = np.unique(column, return_inverse=True)
-        inverse = np.asarray(inverse, np.int64).ravel()
-        _, group = np.unique(group * (int(inverse.max()) + 1) + inverse, return_inverse=True)
-        group = np.asarray(group, np.int64).ravel()
-    return group
 
 
 def _covering(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -133,10 +109,10 @@ class _Events:
 
     @classmethod
     def of(cls, raw: pa.Table) -> _Events:
-        kind, kinds = _codes(raw.column(S.KIND))
+        kind, kinds = dictionary_codes(raw.column(S.KIND))
         lut = np.array([_KIND_CODE[str(k)] for k in kinds] + [_KIND_CODE[S.KIND_OP]], np.int64)
-        cat, cats = _codes(raw.column(S.CAT))
-        name, names = _codes(raw.column(S.NAME))
+        cat, cats = dictionary_codes(raw.column(S.CAT))
+        name, names = dictionary_codes(raw.column(S.NAME))
         return cls(
             kind=lut[kind],
             cat=cat,
@@ -573,7 +549,7 @@ def _io_regions(
         return empty, empty, empty
     # Only the outermost region of each thread moves.
     rows = rows[np.lexsort((-ev.dur[rows], ev.ts[rows], ev.tid[rows], ev.pid[rows]))]
-    group = _group_ids(ev.pid[rows], ev.tid[rows])
+    group = group_ids(ev.pid[rows], ev.tid[rows])
     low = int(ev.ts[rows].min())
     span = int(ev.end[rows].max()) - low + 1
     reach = np.maximum.accumulate(group * span + (ev.end[rows] - low))
