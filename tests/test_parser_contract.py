@@ -31,6 +31,8 @@ TRACES = _traces()
 
 
 def test_every_format_has_a_sample() -> None:
+    if not SHARED.exists():
+        pytest.skip(f"the TF1 Timeline traces live in {SHARED}, not beside the repository here")
     formats = {parser_for(p, read_head(p)).name for p in TRACES if parser_for(p, read_head(p))}
     assert formats >= {p.name for p in registered()}
 
