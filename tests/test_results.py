@@ -194,3 +194,18 @@ def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -
         if summary["straggler_rank"] is not None:
             for screen in (text, tui["notes"]):
                 assert "ranks are balanced" in screen and "the others wait" not in screen
+
+
+def test_top_ops_mean_is_per_call_from_the_ops_table(ddp: Any) -> None:
+    """mean_ms is the operator's total time over its calls (all ranks), as the ops table says."""
+    import polars as pl
+
+    ops = pl.from_arrow(ddp.ops)
+    assert isinstance(ops, pl.DataFrame)
+    for op in ddp.report(5).top_ops:
+        rows = ops.filter(
+            (pl.col("op") == op.op) & (pl.col("phase") == op.phase) & (pl.col("device") == op.device)
+            & pl.col("kind").is_in(["op", "kernel", "memcpy", "memset"])
+        )  # fmt: skip
+        expected = rows["total_ns"].sum() / rows["count"].sum() / 1e6
+        assert op.mean_ms == pytest.approx(expected, abs=0.0005)

@@ -57,3 +57,57 @@ def test_missing_tables_are_recomputed_from_the_events(fresh: Path, tmp_path: Pa
     assert report["run"].pop("path") == str(run)
     expected["run"].pop("path")
     assert report == expected
+
+
+def test_recomputing_keeps_the_manifests_other_keys(fresh: Path, tmp_path: Path) -> None:
+    run = _copy(fresh, tmp_path)
+    raw = json.loads((run / R.MANIFEST).read_text())
+    raw.update(analysis_version="0", written_by_a_later_version={"x": 1})
+    (run / R.MANIFEST).write_text(json.dumps(raw))
+    with open_run([run]):
+        pass
+    after = json.loads((run / R.MANIFEST).read_text())
+    assert after["analysis_version"] == ANALYSIS_VERSION
+    assert after["written_by_a_later_version"] == {"x": 1}
+    assert {k: v for k, v in after.items() if k != "analysis_version"} == {
+        k: v for k, v in raw.items() if k != "analysis_version"
+    }
+
+
+def test_a_newer_analysis_cache_is_not_overwritten(fresh: Path, tmp_path: Path) -> None:
+    run = _copy(fresh, tmp_path)
+    raw = json.loads((run / R.MANIFEST).read_text())
+    (run / R.MANIFEST).write_text(json.dumps({**raw, "analysis_version": "999"}))
+    before = (run / R.STEPS).read_bytes()
+    with open_run([run]) as opened:
+        assert opened.steps.equals(R.read_steps(fresh)), "this version's tables, in memory"
+    assert (run / R.STEPS).read_bytes() == before
+    assert json.loads((run / R.MANIFEST).read_text())["analysis_version"] == "999"
+
+
+def test_a_status_with_an_odd_field_keeps_the_rest(tmp_path: Path) -> None:
+    """One wrong-typed field in status.json costs that field, with a warning, not the rank's
+    clock offset (or its rank)."""
+    import gzip
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    source = SAMPLES / "pytorch" / "ddp" / "rank-1.pt.trace.json.gz"
+    (folder / "trace.json").write_bytes(gzip.decompress(source.read_bytes()))
+    (folder / "status.json").write_text(
+        json.dumps({"rank": 1, "notes": None, "clock": {"offset_ns": 5_000_000, "method": "tcp"}})
+    )
+    run = ingest_run([folder], tmp_path / "run")
+    manifest = R.read_manifest(run)
+    assert [r.rank for r in manifest.ranks] == [1]
+    assert manifest.ranks[0].clock_offset_ns == 5_000_000
+    assert any("notes" in w and "status.json" in w for w in manifest.notes.warnings)
+
+
+def test_collect_record_survives_odd_status_fields() -> None:
+    from traceview.manifest import collected
+
+    record = collected(
+        {"exit_code": 3, "ranks": [{"rank": 0, "state": "ok", "clock": None, "notes": None}]}
+    )
+    assert record.exit_code == 3 and record.ranks[0].rank == 0 and record.ranks[0].state == "ok"

@@ -11,9 +11,9 @@ half-written run.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -35,7 +35,7 @@ from traceview.manifest import (
     ManifestNotes,
     RankIngest,
     RankStatus,
-    from_json,
+    lenient,
 )
 from traceview.normalize import RankMeta, normalize
 from traceview.parsers import Parser, rank_from_filename, registered
@@ -115,14 +115,22 @@ def _candidates(folder: Path) -> list[Path]:
     ]
 
 
-def rank_status(trace: Path) -> RankStatus:
-    """The status `traceview collect` wrote beside a trace (empty when there is none, or when
-    it is not a status: the trace is read all the same)."""
+def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
+    """The status `traceview collect` wrote beside a trace (empty when there is none). Fields
+    that do not read are left at their defaults, with a warning in ``notes``: the trace and the
+    rest of the status (its clock offset above all) are used all the same."""
     path = trace.parent / RANK_STATUS
     try:
-        status: RankStatus = from_json(path.read_bytes(), RankStatus, str(path))
-    except (OSError, BadInput):
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
         return RankStatus()
+    except (OSError, ValueError) as exc:
+        if notes is not None:
+            notes.warn(f"{path}: unreadable, not used ({exc})")
+        return RankStatus()
+    status, dropped = lenient(data, RankStatus)
+    if dropped and notes is not None:
+        notes.warn(f"{path}: field(s) {', '.join(dropped)} unreadable, not used")
     return status
 
 
@@ -267,7 +275,8 @@ def ingest_rank(
     parser = parser_named(trace.parser)
     rules = rules_for(parser.framework, rules_path)
     parsed = parser.parse(trace.path)
-    clock = rank_status(trace.path).clock
+    notes = Notes()
+    clock = rank_status(trace.path, notes).clock
     offset = clock.offset_ns
     if offset:  # onto the launcher's clock, which all ranks share
         shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))
@@ -288,7 +297,6 @@ def ingest_rank(
         written = writer.submit(R.write_events, run, trace.rank, normalized.events)
         tables = analyze(normalized.events) if analyze is not None else {}
         written.result()
-    notes = Notes()
     notes.extend(parsed.notes)
     notes.extend(normalized.notes)
     found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
@@ -416,11 +424,6 @@ def ingest(
     return out
 
 
-def warn_lines(out: Path) -> list[str]:
-    """The manifest's warnings, for printing after an ingest."""
-    return list(R.read_manifest(out).notes.warnings)
-
-
 def _collect_notes(collected: Collected, notes: Notes) -> None:
     """What `traceview collect` recorded about ranks that ended badly and other processes."""
     for rank in collected.ranks:
@@ -441,7 +444,3 @@ def _collect_notes(collected: Collected, notes: Notes) -> None:
             if proc.state not in ("ok", "running"):
                 detail = f" ({proc.detail})" if proc.detail else ""
                 notes.warn(f"{proc.role} (pid {proc.pid}) ended: {proc.state}{detail}")
-
-
-def eprint(message: str) -> None:
-    print(message, file=sys.stderr)

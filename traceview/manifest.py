@@ -10,11 +10,13 @@ The collectors inside the user's job write status.json with the standard library
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from traceview.errors import BadInput
+
+R = TypeVar("R", bound="Record")
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -120,13 +122,37 @@ class Collected(Record):
     python: str | None = None
 
 
-def collected(section: dict[str, Any]) -> Collected:
-    """The launcher's "collect" section (built from the ranks' status files) as a record."""
+def lenient(data: Any, kind: type[R]) -> tuple[R, list[str]]:
+    """``data`` (decoded JSON) as ``kind``, keeping every field that reads and leaving the rest
+    at their defaults: one odd value written by a job must not cost the rest of its record.
+    Returns the record and the names of the fields left out."""
+    if not isinstance(data, dict):
+        return kind(), ["(not an object)"]
     try:
-        result: Collected = msgspec.convert(section, Collected, strict=False)
-    except msgspec.ValidationError as exc:
-        raise BadInput(f"the ranks' status files do not read as a job record ({exc})") from None
-    return result
+        return msgspec.convert(data, kind, strict=False), []
+    except msgspec.ValidationError:
+        pass
+    good: dict[str, Any] = {}
+    dropped = []
+    for key, value in data.items():
+        try:
+            msgspec.convert({key: value}, kind, strict=False)
+        except msgspec.ValidationError:
+            dropped.append(key)
+        else:
+            good[key] = value
+    return msgspec.convert(good, kind, strict=False), dropped
+
+
+def collected(section: dict[str, Any]) -> Collected:
+    """The launcher's "collect" section (built from the ranks' status files) as a record; a
+    rank's or process's odd field is left at its default rather than losing the job's record."""
+    section = dict(section)
+    for key, kind in (("ranks", CollectedRank), ("processes", CollectedProcess)):
+        entries = section.get(key)
+        if isinstance(entries, list):
+            section[key] = [msgspec.to_builtins(lenient(e, kind)[0]) for e in entries]
+    return lenient(section, Collected)[0]
 
 
 class RankIngest(Record):

@@ -3,6 +3,9 @@
 Everything here is vectorized over the whole rank (numpy), except the rules, which run once per
 distinct (kind, category, name). The steps, in order:
 
+0. kinds: an event whose parser left its kind open takes its category's
+   (``kinds_from_categories``); a format that needs it is laid out by a named pass
+   (``LAYOUTS``: MXNet's engine timeline, ``traceview/mxnet_engine.py``);
 1. classify: rules give each distinct name its kind, own phase, canonical op and collective;
 2. call trees: host events nest per thread; depth, parent and self time come from sorting and
    binary searches, not from a per-event stack;

@@ -2,7 +2,7 @@
 
 The analysis (``traceview.analysis``) computes every figure and every verdict once into these
 structs; the text report, ``--json`` and the TUI only render them. ``report --json`` is
-``to_json(RunReport)``: its keys are a contract (docs/design.md, docs/report.schema.json), so a
+``to_json(RunReport)``: its keys are a contract (docs/design.md, docs/schema/), so a
 field is never removed or retyped once added, and data a run does not have is ``null``.
 
 Nothing here imports numpy, polars or a UI library.
@@ -63,9 +63,6 @@ class Breakdown(Result):
         if phase not in S.BREAKDOWN_PHASES:
             raise KeyError(phase)
         return float(getattr(self, phase))
-
-    def get(self, phase: str, default: float = 0.0) -> float:
-        return self[phase] if phase in S.BREAKDOWN_PHASES else default
 
     def items(self) -> Iterator[tuple[str, float]]:
         for phase in S.BREAKDOWN_PHASES:

@@ -8,6 +8,7 @@ when an older (or newer) traceview wrote them.
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 
 from traceview import rundir as R
@@ -74,16 +74,27 @@ def analysis_is_current(run: Path, manifest: Manifest) -> bool:
     )
 
 
+def _version(value: str | None) -> int:
+    return int(value) if value and value.isdigit() else 0
+
+
 def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
-    """The analysis tables of ``run`` computed afresh from its events, one rank at a time;
-    cached in the run directory (with this analysis version) where it can be written."""
+    """The analysis tables of ``run`` computed afresh from its events, one rank at a time.
+
+    They replace the cache when it is older than this analysis (or missing), where the run
+    directory can be written; a cache written by a newer traceview is left for it. Only the
+    manifest's ``analysis_version`` changes (its other keys, known here or not, stay as written).
+    """
     per_rank = [rank_tables(R.read_events(run, [rank])) for rank in R.event_ranks(run)]
     tables = {name: pa.concat_tables([t[name] for t in per_rank]) for name in RANK_TABLES}
+    if _version(manifest.analysis_version) > _version(ANALYSIS_VERSION):
+        return tables
     try:
         for name, table in tables.items():
             R.write_parquet(run / f"{name}.parquet", table)
-        R.write_manifest(run, msgspec.structs.replace(manifest, analysis_version=ANALYSIS_VERSION))
-    except OSError:  # a read-only run directory: use the fresh tables without caching them
+        raw = json.loads((run / R.MANIFEST).read_text())
+        R.write_json(run / R.MANIFEST, {**raw, "analysis_version": ANALYSIS_VERSION})
+    except (OSError, ValueError):  # read-only, or changed under us: use the tables uncached
         pass
     return tables
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: Bump when a change alters the steps or ops tables computed from the same events.
+#: Bump when a change alters the tables computed from the same events (RANK_TABLES).
 ANALYSIS_VERSION = "2"  # 2: the collectives table
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.

@@ -49,7 +49,6 @@ LEVELS = (
 LEVEL_PHASES = tuple(phase for _, phase in LEVELS)
 LEVEL = {name: i for i, (name, _) in enumerate(LEVELS)}
 _COMM_LEVEL = LEVEL[S.COMM]
-_OTHER_LEVEL = LEVEL[S.OTHER]
 _GAP = -1
 _FILL = {p: LEVEL[f"{p} fill"] for p in S.COMPUTE_PHASES}
 # Level of an event's time by its phase code (schema.EVENT_PHASES order): as an operator's own

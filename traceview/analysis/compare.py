@@ -25,6 +25,8 @@ NOTABLE_SHARE = 0.02
 #: ...or, for a phase, this share.
 NOTABLE_PHASE_SHARE = 0.05
 MAX_OP_HIGHLIGHTS = 5
+#: Operators compared (the largest by time in any run), for every view of a comparison.
+TOP = 15
 
 
 def _ratio(value: float, base: float) -> float | None:
@@ -54,7 +56,7 @@ def op_times(ops: pa.Table, report: RunReport) -> dict[str, float]:
 
 
 def compare(
-    reports: list[RunReport], ops: list[pa.Table], labels: list[str], top: int = 20
+    reports: list[RunReport], ops: list[pa.Table], labels: list[str], top: int = TOP
 ) -> Comparison:
     """The comparison of runs; the first run is the baseline every ratio is taken against."""
     base = reports[0].summary

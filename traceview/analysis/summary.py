@@ -261,7 +261,7 @@ def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopO
                 self_ms_per_step=self_ms,
                 total_ms_per_step=total,
                 p95_ms=_ms(row[S.P95_NS]),
-                mean_ms=round(total / calls, 4) if calls else 0.0,
+                mean_ms=_ms(row[S.TOTAL_NS] / row[S.COUNT]) if row[S.COUNT] else 0.0,
                 share=round(self_ms / step_ms, 4) if step_ms > 0 else 0.0,
             )
         )

@@ -25,7 +25,9 @@ class CompareCommand:
         parser.add_argument(
             "--json", action="store_true", help="print the comparison as one JSON object"
         )
-        parser.add_argument("--top", type=int, default=15, help="operators to compare (default 15)")
+        parser.add_argument(
+            "--top", type=int, default=15, help="operators to compare (default 15, as the TUI)"
+        )
         parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )

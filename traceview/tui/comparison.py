@@ -52,7 +52,11 @@ class ComparePane(VerticalScroll):
             summary.append_text(untrusted(line, 200))
             summary.append("\n")
         if not comparison.highlights:
-            summary.append("no operator differs by 1.5× or more\n", style="bright_black")
+            summary.append(
+                "nothing notable: no phase or operator 1.5× apart that takes a notable share"
+                " of the step\n",
+                style="bright_black",
+            )
         summary.append("ms per step (mean of ranks); ratios against A", style="bright_black")
         self.query_one("#compare-summary", Static).update(summary)
 

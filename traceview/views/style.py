@@ -136,7 +136,7 @@ def verdict_text(report: RunReport) -> Text:
     text.append(
         f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(summary.step_ms)} ms step"
     )
-    if summary.comm_total_ms > 0:
+    if summary.hidden != "n/a":  # the analysis found communication (from ns, not rounded ms)
         text.append(
             f"; communication {ms(summary.comm_total_ms)} ms per step, "
             f"{pct(summary.comm_hidden_fraction)} of it hidden behind compute "
@@ -149,7 +149,7 @@ def verdict_text(report: RunReport) -> Text:
 
 def communication_text(report: RunReport) -> Text:
     summary = report.summary
-    if summary.comm_total_ms <= 0:
+    if summary.hidden == "n/a":
         return Text("communication: none found")
     text = Text(
         f"communication: total {ms(summary.comm_total_ms)} ms per step, exposed "
@@ -164,7 +164,8 @@ def straggler_text(report: RunReport) -> Text:
     summary = report.summary
     rank = summary.straggler_rank
     if rank is None:
-        return Text("straggler: one rank, none to compare", style="bright_black")
+        what = "one rank, none to compare" if report.run.ranks == 1 else "no rank has steps"
+        return Text(f"straggler: {what}", style="bright_black")
     excess = summary.straggler_excess
     text = Text("straggler: ")
     if summary.straggler_significant:

@@ -183,7 +183,7 @@ def render_comparison(result: Comparison, console: Console) -> None:
     )
     hidden: list[Text | str] = []
     for i, run in enumerate(runs):
-        hidden.append(pct(run.comm_hidden_fraction) if run.comm_total_ms > 0 else "-")
+        hidden.append(pct(run.comm_hidden_fraction) if run.hidden != "n/a" else "-")
         if i:
             hidden.append("")
     phases.add_row(Text("comm hidden"), *hidden)
@@ -208,7 +208,8 @@ def render_comparison_to_console(result: Comparison) -> None:
 
 
 def _predictions(result: Scaling, own_compute: bool, title: str) -> Table:
-    """Each run's measured step beside each model's prediction (``key``) and its error."""
+    """Each run's measured step beside each model's prediction (from the smallest run's
+    breakdown, or with ``own_compute`` its own) and its error."""
     table = _table(title)
     table.add_column("ranks", justify="right")
     table.add_column("measured", justify="right")
