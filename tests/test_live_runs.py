@@ -49,6 +49,10 @@ def live(
         str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        # seen once in ~10 full runs: a rank of the training script itself (no traceview in it)
+        # aborts in PyTorch's teardown after its profiler stopped; run the job once more
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return scenario, out, ingest_run([out], out / "run")
 
