@@ -51,3 +51,19 @@ def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
     assert pc.min(events.column(S.DUR_NS)).as_py() >= 0
     assert parsed.layout is None or parsed.layout in LAYOUTS
     assert parsed.framework == parser.framework
+
+
+def test_a_parser_of_the_old_protocol_is_bad_input_naming_it(tmp_path: Path) -> None:
+    """A third-party parser still written as parse(path, rules) gets one clear error."""
+    from traceview.errors import BadInput
+    from traceview.ingest import parse_with
+
+    class OldParser:
+        name = "someones-format"
+        framework = "pytorch"
+
+        def parse(self, path: Path, rules: object) -> object:
+            raise AssertionError("not called")
+
+    with pytest.raises(BadInput, match=r"someones-format.*parse\(path, rules\)"):
+        parse_with(OldParser(), tmp_path / "x.json")  # type: ignore[arg-type]

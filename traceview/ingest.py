@@ -11,6 +11,7 @@ half-written run.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ from traceview.manifest import (
     lenient,
 )
 from traceview.normalize import RankMeta, normalize
-from traceview.parsers import Parser, rank_from_filename, registered
+from traceview.parsers import ParsedTrace, Parser, rank_from_filename, registered
 from traceview.parsers.chrome_json import read_head
 from traceview.rules import rules_for
 
@@ -258,6 +259,23 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
     return world
 
 
+def parse_with(parser: Parser, path: Path) -> ParsedTrace:
+    """``parser.parse(path)``; a parser written for the old protocol ``parse(path, rules)``
+    (before parsers stopped classifying) is bad input naming it, not an internal error."""
+    required = [
+        p
+        for p in inspect.signature(parser.parse).parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(required) != 1:
+        raise BadInput(
+            f"the {parser.name!r} trace parser takes parse({', '.join(p.name for p in required)}); "
+            "traceview's parsers take parse(path) and leave classification to the core and a "
+            "rules file (docs/design.md): the plugin needs updating"
+        )
+    return parser.parse(path)
+
+
 def ingest_rank(
     trace: TraceFile,
     run: Path,
@@ -274,7 +292,7 @@ def ingest_rank(
     started = time.perf_counter()
     parser = parser_named(trace.parser)
     rules = rules_for(parser.framework, rules_path)
-    parsed = parser.parse(trace.path)
+    parsed = parse_with(parser, trace.path)
     notes = Notes()
     clock = rank_status(trace.path, notes).clock
     offset = clock.offset_ns
