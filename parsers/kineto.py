@@ -50,6 +50,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     correlation: int | str | None = None
     nbytes: int | float | str | None = msgspec.field(default=None, name="bytes")
     collective: str | None = msgspec.field(default=None, name="Collective name")
+    group: str | None = msgspec.field(default=None, name="Process Group Name")
     in_nelems: int | str | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
     input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
@@ -144,6 +145,7 @@ def _coerce(raw: dict[str, Any]) -> Any:
             correlation=_as_int(args.get("correlation")),
             nbytes=_as_int(args.get("bytes")),
             collective=_str_or_none(args.get("Collective name")),
+            group=_str_or_none(args.get("Process Group Name")),
             in_nelems=_as_int(args.get("In msg nelems")),
             dtype=_str_or_none(args.get("dtype")),
             input_dims=msgspec.Raw(msgspec.json.encode(dims)) if dims is not None else None,
@@ -327,6 +329,7 @@ def _decode_chunk(data: Any) -> _Chunk:
             S.EXTERNAL_ID: external,
             S.BYTES: nbytes,
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
+            S.GROUP: _strings(list(map(attrgetter("group"), args))),
         }
     )
     return _Chunk(batch, threads, counts, batch_sizes)
@@ -397,6 +400,7 @@ class KinetoParser:
                 S.EXTERNAL_ID: table.column(S.EXTERNAL_ID),
                 S.BYTES: table.column(S.BYTES),
                 S.COLLECTIVE: table.column(S.COLLECTIVE).dictionary_encode(),
+                S.GROUP: table.column(S.GROUP),
             }
         )
         raw = S.conform(raw, S.RAW_SCHEMA)

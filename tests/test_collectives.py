@@ -68,6 +68,13 @@ def test_a_calls_bytes_come_from_the_collective_inside_it() -> None:
     issued = calls.filter(pl.col(S.NAME) == "c10d::allreduce_")
     per_step = issued.group_by(S.STEP).agg(pl.col(S.BYTES).sum())
     assert per_step[S.BYTES].unique().to_list() == [4 * params]
+    # the process group, named by record_param_comms ("Process Group Name"): the default group
+    assert calls[S.GROUP].unique().to_list() == ["0"]
+
+
+def test_gloo_cpu_calls_have_no_group_the_trace_does_not_name() -> None:
+    calls, _ = _calls("pytorch/ddp")
+    assert calls[S.GROUP].null_count() == calls.height
 
 
 @pytest.mark.parametrize(

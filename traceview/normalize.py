@@ -612,6 +612,7 @@ def normalize(
         S.EVENT_ID: pa.array(np.arange(n, dtype=np.int64)),
         S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
         S.DEPTH: pa.array(depth, pa.int32(), mask=depth < 0),
+        S.GROUP: raw.column(S.GROUP),
     }
     table = S.conform(pa.table(columns), S.EVENTS_SCHEMA)
     if found is not None:

@@ -114,6 +114,7 @@ CORRELATION: Final = "correlation"
 EVENT_ID: Final = "id"
 PARENT: Final = "parent"
 DEPTH: Final = "depth"
+GROUP: Final = "group"  # a collective's process group, where the trace names it
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -141,6 +142,7 @@ EVENTS_SCHEMA: Final = pa.schema(
         pa.field(EVENT_ID, pa.int64(), nullable=False),
         pa.field(PARENT, pa.int64()),
         pa.field(DEPTH, pa.int32()),
+        pa.field(GROUP, _DICT),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
@@ -168,6 +170,7 @@ RAW_SCHEMA: Final = pa.schema(
         pa.field(BYTES, pa.int64()),
         pa.field(COLLECTIVE, _DICT),
         pa.field(SCOPE, _DICT),
+        pa.field(GROUP, _DICT),
     ]
 )
 
@@ -234,7 +237,6 @@ OPS_SCHEMA: Final = pa.schema(
 # --- collectives: per rank, its collective calls (what cross-rank passes match) -------------------
 
 SEQ: Final = "seq"
-GROUP: Final = "group"
 
 COLLECTIVES_SCHEMA: Final = pa.schema(
     [

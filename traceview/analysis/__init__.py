@@ -14,7 +14,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 #: Bump when a change alters the tables computed from the same events (RANK_TABLES).
-ANALYSIS_VERSION = "2"  # 2: the collectives table
+ANALYSIS_VERSION = "3"  # 2: the collectives table; 3: its process groups
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
 RANK_TABLES = ("steps", "ops", "collectives")

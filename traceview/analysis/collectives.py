@@ -6,8 +6,9 @@ outermost view of each call on its thread or stream (``c10d::allreduce_`` on the
 thread, ``gloo:all_reduce`` on gloo's thread, a KVStore push/pull, a TensorFlow collective op).
 Views are kept apart (``name``) and numbered in time order per (name, collective): ``seq`` is the
 rank's n-th call of that view, the key to match it with the other ranks' n-th. A call's bytes
-are the most that it or a collective event inside it records (c10d::allreduce_ records none,
-the record_param_comms or nccl:all_reduce inside it do).
+and process group are its own or those a collective event inside it records (c10d::allreduce_
+records neither, the record_param_comms inside it does); the group is null where the trace does
+not name it (gloo's CPU collectives in Kineto traces, TensorFlow, MXNet).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import ints
+from traceview.arrays import dictionary_codes, ints
 
 
 def _parent_rows(events: pa.Table) -> np.ndarray:
@@ -55,11 +56,16 @@ def collective_calls(events: pa.Table) -> pa.Table:
     calls = events.take(pa.array(rows))
     ts = ints(calls.column(S.TS_NS), 0)
     end = ts + ints(calls.column(S.DUR_NS), 0)
-    # bytes: the call's own, or the most a collective nested in it records
+    # bytes: the call's own, or the most a collective nested in it records; its process group:
+    # its own, or the one a collective nested in it names (NCCL's record_param_comms)
     size = ints(events.column(S.BYTES), -1)
     best = size.copy()
     np.maximum.at(best, owner, size[inner])
     call_bytes = best[rows]
+    group_codes, group_names = dictionary_codes(events.column(S.GROUP))
+    named = group_codes.copy()
+    np.maximum.at(named, owner, group_codes[inner])
+    call_group = np.where(group_codes[rows] >= 0, group_codes[rows], named[rows])
     names = calls.column(S.NAME).cast(pa.string())
     kinds = calls.column(S.COLLECTIVE).cast(pa.string())
     # seq: the call's place among the rank's calls of the same view, in time order
@@ -81,7 +87,9 @@ def collective_calls(events: pa.Table) -> pa.Table:
             S.TID: calls.column(S.TID),
             S.NAME: names,
             S.COLLECTIVE: kinds,
-            S.GROUP: pa.nulls(len(rows), pa.string()),
+            S.GROUP: pa.array(
+                [str(group_names[g]) if g >= 0 else None for g in call_group.tolist()], pa.string()
+            ),
             S.SEQ: pa.array(seq, pa.int64()),
             S.BYTES: pa.array(call_bytes, pa.int64(), mask=call_bytes < 0),
             S.START_NS: pa.array(ts, pa.int64()),
