@@ -209,3 +209,29 @@ def test_top_ops_mean_is_per_call_from_the_ops_table(ddp: Any) -> None:
         )  # fmt: skip
         expected = rows["total_ns"].sum() / rows["count"].sum() / 1e6
         assert op.mean_ms == pytest.approx(expected, abs=0.0005)
+
+
+def test_a_rank_without_steps_is_named_not_silently_left_out(tmp_path: Path) -> None:
+    """Rank 1's trace holds only an instant event: no step window, so no figures; the report
+    says so instead of showing one rank as if it were the whole run."""
+    import gzip
+
+    from traceview.runs import ingest_run, open_run
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    source = SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz"
+    (folder / "rank-0.json").write_bytes(gzip.decompress(source.read_bytes()))
+    (folder / "rank-1.json").write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "distributedInfo": {"rank": 1, "world_size": 2},
+                "traceEvents": [{"ph": "i", "name": "marker", "pid": 1, "tid": 1, "ts": 1.0}],
+            }
+        )
+    )
+    with open_run([ingest_run([folder], tmp_path / "run")]) as run:
+        report = run.report()
+    assert [r.rank for r in report.ranks] == [0]
+    assert any("rank(s) 1: events but no step window" in w for w in report.warnings)

@@ -289,6 +289,19 @@ def _job(collected: Collected | None) -> JobInfo | None:
     )
 
 
+def _ranks_without_steps(manifest: Manifest, ranks: list[RankSummary]) -> list[str]:
+    """A rank that was read but has no step window is not in the figures: say so."""
+    read = {r.rank for r in manifest.ranks if r.events > 0}
+    left_out = sorted(read - {r.rank for r in ranks})
+    if not left_out:
+        return []
+    which = ", ".join(map(str, left_out[:10])) + (" ..." if len(left_out) > 10 else "")
+    return [
+        f"rank(s) {which}: events but no step window (no step markers on a training thread), "
+        "left out of the breakdown, the straggler and the means"
+    ]
+
+
 def summarize(
     steps: pa.Table,
     ops: pa.Table,
@@ -322,6 +335,6 @@ def summarize(
         per_step=per_step,
         step_stats=stats,
         top_ops=_top_ops(ops, int(df.height), summary.step_ms, top),
-        warnings=list(manifest.notes.warnings),
+        warnings=[*manifest.notes.warnings, *_ranks_without_steps(manifest, ranks)],
         remarks=list(manifest.notes.remarks),
     )
