@@ -111,3 +111,31 @@ def test_collect_record_survives_odd_status_fields() -> None:
         {"exit_code": 3, "ranks": [{"rank": 0, "state": "ok", "clock": None, "notes": None}]}
     )
     assert record.exit_code == 3 and record.ranks[0].rank == 0 and record.ranks[0].state == "ok"
+
+
+def test_a_damaged_cache_is_recomputed_not_an_error(fresh: Path, tmp_path: Path) -> None:
+    """steps.parquet cut short (a write killed midway) is only a cache: read the events again."""
+    run = _copy(fresh, tmp_path)
+    (run / R.STEPS).write_bytes((fresh / R.STEPS).read_bytes()[:300])
+    with open_run([run]) as opened:
+        assert opened.steps.equals(R.read_steps(fresh))
+    assert R.read_steps(run).equals(R.read_steps(fresh)), "and the cache is mended"
+
+
+def test_nesting_bombs_are_one_line_errors_or_warnings(fresh: Path, tmp_path: Path) -> None:
+    """JSON nested past the parser's depth: a manifest is bad input (exit 2, one line); a
+    rank's status file is not used, with a warning, and the trace is read all the same."""
+    from tests.conftest import run_cli
+
+    bomb = "[" * 100_000 + "]" * 100_000
+    run = _copy(fresh, tmp_path)
+    (run / R.MANIFEST).write_text(bomb)
+    result = run_cli("report", run)
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz", traces)
+    (traces / "status.json").write_text('{"rank": 0, "clock": ' + bomb + "}")
+    result = run_cli("report", traces, "--json")
+    assert result.code == 0, result.err
+    assert any("status.json: unreadable" in w for w in result.json()["warnings"])

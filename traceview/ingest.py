@@ -31,6 +31,7 @@ from traceview import rundir as R
 from traceview import schema as S
 from traceview.errors import BadInput, Notes, TraceviewError, UsageError
 from traceview.manifest import (
+    Clock,
     Collected,
     Manifest,
     ManifestNotes,
@@ -57,6 +58,7 @@ class TraceFile:
     world_size: int | None = None
     host: str | None = None
     size: int = 0
+    clock: Clock = field(default_factory=Clock)  # from the status beside it (collect's runs)
 
 
 #: A per-rank analysis: one rank's events in, named result tables out (written as NAME.parquet).
@@ -125,7 +127,7 @@ def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:
         return RankStatus()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         if notes is not None:
             notes.warn(f"{path}: unreadable, not used ({exc})")
         return RankStatus()
@@ -146,7 +148,7 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
         if path.is_dir():
             folder = path / R.RAW if R.is_run_dir(path) and (path / R.RAW).is_dir() else path
             for candidate in _candidates(folder):
-                trace = _identify(candidate, parsers)
+                trace = _identify(candidate, parsers, notes)
                 if trace is None:
                     skipped.append(str(candidate.relative_to(folder)))
                 else:
@@ -154,7 +156,7 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
             if not found:
                 raise BadInput(f"{path}: no traces found in this folder")
         else:
-            trace = _identify(path, parsers)
+            trace = _identify(path, parsers, notes)
             if trace is None:
                 raise BadInput(
                     f"{path}: not a trace traceview can read (expected PyTorch/Kineto JSON, "
@@ -169,7 +171,7 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
     return found
 
 
-def _identify(path: Path, parsers: list[Parser]) -> TraceFile | None:
+def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | None:
     try:
         if path.stat().st_size == 0:
             raise BadInput(f"{path}: empty file")
@@ -180,7 +182,7 @@ def _identify(path: Path, parsers: list[Parser]) -> TraceFile | None:
     if parser is None:
         return None
     identity = parser.identify(path)
-    status = rank_status(path)
+    status = rank_status(path, notes)
     return TraceFile(
         path=path,
         parser=parser.name,
@@ -189,6 +191,7 @@ def _identify(path: Path, parsers: list[Parser]) -> TraceFile | None:
         world_size=identity.world_size or status.world_size,
         host=identity.host or status.host,
         size=path.stat().st_size,
+        clock=status.clock,
     )
 
 
@@ -294,7 +297,7 @@ def ingest_rank(
     rules = rules_for(parser.framework, rules_path)
     parsed = parse_with(parser, trace.path)
     notes = Notes()
-    clock = rank_status(trace.path, notes).clock
+    clock = trace.clock  # read once, when the trace was identified
     offset = clock.offset_ns
     if offset:  # onto the launcher's clock, which all ranks share
         shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))

@@ -1,8 +1,10 @@
 """The run directory's records, typed: a rank's status (raw/rank-N/status.json, written by the
 collector inside the job), the "collect" section (written by the launcher) and the manifest
-(written by ingest). They are read back with ``from_json``: every field has a default, so a
-partial manifest (collect's, before ingest) or one written by another traceview version reads,
-and unknown keys are ignored; a value of the wrong type is bad input.
+(written by ingest). Every field has a default, so a partial manifest (collect's, before
+ingest) or one written by another traceview version reads, and unknown keys are ignored. In
+the manifest, which traceview wrote, a value of the wrong type is bad input (``from_json``);
+in what the job wrote (status files, the collect section) only that field is dropped
+(``lenient``).
 
 The collectors inside the user's job write status.json with the standard library only (their
 ``Status`` dataclass); ``RankStatus`` is the reading side of the same record.
@@ -20,9 +22,6 @@ R = TypeVar("R", bound="Record")
 
 
 class Record(msgspec.Struct, kw_only=True):
-    def to_json(self) -> bytes:
-        return msgspec.json.encode(self)
-
     def to_builtins(self) -> Any:
         return msgspec.to_builtins(self)
 
@@ -31,9 +30,7 @@ def from_json(data: bytes | str, kind: type[Any], what: str) -> Any:
     """``data`` read as ``kind``; ``what`` names the file in the error of a malformed one."""
     try:
         return msgspec.json.decode(data, type=kind)
-    except msgspec.ValidationError as exc:
-        raise BadInput(f"{what}: unreadable ({exc})") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
         raise BadInput(f"{what}: unreadable ({exc})") from None
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from traceview import rundir as R
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
+from traceview.errors import BadInput
 from traceview.manifest import Manifest
 from traceview.results import RunReport
 
@@ -94,7 +95,7 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
             R.write_parquet(run / f"{name}.parquet", table)
         raw = json.loads((run / R.MANIFEST).read_text())
         R.write_json(run / R.MANIFEST, {**raw, "analysis_version": ANALYSIS_VERSION})
-    except (OSError, ValueError):  # read-only, or changed under us: use the tables uncached
+    except (OSError, ValueError, RecursionError):  # read-only or damaged: use them uncached
         pass
     return tables
 
@@ -106,10 +107,11 @@ def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
     if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
         run = paths[0]
         manifest = R.read_manifest(run)
-        if analysis_is_current(run, manifest):
-            tables = _read_tables(run)
-        else:
-            tables = reanalyze(run, manifest)
+        try:
+            current = analysis_is_current(run, manifest) and _read_tables(run)
+        except BadInput:  # a damaged cache (a write cut short): it is only a cache
+            current = None
+        tables = current or reanalyze(run, manifest)
         yield Run(run, label, manifest, tables, False)
         return
     with tempfile.TemporaryDirectory(prefix="traceview-") as tmp:
