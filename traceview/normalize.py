@@ -1,27 +1,44 @@
-"""From a parser's raw events to the ``events`` table: classification, call trees, phases, steps.
+"""From a parser's raw events to the ``events`` table: a chain of named passes (``PASSES``).
 
 Everything here is vectorized over the whole rank (numpy), except the rules, which run once per
-distinct (kind, category, name). The steps, in order:
+distinct (kind, category, name). Each pass is a function of the earlier passes' results that
+returns its own (a small dataclass of per-event arrays) and never changes theirs; ``normalize``
+runs them in order and assembles the table. ``tests/test_normalize_passes.py`` holds every pass
+to its contract on every sample trace.
 
-0. kinds: an event whose parser left its kind open takes its category's
-   (``kinds_from_categories``); a format that needs it is laid out by a named pass
-   (``LAYOUTS``: MXNet's engine timeline, ``traceview/mxnet_engine.py``);
-1. classify: rules give each distinct name its kind, own phase, canonical op and collective;
-2. call trees: host events nest per thread; depth, parent and self time come from sorting and
-   binary searches, not from a per-event stack;
-3. steps: the training thread's step markers cut time into windows;
-4. phases: an event without a phase of its own inherits its nearest ancestor's; an operator at
-   the top of the training thread is ``forward`` when the next phase marker after it (data
-   loading, forward or backward region, optimizer, step end) is forward or backward, else
-   ``other``; region markers and Python frames pass phases down but get none by position;
-5. devices: kernels and copies take the phase, step and operator of the host call that launched
-   them (``correlation``, else the operator's ``external_id``), or of the operator the trace names
-   as their ``scope`` (TensorFlow), unless a rule says otherwise (NCCL kernels are communication,
-   host-to-device copies are h2d).
+``kinds``
+    an event whose parser left its kind open takes its category's (``kinds_from_categories``);
+``layout``
+    a format that needs it is laid out by a named pass (``LAYOUTS``: MXNet's engine timeline,
+    ``traceview/mxnet_engine.py``);
+``stray_times``
+    events with corrupt times (30 days from the rest) are dropped, with a warning;
+``classify``
+    rules give each distinct name its kind, own phase, canonical op and collective;
+``call_trees``
+    host events nest per thread; depth, parent and self time come from sorting and binary
+    searches, not from a per-event stack;
+``steps``
+    the training thread's step markers cut time into windows;
+``positional_phases``
+    an operator at the top of the training thread with no phase of its own is ``forward`` when
+    the next phase marker after it (data loading, forward or backward region, optimizer, step
+    end) is forward or backward, else ``other``;
+``host_phases``
+    an event without a phase of its own inherits its nearest ancestor's, else takes its
+    position's; region markers and Python frames pass phases down but get none by position;
+``link_devices``
+    kernels and copies take the phase, step and operator of the host call that launched them
+    (``correlation``, else the operator's ``external_id``), or of the operator the trace names
+    as their ``scope`` (TensorFlow), unless a rule says otherwise (NCCL kernels are
+    communication, host-to-device copies are h2d);
+``collectives``
+    the collective each event is, from a rule or the trace's own argument.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,7 +102,7 @@ def _numpy(column: pa.ChunkedArray, fill: int) -> np.ndarray:
 
 
 @dataclass
-class _Classes:
+class Classes:
     """What the rules say, per event, in the smallest integer types that hold it."""
 
     kind: np.ndarray  # int8 kind code
@@ -103,7 +120,7 @@ class _Classes:
         return self._step[self._inverse[rows]]
 
 
-def _classify(raw: pa.Table, rules: RuleSet) -> _Classes:
+def classify(raw: pa.Table, rules: RuleSet) -> Classes:
     kind_dict = _dictionary(raw.column(S.KIND))
     cat_dict = _dictionary(raw.column(S.CAT))
     name_dict = _dictionary(raw.column(S.NAME))
@@ -144,7 +161,7 @@ def _classify(raw: pa.Table, rules: RuleSet) -> _Classes:
         if result.kind == S.KIND_STEP:
             number = rules.step_number(name)
             u_step[i] = -1 if number is None else number
-    return _Classes(
+    return Classes(
         kind=u_kind[inverse],
         phase=u_phase[inverse],
         rule_op=u_rule_op[inverse],
@@ -392,65 +409,89 @@ def lay_out(
     return result
 
 
-def normalize(
-    raw: pa.Table,
-    rules: RuleSet,
-    meta: RankMeta,
-    *,
-    layout: str | None = None,
-    process_names: dict[int, str] | None = None,
-) -> Normalized:
-    """Classify and structure one rank's raw events into the ``events`` table."""
-    notes = Notes()
-    raw = kinds_from_categories(raw, rules)
-    found: LayoutResult | None = None
-    if layout is not None:
-        found = lay_out(raw, rules, layout, process_names or {}, notes)
-        raw = found.events
-    raw = _without_stray_times(raw, notes, meta.rank)
-    n = raw.num_rows
-    cls = _classify(raw, rules)
-    kind, own = cls.kind, cls.phase
-    pid = _numpy(raw.column(S.PID), 0)
-    tid = _numpy(raw.column(S.TID), 0)
-    ts = _numpy(raw.column(S.TS_NS), 0)
-    dur = np.maximum(_numpy(raw.column(S.DUR_NS), 0), 0)
-    host_tree = _HOST_TREE[kind]
+@dataclass
+class RankColumns:
+    """The raw columns every pass reads, as numpy (times in ns; missing ids as 0)."""
 
-    # -- call trees on host threads ---------------------------------------------------------
+    pid: np.ndarray
+    tid: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray  # never negative
+
+    @classmethod
+    def of(cls, raw: pa.Table) -> RankColumns:
+        return cls(
+            pid=_numpy(raw.column(S.PID), 0),
+            tid=_numpy(raw.column(S.TID), 0),
+            ts=_numpy(raw.column(S.TS_NS), 0),
+            dur=np.maximum(_numpy(raw.column(S.DUR_NS), 0), 0),
+        )
+
+
+@dataclass
+class CallTrees:
+    """Pass ``call_trees``: how host events nest, per event (-1 where an event is not on a host
+    thread's tree)."""
+
+    depth: np.ndarray  # int32
+    parent: np.ndarray  # int32 event index
+    self_ns: np.ndarray  # duration less the children's (device activities: their duration)
+    hosts: np.ndarray  # event indices of host-tree events, by thread then start
+    by_depth: np.ndarray  # the same events, shallowest first (the order phases flow down in)
+
+
+def call_trees(classes: Classes, columns: RankColumns) -> CallTrees:
+    n = len(classes.kind)
+    host_tree = _HOST_TREE[classes.kind]
     host_idx = np.flatnonzero(host_tree)
-    tree = _call_trees(pid[host_idx], tid[host_idx], ts[host_idx], dur[host_idx])
-    hosts = host_idx[tree.order]  # event index of each host position
-    del host_idx
+    c = columns
+    tree = _call_trees(c.pid[host_idx], c.tid[host_idx], c.ts[host_idx], c.dur[host_idx])
+    hosts = host_idx[tree.order]
     depth = np.full(n, -1, np.int32)
     depth[hosts] = tree.depth
     parent = np.full(n, -1, np.int32)
     parent[hosts] = np.where(tree.parent >= 0, hosts[np.maximum(tree.parent, 0)], -1)
-    self_ns = np.where(host_tree, 0, dur)
+    self_ns = np.where(host_tree, 0, c.dur)
     self_ns[hosts] = tree.self_ns
-    level_order = hosts[np.argsort(tree.depth, kind="stable")]
-    del tree
+    by_depth = hosts[np.argsort(tree.depth, kind="stable")]
+    return CallTrees(depth, parent, self_ns, hosts, by_depth)
 
-    # -- the training thread and its steps ------------------------------------------------------
-    top = outermost_operators(kind, parent)
+
+@dataclass
+class Steps:
+    """Pass ``steps``: the training thread and the step windows its markers open."""
+
+    training: tuple[int, int] | None  # (pid, tid)
+    markers: np.ndarray  # event indices of the kept step markers, by time
+    starts: np.ndarray  # ns, per kept marker
+    ends: np.ndarray
+    step: np.ndarray  # per event: the step number of the window holding its start (-1: none)
+    on_training: np.ndarray  # per event: a host event on the training thread
+
+
+def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: Notes) -> Steps:
+    kind, hosts = classes.kind, trees.hosts
+    c = columns
+    n = len(kind)
+    top = outermost_operators(kind, trees.parent)
     training = training_thread_of(
-        pid[hosts], tid[hosts], kind[hosts], top[hosts], dur[hosts],
-        own[hosts] == PHASE_CODES[S.BACKWARD],
+        c.pid[hosts], c.tid[hosts], kind[hosts], top[hosts], c.dur[hosts],
+        classes.phase[hosts] == PHASE_CODES[S.BACKWARD],
     )  # fmt: skip
     del top
     on_training = np.zeros(n, bool)
     if training is not None:
-        on_training = (pid == training[0]) & (tid == training[1]) & host_tree
+        on_training = (c.pid == training[0]) & (c.tid == training[1]) & _HOST_TREE[kind]
     marker = np.flatnonzero(on_training & (kind == _KIND_CODES[S.KIND_STEP]))
-    marker = marker[np.argsort(ts[marker], kind="stable")]
+    marker = marker[np.argsort(c.ts[marker], kind="stable")]
     if len(marker):
         # Keep disjoint windows: a marker that starts inside the previous one is dropped.
         keep = np.ones(len(marker), bool)
-        keep[1:] = ts[marker[1:]] >= np.maximum.accumulate(ts[marker] + dur[marker])[:-1]
+        keep[1:] = c.ts[marker[1:]] >= np.maximum.accumulate(c.ts[marker] + c.dur[marker])[:-1]
         marker = marker[keep]
-    step_starts, step_ends = ts[marker], ts[marker] + dur[marker]
-    numbers = cls.step_number(marker)
-    step_numbers = np.where(numbers >= 0, numbers, np.arange(len(marker)))
+    starts, ends = c.ts[marker], c.ts[marker] + c.dur[marker]
+    numbers = classes.step_number(marker)
+    numbers = np.where(numbers >= 0, numbers, np.arange(len(marker)))
     if len(marker) == 0:
         notes.remark(
             "no step markers (ProfilerStep#N) on the training thread: the whole trace is "
@@ -458,47 +499,61 @@ def normalize(
         )
         step = np.full(n, -1, np.int64)
     else:
-        window = _windows(step_starts, step_ends, ts)
-        step = np.where(window >= 0, step_numbers[np.maximum(window, 0)], -1)
-        del window
+        window = _windows(starts, ends, c.ts)
+        step = np.where(window >= 0, numbers[np.maximum(window, 0)], -1)
+    return Steps(training, marker, starts, ends, step, on_training)
 
-    # -- phases on the host: own, inherited, or by position ---------------------------------------
-    # By position: an operator with no phase of its own or from above, at the top of the
-    # training thread, is forward when the next phase marker after it is forward or backward
-    # (or when its step has no backward at all), else other.
-    structural = _STRUCTURAL[kind]
-    positional = np.full(n, PHASE_CODES[S.OTHER], np.int8)
-    candidates = np.flatnonzero(on_training & (own < 0) & ~structural)
+
+def positional_phases(classes: Classes, columns: RankColumns, steps: Steps) -> np.ndarray:
+    """Pass ``positional_phases``: per event, the phase its position on the training thread gives
+    it (``other`` where position says nothing).
+
+    An operator with no phase of its own, at the top of the training thread, is forward when the
+    next phase marker after it is forward or backward (or when its step has no backward at
+    all), else other; which of them has a phase from above is for the next pass to decide.
+    """
+    kind, own, ts = classes.kind, classes.phase, columns.ts
+    host_tree = _HOST_TREE[kind]
+    positional = np.full(len(kind), PHASE_CODES[S.OTHER], np.int8)
+    candidates = np.flatnonzero(steps.on_training & (own < 0) & ~_STRUCTURAL[kind])
     anchor = np.flatnonzero(host_tree & (own >= 0))
     anchor = anchor[_ANCHOR_PHASES[own[anchor]]]
-    anchor_ts = np.concatenate([ts[anchor], step_ends])
+    anchor_ts = np.concatenate([ts[anchor], steps.ends])
     anchor_phase = np.concatenate(
-        [own[anchor].astype(np.int64), np.full(len(step_ends), _STEP_END)]
+        [own[anchor].astype(np.int64), np.full(len(steps.ends), _STEP_END)]
     )
     order = np.argsort(anchor_ts, kind="stable")
     anchor_ts, anchor_phase = anchor_ts[order], np.append(anchor_phase[order], _STEP_END)
     next_phase = anchor_phase[np.searchsorted(anchor_ts, ts[candidates], side="right")]
-    backward_steps = np.unique(step[host_tree & (own == PHASE_CODES[S.BACKWARD])])
+    backward_steps = np.unique(steps.step[host_tree & (own == PHASE_CODES[S.BACKWARD])])
     leads_to_compute = np.isin(next_phase, [PHASE_CODES[S.FORWARD], PHASE_CODES[S.BACKWARD]])
-    forward = leads_to_compute | ~np.isin(step[candidates], backward_steps)
+    forward = leads_to_compute | ~np.isin(steps.step[candidates], backward_steps)
     positional[candidates[forward]] = PHASE_CODES[S.FORWARD]
-    del (
-        candidates,
-        anchor,
-        anchor_ts,
-        anchor_phase,
-        next_phase,
-        leads_to_compute,
-        forward,
-        on_training,
-    )
+    return positional
 
+
+@dataclass
+class HostPhases:
+    """Pass ``host_phases``: phase and operator names of host events, flowing down the trees."""
+
+    phase: np.ndarray  # int8 phase code (-1: not decided here: device activities)
+    top_op: np.ndarray  # int32: the outermost operator's canonical name (from a rule)
+    near_op: np.ndarray  # int32: the nearest operator's name-derived op
+
+
+def host_phases(classes: Classes, trees: CallTrees, positional: np.ndarray) -> HostPhases:
+    """An event's own phase, else its parent's, else its position's; region markers and Python
+    frames pass phases down but take none by position."""
+    kind, own = classes.kind, classes.phase
+    n = len(kind)
+    structural = _STRUCTURAL[kind]
     phase = np.full(n, NO_PHASE, np.int8)
     passed = np.full(n, NO_PHASE, np.int8)  # what an event hands down to its children
-    top_op = np.full(n, -1, np.int32)  # the outermost operator's canonical name (from a rule)
-    near_op = np.full(n, -1, np.int32)  # the nearest operator's name-derived op
+    top_op = np.full(n, -1, np.int32)
+    near_op = np.full(n, -1, np.int32)
     is_op = kind == _KIND_CODES[S.KIND_OP]
     is_step = kind == _KIND_CODES[S.KIND_STEP]
+    level_order, parent, depth = trees.by_depth, trees.parent, trees.depth
     level_bounds = np.searchsorted(depth[level_order], np.arange(int(depth.max(initial=0)) + 2))
     for level in range(len(level_bounds) - 1):
         rows = level_order[level_bounds[level] : level_bounds[level + 1]]
@@ -516,14 +571,38 @@ def normalize(
         passed[rows] = np.where(structural[rows] & (own[rows] < 0), inherited, eff)
         parent_op = np.where(has_up, top_op[up], -1)
         top_op[rows] = np.where(
-            parent_op >= 0, parent_op, np.where(is_op[rows], cls.rule_op[rows], -1)
+            parent_op >= 0, parent_op, np.where(is_op[rows], classes.rule_op[rows], -1)
         )
         near_op[rows] = np.where(
-            is_op[rows], cls.default_op[rows], np.where(has_up, near_op[up], -1)
+            is_op[rows], classes.default_op[rows], np.where(has_up, near_op[up], -1)
         )
-    del level_order, passed, positional, structural, is_op, is_step
+    return HostPhases(phase, top_op, near_op)
 
-    # -- device activities: phase, step and operator of the launching host call ------------------
+
+@dataclass
+class DeviceLinks:
+    """Pass ``link_devices``: each device activity, linked to the host call that launched it."""
+
+    rows: np.ndarray  # event indices of device activities
+    launcher: np.ndarray  # per row: the launching host event (-1: none found)
+    phase: np.ndarray  # per row: int8 phase code
+    op: np.ndarray  # per row: int32 op code (-1: name-derived)
+    step: np.ndarray  # per row: step number (-1: none)
+
+
+def link_devices(
+    raw: pa.Table,
+    rules: RuleSet,
+    classes: Classes,
+    trees: CallTrees,
+    steps: Steps,
+    host: HostPhases,
+    notes: Notes,
+) -> DeviceLinks:
+    """Kernels and copies take the phase, step and operator of the host call that launched them
+    (``correlation``, else the operator's ``external_id``), or of the operator the trace names
+    as their scope; a rule of their own beats both. ``classes.ops`` gains scope operators."""
+    kind, own, hosts = classes.kind, classes.phase, trees.hosts
     device = np.flatnonzero(_DEVICE[kind])
     correlation = _numpy(raw.column(S.CORRELATION), -1)
     external = _numpy(raw.column(S.EXTERNAL_ID), -1)
@@ -531,7 +610,7 @@ def normalize(
     launcher = _lookup(correlation[runtime], runtime, correlation[device])
     host_ops = hosts[kind[hosts] != _KIND_CODES[S.KIND_RUNTIME]]
     by_external = _lookup(external[host_ops], host_ops, external[device])
-    del correlation, external, runtime, host_ops, hosts
+    del correlation, external, runtime, host_ops
     launcher = np.where(launcher >= 0, launcher, by_external)
     linked = launcher >= 0
     safe = np.maximum(launcher, 0)
@@ -540,56 +619,143 @@ def normalize(
             f"{int((~linked).sum())} of {len(device)} device activities have no launching host "
             "call in the trace; their phase is 'other' unless a rule names it"
         )
-    scope_phase, scope_op = _scope_classes(raw, device, rules, cls.ops)
+    scope_phase, scope_op = _scope_classes(raw, device, rules, classes.ops)
     # The trace's own word on the operator (its scope) beats the runtime call that launched it.
-    phase[device] = np.where(
+    phase = np.where(
         own[device] >= 0,
         own[device],
         np.where(
-            scope_phase >= 0, scope_phase, np.where(linked, phase[safe], PHASE_CODES[S.OTHER])
+            scope_phase >= 0,
+            scope_phase,
+            np.where(linked, host.phase[safe], PHASE_CODES[S.OTHER]),
         ),
-    )
+    ).astype(np.int8)
     # A kernel is named after the operator that launched it: the outermost one with a canonical
     # name (aten::linear -> fully_connected), else the nearest one, else the runtime call.
-    launcher_op = np.where(top_op[safe] >= 0, top_op[safe], near_op[safe])
-    launcher_op = np.where(launcher_op >= 0, launcher_op, cls.default_op[safe])
-    device_op = np.where(
-        cls.rule_op[device] >= 0,
-        cls.rule_op[device],
+    launcher_op = np.where(host.top_op[safe] >= 0, host.top_op[safe], host.near_op[safe])
+    launcher_op = np.where(launcher_op >= 0, launcher_op, classes.default_op[safe])
+    op = np.where(
+        classes.rule_op[device] >= 0,
+        classes.rule_op[device],
         np.where(scope_op >= 0, scope_op, np.where(linked, launcher_op, -1)),
-    )
-    step[device] = np.where(linked, step[safe], step[device])
-    parent[device] = launcher
-    del top_op, near_op, launcher, safe, launcher_op
+    ).astype(np.int32)
+    step = np.where(linked, steps.step[safe], steps.step[device])
+    return DeviceLinks(device, launcher, phase, op, step)
 
-    # -- everything else ------------------------------------------------------------------------
-    phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
-    op = np.where(cls.rule_op >= 0, cls.rule_op, cls.default_op)
-    op[device] = np.where(device_op >= 0, device_op, cls.default_op[device])
-    del device_op
 
-    collectives = list(cls.collectives)
-    collective = cls.collective.copy()
+@dataclass
+class Collectives:
+    """Pass ``collectives``: which collective each event is, and the op names that gives."""
+
+    collective: np.ndarray  # int16 index into names (-1: none)
+    names: list[str]
+    op: np.ndarray  # int32 op code per event, after the collective names (into classes.ops)
+
+
+def name_collectives(
+    raw: pa.Table, rules: RuleSet, classes: Classes, op: np.ndarray
+) -> Collectives:
+    """A rule's collective, or the one the trace's argument names (NCCL's ``Collective name``)
+    where the rule defers to it; an event named by its argument takes it as its op unless a rule
+    gave it one."""
+    names = list(classes.collectives)
+    collective = classes.collective.copy()
     hint = _dictionary(raw.column(S.COLLECTIVE))
-    if cls.from_args.any() and len(hint.dictionary):
-        hint_codes = _codes(hint)
-        mapped = []
-        for value in hint.dictionary.to_pylist():
-            name = rules.normalize_collective(value)
-            if name is not None and name not in collectives:
-                collectives.append(name)
-            mapped.append(collectives.index(name) if name is not None else -1)
-        from_hint = np.where(hint_codes >= 0, np.array([*mapped, -1])[hint_codes], -1)
-        use = cls.from_args & (from_hint >= 0)
-        collective[use] = from_hint[use]
-        ops = cls.ops
-        for c_index, c_name in enumerate(collectives):
-            if c_name not in ops:
-                ops.append(c_name)
-            take = use & (from_hint == c_index) & (cls.rule_op < 0)
-            op[take] = ops.index(c_name)
+    if not (classes.from_args.any() and len(hint.dictionary)):
+        return Collectives(collective, names, op)
+    op = op.copy()
+    hint_codes = _codes(hint)
+    mapped = []
+    for value in hint.dictionary.to_pylist():
+        name = rules.normalize_collective(value)
+        if name is not None and name not in names:
+            names.append(name)
+        mapped.append(names.index(name) if name is not None else -1)
+    from_hint = np.where(hint_codes >= 0, np.array([*mapped, -1])[hint_codes], -1)
+    use = classes.from_args & (from_hint >= 0)
+    collective[use] = from_hint[use]
+    ops = classes.ops
+    for c_index, c_name in enumerate(names):
+        if c_name not in ops:
+            ops.append(c_name)
+        take = use & (from_hint == c_index) & (classes.rule_op < 0)
+        op[take] = ops.index(c_name)
+    return Collectives(collective, names, op)
 
-    columns: dict[str, Any] = {
+
+#: The passes of ``normalize``, in the order they run; ``inspect`` sees each one's result.
+PASSES = (
+    "kinds",
+    "layout",
+    "stray_times",
+    "classify",
+    "call_trees",
+    "steps",
+    "positional_phases",
+    "host_phases",
+    "link_devices",
+    "collectives",
+)
+
+Inspector = Callable[[str, Any], None]
+
+
+def normalize(
+    raw: pa.Table,
+    rules: RuleSet,
+    meta: RankMeta,
+    *,
+    layout: str | None = None,
+    process_names: dict[int, str] | None = None,
+    inspect: Inspector | None = None,
+) -> Normalized:
+    """Classify and structure one rank's raw events into the ``events`` table.
+
+    ``inspect(pass name, result)`` is called after each pass (``PASSES``), for tests.
+    """
+    look: Inspector = inspect or (lambda name, result: None)
+    notes = Notes()
+    raw = kinds_from_categories(raw, rules)
+    look("kinds", raw)
+    found: LayoutResult | None = None
+    if layout is not None:
+        found = lay_out(raw, rules, layout, process_names or {}, notes)
+        raw = found.events
+    look("layout", found)
+    raw = _without_stray_times(raw, notes, meta.rank)
+    look("stray_times", raw)
+    n = raw.num_rows
+    classes = classify(raw, rules)
+    look("classify", classes)
+    columns = RankColumns.of(raw)
+    trees = call_trees(classes, columns)
+    look("call_trees", trees)
+    steps = find_steps(classes, columns, trees, notes)
+    look("steps", steps)
+    positional = positional_phases(classes, columns, steps)
+    look("positional_phases", positional)
+    host = host_phases(classes, trees, positional)
+    look("host_phases", host)
+    del positional
+    devices = link_devices(raw, rules, classes, trees, steps, host, notes)
+    look("link_devices", devices)
+
+    kind, own = classes.kind, classes.phase
+    # Passes return fresh arrays and never change an earlier pass's result: copy, then merge.
+    phase = host.phase.copy()
+    phase[devices.rows] = devices.phase
+    phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
+    step = steps.step.copy()
+    step[devices.rows] = devices.step
+    parent = trees.parent.copy()
+    parent[devices.rows] = devices.launcher
+    op = np.where(classes.rule_op >= 0, classes.rule_op, classes.default_op)
+    op[devices.rows] = np.where(devices.op >= 0, devices.op, classes.default_op[devices.rows])
+    del host, devices
+    named = name_collectives(raw, rules, classes, op)
+    look("collectives", named)
+
+    columns_out: dict[str, Any] = {
         S.RUN_ID: _constant(meta.run_id, n),
         S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
         S.HOST: _constant(meta.host, n),
@@ -600,21 +766,21 @@ def normalize(
         S.PID: raw.column(S.PID),
         S.TID: raw.column(S.TID),
         S.NAME: raw.column(S.NAME),
-        S.OP: _dict_array(op, cls.ops),
+        S.OP: _dict_array(named.op, classes.ops),
         S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
         S.STEP: pa.array(step, pa.int64(), mask=step < 0),
-        S.TS_NS: pa.array(ts),
-        S.DUR_NS: pa.array(dur),
-        S.SELF_NS: pa.array(self_ns, pa.int64()),
+        S.TS_NS: pa.array(columns.ts),
+        S.DUR_NS: pa.array(columns.dur),
+        S.SELF_NS: pa.array(trees.self_ns, pa.int64()),
         S.BYTES: raw.column(S.BYTES),
-        S.COLLECTIVE: _dict_array(collective, collectives),
+        S.COLLECTIVE: _dict_array(named.collective, named.names),
         S.CORRELATION: raw.column(S.CORRELATION),
         S.EVENT_ID: pa.array(np.arange(n, dtype=np.int64)),
         S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
-        S.DEPTH: pa.array(depth, pa.int32(), mask=depth < 0),
+        S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
         S.GROUP: raw.column(S.GROUP),
     }
-    table = S.conform(pa.table(columns), S.EVENTS_SCHEMA)
+    table = S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
     if found is not None:
         found.events = found.events.slice(0, 0)
-    return Normalized(table, training, len(marker), notes, found)
+    return Normalized(table, steps.training, len(steps.markers), notes, found)
