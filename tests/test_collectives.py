@@ -103,3 +103,10 @@ def test_collectives_table_is_in_the_export(tmp_path: Path) -> None:
     assert result.code == 0, result.err
     exported = pl.read_parquet(tmp_path / "out" / "collectives.parquet")
     assert exported.height == 2 * 30
+    # what matching found travels with each call: the gloo calls are matched (wait + transfer
+    # is the call), c10d's launch calls are not (they return before the others arrive)
+    gloo = exported.filter(pl.col("name") == "gloo:all_reduce")
+    assert gloo["matched"].all() and gloo.height == 2 * 15
+    assert (gloo["wait_ns"] + gloo["transfer_ns"] == gloo["end_ns"] - gloo["start_ns"]).all()
+    assert set(gloo["last_rank"].to_list()) <= {0, 1}
+    assert not exported.filter(pl.col("name") == "c10d::allreduce_")["matched"].any()

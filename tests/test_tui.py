@@ -102,7 +102,7 @@ def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) ->
     for phase, value in summary.breakdown_ms.items():
         entry = f"{phase:<9}{ms(value):>8} ms {pct(value / summary.step_ms):>4}"
         assert entry in seen["legend"], f"{phase}: {entry!r} not in legend"
-    assert f"straggler: rank {summary.straggler_rank} (busiest" in seen["notes"]
+    assert f"straggler: rank {summary.straggler_rank} (waited for the most" in seen["notes"]
     assert "ranks are balanced" in seen["notes"]
 
 
@@ -253,9 +253,12 @@ def test_ranks_screen_lists_the_slowest_rank_first(ddp: Run) -> None:
     assert [int(r[0].rstrip("*")) for r in table] == [r.rank for r in by_busy]
     for row, rank in zip(table, by_busy, strict=True):
         assert row[1:3] == [ms(rank.step_ms), ms(rank.busy_ms)]
-        wait = rank.comm_exposed_ms + rank.breakdown_ms.idle
-        assert row[4] == ms(wait)
-        assert row[7:15] == [ms(rank.breakdown_ms[p]) for p in S.BREAKDOWN_PHASES]
+        blocked = rank.comm_exposed_ms + rank.breakdown_ms.idle
+        assert row[4] == ms(blocked)
+        # of the exposed comm: waiting for the last rank, and transfer
+        assert rank.comm_wait_ms is not None and rank.comm_transfer_ms is not None
+        assert row[5:7] == [ms(rank.comm_wait_ms), ms(rank.comm_transfer_ms)]
+        assert row[9:17] == [ms(rank.breakdown_ms[p]) for p in S.BREAKDOWN_PHASES]
     # ddp's busiest rank is within 5% of the median: no rank is marked as the straggler
     assert not any(r[0].endswith("*") for r in table)
 
@@ -532,3 +535,34 @@ def test_views_of_several_runs_are_built_off_the_ui_thread(ddp: Run, explicit: R
     assert view.ops[0].op == ddp.report(1).top_ops[0].op
     with open_runs([[ddp.path], [explicit.path]]) as both:
         assert [r.label for r in both] == ["ddp", "explicit"]
+
+
+def test_timeline_marks_each_ranks_arrival_at_a_collective(runs_root: Path) -> None:
+    """On the slow-forward sample, c marks the step's most skewed all-reduce: rank 1 (whose
+    forward is three times the others') arrives last, its mark right of the others'."""
+    from tests.tui_helpers import sample_run
+    from traceview.runs import open_run
+
+    marks: dict[int, int] = {}
+    header: list[str] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        await pilot.press("c")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        header.append(plain(app.query_one("#timeline-header", Static)))
+        for y, row in enumerate(timeline.rows):
+            if row.lane == 0:
+                bar = timeline.render_line(y - round(timeline.scroll_offset.y)).text
+                bar = bar[timeline.label_width() + 1 :]
+                for symbol in "▼▽":
+                    if symbol in bar:
+                        marks[row.rank] = bar.index(symbol)
+
+    with open_run([sample_run("slowfwd", runs_root)]) as run:
+        drive([run], look)
+    assert "rank 1 last ▼" in header[0] and "allreduce #0" in header[0], header
+    assert set(marks) == {0, 1, 2}
+    assert marks[1] > marks[0] and marks[1] > marks[2], marks

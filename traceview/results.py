@@ -36,7 +36,12 @@ R = TypeVar("R", bound=Result)
 
 #: What the JSON's enumerated strings can be (a schema test keeps old values valid).
 Phase = Literal["io", "h2d", "forward", "backward", "update", "comm", "other", "idle"]
-BottleneckPhase = Literal["io", "h2d", "forward", "backward", "update", "comm"]
+#: "imbalance": communication is the largest share, but most of it is waiting for a straggler
+BottleneckPhase = Literal["io", "h2d", "forward", "backward", "update", "comm", "imbalance"]
+#: How the ranks' times were put on one clock: measured by ``collect``, shared by one host,
+#: estimated from matched collectives, or not at all (several hosts, nothing to estimate from).
+ClockSource = Literal["collect", "one host", "collectives", "unaligned"]
+StragglerPhase = Literal["io", "h2d", "forward", "backward", "update", "other"]
 Hidden = Literal["yes", "partly", "no", "n/a"]
 Timeline = Literal["cpu", "gpu"]
 StepMark = Literal["first", "warm-up", "slow", ""]
@@ -95,6 +100,17 @@ class JobInfo(Result):
     max_clock_offset_us: float | None
 
 
+class Clocks(Result):
+    """How the ranks' clocks were aligned, so that arrival times compare across ranks."""
+
+    source: ClockSource
+    calls: int | None = None  # collectives: matched synchronizing calls the estimate used
+    max_offset_us: float | None = None  # the largest offset applied (estimated or measured)
+    max_drift_ppm: float | None = None  # collectives: the largest drift estimated
+    residual_us: float | None = None  # collectives: p90 distance of matched ends from the fit
+    unaligned_ranks: list[int] = []  # ranks with too few matched calls to estimate
+
+
 class RunInfo(Result):
     framework: str | None
     ranks: int  # ranks with steps
@@ -105,6 +121,7 @@ class RunInfo(Result):
     path: str | None  # the run directory (null for a temporary one)
     run_id: str | None
     job: JobInfo | None
+    clocks: Clocks | None = None  # null with one rank
 
 
 class Summary(Result):
@@ -118,10 +135,26 @@ class Summary(Result):
     hidden: Hidden  # how much of the communication is hidden behind compute
     bottleneck: BottleneckPhase | None  # the phase with the largest exclusive share
     bottleneck_share: float  # its share of the step
-    straggler_rank: int | None  # the busiest rank (null with one rank)
+    # The straggler: where collectives were matched across ranks, the rank whose late arrival
+    # caused the most waiting; else the busiest rank (null with one rank).
+    straggler_rank: int | None
     straggler_excess: float  # its busy time over the median rank's (0.05: 5% more)
-    straggler_significant: bool | None  # excess at least STRAGGLER_MIN_EXCESS (null: one rank)
+    # matched: the others wait for it at least STRAGGLER_MIN_WAIT of the step; else its excess
+    # is at least STRAGGLER_MIN_EXCESS (null: one rank)
+    straggler_significant: bool | None
     blocked_ms: float  # mean over ranks of exposed comm + idle: time not on the rank's own work
+    # Across ranks (analysis/crossrank.py), means over ranks; null where no collective was
+    # matched across ranks (one rank, no communication). wait + transfer = comm_exposed_ms;
+    # the totals split comm_total_ms (hidden communication included).
+    comm_wait_ms: float | None = None
+    comm_transfer_ms: float | None = None
+    comm_wait_total_ms: float | None = None
+    comm_transfer_total_ms: float | None = None
+    # the others' exposed wait per step at the calls the straggler arrived last to, per other rank
+    straggler_wait_ms: float | None = None
+    straggler_phase: StragglerPhase | None = None  # where the straggler spends its extra time
+    straggler_phase_ms: float | None = None  # that phase on the straggler, ms per step
+    straggler_phase_median_ms: float | None = None  # and the median of the other ranks
 
 
 class RankSummary(Result):
@@ -138,6 +171,14 @@ class RankSummary(Result):
     blocked_ms: float  # exposed comm + idle: waiting for the others (or the network)
     imbalance: float  # busy time against the median rank's (0.05: 5% busier)
     straggler: bool  # this rank is the straggler and it is significant
+    clock_offset_us: float | None = None  # estimated from collectives (Clocks), else null
+    comm_wait_ms: float | None = None  # per step, as in Summary
+    comm_transfer_ms: float | None = None
+    comm_wait_total_ms: float | None = None
+    comm_transfer_total_ms: float | None = None
+    # the others' exposed wait per step at the calls it arrived last to (summed over them)
+    caused_wait_ms: float | None = None
+    last_arrivals: int | None = None  # matched calls it arrived last to (where anyone waited)
 
 
 class StepSummary(Result):
@@ -181,6 +222,37 @@ class TopOp(Result):
     share: float  # self time as a fraction of the step
 
 
+class CollectiveSummary(Result):
+    """One collective across ranks: a view at one position of the step (the n-th call of
+    ``name`` in every step), over its matched calls."""
+
+    op: str  # the collective: allreduce, allgather, broadcast... (untrusted)
+    name: str  # the view: the event that makes the call (untrusted)
+    group: str | None  # process group, where the trace names it (untrusted)
+    position: int  # the call's place among the step's calls of this view (0: first)
+    calls_per_step: float  # steps it was matched in, per step of the run
+    ranks: int  # ranks that take part
+    bytes: int | None  # message size, where the trace records it
+    transfer_ms: float  # mean over ranks and calls: from the last arrival to the end
+    wait_ms: float  # mean over ranks and calls: inside the call before the last arrival
+    skew_ms: float  # mean over calls: last arrival minus first
+    last_rank: int  # the rank that most often arrived last
+    algorithm: str | None = None  # NCCL's algorithm_protocol, where the kernel name says it
+    # what each link moved during the transfer (nccl-tests' bus bandwidth), where bytes are known
+    busbw_gbps: float | None = None
+
+
+class StepCollective(Result):
+    """One matched collective call in one step, across its ranks: what a timeline marks."""
+
+    name: str  # the view (untrusted)
+    collective: str
+    position: int  # its place among the step's calls of this view
+    skew_ns: int  # last arrival minus first
+    last_rank: int
+    arrivals: dict[int, int]  # rank -> start_ns on the rank's own clock (as its events are)
+
+
 class RunReport(Result):
     """``traceview report --json``."""
 
@@ -193,6 +265,7 @@ class RunReport(Result):
     warnings: list[str]
     remarks: list[str]
     schema_version: str = RESULTS_VERSION
+    collectives: list[CollectiveSummary] = []  # matched across ranks (empty: none)
 
     @property
     def straggler(self) -> RankSummary | None:
@@ -216,6 +289,11 @@ class ComparedRun(Result):
     comm_hidden_fraction: float
     hidden: Hidden
     bottleneck: BottleneckPhase | None
+    # the exposed comm split across ranks (Summary), null where not matched across ranks
+    comm_wait_ms: float | None = None
+    comm_transfer_ms: float | None = None
+    straggler_rank: int | None = None  # where significant
+    straggler_phase: StragglerPhase | None = None
 
 
 class ComparedValues(Result):
@@ -290,6 +368,10 @@ class ScaledRun(Result):
     predicted_own_compute: dict[str, OwnPrediction]  # model -> on this run's own breakdown
     what_if: dict[str, float | None]  # <what>_ms and <what>_speedup
     allreduce: AllReduceRate | None  # with --link-gbps, where message sizes are known
+    # t_comm(N) the models used: the transfer (all of it, hidden included) where collectives
+    # were matched across ranks, else comm_total_ms
+    comm_model_ms: float | None = None
+    comm_wait_ms: float | None = None  # exposed wait for the last rank: imbalance, not modelled
 
 
 class ModelFit(Result):

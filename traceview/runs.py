@@ -23,7 +23,7 @@ from traceview import rundir as R
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.errors import BadInput
 from traceview.manifest import Manifest
-from traceview.results import RunReport
+from traceview.results import RunReport, StepCollective
 
 
 @dataclass
@@ -50,7 +50,36 @@ class Run:
         from traceview.analysis.summary import summarize
 
         path = None if self.temporary else str(self.path)
-        return summarize(self.steps, self.ops, self.manifest, top, path=path)
+        return summarize(
+            self.steps,
+            self.ops,
+            self.manifest,
+            top,
+            path=path,
+            collectives=self.collectives,
+            comm=self.tables["comm"],
+        )
+
+    def export_tables(self) -> dict[str, pa.Table]:
+        """The tables ``export`` writes beside the events: steps, ops, and the collective calls
+        with what matching them across ranks found."""
+        from traceview.analysis.crossrank import matched_table
+        from traceview.analysis.summary import cross_rank_of
+
+        cross = cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
+        return {
+            "steps": self.steps,
+            "ops": self.ops,
+            "collectives": matched_table(self.collectives, cross),
+        }
+
+    def step_collectives(self) -> dict[int | None, list[StepCollective]]:
+        """Per step, its collective calls matched across ranks, the most skewed first."""
+        from traceview.analysis.crossrank import matched_table, step_collectives
+        from traceview.analysis.summary import cross_rank_of
+
+        cross = cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
+        return step_collectives(matched_table(self.collectives, cross))
 
     def events(self, ranks: list[int] | None = None) -> pa.Table:
         return R.read_events(self.path, ranks)

@@ -259,6 +259,25 @@ COLLECTIVES_SCHEMA: Final = pa.schema(
 )
 
 
+# --- comm: per rank, its communication time as intervals, exposed or hidden -----------------------
+
+EXPOSED: Final = "exposed"
+
+#: The union of a rank's communication within its step windows, cut where it turns from exposed
+#: (no compute at that instant: the breakdown's comm) to hidden; what cross-rank passes split
+#: into waiting and transfer without reading events.
+COMM_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(END_NS, pa.int64(), nullable=False),
+        pa.field(EXPOSED, pa.bool_(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select, order and cast ``table``'s columns to ``schema`` (missing nullable columns: null)."""
     columns = []

@@ -11,6 +11,11 @@ SCENARIO is one of:
             then opt.step() (communication fully exposed).
   slowio    DDP as above, but the DataLoader's Dataset decodes every sample slowly
             (zlib + a per-sample read latency), so data loading dominates the step.
+  slowfwd   explicit, but rank 1 (the straggler) runs its model's forward twice more under
+            torch.no_grad(): its forward takes about three times the others', and the others
+            wait for it in their first all-reduce of every step. Made with 3 ranks.
+  slowdata  explicit, but rank 1's batches take SLOW_DATA_S longer to load (a sleep in its
+            collate_fn, standing in for a slow file system on one node). Made with 2 ranks.
 
 Each rank writes OUTDIR/rank-<r>.pt.trace.json.gz; rank 0 writes OUTDIR/groundtruth.json with
 time.perf_counter() timers for every iteration (see sample_traces/README.md for the format).
@@ -40,7 +45,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, Dataset
 
-SCENARIOS = {"ddp": 29511, "explicit": 29512, "slowio": 29513}  # scenario -> default MASTER_PORT
+SCENARIOS = {
+    "ddp": 29511,
+    "explicit": 29512,
+    "slowio": 29513,
+    "slowfwd": 29514,
+    "slowdata": 29515,
+}  # scenario -> default MASTER_PORT
 DIMS = (512, 1024, 1024, 1024, 10)  # MLP layer widths: in, hidden..., classes
 BATCH = 128
 LR = 0.01
@@ -49,6 +60,9 @@ WAIT, WARMUP, ACTIVE = 1, 1, 5
 ITERS = WAIT + WARMUP + ACTIVE + 3  # 3 unprofiled steps after the window, for comparison
 SLOW_RAW_BYTES = 512 * 64  # slowio: each sample decodes 32 KiB of uint8 "pixels"
 SLOW_SLEEP_S = 0.0003  # slowio: simulated storage latency per sample
+SLOW_RANK = 1  # slowfwd, slowdata: the straggler
+EXTRA_FORWARDS = 2  # slowfwd: extra forward passes (no grad) on the straggler
+SLOW_DATA_S = 0.015  # slowdata: extra loading time per batch on the straggler
 
 
 def env_int(*names: str, default: int) -> int:
@@ -98,6 +112,11 @@ def slow_collate(batch: list[tuple[bytes, int]]) -> tuple[torch.Tensor, torch.Te
     return x, torch.tensor([y for _, y in batch])
 
 
+def slow_rank_collate(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    time.sleep(SLOW_DATA_S)  # a slow file system on this rank's node
+    return torch.utils.data.default_collate(batch)
+
+
 def make_model() -> nn.Sequential:
     torch.manual_seed(0)  # identical initial weights on every rank
     layers: list[nn.Module] = []
@@ -131,8 +150,13 @@ def main(argv: list[str]) -> int:
     loader = (
         DataLoader(SlowDataset(n, seed), batch_size=BATCH, num_workers=0, collate_fn=slow_collate)
         if scenario == "slowio"
+        else DataLoader(
+            FastDataset(n, seed), batch_size=BATCH, num_workers=0, collate_fn=slow_rank_collate
+        )
+        if scenario == "slowdata" and rank == SLOW_RANK
         else DataLoader(FastDataset(n, seed), batch_size=BATCH, num_workers=0)
     )
+    extra_forwards = EXTRA_FORWARDS if scenario == "slowfwd" and rank == SLOW_RANK else 0
 
     sched = schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1)
     recorded = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
@@ -157,6 +181,9 @@ def main(argv: list[str]) -> int:
             x, y = next(it)
             t1 = time.perf_counter()
             loss = F.cross_entropy(net(x), y)
+            with torch.no_grad():
+                for _ in range(extra_forwards):  # slowfwd: the straggler's extra compute
+                    net(x)
             t2 = time.perf_counter()
             loss.backward()  # type: ignore[no-untyped-call]
             t3 = time.perf_counter()
@@ -209,6 +236,13 @@ def main(argv: list[str]) -> int:
                 f"MLP {'-'.join(map(str, DIMS))} (Linear+ReLU, {n_params} float32 params, "
                 f"{n_params * 4 / 2**20:.1f} MiB of gradients), cross-entropy loss, "
                 f"SGD lr={LR}, batch {BATCH} per rank, torch.set_num_threads(1)"
+            ),
+            "straggler": (
+                {"rank": SLOW_RANK, "phase": "forward", "extra_forwards": EXTRA_FORWARDS}
+                if scenario == "slowfwd"
+                else {"rank": SLOW_RANK, "phase": "data", "extra_data_s": SLOW_DATA_S}
+                if scenario == "slowdata"
+                else None
             ),
             "communication": (
                 f"DDP gloo, bucket_cap_mb={BUCKET_CAP_MB}; allreduce_ms is 0 (inside backward)"

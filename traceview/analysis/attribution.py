@@ -314,10 +314,11 @@ def rank_timeline(events: pa.Table) -> RankTimeline:
     )  # fmt: skip
 
 
-def breakdown(events: pa.Table) -> pa.Table:
-    """The steps table (schema.STEPS_SCHEMA) of one rank's events."""
+def breakdown(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
+    """The steps table (schema.STEPS_SCHEMA) of one rank's events (``tl``: their timeline, where
+    the caller has it already)."""
     rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
-    tl = rank_timeline(events)
+    tl = tl or rank_timeline(events)
     w_start, w_end, numbers = tl.w_start, tl.w_end, tl.numbers
     n_windows = len(w_start)
     if n_windows == 0:
@@ -356,6 +357,52 @@ def breakdown(events: pa.Table) -> pa.Table:
     with np.errstate(divide="ignore", invalid="ignore"):
         columns[S.COMM_HIDDEN_FRACTION] = np.where(comm_total > 0, 1.0 - exposed / comm_total, 0.0)
     return pa.table(columns, schema=S.STEPS_SCHEMA)
+
+
+def _inside(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Whether each instant of ``at`` lies in one of the sorted, disjoint [start, end)."""
+    pos = np.searchsorted(starts, at, side="right") - 1
+    return (pos >= 0) & (at < ends[np.maximum(pos, 0)]) if len(starts) else np.zeros(len(at), bool)
+
+
+def comm_intervals(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
+    """The rank's communication within its step windows (schema.COMM_SCHEMA): the union of its
+    comm intervals, cut into pieces that are exposed (nothing of a higher level runs then: the
+    breakdown's comm) or hidden. Per step, the exposed pieces add up to the steps table's comm
+    and all pieces to its comm_total."""
+    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
+    tl = tl or rank_timeline(events)
+    if len(tl.w_start) == 0:
+        return S.COMM_SCHEMA.empty_table()
+    _, s, e, level = _clip(tl.starts, tl.ends, tl.levels, tl.w_start, tl.w_end)
+    comm = level == _COMM_LEVEL
+    if not comm.any():
+        return S.COMM_SCHEMA.empty_table()
+    cs, ce = merge_intervals(s[comm], e[comm])
+    above = level < _COMM_LEVEL
+    hs, he = merge_intervals(s[above], e[above])
+    bounds = np.unique(np.concatenate([cs, ce, hs, he, tl.w_start, tl.w_end]))
+    lo, hi = bounds[:-1], bounds[1:]
+    mids = lo + (hi - lo) // 2
+    keep = _inside(cs, ce, mids)
+    lo, hi, exposed = lo[keep], hi[keep], ~_inside(hs, he, mids[keep])
+    window = np.searchsorted(tl.w_start, lo, side="right") - 1
+    # join neighbours of one window and one kind: a piece per stretch, not per boundary
+    new = np.ones(len(lo), bool)
+    new[1:] = (lo[1:] != hi[:-1]) | (exposed[1:] != exposed[:-1]) | (window[1:] != window[:-1])
+    heads = np.flatnonzero(new)
+    ends = np.maximum.reduceat(hi, heads) if len(heads) else hi
+    numbers = tl.numbers[window[heads]]
+    return pa.table(
+        {
+            S.RANK: pa.array(np.full(len(heads), rank, np.int32)),
+            S.STEP: pa.array(numbers, pa.int64(), mask=numbers < 0),
+            S.START_NS: pa.array(lo[heads], pa.int64()),
+            S.END_NS: pa.array(ends, pa.int64()),
+            S.EXPOSED: pa.array(exposed[heads], pa.bool_()),
+        },
+        schema=S.COMM_SCHEMA,
+    )
 
 
 def merge_intervals(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

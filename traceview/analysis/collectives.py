@@ -1,14 +1,16 @@
 """A rank's collective calls: the small table cross-rank passes match across ranks, so they run
 on per-rank results without reading events.
 
-A call is an event the rules mark as a collective that no enclosing event is also one: the
-outermost view of each call on its thread or stream (``c10d::allreduce_`` on the training
-thread, ``gloo:all_reduce`` on gloo's thread, a KVStore push/pull, a TensorFlow collective op).
+A call is an event the rules mark as a collective that no enclosing event on the same device
+is also one: the outermost view of each call on its thread or stream (``c10d::allreduce_`` on
+the training thread, ``gloo:all_reduce`` on gloo's thread, a KVStore push/pull, a TensorFlow
+collective op, an NCCL kernel on its stream, whose parent is the host call that launched it).
 Views are kept apart (``name``) and numbered in time order per (name, collective): ``seq`` is the
 rank's n-th call of that view, the key to match it with the other ranks' n-th. A call's bytes
 and process group are its own or those a collective event inside it records (c10d::allreduce_
 records neither, the record_param_comms inside it does); the group is null where the trace does
-not name it (gloo's CPU collectives in Kineto traces, TensorFlow, MXNet).
+not name it (gloo's CPU collectives in Kineto traces, TensorFlow, MXNet). A kernel takes its collective
+from the host call that launched it, and its bytes and group where it records none.
 """
 
 from __future__ import annotations
@@ -32,27 +34,44 @@ def _parent_rows(events: pa.Table) -> np.ndarray:
     return np.where(parent >= 0, row_of_id[np.clip(parent, 0, max(len(row_of_id) - 1, 0))], -1)
 
 
-def _outermost(parent_row: np.ndarray, is_collective: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The collective rows no ancestor of which is a collective, and for every other collective
-    row the outermost one it is inside. Walks up from the collective rows only (a few per step),
-    one level per round."""
+def _outermost(
+    parent_row: np.ndarray, is_collective: np.ndarray, device: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The collective rows no ancestor of which is a collective on the same device; for every
+    other collective row the outermost such one it is inside; and for each row the nearest
+    collective ancestor on another device (-1: none), the host call that launched a kernel.
+    Walks up from the collective rows only (a few per step), one level per round."""
     rows = np.flatnonzero(is_collective)
     owner = np.full(len(rows), -1, np.int64)
+    launcher = np.full(len(rows), -1, np.int64)
     current = parent_row[rows]
     while (current >= 0).any():
-        owner = np.where((current >= 0) & is_collective[np.maximum(current, 0)], current, owner)
-        current = np.where(current >= 0, parent_row[np.maximum(current, 0)], -1)
-    return rows[owner < 0], np.stack([rows[owner >= 0], owner[owner >= 0]])
+        at = np.maximum(current, 0)
+        found = (current >= 0) & is_collective[at]
+        same = device[at] == device[rows]
+        owner = np.where(found & same, current, owner)
+        launcher = np.where(found & ~same & (launcher < 0), current, launcher)
+        current = np.where(current >= 0, parent_row[at], -1)
+    inner = owner >= 0
+    return rows[~inner], np.stack([rows[inner], owner[inner]]), launcher[~inner]
 
 
 def collective_calls(events: pa.Table) -> pa.Table:
     """The collective calls of one rank's events (schema.COLLECTIVES_SCHEMA), in time order."""
     if events.num_rows == 0:
         return S.COLLECTIVES_SCHEMA.empty_table()
-    is_collective = np.asarray(pc.is_valid(events.column(S.COLLECTIVE)), bool)
+    # a region marker projected onto a stream (``nccl:all_reduce`` as a gpu_annotation) only
+    # repeats the kernel it covers: the kernel is the call
+    is_collective = np.asarray(pc.is_valid(events.column(S.COLLECTIVE)), bool) & ~np.asarray(
+        pc.fill_null(
+            pc.equal(events.column(S.KIND).cast(pa.string()), S.KIND_GPU_ANNOTATION), False
+        ),
+        bool,
+    )
     if not is_collective.any():
         return S.COLLECTIVES_SCHEMA.empty_table()
-    rows, (inner, owner) = _outermost(_parent_rows(events), is_collective)
+    device_codes, _ = dictionary_codes(events.column(S.DEVICE))
+    rows, (inner, owner), launcher = _outermost(_parent_rows(events), is_collective, device_codes)
     calls = events.take(pa.array(rows))
     ts = ints(calls.column(S.TS_NS), 0)
     end = ts + ints(calls.column(S.DUR_NS), 0)
@@ -62,12 +81,24 @@ def collective_calls(events: pa.Table) -> pa.Table:
     best = size.copy()
     np.maximum.at(best, owner, size[inner])
     call_bytes = best[rows]
+    launched = launcher >= 0
+    # the launching call's outermost view holds what the calls nested in it recorded
+    outer_of = np.arange(len(size))
+    outer_of[inner] = owner
+    launcher = np.where(launched, outer_of[np.maximum(launcher, 0)], -1)
+    from_launcher = best[np.maximum(launcher, 0)]
+    call_bytes = np.where((call_bytes < 0) & launched, from_launcher, call_bytes)
     group_codes, group_names = dictionary_codes(events.column(S.GROUP))
     named = group_codes.copy()
     np.maximum.at(named, owner, group_codes[inner])
     call_group = np.where(group_codes[rows] >= 0, group_codes[rows], named[rows])
+    call_group = np.where((call_group < 0) & launched, named[np.maximum(launcher, 0)], call_group)
     names = calls.column(S.NAME).cast(pa.string())
+    # a kernel is the collective its host call says (NCCL runs an all-to-all as SendRecv)
     kinds = calls.column(S.COLLECTIVE).cast(pa.string())
+    if launched.any():
+        host_kinds = events.column(S.COLLECTIVE).take(pa.array(np.maximum(launcher, 0)))
+        kinds = pc.if_else(pa.array(launched), host_kinds.cast(pa.string()), kinds)
     # seq: the call's place among the rank's calls of the same view, in time order
     key = pc.binary_join_element_wise(names, kinds, "\x00")
     _, group = np.unique(np.asarray(key.to_pylist(), dtype=object), return_inverse=True)

@@ -74,6 +74,12 @@ def compare(
             comm_hidden_fraction=report.summary.comm_hidden_fraction,
             hidden=report.summary.hidden,
             bottleneck=report.summary.bottleneck,
+            comm_wait_ms=report.summary.comm_wait_ms,
+            comm_transfer_ms=report.summary.comm_transfer_ms,
+            straggler_rank=report.summary.straggler_rank
+            if report.summary.straggler_significant
+            else None,
+            straggler_phase=report.summary.straggler_phase,
         )
         for label, report in zip(labels, reports, strict=True)
     ]
@@ -121,6 +127,13 @@ def compare(
                 )
     # the operators that cost the most time, not the largest ratios of small numbers
     highlights += [text for _, text in sorted(notable_ops, key=lambda x: -x[0])[:MAX_OP_HIGHLIGHTS]]
+    for run in runs:
+        if run.straggler_rank is not None and run.comm_wait_ms:
+            phase = f" (its {run.straggler_phase})" if run.straggler_phase else ""
+            highlights.append(
+                f"{run.label}: the ranks wait {run.comm_wait_ms:.2f} ms per step for rank "
+                f"{run.straggler_rank}{phase} in communication"
+            )
     for run in runs[1:]:
         ratio = run.step_ratio
         if ratio and (ratio >= NOTABLE_RATIO or ratio <= 1 / NOTABLE_RATIO):

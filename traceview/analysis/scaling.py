@@ -19,7 +19,10 @@ each run's own measured communication t_comm(N):
                  what runs past the end of backward is exposed. Without collectives to replay,
                  exposed = max(0, t_comm(N) - backward).
 
-and says which model fits the measurements best. The same models on each run's own breakdown
+and says which model fits the measurements best. Where collectives were matched across ranks,
+t_comm(N) is the transfer only: the time a rank spent in a collective waiting for the last rank
+to arrive is imbalance, not communication that grows with N: each prediction adds run N's
+measured exposed wait as it is (``comm_wait_ms``; the what-if ``balanced`` takes it out). The same models on each run's own breakdown
 ("predicted_own_compute") separate the communication model's error from compute that grew with N
 (ranks sharing cores, memory bandwidth or a PCIe switch). What-ifs take each run's own breakdown.
 """
@@ -95,15 +98,28 @@ def traced_batch_size(manifest: Manifest) -> int | None:
 
 
 def what_if(
-    step_ms: float, breakdown: Breakdown, comm_total: float, comm_exposed: float, k: float
+    step_ms: float,
+    breakdown: Breakdown,
+    comm_total: float,
+    comm_exposed: float,
+    k: float,
+    wait_exposed: float | None = None,
 ) -> dict[str, float]:
-    hidden = comm_total - comm_exposed
-    faster = max(0.0, comm_total / k - hidden)  # what stays hidden stays hidden
-    return {
+    """Step times if communication were hidden, data loading hidden, communication ``k`` times
+    faster (its transfer: waiting for a rank does not get faster with the network), and where
+    the exposed wait is known, the ranks balanced (no one waits for a straggler)."""
+    wait = wait_exposed or 0.0
+    transfer_total, transfer_exposed = comm_total - wait, comm_exposed - wait
+    hidden = transfer_total - transfer_exposed
+    faster = max(0.0, transfer_total / k - hidden)  # what stays hidden stays hidden
+    scenarios = {
         "comm_hidden_ms": round(step_ms - comm_exposed, 3),
         "io_hidden_ms": round(step_ms - breakdown[S.IO], 3),
-        f"comm_{k:g}x_faster_ms": round(step_ms - comm_exposed + faster, 3),
+        f"comm_{k:g}x_faster_ms": round(step_ms - transfer_exposed + faster, 3),
     }
+    if wait_exposed is not None:
+        scenarios["balanced_ms"] = round(step_ms - wait, 3)
+    return scenarios
 
 
 def scaling(
@@ -142,12 +158,18 @@ def scaling(
         summary = report.summary
         n = report.run.ranks
         t = summary.step_ms
-        comm = summary.comm_total_ms
+        # the communication that grows with N: the transfer, where waits were measured
+        comm = (
+            summary.comm_transfer_total_ms
+            if summary.comm_transfer_total_ms is not None
+            else summary.comm_total_ms
+        )
         batch = batch_size or guess
         predicted: dict[str, Prediction] = {}
         own_compute: dict[str, OwnPrediction] = {}
+        imbalance = summary.comm_wait_ms or 0.0  # measured, not modelled
         for model in MODELS:
-            value = predict(model, base, comm, replay)
+            value = predict(model, base, comm, replay) + imbalance
             error = abs(value - t) / t if t > 0 else None
             predicted[model] = Prediction(
                 step_ms=round(value, 3),
@@ -157,12 +179,19 @@ def scaling(
             if n > n0 and error is not None:
                 errors[model].append(error)
             # the same model on this run's own io and compute: the communication model alone
-            own = predict(model, summary.breakdown_ms, comm, replay)
+            own = predict(model, summary.breakdown_ms, comm, replay) + imbalance
             own_compute[model] = OwnPrediction(
                 step_ms=round(own, 3), error=round(abs(own - t) / t, 4) if t > 0 else None
             )
         scenarios: dict[str, float | None] = dict(
-            what_if(t, summary.breakdown_ms, comm, summary.comm_exposed_ms, faster_comm)
+            what_if(
+                t,
+                summary.breakdown_ms,
+                summary.comm_total_ms,
+                summary.comm_exposed_ms,
+                faster_comm,
+                summary.comm_wait_ms,
+            )
         )
         for key, ms in list(scenarios.items()):
             scenarios[key.replace("_ms", "_speedup")] = (
@@ -194,8 +223,10 @@ def scaling(
             compute_ratio=round(compute_ms(summary.breakdown_ms) / base_compute, 3)
             if base_compute > 0
             else None,
-            comm_total_ms=comm,
+            comm_total_ms=summary.comm_total_ms,
             comm_exposed_ms=summary.comm_exposed_ms,
+            comm_model_ms=comm,
+            comm_wait_ms=summary.comm_wait_ms,
             comm_hidden_fraction=summary.comm_hidden_fraction,
             breakdown_ms=summary.breakdown_ms,
             predicted=predicted,

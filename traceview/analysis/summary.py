@@ -15,10 +15,19 @@ import polars as pl
 import pyarrow as pa
 
 from traceview import schema as S
+from traceview.analysis.crossrank import (
+    ClockFit,
+    CrossRank,
+    bus_bandwidth_gbps,
+    collective_rows,
+    cross_rank,
+)
 from traceview.manifest import Collected, Manifest
 from traceview.results import (
     BottleneckPhase,
     Breakdown,
+    Clocks,
+    CollectiveSummary,
     Hidden,
     JobInfo,
     RankSummary,
@@ -27,6 +36,7 @@ from traceview.results import (
     StepMark,
     StepStats,
     StepSummary,
+    StragglerPhase,
     Summary,
     TopOp,
 )
@@ -34,6 +44,7 @@ from traceview.results import (
 HIDDEN_YES = 0.9  # at least this fraction of communication overlaps compute: "hidden: yes"
 HIDDEN_NO = 0.1  # at most this: "hidden: no"
 STRAGGLER_MIN_EXCESS = 0.05  # a straggler is busier than the median rank by at least 5%
+STRAGGLER_MIN_WAIT = 0.05  # ... or the others wait for it at least 5% of the step
 WARMUP_FACTOR = 1.10  # a leading step this much slower than the median step is warm-up
 SLOW_FACTOR = 1.25  # a later step this much slower than the median is marked slow
 
@@ -58,11 +69,40 @@ def bottleneck_of(breakdown_ms: Breakdown) -> BottleneckPhase | None:
     return cast(BottleneckPhase, best) if shares[best] > 0 else None
 
 
-def _rank_rows(steps: pl.DataFrame) -> pl.DataFrame:
+def _rank_rows(steps: pl.DataFrame, cross: CrossRank | None) -> pl.DataFrame:
     phase_cols = [S.phase_ns(p) for p in S.BREAKDOWN_PHASES]
+    if cross is not None and cross.available:
+        steps = steps.join(cross.waits, on=[S.RANK, S.STEP], how="left", nulls_equal=True)
+        steps = steps.with_columns(pl.col("wait_ns", "wait_total_ns").fill_null(0))
+        unknown = cross.matched.unknown_steps.with_columns(pl.lit(False).alias("known"))
+        steps = steps.join(unknown, on=[S.RANK, S.STEP], how="left", nulls_equal=True)
+        steps = steps.with_columns(pl.col("known").fill_null(True))
+    else:
+        steps = steps.with_columns(
+            pl.lit(None, pl.Int64).alias("wait_ns"),
+            pl.lit(None, pl.Int64).alias("wait_total_ns"),
+            pl.lit(False).alias("known"),
+        )
+
+    def share(wait: str, comm: str) -> pl.Expr:
+        """The rank's mean ``comm`` per step times the share of it that was waiting in the
+        steps where every call was matched (a step with a call left unmatched has an unknown
+        wait: counting it as transfer would overstate the transfer)."""
+        known = pl.col("known")
+        part = pl.col(wait).filter(known).sum()
+        whole = pl.col(comm).filter(known).sum()
+        return (
+            pl.when(known.any())
+            .then(pl.when(whole > 0).then(part / whole * pl.col(comm).mean()).otherwise(0.0))
+            .otherwise(None)
+            .alias(wait)
+        )
+
     return (
         steps.group_by(S.RANK)
         .agg(
+            share("wait_ns", S.COMM_EXPOSED_NS),
+            share("wait_total_ns", S.COMM_TOTAL_NS),
             pl.len().alias("steps"),
             pl.col(S.WALL_NS).mean(),
             *(pl.col(c).mean() for c in phase_cols),
@@ -94,13 +134,26 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def _ranks(ranks_df: pl.DataFrame) -> list[RankSummary]:
+def _split(part_ns: float | None, whole_ms: float) -> tuple[float | None, float | None]:
+    """(part, whole - part) in ms; (None, None) where the part is not known."""
+    if part_ns is None:
+        return None, None
+    part = min(_ms(part_ns), whole_ms)
+    return part, round(whole_ms - part, 3)
+
+
+def _ranks(ranks_df: pl.DataFrame, cross: CrossRank | None) -> list[RankSummary]:
     rows = list(ranks_df.iter_rows(named=True)) if ranks_df.height else []
     median = _median([_ms(row["busy_ns"]) for row in rows])
     ranks = []
+    caused = cross.arrivals.caused_exposed_ns if cross is not None and cross.available else None
+    fit = cross.clocks if cross is not None else None
+    last = cross.arrivals.last if cross is not None and cross.available else {}
     for row in rows:
         breakdown = Breakdown(**{p: _ms(row[S.phase_ns(p)]) for p in S.BREAKDOWN_PHASES})
         busy = _ms(row["busy_ns"])
+        wait, transfer = _split(row["wait_ns"], _ms(row[S.COMM_EXPOSED_NS]))
+        wait_total, transfer_total = _split(row["wait_total_ns"], _ms(row[S.COMM_TOTAL_NS]))
         ranks.append(
             RankSummary(
                 rank=row[S.RANK],
@@ -116,12 +169,53 @@ def _ranks(ranks_df: pl.DataFrame) -> list[RankSummary]:
                 blocked_ms=round(_ms(row[S.COMM_EXPOSED_NS]) + breakdown.idle, 3),
                 imbalance=round((busy - median) / median, 4) if median > 0 else 0.0,
                 straggler=False,
+                comm_wait_ms=wait,
+                comm_transfer_ms=transfer,
+                comm_wait_total_ms=wait_total,
+                comm_transfer_total_ms=transfer_total,
+                clock_offset_us=round(fit.offset_ns[row[S.RANK]] / 1e3, 1)
+                if fit is not None and row[S.RANK] in fit.offset_ns
+                else None,
+                caused_wait_ms=_ms(caused.get(row[S.RANK], 0) / max(row["steps"], 1))
+                if caused is not None
+                else None,
+                last_arrivals=last.get(row[S.RANK], 0) if caused is not None else None,
             )
         )
     return ranks
 
 
-def _summary(ranks: list[RankSummary], ranks_df: pl.DataFrame) -> Summary:
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(values), 3) if known and len(known) == len(values) else None
+
+
+_STRAGGLER_PHASES: tuple[StragglerPhase, ...] = (
+    "io",
+    "h2d",
+    "forward",
+    "backward",
+    "update",
+    "other",
+)
+
+
+def _straggler_phase(
+    straggler: RankSummary, ranks: list[RankSummary]
+) -> tuple[StragglerPhase, float, float] | None:
+    """The phase in which the straggler spends the most time over the median of the other ranks
+    (its own work, not communication or idle): (phase, its ms, the others' median ms)."""
+    best: tuple[StragglerPhase, float, float] | None = None
+    others = [r for r in ranks if r is not straggler]
+    for phase in _STRAGGLER_PHASES:
+        median = _median([r.breakdown_ms[phase] for r in others])
+        own = straggler.breakdown_ms[phase]
+        if own - median > 0 and (best is None or own - median > best[1] - best[2]):
+            best = (phase, own, round(median, 3))
+    return best
+
+
+def _summary(ranks: list[RankSummary], ranks_df: pl.DataFrame, cross: CrossRank | None) -> Summary:
     if not ranks:
         return Summary(
             breakdown_ms=Breakdown(), step_ms=0.0, comm_total_ms=0.0, comm_exposed_ms=0.0,
@@ -132,35 +226,56 @@ def _summary(ranks: list[RankSummary], ranks_df: pl.DataFrame) -> Summary:
     breakdown = Breakdown(
         **{p: round(sum(r.breakdown_ms[p] for r in ranks) / n, 3) for p in S.BREAKDOWN_PHASES}
     )
-    step_ms = round(sum(r.step_ms for r in ranks) / n, 3)
     total = float(ranks_df["comm_total_sum"].sum())
     exposed = float(ranks_df["comm_exposed_sum"].sum())
     hidden = _hidden(total, exposed)
-    bottleneck = bottleneck_of(breakdown)
+    bottleneck: BottleneckPhase | None = bottleneck_of(breakdown)
+    step_ms = round(sum(r.step_ms for r in ranks) / n, 3)
     straggler_rank, excess, significant = None, 0.0, None
+    waited_for: float | None = None
+    phase: tuple[StragglerPhase, float, float] | None = None
     if n > 1:
-        busy = sorted(r.busy_ms for r in ranks)
-        median = busy[n // 2] if n % 2 else (busy[n // 2 - 1] + busy[n // 2]) / 2
-        slowest = max(ranks, key=lambda r: r.busy_ms)
+        median = _median([r.busy_ms for r in ranks])
+        matched = [r for r in ranks if r.caused_wait_ms is not None]
+        if matched and any(r.caused_wait_ms for r in matched):
+            # the rank the others wait for: the most wait caused; on a tie, the least own wait
+            slowest = max(matched, key=lambda r: (r.caused_wait_ms, -(r.comm_wait_total_ms or 0)))
+            waited_for = round((slowest.caused_wait_ms or 0.0) / (n - 1), 3)
+            significant = step_ms > 0 and waited_for >= STRAGGLER_MIN_WAIT * step_ms
+        else:
+            slowest = max(ranks, key=lambda r: r.busy_ms)
+            significant = median > 0 and (slowest.busy_ms - median) / median >= STRAGGLER_MIN_EXCESS
         excess = (slowest.busy_ms - median) / median if median > 0 else 0.0
         straggler_rank = slowest.rank
-        significant = excess >= STRAGGLER_MIN_EXCESS
         slowest.straggler = significant
+        if significant:
+            phase = _straggler_phase(slowest, ranks)
+    comm_wait = _mean([r.comm_wait_ms for r in ranks])
+    comm_exposed = round(sum(r.comm_exposed_ms for r in ranks) / n, 3)
+    if bottleneck == S.COMM and comm_wait is not None and comm_wait > comm_exposed - comm_wait:
+        bottleneck = "imbalance"  # most of the exposed communication is waiting for a rank
+    share = comm_wait if bottleneck == "imbalance" else (breakdown[bottleneck] if bottleneck else 0)
     return Summary(
         breakdown_ms=breakdown,
         step_ms=step_ms,
         comm_total_ms=round(sum(r.comm_total_ms for r in ranks) / n, 3),
-        comm_exposed_ms=round(sum(r.comm_exposed_ms for r in ranks) / n, 3),
+        comm_exposed_ms=comm_exposed,
         comm_hidden_fraction=hidden,
         hidden=hidden_verdict(total, hidden),
         bottleneck=bottleneck,
-        bottleneck_share=round(breakdown[bottleneck] / step_ms, 4)
-        if bottleneck and step_ms
-        else 0.0,
+        bottleneck_share=round((share or 0) / step_ms, 4) if bottleneck and step_ms else 0.0,
         straggler_rank=straggler_rank,
         straggler_excess=round(excess, 4),
         straggler_significant=significant,
         blocked_ms=round(sum(r.blocked_ms for r in ranks) / n, 3),
+        comm_wait_ms=comm_wait,
+        comm_transfer_ms=_mean([r.comm_transfer_ms for r in ranks]),
+        comm_wait_total_ms=_mean([r.comm_wait_total_ms for r in ranks]),
+        comm_transfer_total_ms=_mean([r.comm_transfer_total_ms for r in ranks]),
+        straggler_wait_ms=waited_for,
+        straggler_phase=phase[0] if phase else None,
+        straggler_phase_ms=phase[1] if phase else None,
+        straggler_phase_median_ms=phase[2] if phase else None,
     )
 
 
@@ -302,6 +417,114 @@ def _ranks_without_steps(manifest: Manifest, ranks: list[RankSummary]) -> list[s
     ]
 
 
+def _collectives(cross: CrossRank | None, n_steps: int) -> list[CollectiveSummary]:
+    if cross is None or not cross.available:
+        return []
+    return [
+        CollectiveSummary(
+            op=row[S.COLLECTIVE],
+            name=row[S.NAME],
+            group=row[S.GROUP],
+            position=row["position"],
+            calls_per_step=round(row["calls_per_step"], 3),
+            ranks=row["ranks"],
+            bytes=row[S.BYTES],
+            transfer_ms=_exact_ms(row["transfer_ns"]),
+            wait_ms=_exact_ms(row["wait_ns"]),
+            skew_ms=_exact_ms(row["skew_ns"]),
+            last_rank=row["last_rank"],
+            algorithm=row["algorithm"],
+            busbw_gbps=_round(
+                bus_bandwidth_gbps(
+                    row[S.COLLECTIVE], row["ranks"], row[S.BYTES], row["transfer_ns"]
+                )
+            ),
+        )
+        for row in collective_rows(cross.matched, n_steps).iter_rows(named=True)
+    ]
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return round(value, digits) if value is not None else None
+
+
+def _needs_clock_estimate(manifest: Manifest) -> bool:
+    """Whether the ranks' clocks may differ: not all measured by ``collect``, not one host."""
+    collected = manifest.collect
+    if collected and collected.ranks and all(r.clock.method == "tcp" for r in collected.ranks):
+        return False
+    hosts = {r.host for r in manifest.ranks if r.events > 0}
+    return not (len(hosts) == 1 and None not in hosts)
+
+
+def _clocks(
+    manifest: Manifest, n_ranks: int, cross: CrossRank | None, estimate: bool
+) -> Clocks | None:
+    if n_ranks < 2:
+        return None
+    if not estimate:
+        job = _job(manifest.collect)
+        if job is not None and job.clock_method == "tcp":
+            return Clocks(source="collect", max_offset_us=job.max_clock_offset_us)
+        return Clocks(source="one host")
+    if cross is None:  # not matched across ranks (a rank is missing): nothing was estimated
+        return None
+    fit: ClockFit | None = cross.clocks
+    if fit is None:
+        return Clocks(source="unaligned")
+    return Clocks(
+        source="collectives",
+        calls=fit.calls,
+        max_offset_us=round(max(abs(o) for o in fit.offset_ns.values()) / 1e3, 1),
+        max_drift_ppm=round(max(abs(d) for d in fit.drift.values()) * 1e6, 2),
+        residual_us=round(fit.residual_ns / 1e3, 1),
+        unaligned_ranks=fit.unaligned,
+    )
+
+
+def _clock_warning(clocks: Clocks | None) -> list[str]:
+    if clocks is None:
+        return []
+    if clocks.source == "unaligned":
+        return [
+            "the ranks ran on several hosts (or their hosts are unknown), were not aligned by "
+            "collect, and no synchronizing collective (all-reduce, all-gather...) was matched to "
+            "estimate their clocks: arrival times across ranks assume the clocks agree"
+        ]
+    if clocks.unaligned_ranks:
+        which = ", ".join(map(str, clocks.unaligned_ranks[:10]))
+        return [
+            f"rank(s) {which}: too few synchronizing collectives matched with rank 0 to estimate "
+            "their clocks; their arrival times assume their clock agrees with rank 0's"
+        ]
+    return []
+
+
+def _unmatched(cross: CrossRank | None) -> list[str]:
+    if cross is None or not cross.matched.unmatched:
+        return []
+    counts = cross.matched.unmatched
+    total = sum(counts.values())
+    which = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())[:10])
+    more = " ..." if len(counts) > 10 else ""
+    return [
+        f"{total} collective call(s) have no counterpart on every rank of their group "
+        f"({which}{more}): a rank died, its trace was cut short, its profile covers other "
+        "steps, or the framework issued them differently; they are left out of wait and "
+        "transfer, the matched ones are analysed"
+    ]
+
+
+def cross_rank_of(
+    manifest: Manifest, collectives: pa.Table | None, comm: pa.Table | None
+) -> CrossRank | None:
+    """The cross-rank pass over a run's per-rank tables, its clocks estimated where they may
+    differ; None where a rank is missing (the last to arrive may be the one not read)."""
+    if collectives is None or comm is None or manifest.missing_ranks:
+        return None
+    return cross_rank(collectives, comm, align_clocks=_needs_clock_estimate(manifest))
+
+
 def summarize(
     steps: pa.Table,
     ops: pa.Table,
@@ -309,14 +532,21 @@ def summarize(
     top: int = 10,
     *,
     path: str | None = None,
+    collectives: pa.Table | None = None,
+    comm: pa.Table | None = None,
 ) -> RunReport:
-    """The report of a run (``report --json``, docs/design.md) from its steps and ops tables;
-    ``path``: the run directory, where it is not a temporary one."""
+    """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
+    ``path``: the run directory, where it is not a temporary one. Without ``collectives`` and
+    ``comm`` nothing is matched across ranks (wait and transfer are null)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
-    ranks_df = _rank_rows(df) if df.height else pl.DataFrame()
-    ranks = _ranks(ranks_df)
-    summary = _summary(ranks, ranks_df)
+    # The last rank to arrive may be one that is missing: then nothing is split.
+    estimate = _needs_clock_estimate(manifest)
+    cross = cross_rank_of(manifest, collectives, comm)
+    ranks_df = _rank_rows(df, cross) if df.height else pl.DataFrame()
+    ranks = _ranks(ranks_df, cross)
+    clocks = _clocks(manifest, len(ranks), cross, estimate)
+    summary = _summary(ranks, ranks_df, cross)
     per_step, stats = _per_step(df)
     return RunReport(
         run=RunInfo(
@@ -329,12 +559,19 @@ def summarize(
             path=path,
             run_id=manifest.run_id,
             job=_job(manifest.collect),
+            clocks=clocks,
         ),
         summary=summary,
         ranks=ranks,
         per_step=per_step,
         step_stats=stats,
         top_ops=_top_ops(ops, int(df.height), summary.step_ms, top),
-        warnings=[*manifest.notes.warnings, *_ranks_without_steps(manifest, ranks)],
+        warnings=[
+            *manifest.notes.warnings,
+            *_ranks_without_steps(manifest, ranks),
+            *_unmatched(cross),
+            *_clock_warning(clocks),
+        ],
         remarks=list(manifest.notes.remarks),
+        collectives=_collectives(cross, len(per_step)),
     )

@@ -33,7 +33,7 @@ class ExportCommand:
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
         with open_run([args.run]) as run:  # the analysis tables, recomputed if stale
-            analysis = run.tables
+            analysis = run.export_tables()
         if args.format == "chrome":
             out = args.output or args.run / "trace.json.gz"
             count = export.chrome(args.run, analysis["steps"], out)

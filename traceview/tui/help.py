@@ -26,12 +26,13 @@ KEYS = (
     ("↑ ↓ k j", "select a rank (its threads and streams open under it)"),
     ("e", "threads and streams of every rank"),
     ("a", "align ranks at their step start / the run's clock"),
+    ("c", "mark each rank's arrival at a collective (next, most skewed first; ▼ last)"),
     ("Operators", ""),
     ("/", "filter by operator or trace name (enter or esc: back to the table)"),
     ("s", "sort: self, total, calls, mean, p95, op"),
     ("p", "phase filter: all, io, h2d, forward, backward, update, comm, other"),
     ("Ranks", ""),
-    ("s", "sort: busy, step, wait, rank"),
+    ("s", "sort: busy, step, blocked, wait, rank"),
 )
 
 READING = (

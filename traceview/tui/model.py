@@ -120,7 +120,8 @@ def filter_ops(rows: list[TopOp], text: str = "", phase: str | None = None) -> l
 RANK_SORTS: dict[str, tuple[str, bool]] = {
     "busy": ("busy_ms", True),
     "step": ("step_ms", True),
-    "wait": ("blocked_ms", True),
+    "blocked": ("blocked_ms", True),
+    "wait": ("comm_wait_ms", True),  # null (not matched across ranks) sorts last
     "rank": ("rank", False),
 }
 
@@ -128,7 +129,9 @@ RANK_SORTS: dict[str, tuple[str, bool]] = {
 def sort_ranks(rows: list[RankSummary], key: str) -> list[RankSummary]:
     attr, descending = RANK_SORTS[key]
     ordered = sorted(rows, key=lambda r: r.rank)
-    return sorted(ordered, key=lambda r: getattr(r, attr), reverse=descending)
+    known = [r for r in ordered if getattr(r, attr) is not None]
+    unknown = [r for r in ordered if getattr(r, attr) is None]
+    return sorted(known, key=lambda r: getattr(r, attr), reverse=descending) + unknown
 
 
 # --- timeline axis ----------------------------------------------------------------------------

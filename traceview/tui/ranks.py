@@ -1,4 +1,5 @@
-"""Ranks: per-rank step time, own work, waiting and phases side by side, slowest first."""
+"""Ranks: per-rank step time, own work, time blocked (and of it, waiting for the last rank to
+arrive at a collective against transfer) and phases side by side, slowest first."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from textual.widgets import DataTable, Static
 
 from traceview import schema as S
 from traceview.tui.model import RANK_SORTS, RunView, sort_ranks
-from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct
+from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct, straggler_text
 
 BAR = 20
+
+
+def _maybe_ms(value: float | None) -> str:
+    return ms(value) if value is not None else "-"
 
 
 class RanksPane(Vertical):
@@ -40,7 +45,9 @@ class RanksPane(Vertical):
         table.add_column("step", key="step")
         table.add_column("busy", key="busy")
         table.add_column("vs med", key="imbalance")
+        table.add_column("blocked", key="blocked")
         table.add_column("wait", key="wait")
+        table.add_column("xfer", key="transfer")
         table.add_column("hidden", key="hidden")
         table.add_column("phases (to scale)", key="bar")
         for phase in S.BREAKDOWN_PHASES:
@@ -65,6 +72,8 @@ class RanksPane(Vertical):
                 Text(ms(row.busy_ms), justify="right"),
                 Text(signed_pct(row.imbalance), justify="right"),
                 Text(ms(row.blocked_ms), justify="right"),
+                Text(_maybe_ms(row.comm_wait_ms), justify="right", style="bold red"),
+                Text(_maybe_ms(row.comm_transfer_ms), justify="right"),
                 Text(
                     pct(row.comm_hidden_fraction) if row.comm_total_ms > 0 else "-", justify="right"
                 ),
@@ -80,15 +89,16 @@ class RanksPane(Vertical):
         text = Text()
         text.append(f"{len(ranks)} ranks, sorted by {self.sort}", style="bold")
         text.append(" (s: sort) · ms per step · busy = step - exposed comm - idle;")
-        text.append(" wait = exposed comm + idle")
-        summary = self.view.report.summary
+        text.append(" blocked = exposed comm + idle; of the exposed comm, wait = waiting for the")
+        text.append(" last rank to arrive at a collective, xfer = the rest")
+        report = self.view.report
+        summary = report.summary
         if ranks and summary.straggler_rank is not None:
             step = summary.step_ms or 1.0
-            text.append("\nimbalance: ")
-            text.append(f"rank {summary.straggler_rank}", style="bold")
+            text.append("\n")
+            text.append_text(straggler_text(report))
             text.append(
-                f" is busiest, {signed_pct(summary.straggler_excess)} vs the median rank;"
-                f" ranks wait {ms(summary.blocked_ms)} ms per step on average"
+                f"; ranks are blocked {ms(summary.blocked_ms)} ms per step on average"
                 f" ({pct(summary.blocked_ms / step)} of the step)"
             )
         self.query_one("#ranks-summary", Static).update(text)

@@ -5,6 +5,10 @@ attribution); under the selected rank (or every rank, `e`) come its threads and 
 one sees whether communication runs under backward or after it. Lanes are cut by
 ``analysis.lanes.rank_lanes`` in a worker thread, one rank at a time, and cached per
 (rank, step); until a rank's lanes arrive its row says so.
+
+``c`` picks one of the step's collectives matched across ranks (the most skewed first) and
+marks each rank's arrival at it on the rank's row: ▼ where the last rank arrived, ▽ elsewhere;
+the gap between the marks is what the others waited.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from traceview.analysis.lanes import RankLanes, bin_lane, rank_lanes
+from traceview.results import StepCollective
 from traceview.runs import Run
 from traceview.tui.model import RunView, nice_ticks
-from traceview.tui.render import lane_cells, legend_text, ms
+from traceview.tui.render import lane_cells, legend_text, ms, untrusted
 
 MAX_ZOOM = 4096.0
 
@@ -68,6 +73,7 @@ class Timeline(ScrollView, can_focus=True):
         Binding("down,j", "rank(1)", "Next rank", show=False),
         Binding("e", "expand", "Threads"),
         Binding("a", "align", "Align", show=False),
+        Binding("c", "collective", "Collective"),
     ]
 
     class LanesReady(Message):
@@ -92,11 +98,15 @@ class Timeline(ScrollView, can_focus=True):
         self.rows: list[Row] = []
         self._cells: dict[tuple[object, ...], Text] = {}
         self._active = False
+        # the matched collectives per step (read on first use), and the one marked
+        self._collectives: dict[int | None, list[StepCollective]] | None = None
+        self.collective_index: int | None = None
 
     # --- data -------------------------------------------------------------------------------
 
     def load(self, run: Run | None, view: RunView) -> None:
         self.run, self.view = run, view
+        self._collectives, self.collective_index = None, None
         # Start on a typical step: the first one not marked first, warm-up or slow.
         typical = [i for i, row in enumerate(view.steps) if not row.mark]
         self.step_index = typical[0] if typical else 0
@@ -255,7 +265,27 @@ class Timeline(ScrollView, can_focus=True):
         key = (row.rank, self.step, row.lane, lo, hi, width)
         if key not in self._cells:
             self._cells[key] = lane_cells(bin_lane(lanes.lanes[row.lane], lo, hi, width))
-        return self._cells[key]
+        cells = self._cells[key]
+        call = self.collective
+        if call is None or row.lane != 0 or row.rank not in call.arrivals or hi <= lo:
+            return cells
+        at = call.arrivals[row.rank]
+        column = int((at - lo) / (hi - lo) * width)
+        if not 0 <= column < len(cells):
+            return cells
+        last = row.rank == call.last_rank
+        marked = cells[:column]
+        marked.append("▼" if last else "▽", style="bold white on red" if last else "bold")
+        marked.append_text(cells[column + 1 :])
+        return marked
+
+    @property
+    def collective(self) -> StepCollective | None:
+        """The collective marked in this step, if any."""
+        if self.collective_index is None or self._collectives is None:
+            return None
+        calls = self._collectives.get(self.step, [])
+        return calls[self.collective_index] if self.collective_index < len(calls) else None
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
@@ -283,6 +313,15 @@ class Timeline(ScrollView, can_focus=True):
         text.append(f" · {ms(first)}–{ms(last)} ms of {ms(whole)} ms")
         text.append(f" · zoom {self.zoom:g}×")
         text.append(" · ranks aligned at their step start" if self.aligned else " · run clock")
+        call = self.collective
+        if call is not None:
+            calls = len((self._collectives or {}).get(self.step, []))
+            text.append(f"\n{call.collective} #{call.position} ", style="bold")
+            text.append_text(untrusted(call.name, 40))
+            text.append(
+                f" ({(self.collective_index or 0) + 1} of {calls}, c: next): arrivals "
+                f"{ms(call.skew_ns / 1e6)} ms apart, rank {call.last_rank} last ▼"
+            )
         pending = self.pending
         if pending:
             text.append(f" · cutting lanes: {len(self.ranks) - pending}/{len(self.ranks)}")
@@ -357,6 +396,19 @@ class Timeline(ScrollView, can_focus=True):
 
     def action_align(self) -> None:
         self.aligned = not self.aligned
+        self._moved()
+
+    def action_collective(self) -> None:
+        """Mark the next of the step's matched collectives (most skewed first), then none."""
+        if self.run is None:
+            return
+        if self._collectives is None:
+            self._collectives = self.run.step_collectives()
+        calls = self._collectives.get(self.step, [])
+        index = -1 if self.collective_index is None else self.collective_index
+        self.collective_index = index + 1 if index + 1 < len(calls) else None
+        if not calls:
+            self.app.notify("no collective in this step was matched across ranks")
         self._moved()
 
 

@@ -22,6 +22,7 @@ PHASE_STYLE = {
     S.COMM: "red",
     S.OTHER: "white",
     S.IDLE: "bright_black",
+    "imbalance": "bold red",  # a verdict, not a phase: most communication is waiting
 }
 #: Column headers short enough for an 80-column terminal.
 SHORT = {
@@ -111,6 +112,13 @@ def ratio_text(ratio: float | None) -> Text:
     return Text(f"×{ratio:.2f}", style=style)
 
 
+def duration_us(us: float) -> str:
+    """A duration given in µs, in µs, ms or s, whichever reads best."""
+    if abs(us) >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    return f"{us / 1e3:.3g} ms" if abs(us) >= 1e3 else f"{us:.3g} µs"
+
+
 def title_text(report: RunReport, label: str | None = None) -> Text:
     run = report.run
     text = Text("traceview", style="bold")
@@ -126,16 +134,24 @@ def title_text(report: RunReport, label: str | None = None) -> Text:
 
 
 def verdict_text(report: RunReport) -> Text:
-    """Where the time goes, in words: the bottleneck and how much communication is hidden."""
+    """Where the time goes, in words: the bottleneck, how much communication is hidden, and
+    how much of the exposed part is transfer and how much waiting for a straggler."""
     summary = report.summary
     bottleneck = summary.bottleneck
     if bottleneck is None:
         return Text("no phase time found in this run")
     text = Text()
     text.append(bottleneck, style=f"bold {PHASE_STYLE[bottleneck]}")
-    text.append(
-        f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(summary.step_ms)} ms step"
-    )
+    if bottleneck == "imbalance":
+        text.append(
+            f" is the bottleneck: {pct(summary.bottleneck_share)} of the "
+            f"{ms(summary.step_ms)} ms step is waiting in communication for another rank"
+        )
+    else:
+        text.append(
+            f" is the bottleneck: {pct(summary.bottleneck_share)} of the "
+            f"{ms(summary.step_ms)} ms step"
+        )
     if summary.hidden != "n/a":  # the analysis found communication (from ns, not rounded ms)
         text.append(
             f"; communication {ms(summary.comm_total_ms)} ms per step, "
@@ -144,6 +160,19 @@ def verdict_text(report: RunReport) -> Text:
         )
     else:
         text.append("; no communication found")
+    if summary.comm_wait_ms is not None and summary.comm_exposed_ms > 0:
+        text.append(f". Exposed: {ms(summary.comm_transfer_ms or 0)} ms transfer, ")
+        text.append(f"{ms(summary.comm_wait_ms)} ms waiting")
+        if summary.straggler_significant and summary.straggler_rank is not None:
+            text.append(f" for rank {summary.straggler_rank}")
+            if summary.straggler_phase is not None:
+                text.append(
+                    f", whose {summary.straggler_phase} takes "
+                    f"{ms(summary.straggler_phase_ms or 0)} ms against a median of "
+                    f"{ms(summary.straggler_phase_median_ms or 0)} ms"
+                )
+        else:
+            text.append(" for other ranks")
     return text
 
 
@@ -157,6 +186,11 @@ def communication_text(report: RunReport) -> Text:
         "  →  hidden: "
     )
     text.append(summary.hidden, style="bold")
+    if summary.comm_wait_total_ms is not None:
+        text.append(
+            f"; of the total, {ms(summary.comm_transfer_total_ms or 0)} ms transfer and "
+            f"{ms(summary.comm_wait_total_ms)} ms waiting for the last rank to arrive"
+        )
     return text
 
 
@@ -168,10 +202,27 @@ def straggler_text(report: RunReport) -> Text:
         return Text(f"straggler: {what}", style="bright_black")
     excess = summary.straggler_excess
     text = Text("straggler: ")
+    waited = summary.straggler_wait_ms
     if summary.straggler_significant:
         text.append(f"rank {rank}", style="bold reverse")
-        text.append(f" (busy {pct(excess)} longer than the median rank; the others wait for it)")
+        if waited is not None:
+            text.append(f" (the others wait for it {ms(waited)} ms per step")
+            if summary.straggler_phase is not None:
+                text.append(
+                    f"; its {summary.straggler_phase} takes {ms(summary.straggler_phase_ms or 0)}"
+                    f" ms against a median of {ms(summary.straggler_phase_median_ms or 0)} ms"
+                )
+            text.append(")")
+        else:
+            text.append(
+                f" (busy {pct(excess)} longer than the median rank; the others wait for it)"
+            )
     else:
         text.append(f"rank {rank}", style="bold")
-        text.append(f" (busiest, but only {pct(excess)} above the median: ranks are balanced)")
+        if waited is not None:
+            text.append(
+                f" (waited for the most, but only {ms(waited)} ms per step: ranks are balanced)"
+            )
+        else:
+            text.append(f" (busiest, but only {pct(excess)} above the median: ranks are balanced)")
     return text

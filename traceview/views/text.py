@@ -18,6 +18,7 @@ from traceview.views.style import (
     SHORT,
     communication_text,
     count,
+    duration_us,
     ms,
     pct,
     phase_bar,
@@ -55,6 +56,14 @@ def render(report: RunReport, console: Console, *, top: int = 10) -> None:
                 f" (largest offset {job.max_clock_offset_us or 0:g} µs)"
             )
         console.print(line, style="bright_black")
+    clocks = run.clocks
+    if clocks is not None and clocks.source == "collectives":
+        console.print(
+            f"clocks: estimated from {clocks.calls} matched collectives (offsets up to "
+            f"{duration_us(clocks.max_offset_us or 0)}, drift up to {clocks.max_drift_ppm:g} "
+            f"ppm), residual ±{duration_us(clocks.residual_us or 0)}",
+            style="bright_black",
+        )
     console.print(verdict_text(report))
     console.print()
 
@@ -86,7 +95,10 @@ def render(report: RunReport, console: Console, *, top: int = 10) -> None:
         for phase in S.BREAKDOWN_PHASES:
             table.add_column(SHORT[phase], justify="right", style=PHASE_STYLE[phase])
         table.add_column("hidden", justify="right")
-        bar_width = console.width - 76
+        waits = summary.comm_wait_ms is not None  # collectives matched across ranks
+        if waits:
+            table.add_column("wait", justify="right", style=PHASE_STYLE[S.COMM])
+        bar_width = console.width - (83 if waits else 76)
         if bar_width >= 10:
             table.add_column("", no_wrap=True)
         for row in sorted(ranks, key=lambda r: r.rank):
@@ -97,13 +109,26 @@ def render(report: RunReport, console: Console, *, top: int = 10) -> None:
                 *(ms(value) for _, value in row.breakdown_ms.items()),
                 pct(row.comm_hidden_fraction) if row.comm_total_ms > 0 else "-",
             ]
+            if waits:
+                cells.append(ms(row.comm_wait_ms) if row.comm_wait_ms is not None else "-")
             if bar_width >= 10:
                 cells.append(phase_bar(row.breakdown_ms, min(bar_width, 40)))
             table.add_row(*cells)
         console.print(table)
         if report.straggler is not None:
             console.print(Text("* the straggler", style="bright_black"))
+        if waits:
+            console.print(
+                Text(
+                    "wait: the part of comm spent waiting for the last rank to arrive at a "
+                    "collective (the rest is transfer)",
+                    style="bright_black",
+                )
+            )
         console.print()
+
+    if report.collectives:
+        _collectives_table(report, console, top)
 
     if report.top_ops:
         ops = _table("Top operators (per step)")
@@ -132,6 +157,44 @@ def render(report: RunReport, console: Console, *, top: int = 10) -> None:
         console.print(Text("warning: " + safe(warning), style="yellow"))
     for remark in report.remarks:
         console.print(Text("note: " + safe(remark), style="bright_black"))
+
+
+def _collectives_table(report: RunReport, console: Console, top: int) -> None:
+    """The collectives with the most time, matched across ranks: wait, transfer, skew."""
+    rows = sorted(report.collectives, key=lambda c: c.wait_ms + c.transfer_ms, reverse=True)
+    table = _table("Collectives across ranks (ms per call, mean of ranks)")
+    table.add_column("op", no_wrap=True, overflow="ellipsis", max_width=12)
+    table.add_column("#", justify="right")
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("transfer", justify="right")
+    table.add_column("wait", justify="right")
+    table.add_column("skew", justify="right")
+    table.add_column("last", justify="right")
+    table.add_column("Gb/s", justify="right")
+    name_width = max(console.width - 62, 12)
+    table.add_column("name in the trace", no_wrap=True, overflow="ellipsis", max_width=name_width)
+    for c in rows[:top]:
+        table.add_row(
+            Text(safe(c.op, 40)),
+            str(c.position),
+            f"{c.bytes:,}" if c.bytes is not None else "-",
+            ms(c.transfer_ms),
+            ms(c.wait_ms),
+            ms(c.skew_ms),
+            str(c.last_rank),
+            f"{c.busbw_gbps:.3g}" if c.busbw_gbps is not None else "-",
+            Text(safe(c.name, 200)),
+        )
+    console.print(table)
+    more = len(rows) - top
+    note = (
+        "#: the call's place among the step's calls of its name; last: the rank most often "
+        "last; Gb/s: bus bandwidth over the transfer, where the trace gives sizes"
+    )
+    if more > 0:
+        note += f"; {more} more in --json"
+    console.print(Text(note, style="bright_black"))
+    console.print()
 
 
 def render_to_console(report: RunReport, *, top: int = 10) -> None:
@@ -187,6 +250,13 @@ def render_comparison(result: Comparison, console: Console) -> None:
         if i:
             hidden.append("")
     phases.add_row(Text("comm hidden"), *hidden)
+    if any(run.comm_wait_ms is not None for run in runs):
+        split: list[Text | str] = []
+        for i, run in enumerate(runs):
+            split.append(ms(run.comm_wait_ms) if run.comm_wait_ms is not None else "-")
+            if i:
+                split.append("")
+        phases.add_row(Text("comm: wait", style=PHASE_STYLE[S.COMM]), *split)
     console.print(phases)
     console.print()
 
@@ -252,12 +322,18 @@ def render_scaling(result: Scaling, console: Console) -> None:
         "step ms",
         "speedup",
         "effic.",
-        "samples/s",
+        "samp/s",
         "comm ms",
+        "wait",
         "hidden",
-        "compute",
+        "comp.",
     ):
-        measured.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+        measured.add_column(
+            name,
+            justify="left" if name == "run" else "right",
+            no_wrap=True,
+            min_width=max(len(name), 5),
+        )
     for run in result.runs:
         measured.add_row(
             Text(safe(run.label, 24)),
@@ -267,13 +343,17 @@ def render_scaling(result: Scaling, console: Console) -> None:
             pct(run.efficiency) if run.efficiency is not None else "-",
             f"{run.samples_per_s:,.0f}" if run.samples_per_s is not None else "-",
             ms(run.comm_total_ms),
+            ms(run.comm_wait_ms) if run.comm_wait_ms is not None else "-",
             pct(run.comm_hidden_fraction) if run.comm_total_ms > 0 else "-",
             f"×{run.compute_ratio:.2f}" if run.compute_ratio is not None else "-",
         )
     console.print(measured)
     console.print(
         Text(
-            "compute: each run's compute time per step against the smallest run's",
+            "wait: exposed comm spent waiting for the last rank (imbalance: the models take "
+            "the transfer alone as communication and add this wait as measured); samp/s: "
+            "samples per second; "
+            "comp.: each run's compute time per step against the smallest run's",
             style="bright_black",
         )
     )
@@ -293,8 +373,12 @@ def render_scaling(result: Scaling, console: Console) -> None:
 
     what_if = _table("What if (step ms / speedup)")
     what_if.add_column("ranks", justify="right")
-    keys = [k for k in result.runs[0].what_if if k.endswith("_ms")]
-    headers = {"comm_hidden_ms": "comm hidden", "io_hidden_ms": "io hidden"}
+    keys = list(dict.fromkeys(k for r in result.runs for k in r.what_if if k.endswith("_ms")))
+    headers = {
+        "comm_hidden_ms": "comm hidden",
+        "io_hidden_ms": "io hidden",
+        "balanced_ms": "balanced",
+    }
     for key in keys:
         what_if.add_column(
             headers.get(key, key.removesuffix("_ms").replace("_", " ")), justify="right"
@@ -303,7 +387,12 @@ def render_scaling(result: Scaling, console: Console) -> None:
         w = run.what_if
         what_if.add_row(
             str(run.ranks),
-            *(f"{ms(w[k] or 0.0)} / {w[k.replace('_ms', '_speedup')] or 0:.2f}" for k in keys),
+            *(
+                f"{ms(w[k] or 0.0)} / {w.get(k.replace('_ms', '_speedup')) or 0:.2f}"
+                if w.get(k) is not None
+                else "-"
+                for k in keys
+            ),
         )
     console.print(what_if)
 

@@ -1,0 +1,567 @@
+"""Across ranks: collective calls matched with their counterparts, and communication split into
+waiting for the last rank and transfer.
+
+Runs on the per-rank tables (``collectives``, ``comm`` and ``steps``), never on events, so it
+costs the same whatever the traces weigh. Vectorized with polars: a join per process group and
+view, no per-call Python.
+
+Matching. A rank's n-th call of a view (``c10d::allreduce_`` on the training thread,
+``gloo:all_reduce`` on gloo's threads, an NCCL kernel on a stream, a KVStore round) in a step is
+the n-th call of that view in that step on every other rank of its process group (where the
+trace names one; else all ranks that make calls of that view). Keying by step rather than by a
+rank's running count keeps matching right when a rank's profile starts a step later or a rank
+dies: a key that not every participant has is left unmatched and counted, never guessed.
+
+Launch views. A call can be seen twice on one rank: where the program makes it
+(``c10d::allreduce_``, ``record_param_comms``, an ``nccl:*`` annotation: asynchronous, they
+return once the work is queued) and where it runs (gloo's thread, the NCCL kernel on a stream).
+Only the second waits for the other ranks, so a host view is a launch view, left out of the
+waits and of the clock estimate, where the run has a device view of the same collective or a
+host view of it that takes at least ``LAUNCH_RATIO`` times as long (decided over all ranks, so
+a view is left out on every rank or on none).
+
+Waiting and transfer. In a matched call the last rank to arrive decides when anyone can finish:
+on each rank, the time inside the call before the last arrival is **wait**, the rest
+**transfer** (on the last rank itself all of it is transfer). A rank's wait intervals, laid over
+its communication (``comm``: the union of its comm time per step, cut into exposed and hidden
+pieces), split both the exposed communication of the breakdown and all of it, so wait that was
+hidden behind backward never counts as the cause of a slow step.
+
+Clocks. Arrival times are only comparable on one clock. Ranks on one host share it, and
+``collect`` measures each rank's offset from the launcher's clock (applied at ingest); traces
+read on their own from several hosts keep their hosts' clocks, which can be milliseconds apart.
+For those the offsets are estimated from the matched synchronizing collectives (``SYNCHRONIZING``:
+no rank can leave one before the last rank arrived, and all leave within a transfer of each
+other): per rank, a line (offset and drift) fitted to how much later its calls end than the
+reference rank's, outliers dropped, then applied to its calls and communication before the
+waits are measured. The residual is what the fit leaves: how far apart matched ends still are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from traceview import schema as S
+from traceview.results import StepCollective
+
+#: Collectives that no rank can leave before every rank of the group arrived (not broadcast,
+#: reduce, send/recv or push/pull: a root or a sender may leave first).
+SYNCHRONIZING = ("allreduce", "allgather", "reduce_scatter", "alltoall", "barrier")
+MIN_CLOCK_CALLS = 3  # fewer matched synchronizing calls with the reference: no estimate
+_KEY = ("group_key", S.NAME, S.COLLECTIVE, "step_key", "position")
+_VIEW = ("group_key", S.NAME, S.COLLECTIVE)
+LAUNCH_RATIO = 4  # a host view this many times shorter than another view of its calls: a launch
+
+
+def launch_views(df: pl.DataFrame) -> pl.DataFrame:
+    """The (name, collective) views that only launch their calls (module docstring)."""
+    views = df.group_by(S.NAME, S.COLLECTIVE).agg(
+        (pl.col(S.END_NS) - pl.col(S.START_NS)).sum().alias("busy"),
+        (pl.col(S.DEVICE) != S.DEVICE_CPU).any().alias("on_device"),
+    )
+    longest = views.group_by(S.COLLECTIVE).agg(
+        pl.col("on_device").any().alias("op_on_device"),
+        pl.col("busy").max().alias("longest"),
+    )
+    views = views.join(longest, on=S.COLLECTIVE)
+    launch = ~pl.col("on_device") & (
+        pl.col("op_on_device") | (pl.col("busy") * LAUNCH_RATIO <= pl.col("longest"))
+    )
+    return views.filter(launch).select(S.NAME, S.COLLECTIVE)
+
+
+@dataclass
+class Matched:
+    """Matched collective calls: one row per call per rank (``calls``), and what was not."""
+
+    calls: pl.DataFrame  # the calls' columns + position, last_rank, last_arrival_ns, wait_ns,
+    #                     transfer_ns, skew_ns, participants
+    unmatched: dict[int, int] = field(default_factory=dict)  # rank -> calls left unmatched
+    #: (rank, step) where the rank made a call left unmatched: its wait there is unknown
+    unknown_steps: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(schema={S.RANK: pl.Int32, S.STEP: pl.Int64})
+    )
+
+
+def match_collectives(collectives: pa.Table) -> Matched:
+    """Match every rank's collective calls with the other ranks' (module docstring)."""
+    df = pl.from_arrow(collectives)
+    assert isinstance(df, pl.DataFrame)
+    if df.height == 0 or df[S.RANK].n_unique() < 2:
+        return Matched(pl.DataFrame())
+    df = df.join(launch_views(df), on=[S.NAME, S.COLLECTIVE], how="anti")
+    df = df.with_columns(
+        pl.col(S.GROUP).fill_null("").alias("group_key"),
+        pl.col(S.STEP).fill_null(-1).alias("step_key"),
+    )
+    df = df.sort(S.START_NS).with_columns(
+        pl.int_range(pl.len()).over([S.RANK, *_VIEW, "step_key"]).alias("position")
+    )
+    participants = df.group_by(_VIEW).agg(pl.col(S.RANK).n_unique().alias("participants"))
+    df = df.join(participants, on=list(_VIEW))
+    per_key = df.group_by(_KEY).agg(
+        pl.col(S.RANK).n_unique().alias("present"),
+        pl.len().alias("rows"),
+        pl.col(S.START_NS).max().alias("last_arrival_ns"),
+        pl.col(S.START_NS).min().alias("first_arrival_ns"),
+        pl.col(S.RANK).sort_by(S.START_NS, S.RANK).last().alias("last_rank"),
+    )
+    df = df.join(per_key, on=list(_KEY))
+    complete = (
+        (pl.col("present") == pl.col("participants"))
+        & (pl.col("rows") == pl.col("present"))
+        & (pl.col("participants") > 1)
+    )
+    left = df.filter(~complete)
+    unmatched = left.group_by(S.RANK).agg(pl.len().alias("n")).sort(S.RANK)
+    unknown = left.select(pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).cast(pl.Int64)).unique()
+    calls = (
+        df.filter(complete)
+        .with_columns(
+            (pl.min_horizontal(pl.col(S.END_NS), pl.col("last_arrival_ns")) - pl.col(S.START_NS))
+            .clip(lower_bound=0)
+            .alias("wait_ns"),
+            (pl.col("last_arrival_ns") - pl.col("first_arrival_ns")).alias("skew_ns"),
+        )
+        .with_columns(
+            (pl.col(S.END_NS) - pl.col(S.START_NS) - pl.col("wait_ns")).alias("transfer_ns")
+        )
+        .drop("present", "rows", "first_arrival_ns")
+    )
+    return Matched(
+        calls,
+        dict(zip(unmatched[S.RANK].to_list(), unmatched["n"].to_list(), strict=True)),
+        unknown,
+    )
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Length of the sorted, disjoint [starts, ends) that lies before each instant of ``at``."""
+    if len(starts) == 0:
+        return np.zeros(len(at), np.int64)
+    before = np.concatenate([[0], np.cumsum(ends - starts)])
+    pos = np.searchsorted(starts, at, side="right") - 1
+    safe = np.maximum(pos, 0)
+    partial = np.clip(at - starts[safe], 0, (ends - starts)[safe])
+    return np.where(pos >= 0, before[safe] + partial, 0)
+
+
+class _Slots:
+    """One time line for all ranks: each rank's times shifted into a slot of its own, so one
+    sort and one running maximum handle every rank's intervals at once."""
+
+    def __init__(self, *frames: pl.DataFrame) -> None:
+        self.origin = min(int(f[S.START_NS].min()) for f in frames)  # type: ignore[arg-type]
+        self.span = max(int(f[S.END_NS].max()) for f in frames) - self.origin + 1  # type: ignore[arg-type]
+        ranks = sorted(set().union(*(f[S.RANK].unique().to_list() for f in frames)))
+        self.slot = {r: i for i, r in enumerate(ranks)}
+
+    def times(self, df: pl.DataFrame, column: str) -> np.ndarray:
+        base = np.array([self.slot[r] for r in df[S.RANK].to_list()], np.int64) * self.span
+        return df[column].to_numpy().astype(np.int64) - self.origin + base
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    if len(starts) == 0:
+        return starts, ends
+    reach = np.maximum.accumulate(ends)
+    heads = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
+    return starts[heads], np.maximum.reduceat(ends, heads)
+
+
+_NO_WAITS = {S.RANK: pl.Int32, S.STEP: pl.Int64, "wait_ns": pl.Int64, "wait_total_ns": pl.Int64}
+
+
+def split_waits(matched: Matched, comm: pa.Table) -> pl.DataFrame:
+    """Lay the matched calls' waits over each rank's communication (``comm``): per (rank, step),
+    ``wait_ns`` (the union of the rank's waits within its exposed communication) and
+    ``wait_total_ns`` (within all of it); steps without wait are absent (0)."""
+    comm_df = pl.from_arrow(comm)
+    assert isinstance(comm_df, pl.DataFrame)
+    calls = matched.calls
+    if calls.height == 0 or comm_df.height == 0:
+        return pl.DataFrame(schema=_NO_WAITS)
+    waits = calls.select(
+        S.RANK, S.START_NS, (pl.col(S.START_NS) + pl.col("wait_ns")).alias(S.END_NS)
+    )
+    slots = _Slots(waits, comm_df)
+    call_start, call_wait_end = slots.times(waits, S.START_NS), slots.times(waits, S.END_NS)
+    has_wait = call_wait_end > call_start
+    ws, we = _union(call_start[has_wait], call_wait_end[has_wait])
+    cs, ce = slots.times(comm_df, S.START_NS), slots.times(comm_df, S.END_NS)
+    pieces = comm_df.select(S.RANK, S.STEP, S.EXPOSED).with_columns(
+        pl.Series("overlap", _covered(ws, we, ce) - _covered(ws, we, cs), pl.Int64)
+    )
+    return pieces.group_by(S.RANK, S.STEP).agg(
+        pl.col("overlap").filter(pl.col(S.EXPOSED)).sum().alias("wait_ns"),
+        pl.col("overlap").sum().alias("wait_total_ns"),
+    )
+
+
+@dataclass
+class Arrivals:
+    """Per rank: the wait it caused, i.e. the other ranks' wait inside the matched calls it
+    arrived last to (exposed: only what was not hidden behind compute), and how often it was
+    last where anyone waited (in the view where that happened most)."""
+
+    caused_ns: dict[int, int]
+    caused_exposed_ns: dict[int, int]
+    last: dict[int, int]
+
+
+_PAIR = 1 << 32  # (waiting rank, rank waited for) packed into one key
+
+
+def arrivals(matched: Matched, comm: pa.Table) -> Arrivals:
+    """Who caused the waiting. A rank's waits in calls with the same last rank are merged before
+    they are measured, so a call seen in two views (the training thread's c10d call and gloo's
+    thread) or concurrent calls (DDP buckets) count their common time once."""
+    calls = matched.calls
+    if calls.height == 0:
+        return Arrivals({}, {}, {})
+    waited = calls.filter(pl.col("skew_ns") > 0)
+    per_view = waited.group_by("last_rank", *_VIEW).agg(pl.struct(_KEY).n_unique().alias("n"))
+    last_df = per_view.group_by("last_rank").agg(pl.col("n").max())
+    last = dict(zip(last_df["last_rank"].to_list(), last_df["n"].to_list(), strict=True))
+    waits = waited.filter((pl.col("wait_ns") > 0) & (pl.col(S.RANK) != pl.col("last_rank")))
+    if waits.height == 0:
+        return Arrivals({}, {}, last)
+    # one slot per (waiting rank, rank waited for): merge there, then measure each merged wait
+    # against the waiting rank's exposed communication, laid out in slots of its own
+    pairs = waits.select(
+        (pl.col(S.RANK).cast(pl.Int64) * _PAIR + pl.col("last_rank")).alias(S.RANK),
+        S.START_NS,
+        (pl.col(S.START_NS) + pl.col("wait_ns")).alias(S.END_NS),
+    )
+    by_pair = _Slots(pairs)
+    ps, pe = _union(by_pair.times(pairs, S.START_NS), by_pair.times(pairs, S.END_NS))
+    pair_of_slot = np.array(sorted(by_pair.slot, key=by_pair.slot.__getitem__), np.int64)
+    slot = ps // by_pair.span
+    pair = pair_of_slot[slot]
+    shift = slot * by_pair.span - by_pair.origin
+    merged = pl.DataFrame(
+        {
+            S.RANK: (pair // _PAIR).astype(np.int32),
+            "last_rank": pair % _PAIR,
+            S.START_NS: ps - shift,
+            S.END_NS: pe - shift,
+        }
+    )
+    exposed_ns = np.zeros(merged.height, np.int64)
+    comm_df = pl.from_arrow(comm)
+    assert isinstance(comm_df, pl.DataFrame)
+    exposed = comm_df.filter(pl.col(S.EXPOSED))
+    if exposed.height:
+        by_rank = _Slots(merged, exposed)
+        es, ee = _union(by_rank.times(exposed, S.START_NS), by_rank.times(exposed, S.END_NS))
+        exposed_ns = _covered(es, ee, by_rank.times(merged, S.END_NS)) - _covered(
+            es, ee, by_rank.times(merged, S.START_NS)
+        )
+    caused = (
+        merged.with_columns(
+            (pl.col(S.END_NS) - pl.col(S.START_NS)).alias("caused"),
+            pl.Series("exposed", exposed_ns, pl.Int64),
+        )
+        .group_by("last_rank")
+        .agg(pl.col("caused", "exposed").sum())
+    )
+    ranks = caused["last_rank"].to_list()
+    return Arrivals(
+        dict(zip(ranks, caused["caused"].to_list(), strict=True)),
+        dict(zip(ranks, caused["exposed"].to_list(), strict=True)),
+        last,
+    )
+
+
+#: NCCL's algorithm and protocol, as its kernel names spell them (ncclKernel_AllReduce_RING_LL_...,
+#: ncclDevKernel_AllReduce_Sum_f32_TREE_LL128)
+_ALGORITHM = (
+    r"_((?:RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)_(?:LL128|LL|SIMPLE))"
+    r"(?:_|\(|$)"
+)
+
+#: Bus bandwidth: what each link carries against the message, as nccl-tests defines it, for a
+#: group of n ranks.
+BUS_FACTOR = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+def bus_bandwidth_gbps(op: str, ranks: int, size: int | None, transfer_ns: float) -> float | None:
+    """Gb/s each link moved during the transfer (not the wait), where the size is known."""
+    factor = BUS_FACTOR.get(op)
+    if factor is None or not size or transfer_ns <= 0 or ranks < 2:
+        return None
+    return size * 8 / transfer_ns * factor(ranks)  # bits per ns = Gb/s
+
+
+def collective_rows(matched: Matched, n_steps: int) -> pl.DataFrame:
+    """One row per view and position in the step, over its matched calls: means over calls and
+    ranks of wait and transfer, the arrival skew, the rank most often last, and the algorithm
+    where the view's name says it (NCCL kernels)."""
+    if matched.calls.height == 0:
+        return pl.DataFrame()
+    steps = max(n_steps, 1)
+    key = ["group_key", S.NAME, S.COLLECTIVE, "position"]
+    return (
+        matched.calls.group_by(key)
+        .agg(
+            pl.col("step_key").n_unique().alias("matches"),
+            pl.col(S.GROUP).first(),
+            pl.col(S.BYTES).max(),
+            pl.col("transfer_ns").mean(),
+            pl.col("wait_ns").mean(),
+            pl.col("skew_ns").mean(),
+            pl.col("last_rank").mode().min(),  # a tie: the lowest rank
+            pl.col(S.RANK).n_unique().alias("ranks"),
+        )
+        .with_columns(
+            (pl.col("matches") / steps).alias("calls_per_step"),
+            pl.col(S.NAME).str.extract(_ALGORITHM, 1).alias("algorithm"),
+        )
+        .sort("position", S.NAME)
+    )
+
+
+_MATCH_COLUMNS = {
+    "matched": pl.Boolean,
+    "position": pl.Int64,
+    "last_rank": pl.Int32,
+    "arrival_ns": pl.Int64,
+    "last_arrival_ns": pl.Int64,
+    "wait_ns": pl.Int64,
+    "transfer_ns": pl.Int64,
+    "skew_ns": pl.Int64,
+}
+
+
+def matched_table(collectives: pa.Table, cross: CrossRank | None) -> pa.Table:
+    """The collectives table with what matching found for each call (``export``): matched,
+    its place in the step, the last rank to arrive, arrival times on the aligned clock, wait,
+    transfer and skew; null where the call was left unmatched or is a launch view."""
+    df = pl.from_arrow(collectives)
+    assert isinstance(df, pl.DataFrame)
+    key = [S.RANK, S.NAME, S.COLLECTIVE, S.SEQ]
+    calls = cross.matched.calls if cross is not None else pl.DataFrame()
+    if calls.height == 0:
+        found = pl.DataFrame(schema={**{k: df.schema[k] for k in key}, **_MATCH_COLUMNS})
+    else:
+        found = calls.select(
+            *key,
+            pl.lit(True).alias("matched"),
+            "position",
+            pl.col("last_rank").cast(pl.Int32),
+            pl.col(S.START_NS).alias("arrival_ns"),
+            "last_arrival_ns",
+            "wait_ns",
+            "transfer_ns",
+            "skew_ns",
+        ).cast(_MATCH_COLUMNS)  # type: ignore[arg-type]
+    joined = df.join(found, on=key, how="left").with_columns(pl.col("matched").fill_null(False))
+    return joined.to_arrow()
+
+
+def step_collectives(table: pa.Table) -> dict[int | None, list[StepCollective]]:
+    """Per step, its matched calls (``matched_table``'s rows), the most skewed first."""
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    df = df.filter(pl.col("matched"))
+    if df.height == 0:
+        return {}
+    key = [S.STEP, S.NAME, S.COLLECTIVE, "position"]
+    calls = (
+        df.group_by(key)
+        .agg(
+            pl.col("skew_ns").first(),
+            pl.col("last_rank").first(),
+            pl.col(S.RANK),
+            pl.col(S.START_NS),
+        )
+        .sort([S.STEP, "skew_ns", "position", S.NAME], descending=[False, True, False, False])
+    )
+    out: dict[int | None, list[StepCollective]] = {}
+    for row in calls.iter_rows(named=True):
+        out.setdefault(row[S.STEP], []).append(
+            StepCollective(
+                name=row[S.NAME],
+                collective=row[S.COLLECTIVE],
+                position=row["position"],
+                skew_ns=row["skew_ns"],
+                last_rank=row["last_rank"],
+                arrivals=dict(zip(row[S.RANK], row[S.START_NS], strict=True)),
+            )
+        )
+    return out
+
+
+@dataclass
+class CrossRank:
+    """Everything the cross-rank pass finds, for the summary to turn into results."""
+
+    matched: Matched
+    waits: pl.DataFrame  # per (rank, step): wait_ns, wait_total_ns (split_waits)
+    arrivals: Arrivals
+    clocks: ClockFit | None = None  # where the ranks' clocks were estimated and applied
+
+    @property
+    def available(self) -> bool:
+        return self.matched.calls.height > 0
+
+
+@dataclass
+class ClockFit:
+    """Per rank, how its clock reads against the reference rank's: at reference time T it reads
+    ``T + offset_ns + drift * (T - t0_ns)``. Ranks absent were not estimated."""
+
+    reference: int
+    t0_ns: int
+    offset_ns: dict[int, float]
+    drift: dict[int, float]  # ns per ns (1e-6: 1 ppm)
+    calls: int  # matched synchronizing calls the fit used
+    residual_ns: float  # p90 of how far a rank's ends lie from the reference's, once aligned
+    unaligned: list[int] = field(default_factory=list)  # ranks with too few calls to fit
+
+    def shift(self, df: pl.DataFrame, *columns: str) -> pl.DataFrame:
+        """``df``'s time ``columns`` moved onto the reference clock."""
+        lines = pl.DataFrame(
+            {
+                S.RANK: list(self.offset_ns),
+                "_offset": list(self.offset_ns.values()),
+                "_drift": [self.drift[r] for r in self.offset_ns],
+            },
+            schema={S.RANK: df.schema[S.RANK], "_offset": pl.Float64, "_drift": pl.Float64},
+        )
+        df = df.join(lines, on=S.RANK, how="left").with_columns(
+            pl.col("_offset", "_drift").fill_null(0.0)
+        )
+        # T = t0 + (t - t0 - offset) / (1 + drift), with t - t0 exact in integers first
+        return df.with_columns(
+            (
+                pl.lit(self.t0_ns, pl.Int64)
+                + (
+                    ((pl.col(c) - self.t0_ns).cast(pl.Float64) - pl.col("_offset"))
+                    / (1.0 + pl.col("_drift"))
+                ).round()
+            )
+            .cast(pl.Int64)
+            .alias(c)
+            for c in columns
+        ).drop("_offset", "_drift")
+
+
+MIN_DRIFT_SPAN_NS = 10_000_000_000  # a drift is fitted only over calls this far apart (10 s)
+MAX_DRIFT = 1e-3  # 1000 ppm: no working clock drifts faster; a steeper fit is noise
+
+
+def estimate_clocks(matched: Matched) -> ClockFit | None:
+    """Each rank's clock against the lowest rank's, from the matched synchronizing calls both
+    took part in (module docstring); None where there are none.
+
+    The offset is the median of how much later the rank's calls end than the reference's (all
+    ranks leave a synchronizing call within a transfer of each other; a median ignores the
+    calls one of them left late, descheduled). A drift is fitted only where the calls span
+    ``MIN_DRIFT_SPAN_NS`` and it moves the line by more than the residual over that span (on a
+    short profile it is indistinguishable from noise), as the slope between the medians of the
+    two halves of the calls. The offset is then held inside what the calls allow: no rank can
+    leave a call before the reference arrived, nor the reference before the rank arrived.
+    """
+    calls = matched.calls
+    if calls.height == 0:
+        return None
+    calls = calls.filter(pl.col(S.COLLECTIVE).is_in(SYNCHRONIZING))
+    if calls.height == 0:
+        return None
+    reference = int(calls[S.RANK].min())  # type: ignore[arg-type]
+    ref = calls.filter(pl.col(S.RANK) == reference).select(
+        *_KEY, pl.col(S.START_NS).alias("ref_start"), pl.col(S.END_NS).alias("ref_end")
+    )
+    t0 = int(ref["ref_end"].min()) if ref.height else 0  # type: ignore[arg-type]
+    points = (
+        calls.filter(pl.col(S.RANK) != reference)
+        .join(ref, on=list(_KEY))
+        .select(
+            S.RANK,
+            (pl.col("ref_end") - t0).cast(pl.Float64).alias("x"),
+            (pl.col(S.END_NS) - pl.col("ref_end")).cast(pl.Float64).alias("y"),
+            # the offsets the call allows: [lo, hi]
+            (pl.col(S.START_NS) - pl.col("ref_end")).cast(pl.Float64).alias("lo"),
+            (pl.col(S.END_NS) - pl.col("ref_start")).cast(pl.Float64).alias("hi"),
+        )
+    )
+    if points.height == 0:
+        return None
+    # drift: slope between the halves' medians, where the span and the effect are large enough
+    half = pl.col("x") >= pl.col("x").median().over(S.RANK)
+    halves = points.group_by(S.RANK).agg(
+        (pl.col("x").max() - pl.col("x").min()).alias("span"),
+        pl.col("x").filter(~half).median().alias("x1"),
+        pl.col("x").filter(half).median().alias("x2"),
+        pl.col("y").filter(~half).median().alias("y1"),
+        pl.col("y").filter(half).median().alias("y2"),
+        (pl.col("y") - pl.col("y").median()).abs().median().alias("spread"),
+    )
+    slope = (pl.col("y2") - pl.col("y1")) / (pl.col("x2") - pl.col("x1"))
+    drift_ok = (
+        (pl.col("span") >= MIN_DRIFT_SPAN_NS)
+        & (pl.col("x2") > pl.col("x1"))
+        & (slope.abs() <= MAX_DRIFT)
+        & (slope.abs() * pl.col("span") > 3 * pl.col("spread"))
+    )
+    lines = halves.select(S.RANK, pl.when(drift_ok).then(slope).otherwise(0.0).alias("b"))
+    points = points.join(lines, on=S.RANK).with_columns(
+        (pl.col(c) - pl.col("b") * pl.col("x")).alias(c) for c in ("y", "lo", "hi")
+    )
+    fit = (
+        points.group_by(S.RANK)
+        .agg(
+            pl.col("b").first(),
+            pl.col("y").median().alias("a"),
+            pl.col("lo").max().alias("low"),
+            pl.col("hi").min().alias("high"),
+            pl.len().alias("n"),
+        )
+        .with_columns(
+            pl.when(pl.col("low") <= pl.col("high"))
+            .then(pl.col("a").clip(pl.col("low"), pl.col("high")))
+            .otherwise(pl.col("a"))
+            .alias("a")
+        )
+        .filter(pl.col("n") >= MIN_CLOCK_CALLS)
+        .sort(S.RANK)
+    )
+    fitted = points.join(fit.select(S.RANK, "a"), on=S.RANK)
+    residual = fitted.select((pl.col("y") - pl.col("a")).abs().quantile(0.9)).item()
+    ranks = fit[S.RANK].to_list()
+    others = sorted(set(calls[S.RANK].unique().to_list()) - {reference})
+    return ClockFit(
+        reference=reference,
+        t0_ns=t0,
+        offset_ns={reference: 0.0, **dict(zip(ranks, fit["a"].to_list(), strict=True))},
+        drift={reference: 0.0, **dict(zip(ranks, fit["b"].to_list(), strict=True))},
+        calls=int(fitted.height),
+        residual_ns=float(residual or 0.0),
+        unaligned=[r for r in others if r not in set(ranks)],
+    )
+
+
+def cross_rank(collectives: pa.Table, comm: pa.Table, *, align_clocks: bool = False) -> CrossRank:
+    """Match, split and attribute; ``align_clocks``: the ranks' clocks may differ (traces from
+    several hosts that ``collect`` did not align), so estimate them first."""
+    matched = match_collectives(collectives)
+    clocks = estimate_clocks(matched) if align_clocks else None
+    if clocks is not None:
+        shifted = clocks.shift(pl.from_arrow(collectives), S.START_NS, S.END_NS)  # type: ignore[arg-type]
+        matched = match_collectives(shifted.to_arrow())
+        comm = clocks.shift(pl.from_arrow(comm), S.START_NS, S.END_NS).to_arrow()  # type: ignore[arg-type]
+    return CrossRank(matched, split_waits(matched, comm), arrivals(matched, comm), clocks)
