@@ -67,7 +67,8 @@ class TraceviewApp(App[None]):
     TabbedContent > ContentSwitcher { height: 1fr; }
     TabPane { height: 1fr; padding: 0; }
     TabPane > * { height: 1fr; }
-    TimelinePane #timeline-header, TimelinePane #timeline-axis { height: 1; }
+    TimelinePane #timeline-header { height: auto; max-height: 2; }
+    TimelinePane #timeline-axis { height: 1; }
     TimelinePane #timeline-legend { height: auto; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
