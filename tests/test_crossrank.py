@@ -256,3 +256,25 @@ def test_the_report_warns_once_with_counts_per_rank(tmp_path: Path) -> None:
     [warning] = [w for w in report.warnings if "counterpart" in w]
     assert "rank 0: 1" in warning and "rank 1: 1" in warning and "rank 2" not in warning
     assert rank(report, 0).comm_wait_ms == pytest.approx(10.0, abs=0.01)
+
+
+def test_estimated_offsets_put_the_export_on_one_clock(tmp_path: Path) -> None:
+    """In the merged Chrome trace of the shifted job every rank's step starts where the others'
+    do (they started together), though their clocks were up to 250 ms apart."""
+    import gzip
+
+    from tests.conftest import run_cli
+    from traceview.runs import ingest_run
+
+    job = Job(ranks=4, steps=6, forward_ms={3: 25.0}, **SHIFTED)  # type: ignore[arg-type]
+    run = ingest_run([write(job, tmp_path / "job")], tmp_path / "run")
+    result = run_cli("export", run, "--format", "chrome", "-o", tmp_path / "trace.json.gz")
+    assert result.code == 0, result.err
+    events = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))["traceEvents"]
+    starts: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") == "traceview":
+            starts.setdefault(e["name"], []).append(e["ts"])
+    assert len(starts) == job.steps
+    for name, ts in starts.items():
+        assert len(ts) == job.ranks and max(ts) - min(ts) < 200, (name, ts)  # µs

@@ -566,3 +566,33 @@ def test_timeline_marks_each_ranks_arrival_at_a_collective(runs_root: Path) -> N
     assert "rank 1 last ▼" in header[0] and "allreduce #0" in header[0], header
     assert set(marks) == {0, 1, 2}
     assert marks[1] > marks[0] and marks[1] > marks[2], marks
+
+
+def test_timeline_puts_ranks_from_several_hosts_on_one_clock(tmp_path: Path) -> None:
+    """Four hosts whose clocks are up to 250 ms apart (their offsets estimated from the
+    collectives): on the run clock every rank's step starts in the same column, as it did."""
+    from tests.synthetic_jobs import Job, write
+    from traceview.runs import open_run
+
+    job = Job(
+        ranks=4, steps=4, forward_ms={3: 25.0},
+        offset_ms={1: 3.7, 2: -12.5, 3: 250.0}, drift_ppm={}, exit_jitter_ms=0.05,
+    )  # fmt: skip
+    firsts: dict[int, int] = {}
+    header: list[str] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        header.append(plain(app.query_one("#timeline-header", Static)))
+        for y, row in enumerate(timeline.rows):
+            if row.lane == 0:
+                bar = timeline.render_line(y - round(timeline.scroll_offset.y)).text
+                bar = bar[timeline.label_width() + 1 :]
+                firsts[row.rank] = len(bar) - len(bar.lstrip())
+
+    with open_run([write(job, tmp_path / "job")]) as run:
+        drive([run], look)
+    assert "hosts' clocks aligned from collectives" in header[0]
+    assert len(firsts) == job.ranks and max(firsts.values()) - min(firsts.values()) <= 1, firsts

@@ -55,18 +55,23 @@ def _open(path: Path, tmp: Path) -> IO[bytes]:
     return tmp.open("wb")
 
 
-def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
-    """Write the merged multi-rank trace; returns the number of trace events written."""
+def chrome(
+    run: Path, steps_table: pa.Table, out: Path, clock_offsets: dict[int, int] | None = None
+) -> int:
+    """Write the merged multi-rank trace; returns the number of trace events written.
+    ``clock_offsets``: ns to subtract from each rank's times to put it on the run's clock (the
+    offsets estimated from collectives, for traces from several hosts)."""
     manifest = R.read_manifest(run)
     steps = pl.from_arrow(steps_table)
     assert isinstance(steps, pl.DataFrame)
     ranks = [r.rank for r in manifest.ranks]
     info = {r.rank: r for r in manifest.ranks}
+    offsets = clock_offsets or {}
     origin: int | None = None
     for rank in ranks:
         ts = R.read_events(run, [rank]).column(S.TS_NS)
         if len(ts):
-            low = pc.min(ts).as_py()
+            low = pc.min(ts).as_py() - offsets.get(rank, 0)
             origin = low if origin is None else min(origin, low)
     origin = origin or 0
     count = 0
@@ -84,6 +89,7 @@ def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
         for rank in ranks:
             rank_info = info[rank]
             host = rank_info.host or ""
+            shift = origin + offsets.get(rank, 0)
             emit(
                 [
                     {
@@ -118,7 +124,7 @@ def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
                 .then(_GPU_TID_BASE + pl.col(S.PID) * 4096 + pl.col(S.TID))
                 .otherwise(pl.col(S.TID))
                 .alias("lane"),
-                ((pl.col(S.TS_NS) - origin) / 1000).alias("ts_us"),
+                ((pl.col(S.TS_NS) - shift) / 1000).alias("ts_us"),
                 (pl.col(S.DUR_NS) / 1000).alias("dur_us"),
             )
             lanes = df.group_by("lane").agg(
@@ -191,7 +197,7 @@ def chrome(run: Path, steps_table: pa.Table, out: Path) -> int:
                             "cat": "traceview",
                             "pid": rank,
                             "tid": _STEPS_TID,
-                            "ts": round((window[S.START_NS] - origin) / 1000, 3),
+                            "ts": round((window[S.START_NS] - shift) / 1000, 3),
                             "dur": round(window[S.WALL_NS] / 1000, 3),
                             "args": {"breakdown_ms": args},
                         }

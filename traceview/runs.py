@@ -73,6 +73,15 @@ class Run:
             "collectives": matched_table(self.collectives, cross),
         }
 
+    def clock_offsets(self) -> dict[int, int]:
+        """ns to subtract from each rank's times to put it on the run's clock, where they were
+        estimated from collectives (traces from several hosts); empty otherwise."""
+        from traceview.analysis.summary import cross_rank_of
+
+        cross = cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
+        fit = cross.clocks if cross is not None else None
+        return {r: round(o) for r, o in fit.offset_ns.items()} if fit is not None else {}
+
     def step_collectives(self) -> dict[int | None, list[StepCollective]]:
         """Per step, its collective calls matched across ranks, the most skewed first."""
         from traceview.analysis.crossrank import matched_table, step_collectives

@@ -34,9 +34,10 @@ class ExportCommand:
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
         with open_run([args.run]) as run:  # the analysis tables, recomputed if stale
             analysis = run.export_tables()
+            offsets = run.clock_offsets() if args.format == "chrome" else {}
         if args.format == "chrome":
             out = args.output or args.run / "trace.json.gz"
-            count = export.chrome(args.run, analysis["steps"], out)
+            count = export.chrome(args.run, analysis["steps"], out, offsets)
             print(f"{out}: {count:,} events (open in https://ui.perfetto.dev)")
         else:
             out = args.output or args.run / "export"

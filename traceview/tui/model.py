@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from traceview.analysis.compare import compare
 from traceview.results import Comparison, RankSummary, RunReport, StepStats, StepSummary, TopOp
@@ -52,6 +53,16 @@ class RunView:
     @property
     def rank_numbers(self) -> list[int]:
         return [row.rank for row in self.report.ranks]
+
+    @cached_property
+    def clock_offsets(self) -> dict[int, int]:
+        """ns to subtract from each rank's times to put it on the run's clock (estimated from
+        collectives for traces from several hosts; empty otherwise)."""
+        return {
+            r.rank: round(r.clock_offset_us * 1000)
+            for r in self.report.ranks
+            if r.clock_offset_us is not None
+        }
 
     @property
     def straggler(self) -> RankSummary | None:

@@ -185,6 +185,11 @@ class Timeline(ScrollView, can_focus=True):
         windows = self.view.windows.get(self.step, {}) if self.view else {}
         if not windows:
             return 0, 0
+        if not self.aligned:  # each rank's window on the run's clock
+            windows = {
+                r: (s - self.clock_offset(r), e - self.clock_offset(r))
+                for r, (s, e) in windows.items()
+            }
         starts = [s for s, _ in windows.values()]
         if self.aligned:
             return min(starts), max(e - s for s, e in windows.values())
@@ -195,8 +200,14 @@ class Timeline(ScrollView, can_focus=True):
         origin, length = self.axis()
         if self.aligned and self.view:
             origin = self.view.windows.get(self.step, {}).get(rank, (origin, 0))[0]
+        else:
+            origin += self.clock_offset(rank)  # the run's clock, read on the rank's own
         lo, hi = self.fractions()
         return origin + round(length * lo), origin + round(length * hi)
+
+    def clock_offset(self, rank: int) -> int:
+        """ns the rank's clock reads ahead of the run's (estimated from collectives)."""
+        return self.view.clock_offsets.get(rank, 0) if self.view else 0
 
     def visible_ms(self) -> tuple[float, float, float]:
         """(first, last, whole) visible milliseconds, from the start of the axis."""
@@ -312,7 +323,12 @@ class Timeline(ScrollView, can_focus=True):
         text.append(f" ({self.step_index + 1} of {n}{', ' + mark if mark else ''})")
         text.append(f" · {ms(first)}–{ms(last)} ms of {ms(whole)} ms")
         text.append(f" · zoom {self.zoom:g}×")
-        text.append(" · ranks aligned at their step start" if self.aligned else " · run clock")
+        if self.aligned:
+            text.append(" · ranks aligned at their step start")
+        elif self.view is not None and self.view.clock_offsets:
+            text.append(" · run clock (hosts' clocks aligned from collectives)")
+        else:
+            text.append(" · run clock")
         call = self.collective
         if call is not None:
             calls = len((self._collectives or {}).get(self.step, []))
