@@ -119,6 +119,16 @@ def test_clocks_shifted_with_drift_and_jitter_are_recovered(tmp_path: Path, gap_
     assert report.summary.straggler_rank == 3 and report.summary.straggler_phase == "forward"
 
 
+def test_an_offset_within_the_noise_is_not_applied(tmp_path: Path) -> None:
+    """Few calls whose ends spread by up to 8 ms cannot show a 0.3 ms offset: the clocks are
+    left as they are (shifting by noise would only add error), and the report says so."""
+    job = Job(ranks=2, steps=5, offset_ms={1: 0.3}, exit_jitter_ms=8.0, seed=3)
+    report = report_of(write(job, tmp_path / "job"))
+    clocks = report.run.clocks
+    assert clocks is not None and clocks.source == "collectives"
+    assert clocks.max_offset_us == 0 and all(r.clock_offset_us == 0 for r in report.ranks)
+
+
 def test_unaligned_clocks_would_get_the_waits_wrong(tmp_path: Path) -> None:
     """The same shifted job read without the estimate: the waits are off by the offsets (the
     estimate is what makes them right, not the matching alone)."""
@@ -278,3 +288,15 @@ def test_estimated_offsets_put_the_export_on_one_clock(tmp_path: Path) -> None:
     assert len(starts) == job.steps
     for name, ts in starts.items():
         assert len(ts) == job.ranks and max(ts) - min(ts) < 200, (name, ts)  # µs
+
+
+def test_a_run_with_missing_ranks_says_why_nothing_is_split() -> None:
+    """hta_sampled_2rank holds 2 of 128 ranks: any missing rank may be the last to arrive, so
+    nothing is matched, the split is null (not 0) and a note says why."""
+    from tests.conftest import shared_traces
+
+    report = report_of(shared_traces("pytorch/hta_sampled_2rank"))
+    assert report.run.missing_ranks and report.summary.comm_wait_ms is None
+    assert all(r.comm_wait_ms is None for r in report.ranks) and not report.collectives
+    assert any("not matched across ranks while ranks of the job are missing" in r
+               for r in report.remarks)  # fmt: skip

@@ -474,7 +474,9 @@ def estimate_clocks(matched: Matched) -> ClockFit | None:
     ``MIN_DRIFT_SPAN_NS`` and it moves the line by more than the residual over that span (on a
     short profile it is indistinguishable from noise), as the slope between the medians of the
     two halves of the calls. The offset is then held inside what the calls allow: no rank can
-    leave a call before the reference arrived, nor the reference before the rank arrived.
+    leave a call before the reference arrived, nor the reference before the rank arrived. An
+    offset within two standard errors of zero (ends spread widely, few calls) is taken as zero:
+    the clocks are not shown to differ, and shifting them by noise would only add error.
     """
     calls = matched.calls
     if calls.height == 0:
@@ -530,10 +532,24 @@ def estimate_clocks(matched: Matched) -> ClockFit | None:
             pl.col("lo").max().alias("low"),
             pl.col("hi").min().alias("high"),
             pl.len().alias("n"),
+            (pl.col("y") - pl.col("y").median()).abs().median().alias("mad"),
+            pl.col("y").std().fill_null(0.0).alias("sd"),
         )
         .with_columns(
             pl.when(pl.col("low") <= pl.col("high"))
             .then(pl.col("a").clip(pl.col("low"), pl.col("high")))
+            .otherwise(pl.col("a"))
+            .alias("a"),
+            # the median's standard error from the spread of the ends, the larger of two
+            # readings of it (1.4826 MAD ~ sigma; the standard deviation): in doubt, no shift
+            (
+                1.25 * pl.max_horizontal(1.4826 * pl.col("mad"), pl.col("sd")) / pl.col("n").sqrt()
+            ).alias("error"),
+        )
+        .with_columns(
+            # an offset within two standard errors of 0 is noise: the clocks agree
+            pl.when((pl.col("a").abs() <= 2 * pl.col("error")) & (pl.col("b") == 0))
+            .then(0.0)
             .otherwise(pl.col("a"))
             .alias("a")
         )

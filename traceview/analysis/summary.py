@@ -500,6 +500,16 @@ def _clock_warning(clocks: Clocks | None) -> list[str]:
     return []
 
 
+def _not_matched(manifest: Manifest, collectives: pa.Table | None) -> list[str]:
+    """Why a run with collective calls has no wait/transfer split: ranks are missing."""
+    if not manifest.missing_ranks or collectives is None or collectives.num_rows == 0:
+        return []
+    return [
+        "collectives are not matched across ranks while ranks of the job are missing (any of "
+        "them may be the last to arrive): communication is not split into wait and transfer"
+    ]
+
+
 def _unmatched(cross: CrossRank | None) -> list[str]:
     if cross is None or not cross.matched.unmatched:
         return []
@@ -572,6 +582,6 @@ def summarize(
             *_unmatched(cross),
             *_clock_warning(clocks),
         ],
-        remarks=list(manifest.notes.remarks),
+        remarks=[*manifest.notes.remarks, *_not_matched(manifest, collectives)],
         collectives=_collectives(cross, len(per_step)),
     )
