@@ -276,6 +276,7 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
                 "clock": status.get("clock", {}),
                 "rank_source": status.get("rank_source"),
                 "user_profiler": status.get("user_profiler", False),
+                "profiled_steps": status.get("profiled_steps"),
                 "notes": status.get("notes", []),
             }
         )

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
@@ -324,3 +325,31 @@ def test_a_collector_failure_never_breaks_the_job(tmp_path: Path) -> None:
     assert "done" in proc.stdout
     lines = [line for line in proc.stderr.splitlines() if line.startswith("traceview:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_step_a_rank_died_in_is_left_out_of_the_figures(tmp_path: Path) -> None:
+    """Rank 1 raises in its 6th step, inside the profile, and rank 0 waits for it in DDP's
+    all-reduce until gloo gives up. That step used to count: the report said "comm is the
+    bottleneck: 94% of the 84.64 ms step", where the ordinary steps take 5-11 ms. It is left
+    out of every figure, listed apart with the wait, and kept, flagged, in the export."""
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "8", "--",
+        *_mpirun(), sys.executable, WORKLOADS / "ddp_train.py",
+        "--fail-rank", "1", "--fail-at", "6", "--steps", "5000",
+    )  # fmt: skip
+    assert result.code != 0
+    report = run_cli("report", run, "--json").json()
+    [unfinished] = report["incomplete_steps"]
+    assert 1 in unfinished["unfinished_ranks"]
+    assert unfinished["waited_rank"] == 0 and unfinished["waited_ms"] > 100
+    kept = [s["step"] for s in report["per_step"]]
+    assert unfinished["step"] not in kept and report["run"]["steps"] == len(kept) >= 3
+    assert report["summary"]["step_ms"] < unfinished["waited_ms"] / 5
+    text = run_cli("report", run).out
+    assert f"step {unfinished['step']} did not finish on rank" in text
+    assert run_cli("export", run, "--format", "parquet", "-o", tmp_path / "out").code == 0
+    steps = pl.read_parquet(tmp_path / "out" / "steps.parquet")
+    flagged = steps.filter(~pl.col("complete"))
+    assert set(flagged["step"].to_list()) == {unfinished["step"]}
+    assert steps.filter(pl.col("complete")).height == 2 * len(kept)

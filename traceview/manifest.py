@@ -80,6 +80,7 @@ class CollectedRank(Record):
     clock: Clock = msgspec.field(default_factory=Clock)
     rank_source: str | None = None
     user_profiler: bool = False
+    profiled_steps: int | None = None  # steps recorded in full (null: not said)
     notes: list[str] = []
 
 

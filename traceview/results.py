@@ -242,6 +242,16 @@ class CollectiveSummary(Result):
     busbw_gbps: float | None = None
 
 
+class IncompleteStep(Result):
+    """A step that did not complete on every rank: left out of every figure of the report."""
+
+    step: int | None
+    unfinished_ranks: list[int]  # ranks it did not finish on (the rank died or was cut off in
+    #                              it) or has no window on
+    waited_ms: float  # the most time a rank spent in it blocked (exposed comm + idle)
+    waited_rank: int | None  # that rank
+
+
 class StepCollective(Result):
     """One matched collective call in one step, across its ranks: what a timeline marks."""
 
@@ -266,6 +276,8 @@ class RunReport(Result):
     remarks: list[str]
     schema_version: str = RESULTS_VERSION
     collectives: list[CollectiveSummary] = []  # matched across ranks (empty: none)
+    # steps that did not complete on every rank, left out of every figure above
+    incomplete_steps: list[IncompleteStep] = []
 
     @property
     def straggler(self) -> RankSummary | None:

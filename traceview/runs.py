@@ -64,11 +64,11 @@ class Run:
         """The tables ``export`` writes beside the events: steps, ops, and the collective calls
         with what matching them across ranks found."""
         from traceview.analysis.crossrank import matched_table
-        from traceview.analysis.summary import cross_rank_of
+        from traceview.analysis.summary import complete_flag, cross_rank_of
 
         cross = cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
         return {
-            "steps": self.steps,
+            "steps": complete_flag(self.steps, self.manifest),
             "ops": self.ops,
             "collectives": matched_table(self.collectives, cross),
         }

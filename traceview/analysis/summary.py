@@ -29,6 +29,7 @@ from traceview.results import (
     Clocks,
     CollectiveSummary,
     Hidden,
+    IncompleteStep,
     JobInfo,
     RankSummary,
     RunInfo,
@@ -525,6 +526,91 @@ def _unmatched(cross: CrossRank | None) -> list[str]:
     ]
 
 
+#: A rank's own end, where it did not end cleanly (collect's state, or a trace cut short).
+_ENDED_BADLY = ("exception", "signal", "crashed", "profiling", "stopping", "running", "unknown")
+
+
+def incomplete_steps(steps: pl.DataFrame, manifest: Manifest) -> pl.DataFrame:
+    """(step, rank) of the steps that did not complete on every rank, the rank the step did not
+    finish on (``unfinished``) or every rank that has it: the last step of a rank whose trace was
+    cut short, or that died or was killed before its profile was complete (it recorded fewer steps
+    than ``collect`` asked for; a rank that died after its profile was written lost no step), and
+    a numbered step some ranks with steps lack."""
+    empty = pl.DataFrame(schema={S.STEP: pl.Int64, S.RANK: pl.Int32, "unfinished": pl.Boolean})
+    if steps.height == 0 or steps[S.STEP].null_count() > 0:
+        return empty
+    bad = {r.rank for r in manifest.ranks if r.status != "ok"}
+    collected = manifest.collect
+    if collected is not None:
+        wanted = collected.schedule.steps if collected.schedule is not None else None
+        bad |= {
+            r.rank
+            for r in collected.ranks
+            if r.rank is not None
+            and r.state in _ENDED_BADLY
+            and (r.profiled_steps is None or wanted is None or r.profiled_steps < wanted)
+        }
+    last = (
+        steps.filter(pl.col(S.RANK).is_in(sorted(bad)))
+        .group_by(S.RANK)
+        .agg(pl.col(S.STEP).max())
+        .select(pl.col(S.STEP).cast(pl.Int64), pl.col(S.RANK).cast(pl.Int32))
+    )
+    ranks = steps[S.RANK].n_unique()
+    partial = steps.group_by(S.STEP).agg(pl.col(S.RANK).n_unique().alias("n"))
+    partial = partial.filter(pl.col("n") < ranks).select(pl.col(S.STEP).cast(pl.Int64))
+    numbers = pl.concat([last.select(S.STEP), partial]).unique()
+    if numbers.height == 0:
+        return empty
+    unfinished = set(zip(last[S.STEP].to_list(), last[S.RANK].to_list(), strict=True))
+    present = steps.filter(pl.col(S.STEP).is_in(numbers[S.STEP].to_list())).select(
+        pl.col(S.STEP).cast(pl.Int64), pl.col(S.RANK).cast(pl.Int32)
+    )
+    return present.with_columns(
+        pl.Series(
+            "unfinished",
+            [(s, r) in unfinished for s, r in present.iter_rows()],
+            pl.Boolean,
+        )
+    )
+
+
+def complete_flag(steps: pa.Table, manifest: Manifest) -> pa.Table:
+    """The steps table with ``complete``: false for a step that did not complete on every rank
+    (``incomplete_steps``), which the report leaves out of its figures."""
+    df = pl.from_arrow(steps)
+    assert isinstance(df, pl.DataFrame)
+    incomplete = set(incomplete_steps(df, manifest)[S.STEP].to_list())
+    flag = [step not in incomplete for step in df[S.STEP].to_list()]
+    return steps.append_column("complete", pa.array(flag, pa.bool_()))
+
+
+def _incomplete(
+    steps: pl.DataFrame, incomplete: pl.DataFrame, all_ranks: list[int]
+) -> list[IncompleteStep]:
+    out = []
+    for step in sorted(set(incomplete[S.STEP].to_list())):
+        rows = incomplete.filter(pl.col(S.STEP) == step)
+        has = set(rows[S.RANK].to_list())
+        unfinished = set(rows.filter(pl.col("unfinished"))[S.RANK].to_list())
+        unfinished |= {r for r in all_ranks if r not in has}  # no window: not finished there
+        # who was blocked longest in it: usually a rank waiting in a collective for the one
+        # that died (it may have died of that wait itself)
+        others = steps.filter(pl.col(S.STEP) == step).with_columns(
+            (pl.col(S.COMM_EXPOSED_NS) + pl.col(S.phase_ns(S.IDLE))).alias("blocked")
+        )
+        waited = others.sort("blocked", S.RANK, descending=[True, False]).head(1)
+        out.append(
+            IncompleteStep(
+                step=step,
+                unfinished_ranks=sorted(unfinished),
+                waited_ms=_ms(waited["blocked"][0]) if waited.height else 0.0,
+                waited_rank=int(waited[S.RANK][0]) if waited.height else None,
+            )
+        )
+    return out
+
+
 def cross_rank_of(
     manifest: Manifest, collectives: pa.Table | None, comm: pa.Table | None
 ) -> CrossRank | None:
@@ -550,6 +636,13 @@ def summarize(
     ``comm`` nothing is matched across ranks (wait and transfer are null)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
+    all_steps = df
+    # Steps that did not complete on every rank are left out of every figure (they are listed
+    # apart), unless that would leave nothing.
+    incomplete = incomplete_steps(df, manifest)
+    if incomplete.height:
+        kept = df.filter(~pl.col(S.STEP).is_in(incomplete[S.STEP].unique().to_list()))
+        df = kept if kept.height else df
     # The last rank to arrive may be one that is missing: then nothing is split.
     estimate = _needs_clock_estimate(manifest)
     cross = cross_rank_of(manifest, collectives, comm)
@@ -575,7 +668,7 @@ def summarize(
         ranks=ranks,
         per_step=per_step,
         step_stats=stats,
-        top_ops=_top_ops(ops, int(df.height), summary.step_ms, top),
+        top_ops=_top_ops(ops, int(all_steps.height), summary.step_ms, top),
         warnings=[
             *manifest.notes.warnings,
             *_ranks_without_steps(manifest, ranks),
@@ -584,4 +677,9 @@ def summarize(
         ],
         remarks=[*manifest.notes.remarks, *_not_matched(manifest, collectives)],
         collectives=_collectives(cross, len(per_step)),
+        incomplete_steps=_incomplete(
+            all_steps, incomplete, sorted(set(all_steps[S.RANK].to_list()))
+        )
+        if incomplete.height
+        else [],
     )

@@ -15,6 +15,7 @@ from traceview.tui.render import (
     PHASE_LETTER,
     PHASE_STYLE,
     communication_text,
+    incomplete_text,
     ms,
     pct,
     phase_bar,
@@ -136,6 +137,9 @@ class OverviewPane(VerticalScroll):
         notes.append_text(communication_text(view.report))
         notes.append("\n")
         notes.append_text(straggler_text(view.report))
+        if view.report.incomplete_steps:
+            notes.append("\n")
+            notes.append_text(incomplete_text(view.report))
         for warning in view.report.warnings:
             notes.append("\n")
             notes.append_text(untrusted("warning: " + str(warning), style="yellow"))

@@ -194,6 +194,30 @@ def communication_text(report: RunReport) -> Text:
     return text
 
 
+def incomplete_text(report: RunReport, limit: int = 5) -> Text:
+    """The steps that did not complete on every rank, which every figure leaves out."""
+    text = Text()
+    steps = report.incomplete_steps
+    for i, step in enumerate(steps[:limit]):
+        if i:
+            text.append("\n")
+        where = ", ".join(map(str, step.unfinished_ranks[:8]))
+        more = " ..." if len(step.unfinished_ranks) > 8 else ""
+        plural = "s" if len(step.unfinished_ranks) > 1 else ""
+        text.append(
+            f"step {step.step} did not finish on rank{plural} {where}{more}", style="yellow"
+        )
+        if step.waited_rank is not None:
+            text.append(
+                f": rank {step.waited_rank} was blocked {ms(step.waited_ms)} ms in it "
+                "(communication and idle)"
+            )
+        text.append("; left out of every figure", style="bright_black")
+    if len(steps) > limit:
+        text.append(f"\n... and {len(steps) - limit} more (--json)", style="bright_black")
+    return text
+
+
 def straggler_text(report: RunReport) -> Text:
     summary = report.summary
     rank = summary.straggler_rank

@@ -19,6 +19,7 @@ from traceview.views.style import (
     communication_text,
     count,
     duration_us,
+    incomplete_text,
     ms,
     pct,
     phase_bar,
@@ -71,6 +72,8 @@ def render(report: RunReport, console: Console, *, top: int = 10) -> None:
             style="bright_black",
         )
     console.print(verdict_text(report))
+    if report.incomplete_steps:
+        console.print(incomplete_text(report))
     console.print()
 
     breakdown = _table("Per step (exclusive, mean of ranks)")
