@@ -139,3 +139,28 @@ def test_nesting_bombs_are_one_line_errors_or_warnings(fresh: Path, tmp_path: Pa
     result = run_cli("report", traces, "--json")
     assert result.code == 0, result.err
     assert any("status.json: unreadable" in w for w in result.json()["warnings"])
+
+
+@pytest.mark.parametrize("umask", ["022", "027", "077"])
+def test_files_honour_the_umask(tmp_path: Path, umask: str) -> None:
+    """Run directories and exports are created as any tool creates files: 0666 and 0777 less
+    the umask (they were 0600 files in 0755 folders: unreadable by others on a shared cluster)."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    script = (
+        f"umask {umask} && {sys.executable} -m traceview ingest {SAMPLES / 'pytorch' / 'explicit'}"
+        f" -o {run} && {sys.executable} -m traceview export {run} --format parquet -o {out}"
+    )
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    mask = int(umask, 8)
+    paths = [p for p in [*run.rglob("*"), *out.rglob("*")]]
+    assert any(p.is_file() for p in paths) and any(p.is_dir() for p in paths)
+    for path in paths:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        expected = (0o777 if path.is_dir() else 0o666) & ~mask
+        assert mode == expected, (path, oct(mode), oct(expected))

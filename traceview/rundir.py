@@ -36,11 +36,32 @@ STEPS = "steps.parquet"
 OPS = "ops.parquet"
 
 
+def _process_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (os.umask can only
+    read it by setting it, which races with threads writing files)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: Files are created as any tool creates them: 0666 less the umask (mkstemp makes them 0600, and
+#: nobody else on a shared cluster could read a run directory).
+FILE_MODE = 0o666 & ~_process_umask()
+
+
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary sibling of ``path`` to write; renamed onto ``path`` if the block succeeds."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, FILE_MODE)
     os.close(fd)
     try:
         yield Path(tmp)
