@@ -85,6 +85,38 @@ class JobResult:
     ended: float
     interrupted: str | None = None
     statuses: list[dict[str, Any]] = field(default_factory=list)
+    stderr_tail: list[str] = field(default_factory=list)  # the launcher's last stderr lines
+
+
+class _StderrTail(threading.Thread):
+    """Passes the job's stderr through to ours as it comes, keeping its last lines (to say
+    why a launch failed)."""
+
+    def __init__(self, stream: Any, keep: int = 40) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.keep = stream, keep
+        self.lines: list[str] = []
+
+    def run(self) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        for raw in iter(self.stream.readline, b""):
+            if out is not None:
+                out.write(raw)
+                out.flush()
+            line = raw.decode("utf-8", "replace").strip()
+            if line:
+                self.lines = [*self.lines[-(self.keep - 1) :], line]
+        self.stream.close()
+
+    def summary(self) -> list[str]:
+        """The lines that say what happened: the last one, or where the output ends with a
+        message Open MPI frames in dashes, that message (its first line says what it is)."""
+        lines = self.lines
+        rule = [i for i, line in enumerate(lines) if set(line) == {"-"}]
+        if rule and rule[-1] == len(lines) - 1:
+            start = rule[-2] + 1 if len(rule) > 1 else 0
+            return lines[start:-1]
+        return [line for line in lines[-1:] if set(line) != {"-"}]
 
 
 def default_run_dir() -> Path:
@@ -180,7 +212,7 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
     started = time.time()
     interrupted: list[str] = []
     try:
-        child = subprocess.Popen(launched, env=env, start_new_session=True)
+        child = subprocess.Popen(launched, env=env, start_new_session=True, stderr=subprocess.PIPE)
     except OSError as exc:
         stop_clock.set()
         raise JobNotStarted(
@@ -192,6 +224,8 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signum)
 
+    tail = _StderrTail(child.stderr)
+    tail.start()
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):  # not the main thread
@@ -202,6 +236,7 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_clock.set()
+    tail.join(timeout=5)  # the job's own children may still hold the pipe: do not wait on them
     if code < 0:
         code = 128 - code  # killed by a signal: report it as a shell would
     return JobResult(
@@ -212,6 +247,7 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
         ended=time.time(),
         interrupted=interrupted[0] if interrupted else None,
         statuses=read_statuses(run),
+        stderr_tail=tail.summary(),
     )
 
 

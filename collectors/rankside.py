@@ -647,11 +647,24 @@ def _sibling(framework: str, config: Config) -> Callable[[Any], None] | None:
     return on_import
 
 
+STARTED = ".started"  # RUN/raw/.started/<host>-<pid>: a Python process of the job started
+
+
+def mark_started(run_dir: Path) -> None:
+    """Leave a mark that a Python process of the job started (so that ``collect`` can tell a
+    launcher that failed before starting anything from a job that never imported a framework)."""
+    with contextlib.suppress(OSError):
+        folder = run_dir / "raw" / STARTED
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{socket.gethostname()}-{os.getpid()}").touch()
+
+
 def install() -> None:
     """Called by the generated sitecustomize in every Python process of the job."""
     config = Config.from_env(os.environ)
     if config is None:
         return
+    mark_started(config.run_dir)
 
     def on_torch(torch: Any) -> None:
         global _collector

@@ -353,3 +353,43 @@ def test_a_step_a_rank_died_in_is_left_out_of_the_figures(tmp_path: Path) -> Non
     flagged = steps.filter(~pl.col("complete"))
     assert set(flagged["step"].to_list()) == {unfinished["step"]}
     assert steps.filter(pl.col("complete")).height == 2 * len(kept)
+
+
+def test_a_launcher_that_fails_before_any_rank_starts_is_named(tmp_path: Path) -> None:
+    """Open MPI run as root without --allow-run-as-root refuses at once. collect used to say "no
+    process imported PyTorch ... and ran a training step", which is false: nothing started. It
+    now says the launcher failed, with its exit code and what it said, and removes the run
+    directory it made, which received nothing."""
+    mpirun = [a for a in _mpirun() if a not in ("--allow-run-as-root",)]
+    if os.geteuid() != 0:
+        pytest.skip("Open MPI refuses only root; run as root to reproduce")
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--", *mpirun, sys.executable, WORKLOADS / "ddp_train.py"
+    )
+    assert result.code != 0
+    lines = [line for line in result.err.splitlines() if line.startswith("traceview:")]
+    assert any(
+        "the launcher exited with code" in line and "before any rank started" in line
+        and "root" in line
+        for line in lines
+    ), result.err  # fmt: skip
+    assert not any("imported PyTorch" in line for line in lines)
+    assert not run.exists() and any("removed" in line and "--keep" in line for line in lines)
+
+
+def test_a_run_directory_that_received_nothing_is_removed_unless_kept(tmp_path: Path) -> None:
+    script = [
+        sys.executable,
+        "-c",
+        "import sys; print('x: bad input', file=sys.stderr); sys.exit(3)",
+    ]
+    result = run_cli("collect", "-o", tmp_path / "a", "--", *script)
+    assert result.code == 3 and not (tmp_path / "a").exists()
+    said = [line for line in result.err.splitlines() if line.startswith("traceview:")]
+    # a Python process did start, it just never imported a framework: say that, and what it said
+    assert any("imported PyTorch" in line and line.endswith("x: bad input") for line in said)
+    result = run_cli("collect", "--keep", "-o", tmp_path / "b", "--", *script)
+    assert result.code == 3 and (tmp_path / "b" / "manifest.json").is_file()
+    result = run_cli("collect", "-o", tmp_path / "c", "--", "no-such-program-traceview")
+    assert result.code == 127 and not (tmp_path / "c").exists()

@@ -55,6 +55,11 @@ class CollectCommand:
             "--no-report", action="store_true", help="ingest, but do not print the report"
         )
         parser.add_argument(
+            "--keep",
+            action="store_true",
+            help="keep the run directory even when the job left nothing in it",
+        )
+        parser.add_argument(
             "command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the job to run"
         )
 
@@ -66,6 +71,7 @@ class CollectCommand:
             default_run_dir,
             run_job,
         )
+        from traceview.collectors.rankside import STARTED
 
         command = list(args.command)
         if command and command[0] == "--":
@@ -83,22 +89,52 @@ class CollectCommand:
             steps=args.steps, warmup=args.warmup, skip=args.skip, nvtx=args.nvtx
         )
         print(f"traceview: profiling every rank into {run}", file=sys.stderr, flush=True)
+        existed = run.exists()
         try:
             result = run_job(command, run, settings)
         except JobNotStarted as exc:
             print(f"traceview: error: {safe(exc)}", file=sys.stderr)
+            self._remove_empty(run, existed, args.keep)
             return 127
-        R.write_manifest(run, Manifest(collect=collected(collect_manifest(result, settings))))
         code = result.exit_code
+        if not result.statuses:
+            said = result.stderr_tail
+            last = f": {safe(said[0] if len(said) > 1 else said[-1], 200)}" if said else ""
+            if not any((run / R.RAW / STARTED).glob("*")):
+                # no Python process of the job ever started: the launcher failed on its own
+                why = f"the launcher exited with code {code} before any rank started{last}"
+            else:
+                why = (
+                    f"the job exited with code {code} and left nothing to profile: no process "
+                    f"imported PyTorch, TensorFlow or MXNet and ran a training step{last}"
+                )
+            print(f"traceview: {why}", file=sys.stderr)
+            if not self._remove_empty(run, existed, args.keep):
+                manifest = Manifest(collect=collected(collect_manifest(result, settings)))
+                R.write_manifest(run, manifest)
+            return code  # collect exits with the job's exit code
+        R.write_manifest(run, Manifest(collect=collected(collect_manifest(result, settings))))
         if result.interrupted:
             print(
                 f"traceview: the job was interrupted ({result.interrupted}); keeping what the ranks wrote",
                 file=sys.stderr,
             )
         if not any(s.get("trace_present") for s in result.statuses):
+            killed = [
+                s.get("rank")
+                for s in result.statuses
+                if s.get("state") in ("profiling", "stopping")
+            ]
+            if killed:
+                which = ", ".join(str(r) for r in killed[:10])
+                why = (
+                    f"rank(s) {which} were killed while profiling (their status says so) before "
+                    "writing a trace"
+                )
+            else:
+                why = "no process imported PyTorch, TensorFlow or MXNet and ran a training step"
             print(
-                f"traceview: the job exited with code {code} and left nothing to profile: "
-                "no process imported PyTorch, TensorFlow or MXNet and ran a training step",
+                f"traceview: the job exited with code {code} and left nothing to profile: {why}",
                 file=sys.stderr,
             )
             return code
@@ -117,3 +153,22 @@ class CollectCommand:
             render_to_console(load_report([run]))
         print(f"traceview: run directory {run} (job exit code {code})", file=sys.stderr)
         return code
+
+    @staticmethod
+    def _remove_empty(run: Path, existed: bool, keep: bool) -> bool:
+        """Remove a run directory collect made that received nothing from the job (only its
+        bootstrap), unless ``keep``; says so. Whether it was removed."""
+        import shutil
+
+        from traceview.collectors.rankside import STARTED
+
+        raw = run / R.RAW
+        received = raw.is_dir() and any(p.name != STARTED for p in raw.iterdir())
+        if keep or existed or received or not run.is_dir():
+            return False
+        shutil.rmtree(run, ignore_errors=True)
+        print(
+            f"traceview: removed {run}: the job left nothing in it (--keep keeps it)",
+            file=sys.stderr,
+        )
+        return True
