@@ -211,25 +211,33 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
     launched = pass_environment(command, env, list(PASSED_VARIABLES))
     started = time.time()
     interrupted: list[str] = []
-    try:
-        child = subprocess.Popen(launched, env=env, start_new_session=True, stderr=subprocess.PIPE)
-    except OSError as exc:
-        stop_clock.set()
-        raise JobNotStarted(
-            f"cannot run {shlex.quote(command[0])}: {exc.strerror or exc}"
-        ) from None
+    children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, frame: Any) -> None:
         interrupted.append(signal.Signals(signum).name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signum)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)
 
-    tail = _StderrTail(child.stderr)
-    tail.start()
+    # Our handlers go in before the job starts: a signal caught by a handler is reset to its
+    # default in the job, where one ignored (SIG_IGN, as a non-interactive shell's background
+    # job has SIGINT) would stay ignored, and a Ctrl-C forwarded to the job would do nothing.
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             previous[sig] = signal.signal(sig, forward)
+    try:
+        child = subprocess.Popen(launched, env=env, start_new_session=True, stderr=subprocess.PIPE)
+    except OSError as exc:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop_clock.set()
+        raise JobNotStarted(
+            f"cannot run {shlex.quote(command[0])}: {exc.strerror or exc}"
+        ) from None
+    children.append(child)
+    tail = _StderrTail(child.stderr)
+    tail.start()
     try:
         code = child.wait()
     finally:

@@ -393,3 +393,24 @@ def test_a_run_directory_that_received_nothing_is_removed_unless_kept(tmp_path: 
     assert result.code == 3 and (tmp_path / "b" / "manifest.json").is_file()
     result = run_cli("collect", "-o", tmp_path / "c", "--", "no-such-program-traceview")
     assert result.code == 127 and not (tmp_path / "c").exists()
+
+
+def test_a_job_started_from_a_background_shell_gets_sigint_back(tmp_path: Path) -> None:
+    """A non-interactive shell starts background jobs with SIGINT ignored, and an ignored signal
+    stays ignored across exec: the job inherited it, so a Ctrl-C (or SIGINT) forwarded to it did
+    nothing and its rank kept profiling without bound. collect's own handlers now go in before
+    the job starts, and a caught signal is reset to its default in the job."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import signal\n"
+        "ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN\n"
+        "print('SIGINT', 'ignored' if ignored else 'default')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "traceview", "collect", "--keep", "-o", str(tmp_path / "run"),
+         "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # a background job
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "SIGINT default" in proc.stdout, proc.stdout
