@@ -537,6 +537,16 @@ def test_views_of_several_runs_are_built_off_the_ui_thread(ddp: Run, explicit: R
         assert [r.label for r in both] == ["ddp", "explicit"]
 
 
+def rank_bars(timeline: Timeline) -> dict[int, str]:
+    """Each rank's first lane (its breakdown), as drawn, without the label."""
+    bars = {}
+    for y, row in enumerate(timeline.rows):
+        if row.lane == 0:
+            line = timeline.render_line(y - round(timeline.scroll_offset.y)).text
+            bars[row.rank] = line[timeline.label_width() + 1 :]
+    return bars
+
+
 def test_timeline_marks_each_ranks_arrival_at_a_collective(runs_root: Path) -> None:
     """On the slow-forward sample, c marks the step's most skewed all-reduce: rank 1 (whose
     forward is three times the others') arrives last, its mark right of the others'."""
@@ -553,13 +563,10 @@ def test_timeline_marks_each_ranks_arrival_at_a_collective(runs_root: Path) -> N
         await settle(pilot)
         timeline = app.query_one(Timeline)
         header.append(plain(app.query_one("#timeline-header", Static)))
-        for y, row in enumerate(timeline.rows):
-            if row.lane == 0:
-                bar = timeline.render_line(y - round(timeline.scroll_offset.y)).text
-                bar = bar[timeline.label_width() + 1 :]
-                for symbol in "▼▽":
-                    if symbol in bar:
-                        marks[row.rank] = bar.index(symbol)
+        for rank, bar in rank_bars(timeline).items():
+            for symbol in "▼▽":
+                if symbol in bar:
+                    marks[rank] = bar.index(symbol)
 
     with open_run([sample_run("slowfwd", runs_root)]) as run:
         drive([run], look)
@@ -586,11 +593,8 @@ def test_timeline_puts_ranks_from_several_hosts_on_one_clock(tmp_path: Path) -> 
         await settle(pilot)
         timeline = app.query_one(Timeline)
         header.append(plain(app.query_one("#timeline-header", Static)))
-        for y, row in enumerate(timeline.rows):
-            if row.lane == 0:
-                bar = timeline.render_line(y - round(timeline.scroll_offset.y)).text
-                bar = bar[timeline.label_width() + 1 :]
-                firsts[row.rank] = len(bar) - len(bar.lstrip())
+        for rank, bar in rank_bars(timeline).items():
+            firsts[rank] = len(bar) - len(bar.lstrip())
 
     with open_run([write(job, tmp_path / "job")]) as run:
         drive([run], look)
