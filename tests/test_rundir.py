@@ -164,3 +164,53 @@ def test_files_honour_the_umask(tmp_path: Path, umask: str) -> None:
         mode = stat.S_IMODE(os.stat(path).st_mode)
         expected = (0o777 if path.is_dir() else 0o666) & ~mask
         assert mode == expected, (path, oct(mode), oct(expected))
+
+
+def test_local_workers_die_with_a_killed_ingest(tmp_path: Path) -> None:
+    """Killing a multi-rank ingest (SIGKILL: no cleanup runs) used to leave its pool's workers
+    (~180 MB each) and the resource tracker running. They now die with it."""
+    import gzip
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    text = gzip.decompress(
+        (SAMPLES / "pytorch" / "slowfwd" / "rank-0.pt.trace.json.gz").read_bytes()
+    )
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for rank in range(int(80e6 // len(text)) + 1):  # past the size ingest runs a pool for
+        (traces / f"rank-{rank}.pt.trace.json").write_bytes(
+            text.replace(b'"rank": 0,', f'"rank": {rank},'.encode(), 1)
+        )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "traceview", "ingest", str(traces), "-o", str(tmp_path / "run"),
+         "--jobs", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def children() -> list[int]:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True)
+        return [int(pid) for pid in out.stdout.split()]
+
+    deadline = time.monotonic() + 60
+    while len(children()) < 2:  # the resource tracker and at least one worker
+        assert proc.poll() is None and time.monotonic() < deadline, "no pool started"
+        time.sleep(0.1)
+    workers = children()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    def running(pid: int) -> bool:
+        try:
+            return b"zombie" not in Path(f"/proc/{pid}/status").read_bytes().lower()
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in workers if running(pid)]
+    assert not alive, f"workers outlived the ingest: {alive}"
