@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from traceview import rundir as R  # noqa: E402
 from traceview import schema as S  # noqa: E402
-from traceview.analysis.summary import summarize  # noqa: E402
+from traceview.analysis.summary import cross_rank_of, summarize  # noqa: E402
 from traceview.manifest import Manifest, RankIngest  # noqa: E402
 from traceview.runs import open_run  # noqa: E402
 
@@ -92,8 +92,6 @@ def best_of(repeat: int, fn) -> list[float]:  # type: ignore[no-untyped-def]
 def time_run(run_dir: Path, repeat: int) -> dict[str, object]:
     """``traceview report RUN --json`` end to end, and the cross-rank pass within it."""
     import subprocess
-
-    from traceview.analysis.summary import cross_rank_of
 
     command = [sys.executable, "-m", "traceview", "report", str(run_dir), "--json"]
     subprocess.run(command, check=True, capture_output=True)  # the analysis cache, written once
@@ -164,13 +162,15 @@ def main(argv: list[str] | None = None) -> int:
 
             def crossed(manifest: Manifest = manifest) -> None:
                 steps, ops, collectives, comm = read(*TIMED)
-                summarize(steps, ops, manifest, collectives=collectives, comm=comm)
+                cross = cross_rank_of(manifest, collectives, comm)
+                summarize(steps, ops, manifest, collectives=collectives, cross=cross)
 
             without = best_of(args.repeat, plain)
             with_cross = best_of(args.repeat, crossed)
             report = summarize(
                 tables["steps"], tables["ops"], manifest,
-                collectives=tables["collectives"], comm=tables["comm"],
+                collectives=tables["collectives"],
+                cross=cross_rank_of(manifest, tables["collectives"], tables["comm"]),
             )  # fmt: skip
             rows.append(
                 {

@@ -3,7 +3,7 @@
 Profile a job, or point it at the profiler traces of a run (one file per rank, or a folder):
 
   traceview collect -- mpirun -np 4 python train.py   profile every rank, then report
-  traceview report TRACES...|RUN        the per-step breakdown, communication, bottleneck
+  traceview report TRACES...|RUN        breakdown, bottleneck, straggler, wait vs transfer
   traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
   traceview tui TRACES...|RUN           explore it in the terminal (q quits, ? helps)
   traceview compare RUN_A RUN_B ...     runs or frameworks side by side, with ratios

@@ -14,8 +14,9 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -24,6 +25,9 @@ from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.errors import BadInput
 from traceview.manifest import Manifest
 from traceview.results import RunReport, StepCollective
+
+if TYPE_CHECKING:
+    from traceview.analysis.crossrank import CrossRank
 
 
 @dataclass
@@ -57,38 +61,39 @@ class Run:
             top,
             path=path,
             collectives=self.collectives,
-            comm=self.tables["comm"],
+            cross=self.cross,
         )
+
+    @cached_property
+    def cross(self) -> CrossRank | None:
+        """The cross-rank pass over this run's tables (None where ranks are missing), once."""
+        from traceview.analysis.summary import cross_rank_of
+
+        return cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
 
     def export_tables(self) -> dict[str, pa.Table]:
         """The tables ``export`` writes beside the events: steps, ops, and the collective calls
         with what matching them across ranks found."""
         from traceview.analysis.crossrank import matched_table
-        from traceview.analysis.summary import complete_flag, cross_rank_of
+        from traceview.analysis.summary import complete_flag
 
-        cross = cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
         return {
             "steps": complete_flag(self.steps, self.manifest),
             "ops": self.ops,
-            "collectives": matched_table(self.collectives, cross),
+            "collectives": matched_table(self.collectives, self.cross),
         }
 
     def clock_offsets(self) -> dict[int, int]:
         """ns to subtract from each rank's times to put it on the run's clock, where they were
         estimated from collectives (traces from several hosts); empty otherwise."""
-        from traceview.analysis.summary import cross_rank_of
-
-        cross = cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
-        fit = cross.clocks if cross is not None else None
+        fit = self.cross.clocks if self.cross is not None else None
         return {r: round(o) for r, o in fit.offset_ns.items()} if fit is not None else {}
 
     def step_collectives(self) -> dict[int | None, list[StepCollective]]:
         """Per step, its collective calls matched across ranks, the most skewed first."""
         from traceview.analysis.crossrank import matched_table, step_collectives
-        from traceview.analysis.summary import cross_rank_of
 
-        cross = cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
-        return step_collectives(matched_table(self.collectives, cross))
+        return step_collectives(matched_table(self.collectives, self.cross))
 
     def events(self, ranks: list[int] | None = None) -> pa.Table:
         return R.read_events(self.path, ranks)

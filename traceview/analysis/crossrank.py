@@ -46,6 +46,7 @@ import polars as pl
 import pyarrow as pa
 
 from traceview import schema as S
+from traceview.analysis.attribution import merge_intervals
 from traceview.results import StepCollective
 
 #: Collectives that no rank can leave before every rank of the group arrived (not broadcast,
@@ -165,16 +166,6 @@ class _Slots:
         return df[column].to_numpy().astype(np.int64) - self.origin + base
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    if len(starts) == 0:
-        return starts, ends
-    reach = np.maximum.accumulate(ends)
-    heads = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
-    return starts[heads], np.maximum.reduceat(ends, heads)
-
-
 _NO_WAITS = {S.RANK: pl.Int32, S.STEP: pl.Int64, "wait_ns": pl.Int64, "wait_total_ns": pl.Int64}
 
 
@@ -193,7 +184,7 @@ def split_waits(matched: Matched, comm: pa.Table) -> pl.DataFrame:
     slots = _Slots(waits, comm_df)
     call_start, call_wait_end = slots.times(waits, S.START_NS), slots.times(waits, S.END_NS)
     has_wait = call_wait_end > call_start
-    ws, we = _union(call_start[has_wait], call_wait_end[has_wait])
+    ws, we = merge_intervals(call_start[has_wait], call_wait_end[has_wait])
     cs, ce = slots.times(comm_df, S.START_NS), slots.times(comm_df, S.END_NS)
     pieces = comm_df.select(S.RANK, S.STEP, S.EXPOSED).with_columns(
         pl.Series("overlap", _covered(ws, we, ce) - _covered(ws, we, cs), pl.Int64)
@@ -240,7 +231,7 @@ def arrivals(matched: Matched, comm: pa.Table) -> Arrivals:
         (pl.col(S.START_NS) + pl.col("wait_ns")).alias(S.END_NS),
     )
     by_pair = _Slots(pairs)
-    ps, pe = _union(by_pair.times(pairs, S.START_NS), by_pair.times(pairs, S.END_NS))
+    ps, pe = merge_intervals(by_pair.times(pairs, S.START_NS), by_pair.times(pairs, S.END_NS))
     pair_of_slot = np.array(sorted(by_pair.slot, key=by_pair.slot.__getitem__), np.int64)
     slot = ps // by_pair.span
     pair = pair_of_slot[slot]
@@ -259,7 +250,9 @@ def arrivals(matched: Matched, comm: pa.Table) -> Arrivals:
     exposed = comm_df.filter(pl.col(S.EXPOSED))
     if exposed.height:
         by_rank = _Slots(merged, exposed)
-        es, ee = _union(by_rank.times(exposed, S.START_NS), by_rank.times(exposed, S.END_NS))
+        es, ee = merge_intervals(
+            by_rank.times(exposed, S.START_NS), by_rank.times(exposed, S.END_NS)
+        )
         exposed_ns = _covered(es, ee, by_rank.times(merged, S.END_NS)) - _covered(
             es, ee, by_rank.times(merged, S.START_NS)
         )

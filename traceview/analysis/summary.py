@@ -580,9 +580,9 @@ def complete_flag(steps: pa.Table, manifest: Manifest) -> pa.Table:
     (``incomplete_steps``), which the report leaves out of its figures."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
-    incomplete = set(incomplete_steps(df, manifest)[S.STEP].to_list())
-    flag = [step not in incomplete for step in df[S.STEP].to_list()]
-    return steps.append_column("complete", pa.array(flag, pa.bool_()))
+    incomplete = incomplete_steps(df, manifest)[S.STEP].unique().to_list()
+    flag = ~df[S.STEP].is_in(incomplete).fill_null(False)
+    return steps.append_column("complete", flag.to_arrow())
 
 
 def _incomplete(
@@ -629,11 +629,12 @@ def summarize(
     *,
     path: str | None = None,
     collectives: pa.Table | None = None,
-    comm: pa.Table | None = None,
+    cross: CrossRank | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
-    ``path``: the run directory, where it is not a temporary one. Without ``collectives`` and
-    ``comm`` nothing is matched across ranks (wait and transfer are null)."""
+    ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
+    (``cross_rank_of``; without it wait and transfer are null), ``collectives``: the calls it
+    was made from (to say why there is none)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -643,9 +644,7 @@ def summarize(
     if incomplete.height:
         kept = df.filter(~pl.col(S.STEP).is_in(incomplete[S.STEP].unique().to_list()))
         df = kept if kept.height else df
-    # The last rank to arrive may be one that is missing: then nothing is split.
     estimate = _needs_clock_estimate(manifest)
-    cross = cross_rank_of(manifest, collectives, comm)
     ranks_df = _rank_rows(df, cross) if df.height else pl.DataFrame()
     ranks = _ranks(ranks_df, cross)
     clocks = _clocks(manifest, len(ranks), cross, estimate)

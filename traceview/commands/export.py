@@ -33,11 +33,13 @@ class ExportCommand:
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
         with open_run([args.run]) as run:  # the analysis tables, recomputed if stale
-            analysis = run.export_tables()
-            offsets = run.clock_offsets() if args.format == "chrome" else {}
+            if args.format == "chrome":
+                steps, offsets = run.steps, run.clock_offsets()
+            else:
+                analysis = run.export_tables()
         if args.format == "chrome":
             out = args.output or args.run / "trace.json.gz"
-            count = export.chrome(args.run, analysis["steps"], out, offsets)
+            count = export.chrome(args.run, steps, out, offsets)
             print(f"{out}: {count:,} events (open in https://ui.perfetto.dev)")
         else:
             out = args.output or args.run / "export"
