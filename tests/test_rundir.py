@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, run_cli
 from traceview import rundir as R
 from traceview.analysis import ANALYSIS_VERSION
 from traceview.runs import ingest_run, open_run
@@ -214,3 +215,65 @@ def test_local_workers_die_with_a_killed_ingest(tmp_path: Path) -> None:
         time.sleep(0.2)
         alive = [pid for pid in workers if running(pid)]
     assert not alive, f"workers outlived the ingest: {alive}"
+
+
+def _run_with_raw(tmp_path: Path) -> Path:
+    """A run directory as `collect` leaves it: the raw traces under raw/, ingested."""
+    run = tmp_path / "run"
+    assert run_cli("ingest", SAMPLES / "pytorch" / "ddp", "-o", run).code == 0
+    for rank in (0, 1):
+        raw = R.raw_dir(run, rank)
+        raw.mkdir(parents=True)
+        shutil.copy(SAMPLES / "pytorch" / "ddp" / f"rank-{rank}.pt.trace.json.gz", raw)
+    assert run_cli("ingest", run, "-o", run).code == 0
+    return run
+
+
+def _raw_intact(run: Path) -> bool:
+    return all(
+        (R.raw_dir(run, r) / f"rank-{r}.pt.trace.json.gz").read_bytes()
+        == (SAMPLES / "pytorch" / "ddp" / f"rank-{r}.pt.trace.json.gz").read_bytes()
+        for r in (0, 1)
+    )
+
+
+@pytest.mark.parametrize("point", ["ingest:staged", "replace:linked", "replace:exchanged"])
+def test_a_reingest_killed_at_any_step_leaves_a_whole_run(tmp_path: Path, point: str) -> None:
+    run = _run_with_raw(tmp_path)
+    before = run_cli("report", "--json", run).json()["summary"]
+    killed = run_cli("ingest", run, "-o", run, env={"TRACEVIEW_FAULT": point})
+    assert killed.code == -signal.SIGKILL, killed.err
+    assert R.leftovers(run), "the kill should have left the new run's staging folder"
+    after = run_cli("report", "--json", run)
+    assert after.code == 0, after.err
+    assert after.json()["summary"] == before
+    assert _raw_intact(run)
+    again = run_cli("ingest", run, "-o", run)  # cleans up after the killed one
+    assert again.code == 0, again.err
+    assert R.leftovers(run) == [] and _raw_intact(run)
+
+
+def test_a_reingest_killed_between_two_renames_is_repaired(tmp_path: Path) -> None:
+    """Without an atomic exchange (other systems, some file systems) the previous run is parked
+    for an instant; a kill there leaves no run, which the next ingest puts back."""
+    run = _run_with_raw(tmp_path)
+    before = run_cli("report", "--json", run).json()["summary"]
+    fault = {"TRACEVIEW_FAULT": "replace:parked", "TRACEVIEW_NO_EXCHANGE": "1"}
+    assert run_cli("ingest", run, "-o", run, env=fault).code == -signal.SIGKILL
+    assert not run.exists()
+    report = run_cli("report", run)
+    assert report.code == 2 and "the previous run is at .run.old-" in report.err, report.err
+    assert len(report.err.strip().splitlines()) == 1
+    again = run_cli("ingest", run, "-o", run)
+    assert again.code == 0, again.err
+    assert "restored the previous run" in again.err
+    assert run_cli("report", "--json", run).json()["summary"] == before
+    assert R.leftovers(run) == [] and _raw_intact(run)
+
+
+def test_an_output_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("not a run\n")
+    result = run_cli("ingest", SAMPLES / "pytorch" / "ddp", "-o", target)
+    assert result.code == 2 and "is a file" in result.err and "internal" not in result.err
+    assert target.read_text() == "not a run\n"

@@ -144,19 +144,26 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
     parsers = registered()
     found: list[TraceFile] = []
     skipped: list[str] = []
+    damaged: list[str] = []
     for path in paths:
         if not path.exists():
-            raise UsageError(f"{path}: no such file or directory")
+            raise UsageError(R.parked_hint(path) or f"{path}: no such file or directory")
         if path.is_dir():
             folder = path / R.RAW if R.is_run_dir(path) and (path / R.RAW).is_dir() else path
             for candidate in _candidates(folder):
-                trace = _identify(candidate, parsers, notes)
+                try:
+                    trace = _identify(candidate, parsers, notes)
+                except BadInput as exc:  # one damaged file does not cost the folder's others
+                    damaged.append(str(exc))
+                    continue
                 if trace is None:
                     skipped.append(str(candidate.relative_to(folder)))
                 else:
                     found.append(trace)
             if not found:
-                raise BadInput(f"{path}: no traces found in this folder")
+                reason = f" ({damaged[0]}{' …' if len(damaged) > 1 else ''})" if damaged else ""
+                what = "no readable traces" if damaged else "no traces"
+                raise BadInput(f"{path}: {what} found in this folder{reason}")
         else:
             trace = _identify(path, parsers, notes)
             if trace is None:
@@ -165,6 +172,8 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
                     "TensorFlow .xplane.pb or Timeline JSON, or MXNet profiler JSON)"
                 )
             found.append(trace)
+    for problem in damaged:
+        notes.warn(f"{problem}: left out")
     if skipped:
         shown = ", ".join(skipped[:5]) + (
             f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
@@ -372,22 +381,44 @@ def _run_all(
     rules_path: Path | None,
     jobs: int,
     analyze: RankAnalysis | None,
+    notes: Notes,
 ) -> list[RankPartial]:
+    """Every rank's part; a rank whose trace cannot be read is left out with a warning (the
+    others are kept), and only a run with no readable rank is an error."""
+    parts: list[RankPartial] = []
+    failed: list[BadInput] = []
+
+    def keep(trace: TraceFile, work: Callable[[], RankPartial]) -> None:
+        try:
+            parts.append(work())
+        except BadInput as exc:
+            failed.append(exc)
+            R.events_path(staged, trace.rank).unlink(missing_ok=True)
+            notes.warn(f"rank {trace.rank} left out: {exc}")
+
     total = sum(t.size for t in traces)
     if jobs <= 1 or len(traces) == 1 or total < PARALLEL_MIN_BYTES:
-        return [ingest_rank(t, staged, run_id, rules_path, analyze) for t in traces]
-    # Larger files first, so the pool's last task is a short one.
-    ordered = sorted(traces, key=lambda t: -t.size)
-    with ProcessPoolExecutor(
-        max_workers=min(jobs, len(traces)),
-        mp_context=get_context("spawn"),
-        initializer=_die_with_parent,
-        initargs=(os.getpid(),),
-    ) as pool:
-        futures = [
-            pool.submit(ingest_rank, t, staged, run_id, rules_path, analyze) for t in ordered
-        ]
-        return [f.result() for f in futures]
+        for t in traces:
+            keep(t, lambda t=t: ingest_rank(t, staged, run_id, rules_path, analyze))  # type: ignore[misc]
+    else:
+        # Larger files first, so the pool's last task is a short one.
+        ordered = sorted(traces, key=lambda t: -t.size)
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(traces)),
+            mp_context=get_context("spawn"),
+            initializer=_die_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
+            futures = [
+                (t, pool.submit(ingest_rank, t, staged, run_id, rules_path, analyze))
+                for t in ordered
+            ]
+            for t, future in futures:
+                keep(t, future.result)
+    if failed and not parts:
+        more = f" (and {len(failed) - 1} more trace(s) like it)" if len(failed) > 1 else ""
+        raise BadInput(f"{failed[0]}{more}")
+    return parts
 
 
 def ingest(
@@ -407,6 +438,9 @@ def ingest(
     still current.
     """
     notes = Notes()
+    R.recover(out.resolve(), notes)  # what an ingest killed while replacing it left
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is a file, not a run directory")
     if out.exists() and not R.is_run_dir(out) and any(out.iterdir()):
         raise UsageError(f"{out}: exists and is not a traceview run directory")
     traces = discover(paths, notes)
@@ -419,13 +453,15 @@ def ingest(
     run_id = uuid.uuid4().hex[:12]
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    staged = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    staged = R.staging_dir(out)
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
     started = time.time()
     try:
         run = combine(
-            _run_all(traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1, analyze)
+            _run_all(
+                traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1, analyze, notes
+            )
         )
         notes.extend(run.notes)
         for name, table in run.tables.items():
@@ -455,6 +491,7 @@ def ingest(
             collect=collected,
         )
         R.write_manifest(staged, manifest)
+        R.fault_point("ingest:staged")
         R.replace_dir(staged, out)
     except TraceviewError:
         shutil.rmtree(staged, ignore_errors=True)

@@ -8,14 +8,21 @@
                                        the per-rank analysis, a cache (traceview.analysis)
 
 Every file is written to a temporary name and renamed into place, so a reader never sees half a
-file, and a crash leaves the previous version (or nothing) rather than a torn one.
+file, and a crash leaves the previous version (or nothing) rather than a torn one. A whole run
+directory is built beside its target as ``.RUN.partial-HOST-PID`` and swapped in at the end
+(``replace_dir``); a kill at any point leaves either the previous run or the new one at RUN.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
+import signal
+import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traceview import schema as S
-from traceview.errors import BadInput
+from traceview.errors import BadInput, Notes
 from traceview.manifest import Manifest, from_json
 
 MANIFEST = "manifest.json"
@@ -104,7 +111,9 @@ def read_manifest(run: Path) -> Manifest:
     try:
         data = (run / MANIFEST).read_bytes()
     except FileNotFoundError:
-        raise BadInput(f"{run}: not a run directory (no {MANIFEST})") from None
+        raise BadInput(parked_hint(run) or f"{run}: not a run directory (no {MANIFEST})") from None
+    except NotADirectoryError:
+        raise BadInput(f"{run}: not a run directory (a file)") from None
     except OSError as exc:
         raise BadInput(f"{run}/{MANIFEST}: unreadable ({exc})") from None
     manifest: Manifest = from_json(data, Manifest, f"{run}/{MANIFEST}")
@@ -158,14 +167,139 @@ def read_events(run: Path, ranks: list[int] | None = None) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
 
 
+def fault_point(name: str) -> None:
+    """Die here by SIGKILL when TRACEVIEW_FAULT names this point: the tests kill an ingest at
+    each step of replacing a run, for real, to show the previous run survives every one."""
+    if os.environ.get("TRACEVIEW_FAULT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def staging_dir(target: Path, kind: str = "partial") -> Path:
+    """Where a new ``target`` is built (``partial``) or an old one parked (``old``): a hidden
+    sibling naming the host and process, so a later ingest can tell a dead owner's leftover."""
+    host = socket.gethostname().replace("/", "_") or "host"
+    return target.with_name(f".{target.name}.{kind}-{host}-{os.getpid()}")
+
+
+def leftovers(target: Path) -> list[Path]:
+    """Hidden siblings of ``target`` left by ingests that were killed while building or
+    replacing it."""
+    prefix = f".{target.name}."
+    try:
+        return sorted(
+            p
+            for p in target.parent.iterdir()
+            if p.name.startswith(prefix)
+            and p.name[len(prefix) :].startswith(("partial-", "old-"))
+            and p.is_dir()
+        )
+    except OSError:
+        return []
+
+
+def parked_hint(run: Path) -> str | None:
+    """Why ``run`` is missing when an ingest was killed while replacing it."""
+    parked = [p for p in leftovers(run) if p.name.rsplit(".", 1)[-1].startswith("old-")]
+    if run.exists() or not parked:
+        return None
+    return (
+        f"{run}: not there; the previous run is at {parked[0].name} (an ingest was killed while "
+        "replacing it): run the same ingest again, which puts it back first"
+    )
+
+
+def _owner_alive(leftover: Path) -> bool | None:
+    """Whether the ingest that made ``leftover`` still runs: None when it ran on another host
+    (or the name does not say), where this process cannot tell."""
+    tail = leftover.name.rsplit(".", 1)[-1].split("-", 1)[-1]  # HOST-PID
+    host, _, pid = tail.rpartition("-")
+    if host != (socket.gethostname().replace("/", "_") or "host") or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def recover(target: Path, notes: Notes) -> None:
+    """Repair what a killed ingest left beside ``target``: a previous run parked as ``.old-``
+    while no run is at ``target`` goes back; other leftovers of dead ingests are removed; those
+    of live (or remote) ones are named in a warning."""
+    for leftover in leftovers(target):
+        alive = _owner_alive(leftover)
+        parked = leftover.name.rsplit(".", 1)[-1].startswith("old-")
+        if parked and not target.exists() and is_run_dir(leftover) and alive is not True:
+            os.replace(leftover, target)
+            notes.warn(
+                f"{target}: restored the previous run from {leftover.name} (an ingest was killed "
+                "while replacing it)"
+            )
+        elif alive is False:
+            shutil.rmtree(leftover, ignore_errors=True)
+            notes.remark(f"removed {leftover.name}, left by an ingest that was killed")
+        else:
+            notes.warn(
+                f"{leftover}: left by an ingest that may still run (on this host or another); "
+                "not touched"
+            )
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux renameat2 with RENAME_EXCHANGE); False where
+    the system or the file system cannot, so the caller falls back to two renames."""
+    if not sys.platform.startswith("linux") or os.environ.get("TRACEVIEW_NO_EXCHANGE"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc before 2.28, another libc
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # raw traces reach gigabytes: a second name, not a copy
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def replace_dir(staged: Path, target: Path) -> None:
-    """Move the finished directory ``staged`` onto ``target``, keeping ``target``'s raw traces."""
-    if target.exists():
-        if (target / RAW).exists() and not (staged / RAW).exists():
-            os.replace(target / RAW, staged / RAW)
-        trash = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, trash)
+    """Put the finished directory ``staged`` at ``target``, keeping ``target``'s raw traces.
+
+    The previous run stays whole at ``target`` until one atomic exchange puts the new one there
+    (its raw traces are hard links to the previous run's, made first). Where the exchange is not
+    available, the previous run is parked as ``.old-`` for the instant between two renames, and
+    ``recover`` puts it back if the process dies there."""
+    if not target.exists():
         os.replace(staged, target)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(staged, target)
+        return
+    if not target.is_dir():
+        raise BadInput(f"{target}: exists and is a file, not a run directory")
+    if (target / RAW).is_dir() and not (staged / RAW).exists():
+        shutil.copytree(target / RAW, staged / RAW, symlinks=True, copy_function=_link_or_copy)
+    fault_point("replace:linked")
+    if _exchange(staged, target):
+        fault_point("replace:exchanged")
+        shutil.rmtree(staged, ignore_errors=True)  # now the previous run
+        return
+    parked = staging_dir(target, "old")
+    os.replace(target, parked)
+    fault_point("replace:parked")
+    os.replace(staged, target)
+    shutil.rmtree(parked, ignore_errors=True)
