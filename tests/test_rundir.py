@@ -8,12 +8,14 @@ import shutil
 import signal
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SAMPLES, run_cli
 from traceview import rundir as R
 from traceview.analysis import ANALYSIS_VERSION
-from traceview.runs import ingest_run, open_run
+from traceview.runs import _TABLE_SCHEMAS, ingest_run, open_run
 
 
 @pytest.fixture(scope="module")
@@ -277,3 +279,45 @@ def test_an_output_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     result = run_cli("ingest", SAMPLES / "pytorch" / "ddp", "-o", target)
     assert result.code == 2 and "is a file" in result.err and "internal" not in result.err
     assert target.read_text() == "not a run\n"
+
+
+def _alien_table(path: Path, column: str = "a", value: object = 1) -> None:
+    pq.write_table(pa.table({column: [value]}), path)
+
+
+@pytest.mark.parametrize("name", ["steps", "ops", "collectives", "comm"])
+def test_a_cached_table_of_another_shape_is_recomputed(
+    fresh: Path, tmp_path: Path, name: str
+) -> None:
+    run = _copy(fresh, tmp_path)
+    before = run_cli("report", "--json", run).json()["summary"]
+    _alien_table(run / f"{name}.parquet", "step", "not a number")
+    result = run_cli("report", "--json", run)
+    assert result.code == 0, result.err
+    assert result.json()["summary"] == before
+    assert R.read_table(run / f"{name}.parquet").schema.equals(_TABLE_SCHEMAS[name])  # mended
+
+
+def test_a_rank_whose_events_are_foreign_is_left_out_the_others_kept(
+    fresh: Path, tmp_path: Path
+) -> None:
+    run = _copy(fresh, tmp_path)
+    _alien_table(run / "comm.parquet")  # the cache must be recomputed from the events...
+    _alien_table(R.events_path(run, 1))  # ...and rank 1's are not traceview's
+    result = run_cli("report", "--json", run)
+    assert result.code == 0, result.err
+    report = result.json()
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    assert [w for w in report["warnings"] if "rank=1" in w and "left out" in w]
+    assert not [w for w in report["warnings"] if "no step window" in w]
+    export = run_cli("export", run, "-o", tmp_path / "out")
+    assert export.code == 2 and "rank=1" in export.err and len(export.err.splitlines()) == 1
+
+
+def test_folders_that_are_not_rank_partitions_are_not_read(fresh: Path, tmp_path: Path) -> None:
+    run = _copy(fresh, tmp_path)
+    stray = run / "events" / "rank=abc"
+    stray.mkdir()
+    shutil.copy(R.events_path(run, 0), stray)
+    assert R.event_ranks(run) == [0, 1]
+    assert run_cli("report", run).code == 0

@@ -18,13 +18,14 @@ collect exits with the job's code.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
 
 from traceview import __version__
 from traceview.commands import all_commands
-from traceview.errors import TraceviewError
+from traceview.errors import TraceviewError, cannot_write
 from traceview.text import safe
 
 
@@ -57,6 +58,20 @@ def _return_memory_promptly() -> None:
     pa.set_memory_pool(pa.system_memory_pool())
 
 
+#: Errors that say the output has no room, whichever file it was.
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush of what could not be written
+    does not fail a second time at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         _return_memory_promptly()
@@ -73,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.handler.run(args))
+        code = int(args.handler.run(args))
+        sys.stdout.flush()  # here, where a full disk behind a redirection is caught
+        return code
     except TraceviewError as exc:
         print(f"traceview: error: {safe(exc)}", file=sys.stderr)
         return exc.exit_code
@@ -81,7 +98,16 @@ def main(argv: list[str] | None = None) -> int:
         print("traceview: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _discard_stdout()
         return 0
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        # Output that does not fit (stdout redirected to a full disk, a file-size limit): the
+        # environment, not traceview; the files traceview writes itself name their path.
+        _discard_stdout()
+        print(f"traceview: error: {safe(cannot_write('output', exc))}", file=sys.stderr)
+        return 2
     except Exception as exc:  # an internal error: one line unless asked for the traceback
         if os.environ.get("TRACEVIEW_DEBUG"):
             traceback.print_exc()

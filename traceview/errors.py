@@ -19,6 +19,25 @@ class BadInput(TraceviewError):
     """A trace or run directory cannot be read."""
 
 
+class OutputError(TraceviewError):
+    """Where a result goes cannot take it: a full or read-only file system, a file-size limit,
+    a file where a folder should be."""
+
+
+def cannot_write(path: object, exc: OSError) -> OutputError:
+    """One line naming what could not be written and the system's reason."""
+    import os
+    import re
+
+    code = exc.errno
+    if code is None:  # Arrow's OSError gives the errno only in its text: "[errno 27] ..."
+        found = re.search(r"\[errno (\d+)\]", str(exc))
+        code = int(found.group(1)) if found else None
+    reason = os.strerror(code) if code else (exc.strerror or str(exc))
+    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+    return OutputError(f"{path}: cannot write: {reason}{where}")
+
+
 @dataclass
 class Notes:
     """Warnings and remarks collected while reading or analysing a run.

@@ -19,6 +19,7 @@ import pyarrow.csv as pcsv
 
 from traceview import rundir as R
 from traceview import schema as S
+from traceview.errors import cannot_write
 
 _GPU_TID_BASE = 1 << 30  # device streams get tids of their own, apart from host threads
 _STEPS_TID = (1 << 31) - 1
@@ -27,7 +28,10 @@ _STEPS_TID = (1 << 31) - 1
 def tables(run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str) -> list[Path]:
     """The events of ``run`` and its ``analysis`` tables (steps, ops, collectives) as single
     files under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise cannot_write(out, exc) from None
     events = R.read_events(run)
     written = []
     for name, table in (("events", events), *analysis.items()):

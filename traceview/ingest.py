@@ -31,7 +31,14 @@ import pyarrow.compute as pc
 from traceview import __version__
 from traceview import rundir as R
 from traceview import schema as S
-from traceview.errors import BadInput, Notes, TraceviewError, UsageError
+from traceview.errors import (
+    BadInput,
+    Notes,
+    OutputError,
+    TraceviewError,
+    UsageError,
+    cannot_write,
+)
 from traceview.manifest import (
     Clock,
     Collected,
@@ -452,10 +459,13 @@ def ingest(
     traces.sort(key=lambda t: t.rank)
     run_id = uuid.uuid4().hex[:12]
     out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
     staged = R.staging_dir(out)
     shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staged.mkdir()
+    except OSError as exc:
+        raise cannot_write(out, exc) from None
     started = time.time()
     try:
         run = combine(
@@ -492,7 +502,13 @@ def ingest(
         )
         R.write_manifest(staged, manifest)
         R.fault_point("ingest:staged")
-        R.replace_dir(staged, out)
+        try:
+            R.replace_dir(staged, out)
+        except OSError as exc:
+            raise cannot_write(out, exc) from None
+    except OutputError as exc:  # name where it was going, not the staging folder
+        shutil.rmtree(staged, ignore_errors=True)
+        raise OutputError(str(exc).replace(str(staged), str(out))) from None
     except TraceviewError:
         shutil.rmtree(staged, ignore_errors=True)
         raise

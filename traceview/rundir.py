@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traceview import schema as S
-from traceview.errors import BadInput, Notes
+from traceview.errors import BadInput, Notes, cannot_write
 from traceview.manifest import Manifest, from_json
 
 MANIFEST = "manifest.json"
@@ -65,14 +65,21 @@ FILE_MODE = 0o666 & ~_process_umask()
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary sibling of ``path`` to write; renamed onto ``path`` if the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, FILE_MODE)
-    os.close(fd)
+    """A temporary sibling of ``path`` to write; renamed onto ``path`` if the block succeeds.
+    A system error while writing (full, read-only, over a file-size limit) is an OutputError
+    naming ``path``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, FILE_MODE)
+        os.close(fd)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
     try:
         yield Path(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -124,15 +131,23 @@ def write_manifest(run: Path, manifest: Manifest) -> None:
     write_json(run / MANIFEST, manifest.to_builtins())
 
 
-def read_table(path: Path) -> pa.Table:
+def read_table(path: Path, schema: pa.Schema | None = None) -> pa.Table:
+    """The table in ``path``; with ``schema``, one of that shape (cast where it can be), else
+    bad input: a file in a run directory is as untrusted as a trace."""
     try:
         # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
         with pq.ParquetFile(path) as file:
-            return file.read()
+            table = file.read()
     except FileNotFoundError:
         raise BadInput(f"{path}: missing (re-run `traceview ingest`)") from None
-    except (OSError, pa.ArrowInvalid) as exc:
+    except (OSError, pa.ArrowException, ValueError) as exc:
         raise BadInput(f"{path}: unreadable ({exc})") from None
+    if schema is None or table.schema.equals(schema):
+        return table
+    try:
+        return S.conform(table, schema)
+    except (pa.ArrowException, ValueError, NotImplementedError) as exc:
+        raise BadInput(f"{path}: not a table traceview wrote ({exc})") from None
 
 
 def read_steps(run: Path) -> pa.Table:
@@ -143,25 +158,33 @@ def read_ops(run: Path) -> pa.Table:
     return read_table(run / OPS)
 
 
+def _rank_parts(run: Path) -> list[tuple[int, Path]]:
+    """(rank, file) of every events file, by rank; folders not named rank=N are not ours."""
+    parts = []
+    for path in (run / EVENTS).glob("rank=*/*.parquet"):
+        number = path.parent.name.split("=", 1)[1]
+        if number.isascii() and number.isdigit() and len(number) < 10:
+            parts.append((int(number), path))
+    return sorted(parts)
+
+
 def event_ranks(run: Path) -> list[int]:
     """The ranks that have events in ``run``."""
-    return sorted(
-        int(path.parent.name.split("=", 1)[1]) for path in (run / EVENTS).glob("rank=*/*.parquet")
-    )
+    return sorted({rank for rank, _ in _rank_parts(run)})
 
 
 def read_events(run: Path, ranks: list[int] | None = None) -> pa.Table:
     """Events of ``ranks`` (all when None), with the rank column restored."""
     tables = []
-    root = run / EVENTS
-    paths = sorted(root.glob("rank=*/*.parquet"), key=lambda p: int(p.parent.name.split("=", 1)[1]))
-    for path in paths:
-        rank = int(path.parent.name.split("=", 1)[1])
+    for rank, path in _rank_parts(run):
         if ranks is not None and rank not in ranks:
             continue
         table = read_table(path)
         table = table.append_column(S.RANK, pa.array([rank] * table.num_rows, pa.int32()))
-        tables.append(S.conform(table, S.EVENTS_SCHEMA))
+        try:
+            tables.append(S.conform(table, S.EVENTS_SCHEMA))
+        except (pa.ArrowException, ValueError, NotImplementedError) as exc:
+            raise BadInput(f"{path}: not events traceview wrote ({exc})") from None
     if not tables:
         return S.EVENTS_SCHEMA.empty_table()
     return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()

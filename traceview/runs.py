@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from traceview import rundir as R
+from traceview import schema as S
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
-from traceview.errors import BadInput
+from traceview.errors import BadInput, OutputError, cannot_write
 from traceview.manifest import Manifest
 from traceview.results import RunReport, StepCollective
 
@@ -129,16 +130,25 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
     directory can be written; a cache written by a newer traceview is left for it. Only the
     manifest's ``analysis_version`` changes (its other keys, known here or not, stay as written).
     """
-    per_rank = [rank_tables(R.read_events(run, [rank])) for rank in R.event_ranks(run)]
+    per_rank, damaged = [], {}
+    for rank in R.event_ranks(run):
+        try:
+            per_rank.append(rank_tables(R.read_events(run, [rank])))
+        except BadInput as exc:  # the other ranks are still reported (this time, uncached)
+            damaged[rank] = exc
+            manifest.notes.warnings.append(f"rank {rank} left out: {exc}")
+    if not per_rank:
+        raise next(iter(damaged.values()))
+    manifest.ranks = [r for r in manifest.ranks if r.rank not in damaged]
     tables = {name: pa.concat_tables([t[name] for t in per_rank]) for name in RANK_TABLES}
-    if _version(manifest.analysis_version) > _version(ANALYSIS_VERSION):
-        return tables
+    if damaged or _version(manifest.analysis_version) > _version(ANALYSIS_VERSION):
+        return tables  # not cached: a cache holds every rank
     try:
         for name, table in tables.items():
             R.write_parquet(run / f"{name}.parquet", table)
         raw = json.loads((run / R.MANIFEST).read_text())
         R.write_json(run / R.MANIFEST, {**raw, "analysis_version": ANALYSIS_VERSION})
-    except (OSError, ValueError, RecursionError):  # read-only or damaged: use them uncached
+    except (OutputError, OSError, ValueError, RecursionError):  # read-only or damaged: uncached
         pass
     return tables
 
@@ -157,13 +167,30 @@ def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
         tables = current or reanalyze(run, manifest)
         yield Run(run, label, manifest, tables, False)
         return
-    with tempfile.TemporaryDirectory(prefix="traceview-") as tmp:
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="traceview-")
+    except OSError as exc:
+        where = tempfile.gettempdir()
+        raise cannot_write(where, exc) from None  # TMPDIR chooses another place
+    with scratch as tmp:
         run = ingest_run(paths, Path(tmp) / "run", rules_path=rules, command=sys.argv)
         yield Run(run, label, R.read_manifest(run), _read_tables(run), True)
 
 
+#: The shape of each cached table: one of another shape is damaged, and recomputed.
+_TABLE_SCHEMAS = {
+    "steps": S.STEPS_SCHEMA,
+    "ops": S.OPS_SCHEMA,
+    "collectives": S.COLLECTIVES_SCHEMA,
+    "comm": S.COMM_SCHEMA,
+}
+assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
+
+
 def _read_tables(run: Path) -> dict[str, pa.Table]:
-    return {name: R.read_table(run / f"{name}.parquet") for name in RANK_TABLES}
+    return {
+        name: R.read_table(run / f"{name}.parquet", _TABLE_SCHEMAS[name]) for name in RANK_TABLES
+    }
 
 
 @contextmanager

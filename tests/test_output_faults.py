@@ -1,0 +1,95 @@
+"""Where the output cannot go (a full device, a file-size limit, a file in the way, a read-only
+folder): one line naming the file and the system's reason, exit 2; nothing half-written is left,
+and a previous run at the target is kept (issue 14)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES, Result, run_cli
+
+DDP = SAMPLES / "pytorch" / "ddp"
+
+
+def _limited(*args: str | Path, fsize: int, stdout: int | None = None) -> Result:
+    """The CLI under a file-size limit (RLIMIT_FSIZE): writes past it fail with EFBIG."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "traceview", *map(str, args)],
+        stdout=stdout if stdout is not None else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit,
+        timeout=300,
+    )
+    return Result(proc.returncode, proc.stdout or "", proc.stderr)
+
+
+def _one_line(result: Result, *fragments: str) -> None:
+    assert result.code == 2, result.err
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("faults") / "run"
+    assert run_cli("ingest", DDP, "-o", out).code == 0
+    return out
+
+
+def test_ingest_past_a_file_size_limit_keeps_the_previous_run(tmp_path: Path, run: Path) -> None:
+    target = tmp_path / "run"
+    assert run_cli("ingest", DDP, "-o", target).code == 0
+    before = run_cli("report", "--json", target).json()["summary"]
+    result = _limited("ingest", DDP, "-o", target, fsize=20_000)
+    _one_line(result, "cannot write: File too large", str(target / "events"))
+    assert ".partial" not in result.err  # the target is named, not the staging folder
+    assert run_cli("report", "--json", target).json()["summary"] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "chrome"])
+def test_export_past_a_file_size_limit(tmp_path: Path, run: Path, fmt: str) -> None:
+    out = tmp_path / ("trace.json.gz" if fmt == "chrome" else "out")
+    result = _limited("export", run, "--format", fmt, "-o", out, fsize=20_000)
+    _one_line(result, "cannot write: File too large")
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_report_when_its_scratch_space_is_too_small() -> None:
+    _one_line(_limited("report", DDP, fsize=2_000), "cannot write: File too large")
+
+
+def test_report_to_a_full_device() -> None:
+    with open("/dev/full", "w") as full:
+        result = _limited("report", "--json", DDP, fsize=1 << 40, stdout=full.fileno())
+    _one_line(result, "output: cannot write: No space left on device")
+
+
+def test_an_output_below_a_file(tmp_path: Path, run: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    _one_line(run_cli("ingest", DDP, "-o", tmp_path / "file" / "run"), "cannot write")
+    _one_line(run_cli("export", run, "-o", tmp_path / "file" / "out"), "cannot write")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        _one_line(run_cli("ingest", DDP, "-o", folder / "run"), "cannot write")
+    finally:
+        folder.chmod(0o755)
