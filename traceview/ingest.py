@@ -308,6 +308,7 @@ def ingest_rank(
     the unit of work a pool (or another machine) runs, one rank at a time."""
     from traceview.parsers import parser_named
 
+    R.fault_point("ingest:rank")  # the tests kill a cluster worker here, for real
     if pa.default_memory_pool().backend_name != "system":  # a fresh worker process
         pa.set_memory_pool(pa.system_memory_pool())
     started = time.perf_counter()
@@ -389,6 +390,7 @@ def _run_all(
     jobs: int,
     analyze: RankAnalysis | None,
     notes: Notes,
+    scheduler: str | Path | None = None,
 ) -> list[RankPartial]:
     """Every rank's part; a rank whose trace cannot be read is left out with a warning (the
     others are kept), and only a run with no readable rank is an error."""
@@ -404,7 +406,13 @@ def _run_all(
             notes.warn(f"rank {trace.rank} left out: {exc}")
 
     total = sum(t.size for t in traces)
-    if jobs <= 1 or len(traces) == 1 or total < PARALLEL_MIN_BYTES:
+    if scheduler is not None:
+        from traceview.cluster import remove_attempt_leftovers, run_on_cluster
+
+        for t, result in run_on_cluster(scheduler, traces, staged, run_id, rules_path, analyze):
+            keep(t, result)
+        remove_attempt_leftovers(staged)
+    elif jobs <= 1 or len(traces) == 1 or total < PARALLEL_MIN_BYTES:
         for t in traces:
             keep(t, lambda t=t: ingest_rank(t, staged, run_id, rules_path, analyze))  # type: ignore[misc]
     else:
@@ -437,12 +445,14 @@ def ingest(
     command: list[str] | None = None,
     analyze: RankAnalysis | None = None,
     analysis_version: str | None = None,
+    scheduler: str | Path | None = None,
 ) -> Path:
     """Read the traces under ``paths`` into the run directory ``out``; return ``out``.
 
     With ``analyze``, each rank's tables are written as ``NAME.parquet`` (all ranks in one file)
     and ``analysis_version`` is recorded in the manifest, so a later reader knows whether they are
-    still current.
+    still current. With ``scheduler`` (a Dask scheduler's address or scheduler file), the ranks
+    are ingested as tasks on that cluster instead of local processes.
     """
     notes = Notes()
     R.recover(out.resolve(), notes)  # what an ingest killed while replacing it left
@@ -470,7 +480,14 @@ def ingest(
     try:
         run = combine(
             _run_all(
-                traces, staged, run_id, rules_path, jobs or os.cpu_count() or 1, analyze, notes
+                traces,
+                staged,
+                run_id,
+                rules_path,
+                jobs or os.cpu_count() or 1,
+                analyze,
+                notes,
+                scheduler,
             )
         )
         notes.extend(run.notes)

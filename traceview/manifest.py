@@ -173,6 +173,7 @@ class RankIngest(Record):
     clock: Clock = msgspec.field(default_factory=Clock)
     meta: dict[str, Any] = {}  # what the trace says: backend, devices, versions, batch size...
     seconds: float = 0.0
+    worker: str | None = None  # the Dask worker that ingested it (None: a local process)
 
 
 class ManifestNotes(Record):

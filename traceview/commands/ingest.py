@@ -28,21 +28,46 @@ class IngestCommand:
             help="extra classification rules (TOML), tried first",
         )
         parser.add_argument(
-            "-j", "--jobs", type=int, default=None, help="ranks parsed in parallel (default: CPUs)"
+            "-j",
+            "--jobs",
+            type=int,
+            default=None,
+            help="ranks parsed in parallel on this machine (default: CPUs)",
+        )
+        parser.add_argument(
+            "--scheduler",
+            metavar="ADDRESS",
+            help="ingest the ranks as tasks on this Dask distributed cluster (e.g. "
+            "tcp://10.0.0.1:8786; default: $TRACEVIEW_SCHEDULER, else local processes); its "
+            "workers must reach the traces and RUN at the same paths",
+        )
+        parser.add_argument(
+            "--scheduler-file",
+            type=Path,
+            metavar="FILE",
+            help="the scheduler file of a Dask cluster (dask scheduler --scheduler-file FILE)",
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from traceview.cluster import scheduler_from
         from traceview.runs import ingest_run
 
         out = ingest_run(
-            args.paths, args.output, rules_path=args.rules, jobs=args.jobs, command=sys.argv
+            args.paths,
+            args.output,
+            rules_path=args.rules,
+            jobs=args.jobs,
+            command=sys.argv,
+            scheduler=scheduler_from(args.scheduler, args.scheduler_file),
         )
         manifest = R.read_manifest(out)
         for warning in manifest.notes.warnings:
             print(f"traceview: warning: {safe(warning)}", file=sys.stderr)
         events = sum(r.events for r in manifest.ranks)
+        workers = len({r.worker for r in manifest.ranks if r.worker})
+        on = f" on {workers} Dask worker(s)" if workers else ""
         print(
-            f"{out}: {len(manifest.ranks)} rank(s), {events:,} events, "
+            f"{safe(str(out))}: {len(manifest.ranks)} rank(s), {events:,} events{on}, "
             f"{manifest.ingest_seconds or 0:.2f} s"
         )
         return 0
