@@ -214,3 +214,27 @@ def test_local_workers_die_with_a_killed_ingest(tmp_path: Path) -> None:
         time.sleep(0.2)
         alive = [pid for pid in workers if running(pid)]
     assert not alive, f"workers outlived the ingest: {alive}"
+
+
+def test_tables_on_disk_are_as_the_readme_says(fresh: Path) -> None:
+    """README, "The run directory": the events' string columns are dictionary-encoded, the small
+    per-rank tables keep plain strings, and events hold the whole-trace and step spans too."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (part,) = (fresh / "events").glob("rank=0/*.parquet")
+    events = pq.read_schema(part)
+    strings = [f for f in events if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
+    assert strings and all(pa.types.is_dictionary(f.type) for f in strings)
+    for table in (R.STEPS, R.OPS, "collectives.parquet"):
+        schema = pq.read_schema(fresh / table)
+        assert not any(pa.types.is_dictionary(f.type) for f in schema), table
+    kinds = (
+        pl.scan_parquet(fresh / "events" / "**" / "*.parquet", hive_partitioning=True)
+        .group_by("kind")
+        .len()
+        .collect()
+    )
+    counts = dict(zip(kinds["kind"].cast(pl.String), kinds["len"], strict=True))
+    assert counts["trace"] == 2 and counts["step"] == 10  # 2 ranks, 5 steps each
