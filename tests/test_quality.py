@@ -79,3 +79,22 @@ def test_every_package_is_in_the_wheel() -> None:
             ):
                 found.add(".".join([package, *path.relative_to(REPO / folder).parts]))
     assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_published_results_name_no_machine_paths() -> None:
+    """What is committed for readers (the samples' README, benchmark results) names no path of
+    the machine that made it: it means nothing in a clone."""
+    import re
+
+    machine = re.compile(r"(?<![\w.])/(?:work|root|tmp|home)/")
+    files = [
+        REPO / "sample_traces" / "README.md",
+        *sorted((REPO / "benchmarks" / "results").iterdir()),
+    ]
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if machine.search(line)
+    ]
+    assert not found, found
