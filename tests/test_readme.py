@@ -126,8 +126,9 @@ def test_readme_commands_run_as_pasted(tmp_path: Path) -> None:
         "xprof", reason="the compare example reads TensorFlow traces: '.[tensorflow]'"
     )
     bindir = Path(sys.executable).parent
-    if not (bindir / "mpirun").exists() and not (bindir / "traceview").exists():
-        pytest.skip("run from the environment .ci/run makes (mpirun and traceview in its bin)")
+    missing = [name for name in ("traceview", "mpirun") if not (bindir / name).exists()]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not in {bindir}: pip install -e '.[mpi]' there")
     for name in ("sample_traces", "examples", ".venv-mxnet"):
         (tmp_path / name).symlink_to(REPO / name)
     env = {
