@@ -404,6 +404,19 @@ def markdown(
     return "\n".join(out) + "\n"
 
 
+def portable(text: str, work: Path, root: Path = REPO_ROOT) -> str:
+    """``text`` without this machine's paths, for results that are committed: the scratch
+    directory becomes WORKDIR, paths inside the repository relative ones, the home ~."""
+    for path, name in (
+        (str(work), "WORKDIR"),
+        (f"{root}/", ""),
+        (str(root), "."),
+        (str(Path.home()), "~"),
+    ):
+        text = text.replace(path, name)
+    return text
+
+
 def environment(a: argparse.Namespace) -> dict[str, Any]:
     py = a.competitor_python or sys.executable
     code = (
@@ -653,10 +666,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(doc, indent=1) + "\n")
+        a.json.write_text(portable(json.dumps(doc, indent=1) + "\n", work))
         print(f"# results written to {a.json}", file=sys.stderr)
     if a.markdown:
-        a.markdown.write_text(md)
+        a.markdown.write_text(portable(md, work))
     failed = [r for r in rows if not r.get("skipped") and "load_s" not in r]
     return 1 if failed else 0
 

@@ -257,3 +257,27 @@ def test_one_event_decades_away_is_dropped_not_fatal(tmp_path: Path) -> None:
     report = result.json()
     assert any("30 days" in w for w in report["warnings"]), report["warnings"]
     assert report["run"]["steps"] == steps
+
+
+def test_every_option_with_a_default_says_it_in_its_help() -> None:
+    """`--help` names each option's default (`export --format` did not)."""
+    import argparse
+
+    from traceview.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, child in sub.choices.items():
+        for action in child._actions:
+            default = action.default
+            if (
+                not action.option_strings
+                or action.nargs == 0  # flags: store_true and the like
+                or default in (None, argparse.SUPPRESS)
+            ):
+                continue
+            text = action.help or ""
+            if "default" not in text and f"{default}" not in text:
+                missing.append(f"{name} {action.option_strings[-1]} (default {default!r})")
+    assert not missing, missing

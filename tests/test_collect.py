@@ -221,8 +221,17 @@ def test_interrupt_keeps_what_was_recorded(tmp_path: Path) -> None:
         )
         time.sleep(0.2)
     time.sleep(1.0)
+    # The rank's peak memory so far: its 100,000 steps of data are made on demand (a tensor of
+    # every sample was 6.5 GB and made this test the suite's peak).
+    pid = json.loads(status.read_text())["pid"]
+    peak_kb = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmHWM:")
+    )
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
+    assert peak_kb < 1_000_000, f"the rank peaked at {peak_kb / 1e6:.1f} GB before Ctrl-C"
     assert proc.returncode == 128 + signal.SIGINT, err
     assert "interrupted (SIGINT)" in err
     assert "Per rank" in out, "the steps recorded before Ctrl-C are reported"

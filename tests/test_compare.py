@@ -7,6 +7,7 @@ traces and from what the scenarios are built to show, never from the comparison'
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -172,3 +173,32 @@ def test_frameworks_compare_as_their_timers_do() -> None:
     assert ops["allreduce"][0] > 0 and ops["allreduce"][1] > 0 and ops["push_pull"][2] > 0
     # the parameter server's synthetic spans and Python-call regions are not operators
     assert not {"engine backward", "kvstore_round", "step_call"} & set(ops)
+
+
+def test_ratios_stay_whole_at_80_columns() -> None:
+    """The README's three-framework comparison at 80 columns: long run labels and operator
+    names give way (ellipsis), never the numbers and ratios."""
+    pytest.importorskip(
+        "xprof", reason="reading .xplane.pb needs xprof: pip install '.[tensorflow]'"
+    )
+    folders = [folder for folder, _ in FRAMEWORK_RUNS.values()]
+    data = compare_json(*folders, top=15)
+    result = run_cli("compare", *folders, env={"COLUMNS": "80"})
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    start = next(i for i, line in enumerate(lines) if line.startswith("Per step (ms, exclusive)"))
+    tables = lines[start:]
+    expected = [
+        f"×{ratio:.2f}" if ratio else "absent"
+        for row in data["phases"] + data["ops"]
+        for value, ratio in zip(row["ms"][1:], row["ratio"][1:], strict=True)
+        if value and ratio is not None
+    ] + [f"×{run['step_ratio']:.2f}" for run in data["runs"][1:]]
+    shown = re.findall(r"×\S*|absent", "\n".join(tables))
+    assert sorted(shown) == sorted(expected)
+    # every cell after a row's name is whole: a number, a ratio or "-"
+    for line in tables:
+        words = line.replace("comm hidden", "comm_hidden").split()
+        if words and words[0] in {row["phase"] for row in data["phases"]} | {"step", "comm_hidden"}:
+            assert all(re.fullmatch(r"[\d,.]+%?|×[\d.]+|-|absent", w) for w in words[1:]), line

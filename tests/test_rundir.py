@@ -321,3 +321,27 @@ def test_folders_that_are_not_rank_partitions_are_not_read(fresh: Path, tmp_path
     shutil.copy(R.events_path(run, 0), stray)
     assert R.event_ranks(run) == [0, 1]
     assert run_cli("report", run).code == 0
+
+
+def test_tables_on_disk_are_as_the_readme_says(fresh: Path) -> None:
+    """README, "The run directory": the events' string columns are dictionary-encoded, the small
+    per-rank tables keep plain strings, and events hold the whole-trace and step spans too."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (part,) = (fresh / "events").glob("rank=0/*.parquet")
+    events = pq.read_schema(part)
+    strings = [f for f in events if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
+    assert strings and all(pa.types.is_dictionary(f.type) for f in strings)
+    for table in (R.STEPS, R.OPS, "collectives.parquet"):
+        schema = pq.read_schema(fresh / table)
+        assert not any(pa.types.is_dictionary(f.type) for f in schema), table
+    kinds = (
+        pl.scan_parquet(fresh / "events" / "**" / "*.parquet", hive_partitioning=True)
+        .group_by("kind")
+        .len()
+        .collect()
+    )
+    counts = dict(zip(kinds["kind"].cast(pl.String), kinds["len"], strict=True))
+    assert counts["trace"] == 2 and counts["step"] == 10  # 2 ranks, 5 steps each

@@ -13,7 +13,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
+
+
+class Batches(Dataset):
+    """`steps` batches of random samples, made on demand from a small pool.
+
+    The pool is at most 16 batches, so a run of 100,000 steps holds 1 MB of data, not the 6.5
+    GB a tensor of every sample would take; each sample is still read and collated by the
+    DataLoader, as with a TensorDataset.
+    """
+
+    def __init__(self, samples: int, pool: int = 64 * 16) -> None:
+        self.samples = samples
+        self.x = torch.randn(min(samples, pool), 256)
+        self.y = torch.randint(0, 10, (len(self.x),))
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i % len(self.x)], self.y[i % len(self.x)]
 
 
 def launcher_rank() -> tuple[int, int]:
@@ -50,10 +70,7 @@ def main() -> None:
     )
     if distributed:
         model = DistributedDataParallel(model, bucket_cap_mb=1)
-    data = TensorDataset(
-        torch.randn(64 * args.steps, 256), torch.randint(0, 10, (64 * args.steps,))
-    )
-    loader = DataLoader(data, batch_size=64)
+    loader = DataLoader(Batches(64 * args.steps), batch_size=64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step, (x, y) in enumerate(loader):
         if step == args.fail_at and rank == args.fail_rank:

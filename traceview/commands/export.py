@@ -17,7 +17,13 @@ class ExportCommand:
         parser.add_argument(
             "run", type=Path, metavar="RUN", help="run directory (from `traceview ingest`)"
         )
-        parser.add_argument("--format", choices=("parquet", "csv", "chrome"), default="parquet")
+        parser.add_argument(
+            "--format",
+            choices=("parquet", "csv", "chrome"),
+            default="parquet",
+            help="tables (events, steps, ops, collectives) as Parquet or CSV, or one merged "
+            "Chrome trace (default parquet)",
+        )
         parser.add_argument(
             "-o",
             "--output",

@@ -230,15 +230,6 @@ def render_comparison(result: Comparison, console: Console) -> None:
     if result.highlights:
         console.print()
 
-    def table(title: str, first: str) -> Table:
-        t = _table(title)
-        t.add_column(first, no_wrap=True, overflow="ellipsis", max_width=26)
-        for i, label in enumerate(labels):
-            t.add_column(label, justify="right", no_wrap=True, overflow="ellipsis", max_width=22)
-            if i:
-                t.add_column("", justify="right", no_wrap=True)
-        return t
-
     def cells(values: list[float], ratios: list[float | None]) -> list[Text | str]:
         # an operator a run does not have reads "-", not 0.00 ms ×0.00
         out: list[Text | str] = [ms(values[0]) if values[0] else "-"]
@@ -246,34 +237,69 @@ def render_comparison(result: Comparison, console: Console) -> None:
             out += [ms(value), ratio_text(ratio)] if value else ["-", ""]
         return out
 
-    phases = table("Per step (ms, exclusive)", "phase")
-    for row in result.phases:
-        phases.add_row(Text(row.phase, style=PHASE_STYLE[row.phase]), *cells(row.ms, row.ratio))
-    phases.add_row(
-        Text("step", style="bold"),
-        *cells([r.step_ms for r in runs], [r.step_ratio for r in runs]),
+    def table(title: str, first: str, rows: list[list[Text | str]]) -> Table:
+        # Numbers and ratios keep their full width; where the terminal is too narrow, the row
+        # names and the run labels in the header give way (ellipsis), widest first.
+        cols = len(rows[0])
+        need = [max(len(str(row[i])) for row in rows) for i in range(cols)]
+        headers = [first] + [
+            h for i, label in enumerate(labels) for h in ([label, ""] if i else [label])
+        ]
+        floor = [min(need[0], 8), *need[1:]]
+        widths = [min(26, max(need[0], len(first)))] + [
+            min(max(22, n), max(n, len(h))) for n, h in zip(need[1:], headers[1:], strict=True)
+        ]
+        excess = sum(widths) + 2 * (cols - 1) - console.width
+        while excess > 0:
+            i = max(range(cols), key=lambda c: widths[c] - floor[c])
+            if widths[i] <= floor[i]:
+                break  # nothing left to give: rich crops what remains
+            widths[i] -= 1
+            excess -= 1
+        t = _table(title)
+        for i, (header, width) in enumerate(zip(headers, widths, strict=True)):
+            t.add_column(
+                header,
+                justify="left" if i == 0 else "right",
+                no_wrap=True,
+                overflow="ellipsis",
+                width=width,
+            )
+        for row in rows:
+            t.add_row(*row)
+        return t
+
+    rows: list[list[Text | str]] = [
+        [Text(row.phase, style=PHASE_STYLE[row.phase]), *cells(row.ms, row.ratio)]
+        for row in result.phases
+    ]
+    rows.append(
+        [
+            Text("step", style="bold"),
+            *cells([r.step_ms for r in runs], [r.step_ratio for r in runs]),
+        ]
     )
-    hidden: list[Text | str] = []
+    hidden: list[Text | str] = [Text("comm hidden")]
     for i, run in enumerate(runs):
         hidden.append(pct(run.comm_hidden_fraction) if run.hidden != "n/a" else "-")
         if i:
             hidden.append("")
-    phases.add_row(Text("comm hidden"), *hidden)
+    rows.append(hidden)
     if any(run.comm_wait_ms is not None for run in runs):
-        split: list[Text | str] = []
+        split: list[Text | str] = [Text("comm: wait", style=PHASE_STYLE[S.COMM])]
         for i, run in enumerate(runs):
             split.append(ms(run.comm_wait_ms) if run.comm_wait_ms is not None else "-")
             if i:
                 split.append("")
-        phases.add_row(Text("comm: wait", style=PHASE_STYLE[S.COMM]), *split)
-    console.print(phases)
+        rows.append(split)
+    console.print(table("Per step (ms, exclusive)", "phase", rows))
     console.print()
 
     if result.ops:
-        ops = table("Canonical operators (ms per step)", "op")
-        for op_row in result.ops:
-            ops.add_row(Text(safe(op_row.op, 60)), *cells(op_row.ms, op_row.ratio))
-        console.print(ops)
+        op_rows = [
+            [Text(safe(op_row.op, 60)), *cells(op_row.ms, op_row.ratio)] for op_row in result.ops
+        ]
+        console.print(table("Canonical operators (ms per step)", "op", op_rows))
         console.print(
             Text(
                 "operators: device time of their kernels on GPU runs, inclusive host time on CPU runs",

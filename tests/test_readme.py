@@ -1,0 +1,167 @@
+"""The README's commands, run as a reader would paste them.
+
+What is run: every line of every ```bash block, every `$ command` line of the example outputs
+(the first line it prints must be the README's), and every ```python block, in README order, in
+one scratch folder that holds links to the repository's `sample_traces/`, `examples/` and
+`.venv-mxnet`, with this Python's environment first on PATH (it is the environment "Try it"
+makes). Each must exit 0 without a traceback.
+
+What is changed, and why (the only changes):
+- `PATH` and `TRACES...` in "Other commands" stand for traces: `sample_traces/pytorch/ddp`.
+  (`RUN` is left as written: the ingest line makes a run directory named RUN that the lines
+  after it and the Parquet example read.)
+- As root, `mpirun` gets `--allow-run-as-root`, as the README tells root users to add.
+- MASTER_PORT is set to a free port, so that the example job does not collide with another
+  job on the machine (examples/train.py's default is 29500).
+
+What is not run is listed in SKIPPED with the reason (matched on the whole command, its comment
+left out); a line listed there that is no longer in the README fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+README = REPO / "README.md"
+
+_SETUP = "sets up the environment the test runs in; .ci/run does this from scratch in a clone"
+SKIPPED: dict[str, str] = {
+    "python3 -m venv .venv && source .venv/bin/activate": _SETUP,
+    "pip install -e .": _SETUP,
+    "source .venv/bin/activate": _SETUP,
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": _SETUP,
+    "pip install tensorflow-cpu==2.21.0 -e '.[dev,mpi,bench,tensorflow,dask]'": _SETUP,
+    "tests/make_envs.sh": _SETUP,
+    "python -m pytest": "the test suite this test is part of",
+    "traceview collect -o runs/bs256 -- torchrun --nproc-per-node 8 examples/train.py "
+    "--batch-size 256": "8 ranks are too many for the 2-core test machines; test_collect.py "
+    "runs torchrun with 2",
+    "traceview collect --steps 10 --warmup 3 --skip 20 -- srun -n 16 python examples/train.py": (
+        "needs a Slurm cluster"
+    ),
+    "traceview collect -- .venv-mxnet/bin/python train.py": "train.py stands for the reader's "
+    "MXNet script; test_mxnet.py runs real MXNet jobs under collect",
+    "traceview collect -- traceview-dmlc -n 2 -s 1 .venv-mxnet/bin/python train.py": "train.py "
+    "stands for the reader's MXNet script; test_mxnet.py runs real dist_sync jobs",
+    "traceview tui sample_traces/pytorch/ddp": "interactive; test_tui_tmux.py drives the TUI "
+    "in a real terminal",
+}
+PLACEHOLDERS = {"PATH": "sample_traces/pytorch/ddp", "TRACES...": "sample_traces/pytorch/ddp"}
+
+
+@dataclass
+class Command:
+    line: int  # in README.md
+    kind: str  # bash, example (a `$` line, with the output the README shows) or python
+    text: str
+    first_output_line: str = ""
+
+
+def _strip_comment(line: str) -> str:
+    return re.sub(r"\s+#.*$", "", line).strip()
+
+
+def readme_commands() -> list[Command]:
+    commands: list[Command] = []
+    lines = README.read_text().splitlines()
+    fence: str | None = None
+    start = 0
+    for number, line in enumerate(lines, start=1):
+        if line.startswith("```"):
+            if fence is None:
+                fence, start = line[3:].strip(), number
+            else:
+                if fence == "python":
+                    commands.append(Command(start, "python", "\n".join(lines[start : number - 1])))
+                fence = None
+            continue
+        if fence == "bash" and _strip_comment(line):
+            commands.append(Command(number, "bash", _strip_comment(line)))
+        elif fence == "" and line.startswith("$ "):
+            # an example output: the command, then what it prints
+            text = re.sub(r"\s{2,}\(.*\)$", "", line[2:]).strip()  # "(then 2: ...)" is prose
+            commands.append(Command(number, "example", text, lines[number].rstrip()))
+    return commands
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_run(command: Command) -> str:
+    text = command.text
+    for placeholder, value in PLACEHOLDERS.items():
+        text = re.sub(rf"(?<![\w/]){re.escape(placeholder)}(?![\w/])", value, text)
+    if os.geteuid() == 0 and "mpirun " in text and "--allow-run-as-root" not in text:
+        text = text.replace("mpirun ", "mpirun --allow-run-as-root ", 1)
+    return text
+
+
+def test_every_bash_line_is_run_or_skipped_with_a_reason() -> None:
+    commands = readme_commands()
+    texts = {c.text for c in commands}
+    assert {c.kind for c in commands} == {"bash", "example", "python"}
+    stale = sorted(set(SKIPPED) - texts)
+    assert not stale, f"SKIPPED lists lines the README no longer has: {stale}"
+    assert all(reason.strip() for reason in SKIPPED.values())
+
+
+@pytest.mark.mpi
+@pytest.mark.torch
+def test_readme_commands_run_as_pasted(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="pip install torch==2.13.0 (the CPU build)")
+    pytest.importorskip(
+        "xprof", reason="the compare example reads TensorFlow traces: '.[tensorflow]'"
+    )
+    bindir = Path(sys.executable).parent
+    missing = [name for name in ("traceview", "mpirun") if not (bindir / name).exists()]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not in {bindir}: pip install -e '.[mpi]' there")
+    for name in ("sample_traces", "examples", ".venv-mxnet"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+        ),
+        "COLUMNS": "100",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    ran = []
+    for command in readme_commands():
+        if command.text in SKIPPED:
+            continue
+        text = _as_run(command)
+        env["MASTER_PORT"] = str(_free_port())
+        argv = (
+            [sys.executable, "-c", text]
+            if command.kind == "python"
+            else ["bash", "-o", "pipefail", "-c", text]
+        )
+        proc = subprocess.run(
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        where = f"README.md:{command.line}: {text}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        assert proc.returncode == 0, where
+        assert "Traceback" not in proc.stderr, where
+        if command.kind == "example":
+            assert proc.stdout.splitlines()[0].rstrip() == command.first_output_line, where
+        ran.append(command.text)
+    # the job examples ran, and made the runs they name
+    assert any("mpirun" in t and "-np 2" in t for t in ran)
+    assert any("--oversubscribe -np 4" in t for t in ran)
+    assert (tmp_path / "runs" / "np4" / "manifest.json").exists()
+    assert (tmp_path / "RUN" / "trace.json.gz").exists()
