@@ -263,6 +263,32 @@ class StepCollective(Result):
     arrivals: dict[int, int]  # rank -> start_ns on the rank's own clock (as its events are)
 
 
+class Spread(Result):
+    """One figure across ranks (ms per step): its percentiles and extremes."""
+
+    p50: float
+    p90: float
+    max: float
+    max_rank: int
+    min: float
+    min_rank: int
+
+
+class RankSpread(Result):
+    """The ranks as a distribution, for runs too large to read rank by rank."""
+
+    ranks: int
+    step_ms: Spread
+    breakdown_ms: dict[str, Spread]  # by phase, as in Breakdown
+    busy_ms: Spread  # the rank's own work: step - exposed comm - idle
+    blocked_ms: Spread
+    comm_wait_ms: Spread | None  # null where collectives were not matched across ranks
+    # by own work (busy_ms; in synchronous training every rank's step lasts as long as the
+    # slowest rank's), up to 5 each: the slowest first, the fastest first
+    slowest_ranks: list[int]
+    fastest_ranks: list[int]
+
+
 class RunReport(Result):
     """``traceview report --json``."""
 
@@ -278,6 +304,7 @@ class RunReport(Result):
     collectives: list[CollectiveSummary] = []  # matched across ranks (empty: none)
     # steps that did not complete on every rank, left out of every figure above
     incomplete_steps: list[IncompleteStep] = []
+    rank_spread: RankSpread | None = None  # the ranks as a distribution (null without ranks)
 
     @property
     def straggler(self) -> RankSummary | None:

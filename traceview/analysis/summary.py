@@ -31,9 +31,11 @@ from traceview.results import (
     Hidden,
     IncompleteStep,
     JobInfo,
+    RankSpread,
     RankSummary,
     RunInfo,
     RunReport,
+    Spread,
     StepMark,
     StepStats,
     StepSummary,
@@ -405,6 +407,51 @@ def _job(collected: Collected | None) -> JobInfo | None:
     )
 
 
+def _spread(values: list[float], ranks: list[int]) -> Spread:
+    """Percentiles by the nearest-rank rule (each one a value some rank has)."""
+    import numpy as np
+
+    array = np.asarray(values, dtype=np.float64)
+    order = np.argsort(array, kind="stable")
+    high, low = int(order[-1]), int(order[0])
+
+    def nearest(q: float) -> float:
+        return round(float(array[order[max(int(np.ceil(q * len(array))) - 1, 0)]]), 3)
+
+    return Spread(
+        p50=nearest(0.5),
+        p90=nearest(0.9),
+        max=round(float(array[high]), 3),
+        max_rank=ranks[high],
+        min=round(float(array[low]), 3),
+        min_rank=ranks[low],
+    )
+
+
+def rank_spread(ranks: list[RankSummary], extremes: int = 5) -> RankSpread | None:
+    """The ranks as a distribution: step time, each phase, blocked time and waiting."""
+    if not ranks:
+        return None
+    numbers = [r.rank for r in ranks]
+    by_work = sorted(ranks, key=lambda r: (r.busy_ms, r.rank))
+    waits = [r.comm_wait_ms for r in ranks]
+    return RankSpread(
+        ranks=len(ranks),
+        step_ms=_spread([r.step_ms for r in ranks], numbers),
+        breakdown_ms={
+            phase: _spread([getattr(r.breakdown_ms, phase) for r in ranks], numbers)
+            for phase in S.BREAKDOWN_PHASES
+        },
+        busy_ms=_spread([r.busy_ms for r in ranks], numbers),
+        blocked_ms=_spread([r.blocked_ms for r in ranks], numbers),
+        comm_wait_ms=_spread([w for w in waits if w is not None], numbers)
+        if all(w is not None for w in waits)
+        else None,
+        slowest_ranks=[r.rank for r in reversed(by_work[-extremes:])],
+        fastest_ranks=[r.rank for r in by_work[:extremes]],
+    )
+
+
 def _ranks_without_steps(manifest: Manifest, ranks: list[RankSummary]) -> list[str]:
     """A rank that was read but has no step window is not in the figures: say so."""
     read = {r.rank for r in manifest.ranks if r.events > 0}
@@ -665,6 +712,7 @@ def summarize(
         ),
         summary=summary,
         ranks=ranks,
+        rank_spread=rank_spread(ranks),
         per_step=per_step,
         step_stats=stats,
         top_ops=_top_ops(ops, int(all_steps.height), summary.step_ms, top),

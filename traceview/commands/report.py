@@ -34,6 +34,12 @@ class ReportCommand:
         parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
+        parser.add_argument(
+            "--all-ranks",
+            action="store_true",
+            help="a row for every rank (above 16 ranks the text report shows their "
+            "distribution: p50, p90, max, the slowest and fastest ranks)",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.views.text import render_to_console, to_json
@@ -42,5 +48,5 @@ class ReportCommand:
         if args.json:
             print(to_json(report))
         else:
-            render_to_console(report, top=args.top)
+            render_to_console(report, top=args.top, all_ranks=args.all_ranks)
         return 0

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from traceview import schema as S
-from traceview.results import Comparison, Result, RunReport, Scaling
+from traceview.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
 from traceview.text import safe
 from traceview.views.style import (
     PHASE_LETTER,
@@ -43,7 +43,11 @@ def _console() -> Console:
     return Console(highlight=False, markup=False, emoji=False)
 
 
-def render(report: RunReport, console: Console, *, top: int = 10) -> None:
+#: Above this many ranks the text report shows them as a distribution (--all-ranks: every one).
+RANK_ROWS = 16
+
+
+def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: bool = False) -> None:
     run, summary, ranks = report.run, report.summary, report.ranks
     console.print(title_text(report))
     job = run.job
@@ -97,7 +101,10 @@ def render(report: RunReport, console: Console, *, top: int = 10) -> None:
         console.print(straggler_text(report))
     console.print()
 
-    if ranks:
+    spread = report.rank_spread
+    if spread is not None and len(ranks) > RANK_ROWS and not all_ranks:
+        _rank_spread_table(report, spread, console)
+    elif ranks:
         table = _table("Per rank (ms per step)")
         table.add_column("rank", justify="right")
         table.add_column("step", justify="right")
@@ -168,6 +175,45 @@ def render(report: RunReport, console: Console, *, top: int = 10) -> None:
         console.print(Text("note: " + safe(remark), style="bright_black"))
 
 
+def _rank_spread_table(report: RunReport, spread: RankSpread, console: Console) -> None:
+    table = _table(f"Ranks (ms per step, distribution over {spread.ranks:,} ranks)")
+    for name in ("", "p50", "p90", "max", "rank", "min", "rank"):
+        table.add_column(name, justify="left" if not name else "right")
+    rows: list[tuple[Text, Spread]] = [(Text("step", style="bold"), spread.step_ms)]
+    rows += [
+        (Text(phase, style=PHASE_STYLE[phase]), spread.breakdown_ms[phase])
+        for phase in S.BREAKDOWN_PHASES
+    ]
+    rows.append((Text("busy"), spread.busy_ms))
+    rows.append((Text("blocked"), spread.blocked_ms))
+    if spread.comm_wait_ms is not None:
+        rows.append((Text("wait", style=PHASE_STYLE[S.COMM]), spread.comm_wait_ms))
+    for label, figure in rows:
+        same = ms(figure.max) == ms(figure.min)  # no rank stands out: name none
+        table.add_row(
+            label,
+            ms(figure.p50),
+            ms(figure.p90),
+            ms(figure.max),
+            "" if same else str(figure.max_rank),
+            ms(figure.min),
+            "" if same else str(figure.min_rank),
+        )
+    console.print(table)
+    busy = {r.rank: r.busy_ms for r in report.ranks}
+    slowest = ", ".join(f"{r} ({ms(busy[r])})" for r in spread.slowest_ranks)
+    fastest = ", ".join(f"{r} ({ms(busy[r])})" for r in spread.fastest_ranks)
+    console.print(Text(f"most own work: ranks {slowest}; least: {fastest}", style="bright_black"))
+    console.print(
+        Text(
+            "busy: the rank's own work (step - exposed comm - idle); blocked: exposed comm + "
+            "idle. --all-ranks lists every rank; --json keeps them all",
+            style="bright_black",
+        )
+    )
+    console.print()
+
+
 def _collectives_table(report: RunReport, console: Console, top: int) -> None:
     """The collectives with the most time, matched across ranks: wait, transfer, skew."""
     rows = sorted(report.collectives, key=lambda c: c.wait_ms + c.transfer_ms, reverse=True)
@@ -206,8 +252,8 @@ def _collectives_table(report: RunReport, console: Console, top: int) -> None:
     console.print()
 
 
-def render_to_console(report: RunReport, *, top: int = 10) -> None:
-    render(report, _console(), top=top)
+def render_to_console(report: RunReport, *, top: int = 10, all_ranks: bool = False) -> None:
+    render(report, _console(), top=top, all_ranks=all_ranks)
 
 
 def render_comparison(result: Comparison, console: Console) -> None:

@@ -1,0 +1,82 @@
+"""Reports that read at scale: above 16 ranks the text report shows the ranks as a
+distribution (p50/p90/max per phase, the slowest and fastest ranks), `--all-ranks` lists every
+one, `--json` keeps every rank and the distribution (issue 15). Checked on a synthetic job whose
+every rank's timing is known exactly (tests/synthetic_jobs.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.synthetic_jobs import Job, write
+
+RANKS = 40
+SLOW = 17  # its forward takes 25 ms; the others 10.0 + 0.1 ms per rank number
+
+
+@pytest.fixture(scope="module")
+def job() -> Job:
+    forward = {r: 10.0 + 0.1 * r for r in range(RANKS)}
+    forward[SLOW] = 25.0
+    return Job(ranks=RANKS, steps=4, forward_ms=forward)
+
+
+@pytest.fixture(scope="module")
+def run(job: Job, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    traces = write(job, tmp_path_factory.mktemp("many") / "traces")
+    out = traces.parent / "run"
+    result = run_cli("ingest", traces, "-o", out)
+    assert result.code == 0, result.err
+    return out
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+
+def test_the_json_distribution_matches_the_known_timing(run: Path, job: Job) -> None:
+    report = run_cli("report", "--json", run).json()
+    assert len(report["ranks"]) == RANKS  # --json keeps every rank
+    spread = report["rank_spread"]
+    assert spread["ranks"] == RANKS
+    forward = [job.forward(r) for r in range(RANKS)]
+    measured = spread["breakdown_ms"]["forward"]
+    assert measured["p50"] == pytest.approx(_nearest_rank(forward, 0.5), abs=0.05)
+    assert measured["p90"] == pytest.approx(_nearest_rank(forward, 0.9), abs=0.05)
+    assert (measured["max"], measured["max_rank"]) == (pytest.approx(25.0, abs=0.05), SLOW)
+    assert (measured["min"], measured["min_rank"]) == (pytest.approx(10.0, abs=0.05), 0)
+    assert spread["slowest_ranks"][:2] == [SLOW, RANKS - 1]  # by own work
+    assert spread["fastest_ranks"][0] == 0
+    wait = spread["comm_wait_ms"]
+    assert wait["min_rank"] == SLOW and wait["min"] == pytest.approx(0.0, abs=0.05)
+    assert wait["max"] == pytest.approx(job.wait(0), abs=0.05)  # rank 0 arrives first
+    assert wait["p50"] == pytest.approx(
+        _nearest_rank([job.wait(r) for r in range(RANKS)], 0.5), abs=0.05
+    )
+
+
+def test_the_text_report_shows_a_distribution_not_forty_rows(run: Path) -> None:
+    result = run_cli("report", run)
+    assert result.code == 0, result.err
+    assert "distribution over 40 ranks" in result.out
+    assert "Per rank" not in result.out
+    table = result.out.split("distribution over 40 ranks")[1]
+    forward = next(line for line in table.splitlines() if line.startswith("forward "))
+    assert forward.split()[3:5] == ["25.00", str(SLOW)], forward  # max and its rank
+    assert f"most own work: ranks {SLOW} (" in result.out
+    assert len(result.out.splitlines()) < 90
+
+
+def test_all_ranks_lists_every_rank(run: Path) -> None:
+    result = run_cli("report", "--all-ranks", run)
+    assert result.code == 0, result.err
+    assert "Per rank" in result.out and "distribution over" not in result.out
+    header = result.out.splitlines().index(
+        next(line for line in result.out.splitlines() if line.startswith("Per rank"))
+    )
+    rows = result.out.splitlines()[header + 2 : header + 2 + RANKS]
+    assert [int(line.split()[0].rstrip("*")) for line in rows] == list(range(RANKS))
