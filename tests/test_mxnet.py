@@ -197,6 +197,29 @@ def test_bulk_segments_are_backward(samples: dict[str, Path], scenario: str) -> 
         assert row["other_tv"] <= 0.5, (scenario, row)
 
 
+def test_bulk_segments_without_the_backward_call_are_backward(tmp_path: Path) -> None:
+    """A bare engine trace (mx.profiler without its C API domain, no collect regions): nothing
+    says when Python asked for backward, so the segments after each step's loss are backward."""
+    source = MX_SAMPLES / "dist_sync_bulk" / "rank-0.mxnet.json.gz"
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if e.get("cat") not in ("MXNET_C_API", "traceview")
+    ]
+    bare = tmp_path / "rank-0.mxnet.json"
+    bare.write_text(json.dumps(doc))
+    run = ingest_run([bare], tmp_path / "run")
+    events = pl.from_arrow(R.read_events(run))
+    assert isinstance(events, pl.DataFrame)
+    bulks = events.filter(
+        (pl.col(S.NAME).cast(pl.String) == "ImperativeBulk") & pl.col(S.STEP).is_not_null()
+    )
+    assert bulks.height >= 5
+    assert set(bulks[S.PHASE].cast(pl.String)) == {S.BACKWARD}
+    steps = pl.from_arrow(R.read_steps(run))
+    assert isinstance(steps, pl.DataFrame)
+    assert (steps[S.phase_ns(S.BACKWARD)] > 0).all()
+
+
 def test_local_kvstore_reduce_is_communication_and_update_is_local(
     samples: dict[str, Path],
 ) -> None:
