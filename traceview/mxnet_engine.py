@@ -359,7 +359,9 @@ def _rounds(ev: _Events, own: np.ndarray, engine: np.ndarray) -> tuple[np.ndarra
         empty = np.zeros(0, np.int64)
         return empty, empty, ""
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    separator = engine & (own < 0) & ~_bookkeeping(ev)
+    # Forward operators separate rounds; a bulk segment does not (with Trainer.step right after
+    # backward, backward's segments run between the pushes of one round).
+    separator = engine & (own < 0) & ~_bookkeeping(ev) & ~_bulk(ev)
     sep_ts = np.sort(ev.ts[separator])
     seen = np.searchsorted(sep_ts, ev.ts[rows], side="left")
     new = np.concatenate(([True], seen[1:] > seen[:-1]))

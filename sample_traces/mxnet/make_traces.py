@@ -25,6 +25,8 @@ SCENARIO is one of:
              MXNET_EXEC_BULK_EXEC_TRAIN alone), so that the whole backward pass runs as
              ``ImperativeBulk`` segments; the batches come from an ``mx.io.NDArrayIter`` (the data
              iterator) instead of a Gluon DataLoader.
+  dist_overlap_bulk  dist_overlap with bulk execution on and the data iterator: backward's
+             segments run between the pushes of the same step.
   local_bulk local with bulk execution on, the data iterator (called as ``it.next()``), and the
              network hybridized (static graph): forward and backward run as a mix of single
              operators and bulk segments.
@@ -48,7 +50,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "local_bulk")
+SCENARIOS = (
+    "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk", "local_bulk"
+)  # fmt: skip
 BATCH = 64  # per worker (local: split over the two contexts)
 LR = 0.05
 MLP_DIMS = (512, 1024, 1024, 1024, 10)  # the PyTorch and TensorFlow samples' model
@@ -97,6 +101,7 @@ def make_mlp(mx: Any) -> Any:
 
 def train(scenario: str, out: Path) -> int:
     bulk = scenario.endswith("_bulk")
+    overlap = scenario.removesuffix("_bulk") == "dist_overlap"
     if not bulk:
         os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
     import mxnet as mx  # a scheduler or server runs its loop inside this import and exits
@@ -155,7 +160,7 @@ def train(scenario: str, out: Path) -> int:
         nd.waitall()
         t2 = time.perf_counter()
         autograd.backward(losses)
-        if scenario != "dist_overlap":
+        if not overlap:
             nd.waitall()
         t3 = time.perf_counter()
         if distributed:
@@ -181,7 +186,7 @@ def train(scenario: str, out: Path) -> int:
                 "update_ms": round((t5 - t4) * ms, 4),
                 "step_ms": round((t5 - t0) * ms, 4),
                 "profiled": WARMUP <= step < WARMUP + ACTIVE,
-                "synchronized": scenario != "dist_overlap",
+                "synchronized": not overlap,
                 "start_unix_us": round(start_unix_us, 1),
             }
         )
@@ -227,6 +232,7 @@ DESCRIPTIONS = {
 }
 for _name, _how in (
     ("dist_sync", "backward runs as ImperativeBulk segments"),
+    ("dist_overlap", "backward runs as ImperativeBulk segments, between the step's pushes"),
     ("local", "network hybridized (static graph): forward and backward run as single operators "
      "and ImperativeBulk segments"),
 ):  # fmt: skip
