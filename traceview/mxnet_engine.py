@@ -472,8 +472,8 @@ def _backward_bulks(
     asked for backward (``MXAutogradBackwardEx``, or traceview collect's backward region) is
     backward's; without such a call in the window, those after the last forward operator (the
     loss) or after the first backward operator are. Where the engine lags behind Python, a
-    forward segment can still start after the call: _backward_start leaves it to forward when
-    forward operators follow it.
+    forward segment can still start after the call: _backward_start leaves it to forward only
+    when the forward operators after it outlast it.
     """  # fmt: skip
     rows = np.flatnonzero(inside & bulk)
     if len(rows) == 0:
