@@ -17,8 +17,9 @@ imported ``mxnet``.
   ``mx.io.DataIter``) is marked as ``DataLoader.next``/``DataIter.next`` Tasks.
 - The rank is the KVStore's (``kv.rank``) for distributed KVStores, else ``DMLC_TASK_ID`` for a
   worker that has one, else the launcher's (the core's ``detect_rank``).
-- Backward bulking is turned off (``MXNET_EXEC_BULK_EXEC_TRAIN=0`` unless the job sets it), so
-  that backward operators are timed one by one rather than as ``ImperativeBulk`` segments.
+- Bulk execution is left as the job has it (on by default): the profiler does not change how
+  the job runs. Backward then shows as ``ImperativeBulk`` segments, which the engine layout
+  (traceview/mxnet_engine.py) counts as backward; docs/mxnet.md says what that costs.
 
 Nothing here may break the job: a failure prints one ``traceview:`` line and the job runs on.
 """
@@ -153,7 +154,6 @@ class MXNetCollector:
     # hooks -----------------------------------------------------------------------------------
 
     def install(self) -> None:
-        os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
         mx = self.mx
         trainer = mx.gluon.Trainer
         for name in ("step", "update"):
@@ -170,19 +170,7 @@ class MXNetCollector:
             return _Timed(original_iter(self), collector, "DataLoader.next")
 
         loader.__iter__ = loader_iter
-        data_iter = mx.io.DataIter
-        original_next = data_iter.__next__
-
-        def iter_next(self: Any) -> Any:
-            task = collector.task("DataIter.next")
-            try:
-                return original_next(self)
-            finally:
-                if task is not None:
-                    with contextlib.suppress(Exception):
-                        task.stop()
-
-        data_iter.__next__ = iter_next
+        self._mark_data_iterators(mx.io.DataIter)
         # The Python side of each phase: where the engine idles, it waits for these calls.
         self._region(mx.gluon.utils, "split_and_load", "split_and_load")
         self._region(mx.gluon.Block, "__call__", "Block.forward", outermost=True)
@@ -194,6 +182,52 @@ class MXNetCollector:
         self._watch_user_profiler()
         self.core.install_exit_handlers(self)
         self.core.register(self)
+
+    def _mark_data_iterators(self, base: Any) -> None:
+        """Mark ``mx.io.DataIter`` batches as ``DataIter.next`` Tasks, whether the script calls
+        ``next(it)``, ``for batch in it`` or ``it.next()``: ``__next__`` and every iterator
+        class's own ``next`` (those defined later too), the outermost call only."""
+        depth = threading.local()
+        collector = self
+
+        def marked(original: Any) -> Any:
+            def wrapped(self: Any) -> Any:
+                level = getattr(depth, "level", 0)
+                task = collector.task("DataIter.next") if level == 0 else None
+                depth.level = level + 1
+                try:
+                    return original(self)
+                finally:
+                    depth.level = level
+                    if task is not None:
+                        with contextlib.suppress(Exception):
+                            task.stop()
+
+            wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+            return wrapped
+
+        def mark(cls: Any) -> None:
+            own = cls.__dict__.get("next")
+            if callable(own) and not hasattr(own, "__wrapped__"):
+                cls.next = marked(own)
+
+        pending = [base]
+        while pending:
+            cls = pending.pop()
+            mark(cls)
+            pending.extend(cls.__subclasses__())
+        base.__next__ = marked(base.__next__)
+        previous = base.__dict__.get("__init_subclass__")
+
+        def init_subclass(cls: Any, **kwargs: Any) -> None:
+            if previous is not None:
+                previous.__func__(cls, **kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)
+            with contextlib.suppress(Exception):
+                mark(cls)
+
+        base.__init_subclass__ = classmethod(init_subclass)
 
     # the user API (traceview.collectors.step / phase) ----------------------------------------
 

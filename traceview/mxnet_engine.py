@@ -51,8 +51,13 @@ _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
 # Engine bookkeeping: never the start of a new step's forward pass when steps are inferred.
 _BOOKKEEPING = re.compile(
     r"^(DeleteVariable|WaitForVar|WaitForAll|Copy\w*2\w+|_copyto|_copy|_zeros\w*|_ones|_full"
-    r"|SetValueOp|ResourceParallelRandomSetSeed|ImperativeBulk)$"
+    r"|SetValueOp|ResourceParallelRandomSetSeed)$"
 )
+# A segment of operators the engine ran as one (bulk execution, MXNet's default): compute of
+# the phase that queued it, which its name does not tell (see _spans).
+_BULK = "ImperativeBulk"
+# The C API call that queues backward (autograd.backward, loss.backward()).
+_BACKWARD_CALL = re.compile(r"^MXAutogradBackward(Ex)?$")
 _WAIT = re.compile(r"^MXNDArray(WaitAll|WaitToRead|WaitToWrite|SyncCopyToCPU)$")
 _PHASE_CODES = {p: i for i, p in enumerate(S.EVENT_PHASES)}
 _NO_PHASE = -1
@@ -226,9 +231,6 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
     rows = np.flatnonzero(keep)
     ev = ev.take(rows)
     own, engine, at_home = own[rows], engine[rows], at_home[rows]
-    io_rows, io_start, io_end = _io_regions(
-        ev, own, at_home, windows, _spans(ev, own, at_home, windows)
-    )
     # The Python calls that issued each phase (traceview collect's regions), off the engine.
     issued = (
         ~engine
@@ -236,7 +238,16 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
         & np.isin(own, [_PHASE_CODES[p] for p in (S.FORWARD, S.BACKWARD, S.UPDATE)])
     )
     calls = (ev.ts[issued], own[issued])
-    spans = _spans(ev, own, at_home, windows, (io_start, io_end), calls)
+    backward_calls = _backward_calls(ev, own, engine)
+    io_rows, io_start, io_end = _io_regions(
+        ev,
+        own,
+        at_home,
+        windows,
+        _spans(ev, own, at_home, windows, None, None, backward_calls),
+        np.sort(calls[0][calls[1] == _PHASE_CODES[S.FORWARD]]),
+    )
+    spans = _spans(ev, own, at_home, windows, (io_start, io_end), calls, backward_calls)
     ev.ts[io_rows], ev.dur[io_rows] = io_start, io_end - io_start
     ev.pid[io_rows], ev.tid[io_rows] = home
     placed = [(home, spans)]
@@ -245,7 +256,9 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
         if (pid, tid) == home:
             continue
         mine = engine & (ev.pid == pid) & (ev.tid == tid)
-        placed.append(((pid, tid), _spans(ev, own, mine, windows, (none, none))))
+        placed.append(
+            ((pid, tid), _spans(ev, own, mine, windows, (none, none), None, backward_calls))
+        )
 
     rounds = _comm_rounds(ev, own, engine, at_home, windows)
     if rounds:
@@ -253,7 +266,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
         placed.append((where, [(ROUND_NAME, start, stop) for start, stop, _ in rounds]))
         thread_labels[where] = "KVStore rounds (traceview)"
     extra = _synthetic(ev, home, windows, numbers, placed)
-    return _Layout(_concat(ev, extra), devices, steps_from, thread_labels)
+    return _Layout(_with_spans(ev, own, extra), devices, steps_from, thread_labels)
 
 
 def _comm_rounds(
@@ -346,7 +359,9 @@ def _rounds(ev: _Events, own: np.ndarray, engine: np.ndarray) -> tuple[np.ndarra
         empty = np.zeros(0, np.int64)
         return empty, empty, ""
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    separator = engine & (own < 0) & ~_bookkeeping(ev)
+    # Forward operators separate rounds; a bulk segment does not (with Trainer.step right after
+    # backward, backward's segments run between the pushes of one round).
+    separator = engine & (own < 0) & ~_bookkeeping(ev) & ~_bulk(ev)
     sep_ts = np.sort(ev.ts[separator])
     seen = np.searchsorted(sep_ts, ev.ts[rows], side="left")
     new = np.concatenate(([True], seen[1:] > seen[:-1]))
@@ -427,6 +442,56 @@ def _step_windows(
     return np.zeros((0, 2), np.int64), np.zeros(0, np.int64), "none"
 
 
+def _backward_calls(ev: _Events, own: np.ndarray, engine: np.ndarray) -> np.ndarray:
+    """Sorted starts of the Python calls that queued backward: the C API's
+    ``MXAutogradBackwardEx`` and traceview collect's regions of the backward phase."""
+    by_name = np.array([bool(_BACKWARD_CALL.match(str(n))) for n in ev.names] + [False])[ev.name]
+    region = (ev.kind == _KIND_CODE[S.KIND_ANNOTATION]) & (own == _PHASE_CODES[S.BACKWARD])
+    runtime = (ev.kind == _KIND_CODE[S.KIND_RUNTIME]) & by_name
+    return np.sort(ev.ts[~engine & (runtime | region)])
+
+
+def _bulk(ev: _Events) -> np.ndarray:
+    """Per event: whether it is a bulk segment (``ImperativeBulk``)."""
+    return np.array([str(n) == _BULK for n in ev.names] + [False])[ev.name]
+
+
+def _backward_bulks(
+    ev: _Events,
+    inside: np.ndarray,
+    bulk: np.ndarray,
+    forward_op: np.ndarray,
+    backward: np.ndarray,
+    backward_calls: np.ndarray | None,
+    w_start: int,
+    w_end: int,
+) -> np.ndarray:
+    """Rows of the bulk segments of one step window that hold backward work.
+
+    The engine runs what Python queued in order, so a segment that started only after Python
+    asked for backward (``MXAutogradBackwardEx``, or traceview collect's backward region) is
+    backward's; without such a call in the window, those after the last forward operator (the
+    loss) or after the first backward operator are. Where the engine lags behind Python, a
+    forward segment can still start after the call: _backward_start leaves it to forward only
+    when the forward operators after it outlast it.
+    """  # fmt: skip
+    rows = np.flatnonzero(inside & bulk)
+    if len(rows) == 0:
+        return rows
+    asked = (
+        backward_calls[(backward_calls >= w_start) & (backward_calls < w_end)]
+        if backward_calls is not None
+        else np.zeros(0, np.int64)
+    )
+    if len(asked):
+        return rows[ev.ts[rows] >= int(asked.min())]
+    forward = np.flatnonzero(inside & forward_op & ~bulk)
+    after = ev.ts[rows] >= (int(ev.end[forward].max()) if len(forward) else w_end)
+    if len(backward):
+        after |= ev.ts[rows] >= int(ev.ts[backward].min())
+    return rows[after]
+
+
 def _bookkeeping(ev: _Events) -> np.ndarray:
     """Per event: whether its name is engine bookkeeping (copies, deletions, fills)."""
     return np.array([bool(_BOOKKEEPING.match(str(n))) for n in ev.names] + [True])[ev.name]
@@ -462,6 +527,7 @@ def _spans(
     windows: np.ndarray,
     io: tuple[np.ndarray, np.ndarray] | None = None,
     calls: tuple[np.ndarray, np.ndarray] | None = None,
+    backward_calls: np.ndarray | None = None,
 ) -> list[tuple[str, int, int]]:
     """Per step, the spans of one thread's backward operators, of the forward ones before them
     and of the update ones after them, each made of whole operators.
@@ -469,10 +535,13 @@ def _spans(
     With ``io`` (data-loading intervals), forward operators inside them are data loading's and
     the forward span is made too; with ``calls`` (start, phase code of the Python calls that
     issued each phase), a span also covers the idle time before its first operator in which
-    Python was issuing it, back to the previous operator or data loading.
+    Python was issuing it, back to the previous operator or data loading. Bulk segments are
+    backward's where _backward_bulks says so, else forward's (``backward_calls``: when Python
+    asked for backward).
     """
     spans: list[tuple[str, int, int]] = []
     forward_op = (own < 0) & ~_bookkeeping(ev)
+    bulk = _bulk(ev) & (own < 0)
     io_start = io[0] if io is not None else np.zeros(0, np.int64)
     io_end = io[1] if io is not None else np.zeros(0, np.int64)
     if len(io_start):
@@ -484,17 +553,24 @@ def _spans(
     for w_start, w_end in windows.tolist():
         inside = _in_window(ev, mine, w_start, w_end)
         backward = np.flatnonzero(inside & (own == _PHASE_CODES[S.BACKWARD]))
+        bulks = _backward_bulks(
+            ev, inside, bulk, forward_op, backward, backward_calls, w_start, w_end
+        )
+        if len(bulks):
+            backward = np.union1d(backward, bulks)
+        in_forward = inside & forward_op
+        in_forward[bulks] = False
         found: dict[str, list[int]] = {}
         b_end = w_start
         if len(backward):
             b_end = int(ev.end[backward].max())
-            found[S.BACKWARD] = [_backward_start(ev, backward, inside & forward_op), b_end]
+            found[S.BACKWARD] = [_backward_start(ev, backward, in_forward), b_end]
         update = np.flatnonzero(inside & (own == _PHASE_CODES[S.UPDATE]) & (ev.ts >= b_end))
         if len(update):
             found[S.UPDATE] = [int(ev.ts[update].min()), int(ev.end[update].max())]
         if io is not None and S.BACKWARD in found:
             b_start = found[S.BACKWARD][0]
-            forward = np.flatnonzero(inside & forward_op & (ev.ts < b_start))
+            forward = np.flatnonzero(in_forward & (ev.ts < b_start))
             if len(forward):
                 found[S.FORWARD] = [int(ev.ts[forward].min()), b_start]
         if calls is not None:
@@ -531,11 +607,13 @@ def _io_regions(
     timeline: np.ndarray,
     windows: np.ndarray,
     spans: list[tuple[str, int, int]],
+    calls: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Data-loading regions of other threads, fitted onto the engine timeline.
 
-    A region keeps the operators that started inside it (the batch's own copies and stacking)
-    and gives up the edges where an operator that started before it, or a phase span, runs.
+    A region keeps the operators that started inside it (the batch's own copies and stacking),
+    and those the engine started after it but before Python called forward (``calls``: sorted
+    starts of the forward calls): Python queued them while loading data. It gives up the edges where an operator that started before it, or a phase span, runs.
     Returns (rows, new starts, new ends) of the regions kept.
     """
     io = (
@@ -566,6 +644,15 @@ def _io_regions(
     cover = _covering(o_start, o_end, end)
     late = (cover >= 0) & (o_start[np.maximum(cover, 0)] >= start)
     end = np.where(late, o_end[np.maximum(cover, 0)], end)
+    if len(calls):
+        # ... and the operators queued while loading data that the engine ran only after it
+        upto = calls[np.minimum(np.searchsorted(calls, end, side="left"), len(calls) - 1)]
+        upto = np.where(upto >= end, upto, end)
+        queued = ops[(own[ops] < 0) & ~_bulk(ev)[ops]]
+        q_start, q_end = ev.ts[queued], np.maximum.accumulate(ev.end[queued])
+        last = np.searchsorted(q_start, upto, side="left") - 1
+        reach = np.where(last >= 0, q_end[np.maximum(last, 0)], end)
+        end = np.maximum(end, np.where(reach > end, reach, end))
     # Phase spans and step windows are not cut: a region crossing one gives up the rest.
     if spans:
         s_start = np.array([s for _, s, _ in spans], np.int64)
@@ -629,12 +716,28 @@ def _synthetic(
     )
 
 
+def _with_spans(ev: _Events, own: np.ndarray, extra: _Events) -> _Events:
+    """The events and the synthetic ones after them, except that a span exactly as long as an
+    operator without a phase of its own on its thread (a worker whose backward in a step is one
+    bulk segment) goes first: the call tree then makes the span the operator's parent (on a tie
+    the earlier event contains the later), so the operator takes the span's phase."""
+    loose = np.flatnonzero((ev.kind == _KIND_CODE[S.KIND_OP]) & (own < 0))
+    keys = np.stack([ev.pid[loose], ev.tid[loose], ev.ts[loose], ev.dur[loose]], axis=1)
+    ties = {tuple(k) for k in keys.tolist()}
+    mine = np.stack([extra.pid, extra.tid, extra.ts, extra.dur], axis=1).tolist()
+    first = np.array([tuple(k) in ties for k in mine], bool)
+    before, after = extra.take(np.flatnonzero(first)), extra.take(np.flatnonzero(~first))
+    return _concat(_concat(before, ev), after)
+
+
 def _concat(a: _Events, b: _Events) -> _Events:
+    """a's rows, then b's (codes into the dictionaries of whichever was made last: the longer)."""
+    words = a if len(a.names) >= len(b.names) else b
     return _Events(
         np.concatenate([a.kind, b.kind]), np.concatenate([a.cat, b.cat]),
         np.concatenate([a.name, b.name]), np.concatenate([a.pid, b.pid]),
         np.concatenate([a.tid, b.tid]), np.concatenate([a.ts, b.ts]),
-        np.concatenate([a.dur, b.dur]), b.cats, b.names,
+        np.concatenate([a.dur, b.dur]), words.cats, words.names,
     )  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerate sample_traces/mxnet/{dist_sync,dist_overlap,mlp,local}: real MXNet runs profiled by
-# traceview collect.
+# Regenerate sample_traces/mxnet/{dist_sync,dist_overlap,mlp,local} and their *_bulk runs
+# ({dist_sync,dist_overlap,local}_bulk, with MXNet's bulk execution on): real MXNet runs
+# profiled by traceview collect.
 #   sample_traces/mxnet/make_all.sh               (needs the main .venv and .venv-mxnet, see README)
 #   SCENARIOS=mlp sample_traces/mxnet/make_all.sh  (only some of them)
 set -euo pipefail
@@ -9,8 +10,8 @@ MXPY="${TRACEVIEW_MXNET_PYTHON:-$PWD/.venv-mxnet/bin/python}"
 export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=1
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for scenario in ${SCENARIOS:-dist_sync dist_overlap mlp local}; do
-    if [ "$scenario" != local ]; then
+for scenario in ${SCENARIOS:-dist_sync dist_overlap mlp local dist_sync_bulk dist_overlap_bulk local_bulk}; do
+    if [ "${scenario%_bulk}" != local ]; then
         launcher=(traceview-dmlc -n 2 -s 1)
     else
         launcher=()

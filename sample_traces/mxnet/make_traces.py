@@ -21,6 +21,18 @@ SCENARIO is one of:
   local      one process training on two CPU contexts (cpu(0), cpu(1), half the batch each)
              with the ``local`` KVStore: gradients are summed across the contexts by the
              KVStore (allreduce_grads), then each context updates its weights (update).
+  dist_sync_bulk  dist_sync as MXNet runs it by default: bulk execution on (the script leaves
+             MXNET_EXEC_BULK_EXEC_TRAIN alone), so that the whole backward pass runs as
+             ``ImperativeBulk`` segments; the batches come from an ``mx.io.NDArrayIter`` (the data
+             iterator) instead of a Gluon DataLoader.
+  dist_overlap_bulk  dist_overlap with bulk execution on and the data iterator: backward's
+             segments run between the pushes of the same step.
+  local_bulk local with bulk execution on, the data iterator (called as ``it.next()``), and the
+             network hybridized (static graph): forward and backward run as a mix of single
+             operators and bulk segments.
+
+The other scenarios turn bulk execution off (MXNET_EXEC_BULK_EXEC_TRAIN=0) so that every
+operator is timed on its own; they were made that way and their traces stay as they are.
 
 Every phase of every iteration ends with ``mx.nd.waitall()`` so that its perf_counter timer
 covers the engine's work for it, not only the Python call that queued it. Each worker writes
@@ -38,7 +50,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("dist_sync", "dist_overlap", "mlp", "local")
+SCENARIOS = (
+    "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk", "local_bulk"
+)  # fmt: skip
 BATCH = 64  # per worker (local: split over the two contexts)
 LR = 0.05
 MLP_DIMS = (512, 1024, 1024, 1024, 10)  # the PyTorch and TensorFlow samples' model
@@ -86,12 +100,15 @@ def make_mlp(mx: Any) -> Any:
 
 
 def train(scenario: str, out: Path) -> int:
-    os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
+    bulk = scenario.endswith("_bulk")
+    overlap = scenario.removesuffix("_bulk") == "dist_overlap"
+    if not bulk:
+        os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
     import mxnet as mx  # a scheduler or server runs its loop inside this import and exits
     from mxnet import autograd, gluon, nd
 
     out.mkdir(parents=True, exist_ok=True)
-    distributed = scenario != "local"
+    distributed = not scenario.startswith("local")
     mlp = scenario == "mlp"
     batch = MLP_BATCH if mlp else BATCH
     if distributed:
@@ -107,26 +124,33 @@ def train(scenario: str, out: Path) -> int:
     mx.random.seed(42)  # identical initial weights everywhere
     net = make_mlp(mx) if mlp else make_net(mx)
     net.initialize(mx.init.Xavier(), ctx=contexts)
+    if scenario == "local_bulk":
+        net.hybridize(static_alloc=True, static_shape=True)
     optimizer = {"learning_rate": MLP_LR} if mlp else {"learning_rate": LR, "momentum": 0.9}
     trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer, **trainer_args)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     mx.random.seed(1000 + rank)
     n = ITERS * batch
-    data = gluon.data.ArrayDataset(
-        nd.random.normal(shape=(n, MLP_DIMS[0]))
-        if mlp
-        else nd.random.uniform(shape=(n, 1, 28, 28)),
-        nd.random.randint(0, 10, shape=(n,)).astype("float32"),
+    features = (
+        nd.random.normal(shape=(n, MLP_DIMS[0])) if mlp else nd.random.uniform(shape=(n, 1, 28, 28))
     )
-    loader = gluon.data.DataLoader(data, batch_size=batch, shuffle=False, num_workers=0)
+    labels = nd.random.randint(0, 10, shape=(n,)).astype("float32")
+    if bulk:  # the data iterator: batches sliced from the arrays, no DataLoader
+        it: Any = mx.io.NDArrayIter(features, labels, batch_size=batch)
+    else:
+        data = gluon.data.ArrayDataset(features, labels)
+        it = iter(gluon.data.DataLoader(data, batch_size=batch, shuffle=False, num_workers=0))
 
     ms = 1e3
     records: list[dict[str, Any]] = []
-    it = iter(loader)
     for i in range(ITERS):
         start_unix_us = time.time_ns() / 1e3
         t0 = time.perf_counter()
-        x, y = next(it)
+        if bulk:  # both spellings of "the next batch", one per scenario
+            batch_data = it.next() if scenario == "local_bulk" else next(it)
+            x, y = batch_data.data[0], batch_data.label[0]
+        else:
+            x, y = next(it)
         xs = gluon.utils.split_and_load(x, contexts)
         ys = gluon.utils.split_and_load(y, contexts)
         nd.waitall()
@@ -136,7 +160,7 @@ def train(scenario: str, out: Path) -> int:
         nd.waitall()
         t2 = time.perf_counter()
         autograd.backward(losses)
-        if scenario != "dist_overlap":
+        if not overlap:
             nd.waitall()
         t3 = time.perf_counter()
         if distributed:
@@ -162,7 +186,7 @@ def train(scenario: str, out: Path) -> int:
                 "update_ms": round((t5 - t4) * ms, 4),
                 "step_ms": round((t5 - t0) * ms, 4),
                 "profiled": WARMUP <= step < WARMUP + ACTIVE,
-                "synchronized": scenario != "dist_overlap",
+                "synchronized": not overlap,
                 "start_unix_us": round(start_unix_us, 1),
             }
         )
@@ -173,6 +197,7 @@ def train(scenario: str, out: Path) -> int:
         "kvstore": kv.type,
         "batch_size": batch,
         "mxnet_version": mx.__version__,
+        "bulk_exec_train": os.environ.get("MXNET_EXEC_BULK_EXEC_TRAIN", "unset (MXNet default: 1)"),
         "params": int(sum(p.data(contexts[0]).size for p in net.collect_params().values())),
     }
     (out / f"timers-rank-{rank}.json").write_text(json.dumps({"meta": meta, "records": records}))
@@ -205,6 +230,17 @@ DESCRIPTIONS = {
         "launch": "traceview collect -- PYTHON make_traces.py train local OUT",
     },
 }
+for _name, _how in (
+    ("dist_sync", "backward runs as ImperativeBulk segments"),
+    ("dist_overlap", "backward runs as ImperativeBulk segments, between the step's pushes"),
+    ("local", "network hybridized (static graph): forward and backward run as single operators "
+     "and ImperativeBulk segments"),
+):  # fmt: skip
+    DESCRIPTIONS[f"{_name}_bulk"] = {
+        "communication": DESCRIPTIONS[_name]["communication"]
+        + f" Bulk execution on (MXNet's default): {_how}; data from mx.io.NDArrayIter.",
+        "launch": DESCRIPTIONS[_name]["launch"].replace(f" {_name} ", f" {_name}_bulk "),
+    }
 
 
 def merge(out: Path) -> int:
@@ -234,9 +270,14 @@ def merge(out: Path) -> int:
         ),
         "batch_size": meta.get("batch_size", BATCH),
         "communication": DESCRIPTIONS[scenario]["communication"],
-        "data": "Gluon DataLoader(num_workers=0) over an in-memory ArrayDataset of random "
-        + ("512-float feature vectors" if scenario == "mlp" else "1x28x28 images")
-        + " (batchify: nd.stack)",
+        "data": (
+            "mx.io.NDArrayIter over in-memory random 1x28x28 images"
+            if scenario.endswith("_bulk")
+            else "Gluon DataLoader(num_workers=0) over an in-memory ArrayDataset of random "
+            + ("512-float feature vectors" if scenario == "mlp" else "1x28x28 images")
+            + " (batchify: nd.stack)"
+        ),
+        "bulk_exec_train": meta.get("bulk_exec_train"),
         "schedule": {"skip": SKIP, "warmup": WARMUP, "steps": ACTIVE},
         "iterations": ITERS,
         "records": records,

@@ -32,7 +32,10 @@ SAMPLE_CASES: dict[str, list[str]] = {
                 "slowfwd", "slowdata",
             ],
             "tensorflow": ["explicit", "mwms", "slowio"],
-            "mxnet": ["dist_sync", "dist_overlap", "mlp", "local"],
+            "mxnet": [
+                "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk",
+                "local_bulk",
+            ],
         }.items()
         for run in runs
     },
