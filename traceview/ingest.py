@@ -53,8 +53,11 @@ from traceview.parsers import ParsedTrace, Parser, rank_from_filename, registere
 from traceview.parsers.chrome_json import read_head
 from traceview.rules import rules_for
 
-#: Below this much trace data, parsing in the parent beats starting worker processes.
+#: Below this much trace data, and this many ranks, parsing in the parent beats starting worker
+#: processes (~0.5 s each to import; a small rank takes ~20 ms: 1,024 of 4 KB each ingest in
+#: 22 s serially, 15 s on 2 workers).
 PARALLEL_MIN_BYTES = 48 << 20
+PARALLEL_MIN_RANKS = 32
 
 
 @dataclass
@@ -412,7 +415,7 @@ def _run_all(
         for t, result in run_on_cluster(scheduler, traces, staged, run_id, rules_path, analyze):
             keep(t, result)
         remove_attempt_leftovers(staged)
-    elif jobs <= 1 or len(traces) == 1 or total < PARALLEL_MIN_BYTES:
+    elif jobs <= 1 or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS):
         for t in traces:
             keep(t, lambda t=t: ingest_rank(t, staged, run_id, rules_path, analyze))  # type: ignore[misc]
     else:
