@@ -128,7 +128,11 @@ def test_the_analysis_draws_nothing() -> None:
 
 def test_views_render_results_without_computing() -> None:
     views = _modules("traceview.views", "traceview.tui")
-    public_analysis = ("traceview.analysis.compare", "traceview.analysis.lanes")
+    public_analysis = (
+        "traceview.analysis.compare",
+        "traceview.analysis.heatmap",
+        "traceview.analysis.lanes",
+    )
     out = _violations(views, ("numpy", "polars", "pyarrow.compute"))
     for module in views:
         for target in imports_of(module):

@@ -80,3 +80,66 @@ def test_all_ranks_lists_every_rank(run: Path) -> None:
     )
     rows = result.out.splitlines()[header + 2 : header + 2 + RANKS]
     assert [int(line.split()[0].rstrip("*")) for line in rows] == list(range(RANKS))
+
+
+# --- the ranks × steps heatmap ----------------------------------------------------------------
+
+
+def test_the_matrix_holds_each_ranks_steps_exactly(run: Path) -> None:
+    import pyarrow.compute as pc
+
+    from traceview import rundir as R
+    from traceview import schema as S
+    from traceview.analysis.heatmap import step_matrix
+
+    steps = R.read_steps(run)
+    # one rank lacks one step, as when it died mid-run
+    kept = pc.invert(pc.and_(pc.equal(steps.column(S.RANK), 5), pc.equal(steps.column(S.STEP), 2)))
+    matrix = step_matrix(steps.filter(kept))
+    assert matrix.ranks == list(range(RANKS))
+    rows = steps.to_pylist()
+    assert matrix.steps == sorted({r[S.STEP] for r in rows})
+    for r in rows:
+        i, j = r[S.RANK], matrix.steps.index(r[S.STEP])
+        wall = matrix.value("step", i, j)
+        forward = matrix.value("forward", i, j)
+        if (r[S.RANK], r[S.STEP]) == (5, 2):
+            assert math.isnan(wall) and math.isnan(forward)
+        else:
+            assert wall == r[S.WALL_NS] / 1e6 and forward == r[S.phase_ns("forward")] / 1e6
+
+
+def test_the_heatmap_shows_the_slow_ranks_forward(run: Path) -> None:
+    import asyncio
+
+    from textual.widgets import Static
+
+    from tests.tui_helpers import loaded
+    from traceview.runs import open_run
+    from traceview.tui.app import TraceviewApp
+    from traceview.tui.heatmap import PALETTE, Heatmap
+
+    said: list[str] = []
+    hot: list[bool] = []
+
+    with open_run([run]) as opened:
+        app = TraceviewApp([opened])
+        app.animation_level = "none"
+
+        async def main() -> None:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await loaded(pilot)
+                await pilot.press("4", "m", "p", "p", "p")  # heatmap of forward
+                await pilot.pause()
+                heatmap = app.query_one(Heatmap)
+                said.append(str(app.query_one("#ranks-summary", Static).content))
+                line = heatmap.render_line(0)  # sorted by own work: the slow rank on top
+                hot.append(any(f"color({PALETTE[-1]})" in str(s.style) for s in line))
+                await pilot.press("down", "right")
+                said.append(str(app.query_one("#ranks-summary", Static).content))
+
+        asyncio.run(main())
+    assert "forward ms, 40 ranks × 4 steps" in said[0]
+    assert f"rank {SLOW}, step 0: forward 25.00 ms" in said[0]
+    assert hot == [True]
+    assert f"rank {RANKS - 1}, step 1: forward" in said[1]  # the next busiest rank

@@ -33,6 +33,7 @@ KEYS = (
     ("p", "phase filter: all, io, h2d, forward, backward, update, comm, other"),
     ("Ranks", ""),
     ("s", "sort: busy, step, blocked, wait, rank"),
+    ("m", "heatmap: ranks × steps (arrows move, p: step or a phase)"),
 )
 
 READING = (

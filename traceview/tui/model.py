@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from traceview.analysis.compare import compare
+from traceview.analysis.heatmap import StepMatrix, step_matrix
 from traceview.results import Comparison, RankSummary, RunReport, StepStats, StepSummary, TopOp
 from traceview.runs import Run
 
@@ -29,6 +30,7 @@ class RunView:
     report: RunReport
     windows: dict[int | None, dict[int, tuple[int, int]]]  # step -> rank -> (start, end) ns
     threads: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> thread names
+    matrix: StepMatrix | None = None  # ranks × steps, for the heatmap (None: no steps table)
 
     @property
     def ranks(self) -> list[RankSummary]:
@@ -86,6 +88,7 @@ def build_view(run: Run) -> RunView:
         report=run.report(ALL_OPS),
         windows=step_windows(run),
         threads=run.manifest.threads(),
+        matrix=step_matrix(run.steps) if run.steps.num_rows else None,
     )
 
 

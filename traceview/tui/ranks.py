@@ -12,6 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from traceview import schema as S
+from traceview.tui.heatmap import PALETTE, Heatmap
 from traceview.tui.model import RANK_SORTS, RunView, sort_ranks
 from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct, straggler_text
 
@@ -23,11 +24,16 @@ def _maybe_ms(value: float | None) -> str:
 
 
 class RanksPane(Vertical):
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("s", "sort", "Sort")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "sort", "Sort"),
+        Binding("m", "toggle_map", "Heatmap"),
+        Binding("p", "metric", "Phase", show=False),
+    ]
 
     DEFAULT_CSS = """
     RanksPane #ranks-summary { height: auto; }
     RanksPane #ranks-table { height: 1fr; }
+    RanksPane #ranks-heatmap { height: 1fr; display: none; }
     """
 
     def __init__(self, id: str | None = None) -> None:
@@ -38,6 +44,7 @@ class RanksPane(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="ranks-summary", markup=False)
         yield DataTable(id="ranks-table", cursor_type="row", zebra_stripes=True)
+        yield Heatmap(id="ranks-heatmap")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -61,6 +68,11 @@ class RanksPane(Vertical):
         if self.view is None:
             return
         rows = sort_ranks(self.view.ranks, self.sort)
+        self.query_one(Heatmap).show(
+            self.view.matrix,
+            [r.rank for r in rows],
+            {r.rank for r in rows if r.straggler},
+        )
         table = self.query_one(DataTable)
         table.clear()
         longest = max((row.step_ms for row in rows), default=0.0) or 1.0
@@ -87,8 +99,12 @@ class RanksPane(Vertical):
         assert self.view is not None
         ranks = self.view.ranks
         text = Text()
+        if self.mapped:
+            self._heatmap_summary(text)
+            self.query_one("#ranks-summary", Static).update(text)
+            return
         text.append(f"{len(ranks)} ranks, sorted by {self.sort}", style="bold")
-        text.append(" (s: sort) · ms per step · busy = step - exposed comm - idle;")
+        text.append(" (s: sort, m: heatmap) · ms per step · busy = step - exposed comm - idle;")
         text.append(" blocked = exposed comm + idle; of the exposed comm, wait = waiting for the")
         text.append(" last rank to arrive at a collective, xfer = the rest")
         report = self.view.report
@@ -103,10 +119,50 @@ class RanksPane(Vertical):
             )
         self.query_one("#ranks-summary", Static).update(text)
 
+    @property
+    def mapped(self) -> bool:
+        return bool(self.query_one(Heatmap).display)
+
+    def _heatmap_summary(self, text: Text) -> None:
+        heatmap = self.query_one(Heatmap)
+        matrix = heatmap.matrix
+        if matrix is None:
+            text.append("no steps to draw: this run has no step windows")
+            return
+        metric = heatmap.metric
+        ranks, steps = len(matrix.ranks), len(matrix.steps)
+        text.append(f"{metric} ms, {ranks} ranks × {steps} steps", style="bold")
+        text.append(f" (rows sorted by {self.sort}; s: sort, p: phase, m: table) · ")
+        text.append(f"{ms(matrix.low_ms[metric])} ")
+        for colour in PALETTE:
+            text.append(" ", style=f"on color({colour})")
+        text.append(f" {ms(matrix.high_ms[metric])} (5th to 95th percentile) · · no such step")
+        cell = heatmap.cell()
+        if cell is not None:
+            rank, step, value = cell
+            where = f"rank {rank}, step {step if step is not None else '-'}"
+            shown = "-" if value != value else f"{ms(value)} ms"  # NaN: the rank lacks it
+            text.append(f"\n{where}: {metric} {shown}", style="bold")
+
+    def on_heatmap_moved(self, _: Heatmap.Moved) -> None:
+        if self.view is not None:
+            self._summary()
+
+    def action_toggle_map(self) -> None:
+        heatmap, table = self.query_one(Heatmap), self.query_one(DataTable)
+        heatmap.display, table.display = not heatmap.display, heatmap.display
+        (heatmap if heatmap.display else table).focus()
+        if self.view is not None:
+            self._summary()
+
+    def action_metric(self) -> None:
+        if self.mapped:
+            self.query_one(Heatmap).cycle_metric()
+
     def action_sort(self) -> None:
         keys = list(RANK_SORTS)
         self.sort = keys[(keys.index(self.sort) + 1) % len(keys)]
         self.refill()
 
     def focus_main(self) -> None:
-        self.query_one(DataTable).focus()
+        (self.query_one(Heatmap) if self.mapped else self.query_one(DataTable)).focus()
