@@ -55,6 +55,20 @@ SKIPPED: dict[str, str] = {
     "stands for the reader's MXNet script; test_mxnet.py runs real dist_sync jobs",
     "traceview tui sample_traces/pytorch/ddp": "interactive; test_tui_tmux.py drives the TUI "
     "in a real terminal",
+    "pip install 'traceview[dask]'": _SETUP,
+    **dict.fromkeys(
+        [
+            "traceview ingest /shared/job-42/traces -o /shared/job-42/run --scheduler "
+            "tcp://10.0.0.1:8786",
+            "traceview ingest /shared/job-42/traces -o /shared/job-42/run --scheduler-file "
+            "~/scheduler.json",
+            "TRACEVIEW_SCHEDULER=tcp://10.0.0.1:8786 traceview ingest ...",
+            "dask scheduler --scheduler-file ~/scheduler.json &",
+            "srun -N 16 dask worker --scheduler-file ~/scheduler.json --nthreads 1 &",
+        ],
+        "needs a cluster at that address (and Slurm); test_cluster.py runs a real Dask "
+        "cluster on 127.0.0.1",
+    ),
 }
 PLACEHOLDERS = {"PATH": "sample_traces/pytorch/ddp", "TRACES...": "sample_traces/pytorch/ddp"}
 
