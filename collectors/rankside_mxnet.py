@@ -44,6 +44,10 @@ DOMAIN = "traceview"
 TRACE_SUFFIX = ".mxnet.json.gz"
 
 _collector: MXNetCollector | None = None
+#: Seconds the profiler runs on after the last recorded step, waiting for the next step to stop
+#: it there (so that the job's timing of its last recorded step does not see the stop); a job
+#: that never steps again has it stopped from a timer.
+LINGER_S = 1.0
 #: The pacer of steps marked through the user API (traceview.collectors.step()).
 _USER_STEPS = object()
 
@@ -149,6 +153,9 @@ class MXNetCollector:
         self._set_config: Any = mx.profiler.set_config
         self._dump: Any = mx.profiler.dump
         self.user_file = "profile.json"
+        # mx.profiler is the process's, not a thread's: past the cap it is stopped from the
+        # watching thread itself
+        self.cap = core.MemoryCap(config.max_memory, lambda: None, self._stop_for_memory)
 
     # hooks -----------------------------------------------------------------------------------
 
@@ -360,6 +367,11 @@ class MXNetCollector:
             if self.recorded >= self.config.active:
                 self._end_window()  # the last step's Task ends once the engine is done
                 return
+            if self.cap.reached:  # past the memory cap: the step that ended is kept
+                step = self.config.warmup + self.recorded - 1
+                self._end_window(linger=False)
+                self._stop_early(step)
+                return
             self.step_task.stop()
             self._next_task()
 
@@ -413,12 +425,14 @@ class MXNetCollector:
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
         self._next_task()
+        self.cap.start()
 
-    def _end_window(self) -> None:
+    def _end_window(self, linger: bool = True) -> None:
         """The last recorded step is over: its Task ends once the engine has done the step's
         work (the job waits for that right after, as a rule). Stopping the profiler takes
-        milliseconds: it waits for the next step's end (or the exit), so that the job's timing
-        of its last recorded step does not see it. The trace is written at exit (``finish``)."""
+        milliseconds: it waits for the next step's end, or LINGER_S (a timer), or the exit, so
+        that the job's timing of its last recorded step does not see it. The trace is written at
+        exit (``finish``)."""
         self.finished = True
         self.recording = False
         self.window_done = True
@@ -432,8 +446,48 @@ class MXNetCollector:
             self.status.state = "running"
             self.status.profiled_steps = self.recorded
         self.stop_pending = True
+        if linger:
+            timer = threading.Timer(LINGER_S, self._linger_over)
+            timer.daemon = True
+            timer.start()
+
+    def _linger_over(self) -> None:
+        """No step came within LINGER_S of the window's end: stop the profiler from here, or it
+        would record the rest of the job (an evaluation, a loop without Trainer.step)."""
+        with self.lock:
+            self._stop_profiler()
+
+    def _stop_for_memory(self) -> None:
+        """From the watching thread, past the memory cap: the step in progress is dropped (its
+        Task never ends, so it is not in the trace), the steps before it are written."""
+        with self.lock:
+            if not self.recording:
+                return
+            step = self.config.warmup + self.recorded
+            self.recording = False
+            self.finished = self.window_done = True
+            if self.status is not None:
+                self.status.state = "running"
+                self.status.profiled_steps = self.recorded
+            self.stop_pending = True
+            self._stop_early(step)
+
+    def _stop_early(self, step: int) -> None:
+        """Stop the profiler before --steps (the memory cap), write the trace now and say why."""
+        reason = self.cap.reason
+        self.core.warn(f"profile stopped at step {step}: {reason}; the job runs on unprofiled")
+        if self.status is not None:
+            self.status.stop_reason, self.status.stop_step = reason, step
+        self._stop_profiler()
+        if not self.written:
+            self.written = True
+            self._write_trace()
+        if self.status is not None:
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
 
     def _stop_profiler(self) -> None:
+        self.cap.close()
         if not self.stop_pending:
             return
         self.stop_pending = False
@@ -449,7 +503,7 @@ class MXNetCollector:
         """At exit (or when the window ends): write what was recorded; leave the job alone."""
         with self.lock:
             if self.recording:  # the process ends inside the window
-                self._end_window()
+                self._end_window(linger=False)
             self.finished = True
             self._stop_profiler()
             if self.window_done and not self.written:
@@ -486,6 +540,7 @@ class MXNetCollector:
     def _abandon(self, reason: str) -> None:
         with self.lock:
             self.finished = True
+            self.cap.close()
             if self.recording:
                 self.recording = False
                 with contextlib.suppress(Exception):

@@ -471,6 +471,10 @@ def _collect_notes(collected: Collected, notes: Notes) -> None:
         if rank.state not in ("ok", "running"):
             detail = f" ({rank.detail})" if rank.detail else ""
             notes.warn(f"rank {rank.rank} ended: {rank.state}{detail}")
+        if rank.stop_reason:
+            notes.warn(
+                f"rank {rank.rank}: profile stopped at step {rank.stop_step}: {rank.stop_reason}"
+            )
         if not rank.trace:
             notes.warn(f"rank {rank.rank} wrote no trace")
     others = collected.processes
