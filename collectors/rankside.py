@@ -340,7 +340,8 @@ def arm_main_thread(callback: Callable[[], None]) -> Callable[[], None] | None:
     def poke() -> None:
         with contextlib.suppress(Exception):
             if signal.getsignal(signum) is handler:  # not if the job took the signal since
-                _thread.interrupt_main(signal.Signals(signum))
+                # (not signal.Signals(signum): the enum has no member for SIGRTMAX - 2)
+                _thread.interrupt_main(signum)  # type: ignore[arg-type]
 
     poke.handler = handler  # type: ignore[attr-defined]
     return poke
@@ -473,6 +474,7 @@ class TorchCollector:
         self.cap = MemoryCap(config.max_memory, self._stop_for_memory)
         self.busy = 0  # inside step() or finish() on some thread (a stop must wait for them)
         self.extra_step = 0  # a step the profiler has not counted: it ended at the stop
+        self.thread: int | None = None  # the thread that started the profiler
 
     # the schedule ------------------------------------------------------------------------
 
@@ -568,8 +570,11 @@ class TorchCollector:
         )
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
+        self.thread = threading.get_ident()
         self.profiler.start()
         self.cap.start()
+        if threading.current_thread() is not threading.main_thread():
+            _thread_end.sentinel = _StopAtThreadEnd(self)
 
     def _rank_info(self) -> RankInfo:
         info = detect_rank(os.environ)
@@ -606,13 +611,16 @@ class TorchCollector:
                 # dict torch is iterating over); they return at once from now on.
                 self.finished = True
                 self.cap.close()
-                status = self.status
-                # past the cap, but never stopped on the training thread: at exit, then
-                if state is not None and self.cap.reached and self.profiler and status:
-                    status.stop_reason = status.stop_reason or f"{self.cap.reason}, stopped at exit"
-                    status.stop_step = int(self.profiler.step_num)
-                    status.stop_mid_step = True
-                if self.profiler:
+                if state is not None:
+                    self._past_cap("exit")
+                if self.profiler and threading.get_ident() != self.thread:
+                    # torch.profiler stopped on another thread than the one that started it
+                    # loses the trace, or (that thread gone, at exit) crashes the process
+                    why = "torch.profiler can only be stopped on the thread that started it"
+                    warn(f"trace not written: {why}")
+                    if self.status is not None:
+                        self.status.notes.append(f"trace not written: {why}")
+                elif self.profiler:
                     try:
                         self.profiler.stop()
                     except Exception as exc:
@@ -630,6 +638,14 @@ class TorchCollector:
                 self.status.state = "running"  # the window is over; the process goes on
             with contextlib.suppress(Exception):
                 self.status.write(self.config.run_dir)
+
+    def _past_cap(self, when: str) -> None:
+        """Past the cap, but never stopped on the training thread until ``when``: say so."""
+        status = self.status
+        if self.cap.reached and self.profiler and status and status.stop_reason is None:
+            status.stop_reason = f"{self.cap.reason}, stopped only at {when}"
+            status.stop_step = int(self.profiler.step_num)
+            status.stop_mid_step = True
 
     def _abandon(self, reason: str) -> None:
         self.finished = True
@@ -708,6 +724,27 @@ class TorchCollector:
             os.replace(tmp, target)
             self.status.trace_files = [target.name]
             self.status.write(self.config.run_dir)
+
+
+#: Per thread: what a training thread that is not the main one does as it ends.
+_thread_end = threading.local()
+
+
+class _StopAtThreadEnd:
+    """Kept in the training thread's thread-local storage, which Python clears on that thread
+    as it ends: a profile still open then is stopped there, the only thread torch.profiler can
+    be stopped on (left open, the process crashed at exit: SIGSEGV)."""
+
+    def __init__(self, collector: TorchCollector):
+        self.collector = collector
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            collector = self.collector
+            if threading.get_ident() == collector.thread:
+                with collector.lock:
+                    collector._past_cap("the end of its thread")
+                    collector.finish()
 
 
 def _profiler_enabled(torch: Any) -> bool:

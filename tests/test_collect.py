@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -505,6 +506,26 @@ def test_a_training_thread_past_the_cap_stops_at_its_next_step(tmp_path: Path) -
     )
 
 
+def test_another_thread_has_the_main_thread_run_the_stop() -> None:
+    """What the memory watch does past the cap, in this very process: a poke from another
+    thread runs the callback on the main thread at its next bytecode (a simulated signal);
+    disarmed, the signal is back at its default."""
+    ran: list[str] = []
+    poke = rankside.arm_main_thread(lambda: ran.append(threading.current_thread().name))
+    assert poke is not None and rankside.STOP_SIGNAL is not None
+    try:
+        thread = threading.Thread(target=poke, name="watch")
+        thread.start()
+        thread.join()
+        deadline = time.monotonic() + 5
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ran == ["MainThread"]
+    finally:
+        rankside.disarm_main_thread(poke)
+    assert signal.getsignal(rankside.STOP_SIGNAL) == signal.SIG_DFL
+
+
 def test_max_profile_memory_takes_sizes_and_refuses_others(tmp_path: Path) -> None:
     from traceview.commands.collect import memory_size
 
@@ -515,3 +536,29 @@ def test_max_profile_memory_takes_sizes_and_refuses_others(tmp_path: Path) -> No
     result = run_cli("collect", "-o", tmp_path / "run", "--max-profile-memory", "4X", "--", "true")
     assert result.code == 2 and "--max-profile-memory: '4X' is not a size" in result.err
     assert "Traceback" not in result.err and not (tmp_path / "run").exists()
+
+
+def test_a_training_thread_that_ends_inside_the_profile_still_writes_it(tmp_path: Path) -> None:
+    """The loop runs on a thread of its own and ends (2 steps, then 2 s of tiny ops) before
+    --steps 5 were recorded: the profile was left open on that thread, and at exit torch
+    crashed the job (SIGSEGV, exit code 139: its trace lost, its exit code changed). It is now
+    stopped on that thread as it ends, the only thread torch.profiler can be stopped on; past the
+    cap, which there is no way to act on before, the status says when it stopped."""
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "5",
+        "--max-profile-memory", "50M", "--",
+        sys.executable, WORKLOADS / "grow.py", "--steps", "2", "--ops", "1000", "--tail", "2",
+        "--thread",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "done" in result.out
+    status = _status(run)
+    assert status["state"] == "ok" and status["trace_files"]
+    assert (
+        status["stop_reason"] == "memory cap 50 MiB reached, stopped only at the end of its thread"
+    )
+    assert status["stop_step"] == 1 and status["stop_mid_step"]
+    (rank,) = _manifest(run)["collect"]["ranks"]
+    assert rank["trace"]

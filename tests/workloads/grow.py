@@ -23,11 +23,21 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def guard(base: int, limit_mib: int) -> None:
+    """A safety net for the machine, should the profile not be bounded: exit 3."""
+    if rss() - base > limit_mib << 20:
+        print(f"grew by more than {limit_mib} MiB: aborting", flush=True)
+        os._exit(3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--ops", type=int, default=1000, help="tiny operations per step")
     parser.add_argument("--tail", type=float, default=0.0, help="seconds of work after the steps")
+    parser.add_argument(
+        "--abort-above", type=int, default=3000, help="exit 3 once grown by this many MiB"
+    )
     parser.add_argument("--thread", action="store_true", help="train on another thread")
     args = parser.parse_args()
     if args.thread:
@@ -46,6 +56,7 @@ def train(args: argparse.Namespace) -> None:
     x = torch.zeros(8)
     base, started = rss(), time.monotonic()
     for step in range(args.steps):
+        guard(base, args.abort_above)
         for _ in range(args.ops):
             x = x + 1
         optimizer.zero_grad()
@@ -60,6 +71,7 @@ def train(args: argparse.Namespace) -> None:
     while time.monotonic() < end:
         for _ in range(1000):
             x = x + 1
+        guard(base, args.abort_above)
         if time.monotonic() > report:
             report += 1
             print(

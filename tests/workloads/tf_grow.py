@@ -20,11 +20,21 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def guard(base: int, limit_mib: int) -> None:
+    """A safety net for the machine, should the profile not be bounded: exit 3."""
+    if rss() - base > limit_mib << 20:
+        print(f"grew by more than {limit_mib} MiB: aborting", flush=True)
+        os._exit(3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--ops", type=int, default=500, help="tiny operations per step")
     parser.add_argument("--tail", type=float, default=0.0, help="seconds of work after the steps")
+    parser.add_argument(
+        "--abort-above", type=int, default=3000, help="exit 3 once grown by this many MiB"
+    )
     args = parser.parse_args()
     import tensorflow as tf
 
@@ -34,6 +44,7 @@ def main() -> None:
     y = tf.zeros((8,))
     base, started = rss(), time.monotonic()
     for step, batch in enumerate(data):
+        guard(base, args.abort_above)
         for _ in range(args.ops):
             y = y + 1.0
         weights.assign_sub(0.01 * batch[0])
@@ -46,6 +57,7 @@ def main() -> None:
     while time.monotonic() < end:
         for _ in range(200):
             y = y + 1.0
+        guard(base, args.abort_above)
         if time.monotonic() > report:
             report += 1
             print(

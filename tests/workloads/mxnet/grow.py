@@ -23,11 +23,21 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def guard(base: int, limit_mib: int) -> None:
+    """A safety net for the machine, should the profile not be bounded: exit 3."""
+    if rss() - base > limit_mib << 20:
+        print(f"grew by more than {limit_mib} MiB: aborting", flush=True)
+        os._exit(3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--ops", type=int, default=500, help="tiny operations per step")
     parser.add_argument("--tail", type=float, default=0.0, help="seconds of work after the steps")
+    parser.add_argument(
+        "--abort-above", type=int, default=3000, help="exit 3 once grown by this many MiB"
+    )
     args = parser.parse_args()
 
     mx.random.seed(0)
@@ -37,6 +47,7 @@ def main() -> None:
     x, y = nd.zeros((4, 8)), nd.zeros((8,))
     base, started = rss(), time.monotonic()
     for step in range(args.steps):
+        guard(base, args.abort_above)
         for _ in range(args.ops):
             y = y + 1
         with autograd.record():
@@ -54,6 +65,7 @@ def main() -> None:
         for _ in range(500):
             y = y + 1
         y.wait_to_read()
+        guard(base, args.abort_above)
         if time.monotonic() > report:
             report += 1
             print(
