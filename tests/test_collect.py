@@ -533,6 +533,8 @@ def test_max_profile_memory_takes_sizes_and_refuses_others(tmp_path: Path) -> No
     assert memory_size("512m") == 512 << 20 and memory_size("1.5G") == 3 << 29
     assert memory_size("0") == memory_size("none") == memory_size("off") == 0
     assert rankside.size_text(4 << 30) == "4 GiB" and rankside.size_text(150 << 20) == "150 MiB"
+    assert rankside.DEFAULT_MAX_MEMORY == memory_size("2G")
+    assert "(default 2G; 0 or none: no cap)" in " ".join(run_cli("collect", "--help").out.split())
     result = run_cli("collect", "-o", tmp_path / "run", "--max-profile-memory", "4X", "--", "true")
     assert result.code == 2 and "--max-profile-memory: '4X' is not a size" in result.err
     assert "Traceback" not in result.err and not (tmp_path / "run").exists()

@@ -9,7 +9,7 @@ profiler lets --skip steps pass, warms up for --warmup steps and records --steps
 optimizer step, a tf.data batch or Keras batch, a gluon Trainer step, or the script's own
 traceview.collectors.step()); each rank's trace and status land in RUN/raw/, and the run is
 then read and reported. The exit code is the job's. A rank whose profile grows its memory by more
-than --max-profile-memory (default 4G) stops profiling, writes what it has and runs on.
+than --max-profile-memory (default 2G) stops profiling, writes what it has and runs on.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class CollectCommand:
             default=None,
             metavar="SIZE",
             help="a rank whose memory grows by more than SIZE while it profiles stops profiling, "
-            "keeps the steps it recorded and runs on (default 4G; 0 or none: no cap)",
+            "keeps the steps it recorded and runs on (default 2G; 0 or none: no cap)",
         )
         parser.add_argument(
             "--no-report", action="store_true", help="ingest, but do not print the report"
