@@ -261,14 +261,27 @@ def size_text(size: int) -> str:
     return f"{size} B"
 
 
+#: How often the memory watch looks. Each look takes the GIL for a few µs, but on a busy
+#: machine each hand-over of the GIL may cost the training thread milliseconds: at 0.1 s the
+#: MXNet live tests' per-step timers saw 10-50 ms of it on 2 overloaded cores (at 0.5 s, rarely).
+#: Overshoot: what the profile grows in this time (here up to 100 MiB/s: 50 MiB).
+WATCH_INTERVAL_S = 0.5
+
+
 class MemoryWatch:
     """Watches the process's resident memory while a profile runs: a daemon thread reads
     /proc/self/statm every ``interval`` seconds (about 2 µs a read) and, while the memory has
-    grown by more than ``limit`` bytes since ``start``, calls ``over(first)`` from that thread
-    (``first`` the first time), until ``stop``."""
+    grown by more than ``limit`` bytes (0: no limit) since ``start``, calls ``over(first)`` from
+    that thread (``first`` the first time), until ``stop``; ``tick()``, if given, every time."""
 
-    def __init__(self, limit: int, over: Callable[[bool], None], interval: float = 0.1):
-        self.limit, self.over, self.interval = limit, over, interval
+    def __init__(
+        self,
+        limit: int,
+        over: Callable[[bool], None],
+        interval: float = WATCH_INTERVAL_S,
+        tick: Callable[[], None] | None = None,
+    ):
+        self.limit, self.over, self.interval, self.tick = limit, over, interval, tick
         self.stopped = threading.Event()
         self.fd: int | None = None
 
@@ -291,7 +304,9 @@ class MemoryWatch:
         first = True
         try:
             while not self.stopped.wait(self.interval):
-                if self.resident() - base > self.limit:
+                if self.tick is not None:
+                    self.tick()
+                if self.limit > 0 and self.resident() - base > self.limit:
                     self.over(first)
                     first = False
         except Exception as exc:  # never break the job
@@ -363,16 +378,18 @@ class MemoryCap:
     and where the profile started on the main thread, that thread is also interrupted (every
     ``interval`` until it stops), so that a step that never ends is stopped too. ``from_watch``
     (optional) is called once from the watching thread instead, for a framework whose profiler
-    may be stopped from any thread."""
+    may be stopped from any thread; ``tick`` (optional) from that thread every WATCH_INTERVAL_S,
+    cap or no cap, until ``close``."""
 
     def __init__(
         self,
         limit: int,
         stop_now: Callable[[], None],
         from_watch: Callable[[], None] | None = None,
+        tick: Callable[[], None] | None = None,
     ):
         self.limit = limit
-        self.stop_now, self.from_watch = stop_now, from_watch
+        self.stop_now, self.from_watch, self.tick = stop_now, from_watch, tick
         self.reached = False
         self.watch: MemoryWatch | None = None
         self.poke: Callable[[], None] | None = None
@@ -383,11 +400,11 @@ class MemoryCap:
 
     def start(self) -> None:
         """Called on the training thread as the profile starts."""
-        if self.limit <= 0:
+        if self.limit <= 0 and self.tick is None:
             return
-        if self.from_watch is None:
+        if self.from_watch is None and self.limit > 0:
             self.poke = arm_main_thread(self._on_main_thread)
-        self.watch = MemoryWatch(self.limit, self._over)
+        self.watch = MemoryWatch(max(self.limit, 0), self._over, tick=self.tick)
         if not self.watch.start():
             self.watch = None
 
@@ -571,8 +588,8 @@ class TorchCollector:
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
         self.thread = threading.get_ident()
+        self.cap.start()  # its thread starts before the profile, not inside a step of it
         self.profiler.start()
-        self.cap.start()
         if threading.current_thread() is not threading.main_thread():
             _thread_end.sentinel = _StopAtThreadEnd(self)
 

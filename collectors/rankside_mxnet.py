@@ -46,7 +46,8 @@ TRACE_SUFFIX = ".mxnet.json.gz"
 _collector: MXNetCollector | None = None
 #: Seconds the profiler runs on after the last recorded step, waiting for the next step to stop
 #: it there (so that the job's timing of its last recorded step does not see the stop); a job
-#: that never steps again has it stopped from a timer.
+#: that never steps again has it stopped by the memory watch's thread, which runs from the
+#: window's start (a thread started at its end cost the last step's timing up to 50 ms).
 LINGER_S = 1.0
 #: The pacer of steps marked through the user API (traceview.collectors.step()).
 _USER_STEPS = object()
@@ -155,7 +156,10 @@ class MXNetCollector:
         self.user_file = "profile.json"
         # mx.profiler is the process's, not a thread's: past the cap it is stopped from the
         # watching thread itself
-        self.cap = core.MemoryCap(config.max_memory, lambda: None, self._stop_for_memory)
+        self.cap = core.MemoryCap(
+            config.max_memory, lambda: None, self._stop_for_memory, tick=self._tick
+        )
+        self.linger_until: float | None = None  # when the watch stops a profiler left running
 
     # hooks -----------------------------------------------------------------------------------
 
@@ -412,6 +416,7 @@ class MXNetCollector:
         folder = core.rank_dir(self.config.run_dir, info.rank)
         folder.mkdir(parents=True, exist_ok=True)
         self.raw_path = folder / f".rank-{info.rank}.{os.getpid()}.mxnet.json"
+        self.cap.start()  # its thread starts here, before the window: not inside a step of it
         mx.nd.waitall()  # the window starts with an idle engine
         self._set_config(
             profile_all=True,
@@ -425,12 +430,11 @@ class MXNetCollector:
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
         self._next_task()
-        self.cap.start()
 
     def _end_window(self, linger: bool = True) -> None:
         """The last recorded step is over: its Task ends once the engine has done the step's
         work (the job waits for that right after, as a rule). Stopping the profiler takes
-        milliseconds: it waits for the next step's end, or LINGER_S (a timer), or the exit, so
+        milliseconds: it waits for the next step's end, or LINGER_S (the watch), or the exit, so
         that the job's timing of its last recorded step does not see it. The trace is written at
         exit (``finish``)."""
         self.finished = True
@@ -447,15 +451,16 @@ class MXNetCollector:
             self.status.profiled_steps = self.recorded
         self.stop_pending = True
         if linger:
-            timer = threading.Timer(LINGER_S, self._linger_over)
-            timer.daemon = True
-            timer.start()
+            self.linger_until = time.monotonic() + LINGER_S
 
-    def _linger_over(self) -> None:
-        """No step came within LINGER_S of the window's end: stop the profiler from here, or it
-        would record the rest of the job (an evaluation, a loop without Trainer.step)."""
-        with self.lock:
-            self._stop_profiler()
+    def _tick(self) -> None:
+        """From the watching thread: no step came within LINGER_S of the window's end, so stop
+        the profiler from here, or it would record the rest of the job (an evaluation, a loop
+        without Trainer.step)."""
+        due = self.linger_until
+        if due is not None and self.stop_pending and time.monotonic() >= due:
+            with self.lock:
+                self._stop_profiler()
 
     def _stop_for_memory(self) -> None:
         """From the watching thread, past the memory cap: the step in progress is dropped (its

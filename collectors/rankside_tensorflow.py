@@ -229,9 +229,11 @@ class TensorFlowCollector:
         self.status.framework, self.status.framework_version = "tensorflow", str(tf.__version__)
         self.status.clock = asdict(core.probe_clock(self.config.clock))
         self.logdir = core.rank_dir(self.config.run_dir, info.rank) / _LOGDIR
+        self.cap.start()  # its thread starts before the profile, not inside a step of it
         try:
             tf.profiler.experimental.start(str(self.logdir))
         except Exception as exc:  # the script profiles on its own (one session per process)
+            self.cap.close()
             self.status.user_profiler = True
             self.status.notes.append(f"tf.profiler not started ({type(exc).__name__}): {exc}")
             self.status.write(self.config.run_dir)
@@ -240,7 +242,6 @@ class TensorFlowCollector:
         self.profiling = True
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
-        self.cap.start()
 
     def _stop(self) -> None:
         """Stop the profiler and move its XSpace next to the status."""

@@ -533,7 +533,7 @@ def test_max_profile_memory_takes_sizes_and_refuses_others(tmp_path: Path) -> No
     assert memory_size("512m") == 512 << 20 and memory_size("1.5G") == 3 << 29
     assert memory_size("0") == memory_size("none") == memory_size("off") == 0
     assert rankside.size_text(4 << 30) == "4 GiB" and rankside.size_text(150 << 20) == "150 MiB"
-    assert rankside.DEFAULT_MAX_MEMORY == memory_size("2G")
+    assert memory_size("2G") == rankside.DEFAULT_MAX_MEMORY
     assert "(default 2G; 0 or none: no cap)" in " ".join(run_cli("collect", "--help").out.split())
     result = run_cli("collect", "-o", tmp_path / "run", "--max-profile-memory", "4X", "--", "true")
     assert result.code == 2 and "--max-profile-memory: '4X' is not a size" in result.err
@@ -564,3 +564,27 @@ def test_a_training_thread_that_ends_inside_the_profile_still_writes_it(tmp_path
     assert status["stop_step"] == 1 and status["stop_mid_step"]
     (rank,) = _manifest(run)["collect"]["ranks"]
     assert rank["trace"]
+
+
+def recorded_after_the_last_step_s(run: Path) -> float:
+    """Seconds of events the rank's trace holds after its last step window ended."""
+    events = pq.read_table(
+        run / "events" / "rank=0" / "part-0.parquet", columns=["ts_ns", "dur_ns"]
+    )
+    last = max(t + d for t, d in zip(*events.to_pydict().values(), strict=True))
+    steps = pq.read_table(run / "steps.parquet").to_pylist()
+    return (last - max(s["end_ns"] for s in steps)) / 1e9
+
+
+def test_past_steps_the_profile_has_stopped(tmp_path: Path) -> None:
+    """--steps 2 of a job that goes on for 4 more steps and 4 s of work: nothing after the
+    second recorded step is in the trace."""
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "2", "--",
+        sys.executable, WORKLOADS / "grow.py", "--steps", "6", "--ops", "1000", "--tail", "4",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert _status(run)["profiled_steps"] == 2 and not _status(run)["stop_reason"]
+    assert recorded_after_the_last_step_s(run) < 1.0

@@ -205,3 +205,20 @@ def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_p
         assert [s["step"] for s in report["incomplete_steps"]] == [stop]
     else:  # stopped at the boundary after it: it is complete
         assert status["profiled_steps"] == stop and kept == list(range(1, stop + 1))
+
+
+def test_past_steps_the_profile_has_stopped(tmp_path: Path) -> None:
+    """--steps 2 of a job that goes on for 4 more batches and 4 s of eager work: nothing after
+    the second recorded step is in the trace."""
+    _needs_tensorflow()
+    from tests.test_collect import recorded_after_the_last_step_s
+
+    run = tmp_path / "run"
+    result = collect_tensorflow(
+        run, "--skip", "0", "--warmup", "0", "--steps", "2", "--",
+        sys.executable, WORKLOADS / "tf_grow.py", "--steps", "6", "--ops", "200", "--tail", "4",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    assert status["profiled_steps"] == 2 and not status["stop_reason"]
+    assert recorded_after_the_last_step_s(run) < 1.0

@@ -472,9 +472,8 @@ def _collect_notes(collected: Collected, notes: Notes) -> None:
             detail = f" ({rank.detail})" if rank.detail else ""
             notes.warn(f"rank {rank.rank} ended: {rank.state}{detail}")
         if rank.stop_reason:
-            notes.warn(
-                f"rank {rank.rank}: profile stopped at step {rank.stop_step}: {rank.stop_reason}"
-            )
+            at = f" at step {rank.stop_step}" if rank.stop_step is not None else ""
+            notes.warn(f"rank {rank.rank}: profile stopped{at}: {rank.stop_reason}")
         if not rank.trace:
             notes.warn(f"rank {rank.rank} wrote no trace")
     others = collected.processes
