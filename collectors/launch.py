@@ -74,6 +74,8 @@ class CollectSettings:
     warmup: int = 2
     skip: int = 1
     nvtx: str = "auto"  # on | off | auto (on when an NVTX tool such as Nsight Systems is attached)
+    # bytes a rank's memory may grow by while it profiles; 0: no cap
+    max_memory: int = rankside.DEFAULT_MAX_MEMORY
 
 
 @dataclass
@@ -187,6 +189,7 @@ def job_environment(
     env[rankside.ENV_SKIP] = str(settings.skip)
     env[rankside.ENV_CLOCK] = clock
     env[rankside.ENV_NVTX] = settings.nvtx
+    env[rankside.ENV_MAX_MEMORY] = str(settings.max_memory)
     return env
 
 
@@ -198,6 +201,7 @@ PASSED_VARIABLES = (
     rankside.ENV_SKIP,
     rankside.ENV_CLOCK,
     rankside.ENV_NVTX,
+    rankside.ENV_MAX_MEMORY,
 )
 
 
@@ -321,6 +325,9 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
                 "rank_source": status.get("rank_source"),
                 "user_profiler": status.get("user_profiler", False),
                 "profiled_steps": status.get("profiled_steps"),
+                "stop_reason": status.get("stop_reason"),
+                "stop_step": status.get("stop_step"),
+                "stop_mid_step": status.get("stop_mid_step", False),
                 "notes": status.get("notes", []),
             }
         )
@@ -333,7 +340,12 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
         "start": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(result.started)),
         "end": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(result.ended)),
         "seconds": round(result.ended - result.started, 3),
-        "schedule": {"skip": settings.skip, "warmup": settings.warmup, "steps": settings.steps},
+        "schedule": {
+            "skip": settings.skip,
+            "warmup": settings.warmup,
+            "steps": settings.steps,
+            "max_memory": settings.max_memory,
+        },
         "world_size": max(worlds) if worlds else None,
         "hosts": sorted({r["host"] for r in ranks if r.get("host")}),
         "ranks": sorted(ranks, key=lambda r: r["rank"] if r["rank"] is not None else -1),

@@ -40,6 +40,9 @@ ENV_WARMUP = "TRACEVIEW_WARMUP"
 ENV_SKIP = "TRACEVIEW_SKIP"
 ENV_CLOCK = "TRACEVIEW_CLOCK"  # host:port of the launcher's clock service
 ENV_NVTX = "TRACEVIEW_NVTX"  # "on", "off", or "auto": on when an NVTX tool (Nsight) is attached
+#: bytes the process's resident memory may grow by while it profiles; "0": no cap
+ENV_MAX_MEMORY = "TRACEVIEW_MAX_PROFILE_MEMORY"
+DEFAULT_MAX_MEMORY = 2 << 30  # stopping needs several times more again: see README
 NVTX_TOOL_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
 
 # --- who am I: rank, world size and local rank from the launcher's environment ---------------
@@ -171,6 +174,7 @@ class Config:
     skip: int = 1
     nvtx: bool = True
     clock: str | None = None
+    max_memory: int = DEFAULT_MAX_MEMORY  # 0: no cap
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config | None:
@@ -183,6 +187,9 @@ class Config:
             skip=max(_int(env.get(ENV_SKIP)) or 0, 0) if env.get(ENV_SKIP) else 1,
             nvtx=_nvtx_wanted(env),
             clock=env.get(ENV_CLOCK),
+            max_memory=max(_int(env.get(ENV_MAX_MEMORY)) or 0, 0)
+            if env.get(ENV_MAX_MEMORY)
+            else DEFAULT_MAX_MEMORY,
         )
 
 
@@ -224,6 +231,11 @@ class Status:
     user_profiler: bool = False
     notes: list[str] = field(default_factory=list)
     role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler
+    # a profile stopped before its --steps, while the job ran on: why, at which step (the
+    # profiler's step number), and whether that step was cut short (then it is left out)
+    stop_reason: str | None = None
+    stop_step: int | None = None
+    stop_mid_step: bool = False
 
     def write(self, run_dir: Path) -> None:
         folder = rank_dir(run_dir, self.rank)
@@ -236,6 +248,182 @@ class Status:
 def warn(message: str) -> None:
     with contextlib.suppress(Exception):
         print(f"traceview: {message}", file=sys.stderr, flush=True)
+
+
+# --- the memory cap: a profile that grows past it is stopped -------------------------------------
+
+
+def size_text(size: int) -> str:
+    """``4 GiB``, ``1.5 GiB``, ``200 MiB``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.4g} {unit}"
+    return f"{size} B"
+
+
+#: How often the memory watch looks. Each look takes the GIL for a few µs, but on a busy
+#: machine each hand-over of the GIL may cost the training thread milliseconds: at 0.1 s the
+#: MXNet live tests' per-step timers saw 10-50 ms of it on 2 overloaded cores (at 0.5 s, rarely).
+#: Overshoot: what the profile grows in this time (here up to 100 MiB/s: 50 MiB).
+WATCH_INTERVAL_S = 0.5
+
+
+class MemoryWatch:
+    """Watches the process's resident memory while a profile runs: a daemon thread reads
+    /proc/self/statm every ``interval`` seconds (about 2 µs a read) and, while the memory has
+    grown by more than ``limit`` bytes (0: no limit) since ``start``, calls ``over(first)`` from
+    that thread (``first`` the first time), until ``stop``; ``tick()``, if given, every time."""
+
+    def __init__(
+        self,
+        limit: int,
+        over: Callable[[bool], None],
+        interval: float = WATCH_INTERVAL_S,
+        tick: Callable[[], None] | None = None,
+    ):
+        self.limit, self.over, self.interval, self.tick = limit, over, interval, tick
+        self.stopped = threading.Event()
+        self.fd: int | None = None
+
+    def resident(self) -> int:
+        assert self.fd is not None
+        return int(os.pread(self.fd, 256, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def start(self) -> bool:
+        try:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY)
+            base = self.resident()
+        except (OSError, ValueError, IndexError):
+            return False  # no /proc (not Linux): no cap
+        threading.Thread(
+            target=self._run, args=(base,), name="traceview-memory", daemon=True
+        ).start()
+        return True
+
+    def _run(self, base: int) -> None:
+        first = True
+        try:
+            while not self.stopped.wait(self.interval):
+                if self.tick is not None:
+                    self.tick()
+                if self.limit > 0 and self.resident() - base > self.limit:
+                    self.over(first)
+                    first = False
+        except Exception as exc:  # never break the job
+            warn(f"memory cap off ({type(exc).__name__}: {exc})")
+        finally:
+            fd, self.fd = self.fd, None
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+#: The signal whose Python handler runs a stop on the main thread, asked for by the watch: a
+#: *simulated* signal (``_thread.interrupt_main``), so that no system call of the job is
+#: interrupted; the handler is only installed where the job leaves the signal at its default.
+STOP_SIGNAL: int | None = (
+    int(signal.SIGRTMAX) - 2
+    if hasattr(signal, "SIGRTMAX") and sys.version_info >= (3, 10)
+    else None
+)
+
+
+def arm_main_thread(callback: Callable[[], None]) -> Callable[[], None] | None:
+    """On the main thread: returns a function that any thread may call to have ``callback``
+    run on the main thread at its next bytecode (None where that cannot be arranged)."""
+    signum = STOP_SIGNAL
+    if signum is None or threading.current_thread() is not threading.main_thread():
+        return None
+    import _thread
+
+    def handler(number: int, frame: Any) -> None:
+        try:
+            callback()
+        except Exception as exc:  # runs inside the job's code: must never raise there
+            warn(f"could not stop the profile ({type(exc).__name__}: {exc})")
+
+    try:
+        if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+            return None  # the job uses it
+        signal.signal(signum, handler)
+    except (ValueError, OSError, TypeError):
+        return None
+
+    def poke() -> None:
+        with contextlib.suppress(Exception):
+            if signal.getsignal(signum) is handler:  # not if the job took the signal since
+                # (not signal.Signals(signum): the enum has no member for SIGRTMAX - 2)
+                _thread.interrupt_main(signum)  # type: ignore[arg-type]
+
+    poke.handler = handler  # type: ignore[attr-defined]
+    return poke
+
+
+def disarm_main_thread(poke: Callable[[], None] | None) -> None:
+    if poke is None or STOP_SIGNAL is None:
+        return
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            if signal.getsignal(STOP_SIGNAL) is getattr(poke, "handler", None):
+                signal.signal(STOP_SIGNAL, signal.SIG_DFL)
+
+
+class MemoryCap:
+    """The memory cap of one profile. Past it, the collector's ``stop_now()`` is asked for on
+    the training thread (torch.profiler can only be stopped on the thread that started it: from
+    another one it loses the whole trace): the collector checks ``reached`` at its next step,
+    and where the profile started on the main thread, that thread is also interrupted (every
+    ``interval`` until it stops), so that a step that never ends is stopped too. ``from_watch``
+    (optional) is called once from the watching thread instead, for a framework whose profiler
+    may be stopped from any thread; ``tick`` (optional) from that thread every WATCH_INTERVAL_S,
+    cap or no cap, until ``close``."""
+
+    def __init__(
+        self,
+        limit: int,
+        stop_now: Callable[[], None],
+        from_watch: Callable[[], None] | None = None,
+        tick: Callable[[], None] | None = None,
+    ):
+        self.limit = limit
+        self.stop_now, self.from_watch, self.tick = stop_now, from_watch, tick
+        self.reached = False
+        self.watch: MemoryWatch | None = None
+        self.poke: Callable[[], None] | None = None
+
+    @property
+    def reason(self) -> str:
+        return f"memory cap {size_text(self.limit)} reached"
+
+    def start(self) -> None:
+        """Called on the training thread as the profile starts."""
+        if self.limit <= 0 and self.tick is None:
+            return
+        if self.from_watch is None and self.limit > 0:
+            self.poke = arm_main_thread(self._on_main_thread)
+        self.watch = MemoryWatch(max(self.limit, 0), self._over, tick=self.tick)
+        if not self.watch.start():
+            self.watch = None
+
+    def _over(self, first: bool) -> None:
+        self.reached = True
+        if self.from_watch is not None:
+            if first:
+                self.from_watch()
+        elif self.poke is not None:
+            self.poke()
+
+    def _on_main_thread(self) -> None:
+        if self.reached:
+            self.stop_now()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+        disarm_main_thread(self.poke)
 
 
 # --- running code right after a module is imported ----------------------------------------------
@@ -300,6 +488,10 @@ class TorchCollector:
         self.lock = threading.RLock()
         self.nvtx: Any = None
         self.user_profilers = 0  # torch.profiler sessions the script itself has running
+        self.cap = MemoryCap(config.max_memory, self._stop_for_memory)
+        self.busy = 0  # inside step() or finish() on some thread (a stop must wait for them)
+        self.extra_step = 0  # a step the profiler has not counted: it ended at the stop
+        self.thread: int | None = None  # the thread that started the profiler
 
     # the schedule ------------------------------------------------------------------------
 
@@ -332,16 +524,41 @@ class TorchCollector:
             self.steps_seen += 1
             if self.steps_seen <= self.config.skip:
                 return
+            self.busy += 1
             try:
                 if self.profiler is None:
                     self._start()
                 elif self.profiler is not False:
+                    if self.cap.reached:  # past the memory cap: the step that ended is kept
+                        self._stop_early(mid_step=False)
+                        return
                     self.profiler.step()
                     if self.profiler.step_num >= self.config.warmup + self.config.active:
                         self.finish()
             except Exception as exc:
                 warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
                 self._abandon(f"{type(exc).__name__}: {exc}")
+            finally:
+                self.busy -= 1
+
+    def _stop_for_memory(self) -> None:
+        """On the main thread, interrupted past the memory cap: stop inside the step (it is cut
+        short, and left out); not while traceview's own step or finish runs on it."""
+        with self.lock:
+            if not self.busy:
+                self._stop_early(mid_step=True)
+
+    def _stop_early(self, mid_step: bool) -> None:
+        """Stop the profile before its --steps (the memory cap): write what it has, say why in
+        the status, and leave the job to run on unprofiled."""
+        if self.finished or not self.profiler or self.status is None:
+            return
+        step = int(self.profiler.step_num)  # the step in progress (mid_step) or that just ended
+        self.status.stop_reason, self.status.stop_step = self.cap.reason, step
+        self.status.stop_mid_step = mid_step
+        self.extra_step = 0 if mid_step else 1
+        warn(f"profile stopped at step {step}: {self.cap.reason}; the job runs on unprofiled")
+        self.finish()
 
     def _start(self) -> None:
         torch = self.torch
@@ -370,7 +587,11 @@ class TorchCollector:
         )
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
+        self.thread = threading.get_ident()
+        self.cap.start()  # its thread starts before the profile, not inside a step of it
         self.profiler.start()
+        if threading.current_thread() is not threading.main_thread():
+            _thread_end.sentinel = _StopAtThreadEnd(self)
 
     def _rank_info(self) -> RankInfo:
         info = detect_rank(os.environ)
@@ -391,7 +612,9 @@ class TorchCollector:
         profiler.export_chrome_trace(str(tmp))
         os.replace(tmp, path)
         self.status.trace_files = [path.name]
-        self.status.profiled_steps = max(profiler.step_num - self.config.warmup, 0)
+        self.status.profiled_steps = max(
+            profiler.step_num + self.extra_step - self.config.warmup, 0
+        )
 
     def finish(self, state: str | None = None, detail: str | None = None) -> None:
         """Stop profiling (writing what was recorded) and leave the job alone from now on.
@@ -404,7 +627,17 @@ class TorchCollector:
                 # The hooks stay registered (removing one from inside a hook would change the
                 # dict torch is iterating over); they return at once from now on.
                 self.finished = True
-                if self.profiler:
+                self.cap.close()
+                if state is not None:
+                    self._past_cap("exit")
+                if self.profiler and threading.get_ident() != self.thread:
+                    # torch.profiler stopped on another thread than the one that started it
+                    # loses the trace, or (that thread gone, at exit) crashes the process
+                    why = "torch.profiler can only be stopped on the thread that started it"
+                    warn(f"trace not written: {why}")
+                    if self.status is not None:
+                        self.status.notes.append(f"trace not written: {why}")
+                elif self.profiler:
                     try:
                         self.profiler.stop()
                     except Exception as exc:
@@ -423,8 +656,17 @@ class TorchCollector:
             with contextlib.suppress(Exception):
                 self.status.write(self.config.run_dir)
 
+    def _past_cap(self, when: str) -> None:
+        """Past the cap, but never stopped on the training thread until ``when``: say so."""
+        status = self.status
+        if self.cap.reached and self.profiler and status and status.stop_reason is None:
+            status.stop_reason = f"{self.cap.reason}, stopped only at {when}"
+            status.stop_step = int(self.profiler.step_num)
+            status.stop_mid_step = True
+
     def _abandon(self, reason: str) -> None:
         self.finished = True
+        self.cap.close()
         if self.status is not None:
             self.status.notes.append(f"profiling stopped: {reason}")
             with contextlib.suppress(Exception):
@@ -465,6 +707,7 @@ class TorchCollector:
 
     def _yield_to_user_profiler(self) -> None:
         with self.lock:
+            self.cap.close()
             profiler, self.profiler = self.profiler, False
             with contextlib.suppress(Exception):
                 profiler.on_trace_ready = None
@@ -498,6 +741,27 @@ class TorchCollector:
             os.replace(tmp, target)
             self.status.trace_files = [target.name]
             self.status.write(self.config.run_dir)
+
+
+#: Per thread: what a training thread that is not the main one does as it ends.
+_thread_end = threading.local()
+
+
+class _StopAtThreadEnd:
+    """Kept in the training thread's thread-local storage, which Python clears on that thread
+    as it ends: a profile still open then is stopped there, the only thread torch.profiler can
+    be stopped on (left open, the process crashed at exit: SIGSEGV)."""
+
+    def __init__(self, collector: TorchCollector):
+        self.collector = collector
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            collector = self.collector
+            if threading.get_ident() == collector.thread:
+                with collector.lock:
+                    collector._past_cap("the end of its thread")
+                    collector.finish()
 
 
 def _profiler_enabled(torch: Any) -> bool:

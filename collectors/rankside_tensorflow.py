@@ -70,6 +70,8 @@ class TensorFlowCollector:
         self.status: Any = None
         self.logdir: Path | None = None
         self.inside_next = threading.local()
+        self.cap = core.MemoryCap(config.max_memory, self._stop_for_memory)
+        self.busy = 0  # inside boundary() or end_step() (a stop waits for them)
 
     # set-up -------------------------------------------------------------------------------
 
@@ -149,7 +151,11 @@ class TensorFlowCollector:
         with self.lock:
             if self.finished or not self._accepts(source):
                 return
+            self.busy += 1
             try:
+                if self.profiling and self.cap.reached:  # the step that ended is kept
+                    self._stop_early(mid_step=False)
+                    return
                 self._close_marker()
                 number = self.begun
                 self.begun += 1
@@ -166,13 +172,39 @@ class TensorFlowCollector:
             except Exception as exc:
                 self.core.warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
                 self._abandon(f"{type(exc).__name__}: {exc}")
+            finally:
+                self.busy -= 1
+
+    def _stop_for_memory(self) -> None:
+        """On the main thread, interrupted past the memory cap: stop now (a step still open is
+        cut short and left out); not while traceview's own code runs on it."""
+        with self.lock:
+            if not self.busy and self.profiling:
+                self._stop_early(mid_step=self.marker is not None)
+
+    def _stop_early(self, mid_step: bool) -> None:
+        """Stop the profile before its --steps (the memory cap): write what it has, say why in
+        the status, and leave the job to run on unprofiled."""
+        status = self.status
+        step = self.begun - 1  # the step in progress, or (at a boundary) the one that ended
+        status.stop_reason, status.stop_step, status.stop_mid_step = self.cap.reason, step, mid_step
+        if mid_step:
+            status.profiled_steps = max(status.profiled_steps - 1, 0)
+        self.core.warn(
+            f"profile stopped at step {step}: {self.cap.reason}; the job runs on unprofiled"
+        )
+        self.finish()
 
     def end_step(self, source: str) -> None:
         """A step ends without the next one beginning yet (Keras' batch end)."""
         with self.lock:
             if not self.finished and source == self.source:
-                with contextlib.suppress(Exception):
-                    self._close_marker()
+                self.busy += 1
+                try:
+                    with contextlib.suppress(Exception):
+                        self._close_marker()
+                finally:
+                    self.busy -= 1
 
     def _close_marker(self) -> None:
         marker, self.marker = self.marker, None
@@ -197,9 +229,11 @@ class TensorFlowCollector:
         self.status.framework, self.status.framework_version = "tensorflow", str(tf.__version__)
         self.status.clock = asdict(core.probe_clock(self.config.clock))
         self.logdir = core.rank_dir(self.config.run_dir, info.rank) / _LOGDIR
+        self.cap.start()  # its thread starts before the profile, not inside a step of it
         try:
             tf.profiler.experimental.start(str(self.logdir))
         except Exception as exc:  # the script profiles on its own (one session per process)
+            self.cap.close()
             self.status.user_profiler = True
             self.status.notes.append(f"tf.profiler not started ({type(exc).__name__}): {exc}")
             self.status.write(self.config.run_dir)
@@ -244,6 +278,13 @@ class TensorFlowCollector:
         with self.lock:
             if not self.finished:
                 self.finished = True
+                self.cap.close()
+                status = self.status
+                # past the cap, but never stopped on the training thread: at exit, then
+                if state is not None and self.cap.reached and self.profiling and status:
+                    status.stop_reason = status.stop_reason or f"{self.cap.reason}, stopped at exit"
+                    status.stop_step = self.begun - 1
+                    status.stop_mid_step = self.marker is not None
                 try:
                     self._stop()
                 except Exception as exc:
@@ -263,6 +304,7 @@ class TensorFlowCollector:
 
     def _abandon(self, reason: str) -> None:
         self.finished = True
+        self.cap.close()
         with contextlib.suppress(Exception):
             self._stop()
         if self.status is not None:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -423,3 +424,176 @@ def test_a_job_started_from_a_background_shell_gets_sigint_back(tmp_path: Path) 
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "SIGINT default" in proc.stdout, proc.stdout
+
+
+# --- the memory cap (issue 14): a profile that grows past it stops and keeps what it has ------
+
+
+def _status(run: Path, rank: int = 0) -> dict:
+    return json.loads((run / "raw" / f"rank-{rank:05d}" / "status.json").read_text())
+
+
+def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_path: Path) -> None:
+    """Each step runs 20,000 tiny ops, ~60 MiB of profile. With --steps 100 and nothing else the
+    rank would profile all 12 steps (and a job of 100,000 steps without bound); past a 150 MiB
+    cap its main thread is interrupted inside the step, the profile stops there and is written,
+    that step is left out, and the job runs on unprofiled to its end."""
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "100",
+        "--max-profile-memory", "150M", "--",
+        sys.executable, WORKLOADS / "grow.py", "--steps", "12", "--ops", "20000",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "step 11:" in result.out and "done" in result.out  # the job ran on to its end
+    status = _status(run)
+    stop = status["stop_step"]
+    assert status["state"] == "ok" and status["stop_reason"] == "memory cap 150 MiB reached"
+    assert 2 <= stop < 12
+    (rank,) = _manifest(run)["collect"]["ranks"]
+    assert rank["trace"] and rank["stop_step"] == stop
+    line = f"rank 0: profile stopped at step {stop}: memory cap 150 MiB reached"
+    assert f"warning: {line}" in result.out
+    report = run_cli("report", run, "--json").json()
+    assert report["warnings"].count(line) == 1
+    kept = [s["step"] for s in report["per_step"]]
+    # steps 1 .. stop-1 after the warm-up step 0, and the step it stopped in, if it ended
+    if status["stop_mid_step"]:  # interrupted inside the step: cut short, left out
+        assert rank["stop_mid_step"] and status["profiled_steps"] == stop - 1
+        assert kept == list(range(1, stop))
+        assert [s["step"] for s in report["incomplete_steps"]] == [stop]
+    else:  # the step's optimizer step came first: stopped there, the step is complete
+        assert status["profiled_steps"] == stop and kept == list(range(1, stop + 1))
+        assert report["incomplete_steps"] == []
+
+
+def test_a_step_that_never_ends_is_stopped_at_the_cap(tmp_path: Path) -> None:
+    """After 2 optimizer steps the script runs tiny ops for 20 s without stepping again (an
+    evaluation): no hook comes, and the profile used to record all of it (~100 MiB/s here). Past
+    the cap the main thread is interrupted and the profile stops within the tail."""
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "5",
+        "--max-profile-memory", "100M", "--",
+        sys.executable, WORKLOADS / "grow.py", "--steps", "2", "--ops", "1000", "--tail", "20",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "done" in result.out
+    status = _status(run)
+    assert status["stop_reason"] == "memory cap 100 MiB reached"
+    assert status["stop_step"] == 1 and status["stop_mid_step"] and status["profiled_steps"] == 1
+    assert "rank 0: profile stopped at step 1: memory cap 100 MiB reached" in result.out
+    steps = pq.read_table(run / "steps.parquet").to_pylist()
+    tail = next(s for s in steps if s["step"] == 1)
+    assert tail["wall_ns"] < 10e9, "the profile went on recording the tail"
+
+
+def test_a_training_thread_past_the_cap_stops_at_its_next_step(tmp_path: Path) -> None:
+    """Training on a thread of its own: torch.profiler can only be stopped on the thread that
+    started it, and only the main thread can be interrupted, so the profile stops at the next
+    optimizer step; the step that just ended is complete and kept."""
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "100",
+        "--max-profile-memory", "150M", "--",
+        sys.executable, WORKLOADS / "grow.py", "--steps", "8", "--ops", "20000", "--thread",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "step 7:" in result.out and "done" in result.out
+    status = _status(run)
+    stop = status["stop_step"]
+    assert status["stop_reason"] == "memory cap 150 MiB reached" and not status["stop_mid_step"]
+    assert status["profiled_steps"] == stop  # steps 1 .. stop, all complete
+    report = run_cli("report", run, "--json").json()
+    assert [s["step"] for s in report["per_step"]] == list(range(1, stop + 1))
+    assert report["incomplete_steps"] == []
+    assert (
+        f"rank 0: profile stopped at step {stop}: memory cap 150 MiB reached" in report["warnings"]
+    )
+
+
+def test_another_thread_has_the_main_thread_run_the_stop() -> None:
+    """What the memory watch does past the cap, in this very process: a poke from another
+    thread runs the callback on the main thread at its next bytecode (a simulated signal);
+    disarmed, the signal is back at its default."""
+    ran: list[str] = []
+    poke = rankside.arm_main_thread(lambda: ran.append(threading.current_thread().name))
+    assert poke is not None and rankside.STOP_SIGNAL is not None
+    try:
+        thread = threading.Thread(target=poke, name="watch")
+        thread.start()
+        thread.join()
+        deadline = time.monotonic() + 5
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ran == ["MainThread"]
+    finally:
+        rankside.disarm_main_thread(poke)
+    assert signal.getsignal(rankside.STOP_SIGNAL) == signal.SIG_DFL
+
+
+def test_max_profile_memory_takes_sizes_and_refuses_others(tmp_path: Path) -> None:
+    from traceview.commands.collect import memory_size
+
+    assert memory_size("4G") == memory_size("4GiB") == 4 << 30
+    assert memory_size("512m") == 512 << 20 and memory_size("1.5G") == 3 << 29
+    assert memory_size("0") == memory_size("none") == memory_size("off") == 0
+    assert rankside.size_text(4 << 30) == "4 GiB" and rankside.size_text(150 << 20) == "150 MiB"
+    assert memory_size("2G") == rankside.DEFAULT_MAX_MEMORY
+    assert "(default 2G; 0 or none: no cap)" in " ".join(run_cli("collect", "--help").out.split())
+    result = run_cli("collect", "-o", tmp_path / "run", "--max-profile-memory", "4X", "--", "true")
+    assert result.code == 2 and "--max-profile-memory: '4X' is not a size" in result.err
+    assert "Traceback" not in result.err and not (tmp_path / "run").exists()
+
+
+def test_a_training_thread_that_ends_inside_the_profile_still_writes_it(tmp_path: Path) -> None:
+    """The loop runs on a thread of its own and ends (2 steps, then 2 s of tiny ops) before
+    --steps 5 were recorded: the profile was left open on that thread, and at exit torch
+    crashed the job (SIGSEGV, exit code 139: its trace lost, its exit code changed). It is now
+    stopped on that thread as it ends, the only thread torch.profiler can be stopped on; past the
+    cap, which there is no way to act on before, the status says when it stopped."""
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "5",
+        "--max-profile-memory", "50M", "--",
+        sys.executable, WORKLOADS / "grow.py", "--steps", "2", "--ops", "1000", "--tail", "2",
+        "--thread",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "done" in result.out
+    status = _status(run)
+    assert status["state"] == "ok" and status["trace_files"]
+    assert (
+        status["stop_reason"] == "memory cap 50 MiB reached, stopped only at the end of its thread"
+    )
+    assert status["stop_step"] == 1 and status["stop_mid_step"]
+    (rank,) = _manifest(run)["collect"]["ranks"]
+    assert rank["trace"]
+
+
+def recorded_after_the_last_step_s(run: Path) -> float:
+    """Seconds of events the rank's trace holds after its last step window ended."""
+    events = pq.read_table(
+        run / "events" / "rank=0" / "part-0.parquet", columns=["ts_ns", "dur_ns"]
+    )
+    last = max(t + d for t, d in zip(*events.to_pydict().values(), strict=True))
+    steps = pq.read_table(run / "steps.parquet").to_pylist()
+    return (last - max(s["end_ns"] for s in steps)) / 1e9
+
+
+def test_past_steps_the_profile_has_stopped(tmp_path: Path) -> None:
+    """--steps 2 of a job that goes on for 4 more steps and 4 s of work: nothing after the
+    second recorded step is in the trace."""
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "2", "--",
+        sys.executable, WORKLOADS / "grow.py", "--steps", "6", "--ops", "1000", "--tail", "4",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert _status(run)["profiled_steps"] == 2 and not _status(run)["stop_reason"]
+    assert recorded_after_the_last_step_s(run) < 1.0

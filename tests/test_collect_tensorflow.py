@@ -176,3 +176,49 @@ def test_workers_configured_by_tf_config_alone(tmp_path: Path) -> None:
 def test_rank_from_tf_config(config: dict, expected: tuple[int, int] | None) -> None:
     assert rank_from_tf_config(json.dumps(config)) == expected
     assert rank_from_tf_config("not json") is None and rank_from_tf_config(None) is None
+
+
+def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_path: Path) -> None:
+    """3,000 eager ops a step (~3 MiB of profile here): past a 20 MiB cap the main thread is
+    interrupted inside a step, tf.profiler stops there and its XSpace is kept; that step is
+    left out, the steps before it are reported, and the job runs on unprofiled."""
+    _needs_tensorflow()
+    run = tmp_path / "run"
+    result = collect_tensorflow(
+        run, "--skip", "0", "--warmup", "1", "--steps", "100", "--max-profile-memory", "20M", "--",
+        sys.executable, WORKLOADS / "tf_grow.py", "--steps", "20", "--ops", "3000",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "step 19:" in result.out and "done" in result.out
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    stop = status["stop_step"]
+    assert status["stop_reason"] == "memory cap 20 MiB reached" and 2 <= stop < 20
+    assert (
+        status["trace_files"] and (run / "raw" / "rank-00000" / status["trace_files"][0]).is_file()
+    )
+    line = f"rank 0: profile stopped at step {stop}: memory cap 20 MiB reached"
+    assert f"warning: {line}" in result.out
+    report = run_cli("report", run, "--json").json()
+    kept = [s["step"] for s in report["per_step"]]
+    if status["stop_mid_step"]:  # interrupted inside the step: it is cut short and left out
+        assert status["profiled_steps"] == stop - 1 and kept == list(range(1, stop))
+        assert [s["step"] for s in report["incomplete_steps"]] == [stop]
+    else:  # stopped at the boundary after it: it is complete
+        assert status["profiled_steps"] == stop and kept == list(range(1, stop + 1))
+
+
+def test_past_steps_the_profile_has_stopped(tmp_path: Path) -> None:
+    """--steps 2 of a job that goes on for 4 more batches and 4 s of eager work: nothing after
+    the second recorded step is in the trace."""
+    _needs_tensorflow()
+    from tests.test_collect import recorded_after_the_last_step_s
+
+    run = tmp_path / "run"
+    result = collect_tensorflow(
+        run, "--skip", "0", "--warmup", "0", "--steps", "2", "--",
+        sys.executable, WORKLOADS / "tf_grow.py", "--steps", "6", "--ops", "200", "--tail", "4",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    assert status["profiled_steps"] == 2 and not status["stop_reason"]
+    assert recorded_after_the_last_step_s(run) < 1.0

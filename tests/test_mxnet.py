@@ -579,3 +579,59 @@ def test_script_that_marks_its_own_steps_and_phases(tmp_path: Path) -> None:
     # the compute regions time Python queueing work, not operators; data loading is one
     assert not {"## forward ##", "## backward ##", "## optimizer ##"} & set(names)
     assert names["## data ##"] == "data_loader"
+
+
+# --- bounded profiles (issue 14) ----------------------------------------------------------------
+
+
+def _mx_trace(run: Path) -> list[dict]:
+    path = run / "raw" / "rank-00000" / "rank-0.mxnet.json.gz"
+    return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+
+def test_the_profiler_stops_after_the_window_when_no_step_follows(tmp_path: Path) -> None:
+    """The last recorded step used to leave mx.profiler running until the next Trainer step or
+    the exit: a job that stopped stepping (here 8 s of NDArray work after its last step, an
+    evaluation) had all of it recorded, ~80 MiB/s. It now stops within LINGER_S (1 s)."""
+    python = _mxnet_python()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "2", "--",
+        python, REPO / "tests" / "workloads" / "mxnet" / "grow.py",
+        "--steps", "3", "--ops", "100", "--tail", "8",
+        env={"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    events = [e for e in _mx_trace(run) if "ts" in e]
+    step_ends = [
+        e["ts"] + e.get("dur", 0) for e in events if str(e.get("name")).startswith("step#")
+    ]
+    last = max(e["ts"] + e.get("dur", 0) for e in events)
+    assert step_ends and (last - max(step_ends)) / 1e6 < 4, "the profiler recorded the tail"
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    assert status["state"] == "ok" and status["profiled_steps"] == 2 and not status["stop_reason"]
+
+
+def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_path: Path) -> None:
+    """3,000 NDArray ops a step, ~15 MiB of profile: past a 100 MiB cap the watching thread stops
+    mx.profiler (the process's, not a thread's) and writes the trace; the step in progress never
+    ends its Task and is not in it; the job runs on unprofiled."""
+    python = _mxnet_python()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "100",
+        "--max-profile-memory", "100M", "--",
+        python, REPO / "tests" / "workloads" / "mxnet" / "grow.py", "--steps", "20", "--ops", "3000",
+        env={"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "step 19:" in result.out and "done" in result.out
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    stop = status["stop_step"]
+    assert status["stop_reason"] == "memory cap 100 MiB reached" and 2 <= stop < 20
+    assert status["profiled_steps"] == stop - 1 and not status["stop_mid_step"]
+    line = f"rank 0: profile stopped at step {stop}: memory cap 100 MiB reached"
+    assert f"warning: {line}" in result.out
+    report = run_cli("report", run, "--json").json()
+    assert [s["step"] for s in report["per_step"]] == list(range(1, stop))
+    assert report["incomplete_steps"] == [] and line in report["warnings"]

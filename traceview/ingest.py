@@ -544,6 +544,9 @@ def _collect_notes(collected: Collected, notes: Notes) -> None:
         if rank.state not in ("ok", "running"):
             detail = f" ({rank.detail})" if rank.detail else ""
             notes.warn(f"rank {rank.rank} ended: {rank.state}{detail}")
+        if rank.stop_reason:
+            at = f" at step {rank.stop_step}" if rank.stop_step is not None else ""
+            notes.warn(f"rank {rank.rank}: profile stopped{at}: {rank.stop_reason}")
         if not rank.trace:
             notes.warn(f"rank {rank.rank} wrote no trace")
     others = collected.processes

@@ -66,6 +66,9 @@ class RankStatus(Record):
     user_profiler: bool = False
     notes: list[str] = []
     role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler
+    stop_reason: str | None = None  # why the profile stopped before its --steps (memory cap)
+    stop_step: int | None = None  # the profiler's step then
+    stop_mid_step: bool = False  # that step was cut short
 
 
 class CollectedRank(Record):
@@ -81,6 +84,9 @@ class CollectedRank(Record):
     rank_source: str | None = None
     user_profiler: bool = False
     profiled_steps: int | None = None  # steps recorded in full (null: not said)
+    stop_reason: str | None = None  # why the profile stopped before its --steps (memory cap)
+    stop_step: int | None = None  # the profiler's step then
+    stop_mid_step: bool = False  # that step was cut short (it is left out of the figures)
     notes: list[str] = []
 
 
@@ -99,6 +105,7 @@ class Schedule(Record):
     skip: int | None = None
     warmup: int | None = None
     steps: int | None = None
+    max_memory: int | None = None  # bytes a rank's profile may grow by (0: no cap)
 
 
 class Collected(Record):

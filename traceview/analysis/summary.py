@@ -581,8 +581,9 @@ def incomplete_steps(steps: pl.DataFrame, manifest: Manifest) -> pl.DataFrame:
     """(step, rank) of the steps that did not complete on every rank, the rank the step did not
     finish on (``unfinished``) or every rank that has it: the last step of a rank whose trace was
     cut short, or that died or was killed before its profile was complete (it recorded fewer steps
-    than ``collect`` asked for; a rank that died after its profile was written lost no step), and
-    a numbered step some ranks with steps lack."""
+    than ``collect`` asked for; a rank that died after its profile was written lost no step), or
+    whose profile was stopped inside a step (the memory cap), and a numbered step some ranks with
+    steps lack."""
     empty = pl.DataFrame(schema={S.STEP: pl.Int64, S.RANK: pl.Int32, "unfinished": pl.Boolean})
     if steps.height == 0 or steps[S.STEP].null_count() > 0:
         return empty
@@ -594,8 +595,13 @@ def incomplete_steps(steps: pl.DataFrame, manifest: Manifest) -> pl.DataFrame:
             r.rank
             for r in collected.ranks
             if r.rank is not None
-            and r.state in _ENDED_BADLY
-            and (r.profiled_steps is None or wanted is None or r.profiled_steps < wanted)
+            and (
+                (
+                    r.state in _ENDED_BADLY
+                    and (r.profiled_steps is None or wanted is None or r.profiled_steps < wanted)
+                )
+                or r.stop_mid_step  # its profile was stopped inside a step (the memory cap)
+            )
         }
     last = (
         steps.filter(pl.col(S.RANK).is_in(sorted(bad)))

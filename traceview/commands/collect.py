@@ -8,12 +8,14 @@ In every process of the job, once it imports PyTorch, TensorFlow or MXNet, the f
 profiler lets --skip steps pass, warms up for --warmup steps and records --steps (a step: an
 optimizer step, a tf.data batch or Keras batch, a gluon Trainer step, or the script's own
 traceview.collectors.step()); each rank's trace and status land in RUN/raw/, and the run is
-then read and reported. The exit code is the job's.
+then read and reported. The exit code is the job's. A rank whose profile grows its memory by more
+than --max-profile-memory (default 2G) stops profiling, writes what it has and runs on.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +23,21 @@ from traceview import rundir as R
 from traceview.errors import UsageError
 from traceview.manifest import Manifest, collected
 from traceview.text import safe
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def memory_size(text: str) -> int:
+    """``4G``, ``512M``, ``1.5GiB``, ``1000000`` (bytes); ``0``, ``none`` or ``off``: no cap."""
+    if text.strip().lower() in ("none", "off"):
+        return 0
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: give bytes or a number with K, M, G or T (binary: 4G is "
+            "4 GiB), or 0/none for no cap"
+        )
+    return int(float(match[1]) * _UNITS[match[2].upper()])
 
 
 class CollectCommand:
@@ -51,6 +68,14 @@ class CollectCommand:
             "--nvtx", choices=("auto", "on", "off"), default="auto",
             help="mark the phases as NVTX ranges for Nsight Systems (auto: when it is attached)",
         )  # fmt: skip
+        parser.add_argument(
+            "--max-profile-memory",
+            type=memory_size,
+            default=None,
+            metavar="SIZE",
+            help="a rank whose memory grows by more than SIZE while it profiles stops profiling, "
+            "keeps the steps it recorded and runs on (default 2G; 0 or none: no cap)",
+        )
         parser.add_argument(
             "--no-report", action="store_true", help="ingest, but do not print the report"
         )
@@ -88,6 +113,8 @@ class CollectCommand:
         settings = CollectSettings(
             steps=args.steps, warmup=args.warmup, skip=args.skip, nvtx=args.nvtx
         )
+        if args.max_profile_memory is not None:
+            settings.max_memory = args.max_profile_memory
         print(f"traceview: profiling every rank into {run}", file=sys.stderr, flush=True)
         existed = run.exists()
         try:
