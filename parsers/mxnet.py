@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from traceview import schema as S
 from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import ChromeTraceReader, us_to_ns
+from traceview.parsers.chrome_json import ChromeTraceReader, corrupt_times, us_to_ns
 
 _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
 _MARKERS = (b'"MXNET_C_API"', b'"Device Storage"', b'"MXNet C API Calls"')
@@ -255,7 +255,9 @@ class MXNetParser:
         table = pa.Table.from_batches(batches).unify_dictionaries()
         del batches
 
-        raw, unmatched, no_ts, operators = _intervals(table)
+        raw, unmatched, no_ts, operators, corrupt = _intervals(table)
+        if corrupt:
+            notes.warn(corrupt_times(path.name, corrupt))
         if not operators:
             notes.remark(
                 f"{path.name}: no MXNet operator events (profile_imperative/symbolic off?)"
@@ -274,6 +276,8 @@ class MXNetParser:
             "unmatched": unmatched,
             "no_timestamp": no_ts,
         }
+        if corrupt:
+            skipped["corrupt_time"] = corrupt
         meta: dict[str, Any] = {
             "devices": sorted(
                 {label for label in process_names.values() if _DEVICE_NAME.match(label)}
@@ -294,21 +298,24 @@ class MXNetParser:
         )
 
 
-def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool]:
+def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
     """Begin/end pairs and complete events as intervals; instants as zero-length rows, sorted
     by start.
 
     Returns (raw events, unmatched begin/end records, records without a timestamp, whether any
-    operator of the ``operator`` domain is there). Kinds are left to the core (from the
+    operator of the ``operator`` domain is there, records with an absurd time or duration). Kinds are left to the core (from the
     categories), except instants'.
     """
     ph_codes, ph_values = _codes(table.column("ph"))
     ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
     has_ts = np.abs(ts_us) < _MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
-    no_ts = int((~has_ts).sum())
+    dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
+    corrupt = int((~has_ts & ~np.isnan(ts_us)).sum()) + int(
+        (has_ts & (np.abs(dur_us) >= _MAX_US)).sum()
+    )
+    no_ts = int((~has_ts).sum()) - int((~has_ts & ~np.isnan(ts_us)).sum())
     ts = np.zeros(len(ts_us), np.int64)
     ts[has_ts] = us_to_ns(ts_us[has_ts])
-    dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
     dur_us = np.where(np.abs(dur_us) < _MAX_US, dur_us, 0.0)
     pid = table.column("pid").to_numpy()
     tid = table.column("tid").to_numpy()
@@ -372,7 +379,7 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool]:
             S.DUR_NS: pa.array(np.maximum(dur, 0), pa.int64()),
         }
     )
-    return S.conform(raw, S.RAW_SCHEMA), unmatched, no_ts, bool(op_rows.any())
+    return S.conform(raw, S.RAW_SCHEMA), unmatched, no_ts, bool(op_rows.any()), corrupt
 
 
 def _dictionary(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
