@@ -358,3 +358,26 @@ def test_tf1_with_its_metadata_past_the_sniffed_head_is_a_trace(tmp_path: Path) 
     report = _report(path)
     assert report["run"]["framework"] == "tensorflow"
     assert report["run"]["steps"] == _steps(tf1)
+
+
+def test_xplane_step_number_wider_than_64_bits(tmp_path: Path) -> None:
+    """A TensorFlow profile whose step_num stat is a uint64 above 2**63 (OverflowError in the
+    step table before)."""
+    xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+    sample = SAMPLES / "tensorflow" / "explicit" / "rank-0.xplane.pb"
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(sample.read_bytes())
+    changed = 0
+    for plane in space.planes:
+        step_num = [k for k, v in plane.stat_metadata.items() if v.name == "step_num"]
+        for event in (e for line in plane.lines for e in line.events):
+            for stat in event.stats:
+                if stat.metadata_id in step_num and changed < 1:
+                    stat.uint64_value = 2**64 - 5
+                    changed += 1
+    assert changed == 1
+    path = tmp_path / "rank-0.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    report = _report(path)
+    _warning(report, path.name, "step number too large", "18446744073709551611")
+    assert report["run"]["steps"] == _steps(sample)
