@@ -312,6 +312,7 @@ class ChromeTraceReader(Generic[T]):
             return
         del buf[: body_start - 1]  # keep the "[" that opens the events array
         search_from = self.chunk_bytes
+        misses = 0  # cuts in a row that fell inside an event
         while True:
             if not exhausted and len(buf) < self.chunk_bytes + _BLOCK_BYTES:
                 fill()
@@ -363,16 +364,20 @@ class ChromeTraceReader(Generic[T]):
                 elif position is not None and position < end - 1:
                     # Malformed JSON before the cut: real damage, not a cut in the wrong place.
                     yield from self._skip_damage(buf, position, str(exc))
-                    search_from = self.chunk_bytes
+                    search_from, misses = self.chunk_bytes, 0
                 elif exhausted:
                     if (yield from self._tail(buf)):
                         return
                 else:
-                    search_from = cut_start + 1
+                    # The cut fell inside an event. Any later boundary will do, so after a few
+                    # misses the next try jumps ever further: a string full of "}, {" costs a
+                    # few dozen decodes, not one per separator (a hang).
+                    misses += 1
+                    search_from = cut_start + 1 + (1 << min(misses, 40) >> 4)
                 continue
             yield chunk
             self._consume(buf, cut_end - 1)
-            search_from = self.chunk_bytes if not exhausted else 0
+            search_from, misses = (self.chunk_bytes if not exhausted else 0), 0
 
     def _stop(self, buf: bytearray, what: str) -> Iterator[T]:
         """Stop reading: ``EVENT_LIMIT`` bytes went by without ``what``. Keep the complete events

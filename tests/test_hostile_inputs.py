@@ -328,6 +328,26 @@ def test_gzip_bombs_are_read_in_bounded_memory(tmp_path: Path, filler: bytes, af
     _warning(report, path.name, "no event boundary in 64 MB after byte", "kept 300 events")
 
 
+def test_a_string_full_of_event_separators_is_no_hang(tmp_path: Path) -> None:
+    """A name holding 8 MB of "}, {" made the reader try a cut (a decode of megabytes) at every
+    one of them: minutes of CPU for a 10 MB file. The event is valid JSON and is kept."""
+
+    def name(document: dict[str, Any]) -> None:
+        events = _timed(document)
+        events[len(events) // 2]["name"] = "@NAME@"
+
+    path = _mutated(tmp_path, PT, name)
+    path.write_text(path.read_text().replace('"@NAME@"', '"' + "}, {" * (2 << 20) + '"'))
+    proc = subprocess.run(
+        [sys.executable, "-m", "traceview", "report", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["run"]["steps"] == _steps(PT)
+
+
 # --- 6. TF1 Timeline -------------------------------------------------------------------------
 
 
