@@ -401,3 +401,27 @@ def test_xplane_step_number_wider_than_64_bits(tmp_path: Path) -> None:
     report = _report(path)
     _warning(report, path.name, "step number too large", "18446744073709551611")
     assert report["run"]["steps"] == _steps(sample)
+
+
+def test_xplane_ids_wider_than_int64(tmp_path: Path) -> None:
+    """correlation_id/group_id stats that are uint64 above 2**63 in the shared GPU profile
+    (OverflowError before): they keep their 64 bits, so links and groups survive."""
+    xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+    (sample,) = shared_traces("tensorflow/tfprofiler_gpu_multi_worker").glob("*.xplane.pb")
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(sample.read_bytes())
+    changed = 0
+    for plane in space.planes:
+        ids = [
+            k for k, v in plane.stat_metadata.items() if v.name in ("correlation_id", "group_id")
+        ]
+        for event in (e for line in plane.lines for e in line.events):
+            for stat in event.stats:
+                if stat.metadata_id in ids and changed < 3:
+                    stat.uint64_value = 2**64 - 5
+                    changed += 1
+    assert changed == 3
+    path = tmp_path / sample.name
+    path.write_bytes(space.SerializeToString())
+    report = _report(path)
+    assert report["summary"]["step_ms"] == _report(sample)["summary"]["step_ms"]
