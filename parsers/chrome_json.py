@@ -256,6 +256,29 @@ def _decode_object(text: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def decode_records(data: Any) -> tuple[list[Any], int]:
+    """A chunk decoded without a schema (a parser's slow path). A number beyond a float's range
+    (``1e999``) fails the whole array, so then the records are decoded one by one: returns the
+    records that read and how many did not. Malformed JSON still raises ``DecodeError``."""
+    try:
+        value = msgspec.json.decode(data)
+        return (value if isinstance(value, list) else []), 0
+    except msgspec.ValidationError:  # "Number out of range": that record only
+        pass
+    records, bad = [], 0
+    for piece in msgspec.json.decode(data, type=list[msgspec.Raw]):
+        try:
+            records.append(msgspec.json.decode(piece))
+        except msgspec.ValidationError:
+            bad += 1
+    return records, bad
+
+
+def out_of_range(name: str, count: int) -> str:
+    """The warning for records ``decode_records`` left out."""
+    return f"{name}: {count} record(s) holding a number out of range (such as 1e999) not read"
+
+
 class ChromeTraceReader(Generic[T]):
     """Iterate over decoded chunks of a Chrome trace's events.
 

@@ -31,6 +31,8 @@ from traceview.parsers.chrome_json import (
     ChromeTraceReader,
     absurd_times,
     corrupt_times,
+    decode_records,
+    out_of_range,
     read_head,
     read_header,
     us_to_ns,
@@ -273,7 +275,7 @@ def _comm_bytes(args: _Args) -> int | None:
 class _Chunk:
     """Columns of one decoded chunk's events, its metadata records, and counts by record type."""
 
-    __slots__ = ("batch", "batch_sizes", "counts", "threads", "wide_sizes")
+    __slots__ = ("batch", "batch_sizes", "counts", "out_of_range", "threads", "wide_sizes")
 
     def __init__(
         self,
@@ -282,12 +284,14 @@ class _Chunk:
         counts: dict[str, int],
         batch_sizes: Counter[int],
         wide_sizes: int = 0,
+        out_of_range: int = 0,
     ):
         self.batch = batch
         self.threads = threads
         self.counts = counts
         self.batch_sizes = batch_sizes
         self.wide_sizes = wide_sizes  # message sizes wider than 64 bits, left out
+        self.out_of_range = out_of_range  # records holding a number beyond a float's range
 
 
 def _leading_size(dims: msgspec.Raw | None) -> int | None:
@@ -319,10 +323,12 @@ def _ids(values: list[Any]) -> pa.Array:
 
 
 def _decode_chunk(data: Any) -> _Chunk:
+    bad = 0
     try:
         records: Sequence[Any] = _DECODER.decode(data)
     except msgspec.ValidationError:
-        records = [_coerce(e) for e in msgspec.json.decode(data) if isinstance(e, dict)]
+        decoded, bad = decode_records(data)
+        records = [_coerce(e) for e in decoded if isinstance(e, dict)]
     # Flows, counters and metadata are counted, not kept: drop them before building columns.
     counts = {_TAG_OF.get(cls, "?"): n for cls, n in Counter(map(type, records)).items()}
     threads = {}
@@ -371,7 +377,7 @@ def _decode_chunk(data: Any) -> _Chunk:
             S.GROUP: _strings(list(map(attrgetter("group"), args))),
         }
     )
-    return _Chunk(batch, threads, counts, batch_sizes, wide)
+    return _Chunk(batch, threads, counts, batch_sizes, wide, bad)
 
 
 class KinetoParser:
@@ -400,11 +406,12 @@ class KinetoParser:
         threads: dict[str, str] = {}
         counts: dict[str, int] = {}
         batch_sizes: Counter[int] = Counter()
-        wide_sizes = 0
+        wide_sizes = bad = 0
         for chunk in reader:
             batches.append(chunk.batch)
             batch_sizes.update(chunk.batch_sizes)
             wide_sizes += chunk.wide_sizes
+            bad += chunk.out_of_range
             threads.update(chunk.threads)
             for ph, count in chunk.counts.items():
                 counts[ph] = counts.get(ph, 0) + count
@@ -430,6 +437,8 @@ class KinetoParser:
             notes.warn(corrupt_times(path.name, n_absurd))
             keep = ~absurd
             table, ts_us, dur = table.filter(pa.array(keep)), ts_us[keep], dur[keep]
+        if bad:
+            notes.warn(out_of_range(path.name, bad))
         if wide_sizes:
             notes.warn(
                 f"{path.name}: {wide_sizes} message size(s) too large for 64 bits left out "

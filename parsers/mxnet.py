@@ -34,7 +34,13 @@ import pyarrow.compute as pc
 from traceview import schema as S
 from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import ChromeTraceReader, corrupt_times, us_to_ns
+from traceview.parsers.chrome_json import (
+    ChromeTraceReader,
+    corrupt_times,
+    decode_records,
+    out_of_range,
+    us_to_ns,
+)
 
 _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
 _MARKERS = (b'"MXNET_C_API"', b'"Device Storage"', b'"MXNet C API Calls"')
@@ -121,13 +127,16 @@ class _Chunk:
     process_names: dict[int, str]
     thread_names: dict[tuple[int, int], str]
     counts: Counter[str]
+    out_of_range: int = 0  # records holding a number beyond a float's range, left out
 
 
 def _decode_chunk(data: Any) -> _Chunk:
+    bad = 0
     try:
         records: list[_Record] = _DECODER.decode(data)
     except msgspec.ValidationError:
-        records = [r for r in map(_coerce, msgspec.json.decode(data)) if r is not None]
+        decoded, bad = decode_records(data)
+        records = [r for r in map(_coerce, decoded) if r is not None]
     phs = list(map(attrgetter("ph"), records))
     counts = Counter(phs)
     process_names: dict[int, str] = {}
@@ -162,7 +171,7 @@ def _decode_chunk(data: Any) -> _Chunk:
             "dur_us": pa.array(list(map(attrgetter("dur"), records)), pa.float64()),
         }
     )
-    return _Chunk(batch, process_names, thread_names, counts)
+    return _Chunk(batch, process_names, thread_names, counts, bad)
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
@@ -244,13 +253,17 @@ class MXNetParser:
         process_names: dict[int, str] = {}
         thread_names: dict[tuple[int, int], str] = {}
         counts: Counter[str] = Counter()
+        bad = 0
         for chunk in reader:
             batches.append(chunk.batch)
             process_names.update(chunk.process_names)
             thread_names.update(chunk.thread_names)
             counts.update(chunk.counts)
+            bad += chunk.out_of_range
         info = reader.info
         notes = Notes()
+        if bad:
+            notes.warn(out_of_range(path.name, bad))
         info.require_events(path, sum(b.num_rows for b in batches), counts)
         table = pa.Table.from_batches(batches).unify_dictionaries()
         del batches

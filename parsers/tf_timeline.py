@@ -37,7 +37,13 @@ from traceview.parsers import (
     rank_from_filename,
     raw_events,
 )
-from traceview.parsers.chrome_json import MAX_US, ChromeTraceReader, corrupt_times, us_to_ns
+from traceview.parsers.chrome_json import (
+    MAX_US,
+    ChromeTraceReader,
+    corrupt_times,
+    decode_records,
+    us_to_ns,
+)
 
 _STREAM = re.compile(r"/(?:device:)?gpu:\d+/stream:(\d+|all) Compute$", re.IGNORECASE)
 _MEMCPY = re.compile(r"/(?:device:)?gpu:\d+/memcpy Compute$", re.IGNORECASE)
@@ -90,8 +96,9 @@ def _decode_chunk(data: Any) -> tuple[list[Any], int]:
         return _DECODER.decode(data), 0
     except msgspec.ValidationError:
         pass
-    records, bad = [], 0
-    for item in msgspec.json.decode(data):
+    decoded, bad = decode_records(data)
+    records = []
+    for item in decoded:
         try:
             records.append(msgspec.convert(item, _RECORD, strict=False))
         except msgspec.ValidationError:
@@ -144,7 +151,10 @@ class TimelineParser:
         if damage := info.damage_warning(path, len(ops)):
             notes.warn(damage)
         if wrong:
-            notes.warn(f"{path.name}: {wrong} record(s) with a field of the wrong type not read")
+            notes.warn(
+                f"{path.name}: {wrong} record(s) with a field of the wrong type (or a number "
+                "out of range) not read"
+            )
         events, skipped = _events(ops, processes, notes, path)
         skipped["flow_and_other"] = other
         if wrong:

@@ -271,6 +271,22 @@ def test_absurd_times_are_dropped_with_a_warning(tmp_path: Path, sample: Any, fi
     assert report["run"]["steps"] >= _steps(sample) - 1
 
 
+@pytest.mark.parametrize("sample", [PT, MX, "tf1"], ids=["kineto", "mxnet", "tf1"])
+def test_a_number_beyond_float_range_loses_only_its_record(tmp_path: Path, sample: Any) -> None:
+    """One ``1e999`` (no float holds it) lost the whole file: exit 2, "no complete event"."""
+    sample = _tf1() if sample == "tf1" else sample
+
+    def mark(document: dict[str, Any]) -> None:
+        events = [e for e in document["traceEvents"] if e.get("ph") in ("X", "B")]
+        events[len(events) // 2]["ts"] = "@TS@"
+
+    path = _mutated(tmp_path, sample, mark)
+    path.write_text(path.read_text().replace('"@TS@"', "1e999"))
+    report = _report(path)
+    _warning(report, path.name, "1 record(s)", "out of range", "not read")
+    assert report["run"]["steps"] >= _steps(sample) - 1
+
+
 def test_every_time_absurd_is_one_line_and_exit_2(tmp_path: Path) -> None:
     def corrupt(document: dict[str, Any]) -> None:
         for event in document["traceEvents"]:
