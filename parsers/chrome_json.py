@@ -376,11 +376,12 @@ class ChromeTraceReader(Generic[T]):
                         pass
                     if not exhausted:
                         end = _after_array(buf, position)
-                        del buf[end:]
-                        with memoryview(buf) as view:
-                            chunk = self.decode(view)
+                        with memoryview(buf) as view, view[:end] as piece:
+                            chunk = self.decode(piece)
                         yield chunk
-                        self._stopped(buf, end, "the keys after the events array are too long")
+                        # every event was read: the trace is not cut short, no event lost
+                        why = "the keys after the events array are too long"
+                        self._stopped(buf, end, why, events_lost=False)
                         return
                     if (yield from self._tail(buf)):
                         return
@@ -408,9 +409,9 @@ class ChromeTraceReader(Generic[T]):
         kept = yield from self._decode_prefix(buf, len(buf))
         self._stopped(buf, max(kept, 1), f"{what} in {EVENT_LIMIT >> 20} MB")
 
-    def _stopped(self, buf: bytearray, kept: int, why: str) -> None:
+    def _stopped(self, buf: bytearray, kept: int, why: str, events_lost: bool = True) -> None:
         where = self._filled - len(buf) + kept
-        self.info.lost_bytes += len(buf) - kept
+        self.info.lost_bytes += len(buf) - kept if events_lost else 0
         self.info.stopped = f"{why} after byte {where:,}"
         self.info.damage = self.info.damage or self.info.stopped
         buf.clear()

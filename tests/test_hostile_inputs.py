@@ -344,6 +344,21 @@ def test_gzip_bombs_are_read_in_bounded_memory(tmp_path: Path, filler: bytes, af
     _warning(report, path.name, "no event boundary in 64 MB after byte", "kept 300 events")
 
 
+def test_a_bomb_after_the_events_keeps_every_event(tmp_path: Path) -> None:
+    """Keys after the events array were read whole however long: 1 GiB of padding there took
+    that much memory. Now the events are all kept (the last step too: nothing was cut)."""
+    text = json.dumps(_document(PT))
+    end = text.rindex("]")
+    head = text[:end] + '], "x": "' + "a" * (5 << 20) + '", "y": [{}, {}'
+    path = _bomb(tmp_path, "rank-0.pt.trace.json.gz", head.encode(), b" ")
+    code, rss, err = _peak_rss_mb("report", path, "--json")
+    assert code == 0, err
+    assert rss < MAX_RSS_MB, f"peak {rss:.0f} MB"
+    report = _report(path)
+    _warning(report, path.name, "the keys after the events array are too long")
+    assert report["run"]["steps"] == _steps(PT)
+
+
 def test_a_string_full_of_event_separators_is_no_hang(tmp_path: Path) -> None:
     """A name holding 8 MB of "}, {" made the reader try a cut (a decode of megabytes) at every
     one of them: minutes of CPU for a 10 MB file. The event is valid JSON and is kept."""
