@@ -392,7 +392,7 @@ def test_tf1_event_of_wrong_type_loses_only_that_event(tmp_path: Path) -> None:
 
     path = _mutated(tmp_path, tf1, corrupt)
     report = _report(path)
-    _warning(report, path.name, "2 record(s) with a field of the wrong type not read")
+    _warning(report, path.name, "2 record(s) with a field of the wrong type", "not read")
     assert report["run"]["steps"] == _steps(tf1)
 
 
