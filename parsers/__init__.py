@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+import zlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -65,6 +66,14 @@ class Parser(Protocol):
         ...
 
     def parse(self, path: Path) -> ParsedTrace: ...
+
+
+def int64_id(value: int) -> int:
+    """An integer id (pid, tid, ...) as int64: 64-bit values keep their bits (2**63 and up as
+    negative numbers), wider ones become stable negative hashes."""
+    if -(1 << 63) <= value < 1 << 64:
+        return value if value < 1 << 63 else value - (1 << 64)
+    return -1 - zlib.crc32(str(value).encode())
 
 
 def raw_events(

@@ -8,6 +8,12 @@ accepts, so such a cut is simply moved to the next candidate.
 
 Plain and gzip files are read the same way. A file that ends early (a rank killed mid-write) keeps
 every complete event before the cut; the reader says how many bytes were lost.
+
+Memory is bounded by the events really there, not by what the bytes claim: gzip is inflated a
+block at a time (a small file of compressed padding inflates to gigabytes), and a stretch of
+``EVENT_LIMIT`` bytes without an event boundary (one absurd event, padding, an endless string)
+ends the read there, keeping every event before it. JSON nested deeper than the decoder's
+recursion allows is damage like any other malformed JSON: the event holding it is lost.
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ T = TypeVar("T")
 
 CHUNK_BYTES = 4 << 20
 _BLOCK_BYTES = 2 << 20
-_HEADER_LIMIT = 256 << 20
+#: The most bytes read without finding an event boundary (or the end of the header or trailer):
+#: no real event comes near it, and it bounds the reader's buffer.
+EVENT_LIMIT = 64 << 20
+#: Nesting past this depth is damage (msgspec's decoder recurses; real events nest < 10 deep).
+_DEPTH_LIMIT = 256
 _GZIP_MAGIC = b"\x1f\x8b"
 _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -40,6 +50,7 @@ _BYTE_POSITION = re.compile(r"\(byte (\d+)\)")
 _RECOVERY_TRIES = 64
 # What may follow the events array: more top-level keys, or the end of the document.
 _TRAILER = re.compile(rb"\s*(,\s*\"|\}\s*\Z)")
+_NOT_SPACE = re.compile(rb"\S")
 
 
 @dataclass
@@ -61,6 +72,8 @@ class ChromeTraceInfo:
     lost_bytes: int = 0  # bytes that held no complete event (truncation or corruption)
     damage: str | None = None  # what was wrong with the JSON, if anything
     truncated: bool = False  # the file ends inside the events array (its writer died)
+    stopped: str | None = None  # why the read stopped before the end of the file
+    header_damage: str | None = None  # why the keys before the events did not read
 
     @property
     def top_level(self) -> dict[str, Any]:
@@ -80,6 +93,8 @@ class ChromeTraceInfo:
 
     def damage_warning(self, path: Path, kept: int) -> str | None:
         """What a damaged (cut or corrupt) trace lost, for the notes; None when it was whole."""
+        if self.stopped:
+            return f"{path.name}: {self.stopped}: kept {kept} events; the rest of the file was not read"
         if not self.damage:
             return None
         if self.truncated:
@@ -152,7 +167,8 @@ def _inflate(
     try:
         while not stop.is_set():
             try:
-                block = decompressor.decompress(compressed)
+                # bounded output: 2 MB of compressed padding would inflate to 2 GB at once
+                block = decompressor.decompress(compressed, _BLOCK_BYTES)
             except zlib.error as exc:
                 state.ended_early = f"corrupt gzip data ({exc})"
                 return
@@ -165,6 +181,9 @@ def _inflate(
                     decompressor = zlib.decompressobj(wbits=31)
                     compressed = rest
                     continue
+            elif decompressor.unconsumed_tail or len(block) == _BLOCK_BYTES:
+                compressed = decompressor.unconsumed_tail  # more output from the same input
+                continue
             compressed = f.read(_BLOCK_BYTES)
             if not compressed:
                 break
@@ -183,13 +202,36 @@ def _error_byte(exc: Exception) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _deep_position(data: Any) -> int:
+    """Where brackets first nest past ``_DEPTH_LIMIT`` in ``data`` (strings not told apart:
+    only used to place damage already found)."""
+    raw = np.frombuffer(data, np.uint8)
+    depth = 0
+    for start in range(0, len(raw), 1 << 20):  # a block at a time: the piece may be 64 MB
+        part = raw[start : start + (1 << 20)]
+        step = (part == 0x5B).astype(np.int8) + (part == 0x7B)
+        step -= (part == 0x5D).astype(np.int8) + (part == 0x7D)
+        running = np.cumsum(step, dtype=np.int64) + depth
+        deep = np.flatnonzero(running > _DEPTH_LIMIT)
+        if len(deep):
+            return start + int(deep[0])
+        depth = int(running[-1])
+    return 0
+
+
 def _utf8_checked(decode: Callable[[Any], T]) -> Callable[[Any], T]:
-    """``decode``, with invalid UTF-8 reported as malformed JSON at its byte (msgspec raises
-    UnicodeDecodeError, whose position counts from the string, not the buffer)."""
+    """``decode``, with invalid UTF-8 and nesting too deep for the decoder reported as malformed
+    JSON at their byte (msgspec raises UnicodeDecodeError, whose position counts from the
+    string, not the buffer, and RecursionError, without a position)."""
 
     def checked(data: Any) -> T:
         try:
             return decode(data)
+        except RecursionError:
+            position = _deep_position(data)
+            raise msgspec.DecodeError(
+                f"JSON nested more than {_DEPTH_LIMIT} deep (byte {position})"
+            ) from None
         except UnicodeDecodeError as exc:
             try:
                 bytes(data).decode("utf-8")
@@ -207,8 +249,34 @@ def _after_array(buf: bytearray, position: int | None) -> int:
 
 
 def _decode_object(text: bytes) -> dict[str, Any]:
-    value = msgspec.json.decode(text)
+    try:
+        value = msgspec.json.decode(text)
+    except RecursionError:
+        raise msgspec.DecodeError(f"JSON nested more than {_DEPTH_LIMIT} deep") from None
     return value if isinstance(value, dict) else {}
+
+
+def decode_records(data: Any) -> tuple[list[Any], int]:
+    """A chunk decoded without a schema (a parser's slow path). A number beyond a float's range
+    (``1e999``) fails the whole array, so then the records are decoded one by one: returns the
+    records that read and how many did not. Malformed JSON still raises ``DecodeError``."""
+    try:
+        value = msgspec.json.decode(data)
+        return (value if isinstance(value, list) else []), 0
+    except msgspec.ValidationError:  # "Number out of range": that record only
+        pass
+    records, bad = [], 0
+    for piece in msgspec.json.decode(data, type=list[msgspec.Raw]):
+        try:
+            records.append(msgspec.json.decode(piece))
+        except msgspec.ValidationError:
+            bad += 1
+    return records, bad
+
+
+def out_of_range(name: str, count: int) -> str:
+    """The warning for records ``decode_records`` left out."""
+    return f"{name}: {count} record(s) holding a number out of range (such as 1e999) not read"
 
 
 class ChromeTraceReader(Generic[T]):
@@ -226,6 +294,7 @@ class ChromeTraceReader(Generic[T]):
         self.decode = _utf8_checked(decode)
         self.chunk_bytes = chunk_bytes
         self.info = ChromeTraceInfo()
+        self._filled = 0  # bytes moved into the buffer so far (the inflater runs ahead)
 
     # The buffer always starts with "[" followed by the next undecoded event, so a chunk is
     # decoded in place: the byte after its last "}" (a comma or a space) becomes "]" for the
@@ -256,6 +325,7 @@ class ChromeTraceReader(Generic[T]):
             nonlocal exhausted
             for block in blocks:
                 buf.extend(block)
+                self._filled += len(block)
                 return True
             exhausted = True
             return False
@@ -265,6 +335,7 @@ class ChromeTraceReader(Generic[T]):
             return
         del buf[: body_start - 1]  # keep the "[" that opens the events array
         search_from = self.chunk_bytes
+        misses = 0  # cuts in a row that fell inside an event
         while True:
             if not exhausted and len(buf) < self.chunk_bytes + _BLOCK_BYTES:
                 fill()
@@ -283,6 +354,9 @@ class ChromeTraceReader(Generic[T]):
             else:
                 match = _SEPARATOR.search(buf, search_from)
                 if match is None:
+                    if len(buf) > self.chunk_bytes + EVENT_LIMIT:
+                        yield from self._stop(buf, "no event boundary")
+                        return
                     search_from = max(self.chunk_bytes, len(buf) - 64)
                     fill()
                     continue
@@ -296,51 +370,88 @@ class ChromeTraceReader(Generic[T]):
                 if "trailing characters" in str(exc) and _TRAILER.match(
                     buf, _after_array(buf, position)
                 ):
-                    while fill():  # the events end in this piece: finish with the whole rest
+                    # the events end in this piece: finish with the whole rest (the keys after
+                    # the events), unless it is absurdly long
+                    while len(buf) <= self.chunk_bytes + EVENT_LIMIT and fill():
                         pass
+                    if not exhausted:
+                        end = _after_array(buf, position)
+                        with memoryview(buf) as view, view[:end] as piece:
+                            chunk = self.decode(piece)
+                        yield chunk
+                        # every event was read: the trace is not cut short, no event lost
+                        why = "the keys after the events array are too long"
+                        self._stopped(buf, end, why, events_lost=False)
+                        return
                     if (yield from self._tail(buf)):
                         return
                 elif position is not None and position < end - 1:
                     # Malformed JSON before the cut: real damage, not a cut in the wrong place.
                     yield from self._skip_damage(buf, position, str(exc))
-                    search_from = self.chunk_bytes
+                    search_from, misses = self.chunk_bytes, 0
                 elif exhausted:
                     if (yield from self._tail(buf)):
                         return
                 else:
-                    search_from = cut_start + 1
+                    # The cut fell inside an event. Any later boundary will do, so after a few
+                    # misses the next try jumps ever further: a string full of "}, {" costs a
+                    # few dozen decodes, not one per separator (a hang).
+                    misses += 1
+                    search_from = cut_start + 1 + (1 << min(misses, 40) >> 4)
                 continue
             yield chunk
             self._consume(buf, cut_end - 1)
-            search_from = self.chunk_bytes if not exhausted else 0
+            search_from, misses = (self.chunk_bytes if not exhausted else 0), 0
+
+    def _stop(self, buf: bytearray, what: str) -> Iterator[T]:
+        """Stop reading: ``EVENT_LIMIT`` bytes went by without ``what``. Keep the complete events
+        before them."""
+        kept = yield from self._decode_prefix(buf, len(buf))
+        self._stopped(buf, max(kept, 1), f"{what} in {EVENT_LIMIT >> 20} MB")
+
+    def _stopped(self, buf: bytearray, kept: int, why: str, events_lost: bool = True) -> None:
+        where = self._filled - len(buf) + kept
+        self.info.lost_bytes += len(buf) - kept if events_lost else 0
+        self.info.stopped = f"{why} after byte {where:,}"
+        self.info.damage = self.info.damage or self.info.stopped
+        buf.clear()
 
     def _read_header(self, buf: bytearray, fill: Callable[[], bool]) -> int | None:
         """Parse the keys before the events array; return where the events begin (after "[")."""
+        searched = blank = 0
         while True:
-            stripped = buf.lstrip()
-            if stripped:
-                first = stripped[:1]
+            start = _NOT_SPACE.search(buf, blank)
+            blank = len(buf) if start is None else blank
+            if start is not None:
+                first = buf[start.start() : start.start() + 1]
                 if first == b"[":
-                    return buf.index(b"[") + 1
+                    return start.start() + 1
                 if first != b"{":
                     raise BadInput(f"{self.path}: not a JSON trace (starts with {bytes(first)!r})")
-                match = _EVENTS_KEY.search(buf)
+                match = _EVENTS_KEY.search(buf, max(searched - 64, 0))
                 if match is not None:
                     head = bytes(buf[: match.start()]).rstrip().rstrip(b",")
                     try:
                         self.info.header = _decode_object(head + b"}") if head != b"{" else {}
-                    except msgspec.DecodeError:
+                    except msgspec.DecodeError as exc:
                         self.info.header = {}
+                        self.info.header_damage = str(exc)
                     return match.end()
-            if len(buf) > _HEADER_LIMIT or not fill():
+                searched = len(buf)
+            if len(buf) > EVENT_LIMIT or not fill():
                 break
         if not buf.strip():
             if self.info.stream.ended_early:
                 raise BadInput(f"{self.path}: {self.info.stream.ended_early}, nothing readable")
             raise BadInput(f"{self.path}: empty file")
+        if len(buf) > EVENT_LIMIT:
+            raise BadInput(
+                f"{self.path}: not a Chrome trace (no traceEvents array in the first "
+                f"{EVENT_LIMIT >> 20} MB)"
+            )
         try:
             document = msgspec.json.decode(bytes(buf))
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             raise BadInput(f"{self.path}: not a Chrome trace (no traceEvents array)") from None
         keys = ", ".join(sorted(document)[:6]) if isinstance(document, dict) else ""
         raise BadInput(f"{self.path}: JSON without a traceEvents array (keys: {keys})")
@@ -379,6 +490,13 @@ class ChromeTraceReader(Generic[T]):
                 return True
             yield from self._skip_damage(buf, position, message)
             return False
+        if (
+            position is not None
+            and "truncated" not in message
+            and _SEPARATOR.search(buf, position) is not None
+        ):
+            yield from self._skip_damage(buf, position, message)  # damage with events after it
+            return False
         # The file ends inside the events array: keep every complete event.
         kept = yield from self._decode_prefix(buf, len(buf))
         self.info.lost_bytes += len(buf) - max(kept, 1)
@@ -408,7 +526,8 @@ class ChromeTraceReader(Generic[T]):
             end = buf.rfind(b"}", 0, end)
             if end < 0:
                 break
-            following = bytes(buf[end + 1 : end + 64]).lstrip()[:1]
+            # then a comma, the end, or nothing (NUL too: a file zeroed past what was written)
+            following = bytes(buf[end + 1 : end + 64]).lstrip(b" \t\r\n\0")[:1]
             if following not in (b",", b"]", b""):
                 continue
             try:
@@ -437,7 +556,7 @@ class ChromeTraceReader(Generic[T]):
                 cut = start
                 break
         self.info.lost_bytes += cut - kept
-        where = self.info.stream.bytes_read - len(buf) + position
+        where = self._filled - len(buf) + position
         detail = _BYTE_POSITION.sub("", reason).strip().rstrip(",")
         self.info.damage = f"malformed JSON near byte {where:,}" + (f": {detail}" if detail else "")
         if cut >= len(buf):
@@ -460,6 +579,23 @@ def read_header(path: Path) -> dict[str, Any]:
 
     reader._read_header(buf, fill)
     return reader.info.header
+
+
+#: Times and durations (µs) at or beyond this are corrupt: 2**52 µs is 142 years, and below it
+#: every conversion to int64 nanoseconds (and a sum of two) stays exact and in range.
+MAX_US = float(2**52)
+ABSURD = "beyond ±2**52 µs (142 years)"
+
+
+def corrupt_times(name: str, count: int) -> str:
+    """The warning for events left out by ``absurd_times``."""
+    return f"{name}: {count} event(s) with ts or dur {ABSURD} not read (corrupt times)"
+
+
+def absurd_times(ts_us: np.ndarray, dur_us: np.ndarray) -> np.ndarray:
+    """Which events have a corrupt time or duration (NaN times count; a NaN duration is none)."""
+    with np.errstate(invalid="ignore"):
+        return ~(np.abs(ts_us) < MAX_US) | (np.abs(dur_us) >= MAX_US)
 
 
 def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:

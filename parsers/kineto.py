@@ -9,9 +9,10 @@ them, which is all the core needs to link the two, so flow events are counted, n
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
@@ -23,9 +24,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.errors import Notes
+from traceview.errors import BadInput, Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import ChromeTraceReader, read_head, read_header, us_to_ns
+from traceview.parsers.chrome_json import (
+    ABSURD,
+    ChromeTraceReader,
+    absurd_times,
+    corrupt_times,
+    decode_records,
+    out_of_range,
+    read_head,
+    read_header,
+    us_to_ns,
+)
 
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, "Double": 8,
@@ -112,7 +123,7 @@ def _as_int(value: Any) -> int | None:
     if value is None or value.__class__ is int:
         return value
     if isinstance(value, float):
-        return int(value) if value == value else None
+        return int(value) if math.isfinite(value) else None
     if isinstance(value, str):
         text = value.strip()
         if text.startswith("stream "):
@@ -122,6 +133,23 @@ def _as_int(value: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def _fits_int64(number: int) -> bool:
+    return -(1 << 63) <= number < 1 << 63
+
+
+def _size(value: Any) -> int | None:
+    """A size or count as int64; one wider than 64 bits is not a real size (None)."""
+    number = _as_int(value)
+    return number if number is None or _fits_int64(number) else None
+
+
+def _id(value: Any) -> int | None:
+    """A correlation or external id as int64; a wider one is folded as pid/tid are, the same
+    way on both ends of a link, so the link survives."""
+    number = _as_int(value)
+    return number if number is None or _fits_int64(number) else _thread_id(number)
 
 
 def _thread_id(value: Any) -> int:
@@ -179,8 +207,9 @@ def _float_or_none(value: Any) -> float | None:
         return None
 
 
-def _int_array(values: list[Any]) -> pa.Array:
-    """Integers (ids, sizes) as int64; floats are truncated, numeric strings parsed."""
+def _int_array(values: list[Any], convert: Callable[[Any], int | None] = _size) -> pa.Array:
+    """Integers (ids, sizes) as int64; floats are truncated, numeric strings parsed, numbers
+    wider than 64 bits made to fit by ``convert``."""
     if values.count(None) == len(values):
         return pa.nulls(len(values), pa.int64())  # (pyarrow is very slow on all-null lists)
     try:
@@ -190,10 +219,19 @@ def _int_array(values: list[Any]) -> pa.Array:
     try:
         array = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        return pa.array([_as_int(v) for v in values], pa.int64())
-    if pa.types.is_floating(array.type):
+        return pa.array([convert(v) for v in values], pa.int64())
+    if pa.types.is_floating(array.type) and (pc.max(pc.abs(array)).as_py() or 0) < 2**63:
         return pc.cast(array, pa.int64(), safe=False)
-    return pa.array([_as_int(v) for v in values], pa.int64())
+    return pa.array([convert(v) for v in values], pa.int64())
+
+
+def _sizes(values: list[Any]) -> tuple[pa.Array, int]:
+    """Sizes as int64, and how many were numbers too wide for 64 bits (left out: null)."""
+    array = _int_array(values)
+    wide = 0
+    if array.null_count > values.count(None):  # some did not convert: were they too wide?
+        wide = sum(1 for v in values if (n := _as_int(v)) is not None and not _fits_int64(n))
+    return array, wide
 
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -220,7 +258,7 @@ def _comm_bytes(args: _Args) -> int | None:
     try:
         dims = msgspec.json.decode(args.input_dims)
         types = msgspec.json.decode(args.input_type)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if not dims or not types or not isinstance(dims, list) or not isinstance(types, list):
         return None
@@ -237,7 +275,7 @@ def _comm_bytes(args: _Args) -> int | None:
 class _Chunk:
     """Columns of one decoded chunk's events, its metadata records, and counts by record type."""
 
-    __slots__ = ("batch", "batch_sizes", "counts", "threads")
+    __slots__ = ("batch", "batch_sizes", "counts", "out_of_range", "threads", "wide_sizes")
 
     def __init__(
         self,
@@ -245,11 +283,15 @@ class _Chunk:
         threads: dict[str, str],
         counts: dict[str, int],
         batch_sizes: Counter[int],
+        wide_sizes: int = 0,
+        out_of_range: int = 0,
     ):
         self.batch = batch
         self.threads = threads
         self.counts = counts
         self.batch_sizes = batch_sizes
+        self.wide_sizes = wide_sizes  # message sizes wider than 64 bits, left out
+        self.out_of_range = out_of_range  # records holding a number beyond a float's range
 
 
 def _leading_size(dims: msgspec.Raw | None) -> int | None:
@@ -263,10 +305,10 @@ def _leading_size(dims: msgspec.Raw | None) -> int | None:
             isinstance(first, list)
             and len(first) >= 2
             and isinstance(first[0], int)
-            and first[0] > 0
+            and 0 < first[0] < 1 << 63
         ):
             return int(first[0])
-    except (msgspec.DecodeError, IndexError, KeyError, TypeError):
+    except (msgspec.DecodeError, RecursionError, IndexError, KeyError, TypeError):
         pass
     return None
 
@@ -281,10 +323,12 @@ def _ids(values: list[Any]) -> pa.Array:
 
 
 def _decode_chunk(data: Any) -> _Chunk:
+    bad = 0
     try:
         records: Sequence[Any] = _DECODER.decode(data)
     except msgspec.ValidationError:
-        records = [_coerce(e) for e in msgspec.json.decode(data) if isinstance(e, dict)]
+        decoded, bad = decode_records(data)
+        records = [_coerce(e) for e in decoded if isinstance(e, dict)]
     # Flows, counters and metadata are counted, not kept: drop them before building columns.
     counts = {_TAG_OF.get(cls, "?"): n for cls, n in Counter(map(type, records)).items()}
     threads = {}
@@ -298,22 +342,23 @@ def _decode_chunk(data: Any) -> _Chunk:
 
     names = list(map(attrgetter("name"), events))
     args = list(map(attrgetter("args"), events))
-    nbytes = _int_array(list(map(attrgetter("nbytes"), args)))
+    nbytes, wide = _sizes(list(map(attrgetter("nbytes"), args)))
     comm_names = {n for n in set(names) if n and n.startswith(_COMM_PREFIXES)}
     if comm_names:
         values = nbytes.to_pylist()
         for i in compress(range(len(names)), map(comm_names.__contains__, names)):
             if values[i] is None:
                 values[i] = _comm_bytes(args[i])
-        nbytes = _int_array(values)
+        nbytes, more = _sizes(values)
+        wide += more
     batch_sizes: Counter[int] = Counter()
     if not _BATCH_OPS.isdisjoint(names):
         for i in compress(range(len(names)), map(_BATCH_OPS.__contains__, names)):
             size = _leading_size(args[i].input_dims)
             if size is not None:
                 batch_sizes[size] += 1
-    external = _int_array(list(map(attrgetter("external_id"), args)))
-    older = _int_array(list(map(attrgetter("external_id_old"), args)))  # the 2021 spelling
+    external = _int_array(list(map(attrgetter("external_id"), args)), _id)
+    older = _int_array(list(map(attrgetter("external_id_old"), args)), _id)  # the 2021 spelling
     if older.null_count < len(older):
         external = pc.coalesce(external, older)
     batch = pa.RecordBatch.from_pydict(
@@ -325,14 +370,14 @@ def _decode_chunk(data: Any) -> _Chunk:
             S.TID: _ids(list(map(attrgetter("tid"), events))),
             "ts_us": pa.array(list(map(attrgetter("ts"), events)), pa.float64()),
             "dur_us": pa.array(list(map(attrgetter("dur"), events)), pa.float64()),
-            S.CORRELATION: _int_array(list(map(attrgetter("correlation"), args))),
+            S.CORRELATION: _int_array(list(map(attrgetter("correlation"), args)), _id),
             S.EXTERNAL_ID: external,
             S.BYTES: nbytes,
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
             S.GROUP: _strings(list(map(attrgetter("group"), args))),
         }
     )
-    return _Chunk(batch, threads, counts, batch_sizes)
+    return _Chunk(batch, threads, counts, batch_sizes, wide, bad)
 
 
 class KinetoParser:
@@ -361,9 +406,12 @@ class KinetoParser:
         threads: dict[str, str] = {}
         counts: dict[str, int] = {}
         batch_sizes: Counter[int] = Counter()
+        wide_sizes = bad = 0
         for chunk in reader:
             batches.append(chunk.batch)
             batch_sizes.update(chunk.batch_sizes)
+            wide_sizes += chunk.wide_sizes
+            bad += chunk.out_of_range
             threads.update(chunk.threads)
             for ph, count in chunk.counts.items():
                 counts[ph] = counts.get(ph, 0) + count
@@ -379,9 +427,25 @@ class KinetoParser:
         if no_ts:
             table = table.filter(has_ts)
 
-        base_ns = int(top.get("baseTimeNanoseconds") or 0)
-        ts_ns = us_to_ns(table.column("ts_us").to_numpy(zero_copy_only=False), base_ns)
+        ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
         dur = table.column("dur_us").to_numpy(zero_copy_only=False)
+        absurd = absurd_times(ts_us, dur)
+        n_absurd = int(absurd.sum())
+        if n_absurd:
+            if n_absurd == len(absurd):
+                raise BadInput(f"{path}: every event's time or duration is corrupt ({ABSURD})")
+            notes.warn(corrupt_times(path.name, n_absurd))
+            keep = ~absurd
+            table, ts_us, dur = table.filter(pa.array(keep)), ts_us[keep], dur[keep]
+        if bad:
+            notes.warn(out_of_range(path.name, bad))
+        if wide_sizes:
+            notes.warn(
+                f"{path.name}: {wide_sizes} message size(s) too large for 64 bits left out "
+                "(args bytes / In msg nelems)"
+            )
+        base_ns = _base_time(top.get("baseTimeNanoseconds"), path, notes)
+        ts_ns = us_to_ns(ts_us, base_ns)
         dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
 
         # the one kind the format states: instants; the core reads the rest off the categories
@@ -415,6 +479,8 @@ class KinetoParser:
             ),
             "no_timestamp": no_ts,
         }
+        if n_absurd:
+            skipped["corrupt_time"] = n_absurd
         if skipped["other"]:
             kinds = ", ".join(
                 sorted(p for p in counts if p not in ("X", "i", "I", "s", "f", "t", "M"))
@@ -424,6 +490,8 @@ class KinetoParser:
             )
         if damage := info.damage_warning(path, raw.num_rows):
             notes.warn(damage)
+        if info.header_damage:
+            notes.warn(f"{path.name}: the keys before traceEvents not read ({info.header_damage})")
         devices = top.get("deviceProperties")
         meta: dict[str, Any] = {
             "schema_version": top.get("schemaVersion"),
@@ -451,6 +519,26 @@ class KinetoParser:
             lost_bytes=info.lost_bytes,
             skipped=skipped,
         )
+
+
+#: The latest start baseTimeNanoseconds may give: 2**62 ns (the year 2116), so that adding
+#: it to a time that passed ``absurd_times`` (under 2**52 µs) cannot overflow int64.
+_MAX_BASE_NS = 1 << 62
+
+
+def _base_time(value: Any, path: Path, notes: Notes) -> int:
+    """The header's baseTimeNanoseconds; one of the wrong type or absurd size is not used."""
+    if value is None or value == 0:
+        return 0
+    number = None if isinstance(value, bool) else _as_int(value)
+    if number is not None and 0 <= number < _MAX_BASE_NS:
+        return number
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    notes.warn(
+        f"{path.name}: baseTimeNanoseconds {shown} is not a time in nanoseconds (wrong type or "
+        "absurd size): not used, times are the trace's own"
+    )
+    return 0
 
 
 def _value_counts(array: pa.ChunkedArray) -> dict[Any, int]:

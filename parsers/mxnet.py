@@ -34,7 +34,13 @@ import pyarrow.compute as pc
 from traceview import schema as S
 from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import ChromeTraceReader, us_to_ns
+from traceview.parsers.chrome_json import (
+    ChromeTraceReader,
+    corrupt_times,
+    decode_records,
+    out_of_range,
+    us_to_ns,
+)
 
 _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
 _MARKERS = (b'"MXNET_C_API"', b'"Device Storage"', b'"MXNet C API Calls"')
@@ -121,13 +127,16 @@ class _Chunk:
     process_names: dict[int, str]
     thread_names: dict[tuple[int, int], str]
     counts: Counter[str]
+    out_of_range: int = 0  # records holding a number beyond a float's range, left out
 
 
 def _decode_chunk(data: Any) -> _Chunk:
+    bad = 0
     try:
         records: list[_Record] = _DECODER.decode(data)
     except msgspec.ValidationError:
-        records = [r for r in map(_coerce, msgspec.json.decode(data)) if r is not None]
+        decoded, bad = decode_records(data)
+        records = [r for r in map(_coerce, decoded) if r is not None]
     phs = list(map(attrgetter("ph"), records))
     counts = Counter(phs)
     process_names: dict[int, str] = {}
@@ -162,7 +171,7 @@ def _decode_chunk(data: Any) -> _Chunk:
             "dur_us": pa.array(list(map(attrgetter("dur"), records)), pa.float64()),
         }
     )
-    return _Chunk(batch, process_names, thread_names, counts)
+    return _Chunk(batch, process_names, thread_names, counts, bad)
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
@@ -244,18 +253,24 @@ class MXNetParser:
         process_names: dict[int, str] = {}
         thread_names: dict[tuple[int, int], str] = {}
         counts: Counter[str] = Counter()
+        bad = 0
         for chunk in reader:
             batches.append(chunk.batch)
             process_names.update(chunk.process_names)
             thread_names.update(chunk.thread_names)
             counts.update(chunk.counts)
+            bad += chunk.out_of_range
         info = reader.info
         notes = Notes()
+        if bad:
+            notes.warn(out_of_range(path.name, bad))
         info.require_events(path, sum(b.num_rows for b in batches), counts)
         table = pa.Table.from_batches(batches).unify_dictionaries()
         del batches
 
-        raw, unmatched, no_ts, operators = _intervals(table)
+        raw, unmatched, no_ts, operators, corrupt = _intervals(table)
+        if corrupt:
+            notes.warn(corrupt_times(path.name, corrupt))
         if not operators:
             notes.remark(
                 f"{path.name}: no MXNet operator events (profile_imperative/symbolic off?)"
@@ -274,6 +289,8 @@ class MXNetParser:
             "unmatched": unmatched,
             "no_timestamp": no_ts,
         }
+        if corrupt:
+            skipped["corrupt_time"] = corrupt
         meta: dict[str, Any] = {
             "devices": sorted(
                 {label for label in process_names.values() if _DEVICE_NAME.match(label)}
@@ -294,21 +311,24 @@ class MXNetParser:
         )
 
 
-def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool]:
+def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
     """Begin/end pairs and complete events as intervals; instants as zero-length rows, sorted
     by start.
 
     Returns (raw events, unmatched begin/end records, records without a timestamp, whether any
-    operator of the ``operator`` domain is there). Kinds are left to the core (from the
+    operator of the ``operator`` domain is there, records with an absurd time or duration). Kinds are left to the core (from the
     categories), except instants'.
     """
     ph_codes, ph_values = _codes(table.column("ph"))
     ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
     has_ts = np.abs(ts_us) < _MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
-    no_ts = int((~has_ts).sum())
+    dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
+    corrupt = int((~has_ts & ~np.isnan(ts_us)).sum()) + int(
+        (has_ts & (np.abs(dur_us) >= _MAX_US)).sum()
+    )
+    no_ts = int((~has_ts).sum()) - int((~has_ts & ~np.isnan(ts_us)).sum())
     ts = np.zeros(len(ts_us), np.int64)
     ts[has_ts] = us_to_ns(ts_us[has_ts])
-    dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
     dur_us = np.where(np.abs(dur_us) < _MAX_US, dur_us, 0.0)
     pid = table.column("pid").to_numpy()
     tid = table.column("tid").to_numpy()
@@ -372,7 +392,7 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool]:
             S.DUR_NS: pa.array(np.maximum(dur, 0), pa.int64()),
         }
     )
-    return S.conform(raw, S.RAW_SCHEMA), unmatched, no_ts, bool(op_rows.any())
+    return S.conform(raw, S.RAW_SCHEMA), unmatched, no_ts, bool(op_rows.any()), corrupt
 
 
 def _dictionary(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename, raw_events
+from traceview.parsers import ParsedTrace, TraceIdentity, int64_id, rank_from_filename, raw_events
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
@@ -195,10 +195,11 @@ class XPlaneParser:
 
 
 def _int(value: str | int | None) -> int | None:
+    """An id (correlation, group) as int64: a uint64 above 2**63 keeps its bits, as pid/tid do."""
     if value is None or value == "":
         return None
     try:
-        return int(value)
+        return int64_id(int(value))
     except ValueError:
         return None
 

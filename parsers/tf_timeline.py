@@ -30,8 +30,20 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename, raw_events
-from traceview.parsers.chrome_json import ChromeTraceReader, us_to_ns
+from traceview.parsers import (
+    ParsedTrace,
+    TraceIdentity,
+    int64_id,
+    rank_from_filename,
+    raw_events,
+)
+from traceview.parsers.chrome_json import (
+    MAX_US,
+    ChromeTraceReader,
+    corrupt_times,
+    decode_records,
+    us_to_ns,
+)
 
 _STREAM = re.compile(r"/(?:device:)?gpu:\d+/stream:(\d+|all) Compute$", re.IGNORECASE)
 _MEMCPY = re.compile(r"/(?:device:)?gpu:\d+/memcpy Compute$", re.IGNORECASE)
@@ -69,16 +81,40 @@ class _Other(msgspec.Struct, tag_field="ph", frozen=True, gc=False):
 _OTHER_TAGS = ("s", "t", "f", "B", "E", "C", "b", "e", "n", "i", "I", "P", "O", "N", "D")
 _OTHERS = tuple(type(f"_Other{ord(t)}", (_Other,), {}, tag=t) for t in _OTHER_TAGS)
 _RECORD_TYPES: tuple[type, ...] = (_Op, _Meta, *_OTHERS)
-_DECODER = msgspec.json.Decoder(list[Union[_RECORD_TYPES]])  # type: ignore[valid-type]  # noqa: UP007
+_RECORD = Union[_RECORD_TYPES]  # type: ignore[valid-type]  # noqa: UP007
+_DECODER = msgspec.json.Decoder(list[_RECORD])
+# An op event, told by its shape: category "Op" and args naming the op (where the process names
+# that say "Compute" come late in the file, or past the head that is sniffed).
+_OP_CATEGORY = re.compile(rb'"cat"\s*:\s*"(Op|DataFlow)"')
+_OP_ARGS = re.compile(rb'"args"\s*:\s*\{[^{}]*"op"\s*:\s*"')
+
+
+def _decode_chunk(data: Any) -> tuple[list[Any], int]:
+    """The chunk's records, and how many were left out for a field of the wrong type (one odd
+    record must not cost the chunk's others)."""
+    try:
+        return _DECODER.decode(data), 0
+    except msgspec.ValidationError:
+        pass
+    decoded, bad = decode_records(data)
+    records = []
+    for item in decoded:
+        try:
+            records.append(msgspec.convert(item, _RECORD, strict=False))
+        except msgspec.ValidationError:
+            bad += 1
+    return records, bad
 
 
 def sniff_text(head: bytes) -> bool:
     """A TF1 Timeline: device processes named "/job:... Compute" and ops of category "Op"."""
-    return (
+    if (
         b"Compute" in head
         and (b'"Op"' in head or b'"DataFlow"' in head)
         and (b"/job:" in head or b"/device:" in head or b"/gpu:" in head)
-    )
+    ):
+        return True
+    return _OP_CATEGORY.search(head) is not None and _OP_ARGS.search(head) is not None
 
 
 class TimelineParser:
@@ -92,11 +128,12 @@ class TimelineParser:
         return TraceIdentity(rank=rank_from_filename(path))
 
     def parse(self, path: Path) -> ParsedTrace:
-        reader: ChromeTraceReader[list[Any]] = ChromeTraceReader(path, _DECODER.decode)
+        reader = ChromeTraceReader(path, _decode_chunk)
         ops: list[_Op] = []
         processes: dict[int, str] = {}
-        other = 0
-        for chunk in reader:
+        other = wrong = 0
+        for chunk, bad in reader:
+            wrong += bad
             for record in chunk:
                 if isinstance(record, _Op):
                     ops.append(record)
@@ -113,8 +150,15 @@ class TimelineParser:
         notes = Notes()
         if damage := info.damage_warning(path, len(ops)):
             notes.warn(damage)
+        if wrong:
+            notes.warn(
+                f"{path.name}: {wrong} record(s) with a field of the wrong type (or a number "
+                "out of range) not read"
+            )
         events, skipped = _events(ops, processes, notes, path)
         skipped["flow_and_other"] = other
+        if wrong:
+            skipped["wrong_type"] = wrong
         return ParsedTrace(
             path=path,
             framework=self.framework,
@@ -159,6 +203,9 @@ def _events(
         if kind is None or op.ts is None:
             skipped["not_timed" if op.ts is not None else "no_timestamp"] += 1
             continue
+        if not abs(op.ts) < MAX_US or abs(op.dur or 0.0) >= MAX_US:
+            skipped["corrupt_time"] += 1
+            continue
         full = f"{op.args.name}:{op.args.op}" if op.args.name and op.args.op else (op.name or "")
         if kind == "tf_op":
             label, own_scope = full, None
@@ -170,11 +217,13 @@ def _events(
             label, own_scope = op.args.op or op.name or "", full
         cat.append(kind)
         name.append(label)
-        pid.append(op.pid or 0)
-        tid.append(op.tid or 0)
+        pid.append(int64_id(op.pid or 0))
+        tid.append(int64_id(op.tid or 0))
         ts.append(op.ts)
         dur.append(op.dur or 0.0)
         scope.append(own_scope)
+    if skipped["corrupt_time"]:
+        notes.warn(corrupt_times(path.name, skipped["corrupt_time"]))
     if not cat:
         raise BadInput(f"{path}: the TensorFlow Timeline holds no op events")
     if not sources:  # a GPU-only graph: the first device's _SOURCE nodes

@@ -40,6 +40,7 @@ from traceview.errors import (
     cannot_write,
 )
 from traceview.manifest import (
+    MAX_WORLD_SIZE,
     Clock,
     Collected,
     Manifest,
@@ -145,7 +146,9 @@ def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
         return RankStatus()
     status, dropped = lenient(data, RankStatus)
     if dropped and notes is not None:
-        notes.warn(f"{path}: field(s) {', '.join(dropped)} unreadable, not used")
+        notes.warn(
+            f"{path}: field(s) {', '.join(dropped)} of the wrong type or out of range, not used"
+        )
     return status
 
 
@@ -204,16 +207,30 @@ def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | No
         return None
     identity = parser.identify(path)
     status = rank_status(path, notes)
+    rank = _believed(identity.rank, 0, MAX_WORLD_SIZE - 1, "rank", path, notes)
+    world = _believed(identity.world_size, 1, MAX_WORLD_SIZE, "world size", path, notes)
     return TraceFile(
         path=path,
         parser=parser.name,
         framework=parser.framework,
-        claimed_rank=identity.rank if identity.rank is not None else status.rank,
-        world_size=identity.world_size or status.world_size,
+        claimed_rank=rank if rank is not None else status.rank,
+        world_size=world or status.world_size,
         host=identity.host or status.host,
         size=path.stat().st_size,
         clock=status.clock,
     )
+
+
+def _believed(
+    value: int | None, least: int, most: int, what: str, path: Path, notes: Notes
+) -> int | None:
+    """A rank or world size as a trace states it, unless it is absurd (memory follows the world
+    size): then it is ignored with a warning, and the rank comes from the file name or order."""
+    if value is None or least <= value <= most:
+        return value
+    shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:21]}..."
+    notes.warn(f"{path}: the {what} the trace states ({shown}) is outside {least}-{most}: ignored")
+    return None
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -327,7 +344,13 @@ def ingest_rank(
             parsed.events.schema.get_field_index(S.TS_NS), S.TS_NS, shifted
         )
     host = trace.host or parsed.host
-    meta = RankMeta(run_id=run_id, rank=trace.rank, framework=parser.framework, host=host)
+    meta = RankMeta(
+        run_id=run_id,
+        rank=trace.rank,
+        framework=parser.framework,
+        host=host,
+        source=trace.path.name,
+    )
     try:
         normalized = normalize(
             parsed.events, rules, meta, layout=parsed.layout, process_names=parsed.process_names

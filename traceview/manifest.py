@@ -12,13 +12,24 @@ The collectors inside the user's job write status.json with the standard library
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from traceview.errors import BadInput
 
 R = TypeVar("R", bound="Record")
+
+#: The largest world size believed (2**18: the largest jobs run on about 10**5 GPUs). A file
+#: claiming more is corrupt or hostile: a run's memory follows its world size (missing ranks).
+MAX_WORLD_SIZE = 1 << 18
+#: The largest clock offset believed: 100 years (a host whose clock reads 1970 is still within
+#: it); adding a larger one to a time could overflow int64 nanoseconds.
+MAX_CLOCK_OFFSET_NS = 100 * 365 * 86_400 * 10**9
+
+Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
+WorldSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_WORLD_SIZE)]
+ClockOffset = Annotated[int, msgspec.Meta(ge=-MAX_CLOCK_OFFSET_NS, le=MAX_CLOCK_OFFSET_NS)]
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -37,7 +48,7 @@ def from_json(data: bytes | str, kind: type[Any], what: str) -> Any:
 class Clock(Record):
     """How a rank's clock maps onto the launcher's, which all ranks share."""
 
-    offset_ns: int = 0  # add to the rank's time to get the launcher's
+    offset_ns: ClockOffset = 0  # add to the rank's time to get the launcher's
     uncertainty_ns: int | None = None  # half the best round trip
     method: str = "wallclock"  # tcp (probed against the launcher) or wallclock (assumed 0)
     probes: int = 0
@@ -46,8 +57,8 @@ class Clock(Record):
 class RankStatus(Record):
     """raw/rank-NNNNN/status.json: the rank's own account of its run."""
 
-    rank: int | None = None
-    world_size: int | None = None
+    rank: Rank | None = None
+    world_size: WorldSize | None = None
     local_rank: int | None = None
     rank_source: str | None = None
     host: str | None = None
@@ -137,13 +148,23 @@ def lenient(data: Any, kind: type[R]) -> tuple[R, list[str]]:
         return msgspec.convert(data, kind, strict=False), []
     except msgspec.ValidationError:
         pass
+    records = {
+        f.encode_name: f.type
+        for f in msgspec.structs.fields(kind)
+        if isinstance(f.type, type) and issubclass(f.type, Record)
+    }
     good: dict[str, Any] = {}
-    dropped = []
+    dropped: list[str] = []
     for key, value in data.items():
         try:
             msgspec.convert({key: value}, kind, strict=False)
         except msgspec.ValidationError:
-            dropped.append(key)
+            if key in records and isinstance(value, dict):  # a record inside: keep what reads
+                inner, lost = lenient(value, records[key])
+                good[key] = msgspec.to_builtins(inner)
+                dropped.extend(f"{key}.{name}" for name in lost)
+            else:
+                dropped.append(key)
         else:
             good[key] = value
     return msgspec.convert(good, kind, strict=False), dropped

@@ -39,7 +39,7 @@ from traceview import schema as S
 from traceview.arrays import dictionary_codes, group_ids
 from traceview.errors import Notes
 from traceview.normalize import LayoutResult
-from traceview.rules import RuleSet
+from traceview.rules import MAX_STEP, RuleSet
 
 #: The category traceview collect's profiler domain writes, and that of the spans made here.
 TRACEVIEW_CAT = "traceview"
@@ -386,6 +386,19 @@ def _after_waits(ev: _Events, ends: np.ndarray) -> np.ndarray:
     return np.minimum(moved, limit)
 
 
+def _marker_number(name: str, position: int, notes: Notes) -> int:
+    """The step number in a collector's ``step#N`` marker, else its position; a number too
+    large to be a step (a corrupt marker) is the position too, with a warning."""
+    digits = re.sub(r"\D", "", name)
+    if not digits:
+        return position
+    if len(digits) < 16 and int(digits) < MAX_STEP:
+        return int(digits)
+    shown = repr(name) if len(name) <= 40 else repr(name[:37] + "...")
+    notes.warn(f"step marker {shown}: step number too large to be a step, numbered by its position")
+    return position
+
+
 def _step_windows(
     ev: _Events,
     own: np.ndarray,
@@ -406,7 +419,7 @@ def _step_windows(
     busy = ev.ts[engine]
     if len(markers):
         numbers = np.array(
-            [int(re.sub(r"\D", "", str(ev.names[ev.name[m]])) or i) for i, m in enumerate(markers)],
+            [_marker_number(str(ev.names[ev.name[m]]), i, notes) for i, m in enumerate(markers)],
             np.int64,
         )
         m_start, m_end = ev.ts[markers], ev.end[markers]

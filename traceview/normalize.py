@@ -72,6 +72,7 @@ class RankMeta:
     rank: int
     framework: str
     host: str | None = None
+    source: str | None = None  # the trace's file name, for warnings
 
 
 @dataclass
@@ -120,7 +121,9 @@ class Classes:
         return self._step[self._inverse[rows]]
 
 
-def classify(raw: pa.Table, rules: RuleSet) -> Classes:
+def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: str = "") -> Classes:
+    """The rules applied to each distinct (kind, category, name); a step marker whose number
+    is too large to be a step is numbered by its position, with a warning in ``notes``."""
     kind_dict = _dictionary(raw.column(S.KIND))
     cat_dict = _dictionary(raw.column(S.CAT))
     name_dict = _dictionary(raw.column(S.NAME))
@@ -161,6 +164,12 @@ def classify(raw: pa.Table, rules: RuleSet) -> Classes:
         if result.kind == S.KIND_STEP:
             number = rules.step_number(name)
             u_step[i] = -1 if number is None else number
+            if number is None and notes is not None and rules.has_step_number(name):
+                shown = repr(name) if len(name) <= 40 else repr(name[:37] + "...")
+                notes.warn(
+                    f"{label}: step marker {shown}: step number too large to be a step "
+                    "(corrupt), numbered by its position"
+                )
     return Classes(
         kind=u_kind[inverse],
         phase=u_phase[inverse],
@@ -725,7 +734,7 @@ def normalize(
     raw = _without_stray_times(raw, notes, meta.rank)
     look("stray_times", raw)
     n = raw.num_rows
-    classes = classify(raw, rules)
+    classes = classify(raw, rules, notes, meta.source or f"rank {meta.rank}")
     look("classify", classes)
     columns = RankColumns.of(raw)
     trees = call_trees(classes, columns)

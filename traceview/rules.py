@@ -53,6 +53,9 @@ class Classification:
 
 
 AUTO = "auto"
+#: Step numbers from here on are not steps a run reached but corrupt markers (2**53: also the
+#: last integer a JSON reader holds exactly).
+MAX_STEP = 1 << 53
 
 
 @dataclass
@@ -101,13 +104,21 @@ class RuleSet:
         return name
 
     def step_number(self, name: str) -> int | None:
+        """The step number in a marker's name; None without one, or where it is too large to be
+        a step a run reached (a corrupt marker: see ``has_step_number``)."""
         match = self.step_pattern.search(name)
         if match is None or not match.groups():
             return None
         try:
-            return int(match.group(1))
-        except ValueError:
+            number = int(match.group(1))
+        except ValueError:  # not digits, or more of them than int() takes
             return None
+        return number if 0 <= number < MAX_STEP else None
+
+    def has_step_number(self, name: str) -> bool:
+        """Whether the name holds a step number at all (readable or not)."""
+        match = self.step_pattern.search(name)
+        return match is not None and bool(match.groups()) and bool(match.group(1))
 
     def normalize_collective(self, hint: str | None) -> str | None:
         if not hint:
