@@ -345,3 +345,19 @@ def test_tables_on_disk_are_as_the_readme_says(fresh: Path) -> None:
     )
     counts = dict(zip(kinds["kind"].cast(pl.String), kinds["len"], strict=True))
     assert counts["trace"] == 2 and counts["step"] == 10  # 2 ranks, 5 steps each
+
+
+@pytest.mark.parametrize("where", ["top", "collect"])
+def test_a_claimed_world_of_ten_billion_ranks_allocates_nothing(
+    fresh: Path, tmp_path: Path, where: str
+) -> None:
+    run = _copy(fresh, tmp_path)
+    manifest = json.loads((run / R.MANIFEST).read_text())
+    if where == "top":
+        manifest["world_size"] = 10**10
+    else:
+        manifest["collect"] = {"world_size": 10**10, "ranks": []}
+    (run / R.MANIFEST).write_text(json.dumps(manifest))
+    result = run_cli("report", run)
+    assert result.code == 2, result.err  # the run directory's record is wrong: one line
+    assert "world_size" in result.err and len(result.err.strip().splitlines()) == 1

@@ -130,7 +130,7 @@ class Collected(Record):
     end: str | None = None
     seconds: float | None = None
     schedule: Schedule = msgspec.field(default_factory=Schedule)
-    world_size: int | None = None
+    world_size: WorldSize | None = None
     hosts: list[str] = []
     ranks: list[CollectedRank] = []
     processes: list[CollectedProcess] = []
@@ -219,7 +219,7 @@ class Manifest(Record):
     command: list[str] = []
     inputs: list[str] = []
     framework: str | None = None
-    world_size: int | None = None
+    world_size: WorldSize | None = None
     ranks_present: list[int] = []
     missing_ranks: list[int] = []
     ranks: list[RankIngest] = []
