@@ -41,16 +41,16 @@ import pytest
 
 from tests import hostile_corpus as H
 
-# Peak RSS a run may reach. `python -m traceview report` on a one-rank sample
-# (sample_traces/pytorch/slowio/rank-0) peaks at about 185 MB and the largest sample run of the
-# corpus at about 260 MB (measured with os.wait4 on this machine); 1 GiB leaves room for an
-# honest run on a hostile input 4x the largest sample's working set, and is far below what
-# the bombs reach when a reader follows what a file claims (2 GB and more).
+# Peak RSS a run may reach. Measured here (/usr/bin/time, max RSS): `python -m traceview report`
+# on sample_traces/pytorch/slowio/rank-0 peaks at 182 MB, on the largest samples
+# (pytorch/gpu_ddp_nccl, tensorflow/slowio) at 218 and 225 MB; the heaviest honest case of the
+# corpus (a 16 MB event name) at 411 MB. 1 GiB is over 4x a sample's peak and 2.5x that case,
+# and far below what a reader reaches that follows what a file claims (the bombs pass 2 GB).
 MEMORY_BOUND = 1024 * 1024 * 1024
 # A child past this is killed at once (the machine is shared): it has failed the bound anyway.
 MEMORY_KILL = 2 * MEMORY_BOUND
 EXTRA_STDERR_LINES = 4
-PARALLEL = 2
+PARALLEL = int(os.environ.get("HOSTILE_PARALLEL", "2"))  # cases at a time
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _KILL_AT_RENAME = """\
@@ -72,10 +72,18 @@ runpy.run_module("traceview", run_name="__main__", alter_sys=True)
 
 # --- known failure classes ---------------------------------------------------------------------
 #
-# Where main stands (the full tier, run on branch fuzz = main at c3e5bf6; the lead fixes them).
-# Each class: what fails, where, the cases it covers (a regex on case ids) and the signature
-# its problems must match; a case of the class is xfail(strict=True): a fix makes it XPASS and
-# its row must go. A case that fails another way than its class says fails outright.
+# Where main stands (full tier run on branch fuzz = main at c3e5bf6, 25 Nov 2026: 627 cases,
+# 1,822 runs; 79 cases fail, in the 22 classes below, every one classified; the lead fixes them).
+# Each row: the class (exception and innermost traceview frame, found by rerunning one case with
+# TRACEVIEW_DEBUG=1; `python -m tests.hostile_classify LOG` does it for a HOSTILE_LOG), the cases
+# it covers (a regex on case ids), the signature every problem of such a case must match, and an
+# example (always in the fast tier). Its cases are xfail(strict=True): a fix makes them XPASS and
+# the row must go; a case that fails another way than its class says fails outright.
+# Summary: wide or absurd numbers, wrong types in headers and status files, and deep nesting
+# give internal errors (10 classes, 19 cases); gzip bombs and claimed world sizes pass 1-2 GB
+# (2 classes, 22 cases); report --json leaks C1/DEL/bidi controls (7 cases); damaged run
+# directories and faulty output locations give internal errors or leak an escape (8 classes,
+# 29 cases); a kill between the re-ingest's two renames loses the previous run (2 cases).
 
 
 @dataclass(frozen=True)
@@ -127,11 +135,123 @@ KNOWN: list[Known] = [
         "kineto-deep-args",
     ),
     Known(
-        "report --json writes C1 controls, DEL and bidi overrides from trace strings raw "
-        "(JSON escapes only C0)",
-        r"kineto-escape-(bidi|c1|backspace)-(every-string|names)",
+        "OverflowError in parsers/__init__.py:84 (raw_events) on a tid past 64 bits (TF1 Timeline)",
+        r"tf1-wideint-tid",
+        _internal("OverflowError"),
+        "tf1-wideint-tid",
+    ),
+    Known(
+        "OverflowError in normalize.py:760 (normalize) on a header rank past int32 (2**70, 1e10)",
+        r"kineto-header-rank-(wide|neg-wide|1e10)",
+        _internal("OverflowError"),
+        "kineto-header-rank-wide",
+    ),
+    Known(
+        "memory: a header world size of 1e7, 1e10 or 2**70 (alone or in one rank of a folder) "
+        "allocates per claimed rank (1.4 GB at 1e7, past 2 GB above)",
+        r"kineto-header-world_size-(wide|1e7|1e10)|folder-world-size-disagrees",
+        r"memory: ",
+        "kineto-header-world_size-1e10",
+    ),
+    Known(
+        "OverflowError in parsers/chrome_json.py:474 (us_to_ns) on baseTimeNanoseconds past "
+        "64 bits or 1e30",
+        r"kineto-header-basetime-(wide|neg|1e30)",
+        _internal("OverflowError"),
+        "kineto-header-basetime-wide",
+    ),
+    Known(
+        "ValueError in parsers/kineto.py:382 (parse) on a baseTimeNanoseconds string",
+        r"kineto-header-basetime-str",
+        _internal("ValueError"),
+        "kineto-header-basetime-str",
+    ),
+    Known(
+        "memory: a small .gz that inflates to 2 GB (spaces, zeros, NULs, an endless name, open "
+        "brackets or objects after one event) grows the reader past 2 GB (killed there)",
+        r"(kineto|mxnet|tf1)-bomb-.*",
+        r"memory: ",
+        "kineto-bomb-spaces",
+    ),
+    Known(
+        "OverflowError in ingest.py:305 (ingest_rank) on a status.json clock offset past 64 bits",
+        r"status-clock-offset-wide",
+        _internal("OverflowError"),
+        "status-clock-offset-wide",
+    ),
+    Known(
+        "report --json writes C1 controls, DEL and bidi overrides from trace strings and "
+        "manifests raw (JSON escapes only C0)",
+        r"kineto-escape-(bidi|c1|backspace)-(every-string|names)"
+        r"|rundir-manifest-escape-(bidi|c1|backspace)-every-string",
         r"--json: control character",
         "kineto-escape-c1-every-string",
+    ),
+    Known(
+        "UnicodeDecodeError in manifest.py:32 (from_json) on a manifest.json that is not UTF-8",
+        r"rundir-manifest-nonutf8",
+        _internal("UnicodeDecodeError"),
+        "rundir-manifest-nonutf8",
+    ),
+    Known(
+        "a steps/ops/collectives/comm/events Parquet of the wrong columns or column types "
+        "(or steps and ops swapped): polars/arrow errors, e.g. ColumnNotFoundError in "
+        "analysis/summary.py:540 (incomplete_steps), SchemaError, InvalidOperationError, "
+        "TypeError, ValueError (table lacks a column), ArrowInvalid",
+        r"rundir-(steps|ops|collectives|comm|events)-wrong-(shape|types)"
+        r"|rundir-(steps-is-ops|ops-is-steps)",
+        _internal(
+            "(ColumnNotFoundError|SchemaError|InvalidOperationError|TypeError|ValueError"
+            "|ArrowInvalid)"
+        ),
+        "rundir-steps-wrong-shape",
+    ),
+    Known(
+        "ValueError/OverflowError from int() of an events/rank=N folder name "
+        "(rank=abc, rank=, rank=2**70) in rundir.py",
+        r"rundir-events-dir-(abc|wide|empty-name)",
+        _internal("(ValueError|OverflowError)"),
+        "rundir-events-dir-abc",
+    ),
+    Known(
+        "NotADirectoryError in ingest.py:410 (ingest) / FileExistsError (ingest, export) when "
+        "-o names a regular file or a path under one",
+        r"output-(o-regular-file|o-under-regular-file|export-o-regular-file)",
+        _internal("(NotADirectoryError|FileExistsError)"),
+        "output-o-regular-file",
+    ),
+    Known(
+        "PermissionError on a read-only output folder or run directory (ingest's staging "
+        "folder, export, report's rewrite of a stale cache)",
+        r"output-readonly-(folder|export|run-stale-cache)",
+        _internal("PermissionError"),
+        "output-readonly-folder",
+    ),
+    Known(
+        "OSError ENAMETOOLONG on -o with a 300-character name",
+        r"output-o-name-too-long",
+        _internal("OSError"),
+        "output-o-name-too-long",
+    ),
+    Known(
+        "OSError EFBIG in rundir.py:81 (write_parquet) under a file-size limit "
+        "(RLIMIT_FSIZE: ingest, re-ingest, export)",
+        r"output-fsize-4096-(ingest|export|reingest)|output-fsize-(65536|262144)-export",
+        _internal("OSError"),
+        "output-fsize-4096-ingest",
+    ),
+    Known(
+        "escape leak: ingest prints the -o path raw on stdout (ESC, BEL from the name)",
+        r"output-o-name-escape",
+        r"control character",
+        "output-o-name-escape",
+    ),
+    Known(
+        "data loss: SIGKILL between replace_dir's two renames (rundir.py:167-168) leaves "
+        ".RUN.old-PID and .RUN.partial-PID and no RUN",
+        r"kill-reingest-rename-9-j[12]",
+        r"data loss: previous run lost",
+        "kill-reingest-rename-9-j1",
     ),
 ]
 
@@ -405,59 +525,23 @@ BY_ID = {c.id: c for c in CASES}
 # The fast tier: one case or a few of every family and format, and every known class's example.
 FAST = [
     "kineto-truncate-gz-0.37",
-    "kineto-truncate-0.5",
-    "kineto-json-truncate-0.37",
     "kineto-bitflip-gz-1",
-    "kineto-splice-0",
-    "kineto-gz-two-members",
-    "kineto-wideint-args",
-    "kineto-wideint-ids",
-    "kineto-wideint-step-number",
     "kineto-dur-1e18-all",
     "kineto-type-ts-str-one",
-    "kineto-type-args-obj-one",
-    "kineto-shape-events-object",
-    "kineto-deep-args",
-    "kineto-name-16mb",
     "kineto-escape-csi-every-string",
     "kineto-escape-markup-names",
-    "kineto-escape-bidi-every-string",
-    "kineto-header-rank-wide",
-    "kineto-header-world_size-1e10",
-    "kineto-bomb-spaces",
     "mxnet-truncate-gz-0.37",
-    "mxnet-wideint-pid",
     "mxnet-escape-osc-every-string",
-    "mxnet-deep-top",
     "tf1-truncate-0.37",
-    "tf1-type-dur-str-one",
-    "tf1-escape-c1-every-string",
     "xplane-truncate-0.37",
-    "xplane-bitflip-1",
     "xplane-escape-csi-every-string",
-    "xplane-claimed-length-huge",
     "folder-good-plus-empty",
-    "folder-good-plus-garbage-xplane",
-    "folder-duplicate-rank",
     "folder-missing-ranks",
-    "folder-good-plus-fifo",
     "folder-good-plus-escape-filename",
-    "status-garbage",
-    "status-rank-wide",
     "status-escape-csi-every-string",
     "rundir-good",
-    "rundir-manifest-nonutf8",
     "rundir-manifest-garbage",
-    "rundir-manifest-deep",
-    "rundir-manifest-world_size-wide",
     "rundir-manifest-escape-csi-every-string",
-    "rundir-steps-wrong-shape",
-    "rundir-ops-garbage",
-    "rundir-events-empty",
-    "output-o-regular-file",
-    "output-readonly-folder",
-    "output-fsize-4096-ingest",
-    "kill-reingest-rename-2-j1",
     "kill-reingest-after-700ms",
 ]
 
@@ -511,7 +595,7 @@ def test_the_corpus_is_deterministic(tmp_path: Path) -> None:
     """A case id names the same bytes on every build (seeded, nothing from the clock)."""
     for case_id in (
         "kineto-bitflip-gz-3",
-        "mxnet-splice-2",
+        "mxnet-splice-0",
         "xplane-escape-osc-every-string",
         "status-garbage",
     ):
