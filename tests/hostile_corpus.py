@@ -1510,16 +1510,18 @@ def _main(argv: list[str]) -> int:
     folder = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix=f"{case.id}-"))
     plan = build(case, folder)
     print(f"# built {case.id} in {folder}", file=sys.stderr)
+    print(f"# alone, checked: python -m pytest -m fuzz tests/test_hostile.py -k '{case.id}'")
     for run in plan.runs:
-        extra = []
+        line = "python -m traceview " + " ".join(_quote(a) for a in run.argv)
+        if run.as_nobody:
+            line = "setpriv --reuid=65534 --regid=65534 --clear-groups " + line
         if run.fsize is not None:
-            extra.append(f"(ulimit -f {max(run.fsize // 1024, 0)}; ")
-        print(
-            "".join(extra)
-            + "python -m traceview "
-            + " ".join(_quote(a) for a in run.argv)
-            + (")" if extra else "")
-        )
+            line = f"(ulimit -f {run.fsize // 1024}; {line})"
+        if run.kill_at_rename is not None:
+            line += f"   # SIGKILLed before its os.replace/os.rename number {run.kill_at_rename}"
+        if run.kill_after is not None:
+            line += f"   # SIGKILLed after {run.kill_after} s"
+        print(line)
     return 0
 
 
