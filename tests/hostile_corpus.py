@@ -972,9 +972,11 @@ class Runs:
     @classmethod
     def base(cls, name: str = "slowio") -> Path:
         if cls.root is None:
+            import atexit
             import tempfile
 
             cls.root = Path(tempfile.mkdtemp(prefix="traceview-hostile-"))
+            atexit.register(shutil.rmtree, cls.root, True)
         run = cls.root / name
         if not (run / "manifest.json").exists():
             import subprocess
