@@ -100,15 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return 0
-    except OSError as exc:
-        if exc.errno not in _NO_ROOM:
-            raise
-        # Output that does not fit (stdout redirected to a full disk, a file-size limit): the
-        # environment, not traceview; the files traceview writes itself name their path.
-        _discard_stdout()
-        print(f"traceview: error: {safe(cannot_write('output', exc))}", file=sys.stderr)
-        return 2
     except Exception as exc:  # an internal error: one line unless asked for the traceback
+        if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+            # Output that does not fit (stdout redirected to a full disk, a file-size limit):
+            # the environment, not traceview; the files traceview writes itself name their path.
+            _discard_stdout()
+            print(f"traceview: error: {safe(cannot_write('output', exc))}", file=sys.stderr)
+            return 2
         if os.environ.get("TRACEVIEW_DEBUG"):
             traceback.print_exc()
         else:

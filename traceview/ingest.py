@@ -159,7 +159,11 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
     skipped: list[str] = []
     damaged: list[str] = []
     for path in paths:
-        if not path.exists():
+        try:
+            there = path.exists()
+        except OSError as exc:  # a folder this user may not look into, a name too long
+            raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if not there:
             raise UsageError(R.parked_hint(path) or f"{path}: no such file or directory")
         if path.is_dir():
             folder = path / R.RAW if R.is_run_dir(path) and (path / R.RAW).is_dir() else path
@@ -481,11 +485,14 @@ def ingest(
     are ingested as tasks on that cluster instead of local processes.
     """
     notes = Notes()
-    R.recover(out.resolve(), notes)  # what an ingest killed while replacing it left
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is a file, not a run directory")
-    if out.exists() and not R.is_run_dir(out) and any(out.iterdir()):
-        raise UsageError(f"{out}: exists and is not a traceview run directory")
+    try:  # a name too long, a folder we may not look into: the output cannot go there
+        R.recover(out.resolve(), notes)  # what an ingest killed while replacing it left
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{out}: exists and is a file, not a run directory")
+        if out.exists() and not R.is_run_dir(out) and any(out.iterdir()):
+            raise UsageError(f"{out}: exists and is not a traceview run directory")
+    except OSError as exc:
+        raise cannot_write(out, exc) from None
     traces = discover(paths, notes)
     world = assign_ranks(traces, notes)
     collected = R.read_manifest(out).collect if R.is_run_dir(out) else None

@@ -41,7 +41,12 @@ def from_json(data: bytes | str, kind: type[Any], what: str) -> Any:
     """``data`` read as ``kind``; ``what`` names the file in the error of a malformed one."""
     try:
         return msgspec.json.decode(data, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+    except (
+        msgspec.ValidationError,
+        msgspec.DecodeError,
+        RecursionError,
+        UnicodeDecodeError,
+    ) as exc:
         raise BadInput(f"{what}: unreadable ({exc})") from None
 
 

@@ -96,7 +96,10 @@ def write_parquet(path: Path, table: pa.Table) -> None:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and (path / MANIFEST).is_file()
+    try:
+        return path.is_dir() and (path / MANIFEST).is_file()
+    except OSError as exc:  # a folder this user may not look into
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def events_path(run: Path, rank: int) -> Path:

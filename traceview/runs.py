@@ -102,7 +102,10 @@ class Run:
 
 def _label(paths: list[Path]) -> str:
     path = paths[0].resolve()
-    name = path.name if path.is_dir() else path.parent.name
+    try:
+        name = path.name if path.is_dir() else path.parent.name
+    except OSError:  # not ours to look into: reading it will say so
+        name = path.name
     return name + (f" (+{len(paths) - 1})" if len(paths) > 1 else "")
 
 

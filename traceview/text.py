@@ -17,6 +17,17 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+#: What JSON leaves raw but a terminal acts on: DEL, the C1 controls, bidi and line overrides
+#: (JSON itself escapes only U+0000-U+001F).
+_JSON_RAW = re.compile(r"[\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def json_safe(text: str) -> str:
+    """Encoded JSON with the characters above written as \\uXXXX escapes: the same JSON
+    value, harmless when printed to a terminal. They can only occur inside strings."""
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def safe(text: object, limit: int | None = None) -> str:
     """``text`` with control and bidi characters escaped, cut to ``limit`` characters."""
     value = _CONTROL.sub(_escape, str(text))

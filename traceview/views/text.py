@@ -11,7 +11,7 @@ from rich.text import Text
 
 from traceview import schema as S
 from traceview.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
-from traceview.text import safe
+from traceview.text import json_safe, safe
 from traceview.views.style import (
     PHASE_LETTER,
     PHASE_STYLE,
@@ -36,7 +36,7 @@ def _table(title: str) -> Table:
 
 
 def to_json(result: Result) -> str:
-    return result.to_json().decode()
+    return json_safe(result.to_json().decode())
 
 
 def _console() -> Console:
