@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.errors import Notes
-from traceview.parsers import ParsedTrace, TraceIdentity
+from traceview.parsers import ParsedTrace, TraceIdentity, group_ids
 from traceview.parsers.chrome_json import (
     ChromeTraceReader,
     corrupt_times,
@@ -213,20 +213,6 @@ def _pair(group: np.ndarray, ts: np.ndarray, begin: np.ndarray) -> tuple[np.ndar
     return starts, ends
 
 
-def _group_ids(*columns: np.ndarray) -> np.ndarray:
-    """Dense ids of the rows' value combinations, in the columns' lexicographic order (one
-    1-D factorization per column: much faster than np.unique over stacked rows)."""
-    if len(columns[0]) == 0:
-        return np.zeros(0, np.int64)
-    group = np.zeros(len(columns[0]), np.int64)
-    for column in columns:
-        _, inverse = np.unique(column, return_inverse=True)
-        inverse = np.asarray(inverse, np.int64).ravel()
-        _, group = np.unique(group * (int(inverse.max()) + 1) + inverse, return_inverse=True)
-        group = np.asarray(group, np.int64).ravel()
-    return group
-
-
 #: The layout pass this format needs (see the module docstring).
 LAYOUT = "mxnet_engine"
 
@@ -352,7 +338,7 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
     family = np.maximum(begin_family, end_family)[edge]
     is_async = family == 1
     key = np.where(is_async, ident[edge], tid[edge])
-    group = _group_ids(family, pid[edge], key, np.where(is_async, name[edge], -1))
+    group = group_ids(family, pid[edge], key, np.where(is_async, name[edge], -1))
     first, last = _pair(group, ts[edge], begin_family[edge] >= 0)
     starts, ends = edge[first], edge[last]
     unmatched = len(edge) - 2 * len(starts)

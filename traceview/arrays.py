@@ -129,17 +129,3 @@ def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
     values = array.dictionary.to_pylist()
     codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
     return codes, values
-
-
-def group_ids(*columns: np.ndarray) -> np.ndarray:
-    """Dense ids of the rows' value combinations, in the columns' lexicographic order (one
-    1-D factorization per column: much faster than np.unique over stacked rows)."""
-    if len(columns[0]) == 0:
-        return np.zeros(0, np.int64)
-    group = np.zeros(len(columns[0]), np.int64)
-    for column in columns:
-        _, inverse = np.unique(column, return_inverse=True)
-        inverse = np.asarray(inverse, np.int64).ravel()
-        _, group = np.unique(group * (int(inverse.max()) + 1) + inverse, return_inverse=True)
-        group = np.asarray(group, np.int64).ravel()
-    return group
