@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
@@ -163,6 +164,18 @@ def rank_from_filename(path: Path) -> int | None:
 
 
 # --- helpers the core shares with the parsers (parsers may not import the core) ---------------
+
+
+def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
+    """A column's dictionary codes (int64, -1 for null) and the values they stand for."""
+    array = column.combine_chunks()
+    if isinstance(array, pa.ChunkedArray):  # pragma: no cover - combine_chunks of one chunk
+        array = array.chunk(0)
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    values = array.dictionary.to_pylist()
+    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
+    return codes, values
 
 
 def group_ids(*columns: np.ndarray) -> np.ndarray:

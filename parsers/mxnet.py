@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.errors import Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, group_ids
+from traceview.parsers import ParsedTrace, TraceIdentity, dictionary_codes, group_ids
 from traceview.parsers.chrome_json import (
     ChromeTraceReader,
     corrupt_times,
@@ -174,17 +174,6 @@ def _decode_chunk(data: Any) -> _Chunk:
     return _Chunk(batch, process_names, thread_names, counts, bad)
 
 
-def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
-    array = column.combine_chunks()
-    if isinstance(array, pa.ChunkedArray):  # pragma: no cover - combine_chunks of one chunk
-        array = array.chunk(0)
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    values = array.dictionary.to_pylist()
-    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
-    return codes, values
-
-
 def _pair(group: np.ndarray, ts: np.ndarray, begin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Match begin and end records within each group by nesting level.
 
@@ -305,7 +294,7 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
     operator of the ``operator`` domain is there, records with an absurd time or duration). Kinds are left to the core (from the
     categories), except instants'.
     """
-    ph_codes, ph_values = _codes(table.column("ph"))
+    ph_codes, ph_values = dictionary_codes(table.column("ph"))
     ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
     has_ts = np.abs(ts_us) < _MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
     dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
@@ -321,8 +310,8 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
     ident = np.where(
         table.column("has_id").to_numpy(zero_copy_only=False), table.column("id").to_numpy(), tid
     )
-    cat, cats = _codes(table.column("cat"))
-    name, names = _codes(table.column("name"))
+    cat, cats = dictionary_codes(table.column("cat"))
+    name, names = dictionary_codes(table.column("name"))
 
     def lut(mapping: dict[str, int]) -> np.ndarray:
         return np.array([mapping.get(str(v), -1) for v in ph_values] + [-1], np.int64)[ph_codes]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -117,15 +116,3 @@ class EventArrays:
 
     def of_kinds(self, *kinds: str) -> np.ndarray:
         return np.isin(self.kind, [KIND_CODE[k] for k in kinds])
-
-
-def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
-    """A column's dictionary codes (int64, -1 for null) and the values they stand for."""
-    array = column.combine_chunks()
-    if isinstance(array, pa.ChunkedArray):  # pragma: no cover - combine_chunks of one chunk
-        array = array.chunk(0)
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    values = array.dictionary.to_pylist()
-    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
-    return codes, values

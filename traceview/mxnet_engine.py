@@ -36,10 +36,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import dictionary_codes
 from traceview.errors import Notes
 from traceview.normalize import LayoutResult
-from traceview.parsers import group_ids
+from traceview.parsers import dictionary_codes, group_ids
 from traceview.rules import MAX_STEP, RuleSet
 
 #: The category traceview collect's profiler domain writes, and that of the spans made here.

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import dictionary_codes, ints
+from traceview.arrays import ints
+from traceview.parsers import dictionary_codes
 
 
 def _parent_rows(events: pa.Table) -> np.ndarray:
