@@ -361,3 +361,21 @@ def test_a_claimed_world_of_ten_billion_ranks_allocates_nothing(
     result = run_cli("report", run)
     assert result.code == 2, result.err  # the run directory's record is wrong: one line
     assert "world_size" in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_leftovers_of_a_dotted_host_and_run_name_are_recognised(
+    fresh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cluster host names hold dots (node1.cluster.local), run names too (run.v2): a previous
+    run parked by a killed ingest on such a host is still put back, a dead one's staging folder
+    still removed."""
+    monkeypatch.setattr(R.socket, "gethostname", lambda: "node1.cluster.local")
+    target = tmp_path / "run.v2"
+    dead = 2**22 + 12345  # above pid_max's default: no such process
+    shutil.copytree(fresh, tmp_path / f".run.v2.old-node1.cluster.local-{dead}")
+    (tmp_path / f".run.v2.partial-node1.cluster.local-{dead}").mkdir()
+    assert R.parked_hint(target) is not None
+    notes = R.Notes()
+    R.recover(target, notes)
+    assert R.is_run_dir(target) and R.leftovers(target) == []
+    assert any("restored the previous run" in w for w in notes.warnings)

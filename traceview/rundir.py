@@ -200,11 +200,23 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _host() -> str:
+    return socket.gethostname().replace("/", "_") or "host"
+
+
 def staging_dir(target: Path, kind: str = "partial") -> Path:
     """Where a new ``target`` is built (``partial``) or an old one parked (``old``): a hidden
     sibling naming the host and process, so a later ingest can tell a dead owner's leftover."""
-    host = socket.gethostname().replace("/", "_") or "host"
-    return target.with_name(f".{target.name}.{kind}-{host}-{os.getpid()}")
+    return target.with_name(f".{target.name}.{kind}-{_host()}-{os.getpid()}")
+
+
+def _owner(target: Path, leftover: Path) -> tuple[str, str, str]:
+    """(kind, host, pid) of a leftover of ``target``, read after the known prefix: host names
+    (node1.cluster.local) and run names (run.v2) may hold dots and dashes."""
+    rest = leftover.name[len(f".{target.name}.") :]
+    kind, _, owner = rest.partition("-")
+    host, _, pid = owner.rpartition("-")
+    return kind, host, pid
 
 
 def leftovers(target: Path) -> list[Path]:
@@ -225,7 +237,7 @@ def leftovers(target: Path) -> list[Path]:
 
 def parked_hint(run: Path) -> str | None:
     """Why ``run`` is missing when an ingest was killed while replacing it."""
-    parked = [p for p in leftovers(run) if p.name.rsplit(".", 1)[-1].startswith("old-")]
+    parked = [p for p in leftovers(run) if _owner(run, p)[0] == "old"]
     if run.exists() or not parked:
         return None
     return (
@@ -234,12 +246,10 @@ def parked_hint(run: Path) -> str | None:
     )
 
 
-def _owner_alive(leftover: Path) -> bool | None:
-    """Whether the ingest that made ``leftover`` still runs: None when it ran on another host
+def _owner_alive(host: str, pid: str) -> bool | None:
+    """Whether the ingest that made a leftover still runs: None when it ran on another host
     (or the name does not say), where this process cannot tell."""
-    tail = leftover.name.rsplit(".", 1)[-1].split("-", 1)[-1]  # HOST-PID
-    host, _, pid = tail.rpartition("-")
-    if host != (socket.gethostname().replace("/", "_") or "host") or not pid.isdigit():
+    if host != _host() or not pid.isdigit():
         return None
     try:
         os.kill(int(pid), 0)
@@ -255,9 +265,9 @@ def recover(target: Path, notes: Notes) -> None:
     while no run is at ``target`` goes back; other leftovers of dead ingests are removed; those
     of live (or remote) ones are named in a warning."""
     for leftover in leftovers(target):
-        alive = _owner_alive(leftover)
-        parked = leftover.name.rsplit(".", 1)[-1].startswith("old-")
-        if parked and not target.exists() and is_run_dir(leftover) and alive is not True:
+        kind, host, pid = _owner(target, leftover)
+        alive = _owner_alive(host, pid)
+        if kind == "old" and not target.exists() and is_run_dir(leftover) and alive is not True:
             os.replace(leftover, target)
             notes.warn(
                 f"{target}: restored the previous run from {leftover.name} (an ingest was killed "
