@@ -5,6 +5,7 @@ Profile a job, or point it at the profiler traces of a run (one file per rank, o
   traceview collect -- mpirun -np 4 python train.py   profile every rank, then report
   traceview report TRACES...|RUN        breakdown, bottleneck, straggler, wait vs transfer
   traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
+                                        (--scheduler ADDRESS: on a Dask cluster)
   traceview tui TRACES...|RUN           explore it in the terminal (q quits, ? helps)
   traceview compare RUN_A RUN_B ...     runs or frameworks side by side, with ratios
   traceview scaling RUN_1 RUN_2 RUN_4   speedup, efficiency, the model's predictions

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -444,7 +445,7 @@ def _run_all(
         remove_attempt_leftovers(staged)
     elif jobs <= 1 or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS):
         for t in traces:
-            keep(t, lambda t=t: ingest_rank(t, staged, run_id, rules_path, analyze))  # type: ignore[misc]
+            keep(t, partial(ingest_rank, t, staged, run_id, rules_path, analyze))
     else:
         # Larger files first, so the pool's last task is a short one.
         ordered = sorted(traces, key=lambda t: -t.size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import cast
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -409,8 +410,6 @@ def _job(collected: Collected | None) -> JobInfo | None:
 
 def _spread(values: list[float], ranks: list[int]) -> Spread:
     """Percentiles by the nearest-rank rule (each one a value some rank has)."""
-    import numpy as np
-
     array = np.asarray(values, dtype=np.float64)
     order = np.argsort(array, kind="stable")
     high, low = int(order[-1]), int(order[0])

@@ -38,7 +38,7 @@ class ReportCommand:
             "--all-ranks",
             action="store_true",
             help="a row for every rank (above 16 ranks the text report shows their "
-            "distribution: p50, p90, max, the slowest and fastest ranks)",
+            "distribution: p50, p90, max, the ranks with most and least own work)",
         )
 
     def run(self, args: argparse.Namespace) -> int:
