@@ -100,6 +100,38 @@ def test_cpu_phases_from_ops_regions_and_position() -> None:
     assert row["comm_total"] == 0 and row["comm_hidden_fraction"] == 0
 
 
+def test_gradient_seed_starts_backward_so_a_stall_before_it_is_not_forward() -> None:
+    # loss.backward() makes the loss's gradient with ones_like before the autograd engine runs;
+    # a rank descheduled as it enters backward leaves a gap after the loss (seen in CI: 8 ms)
+    (row,) = analyse(
+        [
+            step(1, 0, 100),
+            ev("aten::linear", 0, 20),
+            ev("aten::cross_entropy_loss", 21, 4),  # the loss: top level, forward by position
+            ev("aten::ones_like", 40, 2),  # the seed, after a 15 us stall
+            ev("aten::empty_like", 40, 1),
+            ev("autograd::engine::evaluate_function: AddmmBackward0", 43, 30),
+        ]
+    )
+    assert row["forward"] == 20 + 1 + 4  # the linear, the gap to the loss, the loss
+    assert row["backward"] == 2 + 1 + 30  # the seed, the gap after it, the backward op
+    assert row["idle"] == 15 + 27  # the stall, and after backward to the step's end
+
+
+def test_ones_like_inside_the_loss_stays_forward() -> None:
+    # a loss that uses ones_like itself: the seed is the last operator before backward only
+    (row,) = analyse(
+        [
+            step(1, 0, 100),
+            ev("aten::linear", 0, 20),
+            ev("aten::ones_like", 20, 2),
+            ev("aten::sub", 22, 3),
+            ev("autograd::engine::evaluate_function: SubBackward0", 25, 30),
+        ]
+    )
+    assert row["forward"] == 25 and row["backward"] == 30
+
+
 def test_wait_on_a_collective_inside_backward_is_communication() -> None:
     (row,) = analyse(
         [

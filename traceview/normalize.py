@@ -23,7 +23,8 @@ to its contract on every sample trace.
 ``positional_phases``
     an operator at the top of the training thread with no phase of its own is ``forward`` when
     the next phase marker after it (data loading, forward or backward region, optimizer, step
-    end) is forward or backward, else ``other``;
+    end) is forward or backward, else ``other``; the gradient seed (``ones_like`` right before
+    the first backward operator, made by ``loss.backward()``) is ``backward``;
 ``host_phases``
     an event without a phase of its own inherits its nearest ancestor's, else takes its
     position's; region markers and Python frames pass phases down but get none by position;
@@ -520,6 +521,11 @@ def positional_phases(classes: Classes, columns: RankColumns, steps: Steps) -> n
     An operator with no phase of its own, at the top of the training thread, is forward when the
     next phase marker after it is forward or backward (or when its step has no backward at
     all), else other; which of them has a phase from above is for the next pass to decide.
+
+    The gradient seed is the exception: ``loss.backward()`` (and a gradient tape) first makes
+    the loss's gradient with ``ones_like``, outside any backward operator. When that is the
+    last operator before a backward marker, it is backward: otherwise a gap between the loss
+    and the seed (a rank descheduled as it enters backward) would be filled as forward.
     """
     kind, own, ts = classes.kind, classes.phase, columns.ts
     host_tree = _HOST_TREE[kind]
@@ -538,7 +544,44 @@ def positional_phases(classes: Classes, columns: RankColumns, steps: Steps) -> n
     leads_to_compute = np.isin(next_phase, [PHASE_CODES[S.FORWARD], PHASE_CODES[S.BACKWARD]])
     forward = leads_to_compute | ~np.isin(steps.step[candidates], backward_steps)
     positional[candidates[forward]] = PHASE_CODES[S.FORWARD]
+    seeds = _gradient_seeds(classes, columns, candidates, anchor_ts, next_phase)
+    positional[seeds] = PHASE_CODES[S.BACKWARD]
     return positional
+
+
+_GRADIENT_SEED_OPS = ("ones_like", "OnesLike")
+
+
+def _gradient_seeds(
+    classes: Classes,
+    columns: RankColumns,
+    candidates: np.ndarray,
+    anchor_ts: np.ndarray,
+    next_phase: np.ndarray,
+) -> np.ndarray:
+    """Candidates that are the gradient seed: a ``ones_like`` whose next marker is backward,
+    with no other candidate starting between its end and that marker."""
+    seed_codes = [i for i, op in enumerate(classes.ops) if op in _GRADIENT_SEED_OPS]
+    if not seed_codes or len(candidates) == 0:
+        return candidates[:0]
+    ts, end = columns.ts[candidates], columns.ts[candidates] + columns.dur[candidates]
+    is_seed = np.isin(classes.default_op[candidates], seed_codes) & (
+        next_phase == PHASE_CODES[S.BACKWARD]
+    )
+    seeds = np.flatnonzero(is_seed)
+    if len(seeds) == 0:
+        return candidates[:0]
+    order = np.argsort(ts, kind="stable")
+    sorted_ts = ts[order]
+    # the first candidate starting at or after the seed's end, and the marker each one leads to
+    after = np.searchsorted(sorted_ts, end[seeds], side="left")
+    marker = np.searchsorted(anchor_ts, ts[seeds], side="right")
+    has_after = after < len(order)
+    after_marker = np.searchsorted(
+        anchor_ts, sorted_ts[np.minimum(after, len(order) - 1)], side="right"
+    )
+    last_before_marker = ~has_after | (after_marker != marker)
+    return candidates[seeds[last_before_marker]]
 
 
 @dataclass
