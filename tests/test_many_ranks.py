@@ -143,3 +143,70 @@ def test_the_heatmap_shows_the_slow_ranks_forward(run: Path) -> None:
     assert f"rank {SLOW}, step 0: forward 25.00 ms" in said[0]
     assert hot == [True]
     assert f"rank {RANKS - 1}, step 1: forward" in said[1]  # the next busiest rank
+
+
+def test_the_ranks_filter_picks_ranks_by_number_range_and_straggler(run: Path) -> None:
+    import asyncio
+
+    from textual.widgets import DataTable, Static
+
+    from tests.tui_helpers import loaded
+    from traceview.runs import open_run
+    from traceview.tui.app import TraceviewApp
+    from traceview.tui.heatmap import Heatmap
+
+    shown: dict[str, list[int]] = {}
+    said: dict[str, str] = {}
+
+    def table_ranks(app: TraceviewApp) -> list[int]:
+        table = app.query_one("#ranks-table", DataTable)
+        return [int(str(table.get_row_at(i)[0]).rstrip("*")) for i in range(table.row_count)]
+
+    with open_run([run]) as opened:
+        app = TraceviewApp([opened])
+        app.animation_level = "none"
+
+        async def main() -> None:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await loaded(pilot)
+                # digits go into the filter, not to the screen keys 1-6
+                await pilot.press("4", "slash", *"3-5,39", "enter")
+                await pilot.pause()
+                shown["range"] = table_ranks(app)
+                said["range"] = str(app.query_one("#ranks-summary", Static).content)
+                await pilot.press("m")  # the heatmap shows the same rows
+                await pilot.pause()
+                shown["heatmap"] = [
+                    app.query_one(Heatmap).matrix.ranks[i] for i in app.query_one(Heatmap).rows
+                ]  # type: ignore[union-attr]
+                await pilot.press("m", "slash", *(["backspace"] * 6), *"straggler", "enter")
+                await pilot.pause()
+                shown["straggler"] = table_ranks(app)
+                await pilot.press("slash", *(["backspace"] * 9), "enter")
+                await pilot.pause()
+                shown["all"] = table_ranks(app)
+
+        asyncio.run(main())
+    # sorted by own work (forward grows with the rank number): 39 first, then 5, 4, 3
+    assert shown["range"] == [39, 5, 4, 3]
+    assert "4 of 40 ranks, sorted by busy" in said["range"]
+    assert shown["heatmap"] == [39, 5, 4, 3]
+    assert shown["straggler"] == [SLOW]
+    assert sorted(shown["all"]) == list(range(RANKS))
+
+
+def test_the_ranks_filter_reads_hosts_and_open_ranges(run: Path) -> None:
+    from traceview.runs import open_run
+    from traceview.tui.model import filter_ranks
+
+    with open_run([run]) as opened:
+        ranks = opened.report().ranks
+    hosts = {r: f"node{r // 8:02d}.cluster" for r in range(RANKS)}  # 8 ranks per node
+
+    def chosen(text: str) -> list[int]:
+        return sorted(r.rank for r in filter_ranks(ranks, text, hosts))
+
+    assert chosen("node02") == list(range(16, 24))
+    assert chosen("NODE04 0") == [0, *range(32, 40)]  # any case; any term chooses
+    assert chosen("36-") == list(range(36, 40)) and chosen("-2") == [0, 1, 2]
+    assert chosen("") == list(range(RANKS)) and chosen("no-such-host") == []

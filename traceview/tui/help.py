@@ -32,6 +32,7 @@ KEYS = (
     ("s", "sort: self, total, calls, mean, p95, op"),
     ("p", "phase filter: all, io, h2d, forward, backward, update, comm, other"),
     ("Ranks", ""),
+    ("/", "filter: ranks 0-15, 32, 1000-; straggler; part of a host name"),
     ("s", "sort: busy, step, blocked, wait, rank"),
     ("m", "heatmap: ranks × steps (arrows move, p: step or a phase)"),
 )

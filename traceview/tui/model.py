@@ -10,6 +10,7 @@ imports Textual, numpy or polars.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -30,6 +31,7 @@ class RunView:
     report: RunReport
     windows: dict[int | None, dict[int, tuple[int, int]]]  # step -> rank -> (start, end) ns
     threads: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> thread names
+    hosts: dict[int, str] = field(default_factory=dict)  # rank -> host, where the trace says
     matrix: StepMatrix | None = None  # ranks × steps, for the heatmap (None: no steps table)
 
     @property
@@ -88,6 +90,7 @@ def build_view(run: Run) -> RunView:
         report=run.report(ALL_OPS),
         windows=step_windows(run),
         threads=run.manifest.threads(),
+        hosts={r.rank: r.host for r in run.manifest.ranks if r.host},
         matrix=step_matrix(run.steps) if run.steps.num_rows else None,
     )
 
@@ -138,6 +141,40 @@ RANK_SORTS: dict[str, tuple[str, bool]] = {
     "wait": ("comm_wait_ms", True),  # null (not matched across ranks) sorts last
     "rank": ("rank", False),
 }
+
+
+_RANK_RANGE = re.compile(r"^(\d*)-(\d*)$")
+
+
+def filter_ranks(rows: list[RankSummary], text: str, hosts: dict[int, str]) -> list[RankSummary]:
+    """Rows chosen by ``text``: comma- or space-separated rank numbers and ranges (``0-15``,
+    ``32``, ``1000-``), ``straggler``, or any other word: a part of the rank's host name. A
+    row is shown when any term chooses it; empty text chooses every row."""
+    terms = [t for t in re.split(r"[,\s]+", text.strip().lower()) if t]
+    if not terms:
+        return rows
+    singles: set[int] = set()
+    spans: list[tuple[int, int]] = []
+    words: list[str] = []
+    straggler = False
+    for term in terms:
+        span = _RANK_RANGE.match(term)
+        if term.isdigit():
+            singles.add(int(term))
+        elif span and (span[1] or span[2]):
+            spans.append((int(span[1] or 0), int(span[2]) if span[2] else 1 << 62))
+        elif term in ("straggler", "*"):
+            straggler = True
+        else:
+            words.append(term)
+    return [
+        r
+        for r in rows
+        if r.rank in singles
+        or any(lo <= r.rank <= hi for lo, hi in spans)
+        or (straggler and r.straggler)
+        or any(w in hosts.get(r.rank, "").lower() for w in words)
+    ]
 
 
 def sort_ranks(rows: list[RankSummary], key: str) -> list[RankSummary]:

@@ -9,11 +9,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from traceview import schema as S
+from traceview.results import RankSummary
 from traceview.tui.heatmap import PALETTE, Heatmap
-from traceview.tui.model import RANK_SORTS, RunView, sort_ranks
+from traceview.tui.model import RANK_SORTS, RunView, filter_ranks, sort_ranks
 from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct, straggler_text
 
 BAR = 20
@@ -25,12 +26,15 @@ def _maybe_ms(value: float | None) -> str:
 
 class RanksPane(Vertical):
     BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "filter", "Filter", key_display="/"),
         Binding("s", "sort", "Sort"),
         Binding("m", "toggle_map", "Heatmap"),
         Binding("p", "metric", "Phase", show=False),
+        Binding("escape", "leave_filter", "Table", show=False),
     ]
 
     DEFAULT_CSS = """
+    RanksPane #ranks-filter { height: 1; border: none; padding: 0 1; }
     RanksPane #ranks-summary { height: auto; }
     RanksPane #ranks-table { height: 1fr; }
     RanksPane #ranks-heatmap { height: 1fr; display: none; }
@@ -42,6 +46,7 @@ class RanksPane(Vertical):
         self.sort = "busy"
 
     def compose(self) -> ComposeResult:
+        yield Input(placeholder="/ filter: ranks (0-15, 32) · straggler · host", id="ranks-filter")
         yield Static(id="ranks-summary", markup=False)
         yield DataTable(id="ranks-table", cursor_type="row", zebra_stripes=True)
         yield Heatmap(id="ranks-heatmap")
@@ -67,7 +72,7 @@ class RanksPane(Vertical):
     def refill(self) -> None:
         if self.view is None:
             return
-        rows = sort_ranks(self.view.ranks, self.sort)
+        rows = sort_ranks(self.shown_ranks(), self.sort)
         self.query_one(Heatmap).show(
             self.view.matrix,
             [r.rank for r in rows],
@@ -95,6 +100,11 @@ class RanksPane(Vertical):
             )
         self._summary()
 
+    def shown_ranks(self) -> list[RankSummary]:
+        assert self.view is not None
+        text = self.query_one("#ranks-filter", Input).value
+        return filter_ranks(self.view.ranks, text, self.view.hosts)
+
     def _summary(self) -> None:
         assert self.view is not None
         ranks = self.view.ranks
@@ -103,8 +113,11 @@ class RanksPane(Vertical):
             self._heatmap_summary(text)
             self.query_one("#ranks-summary", Static).update(text)
             return
-        text.append(f"{len(ranks)} ranks, sorted by {self.sort}", style="bold")
-        text.append(" (s: sort, m: heatmap) · ms per step · busy = step - exposed comm - idle;")
+        shown = len(self.shown_ranks())
+        count = f"{len(ranks)} ranks" if shown == len(ranks) else f"{shown} of {len(ranks)} ranks"
+        text.append(f"{count}, sorted by {self.sort}", style="bold")
+        text.append(" (/: filter, s: sort, m: heatmap) · ms per step")
+        text.append(" · busy = step - exposed comm - idle;")
         text.append(" blocked = exposed comm + idle; of the exposed comm, wait = waiting for the")
         text.append(" last rank to arrive at a collective, xfer = the rest")
         report = self.view.report
@@ -130,9 +143,9 @@ class RanksPane(Vertical):
             text.append("no steps to draw: this run has no step windows")
             return
         metric = heatmap.metric
-        ranks, steps = len(matrix.ranks), len(matrix.steps)
+        ranks, steps = len(heatmap.rows), len(matrix.steps)
         text.append(f"{metric} ms, {ranks} ranks × {steps} steps", style="bold")
-        text.append(f" (rows sorted by {self.sort}; s: sort, p: phase, m: table) · ")
+        text.append(f" (rows sorted by {self.sort}; /: filter, s: sort, p: phase, m: table) · ")
         text.append(f"{ms(matrix.low_ms[metric])} ")
         for colour in PALETTE:
             text.append(" ", style=f"on color({colour})")
@@ -158,6 +171,18 @@ class RanksPane(Vertical):
     def action_metric(self) -> None:
         if self.mapped:
             self.query_one(Heatmap).cycle_metric()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.refill()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.focus_main()
+
+    def action_filter(self) -> None:
+        self.query_one("#ranks-filter", Input).focus()
+
+    def action_leave_filter(self) -> None:
+        self.focus_main()
 
     def action_sort(self) -> None:
         keys = list(RANK_SORTS)
