@@ -522,7 +522,7 @@ def positional_phases(classes: Classes, columns: RankColumns, steps: Steps) -> n
     next phase marker after it is forward or backward (or when its step has no backward at
     all), else other; which of them has a phase from above is for the next pass to decide.
 
-    The gradient seed is the exception: ``loss.backward()`` (and a gradient tape) first makes
+    The gradient seed is the exception: ``loss.backward()`` first makes
     the loss's gradient with ``ones_like``, outside any backward operator. When that is the
     last operator before a backward marker, it is backward: otherwise a gap between the loss
     and the seed (a rank descheduled as it enters backward) would be filled as forward.
@@ -549,7 +549,7 @@ def positional_phases(classes: Classes, columns: RankColumns, steps: Steps) -> n
     return positional
 
 
-_GRADIENT_SEED_OPS = ("ones_like", "OnesLike")
+_GRADIENT_SEED_OPS = ("ones_like",)  # torch.autograd.backward's seed (_make_grads)
 
 
 def _gradient_seeds(

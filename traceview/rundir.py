@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traceview import schema as S
@@ -191,6 +192,43 @@ def read_events(run: Path, ranks: list[int] | None = None) -> pa.Table:
     if not tables:
         return S.EVENTS_SCHEMA.empty_table()
     return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
+
+
+def read_window(run: Path, rank: int, start_ns: int, end_ns: int) -> pa.Table:
+    """The events of ``rank`` that overlap [start_ns, end_ns), reading only the row groups that
+    hold one: a group whose statistics put every start at or after the window's end is skipped
+    unread, and of the others only the start and duration columns are read to find out. One
+    step of a multi-GB trace costs its own row groups and two columns, never the whole table."""
+    path = events_path(run, rank)
+    try:
+        with pq.ParquetFile(path) as file:
+            leaves = [file.schema.column(i).path for i in range(len(file.schema))]
+            ts_col = leaves.index(S.TS_NS)  # its statistics, among the file's leaf columns
+            chosen = []
+            for group in range(file.metadata.num_row_groups):
+                stats = file.metadata.row_group(group).column(ts_col).statistics
+                if stats is not None and stats.has_min_max and stats.min >= end_ns:
+                    continue
+                times = file.read_row_group(group, columns=[S.TS_NS, S.DUR_NS])
+                ts = times.column(0).to_numpy(zero_copy_only=False)
+                dur = times.column(1).to_numpy(zero_copy_only=False)
+                if ((ts < end_ns) & (ts + dur > start_ns)).any():
+                    chosen.append(group)
+            table = file.read_row_groups(chosen) if chosen else file.schema_arrow.empty_table()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: missing (re-run `traceview ingest`)") from None
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise BadInput(f"{path}: unreadable ({exc})") from None
+    if table.num_rows:
+        ts = table.column(S.TS_NS)
+        table = table.filter(
+            pc.and_(pc.less(ts, end_ns), pc.greater(pc.add(ts, table.column(S.DUR_NS)), start_ns))
+        )
+    table = table.append_column(S.RANK, pa.array([rank] * table.num_rows, pa.int32()))
+    try:
+        return S.conform(table, S.EVENTS_SCHEMA)
+    except (pa.ArrowException, ValueError, NotImplementedError) as exc:
+        raise BadInput(f"{path}: not events traceview wrote ({exc})") from None
 
 
 def fault_point(name: str) -> None:

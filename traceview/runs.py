@@ -99,6 +99,10 @@ class Run:
     def events(self, ranks: list[int] | None = None) -> pa.Table:
         return R.read_events(self.path, ranks)
 
+    def window_events(self, rank: int, start_ns: int, end_ns: int) -> pa.Table:
+        """The events of ``rank`` that overlap [start_ns, end_ns): only their row groups."""
+        return R.read_window(self.path, rank, start_ns, end_ns)
+
 
 def _label(paths: list[Path]) -> str:
     path = paths[0].resolve()

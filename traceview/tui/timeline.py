@@ -146,11 +146,15 @@ class Timeline(ScrollView, can_focus=True):
     def _cut_lanes(self, run: Run, step: int | None, ranks: list[int]) -> None:
         worker = get_current_worker()
         threads = self.view.threads if self.view else {}
+        windows = self.view.windows.get(step, {}) if self.view and step is not None else {}
         for rank in ranks:
             if worker.is_cancelled:
                 return
             try:
-                result = rank_lanes(run.events([rank]), rank, step, threads.get(rank, {}))
+                # a known step reads only the row groups of its window, not the rank's events
+                window = windows.get(rank)
+                events = run.window_events(rank, *window) if window else run.events([rank])
+                result = rank_lanes(events, rank, step, threads.get(rank, {}))
             except Exception as exc:  # one bad rank must not take the view down
                 result = RankLanes(
                     rank, step, 0, 0, [], f"could not cut lanes: {type(exc).__name__}"
