@@ -6,7 +6,9 @@ every rank's timing is known exactly (tests/synthetic_jobs.py)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,18 +111,13 @@ def test_the_matrix_holds_each_ranks_steps_exactly(run: Path) -> None:
             assert wall == r[S.WALL_NS] / 1e6 and forward == r[S.phase_ns("forward")] / 1e6
 
 
-def test_the_heatmap_shows_the_slow_ranks_forward(run: Path) -> None:
+def _drive(run: Path, scenario: Callable[[Any, Any], Awaitable[None]]) -> None:
+    """Open ``run`` in the TUI headless at 100×30, wait until it has loaded, play ``scenario``."""
     import asyncio
-
-    from textual.widgets import Static
 
     from tests.tui_helpers import loaded
     from traceview.runs import open_run
     from traceview.tui.app import TraceviewApp
-    from traceview.tui.heatmap import PALETTE, Heatmap
-
-    said: list[str] = []
-    hot: list[bool] = []
 
     with open_run([run]) as opened:
         app = TraceviewApp([opened])
@@ -129,16 +126,30 @@ def test_the_heatmap_shows_the_slow_ranks_forward(run: Path) -> None:
         async def main() -> None:
             async with app.run_test(size=(100, 30)) as pilot:
                 await loaded(pilot)
-                await pilot.press("4", "m", "p", "p", "p")  # heatmap of forward
-                await pilot.pause()
-                heatmap = app.query_one(Heatmap)
-                said.append(str(app.query_one("#ranks-summary", Static).content))
-                line = heatmap.render_line(0)  # sorted by own work: the slow rank on top
-                hot.append(any(f"color({PALETTE[-1]})" in str(s.style) for s in line))
-                await pilot.press("down", "right")
-                said.append(str(app.query_one("#ranks-summary", Static).content))
+                await scenario(app, pilot)
 
         asyncio.run(main())
+
+
+def test_the_heatmap_shows_the_slow_ranks_forward(run: Path) -> None:
+    from textual.widgets import Static
+
+    from traceview.tui.heatmap import PALETTE, Heatmap
+
+    said: list[str] = []
+    hot: list[bool] = []
+
+    async def look(app: Any, pilot: Any) -> None:
+        await pilot.press("4", "m", "p", "p", "p")  # heatmap of forward
+        await pilot.pause()
+        heatmap = app.query_one(Heatmap)
+        said.append(str(app.query_one("#ranks-summary", Static).content))
+        line = heatmap.render_line(0)  # sorted by own work: the slow rank on top
+        hot.append(any(f"color({PALETTE[-1]})" in str(s.style) for s in line))
+        await pilot.press("down", "right")
+        said.append(str(app.query_one("#ranks-summary", Static).content))
+
+    _drive(run, look)
     assert "forward ms, 40 ranks × 4 steps" in said[0]
     assert f"rank {SLOW}, step 0: forward 25.00 ms" in said[0]
     assert hot == [True]
@@ -146,47 +157,35 @@ def test_the_heatmap_shows_the_slow_ranks_forward(run: Path) -> None:
 
 
 def test_the_ranks_filter_picks_ranks_by_number_range_and_straggler(run: Path) -> None:
-    import asyncio
-
     from textual.widgets import DataTable, Static
 
-    from tests.tui_helpers import loaded
-    from traceview.runs import open_run
-    from traceview.tui.app import TraceviewApp
     from traceview.tui.heatmap import Heatmap
 
     shown: dict[str, list[int]] = {}
     said: dict[str, str] = {}
 
-    def table_ranks(app: TraceviewApp) -> list[int]:
+    def table_ranks(app: Any) -> list[int]:
         table = app.query_one("#ranks-table", DataTable)
         return [int(str(table.get_row_at(i)[0]).rstrip("*")) for i in range(table.row_count)]
 
-    with open_run([run]) as opened:
-        app = TraceviewApp([opened])
-        app.animation_level = "none"
+    async def look(app: Any, pilot: Any) -> None:
+        # digits go into the filter, not to the screen keys 1-6
+        await pilot.press("4", "slash", *"3-5,39", "enter")
+        await pilot.pause()
+        shown["range"] = table_ranks(app)
+        said["range"] = str(app.query_one("#ranks-summary", Static).content)
+        await pilot.press("m")  # the heatmap shows the same rows
+        await pilot.pause()
+        heatmap = app.query_one(Heatmap)
+        shown["heatmap"] = [heatmap.matrix.ranks[i] for i in heatmap.rows]
+        await pilot.press("m", "slash", *(["backspace"] * 6), *"straggler", "enter")
+        await pilot.pause()
+        shown["straggler"] = table_ranks(app)
+        await pilot.press("slash", *(["backspace"] * 9), "enter")
+        await pilot.pause()
+        shown["all"] = table_ranks(app)
 
-        async def main() -> None:
-            async with app.run_test(size=(100, 30)) as pilot:
-                await loaded(pilot)
-                # digits go into the filter, not to the screen keys 1-6
-                await pilot.press("4", "slash", *"3-5,39", "enter")
-                await pilot.pause()
-                shown["range"] = table_ranks(app)
-                said["range"] = str(app.query_one("#ranks-summary", Static).content)
-                await pilot.press("m")  # the heatmap shows the same rows
-                await pilot.pause()
-                shown["heatmap"] = [
-                    app.query_one(Heatmap).matrix.ranks[i] for i in app.query_one(Heatmap).rows
-                ]  # type: ignore[union-attr]
-                await pilot.press("m", "slash", *(["backspace"] * 6), *"straggler", "enter")
-                await pilot.pause()
-                shown["straggler"] = table_ranks(app)
-                await pilot.press("slash", *(["backspace"] * 9), "enter")
-                await pilot.pause()
-                shown["all"] = table_ranks(app)
-
-        asyncio.run(main())
+    _drive(run, look)
     # sorted by own work (forward grows with the rank number): 39 first, then 5, 4, 3
     assert shown["range"] == [39, 5, 4, 3]
     assert "4 of 40 ranks, sorted by busy" in said["range"]
