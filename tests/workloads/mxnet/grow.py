@@ -10,44 +10,26 @@ growth now and then, and "done" at the end.
 
 from __future__ import annotations
 
-import argparse
-import os
-import time
+import sys
+from pathlib import Path
 
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def guard(base: int, limit_mib: int) -> None:
-    """A safety net for the machine, should the profile not be bounded: exit 3."""
-    if rss() - base > limit_mib << 20:
-        print(f"grew by more than {limit_mib} MiB: aborting", flush=True)
-        os._exit(3)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/workloads: growth.py
+from growth import Growth, arguments
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--ops", type=int, default=500, help="tiny operations per step")
-    parser.add_argument("--tail", type=float, default=0.0, help="seconds of work after the steps")
-    parser.add_argument(
-        "--abort-above", type=int, default=3000, help="exit 3 once grown by this many MiB"
-    )
-    args = parser.parse_args()
-
+    args = arguments(default_ops=500)
     mx.random.seed(0)
     net = gluon.nn.Dense(1)
     net.initialize()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
     x, y = nd.zeros((4, 8)), nd.zeros((8,))
-    base, started = rss(), time.monotonic()
+    growth = Growth(args.abort_above)
     for step in range(args.steps):
-        guard(base, args.abort_above)
+        growth.guard()
         for _ in range(args.ops):
             y = y + 1
         with autograd.record():
@@ -55,23 +37,15 @@ def main() -> None:
         loss.backward()
         trainer.step(4)
         nd.waitall()
-        print(
-            f"step {step}: {time.monotonic() - started:.2f} s, rss +{(rss() - base) >> 20} MiB",
-            flush=True,
-        )
-    end = time.monotonic() + args.tail
-    report = time.monotonic() + 1
-    while time.monotonic() < end:
+        growth.say(f"step {step}")
+
+    def work() -> None:
+        nonlocal y
         for _ in range(500):
             y = y + 1
         y.wait_to_read()
-        guard(base, args.abort_above)
-        if time.monotonic() > report:
-            report += 1
-            print(
-                f"tail: {time.monotonic() - started:.2f} s, rss +{(rss() - base) >> 20} MiB",
-                flush=True,
-            )
+
+    growth.tail(args.tail, work)
     print("done", flush=True)
 
 
