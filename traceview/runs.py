@@ -63,6 +63,8 @@ class Run:
             path=path,
             collectives=self.collectives,
             cross=self.cross,
+            gpu=self.tables["gpu"],
+            launches=self.tables["launches"],
         )
 
     @cached_property
@@ -186,6 +188,8 @@ _TABLE_SCHEMAS = {
     "ops": S.OPS_SCHEMA,
     "collectives": S.COLLECTIVES_SCHEMA,
     "comm": S.COMM_SCHEMA,
+    "gpu": S.GPU_SCHEMA,
+    "launches": S.LAUNCHES_SCHEMA,
 }
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 

@@ -250,3 +250,43 @@ def straggler_text(report: RunReport) -> Text:
         else:
             text.append(f" (busiest, but only {pct(excess)} above the median: ranks are balanced)")
     return text
+
+
+#: What to try when the device waits for the host, by the phase it waits in.
+GPU_ADVICE = {
+    S.UPDATE: "use a fused/foreach optimizer or CUDA graphs",
+    S.FORWARD: "launch fewer, larger kernels: a larger batch, torch.compile or CUDA graphs",
+    S.BACKWARD: "launch fewer, larger kernels: a larger batch, torch.compile or CUDA graphs",
+    S.H2D: "pin the batch in host memory and copy it with non_blocking=True",
+    "data": "use more DataLoader workers, or prefetch the next batch while the GPU computes",
+}
+
+
+def gpu_verdict_text(report: RunReport) -> Text | None:
+    """The GPU verdict in words (None where the analysis gave none)."""
+    verdict = report.gpu_verdict
+    if verdict is None:
+        return None
+    text = Text()
+    text.append(f"GPU idle {pct(verdict.idle_fraction)} of the step", style="bold")
+    if len(report.ranks) > 1:
+        text.append(f" on rank {verdict.rank}")
+    if verdict.wait == "data":
+        text.append(
+            f", waiting for the data loader ({pct(verdict.wait_fraction)} of the step): "
+            f"{GPU_ADVICE['data']}"
+        )
+        return text
+    phase = verdict.phase or S.OTHER
+    text.append(f", waiting for the host ({pct(verdict.wait_fraction)} of the step): ")
+    text.append(phase, style=PHASE_STYLE.get(phase, ""))
+    if verdict.kernels_per_step is not None and verdict.kernel_us_p50 is not None:
+        text.append(
+            f" launches {verdict.kernels_per_step:g} kernels of "
+            f"{duration_us(verdict.kernel_us_p50)} each"
+        )
+    else:
+        text.append(" is host-bound")
+    if phase in GPU_ADVICE:
+        text.append(f" ({GPU_ADVICE[phase]})")
+    return text
