@@ -156,19 +156,21 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
             us, ue = merge_intervals(os_[ol == lvl], oe[ol == lvl])
             elsewhere[_containing(us, ue, mids) >= 0] = lvl
         host_level = np.where(idle_host & (elsewhere >= 0), elsewhere, host_level)
-    host_phase = np.array([*LEVEL_PHASES, ""], dtype=object)[host_level]  # -1: no event
     length = (hi - lo).astype(np.float64)
 
     def per_window(mask: np.ndarray) -> np.ndarray:
         m = gap & mask
         return np.bincount(piece_window[m], weights=length[m], minlength=n).astype(np.int64)
 
+    def in_phase(phase: str) -> np.ndarray:
+        return np.isin(host_level, [i for i, p in enumerate(LEVEL_PHASES) if p == phase])
+
     bound_total = np.zeros(n, np.int64)
     for phase in HOST_BOUND_PHASES:
-        part = per_window(host_phase == phase)
+        part = per_window(in_phase(phase))
         columns[S.host_bound_ns(phase)] = part
         bound_total += part
-    columns[S.IDLE_DATA_NS] = per_window(host_phase == S.IO)
+    columns[S.IDLE_DATA_NS] = per_window(in_phase(S.IO))
     columns[S.IDLE_OTHER_NS] = (w_end - w_start) - busy - bound_total - columns[S.IDLE_DATA_NS]
 
     # Host blocked waiting for the device.
