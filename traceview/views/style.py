@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceview import schema as S
-from traceview.results import Breakdown, RunReport
+from traceview.results import Breakdown, RankGpu, RunReport
 from traceview.text import safe
 
 PHASE_STYLE = {
@@ -289,4 +289,31 @@ def gpu_verdict_text(report: RunReport) -> Text | None:
         text.append(" is host-bound")
     if phase in GPU_ADVICE:
         text.append(f" ({GPU_ADVICE[phase]})")
+    return text
+
+
+def gpu_rank_text(rank: int, gpu: RankGpu) -> Text:
+    """One GPU rank's device time in words: busy, idle by what the host did, launches, and each
+    phase's device + host-bound time (ms per step)."""
+    idle = gpu.idle_ms
+    text = Text()
+    text.append(f"GPU rank {rank}: ", style="bold")
+    text.append(
+        f"busy {pct(gpu.busy_fraction)} ({ms(gpu.busy_ms)} ms); idle: host-bound "
+        f"{ms(idle.host_bound)}, data {ms(idle.data)}, other {ms(idle.other)} ms; "
+        f"sync {ms(gpu.sync_ms)} ms; {gpu.launches:g} kernels"
+    )
+    if gpu.launch_latency_us_p50 is not None and gpu.launch_latency_us_p95 is not None:
+        text.append(
+            f", launch latency {duration_us(gpu.launch_latency_us_p50)} "
+            f"(p95 {duration_us(gpu.launch_latency_us_p95)})"
+        )
+    if gpu.short_kernel_fraction is not None:
+        text.append(f", {pct(gpu.short_kernel_fraction)} shorter than their launch")
+    text.append("\n  device + host-bound:")
+    parts = [p for p in gpu.phases if p.total_ms > 0]
+    for i, p in enumerate(parts):
+        text.append(" " if i == 0 else " · ")
+        text.append(p.phase, style=PHASE_STYLE.get(p.phase, ""))
+        text.append(f" {ms(p.device_ms)} + {ms(p.host_bound_ms)}")
     return text
