@@ -16,7 +16,9 @@ Same kernels, same definitions:
   definition: HTA classifies a gap by the queue (the next kernel was launched after the
   previous one ended: host wait; a gap under 30 ns: kernel wait; else other), traceview by what
   the host was doing (in a phase: host-bound; in the data loader: data; else other). A gap
-  spent loading data is a host wait to HTA, so traceview's data time never exceeds it.
+  spent loading data is a host wait to HTA, so traceview's data time never exceeds it; and
+  where traceview's verdict says the device waits for the host or the data loader, at least
+  90 % of HTA's idle time is host wait.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ LAUNCH_TRACES = [
 ]
 #: Traces whose device work runs on one stream (HTA's per-stream idle is then the device's).
 ONE_STREAM = ["kineto_resnet50_num_workers_0", "kineto_resnet50_num_workers_4"]
+#: What traceview's verdict says the device waits for on them.
+WAITS = {"kineto_resnet50_num_workers_0": "data", "kineto_resnet50_num_workers_4": "host-bound"}
 
 
 def _hta(folder: Path):  # type: ignore[no-untyped-def]
@@ -149,6 +153,9 @@ def test_idle_time_agrees_with_hta_on_one_stream(name: str, tmp_path: Path) -> N
     assert ours_ns == pytest.approx(hta_ns, rel=0.01), (ours_ns, by_kind)
     # a gap spent in the data loader is a host wait to HTA too
     assert int(gpu[S.IDLE_DATA_NS].sum()) <= by_kind.get("host_wait", 0.0) * 1.01
+    # The verdict that the device waits for the host (host-bound: num_workers_4) or for the data
+    # loader (num_workers_0) is HTA's too: nearly all of its idle time is host wait.
     with open_run([run]) as opened:
-        rank_gpu = opened.report().ranks[0].gpu
-    assert rank_gpu is not None and rank_gpu.busy_fraction < 1
+        verdict = opened.report().gpu_verdict
+    assert verdict is not None and verdict.wait == WAITS[name]
+    assert by_kind.get("host_wait", 0.0) >= 0.9 * hta_ns
