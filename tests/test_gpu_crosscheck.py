@@ -19,6 +19,8 @@ Same kernels, same definitions:
   spent loading data is a host wait to HTA, so traceview's data time never exceeds it; and
   where traceview's verdict says the device waits for the host or the data loader, at least
   90 % of HTA's idle time is host wait.
+- **Queue length** (HTA ``get_queue_length_time_series``: operations launched and not yet
+  started on the device): the most in each step, within one (ties at one instant).
 """
 
 from __future__ import annotations
@@ -143,6 +145,12 @@ def test_idle_time_agrees_with_hta_on_one_stream(name: str, tmp_path: Path) -> N
     anchor = inside.filter(pl.col(S.KIND).cast(pl.String) == S.KIND_KERNEL).row(0, named=True)
     hta_anchor = df[(df.stream != -1) & (df.correlation == anchor[S.CORRELATION])].ts.iloc[0]
     offset_us = anchor[S.TS_NS] / 1e3 - hta_anchor
+    # queue length (launched, not yet started on the device): the most in each step
+    queue = analysis.get_queue_length_time_series(ranks=[rank])[rank]
+    queue_ns = (queue.ts + offset_us) * 1e3
+    for row in steps.join(gpu, on=[S.RANK, S.STEP]).iter_rows(named=True):
+        theirs = queue[(queue_ns >= row[S.START_NS]) & (queue_ns < row[S.END_NS])]
+        assert row[S.QUEUE_MAX] == pytest.approx(int(theirs.queue_length.max()), abs=1)
     on_device = df.stream != -1
     ts_ns = (df.ts + offset_us) * 1e3
     keep = ~on_device | ((ts_ns >= first - 1000) & (ts_ns < last))

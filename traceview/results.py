@@ -202,7 +202,7 @@ class RankGpu(Result):
     short_kernel_fraction: float | None  # kernels shorter than the launch call that made them
     kernel_us_p50: float | None = None
     kernel_us_p95: float | None = None
-    queue_depth_max: int = 0  # kernels launched and not finished, the most in any step
+    queue_depth_max: int = 0  # operations launched, not yet started on the device: the most
     queue_depth_mean: float = 0.0  # time-weighted over the steps
     phases: list[GpuPhase] = []
     kernels: list[KernelLaunches] = []  # by phase and op, most launched first (up to 20)

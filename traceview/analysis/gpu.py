@@ -16,8 +16,9 @@ device activity:
   busy + host-bound + data + other = the window, exactly.
 - **sync**: the training thread's time blocked in device or stream synchronization, a blocking
   copy or ``.item()`` (``sync_ns``), the union of those calls.
-- **queue**: kernels launched (runtime call started) and not yet finished, over the window:
-  its maximum and time-weighted mean.
+- **queue**: device operations launched (runtime call started) and not yet started on the
+  device (HTA's queue length, summed over streams), over the window: its maximum and
+  time-weighted mean.
 
 Per (phase, canonical op) and for the rank as a whole (phase and op null): kernels launched
 (kernels linked to a runtime launch call), launch latency (runtime call start to kernel start),
@@ -212,31 +213,33 @@ def _copy_calls(ev: EventArrays) -> np.ndarray:
     return (has_copy & ~has_other)[top] & call[top]
 
 
-def _launched(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel rows, their launch call rows): kernels whose parent is a runtime call."""
+def _launched(
+    ev: EventArrays, kinds: tuple[str, ...] = (S.KIND_KERNEL,)
+) -> tuple[np.ndarray, np.ndarray]:
+    """(device rows of ``kinds``, their launch call rows): those whose parent is a runtime call."""
     kind, parent = ev.kind, ev.parent_row
-    kernels = np.flatnonzero(kind == KIND_CODE[S.KIND_KERNEL])
-    launcher = parent[kernels]
+    rows = np.flatnonzero(np.isin(kind, [KIND_CODE[k] for k in kinds]))
+    launcher = parent[rows]
     ok = launcher >= 0
     ok[ok] = kind[launcher[ok]] == KIND_CODE[S.KIND_RUNTIME]
-    return kernels[ok], launcher[ok]
+    return rows[ok], launcher[ok]
 
 
 def _queue(
     ev: EventArrays, w_start: np.ndarray, w_end: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per window: the most kernels in flight (launch call started, kernel not finished) and
-    their time-weighted mean."""
+    """Per window: the most device operations queued (launch call started, the kernel, copy or
+    memset not yet started: HTA's queue length, over all streams) and their time-weighted
+    mean."""
     n = len(w_start)
-    kernels, launcher = _launched(ev)
-    ts, end = ev.ts, ev.end
+    kernels, launcher = _launched(ev, S.DEVICE_ACTIVITY_KINDS)
     if len(kernels) == 0:
         return np.zeros(n, np.int64), np.zeros(n)
-    times = np.concatenate([ts[launcher], end[kernels], w_start, w_end])
+    times = np.concatenate([ev.ts[launcher], ev.ts[kernels], w_start, w_end])
     delta = np.concatenate([np.ones(len(kernels)), -np.ones(len(kernels)), np.zeros(2 * n)]).astype(
         np.int64
     )
-    order = np.lexsort((delta, times))  # at one instant, finishes before launches
+    order = np.lexsort((delta, times))  # at one instant, starts before launches
     times, delta = times[order], delta[order]
     depth = np.cumsum(delta)
     lo, hi = times[:-1], times[1:]
