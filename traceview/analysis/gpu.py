@@ -146,10 +146,17 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     gap = (piece_window >= 0) & (_containing(bs, be, mids) < 0)
     seg = _containing(hs, he, mids)
     host_level = np.where(seg >= 0, hl[np.maximum(seg, 0)], -1)
-    # Where the training thread is in no phase (blocked in loss.backward(), which PyTorch's
-    # autograd engine runs on a thread of its own), a compute or copy operator running on
-    # another host thread is what the device waits for.
-    idle_host = ~np.isin(host_level, _PHASE_LEVELS)
+    # The attribution rule's order: compute and copy operators, then data loading, then
+    # communication on any host thread (the host waits for a collective, not launching: other),
+    # then a compute region's uncovered time. Where the training thread is in no phase (blocked
+    # in loss.backward(), which PyTorch's autograd engine runs on a thread of its own), a compute
+    # or copy operator on another host thread is what the device waits for.
+    comm = np.isin(ev.kind, _HOST_KINDS) & (ev.phase == PHASE_CODE[S.COMM]) & (ev.end > ev.ts)
+    cs, ce = merge_intervals(ev.ts[comm], ev.end[comm])
+    in_comm = (host_level == _COMM_LEVEL) | ((host_level > _COMM_LEVEL) | (host_level < 0)) & (
+        _containing(cs, ce, mids) >= 0
+    )
+    idle_host = ~np.isin(host_level, _PHASE_LEVELS) & ~in_comm
     if idle_host.any():
         os_, oe, ol = _compute_elsewhere(ev, np.isin(ev.kind, _HOST_KINDS) & ~on_training)
         elsewhere = np.full(len(mids), -1)
@@ -157,6 +164,7 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
             us, ue = merge_intervals(os_[ol == lvl], oe[ol == lvl])
             elsewhere[_containing(us, ue, mids) >= 0] = lvl
         host_level = np.where(idle_host & (elsewhere >= 0), elsewhere, host_level)
+    host_level = np.where(in_comm, _COMM_LEVEL, host_level)
     length = (hi - lo).astype(np.float64)
 
     def per_window(mask: np.ndarray) -> np.ndarray:
@@ -186,6 +194,7 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     return pa.table(columns, schema=S.GPU_SCHEMA)
 
 
+_COMM_LEVEL = LEVEL_PHASES.index(S.COMM)
 #: Training-thread levels that name a phase the device can wait for (host-bound or data).
 _PHASE_LEVELS = [i for i, p in enumerate(LEVEL_PHASES) if p in (*S.GPU_HOST_BOUND_PHASES, S.IO)]
 _CALL_KINDS = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME)]
