@@ -206,7 +206,8 @@ def _copy_calls(ev: EventArrays) -> np.ndarray:
     call = np.isin(ev.kind, _CALL_KINDS)
     top = np.arange(len(ev.kind))
     parent = ev.parent_row
-    # walk each row up to its outermost operator or runtime call (pointer jumping)
+    # walk each row up to its outermost operator or runtime call, one level per pass (call
+    # trees deeper than 64 stop there)
     for _ in range(64):
         up = parent[top]
         climb = (up >= 0) & call[np.maximum(up, 0)]
