@@ -187,3 +187,13 @@ def test_cpu_runs_have_no_gpu_figures(tmp_path: Path) -> None:
     result = report(run)
     assert all(r.gpu is None for r in result.ranks) and result.gpu_verdict is None
     assert R.read_table(run / "gpu.parquet", S.GPU_SCHEMA).num_rows == 0
+
+
+def test_export_writes_the_gpu_tables(runs: dict[str, Path], tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    result = run_cli("export", runs["gpu_sync"], "--format", "parquet", "-o", tmp_path / "out")
+    assert result.code == 0, result.err
+    for name, schema in (("gpu", S.GPU_SCHEMA), ("launches", S.LAUNCHES_SCHEMA)):
+        exported = R.read_table(tmp_path / "out" / f"{name}.parquet", schema)
+        assert exported.equals(R.read_table(runs["gpu_sync"] / f"{name}.parquet", schema))
