@@ -18,7 +18,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from tests.conftest import REPO, run_cli
-from tests.tui_helpers import EVIL, evil_run, loaded, settle
+from tests.tui_helpers import EVIL, evil_run, loaded, sample_run, settle
 from traceview import schema as S
 from traceview.analysis.compare import compare
 from traceview.analysis.summary import summarize
@@ -104,6 +104,32 @@ def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) ->
         assert entry in seen["legend"], f"{phase}: {entry!r} not in legend"
     assert f"straggler: rank {summary.straggler_rank} (waited for the most" in seen["notes"]
     assert "ranks are balanced" in seen["notes"]
+
+
+def test_overview_explains_the_gpu_with_the_reports_numbers(runs_root: Path) -> None:
+    """On a GPU run the overview says why the device idles (the report's verdict) and, per
+    rank, its busy share, idle time by what the host did and each phase's two parts."""
+    with open_run([sample_run("gpu_sync", runs_root)]) as run:
+        report = run.report()
+        seen: dict[str, str] = {}
+
+        async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+            seen["verdict"] = plain(app.query_one("#verdict", Static))
+            seen["notes"] = plain(app.query_one("#notes", Static))
+
+        drive([run], look)
+    verdict, gpu = report.gpu_verdict, report.ranks[0].gpu
+    assert verdict is not None and verdict.wait == "data" and gpu is not None
+    assert (
+        f"GPU idle {pct(verdict.idle_fraction)} of the step, waiting for the data loader "
+        f"({pct(verdict.wait_fraction)} of the step)"
+    ) in " ".join(seen["verdict"].split())
+    notes = " ".join(seen["notes"].split())
+    assert f"GPU rank 0: busy {pct(gpu.busy_fraction)} ({ms(gpu.busy_ms)} ms)" in notes
+    assert f"host-bound {ms(gpu.idle_ms.host_bound)}, data {ms(gpu.idle_ms.data)}" in notes
+    for phase in gpu.phases:
+        if phase.total_ms > 0:
+            assert f"{phase.phase} {ms(phase.device_ms)} + {ms(phase.host_bound_ms)}" in notes
 
 
 def test_every_screen_fits_80_by_24(ddp: Run, explicit: Run) -> None:

@@ -26,8 +26,8 @@ _STEPS_TID = (1 << 31) - 1
 
 
 def tables(run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str) -> list[Path]:
-    """The events of ``run`` and its ``analysis`` tables (steps, ops, collectives) as single
-    files under ``out``."""
+    """The events of ``run`` and its ``analysis`` tables (steps, ops, collectives; gpu and
+    launches on GPU runs) as single files under ``out``."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -157,6 +157,73 @@ class Summary(Result):
     straggler_phase_median_ms: float | None = None  # and the median of the other ranks
 
 
+class GpuIdle(Result):
+    """The device's idle time in a step (ms), by what the host did meanwhile."""
+
+    host_bound: float  # inside an op of h2d, forward, backward or update: launching its work
+    data: float  # in data loading
+    other: float  # anything else (Python between phases, a synchronize outside any phase)
+
+
+class GpuPhase(Result):
+    """One phase on the device (ms per step): its kernels' time and the device's wait for the
+    host inside it, never merged; ``total_ms`` is their sum (what a synchronized timer sees)."""
+
+    phase: Phase
+    device_ms: float  # kernels and copies (exclusive, as the breakdown on GPU timelines)
+    host_bound_ms: float  # device idle while the host is inside this phase (part of idle)
+    total_ms: float
+
+
+class KernelLaunches(Result):
+    """Kernels launched by the host (a runtime call per kernel), by phase and canonical op."""
+
+    phase: Phase | None  # null with op: all of the rank's kernels
+    op: str | None  # canonical operator of the launching call (untrusted)
+    kernels_per_step: float
+    launch_latency_us_p50: float  # runtime call start to kernel start (includes queueing)
+    launch_latency_us_p95: float
+    kernel_us_p50: float  # kernel duration
+    kernel_us_p95: float
+    launch_overhead_us_p50: float  # the launch call's own duration
+    short_kernel_fraction: float  # kernels shorter than their launch call
+
+
+class RankGpu(Result):
+    """A GPU rank's device time explained (analysis/gpu.py), means per step."""
+
+    busy_fraction: float  # device busy (any kernel, copy or memset) / step
+    busy_ms: float
+    idle_ms: GpuIdle  # busy_ms + host_bound + data + other = step_ms
+    sync_ms: float  # host blocked in a device/stream synchronize, a blocking copy, .item()
+    launches: float  # kernels launched per step
+    launch_latency_us_p50: float | None  # over all kernels (null: none linked to a launch)
+    launch_latency_us_p95: float | None
+    short_kernel_fraction: float | None  # kernels shorter than the launch call that made them
+    kernel_us_p50: float | None = None
+    kernel_us_p95: float | None = None
+    queue_depth_max: int = 0  # operations launched, not yet started on the device: the most
+    queue_depth_mean: float = 0.0  # time-weighted over the steps
+    phases: list[GpuPhase] = []
+    kernels: list[KernelLaunches] = []  # by phase and op, most launched first (up to 20)
+
+
+#: host-bound: the device waits for the host launching work; data: for the data loader
+GpuWait = Literal["host-bound", "data"]
+
+
+class GpuVerdict(Result):
+    """Said once (GPU runs): the device is idle a large share of the step while the host works."""
+
+    rank: int  # the rank with the most idle device time
+    wait: GpuWait
+    idle_fraction: float  # device idle / step
+    wait_fraction: float  # the idle time of this kind / step
+    phase: Phase | None = None  # host-bound: the phase with the most host-bound time
+    kernels_per_step: float | None = None  # host-bound: that phase's kernels launched per step
+    kernel_us_p50: float | None = None  # and their median duration
+
+
 class RankSummary(Result):
     rank: int
     steps: int
@@ -179,6 +246,7 @@ class RankSummary(Result):
     # the others' exposed wait per step at the calls it arrived last to (summed over them)
     caused_wait_ms: float | None = None
     last_arrivals: int | None = None  # matched calls it arrived last to (where anyone waited)
+    gpu: RankGpu | None = None  # device time explained (null on CPU runs)
 
 
 class StepSummary(Result):
@@ -305,6 +373,8 @@ class RunReport(Result):
     # steps that did not complete on every rank, left out of every figure above
     incomplete_steps: list[IncompleteStep] = []
     rank_spread: RankSpread | None = None  # the ranks as a distribution (null without ranks)
+    # GPU runs: the device idle a large share of the step while the host works (null: not so)
+    gpu_verdict: GpuVerdict | None = None
 
     @property
     def straggler(self) -> RankSummary | None:

@@ -4,7 +4,7 @@
       manifest.json                    what was run and read, per-rank status, notes
       raw/rank-00000/...               traces as the framework wrote them (from ``collect``)
       events/rank=0/part-0.parquet     normalized events, hive-partitioned by rank
-      steps.parquet  ops.parquet  collectives.parquet  comm.parquet
+      steps.parquet  ops.parquet  collectives.parquet  comm.parquet  gpu.parquet  launches.parquet
                                        the per-rank analysis, a cache (traceview.analysis)
 
 Every file is written to a temporary name and renamed into place, so a reader never sees half a

@@ -63,6 +63,8 @@ class Run:
             path=path,
             collectives=self.collectives,
             cross=self.cross,
+            gpu=self.tables["gpu"],
+            launches=self.tables["launches"],
         )
 
     @cached_property
@@ -73,8 +75,9 @@ class Run:
         return cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
 
     def export_tables(self) -> dict[str, pa.Table]:
-        """The tables ``export`` writes beside the events: steps, ops, and the collective calls
-        with what matching them across ranks found."""
+        """The tables ``export`` writes beside the events: steps, ops, the collective calls
+        with what matching them across ranks found, and on GPU runs the gpu and launches
+        tables."""
         from traceview.analysis.crossrank import matched_table
         from traceview.analysis.summary import complete_flag
 
@@ -82,6 +85,11 @@ class Run:
             "steps": complete_flag(self.steps, self.manifest),
             "ops": self.ops,
             "collectives": matched_table(self.collectives, self.cross),
+            **{
+                name: self.tables[name]
+                for name in ("gpu", "launches")
+                if self.tables[name].num_rows
+            },
         }
 
     def clock_offsets(self) -> dict[int, int]:
@@ -190,6 +198,8 @@ _TABLE_SCHEMAS = {
     "ops": S.OPS_SCHEMA,
     "collectives": S.COLLECTIVES_SCHEMA,
     "comm": S.COMM_SCHEMA,
+    "gpu": S.GPU_SCHEMA,
+    "launches": S.LAUNCHES_SCHEMA,
 }
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 

@@ -278,6 +278,82 @@ COMM_SCHEMA: Final = pa.schema(
 )
 
 
+# --- gpu: per rank and step window of a GPU timeline, device busy and idle time -----------------
+
+BUSY_NS: Final = "busy_ns"
+IDLE_DATA_NS: Final = "idle_data_ns"
+IDLE_OTHER_NS: Final = "idle_other_ns"
+SYNC_NS: Final = "sync_ns"
+QUEUE_MAX: Final = "queue_max"
+QUEUE_MEAN: Final = "queue_mean"
+#: Phases whose host time can leave the device waiting (host-bound gaps, analysis/gpu.py).
+GPU_HOST_BOUND_PHASES: Final = (H2D, FORWARD, BACKWARD, UPDATE)
+
+
+def device_ns(phase: str) -> str:
+    """The gpu-table column holding the device time of ``phase``."""
+    return f"device_{phase}_ns"
+
+
+def host_bound_ns(phase: str) -> str:
+    """The gpu-table column holding the device's wait for the host inside ``phase``."""
+    return f"host_bound_{phase}_ns"
+
+
+#: One row per (rank, step window) of a rank with device activity (analysis/gpu.py): the device's
+#: busy time by phase and its gaps by what the training thread did meanwhile; busy + host-bound +
+#: data + other = wall.
+GPU_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(WALL_NS, pa.int64(), nullable=False),
+        pa.field(BUSY_NS, pa.int64(), nullable=False),
+        *(
+            pa.field(device_ns(p), pa.int64(), nullable=False)
+            for p in ATTRIBUTION_PRIORITY
+            if p != IDLE
+        ),
+        *(pa.field(host_bound_ns(p), pa.int64(), nullable=False) for p in GPU_HOST_BOUND_PHASES),
+        pa.field(IDLE_DATA_NS, pa.int64(), nullable=False),
+        pa.field(IDLE_OTHER_NS, pa.int64(), nullable=False),
+        pa.field(SYNC_NS, pa.int64(), nullable=False),
+        pa.field(QUEUE_MAX, pa.int64(), nullable=False),
+        pa.field(QUEUE_MEAN, pa.float64(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+# --- launches: per rank, kernel-launch statistics by phase and canonical operator --------------
+
+KERNELS: Final = "kernels"
+LATENCY_P50_NS: Final = "latency_p50_ns"  # launch call start to kernel start
+LATENCY_P95_NS: Final = "latency_p95_ns"
+DURATION_P50_NS: Final = "duration_p50_ns"
+DURATION_P95_NS: Final = "duration_p95_ns"
+OVERHEAD_P50_NS: Final = "overhead_p50_ns"  # the launch call's own duration
+SHORT_KERNELS: Final = "short_kernels"  # kernels shorter than their launch call
+
+#: Kernels launched by a runtime call inside the rank's steps: one row per (phase, op) (op "":
+#: unknown), one per phase (op null) and one for all of them (phase and op null).
+LAUNCHES_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(PHASE, pa.string()),
+        pa.field(OP, pa.string()),
+        pa.field(KERNELS, pa.int64(), nullable=False),
+        pa.field(LATENCY_P50_NS, pa.float64(), nullable=False),
+        pa.field(LATENCY_P95_NS, pa.float64(), nullable=False),
+        pa.field(DURATION_P50_NS, pa.float64(), nullable=False),
+        pa.field(DURATION_P95_NS, pa.float64(), nullable=False),
+        pa.field(OVERHEAD_P50_NS, pa.float64(), nullable=False),
+        pa.field(TOTAL_NS, pa.int64(), nullable=False),
+        pa.field(SHORT_KERNELS, pa.int64(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select, order and cast ``table``'s columns to ``schema`` (missing nullable columns: null)."""
     columns = []

@@ -23,6 +23,7 @@ from traceview.analysis.crossrank import (
     collective_rows,
     cross_rank,
 )
+from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.manifest import Collected, Manifest
 from traceview.results import (
     BottleneckPhase,
@@ -682,11 +683,14 @@ def summarize(
     path: str | None = None,
     collectives: pa.Table | None = None,
     cross: CrossRank | None = None,
+    gpu: pa.Table | None = None,
+    launches: pa.Table | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
     ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
     (``cross_rank_of``; without it wait and transfer are null), ``collectives``: the calls it
-    was made from (to say why there is none)."""
+    was made from (to say why there is none); ``gpu``, ``launches``: the GPU tables
+    (analysis/gpu.py; without them ``ranks[].gpu`` is null)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -702,6 +706,14 @@ def summarize(
     clocks = _clocks(manifest, len(ranks), cross, estimate)
     summary = _summary(ranks, ranks_df, cross)
     per_step, stats = _per_step(df)
+    verdict = None
+    if gpu is not None and launches is not None and df.height:
+        explained = rank_gpu(gpu, launches, df)
+        for r in ranks:
+            r.gpu = explained.get(r.rank)
+        verdict = gpu_verdict(
+            explained, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
+        )
     return RunReport(
         run=RunInfo(
             framework=manifest.framework,
@@ -734,4 +746,5 @@ def summarize(
         )
         if incomplete.height
         else [],
+        gpu_verdict=verdict,
     )

@@ -15,6 +15,8 @@ from traceview.tui.render import (
     PHASE_LETTER,
     PHASE_STYLE,
     communication_text,
+    gpu_rank_text,
+    gpu_verdict_text,
     incomplete_text,
     ms,
     pct,
@@ -27,6 +29,7 @@ from traceview.tui.render import (
 LABEL = 9  # "rank 123 "
 NUMBER = 9  # " 1,234.5 "
 MARK = " ◀ straggler"
+GPU_RANKS = 4  # GPU ranks described in the notes
 
 
 class RankBars(Widget):
@@ -130,13 +133,23 @@ class OverviewPane(VerticalScroll):
         yield Static(id="notes", markup=False)
 
     def show(self, view: RunView) -> None:
-        self.query_one("#verdict", Static).update(verdict_text(view.report))
+        verdict = verdict_text(view.report)
+        gpu_verdict = gpu_verdict_text(view.report)
+        if gpu_verdict is not None:
+            verdict.append("\n")
+            verdict.append_text(gpu_verdict)
+        self.query_one("#verdict", Static).update(verdict)
         self.query_one(RankBars).show(view)
         self.query_one(Legend).show(view)
         notes = Text()
         notes.append_text(communication_text(view.report))
         notes.append("\n")
         notes.append_text(straggler_text(view.report))
+        # GPU ranks: the device's time explained (the first few; `report` lists them all)
+        for row in [r for r in view.report.ranks if r.gpu is not None][:GPU_RANKS]:
+            assert row.gpu is not None
+            notes.append("\n")
+            notes.append_text(gpu_rank_text(row.rank, row.gpu))
         if view.report.incomplete_steps:
             notes.append("\n")
             notes.append_text(incomplete_text(view.report))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceview import schema as S
-from traceview.results import Breakdown, RunReport
+from traceview.results import Breakdown, RankGpu, RunReport
 from traceview.text import safe
 
 PHASE_STYLE = {
@@ -249,4 +249,71 @@ def straggler_text(report: RunReport) -> Text:
             )
         else:
             text.append(f" (busiest, but only {pct(excess)} above the median: ranks are balanced)")
+    return text
+
+
+#: What to try when the device waits for the host, by the phase it waits in.
+GPU_ADVICE = {
+    S.UPDATE: "use a fused/foreach optimizer or CUDA graphs",
+    S.FORWARD: "launch fewer, larger kernels: a larger batch, torch.compile or CUDA graphs",
+    S.BACKWARD: "launch fewer, larger kernels: a larger batch, torch.compile or CUDA graphs",
+    S.H2D: "pin the batch in host memory and copy it with non_blocking=True",
+    "data": "use more DataLoader workers, or prefetch the next batch while the GPU computes",
+}
+
+
+def gpu_verdict_text(report: RunReport) -> Text | None:
+    """The GPU verdict in words (None where the analysis gave none)."""
+    verdict = report.gpu_verdict
+    if verdict is None:
+        return None
+    text = Text()
+    text.append(f"GPU idle {pct(verdict.idle_fraction)} of the step", style="bold")
+    if len(report.ranks) > 1:
+        text.append(f" on rank {verdict.rank}")
+    if verdict.wait == "data":
+        text.append(
+            f", waiting for the data loader ({pct(verdict.wait_fraction)} of the step): "
+            f"{GPU_ADVICE['data']}"
+        )
+        return text
+    phase = verdict.phase or S.OTHER
+    text.append(f", waiting for the host ({pct(verdict.wait_fraction)} of the step): ")
+    text.append(phase, style=PHASE_STYLE.get(phase, ""))
+    if verdict.kernels_per_step is not None and verdict.kernel_us_p50 is not None:
+        text.append(
+            f" launches {verdict.kernels_per_step:g} kernels of "
+            f"{duration_us(verdict.kernel_us_p50)} each"
+        )
+    else:
+        text.append(" is host-bound")
+    if phase in GPU_ADVICE:
+        text.append(f" ({GPU_ADVICE[phase]})")
+    return text
+
+
+def gpu_rank_text(rank: int, gpu: RankGpu) -> Text:
+    """One GPU rank's device time in words: busy, idle by what the host did, launches, and each
+    phase's device + host-bound time (ms per step)."""
+    idle = gpu.idle_ms
+    text = Text()
+    text.append(f"GPU rank {rank}: ", style="bold")
+    text.append(
+        f"busy {pct(gpu.busy_fraction)} ({ms(gpu.busy_ms)} ms); idle: host-bound "
+        f"{ms(idle.host_bound)}, data {ms(idle.data)}, other {ms(idle.other)} ms; "
+        f"sync {ms(gpu.sync_ms)} ms; {gpu.launches:g} kernels"
+    )
+    if gpu.launch_latency_us_p50 is not None and gpu.launch_latency_us_p95 is not None:
+        text.append(
+            f", launch latency {duration_us(gpu.launch_latency_us_p50)} "
+            f"(p95 {duration_us(gpu.launch_latency_us_p95)})"
+        )
+    if gpu.short_kernel_fraction is not None:
+        text.append(f", {pct(gpu.short_kernel_fraction)} shorter than their launch")
+    text.append("\n  device + host-bound:")
+    parts = [p for p in gpu.phases if p.total_ms > 0]
+    for i, p in enumerate(parts):
+        text.append(" " if i == 0 else " · ")
+        text.append(p.phase, style=PHASE_STYLE.get(p.phase, ""))
+        text.append(f" {ms(p.device_ms)} + {ms(p.host_bound_ms)}")
     return text

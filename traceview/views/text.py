@@ -19,6 +19,7 @@ from traceview.views.style import (
     communication_text,
     count,
     duration_us,
+    gpu_verdict_text,
     incomplete_text,
     ms,
     pct,
@@ -76,6 +77,9 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
             style="bright_black",
         )
     console.print(verdict_text(report))
+    gpu_line = gpu_verdict_text(report)
+    if gpu_line is not None:
+        console.print(gpu_line)
     if report.incomplete_steps:
         console.print(incomplete_text(report))
     console.print()
@@ -143,6 +147,9 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
             )
         console.print()
 
+    if any(r.gpu is not None for r in ranks):
+        _gpu_tables(report, console, top)
+
     if report.collectives:
         _collectives_table(report, console, top)
 
@@ -173,6 +180,84 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         console.print(Text("warning: " + safe(warning), style="yellow"))
     for remark in report.remarks:
         console.print(Text("note: " + safe(remark), style="bright_black"))
+
+
+def _us(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
+    """The device's time explained: per rank, then one rank's phases and kernel launches."""
+    gpus = [(r.rank, r.gpu) for r in sorted(report.ranks, key=lambda r: r.rank) if r.gpu]
+    table = _table("GPU (ms per step): device busy, and idle by what the host does")
+    for name in ("rank", "busy", "ms", "host-bound", "data", "other", "sync", "kernels"):
+        table.add_column(name, justify="right")
+    table.add_column("launch µs p50/p95", justify="right")
+    table.add_column("short", justify="right")
+    for rank, gpu in gpus[:RANK_ROWS]:
+        latency = (
+            f"{gpu.launch_latency_us_p50:,.0f}/{gpu.launch_latency_us_p95:,.0f}"
+            if gpu.launch_latency_us_p50 is not None and gpu.launch_latency_us_p95 is not None
+            else "-"
+        )
+        short = gpu.short_kernel_fraction
+        table.add_row(
+            str(rank),
+            pct(gpu.busy_fraction),
+            ms(gpu.busy_ms),
+            ms(gpu.idle_ms.host_bound),
+            ms(gpu.idle_ms.data),
+            ms(gpu.idle_ms.other),
+            ms(gpu.sync_ms),
+            f"{gpu.launches:g}",
+            latency,
+            pct(short) if short is not None else "-",
+        )
+    console.print(table)
+    console.print(
+        Text(
+            "host-bound: the device waits while the host is inside a phase, launching its "
+            "work; sync: the host blocked waiting for the device; short: kernels shorter "
+            "than the call that launched them",
+            style="bright_black",
+        )
+    )
+    console.print()
+    verdict = report.gpu_verdict
+    rank, gpu = next(((r, g) for r, g in gpus if verdict and r == verdict.rank), gpus[0])
+    phases = _table(f"GPU phases, rank {rank} (ms per step)")
+    for name in ("phase", "device", "host-bound", "sum"):
+        phases.add_column(name, justify="left" if name == "phase" else "right")
+    for p in gpu.phases:
+        if p.total_ms > 0:
+            phases.add_row(
+                Text(p.phase, style=PHASE_STYLE.get(p.phase, "")),
+                ms(p.device_ms),
+                ms(p.host_bound_ms),
+                ms(p.total_ms),
+            )
+    console.print(phases)
+    console.print()
+    if gpu.kernels:
+        kernels = _table(f"Kernel launches, rank {rank} (n: per step; dur: kernel duration)")
+        kernels.add_column("op", no_wrap=True, overflow="ellipsis", max_width=28)
+        kernels.add_column("phase", no_wrap=True)
+        for name in ("n", "dur µs", "p95", "launch µs", "p95", "short"):
+            kernels.add_column(name, justify="right", no_wrap=True)
+        for k in gpu.kernels[:top]:
+            phase = k.phase or S.OTHER
+            kernels.add_row(
+                Text(safe(k.op or "?", 60)),
+                Text(SHORT.get(phase, phase), style=PHASE_STYLE.get(phase, "")),
+                f"{k.kernels_per_step:g}",
+                _us(k.kernel_us_p50),
+                _us(k.kernel_us_p95),
+                f"{k.launch_latency_us_p50:,.0f}",
+                f"{k.launch_latency_us_p95:,.0f}",
+                pct(k.short_kernel_fraction),
+            )
+        console.print(kernels)
+        console.print()
 
 
 def _rank_spread_table(report: RunReport, spread: RankSpread, console: Console) -> None:

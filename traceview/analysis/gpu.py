@@ -1,0 +1,455 @@
+"""GPU runs explained: device busy and idle time, what the device waited for, kernel launches.
+
+Per rank and step window (the breakdown's, ``attribution.step_windows``) on a rank that has
+device activity:
+
+- **busy**: the union of the rank's kernels, copies and memsets; its time per phase
+  (``device_<phase>_ns``) is cut by the attribution rule among device events alone, so the
+  phases add up to ``busy_ns``. On GPU timelines the breakdown's forward, backward and update are
+  exactly these device times.
+- **gaps** of the device timeline (window minus busy) are split by what the training thread is
+  doing at that instant, on the same cut of the thread as the CPU timeline (innermost event,
+  region fill): inside an op or region of h2d, forward, backward or update, the device waits for
+  the host to launch its next work: *host-bound*, that phase's time (``host_bound_<phase>_ns``);
+  in data loading: *data* (``idle_data_ns``); anything else (Python between phases, a
+  synchronize outside any phase, communication on the host): *other* (``idle_other_ns``).
+  busy + host-bound + data + other = the window, exactly.
+- **sync**: the training thread's time blocked in device or stream synchronization, a blocking
+  copy or ``.item()`` (``sync_ns``), the union of those calls.
+- **queue**: device operations launched (runtime call started) and not yet started on the
+  device (HTA's queue length, summed over streams), over the window: its maximum and
+  time-weighted mean.
+
+Per (phase, canonical op) and for the rank as a whole (phase and op null): kernels launched
+(kernels linked to a runtime launch call), launch latency (runtime call start to kernel start),
+kernel duration and launch overhead (the runtime call's own duration), as medians and p95, and
+how many kernels ran shorter than their launch call took: the device cannot be kept busy by a
+host launching them one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview import schema as S
+from traceview.analysis.attribution import (
+    LEVEL_PHASES,
+    RankTimeline,
+    _clip,
+    _compute_elsewhere,
+    _thread_segments,
+    _training_levels,
+    _union_by_window,
+    merge_intervals,
+    rank_timeline,
+)
+from traceview.arrays import KIND_CODE, PHASE_CODE, EventArrays
+from traceview.results import GpuIdle, GpuPhase, GpuVerdict, KernelLaunches, RankGpu
+
+_DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
+_HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
+#: Device events compete by the attribution rule's order (compute > h2d > io > comm > other).
+DEVICE_PHASES = tuple(p for p in S.ATTRIBUTION_PRIORITY if p != S.IDLE)
+_DEVICE_LEVEL = np.array([DEVICE_PHASES.index(p) for p in S.EVENT_PHASES])
+#: Host phases in which a device gap counts as host-bound (the host is launching that phase).
+HOST_BOUND_PHASES = S.GPU_HOST_BOUND_PHASES
+#: Runtime calls and operators in which the host waits for the device.
+SYNC_PATTERN = (
+    r"^(cuda|hip)(Device|Stream|Event)Synchronize$|^cu(Ctx|Stream|Event)Synchronize$"
+    r"|^(cuda|hip)Memcpy$|^cuMemcpyDtoH|^aten::(item|_local_scalar_dense)$"
+)
+
+
+def _name_mask(events: pa.Table, pattern: str) -> np.ndarray:
+    """Rows whose name matches ``pattern`` (evaluated once per distinct name)."""
+    array = events.column(S.NAME).combine_chunks()
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    hit = pc.match_substring_regex(array.dictionary, pattern).to_numpy(zero_copy_only=False)
+    lut = np.append(np.asarray(hit, bool), False)
+    indices = pc.fill_null(array.indices, len(lut) - 1).to_numpy(zero_copy_only=False)
+    return lut[np.asarray(indices, np.int64)]
+
+
+def _piece_windows(
+    lo: np.ndarray, hi: np.ndarray, w_start: np.ndarray, w_end: np.ndarray
+) -> np.ndarray:
+    """Window index of each elementary piece [lo, hi) (-1: outside every window)."""
+    mids = lo + (hi - lo) // 2
+    window = np.searchsorted(w_start, mids, side="right") - 1
+    inside = (window >= 0) & (mids < w_end[np.maximum(window, 0)])
+    return np.where(inside, window, -1)
+
+
+def _containing(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Index of the sorted, disjoint interval holding each instant (-1: none)."""
+    if len(starts) == 0:
+        return np.full(len(at), -1)
+    pos = np.searchsorted(starts, at, side="right") - 1
+    ok = (pos >= 0) & (at < ends[np.maximum(pos, 0)])
+    return np.where(ok, pos, -1)
+
+
+def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
+    """The GPU table (schema.GPU_SCHEMA) of one rank: one row per step window, none on CPU runs."""
+    tl = tl or rank_timeline(events)
+    n = len(tl.w_start)
+    if not tl.gpu or n == 0:
+        return S.GPU_SCHEMA.empty_table()
+    ev = tl.ev
+    rank = int(events.column(S.RANK)[0].as_py())
+    w_start, w_end = tl.w_start, tl.w_end
+    device = np.isin(ev.kind, _DEVICE_KINDS) & (ev.end > ev.ts)
+    columns: dict[str, object] = {
+        S.RANK: np.full(n, rank, np.int32),
+        S.STEP: pa.array(tl.numbers, pa.int64(), mask=tl.numbers < 0),
+        S.WALL_NS: w_end - w_start,
+    }
+
+    # Device time per phase, cut by the attribution rule among device events.
+    window, s, e, level = _clip(
+        ev.ts[device], ev.end[device], _DEVICE_LEVEL[ev.phase[device]], w_start, w_end
+    )
+    order = np.lexsort((s, window))
+    window, s, e, level = window[order], s[order], e[order], level[order]
+    covered = np.zeros((len(DEVICE_PHASES) + 1, n), np.int64)
+    for i in range(len(DEVICE_PHASES)):
+        mask = level <= i
+        covered[i + 1] = _union_by_window(window[mask], s[mask], e[mask], n)
+    busy = covered[-1]
+    columns[S.BUSY_NS] = busy
+    for i, phase in enumerate(DEVICE_PHASES):
+        columns[S.device_ns(phase)] = covered[i + 1] - covered[i]
+
+    # The device's gaps, against what the training thread does at that instant.
+    bs, be = merge_intervals(ev.ts[device], ev.end[device])
+    if tl.training is not None:
+        on_training = (
+            np.isin(ev.kind, _HOST_KINDS) & (ev.pid == tl.training[0]) & (ev.tid == tl.training[1])
+        )
+        hs, he, owner = _thread_segments(ev, np.flatnonzero(on_training))
+        hl = _training_levels(ev, owner)
+        copying = _copy_calls(ev)[np.maximum(owner, 0)] & (owner >= 0)
+        hl = np.where(copying, LEVEL_PHASES.index(S.H2D), hl)
+    else:
+        on_training = np.zeros(len(ev.ts), bool)
+        hs = he = hl = np.zeros(0, np.int64)
+    bounds = np.unique(np.concatenate([bs, be, hs, he, w_start, w_end]))
+    lo, hi = bounds[:-1], bounds[1:]
+    mids = lo + (hi - lo) // 2
+    piece_window = _piece_windows(lo, hi, w_start, w_end)
+    gap = (piece_window >= 0) & (_containing(bs, be, mids) < 0)
+    seg = _containing(hs, he, mids)
+    host_level = np.where(seg >= 0, hl[np.maximum(seg, 0)], -1)
+    # The attribution rule's order: compute and copy operators, then data loading, then
+    # communication on any host thread (the host waits for a collective, not launching: other),
+    # then a compute region's uncovered time. Where the training thread is in no phase (blocked
+    # in loss.backward(), which PyTorch's autograd engine runs on a thread of its own), a compute
+    # or copy operator on another host thread is what the device waits for.
+    comm = np.isin(ev.kind, _HOST_KINDS) & (ev.phase == PHASE_CODE[S.COMM]) & (ev.end > ev.ts)
+    cs, ce = merge_intervals(ev.ts[comm], ev.end[comm])
+    in_comm = (host_level == _COMM_LEVEL) | ((host_level > _COMM_LEVEL) | (host_level < 0)) & (
+        _containing(cs, ce, mids) >= 0
+    )
+    idle_host = ~np.isin(host_level, _PHASE_LEVELS) & ~in_comm
+    if idle_host.any():
+        os_, oe, ol = _compute_elsewhere(ev, np.isin(ev.kind, _HOST_KINDS) & ~on_training)
+        elsewhere = np.full(len(mids), -1)
+        for lvl in np.unique(ol)[::-1]:  # highest priority (lowest level) last: it wins
+            us, ue = merge_intervals(os_[ol == lvl], oe[ol == lvl])
+            elsewhere[_containing(us, ue, mids) >= 0] = lvl
+        host_level = np.where(idle_host & (elsewhere >= 0), elsewhere, host_level)
+    host_level = np.where(in_comm, _COMM_LEVEL, host_level)
+    length = (hi - lo).astype(np.float64)
+
+    def per_window(mask: np.ndarray) -> np.ndarray:
+        m = gap & mask
+        return np.bincount(piece_window[m], weights=length[m], minlength=n).astype(np.int64)
+
+    def in_phase(phase: str) -> np.ndarray:
+        return np.isin(host_level, [i for i, p in enumerate(LEVEL_PHASES) if p == phase])
+
+    bound_total = np.zeros(n, np.int64)
+    for phase in HOST_BOUND_PHASES:
+        part = per_window(in_phase(phase))
+        columns[S.host_bound_ns(phase)] = part
+        bound_total += part
+    columns[S.IDLE_DATA_NS] = per_window(in_phase(S.IO))
+    columns[S.IDLE_OTHER_NS] = (w_end - w_start) - busy - bound_total - columns[S.IDLE_DATA_NS]
+
+    # Host blocked waiting for the device.
+    sync = on_training & _name_mask(events, SYNC_PATTERN) & (ev.end > ev.ts)
+    ss, se = merge_intervals(ev.ts[sync], ev.end[sync])
+    sw, s2, e2, _ = _clip(ss, se, np.zeros(len(ss), np.int64), w_start, w_end)
+    columns[S.SYNC_NS] = np.bincount(sw, weights=(e2 - s2), minlength=n).astype(np.int64)
+
+    q_max, q_mean = _queue(ev, w_start, w_end)
+    columns[S.QUEUE_MAX] = q_max
+    columns[S.QUEUE_MEAN] = q_mean
+    return pa.table(columns, schema=S.GPU_SCHEMA)
+
+
+_COMM_LEVEL = LEVEL_PHASES.index(S.COMM)
+#: Training-thread levels that name a phase the device can wait for (host-bound or data).
+_PHASE_LEVELS = [i for i, p in enumerate(LEVEL_PHASES) if p in (*S.GPU_HOST_BOUND_PHASES, S.IO)]
+_CALL_KINDS = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME)]
+
+
+def _copy_calls(ev: EventArrays) -> np.ndarray:
+    """Host rows inside an outermost operator whose device work is host-to-device copies only
+    (``x.to(device)``): the host is copying, whatever phase the operator got by its position."""
+    call = np.isin(ev.kind, _CALL_KINDS)
+    top = np.arange(len(ev.kind))
+    parent = ev.parent_row
+    # walk each row up to its outermost operator or runtime call, one level per pass (call
+    # trees deeper than 64 stop there)
+    for _ in range(64):
+        up = parent[top]
+        climb = (up >= 0) & call[np.maximum(up, 0)]
+        if not climb.any():
+            break
+        top = np.where(climb, up, top)
+    device = np.isin(ev.kind, _DEVICE_KINDS) & (parent >= 0)
+    owner = top[parent[device]]
+    copies = ev.phase[device] == PHASE_CODE[S.H2D]
+    n = len(ev.kind)
+    has_copy = np.bincount(owner[copies], minlength=n) > 0
+    has_other = np.bincount(owner[~copies], minlength=n) > 0
+    return (has_copy & ~has_other)[top] & call[top]
+
+
+def _launched(
+    ev: EventArrays, kinds: tuple[str, ...] = (S.KIND_KERNEL,)
+) -> tuple[np.ndarray, np.ndarray]:
+    """(device rows of ``kinds``, their launch call rows): those whose parent is a runtime call."""
+    kind, parent = ev.kind, ev.parent_row
+    rows = np.flatnonzero(np.isin(kind, [KIND_CODE[k] for k in kinds]))
+    launcher = parent[rows]
+    ok = launcher >= 0
+    ok[ok] = kind[launcher[ok]] == KIND_CODE[S.KIND_RUNTIME]
+    return rows[ok], launcher[ok]
+
+
+def _queue(
+    ev: EventArrays, w_start: np.ndarray, w_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per window: the most device operations queued (launch call started, the kernel, copy or
+    memset not yet started: HTA's queue length, over all streams) and their time-weighted
+    mean."""
+    n = len(w_start)
+    kernels, launcher = _launched(ev, S.DEVICE_ACTIVITY_KINDS)
+    if len(kernels) == 0:
+        return np.zeros(n, np.int64), np.zeros(n)
+    times = np.concatenate([ev.ts[launcher], ev.ts[kernels], w_start, w_end])
+    delta = np.concatenate([np.ones(len(kernels)), -np.ones(len(kernels)), np.zeros(2 * n)]).astype(
+        np.int64
+    )
+    order = np.lexsort((delta, times))  # at one instant, starts before launches
+    times, delta = times[order], delta[order]
+    depth = np.cumsum(delta)
+    lo, hi = times[:-1], times[1:]
+    level = depth[:-1]
+    window = _piece_windows(lo, hi, w_start, w_end)
+    inside = (window >= 0) & (hi > lo)
+    q_max = np.zeros(n, np.int64)
+    np.maximum.at(q_max, window[inside], level[inside])
+    area = np.bincount(window[inside], weights=(level * (hi - lo))[inside], minlength=n)
+    wall = (w_end - w_start).astype(np.float64)
+    q_mean = np.divide(area, wall, out=np.zeros(n), where=wall > 0)
+    return q_max, q_mean
+
+
+def launch_stats(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
+    """The launches table (schema.LAUNCHES_SCHEMA) of one rank: per (phase, op) of the kernels
+    launched inside its steps (op "": unknown), per phase (op null), and one row for all of
+    them (phase and op null)."""
+    tl = tl or rank_timeline(events)
+    if not tl.gpu or len(tl.w_start) == 0:
+        return S.LAUNCHES_SCHEMA.empty_table()
+    ev = tl.ev
+    kernels, launcher = _launched(ev)
+    # kernels that ran inside one of the rank's step windows
+    window = np.searchsorted(tl.w_start, ev.ts[kernels], side="right") - 1
+    inside = (window >= 0) & (ev.ts[kernels] < tl.w_end[np.maximum(window, 0)])
+    kernels, launcher = kernels[inside], launcher[inside]
+    if len(kernels) == 0:
+        return S.LAUNCHES_SCHEMA.empty_table()
+    rank = int(events.column(S.RANK)[0].as_py())
+    ops = events.column(S.OP).take(pa.array(kernels)).cast(pa.string())
+    df = pl.DataFrame(
+        {
+            S.PHASE: np.array(S.EVENT_PHASES)[ev.phase[kernels]],
+            S.OP: pl.from_arrow(ops),
+            "latency": ev.ts[kernels] - ev.ts[launcher],
+            "duration": ev.end[kernels] - ev.ts[kernels],
+            "overhead": ev.end[launcher] - ev.ts[launcher],
+        }
+    )
+    aggs = [
+        pl.len().cast(pl.Int64).alias(S.KERNELS),
+        pl.col("latency").quantile(0.5, "linear").alias(S.LATENCY_P50_NS),
+        pl.col("latency").quantile(0.95, "linear").alias(S.LATENCY_P95_NS),
+        pl.col("duration").quantile(0.5, "linear").alias(S.DURATION_P50_NS),
+        pl.col("duration").quantile(0.95, "linear").alias(S.DURATION_P95_NS),
+        pl.col("overhead").quantile(0.5, "linear").alias(S.OVERHEAD_P50_NS),
+        pl.col("duration").sum().cast(pl.Int64).alias(S.TOTAL_NS),
+        (pl.col("duration") < pl.col("overhead")).sum().cast(pl.Int64).alias(S.SHORT_KERNELS),
+    ]
+    df = df.with_columns(pl.col(S.OP).fill_null(""))
+    groups = df.group_by(S.PHASE, S.OP).agg(aggs).sort(S.PHASE, S.OP)
+    by_phase = (
+        df.group_by(S.PHASE)
+        .agg(aggs)
+        .sort(S.PHASE)
+        .with_columns(pl.lit(None, pl.String).alias(S.OP))
+    )
+    total = df.select(aggs).with_columns(
+        pl.lit(None, pl.String).alias(S.PHASE), pl.lit(None, pl.String).alias(S.OP)
+    )
+    out = pl.concat(
+        [f.select(groups.columns) for f in (total, by_phase, groups)], how="vertical_relaxed"
+    )
+    out = out.with_columns(pl.lit(rank, pl.Int32).alias(S.RANK))
+    return S.conform(out.to_arrow(), S.LAUNCHES_SCHEMA)
+
+
+# --- results ---------------------------------------------------------------------------------
+
+#: The verdict is given when the device is idle at least this share of the step...
+IDLE_VERDICT = 0.2
+#: ...and the host-bound (or data) part of that is at least this share of the step.
+WAIT_VERDICT = 0.1
+#: Kernel rows per rank in the report (most launched first).
+KERNEL_ROWS = 20
+
+
+def _ms(ns: float) -> float:
+    return round(float(ns) / 1e6, 3)
+
+
+def _us(ns: float | None) -> float:
+    return round(float(ns or 0.0) / 1e3, 3)
+
+
+def _launch_row(row: dict[str, Any], steps: int) -> KernelLaunches:
+    kernels = int(row[S.KERNELS])
+    return KernelLaunches(
+        phase=row[S.PHASE],
+        op=row[S.OP],
+        kernels_per_step=round(kernels / max(steps, 1), 1),
+        launch_latency_us_p50=_us(row[S.LATENCY_P50_NS]),
+        launch_latency_us_p95=_us(row[S.LATENCY_P95_NS]),
+        kernel_us_p50=_us(row[S.DURATION_P50_NS]),
+        kernel_us_p95=_us(row[S.DURATION_P95_NS]),
+        launch_overhead_us_p50=_us(row[S.OVERHEAD_P50_NS]),
+        short_kernel_fraction=round(int(row[S.SHORT_KERNELS]) / max(kernels, 1), 4),
+    )
+
+
+def rank_gpu(gpu: pa.Table, launches: pa.Table, keep: pl.DataFrame) -> dict[int, RankGpu]:
+    """Per GPU rank, its device time explained: means over the steps in ``keep`` (rank, step:
+    the report's complete steps) of the gpu table; the launches table's statistics (over all
+    of the rank's steps) per step."""
+    every = pl.from_arrow(gpu)
+    launched = pl.from_arrow(launches)
+    assert isinstance(every, pl.DataFrame) and isinstance(launched, pl.DataFrame)
+    windows = dict(every.group_by(S.RANK).len().iter_rows())
+    kept = every.join(
+        keep.select(S.RANK, S.STEP).unique(), on=[S.RANK, S.STEP], how="semi", nulls_equal=True
+    )
+    out: dict[int, RankGpu] = {}
+    for (rank,), df in kept.group_by(S.RANK, maintain_order=True):
+        mean = {c: float(df[c].cast(pl.Float64).mean() or 0.0) for c in df.columns[2:]}
+        wall, steps = mean[S.WALL_NS], windows[rank]
+        bound = sum(mean[S.host_bound_ns(p)] for p in S.GPU_HOST_BOUND_PHASES)
+        phases = []
+        for p in (S.H2D, S.FORWARD, S.BACKWARD, S.UPDATE, S.COMM, S.OTHER):
+            device, host = mean[S.device_ns(p)], mean.get(S.host_bound_ns(p), 0.0)
+            phases.append(
+                GpuPhase(
+                    phase=p,
+                    device_ms=_ms(device),
+                    host_bound_ms=_ms(host),
+                    total_ms=_ms(device + host),
+                )
+            )
+        mine = launched.filter(pl.col(S.RANK) == rank)
+        total = mine.filter(pl.col(S.PHASE).is_null())
+        launch = _launch_row(total.row(0, named=True), steps) if total.height else None
+        rows = mine.filter(pl.col(S.PHASE).is_not_null() & pl.col(S.OP).is_not_null()).sort(
+            [S.KERNELS, S.TOTAL_NS, S.PHASE, S.OP], descending=[True, True, False, False]
+        )
+        out[int(rank)] = RankGpu(
+            busy_fraction=round(mean[S.BUSY_NS] / wall, 4) if wall else 0.0,
+            busy_ms=_ms(mean[S.BUSY_NS]),
+            idle_ms=GpuIdle(
+                host_bound=_ms(bound),
+                data=_ms(mean[S.IDLE_DATA_NS]),
+                other=_ms(mean[S.IDLE_OTHER_NS]),
+            ),
+            sync_ms=_ms(mean[S.SYNC_NS]),
+            launches=launch.kernels_per_step if launch else 0.0,
+            launch_latency_us_p50=launch.launch_latency_us_p50 if launch else None,
+            launch_latency_us_p95=launch.launch_latency_us_p95 if launch else None,
+            short_kernel_fraction=launch.short_kernel_fraction if launch else None,
+            kernel_us_p50=launch.kernel_us_p50 if launch else None,
+            kernel_us_p95=launch.kernel_us_p95 if launch else None,
+            queue_depth_max=int(df[S.QUEUE_MAX].max() or 0),  # type: ignore[arg-type]
+            queue_depth_mean=round(mean[S.QUEUE_MEAN], 2),
+            phases=phases,
+            kernels=[_launch_row(r, steps) for r in rows.head(KERNEL_ROWS).iter_rows(named=True)],
+        )
+    return out
+
+
+def phase_launches(gpu: pa.Table, launches: pa.Table) -> dict[tuple[int, str], KernelLaunches]:
+    """(rank, phase) -> the statistics of all kernels the phase launched, per step."""
+    every = pl.from_arrow(gpu)
+    rows = pl.from_arrow(launches)
+    assert isinstance(every, pl.DataFrame) and isinstance(rows, pl.DataFrame)
+    windows = dict(every.group_by(S.RANK).len().iter_rows())
+    rows = rows.filter(pl.col(S.PHASE).is_not_null() & pl.col(S.OP).is_null())
+    return {
+        (int(r[S.RANK]), str(r[S.PHASE])): _launch_row(r, windows.get(r[S.RANK], 1))
+        for r in rows.iter_rows(named=True)
+    }
+
+
+def gpu_verdict(
+    ranks: dict[int, RankGpu],
+    step_ms: dict[int, float],
+    phase_launches: dict[tuple[int, str], KernelLaunches] | None = None,
+) -> GpuVerdict | None:
+    """The verdict: on the rank whose device idles the most, the device is idle at least
+    IDLE_VERDICT of the step and waits for the host (host-bound) or the data loader at least
+    WAIT_VERDICT of it, whichever is larger."""
+    if not ranks:
+        return None
+    rank = max(ranks, key=lambda r: (1.0 - ranks[r].busy_fraction, -r))
+    gpu, step = ranks[rank], step_ms.get(rank, 0.0)
+    idle = 1.0 - gpu.busy_fraction
+    if step <= 0 or idle < IDLE_VERDICT:
+        return None
+    bound, data = gpu.idle_ms.host_bound / step, gpu.idle_ms.data / step
+    if max(bound, data) < WAIT_VERDICT:
+        return None
+    if data >= bound:
+        return GpuVerdict(
+            rank=rank, wait="data", idle_fraction=round(idle, 4), wait_fraction=round(data, 4)
+        )
+    phase = max(gpu.phases, key=lambda p: p.host_bound_ms)
+    row = phase_launches.get((rank, phase.phase)) if phase_launches else None
+    return GpuVerdict(
+        rank=rank,
+        wait="host-bound",
+        idle_fraction=round(idle, 4),
+        wait_fraction=round(bound, 4),
+        phase=phase.phase,
+        kernels_per_step=row.kernels_per_step if row else None,
+        kernel_us_p50=row.kernel_us_p50 if row else None,
+    )
