@@ -110,3 +110,10 @@ def test_collectives_table_is_in_the_export(tmp_path: Path) -> None:
     assert (gloo["wait_ns"] + gloo["transfer_ns"] == gloo["end_ns"] - gloo["start_ns"]).all()
     assert set(gloo["last_rank"].to_list()) <= {0, 1}
     assert not exported.filter(pl.col("name") == "c10d::allreduce_")["matched"].any()
+    # text columns are typed alike in every exported table (not large_string in this one)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for table in (tmp_path / "out").glob("*.parquet"):
+        types = {f.type for f in pq.read_schema(table)}
+        assert pa.large_string() not in types, table.name

@@ -35,6 +35,7 @@ def tables(run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str) -> lis
     events = R.read_events(run)
     written = []
     for name, table in (("events", events), *analysis.items()):
+        table = _plain_strings(table)
         path = out / f"{name}.{fmt}"
         if fmt == "parquet":
             R.write_parquet(path, table)
@@ -43,6 +44,18 @@ def tables(run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str) -> lis
                 pcsv.write_csv(_plain(table), tmp)
         written.append(path)
     return written
+
+
+def _plain_strings(table: pa.Table) -> pa.Table:
+    """Large strings (what polars hands back) as strings, so that every exported table types
+    its text columns alike."""
+    if not any(pa.types.is_large_string(f.type) for f in table.schema):
+        return table
+    schema = pa.schema(
+        [f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f for f in table.schema],
+        metadata=table.schema.metadata,
+    )
+    return table.cast(schema)
 
 
 def _plain(table: pa.Table) -> pa.Table:
