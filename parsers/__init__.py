@@ -108,6 +108,7 @@ BUILTIN_PARSERS: tuple[str, ...] = (
     "traceview.parsers.tensorflow:XPlaneParser",
     "traceview.parsers.tf_timeline:TimelineParser",
     "traceview.parsers.mxnet:MXNetParser",
+    "traceview.parsers.chainer:ChainerParser",
 )
 
 

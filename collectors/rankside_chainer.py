@@ -1,0 +1,535 @@
+"""`traceview collect`'s Chainer side, in every process of the job (standard library only).
+
+Copied into the bootstrap as ``_traceview_rankside_chainer.py`` beside the core
+(``_traceview_rankside.py``), which calls ``start`` once the job has imported ``chainer``.
+Chainer has no profiler that writes a timeline, so this module is one:
+
+- every ``FunctionNode``'s forward and backward, through a ``chainer.FunctionHook`` registered
+  on the training thread for the recorded steps only (function hooks are per thread). Nodes
+  that a backward runs (``LinearGradData`` inside ``LinearFunction``'s backward) are recorded
+  inside it, as backward;
+- regions around the Python calls of each phase: the outermost ``Link.__call__`` (forward),
+  ``Variable.backward`` (backward), ``Optimizer.update`` (the update, and with a loss function
+  the whole step), a dataset iterator's ``next()`` (io), ``to_device``/``to_gpu`` (h2d) and the
+  ChainerMN communicator's calls (``multi_node_mean_grad``, ``allreduce_grad``, ``bcast_data``,
+  ``allreduce``, ``bcast``, ...: comm);
+- steps: the end of each ``Optimizer.update`` (of the first optimizer that updates; or of
+  ``traceview.collectors.step()`` once the script calls it). After ``--skip`` + ``--warmup``
+  steps the next ``--steps`` are recorded, each marked ``step#N``.
+
+The trace is Chrome-trace JSON, written to ``RUN/raw/rank-NNNNN/rank-N.chainer.json.gz`` when the
+window ends or the process exits (normally, by an exception, by SIGTERM); Perfetto opens it. The
+rank is the ChainerMN communicator's, else the launcher's (the core's ``detect_rank``).
+
+Nothing here may break the job: a failure prints one ``traceview:`` line and the job runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any
+
+TRACE_SUFFIX = ".chainer.json.gz"
+#: Top-level key of the trace that says who wrote it (the parser sniffs it).
+HEADER_KEY = "traceviewChainer"
+HOOK_NAME = "traceview"
+#: ChainerMN communicator methods recorded as communication (the outermost call only).
+COMM_METHODS = (
+    "multi_node_mean_grad",
+    "allreduce_grad",
+    "bcast_data",
+    "broadcast_data",
+    "allreduce",
+    "allreduce_obj",
+    "bcast",
+    "bcast_obj",
+    "allgather",
+    "alltoall",
+    "gather",
+    "gather_obj",
+    "scatter",
+    "send",
+    "recv",
+    "send_obj",
+    "recv_obj",
+)
+#: A step's events past this many are not kept (a runaway graph): the window ends there.
+MAX_EVENTS = 5_000_000
+_USER_STEPS = object()
+#: Seconds after the window's end that the trace is written, unless a step ends before that
+#: (then at its end) or the process exits.
+LINGER_S = 1.0
+
+_collector: ChainerCollector | None = None
+
+
+class ChainerCollector:
+    """Records one window of steps of a Chainer job as Chrome-trace events."""
+
+    def __init__(self, core: Any, config: Any, chainer: Any):
+        self.core = core
+        self.config = config
+        self.chainer = chainer
+        self.lock = threading.RLock()
+        self.status: Any = None
+        self.communicator: Any = None
+        self.pacer: int | None = None  # id() of the optimizer whose updates count
+        self.steps_seen = 0
+        self.recorded = 0
+        self.recording = False
+        self.finished = False
+        self.write_pending = False  # the window is over, its trace not yet written
+        self.window_over = threading.Event()
+        self.thread: int | None = None  # native id of the training thread
+        self.hooks: Any = None  # the training thread's function-hook dictionary
+        # (name, cat, start ns, duration ns, tid) of every recorded event
+        self.events: list[tuple[str, str, int, int, int]] = []
+        self.step_start = 0
+        self.local = threading.local()  # per thread: start stacks, nesting depths
+        # perf_counter_ns + offset = the wall clock (one reading, so intervals stay monotonic)
+        self.offset = time.time_ns() - time.perf_counter_ns()
+
+    # hooks -------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        chainer = self.chainer
+        collector = self
+        updating = threading.local()  # one depth for both: a subclass's update may call its base's
+        self._after(chainer.Optimizer, "update", updating)
+        if "update" in vars(chainer.GradientMethod):
+            self._after(chainer.GradientMethod, "update", updating)
+        self._region(chainer.Link, "__call__", "Link.forward", "python")
+        self._region(chainer.Variable, "backward", "Variable.backward", "python")
+        self._iterators(chainer.dataset.Iterator)
+        with contextlib.suppress(AttributeError):  # batches made by a converter (concat_examples)
+            converting = threading.local()
+
+            def mark_converter(cls: Any) -> None:
+                own = cls.__dict__.get("__call__")
+                if callable(own) and not hasattr(own, "__traceview__"):
+                    self._region(cls, "__call__", "Converter", "io", depth=converting)
+
+            self._every_subclass(chainer.dataset.convert.Converter, mark_converter)
+        for module_name in ("chainer.dataset.convert", "chainer.dataset"):
+            module = sys.modules.get(module_name)
+            if module is not None and hasattr(module, "to_device"):
+                self._region(module, "to_device", "to_device", "h2d")
+        with contextlib.suppress(Exception):
+            cuda = chainer.backends.cuda
+            self._region(cuda, "to_gpu", "to_gpu", "h2d")
+
+        base = chainer.FunctionHook
+
+        class _Hook(base):  # type: ignore[misc, valid-type]
+            name = HOOK_NAME
+
+            def forward_preprocess(self, function: Any, in_data: Any) -> None:
+                collector._push()
+
+            def forward_postprocess(self, function: Any, in_data: Any) -> None:
+                collector._pop(function, forward=True)
+
+            def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+                collector._push()
+                collector._backward_depth(+1)
+
+            def backward_postprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+                collector._backward_depth(-1)
+                collector._pop(function, forward=False)
+
+        self.hook = _Hook()
+        self.core.install_exit_handlers(self)
+        self.core.register(self)
+
+    def hook_communicators(self, module: Any) -> None:
+        """Record the ChainerMN communicators' calls as communication (``module``: chainermn's
+        ``communicator_base``, hooked when it is imported: ``create_communicator`` imports the
+        communicator classes only when called)."""
+        depth = threading.local()  # one for all: allreduce_grad calls multi_node_mean_grad
+        collector = self
+
+        def mark(cls: Any) -> None:
+            for name in COMM_METHODS:
+                own = cls.__dict__.get(name)
+                if callable(own) and not hasattr(own, "__traceview__"):
+                    setattr(cls, name, collector._comm_call(own, name, depth))
+
+        self._every_subclass(module.CommunicatorBase, mark)
+
+    def _comm_call(self, original: Any, method: str, depth: Any) -> Any:
+        collector = self
+
+        def wrapped(communicator: Any, *args: Any, **kwargs: Any) -> Any:
+            if collector.communicator is None:
+                collector.communicator = communicator  # the rank, when recording starts
+            if not collector.recording:
+                return original(communicator, *args, **kwargs)
+            level = getattr(depth, "level", 0)
+            start = time.perf_counter_ns() if not level else None
+            depth.level = level + 1
+            try:
+                return original(communicator, *args, **kwargs)
+            finally:
+                depth.level = level
+                if start is not None:
+                    collector._record(f"{type(communicator).__name__}.{method}", "comm", start)
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        wrapped.__traceview__ = True  # type: ignore[attr-defined]
+        return wrapped
+
+    def _iterators(self, base: Any) -> None:
+        """Mark a dataset iterator's batches (``next(it)``, ``for batch in it``, ``it.next()``) as
+        ``Iterator.next``: every iterator class's own ``__next__``/``next``, those defined later
+        too; the outermost call only (``next`` is often ``__next__``)."""
+        depth = threading.local()
+
+        def mark(cls: Any) -> None:
+            for name in ("__next__", "next"):
+                own = cls.__dict__.get(name)
+                if callable(own) and not hasattr(own, "__traceview__"):
+                    self._region(cls, name, "Iterator.next", "io", depth=depth)
+
+        self._every_subclass(base, mark)
+
+    @staticmethod
+    def _every_subclass(base: Any, mark: Callable[[Any], None]) -> None:
+        """``mark(cls)`` for ``base`` and each of its subclasses, those defined later too."""
+        pending = [base]
+        while pending:
+            cls = pending.pop()
+            mark(cls)
+            pending.extend(cls.__subclasses__())
+        previous = base.__dict__.get("__init_subclass__")
+
+        def init_subclass(cls: Any, **kwargs: Any) -> None:
+            if previous is not None:
+                previous.__func__(cls, **kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)
+            with contextlib.suppress(Exception):
+                mark(cls)
+
+        base.__init_subclass__ = classmethod(init_subclass)
+
+    def _after(self, owner: Any, name: str, depth: Any) -> None:
+        """``owner.name`` (an optimizer's update) recorded as ``Optimizer.update``, and the end
+        of a step after it (the outermost call only: a subclass's update calls its base's)."""
+        original = getattr(owner, name)
+        collector = self
+
+        def wrapped(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            level = getattr(depth, "level", 0)
+            start = time.perf_counter_ns() if collector.recording and not level else None
+            depth.level = level + 1
+            try:
+                result = original(optimizer, *args, **kwargs)
+            finally:
+                depth.level = level
+            if level:
+                return result
+            if start is not None:
+                collector._record("Optimizer.update", "update", start)
+            try:
+                collector.after_step(optimizer)
+            except Exception as exc:  # never break the job
+                collector.core.warn(
+                    f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on"
+                )
+                collector._abandon(f"{type(exc).__name__}: {exc}")
+            return result
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        setattr(owner, name, wrapped)
+
+    def _region(self, owner: Any, name: str, label: str, cat: str, depth: Any = None) -> None:
+        """Record calls of ``owner.name`` as ``label`` while recording (the outermost call of
+        nested ones: links inside links; ``depth`` shared by methods that call each other)."""
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        depth = depth if depth is not None else threading.local()
+        collector = self
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if not collector.recording:
+                return original(*args, **kwargs)
+            level = getattr(depth, "level", 0)
+            start = time.perf_counter_ns() if not level else None
+            depth.level = level + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth.level = level
+                if start is not None:
+                    collector._record(label, cat, start)
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        wrapped.__traceview__ = True  # type: ignore[attr-defined]
+        setattr(owner, name, wrapped)
+
+    # recording -------------------------------------------------------------------------------
+
+    def _stack(self) -> list[int]:
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def _push(self) -> None:
+        self._stack().append(time.perf_counter_ns())
+
+    def _backward_depth(self, change: int) -> None:
+        self.local.backward = getattr(self.local, "backward", 0) + change
+
+    def _pop(self, function: Any, forward: bool) -> None:
+        stack = self._stack()
+        if not stack:
+            return
+        start = stack.pop()
+        if not self.recording:
+            return
+        label = getattr(function, "label", None) or type(function).__name__
+        if forward and not getattr(self.local, "backward", 0):
+            self._record(str(label), "forward", start)
+        else:  # a backward, or a node that a backward runs
+            self._record(f"{label}.backward" if not forward else str(label), "backward", start)
+
+    def _record(self, name: str, cat: str, start: int) -> None:
+        end = time.perf_counter_ns()
+        if self.recording:
+            self.events.append((name, cat, start, end - start, threading.get_native_id()))
+
+    # the schedule ----------------------------------------------------------------------------
+
+    def manual_step(self) -> None:
+        """The end of a step, marked by the script: from the first call on, these pace the
+        steps and the optimizer's updates no longer count."""
+        with self.lock:
+            self.pacer = id(_USER_STEPS)
+        self.after_step(_USER_STEPS)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A region ``## name ##`` while recording (the rules read data, forward, backward,
+        optimizer as those phases)."""
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            if self.recording:
+                self._record(f"## {name} ##", "python", start)
+
+    def after_step(self, owner: Any) -> None:
+        with self.lock:
+            if self.finished:
+                if self.write_pending and id(owner) == self.pacer:
+                    self._write()  # a step after the window: its timing is not recorded
+                return
+            if self.pacer is None:
+                self.pacer = id(owner)
+            if id(owner) != self.pacer:  # several optimizers: the first one paces the steps
+                return
+            self.steps_seen += 1
+            if not self.recording:
+                if self.steps_seen >= self.config.skip + self.config.warmup:
+                    self._start()
+                return
+            now = time.perf_counter_ns()
+            number = self.config.warmup + self.recorded
+            self.events.append(
+                (
+                    f"step#{number}",
+                    "traceview",
+                    self.step_start,
+                    now - self.step_start,
+                    self.thread or 0,
+                )
+            )
+            self.recorded += 1
+            self.status.profiled_steps = self.recorded
+            if self.recorded >= self.config.active or len(self.events) > MAX_EVENTS:
+                if len(self.events) > MAX_EVENTS:
+                    self.status.stop_reason = f"more than {MAX_EVENTS:,} events"
+                    self.status.stop_step = number
+                    self.core.warn(f"profile stopped at step {number}: {MAX_EVENTS:,} events")
+                self._end_window()
+                return
+            self.step_start = time.perf_counter_ns()
+
+    def _rank(self) -> Any:
+        core = self.core
+        info = core.detect_rank(os.environ)
+        communicator = self.communicator
+        with contextlib.suppress(Exception):
+            if communicator is not None:
+                return core.RankInfo(
+                    int(communicator.rank), int(communicator.size), info.local_rank, "chainermn"
+                )
+        return info
+
+    def _start(self) -> None:
+        core = self.core
+        info = self._rank()
+        self.status = core.Status(info.rank, info.world_size, info.local_rank, info.source)
+        self.status.framework = "chainer"
+        self.status.framework_version = str(getattr(self.chainer, "__version__", ""))
+        self.status.clock = asdict(core.probe_clock(self.config.clock))
+        if self.communicator is not None:
+            self.status.notes.append(f"ChainerMN communicator {type(self.communicator).__name__}")
+        self.thread = threading.get_native_id()
+        # function hooks are the thread's own: the training thread's, for the window only
+        self.hooks = self.chainer.get_function_hooks()
+        if HOOK_NAME in self.hooks:
+            self.status.notes.append("a function hook named 'traceview' was already there")
+        else:
+            self.hooks[HOOK_NAME] = self.hook
+        threading.Thread(target=self._write_late, name="traceview-writer", daemon=True).start()
+        self.local.stack = []
+        self.local.backward = 0
+        self.recording = True
+        self.status.state = "profiling"
+        self.status.write(self.config.run_dir)
+        self.step_start = time.perf_counter_ns()
+
+    def _end_window(self) -> None:
+        """The last recorded step is over. Writing the trace takes milliseconds: it waits for
+        the next step's end, or LINGER_S, or the exit, so that the job's own timing of its last
+        recorded step does not see it."""
+        self.recording = False
+        self.finished = True
+        if self.hooks is not None:
+            with contextlib.suppress(Exception):
+                if self.hooks.get(HOOK_NAME) is self.hook:
+                    del self.hooks[HOOK_NAME]
+        if self.status is not None:
+            self.status.state = "running"
+        self.write_pending = True
+        self.window_over.set()
+
+    def _write_late(self) -> None:
+        """On a thread started with the window (not at its end, inside the job's timing):
+        LINGER_S after the window, write the trace if no step has done it."""
+        self.window_over.wait()
+        time.sleep(LINGER_S)
+        with self.lock:
+            self._write()
+
+    def _write(self) -> None:
+        if not self.write_pending:
+            return
+        self.write_pending = False
+        self._write_trace()
+        with contextlib.suppress(Exception):
+            self.status.write(self.config.run_dir)
+
+    def finish(self, state: str | None = None, detail: str | None = None) -> None:
+        """At exit (or when the window ends): write what was recorded; leave the job alone."""
+        with self.lock:
+            if self.recording:  # the process ends inside the window: the open step is dropped
+                self._end_window()
+            self.finished = True
+            self._write()
+            if self.status is None:
+                if state == "ok" and self.steps_seen == 0:
+                    self.core.warn(
+                        "the job never stepped a Chainer optimizer: nothing was recorded "
+                        "(call traceview.collectors.step() to mark steps)"
+                    )
+                return  # never reached the window: nothing to report
+            if state is not None and self.status.ended_ns is None:
+                self.status.state, self.status.detail = state, detail
+                self.status.ended_ns = time.time_ns()
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+    def _write_trace(self) -> None:
+        status = self.status
+        try:
+            folder = self.core.rank_dir(self.config.run_dir, status.rank)
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / f"rank-{status.rank}{TRACE_SUFFIX}"
+            tmp = folder / f".{target.name}.{os.getpid()}.tmp"
+            with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
+                self._dump(out)
+            os.replace(tmp, target)
+            status.trace_files = [target.name]
+        except Exception as exc:
+            self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+            status.notes.append(f"trace not written: {exc}")
+        self.events = []
+
+    def _dump(self, out: Any) -> None:
+        status, pid, offset = self.status, os.getpid(), self.offset
+        header = {
+            "rank": status.rank,
+            "world_size": status.world_size,
+            "host": socket.gethostname(),
+            "chainer_version": status.framework_version,
+            "communicator": type(self.communicator).__name__ if self.communicator else None,
+            "steps": self.recorded,
+        }
+        out.write(f'{{"{HEADER_KEY}": {json.dumps(header)}, "displayTimeUnit": "ms",\n')
+        out.write('"traceEvents": [\n')
+        meta: list[dict[str, Any]] = [
+            {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {status.rank}"}}
+        ]
+        for tid in sorted({event[4] for event in self.events}):
+            what = "training thread" if tid == self.thread else f"thread {tid}"
+            meta.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": what}}
+            )
+        out.write(",\n".join(json.dumps(m) for m in meta))
+        dumps: Callable[[Any], str] = json.dumps
+        for name, cat, start, duration, tid in self.events:
+            out.write(
+                f',\n{{"ph": "X", "name": {dumps(name)}, "cat": "{cat}", "pid": {pid}, '
+                f'"tid": {tid}, "ts": {_us(start + offset)}, "dur": {_us(duration)}}}'
+            )
+        out.write("\n]}\n")
+
+    def _abandon(self, reason: str) -> None:
+        with self.lock:
+            self.finished = True
+            self.recording = False
+            if self.hooks is not None:
+                with contextlib.suppress(Exception):
+                    self.hooks.pop(HOOK_NAME, None)
+            if self.status is not None:
+                self.status.notes.append(f"profiling stopped: {reason}")
+                with contextlib.suppress(Exception):
+                    self.status.write(self.config.run_dir)
+
+
+def _us(ns: int) -> str:
+    """Nanoseconds as exact decimal microseconds (a float would round epoch times)."""
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+def start(core: Any, config: Any, chainer: Any) -> None:
+    """Called by the rank-side core once the job has imported chainer."""
+    global _collector
+    _collector = ChainerCollector(core, config, chainer)
+    _collector.install()
+    # (a submodule: chainermn may be the module being imported, chainer imported by it)
+    name = "chainermn.communicators.communicator_base"
+    if name in sys.modules:
+        _collector.hook_communicators(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, core._AfterImport(name, _collector.hook_communicators))
+
+
+def current() -> ChainerCollector | None:
+    return _collector
