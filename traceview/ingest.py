@@ -187,7 +187,8 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
             if trace is None:
                 raise BadInput(
                     f"{path}: not a trace traceview can read (expected PyTorch/Kineto JSON, "
-                    "TensorFlow .xplane.pb or Timeline JSON, or MXNet profiler JSON)"
+                    "TensorFlow .xplane.pb or Timeline JSON, MXNet profiler JSON or traceview "
+                    "collect's Chainer JSON; any other Chrome trace with --rules)"
                 )
             found.append(trace)
     for problem in damaged:

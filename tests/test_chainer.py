@@ -1,0 +1,315 @@
+"""Chainer and ChainerMN: traceview collect's own Chainer collector, its trace, and the breakdown
+held to the training loop's timers.
+
+- sample_traces/chainer/mlp is a real 2-rank ChainerMN run (naive communicator, CPU, mpirun)
+  of the MLP the PyTorch, TensorFlow and MXNet samples train, made by make_traces.py under
+  `traceview collect`; its loop times io, forward, backward, the explicit
+  ``multi_node_mean_grad`` and the update of every step (groundtruth.json).
+- Timers and the collector's hooks read the same clock around the same calls, so timers alone
+  cannot fail. What they cannot fake is held too: each recorded FunctionNode lies inside its
+  step's forward or backward call, the outermost ones never overlap and cover that call but for
+  Chainer's own bookkeeping between them, and the nodes a backward runs lie inside it.
+- The live tests run new jobs in the Chainer environment (.venv-chainer, made by
+  tests/make_envs.sh; TRACEVIEW_CHAINER_PYTHON points elsewhere) and skip, saying why, without it.
+
+Tolerances: the sample, per step within max(0.5 ms, 10 %) of each timer, per-rank means within
+max(0.3 ms, 5 %); live runs (made while the tests load the two cores) per step within
+max(1 ms, 15 %), where a phase may also come out short by the step's idle time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, SAMPLES, run_cli
+from tests.conftest import steps_with_timers as timed_steps
+from traceview import rundir as R
+from traceview import schema as S
+from traceview.parsers.chainer import ChainerParser
+from traceview.rules import rules_for
+from traceview.runs import ingest_run
+
+MLP = SAMPLES / "chainer" / "mlp"
+CHAINER_PYTHON = Path(
+    os.environ.get("TRACEVIEW_CHAINER_PYTHON", REPO / ".venv-chainer" / "bin" / "python")
+)
+WORKLOAD = REPO / "tests" / "workloads" / "chainer" / "train.py"
+PAIRS = {
+    "wall_tv": "step_ms",
+    "io_tv": "data_ms",
+    "forward_tv": "forward_ms",
+    "backward_tv": "backward_ms",
+    "comm_tv": "allreduce_ms",
+    "update_tv": "optimizer_ms",
+}
+
+
+def check_against_timers(
+    df: pl.DataFrame,
+    label: str,
+    per_step: float = 0.10,
+    floor_ms: float = 0.5,
+    mean: float = 0.05,
+    idle_may_explain: bool = False,
+    pairs: dict[str, str] = PAIRS,
+) -> None:
+    for ours, timer in pairs.items():
+        error = (df[ours] - df[timer]).abs()
+        allowed = (per_step * df[timer].abs()).clip(lower_bound=floor_ms)
+        ok = error <= allowed
+        if idle_may_explain:
+            short = df[timer] - df[ours]
+            ok = ok | ((short > 0) & (short <= df["idle_tv"] + allowed))
+        bad = df.filter(~ok)
+        assert bad.height == 0, (
+            f"{label}: {ours} vs {timer} off by more than max({floor_ms} ms, {per_step:.0%}):\n"
+            f"{bad.select(S.RANK, S.STEP, ours, timer, 'idle_tv')}"
+        )
+    means = df.group_by(S.RANK).agg(pl.col([*pairs, *pairs.values(), "idle_tv"]).mean())
+    for ours, timer in pairs.items():
+        for row in means.iter_rows(named=True):
+            allowed = max(0.3, mean * abs(row[timer]))
+            short = row[timer] - row[ours]
+            explained = idle_may_explain and 0 < short <= row["idle_tv"] + allowed
+            assert abs(short) <= allowed or explained, (
+                f"{label} rank {row[S.RANK]}: mean {ours} {row[ours]:.2f} ms vs {timer} "
+                f"{row[timer]:.2f} ms"
+            )
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ingest_run([MLP], tmp_path_factory.mktemp("chainer") / "mlp")
+
+
+def _trace(path: Path) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    return [e for e in events if e.get("ph") == "X"]
+
+
+# --- the sample run ---------------------------------------------------------------------------
+
+
+def test_each_step_matches_the_timers(mlp_run: Path) -> None:
+    df = timed_steps(mlp_run, MLP)
+    assert sorted(set(df[S.STEP])) == [2, 3, 4, 5, 6] and sorted(set(df[S.RANK])) == [0, 1]
+    check_against_timers(df, "chainer mlp")
+    # the exclusive phases add up to the step
+    phases = [f"{p}_tv" for p in S.BREAKDOWN_PHASES]
+    total = df.select(pl.sum_horizontal(phases)).to_series()
+    assert ((total - df["wall_tv"]).abs() < 1e-3).all()
+
+
+def test_function_nodes_add_up_to_the_forward_and_backward_calls() -> None:
+    """Per step and rank: every FunctionNode record lies inside the step's model call, loss or
+    backward call; the outermost backward nodes never overlap and cover Variable.backward but
+    for Chainer's bookkeeping between nodes (under 3 %); the forward nodes cover Link.forward
+    the same way; the nodes a backward runs lie inside an outermost backward node."""
+    for path in sorted(MLP.glob("rank-*.chainer.json.gz")):
+        events = _trace(path)
+        steps = [e for e in events if e["name"].startswith("step#")]
+        assert len(steps) == 5
+        for step in steps:
+            lo, hi = step["ts"], step["ts"] + step["dur"]
+            inside = [e for e in events if lo <= e["ts"] and e["ts"] + e["dur"] <= hi]
+            for call, cat in (("Link.forward", "forward"), ("Variable.backward", "backward")):
+                (span,) = [e for e in inside if e["name"] == call]
+                a, b = span["ts"], span["ts"] + span["dur"]
+                nodes = [e for e in inside if e["cat"] == cat and a <= e["ts"] < b]
+                assert all(e["ts"] + e["dur"] <= b for e in nodes), (path.name, call)
+                outer = [
+                    e
+                    for e in nodes
+                    if not any(
+                        o is not e
+                        and o["ts"] <= e["ts"]
+                        and e["ts"] + e["dur"] <= o["ts"] + o["dur"]
+                        for o in nodes
+                    )
+                ]
+                outer.sort(key=lambda e: e["ts"])
+                for first, second in itertools.pairwise(outer):
+                    assert first["ts"] + first["dur"] <= second["ts"], "outermost nodes overlap"
+                covered = sum(e["dur"] for e in outer)
+                assert 0.97 * span["dur"] <= covered <= span["dur"], (path.name, call, covered)
+                if cat == "backward":  # 4 Linear, 3 ReLU, the loss: one backward node each
+                    assert sorted(e["name"] for e in outer) == sorted(
+                        ["LinearFunction.backward"] * 4
+                        + ["ReLU.backward"] * 3
+                        + ["SoftmaxCrossEntropy.backward"]
+                    )
+                    inner = [e for e in nodes if e not in outer]
+                    assert {e["name"] for e in inner} >= {"LinearGradData", "LinearGradWeight"}
+                else:
+                    assert [e["name"] for e in outer] == ["LinearFunction", "ReLU"] * 3 + [
+                        "LinearFunction"
+                    ]
+            # the loss's node is forward too, after the model call
+            assert [e["name"] for e in inside if e["cat"] == "forward"][-1] == "SoftmaxCrossEntropy"
+
+
+def test_backward_is_the_backward_call_and_not_counted_twice(mlp_run: Path) -> None:
+    """Nested nodes (LinearGradData inside LinearFunction's backward) are not counted twice: the
+    backward of each step is its Variable.backward call, as long as the trace says."""
+    df = timed_steps(mlp_run, MLP)
+    for path in sorted(MLP.glob("rank-*.chainer.json.gz")):
+        rank = int(path.name.split("-")[1].split(".")[0])
+        calls = [e["dur"] / 1e3 for e in _trace(path) if e["name"] == "Variable.backward"]
+        ours = df.filter(pl.col(S.RANK) == rank).sort(S.STEP)["backward_tv"].to_list()
+        assert ours == pytest.approx(calls, abs=0.01)
+    ops = [o for o in R.read_ops(mlp_run).to_pylist() if o["phase"] == S.BACKWARD]
+    for rank in (0, 1):
+        self_ms = sum(o["self_ns"] for o in ops if o["rank"] == rank) / 1e6 / 5
+        mean_backward = df.filter(pl.col(S.RANK) == rank)["backward_tv"].mean()
+        assert isinstance(mean_backward, float)
+        assert 0.97 * mean_backward <= self_ms <= mean_backward
+
+
+def test_operators_get_the_canonical_names_of_the_other_frameworks(mlp_run: Path) -> None:
+    ops = {(o["rank"], o["op"]): o for o in R.read_ops(mlp_run).to_pylist()}
+    for rank in (0, 1):
+        expect = {
+            "fully_connected": (S.FORWARD, 20),  # 4 layers x 5 steps
+            "activation": (S.FORWARD, 15),
+            "loss": (S.FORWARD, 5),
+            "fully_connected_backward": (S.BACKWARD, None),
+            "activation_backward": (S.BACKWARD, None),
+            "loss_backward": (S.BACKWARD, None),
+            "allreduce": (S.COMM, 5),
+            "weights_update": (S.UPDATE, 5),
+            "data_loader": (S.IO, None),
+        }
+        for op, (phase, count) in expect.items():
+            row = ops[(rank, op)]
+            assert row["phase"] == phase, (rank, op)
+            assert count is None or row["count"] == count, (rank, op, row["count"])
+    # Python calls structure the steps: they are not operators
+    names = {o["name"] for o in ops.values()}
+    assert not {"Link.forward", "Variable.backward"} & names
+    collectives = R.read_table(mlp_run / "collectives.parquet").to_pylist()
+    assert {c["collective"] for c in collectives} == {"allreduce"}
+    rules = rules_for("chainer")
+    assert rules.classify("op", "comm", "PureNcclCommunicator.bcast_data").collective == "broadcast"
+    assert rules.classify("op", "comm", "NaiveCommunicator.allreduce_grad").op == "allreduce"
+    assert rules.classify("op", "backward", "Convolution2DGradW").op == "convolution_backward"
+    assert rules.classify("annotation", "traceview", "step#3").kind == S.KIND_STEP
+
+
+def test_the_trace_says_who_wrote_it() -> None:
+    parser = ChainerParser()
+    for rank in (0, 1):
+        path = MLP / f"rank-{rank}.chainer.json.gz"
+        identity = parser.identify(path)
+        assert (identity.rank, identity.world_size) == (rank, 2)
+        parsed = parser.parse(path)
+        assert parsed.meta["communicator"] == "NaiveCommunicator"
+        assert parsed.meta["chainer_version"] == "7.8.1"
+
+
+def test_report_names_the_framework(mlp_run: Path) -> None:
+    report = run_cli("report", mlp_run, "--json").json()
+    assert report["run"]["framework"] == "chainer"
+    assert report["summary"]["hidden"] == "no"  # the all-reduce runs after backward
+
+
+# --- live jobs --------------------------------------------------------------------------------
+
+
+def _chainer_python() -> Path:
+    if not CHAINER_PYTHON.exists():
+        pytest.skip(
+            f"no Chainer environment at {CHAINER_PYTHON} (tests/make_envs.sh makes it; "
+            "TRACEVIEW_CHAINER_PYTHON points elsewhere)"
+        )
+    probe = subprocess.run(
+        [str(CHAINER_PYTHON), "-c", "import chainer, chainermn"], capture_output=True, timeout=120
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"{CHAINER_PYTHON} cannot import chainer: {probe.stderr.decode()[-300:]}")
+    return CHAINER_PYTHON
+
+
+def _root_flags() -> list[str]:
+    return ["--allow-run-as-root", "--oversubscribe"] if os.geteuid() == 0 else []
+
+
+def test_collect_an_unmodified_chainermn_job(tmp_path: Path) -> None:
+    """`traceview collect -- mpirun -np 2 python make_traces.py` on the sample's own script:
+    both ranks profiled, their rank from the communicator, the breakdown within the timers."""
+    python = _chainer_python()
+    out, run = tmp_path / "out", tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--",
+        python.with_name("mpirun"), *_root_flags(), "-np", "2",
+        python, SAMPLES / "chainer" / "make_traces.py", "mlp", out,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    collected = json.loads((run / R.MANIFEST).read_text())["collect"]
+    ranks = collected["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for rank in ranks:
+        assert rank["framework"] == "chainer" and rank["framework_version"] == "7.8.1"
+        assert rank["rank_source"] == "chainermn" and rank["state"] == "ok" and rank["trace"]
+        assert rank["profiled_steps"] == 5
+    check_against_timers(
+        timed_steps(run, out), "live chainer mlp", 0.15, 1.0, idle_may_explain=True
+    )
+
+
+def _timers(out: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = json.loads((out / "timers.json").read_text())
+    return records
+
+
+def test_schedule_skip_warmup_steps_hold(tmp_path: Path) -> None:
+    python = _chainer_python()
+    out, run = tmp_path / "out", tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--skip", "2", "--warmup", "1", "--steps", "3",
+        "--", python, WORKLOAD, out, "--steps", "9",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    steps = pl.from_arrow(R.read_steps(run))
+    assert isinstance(steps, pl.DataFrame)
+    assert steps[S.STEP].to_list() == [1, 2, 3]  # numbered from the first step after --skip
+    timers = _timers(out)
+    for row in steps.iter_rows(named=True):
+        timer = timers[row[S.STEP] + 2]  # iteration = step + skip
+        assert row[S.WALL_NS] / 1e6 == pytest.approx(timer["step_ms"], abs=1.0, rel=0.15)
+
+
+def test_a_job_that_never_steps_an_optimizer_says_so(tmp_path: Path) -> None:
+    python = _chainer_python()
+    run = tmp_path / "run"
+    result = run_cli("collect", "-o", run, "--", python, WORKLOAD, tmp_path / "out", "--no-update")
+    assert result.code == 0  # the job's own exit code
+    assert "never stepped a Chainer optimizer" in result.err
+    assert "left nothing to profile" in result.err and "Traceback" not in result.err
+    assert not (run / "raw").exists()
+
+
+def test_a_crashed_rank_keeps_the_steps_it_recorded(tmp_path: Path) -> None:
+    """An exception in iteration 5 (step 4, the window being steps 2-6): steps 2 and 3 are kept,
+    the status says how the process ended."""
+    python = _chainer_python()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--",
+        python, WORKLOAD, tmp_path / "out", "--fail-at", "5",
+    )  # fmt: skip
+    assert result.code == 1, result.err
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    assert status["state"] == "exception" and "failing on purpose" in status["detail"]
+    assert status["profiled_steps"] == 2
+    steps = pl.from_arrow(R.read_steps(run))
+    assert isinstance(steps, pl.DataFrame)
+    assert steps[S.STEP].to_list() == [2, 3]
