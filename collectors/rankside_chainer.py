@@ -88,13 +88,13 @@ class ChainerCollector:
         self.recording = False
         self.finished = False
         self.write_pending = False  # the window is over, its trace not yet written
-        self.window_over = threading.Event()
         self.thread: int | None = None  # native id of the training thread
         self.hooks: Any = None  # the training thread's function-hook dictionary
         # (name, cat, start ns, duration ns, tid) of every recorded event
         self.events: list[tuple[str, str, int, int, int]] = []
+        self.stack: list[int] = []  # start times of the nodes in progress (training thread)
+        self.backward_depth = [0]
         self.step_start = 0
-        self.local = threading.local()  # per thread: start stacks, nesting depths
         # perf_counter_ns + offset = the wall clock (one reading, so intervals stay monotonic)
         self.offset = time.time_ns() - time.perf_counter_ns()
 
@@ -128,23 +128,45 @@ class ChainerCollector:
             self._region(cuda, "to_gpu", "to_gpu", "h2d")
 
         base = chainer.FunctionHook
+        # Called around every node (thousands a step): kept to a perf_counter read and a list
+        # append. Function hooks are the thread's own and this one is registered on the training
+        # thread only, so the start stack and backward depth need no thread-local storage.
+        perf = time.perf_counter_ns
+        stack = self.stack
+        depth = self.backward_depth  # [nesting of backward calls]
+        events = self.events
 
         class _Hook(base):  # type: ignore[misc, valid-type]
             name = HOOK_NAME
 
             def forward_preprocess(self, function: Any, in_data: Any) -> None:
-                collector._push()
+                stack.append(perf())
 
             def forward_postprocess(self, function: Any, in_data: Any) -> None:
-                collector._pop(function, forward=True)
+                end = perf()
+                if stack:
+                    start = stack.pop()
+                    cat = "backward" if depth[0] else "forward"  # a node a backward runs
+                    try:
+                        label = str(function.label)
+                    except Exception:  # never break the job
+                        label = type(function).__name__
+                    events.append((label, cat, start, end - start, collector.thread or 0))
 
             def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
-                collector._push()
-                collector._backward_depth(+1)
+                depth[0] += 1
+                stack.append(perf())
 
             def backward_postprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
-                collector._backward_depth(-1)
-                collector._pop(function, forward=False)
+                end = perf()
+                depth[0] -= 1
+                if stack:
+                    start = stack.pop()
+                    try:
+                        name = f"{function.label}.backward"
+                    except Exception:  # never break the job
+                        name = f"{type(function).__name__}.backward"
+                    events.append((name, "backward", start, end - start, collector.thread or 0))
 
         self.hook = _Hook()
         self.core.install_exit_handlers(self)
@@ -282,31 +304,6 @@ class ChainerCollector:
 
     # recording -------------------------------------------------------------------------------
 
-    def _stack(self) -> list[int]:
-        stack = getattr(self.local, "stack", None)
-        if stack is None:
-            stack = self.local.stack = []
-        return stack
-
-    def _push(self) -> None:
-        self._stack().append(time.perf_counter_ns())
-
-    def _backward_depth(self, change: int) -> None:
-        self.local.backward = getattr(self.local, "backward", 0) + change
-
-    def _pop(self, function: Any, forward: bool) -> None:
-        stack = self._stack()
-        if not stack:
-            return
-        start = stack.pop()
-        if not self.recording:
-            return
-        label = getattr(function, "label", None) or type(function).__name__
-        if forward and not getattr(self.local, "backward", 0):
-            self._record(str(label), "forward", start)
-        else:  # a backward, or a node that a backward runs
-            self._record(f"{label}.backward" if not forward else str(label), "backward", start)
-
     def _record(self, name: str, cat: str, start: int) -> None:
         end = time.perf_counter_ns()
         if self.recording:
@@ -397,8 +394,8 @@ class ChainerCollector:
         else:
             self.hooks[HOOK_NAME] = self.hook
         threading.Thread(target=self._write_late, name="traceview-writer", daemon=True).start()
-        self.local.stack = []
-        self.local.backward = 0
+        self.stack.clear()
+        self.backward_depth[0] = 0
         self.recording = True
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
@@ -417,15 +414,25 @@ class ChainerCollector:
         if self.status is not None:
             self.status.state = "running"
         self.write_pending = True
-        self.window_over.set()
 
     def _write_late(self) -> None:
-        """On a thread started with the window (not at its end, inside the job's timing):
-        LINGER_S after the window, write the trace if no step has done it."""
-        self.window_over.wait()
-        time.sleep(LINGER_S)
-        with self.lock:
-            self._write()
+        """On a thread started with the window (not at its end, inside the job's timing): write
+        the trace LINGER_S after the window if no step has done it. It polls rather than waits
+        on an event: woken by the window's end, it would take the interpreter's lock from the
+        training thread inside its last recorded step (milliseconds, seen in the job's timers)."""
+        ended: float | None = None
+        while True:
+            time.sleep(LINGER_S / 4)
+            if not self.write_pending:
+                if self.finished:
+                    return  # written at a step's end or at exit (or abandoned)
+                continue
+            now = time.monotonic()
+            ended = ended if ended is not None else now
+            if now - ended >= LINGER_S * 0.75:
+                with self.lock:
+                    self._write()
+                return
 
     def _write(self) -> None:
         if not self.write_pending:
@@ -469,7 +476,7 @@ class ChainerCollector:
         except Exception as exc:
             self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
             status.notes.append(f"trace not written: {exc}")
-        self.events = []
+        self.events.clear()  # (the hook holds this list)
 
     def _dump(self, out: Any) -> None:
         status, pid, offset = self.status, os.getpid(), self.offset
