@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
@@ -72,6 +73,39 @@ LINGER_S = 1.0
 _collector: ChainerCollector | None = None
 
 
+#: Event categories, by code. "node_backward" is a node's own backward, written as the category
+#: "backward" and the name "<label>.backward" (built when the trace is written, not per node).
+CATEGORIES = ("forward", "backward", "node_backward", "python", "io", "h2d", "comm", "update")
+CATEGORY = {name: code for code, name in enumerate(CATEGORIES)}
+STEP = len(CATEGORIES)  # a step marker (category "traceview")
+
+
+class _Events:
+    """Recorded events as columns: names, category codes and integer times, none of them
+    objects the garbage collector tracks (a tuple per event made the collector walk the
+    job's graph of thousands of nodes far more often: +10 % on such a step)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.cats = bytearray()
+        self.starts = array("q")
+        self.durations = array("q")
+        self.tids = array("q")
+
+    def add(self, name: str, cat: int, start: int, duration: int, tid: int) -> None:
+        self.names.append(name)
+        self.cats.append(cat)
+        self.starts.append(start)
+        self.durations.append(duration)
+        self.tids.append(tid)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def clear(self) -> None:
+        del self.names[:], self.cats[:], self.starts[:], self.durations[:], self.tids[:]
+
+
 class ChainerCollector:
     """Records one window of steps of a Chainer job as Chrome-trace events."""
 
@@ -91,7 +125,7 @@ class ChainerCollector:
         self.thread: int | None = None  # native id of the training thread
         self.hooks: Any = None  # the training thread's function-hook dictionary
         # (name, cat, start ns, duration ns, tid) of every recorded event
-        self.events: list[tuple[str, str, int, int, int]] = []
+        self.events = _Events()
         self.stack: list[int] = []  # start times of the nodes in progress (training thread)
         self.backward_depth = [0]
         self.step_start = 0
@@ -128,13 +162,26 @@ class ChainerCollector:
             self._region(cuda, "to_gpu", "to_gpu", "h2d")
 
         base = chainer.FunctionHook
-        # Called around every node (thousands a step): kept to a perf_counter read and a list
-        # append. Function hooks are the thread's own and this one is registered on the training
+        # Called around every node (thousands a step): kept to a perf_counter read and appends
+        # to the event columns. Function hooks are the thread's own and this one is registered on the training
         # thread only, so the start stack and backward depth need no thread-local storage.
         perf = time.perf_counter_ns
         stack = self.stack
         depth = self.backward_depth  # [nesting of backward calls]
-        events = self.events
+        names, cats = self.events.names.append, self.events.cats.append
+        starts, durations = self.events.starts.append, self.events.durations.append
+        tids = self.events.tids.append
+        forward, backward, node_backward = (
+            CATEGORY["forward"],
+            CATEGORY["backward"],
+            CATEGORY["node_backward"],
+        )
+
+        def label(function: Any) -> str:
+            try:
+                return str(function.label)
+            except Exception:  # never break the job
+                return type(function).__name__
 
         class _Hook(base):  # type: ignore[misc, valid-type]
             name = HOOK_NAME
@@ -146,12 +193,11 @@ class ChainerCollector:
                 end = perf()
                 if stack:
                     start = stack.pop()
-                    cat = "backward" if depth[0] else "forward"  # a node a backward runs
-                    try:
-                        label = str(function.label)
-                    except Exception:  # never break the job
-                        label = type(function).__name__
-                    events.append((label, cat, start, end - start, collector.thread or 0))
+                    names(label(function))
+                    cats(backward if depth[0] else forward)  # a node a backward runs
+                    starts(start)
+                    durations(end - start)
+                    tids(collector.thread or 0)
 
             def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
                 depth[0] += 1
@@ -162,11 +208,11 @@ class ChainerCollector:
                 depth[0] -= 1
                 if stack:
                     start = stack.pop()
-                    try:
-                        name = f"{function.label}.backward"
-                    except Exception:  # never break the job
-                        name = f"{type(function).__name__}.backward"
-                    events.append((name, "backward", start, end - start, collector.thread or 0))
+                    names(label(function))
+                    cats(node_backward)
+                    starts(start)
+                    durations(end - start)
+                    tids(collector.thread or 0)
 
         self.hook = _Hook()
         self.core.install_exit_handlers(self)
@@ -307,7 +353,7 @@ class ChainerCollector:
     def _record(self, name: str, cat: str, start: int) -> None:
         end = time.perf_counter_ns()
         if self.recording:
-            self.events.append((name, cat, start, end - start, threading.get_native_id()))
+            self.events.add(name, CATEGORY[cat], start, end - start, threading.get_native_id())
 
     # the schedule ----------------------------------------------------------------------------
 
@@ -346,14 +392,8 @@ class ChainerCollector:
                 return
             now = time.perf_counter_ns()
             number = self.config.warmup + self.recorded
-            self.events.append(
-                (
-                    f"step#{number}",
-                    "traceview",
-                    self.step_start,
-                    now - self.step_start,
-                    self.thread or 0,
-                )
+            self.events.add(
+                f"step#{number}", STEP, self.step_start, now - self.step_start, self.thread or 0
             )
             self.recorded += 1
             self.status.profiled_steps = self.recorded
@@ -476,7 +516,7 @@ class ChainerCollector:
         except Exception as exc:
             self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
             status.notes.append(f"trace not written: {exc}")
-        self.events.clear()  # (the hook holds this list)
+        self.events.clear()  # (the hook holds its columns)
 
     def _dump(self, out: Any) -> None:
         status, pid, offset = self.status, os.getpid(), self.offset
@@ -493,17 +533,23 @@ class ChainerCollector:
         meta: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {status.rank}"}}
         ]
-        for tid in sorted({event[4] for event in self.events}):
+        events = self.events
+        for tid in sorted(set(events.tids)):
             what = "training thread" if tid == self.thread else f"thread {tid}"
             meta.append(
                 {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": what}}
             )
         out.write(",\n".join(json.dumps(m) for m in meta))
         dumps: Callable[[Any], str] = json.dumps
-        for name, cat, start, duration, tid in self.events:
+        categories = [*CATEGORIES[:2], "backward", *CATEGORIES[3:], "traceview"]
+        for name, cat, start, duration, tid in zip(
+            events.names, events.cats, events.starts, events.durations, events.tids, strict=True
+        ):
+            if cat == CATEGORY["node_backward"]:
+                name = f"{name}.backward"
             out.write(
-                f',\n{{"ph": "X", "name": {dumps(name)}, "cat": "{cat}", "pid": {pid}, '
-                f'"tid": {tid}, "ts": {_us(start + offset)}, "dur": {_us(duration)}}}'
+                f',\n{{"ph": "X", "name": {dumps(name)}, "cat": "{categories[cat]}", '
+                f'"pid": {pid}, "tid": {tid}, "ts": {_us(start + offset)}, "dur": {_us(duration)}}}'
             )
         out.write("\n]}\n")
 
