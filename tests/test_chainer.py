@@ -13,7 +13,8 @@ held to the training loop's timers.
   tests/make_envs.sh; TRACEVIEW_CHAINER_PYTHON points elsewhere) and skip, saying why, without it.
 
 Tolerances: the sample, per step within max(0.5 ms, 10 %) of each timer, per-rank means within
-max(0.3 ms, 5 %); live runs (made while the tests load the two cores): per-rank medians
+max(0.3 ms, 5 %), where a phase may also come out short by its step's idle time (the sample was
+made on a loaded machine: a rank descheduled between a timer read and the traced call); live runs (made while the tests load the two cores): per-rank medians
 within max(1 ms, 15 %) (a rank descheduled between a traced call and the loop's timer read
 moves one step's timer by milliseconds, not the medians).
 """
@@ -103,7 +104,9 @@ def _trace(path: Path) -> list[dict[str, Any]]:
 def test_each_step_matches_the_timers(mlp_run: Path) -> None:
     df = timed_steps(mlp_run, MLP)
     assert sorted(set(df[S.STEP])) == [2, 3, 4, 5, 6] and sorted(set(df[S.RANK])) == [0, 1]
-    check_against_timers(df, "chainer mlp")
+    # made on the loaded 2-core machine: a phase may come out short by its step's idle time
+    # (the rank descheduled between the loop's timer read and the traced call)
+    check_against_timers(df, "chainer mlp", idle_may_explain=True)
     # the exclusive phases add up to the step
     phases = [f"{p}_tv" for p in S.BREAKDOWN_PHASES]
     total = df.select(pl.sum_horizontal(phases)).to_series()
