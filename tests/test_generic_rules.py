@@ -3,7 +3,7 @@
 - A trace written here by a small script of our own: every event's duration is known, so each
   phase, step and operator of the report is known exactly.
 - A real trace of a framework traceview has no parser for: JAX on CPU (jax.profiler's Perfetto
-  JSON, tests/data/jax, made by make_trace.py there with the loop's own timers) read with
+  JSON, examples/jax, made by make_trace.py there with the loop's own timers) read with
   examples/rules/jax.toml, the README's worked example.
 - Bad rules files: one line naming the file's line, exit 2.
 """
@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, run_cli
 
-JAX = REPO / "tests" / "data" / "jax"
+JAX = REPO / "examples" / "jax"
 JAX_RULES = REPO / "examples" / "rules" / "jax.toml"
 
 # (name, µs) in the order they run, per step, on one thread: a step of 13.0 ms plus its data.
@@ -31,39 +31,13 @@ PHASES = [
     ("NCCL AllReduce", "comm", 2500),
     ("SGDUpdate", "update", 800),
 ]
-RULES = """\
-# rules for the in-house tool's trace
-[kinds]
-marker = "annotation"
+RULES_FILE = REPO / "examples" / "rules" / "inhouse.toml"  # the README's worked example
+RULES = RULES_FILE.read_text()
 
-[step]
-pattern = '^iteration (\\d+)$'
 
-[[rule]]
-match = '^LoadBatch$'
-phase = "io"
-op = "data_loader"
-
-[[rule]]
-match = '/bwd$'
-phase = "backward"
-
-[[rule]]
-match = '^Dense/fwd$'
-phase = "forward"
-op = "fully_connected"
-
-[[rule]]
-match = 'AllReduce'
-phase = "comm"
-collective = "auto"
-op = "auto"
-
-[[rule]]
-match = 'Update$'
-phase = "update"
-op = "weights_update"
-"""
+def line_of(text: str, body: str) -> int:
+    """The line of ``text`` that holds ``body`` (1-based)."""
+    return next(i for i, line in enumerate(body.splitlines(), 1) if text in line)
 
 
 def write_trace(path: Path, steps: int = 4) -> list[dict[str, float]]:
@@ -100,10 +74,10 @@ def report(trace: Path, rules: Path) -> dict[str, Any]:
 
 
 def test_a_trace_of_our_own_with_its_rules(tmp_path: Path) -> None:
-    trace, rules = tmp_path / "inhouse.json", tmp_path / "inhouse.toml"
+    """The README's worked example: every phase of every step is what the script wrote."""
+    trace = tmp_path / "inhouse.json"
     truth = write_trace(trace)
-    rules.write_text(RULES)
-    data = report(trace, rules)
+    data = report(trace, RULES_FILE)
     assert data["run"]["framework"] == "chrome"
     steps = data["per_step"]
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
@@ -149,12 +123,16 @@ def test_jax_on_cpu_with_the_readme_rules() -> None:
     assert ops["train_step"] == "forward" and ops["matmul"] == "forward"
 
 
+BAD = RULES.replace("match = 'AllReduce'", "match = 'All(Reduce'")
+UNKNOWN = RULES.replace('phase = "update"', 'phase = "updates"')
+
+
 @pytest.mark.parametrize(
     ("body", "line", "fragment"),
     [
         ("[step]\npattern = '^iteration (\\d+$'\n", 2, "bad pattern"),
-        (RULES.replace("match = 'AllReduce'", "match = 'All(Reduce'"), 23, "bad pattern"),
-        (RULES.replace('phase = "update"', 'phase = "updates"'), 30, "unknown phase 'updates'"),
+        (BAD, line_of("All(Reduce", BAD), "bad pattern"),
+        (UNKNOWN, line_of('"updates"', UNKNOWN), "unknown phase 'updates'"),
         ('[kinds]\nmarker = "annotations"\n', 2, "unknown kind 'annotations'"),
         ("[[rule]]\nmatch = 'x'\ncollective = 'allreduced'\n", 3, "unknown collective"),
     ],

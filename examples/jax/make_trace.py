@@ -1,7 +1,7 @@
 """A real trace of a framework traceview has no parser for: JAX on CPU, jax.profiler's Perfetto
-JSON, with the training loop's own timers (for tests/test_generic_rules.py).
+JSON, with the training loop's own timers (README "Any other framework"; tests/test_generic_rules.py).
 
-    .venv-jax/bin/python tests/data/jax/make_trace.py tests/data/jax     (pip install jax)
+    .venv-jax/bin/python examples/jax/make_trace.py examples/jax     (pip install jax)
 
 Trains the samples' MLP (512-1024-1024-1024-10, batch 128, SGD lr 0.01) with one jitted step
 (forward, backward and update in one XLA program). Each of 5 profiled iterations is a
@@ -12,6 +12,7 @@ OUT/groundtruth.json (perf_counter: data_ms, step_ms per iteration; the versions
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 import shutil
@@ -46,8 +47,7 @@ def step(params: list, x: jax.Array, y: jax.Array) -> list:
 def main(out: Path) -> int:
     key = jax.random.PRNGKey(0)
     params = [
-        (jax.random.normal(key, (a, b)) * 0.01, jnp.zeros(b))
-        for a, b in zip(DIMS[:-1], DIMS[1:], strict=True)
+        (jax.random.normal(key, (a, b)) * 0.01, jnp.zeros(b)) for a, b in itertools.pairwise(DIMS)
     ]
     rng = np.random.default_rng(0)
 
