@@ -12,7 +12,8 @@ block's difference to the block before it (paired). Usage:
 
     python benchmarks/bench_chainer_overhead.py [--layers 500] [--width 32] [--blocks 30] [--steps 2]
 
-Writes benchmarks/results/chainer_overhead.json; needs .venv-chainer (tests/make_envs.sh).
+Writes --out (benchmarks/results/chainer_overhead.json holds five runs gathered by hand);
+needs .venv-chainer (tests/make_envs.sh).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def main() -> int:
             os.environ.get("TRACEVIEW_CHAINER_PYTHON", REPO / ".venv-chainer" / "bin" / "python")
         ),
     )
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "chainer_overhead.json")
+    parser.add_argument("--out", type=Path, default=Path("chainer_overhead.json"))
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args)))
