@@ -135,7 +135,8 @@ def train(out: Path) -> int:
         "python_version": platform.python_version(),
         "host": platform.node(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "traceview collect -- mpirun -np 2 PYTHON make_traces.py mlp OUT",
+        "command": "traceview collect -- mpirun --mca mpi_yield_when_idle 1 -np 2 PYTHON "
+        "make_traces.py mlp OUT",
         "model": (
             f"MLP {'-'.join(map(str, DIMS))} (Linear+ReLU); {params:,} float32 parameters; "
             f"softmax cross-entropy; SGD lr {LR}; batch {BATCH} per rank"
