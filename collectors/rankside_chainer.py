@@ -494,6 +494,12 @@ class ChainerCollector:
                         "the job never stepped a Chainer optimizer: nothing was recorded "
                         "(call traceview.collectors.step() to mark steps)"
                     )
+                elif state == "ok":
+                    before = self.config.skip + self.config.warmup
+                    self.core.warn(
+                        f"the job stepped a Chainer optimizer {self.steps_seen} time(s): nothing "
+                        f"was recorded (the window starts after --skip + --warmup = {before})"
+                    )
                 return  # never reached the window: nothing to report
             if state is not None and self.status.ended_ns is None:
                 self.status.state, self.status.detail = state, detail

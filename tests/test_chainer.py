@@ -326,6 +326,13 @@ def test_a_job_that_never_steps_an_optimizer_says_so(tmp_path: Path) -> None:
     assert "never stepped a Chainer optimizer" in result.err
     assert "left nothing to profile" in result.err and "Traceback" not in result.err
     assert not (run / "raw").exists()
+    # fewer updates than --skip + --warmup: nothing recorded either, and it says why
+    result = run_cli("collect", "-o", run, "--", python, WORKLOAD, tmp_path / "out", "--steps", "2")
+    assert result.code == 0 and "Traceback" not in result.err
+    assert (
+        "stepped a Chainer optimizer 2 time(s)" in result.err
+        and "--skip + --warmup = 3" in result.err
+    )
 
 
 def test_a_crashed_rank_keeps_the_steps_it_recorded(tmp_path: Path) -> None:
@@ -344,3 +351,25 @@ def test_a_crashed_rank_keeps_the_steps_it_recorded(tmp_path: Path) -> None:
     steps = pl.from_arrow(R.read_steps(run))
     assert isinstance(steps, pl.DataFrame)
     assert steps[S.STEP].to_list() == [2, 3]
+
+
+def test_a_trainer_with_the_multi_node_optimizer(tmp_path: Path) -> None:
+    """The usual ChainerMN script: Trainer, StandardUpdater, create_multi_node_optimizer (whose
+    update all-reduces inside): steps are the Trainer's iterations, each with its all-reduce."""
+    python = _chainer_python()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--",
+        python.with_name("mpirun"), *_root_flags(), "-np", "2",
+        python, REPO / "tests" / "workloads" / "chainer" / "trainer.py", "12",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    steps = pl.from_arrow(R.read_steps(run))
+    assert isinstance(steps, pl.DataFrame)
+    assert sorted(set(steps[S.STEP])) == [2, 3, 4, 5, 6] and sorted(set(steps[S.RANK])) == [0, 1]
+    for phase in (S.IO, S.FORWARD, S.BACKWARD, S.UPDATE, S.COMM):
+        assert (steps[S.phase_ns(phase)] > 0).all(), phase
+    ops = {(o["rank"], o["op"]): o for o in R.read_ops(run).to_pylist()}
+    for rank in (0, 1):
+        assert ops[(rank, "allreduce")]["count"] == 5  # one multi_node_mean_grad a step
+        assert ops[(rank, "weights_update")]["count"] == 5
