@@ -66,8 +66,8 @@ COMM_METHODS = (
 #: A step's events past this many are not kept (a runaway graph): the window ends there.
 MAX_EVENTS = 5_000_000
 _USER_STEPS = object()
-#: Seconds after the window's end that the trace is written, unless a step ends before that
-#: (then at its end) or the process exits.
+#: The trace is written 1-2 of these seconds after the window's end, unless a step ends before
+#: that (then at its end) or the process exits.
 LINGER_S = 1.0
 
 _collector: ChainerCollector | None = None
@@ -456,22 +456,21 @@ class ChainerCollector:
 
     def _write_late(self) -> None:
         """On a thread started with the window (not at its end, inside the job's timing): write
-        the trace LINGER_S after the window if no step has done it. It polls rather than waits
-        on an event: woken by the window's end, it would take the interpreter's lock from the
-        training thread inside its last recorded step (milliseconds, seen in the job's timers)."""
-        ended: float | None = None
+        the trace 1-2 LINGER_S after the window if no step or exit has done it. It polls once a
+        LINGER_S rather than waits on an event: woken by the window's end, it would take the
+        interpreter's lock from the training thread inside its last recorded step."""
+        seen = False  # the window was over at the last look
         while True:
-            time.sleep(LINGER_S / 4)
+            time.sleep(LINGER_S)
             if not self.write_pending:
                 if self.finished:
                     return  # written at a step's end or at exit (or abandoned)
                 continue
-            now = time.monotonic()
-            ended = ended if ended is not None else now
-            if now - ended >= LINGER_S * 0.75:
+            if seen:
                 with self.lock:
                     self._write()
                 return
+            seen = True
 
     def _write(self) -> None:
         if not self.write_pending:

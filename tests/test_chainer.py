@@ -373,3 +373,21 @@ def test_a_trainer_with_the_multi_node_optimizer(tmp_path: Path) -> None:
     for rank in (0, 1):
         assert ops[(rank, "allreduce")]["count"] == 5  # one multi_node_mean_grad a step
         assert ops[(rank, "weights_update")]["count"] == 5
+
+
+def test_the_trace_is_written_soon_after_the_window_when_no_step_follows(tmp_path: Path) -> None:
+    """The window's last step ends; the job then works 4 s without stepping (an evaluation):
+    the trace is on disk within 2 s of the window's end, not at the exit (a rank killed there
+    keeps it)."""
+    python = _chainer_python()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "2",
+        "--", python, WORKLOAD, tmp_path / "out", "--steps", "3", "--tail", "4",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    folder = run / "raw" / "rank-00000"
+    status = json.loads((folder / "status.json").read_text())
+    written = (folder / "rank-0.chainer.json.gz").stat().st_mtime
+    assert status["ended_ns"] / 1e9 - written > 1.5, "written at the exit, not after the window"
+    assert status["profiled_steps"] == 2

@@ -1,11 +1,13 @@
 """A small single-process Chainer job for the collector's tests (no traceview import).
 
     python train.py OUT [--steps N] [--layers L] [--width W] [--no-update] [--fail-at STEP]
+                        [--tail SECONDS]
 
 Trains an MLP of L hidden layers (Linear W->W + ReLU) with SGD on random data through a
 SerialIterator and concat_examples, timing each phase of each iteration (perf_counter) into
 OUT/timers.json. ``--no-update`` runs forward and backward but never steps the optimizer;
-``--fail-at`` raises an exception in iteration STEP, after its backward.
+``--fail-at`` raises an exception in iteration STEP, after its backward; ``--tail`` sleeps
+after the last step.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--no-update", action="store_true")
     parser.add_argument("--fail-at", type=int, default=None)
+    parser.add_argument("--tail", type=float, default=0, help="seconds of other work at the end")
     args = parser.parse_args()
     np.random.seed(0)
     model = MLP(args.layers, args.width)
@@ -84,6 +87,7 @@ def main() -> int:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "timers.json").write_text(json.dumps(records))
+    time.sleep(args.tail)  # an evaluation, a checkpoint: no more optimizer steps
     return 0
 
 
