@@ -10,7 +10,8 @@ and every region recording). Alternating blocks in one process keep the machine'
 the comparison as far as it can be: medians of all steps of each kind, and the median of each
 block's difference to the block before it (paired). Usage:
 
-    python benchmarks/bench_chainer_overhead.py [--layers 500] [--width 32] [--blocks 30] [--steps 2]
+    python benchmarks/bench_chainer_overhead.py [--layers 500] [--width 32] [--blocks 30]
+        [--steps 2]
 
 Writes --out (benchmarks/results/chainer_overhead.json holds five runs gathered by hand);
 needs .venv-chainer (tests/make_envs.sh).

@@ -10,16 +10,19 @@ Chainer has no profiler that writes a timeline, so this module is one:
   inside it, as backward;
 - regions around the Python calls of each phase: the outermost ``Link.__call__`` (forward),
   ``Variable.backward`` (backward), ``Optimizer.update`` (the update, and with a loss function
-  the whole step), a dataset iterator's ``next()`` (io), ``to_device``/``to_gpu`` (h2d) and the
-  ChainerMN communicator's calls (``multi_node_mean_grad``, ``allreduce_grad``, ``bcast_data``,
-  ``allreduce``, ``bcast``, ...: comm);
+  the whole step), a dataset iterator's ``next()`` and a converter's call such as
+  ``concat_examples`` (io), ``to_device``/``to_gpu`` (h2d) and the ChainerMN communicator's
+  calls (``multi_node_mean_grad``, ``allreduce_grad``, ``bcast_data``, ``allreduce``,
+  ``bcast``, ...: comm);
 - steps: the end of each ``Optimizer.update`` (of the first optimizer that updates; or of
   ``traceview.collectors.step()`` once the script calls it). After ``--skip`` + ``--warmup``
   steps the next ``--steps`` are recorded, each marked ``step#N``.
 
-The trace is Chrome-trace JSON, written to ``RUN/raw/rank-NNNNN/rank-N.chainer.json.gz`` when the
-window ends or the process exits (normally, by an exception, by SIGTERM); Perfetto opens it. The
-rank is the ChainerMN communicator's, else the launcher's (the core's ``detect_rank``).
+The trace is Chrome-trace JSON, written to ``RUN/raw/rank-NNNNN/rank-N.chainer.json.gz`` at the
+end of the first step after the window, else 1-2 s after the window, else when the process
+exits (normally, by an exception, by SIGTERM: an exit inside the window keeps the steps it
+ended); Perfetto opens it. The rank is the ChainerMN communicator's (remembered at its first
+call), else the launcher's (the core's ``detect_rank``).
 
 Nothing here may break the job: a failure prints one ``traceview:`` line and the job runs on.
 """
@@ -63,7 +66,7 @@ COMM_METHODS = (
     "send_obj",
     "recv_obj",
 )
-#: A step's events past this many are not kept (a runaway graph): the window ends there.
+#: Past this many events (a runaway graph) the window ends with the step that passed it.
 MAX_EVENTS = 5_000_000
 _USER_STEPS = object()
 #: The trace is written 1-2 of these seconds after the window's end, unless a step ends before
@@ -123,8 +126,7 @@ class ChainerCollector:
         self.write_pending = False  # the window is over, its trace not yet written
         self.thread: int | None = None  # native id of the training thread
         self.hooks: Any = None  # the training thread's function-hook dictionary
-        # (name, cat, start ns, duration ns, tid) of every recorded event
-        self.events = _Events()
+        self.events = _Events()  # every recorded event
         self.stack: list[int] = []  # start times of the nodes in progress (training thread)
         self.backward_depth = [0]
         self.step_start = 0
@@ -162,8 +164,9 @@ class ChainerCollector:
 
         base = chainer.FunctionHook
         # Called around every node (thousands a step): kept to a perf_counter read and appends
-        # to the event columns. Function hooks are the thread's own and this one is registered on the training
-        # thread only, so the start stack and backward depth need no thread-local storage.
+        # to the event columns. Function hooks are the thread's own and this one is registered
+        # on the training thread only, so the start stack and backward depth need no
+        # thread-local storage.
         perf = time.perf_counter_ns
         stack = self.stack
         depth = self.backward_depth  # [nesting of backward calls]

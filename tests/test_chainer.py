@@ -14,9 +14,10 @@ held to the training loop's timers.
 
 Tolerances: the sample, per step within max(0.5 ms, 10 %) of each timer, per-rank means within
 max(0.3 ms, 5 %), where a phase may also come out short by its step's idle time (the sample was
-made on a loaded machine: a rank descheduled between a timer read and the traced call); live runs (made while the tests load the two cores): per-rank medians
-within max(1 ms, 15 %) (a rank descheduled between a traced call and the loop's timer read
-moves one step's timer by milliseconds, not the medians).
+made on a loaded machine: a rank descheduled between a timer read and the traced call); live
+runs (made while the tests load the two cores): per-rank medians within max(1 ms, 15 %) (a rank
+descheduled between a traced call and the loop's timer read moves one step's timer by
+milliseconds, not the medians).
 """
 
 from __future__ import annotations
