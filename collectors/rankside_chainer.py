@@ -549,8 +549,9 @@ class ChainerCollector:
         out.write(",\n".join(json.dumps(m) for m in meta))
         dumps: Callable[[Any], str] = json.dumps
         categories = [*CATEGORIES[:2], "backward", *CATEGORIES[3:], "traceview"]
-        for name, cat, start, duration, tid in zip(
-            events.names, events.cats, events.starts, events.durations, events.tids, strict=True
+        # (no zip(strict=...): it is Python 3.10's, and Chainer jobs may run an older one)
+        for name, cat, start, duration, tid in zip(  # noqa: B905
+            events.names, events.cats, events.starts, events.durations, events.tids
         ):
             if cat == CATEGORY["node_backward"]:
                 name = f"{name}.backward"
