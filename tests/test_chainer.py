@@ -15,9 +15,9 @@ held to the training loop's timers.
 Tolerances: the sample, per step within max(0.5 ms, 10 %) of each timer, per-rank means within
 max(0.3 ms, 5 %), where a phase may also come out short by its step's idle time (the sample was
 made on a loaded machine: a rank descheduled between a timer read and the traced call); live
-runs (made while the tests load the two cores): per-rank medians within max(1 ms, 15 %) (a rank
-descheduled between a traced call and the loop's timer read moves one step's timer by
-milliseconds, not the medians).
+runs (made while the tests load the two cores): per step within max(1 ms, 15 %), where a phase
+may also come out short by the idle time of its step and the next (a rank descheduled after the
+step's marker ended, before the loop's timer read).
 """
 
 from __future__ import annotations
@@ -280,20 +280,25 @@ def test_collect_an_unmodified_chainermn_job(tmp_path: Path) -> None:
         assert rank["framework"] == "chainer" and rank["framework_version"] == "7.8.1"
         assert rank["rank_source"] == "chainermn" and rank["state"] == "ok" and rank["trace"]
         assert rank["profiled_steps"] == 5
-    # Per-rank medians: on the loaded test machine a rank descheduled between a traced call's
-    # end and the loop's timer read bills milliseconds to the timer's phase that the trace puts
-    # in the next step's idle time (seen: 20 ms in one update of five).
-    df = timed_steps(run, out)
-    medians = df.group_by(S.RANK).agg(pl.col([*PAIRS, *PAIRS.values()]).median())
-    for row in medians.iter_rows(named=True):
-        for ours, timer in PAIRS.items():
-            allowed = max(1.0, 0.15 * row[timer])
-            assert abs(row[ours] - row[timer]) <= allowed, (
-                row[S.RANK],
-                ours,
-                row[ours],
-                row[timer],
-            )
+    # On the loaded test machine a rank descheduled between a traced call's end and the loop's
+    # timer read bills milliseconds to the timer's phase that the trace counts as idle: in that
+    # step, or (after the step's marker) in the next one. A phase may come out short by those.
+    df = timed_steps(run, out).sort(S.RANK, S.STEP)
+    # (The step's own window then moves by as much: its wall is off by the idle around it.)
+    df = df.with_columns(
+        (pl.col("idle_tv") + pl.col("idle_tv").shift(-1).over(S.RANK).fill_null(0)).alias("idle2"),
+        (pl.col("idle_tv").shift(1).over(S.RANK).fill_null(0)).alias("idle_before"),
+    )
+    for ours, timer in PAIRS.items():
+        allowed = (0.15 * df[timer].abs()).clip(lower_bound=1.0)
+        short = df[timer] - df[ours]
+        ok = ((df[ours] - df[timer]).abs() <= allowed) | (
+            (short > 0) & (short <= df["idle2"] + allowed)
+        )
+        if ours == "wall_tv":
+            ok = ok | (short.abs() <= df["idle2"] + df["idle_before"] + allowed)
+        bad = df.filter(~ok)
+        assert bad.height == 0, (ours, bad.select(S.RANK, S.STEP, ours, timer, "idle_tv", "idle2"))
 
 
 def _timers(out: Path) -> list[dict[str, Any]]:
