@@ -397,3 +397,26 @@ def test_the_trace_is_written_soon_after_the_window_when_no_step_follows(tmp_pat
     written = (folder / "rank-0.chainer.json.gz").stat().st_mtime
     assert status["ended_ns"] / 1e9 - written > 1.5, "written at the exit, not after the window"
     assert status["profiled_steps"] == 2
+
+
+def test_scaling_reads_chainer_runs_unchanged(tmp_path: Path) -> None:
+    """The MLP on one rank (a new live run) against the 2-rank sample: `scaling` takes each
+    run's step and communication from its own report; the 1-rank run's all-reduce is a
+    1-process MPI all-reduce, far shorter than the 2-rank one's."""
+    python = _chainer_python()
+    out, run = tmp_path / "out", tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--",
+        python.with_name("mpirun"), *_root_flags(), "-np", "1",
+        python, SAMPLES / "chainer" / "make_traces.py", "mlp", out,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    scaling = run_cli("scaling", run, MLP, "--json")
+    assert scaling.code == 0, scaling.err
+    runs = scaling.json()["runs"]
+    assert [r["ranks"] for r in runs] == [1, 2]
+    for path, row in zip((run, MLP), runs, strict=True):
+        own = run_cli("report", path, "--json").json()["summary"]
+        assert row["step_ms"] == pytest.approx(own["step_ms"], abs=0.01)
+        assert row["comm_total_ms"] == pytest.approx(own["comm_total_ms"], abs=0.01)
+    assert runs[0]["comm_total_ms"] < runs[1]["comm_total_ms"]
