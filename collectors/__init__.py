@@ -20,7 +20,7 @@ steps per optimizer step) or that want their own phase regions can say so::
 ``phase`` opens a profiler region named ``## <name> ##`` (the rules read forward, backward,
 optimizer/update, data, h2d as those phases): under PyTorch a ``record_function`` and an NVTX
 range for Nsight Systems, under TensorFlow a ``tf.profiler`` Trace, under MXNet an
-``mx.profiler`` Task. Outside ``traceview collect`` both functions do nothing, so the script runs
+``mx.profiler`` Task, under Chainer a region of the trace traceview's own collector writes. Outside ``traceview collect`` both functions do nothing, so the script runs
 unchanged anywhere.
 """
 

@@ -889,7 +889,7 @@ def current() -> Any:
 
 #: Frameworks profiled by a sibling module (``<this module>_<framework>``, also standard library
 #: only), loaded when the job imports the framework; each has ``start(core, config, framework)``.
-SIBLING_FRAMEWORKS: tuple[str, ...] = ("tensorflow", "mxnet")
+SIBLING_FRAMEWORKS: tuple[str, ...] = ("tensorflow", "mxnet", "chainer")
 
 
 def _sibling(framework: str, config: Config) -> Callable[[Any], None] | None:

@@ -108,6 +108,7 @@ BUILTIN_PARSERS: tuple[str, ...] = (
     "traceview.parsers.tensorflow:XPlaneParser",
     "traceview.parsers.tf_timeline:TimelineParser",
     "traceview.parsers.mxnet:MXNetParser",
+    "traceview.parsers.chainer:ChainerParser",
 )
 
 
@@ -139,8 +140,17 @@ def parser_for(path: Path, head: bytes) -> Parser | None:
     return None
 
 
+#: The fallback for Chrome traces no parser claims, used only with a rules file (``--rules``).
+GENERIC_PARSER = "traceview.parsers.chrome:ChromeParser"
+
+
+@functools.cache
+def generic() -> Parser:
+    return _load(GENERIC_PARSER)
+
+
 def parser_named(name: str) -> Parser:
-    for parser in registered():
+    for parser in (*registered(), generic()):
         if name in (parser.name, parser.framework):
             return parser
     known = ", ".join(p.name for p in registered())

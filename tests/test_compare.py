@@ -119,16 +119,17 @@ def test_needs_two_runs() -> None:
     assert len(result.err.strip().splitlines()) == 1
 
 
-# --- one model, three frameworks ------------------------------------------------------------------
+# --- one model, four frameworks -------------------------------------------------------------------
 
 # The same MLP (512-1024-1024-1024-10, batch 128 per worker, SGD), 2 workers, every phase timed
 # with the framework synchronized: PyTorch with an explicit gloo all-reduce, TensorFlow with
 # MultiWorkerMirroredStrategy's all-reduce called explicitly, MXNet with a dist_sync parameter
-# server. Timer names per framework: (data, forward, backward, communication).
+# server, Chainer with ChainerMN's multi_node_mean_grad (naive communicator, MPI). Timer names per framework: (data, forward, backward, communication).
 FRAMEWORK_RUNS = {
     "pytorch": (SAMPLES / "pytorch" / "explicit", ("data_ms", "forward_ms", "backward_ms", "allreduce_ms")),
     "tensorflow": (SAMPLES / "tensorflow" / "explicit", ("data_ms", "forward_ms", "backward_ms", "allreduce_ms")),
     "mxnet": (SAMPLES / "mxnet" / "mlp", ("data_ms", "forward_ms", "backward_ms", "comm_ms")),
+    "chainer": (SAMPLES / "chainer" / "mlp", ("data_ms", "forward_ms", "backward_ms", "allreduce_ms")),
 }  # fmt: skip
 
 
@@ -139,9 +140,9 @@ def _means(folder: Path) -> dict[str, float]:
 
 
 def test_frameworks_compare_as_their_timers_do() -> None:
-    """PyTorch, TensorFlow and MXNet training one model: step and phase ratios against PyTorch
-    are the timers' ratios (within 12 %; phases under 2 ms within 0.5 ms of their timer), and
-    the operators line up by canonical name."""
+    """PyTorch, TensorFlow, MXNet and Chainer training one model: step and phase ratios against
+    PyTorch are the timers' ratios (within 12 %; phases under 2 ms within 0.5 ms of their
+    timer), and the operators line up by canonical name."""
     pytest.importorskip(
         "xprof", reason="reading .xplane.pb needs xprof: pip install '.[tensorflow]'"
     )
@@ -171,6 +172,7 @@ def test_frameworks_compare_as_their_timers_do() -> None:
     for op in ("fully_connected", "fully_connected_backward", "data_loader"):
         assert all(ms and ms > 0 for ms in ops[op]), (op, ops[op])
     assert ops["allreduce"][0] > 0 and ops["allreduce"][1] > 0 and ops["push_pull"][2] > 0
+    assert ops["allreduce"][3] > 0  # ChainerMN's multi_node_mean_grad
     # the parameter server's synthetic spans and Python-call regions are not operators
     assert not {"engine backward", "kvstore_round", "step_call"} & set(ops)
 

@@ -53,6 +53,12 @@ SKIPPED: dict[str, str] = {
     "MXNet script; test_mxnet.py runs real MXNet jobs under collect",
     "traceview collect -- traceview-dmlc -n 2 -s 1 .venv-mxnet/bin/python train.py": "train.py "
     "stands for the reader's MXNet script; test_mxnet.py runs real dist_sync jobs",
+    "traceview collect -- .venv-chainer/bin/python train.py": "train.py stands for the "
+    "reader's Chainer script; test_chainer.py runs real Chainer jobs under collect",
+    "traceview collect -- .venv-chainer/bin/mpirun -np 2 .venv-chainer/bin/python train.py": (
+        "train.py stands for the reader's ChainerMN script; test_chainer.py runs a real 2-rank "
+        "ChainerMN job under collect"
+    ),
     "traceview tui sample_traces/pytorch/ddp": "interactive; test_tui_tmux.py drives the TUI "
     "in a real terminal",
     "pip install 'traceview[dask]'": _SETUP,

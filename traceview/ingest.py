@@ -51,7 +51,14 @@ from traceview.manifest import (
     lenient,
 )
 from traceview.normalize import RankMeta, normalize
-from traceview.parsers import ParsedTrace, Parser, rank_from_filename, registered
+from traceview.parsers import (
+    ParsedTrace,
+    Parser,
+    TraceIdentity,
+    generic,
+    rank_from_filename,
+    registered,
+)
 from traceview.parsers.chrome_json import read_head
 from traceview.rules import rules_for
 
@@ -153,9 +160,12 @@ def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
     return status
 
 
-def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
-    """The traces among ``paths``; a named file that is not a trace is an error."""
+def discover(paths: list[Path], notes: Notes, rules_given: bool = False) -> list[TraceFile]:
+    """The traces among ``paths``; a named file that is not a trace is an error. With a rules
+    file (``rules_given``), a Chrome trace that no parser claims is read by the generic one."""
     parsers = registered()
+    if rules_given:
+        parsers = [*parsers, _Fallback(generic())]
     found: list[TraceFile] = []
     skipped: list[str] = []
     damaged: list[str] = []
@@ -187,7 +197,8 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
             if trace is None:
                 raise BadInput(
                     f"{path}: not a trace traceview can read (expected PyTorch/Kineto JSON, "
-                    "TensorFlow .xplane.pb or Timeline JSON, or MXNet profiler JSON)"
+                    "TensorFlow .xplane.pb or Timeline JSON, MXNet profiler JSON or traceview "
+                    "collect's Chainer JSON; any other Chrome trace with --rules)"
                 )
             found.append(trace)
     for problem in damaged:
@@ -198,6 +209,25 @@ def discover(paths: list[Path], notes: Notes) -> list[TraceFile]:
         )
         notes.remark(f"skipped {len(skipped)} file(s) that are not traces: {shown}")
     return found
+
+
+class _Fallback:
+    """The generic Chrome-trace parser, claiming whatever looks like a Chrome trace."""
+
+    def __init__(self, parser: Parser):
+        self.parser = parser
+        self.name, self.framework = parser.name, parser.framework
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        from traceview.parsers.chrome import looks_like_chrome_trace
+
+        return looks_like_chrome_trace(head)
+
+    def identify(self, path: Path) -> TraceIdentity:
+        return self.parser.identify(path)
+
+    def parse(self, path: Path) -> ParsedTrace:
+        return self.parser.parse(path)
 
 
 def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | None:
@@ -494,7 +524,7 @@ def ingest(
             raise UsageError(f"{out}: exists and is not a traceview run directory")
     except OSError as exc:
         raise cannot_write(out, exc) from None
-    traces = discover(paths, notes)
+    traces = discover(paths, notes, rules_given=rules_path is not None)
     world = assign_ranks(traces, notes)
     collected = R.read_manifest(out).collect if R.is_run_dir(out) else None
     if collected is not None:

@@ -161,76 +161,134 @@ def _compile(pattern: Any, source: str) -> re.Pattern[str]:
         raise BadInput(f"{source}: bad pattern {pattern!r}: {exc}") from None
 
 
-def parse_rules(data: dict[str, Any], source: str) -> RuleSet:
-    """Build a RuleSet from the TOML document ``data`` (``source`` names it in errors)."""
+class _Lines:
+    """Where a table's key is in the rules file's text, for errors that name its line
+    (``source:LINE``); without the text (built-in rules), just the source."""
+
+    _HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\]?\s*(#.*)?$")
+
+    def __init__(self, source: str, text: str | None):
+        self.source = source
+        self.lines = text.splitlines() if text is not None else None
+
+    def at(self, table: str | None, key: str, index: int = 0) -> str:
+        """``source:LINE`` of ``key`` in the ``index``-th ``[[table]]`` (or ``[table]``; None:
+        the top level, before any table)."""
+        if self.lines is None:
+            return self.source
+        seen, inside = -1, table is None
+        key_line = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+        for number, line in enumerate(self.lines, start=1):
+            header = self._HEADER.match(line)
+            if header and not line.lstrip().startswith(("#",)) and "=" not in line.split("]")[0]:
+                name = header.group(1).strip().strip("\"'")
+                if name == table:
+                    seen += 1
+                    inside = seen == index
+                else:
+                    inside = False
+                continue
+            if inside and key_line.match(line):
+                return f"{self.source}:{number}"
+        return self.source
+
+
+def parse_rules(data: dict[str, Any], source: str, text: str | None = None) -> RuleSet:
+    """Build a RuleSet from the TOML document ``data`` (``source`` names it in errors; with its
+    ``text``, an error names the line too: ``source:LINE: ...``)."""
+    lines = _Lines(source, text)
     ruleset = RuleSet(framework=str(data.get("framework", "")))
     kinds = data.get("kinds", {})
     if not isinstance(kinds, dict):
-        raise BadInput(f"{source}: [kinds] must map trace categories to kinds")
+        raise BadInput(f"{lines.at(None, 'kinds')}: [kinds] must map trace categories to kinds")
     for cat, kind in kinds.items():
         if kind not in S.EVENT_KINDS:
-            raise BadInput(f"{source}: unknown kind {kind!r} for category {cat!r}")
+            raise BadInput(
+                f"{lines.at('kinds', str(cat))}: unknown kind {kind!r} for category {cat!r} "
+                f"(use one of {', '.join(S.EVENT_KINDS)})"
+            )
         ruleset.kinds[str(cat)] = kind
     if "default_kind" in data:
+        if data["default_kind"] not in S.EVENT_KINDS:
+            raise BadInput(
+                f"{lines.at(None, 'default_kind')}: unknown kind {data['default_kind']!r} "
+                f"(use one of {', '.join(S.EVENT_KINDS)})"
+            )
         ruleset.default_kind = str(data["default_kind"])
     step = data.get("step", {})
+    if not isinstance(step, dict):
+        raise BadInput(f"{lines.at(None, 'step')}: [step] must be a table")
     if "pattern" in step:
-        ruleset.step_pattern = _compile(step["pattern"], source)
+        ruleset.step_pattern = _compile(step["pattern"], lines.at("step", "pattern"))
         ruleset.rules_define_step = True
     if "kinds" in step:
-        step_kinds = _strings(step["kinds"], "kind", source) or frozenset()
+        where = lines.at("step", "kinds")
+        step_kinds = _strings(step["kinds"], "kind", where) or frozenset()
         unknown = sorted(step_kinds - set(S.EVENT_KINDS))
         if unknown:
-            raise BadInput(f"{source}: unknown step kind {unknown[0]!r}")
+            raise BadInput(f"{where}: unknown step kind {unknown[0]!r}")
         ruleset.step_kinds = tuple(sorted(step_kinds))
         ruleset.rules_define_step = True
     ruleset.strip_prefixes = tuple(data.get("op", {}).get("strip_prefixes", ()))
-    for entry in data.get("rule", []):
+    entries = data.get("rule", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise BadInput(f"{lines.at(None, 'rule')}: rules must be [[rule]] tables")
+    for index, entry in enumerate(entries):
         phase = entry.get("phase")
         if phase is not None and phase not in S.EVENT_PHASES:
             raise BadInput(
-                f"{source}: unknown phase {phase!r} (use one of {', '.join(S.EVENT_PHASES)})"
+                f"{lines.at('rule', 'phase', index)}: unknown phase {phase!r} "
+                f"(use one of {', '.join(S.EVENT_PHASES)})"
             )
         kind = entry.get("set_kind")
         if kind is not None and kind not in S.EVENT_KINDS:
-            raise BadInput(f"{source}: unknown kind {kind!r}")
+            raise BadInput(f"{lines.at('rule', 'set_kind', index)}: unknown kind {kind!r}")
         collective = entry.get("collective")
         if collective is not None and collective != AUTO and collective not in S.COLLECTIVES:
-            raise BadInput(f"{source}: unknown collective {collective!r}")
+            raise BadInput(
+                f"{lines.at('rule', 'collective', index)}: unknown collective {collective!r}"
+            )
+        where = lines.at("rule", "match", index)
+        if "match" not in entry:
+            where = lines.at("rule", next(iter(entry), "match"), index)
         ruleset.rules.append(
             Rule(
-                pattern=_compile(entry.get("match"), source),
-                kinds=_strings(entry.get("kind"), "kind", source),
-                cats=_strings(entry.get("cat"), "cat", source),
+                pattern=_compile(entry.get("match"), where),
+                kinds=_strings(entry.get("kind"), "kind", lines.at("rule", "kind", index)),
+                cats=_strings(entry.get("cat"), "cat", lines.at("rule", "cat", index)),
                 phase=phase,
                 op=entry.get("op"),
                 collective=collective,
                 kind=kind,
             )
         )
-    for entry in data.get("collective", []):
+    for index, entry in enumerate(data.get("collective", [])):
         name = entry.get("name")
         if name not in S.COLLECTIVES:
-            raise BadInput(f"{source}: unknown collective {name!r}")
-        ruleset.collectives.append((_compile(entry.get("match"), source), name))
+            raise BadInput(f"{lines.at('collective', 'name', index)}: unknown collective {name!r}")
+        ruleset.collectives.append(
+            (_compile(entry.get("match"), lines.at("collective", "match", index)), name)
+        )
     return ruleset
 
 
 def load_rules_file(path: Path) -> RuleSet:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such rules file") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BadInput(f"{path}: cannot read rules: {exc}") from None
-    return parse_rules(data, str(path))
+    return parse_rules(data, str(path), text)
 
 
 _BUILTIN: dict[str, RuleSet] = {}
 
 
 def builtin_rules(framework: str) -> RuleSet:
-    """The rules shipped for ``framework`` (pytorch, tensorflow, mxnet)."""
+    """The rules shipped for ``framework`` (pytorch, tensorflow, mxnet, chainer; chrome: the
+    defaults of the generic path)."""
     if framework not in _BUILTIN:
         source = (
             resources.files("traceview.parsers").joinpath("rules").joinpath(f"{framework}.toml")

@@ -4,9 +4,10 @@
 
 COMMAND is what you already run: `mpirun -np 4 python train.py`, `srun ...`, `torchrun ...`,
 `traceview-dmlc -n 2 -s 1 python train.py` (an MXNet parameter-server job), `python train.py`.
-In every process of the job, once it imports PyTorch, TensorFlow or MXNet, the framework's
-profiler lets --skip steps pass, warms up for --warmup steps and records --steps (a step: an
-optimizer step, a tf.data batch or Keras batch, a gluon Trainer step, or the script's own
+In every process of the job, once it imports PyTorch, TensorFlow, MXNet or Chainer, the
+framework's profiler (Chainer's: traceview's own function hooks) lets --skip steps pass, warms up
+for --warmup steps and records --steps (a step: an optimizer step, a tf.data batch or Keras batch,
+a gluon Trainer step, a Chainer optimizer update, or the script's own
 traceview.collectors.step()); each rank's trace and status land in RUN/raw/, and the run is
 then read and reported. The exit code is the job's. A rank whose profile grows its memory by more
 than --max-profile-memory (default 2G) stops profiling, writes what it has and runs on.
@@ -133,7 +134,7 @@ class CollectCommand:
             else:
                 why = (
                     f"the job exited with code {code} and left nothing to profile: no process "
-                    f"imported PyTorch, TensorFlow or MXNet and ran a training step{last}"
+                    f"imported PyTorch, TensorFlow, MXNet or Chainer and ran a training step{last}"
                 )
             print(f"traceview: {why}", file=sys.stderr)
             if not self._remove_empty(run, existed, args.keep):
@@ -159,7 +160,7 @@ class CollectCommand:
                     "writing a trace"
                 )
             else:
-                why = "no process imported PyTorch, TensorFlow or MXNet and ran a training step"
+                why = "no process imported PyTorch, TensorFlow, MXNet or Chainer and ran a training step"
             print(
                 f"traceview: the job exited with code {code} and left nothing to profile: {why}",
                 file=sys.stderr,

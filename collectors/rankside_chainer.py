@@ -1,0 +1,596 @@
+"""`traceview collect`'s Chainer side, in every process of the job (standard library only).
+
+Copied into the bootstrap as ``_traceview_rankside_chainer.py`` beside the core
+(``_traceview_rankside.py``), which calls ``start`` once the job has imported ``chainer``.
+Chainer has no profiler that writes a timeline, so this module is one:
+
+- every ``FunctionNode``'s forward and backward, through a ``chainer.FunctionHook`` registered
+  on the training thread for the recorded steps only (function hooks are per thread). Nodes
+  that a backward runs (``LinearGradData`` inside ``LinearFunction``'s backward) are recorded
+  inside it, as backward;
+- regions around the Python calls of each phase: the outermost ``Link.__call__`` (forward),
+  ``Variable.backward`` (backward), ``Optimizer.update`` (the update, and with a loss function
+  the whole step), a dataset iterator's ``next()`` and a converter's call such as
+  ``concat_examples`` (io), ``to_device``/``to_gpu`` (h2d) and the ChainerMN communicator's
+  calls (``multi_node_mean_grad``, ``allreduce_grad``, ``bcast_data``, ``allreduce``,
+  ``bcast``, ...: comm);
+- steps: the end of each ``Optimizer.update`` (of the first optimizer that updates; or of
+  ``traceview.collectors.step()`` once the script calls it). After ``--skip`` + ``--warmup``
+  steps the next ``--steps`` are recorded, each marked ``step#N``.
+
+The trace is Chrome-trace JSON, written to ``RUN/raw/rank-NNNNN/rank-N.chainer.json.gz`` at the
+end of the first step after the window, else 1-2 s after the window, else when the process
+exits (normally, by an exception, by SIGTERM: an exit inside the window keeps the steps it
+ended); Perfetto opens it. The rank is the ChainerMN communicator's (remembered at its first
+call), else the launcher's (the core's ``detect_rank``).
+
+Nothing here may break the job: a failure prints one ``traceview:`` line and the job runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any
+
+TRACE_SUFFIX = ".chainer.json.gz"
+#: Top-level key of the trace that says who wrote it (the parser sniffs it).
+HEADER_KEY = "traceviewChainer"
+HOOK_NAME = "traceview"
+#: ChainerMN communicator methods recorded as communication (the outermost call only).
+COMM_METHODS = (
+    "multi_node_mean_grad",
+    "allreduce_grad",
+    "bcast_data",
+    "broadcast_data",
+    "allreduce",
+    "allreduce_obj",
+    "bcast",
+    "bcast_obj",
+    "allgather",
+    "alltoall",
+    "gather",
+    "gather_obj",
+    "scatter",
+    "send",
+    "recv",
+    "send_obj",
+    "recv_obj",
+)
+#: Past this many events (a runaway graph) the window ends with the step that passed it.
+MAX_EVENTS = 5_000_000
+_USER_STEPS = object()
+#: The trace is written 1-2 of these seconds after the window's end, unless a step ends before
+#: that (then at its end) or the process exits.
+LINGER_S = 1.0
+
+_collector: ChainerCollector | None = None
+
+
+#: Event categories, by code. "node_backward" is a node's own backward, written as the category
+#: "backward" and the name "<label>.backward" (built when the trace is written, not per node).
+CATEGORIES = ("forward", "backward", "node_backward", "python", "io", "h2d", "comm", "update")
+CATEGORY = {name: code for code, name in enumerate(CATEGORIES)}
+STEP = len(CATEGORIES)  # a step marker (category "traceview")
+
+
+class _Events:
+    """Recorded events as columns: names, category codes and integer times (no object per
+    event: thousands a step, each one more allocation in the job's step)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.cats = bytearray()
+        self.starts = array("q")
+        self.durations = array("q")
+        self.tids = array("q")
+
+    def add(self, name: str, cat: int, start: int, duration: int, tid: int) -> None:
+        self.names.append(name)
+        self.cats.append(cat)
+        self.starts.append(start)
+        self.durations.append(duration)
+        self.tids.append(tid)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def clear(self) -> None:
+        del self.names[:], self.cats[:], self.starts[:], self.durations[:], self.tids[:]
+
+
+class ChainerCollector:
+    """Records one window of steps of a Chainer job as Chrome-trace events."""
+
+    def __init__(self, core: Any, config: Any, chainer: Any):
+        self.core = core
+        self.config = config
+        self.chainer = chainer
+        self.lock = threading.RLock()
+        self.status: Any = None
+        self.communicator: Any = None
+        self.pacer: int | None = None  # id() of the optimizer whose updates count
+        self.steps_seen = 0
+        self.recorded = 0
+        self.recording = False
+        self.finished = False
+        self.write_pending = False  # the window is over, its trace not yet written
+        self.thread: int | None = None  # native id of the training thread
+        self.hooks: Any = None  # the training thread's function-hook dictionary
+        self.events = _Events()  # every recorded event
+        self.stack: list[int] = []  # start times of the nodes in progress (training thread)
+        self.backward_depth = [0]
+        self.step_start = 0
+        # perf_counter_ns + offset = the wall clock (one reading, so intervals stay monotonic)
+        self.offset = time.time_ns() - time.perf_counter_ns()
+
+    # hooks -------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        chainer = self.chainer
+        collector = self
+        updating = threading.local()  # one depth for both: a subclass's update may call its base's
+        self._after(chainer.Optimizer, "update", updating)
+        if "update" in vars(chainer.GradientMethod):
+            self._after(chainer.GradientMethod, "update", updating)
+        self._region(chainer.Link, "__call__", "Link.forward", "python")
+        self._region(chainer.Variable, "backward", "Variable.backward", "python")
+        self._iterators(chainer.dataset.Iterator)
+        with contextlib.suppress(AttributeError):  # batches made by a converter (concat_examples)
+            converting = threading.local()
+
+            def mark_converter(cls: Any) -> None:
+                own = cls.__dict__.get("__call__")
+                if callable(own) and not hasattr(own, "__traceview__"):
+                    self._region(cls, "__call__", "Converter", "io", depth=converting)
+
+            self._every_subclass(chainer.dataset.convert.Converter, mark_converter)
+        for module_name in ("chainer.dataset.convert", "chainer.dataset"):
+            module = sys.modules.get(module_name)
+            if module is not None and hasattr(module, "to_device"):
+                self._region(module, "to_device", "to_device", "h2d")
+        with contextlib.suppress(Exception):
+            cuda = chainer.backends.cuda
+            self._region(cuda, "to_gpu", "to_gpu", "h2d")
+
+        base = chainer.FunctionHook
+        # Called around every node (thousands a step): kept to a perf_counter read and appends
+        # to the event columns. Function hooks are the thread's own and this one is registered
+        # on the training thread only, so the start stack and backward depth need no
+        # thread-local storage.
+        perf = time.perf_counter_ns
+        stack = self.stack
+        depth = self.backward_depth  # [nesting of backward calls]
+        names, cats = self.events.names.append, self.events.cats.append
+        starts, durations = self.events.starts.append, self.events.durations.append
+        tids = self.events.tids.append
+        forward, backward, node_backward = (
+            CATEGORY["forward"],
+            CATEGORY["backward"],
+            CATEGORY["node_backward"],
+        )
+
+        def label(function: Any) -> str:
+            try:
+                return str(function.label)
+            except Exception:  # never break the job
+                return type(function).__name__
+
+        class _Hook(base):  # type: ignore[misc, valid-type]
+            name = HOOK_NAME
+
+            def forward_preprocess(self, function: Any, in_data: Any) -> None:
+                stack.append(perf())
+
+            def forward_postprocess(self, function: Any, in_data: Any) -> None:
+                end = perf()
+                if stack:
+                    start = stack.pop()
+                    names(label(function))
+                    cats(backward if depth[0] else forward)  # a node a backward runs
+                    starts(start)
+                    durations(end - start)
+                    tids(collector.thread or 0)
+
+            def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+                depth[0] += 1
+                stack.append(perf())
+
+            def backward_postprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
+                end = perf()
+                depth[0] -= 1
+                if stack:
+                    start = stack.pop()
+                    names(label(function))
+                    cats(node_backward)
+                    starts(start)
+                    durations(end - start)
+                    tids(collector.thread or 0)
+
+        self.hook = _Hook()
+        self.core.install_exit_handlers(self)
+        self.core.register(self)
+
+    def hook_communicators(self, module: Any) -> None:
+        """Record the ChainerMN communicators' calls as communication (``module``: chainermn's
+        ``communicator_base``, hooked when it is imported: ``create_communicator`` imports the
+        communicator classes only when called)."""
+        depth = threading.local()  # one for all: allreduce_grad calls multi_node_mean_grad
+        collector = self
+
+        def mark(cls: Any) -> None:
+            for name in COMM_METHODS:
+                own = cls.__dict__.get(name)
+                if callable(own) and not hasattr(own, "__traceview__"):
+                    setattr(cls, name, collector._comm_call(own, name, depth))
+
+        self._every_subclass(module.CommunicatorBase, mark)
+
+    def _comm_call(self, original: Any, method: str, depth: Any) -> Any:
+        collector = self
+
+        def wrapped(communicator: Any, *args: Any, **kwargs: Any) -> Any:
+            if collector.communicator is None:
+                collector.communicator = communicator  # the rank, when recording starts
+            if not collector.recording:
+                return original(communicator, *args, **kwargs)
+            level = getattr(depth, "level", 0)
+            start = time.perf_counter_ns() if not level else None
+            depth.level = level + 1
+            try:
+                return original(communicator, *args, **kwargs)
+            finally:
+                depth.level = level
+                if start is not None:
+                    collector._record(f"{type(communicator).__name__}.{method}", "comm", start)
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        wrapped.__traceview__ = True  # type: ignore[attr-defined]
+        return wrapped
+
+    def _iterators(self, base: Any) -> None:
+        """Mark a dataset iterator's batches (``next(it)``, ``for batch in it``, ``it.next()``) as
+        ``Iterator.next``: every iterator class's own ``__next__``/``next``, those defined later
+        too; the outermost call only (``next`` is often ``__next__``)."""
+        depth = threading.local()
+
+        def mark(cls: Any) -> None:
+            for name in ("__next__", "next"):
+                own = cls.__dict__.get(name)
+                if callable(own) and not hasattr(own, "__traceview__"):
+                    self._region(cls, name, "Iterator.next", "io", depth=depth)
+
+        self._every_subclass(base, mark)
+
+    @staticmethod
+    def _every_subclass(base: Any, mark: Callable[[Any], None]) -> None:
+        """``mark(cls)`` for ``base`` and each of its subclasses, those defined later too."""
+        pending = [base]
+        while pending:
+            cls = pending.pop()
+            mark(cls)
+            pending.extend(cls.__subclasses__())
+        previous = base.__dict__.get("__init_subclass__")
+
+        def init_subclass(cls: Any, **kwargs: Any) -> None:
+            if previous is not None:
+                previous.__func__(cls, **kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)
+            with contextlib.suppress(Exception):
+                mark(cls)
+
+        base.__init_subclass__ = classmethod(init_subclass)
+
+    def _after(self, owner: Any, name: str, depth: Any) -> None:
+        """``owner.name`` (an optimizer's update) recorded as ``Optimizer.update``, and the end
+        of a step after it (the outermost call only: a subclass's update calls its base's)."""
+        original = getattr(owner, name)
+        collector = self
+
+        def wrapped(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            level = getattr(depth, "level", 0)
+            start = time.perf_counter_ns() if collector.recording and not level else None
+            depth.level = level + 1
+            try:
+                result = original(optimizer, *args, **kwargs)
+            finally:
+                depth.level = level
+            if level:
+                return result
+            if start is not None:
+                collector._record("Optimizer.update", "update", start)
+            try:
+                collector.after_step(optimizer)
+            except Exception as exc:  # never break the job
+                collector.core.warn(
+                    f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on"
+                )
+                collector._abandon(f"{type(exc).__name__}: {exc}")
+            return result
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        setattr(owner, name, wrapped)
+
+    def _region(self, owner: Any, name: str, label: str, cat: str, depth: Any = None) -> None:
+        """Record calls of ``owner.name`` as ``label`` while recording (the outermost call of
+        nested ones: links inside links; ``depth`` shared by methods that call each other)."""
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        depth = depth if depth is not None else threading.local()
+        collector = self
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if not collector.recording:
+                return original(*args, **kwargs)
+            level = getattr(depth, "level", 0)
+            start = time.perf_counter_ns() if not level else None
+            depth.level = level + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth.level = level
+                if start is not None:
+                    collector._record(label, cat, start)
+
+        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapped.__doc__ = getattr(original, "__doc__", None)
+        wrapped.__traceview__ = True  # type: ignore[attr-defined]
+        setattr(owner, name, wrapped)
+
+    # recording -------------------------------------------------------------------------------
+
+    def _record(self, name: str, cat: str, start: int) -> None:
+        end = time.perf_counter_ns()
+        if self.recording:
+            self.events.add(name, CATEGORY[cat], start, end - start, threading.get_native_id())
+
+    # the schedule ----------------------------------------------------------------------------
+
+    def manual_step(self) -> None:
+        """The end of a step, marked by the script: from the first call on, these pace the
+        steps and the optimizer's updates no longer count."""
+        with self.lock:
+            self.pacer = id(_USER_STEPS)
+        self.after_step(_USER_STEPS)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A region ``## name ##`` while recording (the rules read data, forward, backward,
+        optimizer as those phases)."""
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            if self.recording:
+                self._record(f"## {name} ##", "python", start)
+
+    def after_step(self, owner: Any) -> None:
+        with self.lock:
+            if self.finished:
+                if self.write_pending and id(owner) == self.pacer:
+                    self._write()  # a step after the window: its timing is not recorded
+                return
+            if self.pacer is None:
+                self.pacer = id(owner)
+            if id(owner) != self.pacer:  # several optimizers: the first one paces the steps
+                return
+            self.steps_seen += 1
+            if not self.recording:
+                if self.steps_seen >= self.config.skip + self.config.warmup:
+                    self._start()
+                return
+            now = time.perf_counter_ns()
+            number = self.config.warmup + self.recorded
+            self.events.add(
+                f"step#{number}", STEP, self.step_start, now - self.step_start, self.thread or 0
+            )
+            self.recorded += 1
+            self.status.profiled_steps = self.recorded
+            if self.recorded >= self.config.active or len(self.events) > MAX_EVENTS:
+                if len(self.events) > MAX_EVENTS:
+                    self.status.stop_reason = f"more than {MAX_EVENTS:,} events"
+                    self.status.stop_step = number
+                    self.core.warn(f"profile stopped at step {number}: {MAX_EVENTS:,} events")
+                self._end_window()
+                return
+            self.step_start = time.perf_counter_ns()
+
+    def _rank(self) -> Any:
+        core = self.core
+        info = core.detect_rank(os.environ)
+        communicator = self.communicator
+        with contextlib.suppress(Exception):
+            if communicator is not None:
+                return core.RankInfo(
+                    int(communicator.rank), int(communicator.size), info.local_rank, "chainermn"
+                )
+        return info
+
+    def _start(self) -> None:
+        core = self.core
+        info = self._rank()
+        self.status = core.Status(info.rank, info.world_size, info.local_rank, info.source)
+        self.status.framework = "chainer"
+        self.status.framework_version = str(getattr(self.chainer, "__version__", ""))
+        self.status.clock = asdict(core.probe_clock(self.config.clock))
+        if self.communicator is not None:
+            self.status.notes.append(f"ChainerMN communicator {type(self.communicator).__name__}")
+        self.thread = threading.get_native_id()
+        # function hooks are the thread's own: the training thread's, for the window only
+        self.hooks = self.chainer.get_function_hooks()
+        if HOOK_NAME in self.hooks:
+            self.status.notes.append("a function hook named 'traceview' was already there")
+        else:
+            self.hooks[HOOK_NAME] = self.hook
+        threading.Thread(target=self._write_late, name="traceview-writer", daemon=True).start()
+        self.stack.clear()
+        self.backward_depth[0] = 0
+        self.recording = True
+        self.status.state = "profiling"
+        self.status.write(self.config.run_dir)
+        self.step_start = time.perf_counter_ns()
+
+    def _end_window(self) -> None:
+        """The last recorded step is over. Writing the trace takes milliseconds: it waits for
+        the next step's end, or LINGER_S, or the exit, so that the job's own timing of its last
+        recorded step does not see it."""
+        self.recording = False
+        self.finished = True
+        if self.hooks is not None:
+            with contextlib.suppress(Exception):
+                if self.hooks.get(HOOK_NAME) is self.hook:
+                    del self.hooks[HOOK_NAME]
+        if self.status is not None:
+            self.status.state = "running"
+        self.write_pending = True
+
+    def _write_late(self) -> None:
+        """On a thread started with the window (not at its end, inside the job's timing): write
+        the trace 1-2 LINGER_S after the window if no step or exit has done it. It polls once a
+        LINGER_S rather than waits on an event: woken by the window's end, it would take the
+        interpreter's lock from the training thread inside its last recorded step."""
+        seen = False  # the window was over at the last look
+        while True:
+            time.sleep(LINGER_S)
+            if not self.write_pending:
+                if self.finished:
+                    return  # written at a step's end or at exit (or abandoned)
+                continue
+            if seen:
+                with self.lock:
+                    self._write()
+                return
+            seen = True
+
+    def _write(self) -> None:
+        if not self.write_pending:
+            return
+        self.write_pending = False
+        self._write_trace()
+        with contextlib.suppress(Exception):
+            self.status.write(self.config.run_dir)
+
+    def finish(self, state: str | None = None, detail: str | None = None) -> None:
+        """At exit (or when the window ends): write what was recorded; leave the job alone."""
+        with self.lock:
+            if self.recording:  # the process ends inside the window: the open step is dropped
+                self._end_window()
+            self.finished = True
+            self._write()
+            if self.status is None:
+                if state == "ok" and self.steps_seen == 0:
+                    self.core.warn(
+                        "the job never stepped a Chainer optimizer: nothing was recorded "
+                        "(call traceview.collectors.step() to mark steps)"
+                    )
+                elif state == "ok":
+                    before = self.config.skip + self.config.warmup
+                    self.core.warn(
+                        f"the job stepped a Chainer optimizer {self.steps_seen} time(s): nothing "
+                        f"was recorded (the window starts after --skip + --warmup = {before})"
+                    )
+                return  # never reached the window: nothing to report
+            if state is not None and self.status.ended_ns is None:
+                self.status.state, self.status.detail = state, detail
+                self.status.ended_ns = time.time_ns()
+            with contextlib.suppress(Exception):
+                self.status.write(self.config.run_dir)
+
+    def _write_trace(self) -> None:
+        status = self.status
+        try:
+            folder = self.core.rank_dir(self.config.run_dir, status.rank)
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / f"rank-{status.rank}{TRACE_SUFFIX}"
+            tmp = folder / f".{target.name}.{os.getpid()}.tmp"
+            with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as out:
+                self._dump(out)
+            os.replace(tmp, target)
+            status.trace_files = [target.name]
+        except Exception as exc:
+            self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+            status.notes.append(f"trace not written: {exc}")
+        self.events.clear()  # (the hook holds its columns)
+
+    def _dump(self, out: Any) -> None:
+        status, pid, offset = self.status, os.getpid(), self.offset
+        header = {
+            "rank": status.rank,
+            "world_size": status.world_size,
+            "host": socket.gethostname(),
+            "chainer_version": status.framework_version,
+            "communicator": type(self.communicator).__name__ if self.communicator else None,
+            "steps": self.recorded,
+        }
+        out.write(f'{{"{HEADER_KEY}": {json.dumps(header)}, "displayTimeUnit": "ms",\n')
+        out.write('"traceEvents": [\n')
+        meta: list[dict[str, Any]] = [
+            {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {status.rank}"}}
+        ]
+        events = self.events
+        for tid in sorted(set(events.tids)):
+            what = "training thread" if tid == self.thread else f"thread {tid}"
+            meta.append(
+                {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": what}}
+            )
+        out.write(",\n".join(json.dumps(m) for m in meta))
+        dumps: Callable[[Any], str] = json.dumps
+        categories = [*CATEGORIES[:2], "backward", *CATEGORIES[3:], "traceview"]
+        # (no zip(strict=...): it is Python 3.10's, and Chainer jobs may run an older one)
+        for name, cat, start, duration, tid in zip(  # noqa: B905
+            events.names, events.cats, events.starts, events.durations, events.tids
+        ):
+            if cat == CATEGORY["node_backward"]:
+                name = f"{name}.backward"
+            out.write(
+                f',\n{{"ph": "X", "name": {dumps(name)}, "cat": "{categories[cat]}", '
+                f'"pid": {pid}, "tid": {tid}, "ts": {_us(start + offset)}, "dur": {_us(duration)}}}'
+            )
+        out.write("\n]}\n")
+
+    def _abandon(self, reason: str) -> None:
+        with self.lock:
+            self.finished = True
+            self.recording = False
+            if self.hooks is not None:
+                with contextlib.suppress(Exception):
+                    self.hooks.pop(HOOK_NAME, None)
+            if self.status is not None:
+                self.status.notes.append(f"profiling stopped: {reason}")
+                with contextlib.suppress(Exception):
+                    self.status.write(self.config.run_dir)
+
+
+def _us(ns: int) -> str:
+    """Nanoseconds as exact decimal microseconds (a float would round epoch times)."""
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+def start(core: Any, config: Any, chainer: Any) -> None:
+    """Called by the rank-side core once the job has imported chainer."""
+    global _collector
+    _collector = ChainerCollector(core, config, chainer)
+    _collector.install()
+    # (a submodule: chainermn may be the module being imported, chainer imported by it)
+    name = "chainermn.communicators.communicator_base"
+    if name in sys.modules:
+        _collector.hook_communicators(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, core._AfterImport(name, _collector.hook_communicators))
+
+
+def current() -> ChainerCollector | None:
+    return _collector

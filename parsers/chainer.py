@@ -1,0 +1,92 @@
+"""Chainer traces, as ``traceview collect`` writes them (``rank-N.chainer.json.gz``).
+
+Chainer has no profiler that writes a timeline; traceview's rank-side collector
+(``collectors/rankside_chainer.py``) is one. It writes Chrome-trace JSON: complete events
+(``X``) named after each ``FunctionNode`` (category ``forward``; ``backward`` for a node's
+backward, named ``<label>.backward``, and for the nodes a backward runs), the Python calls of
+each phase (``Link.forward``, ``Variable.backward``: category ``python``; ``Iterator.next``:
+``io``; ``to_device``: ``h2d``; ChainerMN communicator calls: ``comm``; ``Optimizer.update``:
+``update``) and a ``step#N`` marker per recorded step (category ``traceview``). The top-level key
+``traceviewChainer``, written before the events, says who wrote it (rank, world size, host).
+
+This parser only reads: the intervals, and what the file says about itself. The rules
+(``parsers/rules/chainer.toml``) give kinds, phases and canonical operators.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from traceview.parsers import ParsedTrace, TraceIdentity
+from traceview.parsers.chrome_json import read_header
+from traceview.parsers.mxnet import read_events
+
+HEADER_KEY = "traceviewChainer"
+_MARKER = b'"' + HEADER_KEY.encode() + b'"'
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+class ChainerParser:
+    name = "chainer"
+    framework = "chainer"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return head.lstrip()[:1] == b"{" and _MARKER in head[:4096]
+
+    def _header(self, path: Path) -> dict[str, Any]:
+        header = read_header(path).get(HEADER_KEY)
+        return header if isinstance(header, dict) else {}
+
+    def identify(self, path: Path) -> TraceIdentity:
+        header = self._header(path)
+        return TraceIdentity(
+            rank=_int(header.get("rank")),
+            world_size=_int(header.get("world_size")),
+            host=_str(header.get("host")),
+        )
+
+    def parse(self, path: Path) -> ParsedTrace:
+        header = self._header(path)
+        read = read_events(path)
+        notes = read.notes
+        if read.unmatched:
+            notes.warn(
+                f"{path.name}: {read.unmatched} begin/end records without their other half not read"
+            )
+        if damage := read.info.damage_warning(path, read.events.num_rows):
+            notes.warn(damage)
+        skipped = {
+            "counter": read.counts.get("C", 0),
+            "metadata": read.counts.get("M", 0),
+            "unmatched": read.unmatched,
+            "no_timestamp": read.no_timestamp,
+        }
+        if read.corrupt:
+            skipped["corrupt_time"] = read.corrupt
+        meta = {
+            "chainer_version": _str(header.get("chainer_version")),
+            "communicator": _str(header.get("communicator")),
+        }
+        return ParsedTrace(
+            path=path,
+            framework=self.framework,
+            events=read.events,
+            rank=_int(header.get("rank")),
+            world_size=_int(header.get("world_size")),
+            host=_str(header.get("host")),
+            meta={k: v for k, v in meta.items() if v is not None},
+            threads={f"{p}/{t}": label for (p, t), label in read.thread_names.items()},
+            notes=notes,
+            bytes_read=read.info.stream.bytes_read,
+            lost_bytes=read.info.lost_bytes,
+            skipped=skipped,
+            process_names=read.process_names,
+        )

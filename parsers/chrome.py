@@ -1,0 +1,69 @@
+"""Any Chrome-trace JSON, read with the user's rules (``--rules FILE``): the generic path.
+
+For a framework traceview has no parser for (CNTK's and Caffe2's profilers, JAX's
+``jax.profiler`` Perfetto JSON, PaddlePaddle's profiler, an in-house tool's timeline), the trace
+is read as what the Chrome trace format itself says: complete events (``X``), begin/end pairs,
+instants, process and thread names. Which events are steps, which phase each belongs to and
+which canonical operator it is comes from the rules file (format: README, "Any other framework";
+``parsers/rules/chrome.toml`` holds the few defaults it extends).
+
+This parser never claims a file by sniffing: ``ingest`` falls back to it for a Chrome trace no
+other parser recognises, and only when a rules file is given (without one, a browser's page-load
+trace is refused as before).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename
+from traceview.parsers.mxnet import read_events
+
+
+def looks_like_chrome_trace(head: bytes) -> bool:
+    """A JSON document holding a ``traceEvents`` array, or a bare array of event objects."""
+    text = head.lstrip()
+    if text[:1] == b"{":
+        return b'"traceEvents"' in head
+    return text[:1] == b"[" and text[1:].lstrip()[:1] in (b"{", b"]") and b'"ph"' in head
+
+
+class ChromeParser:
+    name = "chrome"
+    framework = "chrome"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return False  # a fallback only, when the user gives rules (see the module docstring)
+
+    def identify(self, path: Path) -> TraceIdentity:
+        return TraceIdentity(rank=rank_from_filename(path))
+
+    def parse(self, path: Path) -> ParsedTrace:
+        read = read_events(path)
+        notes = read.notes
+        if read.unmatched:
+            notes.warn(
+                f"{path.name}: {read.unmatched} begin/end records without their other half not read"
+            )
+        if damage := read.info.damage_warning(path, read.events.num_rows):
+            notes.warn(damage)
+        skipped = {
+            "counter": read.counts.get("C", 0),
+            "metadata": read.counts.get("M", 0),
+            "unmatched": read.unmatched,
+            "no_timestamp": read.no_timestamp,
+        }
+        if read.corrupt:
+            skipped["corrupt_time"] = read.corrupt
+        return ParsedTrace(
+            path=path,
+            framework=self.framework,
+            events=read.events,
+            rank=rank_from_filename(path),
+            threads={f"{p}/{t}": label for (p, t), label in read.thread_names.items()},
+            notes=notes,
+            bytes_read=read.info.stream.bytes_read,
+            lost_bytes=read.info.lost_bytes,
+            skipped=skipped,
+            process_names=read.process_names,
+        )
