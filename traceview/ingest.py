@@ -75,9 +75,10 @@ class TraceFile:
     clock: Clock = field(default_factory=Clock)  # from the status beside it (collect's runs)
 
 
-#: A per-rank analysis: one rank's events in, named result tables out (written as NAME.parquet).
-#: It must be a module-level function: worker processes receive it by reference.
-RankAnalysis = Callable[[pa.Table], dict[str, pa.Table]]
+#: A per-rank analysis: one rank's events and memory records (schema.MEMORY_SCHEMA) in, named
+#: result tables out (written as NAME.parquet). It must be a module-level function: worker
+#: processes receive it by reference.
+RankAnalysis = Callable[[pa.Table, pa.Table], dict[str, pa.Table]]
 
 
 @dataclass
@@ -363,11 +364,13 @@ def ingest_rank(
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     del parsed.events
+    memory = rank_memory(parsed.memory, trace.rank, offset)
     # Parquet encoding runs outside the GIL: write while the analysis runs.
     with ThreadPoolExecutor(max_workers=1) as writer:
         written = writer.submit(R.write_events, run, trace.rank, normalized.events)
-        tables = analyze(normalized.events) if analyze is not None else {}
+        tables = analyze(normalized.events, memory) if analyze is not None else {}
         written.result()
+    tables[R.MEMORY] = memory  # every rank's, empty or not: memory.parquet says it was read
     notes.extend(parsed.notes)
     notes.extend(normalized.notes)
     found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
@@ -396,6 +399,18 @@ def ingest_rank(
         seconds=round(time.perf_counter() - started, 3),
     )
     return RankPartial(info, tables, notes)
+
+
+def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table:
+    """A parser's memory records (schema.MEMORY_RAW_SCHEMA) as the rank's rows of memory.parquet,
+    on the run's clock (empty where the trace has none)."""
+    if records is None or records.num_rows == 0:
+        return S.MEMORY_SCHEMA.empty_table()
+    if offset_ns:
+        shifted = pc.add(records.column(S.TS_NS), pa.scalar(offset_ns, pa.int64()))
+        records = records.set_column(records.schema.get_field_index(S.TS_NS), S.TS_NS, shifted)
+    records = records.append_column(S.RANK, pa.array([rank] * records.num_rows, pa.int32()))
+    return S.conform(records, S.MEMORY_SCHEMA)
 
 
 def _die_with_parent(parent: int) -> None:

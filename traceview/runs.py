@@ -51,6 +51,11 @@ class Run:
     def collectives(self) -> pa.Table:
         return self.tables["collectives"]
 
+    @property
+    def has_memory(self) -> bool:
+        """Whether ingest read memory records (memory.parquet; some runs predate it)."""
+        return (self.path / f"{R.MEMORY}.parquet").is_file()
+
     def report(self, top: int = 10) -> RunReport:
         from traceview.analysis.summary import summarize
 
@@ -63,6 +68,7 @@ class Run:
             path=path,
             collectives=self.collectives,
             cross=self.cross,
+            memory_steps=self.tables["memory_steps"] if self.has_memory else None,
         )
 
     @cached_property
@@ -78,11 +84,16 @@ class Run:
         from traceview.analysis.crossrank import matched_table
         from traceview.analysis.summary import complete_flag
 
-        return {
+        tables = {
             "steps": complete_flag(self.steps, self.manifest),
             "ops": self.ops,
             "collectives": matched_table(self.collectives, self.cross),
         }
+        memory = R.read_memory(self.path)
+        if memory is not None:
+            tables["memory"] = memory
+            tables["memory_steps"] = self.tables["memory_steps"]
+        return tables
 
     def clock_offsets(self) -> dict[int, int]:
         """ns to subtract from each rank's times to put it on the run's clock, where they were
@@ -136,7 +147,7 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
     per_rank, damaged = [], {}
     for rank in R.event_ranks(run):
         try:
-            per_rank.append(rank_tables(R.read_events(run, [rank])))
+            per_rank.append(rank_tables(R.read_events(run, [rank]), R.read_memory(run, [rank])))
         except BadInput as exc:  # the other ranks are still reported (this time, uncached)
             damaged[rank] = exc
             manifest.notes.warnings.append(f"rank {rank} left out: {exc}")
@@ -186,6 +197,7 @@ _TABLE_SCHEMAS = {
     "ops": S.OPS_SCHEMA,
     "collectives": S.COLLECTIVES_SCHEMA,
     "comm": S.COMM_SCHEMA,
+    "memory_steps": S.MEMORY_STEPS_SCHEMA,
 }
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 

@@ -29,7 +29,7 @@ SAMPLE_CASES: dict[str, list[str]] = {
             "pytorch": [
                 "explicit", "ddp", "slowio", "gpu_sync", "gpu_async", "gpu_explicit_nccl",
                 "gpu_ddp_nccl", "scaling/ranks-1", "scaling/ranks-2", "scaling/ranks-4",
-                "slowfwd", "slowdata",
+                "slowfwd", "slowdata", "memory", "leak",
             ],
             "tensorflow": ["explicit", "mwms", "slowio"],
             "mxnet": [

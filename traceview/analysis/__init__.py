@@ -2,9 +2,10 @@
 
 Per rank (``rank_tables``): the steps table (the exclusive breakdown of every step,
 ``attribution``), the ops table (per-operator statistics, ``ops``) and the collective calls
-(``collectives``: what cross-rank passes match). These are cached in the run directory as
-steps.parquet, ops.parquet, collectives.parquet and comm.parquet (a rank's communication as
-exposed and hidden intervals), stamped with ``ANALYSIS_VERSION``; a reader that
+(``collectives``: what cross-rank passes match), and the memory figures per device and step
+(``memory_steps``, from the rank's memory records). These are cached in the run directory as
+steps.parquet, ops.parquet, collectives.parquet, comm.parquet (a rank's communication as
+exposed and hidden intervals) and memory_steps.parquet, stamped with ``ANALYSIS_VERSION``; a reader that
 finds another version recomputes them from the events (``traceview.runs``), so a change of the
 analysis never needs a re-ingest. Run-wide results (``summary``, ``compare``, ``scaling``) are
 computed from those tables into ``traceview.results`` structs.
@@ -15,23 +16,28 @@ from __future__ import annotations
 import pyarrow as pa
 
 #: Bump when a change alters the tables computed from the same events (RANK_TABLES).
-#: 2: the collectives table; 3: its process groups; 4: the comm table; 5: kernels as calls
-ANALYSIS_VERSION = "5"
+#: 2: the collectives table; 3: its process groups; 4: the comm table; 5: kernels as calls;
+#: 6: the memory_steps table
+ANALYSIS_VERSION = "6"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
-RANK_TABLES = ("steps", "ops", "collectives", "comm")
+RANK_TABLES = ("steps", "ops", "collectives", "comm", "memory_steps")
 
 
-def rank_tables(events: pa.Table) -> dict[str, pa.Table]:
-    """The per-rank analysis of one rank's events: {"steps", "ops", "collectives", "comm"}."""
+def rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
+    """The per-rank analysis of one rank's events and memory records (schema.MEMORY_SCHEMA):
+    {"steps", "ops", "collectives", "comm", "memory_steps"}."""
     from traceview.analysis.attribution import breakdown, comm_intervals, rank_timeline
     from traceview.analysis.collectives import collective_calls
+    from traceview.analysis.memory import memory_steps
     from traceview.analysis.ops import op_stats
 
     timeline = rank_timeline(events)
+    steps = breakdown(events, timeline)
     return {
-        "steps": breakdown(events, timeline),
+        "steps": steps,
         "ops": op_stats(events),
         "collectives": collective_calls(events),
         "comm": comm_intervals(events, timeline),
+        "memory_steps": memory_steps(events, memory, steps),
     }

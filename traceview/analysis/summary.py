@@ -23,6 +23,7 @@ from traceview.analysis.crossrank import (
     collective_rows,
     cross_rank,
 )
+from traceview.analysis.memory import memory_results
 from traceview.manifest import Collected, Manifest
 from traceview.results import (
     BottleneckPhase,
@@ -682,11 +683,13 @@ def summarize(
     path: str | None = None,
     collectives: pa.Table | None = None,
     cross: CrossRank | None = None,
+    memory_steps: pa.Table | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
-    ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
-    (``cross_rank_of``; without it wait and transfer are null), ``collectives``: the calls it
-    was made from (to say why there is none)."""
+        ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
+        (``cross_rank_of``; without it wait and transfer are null), ``collectives``: the calls it
+        was made from (to say why there is none); ``memory_steps``: the per-rank memory figures (None:
+    the run has no memory table)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -702,6 +705,12 @@ def summarize(
     clocks = _clocks(manifest, len(ranks), cross, estimate)
     summary = _summary(ranks, ranks_df, cross)
     per_step, stats = _per_step(df)
+    complete = set(df[S.STEP].to_list()) if df.height else None
+    summed = {r.rank: list(r.meta.get("memory_summed_from_sizes") or []) for r in manifest.ranks}
+    memory = memory_results(memory_steps, [r.rank for r in ranks], complete, summed)
+    for rank in ranks:
+        rank.memory = memory.ranks.get(rank.rank)
+    summary.memory = memory.run
     return RunReport(
         run=RunInfo(
             framework=manifest.framework,
@@ -726,8 +735,9 @@ def summarize(
             *_ranks_without_steps(manifest, ranks),
             *_unmatched(cross),
             *_clock_warning(clocks),
+            *memory.warnings,
         ],
-        remarks=[*manifest.notes.remarks, *_not_matched(manifest, collectives)],
+        remarks=[*manifest.notes.remarks, *_not_matched(manifest, collectives), *memory.remarks],
         collectives=_collectives(cross, len(per_step)),
         incomplete_steps=_incomplete(
             all_steps, incomplete, sorted(set(all_steps[S.RANK].to_list()))

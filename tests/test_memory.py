@@ -1,0 +1,176 @@
+"""Memory: the peak per rank and device, the phase and operator at it, the growth across steps
+and the imbalance across ranks, held to known sizes.
+
+Ground truth: sample_traces/pytorch/memory and leak (made by make_memory_traces.py: CPU PyTorch,
+DDP over gloo, 2 ranks under mpirun, profile_memory=True). In ``memory`` rank 0 allocates an
+extra 256 MiB tensor in forward and holds it to the end of backward, and the gradients are
+allocated in backward while it is held; in ``leak`` rank r appends (r + 1) * 2 MiB to a list at
+every step. Both ranks run the same model on the same batch size, so everything else they
+allocate is the same: the peaks differ by the extra tensor to within 1 MiB. On GPU, the shared
+traces' own "Total Allocated" and "Total Reserved" records are the truth.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import SAMPLES, run_cli, shared_traces
+from traceview import schema as S
+
+MIB = 1 << 20
+
+
+def truth(scenario: str) -> dict[str, Any]:
+    return json.loads((SAMPLES / "pytorch" / scenario / "groundtruth.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def memory_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mem") / "run"
+    result = run_cli("ingest", SAMPLES / "pytorch" / "memory", "-o", out)
+    assert result.code == 0, result.err
+    return out
+
+
+def report(*args: str | Path) -> dict[str, Any]:
+    result = run_cli("report", *args, "--json")
+    assert result.code == 0, result.err
+    data: dict[str, Any] = json.loads(result.out)
+    return data
+
+
+def test_extra_activation_on_one_rank_shows_as_its_peak_in_backward(memory_run: Path) -> None:
+    known = truth("memory")["extra"]
+    data = report(memory_run)
+    ranks = {r["rank"]: r["memory"] for r in data["ranks"]}
+    extra, other = ranks[known["rank"]], ranks[1 - known["rank"]]
+    difference = (extra["peak_mb"] - other["peak_mb"]) * MIB
+    assert abs(difference - known["bytes"]) <= 1 * MIB, (
+        f"rank {known['rank']} holds {known['bytes'] / MIB:.0f} MiB more than the other, but its "
+        f"peak is {difference / MIB:.1f} MiB above"
+    )
+    assert extra["peak_phase"] == known["peak_phase"], extra
+    assert extra["device"] == "cpu" and extra["since_profiling_started"] is True
+    assert extra["reserved_peak_mb"] is None, "the CPU allocator keeps no reserve: null, not 0"
+    assert extra["by_device"]["cpu"]["reserved_peak_mb"] is None
+    # nothing grows from step to step here
+    for memory in ranks.values():
+        assert memory["growth"] == "steady" and abs(memory["growth_mb_per_step"]) < 0.1
+    summary = data["summary"]["memory"]
+    assert summary["peak_rank"] == known["rank"] and summary["imbalanced"] is True
+    assert abs(summary["excess_mb"] * MIB - known["bytes"]) <= 1 * MIB
+    assert any(
+        w.startswith(f"memory: rank {known['rank']} peaks") for w in data["warnings"]
+    ), data["warnings"]
+
+
+def test_memory_section_and_warning_in_the_text_report(memory_run: Path) -> None:
+    result = run_cli("report", memory_run)
+    assert result.code == 0, result.err
+    assert "Memory (MiB allocated, CPU: since profiling started)" in result.out
+    assert "warning: memory: rank 0 peaks at" in result.out
+
+
+def test_leak_per_step_is_the_leaked_size() -> None:
+    known = truth("leak")["leak"]["bytes_per_step"]
+    data = report(SAMPLES / "pytorch" / "leak")
+    for rank in data["ranks"]:
+        memory = rank["memory"]
+        expected = known[str(rank["rank"])] / MIB
+        assert abs(memory["growth_mb_per_step"] - expected) <= 0.1, (
+            f"rank {rank['rank']} leaks {expected} MiB per step; reported "
+            f"{memory['growth_mb_per_step']}"
+        )
+        assert memory["growth"] == "leak"
+        steps = memory["by_device"]["cpu"]["steps"]
+        ends = [s["end_mb"] for s in steps]
+        assert all(abs((b - a) - expected) <= 0.1 for a, b in zip(ends, ends[1:], strict=False))
+        assert all(abs(s["start_mb"] - prev) <= 0.1 for s, prev in zip(steps[1:], ends, strict=False))
+    assert data["summary"]["memory"]["leaking_ranks"] == [0, 1]
+    assert sum("grows" in w and "a leak?" in w for w in data["warnings"]) == 2
+
+
+def test_memory_table_in_the_run_and_export(memory_run: Path, tmp_path: Path) -> None:
+    table = pq.read_table(memory_run / "memory.parquet")
+    assert table.schema.remove_metadata().equals(S.MEMORY_SCHEMA.remove_metadata())
+    assert sorted(set(table.column(S.RANK).to_pylist())) == [0, 1]
+    # CPU: Total Reserved is 0 in the trace, null in the table
+    assert table.column(S.RESERVED_BYTES).null_count == table.num_rows
+    extra = truth("memory")["extra"]["bytes"]
+    assert extra in table.column(S.BYTES).to_pylist()  # the allocation itself
+    out = tmp_path / "export"
+    result = run_cli("export", memory_run, "-o", out)
+    assert result.code == 0, result.err
+    exported = pq.read_table(out / "memory.parquet")
+    assert exported.num_rows == table.num_rows
+
+
+def test_trace_without_memory_records_reports_memory_absent_not_zero() -> None:
+    data = report(SAMPLES / "pytorch" / "ddp")
+    assert data["summary"]["memory"] is None
+    assert all(r["memory"] is None for r in data["ranks"])
+    notes = [n for n in data["remarks"] if n.startswith("memory:")]
+    assert len(notes) == 1 and "no memory records" in notes[0]
+
+
+def _kineto_memory(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    return [e["args"] for e in events if e.get("name") == "[memory]"]
+
+
+def test_gpu_peak_is_the_traces_largest_total_allocated() -> None:
+    folder = shared_traces("pytorch/hta_df_index_resolver")
+    records = _kineto_memory(next(folder.glob("*.json.gz")))
+    gpu = [a for a in records if a["Device Type"] == 1]
+    data = report(folder)
+    (rank,) = data["ranks"]
+    memory = rank["memory"]
+    device = f"cuda:{gpu[0]['Device Id']}"
+    assert memory["device"] == device, "a GPU rank's figures are its GPU's"
+    assert memory["peak_mb"] == round(max(a["Total Allocated"] for a in gpu) / MIB, 3)
+    assert memory["reserved_peak_mb"] == round(max(a["Total Reserved"] for a in gpu) / MIB, 3)
+    assert memory["since_profiling_started"] is False
+    assert memory["by_device"]["cpu"]["reserved_peak_mb"] is None
+    assert memory["peak_phase"] in ("forward", "backward", "update")
+
+
+def test_old_kineto_totals_are_summed_from_sizes() -> None:
+    folder = shared_traces("pytorch/kineto_resnet50_num_workers_0")
+    records = _kineto_memory(next(folder.glob("*.json.gz")))
+    assert not any("Total Allocated" in a for a in records)  # the 2021 format
+    total = peak = 0
+    for a in records:  # in file order, which is time order in this trace
+        if a["Device Type"] == 1:
+            total += a["Bytes"]
+            peak = max(peak, total)
+    memory = report(folder)["ranks"][0]["memory"]
+    assert memory["device"] == "cuda:0"
+    assert memory["peak_mb"] == round(peak / MIB, 3)
+    assert memory["since_profiling_started"] is True  # counted from the profiler's start
+    assert memory["reserved_peak_mb"] is None  # the trace does not say
+
+
+def test_impossible_memory_records_are_dropped_with_a_count(tmp_path: Path) -> None:
+    source = SAMPLES / "pytorch" / "memory" / "rank-1.pt.trace.json.gz"
+    with gzip.open(source) as f:
+        trace = json.load(f)
+    memory = [e for e in trace["traceEvents"] if e.get("name") == "[memory]"]
+    real_peak = max(e["args"]["Total Allocated"] for e in memory)
+    # a wrapped counter (2**64 - 1 read as a huge number), a negative total, a cut record
+    memory[3]["args"]["Total Allocated"] = 2**64 - 1
+    memory[5]["args"]["Total Allocated"] = -4096
+    del memory[7]["args"]["Total Allocated"]
+    target = tmp_path / "rank-1.pt.trace.json.gz"
+    with gzip.open(target, "wt") as f:
+        json.dump(trace, f)
+    data = report(target)
+    dropped = [w for w in data["warnings"] if "memory record(s) dropped" in w]
+    assert len(dropped) == 1 and ": 3 memory record(s) dropped" in dropped[0], data["warnings"]
+    assert data["ranks"][0]["memory"]["peak_mb"] == round(real_peak / MIB, 3)
