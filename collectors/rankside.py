@@ -40,6 +40,8 @@ ENV_WARMUP = "TRACEVIEW_WARMUP"
 ENV_SKIP = "TRACEVIEW_SKIP"
 ENV_CLOCK = "TRACEVIEW_CLOCK"  # host:port of the launcher's clock service
 ENV_NVTX = "TRACEVIEW_NVTX"  # "on", "off", or "auto": on when an NVTX tool (Nsight) is attached
+#: "on" (the default) or "off": record the allocator's memory records (profile_memory=True)
+ENV_PROFILE_MEMORY = "TRACEVIEW_PROFILE_MEMORY"
 #: bytes the process's resident memory may grow by while it profiles; "0": no cap
 ENV_MAX_MEMORY = "TRACEVIEW_MAX_PROFILE_MEMORY"
 DEFAULT_MAX_MEMORY = 2 << 30  # stopping needs several times more again: see README
@@ -175,6 +177,7 @@ class Config:
     nvtx: bool = True
     clock: str | None = None
     max_memory: int = DEFAULT_MAX_MEMORY  # 0: no cap
+    profile_memory: bool = True  # torch.profiler's profile_memory: the allocator's records
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config | None:
@@ -190,6 +193,7 @@ class Config:
             max_memory=max(_int(env.get(ENV_MAX_MEMORY)) or 0, 0)
             if env.get(ENV_MAX_MEMORY)
             else DEFAULT_MAX_MEMORY,
+            profile_memory=env.get(ENV_PROFILE_MEMORY, "on") not in ("off", "0"),
         )
 
 
@@ -584,6 +588,7 @@ class TorchCollector:
             schedule=schedule,
             on_trace_ready=self._export,
             record_shapes=True,
+            profile_memory=self.config.profile_memory,
         )
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)

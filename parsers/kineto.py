@@ -474,6 +474,10 @@ def memory_table(
             summed.append(device)
     if summed:
         meta["memory_summed_from_sizes"] = summed
+    # what counts only from the profiler's start: the CPU allocator's records, summed totals
+    since_start = {"cpu"} & set(devices[keep].tolist()) | set(summed)
+    if since_start:
+        meta["memory_since_start"] = sorted(since_start)
     res = np.array(pc.fill_null(reserved, -1).to_numpy(), np.int64)
     res_valid = np.array(pc.is_valid(reserved).to_numpy(zero_copy_only=False), bool)
     on_cpu = devices == "cpu"

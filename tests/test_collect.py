@@ -75,6 +75,26 @@ def test_ddp_job_under_mpirun(tmp_path: Path) -> None:
     ]
     report = run_cli("report", run, "--json").json()
     assert report["summary"]["comm_total_ms"] > 0 and report["run"]["ranks"] == 2
+    # memory is recorded by default: every rank has its CPU allocator's figures
+    assert report["summary"]["memory"] is not None
+    for rank in report["ranks"]:
+        memory = rank["memory"]
+        assert memory["device"] == "cpu" and memory["peak_mb"] > 0, memory
+        assert memory["reserved_peak_mb"] is None  # the CPU allocator keeps no reserve
+
+
+def test_no_memory_leaves_memory_records_out(tmp_path: Path) -> None:
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-memory", "-o", run, "--steps", "2", "--warmup", "0", "--skip", "1",
+        "--no-report", "--", sys.executable, WORKLOADS / "ddp_train.py", "--steps", "5",
+        "--port", "29667",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert pq.read_table(run / "memory.parquet").num_rows == 0
+    report = run_cli("report", run, "--json").json()
+    assert report["summary"]["memory"] is None and report["ranks"][0]["memory"] is None
 
 
 MPICH_MPIEXEC = Path(

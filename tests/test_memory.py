@@ -13,6 +13,7 @@ traces' own "Total Allocated" and "Total Reserved" records are the truth.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,9 @@ def test_extra_activation_on_one_rank_shows_as_its_peak_in_backward(memory_run: 
     summary = data["summary"]["memory"]
     assert summary["peak_rank"] == known["rank"] and summary["imbalanced"] is True
     assert abs(summary["excess_mb"] * MIB - known["bytes"]) <= 1 * MIB
-    assert any(
-        w.startswith(f"memory: rank {known['rank']} peaks") for w in data["warnings"]
-    ), data["warnings"]
+    assert any(w.startswith(f"memory: rank {known['rank']} peaks") for w in data["warnings"]), data[
+        "warnings"
+    ]
 
 
 def test_memory_section_and_warning_in_the_text_report(memory_run: Path) -> None:
@@ -90,8 +91,10 @@ def test_leak_per_step_is_the_leaked_size() -> None:
         assert memory["growth"] == "leak"
         steps = memory["by_device"]["cpu"]["steps"]
         ends = [s["end_mb"] for s in steps]
-        assert all(abs((b - a) - expected) <= 0.1 for a, b in zip(ends, ends[1:], strict=False))
-        assert all(abs(s["start_mb"] - prev) <= 0.1 for s, prev in zip(steps[1:], ends, strict=False))
+        assert all(abs((b - a) - expected) <= 0.1 for a, b in itertools.pairwise(ends))
+        assert all(
+            abs(s["start_mb"] - prev) <= 0.1 for s, prev in zip(steps[1:], ends, strict=False)
+        )
     assert data["summary"]["memory"]["leaking_ranks"] == [0, 1]
     assert sum("grows" in w and "a leak?" in w for w in data["warnings"]) == 2
 
@@ -174,3 +177,36 @@ def test_impossible_memory_records_are_dropped_with_a_count(tmp_path: Path) -> N
     dropped = [w for w in data["warnings"] if "memory record(s) dropped" in w]
     assert len(dropped) == 1 and ": 3 memory record(s) dropped" in dropped[0], data["warnings"]
     assert data["ranks"][0]["memory"]["peak_mb"] == round(real_peak / MIB, 3)
+
+
+def _mxnet_storage(path: Path) -> dict[str, int]:
+    """The largest value of each of the trace's MXNet storage counters (``Memory: gpu/0``)."""
+    with gzip.open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    peaks: dict[str, int] = {}
+    for e in events:
+        if e.get("ph") == "C" and e.get("cat") == "Device Storage":
+            value = e["args"][e["name"]]
+            peaks[e["name"]] = max(peaks.get(e["name"], 0), value)
+    return peaks
+
+
+def test_mxnet_storage_counters_give_each_devices_peak() -> None:
+    folder = SAMPLES / "mxnet" / "dist_overlap"
+    data = report(folder)
+    for rank in data["ranks"]:
+        peaks = _mxnet_storage(folder / f"rank-{rank['rank']}.mxnet.json.gz")
+        memory = rank["memory"]
+        assert memory["device"] == "cpu"
+        assert memory["peak_mb"] == round(peaks["Memory: cpu/0"] / MIB, 3)
+        assert memory["reserved_peak_mb"] is None  # MXNet states no reserve
+
+
+def test_mxnet_gpu_storage_counter_is_the_main_device() -> None:
+    folder = shared_traces("mxnet/mxnet_profiler_demo_mnist_cnn")
+    peaks = _mxnet_storage(next(folder.glob("*.json.gz")))
+    memory = report(folder)["ranks"][0]["memory"]
+    assert memory["device"] == "gpu:0"
+    assert memory["peak_mb"] == round(peaks["Memory: gpu/0"] / MIB, 3)
+    assert memory["by_device"]["cpu"]["peak_mb"] == round(peaks["Memory: cpu/0"] / MIB, 3)

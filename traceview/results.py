@@ -181,6 +181,7 @@ class RunMemory(Result):
     # a fraction of that median; null with one rank
     excess_mb: float | None
     imbalance: float | None
+    median_mb: float | None  # the median of the other ranks' peaks (null with one rank)
     imbalanced: bool | None  # far above the others (a warning): the first to run out
     leaking_ranks: list[int] = []  # ranks whose main device's memory grows step after step
 

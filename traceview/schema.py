@@ -317,7 +317,6 @@ PEAK_TS_NS: Final = "peak_ts_ns"
 PEAK_PHASE: Final = "peak_phase"  # the phase of the host operator running at the peak
 PEAK_OP: Final = "peak_op"  # that operator's name (untrusted)
 RESERVED_PEAK_BYTES: Final = "reserved_peak_bytes"
-SINCE_START: Final = "since_start"  # counted from the profiler's start only (PyTorch on CPU)
 
 MEMORY_STEPS_SCHEMA: Final = pa.schema(
     [
@@ -335,7 +334,6 @@ MEMORY_STEPS_SCHEMA: Final = pa.schema(
         pa.field(PEAK_PHASE, pa.string()),
         pa.field(PEAK_OP, pa.string()),
         pa.field(RESERVED_PEAK_BYTES, pa.int64()),
-        pa.field(SINCE_START, pa.bool_(), nullable=False),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )

@@ -154,7 +154,6 @@ def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> 
         # before the first record: its total less its own size, where the trace gives the size
         first = size[0].as_py() if len(size) else None
         before = int(alloc[0] - first) if first is not None else None
-        since_start = device == S.DEVICE_CPU
         for step, start, end, whole in [
             (None, int(ts[0]), int(ts[-1]), True),
             *((s, a, b, False) for s, a, b in windows),
@@ -189,7 +188,6 @@ def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> 
                 (S.PEAK_PHASE, phase),
                 (S.PEAK_OP, op),
                 (S.RESERVED_PEAK_BYTES, reserved_peak),
-                (S.SINCE_START, since_start),
             ):
                 rows[name].append(value)
     return pa.Table.from_pydict(rows, schema=S.MEMORY_STEPS_SCHEMA)
@@ -234,7 +232,7 @@ def growth(end_bytes: list[int | None]) -> tuple[float | None, str | None]:
 
 
 def _device(
-    rows: list[dict[str, object]], steps: set[int | None] | None, summed: bool
+    rows: list[dict[str, object]], steps: set[int | None] | None, since_start: bool
 ) -> DeviceMemory:
     whole = next(r for r in rows if r[S.WHOLE])
     by_step = sorted(
@@ -267,7 +265,7 @@ def _device(
         end_mb=step_rows[-1].end_mb if step_rows else None,
         growth_mb_per_step=rate,
         growth=verdict,  # type: ignore[arg-type]
-        since_profiling_started=bool(whole[S.SINCE_START]) or summed,
+        since_profiling_started=since_start,
         steps=step_rows,
     )
 
@@ -283,7 +281,7 @@ def _opt_str(value: object) -> str | None:
 def headline_device(by_device: dict[str, DeviceMemory]) -> str:
     """The device a rank's memory figures are about: its accelerator with the highest peak,
     else the CPU."""
-    accelerators = [d for d in by_device if d != S.DEVICE_CPU]
+    accelerators = [d for d in by_device if not d.startswith(S.DEVICE_CPU)]
     pool = accelerators or list(by_device)
     return max(pool, key=lambda d: (by_device[d].peak_mb or 0.0, d))
 
@@ -292,12 +290,12 @@ def memory_results(
     table: pa.Table | None,
     ranks: list[int],
     steps: set[int | None] | None = None,
-    summed: dict[int, list[str]] | None = None,
+    since_start: dict[int, list[str]] | None = None,
 ) -> MemoryResults:
     """Per rank and across ranks, from the memory_steps tables of ``ranks`` (None: the run has
     no memory table); ``steps``: the step numbers that count (complete on every rank);
-    ``summed``: per rank, the devices whose totals the parser summed from the records' sizes
-    (the trace states none: they count from the profiler's start)."""
+    ``since_start``: per rank, the devices whose figures count only from the profiler's start,
+    as the parser found (PyTorch's CPU allocator; totals summed from the records' sizes)."""
     out = MemoryResults()
     if table is None:
         out.remarks.append(
@@ -319,8 +317,8 @@ def memory_results(
     for rank in sorted(by_rank):
         if rank not in ranks:
             continue
-        from_sizes = (summed or {}).get(rank, [])
-        devices = {d: _device(r, steps, d in from_sizes) for d, r in sorted(by_rank[rank].items())}
+        partial = (since_start or {}).get(rank, [])
+        devices = {d: _device(r, steps, d in partial) for d, r in sorted(by_rank[rank].items())}
         main = headline_device(devices)
         figure = devices[main]
         out.ranks[rank] = RankMemory(
@@ -352,13 +350,13 @@ def memory_results(
     if run is not None and run.imbalanced:
         out.warnings.append(
             f"memory: rank {run.peak_rank} peaks at {run.peak_mb:.1f} MiB ({run.device}), "
-            f"{run.excess_mb:.1f} MiB ({run.imbalance:.0%}) above the other ranks' median: "
-            "the first to run out of memory"
+            f"{run.excess_mb:.1f} MiB above the other ranks' median of {run.median_mb:.1f} MiB: "
+            "it runs out of memory first"
         )
     if any(m.since_profiling_started for m in out.ranks.values()):
         out.remarks.append(
-            "memory: figures marked as counted since profiling started (CPU; traces that state "
-            "no totals) leave out what was allocated before the profiler started"
+            "memory: CPU figures (and those of traces that state no totals) count only what was "
+            "allocated while the profiler ran"
         )
     return out
 
@@ -370,10 +368,11 @@ def _run(ranks: dict[int, RankMemory]) -> RunMemory | None:
     top = max(peaks, key=lambda r: (peaks[r], -r))
     device = ranks[top].device
     others = [v for r, v in peaks.items() if r != top and ranks[r].device == device]
-    excess = imbalance = None
+    excess = imbalance = median_mb = None
     imbalanced = None
     if others:
         median = float(np.median(others))
+        median_mb = round(median, 3)
         excess = round(peaks[top] - median, 3)
         imbalance = round(excess / median, 4) if median > 0 else None
         imbalanced = excess >= IMBALANCE_MIN_MB and (
@@ -385,6 +384,7 @@ def _run(ranks: dict[int, RankMemory]) -> RunMemory | None:
         device=device,
         excess_mb=excess,
         imbalance=imbalance,
+        median_mb=median_mb,
         imbalanced=imbalanced,
         leaking_ranks=sorted(r for r, m in ranks.items() if m.growth in ("leak", "creep")),
     )

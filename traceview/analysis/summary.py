@@ -706,8 +706,8 @@ def summarize(
     summary = _summary(ranks, ranks_df, cross)
     per_step, stats = _per_step(df)
     complete = set(df[S.STEP].to_list()) if df.height else None
-    summed = {r.rank: list(r.meta.get("memory_summed_from_sizes") or []) for r in manifest.ranks}
-    memory = memory_results(memory_steps, [r.rank for r in ranks], complete, summed)
+    since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in manifest.ranks}
+    memory = memory_results(memory_steps, [r.rank for r in ranks], complete, since)
     for rank in ranks:
         rank.memory = memory.ranks.get(rank.rank)
     summary.memory = memory.run

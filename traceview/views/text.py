@@ -224,11 +224,9 @@ def _memory_table(report: RunReport, console: Console, all_ranks: bool) -> None:
     if run.excess_mb is not None:
         line = (
             f"highest peak: rank {run.peak_rank}, {_mib(run.peak_mb)} MiB on "
-            f"{safe(run.device, 16)}, {_mib(run.excess_mb)} MiB"
+            f"{safe(run.device, 16)}, {_mib(run.excess_mb)} MiB above the other ranks' median "
+            f"({_mib(run.median_mb)} MiB)" + (" !: far above" if run.imbalanced else "")
         )
-        if run.imbalance is not None:
-            line += f" ({run.imbalance:+.0%})"
-        line += " against the other ranks' median" + (" (!: far above)" if run.imbalanced else "")
         console.print(Text(line, style="bright_black"))
     console.print()
 
