@@ -210,3 +210,22 @@ def test_mxnet_gpu_storage_counter_is_the_main_device() -> None:
     assert memory["device"] == "gpu:0"
     assert memory["peak_mb"] == round(peaks["Memory: gpu/0"] / MIB, 3)
     assert memory["by_device"]["cpu"]["peak_mb"] == round(peaks["Memory: cpu/0"] / MIB, 3)
+
+
+def test_compare_puts_peak_memory_side_by_side() -> None:
+    result = run_cli(
+        "compare", SAMPLES / "pytorch" / "memory", SAMPLES / "pytorch" / "leak",
+        SAMPLES / "pytorch" / "ddp", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    runs = {r["label"]: r for r in result.json()["runs"]}
+    extra = truth("memory")["extra"]
+    leak = truth("leak")["leak"]["bytes_per_step"]
+    assert runs["memory"]["memory_peak_rank"] == extra["rank"]
+    assert runs["memory"]["memory_peak_phase"] == extra["peak_phase"]
+    # leak: rank 1 leaks the most, and 5 steps of it are held at its peak
+    assert runs["leak"]["memory_peak_rank"] == 1
+    assert runs["leak"]["memory_peak_mb"] >= 5 * leak["1"] / MIB
+    assert runs["ddp"]["memory_peak_mb"] is None  # no memory records: null, not 0
+    highlights = result.json()["highlights"]
+    assert any(h.startswith("memory peaks at") and "in backward" in h for h in highlights)

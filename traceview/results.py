@@ -397,6 +397,13 @@ class ComparedRun(Result):
     comm_transfer_ms: float | None = None
     straggler_rank: int | None = None  # where significant
     straggler_phase: StragglerPhase | None = None
+    # memory (RunMemory): the highest peak over ranks, its rank, device and phase; null where
+    # the run has no memory records
+    memory_peak_mb: float | None = None
+    memory_peak_rank: int | None = None
+    memory_device: str | None = None
+    memory_peak_phase: Phase | None = None
+    memory_since_profiling_started: bool | None = None
 
 
 class ComparedValues(Result):

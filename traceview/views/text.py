@@ -325,6 +325,13 @@ def render_comparison(result: Comparison, console: Console) -> None:
             f"{safe(run.framework or '?')}, {count(run.ranks, 'rank')}, "
             f"{count(run.steps, 'step')}, {run.timeline or '?'} timeline"
         )
+        if run.memory_peak_mb is not None:
+            phase = f", {run.memory_peak_phase}" if run.memory_peak_phase else ""
+            since = " since profiling started" if run.memory_since_profiling_started else ""
+            line.append(
+                f"; memory peak {run.memory_peak_mb:,.1f} MiB{since} (rank "
+                f"{run.memory_peak_rank}, {safe(run.memory_device or '?', 16)}{phase})"
+            )
         console.print(line)
     console.print()
     for highlight in result.highlights:
