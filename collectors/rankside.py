@@ -240,6 +240,9 @@ class Status:
     stop_reason: str | None = None
     stop_step: int | None = None
     stop_mid_step: bool = False
+    # [time_ns, resident bytes] of the process at each step boundary while profiling (the
+    # framework-independent memory figure; not with --no-memory)
+    rss_samples: list[list[int]] = field(default_factory=list)
 
     def write(self, run_dir: Path) -> None:
         folder = rank_dir(run_dir, self.rank)
@@ -247,6 +250,15 @@ class Status:
         tmp = folder / f".status.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(asdict(self), indent=2))
         os.replace(tmp, folder / "status.json")
+
+
+def resident_bytes() -> int | None:
+    """The process's resident set size (Linux /proc/self/statm; None elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def warn(message: str) -> None:
@@ -532,10 +544,12 @@ class TorchCollector:
             try:
                 if self.profiler is None:
                     self._start()
+                    self._sample_memory()
                 elif self.profiler is not False:
                     if self.cap.reached:  # past the memory cap: the step that ended is kept
                         self._stop_early(mid_step=False)
                         return
+                    self._sample_memory()
                     self.profiler.step()
                     if self.profiler.step_num >= self.config.warmup + self.config.active:
                         self.finish()
@@ -544,6 +558,14 @@ class TorchCollector:
                 self._abandon(f"{type(exc).__name__}: {exc}")
             finally:
                 self.busy -= 1
+
+    def _sample_memory(self) -> None:
+        """The process's resident memory at this step boundary, while the profile runs."""
+        if not self.config.profile_memory or self.status is None or not self.profiler:
+            return
+        resident = resident_bytes()
+        if resident is not None:
+            self.status.rss_samples.append([time.time_ns(), resident])
 
     def _stop_for_memory(self) -> None:
         """On the main thread, interrupted past the memory cap: stop inside the step (it is cut

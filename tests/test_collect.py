@@ -81,6 +81,13 @@ def test_ddp_job_under_mpirun(tmp_path: Path) -> None:
         memory = rank["memory"]
         assert memory["device"] == "cpu" and memory["peak_mb"] > 0, memory
         assert memory["reserved_peak_mb"] is None  # the CPU allocator keeps no reserve
+        # the process's resident memory, sampled at each step boundary while profiling
+        status = json.loads((run / "raw" / f"rank-{rank['rank']:05d}" / "status.json").read_text())
+        samples = status["rss_samples"]
+        assert len(samples) >= 4 + 1
+        rss = memory["by_device"]["rss"]
+        assert rss["peak_mb"] == round(max(b for _, b in samples) / 2**20, 3)
+        assert rss["peak_mb"] > memory["peak_mb"]  # the whole process, not what it allocated
 
 
 def test_no_memory_leaves_memory_records_out(tmp_path: Path) -> None:
@@ -93,6 +100,8 @@ def test_no_memory_leaves_memory_records_out(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.code == 0, result.err
     assert pq.read_table(run / "memory.parquet").num_rows == 0
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    assert status["rss_samples"] == []
     report = run_cli("report", run, "--json").json()
     assert report["summary"]["memory"] is None and report["ranks"][0]["memory"] is None
 

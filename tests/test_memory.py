@@ -229,3 +229,35 @@ def test_compare_puts_peak_memory_side_by_side() -> None:
     assert runs["ddp"]["memory_peak_mb"] is None  # no memory records: null, not 0
     highlights = result.json()["highlights"]
     assert any(h.startswith("memory peaks at") and "in backward" in h for h in highlights)
+
+
+def test_tensorflow_gpu_memory_profile_peaks_as_xprof_says() -> None:
+    """The GPU XSpace's memory profile, through xprof: each BFC allocator's peak is the one
+    xprof's own summary states (peakStats: heap + stack bytes in use at the peak)."""
+    xprof = pytest.importorskip("xprof.convert.raw_to_tool_data", reason="'.[tensorflow]'")
+    folder = shared_traces("tensorflow/tfprofiler_gpu_multi_worker")
+    path = next(folder.glob("*.xplane.pb"))
+    result = xprof.xspace_to_tool_data([str(path)], "memory_profile", {})
+    profile = json.loads(result[0] if isinstance(result, tuple) else result)
+    peaks = {}
+    for name, body in profile["memoryProfilePerAllocator"].items():
+        stats = body["profileSummary"]["peakStats"]
+        if name.startswith("GPU_"):
+            device = f"gpu:{name.split('_')[1]}"
+            peaks[device] = int(stats["heapAllocatedBytes"]) + int(stats["stackReservedBytes"])
+    data = report(folder)
+    memory = data["ranks"][0]["memory"]
+    for device, peak in peaks.items():
+        assert memory["by_device"][device]["peak_mb"] == round(peak / MIB, 3), device
+    assert memory["device"] == max(peaks, key=lambda d: peaks[d])
+    assert memory["reserved_peak_mb"] is None  # the profile states no reserve
+
+
+def test_tensorflow_cpu_run_has_no_memory_profile_and_says_why() -> None:
+    """TensorFlow's memory profile comes from its BFC allocators, off on CPU by default (and
+    traceview does not switch the job's allocator): absent, with one note saying so."""
+    pytest.importorskip("xprof", reason="'.[tensorflow]'")
+    data = report(SAMPLES / "tensorflow" / "explicit")
+    assert data["summary"]["memory"] is None
+    notes = [n for n in data["remarks"] if n.startswith("memory:")]
+    assert len(notes) == 1 and "BFC" in notes[0]

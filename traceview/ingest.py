@@ -364,7 +364,7 @@ def ingest_rank(
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     del parsed.events
-    memory = rank_memory(parsed.memory, trace.rank, offset)
+    memory = rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)
     # Parquet encoding runs outside the GIL: write while the analysis runs.
     with ThreadPoolExecutor(max_workers=1) as writer:
         written = writer.submit(R.write_events, run, trace.rank, normalized.events)
@@ -399,6 +399,32 @@ def ingest_rank(
         seconds=round(time.perf_counter() - started, 3),
     )
     return RankPartial(info, tables, notes)
+
+
+def _with_rss(records: pa.Table | None, trace: Path) -> pa.Table | None:
+    """The parser's memory records and the process's resident memory that collect sampled at
+    step boundaries (status.json beside the trace; device ``rss``)."""
+    status = rank_status(trace)
+    # what a status claims is bounded before it is believed: a time in int64, a size to 1 PiB
+    samples = [
+        s
+        for s in status.rss_samples
+        if len(s) == 2 and 0 <= s[0] < 1 << 63 and 0 <= s[1] <= 1 << 50
+    ]
+    if not samples:
+        return records
+    rss = S.conform(
+        pa.table(
+            {
+                S.DEVICE: pa.array([S.DEVICE_RSS] * len(samples), pa.string()),
+                S.PID: pa.array([status.pid] * len(samples), pa.int64()),
+                S.TS_NS: pa.array([s[0] for s in samples], pa.int64()),
+                S.ALLOCATED_BYTES: pa.array([s[1] for s in samples], pa.int64()),
+            }
+        ),
+        S.MEMORY_RAW_SCHEMA,
+    )
+    return rss if records is None else pa.concat_tables([records, rss])
 
 
 def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table:

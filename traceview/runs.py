@@ -110,6 +110,10 @@ class Run:
     def events(self, ranks: list[int] | None = None) -> pa.Table:
         return R.read_events(self.path, ranks)
 
+    def memory(self, ranks: list[int] | None = None) -> pa.Table | None:
+        """The memory records of ``ranks`` (None: the run has no memory table)."""
+        return R.read_memory(self.path, ranks)
+
 
 def _label(paths: list[Path]) -> str:
     path = paths[0].resolve()

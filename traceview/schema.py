@@ -73,6 +73,9 @@ STRUCTURAL_KINDS: Final = (KIND_ANNOTATION, KIND_STEP, KIND_PYTHON)
 
 DEVICE_CPU: Final = "cpu"
 DEVICE_GPU: Final = "gpu"
+#: The memory table's device for a process's resident memory, sampled by collect at step
+#: boundaries (framework-independent; not an allocator's figure)
+DEVICE_RSS: Final = "rss"
 
 COLLECTIVES: Final = (
     "allreduce",

@@ -196,6 +196,18 @@ def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> 
 # --- run-wide ----------------------------------------------------------------------------------
 
 
+#: Why a run has no memory records, by framework (one remark).
+_NO_RECORDS = {
+    "pytorch": "memory: the traces hold no memory records (PyTorch writes them with "
+    "profile_memory=True; traceview collect records them unless --no-memory)",
+    "tensorflow": "memory: the traces hold no memory profile (TensorFlow records one from its "
+    "BFC allocators only: GPU runs, or CPU runs with TF_CPU_ALLOCATOR_USE_BFC=true, which "
+    "traceview does not set for the job)",
+    "mxnet": "memory: the traces hold no memory records (MXNet writes its storage counters with "
+    "profile_memory=True)",
+}
+
+
 @dataclass
 class MemoryResults:
     """What ``memory_results`` finds: per rank, the run, and its notes."""
@@ -281,8 +293,9 @@ def _opt_str(value: object) -> str | None:
 def headline_device(by_device: dict[str, DeviceMemory]) -> str:
     """The device a rank's memory figures are about: its accelerator with the highest peak,
     else the CPU."""
-    accelerators = [d for d in by_device if not d.startswith(S.DEVICE_CPU)]
-    pool = accelerators or list(by_device)
+    allocators = [d for d in by_device if d != S.DEVICE_RSS]
+    accelerators = [d for d in allocators if not d.startswith(S.DEVICE_CPU)]
+    pool = accelerators or allocators or list(by_device)
     return max(pool, key=lambda d: (by_device[d].peak_mb or 0.0, d))
 
 
@@ -291,6 +304,7 @@ def memory_results(
     ranks: list[int],
     steps: set[int | None] | None = None,
     since_start: dict[int, list[str]] | None = None,
+    framework: str | None = None,
 ) -> MemoryResults:
     """Per rank and across ranks, from the memory_steps tables of ``ranks`` (None: the run has
     no memory table); ``steps``: the step numbers that count (complete on every rank);
@@ -305,10 +319,7 @@ def memory_results(
         return out
     rows = table.to_pylist()
     if not rows:
-        out.remarks.append(
-            "memory: the traces hold no memory records (PyTorch writes them with "
-            "profile_memory=True; traceview collect records them unless --no-memory)"
-        )
+        out.remarks.append(_NO_RECORDS.get(framework or "", _NO_RECORDS["pytorch"]))
         return out
     by_rank: dict[int, dict[str, list[dict[str, object]]]] = {}
     for row in rows:
@@ -388,3 +399,67 @@ def _run(ranks: dict[int, RankMemory]) -> RunMemory | None:
         imbalanced=imbalanced,
         leaking_ranks=sorted(r for r, m in ranks.items() if m.growth in ("leak", "creep")),
     )
+
+
+# --- a timeline lane ---------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryLane:
+    """Allocated memory of a rank's main device over one step window (the TUI's memory lane)."""
+
+    device: str
+    ts: np.ndarray  # the records in the window, in time order
+    allocated: np.ndarray
+    before: int | None  # allocated when the window starts (the last record before it)
+    peak_bytes: int
+    peak_ts: int
+
+
+def memory_lane(memory: pa.Table | None, start: int, end: int) -> MemoryLane | None:
+    """The memory lane of one rank's records for [start, end] ns: its accelerator with the
+    highest peak in the window, else its CPU device with the highest (None: no records)."""
+    if memory is None or memory.num_rows == 0:
+        return None
+    lanes = []
+    devices = memory.column(S.DEVICE)
+    for device in sorted(set(devices.to_pylist())):
+        table = memory.filter(pc.equal(devices, device)).sort_by(S.TS_NS)
+        ts = ints(table.column(S.TS_NS), 0)
+        alloc = ints(table.column(S.ALLOCATED_BYTES), 0)
+        i0, i1 = int(np.searchsorted(ts, start, "left")), int(np.searchsorted(ts, end, "right"))
+        before = int(alloc[i0 - 1]) if i0 > 0 else None
+        if i1 == i0 and before is None:
+            continue
+        window_ts, window_alloc = ts[i0:i1], alloc[i0:i1]
+        if len(window_alloc) and (before is None or window_alloc.max() >= before):
+            at = int(np.argmax(window_alloc))
+            peak, peak_ts = int(window_alloc[at]), int(window_ts[at])
+        else:
+            peak, peak_ts = int(before or 0), start
+        lanes.append(MemoryLane(device, window_ts, window_alloc, before, peak, peak_ts))
+    if not lanes:
+        return None
+    allocators = [lane for lane in lanes if lane.device != S.DEVICE_RSS]
+    accelerators = [lane for lane in allocators if not lane.device.startswith(S.DEVICE_CPU)]
+    return max(accelerators or allocators or lanes, key=lambda lane: lane.peak_bytes)
+
+
+def bin_memory(lane: MemoryLane, lo: int, hi: int, width: int) -> list[int | None]:
+    """The most allocated in each of ``width`` cells spanning [lo, hi) ns: what was held when
+    the cell starts and every record inside it; None before anything is known."""
+    cells: list[int | None] = [None] * max(width, 0)
+    if width <= 0 or hi <= lo:
+        return cells
+    edges = lo + (hi - lo) * np.arange(width + 1) / width
+    # the level held at each cell's start: the last record before it (or the window's start)
+    k = np.searchsorted(lane.ts, edges[:-1], "right")
+    held = np.where(k > 0, lane.allocated[np.maximum(k - 1, 0)], -1)
+    if lane.before is not None:
+        held = np.where(k > 0, held, lane.before)
+    best = held.astype(np.int64)
+    inside = (lane.ts >= lo) & (lane.ts < hi)
+    if inside.any():
+        cell = np.minimum(((lane.ts[inside] - lo) * width) // (hi - lo), width - 1).astype(int)
+        np.maximum.at(best, cell, lane.allocated[inside])
+    return [int(v) if v >= 0 else None for v in best]

@@ -707,7 +707,9 @@ def summarize(
     per_step, stats = _per_step(df)
     complete = set(df[S.STEP].to_list()) if df.height else None
     since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in manifest.ranks}
-    memory = memory_results(memory_steps, [r.rank for r in ranks], complete, since)
+    memory = memory_results(
+        memory_steps, [r.rank for r in ranks], complete, since, manifest.framework
+    )
     for rank in ranks:
         rank.memory = memory.ranks.get(rank.rank)
     summary.memory = memory.run
