@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.arrays import KIND_CODE, coded, ints
+from traceview.parsers import dictionary_codes
 from traceview.results import DeviceMemory, RankMemory, RunMemory, StepMemory
 
 MIB = 1 << 20
@@ -63,8 +64,10 @@ class _HostEvents:
     end: np.ndarray
     depth: np.ndarray
     is_op: np.ndarray  # an operator that is not an allocation primitive
-    phase: np.ndarray  # object: the event's phase
-    name: np.ndarray  # object: the event's name
+    phase: np.ndarray  # the event's phase, as a code into phases (-1: null)
+    phases: list[str | None]
+    name: np.ndarray  # the event's name, as a code into names
+    names: list[str | None]
     training: tuple[int, int] | None  # (pid, tid) of the thread with the step markers
 
     @classmethod
@@ -73,7 +76,9 @@ class _HostEvents:
         host = np.isin(kind, _HOST_KINDS)
         table = events.filter(pa.array(host))
         kind = kind[host]
-        names = np.array(table.column(S.NAME).to_pylist(), dtype=object)
+        name, names = dictionary_codes(table.column(S.NAME))
+        phase, phases = dictionary_codes(table.column(S.PHASE))
+        allocation = [i for i, n in enumerate(names) if n in ALLOCATION_OPS]
         step = kind == KIND_CODE[S.KIND_STEP]
         pid, tid = ints(table.column(S.PID), 0), ints(table.column(S.TID), 0)
         training = None
@@ -90,9 +95,11 @@ class _HostEvents:
             ts=ts,
             end=ts + ints(table.column(S.DUR_NS), 0),
             depth=ints(table.column(S.DEPTH), 0),
-            is_op=(kind == KIND_CODE[S.KIND_OP]) & ~np.isin(names, list(ALLOCATION_OPS)),
-            phase=np.array(table.column(S.PHASE).to_pylist(), dtype=object),
-            name=names,
+            is_op=(kind == KIND_CODE[S.KIND_OP]) & ~np.isin(name, allocation),
+            phase=phase,
+            phases=phases,
+            name=name,
+            names=names,
             training=training,
         )
 
@@ -110,13 +117,14 @@ class _HostEvents:
             rows = np.flatnonzero(here)
             rows = rows[np.lexsort((self.ts[rows], self.depth[rows]))]  # innermost last
             if phase is None:
-                phased = rows[self.phase[rows] != S.OTHER]
+                other = self.phases.index(S.OTHER) if S.OTHER in self.phases else -2
+                phased = rows[(self.phase[rows] != other) & (self.phase[rows] >= 0)]
                 if phased.size:
-                    phase = str(self.phase[phased[-1]])
+                    phase = str(self.phases[self.phase[phased[-1]]])
             if op is None:
                 ops = rows[self.is_op[rows]]
                 if ops.size:
-                    op = str(self.name[ops[-1]])
+                    op = str(self.names[self.name[ops[-1]]])
             if phase is not None and op is not None:
                 break
         if phase is None and covering.any():
