@@ -261,3 +261,18 @@ def test_tensorflow_cpu_run_has_no_memory_profile_and_says_why() -> None:
     assert data["summary"]["memory"] is None
     notes = [n for n in data["remarks"] if n.startswith("memory:")]
     assert len(notes) == 1 and "BFC" in notes[0]
+
+
+def test_mxnet_extra_array_on_one_worker_shows_as_its_peak() -> None:
+    """sample_traces/mxnet/memory (make_traces.py memory): worker 0 holds an extra 256 MiB
+    array from forward to after backward; both workers train the same model on the same batch
+    size, so their peaks differ by the array, to within 1 MiB."""
+    folder = SAMPLES / "mxnet" / "memory"
+    known = json.loads((folder / "groundtruth.json").read_text())["extra"]
+    data = report(folder)
+    ranks = {r["rank"]: r["memory"] for r in data["ranks"]}
+    extra, other = ranks[known["rank"]], ranks[1 - known["rank"]]
+    assert abs((extra["peak_mb"] - other["peak_mb"]) * MIB - known["bytes"]) <= 1 * MIB
+    assert extra["peak_phase"] in ("forward", "backward")  # while the array is held
+    assert data["summary"]["memory"]["peak_rank"] == known["rank"]
+    assert data["summary"]["memory"]["imbalanced"] is True

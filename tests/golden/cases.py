@@ -34,7 +34,7 @@ SAMPLE_CASES: dict[str, list[str]] = {
             "tensorflow": ["explicit", "mwms", "slowio"],
             "mxnet": [
                 "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk",
-                "local_bulk",
+                "local_bulk", "memory",
             ],
         }.items()
         for run in runs
