@@ -200,7 +200,11 @@ _GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
 
 
 def _allocator_device(name: str) -> str:
-    """``GPU_0_bfc`` -> ``gpu:0``; ``cpu``, ``mklcpu``, ``cpu_bfc`` -> ``cpu``; others by name."""
+    """``GPU_0_bfc`` -> ``gpu:0``; ``cpu``, ``mklcpu``, ``cpu_bfc`` -> ``cpu``; others by name.
+    A bare number is a name the XSpace stores by reference, which xprof's ProfileData does not
+    resolve: in the CPU runs seen (TF_CPU_ALLOCATOR_USE_BFC), the CPU's BFC allocator."""
+    if name.isdigit():
+        return "cpu"
     match = _GPU_ALLOCATOR.match(name)
     if match:
         return f"gpu:{match.group(1)}"
@@ -221,8 +225,9 @@ def _memory_profile(
     0: not a pool's reserve but the stack's), the allocating thread's line. TensorFlow writes
     them from its BFC allocators only, which CPU runs do not use by default: those have none.
 
-    The XSpace's event times are on another origin than the trace events xprof makes: the
-    offset is the median difference of the events both have once by name."""
+    The XSpace's event times may be on another origin than the trace events xprof makes: the
+    offset is the median difference of the events both have, by name (names that occur as
+    often in both, matched in time order)."""
     try:
         from xprof.profile_data import ProfileData
     except ImportError:  # pragma: no cover - shipped with xprof
@@ -272,9 +277,10 @@ def _memory_profile(
         if r.ph == "X" and r.name and r.ts is not None:
             trace.setdefault(r.name, []).append(r.ts)
     shifts = [
-        trace[n][0] * 1e3 - t[0]
+        a * 1e3 - b
         for n, t in once.items()
-        if len(t) == 1 and len(trace.get(n, ())) == 1
+        if len(t) == len(trace.get(n, ()))
+        for a, b in zip(sorted(trace[n]), sorted(t), strict=True)
     ]
     if not shifts:
         notes.warn(f"{path.name}: memory records not read (their clock could not be matched)")

@@ -90,7 +90,7 @@ class Run:
             "collectives": matched_table(self.collectives, self.cross),
         }
         memory = R.read_memory(self.path)
-        if memory is not None:
+        if memory is not None and memory.num_rows:  # runs without memory records: none
             tables["memory"] = memory
             tables["memory_steps"] = self.tables["memory_steps"]
         return tables

@@ -31,7 +31,7 @@ SAMPLE_CASES: dict[str, list[str]] = {
                 "gpu_ddp_nccl", "scaling/ranks-1", "scaling/ranks-2", "scaling/ranks-4",
                 "slowfwd", "slowdata", "memory", "leak",
             ],
-            "tensorflow": ["explicit", "mwms", "slowio"],
+            "tensorflow": ["explicit", "mwms", "slowio", "memory"],
             "mxnet": [
                 "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk",
                 "local_bulk", "memory",

@@ -370,7 +370,7 @@ def memory_results(
         out.warnings.append(
             f"memory: rank {run.peak_rank} peaks at {run.peak_mb:.1f} MiB ({run.device}), "
             f"{run.excess_mb:.1f} MiB above the other ranks' median of {run.median_mb:.1f} MiB: "
-            "it runs out of memory first"
+            "it would run out of memory first"
         )
     if any(m.since_profiling_started for m in out.ranks.values()):
         out.remarks.append(
