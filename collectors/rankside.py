@@ -252,6 +252,16 @@ class Status:
         os.replace(tmp, folder / "status.json")
 
 
+def sample_resident(status: Status | None, config: Config) -> None:
+    """Append the process's resident memory now to the status's step-boundary samples (every
+    framework's collector calls it at its step boundaries while it profiles)."""
+    if status is None or not config.profile_memory:
+        return
+    resident = resident_bytes()
+    if resident is not None:
+        status.rss_samples.append([time.time_ns(), resident])
+
+
 def resident_bytes() -> int | None:
     """The process's resident set size (Linux /proc/self/statm; None elsewhere)."""
     try:
@@ -561,11 +571,8 @@ class TorchCollector:
 
     def _sample_memory(self) -> None:
         """The process's resident memory at this step boundary, while the profile runs."""
-        if not self.config.profile_memory or self.status is None or not self.profiler:
-            return
-        resident = resident_bytes()
-        if resident is not None:
-            self.status.rss_samples.append([time.time_ns(), resident])
+        if self.profiler:
+            sample_resident(self.status, self.config)
 
     def _stop_for_memory(self) -> None:
         """On the main thread, interrupted past the memory cap: stop inside the step (it is cut

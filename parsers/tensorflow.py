@@ -202,7 +202,8 @@ _GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
 def _allocator_device(name: str) -> str:
     """``GPU_0_bfc`` -> ``gpu:0``; ``cpu``, ``mklcpu``, ``cpu_bfc`` -> ``cpu``; others by name.
     A bare number is a name the XSpace stores by reference, which xprof's ProfileData does not
-    resolve: in the CPU runs seen (TF_CPU_ALLOCATOR_USE_BFC), the CPU's BFC allocator."""
+    resolve: in the CPU runs seen, the CPU's allocator (``mklcpu``: oneDNN's, which records only
+    the allocations it serves unless TF_CPU_ALLOCATOR_USE_BFC=true puts all of them in a BFC)."""
     if name.isdigit():
         return "cpu"
     match = _GPU_ALLOCATOR.match(name)
