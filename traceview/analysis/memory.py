@@ -208,9 +208,9 @@ def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> 
 _NO_RECORDS = {
     "pytorch": "memory: the traces hold no memory records (PyTorch writes them with "
     "profile_memory=True; traceview collect records them unless --no-memory)",
-    "tensorflow": "memory: the traces hold no memory profile (TensorFlow records one from its "
-    "BFC allocators only: GPU runs, or CPU runs with TF_CPU_ALLOCATOR_USE_BFC=true, which "
-    "traceview does not set for the job)",
+    "tensorflow": "memory: the traces hold no memory records (TensorFlow records its BFC "
+    "allocators' allocations: on GPU, and on CPU in full only with "
+    "TF_CPU_ALLOCATOR_USE_BFC=true, which traceview does not set for the job)",
     "mxnet": "memory: the traces hold no memory records (MXNet writes its storage counters with "
     "profile_memory=True)",
 }
