@@ -76,6 +76,7 @@ class CollectSettings:
     nvtx: str = "auto"  # on | off | auto (on when an NVTX tool such as Nsight Systems is attached)
     # bytes a rank's memory may grow by while it profiles; 0: no cap
     max_memory: int = rankside.DEFAULT_MAX_MEMORY
+    profile_memory: bool = True  # the framework's memory records (--memory / --no-memory)
 
 
 @dataclass
@@ -190,6 +191,7 @@ def job_environment(
     env[rankside.ENV_CLOCK] = clock
     env[rankside.ENV_NVTX] = settings.nvtx
     env[rankside.ENV_MAX_MEMORY] = str(settings.max_memory)
+    env[rankside.ENV_PROFILE_MEMORY] = "on" if settings.profile_memory else "off"
     return env
 
 
@@ -202,6 +204,7 @@ PASSED_VARIABLES = (
     rankside.ENV_CLOCK,
     rankside.ENV_NVTX,
     rankside.ENV_MAX_MEMORY,
+    rankside.ENV_PROFILE_MEMORY,
 )
 
 

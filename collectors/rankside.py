@@ -40,6 +40,8 @@ ENV_WARMUP = "TRACEVIEW_WARMUP"
 ENV_SKIP = "TRACEVIEW_SKIP"
 ENV_CLOCK = "TRACEVIEW_CLOCK"  # host:port of the launcher's clock service
 ENV_NVTX = "TRACEVIEW_NVTX"  # "on", "off", or "auto": on when an NVTX tool (Nsight) is attached
+#: "on" (the default) or "off": record the allocator's memory records (profile_memory=True)
+ENV_PROFILE_MEMORY = "TRACEVIEW_PROFILE_MEMORY"
 #: bytes the process's resident memory may grow by while it profiles; "0": no cap
 ENV_MAX_MEMORY = "TRACEVIEW_MAX_PROFILE_MEMORY"
 DEFAULT_MAX_MEMORY = 2 << 30  # stopping needs several times more again: see README
@@ -175,6 +177,7 @@ class Config:
     nvtx: bool = True
     clock: str | None = None
     max_memory: int = DEFAULT_MAX_MEMORY  # 0: no cap
+    profile_memory: bool = True  # torch.profiler's profile_memory: the allocator's records
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config | None:
@@ -190,6 +193,7 @@ class Config:
             max_memory=max(_int(env.get(ENV_MAX_MEMORY)) or 0, 0)
             if env.get(ENV_MAX_MEMORY)
             else DEFAULT_MAX_MEMORY,
+            profile_memory=env.get(ENV_PROFILE_MEMORY, "on") not in ("off", "0"),
         )
 
 
@@ -236,6 +240,9 @@ class Status:
     stop_reason: str | None = None
     stop_step: int | None = None
     stop_mid_step: bool = False
+    # [time_ns, resident bytes] of the process at each step boundary while profiling (the
+    # framework-independent memory figure; not with --no-memory)
+    rss_samples: list[list[int]] = field(default_factory=list)
 
     def write(self, run_dir: Path) -> None:
         folder = rank_dir(run_dir, self.rank)
@@ -243,6 +250,25 @@ class Status:
         tmp = folder / f".status.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(asdict(self), indent=2))
         os.replace(tmp, folder / "status.json")
+
+
+def sample_resident(status: Status | None, config: Config) -> None:
+    """Append the process's resident memory now to the status's step-boundary samples (every
+    framework's collector calls it at its step boundaries while it profiles)."""
+    if status is None or not config.profile_memory:
+        return
+    resident = resident_bytes()
+    if resident is not None:
+        status.rss_samples.append([time.time_ns(), resident])
+
+
+def resident_bytes() -> int | None:
+    """The process's resident set size (Linux /proc/self/statm; None elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def warn(message: str) -> None:
@@ -528,10 +554,12 @@ class TorchCollector:
             try:
                 if self.profiler is None:
                     self._start()
+                    self._sample_memory()
                 elif self.profiler is not False:
                     if self.cap.reached:  # past the memory cap: the step that ended is kept
                         self._stop_early(mid_step=False)
                         return
+                    self._sample_memory()
                     self.profiler.step()
                     if self.profiler.step_num >= self.config.warmup + self.config.active:
                         self.finish()
@@ -540,6 +568,11 @@ class TorchCollector:
                 self._abandon(f"{type(exc).__name__}: {exc}")
             finally:
                 self.busy -= 1
+
+    def _sample_memory(self) -> None:
+        """The process's resident memory at this step boundary, while the profile runs."""
+        if self.profiler:
+            sample_resident(self.status, self.config)
 
     def _stop_for_memory(self) -> None:
         """On the main thread, interrupted past the memory cap: stop inside the step (it is cut
@@ -584,6 +617,7 @@ class TorchCollector:
             schedule=schedule,
             on_trace_ready=self._export,
             record_shapes=True,
+            profile_memory=self.config.profile_memory,
         )
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)

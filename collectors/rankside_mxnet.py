@@ -400,7 +400,9 @@ class MXNetCollector:
                 return
             if not self.recording:
                 self._start()
+                self.core.sample_resident(self.status, self.config)
                 return
+            self.core.sample_resident(self.status, self.config)
             self.recorded += 1
             if self.recorded >= self.config.active:
                 self._end_window()  # the last step's Task ends once the engine is done
@@ -452,8 +454,19 @@ class MXNetCollector:
         self.raw_path = folder / f".rank-{info.rank}.{os.getpid()}.mxnet.json"
         self.cap.start()  # its thread starts here, before the window: not inside a step of it
         mx.nd.waitall()  # the window starts with an idle engine
+        # profile_all includes the storage counters (profile_memory); --no-memory leaves them out
+        every = (
+            {"profile_all": True}
+            if self.config.profile_memory
+            else {
+                "profile_symbolic": True,
+                "profile_imperative": True,
+                "profile_api": True,
+                "profile_memory": False,  # (MXNet's default is True)
+            }
+        )
         self._set_config(
-            profile_all=True,
+            **every,
             aggregate_stats=False,
             continuous_dump=False,
             filename=str(self.raw_path),

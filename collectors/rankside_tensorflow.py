@@ -162,6 +162,8 @@ class TensorFlowCollector:
                 first_marked = self.config.skip + self.config.warmup
                 if number == self.config.skip:
                     self._start()
+                if self.profiling:
+                    self.core.sample_resident(self.status, self.config)
                 if number >= first_marked + self.config.active:
                     self.finish()
                 elif self.profiling and number >= first_marked:

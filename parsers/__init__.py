@@ -44,6 +44,8 @@ class ParsedTrace:
     skipped: dict[str, int] = field(default_factory=dict)  # records not kept as events, by type
     layout: str | None = None  # a core layout pass the format needs (normalize.LAYOUTS)
     process_names: dict[int, str] = field(default_factory=dict)  # pid -> name, as the trace says
+    # the trace's memory records (schema.MEMORY_RAW_SCHEMA); None: the format or trace has none
+    memory: pa.Table | None = None
 
 
 @dataclass

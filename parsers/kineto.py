@@ -67,6 +67,12 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
     input_type: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
     meta_name: str | None = msgspec.field(default=None, name="name")
+    # [memory] records (profile_memory=True): the allocator's totals after the record
+    total_allocated: int | float | str | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: int | float | str | None = msgspec.field(default=None, name="Total Reserved")
+    mem_bytes: int | float | str | None = msgspec.field(default=None, name="Bytes")
+    device_type: int | str | None = msgspec.field(default=None, name="Device Type")
+    device_id: int | str | None = msgspec.field(default=None, name="Device Id")
 
 
 _NO_ARGS = _Args()
@@ -179,6 +185,11 @@ def _coerce(raw: dict[str, Any]) -> Any:
             input_dims=msgspec.Raw(msgspec.json.encode(dims)) if dims is not None else None,
             input_type=msgspec.Raw(msgspec.json.encode(types)) if types is not None else None,
             meta_name=_str_or_none(args.get("name")),
+            total_allocated=_as_int(args.get("Total Allocated")),
+            total_reserved=_as_int(args.get("Total Reserved")),
+            mem_bytes=_as_int(args.get("Bytes")),
+            device_type=_as_int(args.get("Device Type")),
+            device_id=_as_int(args.get("Device Id")),
         )
     cls = _CLASS_OF.get(str(raw.get("ph", "")), _Skipped)
     ids = {k: raw.get(k) if isinstance(raw.get(k), int | str) else None for k in ("pid", "tid")}
@@ -275,7 +286,15 @@ def _comm_bytes(args: _Args) -> int | None:
 class _Chunk:
     """Columns of one decoded chunk's events, its metadata records, and counts by record type."""
 
-    __slots__ = ("batch", "batch_sizes", "counts", "out_of_range", "threads", "wide_sizes")
+    __slots__ = (
+        "batch",
+        "batch_sizes",
+        "counts",
+        "memory",
+        "out_of_range",
+        "threads",
+        "wide_sizes",
+    )
 
     def __init__(
         self,
@@ -285,6 +304,7 @@ class _Chunk:
         batch_sizes: Counter[int],
         wide_sizes: int = 0,
         out_of_range: int = 0,
+        memory: pa.RecordBatch | None = None,
     ):
         self.batch = batch
         self.threads = threads
@@ -292,6 +312,7 @@ class _Chunk:
         self.batch_sizes = batch_sizes
         self.wide_sizes = wide_sizes  # message sizes wider than 64 bits, left out
         self.out_of_range = out_of_range  # records holding a number beyond a float's range
+        self.memory = memory  # the chunk's [memory] records (_memory_batch), if any
 
 
 def _leading_size(dims: msgspec.Raw | None) -> int | None:
@@ -377,7 +398,116 @@ def _decode_chunk(data: Any) -> _Chunk:
             S.GROUP: _strings(list(map(attrgetter("group"), args))),
         }
     )
-    return _Chunk(batch, threads, counts, batch_sizes, wide, bad)
+    memory = None
+    if MEMORY_RECORD in names:
+        rows = [i for i, n in enumerate(names) if n == MEMORY_RECORD]
+        memory = _memory_batch([events[i] for i in rows], [args[i] for i in rows])
+    return _Chunk(batch, threads, counts, batch_sizes, wide, bad, memory)
+
+
+#: The name of Kineto's memory records (instants written with profile_memory=True).
+MEMORY_RECORD = "[memory]"
+#: c10::DeviceType numbers as Kineto writes them in "Device Type", and how traceview names them.
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 13: "mps", 20: "privateuse1"}
+#: Totals above this are not a real allocator's (a wrapped or corrupt counter): 1 PiB.
+MAX_MEMORY_BYTES = 1 << 50
+
+
+def _memory_batch(events: list[_Complete], args: list[_Args]) -> pa.RecordBatch:
+    """The [memory] records' columns: device, thread, time (µs), totals and size as stated."""
+    return pa.RecordBatch.from_pydict(
+        {
+            "device_type": _int_array([a.device_type for a in args]),
+            "device_id": _int_array([a.device_id for a in args]),
+            S.PID: _ids([e.pid for e in events]),
+            S.TID: _ids([e.tid for e in events]),
+            "ts_us": pa.array([e.ts for e in events], pa.float64()),
+            S.ALLOCATED_BYTES: _int_array([a.total_allocated for a in args]),
+            S.RESERVED_BYTES: _int_array([a.total_reserved for a in args]),
+            S.BYTES: _int_array([a.mem_bytes for a in args]),
+        }
+    )
+
+
+def _device_names(kinds: np.ndarray, ids: np.ndarray) -> list[str]:
+    """ "cpu", "cuda:0"... from Kineto's device type and id (-1: the only one)."""
+    names = {}
+    for kind, index in set(zip(kinds.tolist(), ids.tolist(), strict=True)):
+        base = _DEVICE_TYPES.get(kind, f"device{kind}")
+        names[kind, index] = base if base == "cpu" or index < 0 else f"{base}:{index}"
+    return [names[k] for k in zip(kinds.tolist(), ids.tolist(), strict=True)]
+
+
+def memory_table(
+    batches: list[pa.RecordBatch], base_ns: int, name: str, notes: Notes
+) -> tuple[pa.Table | None, dict[str, Any]]:
+    """The trace's memory records as ``schema.MEMORY_RAW_SCHEMA`` (None: there are none), and
+    what the parser found out about them (for the rank's meta).
+
+    Totals the trace does not state (Kineto before 2022 writes only each record's size) are
+    summed from the sizes, so they count from the profiler's start. PyTorch's CPU allocator
+    keeps no reserve and writes "Total Reserved" 0: that is null here, never 0. Records with an
+    absurd time, a negative or impossible total (a record cut short, a wrapped counter) are
+    dropped with one warning naming how many."""
+    if not batches:
+        return None, {}
+    table = pa.Table.from_batches(batches)
+    ts_us = np.asarray(table.column("ts_us").to_numpy(zero_copy_only=False), np.float64)
+    kinds = np.asarray(pc.fill_null(table.column("device_type"), -1).to_numpy(), np.int64)
+    ids = np.asarray(pc.fill_null(table.column("device_id"), -1).to_numpy(), np.int64)
+    allocated = table.column(S.ALLOCATED_BYTES)
+    reserved = table.column(S.RESERVED_BYTES)
+    size = table.column(S.BYTES)
+    devices = np.array(_device_names(kinds, ids), dtype=object)
+    meta: dict[str, Any] = {}
+    keep = ~absurd_times(ts_us, np.zeros(len(ts_us)))
+    order = np.argsort(np.where(keep, ts_us, np.inf), kind="stable")
+    alloc = np.array(pc.fill_null(allocated, -1).to_numpy(), np.int64)
+    stated = np.array(pc.is_valid(allocated).to_numpy(zero_copy_only=False), bool)
+    summed: list[str] = []
+    for device in sorted(set(devices.tolist())):
+        rows = order[(devices[order] == device) & keep[order]]
+        if rows.size and not stated[rows].any():  # the 2021 format: sizes only
+            sizes = np.asarray(pc.fill_null(size, 0).to_numpy(), np.int64)[rows]
+            alloc[rows] = np.cumsum(sizes)
+            stated[rows] = True
+            summed.append(device)
+    if summed:
+        meta["memory_summed_from_sizes"] = summed
+    # what counts only from the profiler's start: the CPU allocator's records, summed totals
+    since_start = {"cpu"} & set(devices[keep].tolist()) | set(summed)
+    if since_start:
+        meta["memory_since_start"] = sorted(since_start)
+    res = np.array(pc.fill_null(reserved, -1).to_numpy(), np.int64)
+    res_valid = np.array(pc.is_valid(reserved).to_numpy(zero_copy_only=False), bool)
+    on_cpu = devices == "cpu"
+    res_valid &= ~(on_cpu & (res == 0))  # the CPU allocator keeps no reserve: not 0 but null
+    summed_rows = np.isin(devices, summed)
+    impossible = (
+        (stated & ~summed_rows & ((alloc < 0) | (alloc > MAX_MEMORY_BYTES)))
+        | (res_valid & ((res < 0) | (res > MAX_MEMORY_BYTES)))
+        | (stated & res_valid & (res > 0) & (res < alloc) & ~on_cpu)
+    )
+    keep &= stated & ~impossible
+    if dropped := int((~keep).sum()):
+        notes.warn(
+            f"{name}: {dropped} memory record(s) dropped: a negative or impossible total "
+            f"(allocated or reserved outside 0-{MAX_MEMORY_BYTES >> 40} TiB, reserved below "
+            "allocated), no total or an absurd time (a record cut short, a wrapped counter)"
+        )
+    rows = order[keep[order]]
+    out = pa.table(
+        {
+            S.DEVICE: pa.array(devices[rows].tolist(), pa.string()),
+            S.PID: table.column(S.PID).take(rows),
+            S.TID: table.column(S.TID).take(rows),
+            S.TS_NS: us_to_ns(ts_us[rows], base_ns),
+            S.ALLOCATED_BYTES: pa.array(alloc[rows], pa.int64()),
+            S.RESERVED_BYTES: pa.array(res[rows], pa.int64(), mask=~res_valid[rows]),
+            S.BYTES: table.column(S.BYTES).take(rows),
+        }
+    )
+    return S.conform(out, S.MEMORY_RAW_SCHEMA), meta
 
 
 class KinetoParser:
@@ -406,9 +536,12 @@ class KinetoParser:
         threads: dict[str, str] = {}
         counts: dict[str, int] = {}
         batch_sizes: Counter[int] = Counter()
+        memory: list[pa.RecordBatch] = []
         wide_sizes = bad = 0
         for chunk in reader:
             batches.append(chunk.batch)
+            if chunk.memory is not None:
+                memory.append(chunk.memory)
             batch_sizes.update(chunk.batch_sizes)
             wide_sizes += chunk.wide_sizes
             bad += chunk.out_of_range
@@ -445,6 +578,7 @@ class KinetoParser:
                 "(args bytes / In msg nelems)"
             )
         base_ns = _base_time(top.get("baseTimeNanoseconds"), path, notes)
+        memory_records, memory_meta = memory_table(memory, base_ns, path.name, notes)
         ts_ns = us_to_ns(ts_us, base_ns)
         dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
 
@@ -504,6 +638,7 @@ class KinetoParser:
             "trace_name": top.get("traceName"),
             # from the recorded input shapes of convolutions and linear layers (a guess)
             "batch_size": batch_sizes.most_common(1)[0][0] if batch_sizes else None,
+            **memory_meta,
         }
         return ParsedTrace(
             path=path,
@@ -518,6 +653,7 @@ class KinetoParser:
             bytes_read=info.stream.bytes_read,
             lost_bytes=info.lost_bytes,
             skipped=skipped,
+            memory=memory_records,
         )
 
 

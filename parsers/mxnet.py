@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -51,12 +51,30 @@ _INSTANT = frozenset(("i", "I", "n"))
 _MAX_US = float(2**52)  # timestamps and durations beyond this (µs) are not read: no int64 overflow
 
 
-class _Args(msgspec.Struct, frozen=True, gc=False):
-    """The one argument read: a metadata record's ``name``; counter values are skipped."""
+#: The storage counters MXNet's profiler writes with profile_memory (``Memory: gpu/0``...): a
+#: counter's value is under its own name, so each device it can name is a field of _Args.
+_STORAGE_DEVICES = tuple(
+    f"{kind}/{i}" for kind in ("cpu", "gpu", "cpu_pinned", "cpu_shared") for i in range(16)
+)
+_STORAGE = "Device Storage"
+if TYPE_CHECKING:
 
-    name: str | None = None
+    class _Args(msgspec.Struct, frozen=True, gc=False):
+        name: str | None = None  # a metadata record's name; memory0... (below) by getattr
 
-
+else:
+    _Args = msgspec.defstruct(
+        "_Args",
+        [
+            ("name", str | None, None),
+            *(
+                (f"memory{i}", int | float | None, msgspec.field(default=None, name=f"Memory: {d}"))
+                for i, d in enumerate(_STORAGE_DEVICES)
+            ),
+        ],
+        frozen=True,
+        gc=False,
+    )
 _NO_ARGS = _Args()
 
 
@@ -129,6 +147,7 @@ class _Chunk:
     thread_names: dict[tuple[int, int], str]
     counts: Counter[str]
     out_of_range: int = 0  # records holding a number beyond a float's range, left out
+    memory: list[tuple[str, Any, Any, float | None, Any]] | None = None  # storage counters
 
 
 def _decode_chunk(data: Any) -> _Chunk:
@@ -152,6 +171,16 @@ def _decode_chunk(data: Any) -> _Chunk:
                 process_names[pid] = label
             elif meta.name == "thread_name":
                 thread_names[(pid, int(_ids([meta.tid])[0]))] = label
+    memory = None
+    if "C" in counts:  # the storage counters (profile_memory): device, pid, tid, ts, value
+        memory = []
+        for record in compress(records, (p == "C" for p in phs)):
+            if record.cat != _STORAGE or not record.name or not record.name.startswith("Memory: "):
+                continue
+            device = record.name[8:]
+            field = _STORAGE_DEVICES.index(device) if device in _STORAGE_DEVICES else -1
+            value = getattr(record.args, f"memory{field}") if field >= 0 else None
+            memory.append((device, record.pid, record.tid, record.ts, value))
     # Counters and metadata are counted, not kept.
     timed = [p not in ("C", "M") for p in phs]
     if not all(timed):
@@ -172,7 +201,7 @@ def _decode_chunk(data: Any) -> _Chunk:
             "dur_us": pa.array(list(map(attrgetter("dur"), records)), pa.float64()),
         }
     )
-    return _Chunk(batch, process_names, thread_names, counts, bad)
+    return _Chunk(batch, process_names, thread_names, counts, bad, memory)
 
 
 def _pair(group: np.ndarray, ts: np.ndarray, begin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -217,6 +246,8 @@ class ChromeEvents:
     corrupt: int  # records with an absurd time or duration, left out
     process_names: dict[int, str]
     thread_names: dict[tuple[int, int], str]
+    # MXNet's storage counters (device, pid, tid, ts, value), for its memory records
+    storage: list[tuple[str, Any, Any, float | None, Any]]
 
 
 def read_events(path: Path) -> ChromeEvents:
@@ -229,8 +260,10 @@ def read_events(path: Path) -> ChromeEvents:
     process_names: dict[int, str] = {}
     thread_names: dict[tuple[int, int], str] = {}
     counts: Counter[str] = Counter()
+    storage: list[tuple[str, Any, Any, float | None, Any]] = []
     bad = 0
     for chunk in reader:
+        storage.extend(chunk.memory or [])
         batches.append(chunk.batch)
         process_names.update(chunk.process_names)
         thread_names.update(chunk.thread_names)
@@ -247,7 +280,17 @@ def read_events(path: Path) -> ChromeEvents:
     if corrupt:
         notes.warn(corrupt_times(path.name, corrupt))
     return ChromeEvents(
-        raw, info, notes, counts, unmatched, no_ts, operators, corrupt, process_names, thread_names
+        raw,
+        info,
+        notes,
+        counts,
+        unmatched,
+        no_ts,
+        operators,
+        corrupt,
+        process_names,
+        thread_names,
+        storage,
     )
 
 
@@ -276,6 +319,7 @@ class MXNetParser:
         raw, info, notes, counts = read.events, read.info, read.notes, read.counts
         unmatched, no_ts, operators = read.unmatched, read.no_timestamp, read.operators
         corrupt, process_names, thread_names = read.corrupt, read.process_names, read.thread_names
+        storage = read.storage
         if not operators:
             notes.remark(
                 f"{path.name}: no MXNet operator events (profile_imperative/symbolic off?)"
@@ -300,10 +344,12 @@ class MXNetParser:
                 {label for label in process_names.values() if _DEVICE_NAME.match(label)}
             ),
         }
+        memory = _memory(storage, path.name, notes)
         return ParsedTrace(
             path=path,
             framework=self.framework,
             events=raw,
+            memory=memory,
             meta={k: v for k, v in meta.items() if v not in (None, [], "")},
             threads=threads,
             notes=notes,
@@ -313,6 +359,49 @@ class MXNetParser:
             layout=LAYOUT,
             process_names=process_names,
         )
+
+
+def _memory(
+    storage: list[tuple[str, Any, Any, float | None, Any]], name: str, notes: Notes
+) -> pa.Table | None:
+    """MXNet's storage counters (``Memory: gpu/0``: bytes its storage manager holds on the
+    device) as schema.MEMORY_RAW_SCHEMA; devices named ``cpu``, ``gpu:0``, ``cpu_pinned:0``. A
+    value that is not a number, negative or beyond 1 PiB, or an absurd time, is dropped with a
+    warning naming how many. MXNet keeps no separate reserve: reserved is null."""
+    if not storage:
+        return None
+    devices = [d for d, *_ in storage]
+    ts = np.array([t if t is not None else np.nan for *_, t, _ in storage], np.float64)
+    values = [v for *_, v in storage]
+    number = np.array(
+        [isinstance(v, int | float) and not isinstance(v, bool) for v in values], bool
+    )
+    value = np.array([float(v) if n else -1.0 for v, n in zip(values, number, strict=True)])
+    known = np.array([d in _STORAGE_DEVICES for d in devices], bool)
+    if unknown := int((~known).sum()):
+        names = ", ".join(sorted({d for d in devices if d not in _STORAGE_DEVICES})[:3])
+        notes.warn(f"{name}: {unknown} memory record(s) of other devices ({names}) not read")
+    with np.errstate(invalid="ignore"):
+        keep = number & (value >= 0) & (value <= float(1 << 50)) & (np.abs(ts) < _MAX_US)
+    keep[~known] = False
+    if dropped := int((~keep & known).sum()):
+        notes.warn(
+            f"{name}: {dropped} memory record(s) dropped: not a number, negative or beyond 1 "
+            "PiB (a wrapped counter), or an absurd time"
+        )
+    rows = np.flatnonzero(keep)
+    rows = rows[np.argsort(ts[rows], kind="stable")]
+    named = {d: "cpu" if d == "cpu/0" else d.replace("/", ":") for d in set(devices)}
+    table = pa.table(
+        {
+            S.DEVICE: pa.array([named[devices[i]] for i in rows], pa.string()),
+            S.PID: pa.array(_ids([storage[i][1] for i in rows]), pa.int64()),
+            S.TID: pa.array(_ids([storage[i][2] for i in rows]), pa.int64()),
+            S.TS_NS: us_to_ns(ts[rows]),
+            S.ALLOCATED_BYTES: pa.array(value[rows].astype(np.int64), pa.int64()),
+        }
+    )
+    return S.conform(table, S.MEMORY_RAW_SCHEMA)
 
 
 def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:

@@ -180,7 +180,9 @@ class XPlaneParser:
         events, meta, threads, skipped, notes = _events(records, start_ns, path)
         if events.num_rows == 0:
             raise BadInput(f"{path}: the TensorFlow profile holds no events")
+        memory = _memory_profile(path, records, start_ns or 0, notes)
         return ParsedTrace(
+            memory=memory,
             path=path,
             framework=self.framework,
             events=events,
@@ -192,6 +194,111 @@ class XPlaneParser:
             bytes_read=size,
             skipped=skipped,
         )
+
+
+_GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
+
+
+def _allocator_device(name: str) -> str:
+    """``GPU_0_bfc`` -> ``gpu:0``; ``cpu``, ``mklcpu``, ``cpu_bfc`` -> ``cpu``; others by name.
+    A bare number is a name the XSpace stores by reference, which xprof's ProfileData does not
+    resolve: in the CPU runs seen, the CPU's allocator (``mklcpu``: oneDNN's, which records only
+    the allocations it serves unless TF_CPU_ALLOCATOR_USE_BFC=true puts all of them in a BFC)."""
+    if name.isdigit():
+        return "cpu"
+    match = _GPU_ALLOCATOR.match(name)
+    if match:
+        return f"gpu:{match.group(1)}"
+    base = name.lower().removesuffix("_bfc")
+    return "cpu" if base in ("cpu", "mklcpu") else base
+
+
+_MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
+
+
+def _memory_profile(
+    path: Path, records: list[_Record], base_ns: int, notes: Notes
+) -> pa.Table | None:
+    """The XSpace's memory records: TensorFlow's ``MemoryAllocation``/``MemoryDeallocation``
+    events, one per allocation and free of each BFC allocator (read whole from the XSpace:
+    xprof's memory_profile tool samples them at random), as schema.MEMORY_RAW_SCHEMA:
+    allocated = ``bytes_allocated`` after the record, reserved = ``bytes_reserved`` (null when
+    0: not a pool's reserve but the stack's), the allocating thread's line. TensorFlow writes
+    them from its BFC allocators only, which CPU runs do not use by default: those have none.
+
+    The XSpace's event times may be on another origin than the trace events xprof makes: the
+    offset is the median difference of the events both have, by name (names that occur as
+    often in both, matched in time order)."""
+    try:
+        from xprof.profile_data import ProfileData
+    except ImportError:  # pragma: no cover - shipped with xprof
+        return None
+    rows: list[tuple[str, int, int, int | None, int, int]] = []
+    once: dict[str, list[int]] = {}
+    bad = 0
+    with _captured_stderr():
+        try:
+            data = ProfileData.from_file(str(path))
+            for plane in data.planes:
+                host = plane.name.startswith("/host:")
+                for number, line in enumerate(plane.lines):
+                    for event in line.events:
+                        name = event.name
+                        if host:
+                            once.setdefault(name, []).append(int(event.start_ns))
+                        if name not in _MEMORY_EVENTS:
+                            continue
+                        stats = dict(event.stats)
+                        try:
+                            held = int(stats["bytes_allocated"])
+                            reserved = int(stats.get("bytes_reserved") or 0) or None
+                            size = int(stats.get("allocation_bytes") or 0)
+                        except (KeyError, TypeError, ValueError):
+                            bad += 1
+                            continue
+                        if not 0 <= held <= 1 << 50 or (reserved or 0) < 0:
+                            bad += 1
+                            continue
+                        device = _allocator_device(str(stats.get("allocator_name", "")))
+                        sign = -1 if name == "MemoryDeallocation" else 1
+                        rows.append(
+                            (device, int(event.start_ns), held, reserved, sign * size, number)
+                        )
+        except Exception:  # no memory records to read: memory is absent, not an error
+            return None
+    if bad:
+        notes.warn(
+            f"{path.name}: {bad} memory record(s) dropped: a negative or impossible total, or a "
+            "record without one"
+        )
+    if not rows:
+        return None
+    trace: dict[str, list[float]] = {}
+    for r in records:
+        if r.ph == "X" and r.name and r.ts is not None:
+            trace.setdefault(r.name, []).append(r.ts)
+    shifts = [
+        a * 1e3 - b
+        for n, t in once.items()
+        if len(t) == len(trace.get(n, ()))
+        for a, b in zip(sorted(trace[n]), sorted(t), strict=True)
+    ]
+    if not shifts:
+        notes.warn(f"{path.name}: memory records not read (their clock could not be matched)")
+        return None
+    shift = round(float(np.median(shifts))) + base_ns
+    order = sorted(range(len(rows)), key=lambda i: rows[i][1])
+    table = pa.table(
+        {
+            S.DEVICE: pa.array([rows[i][0] for i in order], pa.string()),
+            S.TID: pa.array([-1 - rows[i][5] for i in order], pa.int64()),
+            S.TS_NS: pa.array([rows[i][1] + shift for i in order], pa.int64()),
+            S.ALLOCATED_BYTES: pa.array([rows[i][2] for i in order], pa.int64()),
+            S.RESERVED_BYTES: pa.array([rows[i][3] for i in order], pa.int64()),
+            S.BYTES: pa.array([rows[i][4] for i in order], pa.int64()),
+        }
+    )
+    return S.conform(table, S.MEMORY_RAW_SCHEMA)
 
 
 def _int(value: str | int | None) -> int | None:

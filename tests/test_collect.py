@@ -75,6 +75,35 @@ def test_ddp_job_under_mpirun(tmp_path: Path) -> None:
     ]
     report = run_cli("report", run, "--json").json()
     assert report["summary"]["comm_total_ms"] > 0 and report["run"]["ranks"] == 2
+    # memory is recorded by default: every rank has its CPU allocator's figures
+    assert report["summary"]["memory"] is not None
+    for rank in report["ranks"]:
+        memory = rank["memory"]
+        assert memory["device"] == "cpu" and memory["peak_mb"] > 0, memory
+        assert memory["reserved_peak_mb"] is None  # the CPU allocator keeps no reserve
+        # the process's resident memory, sampled at each step boundary while profiling
+        status = json.loads((run / "raw" / f"rank-{rank['rank']:05d}" / "status.json").read_text())
+        samples = status["rss_samples"]
+        assert len(samples) >= 4 + 1
+        rss = memory["by_device"]["rss"]
+        assert rss["peak_mb"] == round(max(b for _, b in samples) / 2**20, 3)
+        assert rss["peak_mb"] > memory["peak_mb"]  # the whole process, not what it allocated
+
+
+def test_no_memory_leaves_memory_records_out(tmp_path: Path) -> None:
+    _needs_torch()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-memory", "-o", run, "--steps", "2", "--warmup", "0", "--skip", "1",
+        "--no-report", "--", sys.executable, WORKLOADS / "ddp_train.py", "--steps", "5",
+        "--port", "29667",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert pq.read_table(run / "memory.parquet").num_rows == 0
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    assert status["rss_samples"] == []
+    report = run_cli("report", run, "--json").json()
+    assert report["summary"]["memory"] is None and report["ranks"][0]["memory"] is None
 
 
 MPICH_MPIEXEC = Path(
@@ -496,8 +525,10 @@ def test_a_training_thread_past_the_cap_stops_at_its_next_step(tmp_path: Path) -
     optimizer step; the step that just ended is complete and kept."""
     _needs_torch()
     run = tmp_path / "run"
+    # --no-memory: with the allocator's records, stopping this 300 MiB profile of 20,000 tiny ops
+    # a step takes more than the workload's 3000 MiB guard (2.6 GiB without them; README)
     result = run_cli(
-        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "100",
+        "collect", "--no-memory", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "100",
         "--max-profile-memory", "150M", "--",
         sys.executable, WORKLOADS / "grow.py", "--steps", "30", "--ops", "20000", "--thread",
     )  # fmt: skip

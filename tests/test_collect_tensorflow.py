@@ -120,6 +120,13 @@ def test_multi_worker_custom_loop_under_mpirun(tmp_path: Path) -> None:
     assert summary["comm_total_ms"] > 0 and summary["breakdown_ms"]["comm"] > 0
     assert summary["breakdown_ms"]["backward"] > 0 and summary["breakdown_ms"]["forward"] > 0
     assert {op["op"] for op in report["top_ops"]} >= {"fully_connected", "allreduce"}
+    # the resident memory collect samples at each step boundary (TensorFlow itself records only
+    # what oneDNN's "mklcpu" allocator handles on CPU, where it records anything)
+    for rank in report["ranks"]:
+        status = json.loads((run / "raw" / f"rank-{rank['rank']:05d}" / "status.json").read_text())
+        assert len(status["rss_samples"]) >= 3
+        rss = rank["memory"]["by_device"]["rss"]
+        assert rss["peak_mb"] == round(max(b for _, b in status["rss_samples"]) / 2**20, 3)
 
 
 def test_keras_fit_steps_come_from_its_batches(tmp_path: Path) -> None:

@@ -539,6 +539,18 @@ def test_live_run_manifest(live: tuple[str, Path, Path]) -> None:
     collected = manifest["collect"]
     ranks = collected["ranks"]
     assert all(r["framework"] == "mxnet" and r["trace"] and r["state"] == "ok" for r in ranks)
+    # memory by default: MXNet's storage counters, and the process's resident memory at each
+    # recorded step boundary (status.json), per worker
+    report = run_cli("report", run, "--json").json()
+    for rank in report["ranks"]:
+        devices = rank["memory"]["by_device"]
+        # local trains on two CPU contexts: cpu and cpu:1, the main one the higher
+        assert devices["cpu"]["peak_mb"] > 0 and rank["memory"]["device"].startswith("cpu")
+        status = json.loads((run / "raw" / f"rank-{rank['rank']:05d}" / "status.json").read_text())
+        assert len(status["rss_samples"]) >= 5
+        assert devices["rss"]["peak_mb"] == round(
+            max(b for _, b in status["rss_samples"]) / 2**20, 3
+        )
     if scenario == "dist_sync":
         assert sorted(r["rank"] for r in ranks) == [0, 1]
         assert {r["rank_source"] for r in ranks} == {"kvstore"}
@@ -635,3 +647,21 @@ def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_p
     report = run_cli("report", run, "--json").json()
     assert [s["step"] for s in report["per_step"]] == list(range(1, stop))
     assert report["incomplete_steps"] == [] and line in report["warnings"]
+
+
+def test_no_memory_leaves_mxnets_storage_counters_out(tmp_path: Path) -> None:
+    """MXNet's profiler records its storage counters unless told not to (profile_memory defaults
+    to True there): --no-memory must turn them off, and the resident-memory samples too."""
+    python = _mxnet_python()
+    run, out = tmp_path / "run", tmp_path / "out"
+    command = [
+        sys.executable, "-m", "traceview", "collect", "--no-memory", "--no-report", "-o", str(run),
+        "--", str(python), str(MX_SAMPLES / "make_traces.py"), "train", "local", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = run_cli("report", run, "--json").json()
+    assert report["summary"]["memory"] is None and report["ranks"][0]["memory"] is None
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    assert status["rss_samples"] == []

@@ -266,6 +266,28 @@ def test_operators_sort_key_cycles_through_the_columns(ddp: Run) -> None:
 # --- ranks and steps --------------------------------------------------------------------------
 
 
+def test_ranks_screen_shows_memory_where_the_run_has_it(ddp: Run) -> None:
+    seen: dict[str, list[list[str]]] = {}
+    columns: dict[str, list[str]] = {}
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("4")
+        table = app.query_one("#ranks-table", DataTable)
+        seen["rows"] = rows(table)
+        columns["keys"] = [str(c.value) for c in table.columns]
+
+    with open_run([REPO / "sample_traces" / "pytorch" / "memory"]) as run:
+        report = run.report()
+        drive([run], look)
+    assert columns["keys"][-2:] == ["mem", "mem_phase"]
+    for row in seen["rows"]:
+        memory = next(r.memory for r in report.ranks if r.rank == int(row[0].rstrip("*")))
+        assert memory is not None and memory.peak_mb is not None
+        assert row[-2:] == [f"{memory.peak_mb:,.1f}", memory.peak_phase]
+    drive([ddp], look)  # no memory records: no memory columns
+    assert "mem" not in columns["keys"]
+
+
 def test_ranks_screen_lists_the_slowest_rank_first(ddp: Run) -> None:
     report = ddp.report()
     table: list[list[str]] = []
@@ -398,6 +420,38 @@ def test_timeline_shows_ddp_communication_under_backward(ddp: Run) -> None:
         i for i, c in enumerate(training) if c == "B" and any(b[i] == "C" for b in comm_threads)
     ]
     assert overlap, "communication drawn under backward"
+
+
+def test_timeline_has_a_memory_lane_under_each_rank_with_its_peak() -> None:
+    """sample_traces/pytorch/memory: rank 0 holds 256 MiB more through forward and backward,
+    so its memory lane's label says so and its sparkline is full while rank 1's is not."""
+    lanes: dict[str, str] = {}
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        width = timeline.bar_width()
+        rank = None
+        for y in range(len(timeline.rows)):
+            line = timeline.render_line(y - round(timeline.scroll_offset.y)).text
+            label, bar = line[: timeline.label_width()], line[timeline.label_width() + 1 :]
+            if "rank" in label:
+                rank = label.split("rank")[1].split()[0].rstrip("*")
+            elif "memory" in label:
+                lanes[f"{rank}: {label.strip()}"] = bar[:width]
+
+    with open_run([REPO / "sample_traces" / "pytorch" / "memory"]) as run:
+        report = run.report()
+        drive([run], look)
+    assert len(lanes) == 2, lanes
+    for rank in report.ranks:
+        label, bar = next((k, v) for k, v in lanes.items() if k.startswith(f"{rank.rank}:"))
+        assert rank.memory is not None and rank.memory.peak_mb is not None
+        assert label == f"{rank.rank}: memory {rank.memory.peak_mb:,.0f} MiB"
+        assert set(bar.strip()) <= set("▁▂▃▄▅▆▇█"), bar
+    # rank 0 holds its extra 256 MiB over forward and backward: most of its lane is full
+    assert lanes["0: memory 257 MiB"].count("█") > len(lanes["0: memory 257 MiB"]) // 4
 
 
 def test_timeline_step_keys_change_the_step_and_cut_its_lanes(ddp: Run) -> None:

@@ -82,9 +82,10 @@ class TraceFile:
     clock: Clock = field(default_factory=Clock)  # from the status beside it (collect's runs)
 
 
-#: A per-rank analysis: one rank's events in, named result tables out (written as NAME.parquet).
-#: It must be a module-level function: worker processes receive it by reference.
-RankAnalysis = Callable[[pa.Table], dict[str, pa.Table]]
+#: A per-rank analysis: one rank's events and memory records (schema.MEMORY_SCHEMA) in, named
+#: result tables out (written as NAME.parquet). It must be a module-level function: worker
+#: processes receive it by reference.
+RankAnalysis = Callable[[pa.Table, pa.Table], dict[str, pa.Table]]
 
 
 @dataclass
@@ -393,11 +394,13 @@ def ingest_rank(
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     del parsed.events
+    memory = rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)
     # Parquet encoding runs outside the GIL: write while the analysis runs.
     with ThreadPoolExecutor(max_workers=1) as writer:
         written = writer.submit(R.write_events, run, trace.rank, normalized.events)
-        tables = analyze(normalized.events) if analyze is not None else {}
+        tables = analyze(normalized.events, memory) if analyze is not None else {}
         written.result()
+    tables[R.MEMORY] = memory  # every rank's, empty or not: memory.parquet says it was read
     notes.extend(parsed.notes)
     notes.extend(normalized.notes)
     found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
@@ -426,6 +429,44 @@ def ingest_rank(
         seconds=round(time.perf_counter() - started, 3),
     )
     return RankPartial(info, tables, notes)
+
+
+def _with_rss(records: pa.Table | None, trace: Path) -> pa.Table | None:
+    """The parser's memory records and the process's resident memory that collect sampled at
+    step boundaries (status.json beside the trace; device ``rss``)."""
+    status = rank_status(trace)
+    # what a status claims is bounded before it is believed: a time in int64, a size to 1 PiB
+    samples = [
+        s
+        for s in status.rss_samples
+        if len(s) == 2 and 0 <= s[0] < 1 << 63 and 0 <= s[1] <= 1 << 50
+    ]
+    if not samples:
+        return records
+    rss = S.conform(
+        pa.table(
+            {
+                S.DEVICE: pa.array([S.DEVICE_RSS] * len(samples), pa.string()),
+                S.PID: pa.array([status.pid] * len(samples), pa.int64()),
+                S.TS_NS: pa.array([s[0] for s in samples], pa.int64()),
+                S.ALLOCATED_BYTES: pa.array([s[1] for s in samples], pa.int64()),
+            }
+        ),
+        S.MEMORY_RAW_SCHEMA,
+    )
+    return rss if records is None else pa.concat_tables([records, rss])
+
+
+def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table:
+    """A parser's memory records (schema.MEMORY_RAW_SCHEMA) as the rank's rows of memory.parquet,
+    on the run's clock (empty where the trace has none)."""
+    if records is None or records.num_rows == 0:
+        return S.MEMORY_SCHEMA.empty_table()
+    if offset_ns:
+        shifted = pc.add(records.column(S.TS_NS), pa.scalar(offset_ns, pa.int64()))
+        records = records.set_column(records.schema.get_field_index(S.TS_NS), S.TS_NS, shifted)
+    records = records.append_column(S.RANK, pa.array([rank] * records.num_rows, pa.int32()))
+    return S.conform(records, S.MEMORY_SCHEMA)
 
 
 def _die_with_parent(parent: int) -> None:

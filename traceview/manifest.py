@@ -85,6 +85,8 @@ class RankStatus(Record):
     stop_reason: str | None = None  # why the profile stopped before its --steps (memory cap)
     stop_step: int | None = None  # the profiler's step then
     stop_mid_step: bool = False  # that step was cut short
+    # [time_ns, resident bytes] at each step boundary while profiling (collect, PyTorch)
+    rss_samples: list[list[int]] = []
 
 
 class CollectedRank(Record):

@@ -124,6 +124,68 @@ class RunInfo(Result):
     clocks: Clocks | None = None  # null with one rank
 
 
+#: How a rank's allocated memory moves across steps (analysis/memory.py): "leak" grew at every
+#: step, "creep" at most steps, "steady" otherwise.
+Growth = Literal["leak", "creep", "steady"]
+
+
+class StepMemory(Result):
+    """Allocated memory of one device in one step window (MiB: 2**20 bytes)."""
+
+    step: int | None
+    start_mb: float | None  # when the step starts (what the last record before it left)
+    end_mb: float | None  # when it ends
+    peak_mb: float | None  # the most at any instant of the step
+    peak_phase: Phase | None = None
+
+
+class DeviceMemory(Result):
+    """One device of one rank: what its allocator held (MiB: 2**20 bytes). Null: not recorded."""
+
+    peak_mb: float | None  # the most allocated at once over the trace
+    peak_phase: Phase | None  # the phase running when it peaked
+    peak_op: str | None  # the operator running then (untrusted: from the trace)
+    peak_step: int | None  # the step it peaked in (null: outside the steps, or unnumbered)
+    reserved_peak_mb: float | None  # the allocator's reserve at its largest (null on CPU)
+    start_mb: float | None  # when the first step starts
+    end_mb: float | None  # when the last step ends
+    growth_mb_per_step: float | None  # least-squares slope of the steps' end (null: < 3 steps)
+    growth: Growth | None
+    since_profiling_started: bool  # counts only allocations made while profiling (CPU)
+    steps: list[StepMemory] = []
+
+
+class RankMemory(Result):
+    """A rank's memory: the figures of its main device (an accelerator where it has one, else
+    the CPU), and every device's in ``by_device``."""
+
+    device: str
+    peak_mb: float | None
+    peak_phase: Phase | None
+    peak_op: str | None
+    peak_step: int | None
+    reserved_peak_mb: float | None
+    growth_mb_per_step: float | None
+    growth: Growth | None
+    since_profiling_started: bool
+    by_device: dict[str, DeviceMemory]
+
+
+class RunMemory(Result):
+    """Memory across ranks: the highest peak and how far above the others' it is."""
+
+    peak_mb: float
+    peak_rank: int
+    device: str  # the device of that peak
+    # its peak less the median of the other ranks' (on the same kind of device), in MiB and as
+    # a fraction of that median; null with one rank
+    excess_mb: float | None
+    imbalance: float | None
+    median_mb: float | None  # the median of the other ranks' peaks (null with one rank)
+    imbalanced: bool | None  # far above the others (a warning): the first to run out
+    leaking_ranks: list[int] = []  # ranks whose main device's memory grows step after step
+
+
 class Summary(Result):
     """The run as a whole: means over ranks of each rank's mean step."""
 
@@ -155,6 +217,7 @@ class Summary(Result):
     straggler_phase: StragglerPhase | None = None  # where the straggler spends its extra time
     straggler_phase_ms: float | None = None  # that phase on the straggler, ms per step
     straggler_phase_median_ms: float | None = None  # and the median of the other ranks
+    memory: RunMemory | None = None  # null: no rank has memory records
 
 
 class GpuIdle(Result):
@@ -247,6 +310,7 @@ class RankSummary(Result):
     caused_wait_ms: float | None = None
     last_arrivals: int | None = None  # matched calls it arrived last to (where anyone waited)
     gpu: RankGpu | None = None  # device time explained (null on CPU runs)
+    memory: RankMemory | None = None  # null: the rank's trace has no memory records
 
 
 class StepSummary(Result):
@@ -403,6 +467,13 @@ class ComparedRun(Result):
     comm_transfer_ms: float | None = None
     straggler_rank: int | None = None  # where significant
     straggler_phase: StragglerPhase | None = None
+    # memory (RunMemory): the highest peak over ranks, its rank, device and phase; null where
+    # the run has no memory records
+    memory_peak_mb: float | None = None
+    memory_peak_rank: int | None = None
+    memory_device: str | None = None
+    memory_peak_phase: Phase | None = None
+    memory_since_profiling_started: bool | None = None
 
 
 class ComparedValues(Result):

@@ -42,6 +42,9 @@ EVENTS = "events"
 RAW = "raw"
 STEPS = "steps.parquet"
 OPS = "ops.parquet"
+#: every rank's memory records (schema.MEMORY_SCHEMA); absent in runs ingested before traceview
+#: read memory (their memory is unknown, not empty)
+MEMORY = "memory"
 
 
 def _process_umask() -> int:
@@ -160,6 +163,18 @@ def read_steps(run: Path) -> pa.Table:
 
 def read_ops(run: Path) -> pa.Table:
     return read_table(run / OPS)
+
+
+def read_memory(run: Path, ranks: list[int] | None = None) -> pa.Table | None:
+    """The memory records of ``ranks`` (all when None); None where the run has no memory table
+    (ingested before traceview read memory)."""
+    path = run / f"{MEMORY}.parquet"
+    if not path.is_file():
+        return None
+    table = read_table(path, S.MEMORY_SCHEMA)
+    if ranks is not None:
+        table = table.filter(pc.is_in(table.column(S.RANK), pa.array(ranks, pa.int32())))
+    return table
 
 
 def _rank_parts(run: Path) -> list[tuple[int, Path]]:

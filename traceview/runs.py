@@ -51,6 +51,11 @@ class Run:
     def collectives(self) -> pa.Table:
         return self.tables["collectives"]
 
+    @property
+    def has_memory(self) -> bool:
+        """Whether ingest read memory records (memory.parquet; some runs predate it)."""
+        return (self.path / f"{R.MEMORY}.parquet").is_file()
+
     def report(self, top: int = 10) -> RunReport:
         from traceview.analysis.summary import summarize
 
@@ -65,6 +70,7 @@ class Run:
             cross=self.cross,
             gpu=self.tables["gpu"],
             launches=self.tables["launches"],
+            memory_steps=self.tables["memory_steps"] if self.has_memory else None,
         )
 
     @cached_property
@@ -81,7 +87,7 @@ class Run:
         from traceview.analysis.crossrank import matched_table
         from traceview.analysis.summary import complete_flag
 
-        return {
+        tables = {
             "steps": complete_flag(self.steps, self.manifest),
             "ops": self.ops,
             "collectives": matched_table(self.collectives, self.cross),
@@ -91,6 +97,11 @@ class Run:
                 if self.tables[name].num_rows
             },
         }
+        memory = R.read_memory(self.path)
+        if memory is not None and memory.num_rows:  # runs without memory records: none
+            tables["memory"] = memory
+            tables["memory_steps"] = self.tables["memory_steps"]
+        return tables
 
     def clock_offsets(self) -> dict[int, int]:
         """ns to subtract from each rank's times to put it on the run's clock, where they were
@@ -110,6 +121,10 @@ class Run:
     def window_events(self, rank: int, start_ns: int, end_ns: int) -> pa.Table:
         """The events of ``rank`` that overlap [start_ns, end_ns): only their row groups."""
         return R.read_window(self.path, rank, start_ns, end_ns)
+
+    def memory(self, ranks: list[int] | None = None) -> pa.Table | None:
+        """The memory records of ``ranks`` (None: the run has no memory table)."""
+        return R.read_memory(self.path, ranks)
 
 
 def _label(paths: list[Path]) -> str:
@@ -148,7 +163,7 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
     per_rank, damaged = [], {}
     for rank in R.event_ranks(run):
         try:
-            per_rank.append(rank_tables(R.read_events(run, [rank])))
+            per_rank.append(rank_tables(R.read_events(run, [rank]), R.read_memory(run, [rank])))
         except BadInput as exc:  # the other ranks are still reported (this time, uncached)
             damaged[rank] = exc
             manifest.notes.warnings.append(f"rank {rank} left out: {exc}")
@@ -200,6 +215,7 @@ _TABLE_SCHEMAS = {
     "comm": S.COMM_SCHEMA,
     "gpu": S.GPU_SCHEMA,
     "launches": S.LAUNCHES_SCHEMA,
+    "memory_steps": S.MEMORY_STEPS_SCHEMA,
 }
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 

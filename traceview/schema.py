@@ -73,6 +73,9 @@ STRUCTURAL_KINDS: Final = (KIND_ANNOTATION, KIND_STEP, KIND_PYTHON)
 
 DEVICE_CPU: Final = "cpu"
 DEVICE_GPU: Final = "gpu"
+#: The memory table's device for a process's resident memory, sampled by collect at step
+#: boundaries (framework-independent; not an allocator's figure)
+DEVICE_RSS: Final = "rss"
 
 COLLECTIVES: Final = (
     "allreduce",
@@ -349,6 +352,67 @@ LAUNCHES_SCHEMA: Final = pa.schema(
         pa.field(OVERHEAD_P50_NS, pa.float64(), nullable=False),
         pa.field(TOTAL_NS, pa.int64(), nullable=False),
         pa.field(SHORT_KERNELS, pa.int64(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
+# --- memory: per rank and device, the allocator's totals over time -------------------------------
+
+ALLOCATED_BYTES: Final = "allocated_bytes"
+RESERVED_BYTES: Final = "reserved_bytes"
+
+#: What a parser hands over beside the events: one row per memory record (Kineto's ``[memory]``
+#: instants), ``device`` named as the framework does (``cpu``, ``cuda:0``), ``allocated_bytes``
+#: the allocator's total after the record, ``reserved_bytes`` its reserve (null where the
+#: framework does not keep one: PyTorch's CPU allocator writes 0), ``bytes`` the change.
+MEMORY_RAW_SCHEMA: Final = pa.schema(
+    [
+        pa.field(DEVICE, pa.string(), nullable=False),
+        pa.field(PID, pa.int64()),
+        pa.field(TID, pa.int64()),  # the thread that allocated or freed
+        pa.field(TS_NS, pa.int64(), nullable=False),
+        pa.field(ALLOCATED_BYTES, pa.int64()),
+        pa.field(RESERVED_BYTES, pa.int64()),
+        pa.field(BYTES, pa.int64()),
+    ]
+)
+
+#: memory.parquet in a run directory: every rank's memory records, on the run's clock. Written
+#: by ingest from the traces (not a cache: there is nothing to recompute it from).
+MEMORY_SCHEMA: Final = pa.schema(
+    [pa.field(RANK, pa.int32(), nullable=False), *MEMORY_RAW_SCHEMA],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+# --- memory_steps: per rank, device and step window, the memory figures ---------------------------
+
+WHOLE: Final = "whole"  # the row covers the whole trace, not one step window
+SAMPLES: Final = "samples"
+START_BYTES: Final = "start_bytes"  # allocated when the window starts (the last record before)
+END_BYTES: Final = "end_bytes"  # allocated when it ends
+PEAK_BYTES: Final = "peak_bytes"  # the most allocated at any record in the window
+PEAK_TS_NS: Final = "peak_ts_ns"
+PEAK_PHASE: Final = "peak_phase"  # the phase of the host operator running at the peak
+PEAK_OP: Final = "peak_op"  # that operator's name (untrusted)
+RESERVED_PEAK_BYTES: Final = "reserved_peak_bytes"
+
+MEMORY_STEPS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(DEVICE, pa.string(), nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(WHOLE, pa.bool_(), nullable=False),
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(END_NS, pa.int64(), nullable=False),
+        pa.field(SAMPLES, pa.int64(), nullable=False),
+        pa.field(START_BYTES, pa.int64()),
+        pa.field(END_BYTES, pa.int64()),
+        pa.field(PEAK_BYTES, pa.int64()),
+        pa.field(PEAK_TS_NS, pa.int64()),
+        pa.field(PEAK_PHASE, pa.string()),
+        pa.field(PEAK_OP, pa.string()),
+        pa.field(RESERVED_PEAK_BYTES, pa.int64()),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )

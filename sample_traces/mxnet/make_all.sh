@@ -10,7 +10,7 @@ MXPY="${TRACEVIEW_MXNET_PYTHON:-$PWD/.venv-mxnet/bin/python}"
 export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=1
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for scenario in ${SCENARIOS:-dist_sync dist_overlap mlp local dist_sync_bulk dist_overlap_bulk local_bulk}; do
+for scenario in ${SCENARIOS:-dist_sync dist_overlap mlp local dist_sync_bulk dist_overlap_bulk local_bulk memory}; do
     if [ "${scenario%_bulk}" != local ]; then
         launcher=(traceview-dmlc -n 2 -s 1)
     else

@@ -30,6 +30,9 @@ SCENARIO is one of:
   local_bulk local with bulk execution on, the data iterator (called as ``it.next()``), and the
              network hybridized (static graph): forward and backward run as a mix of single
              operators and bulk segments.
+  memory     dist_sync, but worker 0 (EXTRA_RANK) allocates an extra EXTRA_MIB MiB array in
+             forward and frees it after backward (memory ground truth: its peak is EXTRA_MIB
+             above worker 1's, in forward or backward).
 
 The other scenarios turn bulk execution off (MXNET_EXEC_BULK_EXEC_TRAIN=0) so that every
 operator is timed on its own; they were made that way and their traces stay as they are.
@@ -51,8 +54,11 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = (
-    "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk", "local_bulk"
+    "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk", "local_bulk",
+    "memory",
 )  # fmt: skip
+EXTRA_RANK = 0  # memory: the worker that holds an extra array from forward to after backward
+EXTRA_MIB = 256
 BATCH = 64  # per worker (local: split over the two contexts)
 LR = 0.05
 MLP_DIMS = (512, 1024, 1024, 1024, 10)  # the PyTorch and TensorFlow samples' model
@@ -157,11 +163,18 @@ def train(scenario: str, out: Path) -> int:
         t1 = time.perf_counter()
         with autograd.record():
             losses = [loss_fn(net(a), b) for a, b in zip(xs, ys, strict=True)]
+        extra = (
+            nd.zeros(((EXTRA_MIB << 20) // 4,), ctx=contexts[0])  # float32: EXTRA_MIB MiB
+            if scenario == "memory" and rank == EXTRA_RANK
+            else None
+        )
         nd.waitall()
         t2 = time.perf_counter()
         autograd.backward(losses)
         if not overlap:
             nd.waitall()
+        del extra  # held from forward to the end of backward
+        nd.waitall()
         t3 = time.perf_counter()
         if distributed:
             trainer.step(batch)  # push gradients, the server updates, pull weights
@@ -200,6 +213,12 @@ def train(scenario: str, out: Path) -> int:
         "bulk_exec_train": os.environ.get("MXNET_EXEC_BULK_EXEC_TRAIN", "unset (MXNet default: 1)"),
         "params": int(sum(p.data(contexts[0]).size for p in net.collect_params().values())),
     }
+    if scenario == "memory":
+        meta["extra"] = {
+            "rank": EXTRA_RANK,
+            "bytes": EXTRA_MIB << 20,
+            "held": "allocated in forward (after the model's forward), freed after backward",
+        }
     (out / f"timers-rank-{rank}.json").write_text(json.dumps({"meta": meta, "records": records}))
     return 0
 
@@ -229,6 +248,11 @@ DESCRIPTIONS = {
         "(comm_ms); Trainer.update() runs SGD on each context (update_ms).",
         "launch": "traceview collect -- PYTHON make_traces.py train local OUT",
     },
+}
+DESCRIPTIONS["memory"] = {
+    "communication": DESCRIPTIONS["dist_sync"]["communication"]
+    + f" Worker {EXTRA_RANK} holds an extra {EXTRA_MIB} MiB array from forward to after backward.",
+    "launch": DESCRIPTIONS["dist_sync"]["launch"].replace(" dist_sync ", " memory "),
 }
 for _name, _how in (
     ("dist_sync", "backward runs as ImperativeBulk segments"),
@@ -282,6 +306,8 @@ def merge(out: Path) -> int:
         "iterations": ITERS,
         "records": records,
     }
+    if "extra" in meta:
+        truth["extra"] = meta["extra"]
     (out / "groundtruth.json").write_text(json.dumps(truth, indent=1))
     for part in out.glob("timers-rank-*.json"):
         part.unlink()

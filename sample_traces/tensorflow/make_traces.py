@@ -14,6 +14,10 @@ built from the MPI rank), in a custom training loop. SCENARIO is one of:
             tf.function under a GradientTape), backward (tape.gradient runs the function's
             gradient), an all-reduce of the gradients (replica_context.all_reduce), and the
             optimizer's update. Communication is fully exposed.
+  memory    explicit, with TensorFlow's BFC allocator on for the CPU (the script sets
+            TF_CPU_ALLOCATOR_USE_BFC=true itself: without it TensorFlow records no memory on
+            CPU), and worker 0 (EXTRA_RANK) holding an extra EXTRA_MIB MiB tensor from before
+            forward to after backward (memory ground truth).
   slowio    mwms, but the input pipeline decodes every sample slowly (a py_function that
             sleeps 2 ms, standing in for storage latency, and inflates zlib data): data loading
             dominates.
@@ -40,7 +44,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = {"mwms": 23511, "explicit": 23521, "slowio": 23531}  # scenario -> first gRPC port
+SCENARIOS = {"mwms": 23511, "explicit": 23521, "slowio": 23531, "memory": 23541}  # first port
+EXTRA_RANK = 0  # memory: the worker holding an extra tensor through forward and backward
+EXTRA_MIB = 256
 DIMS = (512, 1024, 1024, 1024, 10)
 BATCH = 128
 LR = 0.01
@@ -71,6 +77,8 @@ def main(argv: list[str]) -> int:
         }
     )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if scenario == "memory":  # TensorFlow's memory records come from its BFC allocator only
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -149,13 +157,19 @@ def main(argv: list[str]) -> int:
         marks = {"start": now()}
         xb, yb = next(iterator)
         marks["data"] = now()
-        if scenario == "explicit":
+        if scenario in ("explicit", "memory"):
+            extra = (
+                tf.zeros(((EXTRA_MIB << 20) // 4,), tf.float32)  # EXTRA_MIB MiB, held
+                if scenario == "memory" and rank == EXTRA_RANK
+                else None
+            )
             with tf.GradientTape() as tape:
                 loss = forward(xb, yb)
             loss.numpy()
             marks["forward"] = now()
             grads = tape.gradient(loss, variables)
             grads[-1].numpy()
+            del extra  # freed after backward
             marks["backward"] = now()
             grads = allreduce(grads)
             grads[-1].numpy()
@@ -226,7 +240,7 @@ def main(argv: list[str]) -> int:
             "communication": (
                 "MultiWorkerMirroredStrategy (gRPC ring), explicit replica_context.all_reduce "
                 "after backward, timed as allreduce_ms"
-                if scenario == "explicit"
+                if scenario in ("explicit", "memory")
                 else "MultiWorkerMirroredStrategy: optimizer.apply_gradients all-reduces inside "
                 "train_step (train_step_ms covers forward, backward, all-reduce and update)"
             ),
@@ -241,6 +255,18 @@ def main(argv: list[str]) -> int:
                 "steps": "Trace('train', step_num=N)",
             },
             "iterations": WARMUP + ACTIVE + AFTER,
+            **(
+                {
+                    "extra": {
+                        "rank": EXTRA_RANK,
+                        "bytes": EXTRA_MIB << 20,
+                        "held": "allocated before forward, freed after backward",
+                    },
+                    "allocator": "TF_CPU_ALLOCATOR_USE_BFC=true (set by the script)",
+                }
+                if scenario == "memory"
+                else {}
+            ),
             "batch_size": BATCH,
             "gradient_bytes": n_params * 4,
             "records": sorted(gathered, key=lambda r: (r["rank"], r["step"])),

@@ -29,12 +29,12 @@ SAMPLE_CASES: dict[str, list[str]] = {
             "pytorch": [
                 "explicit", "ddp", "slowio", "gpu_sync", "gpu_async", "gpu_explicit_nccl",
                 "gpu_ddp_nccl", "scaling/ranks-1", "scaling/ranks-2", "scaling/ranks-4",
-                "slowfwd", "slowdata",
+                "slowfwd", "slowdata", "memory", "leak",
             ],
-            "tensorflow": ["explicit", "mwms", "slowio"],
+            "tensorflow": ["explicit", "mwms", "slowio", "memory"],
             "mxnet": [
                 "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk",
-                "local_bulk",
+                "local_bulk", "memory",
             ],
         }.items()
         for run in runs

@@ -2,10 +2,12 @@
 
 Per rank (``rank_tables``): the steps table (the exclusive breakdown of every step,
 ``attribution``), the ops table (per-operator statistics, ``ops``) and the collective calls
-(``collectives``: what cross-rank passes match). These are cached in the run directory as
+(``collectives``: what cross-rank passes match), and the memory figures per device and step
+(``memory_steps``, from the rank's memory records). These are cached in the run directory as
 steps.parquet, ops.parquet, collectives.parquet, comm.parquet (a rank's communication as
 exposed and hidden intervals), gpu.parquet and launches.parquet (GPU runs: the device's busy
-and idle time per step, kernel-launch statistics; ``gpu``), stamped with ``ANALYSIS_VERSION``; a reader that
+and idle time per step, kernel-launch statistics; ``gpu``) and memory_steps.parquet, stamped
+with ``ANALYSIS_VERSION``; a reader that
 finds another version recomputes them from the events (``traceview.runs``), so a change of the
 analysis never needs a re-ingest. Run-wide results (``summary``, ``compare``, ``scaling``) are
 computed from those tables into ``traceview.results`` structs.
@@ -17,27 +19,31 @@ import pyarrow as pa
 
 #: Bump when a change alters the tables computed from the same events (RANK_TABLES).
 #: 2: the collectives table; 3: its process groups; 4: the comm table; 5: kernels as calls;
-#: 6: the gpu and launches tables (analysis/gpu.py)
-ANALYSIS_VERSION = "6"
+#: 6: the gpu and launches tables (analysis/gpu.py); 7: the memory_steps table
+ANALYSIS_VERSION = "7"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
-RANK_TABLES = ("steps", "ops", "collectives", "comm", "gpu", "launches")
+RANK_TABLES = ("steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps")
 
 
-def rank_tables(events: pa.Table) -> dict[str, pa.Table]:
-    """The per-rank analysis of one rank's events: {"steps", "ops", "collectives", "comm",
-    "gpu", "launches"} (the last two empty on CPU runs)."""
+def rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
+    """The per-rank analysis of one rank's events and memory records (schema.MEMORY_SCHEMA):
+    {"steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps"} (gpu and
+    launches empty on CPU runs, memory_steps without memory records)."""
     from traceview.analysis.attribution import breakdown, comm_intervals, rank_timeline
     from traceview.analysis.collectives import collective_calls
     from traceview.analysis.gpu import gpu_steps, launch_stats
+    from traceview.analysis.memory import memory_steps
     from traceview.analysis.ops import op_stats
 
     timeline = rank_timeline(events)
+    steps = breakdown(events, timeline)
     return {
-        "steps": breakdown(events, timeline),
+        "steps": steps,
         "ops": op_stats(events),
         "collectives": collective_calls(events),
         "comm": comm_intervals(events, timeline),
         "gpu": gpu_steps(events, timeline),
         "launches": launch_stats(events, timeline),
+        "memory_steps": memory_steps(events, memory, steps),
     }

@@ -55,6 +55,37 @@ def op_times(ops: pa.Table, report: RunReport) -> dict[str, float]:
     }
 
 
+def _add_memory(run: ComparedRun, report: RunReport) -> None:
+    """The run's memory figures: its highest peak and where (left null where it has none)."""
+    memory = report.summary.memory
+    if memory is None:
+        return
+    peak = next((r.memory for r in report.ranks if r.rank == memory.peak_rank), None)
+    run.memory_peak_mb = memory.peak_mb
+    run.memory_peak_rank = memory.peak_rank
+    run.memory_device = memory.device
+    if peak is not None:
+        run.memory_peak_phase = peak.peak_phase
+        run.memory_since_profiling_started = peak.since_profiling_started
+
+
+def _memory_highlights(runs: list[ComparedRun]) -> list[str]:
+    """Which run needs the most memory against the baseline, and in which phase it peaks."""
+    base = runs[0]
+    out = []
+    for run in runs[1:]:
+        a, b = base.memory_peak_mb, run.memory_peak_mb
+        if not a or not b or max(a, b) / min(a, b) < NOTABLE_RATIO:
+            continue
+        more, less = (run, base) if b > a else (base, run)
+        phase = f", in {more.memory_peak_phase}" if more.memory_peak_phase else ""
+        out.append(
+            f"{more.label} peaks at {max(a, b) / min(a, b):.1f}× {less.label}'s memory "
+            f"({more.memory_peak_mb:.1f} against {less.memory_peak_mb:.1f} MiB{phase})"
+        )
+    return out
+
+
 def compare(
     reports: list[RunReport], ops: list[pa.Table], labels: list[str], top: int = TOP
 ) -> Comparison:
@@ -134,6 +165,9 @@ def compare(
                 f"{run.label}: the ranks wait {run.comm_wait_ms:.2f} ms per step for rank "
                 f"{run.straggler_rank}{phase} in communication"
             )
+    for run, report in zip(runs, reports, strict=True):
+        _add_memory(run, report)
+    highlights += _memory_highlights(runs)
     for run in runs[1:]:
         ratio = run.step_ratio
         if ratio and (ratio >= NOTABLE_RATIO or ratio <= 1 / NOTABLE_RATIO):

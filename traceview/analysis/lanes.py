@@ -20,6 +20,7 @@ from traceview.analysis.attribution import (
     merge_intervals,
     rank_timeline,
 )
+from traceview.analysis.memory import MemoryLane, memory_lane
 from traceview.text import safe
 
 
@@ -122,10 +123,18 @@ class RankLanes:
     end_ns: int
     lanes: list[Lane]
     error: str | None = None
+    memory: MemoryLane | None = None  # allocated memory over the step (records: memory.parquet)
 
 
-def rank_lanes(events: pa.Table, rank: int, step: int | None, threads: dict[str, str]) -> RankLanes:
-    """Cut one rank's lanes for ``step`` from its events (10-100 ms: a worker's job)."""
+def rank_lanes(
+    events: pa.Table,
+    rank: int,
+    step: int | None,
+    threads: dict[str, str],
+    memory: pa.Table | None = None,
+) -> RankLanes:
+    """Cut one rank's lanes for ``step`` from its events (10-100 ms: a worker's job), and its
+    memory lane from its memory records where it has them."""
     if events.num_rows == 0:
         return RankLanes(rank, step, 0, 0, [], "no events")
     try:
@@ -134,7 +143,7 @@ def rank_lanes(events: pa.Table, rank: int, step: int | None, threads: dict[str,
         return RankLanes(rank, step, 0, 0, [], f"no step {step}")
     for lane in lanes:
         lane.label = safe(lane.label)
-    return RankLanes(rank, step, start, end, lanes)
+    return RankLanes(rank, step, start, end, lanes, memory=memory_lane(memory, start, end))
 
 
 _PHASE_CODE = {phase: i for i, phase in enumerate(S.BREAKDOWN_PHASES)}

@@ -24,6 +24,7 @@ from traceview.analysis.crossrank import (
     cross_rank,
 )
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
+from traceview.analysis.memory import memory_results
 from traceview.manifest import Collected, Manifest
 from traceview.results import (
     BottleneckPhase,
@@ -685,12 +686,14 @@ def summarize(
     cross: CrossRank | None = None,
     gpu: pa.Table | None = None,
     launches: pa.Table | None = None,
+    memory_steps: pa.Table | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
     ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
     (``cross_rank_of``; without it wait and transfer are null), ``collectives``: the calls it
     was made from (to say why there is none); ``gpu``, ``launches``: the GPU tables
-    (analysis/gpu.py; without them ``ranks[].gpu`` is null)."""
+    (analysis/gpu.py; without them ``ranks[].gpu`` is null); ``memory_steps``: the per-rank
+    memory figures (None: the run has no memory table)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -714,6 +717,14 @@ def summarize(
         verdict = gpu_verdict(
             explained, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
         )
+    complete = set(df[S.STEP].to_list()) if df.height else None
+    since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in manifest.ranks}
+    memory = memory_results(
+        memory_steps, [r.rank for r in ranks], complete, since, manifest.framework
+    )
+    for rank in ranks:
+        rank.memory = memory.ranks.get(rank.rank)
+    summary.memory = memory.run
     return RunReport(
         run=RunInfo(
             framework=manifest.framework,
@@ -738,8 +749,9 @@ def summarize(
             *_ranks_without_steps(manifest, ranks),
             *_unmatched(cross),
             *_clock_warning(clocks),
+            *memory.warnings,
         ],
-        remarks=[*manifest.notes.remarks, *_not_matched(manifest, collectives)],
+        remarks=[*manifest.notes.remarks, *_not_matched(manifest, collectives), *memory.remarks],
         collectives=_collectives(cross, len(per_step)),
         incomplete_steps=_incomplete(
             all_steps, incomplete, sorted(set(all_steps[S.RANK].to_list()))

@@ -70,6 +70,13 @@ class CollectCommand:
             help="mark the phases as NVTX ranges for Nsight Systems (auto: when it is attached)",
         )  # fmt: skip
         parser.add_argument(
+            "--memory",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="record the allocator's memory (PyTorch profile_memory=True) for the report's "
+            "memory section; --no-memory leaves it out (default: on)",
+        )
+        parser.add_argument(
             "--max-profile-memory",
             type=memory_size,
             default=None,
@@ -112,7 +119,11 @@ class CollectCommand:
         if run.exists() and any(run.iterdir()):
             raise UsageError(f"{run}: exists and is not empty (choose another -o)")
         settings = CollectSettings(
-            steps=args.steps, warmup=args.warmup, skip=args.skip, nvtx=args.nvtx
+            steps=args.steps,
+            warmup=args.warmup,
+            skip=args.skip,
+            nvtx=args.nvtx,
+            profile_memory=args.memory,
         )
         if args.max_profile_memory is not None:
             settings.max_memory = args.max_profile_memory

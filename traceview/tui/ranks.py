@@ -67,7 +67,16 @@ class RanksPane(Vertical):
 
     def show(self, view: RunView) -> None:
         self.view = view
+        table = self.query_one(DataTable)
+        if self.memory and "mem" not in table.columns:  # only runs with memory records
+            table.add_column("mem MiB", key="mem")
+            table.add_column("mem at", key="mem_phase")
         self.refill()
+
+    @property
+    def memory(self) -> bool:
+        """Whether the run has memory records (its ranks then get memory columns)."""
+        return self.view is not None and self.view.report.summary.memory is not None
 
     def refill(self) -> None:
         if self.view is None:
@@ -81,7 +90,20 @@ class RanksPane(Vertical):
         table = self.query_one(DataTable)
         table.clear()
         longest = max((row.step_ms for row in rows), default=0.0) or 1.0
+        peak = self.view.report.summary.memory
         for row in rows:
+            memory: list[Text] = []
+            if self.memory:
+                mem = row.memory
+                flagged = peak is not None and peak.imbalanced and peak.peak_rank == row.rank
+                memory = [
+                    Text(
+                        f"{mem.peak_mb:,.1f}" if mem and mem.peak_mb is not None else "-",
+                        justify="right",
+                        style="bold yellow" if flagged else "",
+                    ),
+                    Text(mem.peak_phase or "-" if mem else "-"),
+                ]
             mark = "*" if row.straggler else ""
             table.add_row(
                 Text(f"{row.rank}{mark}", style="bold" if row.straggler else "", justify="right"),
@@ -96,6 +118,7 @@ class RanksPane(Vertical):
                 ),
                 phase_bar(row.breakdown_ms, round(BAR * row.step_ms / longest)),
                 *(Text(ms(row.breakdown_ms[p]), justify="right") for p in S.BREAKDOWN_PHASES),
+                *memory,
                 key=str(row.rank),
             )
         self._summary()

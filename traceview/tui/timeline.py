@@ -29,6 +29,7 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from traceview.analysis.lanes import RankLanes, bin_lane, rank_lanes
+from traceview.analysis.memory import bin_memory
 from traceview.results import StepCollective
 from traceview.runs import Run
 from traceview.tui.model import RunView, nice_ticks
@@ -40,7 +41,12 @@ MAX_ZOOM = 4096.0
 @dataclass(frozen=True)
 class Row:
     rank: int
-    lane: int | None  # index into the rank's lanes; None: lanes not ready (or none)
+    lane: int | None  # index into the rank's lanes; None: lanes not ready (or none); MEMORY
+
+
+#: Row.lane of a rank's memory lane (under its critical path, where it has memory records)
+MEMORY = -1
+SPARKS = " ▁▂▃▄▅▆▇█"
 
 
 def lane_role(label: str) -> str:
@@ -154,7 +160,7 @@ class Timeline(ScrollView, can_focus=True):
                 # a known step reads only the row groups of its window, not the rank's events
                 window = windows.get(rank)
                 events = run.window_events(rank, *window) if window else run.events([rank])
-                result = rank_lanes(events, rank, step, threads.get(rank, {}))
+                result = rank_lanes(events, rank, step, threads.get(rank, {}), run.memory([rank]))
             except Exception as exc:  # one bad rank must not take the view down
                 result = RankLanes(
                     rank, step, 0, 0, [], f"could not cut lanes: {type(exc).__name__}"
@@ -232,7 +238,10 @@ class Timeline(ScrollView, can_focus=True):
                 rows.append(Row(rank, None))
                 continue
             count = len(lanes.lanes) if self.expanded(rank) else 1
-            rows.extend(Row(rank, i) for i in range(count))
+            rows.append(Row(rank, 0))
+            if lanes.memory is not None:
+                rows.append(Row(rank, MEMORY))
+            rows.extend(Row(rank, i) for i in range(1, count))
         self.rows = rows
         self.virtual_size = Size(self.scrollable_content_region.width, len(rows))
         self._cells.clear()
@@ -256,6 +265,11 @@ class Timeline(ScrollView, can_focus=True):
         rank = row.rank
         selected = bool(self.ranks) and rank == self.ranks[self.selected]
         lanes = self.cache.get((rank, self.step))
+        if row.lane == MEMORY and lanes is not None and lanes.memory is not None:
+            peak = lanes.memory.peak_bytes / (1 << 20)
+            return Text(
+                f"  memory {peak:,.0f} MiB", style="reverse" if selected else "bright_black"
+            )
         if row.lane is None or row.lane == 0 or lanes is None:
             marker = "▾" if self.expanded(rank) else "▸"
             straggler = (
@@ -277,6 +291,8 @@ class Timeline(ScrollView, can_focus=True):
         if row.lane is None:
             return Text(lanes.error or "nothing on this rank in this step", style="bright_black")
         lo, hi = self.range_of(row.rank)
+        if row.lane == MEMORY:
+            return self._memory_bar(lanes, lo, hi, width)
         key = (row.rank, self.step, row.lane, lo, hi, width)
         if key not in self._cells:
             self._cells[key] = lane_cells(bin_lane(lanes.lanes[row.lane], lo, hi, width))
@@ -293,6 +309,28 @@ class Timeline(ScrollView, can_focus=True):
         marked.append("▼" if last else "▽", style="bold white on red" if last else "bold")
         marked.append_text(cells[column + 1 :])
         return marked
+
+    def _memory_bar(self, lanes: RankLanes, lo: int, hi: int, width: int) -> Text:
+        """Allocated memory over the step as a sparkline from 0 to the step's peak, the peak's
+        cell marked."""
+        lane = lanes.memory
+        if lane is None:
+            return Text()
+        cells = bin_memory(lane, lo, hi, width)
+        scale = max(lane.peak_bytes, 1)
+        peak_cell = (
+            int((lane.peak_ts - lo) * width // (hi - lo))
+            if hi > lo and lo <= lane.peak_ts < hi
+            else -1
+        )
+        text = Text(no_wrap=True)
+        for i, value in enumerate(cells):
+            if value is None:
+                text.append(" ")
+                continue
+            spark = SPARKS[max(1, min(8, round(8 * value / scale)))]
+            text.append(spark, style="bold reverse yellow" if i == peak_cell else "yellow")
+        return text
 
     @property
     def collective(self) -> StepCollective | None:

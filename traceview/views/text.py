@@ -149,6 +149,8 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
 
     if any(r.gpu is not None for r in ranks):
         _gpu_tables(report, console, top)
+    if summary.memory is not None:
+        _memory_table(report, console, all_ranks)
 
     if report.collectives:
         _collectives_table(report, console, top)
@@ -260,6 +262,59 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
         console.print()
 
 
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _memory_table(report: RunReport, console: Console, all_ranks: bool) -> None:
+    """Per rank: its peak allocated memory, where it peaked, its reserve and its growth."""
+    run = report.summary.memory
+    assert run is not None
+    rows = sorted((r for r in report.ranks if r.memory is not None), key=lambda r: r.rank)
+    shown = rows
+    if len(rows) > RANK_ROWS and not all_ranks:  # the highest peaks only
+        shown = sorted(rows, key=lambda r: -(r.memory.peak_mb or 0.0) if r.memory else 0.0)[:5]
+    since = any(r.memory is not None and r.memory.since_profiling_started for r in rows)
+    title = "Memory (MiB allocated" + (", CPU: since profiling started" if since else "") + ")"
+    if len(shown) < len(rows):
+        title += f", the {len(shown)} highest peaks of {len(rows):,} ranks"
+    table = _table(title)
+    widths = {"rank": 5, "device": 8, "peak": 9, "phase": 8, "step": 4, "reserved": 9}
+    for name, width in widths.items():
+        right = name in ("rank", "peak", "step", "reserved")
+        table.add_column(name, justify="right" if right else "left", no_wrap=True, min_width=width)
+    table.add_column("growth/step", justify="right", no_wrap=True, min_width=11)
+    op_width = max(console.width - 66, 12)
+    table.add_column("op", no_wrap=True, overflow="ellipsis", max_width=op_width)
+    for row in shown:
+        memory = row.memory
+        assert memory is not None
+        phase = memory.peak_phase
+        growth = _mib(memory.growth_mb_per_step)
+        if memory.growth in ("leak", "creep"):
+            growth = f"{growth} {memory.growth}"
+        flagged = row.rank == run.peak_rank and bool(run.imbalanced)
+        table.add_row(
+            Text(f"{row.rank}{'!' if flagged else ''}", style="bold" if flagged else ""),
+            Text(safe(memory.device, 16)),
+            _mib(memory.peak_mb),
+            Text(phase or "-", style=PHASE_STYLE.get(phase or "", "")),
+            "-" if memory.peak_step is None else str(memory.peak_step),
+            _mib(memory.reserved_peak_mb),
+            growth,
+            Text(safe(memory.peak_op or "-", 40)),
+        )
+    console.print(table)
+    if run.excess_mb is not None:
+        line = (
+            f"highest peak: rank {run.peak_rank}, {_mib(run.peak_mb)} MiB on "
+            f"{safe(run.device, 16)}, {_mib(run.excess_mb)} MiB above the other ranks' median "
+            f"({_mib(run.median_mb)} MiB)" + (" !: far above" if run.imbalanced else "")
+        )
+        console.print(Text(line, style="bright_black"))
+    console.print()
+
+
 def _rank_spread_table(report: RunReport, spread: RankSpread, console: Console) -> None:
     table = _table(f"Ranks (ms per step, distribution over {spread.ranks:,} ranks)")
     for name in ("", "p50", "p90", "max", "rank", "min", "rank"):
@@ -354,6 +409,13 @@ def render_comparison(result: Comparison, console: Console) -> None:
             f"{safe(run.framework or '?')}, {count(run.ranks, 'rank')}, "
             f"{count(run.steps, 'step')}, {run.timeline or '?'} timeline"
         )
+        if run.memory_peak_mb is not None:
+            phase = f", {run.memory_peak_phase}" if run.memory_peak_phase else ""
+            since = " since profiling started" if run.memory_since_profiling_started else ""
+            line.append(
+                f"; memory peak {run.memory_peak_mb:,.1f} MiB{since} (rank "
+                f"{run.memory_peak_rank}, {safe(run.memory_device or '?', 16)}{phase})"
+            )
         console.print(line)
     console.print()
     for highlight in result.highlights:
