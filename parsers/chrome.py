@@ -39,31 +39,4 @@ class ChromeParser:
         return TraceIdentity(rank=rank_from_filename(path))
 
     def parse(self, path: Path) -> ParsedTrace:
-        read = read_events(path)
-        notes = read.notes
-        if read.unmatched:
-            notes.warn(
-                f"{path.name}: {read.unmatched} begin/end records without their other half not read"
-            )
-        if damage := read.info.damage_warning(path, read.events.num_rows):
-            notes.warn(damage)
-        skipped = {
-            "counter": read.counts.get("C", 0),
-            "metadata": read.counts.get("M", 0),
-            "unmatched": read.unmatched,
-            "no_timestamp": read.no_timestamp,
-        }
-        if read.corrupt:
-            skipped["corrupt_time"] = read.corrupt
-        return ParsedTrace(
-            path=path,
-            framework=self.framework,
-            events=read.events,
-            rank=rank_from_filename(path),
-            threads={f"{p}/{t}": label for (p, t), label in read.thread_names.items()},
-            notes=notes,
-            bytes_read=read.info.stream.bytes_read,
-            lost_bytes=read.info.lost_bytes,
-            skipped=skipped,
-            process_names=read.process_names,
-        )
+        return read_events(path).parsed(path, self.framework, rank=rank_from_filename(path))

@@ -249,6 +249,37 @@ class ChromeEvents:
     # MXNet's storage counters (device, pid, tid, ts, value), for its memory records
     storage: list[tuple[str, Any, Any, float | None, Any]]
 
+    def parsed(self, path: Path, framework: str, **fields: Any) -> ParsedTrace:
+        """These records as a parser's result, with a note of what could not be read (begin/end
+        halves, a damaged file) and counts of what was skipped; ``fields``: the rest
+        (rank, meta, ...)."""
+        if self.unmatched:
+            self.notes.warn(
+                f"{path.name}: {self.unmatched} begin/end records without their other half not read"
+            )
+        if damage := self.info.damage_warning(path, self.events.num_rows):
+            self.notes.warn(damage)
+        skipped = {
+            "counter": self.counts.get("C", 0),
+            "metadata": self.counts.get("M", 0),
+            "unmatched": self.unmatched,
+            "no_timestamp": self.no_timestamp,
+        }
+        if self.corrupt:
+            skipped["corrupt_time"] = self.corrupt
+        return ParsedTrace(
+            path=path,
+            framework=framework,
+            events=self.events,
+            threads={f"{p}/{t}": label for (p, t), label in self.thread_names.items()},
+            notes=self.notes,
+            bytes_read=self.info.stream.bytes_read,
+            lost_bytes=self.info.lost_bytes,
+            skipped=skipped,
+            process_names=self.process_names,
+            **fields,
+        )
+
 
 def read_events(path: Path) -> ChromeEvents:
     """Every timed record of a Chrome trace as an interval: complete events (``X``), begin/end
