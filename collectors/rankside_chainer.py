@@ -130,6 +130,7 @@ class ChainerCollector:
         self.stack: list[int] = []  # start times of the nodes in progress (training thread)
         self.backward_depth = [0]
         self.step_start = 0
+        self.cap: Any = None  # the memory cap (core.MemoryCap) while the window records
         # perf_counter_ns + offset = the wall clock (one reading, so intervals stay monotonic)
         self.offset = time.time_ns() - time.perf_counter_ns()
 
@@ -441,7 +442,24 @@ class ChainerCollector:
         self.recording = True
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
+        # past --max-profile-memory the window ends from the watching thread: the function hooks
+        # and regions only append to lists, so they may be stopped from any thread
+        self.cap = core.MemoryCap(self.config.max_memory, lambda: None, self._stop_for_memory)
+        self.cap.start()
         self.step_start = time.perf_counter_ns()
+
+    def _stop_for_memory(self) -> None:
+        """From the watching thread, past the memory cap: the step in progress is dropped (it
+        gets no step marker), the steps before it are written as at the window's end."""
+        with self.lock:
+            if not self.recording:
+                return
+            step = self.config.warmup + self.recorded
+            reason = self.cap.reason
+            # (the step in progress gets no marker: nothing of it counts, so not "mid step")
+            self.status.stop_reason, self.status.stop_step = reason, step
+            self.core.warn(f"profile stopped at step {step}: {reason}; the job runs on unprofiled")
+            self._end_window()
 
     def _end_window(self) -> None:
         """The last recorded step is over. Writing the trace takes milliseconds: it waits for
@@ -449,6 +467,8 @@ class ChainerCollector:
         recorded step does not see it."""
         self.recording = False
         self.finished = True
+        if self.cap is not None:
+            self.cap.close()
         if self.hooks is not None:
             with contextlib.suppress(Exception):
                 if self.hooks.get(HOOK_NAME) is self.hook:

@@ -359,6 +359,32 @@ def test_a_crashed_rank_keeps_the_steps_it_recorded(tmp_path: Path) -> None:
     assert steps[S.STEP].to_list() == [2, 3]
 
 
+def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(
+    tmp_path: Path,
+) -> None:
+    """A job that keeps 16 MiB more every step, 0.2 s a step: past a 64 MiB cap the watching
+    thread ends the window, the step in progress is dropped, the steps before it are written,
+    and the job runs on unprofiled to its end."""
+    python = _chainer_python()
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "--no-report", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "100",
+        "--max-profile-memory", "64M", "--",
+        python, WORKLOAD, tmp_path / "out", "--steps", "30", "--leak-mb", "16", "--pause", "0.2",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert (tmp_path / "out" / "timers.json").exists()  # the job ran to its end
+    status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
+    stop = status["stop_step"]
+    assert status["stop_reason"] == "memory cap 64 MiB reached" and 2 <= stop < 30
+    assert status["profiled_steps"] == stop - 1 and not status["stop_mid_step"]
+    assert f"profile stopped at step {stop}: memory cap 64 MiB reached" in result.err
+    report = run_cli("report", run, "--json").json()
+    assert [s["step"] for s in report["per_step"]] == list(range(1, stop))
+    line = f"rank 0: profile stopped at step {stop}: memory cap 64 MiB reached"
+    assert report["incomplete_steps"] == [] and line in report["warnings"]
+
+
 def test_a_trainer_with_the_multi_node_optimizer(tmp_path: Path) -> None:
     """The usual ChainerMN script: Trainer, StandardUpdater, create_multi_node_optimizer (whose
     update all-reduces inside): steps are the Trainer's iterations, each with its all-reduce."""

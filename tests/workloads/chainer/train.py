@@ -1,13 +1,14 @@
 """A small single-process Chainer job for the collector's tests (no traceview import).
 
     python train.py OUT [--steps N] [--layers L] [--width W] [--no-update] [--fail-at STEP]
-                        [--tail SECONDS]
+                        [--tail SECONDS] [--leak-mb M --pause SECONDS]
 
 Trains an MLP of L hidden layers (Linear W->W + ReLU) with SGD on random data through a
 SerialIterator and concat_examples, timing each phase of each iteration (perf_counter) into
 OUT/timers.json. ``--no-update`` runs forward and backward but never steps the optimizer;
 ``--fail-at`` raises an exception in iteration STEP, after its backward; ``--tail`` sleeps
-after the last step.
+after the last step; ``--leak-mb`` keeps M MiB more every iteration (a growing job, for the
+memory cap) and ``--pause`` sleeps that long in each iteration's forward.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def main() -> int:
     parser.add_argument("--no-update", action="store_true")
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--tail", type=float, default=0, help="seconds of other work at the end")
+    parser.add_argument("--leak-mb", type=int, default=0, help="MiB kept every iteration")
+    parser.add_argument("--pause", type=float, default=0, help="seconds slept in each forward")
     args = parser.parse_args()
     np.random.seed(0)
     model = MLP(args.layers, args.width)
@@ -61,11 +64,15 @@ def main() -> int:
     )
     it = chainer.iterators.SerialIterator(data, args.batch, shuffle=False)
     records = []
+    kept = []  # --leak-mb
     for i in range(args.steps):
         t0 = time.perf_counter()
         x, t = chainer.dataset.concat_examples(next(it))
         t1 = time.perf_counter()
         loss = F.softmax_cross_entropy(model(x), t)
+        if args.leak_mb:
+            kept.append(np.ones(args.leak_mb << 17))  # float64: M MiB, every page touched
+        time.sleep(args.pause)
         t2 = time.perf_counter()
         model.cleargrads()
         loss.backward()
