@@ -3,7 +3,8 @@
 Profile a job, or point it at the profiler traces of a run (one file per rank, or a folder):
 
   traceview collect -- mpirun -np 4 python train.py   profile every rank, then report
-  traceview report TRACES...|RUN        breakdown, bottleneck, straggler, wait vs transfer
+  traceview report TRACES...|RUN        breakdown, bottleneck, straggler, wait vs transfer,
+                                        memory peaks, why a GPU idles
   traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
                                         (--scheduler ADDRESS: on a Dask cluster)
   traceview tui TRACES...|RUN           explore it in the terminal (q quits, ? helps)
