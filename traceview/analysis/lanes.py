@@ -9,6 +9,7 @@ from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.attribution import (
@@ -20,7 +21,7 @@ from traceview.analysis.attribution import (
     merge_intervals,
     rank_timeline,
 )
-from traceview.analysis.memory import MemoryLane, memory_lane
+from traceview.arrays import ints
 from traceview.text import safe
 
 
@@ -204,3 +205,67 @@ def bin_lane(lane: Lane, lo: int, hi: int, width: int) -> list[Cell]:
         elif idle[i] > 0:
             cells[i] = (S.IDLE, False)
     return cells
+
+
+# --- a timeline lane ---------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryLane:
+    """Allocated memory of a rank's main device over one step window (the TUI's memory lane)."""
+
+    device: str
+    ts: np.ndarray  # the records in the window, in time order
+    allocated: np.ndarray
+    before: int | None  # allocated when the window starts (the last record before it)
+    peak_bytes: int
+    peak_ts: int
+
+
+def memory_lane(memory: pa.Table | None, start: int, end: int) -> MemoryLane | None:
+    """The memory lane of one rank's records for [start, end] ns: its accelerator with the
+    highest peak in the window, else its CPU device with the highest (None: no records)."""
+    if memory is None or memory.num_rows == 0:
+        return None
+    lanes = []
+    devices = memory.column(S.DEVICE)
+    for device in sorted(set(devices.to_pylist())):
+        table = memory.filter(pc.equal(devices, device)).sort_by(S.TS_NS)
+        ts = ints(table.column(S.TS_NS), 0)
+        alloc = ints(table.column(S.ALLOCATED_BYTES), 0)
+        i0, i1 = int(np.searchsorted(ts, start, "left")), int(np.searchsorted(ts, end, "right"))
+        before = int(alloc[i0 - 1]) if i0 > 0 else None
+        if i1 == i0 and before is None:
+            continue
+        window_ts, window_alloc = ts[i0:i1], alloc[i0:i1]
+        if len(window_alloc) and (before is None or window_alloc.max() >= before):
+            at = int(np.argmax(window_alloc))
+            peak, peak_ts = int(window_alloc[at]), int(window_ts[at])
+        else:
+            peak, peak_ts = int(before or 0), start
+        lanes.append(MemoryLane(device, window_ts, window_alloc, before, peak, peak_ts))
+    if not lanes:
+        return None
+    allocators = [lane for lane in lanes if lane.device != S.DEVICE_RSS]
+    accelerators = [lane for lane in allocators if not lane.device.startswith(S.DEVICE_CPU)]
+    return max(accelerators or allocators or lanes, key=lambda lane: lane.peak_bytes)
+
+
+def bin_memory(lane: MemoryLane, lo: int, hi: int, width: int) -> list[int | None]:
+    """The most allocated in each of ``width`` cells spanning [lo, hi) ns: what was held when
+    the cell starts and every record inside it; None before anything is known."""
+    cells: list[int | None] = [None] * max(width, 0)
+    if width <= 0 or hi <= lo:
+        return cells
+    edges = lo + (hi - lo) * np.arange(width + 1) / width
+    # the level held at each cell's start: the last record before it (or the window's start)
+    k = np.searchsorted(lane.ts, edges[:-1], "right")
+    held = np.where(k > 0, lane.allocated[np.maximum(k - 1, 0)], -1)
+    if lane.before is not None:
+        held = np.where(k > 0, held, lane.before)
+    best = held.astype(np.int64)
+    inside = (lane.ts >= lo) & (lane.ts < hi)
+    if inside.any():
+        cell = np.minimum(((lane.ts[inside] - lo) * width) // (hi - lo), width - 1).astype(int)
+        np.maximum.at(best, cell, lane.allocated[inside])
+    return [int(v) if v >= 0 else None for v in best]

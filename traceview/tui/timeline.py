@@ -28,8 +28,7 @@ from textual.strip import Strip
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
-from traceview.analysis.lanes import RankLanes, bin_lane, rank_lanes
-from traceview.analysis.memory import bin_memory
+from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes
 from traceview.results import StepCollective
 from traceview.runs import Run
 from traceview.tui.model import RunView, nice_ticks
