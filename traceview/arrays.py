@@ -32,6 +32,19 @@ def ints(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
     return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
+def parent_rows(events: pa.Table) -> np.ndarray:
+    """Row index of each event's parent (-1: none, or not among these rows); ids are row
+    numbers as normalize writes them, but a filtered table keeps the original ids."""
+    ids = np.maximum(ints(events.column(S.EVENT_ID), 0), 0)
+    parent = ints(events.column(S.PARENT), -1)
+    if np.array_equal(ids, np.arange(len(ids))):
+        return np.where(parent < len(ids), parent, -1)
+    row_of_id = np.full(int(ids.max(initial=-1)) + 2, -1, np.int64)
+    row_of_id[ids] = np.arange(len(ids))
+    known = (parent >= 0) & (parent < len(row_of_id) - 1)
+    return np.where(known, row_of_id[np.where(known, parent, -1)], -1)
+
+
 def training_thread_of(
     pid: np.ndarray,
     tid: np.ndarray,
@@ -94,13 +107,6 @@ class EventArrays:
     @classmethod
     def of(cls, events: pa.Table) -> EventArrays:
         ts = ints(events.column(S.TS_NS), 0)
-        ids = ints(events.column(S.EVENT_ID), 0)
-        parent = ints(events.column(S.PARENT), -1)
-        row_of_id = np.full(int(ids.max(initial=-1)) + 1, -1, np.int64)
-        row_of_id[ids] = np.arange(len(ids))
-        parent_row = np.where(
-            parent >= 0, row_of_id[np.clip(parent, 0, max(len(row_of_id) - 1, 0))], -1
-        )
         return cls(
             kind=coded(events.column(S.KIND), KIND_CODE),
             phase=coded(events.column(S.PHASE), PHASE_CODE, PHASE_CODE[S.OTHER]),
@@ -110,7 +116,7 @@ class EventArrays:
             end=ts + ints(events.column(S.DUR_NS), 0),
             self_ns=ints(events.column(S.SELF_NS), 0),
             step=ints(events.column(S.STEP), -1),
-            parent_row=parent_row,
+            parent_row=parent_rows(events),
             depth=ints(events.column(S.DEPTH), -1),
         )
 

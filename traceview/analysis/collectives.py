@@ -20,19 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import ints
+from traceview.arrays import ints, parent_rows
 from traceview.parsers import dictionary_codes
-
-
-def _parent_rows(events: pa.Table) -> np.ndarray:
-    """Row index of each event's parent (-1: none); ids are row numbers as normalize writes them."""
-    ids = ints(events.column(S.EVENT_ID), 0)
-    parent = ints(events.column(S.PARENT), -1)
-    if np.array_equal(ids, np.arange(len(ids))):
-        return parent
-    row_of_id = np.full(int(ids.max(initial=-1)) + 1, -1, np.int64)
-    row_of_id[ids] = np.arange(len(ids))
-    return np.where(parent >= 0, row_of_id[np.clip(parent, 0, max(len(row_of_id) - 1, 0))], -1)
 
 
 def _outermost(
@@ -72,7 +61,7 @@ def collective_calls(events: pa.Table) -> pa.Table:
     if not is_collective.any():
         return S.COLLECTIVES_SCHEMA.empty_table()
     device_codes, _ = dictionary_codes(events.column(S.DEVICE))
-    rows, (inner, owner), launcher = _outermost(_parent_rows(events), is_collective, device_codes)
+    rows, (inner, owner), launcher = _outermost(parent_rows(events), is_collective, device_codes)
     calls = events.take(pa.array(rows))
     ts = ints(calls.column(S.TS_NS), 0)
     end = ts + ints(calls.column(S.DUR_NS), 0)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.attribution import merge_intervals
-from traceview.arrays import KIND_CODE, coded, ints
+from traceview.arrays import KIND_CODE, coded, ints, parent_rows
 from traceview.parsers import dictionary_codes
 from traceview.results import DeviceMemory, RankMemory, RunMemory, StepMemory
 
@@ -97,14 +97,7 @@ class _HostEvents:
         ts = ints(table.column(S.TS_NS), 0)
         end = ts + ints(table.column(S.DUR_NS), 0)
         depth = ints(table.column(S.DEPTH), 0)
-        ids, parent_id = ints(table.column(S.EVENT_ID), -1), ints(table.column(S.PARENT), -1)
-        row_of_id = np.full(int(ids.max(initial=-1)) + 2, -1, np.int64)
-        row_of_id[np.maximum(ids, 0)] = np.arange(len(ids))
-        parent = np.where(
-            (parent_id >= 0) & (parent_id < len(row_of_id) - 1),
-            row_of_id[np.clip(parent_id, 0, len(row_of_id) - 1)],
-            -1,
-        )
+        parent = parent_rows(table)
         order = np.lexsort((depth, ts, tid, pid))
         key = np.stack([pid[order], tid[order]])
         cuts = np.flatnonzero((np.diff(key, axis=1) != 0).any(axis=0)) + 1
