@@ -113,8 +113,10 @@ class _StderrTail(threading.Thread):
 
     def summary(self) -> list[str]:
         """The lines that say what happened: the last one, or where the output ends with a
-        message Open MPI frames in dashes, that message (its first line says what it is)."""
-        lines = self.lines
+        message Open MPI frames in dashes, that message (its first line says what it is). The
+        collector's own lines ("traceview: ...") are left out: they are on the screen already,
+        and quoting one again under collect's verdict only repeats it."""
+        lines = [line for line in self.lines if not line.startswith("traceview:")]
         rule = [i for i, line in enumerate(lines) if set(line) == {"-"}]
         if rule and rule[-1] == len(lines) - 1:
             start = rule[-2] + 1 if len(rule) > 1 else 0

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import REPO, run_cli
 from traceview.collectors import rankside
-from traceview.collectors.launch import pass_environment
+from traceview.collectors.launch import _StderrTail, pass_environment
 
 WORKLOADS = REPO / "tests" / "workloads"
 pytestmark = pytest.mark.mpi
@@ -192,6 +192,27 @@ def test_script_without_torch(tmp_path: Path) -> None:
     assert result.code == 3
     assert "sum of squares" in result.out
     assert "left nothing to profile" in result.err
+
+
+def _tail_of(*lines: str) -> list[str]:
+    """What collect would quote of a job whose stderr is ``lines``, passed through a real pipe."""
+    read, write = os.pipe()
+    with open(write, "wb") as out:
+        out.write("".join(f"{line}\n" for line in lines).encode())
+    with open(read, "rb") as stream:
+        tail = _StderrTail(stream)
+        tail.run()  # reads to the end of the pipe (and passes it through to our stderr)
+    return tail.summary()
+
+
+def test_the_quoted_stderr_line_is_the_job_s_not_the_collector_s() -> None:
+    # the collector's own line is on the screen already: quoting it under the verdict repeated it
+    said = _tail_of("epoch 1", "traceview: the job never stepped a Chainer optimizer")
+    assert said == ["epoch 1"]
+    assert _tail_of("traceview: only the collector spoke") == []
+    # Open MPI's framed message is still quoted from its first line
+    framed = _tail_of("-" * 10, "prterun has detected an attempt to run as root.", "more", "-" * 10)
+    assert framed[0] == "prterun has detected an attempt to run as root."
 
 
 def test_manual_steps_and_phases(tmp_path: Path) -> None:
