@@ -36,6 +36,7 @@ import pyarrow as pa
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
 from traceview.parsers import ParsedTrace, TraceIdentity, int64_id, rank_from_filename, raw_events
+from traceview.parsers.chrome_json import us_durations_to_ns, us_to_ns
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
@@ -404,8 +405,8 @@ def _events(
             f"{path.name}: no profile start time in this XSpace (written before TensorFlow 2.x "
             "recorded it): times are relative to the profiling session"
         )
-    ts_ns = np.rint(np.asarray(ts, np.float64) * 1e3).astype(np.int64) + base
-    dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0.0) * 1e3).astype(np.int64)
+    ts_ns = us_to_ns(np.asarray(ts, np.float64), base)
+    dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
     table = raw_events(
         cat, name, pid, tid, ts_ns, dur_ns,
         **{

@@ -43,6 +43,7 @@ from traceview.parsers.chrome_json import (
     ChromeTraceReader,
     corrupt_times,
     decode_records,
+    us_durations_to_ns,
     us_to_ns,
 )
 
@@ -226,7 +227,7 @@ def _events(
     if not cat:
         raise BadInput(f"{path}: the TensorFlow Timeline holds no op events")
     ts_ns = us_to_ns(np.asarray(ts, np.float64))
-    dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0) * 1e3).astype(np.int64)
+    dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
     scopes = pa.array(scope, pa.string()).dictionary_encode()
     table = raw_events(cat, name, pid, tid, ts_ns, dur_ns, **{S.SCOPE: scopes})
     return table, dict(skipped)
