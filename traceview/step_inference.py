@@ -3,8 +3,8 @@
 pass only when the trace has no step markers of its own (no event of kind ``step``).
 
 The parser only reads what the file says; the pass makes the markers, on a thread of their own
-(``STEP_THREAD`` of the process of the trace's first host event), names that thread and says in
-a remark where the steps came from. A marker is a raw event of kind ``step``, category
+(``STEP_THREAD``, in the process of the first host event the pass uses), names that thread and
+says in a remark where the steps came from. A marker is a raw event of kind ``step``, category
 ``traceview`` (the core's own), named ``<what> <number>`` so that the rules' ``[step]`` pattern
 reads its number; the core then treats it as any other step marker (design section 2, "The
 training thread and the steps").
@@ -22,8 +22,6 @@ training thread and the steps").
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,13 +31,12 @@ from traceview.errors import Notes
 from traceview.normalize import InferredSteps
 from traceview.parsers import dictionary_codes
 
-#: The thread (tid) of every process that holds inferred step markers: no real thread has it in
-#: the formats that use these passes (TensorFlow's thread ids are not negative).
+#: The thread (tid) that holds inferred step markers, in the process of the first host event the
+#: pass uses (as the TensorFlow parsers had it): no parser puts an event of its own there
+#: (tests/test_parser_contract.py checks every sample and shared trace).
 STEP_THREAD = -2
 #: The category of inferred markers: traceview's own, as the MXNet engine layout's spans.
 CATEGORY = "traceview"
-
-StepInference = Callable[[pa.Table, dict[int, str], Notes], InferredSteps]
 
 
 def _int64(raw: pa.Table, column: str, fill: int) -> np.ndarray:
