@@ -88,7 +88,9 @@ def test_one_marker_per_step_group_spanning_its_host_events() -> None:
     assert _markers(normalized) == [(7, 1, STEP_THREAD, 90, 450), (9, 1, STEP_THREAD, 500, 900)]
     assert normalized.steps == 2
     assert normalized.training_thread == (1, STEP_THREAD)
-    steps = dict(zip(normalized.events.column(S.NAME).to_pylist(), normalized.events.column(S.STEP).to_pylist(), strict=True))  # fmt: skip
+    events = normalized.events
+    names, numbers = events.column(S.NAME).to_pylist(), events.column(S.STEP).to_pylist()
+    steps = dict(zip(names, numbers, strict=True))
     assert steps["model/dense/MatMul:MatMul"] == 7 and steps["Iterator::Range"] == 9
     assert steps["no group"] is None  # after the last step
     assert any(
