@@ -5,8 +5,10 @@ A parser turns one trace file into a ``ParsedTrace``: an Arrow table of raw even
 what the file says about itself (rank, world size, host, process and thread names). It only
 reads: kinds, phases, operators and steps are the core's job (the rules, normalize and its
 passes), so a parser stays small. A format whose timeline needs laying out before the core can
-read it (MXNet's asynchronous engine) names a core layout pass in ``layout``. Third-party parsers register under the entry-point group
-``traceview.parsers`` with the same protocol.
+read it (MXNet's asynchronous engine) names a core layout pass in ``layout``; one that writes no
+step markers but says how steps can be found (TensorFlow's step groups, TF1's ``Session.run``
+calls) names a core step-inference pass in ``infer_steps``. Third-party parsers register under
+the entry-point group ``traceview.parsers`` with the same protocol.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class ParsedTrace:
     lost_bytes: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # records not kept as events, by type
     layout: str | None = None  # a core layout pass the format needs (normalize.LAYOUTS)
+    # a core pass that finds steps where the trace marks none (normalize.STEP_INFERENCE)
+    infer_steps: str | None = None
     process_names: dict[int, str] = field(default_factory=dict)  # pid -> name, as the trace says
     # the trace's memory records (schema.MEMORY_RAW_SCHEMA); None: the format or trace has none
     memory: pa.Table | None = None

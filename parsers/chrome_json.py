@@ -608,3 +608,8 @@ def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
         whole = np.floor(us[big])
         ns[big] = whole.astype(np.int64) * 1000 + np.rint((us[big] - whole) * 1000).astype(np.int64)
     return ns + base_ns
+
+
+def us_durations_to_ns(us: np.ndarray) -> np.ndarray:
+    """Durations in microseconds (float64) to int64 nanoseconds; negative or NaN ones are 0."""
+    return np.rint(np.nan_to_num(np.maximum(us, 0.0), nan=0.0) * 1000.0).astype(np.int64)

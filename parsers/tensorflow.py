@@ -14,8 +14,8 @@ decoded here. What this module adds is TensorFlow's meaning:
 
 Times are made absolute with the session's ``profile_start_time`` where the XSpace records it
 (TensorFlow 2.x writes it on a "Task Environment" plane); older files keep the session's clock.
-Without step markers, steps come from TensorFlow's own grouping of events into steps
-(``group_id``).
+Each event's ``group_id`` (TensorFlow's own grouping of events into steps) is kept as its
+``step_group``: without step markers, the core's ``step_groups`` pass makes the steps from it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import pyarrow as pa
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
 from traceview.parsers import ParsedTrace, TraceIdentity, int64_id, rank_from_filename, raw_events
+from traceview.parsers.chrome_json import us_durations_to_ns, us_to_ns
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
@@ -47,8 +48,6 @@ DERIVED_LINES = frozenset(
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
 _SHAPE_SUFFIX = re.compile(r"#.*$")
 _MEMCPY_SIZE = re.compile(r"size:(\d+)")
-#: Synthetic thread that holds step markers made from TensorFlow's step groups.
-STEP_THREAD = -2
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -193,6 +192,7 @@ class XPlaneParser:
             notes=notes,
             bytes_read=size,
             skipped=skipped,
+            infer_steps="step_groups",
         )
 
 
@@ -405,66 +405,21 @@ def _events(
             f"{path.name}: no profile start time in this XSpace (written before TensorFlow 2.x "
             "recorded it): times are relative to the profiling session"
         )
-    if "tf_step" not in cat:
-        _step_markers_from_groups(cat, name, pid, tid, ts, dur, scope, nbytes, correlation, groups)
-        if "tf_step" in cat:
-            notes.remark(
-                "no step markers in the TensorFlow profile: steps are TensorFlow's own grouping "
-                "of events into steps (group_id)"
-            )
-    ts_ns = np.rint(np.asarray(ts, np.float64) * 1e3).astype(np.int64) + base
-    dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0.0) * 1e3).astype(np.int64)
+    ts_ns = us_to_ns(np.asarray(ts, np.float64), base)
+    dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
     table = raw_events(
         cat, name, pid, tid, ts_ns, dur_ns,
         **{
             S.CORRELATION: pa.array(correlation, pa.int64()),
             S.BYTES: pa.array(nbytes, pa.int64()),
             S.SCOPE: pa.array(scope, pa.string()).dictionary_encode(),
+            S.STEP_GROUP: pa.array(groups, pa.int64()),
         },
     )  # fmt: skip
     thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}
-    if "tf_step" in cat and STEP_THREAD in tid:
-        thread_names[f"{next(iter(host_pids), 0)}/{STEP_THREAD}"] = (
-            "steps (TensorFlow's step groups)"
-        )
     meta = {
         "planes": sorted(set(planes.values())),
         "devices": sorted(planes[p] for p in device_pids),
         "base_time_ns": start_ns,
     }
     return table, meta, thread_names, dict(skipped), notes
-
-
-def _step_markers_from_groups(
-    cat: list[str],
-    name: list[str],
-    pid: list[int],
-    tid: list[int],
-    ts: list[float],
-    dur: list[float],
-    scope: list[str | None],
-    nbytes: list[int | None],
-    correlation: list[int | None],
-    groups: list[int | None],
-) -> None:
-    """One step marker per TensorFlow step group, spanning the group's host events."""
-    host = [i for i, g in enumerate(groups) if g is not None and not cat[i].startswith("tf_mem")]
-    host = [i for i in host if cat[i] != "tf_kernel"]
-    if not host:
-        return
-    group = np.array([groups[i] for i in host], np.int64)
-    start = np.array([ts[i] for i in host])
-    end = start + np.array([dur[i] for i in host])
-    step_pid = pid[host[0]]
-    for g in np.unique(group):
-        mask = group == g
-        cat.append("tf_step")
-        name.append(f"step {int(g)}")
-        pid.append(step_pid)
-        tid.append(STEP_THREAD)
-        ts.append(float(start[mask].min()))
-        dur.append(float(end[mask].max() - start[mask].min()))
-        scope.append(None)
-        nbytes.append(None)
-        correlation.append(None)
-        groups.append(int(g))

@@ -12,15 +12,16 @@ The Chrome-trace JSON of the TF1 era (and of ``tf.compat.v1`` code today). Proce
 Every op event carries ``args.name`` (its full name with name scopes) and ``args.op`` (its type),
 named here ``scope/name:Type`` as TensorFlow 2's profiler names them, so one rules file serves
 both. The Timeline writes no step markers: each ``Session.run`` starts with the executor's
-``_SOURCE`` node, so a trace of several merged runs is cut into steps there; a trace of one run
-is one step. Timestamps are Unix microseconds.
+``_SOURCE`` node, kept here as the op it is, and the core's ``session_runs`` pass cuts a trace of
+several merged runs into steps there (a trace of one run is one step); the process names it
+needs to find the CPU device's nodes are handed over as ``process_names``. Timestamps are Unix
+microseconds.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, Union
 
@@ -42,13 +43,13 @@ from traceview.parsers.chrome_json import (
     ChromeTraceReader,
     corrupt_times,
     decode_records,
+    us_durations_to_ns,
     us_to_ns,
 )
 
 _STREAM = re.compile(r"/(?:device:)?gpu:\d+/stream:(\d+|all) Compute$", re.IGNORECASE)
 _MEMCPY = re.compile(r"/(?:device:)?gpu:\d+/memcpy Compute$", re.IGNORECASE)
 _DEVICE_COMPUTE = re.compile(r"/job:[^ ]+ Compute$")
-STEP_THREAD = -2  # synthetic thread holding the step markers made from _SOURCE nodes
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -166,6 +167,8 @@ class TimelineParser:
             rank=rank_from_filename(path),
             meta={"devices": sorted(set(processes.values()))},
             threads={},
+            process_names={int64_id(pid): name for pid, name in processes.items()},
+            infer_steps="session_runs",
             notes=notes,
             bytes_read=info.stream.bytes_read,
             lost_bytes=info.lost_bytes,
@@ -197,7 +200,6 @@ def _events(
     ts: list[float] = []
     dur: list[float] = []
     scope: list[str | None] = []
-    sources: list[float] = []
     for op in ops:
         kind = category.get(op.pid) if op.pid is not None else None
         if kind is None or op.ts is None:
@@ -209,8 +211,6 @@ def _events(
         full = f"{op.args.name}:{op.args.op}" if op.args.name and op.args.op else (op.name or "")
         if kind == "tf_op":
             label, own_scope = full, None
-            if op.args.name == "_SOURCE" and "cpu" in processes.get(op.pid or 0, "").lower():
-                sources.append(op.ts)
         elif (op.args.op or op.name or "").upper().startswith("MEMCPY"):
             kind, label, own_scope = "tf_memcpy", op.args.op or op.name or "memcpy", None
         else:
@@ -226,44 +226,8 @@ def _events(
         notes.warn(corrupt_times(path.name, skipped["corrupt_time"]))
     if not cat:
         raise BadInput(f"{path}: the TensorFlow Timeline holds no op events")
-    if not sources:  # a GPU-only graph: the first device's _SOURCE nodes
-        sources = [
-            o.ts for o in ops if o.args.name == "_SOURCE" and o.ts is not None and o.pid in category
-        ]
-    _step_markers(sorted(set(sources)), cat, name, pid, tid, ts, dur, scope)
-    if len(sources) > 1:
-        notes.remark(
-            "TensorFlow Timeline without step markers: steps start at each Session.run's _SOURCE "
-            "node"
-        )
     ts_ns = us_to_ns(np.asarray(ts, np.float64))
-    dur_ns = np.rint(np.maximum(np.asarray(dur, np.float64), 0) * 1e3).astype(np.int64)
+    dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
     scopes = pa.array(scope, pa.string()).dictionary_encode()
     table = raw_events(cat, name, pid, tid, ts_ns, dur_ns, **{S.SCOPE: scopes})
     return table, dict(skipped)
-
-
-def _step_markers(
-    starts: list[float],
-    cat: list[str],
-    name: list[str],
-    pid: list[int],
-    tid: list[int],
-    ts: list[float],
-    dur: list[float],
-    scope: list[str | None],
-) -> None:
-    """A step per Session.run: from its _SOURCE node to the next one (the last: to the end)."""
-    if not starts:
-        return
-    end = max(t + d for t, d in zip(ts, dur, strict=True))
-    host_pid = pid[cat.index("tf_op")] if "tf_op" in cat else pid[0]
-    bounds = [*starts, end]
-    for number, (start, stop) in enumerate(pairwise(bounds)):
-        cat.append("tf_step")
-        name.append(f"Session.run {number}")
-        pid.append(host_pid)
-        tid.append(STEP_THREAD)
-        ts.append(start)
-        dur.append(max(stop - start, 0.0))
-        scope.append(None)

@@ -4,7 +4,7 @@ than in review:
   traces -> parsers -> normalize/ingest -> analysis -> results -> views (text, JSON, TUI)
 
 - parsers read formats: they import the schema and their own shared helpers, nothing of the
-  core's stages (classification rules and layout passes included);
+  core's stages (classification rules, layout and step-inference passes included);
 - normalize, ingest and the run directory never import the analysis, the results or a view;
 - the analysis imports nothing that draws (rich, textual, the views);
 - views render results: no numpy or polars, and of the analysis only its public entry points
@@ -92,6 +92,7 @@ def _violations(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:
 CORE_STAGES = (
     "traceview.rules",
     "traceview.mxnet_engine",
+    "traceview.step_inference",
     "traceview.manifest",
     "traceview.rundir",
     "traceview.normalize",
@@ -115,7 +116,7 @@ def test_parsers_only_read_formats() -> None:
 def test_normalize_and_ingest_never_import_the_analysis_or_a_view() -> None:
     lower = _modules(
         "traceview.normalize", "traceview.ingest", "traceview.rundir", "traceview.arrays",
-        "traceview.schema", "traceview.rules",
+        "traceview.schema", "traceview.rules", "traceview.mxnet_engine", "traceview.step_inference",
     )  # fmt: skip
     forbidden = ("traceview.analysis", "traceview.results", "traceview.runs", *DRAWING)
     assert not _violations(lower, forbidden)

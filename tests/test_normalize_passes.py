@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.test_parser_contract import TRACES
@@ -21,10 +22,12 @@ from traceview.normalize import (
     Collectives,
     DeviceLinks,
     HostPhases,
+    InferredSteps,
     LayoutResult,
     RankMeta,
     Steps,
     normalize,
+    with_markers,
 )
 from traceview.parsers import parser_for
 from traceview.parsers.chrome_json import read_head
@@ -43,12 +46,33 @@ class Recorder:
         self.results[name] = result
 
 
+def _check_inferred(before: pa.Table, inferred: InferredSteps | None) -> None:
+    """Step markers only for a trace without any, all of kind step on one thread that the pass
+    names, each within the trace's time."""
+    if inferred is None:
+        return
+    kinds = set(before.column(S.KIND).to_pylist())
+    assert S.KIND_STEP not in kinds, "markers are inferred only where the trace has none"
+    markers = inferred.markers
+    assert markers.schema.equals(S.RAW_SCHEMA, check_metadata=False)
+    assert set(markers.column(S.KIND).to_pylist()) <= {S.KIND_STEP}
+    pids, tids = markers.column(S.PID).to_pylist(), markers.column(S.TID).to_pylist()
+    threads = {f"{p}/{t}" for p, t in zip(pids, tids, strict=True)}
+    assert len(threads) <= 1 and set(inferred.threads) == threads
+    if markers.num_rows:
+        ts = before.column(S.TS_NS)
+        end = pc.max(pc.add(ts, before.column(S.DUR_NS))).as_py()
+        assert pc.min(markers.column(S.TS_NS)).as_py() >= pc.min(ts).as_py()
+        assert pc.max(pc.add(markers.column(S.TS_NS), markers.column(S.DUR_NS))).as_py() <= end
+
+
 def _check(results: dict[str, Any]) -> None:
-    raw: pa.Table = results["stray_times"]
-    n = raw.num_rows
     assert results["kinds"].column(S.KIND).null_count == 0, "every event has a kind after 'kinds'"
     layout = results["layout"]
     assert layout is None or isinstance(layout, LayoutResult)
+    _check_inferred(results["stray_times"], results["infer_steps"])
+    raw: pa.Table = with_markers(results["stray_times"], results["infer_steps"])
+    n = raw.num_rows
 
     classes: Classes = results["classify"]
     for array in (classes.kind, classes.phase, classes.rule_op, classes.default_op):
@@ -106,10 +130,12 @@ def test_every_pass_keeps_its_contract(path: Path) -> None:
         rules_for(parser.framework),
         RankMeta("run", parsed.rank or 0, parser.framework, parsed.host),
         layout=parsed.layout,
+        infer_steps=parsed.infer_steps,
         process_names=parsed.process_names,
         inspect=recorder,
     )
     assert tuple(recorder.seen) == PASSES
     _check(recorder.results)
-    assert normalized.events.num_rows == recorder.results["stray_times"].num_rows
+    raw = with_markers(recorder.results["stray_times"], recorder.results["infer_steps"])
+    assert normalized.events.num_rows == raw.num_rows
     assert normalized.steps == len(recorder.results["steps"].markers)

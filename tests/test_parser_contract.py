@@ -1,6 +1,6 @@
 """Every registered parser, over every sample and shared trace it recognises, only reads: it
 returns raw events in schema.RAW_SCHEMA, kinds only where the format states them, and names a
-known layout pass if it needs one."""
+known layout or step-inference pass if it needs one (steps it does not read are the core's)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 from tests.conftest import SAMPLES, SHARED
 from traceview import schema as S
-from traceview.normalize import LAYOUTS
+from traceview.normalize import LAYOUTS, STEP_INFERENCE
 from traceview.parsers import parser_for, registered
 from traceview.parsers.chrome_json import read_head
+from traceview.step_inference import STEP_THREAD
 
 
 def _traces() -> list[Path]:
@@ -50,6 +51,12 @@ def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
     assert kinds <= {None, S.KIND_INSTANT}, f"{parser.name} decided kinds {kinds}"
     assert pc.min(events.column(S.DUR_NS)).as_py() >= 0
     assert parsed.layout is None or parsed.layout in LAYOUTS
+    assert parsed.infer_steps is None or parsed.infer_steps in STEP_INFERENCE
+    # a step group is what the file says of an event; only the core's pass makes steps of it
+    if events.column(S.STEP_GROUP).null_count < events.num_rows:
+        assert parsed.infer_steps == "step_groups"
+    on_step_thread = pc.sum(pc.equal(events.column(S.TID), STEP_THREAD)).as_py()
+    assert not on_step_thread, f"{parser.name} puts events on the core's step thread"
     assert parsed.framework == parser.framework
 
 

@@ -389,7 +389,12 @@ def ingest_rank(
     )
     try:
         normalized = normalize(
-            parsed.events, rules, meta, layout=parsed.layout, process_names=parsed.process_names
+            parsed.events,
+            rules,
+            meta,
+            layout=parsed.layout,
+            infer_steps=parsed.infer_steps,
+            process_names=parsed.process_names,
         )
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
@@ -409,6 +414,8 @@ def ingest_rank(
         for key, label in normalized.layout.threads.items():
             threads.setdefault(key, label)
         skipped.update(normalized.layout.skipped)
+    if normalized.inferred is not None:
+        threads.update(normalized.inferred.threads)
     info = RankIngest(
         rank=trace.rank,
         source=str(trace.path),

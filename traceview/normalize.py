@@ -13,6 +13,10 @@ to its contract on every sample trace.
     ``traceview/mxnet_engine.py``);
 ``stray_times``
     events with corrupt times (30 days from the rest) are dropped, with a warning;
+``infer_steps``
+    a trace without step markers whose format says how its steps can be found gets markers from
+    a named pass (``STEP_INFERENCE``: TensorFlow's step groups, TF1's ``Session.run`` calls;
+    ``traceview/step_inference.py``);
 ``classify``
     rules give each distinct name its kind, own phase, canonical op and collective;
 ``call_trees``
@@ -83,6 +87,7 @@ class Normalized:
     steps: int  # number of step markers found on the training thread
     notes: Notes = field(default_factory=Notes)
     layout: LayoutResult | None = None  # what a layout pass found (its events dropped)
+    inferred: InferredSteps | None = None  # what a step-inference pass made (its markers dropped)
 
 
 def _dictionary(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
@@ -420,6 +425,52 @@ def lay_out(
 
 
 @dataclass
+class InferredSteps:
+    """What a step-inference pass returns: step markers for a trace that has none (raw events
+    of kind ``step``, appended after the trace's own; none where the pass found nothing to cut
+    steps at), and labels of the threads they are on (for the manifest)."""
+
+    markers: pa.Table  # schema.RAW_SCHEMA
+    threads: dict[str, str] = field(default_factory=dict)  # "pid/tid" -> label
+
+
+#: Step inference a parser can ask for (``ParsedTrace.infer_steps``): "module:function", imported
+#: when used; each takes (raw, process names, notes) and returns InferredSteps.
+STEP_INFERENCE = {
+    "step_groups": "traceview.step_inference:from_step_groups",
+    "session_runs": "traceview.step_inference:from_session_runs",
+}
+
+
+def step_markers(
+    raw: pa.Table, method: str, process_names: dict[int, str], notes: Notes
+) -> InferredSteps | None:
+    """Markers from the named pass, for a trace with no event of kind ``step`` (None where the
+    trace has its own)."""
+    import importlib
+
+    if method not in STEP_INFERENCE:
+        raise BadInput(f"the parser asks for an unknown step inference {method!r}")
+    kinds = _dictionary(raw.column(S.KIND))
+    values = [str(k) for k in kinds.dictionary.to_pylist()]
+    if S.KIND_STEP in values and (_codes(kinds) == values.index(S.KIND_STEP)).any():
+        return None
+    module, _, function = STEP_INFERENCE[method].partition(":")
+    result: InferredSteps = getattr(importlib.import_module(module), function)(
+        raw, process_names, notes
+    )
+    return result
+
+
+def with_markers(raw: pa.Table, inferred: InferredSteps | None) -> pa.Table:
+    """The raw events and, after them, the inferred markers (one chunk, dictionaries unified)."""
+    if inferred is None or inferred.markers.num_rows == 0:
+        return raw
+    both = pa.concat_tables([S.conform(raw, S.RAW_SCHEMA), inferred.markers])
+    return both.unify_dictionaries().combine_chunks()
+
+
+@dataclass
 class RankColumns:
     """The raw columns every pass reads, as numpy (times in ns; missing ids as 0)."""
 
@@ -740,6 +791,7 @@ PASSES = (
     "kinds",
     "layout",
     "stray_times",
+    "infer_steps",
     "classify",
     "call_trees",
     "steps",
@@ -758,6 +810,7 @@ def normalize(
     meta: RankMeta,
     *,
     layout: str | None = None,
+    infer_steps: str | None = None,
     process_names: dict[int, str] | None = None,
     inspect: Inspector | None = None,
 ) -> Normalized:
@@ -776,6 +829,11 @@ def normalize(
     look("layout", found)
     raw = _without_stray_times(raw, notes, meta.rank)
     look("stray_times", raw)
+    inferred: InferredSteps | None = None
+    if infer_steps is not None:
+        inferred = step_markers(raw, infer_steps, process_names or {}, notes)
+        raw = with_markers(raw, inferred)
+    look("infer_steps", inferred)
     n = raw.num_rows
     classes = classify(raw, rules, notes, meta.source or f"rank {meta.rank}")
     look("classify", classes)
@@ -835,4 +893,6 @@ def normalize(
     table = S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
     if found is not None:
         found.events = found.events.slice(0, 0)
-    return Normalized(table, steps.training, len(steps.markers), notes, found)
+    if inferred is not None:  # the markers are in the table now
+        inferred = InferredSteps(inferred.markers.slice(0, 0), inferred.threads)
+    return Normalized(table, steps.training, len(steps.markers), notes, found, inferred)

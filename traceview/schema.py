@@ -157,8 +157,12 @@ EVENTS_SCHEMA: Final = pa.schema(
 #: ``external_id`` links it to the host operator when no runtime call is in the trace;
 #: ``scope`` names that operator where the trace says it instead (TensorFlow: the op's full name
 #: on each kernel), so an unlinked device activity is classified as its operator would be.
+#: ``step_group`` is the step an event belongs to where the profiler groups events into steps
+#: itself without marking them (TensorFlow's ``group_id``): the raw material of the core's
+#: ``step_groups`` pass (``traceview/step_inference.py``), which the events table does not keep.
 EXTERNAL_ID: Final = "external_id"
 SCOPE: Final = "scope"
+STEP_GROUP: Final = "step_group"
 RAW_SCHEMA: Final = pa.schema(
     [
         pa.field(KIND, _DICT),
@@ -174,6 +178,7 @@ RAW_SCHEMA: Final = pa.schema(
         pa.field(COLLECTIVE, _DICT),
         pa.field(SCOPE, _DICT),
         pa.field(GROUP, _DICT),
+        pa.field(STEP_GROUP, pa.int64()),
     ]
 )
 

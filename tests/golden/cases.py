@@ -36,6 +36,7 @@ SAMPLE_CASES: dict[str, list[str]] = {
                 "dist_sync", "dist_overlap", "mlp", "local", "dist_sync_bulk", "dist_overlap_bulk",
                 "local_bulk", "memory",
             ],
+            "chainer": ["mlp"],
         }.items()
         for run in runs
     },

@@ -1,0 +1,235 @@
+"""Steps for traces that mark none, made by the core's step-inference passes
+(traceview/step_inference.py) from what the parsers read: TensorFlow's step groups (the raw
+``step_group`` column) and TF1 Timeline's ``_SOURCE`` nodes. Expected values come from hand-built
+traces, from the trace files read another way (xprof's ProfileData, the Timeline's JSON), never
+from the passes' own output."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import SHARED
+from traceview import schema as S
+from traceview.errors import BadInput, Notes
+from traceview.normalize import (
+    STEP_INFERENCE,
+    Normalized,
+    RankMeta,
+    kinds_from_categories,
+    normalize,
+    step_markers,
+)
+from traceview.parsers import parser_for
+from traceview.parsers.chrome_json import read_head
+from traceview.rules import rules_for
+from traceview.step_inference import STEP_THREAD
+
+CPU = "/job:localhost/replica:0/task:0/device:CPU:0 Compute"
+GPU = "/job:localhost/replica:0/task:0/device:GPU:0 Compute"
+
+
+def _raw(rows: list[dict[str, Any]]) -> pa.Table:
+    keys = {key for row in rows for key in row}  # from_pylist reads the first row's keys only
+    return S.conform(
+        pa.table({k: [row.get(k) for row in rows] for k in sorted(keys)}), S.RAW_SCHEMA
+    )
+
+
+def _event(cat: str, name: str, ts: int, dur: int, **extra: Any) -> dict[str, Any]:
+    return {S.CAT: cat, S.NAME: name, S.PID: 1, S.TID: 5, S.TS_NS: ts, S.DUR_NS: dur, **extra}
+
+
+def _normalize(raw: pa.Table, method: str, names: dict[int, str] | None = None) -> Normalized:
+    return normalize(
+        raw,
+        rules_for("tensorflow"),
+        RankMeta("run", 0, "tensorflow"),
+        infer_steps=method,
+        process_names=names or {},
+    )
+
+
+def _markers(normalized: Normalized) -> list[tuple[int | None, int, int, int, int]]:
+    """(step, pid, tid, start, end) of every step marker, by start."""
+    events = normalized.events
+    kind = np.asarray(events.column(S.KIND).cast(pa.string()).to_pylist())
+    rows = np.flatnonzero(kind == S.KIND_STEP)
+    out = []
+    for i in rows.tolist():
+        ts, dur = events.column(S.TS_NS)[i].as_py(), events.column(S.DUR_NS)[i].as_py()
+        pid, tid = events.column(S.PID)[i].as_py(), events.column(S.TID)[i].as_py()
+        out.append((events.column(S.STEP)[i].as_py(), pid, tid, ts, ts + dur))
+    return sorted(out, key=lambda m: m[3])
+
+
+# --- step groups (TensorFlow 2 XSpace) ----------------------------------------------------------
+
+GROUPED = [
+    _event("tf_op", "model/dense/MatMul:MatMul", 100, 50, **{S.STEP_GROUP: 7}),
+    _event("tf_host", "ExecutorState::Process", 90, 360, **{S.STEP_GROUP: 7}),
+    _event("tf_op", "model/dense/BiasAdd:BiasAdd", 500, 100, **{S.STEP_GROUP: 9}),
+    _event("tf_data", "Iterator::Range", 800, 100, **{S.STEP_GROUP: 9}),
+    # a kernel of group 7 that runs late on the device: host events alone bound the step
+    _event("tf_kernel", "volta_sgemm", 440, 300, **{S.STEP_GROUP: 7, S.PID: 3, S.TID: 1}),
+    _event("tf_host", "no group", 1000, 10),
+]
+
+
+def test_one_marker_per_step_group_spanning_its_host_events() -> None:
+    normalized = _normalize(_raw(GROUPED), "step_groups")
+    # group 7: host events 90..450; group 9: 500..900 (the kernel and the ungrouped event: no)
+    assert _markers(normalized) == [(7, 1, STEP_THREAD, 90, 450), (9, 1, STEP_THREAD, 500, 900)]
+    assert normalized.steps == 2
+    assert normalized.training_thread == (1, STEP_THREAD)
+    events = normalized.events
+    names, numbers = events.column(S.NAME).to_pylist(), events.column(S.STEP).to_pylist()
+    steps = dict(zip(names, numbers, strict=True))
+    assert steps["model/dense/MatMul:MatMul"] == 7 and steps["Iterator::Range"] == 9
+    assert steps["no group"] is None  # after the last step
+    assert any(
+        "TensorFlow's own grouping of events into steps" in r for r in normalized.notes.remarks
+    )
+    assert normalized.inferred is not None
+    assert normalized.inferred.threads == {f"1/{STEP_THREAD}": "steps (TensorFlow's step groups)"}
+
+
+def test_a_trace_with_step_markers_of_its_own_gets_none_inferred() -> None:
+    marked = [*GROUPED, _event("tf_step", "train 3", 80, 900, **{S.TID: 6})]
+    normalized = _normalize(_raw(marked), "step_groups")
+    assert _markers(normalized) == [(3, 1, 6, 80, 980)]
+    assert normalized.inferred is None
+    assert not any("grouping of events" in r for r in normalized.notes.remarks)
+
+
+def test_no_step_groups_no_markers() -> None:
+    raw = _raw([_event("tf_op", "a:MatMul", 0, 10), _event("tf_op", "b:MatMul", 20, 10)])
+    normalized = _normalize(raw, "step_groups")
+    assert _markers(normalized) == [] and normalized.steps == 0
+    assert any("no step markers" in r for r in normalized.notes.remarks)  # one window
+
+
+def test_an_unknown_step_inference_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="unknown step inference 'per_epoch'"):
+        step_markers(_raw(GROUPED), "per_epoch", {}, Notes())
+    assert set(STEP_INFERENCE) == {"step_groups", "session_runs"}
+
+
+def test_real_xspace_steps_are_its_step_groups_as_xprof_reads_them() -> None:
+    """The shared GPU profile has no step markers; each inferred marker lasts from the first start
+    to the last end of its group's host events, as xprof's ProfileData reads the XSpace directly
+    (another path than the trace-viewer events the parser reads: durations are on both clocks)."""
+    pytest.importorskip("xprof", reason="reading .xplane.pb needs xprof")
+    from xprof.profile_data import ProfileData
+
+    paths = sorted((SHARED / "tensorflow" / "tfprofiler_gpu_multi_worker").glob("*.xplane.pb"))
+    if not paths:
+        pytest.skip(f"the shared TensorFlow GPU profile is not in {SHARED}")
+    spans: dict[int, list[int]] = {}
+    for plane in ProfileData.from_file(str(paths[0])).planes:
+        if plane.name.startswith("/host:"):
+            for line in plane.lines:
+                for event in line.events:
+                    stats = dict(event.stats)
+                    if "group_id" in stats:
+                        start, end = int(event.start_ns), int(event.start_ns + event.duration_ns)
+                        span = spans.setdefault(int(stats["group_id"]), [start, end])
+                        span[0], span[1] = min(span[0], start), max(span[1], end)
+    assert len(spans) > 1
+    parsed = parser_for(paths[0], read_head(paths[0])).parse(paths[0])  # type: ignore[union-attr]
+    assert parsed.infer_steps == "step_groups"
+    assert "tf_step" not in parsed.events.column(S.CAT).to_pylist(), "the parser makes no steps"
+    raw = kinds_from_categories(parsed.events, rules_for("tensorflow"))  # the pass before
+    inferred = step_markers(raw, "step_groups", parsed.process_names, Notes())
+    assert inferred is not None
+    markers = inferred.markers
+    names = markers.column(S.NAME).to_pylist()
+    durations = pc.subtract(
+        pc.add(markers.column(S.TS_NS), markers.column(S.DUR_NS)), markers.column(S.TS_NS)
+    ).to_pylist()
+    assert dict(zip(names, durations, strict=True)) == {
+        f"step {g}": end - start for g, (start, end) in spans.items()
+    }
+
+
+# --- Session.run calls (TF1 Timeline) ------------------------------------------------------------
+
+
+def _runs(cpu_source: bool = True) -> pa.Table:
+    rows = [
+        _event("tf_op", "_SOURCE:NoOp", 1000, 5, **{S.PID: 2}),  # on the GPU device
+        _event("tf_op", "dense/MatMul:MatMul", 1010, 100, **{S.PID: 1}),
+        _event("tf_kernel", "MatMul", 1050, 200, **{S.PID: 3, S.SCOPE: "dense/MatMul:MatMul"}),
+        _event("tf_kernel", "NoOp", 2005, 1, **{S.PID: 3, S.SCOPE: "_SOURCE:NoOp"}),
+        _event("tf_op", "dense/MatMul:MatMul", 2010, 100, **{S.PID: 1}),
+        _event("tf_op", "dense/MatMul:MatMul", 3010, 700, **{S.PID: 1}),
+    ]
+    if cpu_source:
+        rows += [
+            _event("tf_op", "_SOURCE:NoOp", 1002, 3, **{S.PID: 1}),
+            _event("tf_op", "_SOURCE:NoOp", 2000, 3, **{S.PID: 1}),
+            _event("tf_op", "_SOURCE:NoOp", 3000, 3, **{S.PID: 1}),
+        ]
+    return _raw(rows)
+
+
+def test_a_step_per_session_run_from_the_cpu_source_nodes() -> None:
+    normalized = _normalize(_runs(), "session_runs", {1: CPU, 2: GPU, 3: "/gpu:0/stream:7 Compute"})
+    # the CPU device's _SOURCE nodes at 1002, 2000, 3000; the last step ends with the trace, 3710.
+    # The markers go with the trace's first host event's process (pid 2 here).
+    assert _markers(normalized) == [
+        (0, 2, STEP_THREAD, 1002, 2000),
+        (1, 2, STEP_THREAD, 2000, 3000),
+        (2, 2, STEP_THREAD, 3000, 3710),
+    ]
+    assert any("each Session.run's _SOURCE node" in r for r in normalized.notes.remarks)
+
+
+def test_a_gpu_only_graph_takes_every_device_source_node_kernels_by_scope() -> None:
+    normalized = _normalize(_runs(cpu_source=False), "session_runs", {2: GPU})
+    assert [m[3:] for m in _markers(normalized)] == [(1000, 2005), (2005, 3710)]
+
+
+def test_one_session_run_is_one_step_without_a_remark() -> None:
+    raw = _raw([_event("tf_op", "_SOURCE:NoOp", 50, 1), _event("tf_op", "x:MatMul", 60, 40)])
+    normalized = _normalize(raw, "session_runs", {1: CPU})
+    assert _markers(normalized) == [(0, 1, STEP_THREAD, 50, 100)]
+    assert not any("Session.run" in r for r in normalized.notes.remarks)
+
+
+def test_real_timeline_steps_start_at_each_session_runs_source_node() -> None:
+    """The merged Timeline of five Session.run calls, read here as plain JSON: one step from each
+    _SOURCE node of the CPU device to the next."""
+    path = (
+        SHARED / "tensorflow" / "tf1_timeline_mnist_mlp_cpu" / "timeline_03_merged_5_runs.json.gz"
+    )
+    if not path.exists():
+        pytest.skip(f"the shared TF1 Timeline traces are not in {SHARED}")
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    events = document["traceEvents"] if isinstance(document, dict) else document
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    sources = sorted(
+        round(e["ts"] * 1000)
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("args", {}).get("name") == "_SOURCE"
+        and "cpu" in processes.get(e["pid"], "").lower()
+    )
+    assert len(sources) == 5
+    parsed = parser_for(path, read_head(path)).parse(path)  # type: ignore[union-attr]
+    assert parsed.infer_steps == "session_runs"
+    assert "tf_step" not in parsed.events.column(S.CAT).to_pylist(), "the parser makes no steps"
+    markers = _markers(_normalize(parsed.events, "session_runs", parsed.process_names))
+    assert [m[0] for m in markers] == [0, 1, 2, 3, 4]
+    assert [m[3] for m in markers] == sources
+    assert [m[4] for m in markers[:-1]] == sources[1:]
