@@ -74,18 +74,20 @@ def test_busy_and_the_three_kinds_of_idle_add_up_to_the_step(
     device = sum(df[S.device_ns(p)] for p in S.ATTRIBUTION_PRIORITY if p != S.IDLE)
     assert (device == df[S.BUSY_NS]).all()
     assert (df[S.IDLE_OTHER_NS] >= 0).all()
-    # The device's time per phase is the breakdown's on a GPU timeline, and the data part of its
-    # idle time is the breakdown's io (the host in the DataLoader while the device has nothing).
+    # On a GPU timeline the breakdown's h2d, forward, backward and update are the device's time
+    # in that phase plus its host-bound time, the steps table holding the host-bound part on its
+    # own (the gpu table's figure: one cut), and the data part of the device's idle time is the
+    # breakdown's io (the host in the DataLoader while the device has nothing).
     steps = pl.from_arrow(R.read_steps(runs[name]))
     assert isinstance(steps, pl.DataFrame)
-    both = df.join(steps, on=[S.RANK, S.STEP])
-    for phase in S.COMPUTE_PHASES:
-        assert (both[S.device_ns(phase)] == both[S.phase_ns(phase)]).all()
+    both = df.join(steps, on=[S.RANK, S.STEP], suffix="_steps")
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        bound = S.host_bound_ns(phase)
+        assert (both[bound] == both[f"{bound}_steps"]).all()
+        assert (both[S.device_ns(phase)] + both[bound] == both[S.phase_ns(phase)]).all()
     assert (both[S.IDLE_DATA_NS] == both[S.phase_ns(S.IO)]).all()
-    if name == "gpu_sync":  # no communication: the breakdown's idle is host-bound + other
-        idle = both[S.phase_ns(S.IDLE)]
-        rest = sum(both[S.host_bound_ns(p)] for p in S.GPU_HOST_BOUND_PHASES)
-        assert (idle == rest + both[S.IDLE_OTHER_NS]).all()
+    if name == "gpu_sync":  # no communication: the breakdown's idle is the device's other idle
+        assert (both[S.phase_ns(S.IDLE)] == both[S.IDLE_OTHER_NS]).all()
 
 
 @pytest.mark.parametrize("name", SYNCHRONIZED)
@@ -197,3 +199,46 @@ def test_export_writes_the_gpu_tables(runs: dict[str, Path], tmp_path: Path) -> 
     for name, schema in (("gpu", S.GPU_SCHEMA), ("launches", S.LAUNCHES_SCHEMA)):
         exported = R.read_table(tmp_path / "out" / f"{name}.parquet", schema)
         assert exported.equals(R.read_table(runs["gpu_sync"] / f"{name}.parquet", schema))
+
+
+def _shared_inputs() -> list[str]:
+    from tests.golden.cases import shared_cases
+
+    return sorted(shared_cases())
+
+
+def _host_bound_holds(run: Path) -> int:
+    """The steps table and the gpu table hold one host-bound figure (one cut of the timeline);
+    every phase of the breakdown on a GPU timeline is its device time plus that figure; the
+    exclusive phases add up to the step; CPU timelines have no host-bound part (null). Returns
+    how many GPU step windows were checked."""
+    steps = pl.from_arrow(R.read_steps(run))
+    gpu = pl.from_arrow(R.read_table(run / "gpu.parquet", S.GPU_SCHEMA))
+    assert isinstance(steps, pl.DataFrame) and isinstance(gpu, pl.DataFrame)
+    phases = sum(steps[S.phase_ns(p)] for p in S.BREAKDOWN_PHASES)
+    assert (phases == steps[S.WALL_NS]).all()
+    bound = [S.host_bound_ns(p) for p in S.GPU_HOST_BOUND_PHASES]
+    cpu = steps.filter(pl.col(S.TIMELINE) == S.DEVICE_CPU)
+    assert all(cpu[c].null_count() == cpu.height for c in bound)
+    on_gpu = steps.filter(pl.col(S.TIMELINE) == S.DEVICE_GPU)
+    both = on_gpu.join(gpu, on=[S.RANK, S.STEP], how="inner", suffix="_gpu", nulls_equal=True)
+    assert both.height == on_gpu.height == gpu.height
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        column = S.host_bound_ns(phase)
+        assert (both[column] == both[f"{column}_gpu"]).all(), phase
+        assert (both[S.device_ns(phase)] + both[column] == both[S.phase_ns(phase)]).all(), phase
+    return both.height
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_one_host_bound_figure_on_the_samples(runs: dict[str, Path], name: str) -> None:
+    assert _host_bound_holds(runs[name]) == 5
+
+
+@pytest.mark.parametrize("case", _shared_inputs())
+def test_one_host_bound_figure_on_the_shared_traces(case: str, tmp_path: Path) -> None:
+    from tests.golden.cases import shared_cases
+
+    path = Path(shared_cases()[case][-1])
+    run = ingest_run([path], tmp_path / "run")
+    _host_bound_holds(run)

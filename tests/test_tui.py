@@ -348,6 +348,7 @@ def test_warm_up_steps_are_marked_from_their_time() -> None:
             S.COMM_TOTAL_NS: [0] * n,
             S.COMM_EXPOSED_NS: [0] * n,
             S.COMM_HIDDEN_FRACTION: [0.0] * n,
+            **{S.host_bound_ns(p): [None] * n for p in S.GPU_HOST_BOUND_PHASES},
         }
         return pa.table(columns, schema=S.STEPS_SCHEMA)
 
