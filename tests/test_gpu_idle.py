@@ -184,10 +184,53 @@ def test_verdict_names_the_data_loader(runs: dict[str, Path]) -> None:
         assert verdict.wait_fraction * result.ranks[0].step_ms <= timer + 0.1
 
 
+@pytest.mark.parametrize("name", RUNS)
+def test_the_report_carries_each_phases_host_bound_part(runs: dict[str, Path], name: str) -> None:
+    """summary, ranks[] and per_step[] hold the host-bound part of each breakdown phase: the
+    steps table's figure, the same as ranks[].gpu.phases', and breakdown = device + it."""
+    result = report(runs[name])
+    rank = result.ranks[0]
+    assert rank.host_bound_ms is not None and rank.gpu is not None
+    assert result.summary.host_bound_ms == rank.host_bound_ms  # one rank: its mean
+    phases = {p.phase: p for p in rank.gpu.phases}
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        assert rank.host_bound_ms[phase] == phases[phase].host_bound_ms
+        assert rank.breakdown_ms[phase] == pytest.approx(phases[phase].total_ms, abs=0.0015)
+    steps = pl.from_arrow(R.read_steps(runs[name]))
+    assert isinstance(steps, pl.DataFrame)
+    for row in result.per_step:
+        assert row.host_bound_ms is not None
+        table = steps.filter(pl.col(S.STEP) == row.step)
+        for phase in S.GPU_HOST_BOUND_PHASES:
+            assert row.host_bound_ms[phase] == table[S.host_bound_ns(phase)].item() / 1e6
+
+
+def test_the_text_report_shows_the_host_bound_part_beside_the_phase(
+    runs: dict[str, Path],
+) -> None:
+    from tests.conftest import run_cli
+    from traceview.views.style import HOST_BOUND_NOTE, ms
+
+    result = report(runs["gpu_sync"])
+    bound, breakdown = result.summary.host_bound_ms, result.summary.breakdown_ms
+    assert bound is not None
+    out = run_cli("report", runs["gpu_sync"])
+    assert out.code == 0, out.err
+    lines = out.out.splitlines()
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        row = next(x.split() for x in lines if x.split()[:2] == [phase, ms(breakdown[phase])])
+        assert row[3] == ms(bound[phase]), row
+    assert " ".join(HOST_BOUND_NOTE.split()) in " ".join(out.out.split())
+
+
 def test_cpu_runs_have_no_gpu_figures(tmp_path: Path) -> None:
     run = ingest_run([SAMPLES / "pytorch" / "explicit"], tmp_path / "run")
     result = report(run)
     assert all(r.gpu is None for r in result.ranks) and result.gpu_verdict is None
+    # no host-bound part anywhere: null, not 0
+    assert result.summary.host_bound_ms is None
+    assert all(r.host_bound_ms is None for r in result.ranks)
+    assert all(s.host_bound_ms is None for s in result.per_step)
     assert R.read_table(run / "gpu.parquet", S.GPU_SCHEMA).num_rows == 0
 
 

@@ -104,6 +104,7 @@ def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) ->
         assert entry in seen["legend"], f"{phase}: {entry!r} not in legend"
     assert f"straggler: rank {summary.straggler_rank} (waited for the most" in seen["notes"]
     assert "ranks are balanced" in seen["notes"]
+    assert "host-bound" not in seen["legend"]  # a CPU run's phases have no host-bound part
 
 
 def test_overview_explains_the_gpu_with_the_reports_numbers(runs_root: Path) -> None:
@@ -116,8 +117,16 @@ def test_overview_explains_the_gpu_with_the_reports_numbers(runs_root: Path) -> 
         async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
             seen["verdict"] = plain(app.query_one("#verdict", Static))
             seen["notes"] = plain(app.query_one("#notes", Static))
+            seen["legend"] = plain(app.query_one(Legend).render())
 
         drive([run], look)
+    # the legend gives each phase (kernels + host-bound) and, below, its host-bound part
+    bound = report.summary.host_bound_ms
+    assert bound is not None
+    legend = " ".join(seen["legend"].split())
+    parts = " · ".join(f"{p} {ms(bound[p])}" for p in S.GPU_HOST_BOUND_PHASES)
+    assert f"of which host-bound: {parts} ms" in legend
+    assert bound.update > 0.5 and ms(report.summary.breakdown_ms.update) in legend
     verdict, gpu = report.gpu_verdict, report.ranks[0].gpu
     assert verdict is not None and verdict.wait == "data" and gpu is not None
     assert (

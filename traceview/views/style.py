@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceview import schema as S
-from traceview.results import Breakdown, RankGpu, RunReport
+from traceview.results import Breakdown, HostBound, RankGpu, RunReport
 from traceview.text import safe
 
 PHASE_STYLE = {
@@ -294,7 +294,7 @@ def gpu_verdict_text(report: RunReport) -> Text | None:
 
 def gpu_rank_text(rank: int, gpu: RankGpu) -> Text:
     """One GPU rank's device time in words: busy, idle by what the host did, launches, and each
-    phase's device + host-bound time (ms per step)."""
+    phase's kernel (device) time + its host-bound time (ms per step)."""
     idle = gpu.idle_ms
     text = Text()
     text.append(f"GPU rank {rank}: ", style="bold")
@@ -310,10 +310,36 @@ def gpu_rank_text(rank: int, gpu: RankGpu) -> Text:
         )
     if gpu.short_kernel_fraction is not None:
         text.append(f", {pct(gpu.short_kernel_fraction)} shorter than their launch")
-    text.append("\n  device + host-bound:")
+    text.append("\n  phases, kernels + host-bound:")
     parts = [p for p in gpu.phases if p.total_ms > 0]
     for i, p in enumerate(parts):
         text.append(" " if i == 0 else " · ")
         text.append(p.phase, style=PHASE_STYLE.get(p.phase, ""))
         text.append(f" {ms(p.device_ms)} + {ms(p.host_bound_ms)}")
+    return text
+
+
+#: The header of a breakdown's host-bound column, and what it means.
+HOST_BOUND_HEADER = "host-bound"
+HOST_BOUND_NOTE = (
+    "host-bound: the part of a phase in which the device waited while the host, inside that "
+    "phase, launched its work (included in the phase; the rest is its kernels' and copies' time)"
+)
+
+
+def host_bound_cell(host_bound: HostBound | None, phase: str) -> str:
+    """A breakdown row's host-bound part (ms), blank for a phase that has none."""
+    if host_bound is None or phase not in S.GPU_HOST_BOUND_PHASES:
+        return ""
+    return ms(host_bound[phase])
+
+
+def host_bound_text(host_bound: HostBound) -> Text:
+    """The host-bound parts of the phases in one line (ms per step)."""
+    text = Text("of which host-bound:", style="bright_black")
+    for i, phase in enumerate(S.GPU_HOST_BOUND_PHASES):
+        text.append(" " if i == 0 else " · ")
+        text.append(phase, style=PHASE_STYLE[phase])
+        text.append(f" {ms(host_bound[phase])}")
+    text.append(" ms")
     return text

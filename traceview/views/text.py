@@ -13,6 +13,8 @@ from traceview import schema as S
 from traceview.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
 from traceview.text import json_safe, safe
 from traceview.views.style import (
+    HOST_BOUND_HEADER,
+    HOST_BOUND_NOTE,
     PHASE_LETTER,
     PHASE_STYLE,
     SHORT,
@@ -20,6 +22,7 @@ from traceview.views.style import (
     count,
     duration_us,
     gpu_verdict_text,
+    host_bound_cell,
     incomplete_text,
     ms,
     pct,
@@ -88,16 +91,32 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
     breakdown.add_column("phase")
     breakdown.add_column("ms", justify="right")
     breakdown.add_column("share", justify="right")
+    bound = summary.host_bound_ms  # GPU runs: the part of each phase the device waited
+    if bound is not None:
+        breakdown.add_column(HOST_BOUND_HEADER, justify="right")
     breakdown.add_column("")
     step = summary.step_ms or 1.0
     for phase, value in summary.breakdown_ms.items():
         width = round(value / step * 30)
         bar = Text(PHASE_LETTER[phase] * width, style=f"reverse {PHASE_STYLE[phase]}")
-        breakdown.add_row(Text(phase, style=PHASE_STYLE[phase]), ms(value), pct(value / step), bar)
+        phase_row: list[Text | str] = [
+            Text(phase, style=PHASE_STYLE[phase]),
+            ms(value),
+            pct(value / step),
+        ]
+        if bound is not None:
+            phase_row.append(host_bound_cell(bound, phase))
+        breakdown.add_row(*phase_row, bar)
     breakdown.add_row(
-        Text("step", style="bold"), Text(ms(summary.step_ms), style="bold"), "100%", ""
+        Text("step", style="bold"),
+        Text(ms(summary.step_ms), style="bold"),
+        "100%",
+        *([""] if bound is not None else []),
+        "",
     )
     console.print(breakdown)
+    if bound is not None:
+        console.print(Text(HOST_BOUND_NOTE, style="bright_black"))
     console.print()
 
     console.print(communication_text(report))
