@@ -146,3 +146,21 @@ def test_host_to_device_copies_are_h2d(runs: dict[str, Path]) -> None:
     assert copies.height >= 5 and set(copies[S.PHASE].cast(pl.String)) == {S.H2D}
     # one batch of 256 x 3 x 96 x 96 float32 per step (plus the small label tensor)
     assert copies[S.BYTES].max() == 256 * 3 * 96 * 96 * 4
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_batch_copy_at_the_top_of_the_loop_is_h2d(runs: dict[str, Path], name: str) -> None:
+    """`x.to(device)` between the data loader and the model has no phase of its own and sits
+    before the forward region, but its only device work is the copy: normalize makes it h2d,
+    its whole call tree with it, and the forward phase on the host starts with the model."""
+    events = pl.from_arrow(R.read_events(runs[name]))
+    assert isinstance(events, pl.DataFrame)
+    events = events.with_columns(pl.col(S.NAME, S.PHASE, S.KIND).cast(pl.String))
+    markers = events.filter(pl.col(S.KIND) == S.KIND_STEP)
+    top = events.filter(
+        pl.col(S.PARENT).is_in(markers[S.EVENT_ID].implode()) & (pl.col(S.NAME) == "aten::to")
+    )
+    assert top.height == 2 * 5, top  # the batch and its labels, in each profiled step
+    assert (top[S.PHASE] == S.H2D).all()
+    below = events.filter(pl.col(S.PARENT).is_in(top[S.EVENT_ID].implode()))
+    assert below.height > 0 and (below[S.PHASE] == S.H2D).all()
