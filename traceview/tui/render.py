@@ -7,6 +7,8 @@ from rich.text import Text
 from traceview import schema as S
 from traceview.analysis.lanes import Cell
 from traceview.views.style import (
+    KERNEL_COLUMNS,
+    KERNEL_NOTE,
     PHASE_LETTER,
     PHASE_STYLE,
     SHORT,
@@ -15,6 +17,8 @@ from traceview.views.style import (
     gpu_verdict_text,
     host_bound_text,
     incomplete_text,
+    kernel_cells,
+    kernel_rank,
     legend_text,
     ms,
     pct,
@@ -29,6 +33,8 @@ from traceview.views.style import (
 )
 
 __all__ = [
+    "KERNEL_COLUMNS",
+    "KERNEL_NOTE",
     "PHASE_LETTER",
     "PHASE_STYLE",
     "SHORT",
@@ -37,6 +43,8 @@ __all__ = [
     "gpu_verdict_text",
     "host_bound_text",
     "incomplete_text",
+    "kernel_cells",
+    "kernel_rank",
     "lane_cells",
     "legend_text",
     "ms",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceview import schema as S
-from traceview.results import Breakdown, HostBound, RankGpu, RunReport
+from traceview.results import Breakdown, HostBound, KernelLaunches, RankGpu, RunReport
 from traceview.text import safe
 
 PHASE_STYLE = {
@@ -343,3 +343,43 @@ def host_bound_text(host_bound: HostBound) -> Text:
         text.append(f" {ms(host_bound[phase])}")
     text.append(" ms")
     return text
+
+
+#: The kernel-launch table's columns after the operator (text report and TUI).
+KERNEL_COLUMNS = ("phase", "n", "dur µs", "p95", "launch µs", "p95", "short")
+KERNEL_NOTE = (
+    "n: kernels launched per step; dur: kernel duration; launch: runtime call start to kernel "
+    "start (queueing included); short: kernels shorter than the call that launched them"
+)
+
+
+def kernel_rank(report: RunReport) -> tuple[int, RankGpu] | None:
+    """The GPU rank whose kernel launches the views show: the verdict's, else the first."""
+    gpus = [(r.rank, r.gpu) for r in sorted(report.ranks, key=lambda r: r.rank) if r.gpu]
+    verdict = report.gpu_verdict
+    return next(((r, g) for r, g in gpus if verdict and r == verdict.rank), None) or (
+        gpus[0] if gpus else None
+    )
+
+
+def _us(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def kernel_cells(k: KernelLaunches) -> list[Text]:
+    """One (phase, operator) row of kernel launches, after the operator: KERNEL_COLUMNS."""
+    phase = k.phase or S.OTHER
+    return [
+        Text(SHORT.get(phase, phase), style=PHASE_STYLE.get(phase, "")),
+        *(
+            Text(value, justify="right")
+            for value in (
+                f"{k.kernels_per_step:g}",
+                _us(k.kernel_us_p50),
+                _us(k.kernel_us_p95),
+                f"{k.launch_latency_us_p50:,.0f}",
+                f"{k.launch_latency_us_p95:,.0f}",
+                pct(k.short_kernel_fraction),
+            )
+        ),
+    ]

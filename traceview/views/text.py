@@ -15,6 +15,7 @@ from traceview.text import json_safe, safe
 from traceview.views.style import (
     HOST_BOUND_HEADER,
     HOST_BOUND_NOTE,
+    KERNEL_COLUMNS,
     PHASE_LETTER,
     PHASE_STYLE,
     SHORT,
@@ -24,6 +25,8 @@ from traceview.views.style import (
     gpu_verdict_text,
     host_bound_cell,
     incomplete_text,
+    kernel_cells,
+    kernel_rank,
     ms,
     pct,
     phase_bar,
@@ -203,10 +206,6 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         console.print(Text("note: " + safe(remark), style="bright_black"))
 
 
-def _us(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
 def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
     """The device's time explained: per rank, then one rank's phases and kernel launches."""
     gpus = [(r.rank, r.gpu) for r in sorted(report.ranks, key=lambda r: r.rank) if r.gpu]
@@ -244,8 +243,9 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
         )
     )
     console.print()
-    verdict = report.gpu_verdict
-    rank, gpu = next(((r, g) for r, g in gpus if verdict and r == verdict.rank), gpus[0])
+    focus = kernel_rank(report)
+    assert focus is not None  # called for GPU runs only
+    rank, gpu = focus
     phases = _table(f"GPU phases, rank {rank} (ms per step)")
     for name in ("phase", "device", "host-bound", "sum"):
         phases.add_column(name, justify="left" if name == "phase" else "right")
@@ -262,21 +262,10 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
     if gpu.kernels:
         kernels = _table(f"Kernel launches, rank {rank} (n: per step; dur: kernel duration)")
         kernels.add_column("op", no_wrap=True, overflow="ellipsis", max_width=28)
-        kernels.add_column("phase", no_wrap=True)
-        for name in ("n", "dur µs", "p95", "launch µs", "p95", "short"):
-            kernels.add_column(name, justify="right", no_wrap=True)
+        for i, name in enumerate(KERNEL_COLUMNS):
+            kernels.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
         for k in gpu.kernels[:top]:
-            phase = k.phase or S.OTHER
-            kernels.add_row(
-                Text(safe(k.op or "?", 60)),
-                Text(SHORT.get(phase, phase), style=PHASE_STYLE.get(phase, "")),
-                f"{k.kernels_per_step:g}",
-                _us(k.kernel_us_p50),
-                _us(k.kernel_us_p95),
-                f"{k.launch_latency_us_p50:,.0f}",
-                f"{k.launch_latency_us_p95:,.0f}",
-                pct(k.short_kernel_fraction),
-            )
+            kernels.add_row(Text(safe(k.op or "?", 60)), *kernel_cells(k))
         console.print(kernels)
         console.print()
 
