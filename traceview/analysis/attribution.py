@@ -249,6 +249,7 @@ class RankTimeline:
     w_end: np.ndarray
     numbers: np.ndarray  # step numbers (-1: no step markers)
     on_device: np.ndarray  # per interval: a kernel, copy or memset (else host time)
+    cut: LevelTimes | None = None  # level_times' result, kept for the next caller
 
 
 _COMPUTE_CODES = [PHASE_CODE[p] for p in S.COMPUTE_PHASES]
@@ -353,7 +354,14 @@ class LevelTimes:
 
 
 def level_times(tl: RankTimeline) -> LevelTimes:
-    """Every instant of each step window, counted once, for the highest level active then."""
+    """Every instant of each step window, counted once, for the highest level active then
+    (computed once per timeline: the steps and gpu tables read the same cut)."""
+    if tl.cut is None:
+        tl.cut = _level_times(tl)
+    return tl.cut
+
+
+def _level_times(tl: RankTimeline) -> LevelTimes:
     n_windows = len(tl.w_start)
     window, s, e, level = _clip(tl.starts, tl.ends, tl.levels, tl.w_start, tl.w_end)
     order = np.lexsort((s, window))
