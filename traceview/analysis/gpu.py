@@ -9,9 +9,9 @@ device activity:
   update are exactly these device times plus the phase's host-bound time below.
 - **gaps** of the device timeline (window minus busy) are split by what the host does at that
   instant, on the breakdown's own cut (``attribution.level_times``): where the training thread
-  is inside an operator or region of h2d, forward, backward or update (or, where it is in none,
-  another host thread runs such an operator: PyTorch's autograd thread) and no communication
-  runs on any host thread, the device waits for the host to launch its next work:
+  is inside an operator or region of h2d, forward, backward or update, or another host thread
+  runs such an operator (PyTorch's autograd thread), and no communication runs on any host
+  thread, the device waits for the host to launch its next work:
   *host-bound*, that phase's time (``host_bound_<phase>_ns``, the same figure as the steps
   table's); in data loading: *data* (``idle_data_ns``); anything else (Python between phases,
   a synchronize outside any phase, the host waiting for a collective): *other*
