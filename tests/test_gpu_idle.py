@@ -223,6 +223,23 @@ def test_the_text_report_shows_the_host_bound_part_beside_the_phase(
     assert " ".join(HOST_BOUND_NOTE.split()) in " ".join(out.out.split())
 
 
+def test_compare_keeps_each_runs_host_bound_part(runs: dict[str, Path], tmp_path: Path) -> None:
+    """compare --json puts the runs' host-bound parts side by side: synchronized, the device
+    waits for the host launching the optimizer; unsynchronized, it does not (the host runs
+    ahead). A CPU run has none (null)."""
+    from tests.conftest import run_cli
+
+    cpu = ingest_run([SAMPLES / "pytorch" / "explicit"], tmp_path / "cpu")
+    out = run_cli("compare", "--json", runs["gpu_sync"], runs["gpu_async"], cpu)
+    assert out.code == 0, out.err
+    compared = json.loads(out.out)["runs"]
+    for row, run in zip(compared, (runs["gpu_sync"], runs["gpu_async"]), strict=False):
+        bound = report(run).summary.host_bound_ms
+        assert bound is not None and row["host_bound_ms"] == json.loads(bound.to_json())
+    assert compared[0]["host_bound_ms"]["update"] > 0.5 > compared[1]["host_bound_ms"]["update"]
+    assert compared[2]["host_bound_ms"] is None
+
+
 def test_cpu_runs_have_no_gpu_figures(tmp_path: Path) -> None:
     run = ingest_run([SAMPLES / "pytorch" / "explicit"], tmp_path / "run")
     result = report(run)

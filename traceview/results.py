@@ -500,6 +500,8 @@ class ComparedRun(Result):
     memory_device: str | None = None
     memory_peak_phase: Phase | None = None
     memory_since_profiling_started: bool | None = None
+    # the host-bound part of breakdown_ms's phases (Summary); null without a GPU timeline
+    host_bound_ms: HostBound | None = None
 
 
 class ComparedValues(Result):
