@@ -74,18 +74,20 @@ def test_busy_and_the_three_kinds_of_idle_add_up_to_the_step(
     device = sum(df[S.device_ns(p)] for p in S.ATTRIBUTION_PRIORITY if p != S.IDLE)
     assert (device == df[S.BUSY_NS]).all()
     assert (df[S.IDLE_OTHER_NS] >= 0).all()
-    # The device's time per phase is the breakdown's on a GPU timeline, and the data part of its
-    # idle time is the breakdown's io (the host in the DataLoader while the device has nothing).
+    # On a GPU timeline the breakdown's h2d, forward, backward and update are the device's time
+    # in that phase plus its host-bound time, the steps table holding the host-bound part on its
+    # own (the gpu table's figure: one cut), and the data part of the device's idle time is the
+    # breakdown's io (the host in the DataLoader while the device has nothing).
     steps = pl.from_arrow(R.read_steps(runs[name]))
     assert isinstance(steps, pl.DataFrame)
-    both = df.join(steps, on=[S.RANK, S.STEP])
-    for phase in S.COMPUTE_PHASES:
-        assert (both[S.device_ns(phase)] == both[S.phase_ns(phase)]).all()
+    both = df.join(steps, on=[S.RANK, S.STEP], suffix="_steps")
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        bound = S.host_bound_ns(phase)
+        assert (both[bound] == both[f"{bound}_steps"]).all()
+        assert (both[S.device_ns(phase)] + both[bound] == both[S.phase_ns(phase)]).all()
     assert (both[S.IDLE_DATA_NS] == both[S.phase_ns(S.IO)]).all()
-    if name == "gpu_sync":  # no communication: the breakdown's idle is host-bound + other
-        idle = both[S.phase_ns(S.IDLE)]
-        rest = sum(both[S.host_bound_ns(p)] for p in S.GPU_HOST_BOUND_PHASES)
-        assert (idle == rest + both[S.IDLE_OTHER_NS]).all()
+    if name == "gpu_sync":  # no communication: the breakdown's idle is the device's other idle
+        assert (both[S.phase_ns(S.IDLE)] == both[S.IDLE_OTHER_NS]).all()
 
 
 @pytest.mark.parametrize("name", SYNCHRONIZED)
@@ -182,10 +184,70 @@ def test_verdict_names_the_data_loader(runs: dict[str, Path]) -> None:
         assert verdict.wait_fraction * result.ranks[0].step_ms <= timer + 0.1
 
 
+@pytest.mark.parametrize("name", RUNS)
+def test_the_report_carries_each_phases_host_bound_part(runs: dict[str, Path], name: str) -> None:
+    """summary, ranks[] and per_step[] hold the host-bound part of each breakdown phase: the
+    steps table's figure, the same as ranks[].gpu.phases', and breakdown = device + it."""
+    result = report(runs[name])
+    rank = result.ranks[0]
+    assert rank.host_bound_ms is not None and rank.gpu is not None
+    assert result.summary.host_bound_ms == rank.host_bound_ms  # one rank: its mean
+    phases = {p.phase: p for p in rank.gpu.phases}
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        assert rank.host_bound_ms[phase] == phases[phase].host_bound_ms
+        assert rank.breakdown_ms[phase] == pytest.approx(phases[phase].total_ms, abs=0.0015)
+    steps = pl.from_arrow(R.read_steps(runs[name]))
+    assert isinstance(steps, pl.DataFrame)
+    for row in result.per_step:
+        assert row.host_bound_ms is not None
+        table = steps.filter(pl.col(S.STEP) == row.step)
+        for phase in S.GPU_HOST_BOUND_PHASES:
+            assert row.host_bound_ms[phase] == table[S.host_bound_ns(phase)].item() / 1e6
+
+
+def test_the_text_report_shows_the_host_bound_part_beside_the_phase(
+    runs: dict[str, Path],
+) -> None:
+    from tests.conftest import run_cli
+    from traceview.views.style import HOST_BOUND_NOTE, ms
+
+    result = report(runs["gpu_sync"])
+    bound, breakdown = result.summary.host_bound_ms, result.summary.breakdown_ms
+    assert bound is not None
+    out = run_cli("report", runs["gpu_sync"])
+    assert out.code == 0, out.err
+    lines = out.out.splitlines()
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        row = next(x.split() for x in lines if x.split()[:2] == [phase, ms(breakdown[phase])])
+        assert row[3] == ms(bound[phase]), row
+    assert " ".join(HOST_BOUND_NOTE.split()) in " ".join(out.out.split())
+
+
+def test_compare_keeps_each_runs_host_bound_part(runs: dict[str, Path], tmp_path: Path) -> None:
+    """compare --json puts the runs' host-bound parts side by side: synchronized, the device
+    waits for the host launching the optimizer; unsynchronized, it does not (the host runs
+    ahead). A CPU run has none (null)."""
+    from tests.conftest import run_cli
+
+    cpu = ingest_run([SAMPLES / "pytorch" / "explicit"], tmp_path / "cpu")
+    out = run_cli("compare", "--json", runs["gpu_sync"], runs["gpu_async"], cpu)
+    assert out.code == 0, out.err
+    compared = json.loads(out.out)["runs"]
+    for row, run in zip(compared, (runs["gpu_sync"], runs["gpu_async"]), strict=False):
+        bound = report(run).summary.host_bound_ms
+        assert bound is not None and row["host_bound_ms"] == json.loads(bound.to_json())
+    assert compared[0]["host_bound_ms"]["update"] > 0.5 > compared[1]["host_bound_ms"]["update"]
+    assert compared[2]["host_bound_ms"] is None
+
+
 def test_cpu_runs_have_no_gpu_figures(tmp_path: Path) -> None:
     run = ingest_run([SAMPLES / "pytorch" / "explicit"], tmp_path / "run")
     result = report(run)
     assert all(r.gpu is None for r in result.ranks) and result.gpu_verdict is None
+    # no host-bound part anywhere: null, not 0
+    assert result.summary.host_bound_ms is None
+    assert all(r.host_bound_ms is None for r in result.ranks)
+    assert all(s.host_bound_ms is None for s in result.per_step)
     assert R.read_table(run / "gpu.parquet", S.GPU_SCHEMA).num_rows == 0
 
 
@@ -197,3 +259,46 @@ def test_export_writes_the_gpu_tables(runs: dict[str, Path], tmp_path: Path) -> 
     for name, schema in (("gpu", S.GPU_SCHEMA), ("launches", S.LAUNCHES_SCHEMA)):
         exported = R.read_table(tmp_path / "out" / f"{name}.parquet", schema)
         assert exported.equals(R.read_table(runs["gpu_sync"] / f"{name}.parquet", schema))
+
+
+def _shared_inputs() -> list[str]:
+    from tests.golden.cases import shared_cases
+
+    return sorted(shared_cases())
+
+
+def _host_bound_holds(run: Path) -> int:
+    """The steps table and the gpu table hold one host-bound figure (one cut of the timeline);
+    every phase of the breakdown on a GPU timeline is its device time plus that figure; the
+    exclusive phases add up to the step; CPU timelines have no host-bound part (null). Returns
+    how many GPU step windows were checked."""
+    steps = pl.from_arrow(R.read_steps(run))
+    gpu = pl.from_arrow(R.read_table(run / "gpu.parquet", S.GPU_SCHEMA))
+    assert isinstance(steps, pl.DataFrame) and isinstance(gpu, pl.DataFrame)
+    phases = sum(steps[S.phase_ns(p)] for p in S.BREAKDOWN_PHASES)
+    assert (phases == steps[S.WALL_NS]).all()
+    bound = [S.host_bound_ns(p) for p in S.GPU_HOST_BOUND_PHASES]
+    cpu = steps.filter(pl.col(S.TIMELINE) == S.DEVICE_CPU)
+    assert all(cpu[c].null_count() == cpu.height for c in bound)
+    on_gpu = steps.filter(pl.col(S.TIMELINE) == S.DEVICE_GPU)
+    both = on_gpu.join(gpu, on=[S.RANK, S.STEP], how="inner", suffix="_gpu", nulls_equal=True)
+    assert both.height == on_gpu.height == gpu.height
+    for phase in S.GPU_HOST_BOUND_PHASES:
+        column = S.host_bound_ns(phase)
+        assert (both[column] == both[f"{column}_gpu"]).all(), phase
+        assert (both[S.device_ns(phase)] + both[column] == both[S.phase_ns(phase)]).all(), phase
+    return both.height
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_one_host_bound_figure_on_the_samples(runs: dict[str, Path], name: str) -> None:
+    assert _host_bound_holds(runs[name]) == 5
+
+
+@pytest.mark.parametrize("case", _shared_inputs())
+def test_one_host_bound_figure_on_the_shared_traces(case: str, tmp_path: Path) -> None:
+    from tests.golden.cases import shared_cases
+
+    path = Path(shared_cases()[case][-1])
+    run = ingest_run([path], tmp_path / "run")
+    _host_bound_holds(run)

@@ -29,9 +29,9 @@ from traceview.text import safe
 from traceview.tui.app import TraceviewApp
 from traceview.tui.help import HelpScreen
 from traceview.tui.model import build_view
-from traceview.tui.operators import OperatorsPane
+from traceview.tui.operators import OP_WIDTH, OperatorsPane
 from traceview.tui.overview import Legend, RankBars
-from traceview.tui.render import ms, pct
+from traceview.tui.render import SHORT, ms, pct
 from traceview.tui.timeline import Timeline
 
 SIZE = (80, 24)
@@ -104,6 +104,7 @@ def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) ->
         assert entry in seen["legend"], f"{phase}: {entry!r} not in legend"
     assert f"straggler: rank {summary.straggler_rank} (waited for the most" in seen["notes"]
     assert "ranks are balanced" in seen["notes"]
+    assert "host-bound" not in seen["legend"]  # a CPU run's phases have no host-bound part
 
 
 def test_overview_explains_the_gpu_with_the_reports_numbers(runs_root: Path) -> None:
@@ -116,8 +117,16 @@ def test_overview_explains_the_gpu_with_the_reports_numbers(runs_root: Path) -> 
         async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
             seen["verdict"] = plain(app.query_one("#verdict", Static))
             seen["notes"] = plain(app.query_one("#notes", Static))
+            seen["legend"] = plain(app.query_one(Legend).render())
 
         drive([run], look)
+    # the legend gives each phase (kernels + host-bound) and, below, its host-bound part
+    bound = report.summary.host_bound_ms
+    assert bound is not None
+    legend = " ".join(seen["legend"].split())
+    parts = " · ".join(f"{p} {ms(bound[p])}" for p in S.GPU_HOST_BOUND_PHASES)
+    assert f"of which host-bound: {parts} ms" in legend
+    assert bound.update > 0.5 and ms(report.summary.breakdown_ms.update) in legend
     verdict, gpu = report.gpu_verdict, report.ranks[0].gpu
     assert verdict is not None and verdict.wait == "data" and gpu is not None
     assert (
@@ -240,6 +249,55 @@ def test_operators_filter_box_and_phase_filter(ddp: Run) -> None:
     assert seen["h2d"] == [], "a CPU run has no host-to-device copies"
 
 
+def test_kernel_launches_per_operator_and_phase(runs_root: Path, ddp: Run) -> None:
+    """`k` on the Operators screen of a GPU run shows the report's kernel launches (the
+    verdict's rank, else the first GPU rank), per operator and phase, filtered like the
+    operators; `k` again brings the operators back; a CPU run has none to show."""
+    seen: dict[str, object] = {}
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3", "k")
+        pane = app.query_one(OperatorsPane)
+        seen["kernels"] = rows(app.query_one("#ops-table", DataTable))
+        seen["state"] = plain(app.query_one("#ops-state", Static))
+        for _ in range(S.EVENT_PHASES.index(S.BACKWARD) + 1):  # p: all -> io ... -> backward
+            await pilot.press("p")
+        assert pane.phase == S.BACKWARD
+        seen["backward"] = rows(app.query_one("#ops-table", DataTable))
+        await pilot.press("k")
+        seen["operators"] = rows(app.query_one("#ops-table", DataTable))
+
+    with open_run([sample_run("gpu_sync", runs_root)]) as run:
+        report = run.report()
+        drive([run], look)
+    gpu = report.ranks[0].gpu
+    assert gpu is not None and gpu.kernels
+    table = seen["kernels"]
+    assert isinstance(table, list) and len(table) == len(gpu.kernels)
+    for row, k in zip(table, gpu.kernels, strict=True):
+        phase = k.phase or S.OTHER
+        assert row[:3] == [safe(k.op, OP_WIDTH), SHORT[phase], f"{k.kernels_per_step:g}"], row
+        assert row[5] == f"{k.launch_latency_us_p50:,.0f}" and row[7] == pct(
+            k.short_kernel_fraction
+        )
+    assert f"kernel launches, rank 0 · {len(gpu.kernels)} of {len(gpu.kernels)}" in str(
+        seen["state"]
+    )
+    backward = [k for k in gpu.kernels if k.phase == S.BACKWARD]
+    assert [r[0] for r in seen["backward"]] == [safe(k.op, OP_WIDTH) for k in backward]  # type: ignore[union-attr]
+    assert len(seen["operators"][0]) == 10, "k again: the operators' columns"  # type: ignore[index]
+
+    empty: dict[str, object] = {}
+
+    async def cpu(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3", "k")
+        empty["rows"] = rows(app.query_one("#ops-table", DataTable))
+        empty["state"] = plain(app.query_one("#ops-state", Static))
+
+    drive([ddp], cpu)
+    assert empty["rows"] == [] and "no GPU rank" in str(empty["state"])
+
+
 def test_operators_sort_key_cycles_through_the_columns(ddp: Run) -> None:
     orders: dict[str, list[list[str]]] = {}
 
@@ -348,6 +406,7 @@ def test_warm_up_steps_are_marked_from_their_time() -> None:
             S.COMM_TOTAL_NS: [0] * n,
             S.COMM_EXPOSED_NS: [0] * n,
             S.COMM_HIDDEN_FRACTION: [0.0] * n,
+            **{S.host_bound_ns(p): [None] * n for p in S.GPU_HOST_BOUND_PHASES},
         }
         return pa.table(columns, schema=S.STEPS_SCHEMA)
 

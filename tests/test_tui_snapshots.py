@@ -16,7 +16,7 @@ from typing import Any
 from textual.pilot import Pilot
 
 from tests.tui_helpers import loaded, settle
-from tests.tui_models import comparison, straggler_view
+from tests.tui_models import comparison, gpu_view, straggler_view
 from traceview.runs import Run
 from traceview.tui.app import TraceviewApp
 
@@ -71,6 +71,12 @@ def test_timeline_zoomed_on_the_all_reduce_100x30(snap_compare: SnapCompare, exp
 
 def test_overview_with_a_straggler_120x36(snap_compare: SnapCompare) -> None:
     assert snap_compare(synthetic(), terminal_size=(120, 36), run_before=keys())
+
+
+def test_kernel_launches_80x24(snap_compare: SnapCompare) -> None:
+    app = TraceviewApp(views=[gpu_view()])
+    app.animation_level = "none"
+    assert snap_compare(app, terminal_size=(80, 24), run_before=keys("3", "k"))
 
 
 def test_operators_filtered_80x24(snap_compare: SnapCompare) -> None:

@@ -140,3 +140,42 @@ def comparison() -> Comparison:
             "gloo's exposed comm takes 5.0× nccl's",
         ],
     )
+
+
+def _kernels(phase: str, op: str | None, n: float, dur: float, latency: float, short: float):  # type: ignore[no-untyped-def]
+    from traceview.results import KernelLaunches
+
+    return KernelLaunches(
+        phase=phase, op=op, kernels_per_step=n, launch_latency_us_p50=latency,
+        launch_latency_us_p95=latency * 2.5, kernel_us_p50=dur, kernel_us_p95=dur * 3,
+        launch_overhead_us_p50=4.2, short_kernel_fraction=short,
+    )  # type: ignore[arg-type]  # fmt: skip
+
+
+def gpu_view() -> RunView:
+    """The straggler run as if rank 0 ran on a GPU: its kernel launches per operator and
+    phase (hostile and unknown operator names among them)."""
+    import msgspec
+
+    from traceview.results import GpuIdle, GpuPhase, HostBound, RankGpu
+
+    report = straggler_report()
+    kernels = [
+        _kernels("backward", "convolution_backward", 82, 90.0, 8573, 0.06),
+        _kernels("forward", "convolution", 24, 112.0, 4138, 0.0),
+        _kernels("update", "weights_update", 31, 1.9, 1210, 1.0),
+        _kernels("backward", f"matmul{EVIL}", 7, 14.5, 950, 0.43),
+        _kernels("h2d", "to", 2, 1860.0, 35, 0.0),
+        _kernels("other", None, 1, 2.1, 12, 1.0),
+    ]
+    gpu = RankGpu(
+        busy_fraction=0.56, busy_ms=31.4, idle_ms=GpuIdle(host_bound=3.6, data=2.0, other=1.3),
+        sync_ms=12.0, launches=147, launch_latency_us_p50=5132, launch_latency_us_p95=15396,
+        short_kernel_fraction=0.17, kernel_us_p50=9.8, kernel_us_p95=410.0,
+        phases=[GpuPhase(phase="forward", device_ms=9.0, host_bound_ms=1.0, total_ms=10.0)],
+        kernels=kernels,
+    )  # fmt: skip
+    bound = HostBound(h2d=0.5, forward=1.0, backward=1.6, update=0.5)
+    ranks = [msgspec.structs.replace(report.ranks[0], gpu=gpu, host_bound_ms=bound)]
+    report = msgspec.structs.replace(report, ranks=ranks + report.ranks[1:])
+    return RunView(label="gpu", report=report, windows={})

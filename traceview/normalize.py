@@ -29,6 +29,7 @@ to its contract on every sample trace.
     the next phase marker after it (data loading, forward or backward region, optimizer, step
     end) is forward or backward, else ``other``; the gradient seed (``ones_like`` right before
     the first backward operator, made by ``loss.backward()``) is ``backward``;
+    an operator whose device work is host-to-device copies only (``x.to(device)``) is ``h2d``;
 ``host_phases``
     an event without a phase of its own inherits its nearest ancestor's, else takes its
     position's; region markers and Python frames pass phases down but get none by position;
@@ -565,13 +566,23 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
     return Steps(training, marker, starts, ends, step, on_training)
 
 
-def positional_phases(classes: Classes, columns: RankColumns, steps: Steps) -> np.ndarray:
+def positional_phases(
+    classes: Classes,
+    columns: RankColumns,
+    steps: Steps,
+    trees: CallTrees | None = None,
+    launched: Launched | None = None,
+) -> np.ndarray:
     """Pass ``positional_phases``: per event, the phase its position on the training thread gives
     it (``other`` where position says nothing).
 
     An operator with no phase of its own, at the top of the training thread, is forward when the
     next phase marker after it is forward or backward (or when its step has no backward at
     all), else other; which of them has a phase from above is for the next pass to decide.
+
+    An operator whose device work (the activities launched from inside it, ``launched``) is
+    host-to-device copies only is h2d whatever its position: ``x.to(device)`` right before the
+    forward region is copying the batch, not running the model.
 
     The gradient seed is the exception: ``loss.backward()`` first makes
     the loss's gradient with ``ones_like``, outside any backward operator. When that is the
@@ -597,7 +608,29 @@ def positional_phases(classes: Classes, columns: RankColumns, steps: Steps) -> n
     positional[candidates[forward]] = PHASE_CODES[S.FORWARD]
     seeds = _gradient_seeds(classes, columns, candidates, anchor_ts, next_phase)
     positional[seeds] = PHASE_CODES[S.BACKWARD]
+    if trees is not None and launched is not None:
+        copying = _copies_only(classes, trees, launched)
+        positional[candidates[copying[candidates]]] = PHASE_CODES[S.H2D]
     return positional
+
+
+def _copies_only(classes: Classes, trees: CallTrees, launched: Launched) -> np.ndarray:
+    """Per event: a host event whose launched device work (its own and its descendants') is
+    host-to-device copies only (a copy's own phase, from its rule, is h2d)."""
+    n = len(classes.kind)
+    has_copy = np.zeros(n, bool)
+    has_other = np.zeros(n, bool)
+    ok = launched.launcher >= 0
+    rows, caller = launched.rows[ok], launched.launcher[ok]
+    copy = classes.phase[rows] == PHASE_CODES[S.H2D]
+    # walk each launch up its call tree, one level per pass, marking every ancestor
+    while len(caller):
+        has_copy[caller[copy]] = True
+        has_other[caller[~copy]] = True
+        up = trees.parent[caller]
+        keep = up >= 0
+        caller, copy = up[keep], copy[keep]
+    return has_copy & ~has_other
 
 
 _GRADIENT_SEED_OPS = ("ones_like",)  # torch.autograd.backward's seed (_make_grads)
@@ -683,6 +716,29 @@ def host_phases(classes: Classes, trees: CallTrees, positional: np.ndarray) -> H
 
 
 @dataclass
+class Launched:
+    """Each device activity and the host call that launched it (``correlation``, else the
+    operator's ``external_id``; -1: none found)."""
+
+    rows: np.ndarray  # event indices of device activities
+    launcher: np.ndarray  # per row: the launching host event (-1: none)
+
+
+def launchers(raw: pa.Table, classes: Classes, trees: CallTrees) -> Launched:
+    """The host call of each device activity: the runtime call with its ``correlation``, else
+    the operator with its ``external_id``."""
+    kind, hosts = classes.kind, trees.hosts
+    device = np.flatnonzero(_DEVICE[kind])
+    correlation = _numpy(raw.column(S.CORRELATION), -1)
+    external = _numpy(raw.column(S.EXTERNAL_ID), -1)
+    runtime = hosts[kind[hosts] == _KIND_CODES[S.KIND_RUNTIME]]
+    launcher = _lookup(correlation[runtime], runtime, correlation[device])
+    host_ops = hosts[kind[hosts] != _KIND_CODES[S.KIND_RUNTIME]]
+    by_external = _lookup(external[host_ops], host_ops, external[device])
+    return Launched(device, np.where(launcher >= 0, launcher, by_external))
+
+
+@dataclass
 class DeviceLinks:
     """Pass ``link_devices``: each device activity, linked to the host call that launched it."""
 
@@ -701,20 +757,14 @@ def link_devices(
     steps: Steps,
     host: HostPhases,
     notes: Notes,
+    launched: Launched | None = None,
 ) -> DeviceLinks:
     """Kernels and copies take the phase, step and operator of the host call that launched them
     (``correlation``, else the operator's ``external_id``), or of the operator the trace names
     as their scope; a rule of their own beats both. ``classes.ops`` gains scope operators."""
-    kind, own, hosts = classes.kind, classes.phase, trees.hosts
-    device = np.flatnonzero(_DEVICE[kind])
-    correlation = _numpy(raw.column(S.CORRELATION), -1)
-    external = _numpy(raw.column(S.EXTERNAL_ID), -1)
-    runtime = hosts[kind[hosts] == _KIND_CODES[S.KIND_RUNTIME]]
-    launcher = _lookup(correlation[runtime], runtime, correlation[device])
-    host_ops = hosts[kind[hosts] != _KIND_CODES[S.KIND_RUNTIME]]
-    by_external = _lookup(external[host_ops], host_ops, external[device])
-    del correlation, external, runtime, host_ops
-    launcher = np.where(launcher >= 0, launcher, by_external)
+    own = classes.phase
+    launched = launched or launchers(raw, classes, trees)
+    device, launcher = launched.rows, launched.launcher
     linked = launcher >= 0
     safe = np.maximum(launcher, 0)
     if len(device) and not linked.all() and not has_scope(raw):
@@ -842,12 +892,14 @@ def normalize(
     look("call_trees", trees)
     steps = find_steps(classes, columns, trees, notes)
     look("steps", steps)
-    positional = positional_phases(classes, columns, steps)
+    launched = launchers(raw, classes, trees)
+    positional = positional_phases(classes, columns, steps, trees, launched)
     look("positional_phases", positional)
     host = host_phases(classes, trees, positional)
     look("host_phases", host)
     del positional
-    devices = link_devices(raw, rules, classes, trees, steps, host, notes)
+    devices = link_devices(raw, rules, classes, trees, steps, host, notes, launched)
+    del launched
     look("link_devices", devices)
 
     kind, own = classes.kind, classes.phase

@@ -186,6 +186,26 @@ class RunMemory(Result):
     leaking_ranks: list[int] = []  # ranks whose main device's memory grows step after step
 
 
+class HostBound(Result):
+    """The host-bound part of each phase of a breakdown (ms; GPU timelines): the device idle
+    while the host is inside that phase, launching its work. Already counted in the phase's
+    figure of ``breakdown_ms`` (phase = its kernels' time + this), reported apart so the two
+    never merge silently."""
+
+    h2d: float
+    forward: float
+    backward: float
+    update: float
+
+    def __getitem__(self, phase: str) -> float:
+        if phase not in S.GPU_HOST_BOUND_PHASES:
+            raise KeyError(phase)
+        return float(getattr(self, phase))
+
+
+assert HostBound.__struct_fields__ == S.GPU_HOST_BOUND_PHASES, "HostBound != GPU_HOST_BOUND_PHASES"
+
+
 class Summary(Result):
     """The run as a whole: means over ranks of each rank's mean step."""
 
@@ -218,6 +238,9 @@ class Summary(Result):
     straggler_phase_ms: float | None = None  # that phase on the straggler, ms per step
     straggler_phase_median_ms: float | None = None  # and the median of the other ranks
     memory: RunMemory | None = None  # null: no rank has memory records
+    # the host-bound part of breakdown_ms's phases, mean of ranks (a CPU rank's phases have
+    # none); null where no rank has a GPU timeline
+    host_bound_ms: HostBound | None = None
 
 
 class GpuIdle(Result):
@@ -233,8 +256,9 @@ class GpuPhase(Result):
     host inside it, never merged; ``total_ms`` is their sum (what a synchronized timer sees)."""
 
     phase: Phase
-    device_ms: float  # kernels and copies (exclusive, as the breakdown on GPU timelines)
-    host_bound_ms: float  # device idle while the host is inside this phase (part of idle)
+    device_ms: float  # kernels and copies (exclusive, cut among device events alone)
+    # device idle while the host is inside this phase; with device_ms, the breakdown's phase
+    host_bound_ms: float
     total_ms: float
 
 
@@ -311,6 +335,7 @@ class RankSummary(Result):
     last_arrivals: int | None = None  # matched calls it arrived last to (where anyone waited)
     gpu: RankGpu | None = None  # device time explained (null on CPU runs)
     memory: RankMemory | None = None  # null: the rank's trace has no memory records
+    host_bound_ms: HostBound | None = None  # part of breakdown_ms; null on a CPU timeline
 
 
 class StepSummary(Result):
@@ -325,6 +350,7 @@ class StepSummary(Result):
     vs_median: float  # against the median step (0.1: 10% slower)
     breakdown_ms: Breakdown  # mean of ranks
     mark: StepMark  # leading steps well above the median: warm-up; later ones: slow
+    host_bound_ms: HostBound | None = None  # part of breakdown_ms, as in Summary
 
 
 class StepStats(Result):
@@ -474,6 +500,8 @@ class ComparedRun(Result):
     memory_device: str | None = None
     memory_peak_phase: Phase | None = None
     memory_since_profiling_started: bool | None = None
+    # the host-bound part of breakdown_ms's phases (Summary); null without a GPU timeline
+    host_bound_ms: HostBound | None = None
 
 
 class ComparedValues(Result):

@@ -198,6 +198,18 @@ def phase_ns(phase: str) -> str:
     return f"{phase}_ns"
 
 
+#: Phases whose host time can leave the device waiting (host-bound time, docs/design.md
+#: section 2): on GPU timelines part of the phase's exclusive time, also recorded alone.
+GPU_HOST_BOUND_PHASES: Final = (H2D, FORWARD, BACKWARD, UPDATE)
+
+
+def host_bound_ns(phase: str) -> str:
+    """The steps- and gpu-table column holding the device's wait for the host inside ``phase``
+    (in the steps table: the part of ``phase_ns(phase)`` that is host-bound; null on CPU
+    timelines)."""
+    return f"host_bound_{phase}_ns"
+
+
 STEPS_SCHEMA: Final = pa.schema(
     [
         pa.field(RANK, pa.int32(), nullable=False),
@@ -210,6 +222,7 @@ STEPS_SCHEMA: Final = pa.schema(
         pa.field(COMM_TOTAL_NS, pa.int64(), nullable=False),
         pa.field(COMM_EXPOSED_NS, pa.int64(), nullable=False),
         pa.field(COMM_HIDDEN_FRACTION, pa.float64(), nullable=False),
+        *(pa.field(host_bound_ns(p), pa.int64()) for p in GPU_HOST_BOUND_PHASES),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
@@ -294,18 +307,11 @@ IDLE_OTHER_NS: Final = "idle_other_ns"
 SYNC_NS: Final = "sync_ns"
 QUEUE_MAX: Final = "queue_max"
 QUEUE_MEAN: Final = "queue_mean"
-#: Phases whose host time can leave the device waiting (host-bound gaps, analysis/gpu.py).
-GPU_HOST_BOUND_PHASES: Final = (H2D, FORWARD, BACKWARD, UPDATE)
 
 
 def device_ns(phase: str) -> str:
     """The gpu-table column holding the device time of ``phase``."""
     return f"device_{phase}_ns"
-
-
-def host_bound_ns(phase: str) -> str:
-    """The gpu-table column holding the device's wait for the host inside ``phase``."""
-    return f"host_bound_{phase}_ns"
 
 
 #: One row per (rank, step window) of a rank with device activity (analysis/gpu.py): the device's

@@ -3,12 +3,17 @@
 Per rank, time is cut into step windows and every instant of a window goes to the highest-priority
 phase active at that instant on the rank's critical timeline:
 
-    forward | backward | update  >  h2d  >  io  >  comm  >  (region fill)  >  other  >  idle
+    forward | backward | update  >  h2d  >  io  >  comm  >  (region fill)  >  other
+        >  (host-bound forward | backward | update | h2d)  >  idle
 
 The critical timeline is, on CPU runs, the training thread: at each instant the innermost event
 on it decides; on GPU runs, the device: kernels and copies (which carry the phase of the host
-call that launched them), plus the training thread's data loading. Communication on any thread
-or stream of the rank also counts. Time on the training thread that no operator covers (Python
+call that launched them), plus the training thread's data loading, and below every device
+level and communication, the host's compute and copy time (the training thread inside an
+operator or region of forward, backward, update or h2d, or another thread running such an
+operator): the device waits for the host to launch that phase's work, which is that phase's
+time, "host-bound", recorded in the steps table on its own (``host_bound_<phase>_ns``) as well
+as inside the phase's column. Communication on any thread or stream of the rank also counts. Time on the training thread that no operator covers (Python
 between operators, a wait without an event of its own) counts as the enclosing region's phase
 ("region fill": inside a forward/backward/optimizer region, or between two operators of the same
 phase), but only when no communication is in flight then: a training thread that stops while a
@@ -45,12 +50,18 @@ LEVELS = (
     ("backward fill", S.BACKWARD),
     ("update fill", S.UPDATE),
     (S.OTHER, S.OTHER),
+    # GPU timelines only: the device idles while the host is inside a compute or copy operator
+    # or region (launching that phase's work). Below every device level (an unlinked kernel is
+    # "other" and still device time) and communication on any host thread.
+    *((f"host-bound {p}", p) for p in S.GPU_HOST_BOUND_PHASES),
 )
 LEVEL_PHASES = tuple(phase for _, phase in LEVELS)
 LEVEL = {name: i for i, (name, _) in enumerate(LEVELS)}
 _COMM_LEVEL = LEVEL[S.COMM]
 _GAP = -1
 _FILL = {p: LEVEL[f"{p} fill"] for p in S.COMPUTE_PHASES}
+#: The host-bound level of each phase that has one (GPU timelines).
+HOST_BOUND_LEVEL = {p: LEVEL[f"host-bound {p}"] for p in S.GPU_HOST_BOUND_PHASES}
 # Level of an event's time by its phase code (schema.EVENT_PHASES order): as an operator's own
 # time (explicit), and as a region marker's uncovered time (compute regions fill; other: none).
 _EXPLICIT = np.array([LEVEL[p] for p in S.EVENT_PHASES])
@@ -62,12 +73,19 @@ _FILL_OF = {
     **{_FILL[p]: _FILL[p] for p in S.COMPUTE_PHASES},
     **{LEVEL[p]: LEVEL[p] for p in (S.H2D, S.IO, S.COMM)},
 }
-# On GPU runs the training thread contributes only its waits: data, copies, communication.
-_HOST_WAIT_LEVELS = [LEVEL[p] for p in (S.H2D, S.IO, S.COMM)]
+# On GPU runs the training thread's data loading and communication keep their levels; its
+# compute and copy time (operators and region fill) is host-bound; the rest does not count.
+_GPU_HOST_LEVEL = np.full(len(LEVELS), _GAP, np.int64)
+for _name, _phase in LEVELS:
+    if _name in (S.IO, S.COMM):
+        _GPU_HOST_LEVEL[LEVEL[_name]] = LEVEL[_name]
+    elif _phase in HOST_BOUND_LEVEL and not _name.startswith("host-bound"):
+        _GPU_HOST_LEVEL[LEVEL[_name]] = HOST_BOUND_LEVEL[_phase]
 # The levels must keep the attribution rule's order, fill ranking just below communication.
-assert [n for n, _ in LEVELS if "fill" not in n] == [
+assert [n for n, _ in LEVELS if "fill" not in n and "host-bound" not in n] == [
     p for p in S.ATTRIBUTION_PRIORITY if p != S.IDLE
 ], "LEVELS out of step with schema.ATTRIBUTION_PRIORITY"
+assert min(HOST_BOUND_LEVEL.values()) > LEVEL[S.OTHER], "host-bound must rank below all else"
 
 _DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
 _HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
@@ -230,6 +248,8 @@ class RankTimeline:
     w_start: np.ndarray  # step windows
     w_end: np.ndarray
     numbers: np.ndarray  # step numbers (-1: no step markers)
+    on_device: np.ndarray  # per interval: a kernel, copy or memset (else host time)
+    cut: LevelTimes | None = None  # level_times' result, kept for the next caller
 
 
 _COMPUTE_CODES = [PHASE_CODE[p] for p in S.COMPUTE_PHASES]
@@ -289,29 +309,70 @@ def rank_timeline(events: pa.Table) -> RankTimeline:
         on_training = host & (ev.pid == training[0]) & (ev.tid == training[1])
         seg_s, seg_e, owner = _thread_segments(ev, np.flatnonzero(on_training))
         seg_l = _training_levels(ev, owner)
-        if gpu:  # on GPU runs the host thread only contributes its waits: data, copies, comm
-            seg_l = np.where(np.isin(seg_l, _HOST_WAIT_LEVELS), seg_l, _GAP)
+        if gpu:  # data loading and communication as themselves, compute and copies host-bound
+            seg_l = np.where(seg_l >= 0, _GPU_HOST_LEVEL[np.maximum(seg_l, 0)], _GAP)
         keep = seg_l != _GAP
         parts_s.append(seg_s[keep])
         parts_e.append(seg_e[keep])
         parts_l.append(seg_l[keep])
-    if not gpu:  # compute that the framework runs on other threads (TensorFlow's executors)
-        s_, e_, l_ = _compute_elsewhere(ev, host & ~on_training)
-        parts_s.append(s_)
-        parts_e.append(e_)
-        parts_l.append(l_)
+    # compute that the framework runs on other threads (TensorFlow's executors; on GPU runs
+    # PyTorch's autograd thread launching backward: host-bound there)
+    s_, e_, l_ = _compute_elsewhere(ev, host & ~on_training)
+    parts_s.append(s_)
+    parts_e.append(e_)
+    parts_l.append(_GPU_HOST_LEVEL[l_] if gpu else l_)
     comm_elsewhere = host & ~on_training & (ev.phase == PHASE_CODE[S.COMM])
     parts_s.append(ev.ts[comm_elsewhere])
     parts_e.append(ev.end[comm_elsewhere])
     parts_l.append(np.full(int(comm_elsewhere.sum()), _COMM_LEVEL))
+    n_host = sum(len(p) for p in parts_s)
     if gpu:
         parts_s.append(ev.ts[device])
         parts_e.append(ev.end[device])
         parts_l.append(_EXPLICIT[ev.phase[device]])
+    starts = np.concatenate(parts_s)
     return RankTimeline(
-        ev, training, gpu, np.concatenate(parts_s), np.concatenate(parts_e),
+        ev, training, gpu, starts, np.concatenate(parts_e),
         np.concatenate(parts_l).astype(np.int64), w_start, w_end, numbers,
+        np.arange(len(starts)) >= n_host,
     )  # fmt: skip
+
+
+@dataclass
+class LevelTimes:
+    """Per step window of a rank: the time each level (LEVELS) holds exclusively, the union of
+    all levels and of the communication intervals (ns). What the steps table and the GPU table
+    both read: one cut, so the two cannot disagree."""
+
+    exclusive: np.ndarray  # [level, window]
+    covered: np.ndarray  # [window]: the union of every level
+    comm_total: np.ndarray  # [window]
+
+    def host_bound(self, phase: str) -> np.ndarray:
+        """The device's wait for the host inside ``phase`` per window (GPU timelines)."""
+        return self.exclusive[HOST_BOUND_LEVEL[phase]]
+
+
+def level_times(tl: RankTimeline) -> LevelTimes:
+    """Every instant of each step window, counted once, for the highest level active then
+    (computed once per timeline: the steps and gpu tables read the same cut)."""
+    if tl.cut is None:
+        tl.cut = _level_times(tl)
+    return tl.cut
+
+
+def _level_times(tl: RankTimeline) -> LevelTimes:
+    n_windows = len(tl.w_start)
+    window, s, e, level = _clip(tl.starts, tl.ends, tl.levels, tl.w_start, tl.w_end)
+    order = np.lexsort((s, window))
+    window, s, e, level = window[order], s[order], e[order], level[order]
+    covered_by = np.zeros((len(LEVEL_PHASES) + 1, n_windows), np.int64)
+    for lvl in range(len(LEVEL_PHASES)):
+        mask = level <= lvl
+        covered_by[lvl + 1] = _union_by_window(window[mask], s[mask], e[mask], n_windows)
+    comm = level == _COMM_LEVEL
+    comm_total = _union_by_window(window[comm], s[comm], e[comm], n_windows)
+    return LevelTimes(np.diff(covered_by, axis=0), covered_by[-1], comm_total)
 
 
 def breakdown(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
@@ -324,17 +385,8 @@ def breakdown(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     if n_windows == 0:
         return pa.Table.from_pylist([], schema=S.STEPS_SCHEMA)
 
-    window, s, e, level = _clip(tl.starts, tl.ends, tl.levels, w_start, w_end)
-    order = np.lexsort((s, window))
-    window, s, e, level = window[order], s[order], e[order], level[order]
-
-    covered_by = np.zeros((len(LEVEL_PHASES) + 1, n_windows), np.int64)
-    for lvl in range(len(LEVEL_PHASES)):
-        mask = level <= lvl
-        covered_by[lvl + 1] = _union_by_window(window[mask], s[mask], e[mask], n_windows)
-    exclusive = np.diff(covered_by, axis=0)
-    comm = level == _COMM_LEVEL
-    comm_total = _union_by_window(window[comm], s[comm], e[comm], n_windows)
+    times = level_times(tl)
+    exclusive, comm_total = times.exclusive, times.comm_total
 
     wall = w_end - w_start
     columns: dict[str, object] = {
@@ -347,7 +399,7 @@ def breakdown(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     }
     for phase in S.BREAKDOWN_PHASES:
         if phase == S.IDLE:
-            columns[S.phase_ns(phase)] = wall - covered_by[-1]
+            columns[S.phase_ns(phase)] = wall - times.covered
         else:
             levels = [i for i, p in enumerate(LEVEL_PHASES) if p == phase]
             columns[S.phase_ns(phase)] = exclusive[levels].sum(axis=0)
@@ -356,6 +408,10 @@ def breakdown(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     columns[S.COMM_EXPOSED_NS] = exposed
     with np.errstate(divide="ignore", invalid="ignore"):
         columns[S.COMM_HIDDEN_FRACTION] = np.where(comm_total > 0, 1.0 - exposed / comm_total, 0.0)
+    for phase in S.GPU_HOST_BOUND_PHASES:  # part of the phase's column; null on CPU timelines
+        columns[S.host_bound_ns(phase)] = pa.array(
+            times.host_bound(phase), pa.int64(), mask=np.full(n_windows, not tl.gpu)
+        )
     return pa.table(columns, schema=S.STEPS_SCHEMA)
 
 

@@ -111,6 +111,7 @@ def compare(
             if report.summary.straggler_significant
             else None,
             straggler_phase=report.summary.straggler_phase,
+            host_bound_ms=report.summary.host_bound_ms,
         )
         for label, report in zip(labels, reports, strict=True)
     ]

@@ -5,15 +5,17 @@ device activity:
 
 - **busy**: the union of the rank's kernels, copies and memsets; its time per phase
   (``device_<phase>_ns``) is cut by the attribution rule among device events alone, so the
-  phases add up to ``busy_ns``. On GPU timelines the breakdown's forward, backward and update are
-  exactly these device times.
-- **gaps** of the device timeline (window minus busy) are split by what the training thread is
-  doing at that instant, on the same cut of the thread as the CPU timeline (innermost event,
-  region fill): inside an op or region of h2d, forward, backward or update, the device waits for
-  the host to launch its next work: *host-bound*, that phase's time (``host_bound_<phase>_ns``);
-  in data loading: *data* (``idle_data_ns``); anything else (Python between phases, a
-  synchronize outside any phase, communication on the host): *other* (``idle_other_ns``).
-  busy + host-bound + data + other = the window, exactly.
+  phases add up to ``busy_ns``. On GPU timelines the breakdown's h2d, forward, backward and
+  update are exactly these device times plus the phase's host-bound time below.
+- **gaps** of the device timeline (window minus busy) are split by what the host does at that
+  instant, on the breakdown's own cut (``attribution.level_times``): where the training thread
+  is inside an operator or region of h2d, forward, backward or update, or another host thread
+  runs such an operator (PyTorch's autograd thread), and no communication runs on any host
+  thread, the device waits for the host to launch its next work:
+  *host-bound*, that phase's time (``host_bound_<phase>_ns``, the same figure as the steps
+  table's); in data loading: *data* (``idle_data_ns``); anything else (Python between phases,
+  a synchronize outside any phase, the host waiting for a collective): *other*
+  (``idle_other_ns``). busy + host-bound + data + other = the window, exactly.
 - **sync**: the training thread's time blocked in device or stream synchronization, a blocking
   copy or ``.item()`` (``sync_ns``), the union of those calls.
 - **queue**: device operations launched (runtime call started) and not yet started on the
@@ -38,17 +40,15 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.attribution import (
-    LEVEL_PHASES,
+    LEVEL,
     RankTimeline,
     _clip,
-    _compute_elsewhere,
-    _thread_segments,
-    _training_levels,
     _union_by_window,
+    level_times,
     merge_intervals,
     rank_timeline,
 )
-from traceview.arrays import KIND_CODE, PHASE_CODE, EventArrays
+from traceview.arrays import KIND_CODE, EventArrays
 from traceview.results import GpuIdle, GpuPhase, GpuVerdict, KernelLaunches, RankGpu
 
 _DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
@@ -86,15 +86,6 @@ def _piece_windows(
     return np.where(inside, window, -1)
 
 
-def _containing(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Index of the sorted, disjoint interval holding each instant (-1: none)."""
-    if len(starts) == 0:
-        return np.full(len(at), -1)
-    pos = np.searchsorted(starts, at, side="right") - 1
-    ok = (pos >= 0) & (at < ends[np.maximum(pos, 0)])
-    return np.where(ok, pos, -1)
-
-
 def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     """The GPU table (schema.GPU_SCHEMA) of one rank: one row per step window, none on CPU runs."""
     tl = tl or rank_timeline(events)
@@ -126,61 +117,30 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     for i, phase in enumerate(DEVICE_PHASES):
         columns[S.device_ns(phase)] = covered[i + 1] - covered[i]
 
-    # The device's gaps, against what the training thread does at that instant.
-    bs, be = merge_intervals(ev.ts[device], ev.end[device])
-    if tl.training is not None:
-        on_training = (
-            np.isin(ev.kind, _HOST_KINDS) & (ev.pid == tl.training[0]) & (ev.tid == tl.training[1])
-        )
-        hs, he, owner = _thread_segments(ev, np.flatnonzero(on_training))
-        hl = _training_levels(ev, owner)
-        copying = _copy_calls(ev)[np.maximum(owner, 0)] & (owner >= 0)
-        hl = np.where(copying, LEVEL_PHASES.index(S.H2D), hl)
-    else:
-        on_training = np.zeros(len(ev.ts), bool)
-        hs = he = hl = np.zeros(0, np.int64)
-    bounds = np.unique(np.concatenate([bs, be, hs, he, w_start, w_end]))
-    lo, hi = bounds[:-1], bounds[1:]
-    mids = lo + (hi - lo) // 2
-    piece_window = _piece_windows(lo, hi, w_start, w_end)
-    gap = (piece_window >= 0) & (_containing(bs, be, mids) < 0)
-    seg = _containing(hs, he, mids)
-    host_level = np.where(seg >= 0, hl[np.maximum(seg, 0)], -1)
-    # The attribution rule's order: compute and copy operators, then data loading, then
-    # communication on any host thread (the host waits for a collective, not launching: other),
-    # then a compute region's uncovered time. Where the training thread is in no phase (blocked
-    # in loss.backward(), which PyTorch's autograd engine runs on a thread of its own), a compute
-    # or copy operator on another host thread is what the device waits for.
-    comm = np.isin(ev.kind, _HOST_KINDS) & (ev.phase == PHASE_CODE[S.COMM]) & (ev.end > ev.ts)
-    cs, ce = merge_intervals(ev.ts[comm], ev.end[comm])
-    in_comm = (host_level == _COMM_LEVEL) | ((host_level > _COMM_LEVEL) | (host_level < 0)) & (
-        _containing(cs, ce, mids) >= 0
-    )
-    idle_host = ~np.isin(host_level, _PHASE_LEVELS) & ~in_comm
-    if idle_host.any():
-        os_, oe, ol = _compute_elsewhere(ev, np.isin(ev.kind, _HOST_KINDS) & ~on_training)
-        elsewhere = np.full(len(mids), -1)
-        for lvl in np.unique(ol)[::-1]:  # highest priority (lowest level) last: it wins
-            us, ue = merge_intervals(os_[ol == lvl], oe[ol == lvl])
-            elsewhere[_containing(us, ue, mids) >= 0] = lvl
-        host_level = np.where(idle_host & (elsewhere >= 0), elsewhere, host_level)
-    host_level = np.where(in_comm, _COMM_LEVEL, host_level)
-    length = (hi - lo).astype(np.float64)
-
-    def per_window(mask: np.ndarray) -> np.ndarray:
-        m = gap & mask
-        return np.bincount(piece_window[m], weights=length[m], minlength=n).astype(np.int64)
-
-    def in_phase(phase: str) -> np.ndarray:
-        return np.isin(host_level, [i for i, p in enumerate(LEVEL_PHASES) if p == phase])
-
+    # The device's gaps, by what the host does: the breakdown's own cut (attribution.level_times)
+    # ranks the host-bound levels below every device level, so their time lies in the gaps.
+    times = level_times(tl)
     bound_total = np.zeros(n, np.int64)
     for phase in HOST_BOUND_PHASES:
-        part = per_window(in_phase(phase))
+        part = times.host_bound(phase)
         columns[S.host_bound_ns(phase)] = part
         bound_total += part
-    columns[S.IDLE_DATA_NS] = per_window(in_phase(S.IO))
-    columns[S.IDLE_OTHER_NS] = (w_end - w_start) - busy - bound_total - columns[S.IDLE_DATA_NS]
+    # data: the host loads data (the io level) while the device has nothing to do
+    io = (tl.levels == LEVEL[S.IO]) & ~tl.on_device
+    with_io = (
+        np.concatenate([ev.ts[device], tl.starts[io]]),
+        np.concatenate([ev.end[device], tl.ends[io]]),
+    )
+    window, s, e, _ = _clip(*with_io, np.zeros(len(with_io[0]), np.int64), w_start, w_end)
+    order = np.lexsort((s, window))
+    data = _union_by_window(window[order], s[order], e[order], n) - busy
+    columns[S.IDLE_DATA_NS] = data
+    columns[S.IDLE_OTHER_NS] = (w_end - w_start) - busy - bound_total - data
+    on_training = (
+        np.isin(ev.kind, _HOST_KINDS) & (ev.pid == tl.training[0]) & (ev.tid == tl.training[1])
+        if tl.training is not None
+        else np.zeros(len(ev.ts), bool)
+    )
 
     # Host blocked waiting for the device.
     sync = on_training & _name_mask(events, SYNC_PATTERN) & (ev.end > ev.ts)
@@ -192,35 +152,6 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     columns[S.QUEUE_MAX] = q_max
     columns[S.QUEUE_MEAN] = q_mean
     return pa.table(columns, schema=S.GPU_SCHEMA)
-
-
-_COMM_LEVEL = LEVEL_PHASES.index(S.COMM)
-#: Training-thread levels that name a phase the device can wait for (host-bound or data).
-_PHASE_LEVELS = [i for i, p in enumerate(LEVEL_PHASES) if p in (*S.GPU_HOST_BOUND_PHASES, S.IO)]
-_CALL_KINDS = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME)]
-
-
-def _copy_calls(ev: EventArrays) -> np.ndarray:
-    """Host rows inside an outermost operator whose device work is host-to-device copies only
-    (``x.to(device)``): the host is copying, whatever phase the operator got by its position."""
-    call = np.isin(ev.kind, _CALL_KINDS)
-    top = np.arange(len(ev.kind))
-    parent = ev.parent_row
-    # walk each row up to its outermost operator or runtime call, one level per pass (call
-    # trees deeper than 64 stop there)
-    for _ in range(64):
-        up = parent[top]
-        climb = (up >= 0) & call[np.maximum(up, 0)]
-        if not climb.any():
-            break
-        top = np.where(climb, up, top)
-    device = np.isin(ev.kind, _DEVICE_KINDS) & (parent >= 0)
-    owner = top[parent[device]]
-    copies = ev.phase[device] == PHASE_CODE[S.H2D]
-    n = len(ev.kind)
-    has_copy = np.bincount(owner[copies], minlength=n) > 0
-    has_other = np.bincount(owner[~copies], minlength=n) > 0
-    return (has_copy & ~has_other)[top] & call[top]
 
 
 def _launched(

@@ -9,7 +9,8 @@ imbalance and blocked time, warm-up and slow steps: all decided here, into
 from __future__ import annotations
 
 import statistics
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -32,6 +33,7 @@ from traceview.results import (
     Clocks,
     CollectiveSummary,
     Hidden,
+    HostBound,
     IncompleteStep,
     JobInfo,
     RankSpread,
@@ -117,6 +119,7 @@ def _rank_rows(steps: pl.DataFrame, cross: CrossRank | None) -> pl.DataFrame:
             pl.col(S.COMM_TOTAL_NS).sum().alias("comm_total_sum"),
             pl.col(S.COMM_EXPOSED_NS).sum().alias("comm_exposed_sum"),
             pl.col(S.TIMELINE).first(),
+            *(pl.col(S.host_bound_ns(p)).mean() for p in S.GPU_HOST_BOUND_PHASES),
         )
         .with_columns(
             (pl.col(S.WALL_NS) - pl.col(S.COMM_EXPOSED_NS) - pl.col(S.phase_ns(S.IDLE))).alias(
@@ -157,6 +160,7 @@ def _ranks(ranks_df: pl.DataFrame, cross: CrossRank | None) -> list[RankSummary]
     last = cross.arrivals.last if cross is not None and cross.available else {}
     for row in rows:
         breakdown = Breakdown(**{p: _ms(row[S.phase_ns(p)]) for p in S.BREAKDOWN_PHASES})
+        host_bound = _host_bound(row, _ms)
         busy = _ms(row["busy_ns"])
         wait, transfer = _split(row["wait_ns"], _ms(row[S.COMM_EXPOSED_NS]))
         wait_total, transfer_total = _split(row["wait_total_ns"], _ms(row[S.COMM_TOTAL_NS]))
@@ -186,9 +190,31 @@ def _ranks(ranks_df: pl.DataFrame, cross: CrossRank | None) -> list[RankSummary]
                 if caused is not None
                 else None,
                 last_arrivals=last.get(row[S.RANK], 0) if caused is not None else None,
+                host_bound_ms=host_bound,
             )
         )
     return ranks
+
+
+def _host_bound(row: dict[str, Any], to_ms: Callable[[float], float]) -> HostBound | None:
+    """A row's host-bound parts (means, ns) in ms; null where the row has none (CPU)."""
+    values = [row[S.host_bound_ns(p)] for p in S.GPU_HOST_BOUND_PHASES]
+    if any(v is None for v in values):
+        return None
+    return HostBound(**{p: to_ms(v) for p, v in zip(S.GPU_HOST_BOUND_PHASES, values, strict=True)})
+
+
+def _mean_host_bound(values: list[HostBound | None]) -> HostBound | None:
+    """The mean over ranks of their host-bound parts (a CPU rank's phases have none: 0); null
+    where no rank has any."""
+    if all(v is None for v in values):
+        return None
+    return HostBound(
+        **{
+            p: round(sum(v[p] for v in values if v is not None) / len(values), 3)
+            for p in S.GPU_HOST_BOUND_PHASES
+        }
+    )
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -282,6 +308,7 @@ def _summary(ranks: list[RankSummary], ranks_df: pl.DataFrame, cross: CrossRank 
         straggler_phase=phase[0] if phase else None,
         straggler_phase_ms=phase[1] if phase else None,
         straggler_phase_median_ms=phase[2] if phase else None,
+        host_bound_ms=_mean_host_bound([r.host_bound_ms for r in ranks]),
     )
 
 
@@ -300,6 +327,14 @@ def _per_step(df: pl.DataFrame) -> tuple[list[StepSummary], StepStats | None]:
             pl.col(S.WALL_NS).max().alias("max"),
             pl.col(S.RANK).sort_by(S.WALL_NS, S.RANK).last().alias("slowest"),
             *(pl.col(c).mean() for c in phase_cols),
+            # mean of ranks, a CPU rank's phases having no host-bound part; null if none has
+            *(
+                pl.when(pl.col(c).is_not_null().any())
+                .then(pl.col(c).fill_null(0).mean())
+                .otherwise(None)
+                .alias(c)
+                for c in (S.host_bound_ns(p) for p in S.GPU_HOST_BOUND_PHASES)
+            ),
         )
         .sort(S.STEP, nulls_last=True)
     )
@@ -329,6 +364,7 @@ def _per_step(df: pl.DataFrame) -> tuple[list[StepSummary], StepStats | None]:
                     **{p: _exact_ms(row[S.phase_ns(p)]) for p in S.BREAKDOWN_PHASES}
                 ),
                 mark=marks[i],
+                host_bound_ms=_host_bound(row, _exact_ms),
             )
         )
     mean = statistics.fmean(means)

@@ -31,6 +31,7 @@ KEYS = (
     ("/", "filter by operator or trace name (enter or esc: back to the table)"),
     ("s", "sort: self, total, calls, mean, p95, op"),
     ("p", "phase filter: all, io, h2d, forward, backward, update, comm, other"),
+    ("k", "kernel launches per operator and phase (GPU runs; again: back to operators)"),
     ("Ranks", ""),
     ("/", "filter: ranks 0-15, 32, 1000-; straggler; part of a host name"),
     ("s", "sort: busy, step, blocked, wait, rank"),

@@ -16,7 +16,15 @@ from functools import cached_property
 
 from traceview.analysis.compare import compare
 from traceview.analysis.heatmap import StepMatrix, step_matrix
-from traceview.results import Comparison, RankSummary, RunReport, StepStats, StepSummary, TopOp
+from traceview.results import (
+    Comparison,
+    KernelLaunches,
+    RankSummary,
+    RunReport,
+    StepStats,
+    StepSummary,
+    TopOp,
+)
 from traceview.runs import Run
 
 #: Every operator of the run, not only the report's top ten.
@@ -120,6 +128,18 @@ def sort_ops(rows: list[TopOp], key: str) -> list[TopOp]:
     # Ties broken by name so the order never depends on how the analysis grouped rows.
     ordered = sorted(rows, key=lambda r: (r.op, r.device, r.phase, r.name))
     return sorted(ordered, key=lambda r: getattr(r, attr), reverse=descending)
+
+
+def filter_kernels(
+    rows: list[KernelLaunches], text: str = "", phase: str | None = None
+) -> list[KernelLaunches]:
+    """Kernel-launch rows whose operator contains ``text`` (case-insensitive), of ``phase``."""
+    needle = text.strip().lower()
+    return [
+        r
+        for r in rows
+        if (phase is None or r.phase == phase) and (not needle or needle in (r.op or "").lower())
+    ]
 
 
 def filter_ops(rows: list[TopOp], text: str = "", phase: str | None = None) -> list[TopOp]:

@@ -17,6 +17,7 @@ from traceview.tui.render import (
     communication_text,
     gpu_rank_text,
     gpu_verdict_text,
+    host_bound_text,
     incomplete_text,
     ms,
     pct,
@@ -93,8 +94,12 @@ class Legend(Widget):
     def _columns(self, width: int) -> int:
         return 2 if width >= 2 * self.ENTRY + 2 else 1
 
+    def _host_bound(self) -> bool:
+        return self.view is not None and self.view.report.summary.host_bound_ms is not None
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return 1 + len(S.BREAKDOWN_PHASES) // self._columns(width)
+        extra = 1 if self._host_bound() else 0  # GPU runs: the phases' host-bound parts
+        return 1 + len(S.BREAKDOWN_PHASES) // self._columns(width) + extra
 
     def render(self) -> Text:
         if self.view is None:
@@ -115,6 +120,9 @@ class Legend(Widget):
                 text.append(PHASE_LETTER[phase], style=f"reverse {PHASE_STYLE[phase]}")
                 text.append(f" {phase:<9}", style=PHASE_STYLE[phase])
                 text.append(f"{ms(value):>8} ms {pct(value / step):>4}")
+        if summary.host_bound_ms is not None:
+            text.append("\n")
+            text.append_text(host_bound_text(summary.host_bound_ms))
         return text
 
 

@@ -7,13 +7,18 @@ from rich.text import Text
 from traceview import schema as S
 from traceview.analysis.lanes import Cell
 from traceview.views.style import (
+    KERNEL_COLUMNS,
+    KERNEL_NOTE,
     PHASE_LETTER,
     PHASE_STYLE,
     SHORT,
     communication_text,
     gpu_rank_text,
     gpu_verdict_text,
+    host_bound_text,
     incomplete_text,
+    kernel_cells,
+    kernel_rank,
     legend_text,
     ms,
     pct,
@@ -28,13 +33,18 @@ from traceview.views.style import (
 )
 
 __all__ = [
+    "KERNEL_COLUMNS",
+    "KERNEL_NOTE",
     "PHASE_LETTER",
     "PHASE_STYLE",
     "SHORT",
     "communication_text",
     "gpu_rank_text",
     "gpu_verdict_text",
+    "host_bound_text",
     "incomplete_text",
+    "kernel_cells",
+    "kernel_rank",
     "lane_cells",
     "legend_text",
     "ms",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceview import schema as S
-from traceview.results import Breakdown, RankGpu, RunReport
+from traceview.results import Breakdown, HostBound, KernelLaunches, RankGpu, RunReport
 from traceview.text import safe
 
 PHASE_STYLE = {
@@ -294,7 +294,7 @@ def gpu_verdict_text(report: RunReport) -> Text | None:
 
 def gpu_rank_text(rank: int, gpu: RankGpu) -> Text:
     """One GPU rank's device time in words: busy, idle by what the host did, launches, and each
-    phase's device + host-bound time (ms per step)."""
+    phase's kernel (device) time + its host-bound time (ms per step)."""
     idle = gpu.idle_ms
     text = Text()
     text.append(f"GPU rank {rank}: ", style="bold")
@@ -310,10 +310,76 @@ def gpu_rank_text(rank: int, gpu: RankGpu) -> Text:
         )
     if gpu.short_kernel_fraction is not None:
         text.append(f", {pct(gpu.short_kernel_fraction)} shorter than their launch")
-    text.append("\n  device + host-bound:")
+    text.append("\n  phases, kernels + host-bound:")
     parts = [p for p in gpu.phases if p.total_ms > 0]
     for i, p in enumerate(parts):
         text.append(" " if i == 0 else " · ")
         text.append(p.phase, style=PHASE_STYLE.get(p.phase, ""))
         text.append(f" {ms(p.device_ms)} + {ms(p.host_bound_ms)}")
     return text
+
+
+#: The header of a breakdown's host-bound column, and what it means.
+HOST_BOUND_HEADER = "host-bound"
+HOST_BOUND_NOTE = (
+    "host-bound: the part of a phase in which the device waited while the host, inside that "
+    "phase, launched its work (included in the phase; the rest is its kernels' and copies' time)"
+)
+
+
+def host_bound_cell(host_bound: HostBound | None, phase: str) -> str:
+    """A breakdown row's host-bound part (ms), blank for a phase that has none."""
+    if host_bound is None or phase not in S.GPU_HOST_BOUND_PHASES:
+        return ""
+    return ms(host_bound[phase])
+
+
+def host_bound_text(host_bound: HostBound) -> Text:
+    """The host-bound parts of the phases in one line (ms per step)."""
+    text = Text("of which host-bound:", style="bright_black")
+    for i, phase in enumerate(S.GPU_HOST_BOUND_PHASES):
+        text.append(" " if i == 0 else " · ")
+        text.append(phase, style=PHASE_STYLE[phase])
+        text.append(f" {ms(host_bound[phase])}")
+    text.append(" ms")
+    return text
+
+
+#: The kernel-launch table's columns after the operator (text report and TUI).
+KERNEL_COLUMNS = ("phase", "n", "dur µs", "p95", "launch µs", "p95", "short")
+KERNEL_NOTE = (
+    "n: kernels launched per step; dur: kernel duration; launch: runtime call start to kernel "
+    "start (queueing included); short: kernels shorter than the call that launched them"
+)
+
+
+def kernel_rank(report: RunReport) -> tuple[int, RankGpu] | None:
+    """The GPU rank whose kernel launches the views show: the verdict's, else the first."""
+    gpus = [(r.rank, r.gpu) for r in sorted(report.ranks, key=lambda r: r.rank) if r.gpu]
+    verdict = report.gpu_verdict
+    return next(((r, g) for r, g in gpus if verdict and r == verdict.rank), None) or (
+        gpus[0] if gpus else None
+    )
+
+
+def _us(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def kernel_cells(k: KernelLaunches) -> list[Text]:
+    """One (phase, operator) row of kernel launches, after the operator: KERNEL_COLUMNS."""
+    phase = k.phase or S.OTHER
+    return [
+        Text(SHORT.get(phase, phase), style=PHASE_STYLE.get(phase, "")),
+        *(
+            Text(value, justify="right")
+            for value in (
+                f"{k.kernels_per_step:g}",
+                _us(k.kernel_us_p50),
+                _us(k.kernel_us_p95),
+                f"{k.launch_latency_us_p50:,.0f}",
+                f"{k.launch_latency_us_p95:,.0f}",
+                pct(k.short_kernel_fraction),
+            )
+        ),
+    ]

@@ -13,6 +13,9 @@ from traceview import schema as S
 from traceview.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
 from traceview.text import json_safe, safe
 from traceview.views.style import (
+    HOST_BOUND_HEADER,
+    HOST_BOUND_NOTE,
+    KERNEL_COLUMNS,
     PHASE_LETTER,
     PHASE_STYLE,
     SHORT,
@@ -20,7 +23,10 @@ from traceview.views.style import (
     count,
     duration_us,
     gpu_verdict_text,
+    host_bound_cell,
     incomplete_text,
+    kernel_cells,
+    kernel_rank,
     ms,
     pct,
     phase_bar,
@@ -88,16 +94,32 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
     breakdown.add_column("phase")
     breakdown.add_column("ms", justify="right")
     breakdown.add_column("share", justify="right")
+    bound = summary.host_bound_ms  # GPU runs: the part of each phase the device waited
+    if bound is not None:
+        breakdown.add_column(HOST_BOUND_HEADER, justify="right")
     breakdown.add_column("")
     step = summary.step_ms or 1.0
     for phase, value in summary.breakdown_ms.items():
         width = round(value / step * 30)
         bar = Text(PHASE_LETTER[phase] * width, style=f"reverse {PHASE_STYLE[phase]}")
-        breakdown.add_row(Text(phase, style=PHASE_STYLE[phase]), ms(value), pct(value / step), bar)
+        phase_row: list[Text | str] = [
+            Text(phase, style=PHASE_STYLE[phase]),
+            ms(value),
+            pct(value / step),
+        ]
+        if bound is not None:
+            phase_row.append(host_bound_cell(bound, phase))
+        breakdown.add_row(*phase_row, bar)
     breakdown.add_row(
-        Text("step", style="bold"), Text(ms(summary.step_ms), style="bold"), "100%", ""
+        Text("step", style="bold"),
+        Text(ms(summary.step_ms), style="bold"),
+        "100%",
+        *([""] if bound is not None else []),
+        "",
     )
     console.print(breakdown)
+    if bound is not None:
+        console.print(Text(HOST_BOUND_NOTE, style="bright_black"))
     console.print()
 
     console.print(communication_text(report))
@@ -184,10 +206,6 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         console.print(Text("note: " + safe(remark), style="bright_black"))
 
 
-def _us(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
 def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
     """The device's time explained: per rank, then one rank's phases and kernel launches."""
     gpus = [(r.rank, r.gpu) for r in sorted(report.ranks, key=lambda r: r.rank) if r.gpu]
@@ -225,8 +243,9 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
         )
     )
     console.print()
-    verdict = report.gpu_verdict
-    rank, gpu = next(((r, g) for r, g in gpus if verdict and r == verdict.rank), gpus[0])
+    focus = kernel_rank(report)
+    assert focus is not None  # called for GPU runs only
+    rank, gpu = focus
     phases = _table(f"GPU phases, rank {rank} (ms per step)")
     for name in ("phase", "device", "host-bound", "sum"):
         phases.add_column(name, justify="left" if name == "phase" else "right")
@@ -243,21 +262,10 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
     if gpu.kernels:
         kernels = _table(f"Kernel launches, rank {rank} (n: per step; dur: kernel duration)")
         kernels.add_column("op", no_wrap=True, overflow="ellipsis", max_width=28)
-        kernels.add_column("phase", no_wrap=True)
-        for name in ("n", "dur µs", "p95", "launch µs", "p95", "short"):
-            kernels.add_column(name, justify="right", no_wrap=True)
+        for i, name in enumerate(KERNEL_COLUMNS):
+            kernels.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
         for k in gpu.kernels[:top]:
-            phase = k.phase or S.OTHER
-            kernels.add_row(
-                Text(safe(k.op or "?", 60)),
-                Text(SHORT.get(phase, phase), style=PHASE_STYLE.get(phase, "")),
-                f"{k.kernels_per_step:g}",
-                _us(k.kernel_us_p50),
-                _us(k.kernel_us_p95),
-                f"{k.launch_latency_us_p50:,.0f}",
-                f"{k.launch_latency_us_p95:,.0f}",
-                pct(k.short_kernel_fraction),
-            )
+            kernels.add_row(Text(safe(k.op or "?", 60)), *kernel_cells(k))
         console.print(kernels)
         console.print()
 
