@@ -11,8 +11,11 @@ Python thread, and per step spans over the engine's forward, backward and update
 that operators without a phase of their own (copies, DeleteVariable...) and the gaps between
 operators take the phase of the span they are in; a span also covers the idle time before its
 first operator in which the Python thread was issuing that phase (traceview collect's regions
-around the Python calls). Each step's KVStore round (from the Trainer.step that asked for the
-first push to the end of the last KVStore operator) is a communication span of its own.
+around the Python calls). On every worker the backward span reaches back to the call that asked
+for backward, so the head gradient's fill that backward queues first (``SetValueOp``) is
+backward's on whichever worker ran it. Each step's KVStore round (from the Trainer.step that
+asked for the first push to the end of the last KVStore operator) is a communication span of its
+own.
 
 MXNet writes no step markers. ``traceview collect`` records one ``mx.profiler.Task`` per step
 (``step#N``) on the Python thread, which runs ahead of the engine; each window is moved to end
@@ -239,6 +242,11 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
     )
     calls = (ev.ts[issued], own[issued])
     backward_calls = _backward_calls(ev, own, engine)
+    # Backward queues the head gradient's fill first (SetValueOp, with a DeleteVariable), on
+    # whichever worker is free: on every thread the backward span reaches back to the call that
+    # asked for it (never over an operator that ran before: see _spans), so the fill is backward.
+    asked = (backward_calls, np.full(len(backward_calls), _PHASE_CODES[S.BACKWARD]))
+    calls = (np.concatenate([calls[0], asked[0]]), np.concatenate([calls[1], asked[1]]))
     io_rows, io_start, io_end = _io_regions(
         ev,
         own,
@@ -257,7 +265,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
             continue
         mine = engine & (ev.pid == pid) & (ev.tid == tid)
         placed.append(
-            ((pid, tid), _spans(ev, own, mine, windows, (none, none), None, backward_calls))
+            ((pid, tid), _spans(ev, own, mine, windows, (none, none), asked, backward_calls))
         )
 
     rounds = _comm_rounds(ev, own, engine, at_home, windows)
