@@ -467,6 +467,23 @@ def test_forward_operator_run_after_the_backward_call_stays_forward(tmp_path: Pa
     assert phases[("SetValueOp", OTHER[1], 455)] == S.BACKWARD
 
 
+def test_an_operator_as_long_as_its_span_counts_on_its_worker(tmp_path: Path) -> None:
+    """A worker whose update in a step is one operator gets an update span exactly as long: the
+    operator, not the span (a region, which counts only on the timeline's thread), must be the
+    innermost event there, or its time past the timeline's own update is lost to idle."""
+    ops = [
+        *_FORWARD_OPS,
+        ("ImperativeBulk", HOME, 505, 300), ("ImperativeBulk", OTHER, 540, 220),
+        ("multi_sgd_mom_update", HOME, 850, 20), ("multi_sgd_mom_update", OTHER, 850, 25),
+    ]  # fmt: skip
+    trace = _engine_trace(tmp_path / "rank-0.mxnet.json", ops, _REGIONS, _C_API)
+    phases, step = _phases_and_step(trace, tmp_path / "run")
+    assert phases[("multi_sgd_mom_update", OTHER[1], 850)] == S.UPDATE
+    # the step ends with the other worker's update (875): 850..875 is update, none of it idle
+    assert step["wall"] == 875
+    assert (step["update"], step["idle"]) == (25, 55)
+
+
 # --- other people's MXNet traces (../shared/traces/mxnet) ------------------------------------------
 
 

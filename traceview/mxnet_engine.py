@@ -274,7 +274,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
         placed.append((where, [(ROUND_NAME, start, stop) for start, stop, _ in rounds]))
         thread_labels[where] = "KVStore rounds (traceview)"
     extra = _synthetic(ev, home, windows, numbers, placed)
-    return _Layout(_with_spans(ev, own, extra), devices, steps_from, thread_labels)
+    return _Layout(_with_spans(ev, extra), devices, steps_from, thread_labels)
 
 
 def _comm_rounds(
@@ -737,12 +737,14 @@ def _synthetic(
     )
 
 
-def _with_spans(ev: _Events, own: np.ndarray, extra: _Events) -> _Events:
+def _with_spans(ev: _Events, extra: _Events) -> _Events:
     """The events and the synthetic ones after them, except that a span exactly as long as an
-    operator without a phase of its own on its thread (a worker whose backward in a step is one
-    bulk segment) goes first: the call tree then makes the span the operator's parent (on a tie
-    the earlier event contains the later), so the operator takes the span's phase."""
-    loose = np.flatnonzero((ev.kind == _KIND_CODE[S.KIND_OP]) & (own < 0))
+    operator on its thread (a worker whose backward in a step is one bulk segment, or whose
+    update is one operator) goes first: the call tree then makes the span the operator's parent
+    (on a tie the earlier event contains the later), so an operator without a phase of its own
+    takes the span's, and the operator, not the span (a region), is the innermost event: on a
+    worker other than the timeline's only operators count."""
+    loose = np.flatnonzero(ev.kind == _KIND_CODE[S.KIND_OP])
     keys = np.stack([ev.pid[loose], ev.tid[loose], ev.ts[loose], ev.dur[loose]], axis=1)
     ties = {tuple(k) for k in keys.tolist()}
     mine = np.stack([extra.pid, extra.tid, extra.ts, extra.dur], axis=1).tolist()
