@@ -450,6 +450,44 @@ def test_head_gradient_seed_without_collect_regions_is_backward(tmp_path: Path) 
     assert (step["idle"], step["other"], step["io"]) == (50, 0, 0)
 
 
+def test_head_gradient_seed_on_a_worker_with_no_other_backward_work_is_backward(
+    tmp_path: Path,
+) -> None:
+    """Seen in a live local_bulk run once the above was fixed: the second context's fill (and
+    its DeleteVariable) ran on a worker that ran nothing else of that step's backward (the
+    timeline's worker ran all of it): no backward span there, so it was "other"."""
+    ops = [
+        *_FORWARD_OPS,
+        ("ImperativeBulk", HOME, 505, 300),
+        ("DeleteVariable", OTHER, 600, 2), ("SetValueOp", OTHER, 603, 5),
+        *_UPDATE_OPS,
+    ]  # fmt: skip
+    trace = _engine_trace(tmp_path / "rank-0.mxnet.json", ops, _REGIONS, _C_API)
+    phases, step = _phases_and_step(trace, tmp_path / "run")
+    assert phases[("SetValueOp", OTHER[1], 603)] == S.BACKWARD
+    assert phases[("DeleteVariable", OTHER[1], 600)] == S.BACKWARD
+    assert (step["forward"], step["backward"], step["update"]) == (340, 405, 25)
+
+
+def test_fills_after_the_update_are_not_the_head_gradient(tmp_path: Path) -> None:
+    """A script with grad_req='add' zeroes its gradients after Trainer.step (zero_grad: a
+    SetValueOp per parameter, after the backward call of the same step): not backward, and the
+    update before them keeps its span."""
+    ops = [
+        *_FORWARD_OPS,
+        ("ImperativeBulk", HOME, 505, 300), ("ImperativeBulk", OTHER, 540, 220),
+        *_UPDATE_OPS,
+        ("SetValueOp", HOME, 871, 2), ("SetValueOp", OTHER, 876, 2),
+    ]  # fmt: skip
+    regions = [(n, s, 900 if n == "step#2" else d) for n, s, d in _REGIONS]
+    c_api = [*_C_API, ("MXNDArrayWaitAll", 870, 10)]
+    trace = _engine_trace(tmp_path / "rank-0.mxnet.json", ops, regions, c_api)
+    phases, step = _phases_and_step(trace, tmp_path / "run")
+    assert phases[("SetValueOp", HOME[1], 871)] != S.BACKWARD
+    assert phases[("multi_sgd_mom_update", OTHER[1], 862)] == S.UPDATE
+    assert (step["backward"], step["update"]) == (405, 25)
+
+
 def test_forward_operator_run_after_the_backward_call_stays_forward(tmp_path: Path) -> None:
     """The engine can lag behind Python: a forward operator it runs after the backward call
     stays forward (the backward span never reaches back over an operator), and the fill after
