@@ -434,6 +434,37 @@ def test_a_run_directory_that_received_nothing_is_removed_unless_kept(tmp_path: 
     assert result.code == 127 and not (tmp_path / "c").exists()
 
 
+def test_a_rank_killed_while_profiling_is_named_with_what_the_job_said_last(tmp_path: Path) -> None:
+    """A rank SIGKILLed inside the profile writes no trace; its status still says "profiling".
+    collect says so in one line, with the job's exit code and the last line of its stderr (it
+    used to leave that line out, which issue 14 asks for)."""
+    _needs_torch()
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import torch\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(20):\n"
+        "    model(torch.randn(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "    if i == 5:\n"
+        "        print('out of luck at step 5', file=sys.stderr, flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "100", "--",
+        sys.executable, script,
+    )  # fmt: skip
+    assert result.code == 128 + signal.SIGKILL, result.err
+    assert _status(run)["state"] == "profiling"
+    [line] = [line for line in result.err.splitlines() if line.startswith("traceview: the job")]
+    assert "exited with code 137" in line and "rank(s) 0 were killed while profiling" in line
+    assert line.endswith(": out of luck at step 5"), line
+
+
 def test_a_job_started_from_a_background_shell_gets_sigint_back(tmp_path: Path) -> None:
     """A non-interactive shell starts background jobs with SIGINT ignored, and an ignored signal
     stays ignored across exec: the job inherited it, so a Ctrl-C (or SIGINT) forwarded to it did
