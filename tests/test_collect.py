@@ -465,6 +465,39 @@ def test_a_rank_killed_while_profiling_is_named_with_what_the_job_said_last(tmp_
     assert line.endswith(": out of luck at step 5"), line
 
 
+def test_collect_honours_the_umask(tmp_path: Path) -> None:
+    """Everything collect and the job's collector write (bootstrap, status, trace, manifest and
+    the ingested tables) is 0666/0777 less the umask, as ingest's files are (issue 14: they were
+    0600 in 0755 folders, unreadable by others on a shared cluster)."""
+    import stat
+
+    _needs_torch()
+    job = tmp_path / "train.py"
+    job.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(6):\n"
+        "    model(torch.randn(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+    )
+    run = tmp_path / "run"
+    script = (
+        f"umask 027 && {sys.executable} -m traceview collect --no-report -o {run} "
+        f"--skip 0 --warmup 0 --steps 3 -- {sys.executable} {job}"
+    )
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    paths = [run, *run.rglob("*")]
+    names = {p.name for p in paths}
+    assert {"manifest.json", "status.json", "steps.parquet"} <= names
+    assert any(p.name.endswith(".pt.trace.json.gz") for p in paths)
+    for path in paths:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o750 if path.is_dir() else 0o640), (path, oct(mode))
+
+
 def test_a_job_started_from_a_background_shell_gets_sigint_back(tmp_path: Path) -> None:
     """A non-interactive shell starts background jobs with SIGINT ignored, and an ignored signal
     stays ignored across exec: the job inherited it, so a Ctrl-C (or SIGINT) forwarded to it did
