@@ -394,6 +394,34 @@ def test_a_step_a_rank_died_in_is_left_out_of_the_figures(tmp_path: Path) -> Non
     assert steps.filter(pl.col("complete")).height == 2 * len(kept)
 
 
+def test_a_rank_its_launcher_terminates_while_it_writes_its_trace_still_writes_it(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 raises at its 20th step; gloo fails rank 0's all-reduce, and rank 0 starts writing
+    its 18 recorded steps. torchrun's agent sends it SIGTERM meanwhile: the SIGTERM handler ran
+    inside that export and ended the process before the trace was renamed into place (rank 0:
+    state "signal", no trace, "left nothing to profile" for the whole job). A SIGTERM that
+    arrives while the trace is written now waits for it."""
+    _needs_torch()
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun not installed")
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "30", "--",
+        torchrun, "--standalone", "--nproc-per-node", "2", WORKLOADS / "ddp_train.py",
+        "--fail-rank", "1", "--fail-at", "20", "--steps", "5000",
+    )  # fmt: skip
+    assert result.code != 0
+    statuses = {r: _status(run, r) for r in (0, 1)}
+    assert statuses[1]["state"] == "exception" and statuses[1]["trace_files"]
+    assert statuses[0]["state"] in ("exception", "signal"), statuses[0]
+    assert statuses[0]["trace_files"] == ["rank-0.pt.trace.json.gz"], statuses[0]
+    report = run_cli("report", run, "--json").json()
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["run"]["steps"] >= 10
+
+
 def test_a_launcher_that_fails_before_any_rank_starts_is_named(tmp_path: Path) -> None:
     """Open MPI run as root without --allow-run-as-root refuses at once. collect used to say "no
     process imported PyTorch ... and ran a training step", which is false: nothing started. It
