@@ -112,14 +112,15 @@ class _StderrTail(threading.Thread):
         self.stream.close()
 
     def summary(self) -> list[str]:
-        """The lines that say what happened: the last one, or where the output ends with a
-        message Open MPI frames in dashes, that message (its first line says what it is)."""
+        """The lines that say what happened: the last one with words in it, or where the output
+        ends with a message Open MPI frames in dashes, that message (its first line says what it
+        is). Other frames (torchrun's lines of "=") are not lines that say anything."""
         lines = self.lines
         rule = [i for i, line in enumerate(lines) if set(line) == {"-"}]
         if rule and rule[-1] == len(lines) - 1:
             start = rule[-2] + 1 if len(rule) > 1 else 0
             return lines[start:-1]
-        return [line for line in lines[-1:] if set(line) != {"-"}]
+        return [line for line in lines if any(c.isalnum() for c in line)][-1:]
 
 
 def default_run_dir() -> Path:

@@ -445,6 +445,25 @@ def test_a_launcher_that_fails_before_any_rank_starts_is_named(tmp_path: Path) -
     assert not run.exists() and any("removed" in line and "--keep" in line for line in lines)
 
 
+def test_what_the_launcher_said_last_is_a_line_not_a_rule(tmp_path: Path) -> None:
+    """torchrun ends a failure with a summary framed in lines of "=" (Open MPI frames its
+    messages in "-"); the line collect quotes used to be that frame: "...left nothing to
+    profile: ...: ======". It is now the last line with words in it."""
+    script = (
+        "import sys\n"
+        "print('=' * 54, file=sys.stderr)\n"
+        "print('train.py FAILED', file=sys.stderr)\n"
+        "print('-' * 54, file=sys.stderr)\n"
+        "print('  traceback : Signal 9 (SIGKILL) received by PID 4242', file=sys.stderr)\n"
+        "print('=' * 54, file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    result = run_cli("collect", "-o", tmp_path / "run", "--", sys.executable, "-c", script)
+    assert result.code == 1
+    [line] = [line for line in result.err.splitlines() if "left nothing to profile" in line]
+    assert line.endswith("step: traceback : Signal 9 (SIGKILL) received by PID 4242"), line
+
+
 def test_a_run_directory_that_received_nothing_is_removed_unless_kept(tmp_path: Path) -> None:
     script = [
         sys.executable,
