@@ -112,8 +112,9 @@ class _StderrTail(threading.Thread):
         self.stream.close()
 
     def summary(self) -> list[str]:
-        """The lines that say what happened: the last one, or where the output ends with a
-        message Open MPI frames in dashes, that message (its first line says what it is). The
+        """The lines that say what happened: the last one with words in it, or where the output
+        ends with a message Open MPI frames in dashes, that message (its first line says what it
+        is). Other frames (torchrun's lines of "=") are not lines that say anything. The
         collector's own lines ("traceview: ...") are left out: they are on the screen already,
         and quoting one again under collect's verdict only repeats it."""
         lines = [line for line in self.lines if not line.startswith("traceview:")]
@@ -121,7 +122,7 @@ class _StderrTail(threading.Thread):
         if rule and rule[-1] == len(lines) - 1:
             start = rule[-2] + 1 if len(rule) > 1 else 0
             return lines[start:-1]
-        return [line for line in lines[-1:] if set(line) != {"-"}]
+        return [line for line in lines if any(c.isalnum() for c in line)][-1:]
 
 
 def default_run_dir() -> Path:

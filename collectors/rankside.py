@@ -884,12 +884,38 @@ class Finishing(Protocol):
 
 
 def install_exit_handlers(collector: Finishing) -> None:
-    """Write what was recorded when the process exits: normally, by an exception, by SIGTERM."""
-    atexit.register(collector.finish, "ok")
+    """Write what was recorded when the process exits: normally, by an exception, by SIGTERM.
+
+    A SIGTERM that arrives while the main thread is writing the trace (a rank whose collective
+    failed, writing what it has, when its launcher terminates it: torchrun does so at once) waits
+    for that write: the handler runs inside it, and ending the process there lost the trace."""
+    original = collector.finish
+    writing = [0]  # finishes in progress on the main thread
+    deferred = [False]  # a SIGTERM that arrived during one
+
+    def terminate() -> None:
+        original("signal", "terminated (SIGTERM)")  # keeps the state of a finish before it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def finish(state: str | None = None, detail: str | None = None) -> None:
+        main = threading.current_thread() is threading.main_thread()
+        writing[0] += main
+        try:
+            original(state, detail)
+        finally:
+            writing[0] -= main
+        if main and writing[0] == 0 and deferred[0]:
+            deferred[0] = False
+            terminate()
+
+    with contextlib.suppress(AttributeError, TypeError):
+        collector.finish = finish  # type: ignore[method-assign]  # its own calls too
+    atexit.register(finish, "ok")
     previous_hook = sys.excepthook
 
     def excepthook(kind: Any, value: Any, tb: Any) -> None:
-        collector.finish("exception", f"{kind.__name__}: {value}")
+        finish("exception", f"{kind.__name__}: {value}")
         previous_hook(kind, value, tb)
 
     sys.excepthook = excepthook
@@ -898,9 +924,10 @@ def install_exit_handlers(collector: Finishing) -> None:
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 # A job killed by its launcher (another rank failed) still writes its trace.
                 def on_term(signum: int, frame: Any) -> None:
-                    collector.finish("signal", "terminated (SIGTERM)")
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    if writing[0]:  # this handler interrupted the write: let it end first
+                        deferred[0] = True
+                        return
+                    terminate()
 
                 signal.signal(signal.SIGTERM, on_term)
 

@@ -184,6 +184,41 @@ def test_failed_ingest_leaves_the_previous_run_untouched(tmp_path: Path) -> None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "run"]
 
 
+def test_a_bug_in_the_analysis_is_still_an_internal_error(tmp_path: Path) -> None:
+    """Bad input is exit 2, but exit 2 is no catch-all (issue 14): an analysis that breaks on good
+    input (here the summary, broken on purpose in the child process) is exit 1, in one line that
+    says so, with the traceback under TRACEVIEW_DEBUG=1."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "import traceview.analysis.summary as summary\n"
+        "def broken(*args, **kwargs):\n"
+        "    raise ZeroDivisionError('a bug planted by the test')\n"
+        "summary.summarize = broken\n"
+        "from traceview.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    for debug in ("", "1"):
+        env = {k: v for k, v in os.environ.items() if k != "TRACEVIEW_DEBUG"}
+        if debug:
+            env["TRACEVIEW_DEBUG"] = debug
+        proc = subprocess.run(
+            [sys.executable, "-c", script, "report", str(DDP)],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+        if debug:
+            assert "Traceback" in proc.stderr and "a bug planted by the test" in proc.stderr
+        else:
+            assert proc.stderr.strip().splitlines() == [
+                "traceview: internal error: ZeroDivisionError: a bug planted by the test "
+                "(set TRACEVIEW_DEBUG=1 for the traceback)"
+            ]
+
+
 def test_names_from_traces_cannot_drive_the_terminal(tmp_path: Path) -> None:
     data = json.loads(gzip.decompress((DDP / "rank-0.pt.trace.json.gz").read_bytes()))
     evil = "[b]x[/b]\x1b]0;pwned\x07\x1b[2J"

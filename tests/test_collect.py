@@ -415,6 +415,34 @@ def test_a_step_a_rank_died_in_is_left_out_of_the_figures(tmp_path: Path) -> Non
     assert steps.filter(pl.col("complete")).height == 2 * len(kept)
 
 
+def test_a_rank_its_launcher_terminates_while_it_writes_its_trace_still_writes_it(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 raises at its 20th step; gloo fails rank 0's all-reduce, and rank 0 starts writing
+    its 18 recorded steps. torchrun's agent sends it SIGTERM meanwhile: the SIGTERM handler ran
+    inside that export and ended the process before the trace was renamed into place (rank 0:
+    state "signal", no trace, "left nothing to profile" for the whole job). A SIGTERM that
+    arrives while the trace is written now waits for it."""
+    _needs_torch()
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun not installed")
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "30", "--",
+        torchrun, "--standalone", "--nproc-per-node", "2", WORKLOADS / "ddp_train.py",
+        "--fail-rank", "1", "--fail-at", "20", "--steps", "5000",
+    )  # fmt: skip
+    assert result.code != 0
+    statuses = {r: _status(run, r) for r in (0, 1)}
+    assert statuses[1]["state"] == "exception" and statuses[1]["trace_files"]
+    assert statuses[0]["state"] in ("exception", "signal"), statuses[0]
+    assert statuses[0]["trace_files"] == ["rank-0.pt.trace.json.gz"], statuses[0]
+    report = run_cli("report", run, "--json").json()
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["run"]["steps"] >= 10
+
+
 def test_a_launcher_that_fails_before_any_rank_starts_is_named(tmp_path: Path) -> None:
     """Open MPI run as root without --allow-run-as-root refuses at once. collect used to say "no
     process imported PyTorch ... and ran a training step", which is false: nothing started. It
@@ -438,6 +466,25 @@ def test_a_launcher_that_fails_before_any_rank_starts_is_named(tmp_path: Path) -
     assert not run.exists() and any("removed" in line and "--keep" in line for line in lines)
 
 
+def test_what_the_launcher_said_last_is_a_line_not_a_rule(tmp_path: Path) -> None:
+    """torchrun ends a failure with a summary framed in lines of "=" (Open MPI frames its
+    messages in "-"); the line collect quotes used to be that frame: "...left nothing to
+    profile: ...: ======". It is now the last line with words in it."""
+    script = (
+        "import sys\n"
+        "print('=' * 54, file=sys.stderr)\n"
+        "print('train.py FAILED', file=sys.stderr)\n"
+        "print('-' * 54, file=sys.stderr)\n"
+        "print('  traceback : Signal 9 (SIGKILL) received by PID 4242', file=sys.stderr)\n"
+        "print('=' * 54, file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    result = run_cli("collect", "-o", tmp_path / "run", "--", sys.executable, "-c", script)
+    assert result.code == 1
+    [line] = [line for line in result.err.splitlines() if "left nothing to profile" in line]
+    assert line.endswith("step: traceback : Signal 9 (SIGKILL) received by PID 4242"), line
+
+
 def test_a_run_directory_that_received_nothing_is_removed_unless_kept(tmp_path: Path) -> None:
     script = [
         sys.executable,
@@ -453,6 +500,70 @@ def test_a_run_directory_that_received_nothing_is_removed_unless_kept(tmp_path: 
     assert result.code == 3 and (tmp_path / "b" / "manifest.json").is_file()
     result = run_cli("collect", "-o", tmp_path / "c", "--", "no-such-program-traceview")
     assert result.code == 127 and not (tmp_path / "c").exists()
+
+
+def test_a_rank_killed_while_profiling_is_named_with_what_the_job_said_last(tmp_path: Path) -> None:
+    """A rank SIGKILLed inside the profile writes no trace; its status still says "profiling".
+    collect says so in one line, with the job's exit code and the last line of its stderr (it
+    used to leave that line out, which issue 14 asks for)."""
+    _needs_torch()
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import torch\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(20):\n"
+        "    model(torch.randn(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "    if i == 5:\n"
+        "        print('out of luck at step 5', file=sys.stderr, flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = tmp_path / "run"
+    result = run_cli(
+        "collect", "-o", run, "--skip", "0", "--warmup", "0", "--steps", "100", "--",
+        sys.executable, script,
+    )  # fmt: skip
+    assert result.code == 128 + signal.SIGKILL, result.err
+    assert _status(run)["state"] == "profiling"
+    [line] = [line for line in result.err.splitlines() if line.startswith("traceview: the job")]
+    assert "exited with code 137" in line and "rank(s) 0 were killed while profiling" in line
+    assert line.endswith(": out of luck at step 5"), line
+
+
+def test_collect_honours_the_umask(tmp_path: Path) -> None:
+    """Everything collect and the job's collector write (bootstrap, status, trace, manifest and
+    the ingested tables) is 0666/0777 less the umask, as ingest's files are (issue 14: they were
+    0600 in 0755 folders, unreadable by others on a shared cluster)."""
+    import stat
+
+    _needs_torch()
+    job = tmp_path / "train.py"
+    job.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(6):\n"
+        "    model(torch.randn(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+    )
+    run = tmp_path / "run"
+    script = (
+        f"umask 027 && {sys.executable} -m traceview collect --no-report -o {run} "
+        f"--skip 0 --warmup 0 --steps 3 -- {sys.executable} {job}"
+    )
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    paths = [run, *run.rglob("*")]
+    names = {p.name for p in paths}
+    assert {"manifest.json", "status.json", "steps.parquet"} <= names
+    assert any(p.name.endswith(".pt.trace.json.gz") for p in paths)
+    for path in paths:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o750 if path.is_dir() else 0o640), (path, oct(mode))
 
 
 def test_a_job_started_from_a_background_shell_gets_sigint_back(tmp_path: Path) -> None:

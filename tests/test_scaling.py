@@ -207,3 +207,38 @@ def test_bad_requests_are_one_line_and_exit_2(
     assert result.code == 2
     assert fragment in result.err and len(result.err.strip().splitlines()) == 1
     assert "Traceback" not in result.err
+
+
+def test_a_step_that_did_not_finish_on_every_rank_is_left_out_of_the_models(
+    tmp_path: Path,
+) -> None:
+    """Issue 14: steps that did not complete on every rank are left out of scaling too. The
+    2-rank run with its last step (ProfilerStep#6) missing on rank 1 only (rank 0 waited for it)
+    must scale exactly as the same run with that step removed on both ranks: the layer-wise
+    model used to replay rank 0's collectives of that step."""
+    import gzip
+
+    source = SCALING / "ranks-2"
+    docs = {r: json.loads(gzip.decompress((source / f"rank-{r}.pt.trace.json.gz").read_bytes()))
+            for r in (0, 1)}  # fmt: skip
+
+    def without_last_step(doc: dict) -> dict:
+        events = doc["traceEvents"]
+        last = max(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+        return {**doc, "traceEvents": [e for e in events if "ts" not in e or e["ts"] < last]}
+
+    results = {}
+    for name, cut in (("neither", (0, 1)), ("rank1", (1,))):
+        folder = tmp_path / name
+        folder.mkdir()
+        for rank, doc in docs.items():
+            text = json.dumps(without_last_step(doc) if rank in cut else doc)
+            (folder / f"rank-{rank}.pt.trace.json").write_text(text)
+        result = run_cli("scaling", "--json", SCALING / "ranks-1", folder)
+        assert result.code == 0, result.err
+        results[name] = result.json()
+    report = run_cli("report", "--json", tmp_path / "rank1").json()
+    assert [s["step"] for s in report["incomplete_steps"]] == [6]
+    for result in results.values():
+        result["runs"][1].pop("label")
+    assert results["rank1"] == results["neither"]

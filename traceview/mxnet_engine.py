@@ -11,8 +11,11 @@ Python thread, and per step spans over the engine's forward, backward and update
 that operators without a phase of their own (copies, DeleteVariable...) and the gaps between
 operators take the phase of the span they are in; a span also covers the idle time before its
 first operator in which the Python thread was issuing that phase (traceview collect's regions
-around the Python calls). Each step's KVStore round (from the Trainer.step that asked for the
-first push to the end of the last KVStore operator) is a communication span of its own.
+around the Python calls). On every worker the backward span reaches back to the call that asked
+for backward, so the head gradient's fill that backward queues first (``SetValueOp``) is
+backward's on whichever worker ran it. Each step's KVStore round (from the Trainer.step that
+asked for the first push to the end of the last KVStore operator) is a communication span of its
+own.
 
 MXNet writes no step markers. ``traceview collect`` records one ``mx.profiler.Task`` per step
 (``step#N``) on the Python thread, which runs ahead of the engine; each window is moved to end
@@ -56,6 +59,8 @@ _BOOKKEEPING = re.compile(
 # A segment of operators the engine ran as one (bulk execution, MXNet's default): compute of
 # the phase that queued it, which its name does not tell (see _spans).
 _BULK = "ImperativeBulk"
+# The fill of a head gradient with ones, which a backward call queues before its operators.
+_FILL = "SetValueOp"
 # The C API call that queues backward (autograd.backward, loss.backward()).
 _BACKWARD_CALL = re.compile(r"^MXAutogradBackward(Ex)?$")
 _WAIT = re.compile(r"^MXNDArray(WaitAll|WaitToRead|WaitToWrite|SyncCopyToCPU)$")
@@ -239,15 +244,21 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
     )
     calls = (ev.ts[issued], own[issued])
     backward_calls = _backward_calls(ev, own, engine)
+    # Backward queues the head gradient's fill first (SetValueOp, with a DeleteVariable), on
+    # whichever worker is free: on every thread the backward span reaches back to the call that
+    # asked for it (never over an operator that ran before: see _spans), and covers the fill.
+    asked = (backward_calls, np.full(len(backward_calls), _PHASE_CODES[S.BACKWARD]))
+    calls = (np.concatenate([calls[0], asked[0]]), np.concatenate([calls[1], asked[1]]))
+    fills = _head_gradient_fills(ev, own, engine, windows, backward_calls)
     io_rows, io_start, io_end = _io_regions(
         ev,
         own,
         at_home,
         windows,
-        _spans(ev, own, at_home, windows, None, None, backward_calls),
+        _spans(ev, own, at_home, windows, None, None, backward_calls, fills),
         np.sort(calls[0][calls[1] == _PHASE_CODES[S.FORWARD]]),
     )
-    spans = _spans(ev, own, at_home, windows, (io_start, io_end), calls, backward_calls)
+    spans = _spans(ev, own, at_home, windows, (io_start, io_end), calls, backward_calls, fills)
     ev.ts[io_rows], ev.dur[io_rows] = io_start, io_end - io_start
     ev.pid[io_rows], ev.tid[io_rows] = home
     placed = [(home, spans)]
@@ -257,7 +268,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
             continue
         mine = engine & (ev.pid == pid) & (ev.tid == tid)
         placed.append(
-            ((pid, tid), _spans(ev, own, mine, windows, (none, none), None, backward_calls))
+            ((pid, tid), _spans(ev, own, mine, windows, (none, none), asked, backward_calls, fills))
         )
 
     rounds = _comm_rounds(ev, own, engine, at_home, windows)
@@ -266,7 +277,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
         placed.append((where, [(ROUND_NAME, start, stop) for start, stop, _ in rounds]))
         thread_labels[where] = "KVStore rounds (traceview)"
     extra = _synthetic(ev, home, windows, numbers, placed)
-    return _Layout(_with_spans(ev, own, extra), devices, steps_from, thread_labels)
+    return _Layout(_with_spans(ev, extra), devices, steps_from, thread_labels)
 
 
 def _comm_rounds(
@@ -505,6 +516,40 @@ def _backward_bulks(
     return rows[after]
 
 
+def _head_gradient_fills(
+    ev: _Events,
+    own: np.ndarray,
+    engine: np.ndarray,
+    windows: np.ndarray,
+    backward_calls: np.ndarray,
+) -> np.ndarray:
+    """Per event: whether it is the fill of a head gradient (``SetValueOp`` on an engine worker)
+    that a backward call queued before its operators: one the engine started after the step's
+    first backward call and before the step's first update or KVStore operator after that call
+    (every gradient, so every push and update, needs the fill first; a fill after them, such
+    as ``zero_grad``'s after the update, is not backward's)."""
+    named = np.array([str(n) == _FILL for n in ev.names] + [False])[ev.name]
+    is_op = ev.kind == _KIND_CODE[S.KIND_OP]
+    candidates = np.flatnonzero(engine & is_op & named)
+    fills = np.zeros(len(ev.ts), bool)
+    if len(candidates) == 0 or len(windows) == 0 or len(backward_calls) == 0:
+        return fills
+    # the step's first backward call
+    first = np.searchsorted(backward_calls, windows[:, 0], side="left")
+    has_call = first < len(backward_calls)
+    asked = np.where(has_call, backward_calls[np.minimum(first, len(backward_calls) - 1)], 0)
+    has_call &= asked < windows[:, 1]
+    # ... and its first update or KVStore operator after it (any thread's)
+    after = is_op & np.isin(own, [_PHASE_CODES[S.UPDATE], _PHASE_CODES[S.COMM]])
+    later = np.append(np.sort(ev.ts[after]), np.iinfo(np.int64).max)
+    limit = np.minimum(later[np.searchsorted(later, asked, side="left")], windows[:, 1])
+    window = _covering(windows[:, 0], windows[:, 1], ev.ts[candidates])
+    w = np.maximum(window, 0)
+    ts = ev.ts[candidates]
+    fills[candidates] = (window >= 0) & has_call[w] & (ts >= asked[w]) & (ts < limit[w])
+    return fills
+
+
 def _bookkeeping(ev: _Events) -> np.ndarray:
     """Per event: whether its name is engine bookkeeping (copies, deletions, fills)."""
     return np.array([bool(_BOOKKEEPING.match(str(n))) for n in ev.names] + [True])[ev.name]
@@ -541,6 +586,7 @@ def _spans(
     io: tuple[np.ndarray, np.ndarray] | None = None,
     calls: tuple[np.ndarray, np.ndarray] | None = None,
     backward_calls: np.ndarray | None = None,
+    fills: np.ndarray | None = None,
 ) -> list[tuple[str, int, int]]:
     """Per step, the spans of one thread's backward operators, of the forward ones before them
     and of the update ones after them, each made of whole operators.
@@ -550,7 +596,8 @@ def _spans(
     issued each phase), a span also covers the idle time before its first operator in which
     Python was issuing it, back to the previous operator or data loading. Bulk segments are
     backward's where _backward_bulks says so, else forward's (``backward_calls``: when Python
-    asked for backward).
+    asked for backward); so are the head gradients' fills (``fills``, _head_gradient_fills), also
+    on a worker that ran nothing else of backward.
     """
     spans: list[tuple[str, int, int]] = []
     forward_op = (own < 0) & ~_bookkeeping(ev)
@@ -573,6 +620,9 @@ def _spans(
             backward = np.union1d(backward, bulks)
         in_forward = inside & forward_op
         in_forward[bulks] = False
+        if fills is not None:  # not one the engine ran before forward work of this thread
+            last = ev.ts[in_forward].max() if in_forward.any() else w_start
+            backward = np.union1d(backward, np.flatnonzero(inside & fills & (ev.ts > last)))
         found: dict[str, list[int]] = {}
         b_end = w_start
         if len(backward):
@@ -729,12 +779,14 @@ def _synthetic(
     )
 
 
-def _with_spans(ev: _Events, own: np.ndarray, extra: _Events) -> _Events:
+def _with_spans(ev: _Events, extra: _Events) -> _Events:
     """The events and the synthetic ones after them, except that a span exactly as long as an
-    operator without a phase of its own on its thread (a worker whose backward in a step is one
-    bulk segment) goes first: the call tree then makes the span the operator's parent (on a tie
-    the earlier event contains the later), so the operator takes the span's phase."""
-    loose = np.flatnonzero((ev.kind == _KIND_CODE[S.KIND_OP]) & (own < 0))
+    operator on its thread (a worker whose backward in a step is one bulk segment, or whose
+    update is one operator) goes first: the call tree then makes the span the operator's parent
+    (on a tie the earlier event contains the later), so an operator without a phase of its own
+    takes the span's, and the operator, not the span (a region), is the innermost event: on a
+    worker other than the timeline's only operators count."""
+    loose = np.flatnonzero(ev.kind == _KIND_CODE[S.KIND_OP])
     keys = np.stack([ev.pid[loose], ev.tid[loose], ev.ts[loose], ev.dur[loose]], axis=1)
     ties = {tuple(k) for k in keys.tolist()}
     mine = np.stack([extra.pid, extra.tid, extra.ts, extra.dur], axis=1).tolist()

@@ -136,9 +136,10 @@ class CollectCommand:
             self._remove_empty(run, existed, args.keep)
             return 127
         code = result.exit_code
+        said = result.stderr_tail
+        # what the launcher said last (or the first line of the message Open MPI framed)
+        last = f": {safe(said[0] if len(said) > 1 else said[-1], 200)}" if said else ""
         if not result.statuses:
-            said = result.stderr_tail
-            last = f": {safe(said[0] if len(said) > 1 else said[-1], 200)}" if said else ""
             if not any((run / R.RAW / STARTED).glob("*")):
                 # no Python process of the job ever started: the launcher failed on its own
                 why = f"the launcher exited with code {code} before any rank started{last}"
@@ -173,7 +174,8 @@ class CollectCommand:
             else:
                 why = "no process imported PyTorch, TensorFlow, MXNet or Chainer and ran a training step"
             print(
-                f"traceview: the job exited with code {code} and left nothing to profile: {why}",
+                f"traceview: the job exited with code {code} and left nothing to profile: "
+                f"{why}{last}",
                 file=sys.stderr,
             )
             return code

@@ -65,9 +65,16 @@ class ScalingCommand:
             counts = [r.run.ranks for r in reports]
             if len(set(counts)) < len(counts):
                 raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
+            # the collectives the layer-wise model replays, of the steps every rank completed
+            left_out = [{u.step for u in report.incomplete_steps} for report in reports]
             schedules = [
-                [s for rank in sample_ranks(r.manifest) for s in comm_schedule(r.events([rank]))]
-                for r in runs
+                [
+                    s
+                    for rank in sample_ranks(r.manifest)
+                    for s in comm_schedule(r.events([rank]))
+                    if s.step not in dropped
+                ]
+                for r, dropped in zip(runs, left_out, strict=True)
             ]
             result = scaling(
                 reports, [r.ops for r in runs], [r.label for r in runs],
