@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import SAMPLES, run_cli
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.runs import ingest_run
@@ -228,6 +228,22 @@ def _check_step(row: dict[str, Any], truth: dict[str, int], tolerance_ns: int) -
     assert row[S.phase_ns(S.IO)] == pytest.approx(truth["io"], abs=tolerance_ns)
 
 
+def test_gpu_sync_agrees_with_an_independent_cut_of_the_raw_trace(tmp_path: Path) -> None:
+    """Every profiled step of sample_traces/pytorch/gpu_sync: device time and host-bound time
+    per phase as read off the raw JSON. The loop's own ``torch.cuda.synchronize()`` calls sit
+    at the top of the loop, outside every operator (after the DataLoader, after the copies,
+    after the loss): the device's wait for them is nobody's phase (gpu.py: "a synchronize
+    outside any phase: other"); the previous code billed them, and the Python around them, to
+    forward by position (0.21 to 0.26 ms per step)."""
+    folder = SAMPLES / "pytorch" / "gpu_sync"
+    trace = _load(folder / "rank-0.pt.trace.json.gz")
+    table = _tables(ingest_run([folder], tmp_path / "run"))
+    assert table.height == 5
+    for row in table.iter_rows(named=True):
+        truth = kineto_truth(trace, f"ProfilerStep#{row[S.STEP]}")
+        _check_step(row, truth, tolerance_ns=2)
+
+
 @pytest.mark.skipif(
     not (SHARED / "hta_df_index_resolver").exists(), reason="../shared/traces not present"
 )
@@ -359,6 +375,17 @@ def test_hand_made_gpu_steps(tmp_path: Path) -> None:
     for row in report["per_step"]:
         assert row["breakdown_ms"] == _BASELINE["breakdown_ms"]
         assert row["host_bound_ms"] == _BASELINE["host_bound_ms"]
+
+
+def test_a_synchronize_outside_every_operator_is_not_host_bound(tmp_path: Path) -> None:
+    """cudaDeviceSynchronize at the top of the loop, between the batch's copy and the model,
+    while the device has nothing to do: the host waits, it launches nothing. Idle, not forward
+    (it took forward by position, and the 10 µs between it and the first linear with it)."""
+    report = _report(_trace(sync=True), tmp_path)
+    for row in report["per_step"]:
+        assert row["host_bound_ms"] == _BASELINE["host_bound_ms"]
+        expected = {**_BASELINE["breakdown_ms"], "idle": 0.32}
+        assert row["breakdown_ms"] == expected
 
 
 @pytest.mark.parametrize("hostile", ["no runtime calls", "kernels without correlation"])
