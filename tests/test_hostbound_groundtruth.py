@@ -442,3 +442,41 @@ def test_a_kernel_past_the_step_end_moves_the_window(tmp_path: Path) -> None:
     assert first["breakdown_ms"]["io"] == pytest.approx(0.2)
     assert second["breakdown_ms"]["io"] == 0.0
     assert second["host_bound_ms"] == {**_BASELINE["host_bound_ms"], "h2d": 0.0}
+
+
+def _backward_region_trace(autograd_thread: bool) -> dict[str, Any]:
+    """One 1000 µs step: the training thread in a ``## backward ##`` region at 100-600; one
+    backward operator at 150-250 (on PyTorch's autograd thread, or on the training thread
+    itself) launching a kernel that runs 240-260. Nothing else."""
+    tid = 2 if autograd_thread else _TID
+    t0 = 2_000_000
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0}],
+        "traceEvents": [
+            _x("ProfilerStep#1", "user_annotation", t0, 1000),
+            _x("## backward ##", "user_annotation", t0 + 100, 500),
+            _x("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", t0 + 150, 100,
+               tid=tid),
+            _x("cudaLaunchKernel", "cuda_runtime", t0 + 151, 5, tid=tid, correlation=1),
+            _x("gemm_backward", "kernel", t0 + 240, 20, pid=0, tid=_STREAM, stream=_STREAM,
+               device=0, correlation=1),
+        ],
+    }  # fmt: skip
+
+
+def test_the_training_thread_waiting_in_loss_backward_is_not_host_bound(tmp_path: Path) -> None:
+    """While PyTorch's autograd thread runs backward, the training thread sits in
+    loss.backward() (the ``## backward ##`` region) launching nothing: the device's idle time is
+    host-bound only where the autograd thread is inside an operator (150-240), not the whole
+    region. (hta_sampled_2rank: 137 ms a step of the region, with no event on any host thread
+    and nothing on the device, was host-bound backward, and made backward the bottleneck and
+    the verdict "backward launches 259.5 kernels of 30 µs each".) Where backward runs on the
+    training thread itself, the region between its operators stays backward's (region fill)."""
+    (row,) = _report(_backward_region_trace(autograd_thread=True), tmp_path)["per_step"]
+    assert row["host_bound_ms"]["backward"] == pytest.approx(0.09)
+    assert row["breakdown_ms"]["backward"] == pytest.approx(0.11)
+    assert row["breakdown_ms"]["idle"] == pytest.approx(0.89)
+    (row,) = _report(_backward_region_trace(autograd_thread=False), tmp_path)["per_step"]
+    assert row["host_bound_ms"]["backward"] == pytest.approx(0.48)  # the region, less the kernel
+    assert row["breakdown_ms"]["backward"] == pytest.approx(0.5)

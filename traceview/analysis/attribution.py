@@ -363,6 +363,10 @@ def rank_timeline(events: pa.Table) -> RankTimeline:
         seg_s, seg_e, owner = _thread_segments(ev, np.flatnonzero(on_training))
         seg_l = _training_levels(ev, owner, _loose_waits(events, ev, on_training) if gpu else None)
         if gpu:  # data loading and communication as themselves, compute and copies host-bound
+            if (host & ~on_training & backward & ~np.isin(ev.kind, _STRUCTURAL_KINDS)).any():
+                # backward runs on a thread of its own (PyTorch's autograd engine): the training
+                # thread inside loss.backward() between its operators waits, it launches nothing
+                seg_l = np.where(seg_l == _FILL[S.BACKWARD], _GAP, seg_l)
             seg_l = np.where(seg_l >= 0, _GPU_HOST_LEVEL[np.maximum(seg_l, 0)], _GAP)
         keep = seg_l != _GAP
         parts_s.append(seg_s[keep])
