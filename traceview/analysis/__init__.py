@@ -20,8 +20,10 @@ import pyarrow as pa
 #: Bump when a change alters the tables computed from the same events (RANK_TABLES).
 #: 2: the collectives table; 3: its process groups; 4: the comm table; 5: kernels as calls;
 #: 6: the gpu and launches tables (analysis/gpu.py); 7: the memory_steps table; 8: host-bound
-#: time in the breakdown of GPU timelines (steps: host_bound_<phase>_ns)
-ANALYSIS_VERSION = "8"
+#: time in the breakdown of GPU timelines (steps: host_bound_<phase>_ns); 9: a synchronize at the
+#: top of a step, outside every operator, is not host-bound; 10: nor is the training thread's
+#: backward region fill where another thread runs backward (PyTorch's autograd thread)
+ANALYSIS_VERSION = "10"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
 RANK_TABLES = ("steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps")

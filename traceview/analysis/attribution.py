@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.arrays import (
@@ -171,14 +172,19 @@ def _thread_segments(
     return starts[keep], ends[keep], owner[keep]
 
 
-def _training_levels(ev: EventArrays, owner: np.ndarray) -> np.ndarray:
-    """Priority level of each training-thread segment from the event that owns it."""
+def _training_levels(
+    ev: EventArrays, owner: np.ndarray, unowned: np.ndarray | None = None
+) -> np.ndarray:
+    """Priority level of each training-thread segment from the event that owns it (``unowned``:
+    per event row, events whose time is nobody's, as if no event covered it)."""
     level = np.full(len(owner), _GAP, np.int64)
     has = owner >= 0
     rows = owner[has]
     structural = np.isin(ev.kind[rows], _STRUCTURAL_KINDS)
     phase = ev.phase[rows]
     level[has] = np.where(structural, _REGION[phase], _EXPLICIT[phase])
+    if unowned is not None:
+        level[has] = np.where(unowned[rows], _GAP, level[has])
     # A gap between two segments of the same phase belongs to that phase.
     gap = level == _GAP
     if gap.any() and (~gap).any():
@@ -253,6 +259,53 @@ class RankTimeline:
 
 
 _COMPUTE_CODES = [PHASE_CODE[p] for p in S.COMPUTE_PHASES]
+#: A device or stream synchronize: the host blocked until the device is done.
+DEVICE_WAIT_PATTERN = (
+    r"^(cuda|hip)(Device|Stream|Event)Synchronize$|^cu(Ctx|Stream|Event)Synchronize$"
+)
+_PHASED_CODES = [PHASE_CODE[p] for p in (*S.COMPUTE_PHASES, S.H2D, S.IO, S.COMM)]
+
+
+def name_mask(events: pa.Table, pattern: str) -> np.ndarray:
+    """Rows whose name matches ``pattern`` (evaluated once per distinct name)."""
+    array = events.column(S.NAME).combine_chunks()
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    hit = pc.match_substring_regex(array.dictionary, pattern).to_numpy(zero_copy_only=False)
+    lut = np.append(np.asarray(hit, bool), False)
+    indices = pc.fill_null(array.indices, len(lut) - 1).to_numpy(zero_copy_only=False)
+    return lut[np.asarray(indices, np.int64)]
+
+
+def _loose_waits(events: pa.Table, ev: EventArrays, rows_mask: np.ndarray) -> np.ndarray:
+    """Per event: a device or stream synchronize inside a step marker but outside every
+    operator and every region of a phase (the training loop's own ``torch.cuda.synchronize()``).
+    Its phase is its position's, but the host is waiting for the device there, launching
+    nothing: on GPU timelines its time is nobody's (issue 17: "a synchronize outside any phase"
+    is other idle). One outside every step marker in the call tree (the profiler's own
+    synchronize as it stops, which a trace can record overlapping the last step's operators
+    without nesting in them) keeps its position's phase."""
+    idx = np.flatnonzero(
+        rows_mask & (ev.kind == KIND_CODE[S.KIND_RUNTIME]) & name_mask(events, DEVICE_WAIT_PATTERN)
+    )
+    inside = np.zeros(len(idx), bool)
+    in_step = np.zeros(len(idx), bool)
+    up = ev.parent_row[idx]
+    for _ in range(64):  # up the call tree, one level per pass (deeper trees stop there)
+        live = up >= 0
+        if not live.any():
+            break
+        u = np.maximum(up, 0)
+        region = (ev.kind[u] == KIND_CODE[S.KIND_ANNOTATION]) & np.isin(ev.phase[u], _PHASED_CODES)
+        hit = live & ((ev.kind[u] == KIND_CODE[S.KIND_OP]) | region)
+        inside |= hit
+        in_step |= live & (ev.kind[u] == KIND_CODE[S.KIND_STEP])
+        up = np.where(live & ~hit, ev.parent_row[u], -1)
+    loose = np.zeros(len(ev.kind), bool)
+    loose[idx[~inside & in_step]] = True
+    return loose
+
+
 # What counts from host threads other than the training thread on CPU timelines.
 _ELSEWHERE_CODES = [*_COMPUTE_CODES, PHASE_CODE[S.H2D]]
 
@@ -308,8 +361,12 @@ def rank_timeline(events: pa.Table) -> RankTimeline:
     if training is not None:
         on_training = host & (ev.pid == training[0]) & (ev.tid == training[1])
         seg_s, seg_e, owner = _thread_segments(ev, np.flatnonzero(on_training))
-        seg_l = _training_levels(ev, owner)
+        seg_l = _training_levels(ev, owner, _loose_waits(events, ev, on_training) if gpu else None)
         if gpu:  # data loading and communication as themselves, compute and copies host-bound
+            if (host & ~on_training & backward & ~np.isin(ev.kind, _STRUCTURAL_KINDS)).any():
+                # backward runs on a thread of its own (PyTorch's autograd engine): the training
+                # thread inside loss.backward() between its operators waits, it launches nothing
+                seg_l = np.where(seg_l == _FILL[S.BACKWARD], _GAP, seg_l)
             seg_l = np.where(seg_l >= 0, _GPU_HOST_LEVEL[np.maximum(seg_l, 0)], _GAP)
         keep = seg_l != _GAP
         parts_s.append(seg_s[keep])

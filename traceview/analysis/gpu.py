@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.attribution import (
@@ -46,6 +45,7 @@ from traceview.analysis.attribution import (
     _union_by_window,
     level_times,
     merge_intervals,
+    name_mask,
     rank_timeline,
 )
 from traceview.arrays import KIND_CODE, EventArrays
@@ -63,17 +63,6 @@ SYNC_PATTERN = (
     r"^(cuda|hip)(Device|Stream|Event)Synchronize$|^cu(Ctx|Stream|Event)Synchronize$"
     r"|^(cuda|hip)Memcpy$|^cuMemcpyDtoH|^aten::(item|_local_scalar_dense)$"
 )
-
-
-def _name_mask(events: pa.Table, pattern: str) -> np.ndarray:
-    """Rows whose name matches ``pattern`` (evaluated once per distinct name)."""
-    array = events.column(S.NAME).combine_chunks()
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    hit = pc.match_substring_regex(array.dictionary, pattern).to_numpy(zero_copy_only=False)
-    lut = np.append(np.asarray(hit, bool), False)
-    indices = pc.fill_null(array.indices, len(lut) - 1).to_numpy(zero_copy_only=False)
-    return lut[np.asarray(indices, np.int64)]
 
 
 def _piece_windows(
@@ -143,7 +132,7 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     )
 
     # Host blocked waiting for the device.
-    sync = on_training & _name_mask(events, SYNC_PATTERN) & (ev.end > ev.ts)
+    sync = on_training & name_mask(events, SYNC_PATTERN) & (ev.end > ev.ts)
     ss, se = merge_intervals(ev.ts[sync], ev.end[sync])
     sw, s2, e2, _ = _clip(ss, se, np.zeros(len(ss), np.int64), w_start, w_end)
     columns[S.SYNC_NS] = np.bincount(sw, weights=(e2 - s2), minlength=n).astype(np.int64)
