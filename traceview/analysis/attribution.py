@@ -4,7 +4,7 @@ Per rank, time is cut into step windows and every instant of a window goes to th
 phase active at that instant on the rank's critical timeline:
 
     forward | backward | update  >  h2d  >  io  >  comm  >  (region fill)  >  other
-        >  (host-bound forward | backward | update | h2d)  >  idle
+        >  (host-bound h2d > forward > backward > update)  >  idle
 
 The critical timeline is, on CPU runs, the training thread: at each instant the innermost event
 on it decides; on GPU runs, the device: kernels and copies (which carry the phase of the host
