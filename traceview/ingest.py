@@ -583,7 +583,11 @@ def _run_all(
         for t, result in run_on_cluster(scheduler, traces, staged, run_id, rules_path, analyze):
             keep(t, result)
         remove_attempt_leftovers(staged)
-    elif jobs <= 1 or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS):
+    elif (
+        jobs <= 1
+        or len(traces) == 1  # one trace: a worker would only add its start and its memory
+        or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS)
+    ):
         for t in traces:
             keep(t, partial(ingest_rank, t, staged, run_id, rules_path, analyze))
     else:
