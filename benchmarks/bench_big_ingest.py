@@ -54,6 +54,7 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any
             capture_output=True,
             text=True,
             env={**os.environ, **(env or {})},
+            cwd=tempfile.gettempdir(),  # not a source tree: `-m traceview` is the install's
         )
         data = json.loads(result.read_text())
     finally:

@@ -29,11 +29,13 @@ corrupt (the ``stray_times`` pass needs the whole rank's median), take the whole
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +68,34 @@ CHUNKED_MIN_BYTES = 256 << 20
 CHUNK_ROWS = 400_000
 #: The parsers whose traces can be streamed.
 STREAMING_PARSERS = ("kineto",)
+
+
+class _MemoRules(RuleSet):
+    """The rules with their answers per name remembered: every chunk (and the survey of
+    every decoded batch) asks again about the same few thousand names."""
+
+    def classify(self, kind: str, cat: str | None, name: str) -> Any:
+        key = (kind, cat, name)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = super().classify(kind, cat, name)
+        return found
+
+    def default_op(self, name: str) -> str:
+        found = self._ops.get(name)
+        if found is None:
+            found = self._ops[name] = super().default_op(name)
+        return found
+
+    @classmethod
+    def of(cls, rules: RuleSet) -> _MemoRules:
+        memo = cls(**{f.name: getattr(rules, f.name) for f in dataclasses.fields(rules) if f.init})
+        memo._memo = {}
+        memo._ops = {}
+        return memo
+
+    _memo: dict[tuple[str, str | None, str], Any]
+    _ops: dict[str, str]
 
 
 def chunked_min_bytes() -> int:
@@ -265,6 +295,7 @@ def normalize_chunked(
 ) -> ChunkedRank | None:
     """Parse, normalize and write one rank's events in chunks of whole steps (module doc);
     None where the trace needs the whole-rank path (no step markers, corrupt times)."""
+    rules = _MemoRules.of(rules)
     work = run / f".chunks-rank-{meta.rank}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -299,6 +330,8 @@ def _normalize_chunked(
         if writer is not None:
             writer.close()
     parsed: ParsedTrace = stream.result
+    if meta.host is None:  # the trace may name its host after its events: known by now
+        meta.host = parsed.host
     if survey.rows == 0:
         return None
     if survey.ts_max - survey.ts_min > STRAY_NS or survey.dur_max > STRAY_NS:

@@ -465,11 +465,6 @@ def _ingest_chunked(
         return None
     parsed = done.parsed
     host = trace.host or parsed.host
-    if host != meta.host:  # the trace names its host only after its events: label afresh
-        meta.host = host
-        done = normalize_chunked(parser, trace.path, rules, meta, run, offset)
-        assert done is not None
-        parsed = done.parsed
     memory = rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)
     tables: dict[str, pa.Table] = {}
     if analyze is not None:
