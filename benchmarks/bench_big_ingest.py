@@ -68,7 +68,7 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any
     }
 
 
-def make_trace(size_gb: float, data: Path) -> Path:
+def make_trace(size_gb: float, data: Path, source: Path | None) -> Path:
     out = data / f"kineto-{size_gb:g}gb"
     found = sorted(out.glob("rank0.pt.trace.json*"))
     if found:
@@ -81,6 +81,7 @@ def make_trace(size_gb: float, data: Path) -> Path:
             str(size_gb * 1000),
             "-o",
             str(out),
+            *(["--source", str(source)] if source else []),
         ],
         check=True,
     )
@@ -97,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=REPO / "bench-data")
     p.add_argument("--before", default=None, help="python of another install to compare with")
     p.add_argument("--keep", action="store_true", help="keep the traces made")
+    p.add_argument("--source", type=Path, default=None, help="make_big_trace's --source")
     p.add_argument("--out", type=Path, default=HERE / "results" / "big_ingest")
     a = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for size in a.sizes:
-        trace = make_trace(size, a.data)
+        trace = make_trace(size, a.data, a.source)
         nbytes = trace.stat().st_size
         with tempfile.TemporaryDirectory(dir=a.data) as work:
             run = Path(work) / "run"
