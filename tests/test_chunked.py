@@ -33,7 +33,9 @@ SHARED_KINETO = sorted((SHARED / "pytorch").rglob("*.json.gz")) if SHARED.exists
 TRACES = [*SAMPLES, *SHARED_KINETO]
 
 
-def _ingest(path: Path, out: Path, chunks: bool, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def _ingest(
+    path: Path, out: Path, chunks: bool, monkeypatch: pytest.MonkeyPatch, rows: int = 1
+) -> list[int]:
     """Ingest one trace; the number of chunks each chunked rank was normalized in."""
     counts: list[int] = []
     real = chunked.normalize_chunk
@@ -55,7 +57,7 @@ def _ingest(path: Path, out: Path, chunks: bool, monkeypatch: pytest.MonkeyPatch
         m.setattr(chunked, "normalize_chunk", counting)
         m.setattr(chunked, "_normalize_chunked", rank)
         m.setenv("TRACEVIEW_CHUNKED_MIN_BYTES", "0" if chunks else str(1 << 60))
-        m.setenv("TRACEVIEW_CHUNK_ROWS", "1")
+        m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
         ingest_run([path], out, jobs=1)
     return counts
 
@@ -122,6 +124,20 @@ def test_chunked_ingest_equals_whole(
         assert counts == [steps], f"{steps} steps but chunks {counts}"
     else:
         assert counts == [-1]  # no step markers: the whole-rank path
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+@pytest.mark.parametrize("rows", [8000, 12000])
+def test_chunks_of_several_steps(
+    rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of as many whole steps as hold about ``rows`` events (the last one takes what
+    is left and what follows the last step)."""
+    path = REPO / "sample_traces" / "pytorch" / "gpu_ddp_nccl" / "rank-0.pt.trace.json.gz"
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows)
+    steps = R.read_manifest(tmp_path / "parts").ranks[0].steps
+    assert len(counts) == 1 and 1 < counts[0] < steps
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 

@@ -131,18 +131,25 @@ def _ints(column: pa.ChunkedArray | pa.Array, fill: int) -> np.ndarray:
 
 
 class _Firsts:
-    """Sorted (key, value) of the first row with each key, in row order: a lookup table."""
+    """Per key, the chunk of the first row (in row order) with that key: a sorted lookup table
+    built from the survey's per-batch arrays (which it empties as it goes: the rank's
+    correlations are the largest state the survey keeps)."""
 
-    def __init__(self, keys: list[np.ndarray], values: list[np.ndarray]):
+    def __init__(self, keys: list[np.ndarray], ts: list[np.ndarray], bounds: np.ndarray):
         k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
-        v = np.concatenate(values) if values else np.zeros(0, np.int64)
+        keys.clear()
+        t = np.concatenate(ts) if ts else np.zeros(0, np.int64)
+        ts.clear()
+        v = np.searchsorted(bounds, t, side="right").astype(np.int32)
+        del t
         order = np.argsort(k, kind="stable")
         k, v = k[order], v[order]
+        del order
         first = np.concatenate(([True], k[1:] != k[:-1])) if len(k) else np.zeros(0, bool)
         self.keys, self.values = k[first], v[first]
 
     def get(self, query: np.ndarray) -> np.ndarray:
-        """The value of each query's key; -1 where none (and for negative keys)."""
+        """The chunk of each query's key; -1 where none (and for negative keys)."""
         if len(self.keys) == 0 or len(query) == 0:
             return np.full(len(query), -1, np.int64)
         pos = np.minimum(np.searchsorted(self.keys, query), len(self.keys) - 1)
@@ -253,7 +260,9 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
     per_step = max(1, survey.rows // max(len(mine), 1))
     steps_per_chunk = max(1, target_rows // per_step)
-    cuts = ends[steps_per_chunk - 1 :: steps_per_chunk][:-1] if len(ends) else ends
+    cuts = ends[steps_per_chunk - 1 :: steps_per_chunk]
+    if len(cuts) and cuts[-1] == ends[-1]:
+        cuts = cuts[:-1]  # the events after the last step go with the last steps
     bounds = np.unique(cuts)
     anchor_ts = np.concatenate(survey.anchor_ts)
     anchor_phase = np.concatenate(survey.anchor_phase).astype(np.int64)
@@ -271,8 +280,8 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
         backward_steps,
         anchor_ts[at_cut],
         anchor_phase[at_cut],
-        _Firsts(survey.runtime_corr, survey.runtime_ts),
-        _Firsts(survey.op_ext, survey.op_ts),
+        _Firsts(survey.runtime_corr, survey.runtime_ts, bounds),
+        _Firsts(survey.op_ext, survey.op_ts, bounds),
     )
 
 
@@ -358,7 +367,7 @@ def _normalize_chunked(
         table = table.drop_columns([S.RANK]).sort_by(S.EVENT_ID)
         path = work / f"run-{len(runs)}.arrows"
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table, max_chunksize=_MERGE_ROWS)
+            w.write_table(table, max_chunksize=_RUN_BATCH_ROWS)
         runs.append(path)
         written += table.num_rows
 
@@ -454,8 +463,11 @@ def _normalize_chunked(
     )
 
 
-#: Rows per batch of the sorted runs, and per step of their merge.
+#: Rows per step of the merge (and per row group of the events file).
 _MERGE_ROWS = 1 << 16
+#: Rows per batch of a chunk's sorted run: the merge holds one batch of every run at a time
+#: (every run spans the whole id range: a chunk's host events and its device activities).
+_RUN_BATCH_ROWS = 1 << 12
 
 
 def _merge(runs: list[Path], target: Path, rows: int) -> None:
@@ -510,17 +522,14 @@ def _route(spill: Path, plan: _Plan, work: Path, chunks: int) -> None:
         for batch in _spill_batches(spill):
             ts = _ints(batch.column(S.TS_NS), 0)
             kind = np.asarray(batch.column("_kind").to_numpy(zero_copy_only=False), np.int64)
-            key = ts.copy()
+            chunk = np.searchsorted(plan.bounds, ts, side="right")
             device = np.flatnonzero(_DEVICE[kind])
             if len(device):
                 corr = _ints(batch.column(S.CORRELATION), -1)[device]
-                launch = plan.runtime.get(corr)
                 ext = _ints(batch.column(S.EXTERNAL_ID), -1)[device]
-                by_op = plan.ops.get(ext)
-                found = np.where(corr >= 0, launch, -1)
-                found = np.where(found >= 0, found, by_op)
-                key[device] = np.where(found >= 0, found, ts[device])
-            chunk = np.searchsorted(plan.bounds, key, side="right")
+                found = plan.runtime.get(corr)
+                found = np.where(found >= 0, found, plan.ops.get(ext))
+                chunk[device] = np.where(found >= 0, found, chunk[device])
             order = np.argsort(chunk, kind="stable")
             sorted_chunk = chunk[order]
             edges = np.flatnonzero(np.diff(sorted_chunk)) + 1
