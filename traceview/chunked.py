@@ -53,6 +53,7 @@ from traceview.normalize import (
     STRAY_NS,
     ChunkContext,
     RankMeta,
+    _windows,
     classify,
     kinds_from_categories,
     normalize_chunk,
@@ -229,14 +230,6 @@ class _Plan:
     anchor_phase: np.ndarray
     runtime: _Firsts
     ops: _Firsts
-
-
-def _windows(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    if len(starts) == 0:
-        return np.full(len(ts), -1, np.int64)
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    inside = (idx >= 0) & (ts < ends[np.maximum(idx, 0)])
-    return np.where(inside, idx, -1)
 
 
 def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
