@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
@@ -531,15 +531,55 @@ class KinetoParser:
         )
 
     def parse(self, path: Path) -> ParsedTrace:
+        """The whole trace as one table: ``stream`` with its batches concatenated."""
+        stream = self.stream(path)
+        batches = list(stream)
+        parsed = stream.result
+        table = pa.Table.from_batches(batches, S.RAW_SCHEMA) if batches else None
+        del batches
+        if table is None:
+            table = S.RAW_SCHEMA.empty_table()
+        base_ns = stream.base_ns
+        if base_ns:
+            ts = pc.add(table.column(S.TS_NS), pa.scalar(base_ns, pa.int64()))
+            table = table.set_column(table.schema.get_field_index(S.TS_NS), S.TS_NS, ts)
+        parsed.events = S.conform(table, S.RAW_SCHEMA).unify_dictionaries()
+        return parsed
+
+    def stream(self, path: Path) -> KinetoStream:
+        """The trace's raw events as record batches (``schema.RAW_SCHEMA``), read and decoded
+        a chunk at a time: a multi-GB trace is never whole in memory. Times are on the trace's
+        own clock *before* its baseTimeNanoseconds is added (``KinetoStream.base_ns``: the
+        header may name it after the events); after the last batch, ``result`` holds the rest
+        (metadata, notes, memory records) as ``parse`` returns it, with no events."""
+        return KinetoStream(self, path)
+
+
+class KinetoStream:
+    """One pass over a Kineto trace: iterate for raw batches, then read ``result``."""
+
+    def __init__(self, parser: KinetoParser, path: Path):
+        self.parser = parser
+        self.path = path
+        self._result: ParsedTrace | None = None
+        self.base_ns = 0
+
+    @property
+    def result(self) -> ParsedTrace:
+        if self._result is None:
+            raise RuntimeError("KinetoStream.result read before the stream was exhausted")
+        return self._result
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        path = self.path
         reader = ChromeTraceReader(path, _decode_chunk)
-        batches: list[pa.RecordBatch] = []
         threads: dict[str, str] = {}
         counts: dict[str, int] = {}
         batch_sizes: Counter[int] = Counter()
         memory: list[pa.RecordBatch] = []
-        wide_sizes = bad = 0
+        wide_sizes = bad = rows = no_ts = n_absurd = kept = 0
         for chunk in reader:
-            batches.append(chunk.batch)
+            rows += chunk.batch.num_rows
             if chunk.memory is not None:
                 memory.append(chunk.memory)
             batch_sizes.update(chunk.batch_sizes)
@@ -548,28 +588,21 @@ class KinetoParser:
             threads.update(chunk.threads)
             for ph, count in chunk.counts.items():
                 counts[ph] = counts.get(ph, 0) + count
+            raw, missing, absurd = _raw_batch(chunk.batch)
+            del chunk
+            no_ts += missing
+            n_absurd += absurd
+            kept += raw.num_rows
+            if raw.num_rows:
+                yield raw
         info = reader.info
         notes = Notes()
         top = info.top_level
-        info.require_events(path, sum(b.num_rows for b in batches), counts)
-        table = pa.Table.from_batches(batches).unify_dictionaries()
-        del batches
-
-        has_ts = pc.is_valid(table.column("ts_us"))
-        no_ts = table.num_rows - int(pc.sum(has_ts).as_py() or 0)
-        if no_ts:
-            table = table.filter(has_ts)
-
-        ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
-        dur = table.column("dur_us").to_numpy(zero_copy_only=False)
-        absurd = absurd_times(ts_us, dur)
-        n_absurd = int(absurd.sum())
+        info.require_events(path, rows, counts)
         if n_absurd:
-            if n_absurd == len(absurd):
+            if not kept:
                 raise BadInput(f"{path}: every event's time or duration is corrupt ({ABSURD})")
             notes.warn(corrupt_times(path.name, n_absurd))
-            keep = ~absurd
-            table, ts_us, dur = table.filter(pa.array(keep)), ts_us[keep], dur[keep]
         if bad:
             notes.warn(out_of_range(path.name, bad))
         if wide_sizes:
@@ -578,30 +611,9 @@ class KinetoParser:
                 "(args bytes / In msg nelems)"
             )
         base_ns = _base_time(top.get("baseTimeNanoseconds"), path, notes)
+        self.base_ns = base_ns
         memory_records, memory_meta = memory_table(memory, base_ns, path.name, notes)
-        ts_ns = us_to_ns(ts_us, base_ns)
-        dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
-
-        # the one kind the format states: instants; the core reads the rest off the categories
-        kind = pc.if_else(table.column("instant"), S.KIND_INSTANT, pa.scalar(None, pa.string()))
-
-        raw = pa.table(
-            {
-                S.KIND: kind.dictionary_encode(),
-                S.CAT: table.column(S.CAT),
-                S.NAME: pc.fill_null(table.column(S.NAME), ""),
-                S.PID: table.column(S.PID),
-                S.TID: table.column(S.TID),
-                S.TS_NS: ts_ns,
-                S.DUR_NS: dur_ns,
-                S.CORRELATION: table.column(S.CORRELATION),
-                S.EXTERNAL_ID: table.column(S.EXTERNAL_ID),
-                S.BYTES: table.column(S.BYTES),
-                S.COLLECTIVE: table.column(S.COLLECTIVE).dictionary_encode(),
-                S.GROUP: table.column(S.GROUP),
-            }
-        )
-        raw = S.conform(raw, S.RAW_SCHEMA)
+        del memory
 
         info_value = top.get("distributedInfo")
         distributed: dict[str, Any] = info_value if isinstance(info_value, dict) else {}
@@ -622,7 +634,7 @@ class KinetoParser:
             notes.warn(
                 f"{path.name}: {skipped['other']} events of unsupported types ({kinds}) not read"
             )
-        if damage := info.damage_warning(path, raw.num_rows):
+        if damage := info.damage_warning(path, kept):
             notes.warn(damage)
         if info.header_damage:
             notes.warn(f"{path.name}: the keys before traceEvents not read ({info.header_damage})")
@@ -640,10 +652,10 @@ class KinetoParser:
             "batch_size": batch_sizes.most_common(1)[0][0] if batch_sizes else None,
             **memory_meta,
         }
-        return ParsedTrace(
+        self._result = ParsedTrace(
             path=path,
-            framework=self.framework,
-            events=raw,
+            framework=self.parser.framework,
+            events=S.RAW_SCHEMA.empty_table(),
             rank=_as_int(distributed.get("rank")),
             world_size=_as_int(distributed.get("world_size")),
             host=_str_or_none(top.get("host_name")),
@@ -655,6 +667,51 @@ class KinetoParser:
             skipped=skipped,
             memory=memory_records,
         )
+
+
+def _raw_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int, int]:
+    """One decoded chunk's events as ``schema.RAW_SCHEMA`` (times in ns on the trace's own
+    clock, baseTimeNanoseconds not yet added), less those without a time and those with an
+    absurd one; and how many of each were left out."""
+    has_ts = pc.is_valid(batch.column("ts_us"))
+    no_ts = batch.num_rows - int(pc.sum(has_ts).as_py() or 0)
+    if no_ts:
+        batch = batch.filter(has_ts)
+    ts_us = batch.column("ts_us").to_numpy(zero_copy_only=False)
+    dur = batch.column("dur_us").to_numpy(zero_copy_only=False)
+    absurd = absurd_times(ts_us, dur)
+    n_absurd = int(absurd.sum())
+    if n_absurd:
+        keep = ~absurd
+        batch, ts_us, dur = batch.filter(pa.array(keep)), ts_us[keep], dur[keep]
+    ts_ns = us_to_ns(ts_us, 0)
+    dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
+    # the one kind the format states: instants; the core reads the rest off the categories
+    kind = pc.if_else(batch.column("instant"), S.KIND_INSTANT, pa.scalar(None, pa.string()))
+    raw = pa.RecordBatch.from_pydict(
+        {
+            S.KIND: kind.dictionary_encode(),
+            S.CAT: batch.column(S.CAT),
+            S.NAME: pc.fill_null(batch.column(S.NAME), ""),
+            S.PID: batch.column(S.PID),
+            S.TID: batch.column(S.TID),
+            S.TS_NS: pa.array(ts_ns),
+            S.DUR_NS: pa.array(dur_ns),
+            S.CORRELATION: batch.column(S.CORRELATION),
+            S.EXTERNAL_ID: batch.column(S.EXTERNAL_ID),
+            S.BYTES: batch.column(S.BYTES),
+            S.COLLECTIVE: batch.column(S.COLLECTIVE).dictionary_encode(),
+            S.GROUP: batch.column(S.GROUP),
+        }
+    )
+    return _conform_batch(raw), no_ts, n_absurd
+
+
+def _conform_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    table = S.conform(pa.Table.from_batches([batch]), S.RAW_SCHEMA).combine_chunks()
+    if table.num_rows == 0:
+        return pa.RecordBatch.from_pylist([], schema=S.RAW_SCHEMA)
+    return table.to_batches()[0]
 
 
 #: The latest start baseTimeNanoseconds may give: 2**62 ns (the year 2116), so that adding

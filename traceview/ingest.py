@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from traceview import __version__
 from traceview import rundir as R
 from traceview import schema as S
+from traceview.chunked import normalize_chunked, wants_chunks
 from traceview.errors import (
     BadInput,
     Notes,
@@ -60,7 +61,7 @@ from traceview.parsers import (
     registered,
 )
 from traceview.parsers.chrome_json import read_head
-from traceview.rules import rules_for
+from traceview.rules import RuleSet, rules_for
 
 #: Below this much trace data, and this many ranks, parsing in the parent beats starting worker
 #: processes (~0.5 s each to import; a small rank takes ~20 ms: 1,024 of 4 KB each ingest in
@@ -370,10 +371,14 @@ def ingest_rank(
     started = time.perf_counter()
     parser = parser_named(trace.parser)
     rules = rules_for(parser.framework, rules_path)
-    parsed = parse_with(parser, trace.path)
-    notes = Notes()
     clock = trace.clock  # read once, when the trace was identified
     offset = clock.offset_ns
+    if wants_chunks(trace.parser, trace.path, trace.size):
+        part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started)
+        if part is not None:
+            return part
+    parsed = parse_with(parser, trace.path)
+    notes = Notes()
     if offset:  # onto the launcher's clock, which all ranks share
         shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))
         parsed.events = parsed.events.set_column(
@@ -433,6 +438,65 @@ def ingest_rank(
         clock_offset_ns=offset,
         clock=clock,
         meta=found,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    return RankPartial(info, tables, notes)
+
+
+def _ingest_chunked(
+    trace: TraceFile,
+    parser: Parser,
+    rules: RuleSet,
+    run: Path,
+    run_id: str,
+    analyze: RankAnalysis | None,
+    started: float,
+) -> RankPartial | None:
+    """``ingest_rank`` for a large trace, in chunks of whole steps (``traceview.chunked``);
+    None where the trace needs the whole-rank path. The analysis reads the written events
+    back: it is not yet bounded by the chunk."""
+    clock = trace.clock
+    offset = clock.offset_ns
+    meta = RankMeta(
+        run_id=run_id,
+        rank=trace.rank,
+        framework=parser.framework,
+        host=trace.host,
+        source=trace.path.name,
+    )
+    try:
+        done = normalize_chunked(parser, trace.path, rules, meta, run, offset)
+    except BadInput as exc:
+        raise BadInput(f"{trace.path}: {exc}") from exc
+    if done is None:
+        return None
+    parsed = done.parsed
+    host = trace.host or parsed.host
+    memory = rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)
+    tables: dict[str, pa.Table] = {}
+    if analyze is not None:
+        tables = analyze(R.read_events(run, [trace.rank]), memory)
+    tables[R.MEMORY] = memory
+    notes = Notes()
+    notes.extend(parsed.notes)
+    notes.extend(done.notes)
+    info = RankIngest(
+        rank=trace.rank,
+        source=str(trace.path),
+        format=parser.name,
+        framework=parser.framework,
+        host=host,
+        status="truncated" if parsed.lost_bytes else "ok",
+        events=done.events,
+        bytes_read=parsed.bytes_read,
+        lost_bytes=parsed.lost_bytes,
+        skipped_records=dict(parsed.skipped),
+        steps=done.steps,
+        training_thread=list(done.training_thread) if done.training_thread else None,
+        threads=dict(parsed.threads),
+        clock_offset_ns=offset,
+        clock=clock,
+        meta=dict(parsed.meta),
         seconds=round(time.perf_counter() - started, 3),
     )
     return RankPartial(info, tables, notes)
@@ -521,7 +585,11 @@ def _run_all(
         for t, result in run_on_cluster(scheduler, traces, staged, run_id, rules_path, analyze):
             keep(t, result)
         remove_attempt_leftovers(staged)
-    elif jobs <= 1 or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS):
+    elif (
+        jobs <= 1
+        or len(traces) == 1  # one trace: a worker would only add its start and its memory
+        or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS)
+    ):
         for t in traces:
             keep(t, partial(ingest_rank, t, staged, run_id, rules_path, analyze))
     else:

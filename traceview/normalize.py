@@ -572,6 +572,9 @@ def positional_phases(
     steps: Steps,
     trees: CallTrees | None = None,
     launched: Launched | None = None,
+    *,
+    more_anchors: tuple[np.ndarray, np.ndarray] | None = None,
+    backward_steps: np.ndarray | None = None,
 ) -> np.ndarray:
     """Pass ``positional_phases``: per event, the phase its position on the training thread gives
     it (``other`` where position says nothing).
@@ -584,6 +587,11 @@ def positional_phases(
     host-to-device copies only is h2d whatever its position: ``x.to(device)`` right before the
     forward region is copying the batch, not running the model.
 
+    A chunk of a rank (``traceview.chunked``) hands in what lies beyond it: ``more_anchors``
+    (times and phase codes of phase markers outside its rows that are still the next marker of
+    one of its candidates) and ``backward_steps`` (the steps of the whole rank that hold a
+    backward event).
+
     The gradient seed is the exception: ``loss.backward()`` first makes
     the loss's gradient with ``ones_like``, outside any backward operator. When that is the
     last operator before a backward marker, it is backward: otherwise a gap between the loss
@@ -595,14 +603,20 @@ def positional_phases(
     candidates = np.flatnonzero(steps.on_training & (own < 0) & ~_STRUCTURAL[kind])
     anchor = np.flatnonzero(host_tree & (own >= 0))
     anchor = anchor[_ANCHOR_PHASES[own[anchor]]]
-    anchor_ts = np.concatenate([ts[anchor], steps.ends])
+    extra_ts, extra_phase = more_anchors if more_anchors is not None else ([], [])
+    anchor_ts = np.concatenate([ts[anchor], np.asarray(extra_ts, np.int64), steps.ends])
     anchor_phase = np.concatenate(
-        [own[anchor].astype(np.int64), np.full(len(steps.ends), _STEP_END)]
+        [
+            own[anchor].astype(np.int64),
+            np.asarray(extra_phase, np.int64),
+            np.full(len(steps.ends), _STEP_END),
+        ]
     )
     order = np.argsort(anchor_ts, kind="stable")
     anchor_ts, anchor_phase = anchor_ts[order], np.append(anchor_phase[order], _STEP_END)
     next_phase = anchor_phase[np.searchsorted(anchor_ts, ts[candidates], side="right")]
-    backward_steps = np.unique(steps.step[host_tree & (own == PHASE_CODES[S.BACKWARD])])
+    if backward_steps is None:
+        backward_steps = np.unique(steps.step[host_tree & (own == PHASE_CODES[S.BACKWARD])])
     leads_to_compute = np.isin(next_phase, [PHASE_CODES[S.FORWARD], PHASE_CODES[S.BACKWARD]])
     forward = leads_to_compute | ~np.isin(steps.step[candidates], backward_steps)
     positional[candidates[forward]] = PHASE_CODES[S.FORWARD]
@@ -948,3 +962,113 @@ def normalize(
     if inferred is not None:  # the markers are in the table now
         inferred = InferredSteps(inferred.markers.slice(0, 0), inferred.threads)
     return Normalized(table, steps.training, len(steps.markers), notes, found, inferred)
+
+
+@dataclass
+class ChunkContext:
+    """What a chunk of a rank (``traceview.chunked``) needs to know of the whole rank: the
+    training thread and every step window (the ``steps`` pass's result, found in one pass over
+    the rank), the steps that hold a backward event, and the phase markers just past the chunk's
+    end that may be the next marker of one of its operators (``positional_phases``)."""
+
+    training: tuple[int, int]
+    starts: np.ndarray  # ns, per kept step marker, by time
+    ends: np.ndarray
+    numbers: np.ndarray  # step number per window
+    backward_steps: np.ndarray
+    more_anchors: tuple[np.ndarray, np.ndarray]  # (ts, phase code)
+    carried: int = 0  # the chunk's first rows are context carried from earlier chunks
+    carried_positional: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+
+
+@dataclass
+class NormalizedChunk:
+    """``normalize_chunk``'s result, per row of the chunk's input (carried context first)."""
+
+    events: pa.Table  # schema.EVENTS_SCHEMA; event and parent ids are the rank's (``_row``)
+    parent: np.ndarray  # row of the parent within the chunk (-1: none or not here)
+    positional: np.ndarray  # int8, the positional phase (kept for rows carried onwards)
+    host_tree: np.ndarray  # bool
+    devices: int  # device activities among the chunk's own rows
+    unlinked: int  # of those, how many have no launching host call here
+
+
+def normalize_chunk(
+    raw: pa.Table, rules: RuleSet, meta: RankMeta, ctx: ChunkContext, notes: Notes
+) -> NormalizedChunk:
+    """``normalize`` on a chunk of whole steps of a rank, with what it needs of the rest of the
+    rank in ``ctx``: the same passes, except ``steps`` (the rank's windows are handed in). The
+    input is raw events with a ``_row`` column (each event's row in the whole rank, its id);
+    its first ``ctx.carried`` rows are host events of earlier chunks still open when this one
+    starts (and their ancestors), whose positional phases are the ones found in their own
+    chunk. Self time is that of this chunk's children only: the caller adds up the rest."""
+    raw = kinds_from_categories(raw, rules)
+    n = raw.num_rows
+    classes = classify(raw, rules, notes, meta.source or f"rank {meta.rank}")
+    columns = RankColumns.of(raw)
+    trees = call_trees(classes, columns)
+    kind = classes.kind
+    host_tree = _HOST_TREE[kind]
+    on_training = (columns.pid == ctx.training[0]) & (columns.tid == ctx.training[1]) & host_tree
+    window = _windows(ctx.starts, ctx.ends, columns.ts)
+    step_of = np.where(window >= 0, ctx.numbers[np.maximum(window, 0)], -1)
+    steps = Steps(ctx.training, np.zeros(0, np.int64), ctx.starts, ctx.ends, step_of, on_training)
+    launched = launchers(raw, classes, trees)
+    positional = positional_phases(
+        classes,
+        columns,
+        steps,
+        trees,
+        launched,
+        more_anchors=ctx.more_anchors,
+        backward_steps=ctx.backward_steps,
+    )
+    positional[: ctx.carried] = ctx.carried_positional
+    host = host_phases(classes, trees, positional)
+    devices = link_devices(raw, rules, classes, trees, steps, host, Notes(), launched)
+    own_devices = devices.rows >= ctx.carried
+    unlinked = int((devices.launcher[own_devices] < 0).sum())
+
+    own = classes.phase
+    phase = host.phase.copy()
+    phase[devices.rows] = devices.phase
+    phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
+    step = steps.step.copy()
+    step[devices.rows] = devices.step
+    parent = trees.parent.astype(np.int64)
+    parent[devices.rows] = devices.launcher
+    op = np.where(classes.rule_op >= 0, classes.rule_op, classes.default_op)
+    op[devices.rows] = np.where(devices.op >= 0, devices.op, classes.default_op[devices.rows])
+    named = name_collectives(raw, rules, classes, op)
+    ids = np.asarray(raw.column("_row").to_numpy(zero_copy_only=False), np.int64)
+    parent_id = np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)
+    columns_out: dict[str, Any] = {
+        S.RUN_ID: _constant(meta.run_id, n),
+        S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
+        S.HOST: _constant(meta.host, n),
+        S.FRAMEWORK: _constant(meta.framework, n),
+        S.DEVICE: _dict_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
+        S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
+        S.CAT: raw.column(S.CAT),
+        S.PID: raw.column(S.PID),
+        S.TID: raw.column(S.TID),
+        S.NAME: raw.column(S.NAME),
+        S.OP: _dict_array(named.op, classes.ops),
+        S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
+        S.STEP: pa.array(step, pa.int64(), mask=step < 0),
+        S.TS_NS: pa.array(columns.ts),
+        S.DUR_NS: pa.array(columns.dur),
+        S.SELF_NS: pa.array(trees.self_ns, pa.int64()),
+        S.BYTES: raw.column(S.BYTES),
+        S.COLLECTIVE: _dict_array(named.collective, named.names),
+        S.CORRELATION: raw.column(S.CORRELATION),
+        S.EVENT_ID: pa.array(ids),
+        S.PARENT: pa.array(parent_id, pa.int64(), mask=parent_id < 0),
+        S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
+        S.GROUP: raw.column(S.GROUP),
+    }
+    table = S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
+    tree_parent = trees.parent.astype(np.int64)
+    return NormalizedChunk(
+        table, tree_parent, positional, host_tree, int(own_devices.sum()), unlinked
+    )

@@ -26,7 +26,16 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     codes = np.asarray(
         pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64
     )
-    return codes, values
+    # codes in the order the values first appear (rows in event order): ties (in self time,
+    # in how often a name is seen) go to the earlier, whatever the column's dictionary holds
+    # (a rank normalized in chunks and read back is encoded otherwise than one normalized
+    # whole, and its dictionary may hold values no row uses)
+    seen = codes[codes >= 0]
+    uniq, first = np.unique(seen, return_index=True)
+    order = uniq[np.argsort(first, kind="stable")]
+    rank = np.full(len(values) + 1, -1, np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[codes], [values[i] for i in order.tolist()]
 
 
 def _rank_ops(events: pa.Table, rank: int) -> pa.Table:

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Memory and time of `traceview ingest` on one multi-GB single-rank Kineto trace (issue 15).
+
+For each size (default 1, 2 and 4 GB), a trace is made by make_big_trace.py (the steps of a
+real GPU + NCCL trace replicated, CPU events first and device activities after, as PyTorch
+writes them) unless it is there already. Then, each in a fresh process measured by
+_measure.py (peak RSS of the process, interpreter and imports included; wall seconds):
+
+  typed      the typed-decode limit: msgspec typed decode of the whole file into a 4-column
+             Arrow table (_typed_decode.py)
+  ingest     `traceview ingest FILE -o RUN` of this tree (chunked: the trace is large)
+  normalize  the same ingest without the per-rank analysis (traceview.ingest.ingest with no
+             analyze): parse, normalize and write the events, the part that runs in chunks
+  before     the same command of another install (--before PYTHON, e.g. main's venv), if given
+
+    nice python benchmarks/bench_big_ingest.py --data /tmp/big --sizes 1 2 4 \
+        --before /work/main/.venv/bin/python
+
+Results go to benchmarks/results/big_ingest.{json,md}; --keep keeps the traces (they are
+deleted after each size otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MEASURE = HERE / "_measure.py"
+TYPED = HERE / "_typed_decode.py"
+
+
+NORMALIZE_ONLY = (
+    "import sys; from pathlib import Path; from traceview.ingest import ingest; "
+    "ingest([Path(sys.argv[1])], Path(sys.argv[2]))"
+)
+
+
+def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        result = Path(fh.name)
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(MEASURE), str(result), "--", *argv],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=tempfile.gettempdir(),  # not a source tree: `-m traceview` is the install's
+        )
+        data = json.loads(result.read_text())
+    finally:
+        result.unlink(missing_ok=True)
+    if data.get("rc") != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return {
+        "seconds": round(data["proc_s"], 2),
+        "peak_rss_mb": round(data["maxrss_kb"] / 1024, 1),
+        "foreign_cpu_s": round(data.get("foreign_cpu_s", 0.0), 1),
+    }
+
+
+def make_trace(size_gb: float, data: Path, source: Path | None) -> Path:
+    out = data / f"kineto-{size_gb:g}gb"
+    found = sorted(out.glob("rank0.pt.trace.json*"))
+    if found:
+        return found[0]
+    subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "make_big_trace.py"),
+            "--target-mb",
+            str(size_gb * 1000),
+            "-o",
+            str(out),
+            *(["--source", str(source)] if source else []),
+        ],
+        check=True,
+    )
+    return sorted(out.glob("rank0.pt.trace.json*"))[0]
+
+
+def traceview(python: str, trace: Path, run: Path) -> list[str]:
+    return [python, "-m", "traceview", "ingest", str(trace), "-o", str(run)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=float, nargs="+", default=[1, 2, 4], help="GB (10^9 bytes)")
+    p.add_argument("--data", type=Path, default=REPO / "bench-data")
+    p.add_argument("--before", default=None, help="python of another install to compare with")
+    p.add_argument("--keep", action="store_true", help="keep the traces made")
+    p.add_argument("--source", type=Path, default=None, help="make_big_trace's --source")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "big_ingest")
+    a = p.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    for size in a.sizes:
+        trace = make_trace(size, a.data, a.source)
+        nbytes = trace.stat().st_size
+        with tempfile.TemporaryDirectory(dir=a.data) as work:
+            run = Path(work) / "run"
+            row: dict[str, Any] = {"size_gb": size, "file_bytes": nbytes}
+            row["typed"] = measure([sys.executable, str(TYPED), str(trace)])
+            row["ingest"] = measure(traceview(sys.executable, trace, run))
+            events = json.loads((run / "manifest.json").read_text())["ranks"][0]["events"]
+            row["events"] = events
+            shutil.rmtree(run)
+            row["normalize"] = measure([sys.executable, "-c", NORMALIZE_ONLY, str(trace), str(run)])
+            shutil.rmtree(run)
+            if a.before:
+                row["before"] = measure(traceview(a.before, trace, run))
+                shutil.rmtree(run)
+        row["ingest_vs_typed"] = round(row["ingest"]["seconds"] / row["typed"]["seconds"], 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if not a.keep:
+            shutil.rmtree(trace.parent)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "command": " ".join(["python", "benchmarks/bench_big_ingest.py", *(argv or sys.argv[1:])]),
+    }
+    a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [
+        "| trace | events | typed decode (s / peak) | ingest (s / peak) | ingest ÷ typed "
+        + "| without the analysis (s / peak) |"
+        + (" before (s / peak) |" if a.before else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if a.before else ""),
+    ]
+    for r in rows:
+        cells = [
+            f"{r['file_bytes'] / 1e9:.2f} GB",
+            f"{r['events']:,}",
+            f"{r['typed']['seconds']:.1f} s / {r['typed']['peak_rss_mb']:,.0f} MB",
+            f"{r['ingest']['seconds']:.1f} s / {r['ingest']['peak_rss_mb']:,.0f} MB",
+            f"{r['ingest_vs_typed']:.2f}×",
+            f"{r['normalize']['seconds']:.1f} s / {r['normalize']['peak_rss_mb']:,.0f} MB",
+        ]
+        if a.before:
+            cells.append(f"{r['before']['seconds']:.1f} s / {r['before']['peak_rss_mb']:,.0f} MB")
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + f"\n\n{meta['command']} ({meta['when']}, {meta['cpus']} CPUs)\n"
+    a.out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

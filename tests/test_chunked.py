@@ -1,0 +1,226 @@
+"""Chunked ingest (traceview.chunked) against whole-rank ingest, event for event.
+
+Every sample Kineto trace and every shared one is ingested twice: whole (today's path) and in
+chunks of one step each (the smallest chunks there are, so that kernels launched in one step
+and run in the next, and call trees that span steps, cross chunks). The events tables must be
+equal in every column (compared in event-id order: the chunked path writes rows chunk by
+chunk), and so must the analysis tables and ``report --json``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.conftest import SHARED
+from traceview import chunked
+from traceview import rundir as R
+from traceview import schema as S
+from traceview.analysis import RANK_TABLES
+from traceview.runs import ingest_run
+from traceview.views.text import to_json
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = sorted((REPO / "sample_traces" / "pytorch").rglob("*.pt.trace.json.gz"))
+SHARED_KINETO = sorted((SHARED / "pytorch").rglob("*.json.gz")) if SHARED.exists() else []
+TRACES = [*SAMPLES, *SHARED_KINETO]
+
+
+def _ingest(
+    path: Path, out: Path, chunks: bool, monkeypatch: pytest.MonkeyPatch, rows: int = 1
+) -> list[int]:
+    """Ingest one trace; the number of chunks each chunked rank was normalized in."""
+    counts: list[int] = []
+    real = chunked.normalize_chunk
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        counts[-1] += 1
+        return real(*args, **kwargs)
+
+    real_rank = chunked._normalize_chunked
+
+    def rank(*args, **kwargs):  # type: ignore[no-untyped-def]
+        counts.append(0)
+        done = real_rank(*args, **kwargs)
+        if done is None:
+            counts[-1] = -1  # the whole-rank path after all
+        return done
+
+    with monkeypatch.context() as m:
+        m.setattr(chunked, "normalize_chunk", counting)
+        m.setattr(chunked, "_normalize_chunked", rank)
+        m.setenv("TRACEVIEW_CHUNKED_MIN_BYTES", "0" if chunks else str(1 << 60))
+        m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
+        ingest_run([path], out, jobs=1)
+    return counts
+
+
+def _events(run: Path) -> pa.Table:
+    events = R.read_events(run).drop_columns([S.RUN_ID])
+    return events.sort_by([(S.RANK, "ascending"), (S.EVENT_ID, "ascending")])
+
+
+def _columns(table: pa.Table) -> dict[str, list]:
+    return {name: table.column(name).to_pylist() for name in table.column_names}
+
+
+def _report(run: Path) -> dict:
+    from traceview.commands.report import load_report
+
+    report = json.loads(to_json(load_report([run])))
+    for key in ("run_id", "path"):  # of the run directory, not of what is in it
+        report["run"].pop(key)
+    return report
+
+
+def _without_ids(value: object, run: Path) -> object:
+    """A report with the run's id and folder left out (they differ between two ingests)."""
+    text = json.dumps(value, sort_keys=True).replace(str(run), "RUN")
+    return json.loads(text)
+
+
+def _assert_same_run(whole: Path, parts: Path) -> None:
+    a, b = _events(whole), _events(parts)
+    assert a.num_rows == b.num_rows
+    ca, cb = _columns(a), _columns(b)
+    for name in ca:
+        if ca[name] != cb[name]:
+            bad = [i for i, (x, y) in enumerate(zip(ca[name], cb[name], strict=True)) if x != y]
+            row = bad[0]
+            pytest.fail(
+                f"column {name}: {len(bad)} of {a.num_rows} events differ, first event id "
+                f"{ca[S.EVENT_ID][row]}: whole {ca[name][row]!r}, chunked {cb[name][row]!r}"
+            )
+    for name in (*RANK_TABLES, R.MEMORY):
+        ta = R.read_table(whole / f"{name}.parquet")
+        tb = R.read_table(parts / f"{name}.parquet")
+        assert ta.column_names == tb.column_names, name
+        assert _columns(ta) == _columns(tb), f"{name}.parquet differs"
+    ra, rb = _report(whole), _report(parts)
+    ma, mb = R.read_manifest(whole), R.read_manifest(parts)
+    assert [r.steps for r in ma.ranks] == [r.steps for r in mb.ranks]
+    assert [r.events for r in ma.ranks] == [r.events for r in mb.ranks]
+    assert ma.notes == mb.notes
+    assert _without_ids(ra, whole) == _without_ids(rb, parts)
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_chunked_ingest_equals_whole(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _ingest(path, tmp_path / "whole", False, monkeypatch) == []
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
+    manifest = R.read_manifest(tmp_path / "parts")
+    steps = manifest.ranks[0].steps
+    if steps:
+        # one chunk per step: the chunked path ran, and in as many chunks as there are steps
+        assert counts == [steps], f"{steps} steps but chunks {counts}"
+    else:
+        assert counts == [-1]  # no step markers: the whole-rank path
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+@pytest.mark.parametrize("rows", [8000, 12000])
+def test_chunks_of_several_steps(
+    rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of as many whole steps as hold about ``rows`` events (the last one takes what
+    is left and what follows the last step)."""
+    path = REPO / "sample_traces" / "pytorch" / "gpu_ddp_nccl" / "rank-0.pt.trace.json.gz"
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows)
+    steps = R.read_manifest(tmp_path / "parts").ranks[0].steps
+    assert len(counts) == 1 and 1 < counts[0] < steps
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_the_samples_cross_chunks() -> None:
+    """The traces above hold what crosses a chunk: kernels that run after the step whose call
+    launched them ends, and host events that outlive the step they start in."""
+    from traceview.normalize import RankMeta, normalize
+    from traceview.parsers.kineto import KinetoParser
+    from traceview.rules import rules_for
+
+    late_kernels = spanning = 0
+    for path in TRACES:
+        parsed = KinetoParser().parse(path)
+        events = normalize(
+            parsed.events, rules_for("pytorch", None), RankMeta("x", 0, "pytorch")
+        ).events
+        step = np.asarray(events.column(S.STEP).fill_null(-1).to_numpy(), np.int64)
+        kind = np.asarray(events.column(S.KIND).cast(pa.string()).to_pylist(), object)
+        ts = events.column(S.TS_NS).to_numpy()
+        end = ts + events.column(S.DUR_NS).to_numpy()
+        markers = (kind == S.KIND_STEP) & (step >= 0)
+        step_end = dict(zip(step[markers].tolist(), end[markers].tolist(), strict=True))
+        if not step_end:
+            continue
+        ends = np.array([step_end.get(s, np.iinfo(np.int64).max) for s in step.tolist()])
+        device = np.isin(kind, list(S.DEVICE_ACTIVITY_KINDS)) & (step >= 0)
+        late_kernels += int((device & (ts >= ends)).sum())
+        host = np.isin(kind, list(S.HOST_TREE_KINDS)) & ~markers & (step >= 0)
+        spanning += int((host & (end > ends)).sum())
+    assert late_kernels > 0
+    assert spanning > 0
+
+
+def _make_big(tmp_path: Path, mb: float, gz: bool = False) -> Path:
+    out = tmp_path / "big"
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "make_big_trace.py"),
+        "--target-mb",
+        str(mb),
+        "-o",
+        str(out),
+    ]
+    if gz:
+        cmd.append("--gzip")
+    source = SHARED / "pytorch" / "hta_nccl_parser_config" / "nccl_data.json.gz"
+    if not source.exists():
+        pytest.skip(f"make_big_trace's source trace is in {source.parent} (absent here)")
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    return next(out.glob("rank0.pt.trace.json*"))
+
+
+def test_a_trace_written_as_pytorch_writes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make_big_trace's output: every CPU event first, then every device activity (Kineto's
+    order), gzip: the device activities are routed back to their launchers' chunks."""
+    path = _make_big(tmp_path, 40, gz=True)
+    text = gzip.decompress(path.read_bytes())
+    assert 0 < text.rfind(b'"cat": "cpu_op"') < text.find(b'"cat": "kernel"')  # CPU first
+    del text
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert counts and counts[0] > 10
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_one_huge_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace that is a single step: the chunk is the step (memory is bound by that step),
+    with the events before and after it in the same chunk."""
+    source = REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz"
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    events = trace["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert len(steps) > 2
+    first, last = steps[0], steps[-1]
+    kept = [e for e in events if e is first or e not in steps]
+    first["dur"] = last["ts"] + last["dur"] - first["ts"]  # one step over all of them
+    trace["traceEvents"] = kept
+    path = tmp_path / "one-step.pt.trace.json"
+    path.write_text(json.dumps(trace))
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert counts == [1]
+    assert R.read_manifest(tmp_path / "parts").ranks[0].steps == 1
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")

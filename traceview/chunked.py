@@ -1,0 +1,552 @@
+"""Bounded-memory ingest of one large trace: normalize a rank in chunks of whole steps.
+
+A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passes:
+
+1. **Spill.** The parser's record batches (``KinetoParser.stream``) are written as they are
+   decoded to an Arrow IPC file in the run's staging folder, each row numbered (its event id,
+   as the whole-rank path numbers it). Only small state is kept: the step markers, the phase
+   markers (time and phase), and per runtime call its correlation and start (per operator with
+   an external id, that id and start), from which the step windows, the training thread and
+   each device activity's launching call are found as ``normalize`` finds them.
+2. **Route.** The spill is read back a batch at a time and every event goes to the chunk that
+   holds its start (chunks are runs of whole steps, cut at a step's end; the events before the
+   first step go with the first chunk, those after the last with the last), except a device
+   activity, which goes to the chunk of the call that launched it: the link is then always
+   inside one chunk. A kernel launched in one step and run in the next is linked as before.
+3. **Normalize.** Chunk by chunk (``normalize.normalize_chunk``: the same passes), with the
+   host events of earlier chunks still open at the chunk's start (and their ancestors) as
+   context, so call trees that span steps nest as they do over the whole rank. An event still
+   open at a chunk's end is written when it closes, its self time summed over every chunk that
+   holds one of its children. The rows are appended to the rank's events file as Parquet row
+   groups; event and parent ids are the whole rank's.
+
+Peak memory is that of the largest chunk (a single huge step is one chunk) plus the small
+state, not the file's. Each chunk's closed rows are kept sorted by id in a temporary file,
+and these are merged into the events file in id order: the file holds the rows the
+whole-rank path writes, in the same order. Traces with no step markers, or with events whose times are
+corrupt (the ``stray_times`` pass needs the whole rank's median), take the whole-rank path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from traceview import rundir as R
+from traceview import schema as S
+from traceview.errors import Notes
+from traceview.normalize import (
+    _ANCHOR_PHASES,
+    _DEVICE,
+    _HOST_TREE,
+    _KIND_CODES,
+    STRAY_NS,
+    ChunkContext,
+    RankMeta,
+    _windows,
+    classify,
+    kinds_from_categories,
+    normalize_chunk,
+)
+from traceview.parsers import ParsedTrace
+from traceview.rules import RuleSet
+
+#: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) are read in
+#: chunks; smaller ones whole. ``TRACEVIEW_CHUNKED_MIN_BYTES`` overrides it (tests: 0).
+CHUNKED_MIN_BYTES = 256 << 20
+#: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
+#: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step).
+CHUNK_ROWS = 400_000
+#: The parsers whose traces can be streamed.
+STREAMING_PARSERS = ("kineto",)
+
+
+class _MemoRules(RuleSet):
+    """The rules with their answers per name remembered: every chunk (and the survey of
+    every decoded batch) asks again about the same few thousand names."""
+
+    def classify(self, kind: str, cat: str | None, name: str) -> Any:
+        key = (kind, cat, name)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = super().classify(kind, cat, name)
+        return found
+
+    def default_op(self, name: str) -> str:
+        found = self._ops.get(name)
+        if found is None:
+            found = self._ops[name] = super().default_op(name)
+        return found
+
+    @classmethod
+    def of(cls, rules: RuleSet) -> _MemoRules:
+        memo = cls(**{f.name: getattr(rules, f.name) for f in dataclasses.fields(rules) if f.init})
+        memo._memo = {}
+        memo._ops = {}
+        return memo
+
+    _memo: dict[tuple[str, str | None, str], Any]
+    _ops: dict[str, str]
+
+
+def chunked_min_bytes() -> int:
+    return int(os.environ.get("TRACEVIEW_CHUNKED_MIN_BYTES", CHUNKED_MIN_BYTES))
+
+
+def chunk_rows() -> int:
+    return max(1, int(os.environ.get("TRACEVIEW_CHUNK_ROWS", CHUNK_ROWS)))
+
+
+def wants_chunks(parser: str, path: Path, size: int) -> bool:
+    """Whether a trace is read in chunks: a streaming format, and large."""
+    if parser not in STREAMING_PARSERS:
+        return False
+    weight = 8 if path.name.endswith(".gz") else 1
+    return size * weight >= chunked_min_bytes()
+
+
+@dataclass
+class ChunkedRank:
+    """What ``normalize_chunked`` returns in place of ``Normalized``: the events are in the
+    file already."""
+
+    parsed: ParsedTrace  # the parser's result, without events
+    events: int
+    training_thread: tuple[int, int] | None
+    steps: int
+    notes: Notes = field(default_factory=Notes)
+
+
+def _ints(column: pa.ChunkedArray | pa.Array, fill: int) -> np.ndarray:
+    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), np.int64)
+
+
+class _Firsts:
+    """Per key, the chunk of the first row (in row order) with that key: a sorted lookup table
+    built from the survey's per-batch arrays (which it empties as it goes: the rank's
+    correlations are the largest state the survey keeps)."""
+
+    def __init__(self, keys: list[np.ndarray], ts: list[np.ndarray], bounds: np.ndarray):
+        k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        keys.clear()
+        t = np.concatenate(ts) if ts else np.zeros(0, np.int64)
+        ts.clear()
+        v = np.searchsorted(bounds, t, side="right").astype(np.int32)
+        del t
+        order = np.argsort(k, kind="stable")
+        k, v = k[order], v[order]
+        del order
+        first = np.concatenate(([True], k[1:] != k[:-1])) if len(k) else np.zeros(0, bool)
+        self.keys, self.values = k[first], v[first]
+
+    def get(self, query: np.ndarray) -> np.ndarray:
+        """The chunk of each query's key; -1 where none (and for negative keys)."""
+        if len(self.keys) == 0 or len(query) == 0:
+            return np.full(len(query), -1, np.int64)
+        pos = np.minimum(np.searchsorted(self.keys, query), len(self.keys) - 1)
+        return np.where((query >= 0) & (self.keys[pos] == query), self.values[pos], -1)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.values.nbytes)
+
+
+@dataclass
+class _Survey:
+    """Pass 1's small state: what the whole rank holds that its chunks need."""
+
+    rows: int = 0
+    ts_min: int = 1 << 62
+    ts_max: int = -(1 << 62)
+    dur_max: int = 0
+    marker_pid: list[np.ndarray] = field(default_factory=list)
+    marker_tid: list[np.ndarray] = field(default_factory=list)
+    marker_ts: list[np.ndarray] = field(default_factory=list)
+    marker_dur: list[np.ndarray] = field(default_factory=list)
+    marker_number: list[np.ndarray] = field(default_factory=list)
+    runtime_corr: list[np.ndarray] = field(default_factory=list)
+    runtime_ts: list[np.ndarray] = field(default_factory=list)
+    op_ext: list[np.ndarray] = field(default_factory=list)
+    op_ts: list[np.ndarray] = field(default_factory=list)
+    anchor_ts: list[np.ndarray] = field(default_factory=list)
+    anchor_phase: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, batch: pa.RecordBatch, rules: RuleSet) -> np.ndarray:
+        """Survey one raw batch; its kind codes."""
+        table = kinds_from_categories(pa.Table.from_batches([batch]), rules)
+        classes = classify(table, rules)
+        kind, own = classes.kind, classes.phase
+        ts = _ints(batch.column(S.TS_NS), 0)
+        raw_dur = _ints(batch.column(S.DUR_NS), 0)
+        dur = np.maximum(raw_dur, 0)
+        n = len(ts)
+        self.rows += n
+        if n:
+            self.ts_min = min(self.ts_min, int(ts.min()))
+            self.ts_max = max(self.ts_max, int(ts.max()))
+            self.dur_max = max(self.dur_max, int(raw_dur.max()))
+        host = _HOST_TREE[kind]
+        step = np.flatnonzero(kind == _KIND_CODES[S.KIND_STEP])
+        if len(step):
+            self.marker_pid.append(_ints(batch.column(S.PID), 0)[step])
+            self.marker_tid.append(_ints(batch.column(S.TID), 0)[step])
+            self.marker_ts.append(ts[step])
+            self.marker_dur.append(dur[step])
+            self.marker_number.append(classes.step_number(step))
+        corr = _ints(batch.column(S.CORRELATION), -1)
+        runtime = (kind == _KIND_CODES[S.KIND_RUNTIME]) & (corr >= 0)
+        self.runtime_corr.append(corr[runtime])
+        self.runtime_ts.append(ts[runtime])
+        ext = _ints(batch.column(S.EXTERNAL_ID), -1)
+        ops = host & (kind != _KIND_CODES[S.KIND_RUNTIME]) & (ext >= 0)
+        self.op_ext.append(ext[ops])
+        self.op_ts.append(ts[ops])
+        anchor = host & (own >= 0)
+        anchor[anchor] = _ANCHOR_PHASES[own[anchor]]
+        self.anchor_ts.append(ts[anchor])
+        self.anchor_phase.append(own[anchor].astype(np.int8))
+        return kind.astype(np.int8)
+
+
+@dataclass
+class _Plan:
+    training: tuple[int, int]
+    starts: np.ndarray  # per kept step window (base-0 clock)
+    ends: np.ndarray
+    numbers: np.ndarray
+    bounds: np.ndarray  # chunk c holds [bounds[c-1], bounds[c]); first and last open-ended
+    backward_steps: np.ndarray
+    anchor_ts: np.ndarray
+    anchor_phase: np.ndarray
+    runtime: _Firsts
+    ops: _Firsts
+
+
+def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
+    """The steps as ``normalize.find_steps`` finds them (with markers: the training thread is
+    the one with the most), and the chunks; None where the rank has no markers."""
+    if not survey.marker_ts:
+        return None
+    pid, tid = np.concatenate(survey.marker_pid), np.concatenate(survey.marker_tid)
+    ts, dur = np.concatenate(survey.marker_ts), np.concatenate(survey.marker_dur)
+    number = np.concatenate(survey.marker_number)
+    threads, counts = np.unique(np.stack([pid, tid]), axis=1, return_counts=True)
+    best = int(np.argmax(counts))
+    training = int(threads[0, best]), int(threads[1, best])
+    mine = np.flatnonzero((pid == training[0]) & (tid == training[1]))
+    mine = mine[np.argsort(ts[mine], kind="stable")]
+    keep = np.ones(len(mine), bool)
+    keep[1:] = ts[mine[1:]] >= np.maximum.accumulate(ts[mine] + dur[mine])[:-1]
+    mine = mine[keep]
+    starts, ends = ts[mine], ts[mine] + dur[mine]
+    numbers = number[mine]
+    numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
+    per_step = max(1, survey.rows // max(len(mine), 1))
+    steps_per_chunk = max(1, target_rows // per_step)
+    cuts = ends[steps_per_chunk - 1 :: steps_per_chunk]
+    if len(cuts) and cuts[-1] == ends[-1]:
+        cuts = cuts[:-1]  # the events after the last step go with the last steps
+    bounds = np.unique(cuts)
+    anchor_ts = np.concatenate(survey.anchor_ts)
+    anchor_phase = np.concatenate(survey.anchor_phase).astype(np.int64)
+    backward = anchor_ts[anchor_phase == _PHASE_BACKWARD]
+    window = _windows(starts, ends, backward)
+    backward_steps = np.unique(np.where(window >= 0, numbers[np.maximum(window, 0)], -1))
+    # only the markers at a chunk's cut can be a chunk's next marker from beyond it
+    at_cut = np.isin(anchor_ts, bounds)
+    return _Plan(
+        training,
+        starts,
+        ends,
+        numbers,
+        bounds,
+        backward_steps,
+        anchor_ts[at_cut],
+        anchor_phase[at_cut],
+        _Firsts(survey.runtime_corr, survey.runtime_ts, bounds),
+        _Firsts(survey.op_ext, survey.op_ts, bounds),
+    )
+
+
+_PHASE_BACKWARD = S.EVENT_PHASES.index(S.BACKWARD)
+
+
+def _spill_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    with pa.OSFile(str(path), "rb") as source:
+        reader = pa.ipc.open_stream(source)
+        yield from reader
+
+
+def normalize_chunked(
+    parser: object,
+    path: Path,
+    rules: RuleSet,
+    meta: RankMeta,
+    run: Path,
+    offset_ns: int,
+) -> ChunkedRank | None:
+    """Parse, normalize and write one rank's events in chunks of whole steps (module doc);
+    None where the trace needs the whole-rank path (no step markers, corrupt times)."""
+    rules = _MemoRules.of(rules)
+    work = run / f".chunks-rank-{meta.rank}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        return _normalize_chunked(parser, path, rules, meta, run, offset_ns, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _normalize_chunked(
+    parser: object,
+    path: Path,
+    rules: RuleSet,
+    meta: RankMeta,
+    run: Path,
+    offset_ns: int,
+    work: Path,
+) -> ChunkedRank | None:
+    stream = parser.stream(path)  # type: ignore[attr-defined]
+    survey = _Survey()
+    spill = work / "raw.arrows"
+    writer: pa.ipc.RecordBatchStreamWriter | None = None
+    with pa.OSFile(str(spill), "wb") as sink:
+        for batch in stream:
+            first = survey.rows
+            kind = survey.add(batch, rules)
+            batch = batch.append_column("_row", pa.array(np.arange(first, survey.rows)))
+            batch = batch.append_column("_kind", pa.array(kind, pa.int8()))
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, batch.schema)
+            writer.write_batch(batch)
+        if writer is not None:
+            writer.close()
+    parsed: ParsedTrace = stream.result
+    if meta.host is None:  # the trace may name its host after its events: known by now
+        meta.host = parsed.host
+    if survey.rows == 0:
+        return None
+    if survey.ts_max - survey.ts_min > STRAY_NS or survey.dur_max > STRAY_NS:
+        return None  # the stray_times pass drops events by the whole rank's median
+    plan = _plan(survey, chunk_rows())
+    del survey
+    if plan is None:
+        return None
+    shift = stream.base_ns + offset_ns
+    chunks = len(plan.bounds) + 1
+    _route(spill, plan, work, chunks)
+    spill.unlink()
+
+    notes = Notes()
+    written = devices = unlinked = 0
+    runs: list[Path] = []  # per chunk: the rows it closed, by id
+
+    def emit(tables: list[pa.Table]) -> None:
+        nonlocal written
+        tables = [t for t in tables if t.num_rows]
+        if not tables:
+            return
+        table = pa.concat_tables(tables).unify_dictionaries()
+        table = table.drop_columns([S.RANK]).sort_by(S.EVENT_ID)
+        path = work / f"run-{len(runs)}.arrows"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=_RUN_BATCH_ROWS)
+        runs.append(path)
+        written += table.num_rows
+
+    carry_raw: pa.Table | None = None
+    carry_out: pa.Table | None = None
+    carry_positional = np.zeros(0, np.int8)
+    carry_children = np.zeros(0, np.int64)
+    for c in range(chunks):
+        own = _read_chunk(work / f"chunk-{c}.arrows", shift)
+        if own is None and carry_raw is None:
+            continue
+        parts = [t for t in (carry_raw, own) if t is not None]
+        raw = pa.concat_tables(parts).unify_dictionaries().combine_chunks()
+        del parts, own
+        carried = 0 if carry_raw is None else carry_raw.num_rows
+        anchor = plan.anchor_ts == plan.bounds[c] if c < chunks - 1 else None
+        ctx = ChunkContext(
+            training=plan.training,
+            starts=plan.starts + shift,
+            ends=plan.ends + shift,
+            numbers=plan.numbers,
+            backward_steps=plan.backward_steps,
+            more_anchors=(
+                (plan.anchor_ts[anchor] + shift, plan.anchor_phase[anchor])
+                if anchor is not None
+                else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            ),
+            carried=carried,
+            carried_positional=carry_positional,
+        )
+        result = normalize_chunk(raw, rules, meta, ctx, notes)
+        devices += result.devices
+        unlinked += result.unlinked
+        events = result.events
+        n = events.num_rows
+        dur = _ints(events.column(S.DUR_NS), 0)
+        ts = _ints(events.column(S.TS_NS), 0)
+        parent = result.parent
+        is_own = np.arange(n) >= carried
+        child = is_own & (parent >= 0)
+        children = np.bincount(parent[child], weights=dur[child], minlength=n).astype(np.int64)
+        children[:carried] += carry_children
+        # still open at the cut: carried on (with its ancestors), written when it closes
+        if c < chunks - 1:
+            still = result.host_tree & (ts + dur > plan.bounds[c] + shift)
+            frontier = np.flatnonzero(still)
+            while len(frontier):
+                up = parent[frontier]
+                up = np.unique(up[up >= 0])
+                up = up[~still[up]]
+                still[up] = True
+                frontier = up
+        else:
+            still = np.zeros(n, bool)
+        # rows carried in and now closed: their own chunk's row, self time summed
+        closed = [events.filter(pa.array(is_own & ~still))]
+        if carried:
+            done = np.flatnonzero(~still[:carried])
+            if len(done) and carry_out is not None:
+                closed.append(_with_self(carry_out.take(done), dur[done] - children[done]))
+        emit(closed)
+        keep = np.flatnonzero(still)
+        keep_carried = keep[keep < carried]
+        keep_own = keep[keep >= carried]
+        if len(keep):
+            carry_raw = raw.take(keep)
+            carried_rows = [events.take(keep_own)]
+            if len(keep_carried) and carry_out is not None:
+                carried_rows.insert(0, carry_out.take(keep_carried))
+            carry_out = pa.concat_tables(carried_rows).unify_dictionaries()
+            carry_positional = result.positional[keep]
+            carry_children = children[keep]
+        else:
+            carry_raw = carry_out = None
+            carry_positional = np.zeros(0, np.int8)
+            carry_children = np.zeros(0, np.int64)
+        (work / f"chunk-{c}.arrows").unlink(missing_ok=True)
+        del raw, events, result
+    target = R.events_path(run, meta.rank)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _merge(runs, target, written)
+    if devices and unlinked:
+        notes.remark(
+            f"{unlinked} of {devices} device activities have no launching host "
+            "call in the trace; their phase is 'other' unless a rule names it"
+        )
+    return ChunkedRank(
+        parsed=parsed,
+        events=written,
+        training_thread=plan.training,
+        steps=len(plan.starts),
+        notes=_unique_notes(notes),
+    )
+
+
+#: Rows per step of the merge (and per row group of the events file).
+_MERGE_ROWS = 1 << 16
+#: Rows per batch of a chunk's sorted run: the merge holds one batch of every run at a time
+#: (every run spans the whole id range: a chunk's host events and its device activities).
+_RUN_BATCH_ROWS = 1 << 12
+
+
+def _merge(runs: list[Path], target: Path, rows: int) -> None:
+    """The chunks' sorted runs merged into the events file in id order (ids are the rows
+    0..rows-1, each once: a range of ids at a time, a batch of each run at a time), so the
+    file is the one the whole-rank path writes, row for row."""
+    schema = S.EVENTS_SCHEMA.remove(S.EVENTS_SCHEMA.get_field_index(S.RANK))
+    readers = [iter(_spill_batches(path)) for path in runs]
+    heads: list[pa.Table | None] = [None] * len(runs)
+    with R.atomic_path(target) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+        for low in range(0, rows, _MERGE_ROWS):
+            high = low + _MERGE_ROWS
+            pieces = []
+            for i, reader in enumerate(readers):
+                while True:
+                    head = heads[i]
+                    if head is None:
+                        batch = next(reader, None)
+                        if batch is None:
+                            break
+                        head = heads[i] = pa.Table.from_batches([batch])
+                    ids = head.column(S.EVENT_ID).to_numpy()
+                    cut = int(np.searchsorted(ids, high))
+                    if cut:
+                        pieces.append(head.slice(0, cut))
+                    if cut < head.num_rows:
+                        heads[i] = head.slice(cut)
+                        break
+                    heads[i] = None
+            table = pa.concat_tables(pieces).unify_dictionaries().sort_by(S.EVENT_ID)
+            out.write_table(S.conform(table, schema), row_group_size=_MERGE_ROWS)
+
+
+def _with_self(rows: pa.Table, self_ns: np.ndarray) -> pa.Table:
+    column = pa.array(np.maximum(self_ns, 0), pa.int64())
+    return rows.set_column(rows.schema.get_field_index(S.SELF_NS), S.SELF_NS, column)
+
+
+def _unique_notes(notes: Notes) -> Notes:
+    out = Notes()
+    for text in dict.fromkeys(notes.warnings):
+        out.warn(text)
+    for text in dict.fromkeys(notes.remarks):
+        out.remark(text)
+    return out
+
+
+def _route(spill: Path, plan: _Plan, work: Path, chunks: int) -> None:
+    """Pass 2: each event to its chunk's file (a device activity to its launcher's chunk)."""
+    writers: dict[int, tuple[pa.OSFile, pa.ipc.RecordBatchStreamWriter]] = {}
+    try:
+        for batch in _spill_batches(spill):
+            ts = _ints(batch.column(S.TS_NS), 0)
+            kind = np.asarray(batch.column("_kind").to_numpy(zero_copy_only=False), np.int64)
+            chunk = np.searchsorted(plan.bounds, ts, side="right")
+            device = np.flatnonzero(_DEVICE[kind])
+            if len(device):
+                corr = _ints(batch.column(S.CORRELATION), -1)[device]
+                ext = _ints(batch.column(S.EXTERNAL_ID), -1)[device]
+                found = plan.runtime.get(corr)
+                found = np.where(found >= 0, found, plan.ops.get(ext))
+                chunk[device] = np.where(found >= 0, found, chunk[device])
+            order = np.argsort(chunk, kind="stable")
+            sorted_chunk = chunk[order]
+            edges = np.flatnonzero(np.diff(sorted_chunk)) + 1
+            for piece in np.split(np.arange(len(order)), edges):
+                if len(piece) == 0:
+                    continue
+                c = int(sorted_chunk[piece[0]])
+                rows = batch.take(pa.array(order[piece]))
+                if c not in writers:
+                    sink = pa.OSFile(str(work / f"chunk-{c}.arrows"), "wb")
+                    writers[c] = (sink, pa.ipc.new_stream(sink, rows.schema))
+                writers[c][1].write_batch(rows)
+    finally:
+        for sink, writer in writers.values():
+            writer.close()
+            sink.close()
+
+
+def _read_chunk(path: Path, shift: int) -> pa.Table | None:
+    if not path.exists():
+        return None
+    table = pa.Table.from_batches(list(_spill_batches(path)))
+    table = table.drop_columns(["_kind"])
+    if shift:
+        ts = pc.add(table.column(S.TS_NS), pa.scalar(shift, pa.int64()))
+        table = table.set_column(table.schema.get_field_index(S.TS_NS), S.TS_NS, ts)
+    return table
