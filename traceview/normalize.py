@@ -851,6 +851,70 @@ def name_collectives(
 
 
 #: The passes of ``normalize``, in the order they run; ``inspect`` sees each one's result.
+def events_table(
+    raw: pa.Table,
+    rules: RuleSet,
+    meta: RankMeta,
+    classes: Classes,
+    columns: RankColumns,
+    trees: CallTrees,
+    steps: Steps,
+    host: HostPhases,
+    devices: DeviceLinks,
+    *,
+    ids: np.ndarray | None = None,
+    look: Inspector | None = None,
+) -> pa.Table:
+    """The passes' results merged into the ``events`` table (``schema.EVENTS_SCHEMA``), after
+    the last pass, ``collectives``. Event ids are the rows' positions, or ``ids`` (a chunk's rows
+    carry the rank's ids), and parent ids follow them."""
+    n = raw.num_rows
+    kind, own = classes.kind, classes.phase
+    # Passes return fresh arrays and never change an earlier pass's result: copy, then merge.
+    phase = host.phase.copy()
+    phase[devices.rows] = devices.phase
+    phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
+    step = steps.step.copy()
+    step[devices.rows] = devices.step
+    parent = trees.parent.astype(np.int64)  # a copy
+    parent[devices.rows] = devices.launcher
+    op = np.where(classes.rule_op >= 0, classes.rule_op, classes.default_op)
+    op[devices.rows] = np.where(devices.op >= 0, devices.op, classes.default_op[devices.rows])
+    named = name_collectives(raw, rules, classes, op)
+    if look is not None:
+        look("collectives", named)
+    if ids is None:
+        ids = np.arange(n, dtype=np.int64)
+    else:
+        parent = np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)
+    columns_out: dict[str, Any] = {
+        S.RUN_ID: _constant(meta.run_id, n),
+        S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
+        S.HOST: _constant(meta.host, n),
+        S.FRAMEWORK: _constant(meta.framework, n),
+        S.DEVICE: _dict_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
+        S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
+        S.CAT: raw.column(S.CAT),
+        S.PID: raw.column(S.PID),
+        S.TID: raw.column(S.TID),
+        S.NAME: raw.column(S.NAME),
+        S.OP: _dict_array(named.op, classes.ops),
+        S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
+        S.STEP: pa.array(step, pa.int64(), mask=step < 0),
+        S.TS_NS: pa.array(columns.ts),
+        S.DUR_NS: pa.array(columns.dur),
+        S.SELF_NS: pa.array(trees.self_ns, pa.int64()),
+        S.BYTES: raw.column(S.BYTES),
+        S.COLLECTIVE: _dict_array(named.collective, named.names),
+        S.CORRELATION: raw.column(S.CORRELATION),
+        S.EVENT_ID: pa.array(ids),
+        S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
+        S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
+        S.GROUP: raw.column(S.GROUP),
+    }
+    return S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
+
+
 PASSES = (
     "kinds",
     "layout",
@@ -898,7 +962,6 @@ def normalize(
         inferred = step_markers(raw, infer_steps, process_names or {}, notes)
         raw = with_markers(raw, inferred)
     look("infer_steps", inferred)
-    n = raw.num_rows
     classes = classify(raw, rules, notes, meta.source or f"rank {meta.rank}")
     look("classify", classes)
     columns = RankColumns.of(raw)
@@ -911,52 +974,11 @@ def normalize(
     look("positional_phases", positional)
     host = host_phases(classes, trees, positional)
     look("host_phases", host)
-    del positional
     devices = link_devices(raw, rules, classes, trees, steps, host, notes, launched)
-    del launched
     look("link_devices", devices)
 
-    kind, own = classes.kind, classes.phase
-    # Passes return fresh arrays and never change an earlier pass's result: copy, then merge.
-    phase = host.phase.copy()
-    phase[devices.rows] = devices.phase
-    phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
-    step = steps.step.copy()
-    step[devices.rows] = devices.step
-    parent = trees.parent.copy()
-    parent[devices.rows] = devices.launcher
-    op = np.where(classes.rule_op >= 0, classes.rule_op, classes.default_op)
-    op[devices.rows] = np.where(devices.op >= 0, devices.op, classes.default_op[devices.rows])
-    del host, devices
-    named = name_collectives(raw, rules, classes, op)
-    look("collectives", named)
-
-    columns_out: dict[str, Any] = {
-        S.RUN_ID: _constant(meta.run_id, n),
-        S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
-        S.HOST: _constant(meta.host, n),
-        S.FRAMEWORK: _constant(meta.framework, n),
-        S.DEVICE: _dict_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
-        S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
-        S.CAT: raw.column(S.CAT),
-        S.PID: raw.column(S.PID),
-        S.TID: raw.column(S.TID),
-        S.NAME: raw.column(S.NAME),
-        S.OP: _dict_array(named.op, classes.ops),
-        S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
-        S.STEP: pa.array(step, pa.int64(), mask=step < 0),
-        S.TS_NS: pa.array(columns.ts),
-        S.DUR_NS: pa.array(columns.dur),
-        S.SELF_NS: pa.array(trees.self_ns, pa.int64()),
-        S.BYTES: raw.column(S.BYTES),
-        S.COLLECTIVE: _dict_array(named.collective, named.names),
-        S.CORRELATION: raw.column(S.CORRELATION),
-        S.EVENT_ID: pa.array(np.arange(n, dtype=np.int64)),
-        S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
-        S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
-        S.GROUP: raw.column(S.GROUP),
-    }
-    table = S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
+    del positional, launched
+    table = events_table(raw, rules, meta, classes, columns, trees, steps, host, devices, look=look)
     if found is not None:
         found.events = found.events.slice(0, 0)
     if inferred is not None:  # the markers are in the table now
@@ -1003,7 +1025,6 @@ def normalize_chunk(
     starts (and their ancestors), whose positional phases are the ones found in their own
     chunk. Self time is that of this chunk's children only: the caller adds up the rest."""
     raw = kinds_from_categories(raw, rules)
-    n = raw.num_rows
     classes = classify(raw, rules, notes, meta.source or f"rank {meta.rank}")
     columns = RankColumns.of(raw)
     trees = call_trees(classes, columns)
@@ -1029,45 +1050,8 @@ def normalize_chunk(
     own_devices = devices.rows >= ctx.carried
     unlinked = int((devices.launcher[own_devices] < 0).sum())
 
-    own = classes.phase
-    phase = host.phase.copy()
-    phase[devices.rows] = devices.phase
-    phase = np.where(phase < 0, np.where(own >= 0, own, PHASE_CODES[S.OTHER]), phase)
-    step = steps.step.copy()
-    step[devices.rows] = devices.step
-    parent = trees.parent.astype(np.int64)
-    parent[devices.rows] = devices.launcher
-    op = np.where(classes.rule_op >= 0, classes.rule_op, classes.default_op)
-    op[devices.rows] = np.where(devices.op >= 0, devices.op, classes.default_op[devices.rows])
-    named = name_collectives(raw, rules, classes, op)
     ids = np.asarray(raw.column("_row").to_numpy(zero_copy_only=False), np.int64)
-    parent_id = np.where(parent >= 0, ids[np.maximum(parent, 0)], -1)
-    columns_out: dict[str, Any] = {
-        S.RUN_ID: _constant(meta.run_id, n),
-        S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
-        S.HOST: _constant(meta.host, n),
-        S.FRAMEWORK: _constant(meta.framework, n),
-        S.DEVICE: _dict_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
-        S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
-        S.CAT: raw.column(S.CAT),
-        S.PID: raw.column(S.PID),
-        S.TID: raw.column(S.TID),
-        S.NAME: raw.column(S.NAME),
-        S.OP: _dict_array(named.op, classes.ops),
-        S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
-        S.STEP: pa.array(step, pa.int64(), mask=step < 0),
-        S.TS_NS: pa.array(columns.ts),
-        S.DUR_NS: pa.array(columns.dur),
-        S.SELF_NS: pa.array(trees.self_ns, pa.int64()),
-        S.BYTES: raw.column(S.BYTES),
-        S.COLLECTIVE: _dict_array(named.collective, named.names),
-        S.CORRELATION: raw.column(S.CORRELATION),
-        S.EVENT_ID: pa.array(ids),
-        S.PARENT: pa.array(parent_id, pa.int64(), mask=parent_id < 0),
-        S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
-        S.GROUP: raw.column(S.GROUP),
-    }
-    table = S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
+    table = events_table(raw, rules, meta, classes, columns, trees, steps, host, devices, ids=ids)
     tree_parent = trees.parent.astype(np.int64)
     return NormalizedChunk(
         table, tree_parent, positional, host_tree, int(own_devices.sum()), unlinked
