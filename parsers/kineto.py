@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
-from traceview.parsers import ParsedTrace, TraceIdentity
+from traceview.parsers import ParsedTrace, TraceIdentity, int64_id
 from traceview.parsers.chrome_json import (
     ABSURD,
     ChromeTraceReader,
@@ -33,7 +33,6 @@ from traceview.parsers.chrome_json import (
     corrupt_times,
     decode_records,
     out_of_range,
-    read_head,
     read_header,
     us_to_ns,
 )
@@ -161,9 +160,9 @@ def _id(value: Any) -> int | None:
 def _thread_id(value: Any) -> int:
     """pid/tid as int64: numbers as they are, labels ("Spans", "") as stable negative ids."""
     number = _as_int(value)
-    if number is not None and -(1 << 63) <= number < 1 << 64:
-        return number if number < 1 << 63 else number - (1 << 64)  # keep all 64 bits exactly
-    return -1 - zlib.crc32(str(value).encode())  # labels, and numbers wider than 64 bits
+    if number is not None:
+        return int64_id(number)  # 64 bits kept exactly; wider numbers hashed
+    return -1 - zlib.crc32(str(value).encode())  # labels
 
 
 def _coerce(raw: dict[str, Any]) -> Any:
@@ -732,15 +731,3 @@ def _base_time(value: Any, path: Path, notes: Notes) -> int:
         "absurd size): not used, times are the trace's own"
     )
     return 0
-
-
-def _value_counts(array: pa.ChunkedArray) -> dict[Any, int]:
-    counts = pc.value_counts(
-        array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
-    )
-    return {item["values"].as_py(): item["counts"].as_py() for item in counts}
-
-
-def sniff_file(path: Path) -> bool:
-    """Convenience for tests: whether ``path`` looks like a Kineto trace."""
-    return KinetoParser().sniff(path, read_head(path))

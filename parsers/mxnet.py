@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.errors import Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, dictionary_codes, group_ids
+from traceview.parsers import ParsedTrace, TraceIdentity, dictionary_codes, group_ids, int64_id
 from traceview.parsers.chrome_json import (
     ChromeTraceInfo,
     ChromeTraceReader,
@@ -124,8 +124,8 @@ def _coerce(raw: Any) -> _Record | None:
 def _id64(value: Any) -> int:
     if value is None:
         return 0
-    if isinstance(value, int) and -(1 << 63) <= value < 1 << 64:
-        return value - (1 << 64) if value >= 1 << 63 else value
+    if isinstance(value, int):
+        return int64_id(value)
     return -1 - zlib.crc32(str(value).encode())
 
 

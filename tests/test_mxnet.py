@@ -383,7 +383,11 @@ def _phases_and_step(trace: Path, run: Path) -> tuple[dict[tuple[str, int, int],
         ).iter_rows()
     }
     (row,) = steps.to_dicts()
-    return phases, {k.removesuffix("_ns"): v // 1000 for k, v in row.items() if k.endswith("_ns")}
+    # (the host-bound columns are null on a CPU timeline)
+    times = {
+        k.removesuffix("_ns"): v for k, v in row.items() if k.endswith("_ns") and v is not None
+    }
+    return phases, {k: v // 1000 for k, v in times.items()}
 
 
 # One step of two CPU contexts, as local_bulk runs it: forward on both workers (the loss is
