@@ -418,15 +418,34 @@ def level_times(tl: RankTimeline) -> LevelTimes:
     return tl.cut
 
 
+def covered_by_level(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    levels: np.ndarray,
+    w_start: np.ndarray,
+    w_end: np.ndarray,
+    n_levels: int,
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Per window, the time covered by the intervals of level <= k, for k = 0..n_levels-1 (row
+    k + 1; row 0 is zeros), so ``np.diff`` over the rows is each level's exclusive time; and the
+    intervals clipped to their windows, sorted by window and start (window, start, end, level)."""
+    n_windows = len(w_start)
+    window, s, e, level = _clip(starts, ends, levels, w_start, w_end)
+    order = np.lexsort((s, window))
+    clipped = window[order], s[order], e[order], level[order]
+    window, s, e, level = clipped
+    covered = np.zeros((n_levels + 1, n_windows), np.int64)
+    for k in range(n_levels):
+        mask = level <= k
+        covered[k + 1] = _union_by_window(window[mask], s[mask], e[mask], n_windows)
+    return covered, clipped
+
+
 def _level_times(tl: RankTimeline) -> LevelTimes:
     n_windows = len(tl.w_start)
-    window, s, e, level = _clip(tl.starts, tl.ends, tl.levels, tl.w_start, tl.w_end)
-    order = np.lexsort((s, window))
-    window, s, e, level = window[order], s[order], e[order], level[order]
-    covered_by = np.zeros((len(LEVEL_PHASES) + 1, n_windows), np.int64)
-    for lvl in range(len(LEVEL_PHASES)):
-        mask = level <= lvl
-        covered_by[lvl + 1] = _union_by_window(window[mask], s[mask], e[mask], n_windows)
+    covered_by, (window, s, e, level) = covered_by_level(
+        tl.starts, tl.ends, tl.levels, tl.w_start, tl.w_end, len(LEVEL_PHASES)
+    )
     comm = level == _COMM_LEVEL
     comm_total = _union_by_window(window[comm], s[comm], e[comm], n_windows)
     return LevelTimes(np.diff(covered_by, axis=0), covered_by[-1], comm_total)

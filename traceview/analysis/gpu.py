@@ -43,6 +43,7 @@ from traceview.analysis.attribution import (
     RankTimeline,
     _clip,
     _union_by_window,
+    covered_by_level,
     level_times,
     merge_intervals,
     name_mask,
@@ -92,15 +93,14 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     }
 
     # Device time per phase, cut by the attribution rule among device events.
-    window, s, e, level = _clip(
-        ev.ts[device], ev.end[device], _DEVICE_LEVEL[ev.phase[device]], w_start, w_end
+    covered, _ = covered_by_level(
+        ev.ts[device],
+        ev.end[device],
+        _DEVICE_LEVEL[ev.phase[device]],
+        w_start,
+        w_end,
+        len(DEVICE_PHASES),
     )
-    order = np.lexsort((s, window))
-    window, s, e, level = window[order], s[order], e[order], level[order]
-    covered = np.zeros((len(DEVICE_PHASES) + 1, n), np.int64)
-    for i in range(len(DEVICE_PHASES)):
-        mask = level <= i
-        covered[i + 1] = _union_by_window(window[mask], s[mask], e[mask], n)
     busy = covered[-1]
     columns[S.BUSY_NS] = busy
     for i, phase in enumerate(DEVICE_PHASES):
