@@ -39,7 +39,12 @@ def parent_rows(events: pa.Table) -> np.ndarray:
     parent = ints(events.column(S.PARENT), -1)
     if np.array_equal(ids, np.arange(len(ids))):
         return np.where(parent < len(ids), parent, -1)
-    row_of_id = np.full(int(ids.max(initial=-1)) + 2, -1, np.int64)
+    top = int(ids.max(initial=-1))
+    if top > 4 * len(ids) + 1024:  # a few rows of a large rank: no table as long as its ids
+        order = np.argsort(ids, kind="stable")
+        at = order[np.minimum(np.searchsorted(ids, parent, sorter=order), len(ids) - 1)]
+        return np.where((parent >= 0) & (ids[at] == parent), at, -1)
+    row_of_id = np.full(top + 2, -1, np.int64)
     row_of_id[ids] = np.arange(len(ids))
     known = (parent >= 0) & (parent < len(row_of_id) - 1)
     return np.where(known, row_of_id[np.where(known, parent, -1)], -1)

@@ -32,10 +32,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,7 @@ from traceview.normalize import (
     _DEVICE,
     _HOST_TREE,
     _KIND_CODES,
+    _STRUCTURAL,
     STRAY_NS,
     ChunkContext,
     RankMeta,
@@ -115,6 +116,27 @@ def wants_chunks(parser: str, path: Path, size: int) -> bool:
     return size * weight >= chunked_min_bytes()
 
 
+class ChunkSink(Protocol):
+    """Takes each chunk as it is normalized (the per-rank analysis, ``analysis.parts``): its
+    rows (``own``: the chunk's, the others context carried in), those it writes (``counted``),
+    and the time span [lo, hi) whose step markers it holds; ``finish``: its result."""
+
+    def add(
+        self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int
+    ) -> None: ...
+
+    def finish(self) -> dict[str, pa.Table] | None: ...
+
+
+#: Makes the sink of a rank from what the first pass found: the parser's result (without
+#: events), the training thread, whether the rank has device activities, whether a thread
+#: other than the training thread runs backward operators.
+SinkFactory = Callable[[ParsedTrace, tuple[int, int], bool, bool], ChunkSink | None]
+
+#: A chunk's time span where it has no bound (before the first cut, after the last).
+OPEN_END = 1 << 62
+
+
 @dataclass
 class ChunkedRank:
     """What ``normalize_chunked`` returns in place of ``Normalized``: the events are in the
@@ -125,6 +147,7 @@ class ChunkedRank:
     training_thread: tuple[int, int] | None
     steps: int
     notes: Notes = field(default_factory=Notes)
+    sink: ChunkSink | None = None  # the sink the chunks went to
 
 
 def _ints(column: pa.ChunkedArray | pa.Array, fill: int) -> np.ndarray:
@@ -180,6 +203,9 @@ class _Survey:
     op_ts: list[np.ndarray] = field(default_factory=list)
     anchor_ts: list[np.ndarray] = field(default_factory=list)
     anchor_phase: list[np.ndarray] = field(default_factory=list)
+    devices: int = 0
+    # per thread (pid, tid): host operators whose own phase is backward
+    backward_threads: set[tuple[int, int]] = field(default_factory=set)
 
     def add(self, batch: pa.RecordBatch, rules: RuleSet) -> np.ndarray:
         """Survey one raw batch; its kind codes."""
@@ -211,6 +237,12 @@ class _Survey:
         ops = host & (kind != _KIND_CODES[S.KIND_RUNTIME]) & (ext >= 0)
         self.op_ext.append(ext[ops])
         self.op_ts.append(ts[ops])
+        self.devices += int(_DEVICE[kind].sum())
+        backward = np.flatnonzero(host & ~_STRUCTURAL[kind] & (own == _PHASE_BACKWARD))
+        if len(backward):
+            pid, tid = _ints(batch.column(S.PID), 0), _ints(batch.column(S.TID), 0)
+            pairs = np.unique(np.stack([pid[backward], tid[backward]]), axis=1)
+            self.backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
         anchor = host & (own >= 0)
         anchor[anchor] = _ANCHOR_PHASES[own[anchor]]
         self.anchor_ts.append(ts[anchor])
@@ -230,6 +262,8 @@ class _Plan:
     anchor_phase: np.ndarray
     runtime: _Firsts
     ops: _Firsts
+    gpu: bool
+    backward_elsewhere: bool
 
 
 def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
@@ -275,6 +309,8 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
         anchor_phase[at_cut],
         _Firsts(survey.runtime_corr, survey.runtime_ts, bounds),
         _Firsts(survey.op_ext, survey.op_ts, bounds),
+        survey.devices > 0,
+        bool(survey.backward_threads - {training}),
     )
 
 
@@ -294,15 +330,17 @@ def normalize_chunked(
     meta: RankMeta,
     run: Path,
     offset_ns: int,
+    sink: SinkFactory | None = None,
 ) -> ChunkedRank | None:
     """Parse, normalize and write one rank's events in chunks of whole steps (module doc);
-    None where the trace needs the whole-rank path (no step markers, corrupt times)."""
+    None where the trace needs the whole-rank path (no step markers, corrupt times).
+    ``sink``: makes what each normalized chunk is handed to (the per-rank analysis)."""
     rules = _MemoRules.of(rules)
     work = run / f".chunks-rank-{meta.rank}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        return _normalize_chunked(parser, path, rules, meta, run, offset_ns, work)
+        return _normalize_chunked(parser, path, rules, meta, run, offset_ns, work, sink)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -315,6 +353,7 @@ def _normalize_chunked(
     run: Path,
     offset_ns: int,
     work: Path,
+    make_sink: SinkFactory | None,
 ) -> ChunkedRank | None:
     stream = parser.stream(path)  # type: ignore[attr-defined]
     survey = _Survey()
@@ -344,6 +383,11 @@ def _normalize_chunked(
         return None
     shift = stream.base_ns + offset_ns
     chunks = len(plan.bounds) + 1
+    sink = (
+        make_sink(parsed, plan.training, plan.gpu, plan.backward_elsewhere)
+        if make_sink is not None
+        else None
+    )
     _route(spill, plan, work, chunks)
     spill.unlink()
 
@@ -417,10 +461,9 @@ def _normalize_chunked(
             still = np.zeros(n, bool)
         # rows carried in and now closed: their own chunk's row, self time summed
         closed = [events.filter(pa.array(is_own & ~still))]
-        if carried:
-            done = np.flatnonzero(~still[:carried])
-            if len(done) and carry_out is not None:
-                closed.append(_with_self(carry_out.take(done), dur[done] - children[done]))
+        done = np.flatnonzero(~still[:carried])
+        if len(done) and carry_out is not None:
+            closed.append(_with_self(carry_out.take(done), dur[done] - children[done]))
         emit(closed)
         keep = np.flatnonzero(still)
         keep_carried = keep[keep < carried]
@@ -438,7 +481,22 @@ def _normalize_chunked(
             carry_positional = np.zeros(0, np.int8)
             carry_children = np.zeros(0, np.int64)
         (work / f"chunk-{c}.arrows").unlink(missing_ok=True)
-        del raw, events, result
+        del raw, result, closed
+        if sink is not None:  # the rows as written: carried ones with their self time summed
+            column = events.column(S.SELF_NS)
+            self_ns = _ints(column, 0).copy()
+            self_ns[done] = np.maximum(dur[done] - children[done], 0)
+            unknown = np.array(column.is_null().to_numpy(zero_copy_only=False), bool)
+            unknown[done] = False
+            self_col = pa.array(self_ns, pa.int64(), mask=unknown)
+            sink.add(
+                events.set_column(events.schema.get_field_index(S.SELF_NS), S.SELF_NS, self_col),
+                is_own,
+                ~still,
+                int(plan.bounds[c - 1]) + shift if c > 0 else -OPEN_END,
+                int(plan.bounds[c]) + shift if c < chunks - 1 else OPEN_END,
+            )
+        del events
     target = R.events_path(run, meta.rank)
     target.parent.mkdir(parents=True, exist_ok=True)
     _merge(runs, target, written)
@@ -453,6 +511,7 @@ def _normalize_chunked(
         training_thread=plan.training,
         steps=len(plan.starts),
         notes=_unique_notes(notes),
+        sink=sink,
     )
 
 

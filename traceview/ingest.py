@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from traceview import __version__
 from traceview import rundir as R
 from traceview import schema as S
-from traceview.chunked import normalize_chunked, wants_chunks
+from traceview.chunked import ChunkSink, normalize_chunked, wants_chunks
 from traceview.errors import (
     BadInput,
     Notes,
@@ -464,19 +464,35 @@ def _ingest_chunked(
         host=trace.host,
         source=trace.path.name,
     )
+    # the per-rank analysis takes each chunk as it is normalized, where it can (memory
+    # records come with the parser's result, after the first pass)
+    memory: list[pa.Table] = []
+    chunked = getattr(analyze, "chunked", None)
+
+    def sink(
+        parsed: ParsedTrace, training: tuple[int, int], gpu: bool, elsewhere: bool
+    ) -> ChunkSink | None:
+        memory.append(rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset))
+        return chunked(memory[0])(training, gpu, elsewhere) if chunked is not None else None
+
     try:
-        done = normalize_chunked(parser, trace.path, rules, meta, run, offset)
+        done = normalize_chunked(parser, trace.path, rules, meta, run, offset, sink)
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     if done is None:
         return None
     parsed = done.parsed
     host = trace.host or parsed.host
-    memory = rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)
-    tables: dict[str, pa.Table] = {}
-    if analyze is not None:
-        tables = analyze(R.read_events(run, [trace.rank]), memory)
-    tables[R.MEMORY] = memory
+    if not memory:
+        memory.append(rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset))
+    tables: dict[str, pa.Table] | None = None
+    if done.sink is not None:
+        tables = done.sink.finish()
+    if tables is None and analyze is not None:  # analysed whole: read back
+        tables = analyze(R.read_events(run, [trace.rank]), memory[0])
+    tables = tables or {}
+    memory_table = memory[0]
+    tables[R.MEMORY] = memory_table
     notes = Notes()
     notes.extend(parsed.notes)
     notes.extend(done.notes)

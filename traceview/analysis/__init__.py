@@ -15,7 +15,13 @@ computed from those tables into ``traceview.results`` structs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from traceview.analysis.parts import ChunkedAnalysis
 
 #: Bump when a change alters the tables computed from the same events (RANK_TABLES).
 #: 2: the collectives table; 3: its process groups; 4: the comm table; 5: kernels as calls;
@@ -29,10 +35,7 @@ ANALYSIS_VERSION = "10"
 RANK_TABLES = ("steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps")
 
 
-def rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
-    """The per-rank analysis of one rank's events and memory records (schema.MEMORY_SCHEMA):
-    {"steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps"} (gpu and
-    launches empty on CPU runs, memory_steps without memory records)."""
+def _rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
     from traceview.analysis.attribution import breakdown, comm_intervals, rank_timeline
     from traceview.analysis.collectives import collective_calls
     from traceview.analysis.gpu import gpu_steps, launch_stats
@@ -50,3 +53,30 @@ def rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, p
         "launches": launch_stats(events, timeline),
         "memory_steps": memory_steps(events, memory, steps),
     }
+
+
+class RankTables:
+    """``rank_tables(events, memory)``: the per-rank analysis of one rank's events and memory
+    records (schema.MEMORY_SCHEMA): {"steps", "ops", "collectives", "comm", "gpu", "launches",
+    "memory_steps"} (gpu and launches empty on CPU runs, memory_steps without memory records).
+
+    ``rank_tables.chunked(memory)``: the same for a rank normalized in chunks, fed a chunk at a
+    time (``analysis.parts``): a maker of the analysis from what the whole rank holds (its
+    training thread, whether it has device activities, whether another thread runs backward).
+    """
+
+    def __call__(self, events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
+        return _rank_tables(events, memory)
+
+    def chunked(
+        self, memory: pa.Table | None
+    ) -> Callable[[tuple[int, int], bool, bool], ChunkedAnalysis]:
+        from traceview.analysis.parts import ChunkedAnalysis
+
+        def make(training: tuple[int, int], gpu: bool, elsewhere: bool) -> ChunkedAnalysis:
+            return ChunkedAnalysis(memory, training, gpu, elsewhere)
+
+        return make
+
+
+rank_tables = RankTables()

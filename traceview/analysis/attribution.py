@@ -104,9 +104,13 @@ def disjoint(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def step_windows(
-    ev: EventArrays, training: tuple[int, int] | None, gpu: bool
+    ev: EventArrays,
+    training: tuple[int, int] | None,
+    gpu: bool,
+    part: RankPart | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(starts, ends, step numbers) of the rank's step windows, disjoint and sorted.
+    """(starts, ends, step numbers) of the rank's step windows, disjoint and sorted (``part``:
+    only the windows of the markers that start in its span; the events are a slice of the rank).
 
     A window is the step marker on the training thread; on GPU runs it extends to the end of the
     last device activity launched in that step (the device runs behind the host), and the next
@@ -120,6 +124,11 @@ def step_windows(
     idx = np.flatnonzero(markers)
     idx = idx[np.argsort(ev.ts[idx], kind="stable")]
     idx = idx[disjoint(ev.ts[idx], ev.end[idx])]
+    if part is not None:
+        idx = idx[(ev.ts[idx] >= part.lo) & (ev.ts[idx] < part.hi)]
+        if len(idx) == 0:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
     if len(idx) == 0:
         timed = np.isin(ev.kind, _TIMED_KINDS)
         if not timed.any():
@@ -139,9 +148,27 @@ def step_windows(
         device_end = np.full(len(numbers), np.iinfo(np.int64).min)
         np.maximum.at(device_end, order[pos[match]], ev.end[device][match])
         ends = np.maximum(ends, device_end)
+        if part is not None and part.after is not None:  # the previous part's last window
+            ends = np.maximum(ends, part.after)
+            starts[0] = max(int(starts[0]), part.after)
         ends = np.maximum.accumulate(ends)
         starts[1:] = np.maximum(starts[1:], ends[:-1])
     return starts, ends, numbers
+
+
+@dataclass
+class RankPart:
+    """What a slice of a rank's events (the steps of one chunk of a large trace, with the
+    events around them) cannot tell of the whole rank: its training thread, whether it ran on a
+    device, whether another thread runs its backward; and which step windows are this part's
+    (the markers starting in [lo, hi)) and where the previous part's last window ended."""
+
+    training: tuple[int, int] | None
+    gpu: bool
+    backward_elsewhere: bool
+    lo: int
+    hi: int
+    after: int | None = None
 
 
 def _thread_segments(
@@ -343,18 +370,36 @@ def _compute_elsewhere(
     return np.concatenate(out_s), np.concatenate(out_e), np.concatenate(out_l).astype(np.int64)
 
 
-def rank_timeline(events: pa.Table) -> RankTimeline:
-    """The intervals that compete for each instant of one rank, and its step windows."""
+def backward_elsewhere(ev: EventArrays, host: np.ndarray, training: tuple[int, int] | None) -> bool:
+    """Whether a host thread other than the training thread runs backward operators
+    (PyTorch's autograd thread)."""
+    on_training = (
+        host & (ev.pid == training[0]) & (ev.tid == training[1])
+        if training is not None
+        else np.zeros(len(ev.ts), bool)
+    )
+    backward = ev.phase == PHASE_CODE[S.BACKWARD]
+    return bool((host & ~on_training & backward & ~np.isin(ev.kind, _STRUCTURAL_KINDS)).any())
+
+
+def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimeline:
+    """The intervals that compete for each instant of one rank, and its step windows (``part``:
+    the events are a slice of the rank, and these are the whole rank's facts)."""
     ev = EventArrays.of(events)
     host = np.isin(ev.kind, _HOST_KINDS)
-    backward = ev.phase == PHASE_CODE[S.BACKWARD]
-    top = outermost_operators(ev.kind, ev.parent_row)
-    training = training_thread_of(
-        ev.pid[host], ev.tid[host], ev.kind[host], top[host], (ev.end - ev.ts)[host], backward[host]
-    )
     device = np.isin(ev.kind, _DEVICE_KINDS)
-    gpu = bool(device.any())
-    w_start, w_end, numbers = step_windows(ev, training, gpu)
+    if part is None:
+        top = outermost_operators(ev.kind, ev.parent_row)
+        backward = ev.phase == PHASE_CODE[S.BACKWARD]
+        training = training_thread_of(
+            ev.pid[host], ev.tid[host], ev.kind[host], top[host], (ev.end - ev.ts)[host],
+            backward[host],
+        )  # fmt: skip
+        gpu = bool(device.any())
+        elsewhere = gpu and backward_elsewhere(ev, host, training)
+    else:
+        training, gpu, elsewhere = part.training, part.gpu, part.backward_elsewhere
+    w_start, w_end, numbers = step_windows(ev, training, gpu, part)
 
     parts_s, parts_e, parts_l = [], [], []
     on_training = np.zeros(len(ev.ts), bool)
@@ -363,7 +408,7 @@ def rank_timeline(events: pa.Table) -> RankTimeline:
         seg_s, seg_e, owner = _thread_segments(ev, np.flatnonzero(on_training))
         seg_l = _training_levels(ev, owner, _loose_waits(events, ev, on_training) if gpu else None)
         if gpu:  # data loading and communication as themselves, compute and copies host-bound
-            if (host & ~on_training & backward & ~np.isin(ev.kind, _STRUCTURAL_KINDS)).any():
+            if elsewhere:
                 # backward runs on a thread of its own (PyTorch's autograd engine): the training
                 # thread inside loss.backward() between its operators waits, it launches nothing
                 seg_l = np.where(seg_l == _FILL[S.BACKWARD], _GAP, seg_l)

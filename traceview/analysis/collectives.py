@@ -48,8 +48,15 @@ def _outermost(
 
 def collective_calls(events: pa.Table) -> pa.Table:
     """The collective calls of one rank's events (schema.COLLECTIVES_SCHEMA), in time order."""
+    return combine_collectives([collectives_part(events)])
+
+
+def collectives_part(events: pa.Table, counted: np.ndarray | None = None) -> pa.Table:
+    """The collective calls among the rows of ``events`` where ``counted`` (default: all; the
+    others are context: the calls a call is nested in or launched by), with their event ids
+    (``_id``) and without ``seq``: ``combine_collectives`` numbers the parts' calls together."""
     if events.num_rows == 0:
-        return S.COLLECTIVES_SCHEMA.empty_table()
+        return _PART_SCHEMA.empty_table()
     # a region marker projected onto a stream (``nccl:all_reduce`` as a gpu_annotation) only
     # repeats the kernel it covers: the kernel is the call
     is_collective = np.asarray(pc.is_valid(events.column(S.COLLECTIVE)), bool) & ~np.asarray(
@@ -59,9 +66,12 @@ def collective_calls(events: pa.Table) -> pa.Table:
         bool,
     )
     if not is_collective.any():
-        return S.COLLECTIVES_SCHEMA.empty_table()
+        return _PART_SCHEMA.empty_table()
     device_codes, _ = dictionary_codes(events.column(S.DEVICE))
     rows, (inner, owner), launcher = _outermost(parent_rows(events), is_collective, device_codes)
+    if counted is not None:
+        mine = counted[rows]
+        rows, launcher = rows[mine], launcher[mine]
     calls = events.take(pa.array(rows))
     ts = ints(calls.column(S.TS_NS), 0)
     end = ts + ints(calls.column(S.DUR_NS), 0)
@@ -79,6 +89,11 @@ def collective_calls(events: pa.Table) -> pa.Table:
     from_launcher = best[np.maximum(launcher, 0)]
     call_bytes = np.where((call_bytes < 0) & launched, from_launcher, call_bytes)
     group_codes, group_names = dictionary_codes(events.column(S.GROUP))
+    # a call nested in one naming several groups: the greatest name (by value, not by code)
+    by_value = np.argsort(np.argsort(np.asarray(group_names, dtype=object), kind="stable"))
+    by_value = np.append(by_value, -1)  # null: -1
+    group_codes = by_value[group_codes]
+    group_names = sorted(group_names)
     named = group_codes.copy()
     np.maximum.at(named, owner, group_codes[inner])
     call_group = np.where(group_codes[rows] >= 0, group_codes[rows], named[rows])
@@ -89,16 +104,6 @@ def collective_calls(events: pa.Table) -> pa.Table:
     if launched.any():
         host_kinds = events.column(S.COLLECTIVE).take(pa.array(np.maximum(launcher, 0)))
         kinds = pc.if_else(pa.array(launched), host_kinds.cast(pa.string()), kinds)
-    # seq: the call's place among the rank's calls of the same view, in time order
-    key = pc.binary_join_element_wise(names, kinds, "\x00")
-    _, group = np.unique(np.asarray(key.to_pylist(), dtype=object), return_inverse=True)
-    group = np.asarray(group, np.int64).ravel()
-    order = np.lexsort((ts, group))
-    seq = np.empty(len(rows), np.int64)
-    sorted_group = group[order]
-    first = np.concatenate(([True], sorted_group[1:] != sorted_group[:-1]))
-    start_of_group = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
-    seq[order] = np.arange(len(order)) - start_of_group
     table = pa.table(
         {
             S.RANK: calls.column(S.RANK),
@@ -111,11 +116,39 @@ def collective_calls(events: pa.Table) -> pa.Table:
             S.GROUP: pa.array(
                 [str(group_names[g]) if g >= 0 else None for g in call_group.tolist()], pa.string()
             ),
-            S.SEQ: pa.array(seq, pa.int64()),
             S.BYTES: pa.array(call_bytes, pa.int64(), mask=call_bytes < 0),
             S.START_NS: pa.array(ts, pa.int64()),
             S.END_NS: pa.array(end, pa.int64()),
+            "_id": calls.column(S.EVENT_ID),
         }
     )
+    return S.conform(table, _PART_SCHEMA)
+
+
+_PART_SCHEMA = pa.schema(
+    [f for f in S.COLLECTIVES_SCHEMA if f.name != S.SEQ] + [pa.field("_id", pa.int64())]
+)
+
+
+def combine_collectives(parts: list[pa.Table]) -> pa.Table:
+    """The rank's collective calls (schema.COLLECTIVES_SCHEMA) from ``collectives_part`` of
+    disjoint rows, in time order, each numbered (``seq``) by its place among the rank's calls of
+    the same view (name and collective) in time order."""
+    calls = pa.concat_tables(parts) if parts else _PART_SCHEMA.empty_table()
+    if calls.num_rows == 0:
+        return S.COLLECTIVES_SCHEMA.empty_table()
+    ids = ints(calls.column("_id"), 0)
+    calls = calls.take(pa.array(np.argsort(ids, kind="stable")))  # in event order
+    ts = ints(calls.column(S.START_NS), 0)
+    key = pc.binary_join_element_wise(calls.column(S.NAME), calls.column(S.COLLECTIVE), "\x00")
+    _, group = np.unique(np.asarray(key.to_pylist(), dtype=object), return_inverse=True)
+    group = np.asarray(group, np.int64).ravel()
+    order = np.lexsort((ts, group))
+    seq = np.empty(calls.num_rows, np.int64)
+    sorted_group = group[order]
+    first = np.concatenate(([True], sorted_group[1:] != sorted_group[:-1]))
+    start_of_group = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+    seq[order] = np.arange(len(order)) - start_of_group
+    table = calls.drop_columns(["_id"]).append_column(S.SEQ, pa.array(seq, pa.int64()))
     table = S.conform(table, S.COLLECTIVES_SCHEMA)
-    return table.take(pa.array(np.argsort(ints(table.column(S.START_NS)), kind="stable")))
+    return table.take(pa.array(np.argsort(ts, kind="stable")))

@@ -189,27 +189,45 @@ def launch_stats(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     launched inside its steps (op "": unknown), per phase (op null), and one row for all of
     them (phase and op null)."""
     tl = tl or rank_timeline(events)
-    if not tl.gpu or len(tl.w_start) == 0:
-        return S.LAUNCHES_SCHEMA.empty_table()
+    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
+    return combine_launches([kernel_launches(events, tl)], rank)
+
+
+def kernel_launches(events: pa.Table, tl: RankTimeline) -> pl.DataFrame:
+    """The kernels that started inside the timeline's step windows: their phase, op, launch
+    latency, duration and launch call's duration (what ``combine_launches`` sums up)."""
     ev = tl.ev
     kernels, launcher = _launched(ev)
-    # kernels that ran inside one of the rank's step windows
-    window = np.searchsorted(tl.w_start, ev.ts[kernels], side="right") - 1
-    inside = (window >= 0) & (ev.ts[kernels] < tl.w_end[np.maximum(window, 0)])
-    kernels, launcher = kernels[inside], launcher[inside]
-    if len(kernels) == 0:
-        return S.LAUNCHES_SCHEMA.empty_table()
-    rank = int(events.column(S.RANK)[0].as_py())
-    ops = events.column(S.OP).take(pa.array(kernels)).cast(pa.string())
-    df = pl.DataFrame(
+    if tl.gpu and len(tl.w_start):  # kernels that ran inside one of the rank's step windows
+        window = np.searchsorted(tl.w_start, ev.ts[kernels], side="right") - 1
+        inside = (window >= 0) & (ev.ts[kernels] < tl.w_end[np.maximum(window, 0)])
+        kernels, launcher = kernels[inside], launcher[inside]
+    else:
+        kernels, launcher = kernels[:0], launcher[:0]
+    ops = events.column(S.OP).take(pa.array(kernels, pa.int64())).cast(pa.string())
+    return pl.DataFrame(
         {
             S.PHASE: np.array(S.EVENT_PHASES)[ev.phase[kernels]],
             S.OP: pl.from_arrow(ops),
             "latency": ev.ts[kernels] - ev.ts[launcher],
             "duration": ev.end[kernels] - ev.ts[kernels],
             "overhead": ev.end[launcher] - ev.ts[launcher],
-        }
+        },
+        schema={
+            S.PHASE: pl.String,
+            S.OP: pl.String,
+            "latency": pl.Int64,
+            "duration": pl.Int64,
+            "overhead": pl.Int64,
+        },
     )
+
+
+def combine_launches(parts: list[pl.DataFrame], rank: int) -> pa.Table:
+    """The launches table of one rank from the ``kernel_launches`` of its step windows."""
+    df = pl.concat(parts) if parts else pl.DataFrame()
+    if df.height == 0:
+        return S.LAUNCHES_SCHEMA.empty_table()
     aggs = [
         pl.len().cast(pl.Int64).alias(S.KERNELS),
         pl.col("latency").quantile(0.5, "linear").alias(S.LATENCY_P50_NS),

@@ -15,6 +15,7 @@ innermost event there with a phase (``other`` where none has).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -169,9 +170,38 @@ class _HostEvents:
         return phase, op
 
 
-def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> pa.Table:
+def _device_records(memory: pa.Table, device: str) -> pa.Table:
+    return memory.filter(pc.equal(memory.column(S.DEVICE), device)).sort_by(S.TS_NS)
+
+
+def whole_trace_instants(memory: pa.Table | None) -> dict[str, int]:
+    """Per device, the instant whose phase and operator the whole-trace row of
+    ``memory_steps`` looks up (its peak, or its first record where more was held before)."""
+    if memory is None or memory.num_rows == 0:
+        return {}
+    out = {}
+    for device in sorted(set(memory.column(S.DEVICE).to_pylist())):
+        table = _device_records(memory, device)
+        ts = ints(table.column(S.TS_NS), 0)
+        alloc = ints(table.column(S.ALLOCATED_BYTES), 0)
+        first = table.column(S.BYTES)[0].as_py()
+        at = int(np.argmax(alloc))
+        before = int(alloc[0] - first) if first is not None else None
+        out[device] = int(ts[0]) if before is not None and before > alloc[at] else int(ts[at])
+    return out
+
+
+def memory_steps(
+    events: pa.Table,
+    memory: pa.Table | None,
+    steps: pa.Table,
+    whole: Collection[str] | None = None,
+) -> pa.Table:
     """One rank's memory figures (schema.MEMORY_STEPS_SCHEMA): per device, one row for the
-    whole trace and one per step window of ``steps`` (the rank's steps table)."""
+    whole trace and one per step window of ``steps`` (the rank's steps table). ``whole``: the
+    devices whose whole-trace row to give (default: every one), where ``events`` are the part of
+    the rank around some of its steps (``whole_trace_instants`` says which part holds what a
+    whole-trace row looks up)."""
     if memory is None or memory.num_rows == 0:
         return S.MEMORY_STEPS_SCHEMA.empty_table()
     rank = int(memory.column(S.RANK)[0].as_py())
@@ -188,7 +218,7 @@ def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> 
     rows: dict[str, list[object]] = {f.name: [] for f in S.MEMORY_STEPS_SCHEMA}
     devices = memory.column(S.DEVICE)
     for device in sorted(set(devices.to_pylist())):
-        table = memory.filter(pc.equal(devices, device)).sort_by(S.TS_NS)
+        table = _device_records(memory, device)
         ts = ints(table.column(S.TS_NS), 0)
         alloc = ints(table.column(S.ALLOCATED_BYTES), 0)
         size = table.column(S.BYTES)
@@ -199,8 +229,9 @@ def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> 
         # before the first record: its total less its own size, where the trace gives the size
         first = size[0].as_py() if len(size) else None
         before = int(alloc[0] - first) if first is not None else None
-        for step, start, end, whole in [
-            (None, int(ts[0]), int(ts[-1]), True),
+        trace = [(None, int(ts[0]), int(ts[-1]), True)] if whole is None or device in whole else []
+        for step, start, end, is_whole in [
+            *trace,
             *((s, a, b, False) for s, a, b in windows),
         ]:
             i0 = int(np.searchsorted(ts, start, "left"))
@@ -222,7 +253,7 @@ def memory_steps(events: pa.Table, memory: pa.Table | None, steps: pa.Table) -> 
                 (S.RANK, rank),
                 (S.DEVICE, device),
                 (S.STEP, step),
-                (S.WHOLE, whole),
+                (S.WHOLE, is_whole),
                 (S.START_NS, start),
                 (S.END_NS, end),
                 (S.SAMPLES, i1 - i0),

@@ -8,120 +8,216 @@ Grouping works on dictionary codes with numpy: no per-event Python, no copies of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import ints
+from traceview.arrays import ints, parent_rows
 
 _COUNTED_KINDS = (S.KIND_OP, S.KIND_ANNOTATION, *S.DEVICE_ACTIVITY_KINDS)
 
 
+_KEYS = (S.DEVICE, S.KIND, S.PHASE, S.OP)
+_NAMED = (*_KEYS, S.NAME)
+
+
+@dataclass
+class OpsPart:
+    """What some of one rank's events add to its ops table (``ops_part``): parts of disjoint
+    rows ``combine_ops`` into the table the rank's events give in one piece."""
+
+    rank: int
+    groups: pl.DataFrame  # per (device, kind, phase, op): count, total, self, bytes, known
+    durations: pl.DataFrame  # per outermost event: its group's index in ``groups``, duration
+    names: pl.DataFrame  # per group index and name: how many of the group's events carry it
+    first_seen: dict[str, pl.DataFrame]  # per column of _NAMED: value, the lowest event id
+
+
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """A column as codes into its distinct values (-1: null), whatever dictionaries (with
+    repeated values) its chunks hold."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not pa.types.is_dictionary(array.type):
         array = array.dictionary_encode()
-    values = [str(v) for v in array.dictionary.to_pylist()]
-    codes = np.asarray(
-        pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64
+    distinct: dict[str, int] = {}
+    lut = np.array(
+        [distinct.setdefault(str(v), len(distinct)) for v in array.dictionary.to_pylist()] + [-1],
+        np.int64,
     )
-    # codes in the order the values first appear (rows in event order): ties (in self time,
-    # in how often a name is seen) go to the earlier, whatever the column's dictionary holds
-    # (a rank normalized in chunks and read back is encoded otherwise than one normalized
-    # whole, and its dictionary may hold values no row uses)
-    seen = codes[codes >= 0]
-    uniq, first = np.unique(seen, return_index=True)
-    order = uniq[np.argsort(first, kind="stable")]
-    rank = np.full(len(values) + 1, -1, np.int64)
-    rank[order] = np.arange(len(order))
-    return rank[codes], [values[i] for i in order.tolist()]
+    indices = pc.fill_null(array.indices, len(lut) - 1).to_numpy(zero_copy_only=False)
+    return lut[np.asarray(indices, np.int64)], list(distinct)
 
 
-def _rank_ops(events: pa.Table, rank: int) -> pa.Table:
-    device, devices = _codes(events.column(S.DEVICE))
-    kind, kinds = _codes(events.column(S.KIND))
-    phase, phases = _codes(events.column(S.PHASE))
-    op, ops = _codes(events.column(S.OP))
-    name, names = _codes(events.column(S.NAME))
-    dur = ints(events.column(S.DUR_NS), 0)
-    self_ns = np.asarray(
-        pc.fill_null(events.column(S.SELF_NS), events.column(S.DUR_NS)).to_numpy(), np.int64
+def _first_seen(codes: np.ndarray, values: list[str], ids: np.ndarray) -> pl.DataFrame:
+    """Per value among ``codes``, the lowest event id that carries it."""
+    first = np.full(len(values), np.iinfo(np.int64).max, np.int64)
+    known = codes >= 0
+    np.minimum.at(first, codes[known], ids[known])
+    seen = np.flatnonzero(first < np.iinfo(np.int64).max)
+    return pl.DataFrame(
+        {"value": [values[i] for i in seen.tolist()], "id": first[seen]},
+        schema={"value": pl.String, "id": pl.Int64},
     )
-    nbytes = ints(events.column(S.BYTES), -1)
+
+
+def ops_part(events: pa.Table, counted: np.ndarray | None = None) -> OpsPart:
+    """The ops-table part of the rows of ``events`` where ``counted`` (default: all); the other
+    rows are context (an event's parent may be among them). Grouping works on dictionary codes
+    with numpy: no per-event Python, no copies of the names."""
+    n = events.num_rows
+    rank = int(events.column(S.RANK)[0].as_py()) if n else 0
+    rows = np.arange(n) if counted is None else np.flatnonzero(counted)
     ids = ints(events.column(S.EVENT_ID), 0)
-    parent = ints(events.column(S.PARENT), -1)
-
-    counted = np.isin(kind, [kinds.index(k) for k in _COUNTED_KINDS if k in kinds]) & (op >= 0)
-    row_of_id = np.full(int(ids.max(initial=0)) + 1, -1, np.int64)
-    row_of_id[ids] = np.arange(len(ids))
-    parent_row = np.where(parent >= 0, row_of_id[np.clip(parent, 0, len(row_of_id) - 1)], -1)
-    parent_op = np.where(parent_row >= 0, op[np.maximum(parent_row, 0)], -1)
+    coded = {name: _codes(events.column(name)) for name in _NAMED}
+    first_seen = {
+        name: _first_seen(codes[rows], values, ids[rows]) for name, (codes, values) in coded.items()
+    }
+    op, _ = coded[S.OP]
+    kind, kinds = coded[S.KIND]
+    parent = parent_rows(events)
+    parent_op = np.where(parent >= 0, op[np.maximum(parent, 0)], -1)
     outer = parent_op != op  # not nested in an event of the same operator
-
-    rows = np.flatnonzero(counted)
-    if len(rows) == 0:
-        return S.OPS_SCHEMA.empty_table()
-    sizes = (len(devices) + 1, len(kinds) + 1, len(phases) + 1, len(ops) + 1)
-    key = np.ravel_multi_index(
-        (device[rows] + 1, kind[rows] + 1, phase[rows] + 1, op[rows] + 1), sizes
-    )
-    groups, group = np.unique(key, return_inverse=True)
-    n = len(groups)
+    countable = np.array([k in _COUNTED_KINDS for k in kinds] + [False])
+    rows = rows[countable[kind[rows]] & (op[rows] >= 0)]
+    dur = ints(events.column(S.DUR_NS), 0)[rows]
+    self_ns = pc.fill_null(events.column(S.SELF_NS), events.column(S.DUR_NS))
+    self_ns = np.asarray(self_ns.to_numpy(), np.int64)[rows]
+    nbytes = ints(events.column(S.BYTES), -1)[rows]
     is_outer = outer[rows]
-    count = np.bincount(group, weights=is_outer, minlength=n).astype(np.int64)
-    total = np.bincount(group, weights=np.where(is_outer, dur[rows], 0), minlength=n).astype(
-        np.int64
-    )
-    self_total = np.bincount(group, weights=self_ns[rows], minlength=n).astype(np.int64)
-    has_bytes = is_outer & (nbytes[rows] >= 0)
-    byte_total = np.bincount(
-        group, weights=np.where(has_bytes, nbytes[rows], 0), minlength=n
-    ).astype(np.int64)
-    byte_known = np.bincount(group, weights=has_bytes, minlength=n) > 0
+    has_bytes = is_outer & (nbytes >= 0)
+    key_codes = [coded[k][0][rows] + 1 for k in _KEYS]  # 0: null
+    sizes = tuple(len(coded[k][1]) + 1 for k in _KEYS)
+    key = np.ravel_multi_index(key_codes, sizes) if len(rows) else np.zeros(0, np.int64)
+    keys, group = np.unique(key, return_inverse=True)
+    group = np.asarray(group, np.int64).ravel()
+    g = len(keys)
 
-    # percentiles of the outermost durations, per group: sort by (group, duration)
-    o_group, o_dur = group[is_outer], dur[rows][is_outer]
-    order = np.lexsort((o_dur, o_group))
-    o_group, o_dur = o_group[order], o_dur[order]
-    starts = np.searchsorted(o_group, np.arange(n), side="left")
-    sizes_g = np.bincount(o_group, minlength=n)
-    p50 = np.zeros(n)
-    p95 = np.zeros(n)
-    has = sizes_g > 0
+    def total(values: np.ndarray) -> np.ndarray:
+        return np.bincount(group, weights=values, minlength=g).astype(np.int64)
+
+    columns: dict[str, object] = {"group": np.arange(g, dtype=np.int64)}
+    for k, codes in zip(_KEYS, np.unravel_index(keys, sizes), strict=True):
+        values = coded[k][1]
+        columns[k] = pl.Series([values[c - 1] if c > 0 else None for c in codes.tolist()])
+    columns[S.COUNT] = total(is_outer)
+    columns[S.TOTAL_NS] = total(np.where(is_outer, dur, 0))
+    columns[S.SELF_NS] = total(self_ns)
+    columns[S.BYTES] = total(np.where(has_bytes, nbytes, 0))
+    columns["known"] = np.bincount(group, weights=has_bytes, minlength=g) > 0
+    name_codes, names = coded[S.NAME]
+    pair, pair_counts = np.unique(
+        group * (len(names) + 1) + (name_codes[rows] + 1), return_counts=True
+    )
+    pair_name = pair % (len(names) + 1) - 1
+    return OpsPart(
+        rank=rank,
+        groups=pl.DataFrame(columns, schema_overrides={k: pl.String for k in _KEYS}),
+        durations=pl.DataFrame({"group": group[is_outer], "dur": dur[is_outer]}),
+        names=pl.DataFrame(
+            {
+                "group": pair // (len(names) + 1),
+                S.NAME: pl.Series([names[c] if c >= 0 else None for c in pair_name.tolist()]),
+                "n": pair_counts.astype(np.int64),
+            },
+            schema_overrides={S.NAME: pl.String},
+        ),
+        first_seen=first_seen,
+    )
+
+
+def _order(seen: pl.DataFrame) -> dict[str, int]:
+    """Each value's place by the event in which it first appears."""
+    return {v: i for i, v in enumerate(seen.sort("id")["value"].to_list())}
+
+
+def combine_ops(parts: list[OpsPart]) -> pa.Table:
+    """The ops table (schema.OPS_SCHEMA) of one rank from the parts of its events."""
+    parts = [p for p in parts if p.groups.height]
+    if not parts:
+        return S.OPS_SCHEMA.empty_table()
+    rank = parts[0].rank
+    keyed = [p.groups.with_columns(pl.lit(i).alias("part")) for i, p in enumerate(parts)]
+    every = pl.concat(keyed)
+    merged = every.group_by(list(_KEYS)).agg(
+        pl.col(S.COUNT).sum(),
+        pl.col(S.TOTAL_NS).sum(),
+        pl.col(S.SELF_NS).sum(),
+        pl.col(S.BYTES).sum(),
+        pl.col("known").any(),
+    )
+    # ties (in self time, in how often a name is seen) go to the values seen first
+    seen = {
+        name: _order(
+            pl.concat([p.first_seen[name] for p in parts]).group_by("value").agg(pl.col("id").min())
+        )
+        for name in _NAMED
+    }
+    place = [
+        pl.col(k).replace_strict(seen[k], default=-1, return_dtype=pl.Int64).alias(f"_{k}")
+        for k in _KEYS
+    ]
+    merged = merged.with_columns(place).sort([f"_{k}" for k in _KEYS], nulls_last=False)
+    merged = merged.with_row_index("index")
+    # each part's group index → the merged one
+    lookup = every.join(merged.select(*_KEYS, "index"), on=list(_KEYS), nulls_equal=True).select(
+        "part", "group", "index"
+    )
+    durations = pl.concat(
+        [p.durations.with_columns(pl.lit(i).alias("part")) for i, p in enumerate(parts)]
+    ).join(lookup, on=["part", "group"])
+    n = merged.height
+    index = durations["index"].to_numpy().astype(np.int64)
+    dur = durations["dur"].to_numpy().astype(np.int64)
+    order = np.lexsort((dur, index))
+    index, dur = index[order], dur[order]
+    starts = np.searchsorted(index, np.arange(n), side="left")
+    sizes = np.bincount(index, minlength=n)
+    p50, p95 = np.zeros(n), np.zeros(n)
+    has = sizes > 0
     for q, out in ((0.5, p50), (0.95, p95)):
-        pos = (sizes_g[has] - 1) * q
+        pos = (sizes[has] - 1) * q
         lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
         base = starts[has]
-        out[has] = o_dur[base + lo] + (o_dur[base + hi] - o_dur[base + lo]) * (pos - lo)
-
-    # the framework name seen most often in each group
-    pair = group * (len(names) + 1) + (name[rows] + 1)
-    pairs, pair_counts = np.unique(pair, return_counts=True)
-    pair_group = pairs // (len(names) + 1)
-    best = np.lexsort((-pair_counts, pair_group))
-    first = np.searchsorted(pair_group[best], np.arange(n), side="left")
-    top_name = (pairs[best][first] % (len(names) + 1)) - 1
-
-    d, k, ph, o = np.unravel_index(groups, sizes)
-    label = lambda values, codes: [values[c - 1] if c > 0 else "" for c in codes.tolist()]  # noqa: E731
+        out[has] = dur[base + lo] + (dur[base + hi] - dur[base + lo]) * (pos - lo)
+    # the framework name seen most often in each group (ties: the one seen first)
+    names = (
+        pl.concat([p.names.with_columns(pl.lit(i).alias("part")) for i, p in enumerate(parts)])
+        .join(lookup, on=["part", "group"])
+        .group_by("index", S.NAME)
+        .agg(pl.col("n").sum())
+        .with_columns(
+            pl.col(S.NAME)
+            .replace_strict(seen[S.NAME], default=-1, return_dtype=pl.Int64)
+            .alias("_name")
+        )
+        .sort("index", "n", "_name", descending=[False, True, False])
+        .unique("index", keep="first")
+        .sort("index")
+    )
+    top = dict(zip(names["index"].to_list(), names[S.NAME].to_list(), strict=True))
+    count = merged[S.COUNT].to_numpy().astype(np.int64)
+    total = merged[S.TOTAL_NS].to_numpy().astype(np.int64)
     table = pa.table(
         {
             S.RANK: pa.array(np.full(n, rank, np.int32)),
-            S.DEVICE: label(devices, d),
-            S.KIND: label(kinds, k),
-            S.PHASE: label(phases, ph),
-            S.OP: label(ops, o),
-            S.NAME: [names[c] if c >= 0 else "" for c in top_name.tolist()],
+            **{k: [v if v is not None else "" for v in merged[k].to_list()] for k in _KEYS},
+            S.NAME: [top.get(i) or "" for i in range(n)],
             S.COUNT: count,
             S.TOTAL_NS: total,
-            S.SELF_NS: self_total,
+            S.SELF_NS: merged[S.SELF_NS].to_numpy().astype(np.int64),
             S.MEAN_NS: total / np.maximum(count, 1),
             S.P50_NS: p50,
             S.P95_NS: p95,
-            S.BYTES: pa.array(byte_total, pa.int64(), mask=~byte_known),
+            S.BYTES: pa.array(
+                merged[S.BYTES].to_numpy().astype(np.int64), pa.int64(),
+                mask=~merged["known"].to_numpy().astype(bool),
+            ),
         }
-    )
+    )  # fmt: skip
     table = table.sort_by([(S.SELF_NS, "descending")])
     return S.conform(table, S.OPS_SCHEMA)
 
@@ -132,8 +228,9 @@ def op_stats(events: pa.Table) -> pa.Table:
         return S.OPS_SCHEMA.empty_table()
     ranks = np.unique(ints(events.column(S.RANK), 0))
     if len(ranks) == 1:
-        return _rank_ops(events, int(ranks[0]))
+        return combine_ops([ops_part(events)])
     parts = [
-        _rank_ops(events.filter(pc.equal(events.column(S.RANK), int(r))), int(r)) for r in ranks
+        combine_ops([ops_part(events.filter(pc.equal(events.column(S.RANK), int(r))))])
+        for r in ranks
     ]
     return pa.concat_tables(parts)

@@ -1,0 +1,229 @@
+"""The per-rank analysis of a rank normalized in chunks (``traceview.chunked``), a chunk at a
+time: the tables ``rank_tables`` gives for the whole rank, without holding its events.
+
+A chunk is a run of whole steps. Each table is either per step window (steps, comm, gpu, the
+kernels of the launches table, the memory rows of each step) or per event (ops, collectives):
+
+- **Per event**, each row is counted in the chunk that writes it (``counted``: a call still open
+  at a chunk's end is written, and counted, by the chunk in which it closes); the rows around it
+  (its parents, carried from earlier chunks) are context. The parts combine exactly
+  (``combine_ops``, ``combine_collectives``: sums, and percentiles over the kept durations).
+- **Per window**, a chunk's windows are analysed when the next chunk has been normalized, on
+  the rows of the previous, this and the next chunk (and the device activities of earlier
+  chunks still running): every interval that overlaps a window is there (a GPU window reaches
+  into the next chunk's time, where the device still runs this step's kernels; a gap on the
+  training thread takes the phase of its neighbours, which may lie in the next or previous
+  chunk), and the windows are this chunk's only.
+
+What a slice cannot tell of the whole rank (its training thread, whether it ran on a device,
+whether another thread runs backward) is given up front (``attribution.RankPart``) and
+checked against the rows as they pass: ``finish`` returns None when a guess was wrong, and the
+caller analyses the rank whole instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview import schema as S
+from traceview.analysis.attribution import (
+    RankPart,
+    backward_elsewhere,
+    breakdown,
+    comm_intervals,
+    rank_timeline,
+    step_windows,
+)
+from traceview.analysis.collectives import collectives_part, combine_collectives
+from traceview.analysis.gpu import combine_launches, gpu_steps, kernel_launches
+from traceview.analysis.memory import memory_steps, whole_trace_instants
+from traceview.analysis.ops import OpsPart, combine_ops, ops_part
+from traceview.arrays import KIND_CODE, EventArrays, coded, ints
+
+_DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
+_HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
+_NEVER = 1 << 62
+#: Columns of the events no analysis reads (left out of the chunks it keeps).
+_UNUSED = (S.RUN_ID, S.HOST, S.FRAMEWORK, S.CAT, S.CORRELATION)
+
+
+class ChunkedAnalysis:
+    """``rank_tables`` of one rank, fed chunk by chunk (``add``), in time order."""
+
+    def __init__(
+        self,
+        memory: pa.Table | None,
+        training: tuple[int, int],
+        gpu: bool,
+        backward_elsewhere: bool,
+    ):
+        self.memory = memory
+        self.training, self.gpu, self.elsewhere = training, gpu, backward_elsewhere
+        self.seen_gpu = self.seen_elsewhere = False
+        self.whole_at = whole_trace_instants(memory)
+        self.rank = 0
+        self.ops: list[OpsPart] = []
+        self.calls: list[pa.Table] = []
+        self.per_window: dict[str, list[pa.Table]] = {
+            name: [] for name in ("steps", "comm", "gpu", "memory_steps")
+        }
+        self.kernels: list[pl.DataFrame] = []
+        # chunks waiting for their windows' analysis (all rows that may overlap those windows
+        # have to be in: a GPU window ends where the device finished the step, which may be
+        # several steps of host time later)
+        self.queue: list[_Chunk] = []
+        self.before: pa.Table | None = None  # the last analysed chunk's table, context included
+        self.running: pa.Table | None = None  # device activities of older chunks still running
+        self.after: int | None = None  # where the last analysed chunk's last window ended
+
+    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
+        """One chunk's normalized rows (``own``: the chunk's; the others carried in, as
+        context), ``counted``: the rows it writes; its steps are the markers in [lo, hi)."""
+        if events.num_rows == 0:
+            return
+        events = events.drop_columns([c for c in _UNUSED if c in events.column_names])
+        self.rank = int(events.column(S.RANK)[0].as_py())
+        ev = EventArrays.of(events)
+        self._check(ev, counted)
+        self.ops.append(ops_part(events, counted))
+        self.calls.append(collectives_part(events, counted))
+        # where its windows end (before the previous chunk's last window pushes them on) and
+        # where its first one ends, without the device's lag
+        part = RankPart(self.training, self.gpu, self.elsewhere, lo, hi)
+        _, ends, _ = step_windows(ev, self.training, self.gpu, part)
+        part.gpu = False
+        _, first, _ = step_windows(ev, self.training, False, part)
+        del ev
+        reach = int(ends.max()) if len(ends) else hi
+        self.queue.append(_Chunk(events, own, lo, hi, reach, int(first[0]) if len(first) else hi))
+        self._drain(final=False)
+
+    def _check(self, ev: EventArrays, counted: np.ndarray) -> None:
+        kind = ev.kind
+        self.seen_gpu |= bool(np.isin(kind[counted], _DEVICE_KINDS).any())
+        host = np.isin(kind, _HOST_KINDS) & counted
+        self.seen_elsewhere |= backward_elsewhere(ev, host, self.training)
+
+    def _drain(self, final: bool) -> None:
+        """Analyse the chunks whose windows every row that can overlap them has reached: wait
+        for a chunk that starts past the head's horizon (the rows up to it, and the first ones
+        after it: a gap at a window's end takes the phase of what follows)."""
+        while self.queue:
+            head = self.queue[0]
+            horizon = max(head.reach, head.hi, self.after if self.after is not None else head.hi)
+            if not final and self.queue[-1].lo < horizon:
+                return
+            self._analyse(head, horizon)
+            self.queue.pop(0)
+
+    def _analyse(self, head: _Chunk, horizon: int) -> None:
+        """The windows of the chunk at the head of the queue."""
+        later = [c.own() for c in self.queue[1:]]
+        if later and self.queue[-1].lo >= horizon:  # past the horizon: its first step will do
+            last = later[-1]
+            later[-1] = last.filter(pc.less(last.column(S.TS_NS), self.queue[-1].first_end))
+        pieces = [t for t in (self.running, self.before, head.events, *later) if t is not None]
+        table = _unique_ids(pa.concat_tables([t for t in pieces if t.num_rows]))
+        del later, pieces
+        part = RankPart(self.training, self.gpu, self.elsewhere, head.lo, head.hi, self.after)
+        tl = rank_timeline(table, part)
+        steps = breakdown(table, tl)
+        if steps.num_rows:
+            self.after = int(np.max(ints(steps.column(S.END_NS))))
+        self.per_window["steps"].append(steps)
+        self.per_window["comm"].append(comm_intervals(table, tl))
+        self.per_window["gpu"].append(gpu_steps(table, tl))
+        self.kernels.append(kernel_launches(table, tl))
+        whole = [device for device, at in self.whole_at.items() if head.lo <= at < head.hi]
+        self.per_window["memory_steps"].append(memory_steps(table, self.memory, steps, whole))
+        # what later chunks' windows still need: device activities running past this chunk
+        # (and the calls that launched them)
+        self.running = _still_running(table, head.hi)
+        # what the next chunk's windows need of this one (besides the rows still open, which it
+        # carries): its last step, where the training thread's last phase before them is
+        last_start = int(np.max(ints(steps.column(S.START_NS)))) if steps.num_rows else head.lo
+        self.before = _ending_after(head.events, last_start)
+
+    def finish(self) -> dict[str, pa.Table] | None:
+        """The rank's tables (``rank_tables``); None where a fact given up front did not hold
+        (the rank is then analysed whole)."""
+        self._drain(final=True)
+        if self.seen_gpu != self.gpu or (self.gpu and self.seen_elsewhere != self.elsewhere):
+            return None
+        tables = {
+            name: pa.concat_tables(parts) if parts else _EMPTY[name]
+            for name, parts in self.per_window.items()
+        }
+        memory = tables["memory_steps"]
+        if memory.num_rows:  # per device: the whole trace's row, then the steps'
+            frame = pl.DataFrame(
+                {
+                    "device": memory.column(S.DEVICE).to_pylist(),
+                    "whole": memory.column(S.WHOLE).to_pylist(),
+                    "start": ints(memory.column(S.START_NS)),
+                }
+            )
+            order = frame.with_row_index("_i").sort(
+                ["device", "whole", "start"], descending=[False, True, False]
+            )["_i"]
+            tables["memory_steps"] = memory.take(pa.array(order.to_numpy()))
+        tables["ops"] = combine_ops(self.ops)
+        tables["collectives"] = combine_collectives(self.calls)
+        tables["launches"] = combine_launches(self.kernels, self.rank)
+        return tables
+
+
+@dataclass
+class _Chunk:
+    events: pa.Table  # its rows, context included
+    own_rows: np.ndarray  # bool: its own
+    lo: int
+    hi: int
+    reach: int  # where its last window ends (without the previous chunk's push)
+    first_end: int  # where its first window ends, without the device's lag
+
+    def own(self) -> pa.Table:
+        return self.events.filter(pa.array(self.own_rows))
+
+
+_EMPTY = {
+    "steps": S.STEPS_SCHEMA.empty_table(),
+    "comm": S.COMM_SCHEMA.empty_table(),
+    "gpu": S.GPU_SCHEMA.empty_table(),
+    "memory_steps": S.MEMORY_STEPS_SCHEMA.empty_table(),
+}
+
+
+def _unique_ids(table: pa.Table) -> pa.Table:
+    """Each event once (a row carried into a chunk is also the previous chunk's own)."""
+    ids = ints(table.column(S.EVENT_ID), 0)
+    _, first = np.unique(ids, return_index=True)
+    if len(first) == len(ids):
+        return table
+    return table.take(pa.array(np.sort(first)))
+
+
+def _ending_after(table: pa.Table, at: int) -> pa.Table:
+    ts = ints(table.column(S.TS_NS), 0)
+    return table.filter(pa.array(ts + ints(table.column(S.DUR_NS), 0) > at))
+
+
+def _still_running(table: pa.Table, hi: int) -> pa.Table | None:
+    """The device activities of ``table`` that end after ``hi``, and their launching calls."""
+    if hi >= _NEVER:
+        return None
+    kind = coded(table.column(S.KIND), KIND_CODE)
+    ts = ints(table.column(S.TS_NS), 0)
+    end = ts + ints(table.column(S.DUR_NS), 0)
+    keep = np.isin(kind, _DEVICE_KINDS) & (end > hi)
+    if not keep.any():
+        return None
+    parents = ints(table.column(S.PARENT), -1)[keep]
+    ids = ints(table.column(S.EVENT_ID), 0)
+    keep |= np.isin(ids, parents[parents >= 0])
+    return table.filter(pa.array(keep))
