@@ -51,8 +51,8 @@ def _ingest(
     def rank(*args, **kwargs):  # type: ignore[no-untyped-def]
         counts.append(0)
         done = real_rank(*args, **kwargs)
-        if done is None:
-            counts[-1] = -1  # the whole-rank path after all
+        if not isinstance(done, chunked.ChunkedRank):
+            counts[-1] = -1  # the whole-rank path after all (on the events read once)
         return done
 
     real_finish = ChunkedAnalysis.finish
@@ -234,4 +234,34 @@ def test_one_huge_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
     assert counts == [1]
     assert R.read_manifest(tmp_path / "parts").ranks[0].steps == 1
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_a_trace_without_markers_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large trace the chunked path cannot take (no step markers: it is one window) goes the
+    whole-rank way on the events its first pass decoded, without a second parse."""
+    from traceview.parsers.kineto import KinetoParser
+
+    source = REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz"
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    trace["traceEvents"] = [
+        e for e in trace["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    path = tmp_path / "no-markers.pt.trace.json"
+    path.write_text(json.dumps(trace))
+    reads: list[str] = []
+    real = KinetoParser.stream
+
+    def stream(self: KinetoParser, p: Path):  # type: ignore[no-untyped-def]
+        reads.append(p.name)
+        return real(self, p)
+
+    monkeypatch.setattr(KinetoParser, "stream", stream)
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    assert reads == [path.name]  # the whole path reads it once too (parse is over stream)
+    reads.clear()
+    assert _ingest(path, tmp_path / "parts", True, monkeypatch) == [-1]
+    assert reads == [path.name]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")

@@ -41,13 +41,24 @@ def parent_rows(events: pa.Table) -> np.ndarray:
         return np.where(parent < len(ids), parent, -1)
     top = int(ids.max(initial=-1))
     if top > 4 * len(ids) + 1024:  # a few rows of a large rank: no table as long as its ids
-        order = np.argsort(ids, kind="stable")
+        ascending = bool((ids[1:] > ids[:-1]).all())
+        order = np.arange(len(ids)) if ascending else np.argsort(ids, kind="stable")
         at = order[np.minimum(np.searchsorted(ids, parent, sorter=order), len(ids) - 1)]
         return np.where((parent >= 0) & (ids[at] == parent), at, -1)
     row_of_id = np.full(top + 2, -1, np.int64)
     row_of_id[ids] = np.arange(len(ids))
     known = (parent >= 0) & (parent < len(row_of_id) - 1)
     return np.where(known, row_of_id[np.where(known, parent, -1)], -1)
+
+
+def unique_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The distinct (a, b) pairs as a 2×n array, sorted by a then b: ``np.unique(np.stack([a,
+    b]), axis=1)`` without its slow row comparison."""
+    order = np.lexsort((b, a))
+    pairs = np.stack([a[order], b[order]])
+    new = np.ones(len(order), bool)
+    new[1:] = (pairs[:, 1:] != pairs[:, :-1]).any(axis=0)
+    return pairs[:, new]
 
 
 def training_thread_of(

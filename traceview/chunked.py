@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from traceview import rundir as R
 from traceview import schema as S
+from traceview.arrays import unique_pairs
 from traceview.errors import Notes
 from traceview.normalize import (
     _ANCHOR_PHASES,
@@ -241,7 +242,7 @@ class _Survey:
         backward = np.flatnonzero(host & ~_STRUCTURAL[kind] & (own == _PHASE_BACKWARD))
         if len(backward):
             pid, tid = _ints(batch.column(S.PID), 0), _ints(batch.column(S.TID), 0)
-            pairs = np.unique(np.stack([pid[backward], tid[backward]]), axis=1)
+            pairs = unique_pairs(pid[backward], tid[backward])
             self.backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
         anchor = host & (own >= 0)
         anchor[anchor] = _ANCHOR_PHASES[own[anchor]]
@@ -317,7 +318,21 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
 _PHASE_BACKWARD = S.EVENT_PHASES.index(S.BACKWARD)
 
 
+def _whole(spill: Path, base_ns: int) -> pa.Table:
+    """The spilled batches as the one raw table ``parse`` gives (the trace is not read
+    twice)."""
+    batches = [b.drop_columns(["_row", "_kind"]) for b in _spill_batches(spill)]
+    table = pa.Table.from_batches(batches) if batches else S.RAW_SCHEMA.empty_table()
+    del batches
+    if base_ns:
+        ts = pc.add(table.column(S.TS_NS), pa.scalar(base_ns, pa.int64()))
+        table = table.set_column(table.schema.get_field_index(S.TS_NS), S.TS_NS, ts)
+    return S.conform(table, S.RAW_SCHEMA).unify_dictionaries()
+
+
 def _spill_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    if not path.exists() or path.stat().st_size == 0:  # nothing was decoded
+        return
     with pa.OSFile(str(path), "rb") as source:
         reader = pa.ipc.open_stream(source)
         yield from reader
@@ -331,9 +346,10 @@ def normalize_chunked(
     run: Path,
     offset_ns: int,
     sink: SinkFactory | None = None,
-) -> ChunkedRank | None:
-    """Parse, normalize and write one rank's events in chunks of whole steps (module doc);
-    None where the trace needs the whole-rank path (no step markers, corrupt times).
+) -> ChunkedRank | ParsedTrace:
+    """Parse, normalize and write one rank's events in chunks of whole steps (module doc); the
+    parser's result with every event where the trace needs the whole-rank path (no step
+    markers, corrupt times), read once.
     ``sink``: makes what each normalized chunk is handed to (the per-rank analysis)."""
     rules = _MemoRules.of(rules)
     work = run / f".chunks-rank-{meta.rank}"
@@ -354,7 +370,7 @@ def _normalize_chunked(
     offset_ns: int,
     work: Path,
     make_sink: SinkFactory | None,
-) -> ChunkedRank | None:
+) -> ChunkedRank | ParsedTrace:
     stream = parser.stream(path)  # type: ignore[attr-defined]
     survey = _Survey()
     spill = work / "raw.arrows"
@@ -373,14 +389,14 @@ def _normalize_chunked(
     parsed: ParsedTrace = stream.result
     if meta.host is None:  # the trace may name its host after its events: known by now
         meta.host = parsed.host
-    if survey.rows == 0:
-        return None
-    if survey.ts_max - survey.ts_min > STRAY_NS or survey.dur_max > STRAY_NS:
-        return None  # the stray_times pass drops events by the whole rank's median
-    plan = _plan(survey, chunk_rows())
+    plan = None
+    # the stray_times pass drops events by the whole rank's median: those take the whole path
+    if survey.ts_max - survey.ts_min <= STRAY_NS and survey.dur_max <= STRAY_NS:
+        plan = _plan(survey, chunk_rows())
     del survey
-    if plan is None:
-        return None
+    if plan is None:  # the whole-rank path, on what was read
+        parsed.events = _whole(spill, stream.base_ns)
+        return parsed
     shift = stream.base_ns + offset_ns
     chunks = len(plan.bounds) + 1
     sink = (

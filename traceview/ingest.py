@@ -375,9 +375,11 @@ def ingest_rank(
     offset = clock.offset_ns
     if wants_chunks(trace.parser, trace.path, trace.size):
         part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started)
-        if part is not None:
+        if isinstance(part, RankPartial):
             return part
-    parsed = parse_with(parser, trace.path)
+        parsed = part  # the whole trace, for the whole-rank path: read once
+    else:
+        parsed = parse_with(parser, trace.path)
     notes = Notes()
     if offset:  # onto the launcher's clock, which all ranks share
         shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))
@@ -451,10 +453,10 @@ def _ingest_chunked(
     run_id: str,
     analyze: RankAnalysis | None,
     started: float,
-) -> RankPartial | None:
-    """``ingest_rank`` for a large trace, in chunks of whole steps (``traceview.chunked``);
-    None where the trace needs the whole-rank path. The analysis reads the written events
-    back: it is not yet bounded by the chunk."""
+) -> RankPartial | ParsedTrace:
+    """``ingest_rank`` for a large trace, in chunks of whole steps (``traceview.chunked``),
+    the analysis a chunk at a time (``analyze.chunked``, where it has one); where the trace
+    needs the whole-rank path, the parser's result with every event (read once)."""
     clock = trace.clock
     offset = clock.offset_ns
     meta = RankMeta(
@@ -479,8 +481,8 @@ def _ingest_chunked(
         done = normalize_chunked(parser, trace.path, rules, meta, run, offset, sink)
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
-    if done is None:
-        return None
+    if isinstance(done, ParsedTrace):
+        return done
     parsed = done.parsed
     host = trace.host or parsed.host
     if not memory:

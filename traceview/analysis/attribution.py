@@ -35,6 +35,7 @@ from traceview.arrays import (
     EventArrays,
     outermost_operators,
     training_thread_of,
+    unique_pairs,
 )
 
 # Priority levels, highest first: (name, the phase its time reports as). The explicit levels
@@ -356,7 +357,7 @@ def _compute_elsewhere(
     if not candidates.any():
         return empty, empty, empty
     out_s, out_e, out_l = [empty], [empty], [empty]
-    threads = np.unique(np.stack([ev.pid[candidates], ev.tid[candidates]]), axis=1)
+    threads = unique_pairs(ev.pid[candidates], ev.tid[candidates])
     for pid, tid in threads.T:
         rows = np.flatnonzero(rows_mask & (ev.pid == pid) & (ev.tid == tid))
         seg_s, seg_e, owner = _thread_segments(ev, rows)
