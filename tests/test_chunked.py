@@ -122,6 +122,22 @@ def _assert_same_run(whole: Path, parts: Path) -> None:
     assert _without_ids(ra, whole) == _without_ids(rb, parts)
 
 
+def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's recompute of the analysis (``runs.reanalyze``) of a written rank, a chunk of
+    one step at a time read back from its events file, gives the tables ingest wrote."""
+    from traceview.runs import _in_chunks
+
+    (rank,) = R.event_ranks(run)
+    with monkeypatch.context() as m:
+        m.setenv("TRACEVIEW_CHUNKED_MIN_ROWS", "0")
+        m.setenv("TRACEVIEW_CHUNK_ROWS", "1")
+        tables = _in_chunks(run, rank, R.read_memory(run, [rank]))
+    assert tables is not None, "not analysed in chunks"
+    for name in RANK_TABLES:
+        written = R.read_table(run / f"{name}.parquet")
+        assert _columns(S.conform(tables[name], written.schema)) == _columns(written), name
+
+
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_chunked_ingest_equals_whole(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -133,6 +149,7 @@ def test_chunked_ingest_equals_whole(
     if steps:
         # one chunk per step: the chunked path ran, and in as many chunks as there are steps
         assert counts == [steps], f"{steps} steps but chunks {counts}"
+        _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch)
     else:
         assert counts == [-1]  # no step markers: the whole-rank path
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")

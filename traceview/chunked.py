@@ -625,3 +625,133 @@ def _read_chunk(path: Path, shift: int) -> pa.Table | None:
         ts = pc.add(table.column(S.TS_NS), pa.scalar(shift, pa.int64()))
         table = table.set_column(table.schema.get_field_index(S.TS_NS), S.TS_NS, ts)
     return table
+
+
+# --- a written rank's events, back in chunks ----------------------------------------------------
+
+#: Ranks with at least this many events have their analysis recomputed (a reader's, after an
+#: analysis change) a chunk at a time. ``TRACEVIEW_CHUNKED_MIN_ROWS`` overrides it (tests: 0).
+CHUNKED_MIN_ROWS = 2_000_000
+_READ_ROWS = 1 << 16
+
+
+def chunked_min_rows() -> int:
+    return int(os.environ.get("TRACEVIEW_CHUNKED_MIN_ROWS", CHUNKED_MIN_ROWS))
+
+
+@dataclass
+class EventChunks:
+    """A written rank's events as the chunks ``normalize_chunked`` hands its sink: per chunk,
+    its rows with the host events still open at its start before them (context), which rows
+    are its own (and counted: each event once), and the time span [lo, hi) of its steps; with
+    the facts of the whole rank the analysis of a slice takes up front."""
+
+    training: tuple[int, int]
+    gpu: bool
+    backward_elsewhere: bool
+    chunks: Iterator[tuple[pa.Table, np.ndarray, np.ndarray, int, int]]
+
+
+def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> EventChunks | None:
+    """The events file ``path`` of ``rank`` in chunks of whole steps (``work``: a folder for
+    the routed rows); None where it has no step markers. Two passes over the file, a row
+    group at a time: the step markers and what the rank holds, then each row to its chunk's
+    file (by its start; a device activity by the step of the call that launched it)."""
+    from traceview.arrays import KIND_CODE, PHASE_CODE, coded, ints
+
+    step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
+    device_codes = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
+    host_codes = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
+    structural = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
+    file = pq.ParquetFile(path)
+    rows = file.metadata.num_rows
+    markers: list[np.ndarray] = []
+    gpu = False
+    backward_threads: set[tuple[int, int]] = set()
+    columns = [S.KIND, S.PHASE, S.PID, S.TID, S.TS_NS, S.DUR_NS, S.STEP]
+    for batch in file.iter_batches(batch_size=_READ_ROWS, columns=columns):
+        kind = coded(batch.column(S.KIND), KIND_CODE)
+        pid, tid = ints(batch.column(S.PID), 0), ints(batch.column(S.TID), 0)
+        ts = ints(batch.column(S.TS_NS), 0)
+        end = ts + ints(batch.column(S.DUR_NS), 0)
+        mark = kind == step_code
+        if mark.any():
+            step = ints(batch.column(S.STEP), -1)
+            markers.append(np.stack([pid[mark], tid[mark], ts[mark], end[mark], step[mark]]))
+        gpu |= bool(np.isin(kind, device_codes).any())
+        phase = coded(batch.column(S.PHASE), PHASE_CODE)
+        back = np.isin(kind, host_codes) & ~np.isin(kind, structural) & (phase == backward)
+        if back.any():
+            pairs = unique_pairs(pid[back], tid[back])
+            backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
+    if not markers:
+        return None
+    m_pid, m_tid, m_ts, m_end, m_step = np.concatenate(markers, axis=1)
+    threads, counts = np.unique(np.stack([m_pid, m_tid]), axis=1, return_counts=True)
+    best = int(np.argmax(counts))
+    training = int(threads[0, best]), int(threads[1, best])
+    mine = np.flatnonzero((m_pid == training[0]) & (m_tid == training[1]))
+    mine = mine[np.argsort(m_ts[mine], kind="stable")]
+    keep = np.ones(len(mine), bool)
+    keep[1:] = m_ts[mine[1:]] >= np.maximum.accumulate(m_end[mine])[:-1]
+    mine = mine[keep]
+    ends = m_end[mine]
+    per_step = max(1, rows // max(len(mine), 1))
+    steps_per_chunk = max(1, target_rows // per_step)
+    cuts = ends[steps_per_chunk - 1 :: steps_per_chunk]
+    if len(cuts) and cuts[-1] == ends[-1]:
+        cuts = cuts[:-1]
+    bounds = np.unique(cuts)
+    # the chunk of each step (by its marker), for the device activities it launched
+    numbers = m_step[mine]
+    known = numbers >= 0
+    step_numbers = numbers[known]
+    step_chunks = np.searchsorted(bounds, m_ts[mine][known], side="right")
+    order = np.argsort(step_numbers, kind="stable")
+    step_numbers, step_chunks = step_numbers[order], step_chunks[order]
+
+    writers: dict[int, tuple[pa.OSFile, pa.ipc.RecordBatchStreamWriter]] = {}
+    try:
+        for batch in file.iter_batches(batch_size=_READ_ROWS):
+            ts = ints(batch.column(S.TS_NS), 0)
+            chunk = np.searchsorted(bounds, ts, side="right")
+            kind = coded(batch.column(S.KIND), KIND_CODE)
+            device = np.flatnonzero(np.isin(kind, device_codes))
+            if len(device) and len(step_numbers):
+                step = ints(batch.column(S.STEP), -1)[device]
+                at = np.minimum(np.searchsorted(step_numbers, step), len(step_numbers) - 1)
+                found = (step >= 0) & (step_numbers[at] == step)
+                chunk[device] = np.where(found, step_chunks[at], chunk[device])
+            for c in np.unique(chunk).tolist():
+                part = batch.filter(pa.array(chunk == c))
+                if c not in writers:
+                    sink = pa.OSFile(str(work / f"events-{c}.arrows"), "wb")
+                    writers[c] = (sink, pa.ipc.new_stream(sink, part.schema))
+                writers[c][1].write_batch(part)
+    finally:
+        for sink, writer in writers.values():
+            writer.close()
+            sink.close()
+
+    def chunks() -> Iterator[tuple[pa.Table, np.ndarray, np.ndarray, int, int]]:
+        open_rows: pa.Table | None = None
+        last = len(bounds)
+        for c in range(last + 1):
+            lo = int(bounds[c - 1]) if c > 0 else -OPEN_END
+            hi = int(bounds[c]) if c < last else OPEN_END
+            spilled = work / f"events-{c}.arrows"
+            own = pa.Table.from_batches(list(_spill_batches(spilled)), file.schema_arrow)
+            spilled.unlink(missing_ok=True)
+            own = own.append_column(S.RANK, pa.array(np.full(own.num_rows, rank, np.int32)))
+            carried = 0 if open_rows is None else open_rows.num_rows
+            table = own if open_rows is None else pa.concat_tables([open_rows, own])
+            table = table.unify_dictionaries()
+            mine = np.arange(table.num_rows) >= carried
+            yield table, mine, mine, lo, hi
+            # host events still open at the next chunk's start: its context
+            kind = coded(table.column(S.KIND), KIND_CODE)
+            ts = ints(table.column(S.TS_NS), 0)
+            still = np.isin(kind, host_codes) & (ts + ints(table.column(S.DUR_NS), 0) > hi)
+            open_rows = table.filter(pa.array(still)) if still.any() else None
+
+    return EventChunks(training, gpu, bool(backward_threads - {training}), chunks())

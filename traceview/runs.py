@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from traceview import rundir as R
 from traceview import schema as S
@@ -163,7 +164,9 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
     per_rank, damaged = [], {}
     for rank in R.event_ranks(run):
         try:
-            per_rank.append(rank_tables(R.read_events(run, [rank]), R.read_memory(run, [rank])))
+            memory = R.read_memory(run, [rank])
+            tables = _in_chunks(run, rank, memory)
+            per_rank.append(tables or rank_tables(R.read_events(run, [rank]), memory))
         except BadInput as exc:  # the other ranks are still reported (this time, uncached)
             damaged[rank] = exc
             manifest.notes.warnings.append(f"rank {rank} left out: {exc}")
@@ -181,6 +184,32 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
     except (OutputError, OSError, ValueError, RecursionError):  # read-only or damaged: uncached
         pass
     return tables
+
+
+def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Table] | None:
+    """The analysis of a large rank (``chunked.chunked_min_rows`` events or more) a chunk of
+    steps at a time, as ingest runs it (``analysis.parts``), without its events whole in
+    memory; None for a smaller rank, or one without step markers (read whole)."""
+    from traceview import chunked
+
+    path = R.events_path(run, rank)
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except (OSError, pa.ArrowException):
+        return None  # read whole, which says what is wrong with it
+    if rows < chunked.chunked_min_rows():
+        return None
+    with tempfile.TemporaryDirectory(prefix="traceview-chunks-") as work:
+        try:
+            found = chunked.events_in_chunks(path, rank, Path(work), chunked.chunk_rows())
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise BadInput(f"{path}: unreadable ({exc})") from None
+        if found is None:
+            return None
+        analysis = rank_tables.chunked(memory)(found.training, found.gpu, found.backward_elsewhere)
+        for chunk in found.chunks:
+            analysis.add(*chunk)
+        return analysis.finish()
 
 
 @contextmanager
