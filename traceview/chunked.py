@@ -29,6 +29,8 @@ corrupt (the ``stray_times`` pass needs the whole rank's median), take the whole
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import os
 import shutil
@@ -68,7 +70,7 @@ from traceview.rules import RuleSet
 CHUNKED_MIN_BYTES = 256 << 20
 #: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
 #: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step).
-CHUNK_ROWS = 400_000
+CHUNK_ROWS = 200_000
 #: The parsers whose traces can be streamed.
 STREAMING_PARSERS = ("kineto",)
 
@@ -99,6 +101,24 @@ class _MemoRules(RuleSet):
 
     _memo: dict[tuple[str, str | None, str], Any]
     _ops: dict[str, str]
+
+
+def release_memory() -> None:
+    """Hand the memory freed by a chunk back to the system (glibc keeps it otherwise, and the
+    next chunk's allocations land beside it: the peak would grow by a chunk's worth)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl): nothing to hand back this way
+        return None
+
+
+_LIBC = _libc()
 
 
 def chunked_min_bytes() -> int:
@@ -513,6 +533,7 @@ def _normalize_chunked(
                 int(plan.bounds[c]) + shift if c < chunks - 1 else OPEN_END,
             )
         del events
+        release_memory()
     target = R.events_path(run, meta.rank)
     target.parent.mkdir(parents=True, exist_ok=True)
     _merge(runs, target, written)

@@ -209,6 +209,7 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
         analysis = rank_tables.chunked(memory)(found.training, found.gpu, found.backward_elsewhere)
         for chunk in found.chunks:
             analysis.add(*chunk)
+            chunked.release_memory()
         return analysis.finish()
 
 

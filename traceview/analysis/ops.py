@@ -32,7 +32,10 @@ class OpsPart:
 
     rank: int
     groups: pl.DataFrame  # per (device, kind, phase, op): count, total, self, bytes, known
-    durations: pl.DataFrame  # per outermost event: its group's index in ``groups``, duration
+    # the outermost events' durations, sorted by group (its index in ``groups``) and duration;
+    # group g's are durations[offsets[g]:offsets[g + 1]]
+    durations: np.ndarray
+    offsets: np.ndarray
     names: pl.DataFrame  # per group index and name: how many of the group's events carry it
     first_seen: dict[str, pl.DataFrame]  # per column of _NAMED: value, the lowest event id
 
@@ -108,6 +111,8 @@ def ops_part(events: pa.Table, counted: np.ndarray | None = None) -> OpsPart:
     columns[S.SELF_NS] = total(self_ns)
     columns[S.BYTES] = total(np.where(has_bytes, nbytes, 0))
     columns["known"] = np.bincount(group, weights=has_bytes, minlength=g) > 0
+    outer_group, outer_dur = group[is_outer], dur[is_outer]
+    order = np.lexsort((outer_dur, outer_group))
     name_codes, names = coded[S.NAME]
     pair, pair_counts = np.unique(
         group * (len(names) + 1) + (name_codes[rows] + 1), return_counts=True
@@ -116,7 +121,8 @@ def ops_part(events: pa.Table, counted: np.ndarray | None = None) -> OpsPart:
     return OpsPart(
         rank=rank,
         groups=pl.DataFrame(columns, schema_overrides={k: pl.String for k in _KEYS}),
-        durations=pl.DataFrame({"group": group[is_outer], "dur": dur[is_outer]}),
+        durations=outer_dur[order],
+        offsets=np.searchsorted(outer_group[order], np.arange(g + 1)),
         names=pl.DataFrame(
             {
                 "group": pair // (len(names) + 1),
@@ -166,23 +172,25 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     lookup = every.join(merged.select(*_KEYS, "index"), on=list(_KEYS), nulls_equal=True).select(
         "part", "group", "index"
     )
-    durations = pl.concat(
-        [p.durations.with_columns(pl.lit(i).alias("part")) for i, p in enumerate(parts)]
-    ).join(lookup, on=["part", "group"])
     n = merged.height
-    index = durations["index"].to_numpy().astype(np.int64)
-    dur = durations["dur"].to_numpy().astype(np.int64)
-    order = np.lexsort((dur, index))
-    index, dur = index[order], dur[order]
-    starts = np.searchsorted(index, np.arange(n), side="left")
-    sizes = np.bincount(index, minlength=n)
+    # each group's durations, from every part that has the group (each part's sorted)
+    pieces: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for i, part in enumerate(parts):
+        mine = lookup.filter(pl.col("part") == i).sort("group")
+        for local, index in zip(mine["group"].to_list(), mine["index"].to_list(), strict=True):
+            lo, hi = part.offsets[local], part.offsets[local + 1]
+            if hi > lo:
+                pieces[index].append(part.durations[lo:hi])
     p50, p95 = np.zeros(n), np.zeros(n)
-    has = sizes > 0
-    for q, out in ((0.5, p50), (0.95, p95)):
-        pos = (sizes[has] - 1) * q
-        lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
-        base = starts[has]
-        out[has] = dur[base + lo] + (dur[base + hi] - dur[base + lo]) * (pos - lo)
+    for index, found in enumerate(pieces):
+        if not found:
+            continue
+        dur = found[0] if len(found) == 1 else np.sort(np.concatenate(found))
+        for q, out in ((0.5, p50), (0.95, p95)):
+            pos = (len(dur) - 1) * q
+            lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+            out[index] = dur[lo] + (dur[hi] - dur[lo]) * (pos - lo)
+    del pieces
     # the framework name seen most often in each group (ties: the one seen first)
     names = (
         pl.concat([p.names.with_columns(pl.lit(i).alias("part")) for i, p in enumerate(parts)])

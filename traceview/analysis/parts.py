@@ -153,6 +153,7 @@ class ChunkedAnalysis:
         """The rank's tables (``rank_tables``); None where a fact given up front did not hold
         (the rank is then analysed whole)."""
         self._drain(final=True)
+        self.queue, self.before, self.running = [], None, None
         if self.seen_gpu != self.gpu or (self.gpu and self.seen_elsewhere != self.elsewhere):
             return None
         tables = {
