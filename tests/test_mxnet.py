@@ -369,9 +369,11 @@ def _engine_trace(
     return path
 
 
-def _phases_and_step(trace: Path, run: Path) -> tuple[dict[tuple[str, int, int], str], dict]:
+def _phases_and_step(
+    trace: Path, run: Path, rules_path: Path | None = None
+) -> tuple[dict[tuple[str, int, int], str], dict]:
     """Each engine operator's phase by (name, worker, start µs), and the one step's row (µs)."""
-    ingest_run([trace], run)
+    ingest_run([trace], run, rules_path=rules_path)
     events = pl.from_arrow(R.read_events(run))
     steps = pl.from_arrow(R.read_steps(run))
     assert isinstance(events, pl.DataFrame) and isinstance(steps, pl.DataFrame)
@@ -524,6 +526,64 @@ def test_an_operator_as_long_as_its_span_counts_on_its_worker(tmp_path: Path) ->
     # the step ends with the other worker's update (875): 850..875 is update, none of it idle
     assert step["wall"] == 875
     assert (step["update"], step["idle"]) == (25, 55)
+
+
+def _user_rules(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+_ONE_STEP = [
+    *_FORWARD_OPS,
+    ("ImperativeBulk", HOME, 505, 300), ("ImperativeBulk", OTHER, 540, 220),
+    *_UPDATE_OPS,
+]  # fmt: skip
+
+
+def test_user_rules_never_reclassify_the_layouts_own_spans(tmp_path: Path) -> None:
+    """The engine layout's markers and spans state their kind and phase: a --rules file whose
+    patterns match their names (tried before the built-in rules) changes nothing; one that
+    names a real operator of the trace does reclassify it."""
+    trace = _engine_trace(tmp_path / "rank-0.mxnet.json", _ONE_STEP, _REGIONS, _C_API)
+    _, plain = _phases_and_step(trace, tmp_path / "plain")
+    assert (plain["forward"], plain["backward"], plain["update"]) == (340, 405, 25)
+    pattern = "^(engine (forward|backward|update)|KVStore round|step#2)$"
+    spans = _user_rules(
+        tmp_path / "spans.toml", f'[[rule]]\nmatch = \'{pattern}\'\nphase = "io"\nset_kind = "op"\n'
+    )
+    phases, step = _phases_and_step(trace, tmp_path / "spans", rules_path=spans)
+    assert step == plain
+    events = pl.from_arrow(R.read_events(tmp_path / "spans"))
+    assert isinstance(events, pl.DataFrame)
+    made = events.filter(pl.col(S.NAME).cast(pl.String).str.contains(pattern)).select(
+        pl.col(S.NAME).cast(pl.String), pl.col(S.KIND).cast(pl.String),
+        pl.col(S.PHASE).cast(pl.String), S.STEP,
+    )  # fmt: skip
+    assert sorted(made.unique().rows()) == [
+        ("engine backward", S.KIND_PYTHON, S.BACKWARD, 2),
+        ("engine forward", S.KIND_PYTHON, S.FORWARD, 2),
+        ("engine update", S.KIND_PYTHON, S.UPDATE, 2),
+        ("step#2", S.KIND_STEP, S.OTHER, 2),
+    ]
+    # ... while a rule for one of the trace's operators is the user's to make
+    mean = _user_rules(
+        tmp_path / "mean.toml", '[[rule]]\nkind = "op"\nmatch = \'^mean$\'\nphase = "update"\n'
+    )
+    phases, _ = _phases_and_step(trace, tmp_path / "mean", rules_path=mean)
+    assert phases[("mean", HOME[1], 300)] == S.UPDATE
+    assert phases[("FullyConnected", HOME[1], 100)] == S.FORWARD
+
+
+def test_user_step_pattern_keeps_the_layouts_steps(tmp_path: Path) -> None:
+    """A --rules file with a [step] pattern of its own (for markers the script writes): the
+    collector's step#N markers are not steps under it, so the layout infers the step from its
+    update round, and that step (a marker the layout made, stating its number) is kept."""
+    trace = _engine_trace(tmp_path / "rank-0.mxnet.json", _ONE_STEP, _REGIONS, _C_API)
+    rules = _user_rules(tmp_path / "steps.toml", "[step]\npattern = '^iteration (\\d+)$'\n")
+    _, step = _phases_and_step(trace, tmp_path / "run", rules_path=rules)
+    # one step, from the trace's first operator (100) to the end of its update round (875)
+    assert step["wall"] == 775
+    assert (step["backward"], step["update"]) == (405, 25)
 
 
 # --- other people's MXNet traces (../shared/traces/mxnet) ------------------------------------------

@@ -77,6 +77,18 @@ def _check(results: dict[str, Any]) -> None:
     classes: Classes = results["classify"]
     for array in (classes.kind, classes.phase, classes.rule_op, classes.default_op):
         assert len(array) == n
+    if layout is not None:  # the events the pass made are what it says, whatever their names
+        assert layout.events.schema.equals(S.LAID_OUT_SCHEMA, check_metadata=False)
+        stated = raw.select([S.STATED_KIND, S.STATED_PHASE, S.STATED_OP]).to_pylist()
+        made = [i for i, row in enumerate(stated) if row[S.STATED_KIND] is not None]
+        assert made, "the layout pass makes step markers or spans"
+        for i in made:
+            row = stated[i]
+            assert S.EVENT_KINDS[classes.kind[i]] == row[S.STATED_KIND]
+            phase = classes.phase[i]
+            assert (S.EVENT_PHASES[phase] if phase >= 0 else None) == row[S.STATED_PHASE]
+            op = classes.rule_op[i]
+            assert (classes.ops[op] if op >= 0 else None) == row[S.STATED_OP]
     assert classes.kind.min(initial=0) >= 0 and classes.kind.max(initial=0) < len(S.EVENT_KINDS)
     assert classes.phase.min(initial=-1) >= -1 and classes.phase.max(initial=0) < N_PHASES
     assert classes.default_op.min(initial=0) >= 0

@@ -23,8 +23,11 @@ where the engine finished that step's update (or push/pull) round and the Python
 for it went on. Without markers the steps are inferred from those rounds: one optimizer-update
 round per step, or one push/pull round where the servers update; the report says so.
 
-The spans are written as events of their own (category ``traceview``; names in ``SPAN_NAMES``,
-``ROUND_NAME``) that parsers/rules/mxnet.toml classifies.
+The markers and spans are written as events of their own (category ``traceview``; names in
+``SPAN_NAMES``), each stating what it is (``schema.LAID_OUT_SCHEMA``: kind ``step`` and its step
+number; kind ``python``, its phase and, for a KVStore round, its operator): no rule decodes
+their names, so a ``--rules`` file reclassifies the trace's own operators and regions, never
+these.
 """
 
 from __future__ import annotations
@@ -46,8 +49,17 @@ from traceview.rules import MAX_STEP, RuleSet
 
 #: The category traceview collect's profiler domain writes, and that of the spans made here.
 TRACEVIEW_CAT = "traceview"
-SPAN_NAMES = {S.FORWARD: "engine forward", S.BACKWARD: "engine backward", S.UPDATE: "engine update"}
-ROUND_NAME = "KVStore round"
+#: The spans made here, by phase: their names (for the views) and canonical operators (None:
+#: named after the span). Structure, not operators: kind ``python``, like Python frames, so the
+#: ops table and ``compare`` list the operators inside them.
+SPAN_NAMES = {
+    S.FORWARD: "engine forward",
+    S.BACKWARD: "engine backward",
+    S.UPDATE: "engine update",
+    S.COMM: "KVStore round",  # each step's round: from the first push/pull asked for to the end
+}
+SPAN_OPS = {S.COMM: "kvstore_round"}
+_OPS = sorted(set(SPAN_OPS.values()))
 STEP_CALL = "Trainer.step"
 _ROUNDS_TID = -1 - zlib.crc32(b"traceview KVStore rounds")
 _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
@@ -106,11 +118,17 @@ class _Events:
     dur: np.ndarray  # ns
     cats: list[Any]
     names: list[Any]
+    # What the events made here state they are (the trace's own: made False, the rest -1)
+    made: np.ndarray  # bool
+    phase: np.ndarray  # index into S.EVENT_PHASES
+    op: np.ndarray  # index into _OPS
+    step: np.ndarray  # step number
 
     def take(self, rows: np.ndarray) -> _Events:
         return _Events(
             self.kind[rows], self.cat[rows], self.name[rows], self.pid[rows], self.tid[rows],
             self.ts[rows], self.dur[rows], self.cats, self.names,
+            self.made[rows], self.phase[rows], self.op[rows], self.step[rows],
         )  # fmt: skip
 
     @property
@@ -123,6 +141,7 @@ class _Events:
         lut = np.array([_KIND_CODE[str(k)] for k in kinds] + [_KIND_CODE[S.KIND_OP]], np.int64)
         cat, cats = dictionary_codes(raw.column(S.CAT))
         name, names = dictionary_codes(raw.column(S.NAME))
+        none = np.full(raw.num_rows, -1, np.int64)
         return cls(
             kind=lut[kind],
             cat=cat,
@@ -133,10 +152,11 @@ class _Events:
             dur=raw.column(S.DUR_NS).to_numpy().astype(np.int64),
             cats=cats,
             names=names,
+            made=np.zeros(raw.num_rows, bool),
+            phase=none,
+            op=none,
+            step=none,
         )
-
-
-_KIND_CODE = {k: i for i, k in enumerate(S.EVENT_KINDS)}
 
 
 @dataclass
@@ -274,7 +294,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
     rounds = _comm_rounds(ev, own, engine, at_home, windows)
     if rounds:
         where = (rounds[0][2], _ROUNDS_TID)
-        placed.append((where, [(ROUND_NAME, start, stop) for start, stop, _ in rounds]))
+        placed.append((where, [(S.COMM, start, stop) for start, stop, _ in rounds]))
         thread_labels[where] = "KVStore rounds (traceview)"
     extra = _synthetic(ev, home, windows, numbers, placed)
     return _Layout(_with_spans(ev, extra), devices, steps_from, thread_labels)
@@ -740,18 +760,25 @@ def _synthetic(
     numbers: np.ndarray,
     placed: list[tuple[tuple[int, int], list[tuple[str, int, int]]]],
 ) -> _Events:
-    """Step markers (on the timeline thread) and phase spans (on their threads) as annotations."""
+    """Step markers (on the timeline thread) and phase spans (on their threads), each stating
+    its kind, phase, operator and step number."""
     labels = [f"step#{n}" for n in numbers.tolist()]
     ts = [int(v) for v in windows[:, 0].tolist()]
     end = [int(v) for v in windows[:, 1].tolist()]
     pids, tids = [home[0]] * len(labels), [home[1]] * len(labels)
+    kinds = [_KIND_CODE[S.KIND_STEP]] * len(labels)
+    phases, ops, steps = [-1] * len(labels), [-1] * len(labels), numbers.tolist()
     for (pid, tid), spans in placed:
         for phase, start, stop in spans:
-            labels.append(SPAN_NAMES.get(phase, phase))
+            labels.append(SPAN_NAMES[phase])
             ts.append(start)
             end.append(stop)
             pids.append(pid)
             tids.append(tid)
+            kinds.append(_KIND_CODE[S.KIND_PYTHON])
+            phases.append(_PHASE_CODES[phase])
+            ops.append(_OPS.index(SPAN_OPS[phase]) if phase in SPAN_OPS else -1)
+            steps.append(-1)
     n = len(labels)
     cats = list(ev.cats)
     if TRACEVIEW_CAT not in cats:
@@ -767,7 +794,7 @@ def _synthetic(
     ev.cats, ev.names = cats, names_all
     start_ns = np.array(ts, np.int64)
     return _Events(
-        kind=np.full(n, _KIND_CODE[S.KIND_ANNOTATION], np.int64),
+        kind=np.array(kinds, np.int64),
         cat=np.full(n, cats.index(TRACEVIEW_CAT), np.int64),
         name=np.array(codes, np.int64),
         pid=np.array(pids, np.int64),
@@ -776,6 +803,10 @@ def _synthetic(
         dur=np.array(end, np.int64) - start_ns,
         cats=cats,
         names=names_all,
+        made=np.ones(n, bool),
+        phase=np.array(phases, np.int64),
+        op=np.array(ops, np.int64),
+        step=np.array(steps, np.int64),
     )
 
 
@@ -803,6 +834,8 @@ def _concat(a: _Events, b: _Events) -> _Events:
         np.concatenate([a.name, b.name]), np.concatenate([a.pid, b.pid]),
         np.concatenate([a.tid, b.tid]), np.concatenate([a.ts, b.ts]),
         np.concatenate([a.dur, b.dur]), words.cats, words.names,
+        np.concatenate([a.made, b.made]), np.concatenate([a.phase, b.phase]),
+        np.concatenate([a.op, b.op]), np.concatenate([a.step, b.step]),
     )  # fmt: skip
 
 
@@ -827,6 +860,10 @@ def _raw_table(ev: _Events) -> pa.Table:
             S.TS_NS: pa.array(ev.ts, pa.int64()),
             S.DUR_NS: pa.array(ev.dur, pa.int64()),
             S.COLLECTIVE: pa.nulls(n, pa.string()),
+            S.STATED_KIND: _dictionary(np.where(ev.made, ev.kind, -1), list(S.EVENT_KINDS)),
+            S.STATED_PHASE: _dictionary(ev.phase, list(S.EVENT_PHASES)),
+            S.STATED_OP: _dictionary(ev.op, list(_OPS)),
+            S.STATED_STEP: pa.array(ev.step, pa.int64(), mask=ev.step < 0),
         }
     )
-    return S.conform(raw, S.RAW_SCHEMA)
+    return S.conform(raw, S.LAID_OUT_SCHEMA)

@@ -18,7 +18,8 @@ to its contract on every sample trace.
     a named pass (``STEP_INFERENCE``: TensorFlow's step groups, TF1's ``Session.run`` calls;
     ``traceview/step_inference.py``);
 ``classify``
-    rules give each distinct name its kind, own phase, canonical op and collective;
+    rules give each distinct name its kind, own phase, canonical op and collective; the events
+    a layout pass made are what it states they are (``schema.LAID_OUT_SCHEMA``);
 ``call_trees``
     host events nest per thread; depth, parent and self time come from sorting and binary
     searches, not from a per-event stack;
@@ -123,14 +124,52 @@ class Classes:
     collectives: list[str]
     _step: np.ndarray  # per distinct name: step number of step markers (-1: none)
     _inverse: np.ndarray
+    _stated_step: np.ndarray | None = None  # per event: a layout pass's step number (-1: none)
 
     def step_number(self, rows: np.ndarray) -> np.ndarray:
-        return self._step[self._inverse[rows]]
+        numbers = self._step[self._inverse[rows]]
+        if self._stated_step is not None:
+            stated = self._stated_step[rows]
+            numbers = np.where(stated >= 0, stated, numbers)
+        return numbers
+
+
+@dataclass
+class _Stated:
+    """The events a layout pass made, and what it says they are (``schema.LAID_OUT_SCHEMA``)."""
+
+    rows: np.ndarray  # event indices
+    kind: np.ndarray  # per row: kind code
+    phase: np.ndarray  # per row: phase code (NO_PHASE: none of its own)
+    op: list[str | None]  # per row: canonical op (None: named after the event)
+    step: np.ndarray  # per event (all of them): step number (-1: none)
+
+
+def _stated(raw: pa.Table) -> _Stated | None:
+    """What a layout pass stated of the events it made; None where it made none."""
+    if S.STATED_KIND not in raw.column_names or raw.column(S.STATED_KIND).null_count == len(raw):
+        return None
+    kind = _dictionary(raw.column(S.STATED_KIND))
+    rows = np.flatnonzero(_codes(kind) >= 0)
+    kinds = np.array([_KIND_CODES[str(k)] for k in kind.dictionary.to_pylist()], np.int8)
+    phase = _dictionary(raw.column(S.STATED_PHASE))
+    phases = [PHASE_CODES[str(p)] for p in phase.dictionary.to_pylist()]
+    ops = raw.column(S.STATED_OP).take(pa.array(rows)).to_pylist()
+    return _Stated(
+        rows=rows,
+        kind=kinds[_codes(kind)[rows]],
+        phase=np.array([*phases, NO_PHASE], np.int8)[_codes(phase)[rows]],
+        op=[None if op is None else str(op) for op in ops],
+        step=_numpy(raw.column(S.STATED_STEP), -1),
+    )
 
 
 def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: str = "") -> Classes:
     """The rules applied to each distinct (kind, category, name); a step marker whose number
-    is too large to be a step is numbered by its position, with a warning in ``notes``."""
+    is too large to be a step is numbered by its position, with a warning in ``notes``. The
+    events a layout pass made are what it states (``schema.STATED_KIND``...), not what a rule
+    would make of their names."""
+    stated = _stated(raw)
     kind_dict = _dictionary(raw.column(S.KIND))
     cat_dict = _dictionary(raw.column(S.CAT))
     name_dict = _dictionary(raw.column(S.NAME))
@@ -153,12 +192,23 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     u_collective = np.empty(count, np.int16)
     u_from_args = np.zeros(count, bool)
     u_step = np.full(count, -1, np.int64)
+    by_rules = np.ones(count, bool)  # (kind, category, name)s of the trace's own events
+    if stated is not None:
+        trace_rows = np.ones(len(inverse), bool)
+        trace_rows[stated.rows] = False
+        by_rules[:] = False
+        by_rules[inverse[trace_rows]] = True
     for i, value in enumerate(unique.tolist()):
         name_i = value % max(len(names), 1)
         rest = value // max(len(names), 1)
         cat = cats[rest % (len(cats) + 1) - 1] if rest % (len(cats) + 1) else None
         kind = kinds[rest // (len(cats) + 1)]
         name = names[name_i]
+        if not by_rules[i]:  # only events a layout pass made: see below
+            u_kind[i] = _KIND_CODES.get(kind, _KIND_CODES[S.KIND_OP])
+            u_phase[i], u_rule_op[i], u_collective[i] = NO_PHASE, -1, -1
+            u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
+            continue
         result = rules.classify(kind, cat, name)
         u_kind[i] = _KIND_CODES.get(result.kind, _KIND_CODES[S.KIND_OP])
         u_phase[i] = PHASE_CODES[result.phase] if result.phase else NO_PHASE
@@ -177,7 +227,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
                     f"{label}: step marker {shown}: step number too large to be a step "
                     "(corrupt), numbered by its position"
                 )
-    return Classes(
+    classes = Classes(
         kind=u_kind[inverse],
         phase=u_phase[inverse],
         rule_op=u_rule_op[inverse],
@@ -189,6 +239,20 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
         _step=u_step,
         _inverse=inverse,
     )
+    if stated is not None:
+        rows = stated.rows
+        classes.kind[rows] = stated.kind
+        classes.phase[rows] = stated.phase
+        index = {op: i for i, op in enumerate(classes.ops)}
+        for op in stated.op:
+            if op is not None and op not in index:
+                index[op] = len(classes.ops)
+                classes.ops.append(op)
+        classes.rule_op[rows] = [-1 if op is None else index[op] for op in stated.op]
+        classes.collective[rows] = -1
+        classes.from_args[rows] = False
+        classes._stated_step = stated.step
+    return classes
 
 
 @dataclass
@@ -400,7 +464,7 @@ class LayoutResult:
     """What a layout pass returns: the laid-out raw events, and for the manifest what it found
     (added to the rank's meta, thread names and skipped-record counts)."""
 
-    events: pa.Table  # schema.RAW_SCHEMA
+    events: pa.Table  # schema.LAID_OUT_SCHEMA
     meta: dict[str, Any] = field(default_factory=dict)
     threads: dict[str, str] = field(default_factory=dict)  # "pid/tid" -> label
     skipped: dict[str, int] = field(default_factory=dict)
@@ -467,7 +531,8 @@ def with_markers(raw: pa.Table, inferred: InferredSteps | None) -> pa.Table:
     """The raw events and, after them, the inferred markers (one chunk, dictionaries unified)."""
     if inferred is None or inferred.markers.num_rows == 0:
         return raw
-    both = pa.concat_tables([S.conform(raw, S.RAW_SCHEMA), inferred.markers])
+    schema = S.LAID_OUT_SCHEMA if S.STATED_KIND in raw.column_names else S.RAW_SCHEMA
+    both = pa.concat_tables([S.conform(raw, schema), S.conform(inferred.markers, schema)])
     return both.unify_dictionaries().combine_chunks()
 
 
