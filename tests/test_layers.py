@@ -3,8 +3,9 @@ than in review:
 
   traces -> parsers -> normalize/ingest -> analysis -> results -> views (text, JSON, TUI)
 
-- parsers read formats: they import the schema and their own shared helpers, nothing of the
-  core's stages (classification rules, layout and step-inference passes included);
+- parsers read formats: they import the schema, the errors, the column helpers they share with
+  the core (traceview.arrays) and each other, nothing of the core's stages (classification
+  rules, layout and step-inference passes included);
 - normalize, ingest and the run directory never import the analysis, the results or a view;
 - the analysis imports nothing that draws (rich, textual, the views);
 - views render results: no numpy or polars, and of the analysis only its public entry points
@@ -109,8 +110,27 @@ CORE_STAGES = (
 DRAWING = ("rich", "textual", "traceview.views", "traceview.tui")
 
 
+#: What a parser may import of traceview: the schema, the errors, the column helpers it shares
+#: with the core (traceview.arrays) and the other parsers.
+PARSER_HELPERS = ("traceview.schema", "traceview.errors", "traceview.arrays", "traceview.parsers")
+
+
 def test_parsers_only_read_formats() -> None:
     assert not _violations(_modules("traceview.parsers"), CORE_STAGES)
+    out = [
+        f"{module} imports {target}"
+        for module in _modules("traceview.parsers")
+        for target in sorted(imports_of(module))
+        if _under(target, ("traceview",)) and target != "traceview"
+        and not _under(target, PARSER_HELPERS)
+    ]  # fmt: skip
+    assert not out
+
+
+def test_the_helpers_parsers_share_import_only_the_schema() -> None:
+    for module in ("traceview.arrays", "traceview.errors", "traceview.schema"):
+        own = [t for t in imports_of(module) if _under(t, ("traceview",))]
+        assert set(own) <= {"traceview", "traceview.schema"}, f"{module} imports {own}"
 
 
 def test_normalize_and_ingest_never_import_the_analysis_or_a_view() -> None:

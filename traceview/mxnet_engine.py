@@ -42,9 +42,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
+from traceview.arrays import dictionary_array, dictionary_codes, disjoint, window_index
 from traceview.errors import Notes
 from traceview.normalize import LayoutResult
-from traceview.parsers import dictionary_codes, group_ids
+from traceview.parsers import group_ids
 from traceview.rules import MAX_STEP, RuleSet
 
 #: The category traceview collect's profiler domain writes, and that of the spans made here.
@@ -93,16 +94,6 @@ def lay_out(
         threads={f"{p}/{t}": label for (p, t), label in layout.thread_labels.items()},
         skipped={"duplicate": layout.duplicates},
     )
-
-
-def _covering(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Index of the interval (sorted by start, disjoint) strictly containing each instant, -1."""
-    if len(starts) == 0:
-        return np.full(len(at), -1, np.int64)
-    idx = np.searchsorted(starts, at, side="left") - 1
-    safe = np.maximum(idx, 0)
-    inside = (idx >= 0) & (ends[safe] > at)
-    return np.where(inside, idx, -1)
 
 
 @dataclass
@@ -354,7 +345,7 @@ def _fits_between(
     bs = b_start[order_b]
     be = np.maximum.accumulate(b_end[order_b]) if len(b_end) else b_end
     # No busy interval runs at the start, none starts then, and the next begins after the end.
-    running = _covering(bs, be, start)
+    running = window_index(bs, be, start, with_start=False)
     following = np.searchsorted(bs, start, side="right")
     free = (running < 0) & ~np.isin(start, bs)
     if len(bs):
@@ -410,7 +401,7 @@ def _after_waits(ev: _Events, ends: np.ndarray) -> np.ndarray:
     if len(rows) == 0 or len(ends) == 0:
         return ends
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    cover = _covering(ev.ts[rows], np.maximum.accumulate(ev.end[rows]), ends)
+    cover = window_index(ev.ts[rows], np.maximum.accumulate(ev.end[rows]), ends, with_start=False)
     moved = np.where(cover >= 0, np.maximum.accumulate(ev.end[rows])[np.maximum(cover, 0)], ends)
     # never past the next round's end
     limit = np.concatenate([ends[1:], [np.iinfo(np.int64).max]])
@@ -440,11 +431,7 @@ def _step_windows(
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """Step windows ((n, 2) start/end ns), their numbers, and where they came from."""
     markers = np.flatnonzero(is_step)
-    markers = markers[np.argsort(ev.ts[markers], kind="stable")]
-    if len(markers):
-        keep = np.ones(len(markers), bool)
-        keep[1:] = ev.ts[markers[1:]] >= np.maximum.accumulate(ev.end[markers])[:-1]
-        markers = markers[keep]
+    markers = markers[disjoint(ev.ts[markers], ev.end[markers])]
     first, last, what = _rounds(ev, own, engine)
     last = _after_waits(ev, last)
     busy = ev.ts[engine]
@@ -563,7 +550,7 @@ def _head_gradient_fills(
     after = is_op & np.isin(own, [_PHASE_CODES[S.UPDATE], _PHASE_CODES[S.COMM]])
     later = np.append(np.sort(ev.ts[after]), np.iinfo(np.int64).max)
     limit = np.minimum(later[np.searchsorted(later, asked, side="left")], windows[:, 1])
-    window = _covering(windows[:, 0], windows[:, 1], ev.ts[candidates])
+    window = window_index(windows[:, 0], windows[:, 1], ev.ts[candidates], with_start=False)
     w = np.maximum(window, 0)
     ts = ev.ts[candidates]
     fills[candidates] = (window >= 0) & has_call[w] & (ts >= asked[w]) & (ts < limit[w])
@@ -627,7 +614,7 @@ def _spans(
     if len(io_start):
         order = np.argsort(io_start)
         io_start, io_end = io_start[order], np.maximum.accumulate(io_end[order])
-        forward_op &= _covering(io_start, io_end, ev.ts) < 0
+        forward_op &= window_index(io_start, io_end, ev.ts, with_start=False) < 0
         forward_op &= ~np.isin(ev.ts, io_start)
     solid = mine & (ev.kind == _KIND_CODE[S.KIND_OP]) & ~_bookkeeping(ev)
     for w_start, w_end in windows.tolist():
@@ -672,7 +659,9 @@ def _spans(
                 before = ends[ends <= start]
                 earliest = max(int(issued.min()), int(before.max()) if len(before) else w_start)
                 if len(io_start):  # never from inside data loading
-                    inside_io = _covering(io_start, io_end, np.array([earliest]))[0]
+                    inside_io = window_index(
+                        io_start, io_end, np.array([earliest]), with_start=False
+                    )[0]
                     earliest = int(io_end[inside_io]) if inside_io >= 0 else earliest
                 if earliest < start:
                     found[phase][0] = earliest
@@ -721,10 +710,10 @@ def _io_regions(
     ops = ops[np.argsort(ev.ts[ops], kind="stable")]
     o_start, o_end = ev.ts[ops], np.maximum.accumulate(ev.end[ops])
     # An operator running when the region starts: the region starts when it ends.
-    cover = _covering(o_start, o_end, start)
+    cover = window_index(o_start, o_end, start, with_start=False)
     start = np.where(cover >= 0, o_end[np.maximum(cover, 0)], start)
     # An operator that started inside the region and outlasts it: the region waits for it.
-    cover = _covering(o_start, o_end, end)
+    cover = window_index(o_start, o_end, end, with_start=False)
     late = (cover >= 0) & (o_start[np.maximum(cover, 0)] >= start)
     end = np.where(late, o_end[np.maximum(cover, 0)], end)
     if len(calls):
@@ -742,12 +731,12 @@ def _io_regions(
         s_end = np.array([e for _, _, e in spans], np.int64)
         order = np.argsort(s_start)
         s_start, s_end = s_start[order], s_end[order]
-        cover = _covering(s_start, s_end, start)
+        cover = window_index(s_start, s_end, start, with_start=False)
         start = np.where(cover >= 0, s_end[np.maximum(cover, 0)], start)
-        cover = _covering(s_start, s_end, end)
+        cover = window_index(s_start, s_end, end, with_start=False)
         end = np.where(cover >= 0, s_start[np.maximum(cover, 0)], end)
     if len(windows):
-        w = _covering(windows[:, 0], windows[:, 1], start)
+        w = window_index(windows[:, 0], windows[:, 1], start, with_start=False)
         end = np.where(w >= 0, np.minimum(end, windows[np.maximum(w, 0), 1]), end)
     keep = end > start
     return rows[keep], start[keep], end[keep]
@@ -839,13 +828,6 @@ def _concat(a: _Events, b: _Events) -> _Events:
     )  # fmt: skip
 
 
-def _dictionary(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
-    indices = pa.array(codes.astype(np.int32), pa.int32(), mask=codes < 0)
-    return pa.DictionaryArray.from_arrays(
-        indices, pa.array([None if v is None else str(v) for v in values], pa.string())
-    )
-
-
 def _raw_table(ev: _Events) -> pa.Table:
     n = len(ev.ts)
     raw = pa.table(
@@ -853,16 +835,16 @@ def _raw_table(ev: _Events) -> pa.Table:
             S.KIND: pa.DictionaryArray.from_arrays(
                 pa.array(ev.kind.astype(np.int32)), pa.array(list(S.EVENT_KINDS))
             ),
-            S.CAT: _dictionary(ev.cat, ev.cats),
-            S.NAME: pc.fill_null(_dictionary(ev.name, ev.names).cast(pa.string()), ""),
+            S.CAT: dictionary_array(ev.cat, ev.cats),
+            S.NAME: pc.fill_null(dictionary_array(ev.name, ev.names).cast(pa.string()), ""),
             S.PID: pa.array(ev.pid, pa.int64()),
             S.TID: pa.array(ev.tid, pa.int64()),
             S.TS_NS: pa.array(ev.ts, pa.int64()),
             S.DUR_NS: pa.array(ev.dur, pa.int64()),
             S.COLLECTIVE: pa.nulls(n, pa.string()),
-            S.STATED_KIND: _dictionary(np.where(ev.made, ev.kind, -1), list(S.EVENT_KINDS)),
-            S.STATED_PHASE: _dictionary(ev.phase, list(S.EVENT_PHASES)),
-            S.STATED_OP: _dictionary(ev.op, list(_OPS)),
+            S.STATED_KIND: dictionary_array(np.where(ev.made, ev.kind, -1), list(S.EVENT_KINDS)),
+            S.STATED_PHASE: dictionary_array(ev.phase, list(S.EVENT_PHASES)),
+            S.STATED_OP: dictionary_array(ev.op, list(_OPS)),
             S.STATED_STEP: pa.array(ev.step, pa.int64(), mask=ev.step < 0),
         }
     )

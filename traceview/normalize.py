@@ -51,10 +51,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import outermost_operators, training_thread_of
+from traceview.arrays import (
+    dictionary_array,
+    dictionary_codes,
+    disjoint,
+    ints,
+    outermost_operators,
+    training_thread_of,
+    window_index,
+)
 from traceview.errors import BadInput, Notes
 from traceview.rules import RuleSet
 
@@ -90,24 +97,6 @@ class Normalized:
     notes: Notes = field(default_factory=Notes)
     layout: LayoutResult | None = None  # what a layout pass found (its events dropped)
     inferred: InferredSteps | None = None  # what a step-inference pass made (its markers dropped)
-
-
-def _dictionary(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    return array
-
-
-def _codes(array: pa.DictionaryArray) -> np.ndarray:
-    """Dictionary indices as int64 with -1 for null."""
-    return np.asarray(
-        pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64
-    )
-
-
-def _numpy(column: pa.ChunkedArray, fill: int) -> np.ndarray:
-    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 @dataclass
@@ -149,18 +138,16 @@ def _stated(raw: pa.Table) -> _Stated | None:
     """What a layout pass stated of the events it made; None where it made none."""
     if S.STATED_KIND not in raw.column_names or raw.column(S.STATED_KIND).null_count == len(raw):
         return None
-    kind = _dictionary(raw.column(S.STATED_KIND))
-    rows = np.flatnonzero(_codes(kind) >= 0)
-    kinds = np.array([_KIND_CODES[str(k)] for k in kind.dictionary.to_pylist()], np.int8)
-    phase = _dictionary(raw.column(S.STATED_PHASE))
-    phases = [PHASE_CODES[str(p)] for p in phase.dictionary.to_pylist()]
+    kind, kinds = dictionary_codes(raw.column(S.STATED_KIND))
+    rows = np.flatnonzero(kind >= 0)
+    phase, phases = dictionary_codes(raw.column(S.STATED_PHASE))
     ops = raw.column(S.STATED_OP).take(pa.array(rows)).to_pylist()
     return _Stated(
         rows=rows,
-        kind=kinds[_codes(kind)[rows]],
-        phase=np.array([*phases, NO_PHASE], np.int8)[_codes(phase)[rows]],
+        kind=np.array([_KIND_CODES[str(k)] for k in kinds], np.int8)[kind[rows]],
+        phase=np.array([*(PHASE_CODES[str(p)] for p in phases), NO_PHASE], np.int8)[phase[rows]],
         op=[None if op is None else str(op) for op in ops],
-        step=_numpy(raw.column(S.STATED_STEP), -1),
+        step=ints(raw.column(S.STATED_STEP), -1),
     )
 
 
@@ -170,14 +157,14 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     events a layout pass made are what it states (``schema.STATED_KIND``...), not what a rule
     would make of their names."""
     stated = _stated(raw)
-    kind_dict = _dictionary(raw.column(S.KIND))
-    cat_dict = _dictionary(raw.column(S.CAT))
-    name_dict = _dictionary(raw.column(S.NAME))
-    kinds = [str(k) for k in kind_dict.dictionary.to_pylist()]
-    cats = cat_dict.dictionary.to_pylist()
-    names = [str(n) for n in name_dict.dictionary.to_pylist()]
-    key = _codes(kind_dict) * (len(cats) + 1) + (_codes(cat_dict) + 1)
-    key = key * max(len(names), 1) + _codes(name_dict)
+    kind_codes, kind_values = dictionary_codes(raw.column(S.KIND))
+    cat_codes, cats = dictionary_codes(raw.column(S.CAT))
+    name_codes, name_values = dictionary_codes(raw.column(S.NAME))
+    kinds = [str(k) for k in kind_values]
+    names = [str(n) for n in name_values]
+    key = kind_codes * (len(cats) + 1) + (cat_codes + 1)
+    key = key * max(len(names), 1) + name_codes
+    del kind_codes, cat_codes, name_codes
     unique, inverse = np.unique(key, return_inverse=True)
     del key
     inverse = inverse.astype(np.int32)
@@ -350,13 +337,8 @@ def _stack_walk(start: np.ndarray, end: np.ndarray, offset: int) -> tuple[np.nda
     return depth, parent
 
 
-def _windows(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """Index of the window (sorted, disjoint) that contains each timestamp, -1 for none."""
-    if len(starts) == 0:
-        return np.full(len(ts), -1, np.int64)
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    inside = (idx >= 0) & (ts < ends[np.maximum(idx, 0)])
-    return np.where(inside, idx, -1)
+#: The step window of each instant (``arrays.window_index``; traceview.chunked's name for it).
+_windows = window_index
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -388,11 +370,11 @@ def _scope_classes(
     op = np.full(len(rows), -1, np.int32)
     if not has_scope(raw) or len(rows) == 0:
         return phase, op
-    scope = _dictionary(raw.column(S.SCOPE))
-    codes = _codes(scope)[rows]
+    scope, scopes = dictionary_codes(raw.column(S.SCOPE))
+    codes = scope[rows]
     index = {name: i for i, name in enumerate(ops)}
     u_phase, u_op = [], []
-    for name in scope.dictionary.to_pylist():
+    for name in scopes:
         result = rules.classify(S.KIND_OP, None, str(name))
         u_phase.append(PHASE_CODES[result.phase] if result.phase else NO_PHASE)
         canonical = result.op or rules.default_op(str(name))
@@ -404,11 +386,6 @@ def _scope_classes(
     phase[known] = np.array(u_phase, np.int8)[codes[known]]
     op[known] = np.array(u_op, np.int32)[codes[known]]
     return phase, op
-
-
-def _dict_array(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
-    indices = pa.array(codes.astype(np.int32, copy=False), pa.int32(), mask=codes < 0)
-    return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
 
 
 def _constant(value: str | None, n: int) -> pa.DictionaryArray:
@@ -426,8 +403,8 @@ def _without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
     longer): one corrupt record must not make the whole trace unreadable."""
     if raw.num_rows == 0:
         return raw
-    ts = _numpy(raw.column(S.TS_NS), 0)
-    dur = _numpy(raw.column(S.DUR_NS), 0)
+    ts = ints(raw.column(S.TS_NS), 0)
+    dur = ints(raw.column(S.DUR_NS), 0)
     if int(ts.max()) - int(ts.min()) <= STRAY_NS and int(dur.max()) <= STRAY_NS:
         return raw  # the usual case: no copies, no median
     ts_f = ts.astype(np.float64)
@@ -445,13 +422,13 @@ def kinds_from_categories(raw: pa.Table, rules: RuleSet) -> pa.Table:
     """An event whose parser left its kind open takes the kind the rules give its category."""
     if raw.column(S.KIND).null_count == 0:
         return raw
-    kind, cats = _dictionary(raw.column(S.KIND)), _dictionary(raw.column(S.CAT))
-    stated = [str(k) for k in kind.dictionary.to_pylist()]
-    by_category = [rules.kind_of(c) for c in cats.dictionary.to_pylist()] + [rules.kind_of(None)]
+    kind_codes, kinds = dictionary_codes(raw.column(S.KIND))
+    cat_codes, cats = dictionary_codes(raw.column(S.CAT))
+    stated = [str(k) for k in kinds]
+    by_category = [rules.kind_of(c) for c in cats] + [rules.kind_of(None)]
     names = sorted({*stated, *by_category})
     code = {name: i for i, name in enumerate(names)}
     # on dictionary codes: the parser's kind where it stated one, else its category's
-    kind_codes, cat_codes = _codes(kind), _codes(cats)
     from_category = np.array([code[k] for k in by_category], np.int32)[cat_codes]
     from_parser = np.array([code[k] for k in stated] + [0], np.int32)[kind_codes]
     filled = np.where(kind_codes >= 0, from_parser, from_category).astype(np.int32)
@@ -516,9 +493,8 @@ def step_markers(
 
     if method not in STEP_INFERENCE:
         raise BadInput(f"the parser asks for an unknown step inference {method!r}")
-    kinds = _dictionary(raw.column(S.KIND))
-    values = [str(k) for k in kinds.dictionary.to_pylist()]
-    if S.KIND_STEP in values and (_codes(kinds) == values.index(S.KIND_STEP)).any():
+    kinds, values = dictionary_codes(raw.column(S.KIND))
+    if S.KIND_STEP in values and (kinds == values.index(S.KIND_STEP)).any():
         return None
     module, _, function = STEP_INFERENCE[method].partition(":")
     result: InferredSteps = getattr(importlib.import_module(module), function)(
@@ -548,10 +524,10 @@ class RankColumns:
     @classmethod
     def of(cls, raw: pa.Table) -> RankColumns:
         return cls(
-            pid=_numpy(raw.column(S.PID), 0),
-            tid=_numpy(raw.column(S.TID), 0),
-            ts=_numpy(raw.column(S.TS_NS), 0),
-            dur=np.maximum(_numpy(raw.column(S.DUR_NS), 0), 0),
+            pid=ints(raw.column(S.PID), 0),
+            tid=ints(raw.column(S.TID), 0),
+            ts=ints(raw.column(S.TS_NS), 0),
+            dur=np.maximum(ints(raw.column(S.DUR_NS), 0), 0),
         )
 
 
@@ -610,12 +586,8 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
     if training is not None:
         on_training = (c.pid == training[0]) & (c.tid == training[1]) & _HOST_TREE[kind]
     marker = np.flatnonzero(on_training & (kind == _KIND_CODES[S.KIND_STEP]))
-    marker = marker[np.argsort(c.ts[marker], kind="stable")]
-    if len(marker):
-        # Keep disjoint windows: a marker that starts inside the previous one is dropped.
-        keep = np.ones(len(marker), bool)
-        keep[1:] = c.ts[marker[1:]] >= np.maximum.accumulate(c.ts[marker] + c.dur[marker])[:-1]
-        marker = marker[keep]
+    # Keep disjoint windows: a marker that starts inside the previous one is dropped.
+    marker = marker[disjoint(c.ts[marker], c.ts[marker] + c.dur[marker])]
     starts, ends = c.ts[marker], c.ts[marker] + c.dur[marker]
     numbers = classes.step_number(marker)
     numbers = np.where(numbers >= 0, numbers, np.arange(len(marker)))
@@ -626,7 +598,7 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
         )
         step = np.full(n, -1, np.int64)
     else:
-        window = _windows(starts, ends, c.ts)
+        window = window_index(starts, ends, c.ts)
         step = np.where(window >= 0, numbers[np.maximum(window, 0)], -1)
     return Steps(training, marker, starts, ends, step, on_training)
 
@@ -808,8 +780,8 @@ def launchers(raw: pa.Table, classes: Classes, trees: CallTrees) -> Launched:
     the operator with its ``external_id``."""
     kind, hosts = classes.kind, trees.hosts
     device = np.flatnonzero(_DEVICE[kind])
-    correlation = _numpy(raw.column(S.CORRELATION), -1)
-    external = _numpy(raw.column(S.EXTERNAL_ID), -1)
+    correlation = ints(raw.column(S.CORRELATION), -1)
+    external = ints(raw.column(S.EXTERNAL_ID), -1)
     runtime = hosts[kind[hosts] == _KIND_CODES[S.KIND_RUNTIME]]
     launcher = _lookup(correlation[runtime], runtime, correlation[device])
     host_ops = hosts[kind[hosts] != _KIND_CODES[S.KIND_RUNTIME]]
@@ -892,13 +864,14 @@ def name_collectives(
     gave it one."""
     names = list(classes.collectives)
     collective = classes.collective.copy()
-    hint = _dictionary(raw.column(S.COLLECTIVE))
-    if not (classes.from_args.any() and len(hint.dictionary)):
+    if not classes.from_args.any():
+        return Collectives(collective, names, op)
+    hint_codes, hints = dictionary_codes(raw.column(S.COLLECTIVE))
+    if not hints:
         return Collectives(collective, names, op)
     op = op.copy()
-    hint_codes = _codes(hint)
     mapped = []
-    for value in hint.dictionary.to_pylist():
+    for value in hints:
         name = rules.normalize_collective(value)
         if name is not None and name not in names:
             names.append(name)
@@ -957,20 +930,20 @@ def events_table(
         S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
         S.HOST: _constant(meta.host, n),
         S.FRAMEWORK: _constant(meta.framework, n),
-        S.DEVICE: _dict_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
-        S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
+        S.DEVICE: dictionary_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
+        S.KIND: dictionary_array(kind, list(S.EVENT_KINDS)),
         S.CAT: raw.column(S.CAT),
         S.PID: raw.column(S.PID),
         S.TID: raw.column(S.TID),
         S.NAME: raw.column(S.NAME),
-        S.OP: _dict_array(named.op, classes.ops),
-        S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
+        S.OP: dictionary_array(named.op, classes.ops),
+        S.PHASE: dictionary_array(phase, list(S.EVENT_PHASES)),
         S.STEP: pa.array(step, pa.int64(), mask=step < 0),
         S.TS_NS: pa.array(columns.ts),
         S.DUR_NS: pa.array(columns.dur),
         S.SELF_NS: pa.array(trees.self_ns, pa.int64()),
         S.BYTES: raw.column(S.BYTES),
-        S.COLLECTIVE: _dict_array(named.collective, named.names),
+        S.COLLECTIVE: dictionary_array(named.collective, named.names),
         S.CORRELATION: raw.column(S.CORRELATION),
         S.EVENT_ID: pa.array(ids),
         S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
@@ -1096,7 +1069,7 @@ def normalize_chunk(
     kind = classes.kind
     host_tree = _HOST_TREE[kind]
     on_training = (columns.pid == ctx.training[0]) & (columns.tid == ctx.training[1]) & host_tree
-    window = _windows(ctx.starts, ctx.ends, columns.ts)
+    window = window_index(ctx.starts, ctx.ends, columns.ts)
     step_of = np.where(window >= 0, ctx.numbers[np.maximum(window, 0)], -1)
     steps = Steps(ctx.training, np.zeros(0, np.int64), ctx.starts, ctx.ends, step_of, on_training)
     launched = launchers(raw, classes, trees)
