@@ -138,13 +138,6 @@ def _registered() -> tuple[Parser, ...]:
     return tuple(parsers)
 
 
-def parser_for(path: Path, head: bytes) -> Parser | None:
-    for parser in registered():
-        if parser.sniff(path, head):
-            return parser
-    return None
-
-
 #: The fallback for Chrome traces no parser claims, used only with a rules file (``--rules``).
 GENERIC_PARSER = "traceview.parsers.chrome:ChromeParser"
 

@@ -24,7 +24,7 @@ from traceview import chunked
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis import RANK_TABLES
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 from traceview.views.text import to_json
 
 REPO = Path(__file__).resolve().parent.parent

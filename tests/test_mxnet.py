@@ -29,15 +29,15 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import REPO, SAMPLES, run_cli, shared_traces
+from tests.conftest import REPO, SAMPLES, analysed, run_cli, shared_traces
 from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.errors import Notes
 from traceview.normalize import LayoutResult, kinds_from_categories, lay_out
+from traceview.open_run import ingest_run
 from traceview.parsers.mxnet import MXNetParser
 from traceview.rules import rules_for
-from traceview.runs import ingest_run
 
 MX_SAMPLES = SAMPLES / "mxnet"
 # Bulk execution on (MXNet's default): backward, and some of the hybridized forward in
@@ -124,7 +124,7 @@ def test_each_step_matches_the_timers(samples: dict[str, Path], scenario: str) -
 
 @pytest.mark.parametrize("scenario", SAMPLED)
 def test_exclusive_phases_sum_to_the_step(samples: dict[str, Path], scenario: str) -> None:
-    steps = pl.from_arrow(R.read_steps(samples[scenario]))
+    steps = pl.from_arrow(analysed(samples[scenario]).steps)
     assert isinstance(steps, pl.DataFrame)
     total = steps.select(pl.sum_horizontal([S.phase_ns(p) for p in S.BREAKDOWN_PHASES])).to_series()
     assert (total == steps[S.WALL_NS]).all()
@@ -227,7 +227,7 @@ def test_bulk_segments_without_the_backward_call_are_backward(tmp_path: Path) ->
     )
     assert bulks.height >= 5
     assert set(bulks[S.PHASE].cast(pl.String)) == {S.BACKWARD}
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert (steps[S.phase_ns(S.BACKWARD)] > 0).all()
 
@@ -375,7 +375,7 @@ def _phases_and_step(
     """Each engine operator's phase by (name, worker, start µs), and the one step's row (µs)."""
     ingest_run([trace], run, rules_path=rules_path)
     events = pl.from_arrow(R.read_events(run))
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(events, pl.DataFrame) and isinstance(steps, pl.DataFrame)
     ops = events.filter(pl.col(S.TID).is_in([HOME[1], OTHER[1]]) & (pl.col(S.KIND) == S.KIND_OP))
     phases = {
@@ -850,7 +850,7 @@ def test_script_that_marks_its_own_steps_and_phases(tmp_path: Path) -> None:
     df = steps_with_timers(run, out)
     assert df[S.STEP].to_list() == [2, 3, 4, 5, 6]  # the user's steps, numbered as collect's
     check_against_timers(df, "manual steps", 0.15, 1.0)
-    ops = R.read_ops(run).to_pylist()
+    ops = analysed(run).ops.to_pylist()
     assert {o["op"] for o in ops if o["phase"] == S.UPDATE} >= {"weights_update"}
     names = {o["name"]: o["op"] for o in ops}
     # the compute regions time Python queueing work, not operators; data loading is one

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from tests.conftest import parser_of
 from tests.test_parser_contract import TRACES
 from traceview import schema as S
 from traceview.normalize import (
@@ -29,8 +30,6 @@ from traceview.normalize import (
     normalize,
     with_markers,
 )
-from traceview.parsers import parser_for
-from traceview.parsers.chrome_json import read_head
 from traceview.rules import rules_for
 
 N_PHASES = len(S.EVENT_PHASES)
@@ -133,7 +132,7 @@ def _check(results: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_pass_keeps_its_contract(path: Path) -> None:
-    parser = parser_for(path, read_head(path))
+    parser = parser_of(path)
     assert parser is not None
     parsed = parser.parse(path)
     recorder = Recorder()
