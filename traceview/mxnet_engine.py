@@ -132,7 +132,6 @@ class _Events:
         lut = np.array([_KIND_CODE[str(k)] for k in kinds] + [_KIND_CODE[S.KIND_OP]], np.int64)
         cat, cats = dictionary_codes(raw.column(S.CAT))
         name, names = dictionary_codes(raw.column(S.NAME))
-        none = np.full(raw.num_rows, -1, np.int64)
         return cls(
             kind=lut[kind],
             cat=cat,
@@ -144,9 +143,9 @@ class _Events:
             cats=cats,
             names=names,
             made=np.zeros(raw.num_rows, bool),
-            phase=none,
-            op=none,
-            step=none,
+            phase=np.full(raw.num_rows, -1, np.int64),
+            op=np.full(raw.num_rows, -1, np.int64),
+            step=np.full(raw.num_rows, -1, np.int64),
         )
 
 

@@ -159,12 +159,13 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     stated = _stated(raw)
     kind_codes, kind_values = dictionary_codes(raw.column(S.KIND))
     cat_codes, cats = dictionary_codes(raw.column(S.CAT))
+    key = kind_codes * (len(cats) + 1) + (cat_codes + 1)
+    del kind_codes, cat_codes
     name_codes, name_values = dictionary_codes(raw.column(S.NAME))
     kinds = [str(k) for k in kind_values]
     names = [str(n) for n in name_values]
-    key = kind_codes * (len(cats) + 1) + (cat_codes + 1)
     key = key * max(len(names), 1) + name_codes
-    del kind_codes, cat_codes, name_codes
+    del name_codes
     unique, inverse = np.unique(key, return_inverse=True)
     del key
     inverse = inverse.astype(np.int32)
