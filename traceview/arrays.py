@@ -37,15 +37,13 @@ def dictionary_array(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray
 
 
 def disjoint(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Indices of the intervals by start (stable), leaving out each one that starts before an
-    earlier one has ended (dropped ones included): step markers, the first of overlapping ones
-    kept (docs/design.md, "The training thread and the steps")."""
-    order = np.argsort(starts, kind="stable")
-    if len(order) == 0:
-        return order
-    keep = np.ones(len(order), bool)
-    keep[1:] = starts[order[1:]] >= np.maximum.accumulate(ends[order])[:-1]
-    return order[keep]
+    """Mask of the intervals (sorted by start) to keep: each that starts once every earlier one
+    has ended (dropped ones included). Step markers: one that starts inside the previous one
+    is dropped (docs/design.md, "The training thread and the steps")."""
+    keep = np.ones(len(starts), bool)
+    if len(starts) > 1:
+        keep[1:] = starts[1:] >= np.maximum.accumulate(ends)[:-1]
+    return keep
 
 
 def window_index(

@@ -430,6 +430,7 @@ def _step_windows(
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """Step windows ((n, 2) start/end ns), their numbers, and where they came from."""
     markers = np.flatnonzero(is_step)
+    markers = markers[np.argsort(ev.ts[markers], kind="stable")]
     markers = markers[disjoint(ev.ts[markers], ev.end[markers])]
     first, last, what = _rounds(ev, own, engine)
     last = _after_waits(ev, last)

@@ -587,6 +587,7 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
     if training is not None:
         on_training = (c.pid == training[0]) & (c.tid == training[1]) & _HOST_TREE[kind]
     marker = np.flatnonzero(on_training & (kind == _KIND_CODES[S.KIND_STEP]))
+    marker = marker[np.argsort(c.ts[marker], kind="stable")]
     # Keep disjoint windows: a marker that starts inside the previous one is dropped.
     marker = marker[disjoint(c.ts[marker], c.ts[marker] + c.dur[marker])]
     starts, ends = c.ts[marker], c.ts[marker] + c.dur[marker]
