@@ -40,7 +40,7 @@ from traceview import rundir as R  # noqa: E402
 from traceview import schema as S  # noqa: E402
 from traceview.analysis.summary import cross_rank_of, summarize  # noqa: E402
 from traceview.manifest import Manifest, RankIngest  # noqa: E402
-from traceview.runs import open_run  # noqa: E402
+from traceview.open_run import open_run  # noqa: E402
 
 SAMPLE = REPO / "sample_traces" / "pytorch" / "slowfwd"
 TIMED = ("steps", "ops", "collectives", "comm")

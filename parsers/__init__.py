@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
@@ -139,13 +138,6 @@ def _registered() -> tuple[Parser, ...]:
     return tuple(parsers)
 
 
-def parser_for(path: Path, head: bytes) -> Parser | None:
-    for parser in registered():
-        if parser.sniff(path, head):
-            return parser
-    return None
-
-
 #: The fallback for Chrome traces no parser claims, used only with a rules file (``--rules``).
 GENERIC_PARSER = "traceview.parsers.chrome:ChromeParser"
 
@@ -179,19 +171,27 @@ def rank_from_filename(path: Path) -> int | None:
     return None
 
 
+# --- helpers the parsers share (parsers may not import the core) -------------------------------
+
+
+def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
+    """Microseconds (float64) to int64 nanoseconds, exact for integral epoch microseconds."""
+    ns = np.empty(len(us), dtype=np.int64)
+    small = np.abs(us) < 2**53 / 1000  # the product is still exact to the nanosecond
+    ns[small] = np.rint(us[small] * 1000.0).astype(np.int64)
+    big = ~small
+    if big.any():
+        whole = np.floor(us[big])
+        ns[big] = whole.astype(np.int64) * 1000 + np.rint((us[big] - whole) * 1000).astype(np.int64)
+    return ns + base_ns
+
+
+def us_durations_to_ns(us: np.ndarray) -> np.ndarray:
+    """Durations in microseconds (float64) to int64 nanoseconds; negative or NaN ones are 0."""
+    return np.rint(np.nan_to_num(np.maximum(us, 0.0), nan=0.0) * 1000.0).astype(np.int64)
+
+
 # --- helpers the core shares with the parsers (parsers may not import the core) ---------------
-
-
-def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
-    """A column's dictionary codes (int64, -1 for null) and the values they stand for."""
-    array = column.combine_chunks()
-    if isinstance(array, pa.ChunkedArray):  # pragma: no cover - combine_chunks of one chunk
-        array = array.chunk(0)
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    values = array.dictionary.to_pylist()
-    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
-    return codes, values
 
 
 def group_ids(*columns: np.ndarray) -> np.ndarray:

@@ -596,20 +596,3 @@ def absurd_times(ts_us: np.ndarray, dur_us: np.ndarray) -> np.ndarray:
     """Which events have a corrupt time or duration (NaN times count; a NaN duration is none)."""
     with np.errstate(invalid="ignore"):
         return ~(np.abs(ts_us) < MAX_US) | (np.abs(dur_us) >= MAX_US)
-
-
-def us_to_ns(us: np.ndarray, base_ns: int = 0) -> np.ndarray:
-    """Microseconds (float64) to int64 nanoseconds, exact for integral epoch microseconds."""
-    ns = np.empty(len(us), dtype=np.int64)
-    small = np.abs(us) < 2**53 / 1000  # the product is still exact to the nanosecond
-    ns[small] = np.rint(us[small] * 1000.0).astype(np.int64)
-    big = ~small
-    if big.any():
-        whole = np.floor(us[big])
-        ns[big] = whole.astype(np.int64) * 1000 + np.rint((us[big] - whole) * 1000).astype(np.int64)
-    return ns + base_ns
-
-
-def us_durations_to_ns(us: np.ndarray) -> np.ndarray:
-    """Durations in microseconds (float64) to int64 nanoseconds; negative or NaN ones are 0."""
-    return np.rint(np.nan_to_num(np.maximum(us, 0.0), nan=0.0) * 1000.0).astype(np.int64)

@@ -24,8 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
+from traceview.arrays import ints
 from traceview.errors import BadInput, Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, int64_id
+from traceview.parsers import (
+    ParsedTrace,
+    TraceIdentity,
+    int64_id,
+    us_durations_to_ns,
+    us_to_ns,
+)
 from traceview.parsers.chrome_json import (
     ABSURD,
     ChromeTraceReader,
@@ -34,7 +41,6 @@ from traceview.parsers.chrome_json import (
     decode_records,
     out_of_range,
     read_header,
-    us_to_ns,
 )
 
 _DTYPE_BYTES = {
@@ -452,8 +458,8 @@ def memory_table(
         return None, {}
     table = pa.Table.from_batches(batches)
     ts_us = np.asarray(table.column("ts_us").to_numpy(zero_copy_only=False), np.float64)
-    kinds = np.asarray(pc.fill_null(table.column("device_type"), -1).to_numpy(), np.int64)
-    ids = np.asarray(pc.fill_null(table.column("device_id"), -1).to_numpy(), np.int64)
+    kinds = ints(table.column("device_type"), -1)
+    ids = ints(table.column("device_id"), -1)
     allocated = table.column(S.ALLOCATED_BYTES)
     reserved = table.column(S.RESERVED_BYTES)
     size = table.column(S.BYTES)
@@ -467,7 +473,7 @@ def memory_table(
     for device in sorted(set(devices.tolist())):
         rows = order[(devices[order] == device) & keep[order]]
         if rows.size and not stated[rows].any():  # the 2021 format: sizes only
-            sizes = np.asarray(pc.fill_null(size, 0).to_numpy(), np.int64)[rows]
+            sizes = ints(size, 0)[rows]
             alloc[rows] = np.cumsum(sizes)
             stated[rows] = True
             summed.append(device)
@@ -684,7 +690,7 @@ def _raw_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int, int]:
         keep = ~absurd
         batch, ts_us, dur = batch.filter(pa.array(keep)), ts_us[keep], dur[keep]
     ts_ns = us_to_ns(ts_us, 0)
-    dur_ns = np.rint(np.nan_to_num(np.maximum(dur, 0.0), nan=0.0) * 1000.0).astype(np.int64)
+    dur_ns = us_durations_to_ns(dur)
     # the one kind the format states: instants; the core reads the rest off the categories
     kind = pc.if_else(batch.column("instant"), S.KIND_INSTANT, pa.scalar(None, pa.string()))
     raw = pa.RecordBatch.from_pydict(

@@ -32,15 +32,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
+from traceview.arrays import dictionary_codes
 from traceview.errors import Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, dictionary_codes, group_ids, int64_id
+from traceview.parsers import (
+    ParsedTrace,
+    TraceIdentity,
+    group_ids,
+    int64_id,
+    us_durations_to_ns,
+    us_to_ns,
+)
 from traceview.parsers.chrome_json import (
+    MAX_US,
     ChromeTraceInfo,
     ChromeTraceReader,
     corrupt_times,
     decode_records,
     out_of_range,
-    us_to_ns,
 )
 
 _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
@@ -48,7 +56,6 @@ _MARKERS = (b'"MXNET_C_API"', b'"Device Storage"', b'"MXNet C API Calls"')
 _BEGIN = {"B": 0, "b": 1, "(": 2}  # pair family of each begin record type
 _END = {"E": 0, "e": 1, ")": 2}
 _INSTANT = frozenset(("i", "I", "n"))
-_MAX_US = float(2**52)  # timestamps and durations beyond this (µs) are not read: no int64 overflow
 
 
 #: The storage counters MXNet's profiler writes with profile_memory (``Memory: gpu/0``...): a
@@ -413,7 +420,7 @@ def _memory(
         names = ", ".join(sorted({d for d in devices if d not in _STORAGE_DEVICES})[:3])
         notes.warn(f"{name}: {unknown} memory record(s) of other devices ({names}) not read")
     with np.errstate(invalid="ignore"):
-        keep = number & (value >= 0) & (value <= float(1 << 50)) & (np.abs(ts) < _MAX_US)
+        keep = number & (value >= 0) & (value <= float(1 << 50)) & (np.abs(ts) < MAX_US)
     keep[~known] = False
     if dropped := int((~keep & known).sum()):
         notes.warn(
@@ -445,15 +452,15 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
     """
     ph_codes, ph_values = dictionary_codes(table.column("ph"))
     ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
-    has_ts = np.abs(ts_us) < _MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
+    has_ts = np.abs(ts_us) < MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
     dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
     corrupt = int((~has_ts & ~np.isnan(ts_us)).sum()) + int(
-        (has_ts & (np.abs(dur_us) >= _MAX_US)).sum()
+        (has_ts & (np.abs(dur_us) >= MAX_US)).sum()
     )
     no_ts = int((~has_ts).sum()) - int((~has_ts & ~np.isnan(ts_us)).sum())
     ts = np.zeros(len(ts_us), np.int64)
     ts[has_ts] = us_to_ns(ts_us[has_ts])
-    dur_us = np.where(np.abs(dur_us) < _MAX_US, dur_us, 0.0)
+    dur_us = np.where(np.abs(dur_us) < MAX_US, dur_us, 0.0)
     pid = table.column("pid").to_numpy()
     tid = table.column("tid").to_numpy()
     ident = np.where(
@@ -486,9 +493,7 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
     dur = np.concatenate(
         [
             ts[ends] - ts[starts],
-            np.where(instant[single], 0, np.rint(np.maximum(dur_us[single], 0) * 1000)).astype(
-                np.int64
-            ),
+            np.where(instant[single], 0, us_durations_to_ns(dur_us[single])),
         ]
     )
     # The operator domain repeats every device operator as an async pair: keep the device's.

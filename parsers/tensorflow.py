@@ -35,8 +35,15 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
-from traceview.parsers import ParsedTrace, TraceIdentity, int64_id, rank_from_filename, raw_events
-from traceview.parsers.chrome_json import us_durations_to_ns, us_to_ns
+from traceview.parsers import (
+    ParsedTrace,
+    TraceIdentity,
+    int64_id,
+    rank_from_filename,
+    raw_events,
+    us_durations_to_ns,
+    us_to_ns,
+)
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"

@@ -37,14 +37,14 @@ from traceview.parsers import (
     int64_id,
     rank_from_filename,
     raw_events,
+    us_durations_to_ns,
+    us_to_ns,
 )
 from traceview.parsers.chrome_json import (
     MAX_US,
     ChromeTraceReader,
     corrupt_times,
     decode_records,
-    us_durations_to_ns,
-    us_to_ns,
 )
 
 _STREAM = re.compile(r"/(?:device:)?gpu:\d+/stream:(\d+|all) Compute$", re.IGNORECASE)

@@ -228,14 +228,14 @@ def test_timeline_segments_add_up_to_the_breakdown(tmp_path) -> None:
     """The timeline view's per-instant phases are the breakdown, instant by instant."""
     from pathlib import Path
 
-    from tests.conftest import SAMPLES
+    from tests.conftest import SAMPLES, analysed
     from traceview import rundir as R
     from traceview.analysis.lanes import step_lanes
-    from traceview.runs import ingest_run
+    from traceview.open_run import ingest_run
 
     for name in ("ddp", "gpu_sync"):
         run = ingest_run([SAMPLES / "pytorch" / name], Path(tmp_path) / name)
-        steps = R.read_steps(run).to_pylist()
+        steps = analysed(run).steps.to_pylist()
         events = R.read_events(run, [0])
         for row in (r for r in steps if r[S.RANK] == 0):
             start, end, lanes = step_lanes(events, row[S.STEP])

@@ -33,13 +33,13 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tests.conftest import REPO, SAMPLES, run_cli
+from tests.conftest import REPO, SAMPLES, analysed, run_cli
 from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
+from traceview.open_run import ingest_run
 from traceview.parsers.chainer import ChainerParser
 from traceview.rules import rules_for
-from traceview.runs import ingest_run
 
 MLP = SAMPLES / "chainer" / "mlp"
 CHAINER_PYTHON = Path(
@@ -184,7 +184,7 @@ def test_backward_is_the_backward_call_and_not_counted_twice(mlp_run: Path) -> N
         calls = [e["dur"] / 1e3 for e in _trace(path) if e["name"] == "Variable.backward"]
         ours = df.filter(pl.col(S.RANK) == rank).sort(S.STEP)["backward_tv"].to_list()
         assert ours == pytest.approx(calls, abs=0.01)
-    ops = [o for o in R.read_ops(mlp_run).to_pylist() if o["phase"] == S.BACKWARD]
+    ops = [o for o in analysed(mlp_run).ops.to_pylist() if o["phase"] == S.BACKWARD]
     for rank in (0, 1):
         self_ms = sum(o["self_ns"] for o in ops if o["rank"] == rank) / 1e6 / 5
         mean_backward = df.filter(pl.col(S.RANK) == rank)["backward_tv"].mean()
@@ -195,7 +195,7 @@ def test_backward_is_the_backward_call_and_not_counted_twice(mlp_run: Path) -> N
 
 
 def test_operators_get_the_canonical_names_of_the_other_frameworks(mlp_run: Path) -> None:
-    ops = {(o["rank"], o["op"]): o for o in R.read_ops(mlp_run).to_pylist()}
+    ops = {(o["rank"], o["op"]): o for o in analysed(mlp_run).ops.to_pylist()}
     for rank in (0, 1):
         expect = {
             "fully_connected": (S.FORWARD, 20),  # 4 layers x 5 steps
@@ -314,7 +314,7 @@ def test_schedule_skip_warmup_steps_hold(tmp_path: Path) -> None:
         "--", python, WORKLOAD, out, "--steps", "9",
     )  # fmt: skip
     assert result.code == 0, result.err
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert steps[S.STEP].to_list() == [1, 2, 3]  # numbered from the first step after --skip
     timers = _timers(out)
@@ -356,7 +356,7 @@ def test_a_crashed_rank_keeps_the_steps_it_recorded(tmp_path: Path) -> None:
     status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
     assert status["state"] == "exception" and "failing on purpose" in status["detail"]
     assert status["profiled_steps"] == 2
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert steps[S.STEP].to_list() == [2, 3]
 
@@ -398,12 +398,12 @@ def test_a_trainer_with_the_multi_node_optimizer(tmp_path: Path) -> None:
         python, REPO / "tests" / "workloads" / "chainer" / "trainer.py", "12",
     )  # fmt: skip
     assert result.code == 0, result.err
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert sorted(set(steps[S.STEP])) == [2, 3, 4, 5, 6] and sorted(set(steps[S.RANK])) == [0, 1]
     for phase in (S.IO, S.FORWARD, S.BACKWARD, S.UPDATE, S.COMM):
         assert (steps[S.phase_ns(phase)] > 0).all(), phase
-    ops = {(o["rank"], o["op"]): o for o in R.read_ops(run).to_pylist()}
+    ops = {(o["rank"], o["op"]): o for o in analysed(run).ops.to_pylist()}
     for rank in (0, 1):
         assert ops[(rank, "allreduce")]["count"] == 5  # one multi_node_mean_grad a step
         assert ops[(rank, "weights_update")]["count"] == 5

@@ -26,7 +26,7 @@ from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis import RANK_TABLES
 from traceview.analysis.parts import ChunkedAnalysis
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 from traceview.views.text import to_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,9 +123,9 @@ def _assert_same_run(whole: Path, parts: Path) -> None:
 
 
 def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reader's recompute of the analysis (``runs.reanalyze``) of a written rank, a chunk of
+    """A reader's recompute of the analysis (``open_run.reanalyze``) of a written rank, a chunk of
     one step at a time read back from its events file, gives the tables ingest wrote."""
-    from traceview.runs import _in_chunks
+    from traceview.open_run import _in_chunks
 
     (rank,) = R.event_ranks(run)
     with monkeypatch.context() as m:

@@ -14,7 +14,7 @@ from traceview import rundir as R
 from traceview.analysis import RANK_TABLES, rank_tables
 from traceview.errors import BadInput, Notes
 from traceview.ingest import assign_ranks, combine, discover, ingest_rank
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 
 
 @pytest.mark.parametrize("sample", ["pytorch/ddp", "mxnet/dist_sync", "tensorflow/mwms"])

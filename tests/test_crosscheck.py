@@ -28,11 +28,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, shared_traces
+from tests.conftest import SAMPLES, analysed, shared_traces
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_tb_profiler_agrees_on_steps_and_overlap(
     tb_profiler, scenario: str, tmp_path: Path
 ) -> None:
     run = ingest_run([SAMPLES / "pytorch" / scenario], tmp_path / "run")
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     for rank in (0, 1):
         data, role = _tb_parse(
@@ -143,5 +143,5 @@ def test_hta_agrees_on_communication_overlap(name: str, tmp_path: Path) -> None:
     iterations = [int(i) for i in analysis.t.get_iterations(rank) if int(i) >= 0]
     same_kernels = events.filter(pl.col(S.STEP).is_in(iterations) & pl.col(S.PARENT).is_not_null())
     assert 100 * _device_overlap(same_kernels) == pytest.approx(hta_pct, abs=1.0)
-    report = summarize(R.read_steps(run), R.read_ops(run), R.read_manifest(run))
+    report = summarize(analysed(run).steps, analysed(run).ops, R.read_manifest(run))
     assert 100 * report.summary.comm_hidden_fraction == pytest.approx(hta_pct, abs=6.0)

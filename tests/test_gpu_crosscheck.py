@@ -34,11 +34,11 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from tests.conftest import shared_traces
+from tests.conftest import analysed, shared_traces
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.gpu import launch_stats
-from traceview.runs import ingest_run, open_run
+from traceview.open_run import ingest_run, open_run
 
 LAUNCH_TRACES = [
     "kineto_resnet50_num_workers_0",
@@ -118,7 +118,7 @@ def test_idle_time_agrees_with_hta_on_one_stream(name: str, tmp_path: Path) -> N
     )
     assert device[S.TID].n_unique() == 1, "one device stream"
     gpu = pl.from_arrow(R.read_table(run / "gpu.parquet", S.GPU_SCHEMA))
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(gpu, pl.DataFrame) and isinstance(steps, pl.DataFrame)
     analysis, rank = _hta(folder)
     # HTA leaves out the last profiled step: the steps it keeps, where there are step markers

@@ -19,11 +19,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, analysed
 from traceview import rundir as R
 from traceview import schema as S
+from traceview.open_run import ingest_run, open_run
 from traceview.results import RunReport
-from traceview.runs import ingest_run, open_run
 
 RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 SYNCHRONIZED = ("gpu_sync", "gpu_ddp_nccl", "gpu_explicit_nccl")
@@ -78,7 +78,7 @@ def test_busy_and_the_three_kinds_of_idle_add_up_to_the_step(
     # in that phase plus its host-bound time, the steps table holding the host-bound part on its
     # own (the gpu table's figure: one cut), and the data part of the device's idle time is the
     # breakdown's io (the host in the DataLoader while the device has nothing).
-    steps = pl.from_arrow(R.read_steps(runs[name]))
+    steps = pl.from_arrow(analysed(runs[name]).steps)
     assert isinstance(steps, pl.DataFrame)
     both = df.join(steps, on=[S.RANK, S.STEP], suffix="_steps")
     for phase in S.GPU_HOST_BOUND_PHASES:
@@ -196,7 +196,7 @@ def test_the_report_carries_each_phases_host_bound_part(runs: dict[str, Path], n
     for phase in S.GPU_HOST_BOUND_PHASES:
         assert rank.host_bound_ms[phase] == phases[phase].host_bound_ms
         assert rank.breakdown_ms[phase] == pytest.approx(phases[phase].total_ms, abs=0.0015)
-    steps = pl.from_arrow(R.read_steps(runs[name]))
+    steps = pl.from_arrow(analysed(runs[name]).steps)
     assert isinstance(steps, pl.DataFrame)
     for row in result.per_step:
         assert row.host_bound_ms is not None
@@ -272,7 +272,7 @@ def _host_bound_holds(run: Path) -> int:
     every phase of the breakdown on a GPU timeline is its device time plus that figure; the
     exclusive phases add up to the step; CPU timelines have no host-bound part (null). Returns
     how many GPU step windows were checked."""
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     gpu = pl.from_arrow(R.read_table(run / "gpu.parquet", S.GPU_SCHEMA))
     assert isinstance(steps, pl.DataFrame) and isinstance(gpu, pl.DataFrame)
     phases = sum(steps[S.phase_ns(p)] for p in S.BREAKDOWN_PHASES)

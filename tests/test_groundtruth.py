@@ -21,12 +21,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, analysed
 from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 
 SCENARIOS = ("ddp", "explicit", "slowio")
 
@@ -108,8 +108,8 @@ def test_explicit_allreduce_is_exposed_communication(runs: dict[str, Path]) -> N
         "comm_exposed_tv", "allreduce_ms"
     )
     report = summarize(
-        R.read_steps(runs["explicit"]),
-        R.read_ops(runs["explicit"]),
+        analysed(runs["explicit"]).steps,
+        analysed(runs["explicit"]).ops,
         R.read_manifest(runs["explicit"]),
     )
     assert report.summary.hidden == "no"
@@ -122,7 +122,7 @@ def test_ddp_hides_part_of_its_communication(runs: dict[str, Path]) -> None:
     assert (df["allreduce_ms"] == 0).all()
     assert (df["comm_exposed_tv"] > 0).all() and (df["comm_total_tv"] > df["comm_exposed_tv"]).all()
     report = summarize(
-        R.read_steps(runs["ddp"]), R.read_ops(runs["ddp"]), R.read_manifest(runs["ddp"])
+        analysed(runs["ddp"]).steps, analysed(runs["ddp"]).ops, R.read_manifest(runs["ddp"])
     )
     assert report.summary.hidden == "partly"
     assert 0.3 < report.summary.comm_hidden_fraction < 0.95
@@ -130,7 +130,9 @@ def test_ddp_hides_part_of_its_communication(runs: dict[str, Path]) -> None:
 
 def test_slow_data_loader_is_the_bottleneck(runs: dict[str, Path]) -> None:
     report = summarize(
-        R.read_steps(runs["slowio"]), R.read_ops(runs["slowio"]), R.read_manifest(runs["slowio"])
+        analysed(runs["slowio"]).steps,
+        analysed(runs["slowio"]).ops,
+        R.read_manifest(runs["slowio"]),
     )
     summary = report.summary
     assert summary.bottleneck == S.IO
@@ -142,7 +144,7 @@ def test_slow_data_loader_is_the_bottleneck(runs: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_exclusive_phases_sum_to_the_step(runs: dict[str, Path], scenario: str) -> None:
-    steps = pl.from_arrow(R.read_steps(runs[scenario]))
+    steps = pl.from_arrow(analysed(runs[scenario]).steps)
     assert isinstance(steps, pl.DataFrame)
     total = steps.select(pl.sum_horizontal([S.phase_ns(p) for p in S.BREAKDOWN_PHASES])).to_series()
     assert (total == steps[S.WALL_NS]).all()

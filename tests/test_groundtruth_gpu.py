@@ -18,13 +18,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, analysed
 from tests.test_groundtruth import steps_with_timers
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
 from traceview.manifest import Manifest
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 
 RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 
@@ -134,7 +134,9 @@ def test_explicit_allreduce_with_one_nccl_rank(runs: dict[str, Path]) -> None:
     assert ((df["comm_total_tv"] - df["allreduce_ms"]).abs() <= 0.2 * df["allreduce_ms"]).all()
     assert (df["comm_hidden_fraction"] < 0.05).all()
     report = summarize(
-        R.read_steps(runs["gpu_explicit_nccl"]), R.read_ops(runs["gpu_explicit_nccl"]), Manifest()
+        analysed(runs["gpu_explicit_nccl"]).steps,
+        analysed(runs["gpu_explicit_nccl"]).ops,
+        Manifest(),
     )
     assert report.summary.hidden == "no"
 

@@ -32,10 +32,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.conftest import SAMPLES, run_cli
+from tests.conftest import SAMPLES, analysed, run_cli
 from traceview import rundir as R
 from traceview import schema as S
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch"
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -210,7 +210,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _tables(run: Path) -> pl.DataFrame:
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     gpu = pl.from_arrow(R.read_table(run / "gpu.parquet", S.GPU_SCHEMA))
     assert isinstance(steps, pl.DataFrame) and isinstance(gpu, pl.DataFrame)
     return steps.join(gpu, on=[S.RANK, S.STEP], suffix="_gpu")

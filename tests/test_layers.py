@@ -3,12 +3,14 @@ than in review:
 
   traces -> parsers -> normalize/ingest -> analysis -> results -> views (text, JSON, TUI)
 
-- parsers read formats: they import the schema and their own shared helpers, nothing of the
-  core's stages (classification rules, layout and step-inference passes included);
+- parsers read formats: they import the schema, the errors, the column helpers they share with
+  the core (traceview.arrays) and each other, nothing of the core's stages (classification
+  rules, layout and step-inference passes included);
 - normalize, ingest and the run directory never import the analysis, the results or a view;
 - the analysis imports nothing that draws (rich, textual, the views);
 - views render results: no numpy or polars, and of the analysis only its public entry points
-  (compare, lanes);
+  (compare, lanes); the export writes the events table in other formats with Arrow and
+  polars, and imports no analysis at all;
 - the rank-side collectors run inside the user's job: the standard library and the framework
   being profiled only.
 """
@@ -99,18 +101,36 @@ CORE_STAGES = (
     "traceview.ingest",
     "traceview.analysis",
     "traceview.results",
-    "traceview.runs",
+    "traceview.open_run",
     "traceview.views",
     "traceview.tui",
     "traceview.commands",
     "traceview.cli",
-    "traceview.export",
 )
 DRAWING = ("rich", "textual", "traceview.views", "traceview.tui")
 
 
+#: What a parser may import of traceview: the schema, the errors, the column helpers it shares
+#: with the core (traceview.arrays) and the other parsers.
+PARSER_HELPERS = ("traceview.schema", "traceview.errors", "traceview.arrays", "traceview.parsers")
+
+
 def test_parsers_only_read_formats() -> None:
     assert not _violations(_modules("traceview.parsers"), CORE_STAGES)
+    out = [
+        f"{module} imports {target}"
+        for module in _modules("traceview.parsers")
+        for target in sorted(imports_of(module))
+        if _under(target, ("traceview",)) and target != "traceview"
+        and not _under(target, PARSER_HELPERS)
+    ]  # fmt: skip
+    assert not out
+
+
+def test_the_helpers_parsers_share_import_only_the_schema() -> None:
+    for module in ("traceview.arrays", "traceview.errors", "traceview.schema"):
+        own = [t for t in imports_of(module) if _under(t, ("traceview",))]
+        assert set(own) <= {"traceview", "traceview.schema"}, f"{module} imports {own}"
 
 
 def test_normalize_and_ingest_never_import_the_analysis_or_a_view() -> None:
@@ -118,13 +138,18 @@ def test_normalize_and_ingest_never_import_the_analysis_or_a_view() -> None:
         "traceview.normalize", "traceview.ingest", "traceview.rundir", "traceview.arrays",
         "traceview.schema", "traceview.rules", "traceview.mxnet_engine", "traceview.step_inference",
     )  # fmt: skip
-    forbidden = ("traceview.analysis", "traceview.results", "traceview.runs", *DRAWING)
+    forbidden = ("traceview.analysis", "traceview.results", "traceview.open_run", *DRAWING)
     assert not _violations(lower, forbidden)
 
 
 def test_the_analysis_draws_nothing() -> None:
-    forbidden = (*DRAWING, "traceview.commands", "traceview.cli", "traceview.runs")
+    forbidden = (*DRAWING, "traceview.commands", "traceview.cli", "traceview.open_run")
     assert not _violations(_modules("traceview.analysis", "traceview.results"), forbidden)
+
+
+#: The view that writes the events table itself in other formats (Parquet, CSV, a merged Chrome
+#: trace): millions of rows, streamed with Arrow and polars, not rendered from a result.
+EXPORT = "traceview.views.export"
 
 
 def test_views_render_results_without_computing() -> None:
@@ -134,7 +159,8 @@ def test_views_render_results_without_computing() -> None:
         "traceview.analysis.heatmap",
         "traceview.analysis.lanes",
     )
-    out = _violations(views, ("numpy", "polars", "pyarrow.compute"))
+    out = _violations([m for m in views if m != EXPORT], ("numpy", "polars", "pyarrow.compute"))
+    out += _violations([EXPORT], ("traceview.analysis",))
     for module in views:
         for target in imports_of(module):
             if _under(target, ("traceview.analysis",)) and not _under(target, public_analysis):

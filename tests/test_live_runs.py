@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, analysed
 from tests.test_groundtruth import check_against_timers, steps_with_timers
 from traceview import rundir as R
 from traceview.analysis.summary import summarize
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 
 pytestmark = pytest.mark.mpi
 
@@ -73,7 +73,7 @@ def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
 
 def test_fresh_run_hidden_verdict(live: tuple[str, Path, Path]) -> None:
     scenario, _, run = live
-    summary = summarize(R.read_steps(run), R.read_ops(run), R.read_manifest(run)).summary
+    summary = summarize(analysed(run).steps, analysed(run).ops, R.read_manifest(run)).summary
     if scenario == "explicit":
         assert summary.hidden == "no"
     else:

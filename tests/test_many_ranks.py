@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import analysed, run_cli
 from tests.synthetic_jobs import Job, write
 
 RANKS = 40
@@ -90,11 +90,10 @@ def test_all_ranks_lists_every_rank(run: Path) -> None:
 def test_the_matrix_holds_each_ranks_steps_exactly(run: Path) -> None:
     import pyarrow.compute as pc
 
-    from traceview import rundir as R
     from traceview import schema as S
     from traceview.analysis.heatmap import step_matrix
 
-    steps = R.read_steps(run)
+    steps = analysed(run).steps
     # one rank lacks one step, as when it died mid-run
     kept = pc.invert(pc.and_(pc.equal(steps.column(S.RANK), 5), pc.equal(steps.column(S.STEP), 2)))
     matrix = step_matrix(steps.filter(kept))
@@ -116,7 +115,7 @@ def _drive(run: Path, scenario: Callable[[Any, Any], Awaitable[None]]) -> None:
     import asyncio
 
     from tests.tui_helpers import loaded
-    from traceview.runs import open_run
+    from traceview.open_run import open_run
     from traceview.tui.app import TraceviewApp
 
     with open_run([run]) as opened:
@@ -195,7 +194,7 @@ def test_the_ranks_filter_picks_ranks_by_number_range_and_straggler(run: Path) -
 
 
 def test_the_ranks_filter_reads_hosts_and_open_ranges(run: Path) -> None:
-    from traceview.runs import open_run
+    from traceview.open_run import open_run
     from traceview.tui.model import filter_ranks
 
     with open_run([run]) as opened:

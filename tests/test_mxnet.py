@@ -29,15 +29,15 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import REPO, SAMPLES, run_cli, shared_traces
+from tests.conftest import REPO, SAMPLES, analysed, run_cli, shared_traces
 from tests.conftest import steps_with_timers as timed_steps
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.errors import Notes
 from traceview.normalize import LayoutResult, kinds_from_categories, lay_out
+from traceview.open_run import ingest_run
 from traceview.parsers.mxnet import MXNetParser
 from traceview.rules import rules_for
-from traceview.runs import ingest_run
 
 MX_SAMPLES = SAMPLES / "mxnet"
 # Bulk execution on (MXNet's default): backward, and some of the hybridized forward in
@@ -124,7 +124,7 @@ def test_each_step_matches_the_timers(samples: dict[str, Path], scenario: str) -
 
 @pytest.mark.parametrize("scenario", SAMPLED)
 def test_exclusive_phases_sum_to_the_step(samples: dict[str, Path], scenario: str) -> None:
-    steps = pl.from_arrow(R.read_steps(samples[scenario]))
+    steps = pl.from_arrow(analysed(samples[scenario]).steps)
     assert isinstance(steps, pl.DataFrame)
     total = steps.select(pl.sum_horizontal([S.phase_ns(p) for p in S.BREAKDOWN_PHASES])).to_series()
     assert (total == steps[S.WALL_NS]).all()
@@ -227,7 +227,7 @@ def test_bulk_segments_without_the_backward_call_are_backward(tmp_path: Path) ->
     )
     assert bulks.height >= 5
     assert set(bulks[S.PHASE].cast(pl.String)) == {S.BACKWARD}
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert (steps[S.phase_ns(S.BACKWARD)] > 0).all()
 
@@ -369,11 +369,13 @@ def _engine_trace(
     return path
 
 
-def _phases_and_step(trace: Path, run: Path) -> tuple[dict[tuple[str, int, int], str], dict]:
+def _phases_and_step(
+    trace: Path, run: Path, rules_path: Path | None = None
+) -> tuple[dict[tuple[str, int, int], str], dict]:
     """Each engine operator's phase by (name, worker, start µs), and the one step's row (µs)."""
-    ingest_run([trace], run)
+    ingest_run([trace], run, rules_path=rules_path)
     events = pl.from_arrow(R.read_events(run))
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(events, pl.DataFrame) and isinstance(steps, pl.DataFrame)
     ops = events.filter(pl.col(S.TID).is_in([HOME[1], OTHER[1]]) & (pl.col(S.KIND) == S.KIND_OP))
     phases = {
@@ -524,6 +526,64 @@ def test_an_operator_as_long_as_its_span_counts_on_its_worker(tmp_path: Path) ->
     # the step ends with the other worker's update (875): 850..875 is update, none of it idle
     assert step["wall"] == 875
     assert (step["update"], step["idle"]) == (25, 55)
+
+
+def _user_rules(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+_ONE_STEP = [
+    *_FORWARD_OPS,
+    ("ImperativeBulk", HOME, 505, 300), ("ImperativeBulk", OTHER, 540, 220),
+    *_UPDATE_OPS,
+]  # fmt: skip
+
+
+def test_user_rules_never_reclassify_the_layouts_own_spans(tmp_path: Path) -> None:
+    """The engine layout's markers and spans state their kind and phase: a --rules file whose
+    patterns match their names (tried before the built-in rules) changes nothing; one that
+    names a real operator of the trace does reclassify it."""
+    trace = _engine_trace(tmp_path / "rank-0.mxnet.json", _ONE_STEP, _REGIONS, _C_API)
+    _, plain = _phases_and_step(trace, tmp_path / "plain")
+    assert (plain["forward"], plain["backward"], plain["update"]) == (340, 405, 25)
+    pattern = "^(engine (forward|backward|update)|KVStore round|step#2)$"
+    spans = _user_rules(
+        tmp_path / "spans.toml", f'[[rule]]\nmatch = \'{pattern}\'\nphase = "io"\nset_kind = "op"\n'
+    )
+    phases, step = _phases_and_step(trace, tmp_path / "spans", rules_path=spans)
+    assert step == plain
+    events = pl.from_arrow(R.read_events(tmp_path / "spans"))
+    assert isinstance(events, pl.DataFrame)
+    made = events.filter(pl.col(S.NAME).cast(pl.String).str.contains(pattern)).select(
+        pl.col(S.NAME).cast(pl.String), pl.col(S.KIND).cast(pl.String),
+        pl.col(S.PHASE).cast(pl.String), S.STEP,
+    )  # fmt: skip
+    assert sorted(made.unique().rows()) == [
+        ("engine backward", S.KIND_PYTHON, S.BACKWARD, 2),
+        ("engine forward", S.KIND_PYTHON, S.FORWARD, 2),
+        ("engine update", S.KIND_PYTHON, S.UPDATE, 2),
+        ("step#2", S.KIND_STEP, S.OTHER, 2),
+    ]
+    # ... while a rule for one of the trace's operators is the user's to make
+    mean = _user_rules(
+        tmp_path / "mean.toml", '[[rule]]\nkind = "op"\nmatch = \'^mean$\'\nphase = "update"\n'
+    )
+    phases, _ = _phases_and_step(trace, tmp_path / "mean", rules_path=mean)
+    assert phases[("mean", HOME[1], 300)] == S.UPDATE
+    assert phases[("FullyConnected", HOME[1], 100)] == S.FORWARD
+
+
+def test_user_step_pattern_keeps_the_layouts_steps(tmp_path: Path) -> None:
+    """A --rules file with a [step] pattern of its own (for markers the script writes): the
+    collector's step#N markers are not steps under it, so the layout infers the step from its
+    update round, and that step (a marker the layout made, stating its number) is kept."""
+    trace = _engine_trace(tmp_path / "rank-0.mxnet.json", _ONE_STEP, _REGIONS, _C_API)
+    rules = _user_rules(tmp_path / "steps.toml", "[step]\npattern = '^iteration (\\d+)$'\n")
+    _, step = _phases_and_step(trace, tmp_path / "run", rules_path=rules)
+    # one step, from the trace's first operator (100) to the end of its update round (875)
+    assert step["wall"] == 775
+    assert (step["backward"], step["update"]) == (405, 25)
 
 
 # --- other people's MXNet traces (../shared/traces/mxnet) ------------------------------------------
@@ -790,7 +850,7 @@ def test_script_that_marks_its_own_steps_and_phases(tmp_path: Path) -> None:
     df = steps_with_timers(run, out)
     assert df[S.STEP].to_list() == [2, 3, 4, 5, 6]  # the user's steps, numbered as collect's
     check_against_timers(df, "manual steps", 0.15, 1.0)
-    ops = R.read_ops(run).to_pylist()
+    ops = analysed(run).ops.to_pylist()
     assert {o["op"] for o in ops if o["phase"] == S.UPDATE} >= {"weights_update"}
     names = {o["name"]: o["op"] for o in ops}
     # the compute regions time Python queueing work, not operators; data loading is one

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from tests.conftest import parser_of
 from tests.test_parser_contract import TRACES
 from traceview import schema as S
 from traceview.normalize import (
@@ -29,8 +30,6 @@ from traceview.normalize import (
     normalize,
     with_markers,
 )
-from traceview.parsers import parser_for
-from traceview.parsers.chrome_json import read_head
 from traceview.rules import rules_for
 
 N_PHASES = len(S.EVENT_PHASES)
@@ -77,6 +76,18 @@ def _check(results: dict[str, Any]) -> None:
     classes: Classes = results["classify"]
     for array in (classes.kind, classes.phase, classes.rule_op, classes.default_op):
         assert len(array) == n
+    if layout is not None:  # the events the pass made are what it says, whatever their names
+        assert layout.events.schema.equals(S.LAID_OUT_SCHEMA, check_metadata=False)
+        stated = raw.select([S.STATED_KIND, S.STATED_PHASE, S.STATED_OP]).to_pylist()
+        made = [i for i, row in enumerate(stated) if row[S.STATED_KIND] is not None]
+        assert made, "the layout pass makes step markers or spans"
+        for i in made:
+            row = stated[i]
+            assert S.EVENT_KINDS[classes.kind[i]] == row[S.STATED_KIND]
+            phase = classes.phase[i]
+            assert (S.EVENT_PHASES[phase] if phase >= 0 else None) == row[S.STATED_PHASE]
+            op = classes.rule_op[i]
+            assert (classes.ops[op] if op >= 0 else None) == row[S.STATED_OP]
     assert classes.kind.min(initial=0) >= 0 and classes.kind.max(initial=0) < len(S.EVENT_KINDS)
     assert classes.phase.min(initial=-1) >= -1 and classes.phase.max(initial=0) < N_PHASES
     assert classes.default_op.min(initial=0) >= 0
@@ -121,7 +132,7 @@ def _check(results: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_pass_keeps_its_contract(path: Path) -> None:
-    parser = parser_for(path, read_head(path))
+    parser = parser_of(path)
     assert parser is not None
     parsed = parser.parse(path)
     recorder = Recorder()

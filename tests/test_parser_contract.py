@@ -9,11 +9,10 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from tests.conftest import SAMPLES, SHARED
+from tests.conftest import SAMPLES, SHARED, parser_of
 from traceview import schema as S
 from traceview.normalize import LAYOUTS, STEP_INFERENCE
-from traceview.parsers import parser_for, registered
-from traceview.parsers.chrome_json import read_head
+from traceview.parsers import registered
 from traceview.step_inference import STEP_THREAD
 
 
@@ -34,13 +33,13 @@ TRACES = _traces()
 def test_every_format_has_a_sample() -> None:
     if not SHARED.exists():
         pytest.skip(f"the TF1 Timeline traces live in {SHARED}, not beside the repository here")
-    formats = {parser_for(p, read_head(p)).name for p in TRACES if parser_for(p, read_head(p))}
+    formats = {parser.name for parser in map(parser_of, TRACES) if parser is not None}
     assert formats >= {p.name for p in registered()}
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
-    parser = parser_for(path, read_head(path))
+    parser = parser_of(path)
     assert parser is not None, f"{path}: no parser recognises it"
     parsed = parser.parse(path)
     events = parsed.events

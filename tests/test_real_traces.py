@@ -14,11 +14,11 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from tests.conftest import shared_pytorch_files, shared_traces
+from tests.conftest import analysed, shared_pytorch_files, shared_traces
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.runs import ingest_run
+from traceview.open_run import ingest_run
 
 FILES = shared_pytorch_files()
 
@@ -51,7 +51,7 @@ def test_every_shared_trace_reads_into_a_consistent_run(path: Path, tmp_path: Pa
     ids = set(df[S.EVENT_ID].to_list())
     assert set(df[S.PARENT].drop_nulls().to_list()) <= ids, "every parent is an event of the run"
 
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame) and steps.height > 0
     parts = steps.select(pl.sum_horizontal([S.phase_ns(p) for p in S.BREAKDOWN_PHASES])).to_series()
     assert (parts == steps[S.WALL_NS]).all(), "exclusive phases add up to the step"
@@ -82,7 +82,7 @@ def test_rank_and_world_size_come_from_distributed_info(tmp_path: Path) -> None:
     assert [r.rank for r in manifest.ranks] == [34]
     assert manifest.world_size == 300
     assert "missing rank(s) 0-33, 35-299" in manifest.notes.warnings[0]
-    report = summarize(R.read_steps(run), R.read_ops(run), manifest)
+    report = summarize(analysed(run).steps, analysed(run).ops, manifest)
     # a CPU-only gloo job: all it recorded is gloo:all_reduce on the training thread
     assert report.summary.comm_total_ms > 0
     assert report.summary.bottleneck == S.COMM
@@ -96,7 +96,7 @@ def test_nccl_kernels_are_communication_with_their_collective(tmp_path: Path) ->
     assert nccl.height > 0
     assert set(nccl[S.PHASE].cast(pl.String)) == {S.COMM}
     assert set(nccl[S.COLLECTIVE].cast(pl.String)) == {"allreduce", "broadcast"}
-    ops = pl.from_arrow(R.read_ops(run))
+    ops = pl.from_arrow(analysed(run).ops)
     assert isinstance(ops, pl.DataFrame)
     assert {"allreduce", "broadcast"} <= set(ops.filter(pl.col(S.DEVICE) == "gpu")[S.OP])
 
@@ -107,14 +107,14 @@ def test_rocm_trace_has_host_to_device_copies(tmp_path: Path) -> None:
     assert isinstance(events, pl.DataFrame)
     copies = events.filter(pl.col(S.KIND).cast(pl.String) == S.KIND_MEMCPY)
     assert copies.height == 2 and set(copies[S.PHASE].cast(pl.String)) == {S.H2D}
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert steps[S.phase_ns(S.H2D)].sum() > 0
 
 
 def test_old_kineto_format_and_old_autograd_api(tmp_path: Path) -> None:
     run = _ingest(shared_traces("pytorch/kineto_resnet50_num_workers_0"), tmp_path / "a")
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert steps.height == 6 and steps[S.STEP].null_count() == 0
     # num_workers=0: the data loader runs on the training thread and costs a third of the step
@@ -126,7 +126,7 @@ def test_old_kineto_format_and_old_autograd_api(tmp_path: Path) -> None:
     )
     manifest = R.read_manifest(run)
     assert any("no step markers" in r for r in manifest.notes.remarks)
-    steps = pl.from_arrow(R.read_steps(run))
+    steps = pl.from_arrow(analysed(run).steps)
     assert isinstance(steps, pl.DataFrame)
     assert steps.height == 1 and steps[S.STEP].null_count() == 1
 
@@ -138,7 +138,7 @@ def test_data_loader_workers_hide_data_loading(tmp_path: Path) -> None:
         run = _ingest(
             shared_traces(f"pytorch/kineto_resnet50_num_workers_{workers}"), tmp_path / str(workers)
         )
-        steps = pl.from_arrow(R.read_steps(run))
+        steps = pl.from_arrow(analysed(run).steps)
         assert isinstance(steps, pl.DataFrame)
         shares[workers] = steps[S.phase_ns(S.IO)].sum() / steps[S.WALL_NS].sum()
     assert shares[4] < 0.1 * shares[0]
@@ -150,7 +150,7 @@ def test_two_ranks_of_one_job(tmp_path: Path) -> None:
     manifest = R.read_manifest(run)
     assert [r.rank for r in manifest.ranks] == [0, 1]
     assert manifest.world_size == 128
-    report = summarize(R.read_steps(run), R.read_ops(run), manifest)
+    report = summarize(analysed(run).steps, analysed(run).ops, manifest)
     assert report.run.ranks == 2
     assert report.summary.straggler_rank in (0, 1)
 

@@ -165,7 +165,7 @@ def _tui_screens(run: Any) -> dict[str, str]:
 
 @pytest.mark.parametrize("sample", SAMPLE_RUNS)
 def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -> None:
-    from traceview.runs import ingest_run, open_run
+    from traceview.open_run import ingest_run, open_run
 
     run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
     with open_run([run_dir]) as run:
@@ -216,7 +216,7 @@ def test_a_rank_without_steps_is_named_not_silently_left_out(tmp_path: Path) -> 
     says so instead of showing one rank as if it were the whole run."""
     import gzip
 
-    from traceview.runs import ingest_run, open_run
+    from traceview.open_run import ingest_run, open_run
 
     folder = tmp_path / "traces"
     folder.mkdir()

@@ -15,7 +15,11 @@ import pytest
 from tests.conftest import SAMPLES, run_cli
 from traceview import rundir as R
 from traceview.analysis import ANALYSIS_VERSION
-from traceview.runs import _TABLE_SCHEMAS, ingest_run, open_run
+from traceview.collectors.rankside import rank_dir
+from traceview.open_run import _TABLE_SCHEMAS, ingest_run, open_run
+
+#: Two of the analysis tables a run directory caches (docs/design.md, section 4)
+STEPS, OPS = "steps.parquet", "ops.parquet"
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +44,21 @@ def test_tables_of_another_analysis_version_are_recomputed_and_cached(
     manifest = R.read_manifest(run)
     (run / R.MANIFEST).write_text(json.dumps({**manifest.to_builtins(), "analysis_version": "0"}))
     # an older analysis wrote different numbers: they must not be read back
-    R.write_parquet(run / R.STEPS, R.read_steps(fresh).slice(0, 1))
+    R.write_parquet(run / STEPS, R.read_table(fresh / STEPS).slice(0, 1))
     with open_run([run]) as opened:
-        assert opened.steps.equals(R.read_steps(fresh))
-        assert opened.ops.equals(R.read_ops(fresh))
+        assert opened.steps.equals(R.read_table(fresh / STEPS))
+        assert opened.ops.equals(R.read_table(fresh / OPS))
         assert not opened.temporary
     assert R.read_manifest(run).analysis_version == ANALYSIS_VERSION
-    assert R.read_steps(run).equals(R.read_steps(fresh)), "the fresh tables are cached"
+    assert R.read_table(run / STEPS).equals(R.read_table(fresh / STEPS)), (
+        "the fresh tables are cached"
+    )
 
 
 def test_missing_tables_are_recomputed_from_the_events(fresh: Path, tmp_path: Path) -> None:
     run = _copy(fresh, tmp_path)
-    (run / R.STEPS).unlink()
-    (run / R.OPS).unlink()
+    (run / STEPS).unlink()
+    (run / OPS).unlink()
     with open_run([run]) as opened:
         report = json.loads(opened.report().to_json())
     with open_run([fresh]) as original:
@@ -81,10 +87,10 @@ def test_a_newer_analysis_cache_is_not_overwritten(fresh: Path, tmp_path: Path) 
     run = _copy(fresh, tmp_path)
     raw = json.loads((run / R.MANIFEST).read_text())
     (run / R.MANIFEST).write_text(json.dumps({**raw, "analysis_version": "999"}))
-    before = (run / R.STEPS).read_bytes()
+    before = (run / STEPS).read_bytes()
     with open_run([run]) as opened:
-        assert opened.steps.equals(R.read_steps(fresh)), "this version's tables, in memory"
-    assert (run / R.STEPS).read_bytes() == before
+        assert opened.steps.equals(R.read_table(fresh / STEPS)), "this version's tables, in memory"
+    assert (run / STEPS).read_bytes() == before
     assert json.loads((run / R.MANIFEST).read_text())["analysis_version"] == "999"
 
 
@@ -119,10 +125,10 @@ def test_collect_record_survives_odd_status_fields() -> None:
 def test_a_damaged_cache_is_recomputed_not_an_error(fresh: Path, tmp_path: Path) -> None:
     """steps.parquet cut short (a write killed midway) is only a cache: read the events again."""
     run = _copy(fresh, tmp_path)
-    (run / R.STEPS).write_bytes((fresh / R.STEPS).read_bytes()[:300])
+    (run / STEPS).write_bytes((fresh / STEPS).read_bytes()[:300])
     with open_run([run]) as opened:
-        assert opened.steps.equals(R.read_steps(fresh))
-    assert R.read_steps(run).equals(R.read_steps(fresh)), "and the cache is mended"
+        assert opened.steps.equals(R.read_table(fresh / STEPS))
+    assert R.read_table(run / STEPS).equals(R.read_table(fresh / STEPS)), "and the cache is mended"
 
 
 def test_nesting_bombs_are_one_line_errors_or_warnings(fresh: Path, tmp_path: Path) -> None:
@@ -224,7 +230,7 @@ def _run_with_raw(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     assert run_cli("ingest", SAMPLES / "pytorch" / "ddp", "-o", run).code == 0
     for rank in (0, 1):
-        raw = R.raw_dir(run, rank)
+        raw = rank_dir(run, rank)
         raw.mkdir(parents=True)
         shutil.copy(SAMPLES / "pytorch" / "ddp" / f"rank-{rank}.pt.trace.json.gz", raw)
     assert run_cli("ingest", run, "-o", run).code == 0
@@ -233,7 +239,7 @@ def _run_with_raw(tmp_path: Path) -> Path:
 
 def _raw_intact(run: Path) -> bool:
     return all(
-        (R.raw_dir(run, r) / f"rank-{r}.pt.trace.json.gz").read_bytes()
+        (rank_dir(run, r) / f"rank-{r}.pt.trace.json.gz").read_bytes()
         == (SAMPLES / "pytorch" / "ddp" / f"rank-{r}.pt.trace.json.gz").read_bytes()
         for r in (0, 1)
     )
@@ -334,7 +340,7 @@ def test_tables_on_disk_are_as_the_readme_says(fresh: Path) -> None:
     events = pq.read_schema(part)
     strings = [f for f in events if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)]
     assert strings and all(pa.types.is_dictionary(f.type) for f in strings)
-    for table in (R.STEPS, R.OPS, "collectives.parquet"):
+    for table in (STEPS, OPS, "collectives.parquet"):
         schema = pq.read_schema(fresh / table)
         assert not any(pa.types.is_dictionary(f.type) for f in schema), table
     kinds = (

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tests.conftest import SHARED
+from tests.conftest import SHARED, parser_of
 from traceview import schema as S
 from traceview.errors import BadInput, Notes
 from traceview.normalize import (
@@ -26,8 +26,6 @@ from traceview.normalize import (
     normalize,
     step_markers,
 )
-from traceview.parsers import parser_for
-from traceview.parsers.chrome_json import read_head
 from traceview.rules import rules_for
 from traceview.step_inference import STEP_THREAD
 
@@ -142,7 +140,7 @@ def test_real_xspace_steps_are_its_step_groups_as_xprof_reads_them() -> None:
                         span = spans.setdefault(int(stats["group_id"]), [start, end])
                         span[0], span[1] = min(span[0], start), max(span[1], end)
     assert len(spans) > 1
-    parsed = parser_for(paths[0], read_head(paths[0])).parse(paths[0])  # type: ignore[union-attr]
+    parsed = parser_of(paths[0]).parse(paths[0])  # type: ignore[union-attr]
     assert parsed.infer_steps == "step_groups"
     assert "tf_step" not in parsed.events.column(S.CAT).to_pylist(), "the parser makes no steps"
     raw = kinds_from_categories(parsed.events, rules_for("tensorflow"))  # the pass before
@@ -226,7 +224,7 @@ def test_real_timeline_steps_start_at_each_session_runs_source_node() -> None:
         and "cpu" in processes.get(e["pid"], "").lower()
     )
     assert len(sources) == 5
-    parsed = parser_for(path, read_head(path)).parse(path)  # type: ignore[union-attr]
+    parsed = parser_of(path).parse(path)  # type: ignore[union-attr]
     assert parsed.infer_steps == "session_runs"
     assert "tf_step" not in parsed.events.column(S.CAT).to_pylist(), "the parser makes no steps"
     markers = _markers(_normalize(parsed.events, "session_runs", parsed.process_names))

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import SAMPLES
 from traceview import rundir as R
 from traceview.analysis.lanes import rank_lanes
-from traceview.runs import ingest_run, open_run
+from traceview.open_run import ingest_run, open_run
 from traceview.tui.model import step_windows
 
 SAMPLE_RUNS = sorted(

@@ -1,8 +1,11 @@
-"""Numpy views of an events table, with kinds and phases as fixed small-integer codes."""
+"""Numpy views of Arrow columns and of an events table (kinds and phases as fixed small-integer
+codes). The parsers share the column helpers (``dictionary_codes``, ``ints``): this module
+imports nothing of traceview but the schema."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,18 +17,57 @@ KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
 PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
 
 
+def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """A dictionary (or string) column's codes (int64, -1 for null) and the values they stand
+    for."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    values = array.dictionary.to_pylist()
+    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
+    return codes, values
+
+
+def dictionary_array(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
+    """``dictionary_codes`` the other way: codes (-1: null) into ``values`` as a dictionary array
+    of strings."""
+    indices = pa.array(codes.astype(np.int32, copy=False), pa.int32(), mask=codes < 0)
+    strings = pa.array([None if v is None else str(v) for v in values], pa.string())
+    return pa.DictionaryArray.from_arrays(indices, strings)
+
+
+def disjoint(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Mask of the intervals (sorted by start) to keep: each that starts once every earlier one
+    has ended (dropped ones included). Step markers: one that starts inside the previous one
+    is dropped (docs/design.md, "The training thread and the steps")."""
+    keep = np.ones(len(starts), bool)
+    if len(starts) > 1:
+        keep[1:] = starts[1:] >= np.maximum.accumulate(ends)[:-1]
+    return keep
+
+
+def window_index(
+    starts: np.ndarray, ends: np.ndarray, at: np.ndarray, *, with_start: bool = True
+) -> np.ndarray:
+    """Index of the window that holds each instant of ``at``, -1 for none. The windows are
+    sorted by start and their ends never decrease (disjoint windows, or running maxima of the
+    ends: then the window found is the last to start before the instant, and some window up to
+    it holds the instant). A window holds [start, end); ``with_start=False``: (start, end), an
+    instant at its very start is not in it."""
+    if len(starts) == 0:
+        return np.full(len(at), -1, np.int64)
+    idx = np.searchsorted(starts, at, side="right" if with_start else "left") - 1
+    inside = (idx >= 0) & (at < ends[np.maximum(idx, 0)])
+    return np.where(inside, idx, -1)
+
+
 def coded(
     column: pa.ChunkedArray | pa.Array, codes: dict[str, int], missing: int = -1
 ) -> np.ndarray:
     """A dictionary (or string) column as codes from ``codes``; unknown or null: ``missing``."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    lut = np.array(
-        [codes.get(v, missing) for v in array.dictionary.to_pylist()] + [missing], np.int64
-    )
-    indices = pc.fill_null(array.indices, len(lut) - 1).to_numpy(zero_copy_only=False)
-    return lut[np.asarray(indices, dtype=np.int64)]
+    own, values = dictionary_codes(column)
+    lut = np.array([codes.get(v, missing) for v in values] + [missing], np.int64)
+    return lut[own]
 
 
 def ints(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:

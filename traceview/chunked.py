@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 
 from traceview import rundir as R
 from traceview import schema as S
-from traceview.arrays import unique_pairs
+from traceview.arrays import disjoint, ints, unique_pairs, window_index
 from traceview.errors import Notes
 from traceview.normalize import (
     _ANCHOR_PHASES,
@@ -57,7 +57,6 @@ from traceview.normalize import (
     STRAY_NS,
     ChunkContext,
     RankMeta,
-    _windows,
     classify,
     kinds_from_categories,
     normalize_chunk,
@@ -171,10 +170,6 @@ class ChunkedRank:
     sink: ChunkSink | None = None  # the sink the chunks went to
 
 
-def _ints(column: pa.ChunkedArray | pa.Array, fill: int) -> np.ndarray:
-    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), np.int64)
-
-
 class _Firsts:
     """Per key, the chunk of the first row (in row order) with that key: a sorted lookup table
     built from the survey's per-batch arrays (which it empties as it goes: the rank's
@@ -233,8 +228,8 @@ class _Survey:
         table = kinds_from_categories(pa.Table.from_batches([batch]), rules)
         classes = classify(table, rules)
         kind, own = classes.kind, classes.phase
-        ts = _ints(batch.column(S.TS_NS), 0)
-        raw_dur = _ints(batch.column(S.DUR_NS), 0)
+        ts = ints(batch.column(S.TS_NS), 0)
+        raw_dur = ints(batch.column(S.DUR_NS), 0)
         dur = np.maximum(raw_dur, 0)
         n = len(ts)
         self.rows += n
@@ -245,23 +240,23 @@ class _Survey:
         host = _HOST_TREE[kind]
         step = np.flatnonzero(kind == _KIND_CODES[S.KIND_STEP])
         if len(step):
-            self.marker_pid.append(_ints(batch.column(S.PID), 0)[step])
-            self.marker_tid.append(_ints(batch.column(S.TID), 0)[step])
+            self.marker_pid.append(ints(batch.column(S.PID), 0)[step])
+            self.marker_tid.append(ints(batch.column(S.TID), 0)[step])
             self.marker_ts.append(ts[step])
             self.marker_dur.append(dur[step])
             self.marker_number.append(classes.step_number(step))
-        corr = _ints(batch.column(S.CORRELATION), -1)
+        corr = ints(batch.column(S.CORRELATION), -1)
         runtime = (kind == _KIND_CODES[S.KIND_RUNTIME]) & (corr >= 0)
         self.runtime_corr.append(corr[runtime])
         self.runtime_ts.append(ts[runtime])
-        ext = _ints(batch.column(S.EXTERNAL_ID), -1)
+        ext = ints(batch.column(S.EXTERNAL_ID), -1)
         ops = host & (kind != _KIND_CODES[S.KIND_RUNTIME]) & (ext >= 0)
         self.op_ext.append(ext[ops])
         self.op_ts.append(ts[ops])
         self.devices += int(_DEVICE[kind].sum())
         backward = np.flatnonzero(host & ~_STRUCTURAL[kind] & (own == _PHASE_BACKWARD))
         if len(backward):
-            pid, tid = _ints(batch.column(S.PID), 0), _ints(batch.column(S.TID), 0)
+            pid, tid = ints(batch.column(S.PID), 0), ints(batch.column(S.TID), 0)
             pairs = unique_pairs(pid[backward], tid[backward])
             self.backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
         anchor = host & (own >= 0)
@@ -300,9 +295,7 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     training = int(threads[0, best]), int(threads[1, best])
     mine = np.flatnonzero((pid == training[0]) & (tid == training[1]))
     mine = mine[np.argsort(ts[mine], kind="stable")]
-    keep = np.ones(len(mine), bool)
-    keep[1:] = ts[mine[1:]] >= np.maximum.accumulate(ts[mine] + dur[mine])[:-1]
-    mine = mine[keep]
+    mine = mine[disjoint(ts[mine], ts[mine] + dur[mine])]
     starts, ends = ts[mine], ts[mine] + dur[mine]
     numbers = number[mine]
     numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
@@ -315,7 +308,7 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     anchor_ts = np.concatenate(survey.anchor_ts)
     anchor_phase = np.concatenate(survey.anchor_phase).astype(np.int64)
     backward = anchor_ts[anchor_phase == _PHASE_BACKWARD]
-    window = _windows(starts, ends, backward)
+    window = window_index(starts, ends, backward)
     backward_steps = np.unique(np.where(window >= 0, numbers[np.maximum(window, 0)], -1))
     # only the markers at a chunk's cut can be a chunk's next marker from beyond it
     at_cut = np.isin(anchor_ts, bounds)
@@ -476,8 +469,8 @@ def _normalize_chunked(
         unlinked += result.unlinked
         events = result.events
         n = events.num_rows
-        dur = _ints(events.column(S.DUR_NS), 0)
-        ts = _ints(events.column(S.TS_NS), 0)
+        dur = ints(events.column(S.DUR_NS), 0)
+        ts = ints(events.column(S.TS_NS), 0)
         parent = result.parent
         is_own = np.arange(n) >= carried
         child = is_own & (parent >= 0)
@@ -520,7 +513,7 @@ def _normalize_chunked(
         del raw, result, closed
         if sink is not None:  # the rows as written: carried ones with their self time summed
             column = events.column(S.SELF_NS)
-            self_ns = _ints(column, 0).copy()
+            self_ns = ints(column, 0).copy()
             self_ns[done] = np.maximum(dur[done] - children[done], 0)
             unknown = np.array(column.is_null().to_numpy(zero_copy_only=False), bool)
             unknown[done] = False
@@ -609,13 +602,13 @@ def _route(spill: Path, plan: _Plan, work: Path, chunks: int) -> None:
     writers: dict[int, tuple[pa.OSFile, pa.ipc.RecordBatchStreamWriter]] = {}
     try:
         for batch in _spill_batches(spill):
-            ts = _ints(batch.column(S.TS_NS), 0)
+            ts = ints(batch.column(S.TS_NS), 0)
             kind = np.asarray(batch.column("_kind").to_numpy(zero_copy_only=False), np.int64)
             chunk = np.searchsorted(plan.bounds, ts, side="right")
             device = np.flatnonzero(_DEVICE[kind])
             if len(device):
-                corr = _ints(batch.column(S.CORRELATION), -1)[device]
-                ext = _ints(batch.column(S.EXTERNAL_ID), -1)[device]
+                corr = ints(batch.column(S.CORRELATION), -1)[device]
+                ext = ints(batch.column(S.EXTERNAL_ID), -1)[device]
                 found = plan.runtime.get(corr)
                 found = np.where(found >= 0, found, plan.ops.get(ext))
                 chunk[device] = np.where(found >= 0, found, chunk[device])
@@ -678,7 +671,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     the routed rows); None where it has no step markers. Two passes over the file, a row
     group at a time: the step markers and what the rank holds, then each row to its chunk's
     file (by its start; a device activity by the step of the call that launched it)."""
-    from traceview.arrays import KIND_CODE, PHASE_CODE, coded, ints
+    from traceview.arrays import KIND_CODE, PHASE_CODE, coded
 
     step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
     device_codes = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
@@ -713,9 +706,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     training = int(threads[0, best]), int(threads[1, best])
     mine = np.flatnonzero((m_pid == training[0]) & (m_tid == training[1]))
     mine = mine[np.argsort(m_ts[mine], kind="stable")]
-    keep = np.ones(len(mine), bool)
-    keep[1:] = m_ts[mine[1:]] >= np.maximum.accumulate(m_end[mine])[:-1]
-    mine = mine[keep]
+    mine = mine[disjoint(m_ts[mine], m_end[mine])]
     ends = m_end[mine]
     per_step = max(1, rows // max(len(mine), 1))
     steps_per_chunk = max(1, target_rows // per_step)

@@ -28,7 +28,7 @@ import traceback
 from traceview import __version__
 from traceview.commands import all_commands
 from traceview.errors import TraceviewError, cannot_write
-from traceview.text import safe
+from traceview.escape import safe
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,11 @@ where the engine finished that step's update (or push/pull) round and the Python
 for it went on. Without markers the steps are inferred from those rounds: one optimizer-update
 round per step, or one push/pull round where the servers update; the report says so.
 
-The spans are written as events of their own (category ``traceview``; names in ``SPAN_NAMES``,
-``ROUND_NAME``) that parsers/rules/mxnet.toml classifies.
+The markers and spans are written as events of their own (category ``traceview``; names in
+``SPAN_NAMES``), each stating what it is (``schema.LAID_OUT_SCHEMA``: kind ``step`` and its step
+number; kind ``python``, its phase and, for a KVStore round, its operator): no rule decodes
+their names, so a ``--rules`` file reclassifies the trace's own operators and regions, never
+these.
 """
 
 from __future__ import annotations
@@ -39,15 +42,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
+from traceview.arrays import dictionary_array, dictionary_codes, disjoint, window_index
 from traceview.errors import Notes
 from traceview.normalize import LayoutResult
-from traceview.parsers import dictionary_codes, group_ids
+from traceview.parsers import group_ids
 from traceview.rules import MAX_STEP, RuleSet
 
 #: The category traceview collect's profiler domain writes, and that of the spans made here.
 TRACEVIEW_CAT = "traceview"
-SPAN_NAMES = {S.FORWARD: "engine forward", S.BACKWARD: "engine backward", S.UPDATE: "engine update"}
-ROUND_NAME = "KVStore round"
+#: The spans made here, by phase: their names (for the views) and canonical operators (None:
+#: named after the span). Structure, not operators: kind ``python``, like Python frames, so the
+#: ops table and ``compare`` list the operators inside them.
+SPAN_NAMES = {
+    S.FORWARD: "engine forward",
+    S.BACKWARD: "engine backward",
+    S.UPDATE: "engine update",
+    S.COMM: "KVStore round",  # each step's round: from the first push/pull asked for to the end
+}
+SPAN_OPS = {S.COMM: "kvstore_round"}
+_OPS = sorted(set(SPAN_OPS.values()))
 STEP_CALL = "Trainer.step"
 _ROUNDS_TID = -1 - zlib.crc32(b"traceview KVStore rounds")
 _DEVICE_NAME = re.compile(r"^(cpu|gpu)/\d+$")
@@ -83,16 +96,6 @@ def lay_out(
     )
 
 
-def _covering(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Index of the interval (sorted by start, disjoint) strictly containing each instant, -1."""
-    if len(starts) == 0:
-        return np.full(len(at), -1, np.int64)
-    idx = np.searchsorted(starts, at, side="left") - 1
-    safe = np.maximum(idx, 0)
-    inside = (idx >= 0) & (ends[safe] > at)
-    return np.where(inside, idx, -1)
-
-
 @dataclass
 class _Events:
     """Paired intervals, one row per event, before they become the raw table."""
@@ -106,11 +109,17 @@ class _Events:
     dur: np.ndarray  # ns
     cats: list[Any]
     names: list[Any]
+    # What the events made here state they are (the trace's own: made False, the rest -1)
+    made: np.ndarray  # bool
+    phase: np.ndarray  # index into S.EVENT_PHASES
+    op: np.ndarray  # index into _OPS
+    step: np.ndarray  # step number
 
     def take(self, rows: np.ndarray) -> _Events:
         return _Events(
             self.kind[rows], self.cat[rows], self.name[rows], self.pid[rows], self.tid[rows],
             self.ts[rows], self.dur[rows], self.cats, self.names,
+            self.made[rows], self.phase[rows], self.op[rows], self.step[rows],
         )  # fmt: skip
 
     @property
@@ -133,10 +142,11 @@ class _Events:
             dur=raw.column(S.DUR_NS).to_numpy().astype(np.int64),
             cats=cats,
             names=names,
+            made=np.zeros(raw.num_rows, bool),
+            phase=np.full(raw.num_rows, -1, np.int64),
+            op=np.full(raw.num_rows, -1, np.int64),
+            step=np.full(raw.num_rows, -1, np.int64),
         )
-
-
-_KIND_CODE = {k: i for i, k in enumerate(S.EVENT_KINDS)}
 
 
 @dataclass
@@ -274,7 +284,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
     rounds = _comm_rounds(ev, own, engine, at_home, windows)
     if rounds:
         where = (rounds[0][2], _ROUNDS_TID)
-        placed.append((where, [(ROUND_NAME, start, stop) for start, stop, _ in rounds]))
+        placed.append((where, [(S.COMM, start, stop) for start, stop, _ in rounds]))
         thread_labels[where] = "KVStore rounds (traceview)"
     extra = _synthetic(ev, home, windows, numbers, placed)
     return _Layout(_with_spans(ev, extra), devices, steps_from, thread_labels)
@@ -334,7 +344,7 @@ def _fits_between(
     bs = b_start[order_b]
     be = np.maximum.accumulate(b_end[order_b]) if len(b_end) else b_end
     # No busy interval runs at the start, none starts then, and the next begins after the end.
-    running = _covering(bs, be, start)
+    running = window_index(bs, be, start, with_start=False)
     following = np.searchsorted(bs, start, side="right")
     free = (running < 0) & ~np.isin(start, bs)
     if len(bs):
@@ -390,7 +400,7 @@ def _after_waits(ev: _Events, ends: np.ndarray) -> np.ndarray:
     if len(rows) == 0 or len(ends) == 0:
         return ends
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
-    cover = _covering(ev.ts[rows], np.maximum.accumulate(ev.end[rows]), ends)
+    cover = window_index(ev.ts[rows], np.maximum.accumulate(ev.end[rows]), ends, with_start=False)
     moved = np.where(cover >= 0, np.maximum.accumulate(ev.end[rows])[np.maximum(cover, 0)], ends)
     # never past the next round's end
     limit = np.concatenate([ends[1:], [np.iinfo(np.int64).max]])
@@ -421,10 +431,7 @@ def _step_windows(
     """Step windows ((n, 2) start/end ns), their numbers, and where they came from."""
     markers = np.flatnonzero(is_step)
     markers = markers[np.argsort(ev.ts[markers], kind="stable")]
-    if len(markers):
-        keep = np.ones(len(markers), bool)
-        keep[1:] = ev.ts[markers[1:]] >= np.maximum.accumulate(ev.end[markers])[:-1]
-        markers = markers[keep]
+    markers = markers[disjoint(ev.ts[markers], ev.end[markers])]
     first, last, what = _rounds(ev, own, engine)
     last = _after_waits(ev, last)
     busy = ev.ts[engine]
@@ -543,7 +550,7 @@ def _head_gradient_fills(
     after = is_op & np.isin(own, [_PHASE_CODES[S.UPDATE], _PHASE_CODES[S.COMM]])
     later = np.append(np.sort(ev.ts[after]), np.iinfo(np.int64).max)
     limit = np.minimum(later[np.searchsorted(later, asked, side="left")], windows[:, 1])
-    window = _covering(windows[:, 0], windows[:, 1], ev.ts[candidates])
+    window = window_index(windows[:, 0], windows[:, 1], ev.ts[candidates], with_start=False)
     w = np.maximum(window, 0)
     ts = ev.ts[candidates]
     fills[candidates] = (window >= 0) & has_call[w] & (ts >= asked[w]) & (ts < limit[w])
@@ -607,7 +614,7 @@ def _spans(
     if len(io_start):
         order = np.argsort(io_start)
         io_start, io_end = io_start[order], np.maximum.accumulate(io_end[order])
-        forward_op &= _covering(io_start, io_end, ev.ts) < 0
+        forward_op &= window_index(io_start, io_end, ev.ts, with_start=False) < 0
         forward_op &= ~np.isin(ev.ts, io_start)
     solid = mine & (ev.kind == _KIND_CODE[S.KIND_OP]) & ~_bookkeeping(ev)
     for w_start, w_end in windows.tolist():
@@ -652,7 +659,9 @@ def _spans(
                 before = ends[ends <= start]
                 earliest = max(int(issued.min()), int(before.max()) if len(before) else w_start)
                 if len(io_start):  # never from inside data loading
-                    inside_io = _covering(io_start, io_end, np.array([earliest]))[0]
+                    inside_io = window_index(
+                        io_start, io_end, np.array([earliest]), with_start=False
+                    )[0]
                     earliest = int(io_end[inside_io]) if inside_io >= 0 else earliest
                 if earliest < start:
                     found[phase][0] = earliest
@@ -701,10 +710,10 @@ def _io_regions(
     ops = ops[np.argsort(ev.ts[ops], kind="stable")]
     o_start, o_end = ev.ts[ops], np.maximum.accumulate(ev.end[ops])
     # An operator running when the region starts: the region starts when it ends.
-    cover = _covering(o_start, o_end, start)
+    cover = window_index(o_start, o_end, start, with_start=False)
     start = np.where(cover >= 0, o_end[np.maximum(cover, 0)], start)
     # An operator that started inside the region and outlasts it: the region waits for it.
-    cover = _covering(o_start, o_end, end)
+    cover = window_index(o_start, o_end, end, with_start=False)
     late = (cover >= 0) & (o_start[np.maximum(cover, 0)] >= start)
     end = np.where(late, o_end[np.maximum(cover, 0)], end)
     if len(calls):
@@ -722,12 +731,12 @@ def _io_regions(
         s_end = np.array([e for _, _, e in spans], np.int64)
         order = np.argsort(s_start)
         s_start, s_end = s_start[order], s_end[order]
-        cover = _covering(s_start, s_end, start)
+        cover = window_index(s_start, s_end, start, with_start=False)
         start = np.where(cover >= 0, s_end[np.maximum(cover, 0)], start)
-        cover = _covering(s_start, s_end, end)
+        cover = window_index(s_start, s_end, end, with_start=False)
         end = np.where(cover >= 0, s_start[np.maximum(cover, 0)], end)
     if len(windows):
-        w = _covering(windows[:, 0], windows[:, 1], start)
+        w = window_index(windows[:, 0], windows[:, 1], start, with_start=False)
         end = np.where(w >= 0, np.minimum(end, windows[np.maximum(w, 0), 1]), end)
     keep = end > start
     return rows[keep], start[keep], end[keep]
@@ -740,18 +749,25 @@ def _synthetic(
     numbers: np.ndarray,
     placed: list[tuple[tuple[int, int], list[tuple[str, int, int]]]],
 ) -> _Events:
-    """Step markers (on the timeline thread) and phase spans (on their threads) as annotations."""
+    """Step markers (on the timeline thread) and phase spans (on their threads), each stating
+    its kind, phase, operator and step number."""
     labels = [f"step#{n}" for n in numbers.tolist()]
     ts = [int(v) for v in windows[:, 0].tolist()]
     end = [int(v) for v in windows[:, 1].tolist()]
     pids, tids = [home[0]] * len(labels), [home[1]] * len(labels)
+    kinds = [_KIND_CODE[S.KIND_STEP]] * len(labels)
+    phases, ops, steps = [-1] * len(labels), [-1] * len(labels), numbers.tolist()
     for (pid, tid), spans in placed:
         for phase, start, stop in spans:
-            labels.append(SPAN_NAMES.get(phase, phase))
+            labels.append(SPAN_NAMES[phase])
             ts.append(start)
             end.append(stop)
             pids.append(pid)
             tids.append(tid)
+            kinds.append(_KIND_CODE[S.KIND_PYTHON])
+            phases.append(_PHASE_CODES[phase])
+            ops.append(_OPS.index(SPAN_OPS[phase]) if phase in SPAN_OPS else -1)
+            steps.append(-1)
     n = len(labels)
     cats = list(ev.cats)
     if TRACEVIEW_CAT not in cats:
@@ -767,7 +783,7 @@ def _synthetic(
     ev.cats, ev.names = cats, names_all
     start_ns = np.array(ts, np.int64)
     return _Events(
-        kind=np.full(n, _KIND_CODE[S.KIND_ANNOTATION], np.int64),
+        kind=np.array(kinds, np.int64),
         cat=np.full(n, cats.index(TRACEVIEW_CAT), np.int64),
         name=np.array(codes, np.int64),
         pid=np.array(pids, np.int64),
@@ -776,6 +792,10 @@ def _synthetic(
         dur=np.array(end, np.int64) - start_ns,
         cats=cats,
         names=names_all,
+        made=np.ones(n, bool),
+        phase=np.array(phases, np.int64),
+        op=np.array(ops, np.int64),
+        step=np.array(steps, np.int64),
     )
 
 
@@ -803,14 +823,9 @@ def _concat(a: _Events, b: _Events) -> _Events:
         np.concatenate([a.name, b.name]), np.concatenate([a.pid, b.pid]),
         np.concatenate([a.tid, b.tid]), np.concatenate([a.ts, b.ts]),
         np.concatenate([a.dur, b.dur]), words.cats, words.names,
+        np.concatenate([a.made, b.made]), np.concatenate([a.phase, b.phase]),
+        np.concatenate([a.op, b.op]), np.concatenate([a.step, b.step]),
     )  # fmt: skip
-
-
-def _dictionary(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
-    indices = pa.array(codes.astype(np.int32), pa.int32(), mask=codes < 0)
-    return pa.DictionaryArray.from_arrays(
-        indices, pa.array([None if v is None else str(v) for v in values], pa.string())
-    )
 
 
 def _raw_table(ev: _Events) -> pa.Table:
@@ -820,13 +835,17 @@ def _raw_table(ev: _Events) -> pa.Table:
             S.KIND: pa.DictionaryArray.from_arrays(
                 pa.array(ev.kind.astype(np.int32)), pa.array(list(S.EVENT_KINDS))
             ),
-            S.CAT: _dictionary(ev.cat, ev.cats),
-            S.NAME: pc.fill_null(_dictionary(ev.name, ev.names).cast(pa.string()), ""),
+            S.CAT: dictionary_array(ev.cat, ev.cats),
+            S.NAME: pc.fill_null(dictionary_array(ev.name, ev.names).cast(pa.string()), ""),
             S.PID: pa.array(ev.pid, pa.int64()),
             S.TID: pa.array(ev.tid, pa.int64()),
             S.TS_NS: pa.array(ev.ts, pa.int64()),
             S.DUR_NS: pa.array(ev.dur, pa.int64()),
             S.COLLECTIVE: pa.nulls(n, pa.string()),
+            S.STATED_KIND: dictionary_array(np.where(ev.made, ev.kind, -1), list(S.EVENT_KINDS)),
+            S.STATED_PHASE: dictionary_array(ev.phase, list(S.EVENT_PHASES)),
+            S.STATED_OP: dictionary_array(ev.op, list(_OPS)),
+            S.STATED_STEP: pa.array(ev.step, pa.int64(), mask=ev.step < 0),
         }
     )
-    return S.conform(raw, S.RAW_SCHEMA)
+    return S.conform(raw, S.LAID_OUT_SCHEMA)

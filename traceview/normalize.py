@@ -18,7 +18,8 @@ to its contract on every sample trace.
     a named pass (``STEP_INFERENCE``: TensorFlow's step groups, TF1's ``Session.run`` calls;
     ``traceview/step_inference.py``);
 ``classify``
-    rules give each distinct name its kind, own phase, canonical op and collective;
+    rules give each distinct name its kind, own phase, canonical op and collective; the events
+    a layout pass made are what it states they are (``schema.LAID_OUT_SCHEMA``);
 ``call_trees``
     host events nest per thread; depth, parent and self time come from sorting and binary
     searches, not from a per-event stack;
@@ -50,10 +51,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import outermost_operators, training_thread_of
+from traceview.arrays import (
+    dictionary_array,
+    dictionary_codes,
+    disjoint,
+    ints,
+    outermost_operators,
+    training_thread_of,
+    window_index,
+)
 from traceview.errors import BadInput, Notes
 from traceview.rules import RuleSet
 
@@ -91,24 +99,6 @@ class Normalized:
     inferred: InferredSteps | None = None  # what a step-inference pass made (its markers dropped)
 
 
-def _dictionary(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_dictionary(array.type):
-        array = array.dictionary_encode()
-    return array
-
-
-def _codes(array: pa.DictionaryArray) -> np.ndarray:
-    """Dictionary indices as int64 with -1 for null."""
-    return np.asarray(
-        pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64
-    )
-
-
-def _numpy(column: pa.ChunkedArray, fill: int) -> np.ndarray:
-    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
 @dataclass
 class Classes:
     """What the rules say, per event, in the smallest integer types that hold it."""
@@ -123,22 +113,59 @@ class Classes:
     collectives: list[str]
     _step: np.ndarray  # per distinct name: step number of step markers (-1: none)
     _inverse: np.ndarray
+    _stated_step: np.ndarray | None = None  # per event: a layout pass's step number (-1: none)
 
     def step_number(self, rows: np.ndarray) -> np.ndarray:
-        return self._step[self._inverse[rows]]
+        numbers = self._step[self._inverse[rows]]
+        if self._stated_step is not None:
+            stated = self._stated_step[rows]
+            numbers = np.where(stated >= 0, stated, numbers)
+        return numbers
+
+
+@dataclass
+class _Stated:
+    """The events a layout pass made, and what it says they are (``schema.LAID_OUT_SCHEMA``)."""
+
+    rows: np.ndarray  # event indices
+    kind: np.ndarray  # per row: kind code
+    phase: np.ndarray  # per row: phase code (NO_PHASE: none of its own)
+    op: list[str | None]  # per row: canonical op (None: named after the event)
+    step: np.ndarray  # per event (all of them): step number (-1: none)
+
+
+def _stated(raw: pa.Table) -> _Stated | None:
+    """What a layout pass stated of the events it made; None where it made none."""
+    if S.STATED_KIND not in raw.column_names or raw.column(S.STATED_KIND).null_count == len(raw):
+        return None
+    kind, kinds = dictionary_codes(raw.column(S.STATED_KIND))
+    rows = np.flatnonzero(kind >= 0)
+    phase, phases = dictionary_codes(raw.column(S.STATED_PHASE))
+    ops = raw.column(S.STATED_OP).take(pa.array(rows)).to_pylist()
+    return _Stated(
+        rows=rows,
+        kind=np.array([_KIND_CODES[str(k)] for k in kinds], np.int8)[kind[rows]],
+        phase=np.array([*(PHASE_CODES[str(p)] for p in phases), NO_PHASE], np.int8)[phase[rows]],
+        op=[None if op is None else str(op) for op in ops],
+        step=ints(raw.column(S.STATED_STEP), -1),
+    )
 
 
 def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: str = "") -> Classes:
     """The rules applied to each distinct (kind, category, name); a step marker whose number
-    is too large to be a step is numbered by its position, with a warning in ``notes``."""
-    kind_dict = _dictionary(raw.column(S.KIND))
-    cat_dict = _dictionary(raw.column(S.CAT))
-    name_dict = _dictionary(raw.column(S.NAME))
-    kinds = [str(k) for k in kind_dict.dictionary.to_pylist()]
-    cats = cat_dict.dictionary.to_pylist()
-    names = [str(n) for n in name_dict.dictionary.to_pylist()]
-    key = _codes(kind_dict) * (len(cats) + 1) + (_codes(cat_dict) + 1)
-    key = key * max(len(names), 1) + _codes(name_dict)
+    is too large to be a step is numbered by its position, with a warning in ``notes``. The
+    events a layout pass made are what it states (``schema.STATED_KIND``...), not what a rule
+    would make of their names."""
+    stated = _stated(raw)
+    kind_codes, kind_values = dictionary_codes(raw.column(S.KIND))
+    cat_codes, cats = dictionary_codes(raw.column(S.CAT))
+    key = kind_codes * (len(cats) + 1) + (cat_codes + 1)
+    del kind_codes, cat_codes
+    name_codes, name_values = dictionary_codes(raw.column(S.NAME))
+    kinds = [str(k) for k in kind_values]
+    names = [str(n) for n in name_values]
+    key = key * max(len(names), 1) + name_codes
+    del name_codes
     unique, inverse = np.unique(key, return_inverse=True)
     del key
     inverse = inverse.astype(np.int32)
@@ -153,12 +180,23 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     u_collective = np.empty(count, np.int16)
     u_from_args = np.zeros(count, bool)
     u_step = np.full(count, -1, np.int64)
+    by_rules = np.ones(count, bool)  # (kind, category, name)s of the trace's own events
+    if stated is not None:
+        trace_rows = np.ones(len(inverse), bool)
+        trace_rows[stated.rows] = False
+        by_rules[:] = False
+        by_rules[inverse[trace_rows]] = True
     for i, value in enumerate(unique.tolist()):
         name_i = value % max(len(names), 1)
         rest = value // max(len(names), 1)
         cat = cats[rest % (len(cats) + 1) - 1] if rest % (len(cats) + 1) else None
         kind = kinds[rest // (len(cats) + 1)]
         name = names[name_i]
+        if not by_rules[i]:  # only events a layout pass made: see below
+            u_kind[i] = _KIND_CODES.get(kind, _KIND_CODES[S.KIND_OP])
+            u_phase[i], u_rule_op[i], u_collective[i] = NO_PHASE, -1, -1
+            u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
+            continue
         result = rules.classify(kind, cat, name)
         u_kind[i] = _KIND_CODES.get(result.kind, _KIND_CODES[S.KIND_OP])
         u_phase[i] = PHASE_CODES[result.phase] if result.phase else NO_PHASE
@@ -177,7 +215,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
                     f"{label}: step marker {shown}: step number too large to be a step "
                     "(corrupt), numbered by its position"
                 )
-    return Classes(
+    classes = Classes(
         kind=u_kind[inverse],
         phase=u_phase[inverse],
         rule_op=u_rule_op[inverse],
@@ -189,6 +227,20 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
         _step=u_step,
         _inverse=inverse,
     )
+    if stated is not None:
+        rows = stated.rows
+        classes.kind[rows] = stated.kind
+        classes.phase[rows] = stated.phase
+        index = {op: i for i, op in enumerate(classes.ops)}
+        for op in stated.op:
+            if op is not None and op not in index:
+                index[op] = len(classes.ops)
+                classes.ops.append(op)
+        classes.rule_op[rows] = [-1 if op is None else index[op] for op in stated.op]
+        classes.collective[rows] = -1
+        classes.from_args[rows] = False
+        classes._stated_step = stated.step
+    return classes
 
 
 @dataclass
@@ -286,15 +338,6 @@ def _stack_walk(start: np.ndarray, end: np.ndarray, offset: int) -> tuple[np.nda
     return depth, parent
 
 
-def _windows(starts: np.ndarray, ends: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """Index of the window (sorted, disjoint) that contains each timestamp, -1 for none."""
-    if len(starts) == 0:
-        return np.full(len(ts), -1, np.int64)
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    inside = (idx >= 0) & (ts < ends[np.maximum(idx, 0)])
-    return np.where(inside, idx, -1)
-
-
 def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
     """values[j] for the j with keys[j] == query (first such j), -1 where none; keys >= 0."""
     valid = keys >= 0
@@ -324,11 +367,11 @@ def _scope_classes(
     op = np.full(len(rows), -1, np.int32)
     if not has_scope(raw) or len(rows) == 0:
         return phase, op
-    scope = _dictionary(raw.column(S.SCOPE))
-    codes = _codes(scope)[rows]
+    scope, scopes = dictionary_codes(raw.column(S.SCOPE))
+    codes = scope[rows]
     index = {name: i for i, name in enumerate(ops)}
     u_phase, u_op = [], []
-    for name in scope.dictionary.to_pylist():
+    for name in scopes:
         result = rules.classify(S.KIND_OP, None, str(name))
         u_phase.append(PHASE_CODES[result.phase] if result.phase else NO_PHASE)
         canonical = result.op or rules.default_op(str(name))
@@ -340,11 +383,6 @@ def _scope_classes(
     phase[known] = np.array(u_phase, np.int8)[codes[known]]
     op[known] = np.array(u_op, np.int32)[codes[known]]
     return phase, op
-
-
-def _dict_array(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
-    indices = pa.array(codes.astype(np.int32, copy=False), pa.int32(), mask=codes < 0)
-    return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
 
 
 def _constant(value: str | None, n: int) -> pa.DictionaryArray:
@@ -362,8 +400,8 @@ def _without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
     longer): one corrupt record must not make the whole trace unreadable."""
     if raw.num_rows == 0:
         return raw
-    ts = _numpy(raw.column(S.TS_NS), 0)
-    dur = _numpy(raw.column(S.DUR_NS), 0)
+    ts = ints(raw.column(S.TS_NS), 0)
+    dur = ints(raw.column(S.DUR_NS), 0)
     if int(ts.max()) - int(ts.min()) <= STRAY_NS and int(dur.max()) <= STRAY_NS:
         return raw  # the usual case: no copies, no median
     ts_f = ts.astype(np.float64)
@@ -381,13 +419,13 @@ def kinds_from_categories(raw: pa.Table, rules: RuleSet) -> pa.Table:
     """An event whose parser left its kind open takes the kind the rules give its category."""
     if raw.column(S.KIND).null_count == 0:
         return raw
-    kind, cats = _dictionary(raw.column(S.KIND)), _dictionary(raw.column(S.CAT))
-    stated = [str(k) for k in kind.dictionary.to_pylist()]
-    by_category = [rules.kind_of(c) for c in cats.dictionary.to_pylist()] + [rules.kind_of(None)]
+    kind_codes, kinds = dictionary_codes(raw.column(S.KIND))
+    cat_codes, cats = dictionary_codes(raw.column(S.CAT))
+    stated = [str(k) for k in kinds]
+    by_category = [rules.kind_of(c) for c in cats] + [rules.kind_of(None)]
     names = sorted({*stated, *by_category})
     code = {name: i for i, name in enumerate(names)}
     # on dictionary codes: the parser's kind where it stated one, else its category's
-    kind_codes, cat_codes = _codes(kind), _codes(cats)
     from_category = np.array([code[k] for k in by_category], np.int32)[cat_codes]
     from_parser = np.array([code[k] for k in stated] + [0], np.int32)[kind_codes]
     filled = np.where(kind_codes >= 0, from_parser, from_category).astype(np.int32)
@@ -400,7 +438,7 @@ class LayoutResult:
     """What a layout pass returns: the laid-out raw events, and for the manifest what it found
     (added to the rank's meta, thread names and skipped-record counts)."""
 
-    events: pa.Table  # schema.RAW_SCHEMA
+    events: pa.Table  # schema.LAID_OUT_SCHEMA
     meta: dict[str, Any] = field(default_factory=dict)
     threads: dict[str, str] = field(default_factory=dict)  # "pid/tid" -> label
     skipped: dict[str, int] = field(default_factory=dict)
@@ -452,9 +490,8 @@ def step_markers(
 
     if method not in STEP_INFERENCE:
         raise BadInput(f"the parser asks for an unknown step inference {method!r}")
-    kinds = _dictionary(raw.column(S.KIND))
-    values = [str(k) for k in kinds.dictionary.to_pylist()]
-    if S.KIND_STEP in values and (_codes(kinds) == values.index(S.KIND_STEP)).any():
+    kinds, values = dictionary_codes(raw.column(S.KIND))
+    if S.KIND_STEP in values and (kinds == values.index(S.KIND_STEP)).any():
         return None
     module, _, function = STEP_INFERENCE[method].partition(":")
     result: InferredSteps = getattr(importlib.import_module(module), function)(
@@ -467,7 +504,8 @@ def with_markers(raw: pa.Table, inferred: InferredSteps | None) -> pa.Table:
     """The raw events and, after them, the inferred markers (one chunk, dictionaries unified)."""
     if inferred is None or inferred.markers.num_rows == 0:
         return raw
-    both = pa.concat_tables([S.conform(raw, S.RAW_SCHEMA), inferred.markers])
+    schema = S.LAID_OUT_SCHEMA if S.STATED_KIND in raw.column_names else S.RAW_SCHEMA
+    both = pa.concat_tables([S.conform(raw, schema), S.conform(inferred.markers, schema)])
     return both.unify_dictionaries().combine_chunks()
 
 
@@ -483,10 +521,10 @@ class RankColumns:
     @classmethod
     def of(cls, raw: pa.Table) -> RankColumns:
         return cls(
-            pid=_numpy(raw.column(S.PID), 0),
-            tid=_numpy(raw.column(S.TID), 0),
-            ts=_numpy(raw.column(S.TS_NS), 0),
-            dur=np.maximum(_numpy(raw.column(S.DUR_NS), 0), 0),
+            pid=ints(raw.column(S.PID), 0),
+            tid=ints(raw.column(S.TID), 0),
+            ts=ints(raw.column(S.TS_NS), 0),
+            dur=np.maximum(ints(raw.column(S.DUR_NS), 0), 0),
         )
 
 
@@ -546,11 +584,8 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
         on_training = (c.pid == training[0]) & (c.tid == training[1]) & _HOST_TREE[kind]
     marker = np.flatnonzero(on_training & (kind == _KIND_CODES[S.KIND_STEP]))
     marker = marker[np.argsort(c.ts[marker], kind="stable")]
-    if len(marker):
-        # Keep disjoint windows: a marker that starts inside the previous one is dropped.
-        keep = np.ones(len(marker), bool)
-        keep[1:] = c.ts[marker[1:]] >= np.maximum.accumulate(c.ts[marker] + c.dur[marker])[:-1]
-        marker = marker[keep]
+    # Keep disjoint windows: a marker that starts inside the previous one is dropped.
+    marker = marker[disjoint(c.ts[marker], c.ts[marker] + c.dur[marker])]
     starts, ends = c.ts[marker], c.ts[marker] + c.dur[marker]
     numbers = classes.step_number(marker)
     numbers = np.where(numbers >= 0, numbers, np.arange(len(marker)))
@@ -561,7 +596,7 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
         )
         step = np.full(n, -1, np.int64)
     else:
-        window = _windows(starts, ends, c.ts)
+        window = window_index(starts, ends, c.ts)
         step = np.where(window >= 0, numbers[np.maximum(window, 0)], -1)
     return Steps(training, marker, starts, ends, step, on_training)
 
@@ -743,8 +778,8 @@ def launchers(raw: pa.Table, classes: Classes, trees: CallTrees) -> Launched:
     the operator with its ``external_id``."""
     kind, hosts = classes.kind, trees.hosts
     device = np.flatnonzero(_DEVICE[kind])
-    correlation = _numpy(raw.column(S.CORRELATION), -1)
-    external = _numpy(raw.column(S.EXTERNAL_ID), -1)
+    correlation = ints(raw.column(S.CORRELATION), -1)
+    external = ints(raw.column(S.EXTERNAL_ID), -1)
     runtime = hosts[kind[hosts] == _KIND_CODES[S.KIND_RUNTIME]]
     launcher = _lookup(correlation[runtime], runtime, correlation[device])
     host_ops = hosts[kind[hosts] != _KIND_CODES[S.KIND_RUNTIME]]
@@ -827,13 +862,14 @@ def name_collectives(
     gave it one."""
     names = list(classes.collectives)
     collective = classes.collective.copy()
-    hint = _dictionary(raw.column(S.COLLECTIVE))
-    if not (classes.from_args.any() and len(hint.dictionary)):
+    if not classes.from_args.any():
+        return Collectives(collective, names, op)
+    hint_codes, hints = dictionary_codes(raw.column(S.COLLECTIVE))
+    if not hints:
         return Collectives(collective, names, op)
     op = op.copy()
-    hint_codes = _codes(hint)
     mapped = []
-    for value in hint.dictionary.to_pylist():
+    for value in hints:
         name = rules.normalize_collective(value)
         if name is not None and name not in names:
             names.append(name)
@@ -892,20 +928,20 @@ def events_table(
         S.RANK: pa.array(np.full(n, meta.rank, np.int32)),
         S.HOST: _constant(meta.host, n),
         S.FRAMEWORK: _constant(meta.framework, n),
-        S.DEVICE: _dict_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
-        S.KIND: _dict_array(kind, list(S.EVENT_KINDS)),
+        S.DEVICE: dictionary_array(_ON_DEVICE[kind].astype(np.int8), [S.DEVICE_CPU, S.DEVICE_GPU]),
+        S.KIND: dictionary_array(kind, list(S.EVENT_KINDS)),
         S.CAT: raw.column(S.CAT),
         S.PID: raw.column(S.PID),
         S.TID: raw.column(S.TID),
         S.NAME: raw.column(S.NAME),
-        S.OP: _dict_array(named.op, classes.ops),
-        S.PHASE: _dict_array(phase, list(S.EVENT_PHASES)),
+        S.OP: dictionary_array(named.op, classes.ops),
+        S.PHASE: dictionary_array(phase, list(S.EVENT_PHASES)),
         S.STEP: pa.array(step, pa.int64(), mask=step < 0),
         S.TS_NS: pa.array(columns.ts),
         S.DUR_NS: pa.array(columns.dur),
         S.SELF_NS: pa.array(trees.self_ns, pa.int64()),
         S.BYTES: raw.column(S.BYTES),
-        S.COLLECTIVE: _dict_array(named.collective, named.names),
+        S.COLLECTIVE: dictionary_array(named.collective, named.names),
         S.CORRELATION: raw.column(S.CORRELATION),
         S.EVENT_ID: pa.array(ids),
         S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
@@ -1031,7 +1067,7 @@ def normalize_chunk(
     kind = classes.kind
     host_tree = _HOST_TREE[kind]
     on_training = (columns.pid == ctx.training[0]) & (columns.tid == ctx.training[1]) & host_tree
-    window = _windows(ctx.starts, ctx.ends, columns.ts)
+    window = window_index(ctx.starts, ctx.ends, columns.ts)
     step_of = np.where(window >= 0, ctx.numbers[np.maximum(window, 0)], -1)
     steps = Steps(ctx.training, np.zeros(0, np.int64), ctx.starts, ctx.ends, step_of, on_training)
     launched = launchers(raw, classes, trees)

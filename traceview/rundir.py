@@ -40,8 +40,6 @@ from traceview.manifest import Manifest, from_json
 MANIFEST = "manifest.json"
 EVENTS = "events"
 RAW = "raw"
-STEPS = "steps.parquet"
-OPS = "ops.parquet"
 #: every rank's memory records (schema.MEMORY_SCHEMA); absent in runs ingested before traceview
 #: read memory (their memory is unknown, not empty)
 MEMORY = "memory"
@@ -110,10 +108,6 @@ def events_path(run: Path, rank: int) -> Path:
     return run / EVENTS / f"rank={rank}" / "part-0.parquet"
 
 
-def raw_dir(run: Path, rank: int) -> Path:
-    return run / RAW / f"rank-{rank:05d}"
-
-
 def write_events(run: Path, rank: int, events: pa.Table) -> Path:
     """One rank's events; the rank lives in the path (hive partitioning), not in the file."""
     path = events_path(run, rank)
@@ -155,14 +149,6 @@ def read_table(path: Path, schema: pa.Schema | None = None) -> pa.Table:
         return S.conform(table, schema)
     except (pa.ArrowException, ValueError, NotImplementedError) as exc:
         raise BadInput(f"{path}: not a table traceview wrote ({exc})") from None
-
-
-def read_steps(run: Path) -> pa.Table:
-    return read_table(run / STEPS)
-
-
-def read_ops(run: Path) -> pa.Table:
-    return read_table(run / OPS)
 
 
 def read_memory(run: Path, ranks: list[int] | None = None) -> pa.Table | None:

@@ -182,6 +182,27 @@ RAW_SCHEMA: Final = pa.schema(
     ]
 )
 
+#: What a core layout pass (``normalize.LAYOUTS``) hands on: the raw events and, for the events
+#: the pass made itself (step markers, phase spans), what each one is, stated: its kind, its
+#: phase (null: none of its own), its canonical operator (null: named after the event) and, for
+#: a step marker, its step number (null: numbered by its position). ``stated_kind`` is null on
+#: the trace's own events, which the rules classify; the pass's events are never matched
+#: against a rule (no pattern decodes a name the core invented). Parsers never write these
+#: columns: a parser states no phase.
+STATED_KIND: Final = "stated_kind"
+STATED_PHASE: Final = "stated_phase"
+STATED_OP: Final = "stated_op"
+STATED_STEP: Final = "stated_step"
+LAID_OUT_SCHEMA: Final = pa.schema(
+    [
+        *RAW_SCHEMA,
+        pa.field(STATED_KIND, _DICT),
+        pa.field(STATED_PHASE, _DICT),
+        pa.field(STATED_OP, _DICT),
+        pa.field(STATED_STEP, pa.int64()),
+    ]
+)
+
 # --- steps: one row per (rank, step) -----------------------------------------------------------
 
 START_NS: Final = "start_ns"

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceview import schema as S
+from traceview.arrays import dictionary_codes, ints
 from traceview.errors import Notes
 from traceview.normalize import InferredSteps
-from traceview.parsers import dictionary_codes
 
 #: The thread (tid) that holds inferred step markers, in the process of the first host event the
 #: pass uses (as the TensorFlow parsers had it): no parser puts an event of its own there
@@ -37,11 +36,6 @@ from traceview.parsers import dictionary_codes
 STEP_THREAD = -2
 #: The category of inferred markers: traceview's own, as the MXNet engine layout's spans.
 CATEGORY = "traceview"
-
-
-def _int64(raw: pa.Table, column: str, fill: int) -> np.ndarray:
-    values = pc.fill_null(raw.column(column), fill).to_numpy(zero_copy_only=False)
-    return np.asarray(values, np.int64)
 
 
 def _host(raw: pa.Table) -> np.ndarray:
@@ -73,7 +67,7 @@ def _nothing() -> InferredSteps:
 
 def _first_host_pid(raw: pa.Table, host: np.ndarray) -> int:
     rows = np.flatnonzero(host)
-    pid = _int64(raw, S.PID, 0)
+    pid = ints(raw.column(S.PID), 0)
     return int(pid[rows[0]]) if len(rows) else int(pid[0]) if len(pid) else 0
 
 
@@ -85,15 +79,15 @@ def from_step_groups(raw: pa.Table, process_names: dict[int, str], notes: Notes)
     rows = np.flatnonzero(grouped & _host(raw))
     if len(rows) == 0:
         return _nothing()
-    group = _int64(raw, S.STEP_GROUP, 0)[rows]
-    ts = _int64(raw, S.TS_NS, 0)[rows]
-    end = ts + np.maximum(_int64(raw, S.DUR_NS, 0)[rows], 0)
+    group = ints(raw.column(S.STEP_GROUP), 0)[rows]
+    ts = ints(raw.column(S.TS_NS), 0)[rows]
+    end = ts + np.maximum(ints(raw.column(S.DUR_NS), 0)[rows], 0)
     groups, inverse = np.unique(group, return_inverse=True)
     starts = np.full(len(groups), np.iinfo(np.int64).max, np.int64)
     ends = np.full(len(groups), np.iinfo(np.int64).min, np.int64)
     np.minimum.at(starts, inverse, ts)
     np.maximum.at(ends, inverse, end)
-    pid = int(_int64(raw, S.PID, 0)[rows[0]])
+    pid = int(ints(raw.column(S.PID), 0)[rows[0]])
     notes.remark(
         "no step markers in the TensorFlow profile: steps are TensorFlow's own grouping of "
         "events into steps (group_id)"
@@ -117,8 +111,8 @@ def from_session_runs(raw: pa.Table, process_names: dict[int, str], notes: Notes
     trace's end). A trace of one run is one step."""
     if raw.num_rows == 0:
         return _nothing()
-    pid = _int64(raw, S.PID, 0)
-    ts = _int64(raw, S.TS_NS, 0)
+    pid = ints(raw.column(S.PID), 0)
+    ts = ints(raw.column(S.TS_NS), 0)
     named = _is_source(raw.column(S.NAME))
     cpu = np.array(sorted(p for p, name in process_names.items() if "cpu" in name.lower()))
     sources = named & np.isin(pid, cpu)
@@ -127,7 +121,7 @@ def from_session_runs(raw: pa.Table, process_names: dict[int, str], notes: Notes
     starts = np.unique(ts[sources])
     if len(starts) == 0:
         return _nothing()
-    end = int((ts + np.maximum(_int64(raw, S.DUR_NS, 0), 0)).max())
+    end = int((ts + np.maximum(ints(raw.column(S.DUR_NS), 0), 0)).max())
     bounds = np.append(starts, max(end, int(starts[-1])))
     step_pid = _first_host_pid(raw, _host(raw))
     if len(starts) > 1:

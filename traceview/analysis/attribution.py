@@ -33,6 +33,7 @@ from traceview.arrays import (
     KIND_CODE,
     PHASE_CODE,
     EventArrays,
+    disjoint,
     outermost_operators,
     training_thread_of,
     unique_pairs,
@@ -94,14 +95,6 @@ _HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
 _STRUCTURAL_KINDS = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
 _TIMED_KINDS = [*_HOST_KINDS, *_DEVICE_KINDS]
 _OPERATOR_CODES = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_ANNOTATION)]
-
-
-def disjoint(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Mask keeping intervals (sorted by start) that start after every earlier kept one ended."""
-    keep = np.ones(len(starts), bool)
-    if len(starts) > 1:
-        keep[1:] = starts[1:] >= np.maximum.accumulate(ends)[:-1]
-    return keep
 
 
 def step_windows(

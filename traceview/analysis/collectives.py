@@ -20,8 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import ints, parent_rows
-from traceview.parsers import dictionary_codes
+from traceview.arrays import dictionary_codes, ints, parent_rows
 
 
 def _outermost(

@@ -49,7 +49,7 @@ from traceview.analysis.attribution import (
     name_mask,
     rank_timeline,
 )
-from traceview.arrays import KIND_CODE, EventArrays
+from traceview.arrays import KIND_CODE, EventArrays, window_index
 from traceview.results import GpuIdle, GpuPhase, GpuVerdict, KernelLaunches, RankGpu
 
 _DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
@@ -70,10 +70,7 @@ def _piece_windows(
     lo: np.ndarray, hi: np.ndarray, w_start: np.ndarray, w_end: np.ndarray
 ) -> np.ndarray:
     """Window index of each elementary piece [lo, hi) (-1: outside every window)."""
-    mids = lo + (hi - lo) // 2
-    window = np.searchsorted(w_start, mids, side="right") - 1
-    inside = (window >= 0) & (mids < w_end[np.maximum(window, 0)])
-    return np.where(inside, window, -1)
+    return window_index(w_start, w_end, lo + (hi - lo) // 2)
 
 
 def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:

@@ -22,7 +22,7 @@ from traceview.analysis.attribution import (
     rank_timeline,
 )
 from traceview.arrays import ints
-from traceview.text import safe
+from traceview.escape import safe
 
 
 @dataclass

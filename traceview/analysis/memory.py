@@ -24,8 +24,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.attribution import merge_intervals
-from traceview.arrays import KIND_CODE, coded, ints, parent_rows
-from traceview.parsers import dictionary_codes
+from traceview.arrays import KIND_CODE, coded, dictionary_codes, ints, parent_rows
 from traceview.results import DeviceMemory, RankMemory, RunMemory, StepMemory
 
 MIB = 1 << 20

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from traceview import rundir as R
 from traceview.errors import UsageError
+from traceview.escape import safe
 from traceview.manifest import Manifest, collected
-from traceview.text import safe
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -180,7 +180,7 @@ class CollectCommand:
             )
             return code
         from traceview.errors import TraceviewError
-        from traceview.runs import ingest_run
+        from traceview.open_run import ingest_run
 
         try:
             ingest_run([run], run, command=sys.argv)

@@ -34,7 +34,7 @@ class CompareCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
-        from traceview.runs import open_runs
+        from traceview.open_run import open_runs
         from traceview.views.text import render_comparison_to_console, to_json
 
         if len(args.runs) < 2:

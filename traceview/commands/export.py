@@ -33,8 +33,8 @@ class ExportCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview import export
-        from traceview.runs import open_run
+        from traceview.open_run import open_run
+        from traceview.views import export
 
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")

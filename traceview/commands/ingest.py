@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from traceview import rundir as R
-from traceview.text import safe
+from traceview.escape import safe
 
 
 class IngestCommand:
@@ -50,7 +50,7 @@ class IngestCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.cluster import scheduler_from
-        from traceview.runs import ingest_run
+        from traceview.open_run import ingest_run
 
         out = ingest_run(
             args.paths,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> RunReport:
     """The report object for a run directory, or for traces read into a temporary run."""
-    from traceview.runs import open_run
+    from traceview.open_run import open_run
 
     with open_run(paths, rules) as run:
         return run.report(top)

@@ -53,7 +53,7 @@ class ScalingCommand:
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.attribution import comm_schedule
         from traceview.analysis.scaling import scaling, traced_batch_size
-        from traceview.runs import open_runs
+        from traceview.open_run import open_runs
         from traceview.views.text import render_scaling_to_console, to_json
 
         if len(args.runs) < 2:

@@ -21,9 +21,9 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from traceview.errors import TraceviewError
+from traceview.escape import safe
+from traceview.open_run import Run, open_runs
 from traceview.results import Comparison
-from traceview.runs import Run, open_runs
-from traceview.text import safe
 from traceview.tui.comparison import ComparePane
 from traceview.tui.help import HelpScreen
 from traceview.tui.model import RunView, build_comparison, build_view

@@ -16,6 +16,7 @@ from functools import cached_property
 
 from traceview.analysis.compare import compare
 from traceview.analysis.heatmap import StepMatrix, step_matrix
+from traceview.open_run import Run
 from traceview.results import (
     Comparison,
     KernelLaunches,
@@ -25,7 +26,6 @@ from traceview.results import (
     StepSummary,
     TopOp,
 )
-from traceview.runs import Run
 
 #: Every operator of the run, not only the report's top ten.
 ALL_OPS = 1_000_000

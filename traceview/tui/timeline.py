@@ -29,8 +29,8 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes
+from traceview.open_run import Run
 from traceview.results import StepCollective
-from traceview.runs import Run
 from traceview.tui.model import RunView, nice_ticks
 from traceview.tui.render import lane_cells, legend_text, ms, untrusted
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceview import schema as S
+from traceview.escape import safe
 from traceview.results import Breakdown, HostBound, KernelLaunches, RankGpu, RunReport
-from traceview.text import safe
 
 PHASE_STYLE = {
     S.IO: "magenta",

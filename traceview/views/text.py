@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from traceview import schema as S
+from traceview.escape import json_safe, safe
 from traceview.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
-from traceview.text import json_safe, safe
 from traceview.views.style import (
     HOST_BOUND_HEADER,
     HOST_BOUND_NOTE,
