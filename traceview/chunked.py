@@ -597,10 +597,32 @@ def _unique_notes(notes: Notes) -> Notes:
     return out
 
 
+class _ChunkFiles:
+    """An Arrow IPC stream per chunk (``work/PREFIX-C.arrows``), opened when rows first reach
+    it; all closed on leaving."""
+
+    def __init__(self, work: Path, prefix: str):
+        self.work, self.prefix = work, prefix
+        self.open: dict[int, tuple[pa.OSFile, pa.ipc.RecordBatchStreamWriter]] = {}
+
+    def write(self, chunk: int, rows: pa.RecordBatch) -> None:
+        if chunk not in self.open:
+            sink = pa.OSFile(str(self.work / f"{self.prefix}-{chunk}.arrows"), "wb")
+            self.open[chunk] = (sink, pa.ipc.new_stream(sink, rows.schema))
+        self.open[chunk][1].write_batch(rows)
+
+    def __enter__(self) -> _ChunkFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sink, writer in self.open.values():
+            writer.close()
+            sink.close()
+
+
 def _route(spill: Path, plan: _Plan, work: Path, chunks: int) -> None:
     """Pass 2: each event to its chunk's file (a device activity to its launcher's chunk)."""
-    writers: dict[int, tuple[pa.OSFile, pa.ipc.RecordBatchStreamWriter]] = {}
-    try:
+    with _ChunkFiles(work, "chunk") as files:
         for batch in _spill_batches(spill):
             ts = ints(batch.column(S.TS_NS), 0)
             kind = np.asarray(batch.column("_kind").to_numpy(zero_copy_only=False), np.int64)
@@ -616,18 +638,8 @@ def _route(spill: Path, plan: _Plan, work: Path, chunks: int) -> None:
             sorted_chunk = chunk[order]
             edges = np.flatnonzero(np.diff(sorted_chunk)) + 1
             for piece in np.split(np.arange(len(order)), edges):
-                if len(piece) == 0:
-                    continue
-                c = int(sorted_chunk[piece[0]])
-                rows = batch.take(pa.array(order[piece]))
-                if c not in writers:
-                    sink = pa.OSFile(str(work / f"chunk-{c}.arrows"), "wb")
-                    writers[c] = (sink, pa.ipc.new_stream(sink, rows.schema))
-                writers[c][1].write_batch(rows)
-    finally:
-        for sink, writer in writers.values():
-            writer.close()
-            sink.close()
+                if len(piece):
+                    files.write(int(sorted_chunk[piece[0]]), batch.take(pa.array(order[piece])))
 
 
 def _read_chunk(path: Path, shift: int) -> pa.Table | None:
@@ -722,8 +734,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     order = np.argsort(step_numbers, kind="stable")
     step_numbers, step_chunks = step_numbers[order], step_chunks[order]
 
-    writers: dict[int, tuple[pa.OSFile, pa.ipc.RecordBatchStreamWriter]] = {}
-    try:
+    with _ChunkFiles(work, "events") as files:
         for batch in file.iter_batches(batch_size=_READ_ROWS):
             ts = ints(batch.column(S.TS_NS), 0)
             chunk = np.searchsorted(bounds, ts, side="right")
@@ -735,15 +746,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
                 found = (step >= 0) & (step_numbers[at] == step)
                 chunk[device] = np.where(found, step_chunks[at], chunk[device])
             for c in np.unique(chunk).tolist():
-                part = batch.filter(pa.array(chunk == c))
-                if c not in writers:
-                    sink = pa.OSFile(str(work / f"events-{c}.arrows"), "wb")
-                    writers[c] = (sink, pa.ipc.new_stream(sink, part.schema))
-                writers[c][1].write_batch(part)
-    finally:
-        for sink, writer in writers.values():
-            writer.close()
-            sink.close()
+                files.write(c, batch.filter(pa.array(chunk == c)))
 
     def chunks() -> Iterator[tuple[pa.Table, np.ndarray, np.ndarray, int, int]]:
         open_rows: pa.Table | None = None
