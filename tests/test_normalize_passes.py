@@ -53,8 +53,11 @@ def _check_inferred(before: pa.Table, inferred: InferredSteps | None) -> None:
     kinds = set(before.column(S.KIND).to_pylist())
     assert S.KIND_STEP not in kinds, "markers are inferred only where the trace has none"
     markers = inferred.markers
-    assert markers.schema.equals(S.RAW_SCHEMA, check_metadata=False)
+    assert markers.schema.equals(S.LAID_OUT_SCHEMA, check_metadata=False)
     assert set(markers.column(S.KIND).to_pylist()) <= {S.KIND_STEP}
+    # they state what they are: kind step and a step number each, read by no rule
+    assert set(markers.column(S.STATED_KIND).to_pylist()) <= {S.KIND_STEP}
+    assert markers.column(S.STATED_STEP).null_count == 0
     pids, tids = markers.column(S.PID).to_pylist(), markers.column(S.TID).to_pylist()
     threads = {f"{p}/{t}" for p, t in zip(pids, tids, strict=True)}
     assert len(threads) <= 1 and set(inferred.threads) == threads

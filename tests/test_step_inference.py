@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,21 @@ def test_one_marker_per_step_group_spanning_its_host_events() -> None:
     )
     assert normalized.inferred is not None
     assert normalized.inferred.threads == {f"1/{STEP_THREAD}": "steps (TensorFlow's step groups)"}
+
+
+def test_a_user_step_pattern_keeps_the_inferred_steps(tmp_path: Path) -> None:
+    """The inferred markers state their step number: a --rules file whose [step] pattern is for
+    markers of the user's own (it would read no number from "step 7") keeps them as they are."""
+    extra = tmp_path / "steps.toml"
+    extra.write_text("[step]\npattern = '^iteration (\\d+)$'\n")
+    normalized = normalize(
+        _raw(GROUPED),
+        rules_for("tensorflow", extra),
+        RankMeta("run", 0, "tensorflow"),
+        infer_steps="step_groups",
+    )
+    assert _markers(normalized) == [(7, 1, STEP_THREAD, 90, 450), (9, 1, STEP_THREAD, 500, 900)]
+    assert normalized.steps == 2
 
 
 def test_a_trace_with_step_markers_of_its_own_gets_none_inferred() -> None:

@@ -504,7 +504,7 @@ def with_markers(raw: pa.Table, inferred: InferredSteps | None) -> pa.Table:
     """The raw events and, after them, the inferred markers (one chunk, dictionaries unified)."""
     if inferred is None or inferred.markers.num_rows == 0:
         return raw
-    schema = S.LAID_OUT_SCHEMA if S.STATED_KIND in raw.column_names else S.RAW_SCHEMA
+    schema = S.LAID_OUT_SCHEMA  # the markers state what they are
     both = pa.concat_tables([S.conform(raw, schema), S.conform(inferred.markers, schema)])
     return both.unify_dictionaries().combine_chunks()
 

@@ -29,6 +29,7 @@ from traceview import schema as S
 from traceview.arrays import dictionary_codes, ints
 from traceview.errors import Notes
 from traceview.normalize import InferredSteps
+from traceview.rules import MAX_STEP
 
 #: The thread (tid) that holds inferred step markers, in the process of the first host event the
 #: pass uses (as the TensorFlow parsers had it): no parser puts an event of its own there
@@ -45,8 +46,15 @@ def _host(raw: pa.Table) -> np.ndarray:
     return np.array([k not in on_device for k in kinds] + [True], bool)[codes]
 
 
-def _markers(pid: int, names: list[str], starts: np.ndarray, ends: np.ndarray) -> pa.Table:
+def _markers(
+    pid: int, names: list[str], numbers: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> pa.Table:
+    """Step markers as events a layout pass made (``schema.LAID_OUT_SCHEMA``): they state their
+    kind and step number, so no rule reads the number back from the name (a user's ``[step]``
+    pattern applies to the trace's own markers)."""
     n = len(names)
+    numbers = np.asarray(numbers, np.int64)
+    known = (numbers >= 0) & (numbers < MAX_STEP)
     table = pa.table(
         {
             S.KIND: pa.array([S.KIND_STEP] * n, pa.string()).dictionary_encode(),
@@ -56,13 +64,17 @@ def _markers(pid: int, names: list[str], starts: np.ndarray, ends: np.ndarray) -
             S.TID: pa.array(np.full(n, STEP_THREAD, np.int64)),
             S.TS_NS: pa.array(starts.astype(np.int64)),
             S.DUR_NS: pa.array(np.maximum(ends - starts, 0).astype(np.int64)),
+            S.STATED_KIND: pa.array([S.KIND_STEP] * n, pa.string()).dictionary_encode(),
+            S.STATED_PHASE: pa.array([None] * n, pa.string()).dictionary_encode(),
+            S.STATED_OP: pa.array([None] * n, pa.string()).dictionary_encode(),
+            S.STATED_STEP: pa.array(numbers, pa.int64(), mask=~known),
         }
     )
-    return S.conform(table, S.RAW_SCHEMA)
+    return S.conform(table, S.LAID_OUT_SCHEMA)
 
 
 def _nothing() -> InferredSteps:
-    return InferredSteps(_markers(0, [], np.zeros(0), np.zeros(0)))
+    return InferredSteps(_markers(0, [], np.zeros(0), np.zeros(0), np.zeros(0)))
 
 
 def _first_host_pid(raw: pa.Table, host: np.ndarray) -> int:
@@ -92,7 +104,7 @@ def from_step_groups(raw: pa.Table, process_names: dict[int, str], notes: Notes)
         "no step markers in the TensorFlow profile: steps are TensorFlow's own grouping of "
         "events into steps (group_id)"
     )
-    markers = _markers(pid, [f"step {int(g)}" for g in groups], starts, ends)
+    markers = _markers(pid, [f"step {int(g)}" for g in groups], groups, starts, ends)
     return InferredSteps(markers, {f"{pid}/{STEP_THREAD}": "steps (TensorFlow's step groups)"})
 
 
@@ -130,7 +142,7 @@ def from_session_runs(raw: pa.Table, process_names: dict[int, str], notes: Notes
             "node"
         )
     names = [f"Session.run {number}" for number in range(len(starts))]
-    markers = _markers(step_pid, names, bounds[:-1], bounds[1:])
+    markers = _markers(step_pid, names, np.arange(len(starts)), bounds[:-1], bounds[1:])
     return InferredSteps(
         markers, {f"{step_pid}/{STEP_THREAD}": "steps (TensorFlow's Session.run calls)"}
     )
