@@ -4,9 +4,10 @@ pass only when the trace has no step markers of its own (no event of kind ``step
 
 The parser only reads what the file says; the pass makes the markers, on a thread of their own
 (``STEP_THREAD``, in the process of the first host event the pass uses), names that thread and
-says in a remark where the steps came from. A marker is a raw event of kind ``step``, category
-``traceview`` (the core's own), named ``<what> <number>`` so that the rules' ``[step]`` pattern
-reads its number; the core then treats it as any other step marker (design section 2, "The
+says in a remark where the steps came from. A marker is an event of kind ``step``, category
+``traceview`` (the core's own), named ``<what> <number>``, that states its kind and number
+(``schema.LAID_OUT_SCHEMA``, as the MXNet engine layout's events do: no rule reads them back
+from the name); the core then treats it as any other step marker (design section 2, "The
 training thread and the steps").
 
 ``step_groups``
