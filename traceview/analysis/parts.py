@@ -8,12 +8,13 @@ kernels of the launches table, the memory rows of each step) or per event (ops, 
   at a chunk's end is written, and counted, by the chunk in which it closes); the rows around it
   (its parents, carried from earlier chunks) are context. The parts combine exactly
   (``combine_ops``, ``combine_collectives``: sums, and percentiles over the kept durations).
-- **Per window**, a chunk's windows are analysed when the next chunk has been normalized, on
-  the rows of the previous, this and the next chunk (and the device activities of earlier
-  chunks still running): every interval that overlaps a window is there (a GPU window reaches
-  into the next chunk's time, where the device still runs this step's kernels; a gap on the
-  training thread takes the phase of its neighbours, which may lie in the next or previous
-  chunk), and the windows are this chunk's only.
+- **Per window**, a chunk's windows are analysed once every row that can overlap them has been
+  normalized: a GPU window ends where the device finished the step, which can be several steps
+  of host time later (its horizon), so the chunk waits for the first chunk that starts past
+  it. The rows are the chunk's own and carried ones, the previous chunk's last step (a gap on
+  the training thread takes the phase of its neighbours), the later chunks' rows up to the
+  horizon and the first step after it, and the device activities of older chunks still
+  running; the windows are this chunk's only.
 
 What a slice cannot tell of the whole rank (its training thread, whether it ran on a device,
 whether another thread runs backward) is given up front (``attribution.RankPart``) and
