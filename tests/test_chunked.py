@@ -195,8 +195,10 @@ def test_the_samples_cross_chunks() -> None:
         late_kernels += int((device & (ts >= ends)).sum())
         host = np.isin(kind, list(S.HOST_TREE_KINDS)) & ~markers & (step >= 0)
         spanning += int((host & (end > ends)).sum())
-    assert late_kernels > 0
     assert spanning > 0
+    if not SHARED_KINETO:  # the samples' kernels all end inside the step that launched them
+        pytest.skip(f"kernels that outrun their step are in the shared traces ({SHARED}), absent")
+    assert late_kernels > 0
 
 
 def _make_big(tmp_path: Path, mb: float, gz: bool = False) -> Path:
