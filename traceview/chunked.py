@@ -282,6 +282,28 @@ class _Plan:
     backward_elsewhere: bool
 
 
+def _steps_and_chunks(
+    pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, end: np.ndarray, rows: int, target: int
+) -> tuple[tuple[int, int], np.ndarray, np.ndarray]:
+    """From a rank's step markers: the training thread (the one with the most), its kept
+    markers by time (``normalize.find_steps``'s: none starting inside an earlier one), and the
+    chunk bounds (cut at step ends, as many whole steps a chunk as hold about ``target`` of
+    the rank's ``rows`` events; the events after the last step go with the last steps)."""
+    threads, counts = np.unique(np.stack([pid, tid]), axis=1, return_counts=True)
+    best = int(np.argmax(counts))
+    training = int(threads[0, best]), int(threads[1, best])
+    mine = np.flatnonzero((pid == training[0]) & (tid == training[1]))
+    mine = mine[np.argsort(ts[mine], kind="stable")]
+    mine = mine[disjoint(ts[mine], end[mine])]
+    ends = end[mine]
+    per_step = max(1, rows // max(len(mine), 1))
+    steps_per_chunk = max(1, target // per_step)
+    cuts = ends[steps_per_chunk - 1 :: steps_per_chunk]
+    if len(cuts) and cuts[-1] == ends[-1]:
+        cuts = cuts[:-1]
+    return training, mine, np.unique(cuts)
+
+
 def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     """The steps as ``normalize.find_steps`` finds them (with markers: the training thread is
     the one with the most), and the chunks; None where the rank has no markers."""
@@ -290,21 +312,10 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     pid, tid = np.concatenate(survey.marker_pid), np.concatenate(survey.marker_tid)
     ts, dur = np.concatenate(survey.marker_ts), np.concatenate(survey.marker_dur)
     number = np.concatenate(survey.marker_number)
-    threads, counts = np.unique(np.stack([pid, tid]), axis=1, return_counts=True)
-    best = int(np.argmax(counts))
-    training = int(threads[0, best]), int(threads[1, best])
-    mine = np.flatnonzero((pid == training[0]) & (tid == training[1]))
-    mine = mine[np.argsort(ts[mine], kind="stable")]
-    mine = mine[disjoint(ts[mine], ts[mine] + dur[mine])]
+    training, mine, bounds = _steps_and_chunks(pid, tid, ts, ts + dur, survey.rows, target_rows)
     starts, ends = ts[mine], ts[mine] + dur[mine]
     numbers = number[mine]
     numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
-    per_step = max(1, survey.rows // max(len(mine), 1))
-    steps_per_chunk = max(1, target_rows // per_step)
-    cuts = ends[steps_per_chunk - 1 :: steps_per_chunk]
-    if len(cuts) and cuts[-1] == ends[-1]:
-        cuts = cuts[:-1]  # the events after the last step go with the last steps
-    bounds = np.unique(cuts)
     anchor_ts = np.concatenate(survey.anchor_ts)
     anchor_phase = np.concatenate(survey.anchor_phase).astype(np.int64)
     backward = anchor_ts[anchor_phase == _PHASE_BACKWARD]
@@ -713,19 +724,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     if not markers:
         return None
     m_pid, m_tid, m_ts, m_end, m_step = np.concatenate(markers, axis=1)
-    threads, counts = np.unique(np.stack([m_pid, m_tid]), axis=1, return_counts=True)
-    best = int(np.argmax(counts))
-    training = int(threads[0, best]), int(threads[1, best])
-    mine = np.flatnonzero((m_pid == training[0]) & (m_tid == training[1]))
-    mine = mine[np.argsort(m_ts[mine], kind="stable")]
-    mine = mine[disjoint(m_ts[mine], m_end[mine])]
-    ends = m_end[mine]
-    per_step = max(1, rows // max(len(mine), 1))
-    steps_per_chunk = max(1, target_rows // per_step)
-    cuts = ends[steps_per_chunk - 1 :: steps_per_chunk]
-    if len(cuts) and cuts[-1] == ends[-1]:
-        cuts = cuts[:-1]
-    bounds = np.unique(cuts)
+    training, mine, bounds = _steps_and_chunks(m_pid, m_tid, m_ts, m_end, rows, target_rows)
     # the chunk of each step (by its marker), for the device activities it launched
     numbers = m_step[mine]
     known = numbers >= 0
