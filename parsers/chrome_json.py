@@ -79,6 +79,24 @@ class ChromeTraceInfo:
     def top_level(self) -> dict[str, Any]:
         return {**self.header, **self.trailer}
 
+    def then(self, later: ChromeTraceInfo) -> ChromeTraceInfo:
+        """This part's info followed by that of the part after it (``ChromeTraceReader``'s
+        ``part``): as one read of both."""
+        return ChromeTraceInfo(
+            header=self.header,
+            trailer=later.trailer,
+            stream=StreamState(
+                self.stream.bytes_read + later.stream.bytes_read,
+                self.stream.compressed,
+                later.stream.ended_early,
+            ),
+            lost_bytes=self.lost_bytes + later.lost_bytes,
+            damage=self.damage or later.damage,
+            truncated=later.truncated,
+            stopped=self.stopped or later.stopped,
+            header_damage=self.header_damage,
+        )
+
     def require_events(self, path: Path, rows: int, counts: Mapping[str, int]) -> None:
         """One clear error when the trace held no timed event (``counts``: records by type)."""
         if rows:
@@ -125,12 +143,26 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
         raise BadInput(f"{path}: corrupt gzip data ({exc})") from None
 
 
-def _byte_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
+def _byte_blocks(
+    path: Path, state: StreamState, start: int = 0, stop: int | None = None
+) -> Iterator[bytes]:
     """Decompressed blocks of ``path``; a damaged or cut gzip stream ends the iteration early.
+    ``start``/``stop``: only the bytes [start, stop) of a plain (not gzip) file.
 
     Gzip is inflated by a helper thread (zlib releases the GIL), one block ahead of the caller.
     """
     with path.open("rb") as f:
+        if start or stop is not None:
+            f.seek(start)
+            left = (stop - start) if stop is not None else None
+            while left is None or left > 0:
+                block = f.read(_BLOCK_BYTES if left is None else min(_BLOCK_BYTES, left))
+                if not block:
+                    return
+                left = None if left is None else left - len(block)
+                state.bytes_read += len(block)
+                yield block
+            return
         first = f.read(_BLOCK_BYTES)
         if not is_gzip(first):
             block = first
@@ -289,12 +321,23 @@ class ChromeTraceReader(Generic[T]):
     surprises itself. After iteration, ``info`` holds the top-level keys and any damage.
     """
 
-    def __init__(self, path: Path, decode: Callable[[Any], T], chunk_bytes: int = CHUNK_BYTES):
+    def __init__(
+        self,
+        path: Path,
+        decode: Callable[[Any], T],
+        chunk_bytes: int = CHUNK_BYTES,
+        part: tuple[int, int | None] | None = None,
+    ):
         self.path = path
         self.decode = _utf8_checked(decode)
         self.chunk_bytes = chunk_bytes
         self.info = ChromeTraceInfo()
-        self._filled = 0  # bytes moved into the buffer so far (the inflater runs ahead)
+        # (start, stop): only the events in these bytes of a plain file (``split_point``); the
+        # first part has the header, the last the trailer
+        self.part = part
+        # bytes moved into the buffer so far (the inflater runs ahead), counted from the file's
+        # start: damage is placed by it
+        self._filled = part[0] if part else 0
 
     # The buffer always starts with "[" followed by the next undecoded event, so a chunk is
     # decoded in place: the byte after its last "}" (a comma or a space) becomes "]" for the
@@ -317,7 +360,8 @@ class ChromeTraceReader(Generic[T]):
         del buf[: start - 1]
 
     def __iter__(self) -> Iterator[T]:
-        blocks = _byte_blocks(self.path, self.info.stream)
+        start, stop = self.part if self.part else (0, None)
+        blocks = _byte_blocks(self.path, self.info.stream, start, stop)
         buf = bytearray()
         exhausted = False
 
@@ -330,16 +374,22 @@ class ChromeTraceReader(Generic[T]):
             exhausted = True
             return False
 
-        body_start = self._read_header(buf, fill)
-        if body_start is None:
-            return
-        del buf[: body_start - 1]  # keep the "[" that opens the events array
+        if start:  # a later part starts at an event (``split_point``)
+            buf.extend(b"[")
+        else:
+            body_start = self._read_header(buf, fill)
+            if body_start is None:
+                return
+            del buf[: body_start - 1]  # keep the "[" that opens the events array
         search_from = self.chunk_bytes
         misses = 0  # cuts in a row that fell inside an event
         while True:
             if not exhausted and len(buf) < self.chunk_bytes + _BLOCK_BYTES:
                 fill()
                 continue
+            if exhausted and stop is not None:
+                yield from self._part_end(buf)
+                return
             if exhausted:
                 # Cut before the last event, so that the final piece (decoded twice, to find
                 # where the array ends) is small.
@@ -403,9 +453,29 @@ class ChromeTraceReader(Generic[T]):
             self._consume(buf, cut_end - 1)
             search_from, misses = (self.chunk_bytes if not exhausted else 0), 0
 
+    def _part_end(self, buf: bytearray) -> Iterator[T]:
+        """The last events of a part that ends where the next event starts: what is left must be
+        complete events and the comma after them, or the split was not at an event."""
+        end = len(buf.rstrip())
+        if end < 2 or buf[end - 1] != 0x2C:  # ","
+            raise SplitMismatch(f"{self.path}: the part does not end after an event")
+        end = len(buf[: end - 1].rstrip())
+        if buf[end - 1] != 0x7D:  # "}"
+            raise SplitMismatch(f"{self.path}: the part does not end after an event")
+        try:
+            chunk = self._decode_in_place(buf, end)
+        except msgspec.DecodeError as exc:
+            raise SplitMismatch(
+                f"{self.path}: the part's last events do not read ({exc})"
+            ) from None
+        yield chunk
+        buf.clear()
+
     def _stop(self, buf: bytearray, what: str) -> Iterator[T]:
         """Stop reading: ``EVENT_LIMIT`` bytes went by without ``what``. Keep the complete events
         before them."""
+        if self.part and self.part[1] is not None:  # read whole, the rest would be skipped
+            raise SplitMismatch(f"{self.path}: {what} in {EVENT_LIMIT >> 20} MB")
         kept = yield from self._decode_prefix(buf, len(buf))
         self._stopped(buf, max(kept, 1), f"{what} in {EVENT_LIMIT >> 20} MB")
 
@@ -563,6 +633,40 @@ class ChromeTraceReader(Generic[T]):
             buf[:] = b"["
         else:
             self._consume(buf, cut)
+
+
+class SplitMismatch(Exception):
+    """A part of a trace (``ChromeTraceReader``'s ``part``) did not end at an event: the trace
+    has to be read in one piece."""
+
+
+def split_point(path: Path, near: int, decode: Callable[[Any], Any]) -> int | None:
+    """Where an event starts at or after byte ``near`` of a plain (not gzip) trace: the start
+    of a part that ``ChromeTraceReader`` reads on its own (``part``), so that two processes
+    can decode one trace. The first ``}, {`` after ``near`` whose ``{`` opens an event that
+    ``decode`` reads (one inside a string or nested object does not); None where there is none
+    in the next ``EVENT_LIMIT`` bytes. The part before it checks the cut again: it must end
+    with a whole event (else ``SplitMismatch``)."""
+    with path.open("rb") as f:
+        if is_gzip(f.read(2)):
+            return None
+        f.seek(near)
+        buf = bytearray()
+        while len(buf) < EVENT_LIMIT:
+            block = f.read(_BLOCK_BYTES)
+            if not block:
+                return None
+            buf.extend(block)
+            starts = [m.end() - 1 for m in islice(_SEPARATOR.finditer(buf), _RECOVERY_TRIES)]
+            for begin in starts:
+                ends = [m.start() + 1 for m in islice(_SEPARATOR.finditer(buf, begin + 1), 4)]
+                for end in ends:
+                    try:
+                        decode(b"[" + bytes(buf[begin:end]) + b"]")
+                    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+                        continue
+                    return near + begin
+    return None
 
 
 def read_header(path: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
@@ -35,12 +36,14 @@ from traceview.parsers import (
 )
 from traceview.parsers.chrome_json import (
     ABSURD,
+    ChromeTraceInfo,
     ChromeTraceReader,
     absurd_times,
     corrupt_times,
     decode_records,
     out_of_range,
     read_header,
+    split_point,
 )
 
 _DTYPE_BYTES = {
@@ -58,6 +61,10 @@ _COMM_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "c10d::", "record_p
 _BATCH_OPS = frozenset(("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::linear"))
 
 
+#: An ``args`` value not written (an empty Raw: false).
+_NO_RAW = msgspec.Raw(b"")
+
+
 class _Args(msgspec.Struct, frozen=True, gc=False):
     """The few ``args`` the core needs; everything else in ``args`` is skipped while decoding."""
 
@@ -69,8 +76,9 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     group: str | None = msgspec.field(default=None, name="Process Group Name")
     in_nelems: int | str | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
-    input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
-    input_type: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
+    # (a plain Raw: msgspec decodes ``Raw | None`` as null only, failing every recorded shape)
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     meta_name: str | None = msgspec.field(default=None, name="name")
     # [memory] records (profile_memory=True): the allocator's totals after the record
     total_allocated: int | float | str | None = msgspec.field(default=None, name="Total Allocated")
@@ -187,8 +195,8 @@ def _coerce(raw: dict[str, Any]) -> Any:
             group=_str_or_none(args.get("Process Group Name")),
             in_nelems=_as_int(args.get("In msg nelems")),
             dtype=_str_or_none(args.get("dtype")),
-            input_dims=msgspec.Raw(msgspec.json.encode(dims)) if dims is not None else None,
-            input_type=msgspec.Raw(msgspec.json.encode(types)) if types is not None else None,
+            input_dims=msgspec.Raw(msgspec.json.encode(dims)) if dims is not None else _NO_RAW,
+            input_type=msgspec.Raw(msgspec.json.encode(types)) if types is not None else _NO_RAW,
             meta_name=_str_or_none(args.get("name")),
             total_allocated=_as_int(args.get("Total Allocated")),
             total_reserved=_as_int(args.get("Total Reserved")),
@@ -269,7 +277,7 @@ def _comm_bytes(args: _Args) -> int | None:
         size = _DTYPE_BYTES.get(args.dtype or "")
         count = _as_int(args.in_nelems)
         return count * size if size and count is not None else None
-    if args.input_dims is None or args.input_type is None:
+    if not args.input_dims or not args.input_type:
         return None
     try:
         dims = msgspec.json.decode(args.input_dims)
@@ -320,9 +328,9 @@ class _Chunk:
         self.memory = memory  # the chunk's [memory] records (_memory_batch), if any
 
 
-def _leading_size(dims: msgspec.Raw | None) -> int | None:
+def _leading_size(dims: msgspec.Raw) -> int | None:
     """The first dimension of the first input, when that input has at least two dimensions."""
-    if dims is None:
+    if not dims:
         return None
     try:
         shapes = msgspec.json.decode(dims)
@@ -551,23 +559,89 @@ class KinetoParser:
         parsed.events = S.conform(table, S.RAW_SCHEMA).unify_dictionaries()
         return parsed
 
-    def stream(self, path: Path) -> KinetoStream:
+    def split_point(self, path: Path, near: int) -> int | None:
+        """Where a part of the trace read on its own (``stream``'s ``part``) can start: the
+        first event at or after byte ``near`` (None: gzip, or none found)."""
+        return split_point(path, near, _DECODER.decode)
+
+    def stream(self, path: Path, part: tuple[int, int | None] | None = None) -> KinetoStream:
         """The trace's raw events as record batches (``schema.RAW_SCHEMA``), read and decoded
         a chunk at a time: a multi-GB trace is never whole in memory. Times are on the trace's
         own clock *before* its baseTimeNanoseconds is added (``KinetoStream.base_ns``: the
         header may name it after the events); after the last batch, ``result`` holds the rest
-        (metadata, notes, memory records) as ``parse`` returns it, with no events."""
-        return KinetoStream(self, path)
+        (metadata, notes, memory records) as ``parse`` returns it, with no events.
+        ``part``: (start, stop) bytes of a plain file, only the events there (``split_point``
+        gives where one may start); see ``KinetoStream``."""
+        return KinetoStream(self, path, part)
+
+
+@dataclass
+class _Totals:
+    """What a pass over the trace's events adds up besides the events themselves."""
+
+    threads: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # records by type ("ph")
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    memory: list[pa.RecordBatch] = field(default_factory=list)
+    wide_sizes: int = 0
+    out_of_range: int = 0
+    rows: int = 0
+    no_ts: int = 0
+    absurd: int = 0
+    kept: int = 0
+
+    def add(self, chunk: _Chunk) -> None:
+        self.rows += chunk.batch.num_rows
+        if chunk.memory is not None:
+            self.memory.append(chunk.memory)
+        self.batch_sizes.update(chunk.batch_sizes)
+        self.wide_sizes += chunk.wide_sizes
+        self.out_of_range += chunk.out_of_range
+        self.threads.update(chunk.threads)
+        for ph, count in chunk.counts.items():
+            self.counts[ph] = self.counts.get(ph, 0) + count
+
+    def then(self, later: _Totals) -> None:
+        """Add the totals of the part read after this one."""
+        self.threads.update(later.threads)
+        for ph, count in later.counts.items():
+            self.counts[ph] = self.counts.get(ph, 0) + count
+        self.batch_sizes.update(later.batch_sizes)
+        self.memory.extend(later.memory)
+        self.wide_sizes += later.wide_sizes
+        self.out_of_range += later.out_of_range
+        self.rows += later.rows
+        self.no_ts += later.no_ts
+        self.absurd += later.absurd
+        self.kept += later.kept
+
+
+@dataclass
+class KinetoPart:
+    """A later part's read (``KinetoStream`` with ``part``), handed to the stream of the part
+    before it (``KinetoStream.then``): it may come from another process."""
+
+    totals: _Totals
+    info: ChromeTraceInfo
 
 
 class KinetoStream:
-    """One pass over a Kineto trace: iterate for raw batches, then read ``result``."""
+    """One pass over a Kineto trace: iterate for raw batches, then read ``result``.
 
-    def __init__(self, parser: KinetoParser, path: Path):
+    With ``part`` (byte offsets, ``ChromeTraceReader``), only the events in those bytes: a part
+    that ends before the file's end has no ``result`` until the later part's read is added
+    (``then``); the later part's is ``KinetoPart`` (``part_read``)."""
+
+    def __init__(
+        self, parser: KinetoParser, path: Path, part: tuple[int, int | None] | None = None
+    ):
         self.parser = parser
         self.path = path
+        self.part = part
         self._result: ParsedTrace | None = None
         self.base_ns = 0
+        self._totals = _Totals()
+        self._info: ChromeTraceInfo | None = None
 
     @property
     def result(self) -> ParsedTrace:
@@ -576,49 +650,58 @@ class KinetoStream:
         return self._result
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        path = self.path
-        reader = ChromeTraceReader(path, _decode_chunk)
-        threads: dict[str, str] = {}
-        counts: dict[str, int] = {}
-        batch_sizes: Counter[int] = Counter()
-        memory: list[pa.RecordBatch] = []
-        wide_sizes = bad = rows = no_ts = n_absurd = kept = 0
+        reader = ChromeTraceReader(self.path, _decode_chunk, part=self.part)
+        totals = self._totals
         for chunk in reader:
-            rows += chunk.batch.num_rows
-            if chunk.memory is not None:
-                memory.append(chunk.memory)
-            batch_sizes.update(chunk.batch_sizes)
-            wide_sizes += chunk.wide_sizes
-            bad += chunk.out_of_range
-            threads.update(chunk.threads)
-            for ph, count in chunk.counts.items():
-                counts[ph] = counts.get(ph, 0) + count
+            totals.add(chunk)
             raw, missing, absurd = _raw_batch(chunk.batch)
             del chunk
-            no_ts += missing
-            n_absurd += absurd
-            kept += raw.num_rows
+            totals.no_ts += missing
+            totals.absurd += absurd
+            totals.kept += raw.num_rows
             if raw.num_rows:
                 yield raw
-        info = reader.info
+        self._info = reader.info
+        if self.part is None:
+            self._finish()
+
+    def part_read(self) -> KinetoPart:
+        """This part's read, for the stream of the part before it (``then``)."""
+        if self._info is None:
+            raise RuntimeError("KinetoStream.part_read before the stream was exhausted")
+        return KinetoPart(self._totals, self._info)
+
+    def then(self, later: KinetoPart) -> None:
+        """Add the read of the part after this one (to the file's end): ``result`` is then the
+        whole trace's."""
+        if self._info is None:
+            raise RuntimeError("KinetoStream.then before the stream was exhausted")
+        self._totals.then(later.totals)
+        self._info = self._info.then(later.info)
+        self._finish()
+
+    def _finish(self) -> None:
+        path, info, totals = self.path, self._info, self._totals
+        assert info is not None
+        counts, n_absurd, kept = totals.counts, totals.absurd, totals.kept
         notes = Notes()
         top = info.top_level
-        info.require_events(path, rows, counts)
+        info.require_events(path, totals.rows, counts)
         if n_absurd:
             if not kept:
                 raise BadInput(f"{path}: every event's time or duration is corrupt ({ABSURD})")
             notes.warn(corrupt_times(path.name, n_absurd))
-        if bad:
-            notes.warn(out_of_range(path.name, bad))
-        if wide_sizes:
+        if totals.out_of_range:
+            notes.warn(out_of_range(path.name, totals.out_of_range))
+        if totals.wide_sizes:
             notes.warn(
-                f"{path.name}: {wide_sizes} message size(s) too large for 64 bits left out "
-                "(args bytes / In msg nelems)"
+                f"{path.name}: {totals.wide_sizes} message size(s) too large for 64 bits left "
+                "out (args bytes / In msg nelems)"
             )
         base_ns = _base_time(top.get("baseTimeNanoseconds"), path, notes)
         self.base_ns = base_ns
-        memory_records, memory_meta = memory_table(memory, base_ns, path.name, notes)
-        del memory
+        memory_records, memory_meta = memory_table(totals.memory, base_ns, path.name, notes)
+        totals.memory = []
 
         info_value = top.get("distributedInfo")
         distributed: dict[str, Any] = info_value if isinstance(info_value, dict) else {}
@@ -628,7 +711,7 @@ class KinetoStream:
             "other": sum(
                 v for p, v in counts.items() if p not in ("X", "i", "I", "s", "f", "t", "M")
             ),
-            "no_timestamp": no_ts,
+            "no_timestamp": totals.no_ts,
         }
         if n_absurd:
             skipped["corrupt_time"] = n_absurd
@@ -644,6 +727,7 @@ class KinetoStream:
         if info.header_damage:
             notes.warn(f"{path.name}: the keys before traceEvents not read ({info.header_damage})")
         devices = top.get("deviceProperties")
+        batch_sizes = totals.batch_sizes
         meta: dict[str, Any] = {
             "schema_version": top.get("schemaVersion"),
             "backend": distributed.get("backend"),
@@ -665,7 +749,7 @@ class KinetoStream:
             world_size=_as_int(distributed.get("world_size")),
             host=_str_or_none(top.get("host_name")),
             meta={k: v for k, v in meta.items() if v not in (None, [], "")},
-            threads=threads,
+            threads=totals.threads,
             notes=notes,
             bytes_read=info.stream.bytes_read,
             lost_bytes=info.lost_bytes,

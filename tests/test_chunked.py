@@ -284,3 +284,55 @@ def test_a_trace_without_markers_is_read_once(
     assert _ingest(path, tmp_path / "parts", True, monkeypatch) == [-1]
     assert reads == [path.name]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def _analysis_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "traceview-analysis"]
+
+
+def test_an_analysis_error_reaches_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The analysis runs on a thread of its own beside the normalizing: an error there is the
+    ingest's error (not lost on the thread), and no thread is left behind."""
+    real_add = ChunkedAnalysis.add
+    calls: list[int] = []
+
+    def add(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("analysis failed on the second chunk")
+        return real_add(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkedAnalysis, "add", add)
+    with pytest.raises(RuntimeError, match="second chunk"):
+        _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
+    assert len(calls) == 2  # the chunks after it were not analysed
+    assert _analysis_threads() == []
+
+
+def test_a_normalize_error_ends_the_analysis_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = chunked.normalize_chunk
+    seen: list[int] = []
+
+    def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(1)
+        if len(seen) == 3:
+            raise RuntimeError("normalize failed on the third chunk")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunked, "normalize_chunk", failing)
+    with pytest.raises(RuntimeError, match="third chunk"):
+        # (_ingest wraps normalize_chunk again: this failing one is what it calls)
+        _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
+    import time
+
+    for _ in range(100):  # the thread ends on its own once it sees the end
+        if not _analysis_threads():
+            break
+        time.sleep(0.01)
+    assert _analysis_threads() == []

@@ -33,7 +33,9 @@ import ctypes
 import ctypes.util
 import dataclasses
 import os
+import queue
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +154,57 @@ class ChunkSink(Protocol):
 #: events), the training thread, whether the rank has device activities, whether a thread
 #: other than the training thread runs backward operators.
 SinkFactory = Callable[[ParsedTrace, tuple[int, int], bool, bool], ChunkSink | None]
+
+
+class _InBackground:
+    """A sink fed on a thread of its own: the analysis of chunk k (numpy and Arrow, which let
+    go of the GIL) runs while chunk k+1 is normalized, and its end (``close``) while the events
+    file is merged. One chunk at most waits for it (the memory of a chunk's rows)."""
+
+    def __init__(self, sink: ChunkSink):
+        self.sink = sink
+        self.waiting: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=1)
+        self.error: BaseException | None = None
+        self.result: dict[str, pa.Table] | None = None
+        self.thread = threading.Thread(target=self._work, name="traceview-analysis", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        try:
+            while (item := self.waiting.get()) is not None:
+                if self.error is None:
+                    self.sink.add(*item)
+            if self.error is None:
+                self.result = self.sink.finish()
+        except BaseException as exc:  # handed to the caller by finish
+            self.error = exc
+            while self.waiting.get() is not None:  # let the producer go on to the end
+                pass
+
+    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
+        if self.error is None:
+            self.waiting.put((events, own, counted, lo, hi))
+
+    def abandon(self) -> None:
+        """The chunks stop coming (an error): the thread ends without finishing the sink."""
+        self.error = self.error or RuntimeError("abandoned")
+        self.close()
+
+    def close(self) -> None:
+        """No more chunks: the sink finishes on its thread."""
+        if self.thread.is_alive() and not self.closed:
+            self.closed = True
+            self.waiting.put(None)
+
+    closed = False
+
+    def finish(self) -> dict[str, pa.Table] | None:
+        self.close()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
 
 #: A chunk's time span where it has no bound (before the first cut, after the last).
 OPEN_END = 1 << 62
@@ -422,12 +475,33 @@ def _normalize_chunked(
         parsed.events = _whole(spill, stream.base_ns)
         return parsed
     shift = stream.base_ns + offset_ns
-    chunks = len(plan.bounds) + 1
     sink = (
         make_sink(parsed, plan.training, plan.gpu, plan.backward_elsewhere)
         if make_sink is not None
         else None
     )
+    background = _InBackground(sink) if sink is not None else None
+    try:
+        return _normalize_routed(spill, plan, work, shift, rules, meta, run, background, parsed)
+    except BaseException:
+        if background is not None:
+            background.abandon()
+        raise
+
+
+def _normalize_routed(
+    spill: Path,
+    plan: _Plan,
+    work: Path,
+    shift: int,
+    rules: RuleSet,
+    meta: RankMeta,
+    run: Path,
+    sink: _InBackground | None,
+    parsed: ParsedTrace,
+) -> ChunkedRank:
+    """Passes 2 and 3 (module doc): route the spilled rows, normalize chunk by chunk, merge."""
+    chunks = len(plan.bounds) + 1
     _route(spill, plan, work, chunks)
     spill.unlink()
 
@@ -540,6 +614,8 @@ def _normalize_chunked(
         release_memory()
     target = R.events_path(run, meta.rank)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if sink is not None:
+        sink.close()  # its last windows are analysed while the events file is merged
     _merge(runs, target, written)
     if devices and unlinked:
         notes.remark(
