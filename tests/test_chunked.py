@@ -336,3 +336,95 @@ def test_a_normalize_error_ends_the_analysis_thread(
             break
         time.sleep(0.01)
     assert _analysis_threads() == []
+
+
+# --- a plain trace read in two parts at once (a helper process reads the later part) --------
+
+TWO_PARTS = [
+    REPO / "sample_traces" / "pytorch" / "gpu_ddp_nccl" / "rank-0.pt.trace.json.gz",
+    REPO / "sample_traces" / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz",
+    *[p for p in SHARED_KINETO if p.parent.name in ("hta_nccl_parser_config", "hta_amd_mi250")],
+]
+
+
+def _plain(path: Path, tmp_path: Path) -> Path:
+    out = tmp_path / path.name.removesuffix(".gz")
+    out.write_bytes(gzip.decompress(path.read_bytes()))
+    return out
+
+
+def _in_two_parts(monkeypatch: pytest.MonkeyPatch, at: float) -> list[str]:
+    """Read every chunked trace in two parts, the later from ``at`` of the file; returns how
+    each first pass went: "helper" (the helper process read the later part), "here" (the
+    helper failed: read in this process), "one piece" (no event starts at the cut)."""
+    monkeypatch.setenv("TRACEVIEW_SPLIT_MIN_BYTES", "0")
+    monkeypatch.setenv("TRACEVIEW_SPLIT_AT", str(at))
+    how: list[str] = []
+    real_two, real_later = chunked._in_two_parts, chunked.read_later_part
+
+    def two(*args, **kwargs):  # type: ignore[no-untyped-def]
+        how.append("helper")
+        try:
+            return real_two(*args, **kwargs)
+        except chunked.SplitMismatch:
+            how[-1] = "one piece"
+            raise
+
+    def later_here(*args, **kwargs):  # type: ignore[no-untyped-def]
+        how[-1] = "here"
+        return real_later(*args, **kwargs)
+
+    monkeypatch.setattr(chunked, "_in_two_parts", two)
+    monkeypatch.setattr(chunked, "read_later_part", later_here)
+    return how
+
+
+@pytest.mark.parametrize("at", [0.3, 0.7])
+@pytest.mark.parametrize("source", TWO_PARTS, ids=lambda p: p.parent.name)
+def test_a_trace_read_in_two_parts_equals_whole(
+    source: Path, at: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _plain(source, tmp_path)
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    how = _in_two_parts(monkeypatch, at)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert how == ["helper"]
+    assert counts[0] != 0
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_a_failed_helper_leaves_its_part_to_the_ingest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper process fails (here: its interpreter does not run): the ingest reads the
+    later part itself, and nothing is lost."""
+    path = _plain(TWO_PARTS[0], tmp_path)
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    how = _in_two_parts(monkeypatch, 0.5)
+    monkeypatch.setattr(chunked.sys, "executable", "/bin/false")
+    _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert how == ["here"]
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_a_cut_inside_an_event_reads_the_trace_in_one_piece(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event whose args hold a list of objects that read as events: the cut is found
+    inside it, the first part then does not end with a whole event, and the trace is read in
+    one piece instead (the same events as a whole read)."""
+    path = _plain(TWO_PARTS[0], tmp_path)
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    fake = {"ph": "X", "cat": "cpu_op", "name": "fake", "pid": 1, "tid": 1, "ts": 1, "dur": 1}
+    middle = len(events) // 2
+    host = next(e for e in events[middle:] if e.get("cat") == "cpu_op")
+    host.setdefault("args", {})["nested"] = [fake] * 400  # thousands of bytes of look-alikes
+    text = json.dumps(trace, indent=1)
+    path.write_text(text)
+    inside = text.index('"nested"') + 2000
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    how = _in_two_parts(monkeypatch, inside / len(text.encode()))
+    _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert how == ["one piece"]
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")

@@ -33,10 +33,14 @@ import ctypes
 import ctypes.util
 import dataclasses
 import os
+import pickle
 import queue
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,6 +68,7 @@ from traceview.normalize import (
     normalize_chunk,
 )
 from traceview.parsers import ParsedTrace
+from traceview.parsers.chrome_json import SplitMismatch
 from traceview.rules import RuleSet
 
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) are read in
@@ -276,6 +281,18 @@ class _Survey:
     # per thread (pid, tid): host operators whose own phase is backward
     backward_threads: set[tuple[int, int]] = field(default_factory=set)
 
+    def then(self, later: _Survey) -> None:
+        """Add the survey of the rows that follow (a later part of the trace)."""
+        self.rows += later.rows
+        self.ts_min, self.ts_max = min(self.ts_min, later.ts_min), max(self.ts_max, later.ts_max)
+        self.dur_max = max(self.dur_max, later.dur_max)
+        for f in dataclasses.fields(self):
+            mine = getattr(self, f.name)
+            if isinstance(mine, list):
+                mine.extend(getattr(later, f.name))
+        self.devices += later.devices
+        self.backward_threads |= later.backward_threads
+
     def add(self, batch: pa.RecordBatch, rules: RuleSet) -> np.ndarray:
         """Survey one raw batch; its kind codes."""
         table = kinds_from_categories(pa.Table.from_batches([batch]), rules)
@@ -317,6 +334,121 @@ class _Survey:
         self.anchor_ts.append(ts[anchor])
         self.anchor_phase.append(own[anchor].astype(np.int8))
         return kind.astype(np.int8)
+
+
+def _spill(batches: Iterator[pa.RecordBatch], survey: _Survey, rules: RuleSet, spill: Path) -> None:
+    """Pass 1 over some of a trace's batches: survey them, write them to ``spill`` with their
+    row numbers (from the survey's count) and kind codes."""
+    writer: pa.ipc.RecordBatchStreamWriter | None = None
+    with pa.OSFile(str(spill), "wb") as sink:
+        for batch in batches:
+            first = survey.rows
+            kind = survey.add(batch, rules)
+            batch = batch.append_column("_row", pa.array(np.arange(first, survey.rows)))
+            batch = batch.append_column("_kind", pa.array(kind, pa.int8()))
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, batch.schema)
+            writer.write_batch(batch)
+        if writer is not None:
+            writer.close()
+
+
+def _first_pass(
+    parser: Any, path: Path, rules: RuleSet, work: Path, helper: bool
+) -> tuple[ParsedTrace, int, _Survey, list[tuple[Path, int]]]:
+    """Pass 1 (module doc): the parser's result without events, the time base to add, the
+    survey, and the spilled rows (files, each with its first row's number). With ``helper``,
+    a plain trace large enough is read in two parts at once: the later part by a process of
+    its own (``read_later_part``) on another core."""
+    boundary = _split_boundary(parser, path) if helper else None
+    if boundary is not None:
+        try:
+            return _in_two_parts(parser, path, rules, work, boundary)
+        except SplitMismatch:  # no event starts there after all: read it in one piece
+            pass
+    stream = parser.stream(path)
+    survey = _Survey()
+    spill = work / "raw.arrows"
+    _spill(iter(stream), survey, rules, spill)
+    return stream.result, stream.base_ns, survey, [(spill, 0)]
+
+
+#: Traces at least this large (plain, not gzip) are read in two parts at once where a helper
+#: process may run. ``TRACEVIEW_SPLIT_MIN_BYTES`` overrides it (tests: 0).
+SPLIT_MIN_BYTES = 64 << 20
+#: Where the later part starts, as a share of the file: the helper starts later (a Python
+#: process and its imports), so the first part is the larger. ``TRACEVIEW_SPLIT_AT``.
+SPLIT_AT = 0.45
+
+
+def _split_boundary(parser: Any, path: Path) -> int | None:
+    """Where the later part of a trace read in two parts starts (None: read in one piece:
+    a single core, a gzip trace, a small one, a format that cannot be split)."""
+    if os.environ.get("TRACEVIEW_SPLIT_PARSE", "1") == "0" or not hasattr(parser, "split_point"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    size = path.stat().st_size
+    if (cores or 1) < 2 or size < int(os.environ.get("TRACEVIEW_SPLIT_MIN_BYTES", SPLIT_MIN_BYTES)):
+        return None
+    near = int(size * float(os.environ.get("TRACEVIEW_SPLIT_AT", SPLIT_AT)))
+    return parser.split_point(path, near)
+
+
+def _in_two_parts(
+    parser: Any, path: Path, rules: RuleSet, work: Path, boundary: int
+) -> tuple[ParsedTrace, int, _Survey, list[tuple[Path, int]]]:
+    """Pass 1 in two parts at once: [0, boundary) here, the rest in a helper process; its
+    rows follow ours. Where the helper fails (killed, out of memory), its part is read here."""
+    later = work / "later"
+    later.mkdir()
+    with (work / "rules.pickle").open("wb") as fh:
+        pickle.dump(rules, fh)
+    with (later / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "traceview.part_reader", parser.name, str(path),
+             str(boundary), str(work / "rules.pickle"), str(later), str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    try:
+        stream = parser.stream(path, (0, boundary))
+        survey = _Survey()
+        spill = work / "raw.arrows"
+        _spill(iter(stream), survey, rules, spill)
+        done = proc.wait() == 0 and (later / PART_FILE).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if done:
+        with (later / PART_FILE).open("rb") as fh:
+            later_survey, part = pickle.load(fh)
+    else:
+        later_survey, part = read_later_part(parser, path, boundary, rules, later)
+    first_later = survey.rows
+    survey.then(later_survey)
+    stream.then(part)
+    return stream.result, stream.base_ns, survey, [(spill, 0), (later / "raw.arrows", first_later)]
+
+
+#: What ``read_later_part`` leaves beside its spilled rows: its survey and the parser's part.
+PART_FILE = "part.pickle"
+
+
+def read_later_part(
+    parser: Any, path: Path, boundary: int, rules: RuleSet, out: Path
+) -> tuple[_Survey, Any]:
+    """Pass 1 over the part of ``path`` from ``boundary`` to its end (``traceview.part_reader``
+    runs it in a process of its own): its rows spilled to ``out``/raw.arrows (numbered from
+    0), and its survey and the parser's part (also in ``out``/``PART_FILE``)."""
+    stream = parser.stream(path, (boundary, None))
+    survey = _Survey()
+    _spill(iter(stream), survey, rules, out / "raw.arrows")
+    done = (survey, stream.part_read())
+    tmp = out / (PART_FILE + ".tmp")
+    with tmp.open("wb") as fh:
+        pickle.dump(done, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(out / PART_FILE)
+    return done
 
 
 @dataclass
@@ -395,10 +527,10 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
 _PHASE_BACKWARD = S.EVENT_PHASES.index(S.BACKWARD)
 
 
-def _whole(spill: Path, base_ns: int) -> pa.Table:
+def _whole(spills: list[tuple[Path, int]], base_ns: int) -> pa.Table:
     """The spilled batches as the one raw table ``parse`` gives (the trace is not read
     twice)."""
-    batches = [b.drop_columns(["_row", "_kind"]) for b in _spill_batches(spill)]
+    batches = [b.drop_columns(["_row", "_kind"]) for p, _ in spills for b in _spill_batches(p)]
     table = pa.Table.from_batches(batches) if batches else S.RAW_SCHEMA.empty_table()
     del batches
     if base_ns:
@@ -423,17 +555,19 @@ def normalize_chunked(
     run: Path,
     offset_ns: int,
     sink: SinkFactory | None = None,
+    helper: bool = False,
 ) -> ChunkedRank | ParsedTrace:
     """Parse, normalize and write one rank's events in chunks of whole steps (module doc); the
     parser's result with every event where the trace needs the whole-rank path (no step
     markers, corrupt times), read once.
-    ``sink``: makes what each normalized chunk is handed to (the per-rank analysis)."""
+    ``sink``: makes what each normalized chunk is handed to (the per-rank analysis);
+    ``helper``: a core is free for a helper process (``_first_pass``)."""
     rules = _MemoRules.of(rules)
     work = run / f".chunks-rank-{meta.rank}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        return _normalize_chunked(parser, path, rules, meta, run, offset_ns, work, sink)
+        return _normalize_chunked(parser, path, rules, meta, run, offset_ns, work, sink, helper)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -447,23 +581,9 @@ def _normalize_chunked(
     offset_ns: int,
     work: Path,
     make_sink: SinkFactory | None,
+    helper: bool = False,
 ) -> ChunkedRank | ParsedTrace:
-    stream = parser.stream(path)  # type: ignore[attr-defined]
-    survey = _Survey()
-    spill = work / "raw.arrows"
-    writer: pa.ipc.RecordBatchStreamWriter | None = None
-    with pa.OSFile(str(spill), "wb") as sink:
-        for batch in stream:
-            first = survey.rows
-            kind = survey.add(batch, rules)
-            batch = batch.append_column("_row", pa.array(np.arange(first, survey.rows)))
-            batch = batch.append_column("_kind", pa.array(kind, pa.int8()))
-            if writer is None:
-                writer = pa.ipc.new_stream(sink, batch.schema)
-            writer.write_batch(batch)
-        if writer is not None:
-            writer.close()
-    parsed: ParsedTrace = stream.result
+    parsed, base_ns, survey, spills = _first_pass(parser, path, rules, work, helper)
     if meta.host is None:  # the trace may name its host after its events: known by now
         meta.host = parsed.host
     plan = None
@@ -472,9 +592,9 @@ def _normalize_chunked(
         plan = _plan(survey, chunk_rows())
     del survey
     if plan is None:  # the whole-rank path, on what was read
-        parsed.events = _whole(spill, stream.base_ns)
+        parsed.events = _whole(spills, base_ns)
         return parsed
-    shift = stream.base_ns + offset_ns
+    shift = base_ns + offset_ns
     sink = (
         make_sink(parsed, plan.training, plan.gpu, plan.backward_elsewhere)
         if make_sink is not None
@@ -482,7 +602,7 @@ def _normalize_chunked(
     )
     background = _InBackground(sink) if sink is not None else None
     try:
-        return _normalize_routed(spill, plan, work, shift, rules, meta, run, background, parsed)
+        return _normalize_routed(spills, plan, work, shift, rules, meta, run, background, parsed)
     except BaseException:
         if background is not None:
             background.abandon()
@@ -490,7 +610,7 @@ def _normalize_chunked(
 
 
 def _normalize_routed(
-    spill: Path,
+    spills: list[tuple[Path, int]],
     plan: _Plan,
     work: Path,
     shift: int,
@@ -502,8 +622,9 @@ def _normalize_routed(
 ) -> ChunkedRank:
     """Passes 2 and 3 (module doc): route the spilled rows, normalize chunk by chunk, merge."""
     chunks = len(plan.bounds) + 1
-    _route(spill, plan, work, chunks)
-    spill.unlink()
+    _route(spills, plan, work, chunks)
+    for spill, _ in spills:
+        spill.unlink()
 
     notes = Notes()
     written = devices = unlinked = 0
@@ -646,7 +767,13 @@ def _merge(runs: list[Path], target: Path, rows: int) -> None:
     schema = S.EVENTS_SCHEMA.remove(S.EVENTS_SCHEMA.get_field_index(S.RANK))
     readers = [iter(_spill_batches(path)) for path in runs]
     heads: list[pa.Table | None] = [None] * len(runs)
-    with R.atomic_path(target) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+    with (
+        R.atomic_path(target) as tmp,
+        pq.ParquetWriter(tmp, schema, compression="zstd") as out,
+        ThreadPoolExecutor(1, thread_name_prefix="traceview-write") as writing,
+    ):
+        # row groups are encoded and compressed (no GIL) while the next one is gathered
+        pending: Future[None] | None = None
         for low in range(0, rows, _MERGE_ROWS):
             high = low + _MERGE_ROWS
             pieces = []
@@ -667,7 +794,12 @@ def _merge(runs: list[Path], target: Path, rows: int) -> None:
                         break
                     heads[i] = None
             table = pa.concat_tables(pieces).unify_dictionaries().sort_by(S.EVENT_ID)
-            out.write_table(S.conform(table, schema), row_group_size=_MERGE_ROWS)
+            table = S.conform(table, schema)
+            if pending is not None:
+                pending.result()
+            pending = writing.submit(out.write_table, table, row_group_size=_MERGE_ROWS)
+        if pending is not None:
+            pending.result()
 
 
 def _with_self(rows: pa.Table, self_ns: np.ndarray) -> pa.Table:
@@ -707,10 +839,11 @@ class _ChunkFiles:
             sink.close()
 
 
-def _route(spill: Path, plan: _Plan, work: Path, chunks: int) -> None:
-    """Pass 2: each event to its chunk's file (a device activity to its launcher's chunk)."""
+def _route(spills: list[tuple[Path, int]], plan: _Plan, work: Path, chunks: int) -> None:
+    """Pass 2: each event to its chunk's file (a device activity to its launcher's chunk);
+    ``spills``: the first pass's files, each with the number of its first row."""
     with _ChunkFiles(work, "chunk") as files:
-        for batch in _spill_batches(spill):
+        for batch in (_renumbered(b, first) for p, first in spills for b in _spill_batches(p)):
             ts = ints(batch.column(S.TS_NS), 0)
             kind = np.asarray(batch.column("_kind").to_numpy(zero_copy_only=False), np.int64)
             chunk = np.searchsorted(plan.bounds, ts, side="right")
@@ -727,6 +860,13 @@ def _route(spill: Path, plan: _Plan, work: Path, chunks: int) -> None:
             for piece in np.split(np.arange(len(order)), edges):
                 if len(piece):
                     files.write(int(sorted_chunk[piece[0]]), batch.take(pa.array(order[piece])))
+
+
+def _renumbered(batch: pa.RecordBatch, first: int) -> pa.RecordBatch:
+    if not first:
+        return batch
+    rows = pc.add(batch.column("_row"), pa.scalar(first, pa.int64()))
+    return batch.set_column(batch.schema.get_field_index("_row"), "_row", rows)
 
 
 def _read_chunk(path: Path, shift: int) -> pa.Table | None:

@@ -360,9 +360,12 @@ def ingest_rank(
     run_id: str,
     rules_path: Path | None,
     analyze: RankAnalysis | None,
+    helper: bool = False,
 ) -> RankPartial:
     """Parse, normalize and write one rank's events into ``run``, and analyse them if asked:
-    the unit of work a pool (or another machine) runs, one rank at a time."""
+    the unit of work a pool (or another machine) runs, one rank at a time. ``helper``: a core
+    is free beside this one (the ranks are ingested one after the other), for a large trace's
+    helper process (``chunked``)."""
     from traceview.parsers import parser_named
 
     R.fault_point("ingest:rank")  # the tests kill a cluster worker here, for real
@@ -374,7 +377,7 @@ def ingest_rank(
     clock = trace.clock  # read once, when the trace was identified
     offset = clock.offset_ns
     if wants_chunks(trace.parser, trace.path, trace.size):
-        part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started)
+        part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started, helper)
         if isinstance(part, RankPartial):
             return part
         parsed = part  # the whole trace, for the whole-rank path: read once
@@ -453,6 +456,7 @@ def _ingest_chunked(
     run_id: str,
     analyze: RankAnalysis | None,
     started: float,
+    helper: bool = False,
 ) -> RankPartial | ParsedTrace:
     """``ingest_rank`` for a large trace, in chunks of whole steps (``traceview.chunked``),
     the analysis a chunk at a time (``analyze.chunked``, where it has one); where the trace
@@ -478,7 +482,7 @@ def _ingest_chunked(
         return chunked(memory[0])(training, gpu, elsewhere) if chunked is not None else None
 
     try:
-        done = normalize_chunked(parser, trace.path, rules, meta, run, offset, sink)
+        done = normalize_chunked(parser, trace.path, rules, meta, run, offset, sink, helper)
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     if isinstance(done, ParsedTrace):
@@ -609,7 +613,7 @@ def _run_all(
         or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS)
     ):
         for t in traces:
-            keep(t, partial(ingest_rank, t, staged, run_id, rules_path, analyze))
+            keep(t, partial(ingest_rank, t, staged, run_id, rules_path, analyze, helper=True))
     else:
         # Larger files first, so the pool's last task is a short one.
         ordered = sorted(traces, key=lambda t: -t.size)
