@@ -798,6 +798,8 @@ def _merge(runs: list[Path], target: Path, rows: int) -> None:
             if pending is not None:
                 pending.result()
             pending = writing.submit(out.write_table, table, row_group_size=_MERGE_ROWS)
+            if (low // _MERGE_ROWS) % 8 == 7:
+                release_memory()  # (glibc keeps what the pieces freed otherwise: +300 MB at 4 GB)
         if pending is not None:
             pending.result()
 
