@@ -4,7 +4,8 @@
 For each size (default 1, 2 and 4 GB), a trace is made by make_big_trace.py (the steps of a
 real GPU + NCCL trace replicated, CPU events first and device activities after, as PyTorch
 writes them) unless it is there already. Then, each in a fresh process measured by
-_measure.py (peak RSS of the process, interpreter and imports included; wall seconds):
+_measure.py (peak RSS, interpreter and imports included: the process's own, or the sum over it
+and its helper process where that is larger; wall seconds):
 
   typed      the typed-decode limit: msgspec typed decode of the whole file into a 4-column
              Arrow table (_typed_decode.py)
@@ -64,7 +65,10 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any
         raise SystemExit(f"failed: {' '.join(argv)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return {
         "seconds": round(data["proc_s"], 2),
-        "peak_rss_mb": round(data["maxrss_kb"] / 1024, 1),
+        # the process's own peak, or its tree's (the helper that reads half of a plain trace:
+        # RSS summed over the processes, sampled every 50 ms) where that is larger
+        "peak_rss_mb": round(max(data["maxrss_kb"], data.get("tree_rss_peak_kb", 0)) / 1024, 1),
+        "own_peak_rss_mb": round(data["maxrss_kb"] / 1024, 1),
         "foreign_cpu_s": round(data.get("foreign_cpu_s", 0.0), 1),
     }
 

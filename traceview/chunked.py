@@ -769,7 +769,7 @@ def _merge(runs: list[Path], target: Path, rows: int) -> None:
     heads: list[pa.Table | None] = [None] * len(runs)
     with (
         R.atomic_path(target) as tmp,
-        pq.ParquetWriter(tmp, schema, compression="zstd") as out,
+        pq.ParquetWriter(tmp, schema, **R.parquet_options(schema)) as out,
         ThreadPoolExecutor(1, thread_name_prefix="traceview-write") as writing,
     ):
         # row groups are encoded and compressed (no GIL) while the next one is gathered

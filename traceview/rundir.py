@@ -92,9 +92,23 @@ def write_json(path: Path, value: Any) -> None:
         tmp.write_text(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """How traceview writes Parquet: zstd, and dictionary pages for text columns only (ids,
+    times and sizes are nearly all distinct: a dictionary there is tried and dropped per page,
+    which made a rank's events file 1.6x larger, 1.3x slower to write and 3x slower to read)."""
+    text = [
+        f.name
+        for f in schema
+        if pa.types.is_string(f.type)
+        or pa.types.is_large_string(f.type)
+        or (pa.types.is_dictionary(f.type) and pa.types.is_string(f.type.value_type))
+    ]
+    return {"compression": "zstd", "use_dictionary": text}
+
+
 def write_parquet(path: Path, table: pa.Table) -> None:
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 16)
+        pq.write_table(table, tmp, row_group_size=1 << 16, **parquet_options(table.schema))
 
 
 def is_run_dir(path: Path) -> bool:
