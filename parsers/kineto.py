@@ -10,6 +10,7 @@ them, which is all the core needs to link the two, so flow events are counted, n
 from __future__ import annotations
 
 import math
+import traceback
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -363,6 +364,19 @@ def _decode_chunk(data: Any) -> _Chunk:
     except msgspec.ValidationError:
         decoded, bad = decode_records(data)
         records = [_coerce(e) for e in decoded if isinstance(e, dict)]
+    try:
+        return _columns(records, bad)
+    except BaseException as exc:
+        # the records' Raw values point into the caller's buffer, which cannot be released
+        # while they live: an error must not keep them in its traceback (a BufferError would
+        # replace it)
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        del records
+
+
+def _columns(records: Sequence[Any], bad: int) -> _Chunk:
     # Flows, counters and metadata are counted, not kept: drop them before building columns.
     counts = {_TAG_OF.get(cls, "?"): n for cls, n in Counter(map(type, records)).items()}
     threads = {}

@@ -36,9 +36,16 @@ TRACES = [*SAMPLES, *SHARED_KINETO]
 
 
 def _ingest(
-    path: Path, out: Path, chunks: bool, monkeypatch: pytest.MonkeyPatch, rows: int = 1
+    path: Path,
+    out: Path,
+    chunks: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    rows: int = 1,
+    analysed_in_chunks: bool = True,
 ) -> list[int]:
-    """Ingest one trace; the number of chunks each chunked rank was normalized in."""
+    """Ingest one trace; the number of chunks each chunked rank was normalized in. Fails
+    where the analysis was not done a chunk at a time, unless ``analysed_in_chunks`` is
+    False."""
     counts: list[int] = []
     real = chunked.normalize_chunk
 
@@ -63,10 +70,20 @@ def _ingest(
         assert tables is not None, "a fact guessed in the first pass did not hold"
         return tables
 
+    real_in_process = chunked.InProcess.finish
+
+    def in_process(self: chunked.InProcess) -> dict[str, pa.Table] | None:
+        tables = real_in_process(self)
+        # (the helper process's analysis: neither a wrong guess nor a dead helper)
+        assert tables is not None, "the helper process did not analyse the rank"
+        return tables
+
     with monkeypatch.context() as m:
         m.setattr(chunked, "normalize_chunk", counting)
         m.setattr(chunked, "_normalize_chunked", rank)
-        m.setattr(ChunkedAnalysis, "finish", finish)
+        if analysed_in_chunks:
+            m.setattr(ChunkedAnalysis, "finish", finish)
+            m.setattr(chunked.InProcess, "finish", in_process)
         m.setenv("TRACEVIEW_CHUNKED_MIN_BYTES", "0" if chunks else str(1 << 60))
         m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
         ingest_run([path], out, jobs=1)
@@ -286,17 +303,41 @@ def test_a_trace_without_markers_is_read_once(
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
-def _analysis_threads() -> list[str]:
+def _helpers_left() -> list[str]:
+    """Analysis threads and helper processes of this process still running."""
+    import os
     import threading
 
-    return [t.name for t in threading.enumerate() if t.name == "traceview-analysis"]
+    left = [t.name for t in threading.enumerate() if t.name == "traceview-analysis"]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if parent == os.getpid() and b"traceview.helper" in cmdline and " Z " not in stat:
+            left.append(f"helper process {pid}")
+    return left
+
+
+def _wait_for_no_helpers() -> list[str]:
+    import time
+
+    for _ in range(200):  # they end on their own once they see the end
+        if not _helpers_left():
+            break
+        time.sleep(0.02)
+    return _helpers_left()
 
 
 def test_an_analysis_error_reaches_the_caller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The analysis runs on a thread of its own beside the normalizing: an error there is the
-    ingest's error (not lost on the thread), and no thread is left behind."""
+    """The analysis runs on a thread of its own beside the normalizing (no helper process: a
+    single core): an error there is the ingest's error (not lost on the thread), and no
+    thread is left behind."""
+    monkeypatch.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
     real_add = ChunkedAnalysis.add
     calls: list[int] = []
 
@@ -310,12 +351,57 @@ def test_an_analysis_error_reaches_the_caller(
     with pytest.raises(RuntimeError, match="second chunk"):
         _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
     assert len(calls) == 2  # the chunks after it were not analysed
-    assert _analysis_threads() == []
+    assert _wait_for_no_helpers() == []
 
 
-def test_a_normalize_error_ends_the_analysis_thread(
+def test_an_error_in_the_helper_process_reaches_the_caller(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The analysis runs in a helper process: its error (here: a chunk's file is gone before
+    it reads it) is raised by the ingest, and the helper ends."""
+    real_send = chunked.InProcess._send
+
+    def send(self: chunked.InProcess, message: object) -> None:
+        if isinstance(message, tuple) and message[0] == "chunk" and self.sent == 1:
+            Path(message[1]).unlink()
+        real_send(self, message)
+
+    monkeypatch.setattr(chunked.InProcess, "_send", send)
+    with pytest.raises(FileNotFoundError):
+        _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
+    assert _wait_for_no_helpers() == []
+
+
+def test_a_killed_helper_process_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper process that analyses the chunks is killed (SIGKILL, for real) at its first
+    chunk: the ingest goes on, and the rank is analysed from its events file instead."""
+    path = SAMPLES[0]
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    monkeypatch.setenv("TRACEVIEW_FAULT", "helper:analyse")
+    read_back: list[int] = []
+    real_read = R.read_events
+
+    def reading(run: Path, ranks: list[int] | None = None) -> pa.Table:
+        read_back.append(1)
+        return real_read(run, ranks)
+
+    with monkeypatch.context() as m:
+        m.setattr(R, "read_events", reading)
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch, analysed_in_chunks=False)
+    assert counts and counts[0] > 1
+    assert read_back  # analysed from the events file
+    monkeypatch.delenv("TRACEVIEW_FAULT")
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    assert _wait_for_no_helpers() == []
+
+
+@pytest.mark.parametrize("processes", ["1", "0"])
+def test_a_normalize_error_ends_the_analysis_helper(
+    processes: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRACEVIEW_HELPER_PROCESSES", processes)
     real = chunked.normalize_chunk
     seen: list[int] = []
 
@@ -329,13 +415,7 @@ def test_a_normalize_error_ends_the_analysis_thread(
     with pytest.raises(RuntimeError, match="third chunk"):
         # (_ingest wraps normalize_chunk again: this failing one is what it calls)
         _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
-    import time
-
-    for _ in range(100):  # the thread ends on its own once it sees the end
-        if not _analysis_threads():
-            break
-        time.sleep(0.01)
-    assert _analysis_threads() == []
+    assert _wait_for_no_helpers() == []
 
 
 # --- a plain trace read in two parts at once (a helper process reads the later part) --------
@@ -396,13 +476,13 @@ def test_a_trace_read_in_two_parts_equals_whole(
 def test_a_failed_helper_leaves_its_part_to_the_ingest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The helper process fails (here: its interpreter does not run): the ingest reads the
-    later part itself, and nothing is lost."""
+    """The helper processes fail (here: their interpreter does not run): the ingest reads the
+    later part itself, analyses the rank from its events file, and nothing is lost."""
     path = _plain(TWO_PARTS[0], tmp_path)
     _ingest(path, tmp_path / "whole", False, monkeypatch)
     how = _in_two_parts(monkeypatch, 0.5)
     monkeypatch.setattr(chunked.sys, "executable", "/bin/false")
-    _ingest(path, tmp_path / "parts", True, monkeypatch)
+    _ingest(path, tmp_path / "parts", True, monkeypatch, analysed_in_chunks=False)
     assert how == ["here"]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 

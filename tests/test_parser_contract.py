@@ -73,3 +73,26 @@ def test_a_parser_of_the_old_protocol_is_bad_input_naming_it(tmp_path: Path) -> 
 
     with pytest.raises(BadInput, match=r"someones-format.*parse\(path, rules\)"):
         parse_with(OldParser(), tmp_path / "x.json")  # type: ignore[arg-type]
+
+
+def test_a_kineto_decode_error_is_not_hidden_by_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recorded shapes decode to Raw values that point into the reader's buffer: an error while
+    a chunk's columns are built surfaces as itself, not as the BufferError of a buffer that
+    cannot be released while the error's traceback holds them."""
+    import gzip
+
+    from traceview.parsers import kineto
+
+    source = SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz"
+    path = tmp_path / "trace.json"
+    path.write_bytes(gzip.decompress(source.read_bytes()))
+    assert b'"Input Dims"' in path.read_bytes()
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("failed while building the batch sizes")
+
+    monkeypatch.setattr(kineto, "_leading_size", failing)
+    with pytest.raises(RuntimeError, match="batch sizes"):
+        kineto.KinetoParser().parse(path)

@@ -211,6 +211,128 @@ class _InBackground:
         return self.result
 
 
+def free_core() -> bool:
+    """Whether a helper process may run beside the ingest (``_first_pass``, ``InProcess``): a
+    second core, and ``TRACEVIEW_HELPER_PROCESSES`` not 0."""
+    if os.environ.get("TRACEVIEW_HELPER_PROCESSES", "1") == "0":
+        return False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) >= 2
+
+
+class InProcess:
+    """A sink run by a helper process (``traceview.helper analyse``) on the core the ingest
+    leaves free: the analysis of chunk k runs while chunk k+1 is normalized, in parallel (a
+    thread shares the interpreter). A chunk's rows go over in an Arrow file in the work
+    folder; at most ``AHEAD`` chunks wait for it. Where the helper dies, ``finish`` returns
+    None (the rank is then analysed from its events file); its errors are raised there."""
+
+    AHEAD = 2
+
+    def __init__(self, sink: ChunkSink, work: Path):
+        from multiprocessing.connection import Connection
+
+        # its own folder: the work folder is gone when the ingest reads the result
+        self.work = work.with_name(work.name + ".analysis")
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir()
+        work = self.work
+        to_helper, from_us = os.pipe()
+        to_us, from_helper = os.pipe()
+        with (work / "analysis.stderr").open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "traceview.helper", "analyse",
+                 str(to_helper), str(from_helper), str(os.getpid())],
+                pass_fds=(to_helper, from_helper),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+        os.close(to_helper)
+        os.close(from_helper)
+        self.outbox = Connection(from_us, readable=False)
+        self.inbox = Connection(to_us, writable=False)
+        self.sent = self.answered = 0
+        self.lost = False  # the helper died
+        self.closed = False
+        self.error: BaseException | None = None
+        self._send(sink)
+
+    def _send(self, message: Any) -> None:
+        if not self.lost:
+            try:
+                self.outbox.send(message)
+            except OSError:  # the helper died (a broken pipe)
+                self.lost = True
+
+    def _answer(self) -> tuple[Any, ...] | None:
+        try:
+            answer = self.inbox.recv()
+        except (EOFError, OSError):
+            self.lost = True
+            return None
+        if answer[0] == "error" and self.error is None:
+            self.error = answer[1]
+        return answer
+
+    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
+        while not self.lost and self.sent - self.answered >= self.AHEAD:
+            self._answer()
+            self.answered += 1
+        if self.lost or self.error is not None:
+            return
+        path = self.work / f"analysis-{self.sent}.arrows"
+        # the rows' roles go in the file too: a message larger than the pipe's buffer would
+        # wait for the helper to be done with the chunk before
+        events = events.append_column("_own", pa.array(own)).append_column(
+            "_counted", pa.array(counted)
+        )
+        with pa.OSFile(str(path), "wb") as out, pa.ipc.new_file(out, events.schema) as writer:
+            writer.write_table(events)
+        self._send(("chunk", str(path), lo, hi))
+        self.sent += 1
+
+    def close(self) -> None:
+        """No more chunks: the helper finishes the sink (while the events file is merged)."""
+        if not self.closed:
+            self.closed = True
+            self._send(("finish", str(self.work)))
+
+    def abandon(self) -> None:
+        self.closed = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self._end()
+
+    def finish(self) -> dict[str, pa.Table] | None:
+        self.close()
+        while not self.lost and self.answered < self.sent:
+            self._answer()
+            self.answered += 1
+        answer = None if self.lost else self._answer()
+        try:
+            if self.error is not None:
+                raise self.error
+            if answer is None or answer[1] is None:
+                return None
+            tables = {}
+            for name, file in answer[1].items():
+                with pa.OSFile(file, "rb") as source:
+                    tables[name] = pa.ipc.open_file(source).read_all()
+            return tables
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        for end in (self.outbox, self.inbox):
+            end.close()
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
 #: A chunk's time span where it has no bound (before the first cut, after the last).
 OPEN_END = 1 << 62
 
@@ -384,11 +506,10 @@ SPLIT_AT = 0.45
 def _split_boundary(parser: Any, path: Path) -> int | None:
     """Where the later part of a trace read in two parts starts (None: read in one piece:
     a single core, a gzip trace, a small one, a format that cannot be split)."""
-    if os.environ.get("TRACEVIEW_SPLIT_PARSE", "1") == "0" or not hasattr(parser, "split_point"):
+    if not hasattr(parser, "split_point"):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     size = path.stat().st_size
-    if (cores or 1) < 2 or size < int(os.environ.get("TRACEVIEW_SPLIT_MIN_BYTES", SPLIT_MIN_BYTES)):
+    if size < int(os.environ.get("TRACEVIEW_SPLIT_MIN_BYTES", SPLIT_MIN_BYTES)):
         return None
     near = int(size * float(os.environ.get("TRACEVIEW_SPLIT_AT", SPLIT_AT)))
     return parser.split_point(path, near)
@@ -405,7 +526,7 @@ def _in_two_parts(
         pickle.dump(rules, fh)
     with (later / "stderr").open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "traceview.part_reader", parser.name, str(path),
+            [sys.executable, "-m", "traceview.helper", "read-part", parser.name, str(path),
              str(boundary), str(work / "rules.pickle"), str(later), str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
@@ -437,7 +558,7 @@ PART_FILE = "part.pickle"
 def read_later_part(
     parser: Any, path: Path, boundary: int, rules: RuleSet, out: Path
 ) -> tuple[_Survey, Any]:
-    """Pass 1 over the part of ``path`` from ``boundary`` to its end (``traceview.part_reader``
+    """Pass 1 over the part of ``path`` from ``boundary`` to its end (``traceview.helper``
     runs it in a process of its own): its rows spilled to ``out``/raw.arrows (numbered from
     0), and its survey and the parser's part (also in ``out``/``PART_FILE``)."""
     stream = parser.stream(path, (boundary, None))
@@ -563,6 +684,7 @@ def normalize_chunked(
     ``sink``: makes what each normalized chunk is handed to (the per-rank analysis);
     ``helper``: a core is free for a helper process (``_first_pass``)."""
     rules = _MemoRules.of(rules)
+    helper = helper and free_core()
     work = run / f".chunks-rank-{meta.rank}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -600,7 +722,9 @@ def _normalize_chunked(
         if make_sink is not None
         else None
     )
-    background = _InBackground(sink) if sink is not None else None
+    background: _InBackground | InProcess | None = None
+    if sink is not None:
+        background = InProcess(sink, work) if helper else _InBackground(sink)
     try:
         return _normalize_routed(spills, plan, work, shift, rules, meta, run, background, parsed)
     except BaseException:
@@ -617,7 +741,7 @@ def _normalize_routed(
     rules: RuleSet,
     meta: RankMeta,
     run: Path,
-    sink: _InBackground | None,
+    sink: _InBackground | InProcess | None,
     parsed: ParsedTrace,
 ) -> ChunkedRank:
     """Passes 2 and 3 (module doc): route the spilled rows, normalize chunk by chunk, merge."""

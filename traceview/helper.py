@@ -1,0 +1,107 @@
+"""The helper process of a large trace's ingest (``traceview.chunked``), on a core the ingest
+leaves free (the ranks are ingested one after the other):
+
+    python -m traceview.helper read-part PARSER TRACE BOUNDARY RULES.pickle OUT PARENT
+    python -m traceview.helper analyse IN_FD OUT_FD PARENT
+
+``read-part`` reads the later part of a plain trace read in two parts at once and leaves its
+rows, survey and the parser's part in OUT (``chunked.read_later_part``). ``analyse`` runs the
+rank's chunked analysis beside the normalizing (``chunked.InProcess``): the sink comes pickled
+on IN_FD, then each chunk (an Arrow file and the rows' roles), and each is answered on OUT_FD.
+A helper ends with the process that started it (PARENT; Linux). Any failure is its exit
+status or its answer, and the ingest then does the work itself.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str]) -> int:
+    from traceview.ingest import _die_with_parent
+
+    _die_with_parent(int(argv[-1]))
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())  # as the ingest's own process
+    if argv[0] == "read-part":
+        from traceview.chunked import read_later_part
+        from traceview.parsers import parser_named
+
+        name, path, boundary, rules_file, out = argv[1:6]
+        with Path(rules_file).open("rb") as fh:
+            rules = pickle.load(fh)
+        read_later_part(parser_named(name), Path(path), int(boundary), rules, Path(out))
+        return 0
+    if argv[0] == "analyse":
+        inbox = Connection(int(argv[1]), writable=False)
+        outbox = Connection(int(argv[2]), readable=False)
+        analyse(inbox, outbox)
+        return 0
+    print(f"traceview.helper: unknown command {argv[0]!r}", file=sys.stderr)
+    return 2
+
+
+def analyse(inbox: Connection, outbox: Connection) -> None:
+    """Serve one rank's chunked analysis: ("chunk", arrow file, lo, hi) is added (the file holds
+    the rows and, as columns _own and _counted, their roles)
+    and answered ("ack",) or ("error", exception); ("finish", folder) writes the result tables
+    there and answers ("done", {name: file}) (None: analyse the rank whole) or the error."""
+    import pyarrow as pa
+
+    from traceview import rundir as R
+
+    sink = inbox.recv()
+    error: BaseException | None = None
+    while True:
+        message = inbox.recv()
+        if message[0] == "chunk":
+            _, path, lo, hi = message
+            if error is None:
+                try:
+                    R.fault_point("helper:analyse")  # the tests kill the helper here, for real
+                    with pa.memory_map(path) as source:
+                        events = pa.ipc.open_file(source).read_all()
+                    own = events.column("_own").to_numpy(zero_copy_only=False)
+                    counted = events.column("_counted").to_numpy(zero_copy_only=False)
+                    events = events.drop_columns(["_own", "_counted"])
+                    sink.add(events, own, counted, lo, hi)
+                except Exception as exc:  # handed to the ingest, which raises it
+                    error = exc
+            Path(path).unlink(missing_ok=True)
+            outbox.send(("ack",) if error is None else ("error", _sendable(error)))
+        elif message[0] == "finish":
+            result: dict[str, Any] | None = None
+            if error is None:
+                try:
+                    tables = sink.finish()
+                    if tables is not None:
+                        result = {}
+                        for name, table in tables.items():
+                            file = Path(message[1]) / f"result-{name}.arrows"
+                            with (
+                                pa.OSFile(str(file), "wb") as out,
+                                pa.ipc.new_file(out, table.schema) as writer,
+                            ):
+                                writer.write_table(table)
+                            result[name] = str(file)
+                except Exception as exc:
+                    error = exc
+            outbox.send(("done", result) if error is None else ("error", _sendable(error)))
+            return
+
+
+def _sendable(error: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
