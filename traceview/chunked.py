@@ -375,9 +375,14 @@ class _Firsts:
         pos = np.minimum(np.searchsorted(self.keys, query), len(self.keys) - 1)
         return np.where((query >= 0) & (self.keys[pos] == query), self.values[pos], -1)
 
+    NONE: _Firsts  # an empty table
+
     @property
     def nbytes(self) -> int:
         return int(self.keys.nbytes + self.values.nbytes)
+
+
+_Firsts.NONE = _Firsts([], [], np.zeros(0, np.int64))
 
 
 @dataclass
@@ -747,6 +752,8 @@ def _normalize_routed(
     """Passes 2 and 3 (module doc): route the spilled rows, normalize chunk by chunk, merge."""
     chunks = len(plan.bounds) + 1
     _route(spills, plan, work, chunks)
+    plan.runtime = plan.ops = _Firsts.NONE  # (the launch lookups: only routing needs them)
+    release_memory()
     for spill, _ in spills:
         spill.unlink()
 

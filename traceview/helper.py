@@ -54,6 +54,7 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
     import pyarrow as pa
 
     from traceview import rundir as R
+    from traceview.chunked import release_memory
 
     sink = inbox.recv()
     error: BaseException | None = None
@@ -64,7 +65,8 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
             if error is None:
                 try:
                     R.fault_point("helper:analyse")  # the tests kill the helper here, for real
-                    with pa.memory_map(path) as source:
+                    # (read, not mapped: the columns the analysis drops are freed)
+                    with pa.OSFile(path) as source:
                         events = pa.ipc.open_file(source).read_all()
                     own = events.column("_own").to_numpy(zero_copy_only=False)
                     counted = events.column("_counted").to_numpy(zero_copy_only=False)
@@ -73,6 +75,8 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
                 except Exception as exc:  # handed to the ingest, which raises it
                     error = exc
             Path(path).unlink(missing_ok=True)
+            events = None  # (freed before the next chunk is read)
+            release_memory()
             outbox.send(("ack",) if error is None else ("error", _sendable(error)))
         elif message[0] == "finish":
             result: dict[str, Any] | None = None
