@@ -377,7 +377,12 @@ class ChromeTraceReader(Generic[T]):
         if start:  # a later part starts at an event (``split_point``)
             buf.extend(b"[")
         else:
-            body_start = self._read_header(buf, fill)
+            try:
+                body_start = self._read_header(buf, fill)
+            except BadInput:
+                if stop is not None:  # the cut is in the keys before the events
+                    raise SplitMismatch(f"{self.path}: the part ends before the events") from None
+                raise
             if body_start is None:
                 return
             del buf[: body_start - 1]  # keep the "[" that opens the events array
@@ -420,6 +425,8 @@ class ChromeTraceReader(Generic[T]):
                 if "trailing characters" in str(exc) and _TRAILER.match(
                     buf, _after_array(buf, position)
                 ):
+                    if stop is not None:  # the cut is past the events, in the keys after them
+                        raise SplitMismatch(f"{self.path}: the events end before the cut") from None
                     # the events end in this piece: finish with the whole rest (the keys after
                     # the events), unless it is absurdly long
                     while len(buf) <= self.chunk_bytes + EVENT_LIMIT and fill():

@@ -508,3 +508,32 @@ def test_a_cut_inside_an_event_reads_the_trace_in_one_piece(
     _ingest(path, tmp_path / "parts", True, monkeypatch)
     assert how == ["one piece"]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+@pytest.mark.parametrize("where", ["header", "trailer"])
+def test_a_cut_outside_the_events_reads_the_trace_in_one_piece(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys before or after the events array that hold objects reading as events (a hostile
+    trace): a cut found among them is not a cut in the events; the trace is read in one
+    piece, as a whole read reads it."""
+    path = _plain(TWO_PARTS[0], tmp_path)
+    trace = json.loads(path.read_text())
+    fake = {"ph": "X", "cat": "cpu_op", "name": "fake", "pid": 1, "tid": 1, "ts": 1, "dur": 1}
+    events = trace.pop("traceEvents")
+    size = len(json.dumps(events))
+    padding = [fake] * (2 * size // len(json.dumps(fake)))  # twice the events' bytes
+    if where == "header":  # (the sniffer looks for "traceEvents" in the first 64 KB)
+        trace = {**trace, "note": {"traceEvents": 0}, "decoys": padding, "traceEvents": events}
+        at = 0.3
+    else:
+        trace = {**trace, "traceEvents": events, "decoys": padding}
+        at = 0.8
+    text = json.dumps(trace, indent=1)
+    assert (text.index('"decoys"') < text.index('"traceEvents": [')) == (where == "header")
+    path.write_text(text)
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    how = _in_two_parts(monkeypatch, at)
+    _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert how == ["one piece"]
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
