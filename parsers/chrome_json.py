@@ -173,14 +173,14 @@ def _byte_blocks(
             return
         state.compressed = True
         ahead: queue.Queue[bytes | None] = queue.Queue(maxsize=2)
-        stop = threading.Event()
-        worker = threading.Thread(target=_inflate, args=(f, first, ahead, state, stop), daemon=True)
+        done = threading.Event()
+        worker = threading.Thread(target=_inflate, args=(f, first, ahead, state, done), daemon=True)
         worker.start()
         try:
             while (inflated := ahead.get()) is not None:
                 yield inflated
         finally:
-            stop.set()
+            done.set()
             while worker.is_alive():  # unblock a producer waiting on a full queue
                 with contextlib.suppress(queue.Empty):
                     ahead.get_nowait()
