@@ -537,3 +537,23 @@ def test_a_cut_outside_the_events_reads_the_trace_in_one_piece(
     _ingest(path, tmp_path / "parts", True, monkeypatch)
     assert how == ["one piece"]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_no_helper_process_can_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter cannot be started again (gone, no process left to this user): the trace
+    is read in one piece and analysed on a thread, and nothing is lost."""
+    path = _plain(TWO_PARTS[0], tmp_path)
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    how = _in_two_parts(monkeypatch, 0.5)
+    monkeypatch.setattr(chunked.sys, "executable", str(tmp_path / "no-such-python"))
+    threads: list[int] = []
+    real = chunked._InBackground.__init__
+
+    def background(self: chunked._InBackground, sink: object) -> None:
+        threads.append(1)
+        real(self, sink)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chunked._InBackground, "__init__", background)
+    _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert how == ["one piece"] and threads == [1]
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")

@@ -239,13 +239,19 @@ class InProcess:
         work = self.work
         to_helper, from_us = os.pipe()
         to_us, from_helper = os.pipe()
-        with (work / "analysis.stderr").open("wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "traceview.helper", "analyse",
-                 str(to_helper), str(from_helper), str(os.getpid())],
-                pass_fds=(to_helper, from_helper),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
+        try:
+            with (work / "analysis.stderr").open("wb") as err:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "traceview.helper", "analyse",
+                     str(to_helper), str(from_helper), str(os.getpid())],
+                    pass_fds=(to_helper, from_helper),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                )  # fmt: skip
+        except OSError:  # no process can start (the caller runs the sink on a thread)
+            for fd in (to_helper, from_us, to_us, from_helper):
+                os.close(fd)
+            shutil.rmtree(self.work, ignore_errors=True)
+            raise
         os.close(to_helper)
         os.close(from_helper)
         self.outbox = Connection(from_us, readable=False)
@@ -529,12 +535,15 @@ def _in_two_parts(
     later.mkdir()
     with (work / "rules.pickle").open("wb") as fh:
         pickle.dump(rules, fh)
-    with (later / "stderr").open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "traceview.helper", "read-part", parser.name, str(path),
-             str(boundary), str(work / "rules.pickle"), str(later), str(os.getpid())],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
+    try:
+        with (later / "stderr").open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "traceview.helper", "read-part", parser.name, str(path),
+                 str(boundary), str(work / "rules.pickle"), str(later), str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+    except OSError as exc:  # no process can start: read the trace in one piece
+        raise SplitMismatch(f"{path}: no helper process ({exc})") from None
     try:
         stream = parser.stream(path, (0, boundary))
         survey = _Survey()
@@ -729,7 +738,10 @@ def _normalize_chunked(
     )
     background: _InBackground | InProcess | None = None
     if sink is not None:
-        background = InProcess(sink, work) if helper else _InBackground(sink)
+        try:
+            background = InProcess(sink, work) if helper else _InBackground(sink)
+        except OSError:  # no process can start: a thread, then
+            background = _InBackground(sink)
     try:
         return _normalize_routed(spills, plan, work, shift, rules, meta, run, background, parsed)
     except BaseException:
