@@ -171,6 +171,7 @@ class _InBackground:
         self.waiting: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=1)
         self.error: BaseException | None = None
         self.result: dict[str, pa.Table] | None = None
+        self.closed = False
         self.thread = threading.Thread(target=self._work, name="traceview-analysis", daemon=True)
         self.thread.start()
 
@@ -200,8 +201,6 @@ class _InBackground:
         if self.thread.is_alive() and not self.closed:
             self.closed = True
             self.waiting.put(None)
-
-    closed = False
 
     def finish(self) -> dict[str, pa.Table] | None:
         self.close()
@@ -279,10 +278,14 @@ class InProcess:
             self.error = answer[1]
         return answer
 
-    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
-        while not self.lost and self.sent - self.answered >= self.AHEAD:
+    def _answered_up_to(self, ahead: int) -> None:
+        """Wait for the chunks' answers until at most ``ahead`` chunks are unanswered."""
+        while not self.lost and self.sent - self.answered > ahead:
             self._answer()
             self.answered += 1
+
+    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
+        self._answered_up_to(self.AHEAD - 1)
         if self.lost or self.error is not None:
             return
         path = self.work / f"analysis-{self.sent}.arrows"
@@ -310,9 +313,7 @@ class InProcess:
 
     def finish(self) -> dict[str, pa.Table] | None:
         self.close()
-        while not self.lost and self.answered < self.sent:
-            self._answer()
-            self.answered += 1
+        self._answered_up_to(0)
         answer = None if self.lost else self._answer()
         try:
             if self.error is not None:
