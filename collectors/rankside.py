@@ -276,6 +276,55 @@ def warn(message: str) -> None:
         print(f"traceview: {message}", file=sys.stderr, flush=True)
 
 
+# --- writing the trace, and what stopping costs -------------------------------------------------
+
+
+#: gzip level of the traces the collector writes: level 3 writes a 212 MB Kineto trace in 0.4 s
+#: (9 MB); level 9, torch's, takes 12 s for 3.6 MB while the training thread waits.
+TRACE_GZIP_LEVEL = 3
+
+
+def write_gzip(source: Path, path: Path) -> None:
+    """Compress ``source`` into ``path`` atomically (a temporary name beside it, then renamed)."""
+    import gzip
+    import shutil
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(source, "rb") as plain, gzip.open(tmp, "wb", TRACE_GZIP_LEVEL) as packed:
+            shutil.copyfileobj(plain, packed, 1 << 20)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _trace_only(torch: Any) -> dict[str, Any]:
+    """torch.profiler's ``trace_only`` where this torch has it: stopping then builds no Python
+    event objects (which only ``events()``/``key_averages()`` need, never the trace). Stopping a
+    profile of 550,000 events: +1.35 GiB and 2.9 s instead of +1.64 GiB and 3.7 s (torch 2.13)."""
+    config_type = getattr(getattr(torch._C, "_profiler", None), "_ExperimentalConfig", None)
+    if config_type is None:
+        return {}
+    try:
+        return {"experimental_config": config_type(trace_only=True)}
+    except TypeError:  # an older torch
+        return {}
+
+
+def give_back_memory() -> None:
+    """Hand the memory freed by a stopped profile back to the system. Stopping takes several
+    times what the profile recorded (1.35 GiB for 150 MiB recorded, freed once the profile
+    object goes); glibc keeps freed memory, so without this the job carried it to its end."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 # --- the memory cap: a profile that grows past it is stopped -------------------------------------
 
 
@@ -618,6 +667,7 @@ class TorchCollector:
             on_trace_ready=self._export,
             record_shapes=True,
             profile_memory=self.config.profile_memory,
+            **_trace_only(torch),
         )
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
@@ -642,9 +692,15 @@ class TorchCollector:
         folder = rank_dir(self.config.run_dir, self.status.rank)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank-{self.status.rank}.pt.trace.json.gz"
-        tmp = folder / f".{path.name}.{os.getpid()}.tmp.json.gz"
-        profiler.export_chrome_trace(str(tmp))
-        os.replace(tmp, path)
+        plain = folder / f".{path.name}.{os.getpid()}.tmp.json"
+        try:
+            # Written plain, then compressed here: given a .gz path, torch compresses at level 9
+            # line by line (12 s for a 212 MB trace, with the training thread waiting; 0.4 s here)
+            profiler.export_chrome_trace(str(plain))
+            write_gzip(plain, path)
+        finally:
+            with contextlib.suppress(OSError):
+                plain.unlink()
         self.status.trace_files = [path.name]
         self.status.profiled_steps = max(
             profiler.step_num + self.extra_step - self.config.warmup, 0
@@ -679,6 +735,7 @@ class TorchCollector:
                         if self.status is not None:
                             self.status.notes.append(f"trace not written: {exc}")
                     self.profiler = False
+                    give_back_memory()  # what stopping took, the job no longer carries
             if self.status is None:
                 return  # never stepped: nothing to report (an agent, a data-loader worker)
             if state is not None and self.status.ended_ns is None:
