@@ -86,3 +86,41 @@ def test_zero_length_events_nest_but_contain_nothing() -> None:
     }
     assert depth == {0: 0, 1: 1, 2: 1}
     assert parent_event == {0: -1, 1: 0, 2: 0}
+
+
+@pytest.mark.parametrize("shape", ["rows", "window", "unsorted", "far_apart", "nulls"])
+def test_parent_rows_finds_each_parents_row(shape: str) -> None:
+    """``arrays.parent_rows`` (a row per id, on a chunk or a filtered table) against a dict of
+    id to row: ids as rows, a window of the ids (a chunk), ids out of order (rows carried into a
+    chunk before its own), ids far apart (a few rows of a large rank) and null links."""
+    import pyarrow as pa
+
+    from traceview.arrays import parent_rows
+
+    rng = np.random.default_rng(7)
+    n = 5_000
+    ids = {
+        "rows": np.arange(n),
+        "window": np.arange(n) + 3_000_000,
+        "unsorted": np.concatenate([[5, 9], rng.permutation(n - 2) + 1_000_000]),
+        "far_apart": np.sort(rng.choice(1 << 40, n, replace=False)),
+        "nulls": np.arange(n) + 10,
+    }[shape]
+    # parents: ids of these rows, ids not among them (outside the rows, or between two ids) and
+    # none (-1)
+    pick = rng.integers(0, n, n)
+    parent = np.where(rng.random(n) < 0.7, ids[pick], -1)
+    parent = np.where(rng.random(n) < 0.1, ids.max() + rng.integers(1, 100, n), parent)
+    parent = np.where(rng.random(n) < 0.05, np.maximum(ids.min() - 1, 0), parent)
+    null = rng.random(n) < 0.1 if shape == "nulls" else np.zeros(n, bool)
+    table = pa.table(
+        {
+            S.EVENT_ID: pa.array(ids, pa.int64()),
+            S.PARENT: pa.array(parent, pa.int64(), mask=null),
+        }
+    )
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    expected = [
+        -1 if m or p < 0 else row_of.get(int(p), -1) for p, m in zip(parent, null, strict=True)
+    ]
+    assert parent_rows(table).tolist() == expected

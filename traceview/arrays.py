@@ -71,6 +71,8 @@ def coded(
 
 
 def ints(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
+    if column.null_count == 0:  # (most columns: no copy through fill_null, often none at all)
+        return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
     return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
@@ -81,16 +83,20 @@ def parent_rows(events: pa.Table) -> np.ndarray:
     parent = ints(events.column(S.PARENT), -1)
     if np.array_equal(ids, np.arange(len(ids))):
         return np.where(parent < len(ids), parent, -1)
-    top = int(ids.max(initial=-1))
-    if top > 4 * len(ids) + 1024:  # a few rows of a large rank: no table as long as its ids
-        ascending = bool((ids[1:] > ids[:-1]).all())
-        order = np.arange(len(ids)) if ascending else np.argsort(ids, kind="stable")
-        at = order[np.minimum(np.searchsorted(ids, parent, sorter=order), len(ids) - 1)]
-        return np.where((parent >= 0) & (ids[at] == parent), at, -1)
-    row_of_id = np.full(top + 2, -1, np.int64)
-    row_of_id[ids] = np.arange(len(ids))
-    known = (parent >= 0) & (parent < len(row_of_id) - 1)
-    return np.where(known, row_of_id[np.where(known, parent, -1)], -1)
+    if len(ids) == 0:
+        return parent
+    low, top = int(ids.min()), int(ids.max())
+    if top - low > 16 * len(ids) + (1 << 20):  # a few rows far apart: no table as long as that
+        order = np.argsort(ids, kind="stable")  # (rows mostly in id order: a quick sort)
+        by_id = ids[order]
+        at = np.minimum(np.searchsorted(by_id, parent), len(ids) - 1)
+        return np.where((parent >= 0) & (by_id[at] == parent), order[at], -1)
+    # a lookup table from id to row over the ids' range (a chunk's rows: a window of the ids)
+    row_of_id = np.full(top - low + 2, -1, np.int32 if len(ids) < 1 << 31 else np.int64)
+    row_of_id[ids - low] = np.arange(len(ids))
+    at = parent - low
+    known = (parent >= 0) & (at >= 0) & (at <= top - low)
+    return np.where(known, row_of_id[np.where(known, at, -1)], -1).astype(np.int64, copy=False)
 
 
 def unique_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -219,42 +219,72 @@ def free_core() -> bool:
     return (cores or 1) >= 2
 
 
-class InProcess:
-    """A sink run by a helper process (``traceview.helper analyse``) on the core the ingest
-    leaves free: the analysis of chunk k runs while chunk k+1 is normalized, in parallel (a
-    thread shares the interpreter). A chunk's rows go over in an Arrow file in the work
-    folder; at most ``AHEAD`` chunks wait for it. Where the helper dies, ``finish`` returns
-    None (the rank is then analysed from its events file); its errors are raised there."""
+class HelperProcess:
+    """A helper process (``traceview.helper``) with the two pipes of its analysis service:
+    ``outbox`` to it, ``inbox`` from it. It ends with the ingest (Linux), or when ``close``
+    closes its pipes."""
 
-    AHEAD = 2
-
-    def __init__(self, sink: ChunkSink, work: Path):
+    def __init__(self, command: list[str], stderr: Path):
         from multiprocessing.connection import Connection
 
-        # its own folder: the work folder is gone when the ingest reads the result
-        self.work = work.with_name(work.name + ".analysis")
-        shutil.rmtree(self.work, ignore_errors=True)
-        self.work.mkdir()
-        work = self.work
         to_helper, from_us = os.pipe()
         to_us, from_helper = os.pipe()
         try:
-            with (work / "analysis.stderr").open("wb") as err:
+            with stderr.open("wb") as err:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "traceview.helper", "analyse",
+                    [sys.executable, "-m", "traceview.helper", *command,
                      str(to_helper), str(from_helper), str(os.getpid())],
                     pass_fds=(to_helper, from_helper),
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 )  # fmt: skip
-        except OSError:  # no process can start (the caller runs the sink on a thread)
+        except OSError:
             for fd in (to_helper, from_us, to_us, from_helper):
                 os.close(fd)
-            shutil.rmtree(self.work, ignore_errors=True)
             raise
         os.close(to_helper)
         os.close(from_helper)
         self.outbox = Connection(from_us, readable=False)
         self.inbox = Connection(to_us, writable=False)
+
+    def close(self, kill: bool = False) -> None:
+        """Close the pipes (a helper waiting for work then ends) and wait for it to end."""
+        for end in (self.outbox, self.inbox):
+            end.close()
+        if kill and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class InProcess:
+    """A sink run by a helper process (``traceview.helper analyse``) on the core the ingest
+    leaves free: the analysis of chunk k runs while chunk k+1 is normalized, in parallel (a
+    thread shares the interpreter). A chunk's rows go over in an Arrow file in the work
+    folder; at most ``AHEAD`` chunks wait for it (files on disk: 4 rather than 2 left the ingest
+    waiting 0.4 s less on a 1 GB trace, the helper's share being the larger in most chunks). Where the helper dies, ``finish`` returns
+    None (the rank is then analysed from its events file); its errors are raised there.
+    ``helper``: one already running and waiting for the sink (the one that read the later
+    part of the trace, its imports done); otherwise one is started."""
+
+    AHEAD = 4
+
+    def __init__(self, sink: ChunkSink, work: Path, helper: HelperProcess | None = None):
+        # its own folder: the work folder is gone when the ingest reads the result
+        self.work = work.with_name(work.name + ".analysis")
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir()
+        if helper is None:
+            try:
+                helper = HelperProcess(["analyse"], self.work / "analysis.stderr")
+            except OSError:  # no process can start (the caller runs the sink on a thread)
+                shutil.rmtree(self.work, ignore_errors=True)
+                raise
+        self.helper = helper
+        self.proc, self.outbox, self.inbox = helper.proc, helper.outbox, helper.inbox
         self.sent = self.answered = 0
         self.lost = False  # the helper died
         self.closed = False
@@ -307,8 +337,7 @@ class InProcess:
 
     def abandon(self) -> None:
         self.closed = True
-        if self.proc.poll() is None:
-            self.proc.kill()
+        self.helper.close(kill=True)
         self._end()
 
     def finish(self) -> dict[str, pa.Table] | None:
@@ -329,14 +358,7 @@ class InProcess:
             self._end()
 
     def _end(self) -> None:
-        for end in (self.outbox, self.inbox):
-            end.close()
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.helper.close()
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -487,13 +509,18 @@ def _spill(batches: Iterator[pa.RecordBatch], survey: _Survey, rules: RuleSet, s
             writer.close()
 
 
-def _first_pass(
-    parser: Any, path: Path, rules: RuleSet, work: Path, helper: bool
-) -> tuple[ParsedTrace, int, _Survey, list[tuple[Path, int]]]:
-    """Pass 1 (module doc): the parser's result without events, the time base to add, the
-    survey, and the spilled rows (files, each with its first row's number). With ``helper``,
-    a plain trace large enough is read in two parts at once: the later part by a process of
-    its own (``read_later_part``) on another core."""
+@dataclass
+class _FirstPass:
+    parsed: ParsedTrace  # the parser's result, without events
+    base_ns: int  # the time base to add
+    survey: _Survey | None  # (None once taken: its arrays are freed as the plan is made)
+    spills: list[tuple[Path, int]]  # the spilled rows: files, each with its first row's number
+    helper: HelperProcess | None = None  # the helper that read the later part, now waiting
+
+
+def _first_pass(parser: Any, path: Path, rules: RuleSet, work: Path, helper: bool) -> _FirstPass:
+    """Pass 1 (module doc). With ``helper``, a plain trace large enough is read in two parts
+    at once: the later part by a process of its own (``read_later_part``) on another core."""
     boundary = _split_boundary(parser, path) if helper else None
     if boundary is not None:
         try:
@@ -504,7 +531,7 @@ def _first_pass(
     survey = _Survey()
     spill = work / "raw.arrows"
     _spill(iter(stream), survey, rules, spill)
-    return stream.result, stream.base_ns, survey, [(spill, 0)]
+    return _FirstPass(stream.result, stream.base_ns, survey, [(spill, 0)])
 
 
 #: Traces at least this large (plain, not gzip) are read in two parts at once where a helper
@@ -527,43 +554,44 @@ def _split_boundary(parser: Any, path: Path) -> int | None:
     return parser.split_point(path, near)
 
 
-def _in_two_parts(
-    parser: Any, path: Path, rules: RuleSet, work: Path, boundary: int
-) -> tuple[ParsedTrace, int, _Survey, list[tuple[Path, int]]]:
+def _in_two_parts(parser: Any, path: Path, rules: RuleSet, work: Path, boundary: int) -> _FirstPass:
     """Pass 1 in two parts at once: [0, boundary) here, the rest in a helper process; its
-    rows follow ours. Where the helper fails (killed, out of memory), its part is read here."""
+    rows follow ours. Where the helper fails (killed, out of memory), its part is read here.
+    The helper then waits to run the rank's analysis (``InProcess``), its imports done."""
     later = work / "later"
     later.mkdir()
     with (work / "rules.pickle").open("wb") as fh:
         pickle.dump(rules, fh)
+    command = ["read-part", parser.name, str(path), str(boundary), str(work / "rules.pickle")]
     try:
-        with (later / "stderr").open("wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "traceview.helper", "read-part", parser.name, str(path),
-                 str(boundary), str(work / "rules.pickle"), str(later), str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            )  # fmt: skip
+        helper: HelperProcess | None = HelperProcess([*command, str(later)], later / "stderr")
     except OSError as exc:  # no process can start: read the trace in one piece
         raise SplitMismatch(f"{path}: no helper process ({exc})") from None
+    assert helper is not None
     try:
         stream = parser.stream(path, (0, boundary))
         survey = _Survey()
         spill = work / "raw.arrows"
         _spill(iter(stream), survey, rules, spill)
-        done = proc.wait() == 0 and (later / PART_FILE).exists()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        try:
+            done = helper.inbox.recv() == ("part",) and (later / PART_FILE).exists()
+        except (EOFError, OSError):  # it died
+            done = False
+    except BaseException:
+        helper.close(kill=True)
+        raise
     if done:
         with (later / PART_FILE).open("rb") as fh:
             later_survey, part = pickle.load(fh)
     else:
+        helper.close(kill=True)
+        helper = None
         later_survey, part = read_later_part(parser, path, boundary, rules, later)
     first_later = survey.rows
     survey.then(later_survey)
     stream.then(part)
-    return stream.result, stream.base_ns, survey, [(spill, 0), (later / "raw.arrows", first_later)]
+    spills = [(spill, 0), (later / "raw.arrows", first_later)]
+    return _FirstPass(stream.result, stream.base_ns, survey, spills, helper)
 
 
 #: What ``read_later_part`` leaves beside its spilled rows: its survey and the parser's part.
@@ -720,7 +748,28 @@ def _normalize_chunked(
     make_sink: SinkFactory | None,
     helper: bool = False,
 ) -> ChunkedRank | ParsedTrace:
-    parsed, base_ns, survey, spills = _first_pass(parser, path, rules, work, helper)
+    first = _first_pass(parser, path, rules, work, helper)
+    try:
+        return _normalize_read(first, rules, meta, run, offset_ns, work, make_sink, helper)
+    finally:
+        if first.helper is not None:  # (not taken by the analysis: it ends)
+            first.helper.close()
+
+
+def _normalize_read(
+    first: _FirstPass,
+    rules: RuleSet,
+    meta: RankMeta,
+    run: Path,
+    offset_ns: int,
+    work: Path,
+    make_sink: SinkFactory | None,
+    helper: bool,
+) -> ChunkedRank | ParsedTrace:
+    """Passes 2 and 3 on what pass 1 read (``_normalize_routed``), or the whole-rank path."""
+    parsed, base_ns, survey, spills = first.parsed, first.base_ns, first.survey, first.spills
+    assert survey is not None
+    first.survey = None
     if meta.host is None:  # the trace may name its host after its events: known by now
         meta.host = parsed.host
     plan = None
@@ -740,7 +789,10 @@ def _normalize_chunked(
     background: _InBackground | InProcess | None = None
     if sink is not None:
         try:
-            background = InProcess(sink, work) if helper else _InBackground(sink)
+            if first.helper is not None:  # the helper that read the later part, waiting
+                background, first.helper = InProcess(sink, work, first.helper), None
+            else:
+                background = InProcess(sink, work) if helper else _InBackground(sink)
         except OSError:  # no process can start: a thread, then
             background = _InBackground(sink)
     try:

@@ -1,15 +1,17 @@
 """The helper process of a large trace's ingest (``traceview.chunked``), on a core the ingest
 leaves free (the ranks are ingested one after the other):
 
-    python -m traceview.helper read-part PARSER TRACE BOUNDARY RULES.pickle OUT PARENT
+    python -m traceview.helper read-part PARSER TRACE BOUNDARY RULES.pickle OUT IN_FD OUT_FD PARENT
     python -m traceview.helper analyse IN_FD OUT_FD PARENT
 
-``read-part`` reads the later part of a plain trace read in two parts at once and leaves its
-rows, survey and the parser's part in OUT (``chunked.read_later_part``). ``analyse`` runs the
-rank's chunked analysis beside the normalizing (``chunked.InProcess``): the sink comes pickled
-on IN_FD, then each chunk (an Arrow file and the rows' roles), and each is answered on OUT_FD.
-A helper ends with the process that started it (PARENT; Linux). Any failure is its exit
-status or its answer, and the ingest then does the work itself.
+``read-part`` reads the later part of a plain trace read in two parts at once, leaves its
+rows, survey and the parser's part in OUT (``chunked.read_later_part``) and says so on
+OUT_FD; it then imports what the analysis needs and serves it as ``analyse`` does. ``analyse``
+runs the rank's chunked analysis beside the normalizing (``chunked.InProcess``): the sink comes
+pickled on IN_FD (its pipe closed instead: there is nothing to analyse, and the helper ends),
+then each chunk (an Arrow file and the rows' roles), and each is answered on OUT_FD. A helper
+ends with the process that started it (PARENT; Linux). Any failure is its exit status or its
+answer, and the ingest then does the work itself.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def main(argv: list[str]) -> int:
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())  # as the ingest's own process
+    if argv[0] not in ("read-part", "analyse"):
+        print(f"traceview.helper: unknown command {argv[0]!r}", file=sys.stderr)
+        return 2
+    inbox = Connection(int(argv[-3]), writable=False)
+    outbox = Connection(int(argv[-2]), readable=False)
     if argv[0] == "read-part":
         from traceview.chunked import read_later_part
         from traceview.parsers import parser_named
@@ -36,14 +43,10 @@ def main(argv: list[str]) -> int:
         with Path(rules_file).open("rb") as fh:
             rules = pickle.load(fh)
         read_later_part(parser_named(name), Path(path), int(boundary), rules, Path(out))
-        return 0
-    if argv[0] == "analyse":
-        inbox = Connection(int(argv[1]), writable=False)
-        outbox = Connection(int(argv[2]), readable=False)
-        analyse(inbox, outbox)
-        return 0
-    print(f"traceview.helper: unknown command {argv[0]!r}", file=sys.stderr)
-    return 2
+        outbox.send(("part",))
+        import traceview.analysis.parts  # noqa: F401  (imported while the ingest routes)
+    analyse(inbox, outbox)
+    return 0
 
 
 def analyse(inbox: Connection, outbox: Connection) -> None:
@@ -56,7 +59,10 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
     from traceview import rundir as R
     from traceview.chunked import release_memory
 
-    sink = inbox.recv()
+    try:
+        sink = inbox.recv()
+    except EOFError:  # nothing to analyse here after all
+        return
     error: BaseException | None = None
     while True:
         message = inbox.recv()

@@ -128,9 +128,10 @@ class ChunkedAnalysis:
         if later and self.queue[-1].lo >= horizon:  # past the horizon: its first step will do
             last = later[-1]
             later[-1] = last.filter(pc.less(last.column(S.TS_NS), self.queue[-1].first_end))
-        pieces = [t for t in (self.running, self.before, head.events, *later) if t is not None]
-        table = _unique_ids(pa.concat_tables([t for t in pieces if t.num_rows]))
-        del later, pieces
+        context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
+        pieces = [t for t in (head.events, *later) if t.num_rows]
+        table = _unique_ids(context, pieces)
+        del later, pieces, context
         part = RankPart(self.training, self.gpu, self.elsewhere, head.lo, head.hi, self.after)
         tl = rank_timeline(table, part)
         steps = breakdown(table, tl)
@@ -201,13 +202,29 @@ _EMPTY = {
 }
 
 
-def _unique_ids(table: pa.Table) -> pa.Table:
-    """Each event once (a row carried into a chunk is also the previous chunk's own)."""
-    ids = ints(table.column(S.EVENT_ID), 0)
+def _unique_ids(context: list[pa.Table], pieces: list[pa.Table]) -> pa.Table:
+    """The rows of ``context`` then ``pieces``, each event once, as first met: a row carried
+    into a chunk is also the previous chunk's own (``context``: the rows kept from analysed
+    chunks, which may repeat each other and the pieces; ``pieces``: a chunk's rows and its
+    successors' own ones, disjoint)."""
+    table = pa.concat_tables(pieces) if pieces else None
+    if not context:
+        return table if table is not None else _EMPTY_EVENTS
+    before = pa.concat_tables(context)
+    ids = ints(before.column(S.EVENT_ID), 0)
     _, first = np.unique(ids, return_index=True)
-    if len(first) == len(ids):
-        return table
-    return table.take(pa.array(np.sort(first)))
+    if len(first) < len(ids):
+        before = before.take(pa.array(np.sort(first)))
+        ids = ids[np.sort(first)]
+    if table is None:
+        return before
+    again = np.isin(ints(table.column(S.EVENT_ID), 0), ids, kind="table" if len(ids) else None)
+    if again.any():
+        table = table.filter(pa.array(~again))
+    return pa.concat_tables([before, table])
+
+
+_EMPTY_EVENTS = S.EVENTS_SCHEMA.empty_table()
 
 
 def _ending_after(table: pa.Table, at: int) -> pa.Table:
