@@ -124,3 +124,18 @@ def test_parent_rows_finds_each_parents_row(shape: str) -> None:
         -1 if m or p < 0 else row_of.get(int(p), -1) for p, m in zip(parent, null, strict=True)
     ]
     assert parent_rows(table).tolist() == expected
+
+
+@pytest.mark.parametrize("spread", [10, 1 << 18, 1 << 40, -5])
+def test_unique_inverse_is_numpys(spread: int) -> None:
+    """``arrays.unique_inverse`` (a table over the keys' range where it is modest) gives what
+    ``np.unique(..., return_inverse=True)`` gives: keys close together, far apart, negative."""
+    from traceview.arrays import unique_inverse
+
+    rng = np.random.default_rng(3)
+    keys = rng.integers(min(spread, 0), abs(spread), 300)[rng.integers(0, 300, 20_000)]
+    unique, inverse = unique_inverse(keys)
+    expected_unique, expected_inverse = np.unique(keys, return_inverse=True)
+    assert unique.tolist() == expected_unique.tolist()
+    assert inverse.tolist() == expected_inverse.ravel().tolist()
+    assert unique_inverse(keys[:0])[0].tolist() == []

@@ -60,6 +60,7 @@ from traceview.arrays import (
     ints,
     outermost_operators,
     training_thread_of,
+    unique_inverse,
     window_index,
 )
 from traceview.errors import BadInput, Notes
@@ -166,7 +167,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     names = [str(n) for n in name_values]
     key = key * max(len(names), 1) + name_codes
     del name_codes
-    unique, inverse = np.unique(key, return_inverse=True)
+    unique, inverse = unique_inverse(key)
     del key
     inverse = inverse.astype(np.int32)
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import schema as S
-from traceview.arrays import ints, parent_rows
+from traceview.arrays import ints, parent_rows, unique_inverse
 
 _COUNTED_KINDS = (S.KIND_OP, S.KIND_ANNOTATION, *S.DEVICE_ACTIVITY_KINDS)
 
@@ -95,7 +95,7 @@ def ops_part(events: pa.Table, counted: np.ndarray | None = None) -> OpsPart:
     key_codes = [coded[k][0][rows] + 1 for k in _KEYS]  # 0: null
     sizes = tuple(len(coded[k][1]) + 1 for k in _KEYS)
     key = np.ravel_multi_index(key_codes, sizes) if len(rows) else np.zeros(0, np.int64)
-    keys, group = np.unique(key, return_inverse=True)
+    keys, group = unique_inverse(key)
     group = np.asarray(group, np.int64).ravel()
     g = len(keys)
 
