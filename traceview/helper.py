@@ -16,17 +16,33 @@ answer, and the ingest then does the work itself.
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 
-def main(argv: list[str]) -> int:
-    from traceview.ingest import _die_with_parent
+def die_with_parent(parent: int) -> None:
+    """This process ends when ``parent`` (the ingest that started it) does, even when that one
+    is killed (SIGKILL runs no cleanup: its helpers and pool workers, ~180 MB each, and the
+    resource tracker used to live on). Linux's PR_SET_PDEATHSIG; elsewhere only the check
+    below. (Also the initializer of the ingest's pool of workers.)"""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
 
-    _die_with_parent(int(argv[-1]))
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(1)
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent(int(argv[-1]))
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())  # as the ingest's own process

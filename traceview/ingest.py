@@ -15,8 +15,6 @@ import inspect
 import json
 import os
 import shutil
-import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -41,6 +39,7 @@ from traceview.errors import (
     UsageError,
     cannot_write,
 )
+from traceview.helper import die_with_parent
 from traceview.manifest import (
     MAX_WORLD_SIZE,
     Clock,
@@ -562,21 +561,6 @@ def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table
     return S.conform(records, S.MEMORY_SCHEMA)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Pool initializer: a local worker ends when the ingest that started it does, even when
-    that one is killed (SIGKILL runs no cleanup: its workers, ~180 MB each, and the resource
-    tracker used to live on). Linux's PR_SET_PDEATHSIG; elsewhere only the check below."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # it died before the line above took effect
-        os._exit(1)
-
-
 def _run_all(
     traces: list[TraceFile],
     staged: Path,
@@ -620,7 +604,7 @@ def _run_all(
         with ProcessPoolExecutor(
             max_workers=min(jobs, len(traces)),
             mp_context=get_context("spawn"),
-            initializer=_die_with_parent,
+            initializer=die_with_parent,
             initargs=(os.getpid(),),
         ) as pool:
             futures = [
