@@ -10,7 +10,6 @@ them, which is all the core needs to link the two, so flow events are counted, n
 from __future__ import annotations
 
 import math
-import traceback
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -358,22 +357,18 @@ def _ids(values: list[Any]) -> pa.Array:
 
 
 def _decode_chunk(data: Any) -> _Chunk:
+    # The records' Raw values point into what is decoded, and the reader's buffer cannot be
+    # released while one lives: decoded from a copy, they may outlive the call (in a traceback,
+    # or a frame that a sampling profiler holds, as Dask's workers run one: "BufferError:
+    # memoryview has N exported buffers"). A copy of a 4 MB chunk: 2% of its decode.
+    data = bytes(data)
     bad = 0
     try:
         records: Sequence[Any] = _DECODER.decode(data)
     except msgspec.ValidationError:
         decoded, bad = decode_records(data)
         records = [_coerce(e) for e in decoded if isinstance(e, dict)]
-    try:
-        return _columns(records, bad)
-    except BaseException as exc:
-        # the records' Raw values point into the caller's buffer, which cannot be released
-        # while they live: an error must not keep them in its traceback (a BufferError would
-        # replace it)
-        traceback.clear_frames(exc.__traceback__)
-        raise
-    finally:
-        del records
+    return _columns(records, bad)
 
 
 def _columns(records: Sequence[Any], bad: int) -> _Chunk:

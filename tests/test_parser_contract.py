@@ -96,3 +96,29 @@ def test_a_kineto_decode_error_is_not_hidden_by_the_buffer(
     monkeypatch.setattr(kineto, "_leading_size", failing)
     with pytest.raises(RuntimeError, match="batch sizes"):
         kineto.KinetoParser().parse(path)
+
+
+def test_a_profiler_that_keeps_frames_does_not_break_kineto_parsing() -> None:
+    """A sampling profiler may hold a frame past its return, with its locals (Dask's workers
+    run one: an ingest on a cluster failed with "BufferError: memoryview has 12 exported
+    buffers"). Here a profile hook keeps every frame that built a chunk's columns, whose
+    records hold Raw values of recorded shapes: the parse is the same as without it."""
+    import sys
+
+    from traceview.parsers import kineto
+
+    path = SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz"
+    plain = kineto.KinetoParser().parse(path).events
+    kept: list[object] = []
+
+    def keep(frame: object, event: str, arg: object) -> None:
+        if event == "return" and frame.f_code.co_name == "_columns":  # type: ignore[attr-defined]
+            kept.append(frame)
+
+    sys.setprofile(keep)
+    try:
+        profiled = kineto.KinetoParser().parse(path).events
+    finally:
+        sys.setprofile(None)
+    assert kept, "the hook saw no chunk being built"
+    assert profiled.equals(plain)
