@@ -298,7 +298,8 @@ def decode_records(data: Any) -> tuple[list[Any], int]:
     except msgspec.ValidationError:  # "Number out of range": that record only
         pass
     records, bad = [], 0
-    for piece in msgspec.json.decode(data, type=list[msgspec.Raw]):
+    # (from a copy: the Raw pieces must not pin the caller's buffer, see kineto._decode_chunk)
+    for piece in msgspec.json.decode(bytes(data), type=list[msgspec.Raw]):
         try:
             records.append(msgspec.json.decode(piece))
         except msgspec.ValidationError:
