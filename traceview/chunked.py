@@ -264,11 +264,11 @@ class InProcess:
     """A sink run by a helper process (``traceview.helper analyse``) on the core the ingest
     leaves free: the analysis of chunk k runs while chunk k+1 is normalized, in parallel (a
     thread shares the interpreter). A chunk's rows go over in an Arrow file in the work
-    folder; at most ``AHEAD`` chunks wait for it (files on disk: 4 rather than 2 left the ingest
-    waiting 0.4 s less on a 1 GB trace, the helper's share being the larger in most chunks). Where the helper dies, ``finish`` returns
-    None (the rank is then analysed from its events file); its errors are raised there.
-    ``helper``: one already running and waiting for the sink (the one that read the later
-    part of the trace, its imports done); otherwise one is started."""
+    folder; at most ``AHEAD`` chunks wait for it (files on disk: 4 rather than 2 left the
+    ingest waiting 0.4 s less on a 1 GB trace). Where the helper dies, ``finish`` returns None
+    (the rank is then analysed from its events file); its errors are raised there. ``helper``:
+    one already running and waiting for the sink (the one that read the later part of the
+    trace, its imports done); otherwise one is started."""
 
     AHEAD = 4
 
@@ -752,8 +752,8 @@ def _normalize_chunked(
     try:
         return _normalize_read(first, rules, meta, run, offset_ns, work, make_sink, helper)
     finally:
-        if first.helper is not None:  # (not taken by the analysis: it ends)
-            first.helper.close()
+        if first.helper is not None:  # not taken by the analysis: idle, it need not finish
+            first.helper.close(kill=True)
 
 
 def _normalize_read(
