@@ -342,7 +342,8 @@ class ChromeTraceReader(Generic[T]):
 
     # The buffer always starts with "[" followed by the next undecoded event, so a chunk is
     # decoded in place: the byte after its last "}" (a comma or a space) becomes "]" for the
-    # duration of the call. No copies of the text are made.
+    # duration of the call. No copies of the text are made here (a decoder whose results point
+    # into the text copies it first: kineto._decode_chunk).
 
     def _decode_in_place(self, buf: bytearray, end: int) -> T:
         """Decode buf[0:end] as an array; buf[end] is borrowed for the closing bracket."""

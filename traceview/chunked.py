@@ -284,7 +284,6 @@ class InProcess:
                 shutil.rmtree(self.work, ignore_errors=True)
                 raise
         self.helper = helper
-        self.proc, self.outbox, self.inbox = helper.proc, helper.outbox, helper.inbox
         self.sent = self.answered = 0
         self.lost = False  # the helper died
         self.closed = False
@@ -294,13 +293,13 @@ class InProcess:
     def _send(self, message: Any) -> None:
         if not self.lost:
             try:
-                self.outbox.send(message)
+                self.helper.outbox.send(message)
             except OSError:  # the helper died (a broken pipe)
                 self.lost = True
 
     def _answer(self) -> tuple[Any, ...] | None:
         try:
-            answer = self.inbox.recv()
+            answer = self.helper.inbox.recv()
         except (EOFError, OSError):
             self.lost = True
             return None
@@ -337,8 +336,7 @@ class InProcess:
 
     def abandon(self) -> None:
         self.closed = True
-        self.helper.close(kill=True)
-        self._end()
+        self._end(kill=True)
 
     def finish(self) -> dict[str, pa.Table] | None:
         self.close()
@@ -357,8 +355,8 @@ class InProcess:
         finally:
             self._end()
 
-    def _end(self) -> None:
-        self.helper.close()
+    def _end(self, kill: bool = False) -> None:
+        self.helper.close(kill)
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -564,10 +562,9 @@ def _in_two_parts(parser: Any, path: Path, rules: RuleSet, work: Path, boundary:
         pickle.dump(rules, fh)
     command = ["read-part", parser.name, str(path), str(boundary), str(work / "rules.pickle")]
     try:
-        helper: HelperProcess | None = HelperProcess([*command, str(later)], later / "stderr")
+        helper = HelperProcess([*command, str(later)], later / "stderr")
     except OSError as exc:  # no process can start: read the trace in one piece
         raise SplitMismatch(f"{path}: no helper process ({exc})") from None
-    assert helper is not None
     try:
         stream = parser.stream(path, (0, boundary))
         survey = _Survey()
@@ -585,13 +582,12 @@ def _in_two_parts(parser: Any, path: Path, rules: RuleSet, work: Path, boundary:
             later_survey, part = pickle.load(fh)
     else:
         helper.close(kill=True)
-        helper = None
         later_survey, part = read_later_part(parser, path, boundary, rules, later)
     first_later = survey.rows
     survey.then(later_survey)
     stream.then(part)
     spills = [(spill, 0), (later / "raw.arrows", first_later)]
-    return _FirstPass(stream.result, stream.base_ns, survey, spills, helper)
+    return _FirstPass(stream.result, stream.base_ns, survey, spills, helper if done else None)
 
 
 #: What ``read_later_part`` leaves beside its spilled rows: its survey and the parser's part.

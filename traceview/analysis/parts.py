@@ -218,7 +218,7 @@ def _unique_ids(context: list[pa.Table], pieces: list[pa.Table]) -> pa.Table:
         ids = ids[np.sort(first)]
     if table is None:
         return before
-    again = np.isin(ints(table.column(S.EVENT_ID), 0), ids, kind="table" if len(ids) else None)
+    again = np.isin(ints(table.column(S.EVENT_ID), 0), ids, kind="table")
     if again.any():
         table = table.filter(pa.array(~again))
     return pa.concat_tables([before, table])
