@@ -18,7 +18,9 @@ and its helper process where that is larger; wall seconds):
         --before /work/main/.venv/bin/python
 
 Results go to benchmarks/results/big_ingest.{json,md}; --keep keeps the traces (they are
-deleted after each size otherwise).
+deleted after each size otherwise). --single-step makes each trace one long step (a single
+ProfilerStep over all the copies: make_big_trace.py --single-step); its results go to
+benchmarks/results/big_ingest_one_step.{json,md}.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any
     }
 
 
-def make_trace(size_gb: float, data: Path, source: Path | None) -> Path:
-    out = data / f"kineto-{size_gb:g}gb"
+def make_trace(size_gb: float, data: Path, source: Path | None, single_step: bool) -> Path:
+    out = data / (f"kineto-{size_gb:g}gb" + ("-one-step" if single_step else ""))
     found = sorted(out.glob("rank0.pt.trace.json*"))
     if found:
         return found[0]
@@ -87,6 +89,7 @@ def make_trace(size_gb: float, data: Path, source: Path | None) -> Path:
             "-o",
             str(out),
             *(["--source", str(source)] if source else []),
+            *(["--single-step"] if single_step else []),
         ],
         check=True,
     )
@@ -112,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", default=None, help="python of another install to compare with")
     p.add_argument("--keep", action="store_true", help="keep the traces made")
     p.add_argument("--source", type=Path, default=None, help="make_big_trace's --source")
-    p.add_argument("--out", type=Path, default=HERE / "results" / "big_ingest")
+    p.add_argument("--single-step", action="store_true", help="traces of one long step each")
+    p.add_argument("--out", type=Path, default=None, help="results (without the suffix)")
     a = p.parse_args(argv)
+    a.out = a.out or HERE / "results" / ("big_ingest_one_step" if a.single_step else "big_ingest")
     rows: list[dict[str, Any]] = []
     for size in a.sizes:
-        trace = make_trace(size, a.data, a.source)
+        trace = make_trace(size, a.data, a.source, a.single_step)
         nbytes = trace.stat().st_size
         with tempfile.TemporaryDirectory(dir=a.data) as work:
             run = Path(work) / "run"

@@ -152,6 +152,7 @@ class SourceTrace:
     strides: dict[str, int] = field(default_factory=dict)
     step_range: tuple[int, int] = (0, 0)
     period_us: int = 0
+    steps_span_us: int = 0  # from the first step marker's end to the last one's
     n_selected: int = 0
     copy_bytes: int = 0
 
@@ -222,6 +223,7 @@ def analyze(src: SourceTrace, gap_us: int | None, jitter_us: int) -> None:
     w1 = max(_to_ns(d["ts"]) + _to_ns(d.get("dur", 0)) for d in steps)
     nums = [int(m.group(1)) for d in steps if (m := _STEP_NAME_RE.match(d["name"]))]
     src.step_range = (min(nums), max(nums))
+    src.steps_span_us = math.ceil((w1 - _to_ns(steps[0]["ts"]) - _to_ns(steps[0]["dur"])) / 1000)
 
     def in_window(d: dict[str, Any]) -> bool:
         return "ts" in d and w0 <= _to_ns(d["ts"]) <= w1
@@ -309,6 +311,7 @@ class CopyParams:
     shift_us: int
     step_offset: int
     id_offsets: dict[str, int]
+    single_step: int | None = None  # only ProfilerStep#<this> stays a step marker
 
 
 def transform(
@@ -320,7 +323,10 @@ def transform(
     def repl(m: re.Match[str]) -> str:
         key = m.group(1)
         if key is None:  # ProfilerStep#N
-            return f'"name": "ProfilerStep#{int(m.group(3)) + cp.step_offset}"'
+            number = int(m.group(3)) + cp.step_offset
+            if cp.single_step is not None and number != cp.single_step:
+                return f'"name": "step_copy#{number}"'  # a plain annotation now
+            return f'"name": "ProfilerStep#{number}"'
         tok = m.group(2)
         if key == "ts":
             return f'"ts": {_shift_decimal(tok, cp.shift_us + extra_ts_us)}'
@@ -387,6 +393,7 @@ def generate(
     ranks_mode: bool,
     jitter_us: int,
     seed: int,
+    single_step: bool = False,
 ) -> Iterator[str]:
     rng = random.Random(seed * 1_000_003 + rank)
     rank_shift = rng.randint(0, jitter_us) if jitter_us else 0
@@ -400,6 +407,7 @@ def generate(
             shift_us=rank_shift + k * src.period_us + jit,
             step_offset=k * n_steps,
             id_offsets={key: k * s for key, s in src.strides.items()},
+            single_step=src.step_range[0] if single_step else None,
         )
 
     copies = [params(k) for k in range(n_copies + 1)]
@@ -427,6 +435,12 @@ def generate(
                 extra_dur = total_extra
             if e.d.get("name") == "Record Window End":
                 extra_ts = total_extra
+            if (
+                single_step
+                and e.d.get("name") == f"ProfilerStep#{src.step_range[0]}"
+                and e.d.get("cat") != "gpu_user_annotation"
+            ):  # the one step marker spans every copy
+                extra_dur = src.steps_span_us + total_extra
             t = transform(e.raw, e.d, orig, extra_dur, extra_ts)
             buf.append(e.sep)
             buf.append(t)
@@ -458,12 +472,13 @@ def write_rank_file(
     seed: int,
     use_gzip: bool,
     gzip_level: int,
+    single_step: bool = False,
 ) -> int:
     """Stream one rank's trace to path (atomically); returns uncompressed bytes."""
     tmp = path.with_name(path.name + ".tmp")
     nbytes = 0
     with gzip.open(tmp, "wb", compresslevel=gzip_level) if use_gzip else open(tmp, "wb") as fh:
-        for chunk in generate(src, n_copies, rank, world, ranks_mode, jitter_us, seed):
+        for chunk in generate(src, n_copies, rank, world, ranks_mode, jitter_us, seed, single_step):
             b = chunk.encode("utf-8")
             nbytes += len(b)
             fh.write(b)
@@ -592,6 +607,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--single-step",
+        action="store_true",
+        help="one ProfilerStep marker spanning every copy (the others become plain "
+        "annotations): a trace that is one long step",
+    )
+    p.add_argument(
         "-o",
         "--out",
         type=Path,
@@ -621,14 +642,24 @@ def main(argv: list[str] | None = None) -> int:
         f"source {a.source}: {len(src.events)} events, steps "
         f"#{src.step_range[0]}..#{src.step_range[1]}, {src.n_selected} events "
         f"(~{src.copy_bytes / MB:.1f} MB) per copy, period {src.period_us} µs; "
-        f"{n_copies} copies -> {n_steps * (n_copies + 1)} steps per rank",
+        f"{n_copies} copies -> {1 if a.single_step else n_steps * (n_copies + 1)} steps per rank",
         file=sys.stderr,
     )
     summary: list[dict[str, Any]] = []
     for r in range(a.ranks):
         path = out / trace_filename(r, a.gzip)
         nbytes = write_rank_file(
-            src, path, n_copies, r, a.ranks, a.ranks > 1, jitter, a.seed, a.gzip, a.gzip_level
+            src,
+            path,
+            n_copies,
+            r,
+            a.ranks,
+            a.ranks > 1,
+            jitter,
+            a.seed,
+            a.gzip,
+            a.gzip_level,
+            a.single_step,
         )
         n_events = len(src.events) + n_copies * src.n_selected
         summary.append(
@@ -646,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": str(a.source),
         "ranks": a.ranks,
         "copies": n_copies,
-        "steps_per_rank": n_steps * (n_copies + 1),
+        "steps_per_rank": 1 if a.single_step else n_steps * (n_copies + 1),
         "jitter_us": jitter,
         "command": shlex.join(
             [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]

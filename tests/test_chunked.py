@@ -42,6 +42,7 @@ def _ingest(
     monkeypatch: pytest.MonkeyPatch,
     rows: int = 1,
     analysed_in_chunks: bool = True,
+    piece: int | None = None,
 ) -> list[int]:
     """Ingest one trace; the number of chunks each chunked rank was normalized in. Fails
     where the analysis was not done a chunk at a time, unless ``analysed_in_chunks`` is
@@ -86,6 +87,8 @@ def _ingest(
             m.setattr(chunked.InProcess, "finish", in_process)
         m.setenv("TRACEVIEW_CHUNKED_MIN_BYTES", "0" if chunks else str(1 << 60))
         m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
+        if piece is not None:
+            m.setenv("TRACEVIEW_PIECE_ROWS", str(piece))
         ingest_run([path], out, jobs=1)
     return counts
 
@@ -169,6 +172,27 @@ def test_chunked_ingest_equals_whole(
         _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch)
     else:
         assert counts == [-1]  # no step markers: the whole-rank path
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+@pytest.mark.parametrize("rows", [1, 1 << 30], ids=["step-ends", "no-step-ends"])
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_steps_cut_inside_equal_whole(
+    path: Path, rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every stretch of more than a few hundred events cut inside, at phase markers: steps in
+    several chunks each (``rows`` 1: and cut at every step's end too; 1 << 30: at no step's
+    end, so the chunks also hold the ends of steps), equal to the whole-rank path."""
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
+    rank = R.read_manifest(tmp_path / "parts").ranks[0]
+    if not rank.steps:
+        pytest.skip("no step markers: the whole-rank path (test_chunked_ingest_equals_whole)")
+    assert len(counts) == 1
+    if rows == 1:  # a chunk per step at least
+        assert counts[0] >= rank.steps, f"{rank.steps} steps, chunks {counts}"
+    if rank.events > 4 * 300 * (rank.steps + 1):  # steps long enough to be cut inside
+        assert counts[0] > rank.steps, f"{rank.steps} steps, chunks {counts}"
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 

@@ -77,6 +77,12 @@ CHUNKED_MIN_BYTES = 256 << 20
 #: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
 #: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step).
 CHUNK_ROWS = 200_000
+#: A stretch between two cuts (a long step, or what precedes or follows the steps) holding
+#: more than twice this many events is cut inside too, into pieces of about this many, at
+#: phase markers (``_inside_steps``). ``TRACEVIEW_PIECE_ROWS`` overrides it.
+PIECE_ROWS = CHUNK_ROWS
+#: Pass 1 keeps the start of every this-many-th event: where a long step's events lie.
+_SAMPLE_EVERY = 32
 #: The parsers whose traces can be streamed.
 STREAMING_PARSERS = ("kineto",)
 
@@ -133,6 +139,10 @@ def chunked_min_bytes() -> int:
 
 def chunk_rows() -> int:
     return max(1, int(os.environ.get("TRACEVIEW_CHUNK_ROWS", CHUNK_ROWS)))
+
+
+def piece_rows() -> int:
+    return max(1, int(os.environ.get("TRACEVIEW_PIECE_ROWS", PIECE_ROWS)))
 
 
 def wants_chunks(parser: str, path: Path, size: int) -> bool:
@@ -431,6 +441,7 @@ class _Survey:
     op_ts: list[np.ndarray] = field(default_factory=list)
     anchor_ts: list[np.ndarray] = field(default_factory=list)
     anchor_phase: list[np.ndarray] = field(default_factory=list)
+    sampled_ts: list[np.ndarray] = field(default_factory=list)  # every _SAMPLE_EVERY-th row's
     devices: int = 0
     # per thread (pid, tid): host operators whose own phase is backward
     backward_threads: set[tuple[int, int]] = field(default_factory=set)
@@ -456,6 +467,7 @@ class _Survey:
         raw_dur = ints(batch.column(S.DUR_NS), 0)
         dur = np.maximum(raw_dur, 0)
         n = len(ts)
+        self.sampled_ts.append(ts[(-self.rows) % _SAMPLE_EVERY :: _SAMPLE_EVERY].copy())
         self.rows += n
         if n:
             self.ts_min = min(self.ts_min, int(ts.min()))
@@ -663,6 +675,9 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
     anchor_ts = np.concatenate(survey.anchor_ts)
     anchor_phase = np.concatenate(survey.anchor_phase).astype(np.int64)
+    sampled = np.sort(np.concatenate(survey.sampled_ts)) if survey.sampled_ts else np.zeros(0)
+    bounds = _inside_steps(bounds, sampled, survey.rows, anchor_ts, piece_rows())
+    del sampled
     backward = anchor_ts[anchor_phase == _PHASE_BACKWARD]
     window = window_index(starts, ends, backward)
     backward_steps = np.unique(np.where(window >= 0, numbers[np.maximum(window, 0)], -1))
@@ -685,6 +700,39 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
 
 
 _PHASE_BACKWARD = S.EVENT_PHASES.index(S.BACKWARD)
+
+
+def _inside_steps(
+    bounds: np.ndarray, sampled: np.ndarray, rows: int, anchor_ts: np.ndarray, piece: int
+) -> np.ndarray:
+    """``bounds`` with more cuts inside every stretch between two of them that holds more than
+    twice ``piece`` rows (by ``sampled``, the sorted starts of a regular sample of the rank's
+    ``rows``), about every ``piece`` rows, each at a phase marker's start (``anchor_ts``).
+
+    A cut there keeps each chunk's positional phases exact: an operator's next phase marker is
+    then in its own chunk or is the one at the cut (``ChunkContext.more_anchors``), and a
+    gradient seed's run of candidates up to its marker never crosses a cut. A stretch with no
+    marker inside stays whole."""
+    if len(sampled) == 0 or len(anchor_ts) == 0:
+        return bounds
+    per_sample = rows / len(sampled)
+    edges = np.searchsorted(sampled, bounds, side="left")
+    starts = np.concatenate(([0], edges))
+    stops = np.concatenate((edges, [len(sampled)]))
+    long = np.flatnonzero((stops - starts) * per_sample > 2 * piece)
+    if len(long) == 0:
+        return bounds
+    markers = np.unique(anchor_ts)
+    cuts = [bounds]
+    for stretch in long.tolist():
+        first, stop = int(starts[stretch]), int(stops[stretch])
+        pieces = round((stop - first) * per_sample / piece)
+        wanted = sampled[first + (np.arange(1, pieces) * (stop - first)) // pieces]
+        at = markers[np.minimum(np.searchsorted(markers, wanted), len(markers) - 1)]
+        low = bounds[stretch - 1] if stretch > 0 else -OPEN_END
+        high = bounds[stretch] if stretch < len(bounds) else OPEN_END
+        cuts.append(at[(at > low) & (at < high)])
+    return np.unique(np.concatenate(cuts))
 
 
 def _whole(spills: list[tuple[Path, int]], base_ns: int) -> pa.Table:

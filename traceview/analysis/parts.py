@@ -96,12 +96,16 @@ class ChunkedAnalysis:
         # where its windows end (before the previous chunk's last window pushes them on) and
         # where its first one ends, without the device's lag
         part = RankPart(self.training, self.gpu, self.elsewhere, lo, hi)
-        _, ends, _ = step_windows(ev, self.training, self.gpu, part)
+        _, ends, numbers = step_windows(ev, self.training, self.gpu, part)
         part.gpu = False
         _, first, _ = step_windows(ev, self.training, False, part)
+        device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
         reach = int(ends.max()) if len(ends) else hi
-        self.queue.append(_Chunk(events, own, lo, hi, reach, int(first[0]) if len(first) else hi))
+        first_end = int(first[0]) if len(first) else hi
+        self.queue.append(
+            _Chunk(events, own, lo, hi, reach, first_end, numbers, device_steps, device_ends)
+        )
         self._drain(final=False)
 
     def _check(self, ev: EventArrays, counted: np.ndarray) -> None:
@@ -119,11 +123,21 @@ class ChunkedAnalysis:
             horizon = max(head.reach, head.hi, self.after if self.after is not None else head.hi)
             if not final and self.queue[-1].lo < horizon:
                 return
+            # a step cut in pieces: its device work was launched in the later ones, all in now
+            horizon = max(horizon, *(c.device_end(head.numbers) for c in self.queue))
+            if not final and self.queue[-1].lo < horizon:
+                return
             self._analyse(head, horizon)
             self.queue.pop(0)
 
     def _analyse(self, head: _Chunk, horizon: int) -> None:
         """The windows of the chunk at the head of the queue."""
+        whole = [device for device, at in self.whole_at.items() if head.lo <= at < head.hi]
+        if not len(head.numbers) and not whole:  # a piece of a long step: context for what follows
+            context = [self.running] if self.running is not None else []
+            self.running = _still_running(_unique_ids(context, [head.events]), head.hi)
+            self.before = _ending_after(head.events, head.lo)
+            return
         later = [c.own() for c in self.queue[1:]]
         if later and self.queue[-1].lo >= horizon:  # past the horizon: its first step will do
             last = later[-1]
@@ -141,7 +155,6 @@ class ChunkedAnalysis:
         self.per_window["comm"].append(comm_intervals(table, tl))
         self.per_window["gpu"].append(gpu_steps(table, tl))
         self.kernels.append(kernel_launches(table, tl))
-        whole = [device for device, at in self.whole_at.items() if head.lo <= at < head.hi]
         self.per_window["memory_steps"].append(memory_steps(table, self.memory, steps, whole))
         # what later chunks' windows still need: device activities running past this chunk
         # (and the calls that launched them)
@@ -189,9 +202,29 @@ class _Chunk:
     hi: int
     reach: int  # where its last window ends (without the previous chunk's push)
     first_end: int  # where its first window ends, without the device's lag
+    numbers: np.ndarray  # the steps of the windows that start in it (a long step's piece: none)
+    device_steps: np.ndarray  # the steps its device activities ran for (GPU runs) ...
+    device_ends: np.ndarray  # ... and where each step's last one ended
 
     def own(self) -> pa.Table:
         return self.events.filter(pa.array(self.own_rows))
+
+    def device_end(self, steps: np.ndarray) -> int:
+        """Where its device activities of ``steps`` end (the earliest time where none)."""
+        ends = self.device_ends[np.isin(self.device_steps, steps)]
+        return int(ends.max()) if len(ends) else -_NEVER
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
+    """The steps ``ev``'s device activities ran for, and where each step's last one ended."""
+    device = np.isin(ev.kind, _DEVICE_KINDS) & (ev.step >= 0)
+    steps, at = np.unique(ev.step[device], return_inverse=True)
+    ends = np.full(len(steps), -_NEVER, np.int64)
+    np.maximum.at(ends, at, ev.end[device])
+    return steps, ends
 
 
 _EMPTY = {
