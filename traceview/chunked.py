@@ -1,4 +1,5 @@
-"""Bounded-memory ingest of one large trace: normalize a rank in chunks of whole steps.
+"""Bounded-memory ingest of one large trace: normalize a rank in chunks of whole steps (a long
+step in pieces).
 
 A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passes:
 
@@ -10,7 +11,9 @@ A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passe
    each device activity's launching call are found as ``normalize`` finds them.
 2. **Route.** The spill is read back a batch at a time and every event goes to the chunk that
    holds its start (chunks are runs of whole steps, cut at a step's end; the events before the
-   first step go with the first chunk, those after the last with the last), except a device
+   first step go with the first chunk, those after the last with the last; a stretch of more
+   than twice ``PIECE_ROWS`` events between two cuts, a long step, is cut inside too, at phase
+   markers: ``_inside_steps``), except a device
    activity, which goes to the chunk of the call that launched it: the link is then always
    inside one chunk. A kernel launched in one step and run in the next is linked as before.
 3. **Normalize.** Chunk by chunk (``normalize.normalize_chunk``: the same passes), with the
@@ -20,8 +23,9 @@ A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passe
    holds one of its children. The rows are appended to the rank's events file as Parquet row
    groups; event and parent ids are the whole rank's.
 
-Peak memory is that of the largest chunk (a single huge step is one chunk) plus the small
-state, not the file's. Each chunk's closed rows are kept sorted by id in a temporary file,
+Peak memory is that of the largest chunk plus the small state, not the file's (a long step
+with no phase marker inside is one chunk). The per-rank analysis of a step cut in pieces
+holds the step's normalized rows (``analysis.parts``). Each chunk's closed rows are kept sorted by id in a temporary file,
 and these are merged into the events file in id order: the file holds the rows the
 whole-rank path writes, in the same order. Traces with no step markers, or with events whose times are
 corrupt (the ``stray_times`` pass needs the whole rank's median), take the whole-rank path.

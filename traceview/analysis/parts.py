@@ -1,7 +1,7 @@
 """The per-rank analysis of a rank normalized in chunks (``traceview.chunked``), a chunk at a
 time: the tables ``rank_tables`` gives for the whole rank, without holding its events.
 
-A chunk is a run of whole steps. Each table is either per step window (steps, comm, gpu, the
+A chunk is a run of whole steps, or a piece of a long step. Each table is either per step window (steps, comm, gpu, the
 kernels of the launches table, the memory rows of each step) or per event (ops, collectives):
 
 - **Per event**, each row is counted in the chunk that writes it (``counted``: a call still open
@@ -11,7 +11,9 @@ kernels of the launches table, the memory rows of each step) or per event (ops, 
 - **Per window**, a chunk's windows are analysed once every row that can overlap them has been
   normalized: a GPU window ends where the device finished the step, which can be several steps
   of host time later (its horizon), so the chunk waits for the first chunk that starts past
-  it. The rows are the chunk's own and carried ones, the previous chunk's last step (a gap on
+  it (for a step cut in pieces, past the end of the device work its pieces launched: the
+  step's rows are held until then). A piece with no window of its own only passes on what the
+  next windows need of it. The rows are the chunk's own and carried ones, the previous chunk's last step (a gap on
   the training thread takes the phase of its neighbours), the later chunks' rows up to the
   horizon and the first step after it, and the device activities of older chunks still
   running; the windows are this chunk's only.
