@@ -182,9 +182,20 @@ def test_steps_cut_inside_equal_whole(
 ) -> None:
     """Every stretch of more than a few hundred events cut inside, at phase markers: steps in
     several chunks each (``rows`` 1: and cut at every step's end too; 1 << 30: at no step's
-    end, so the chunks also hold the ends of steps), equal to the whole-rank path."""
+    end, so the chunks also hold the ends of steps), their windows analysed a slice at a time
+    (``analysis.parts``; with memory records, whole), equal to the whole-rank path."""
     _ingest(path, tmp_path / "whole", False, monkeypatch)
-    counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
+    sliced: list[int] = []  # slices that went on with a window from the one before
+    real = ChunkedAnalysis._slice
+
+    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sliced.append(len(self.open.ids))
+        return real(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:  # (the analysis on a thread here, to see it slice)
+        m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+        m.setattr(ChunkedAnalysis, "_slice", in_slices)
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
     rank = R.read_manifest(tmp_path / "parts").ranks[0]
     if not rank.steps:
         pytest.skip("no step markers: the whole-rank path (test_chunked_ingest_equals_whole)")
@@ -193,6 +204,8 @@ def test_steps_cut_inside_equal_whole(
         assert counts[0] >= rank.steps, f"{rank.steps} steps, chunks {counts}"
     if rank.events > 4 * 300 * (rank.steps + 1):  # steps long enough to be cut inside
         assert counts[0] > rank.steps, f"{rank.steps} steps, chunks {counts}"
+        has_memory = R.read_table(tmp_path / "parts" / f"{R.MEMORY}.parquet").num_rows > 0
+        assert any(sliced) or has_memory, "no window was analysed a slice at a time"
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 

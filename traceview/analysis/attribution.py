@@ -110,6 +110,9 @@ def step_windows(
     last device activity launched in that step (the device runs behind the host), and the next
     window starts no earlier than that.
     """
+    if part is not None and part.windows is not None:  # found from more than these events
+        starts, ends, numbers = part.windows
+        return starts.copy(), ends.copy(), numbers.copy()
     markers = np.zeros(len(ev.ts), bool)
     if training is not None:
         markers = (
@@ -155,7 +158,8 @@ class RankPart:
     """What a slice of a rank's events (the steps of one chunk of a large trace, with the
     events around them) cannot tell of the whole rank: its training thread, whether it ran on a
     device, whether another thread runs its backward; and which step windows are this part's
-    (the markers starting in [lo, hi)) and where the previous part's last window ended."""
+    (the markers starting in [lo, hi)) and where the previous part's last window ended;
+    ``windows``: the windows themselves, where the caller knows them (a slice of a long step)."""
 
     training: tuple[int, int] | None
     gpu: bool
@@ -163,6 +167,7 @@ class RankPart:
     lo: int
     hi: int
     after: int | None = None
+    windows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (starts, ends, steps)
 
 
 def _thread_segments(

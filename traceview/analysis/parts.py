@@ -1,22 +1,31 @@
 """The per-rank analysis of a rank normalized in chunks (``traceview.chunked``), a chunk at a
 time: the tables ``rank_tables`` gives for the whole rank, without holding its events.
 
-A chunk is a run of whole steps, or a piece of a long step. Each table is either per step window (steps, comm, gpu, the
-kernels of the launches table, the memory rows of each step) or per event (ops, collectives):
+A chunk is a run of whole steps, or a piece of a long step. Each table is either per step
+window (steps, comm, gpu, the kernels of the launches table, the memory rows of each step) or
+per event (ops, collectives):
 
 - **Per event**, each row is counted in the chunk that writes it (``counted``: a call still open
   at a chunk's end is written, and counted, by the chunk in which it closes); the rows around it
   (its parents, carried from earlier chunks) are context. The parts combine exactly
   (``combine_ops``, ``combine_collectives``: sums, and percentiles over the kept durations).
-- **Per window**, a chunk's windows are analysed once every row that can overlap them has been
-  normalized: a GPU window ends where the device finished the step, which can be several steps
-  of host time later (its horizon), so the chunk waits for the first chunk that starts past
-  it (for a step cut in pieces, past the end of the device work its pieces launched: the
-  step's rows are held until then). A piece with no window of its own only passes on what the
-  next windows need of it. The rows are the chunk's own and carried ones, the previous chunk's last step (a gap on
-  the training thread takes the phase of its neighbours), the later chunks' rows up to the
-  horizon and the first step after it, and the device activities of older chunks still
-  running; the windows are this chunk's only.
+- **Per window**, a window is analysed a slice at a time: the part of it that lies in one
+  chunk, once the next chunk is in (``ChunkedAnalysis._slice``), and its slices are added up
+  once it is over (a GPU window ends where the device finished the step, which can be several
+  steps of host time later). The rows of a slice are the chunk's own and carried ones, the
+  device activities of older chunks still running (and the calls that launched them), the
+  previous chunk's rows from its last window on and the next chunk's up to its first window's
+  end (a gap on the training thread takes the phase of its neighbours). Each part of the steps
+  and GPU tables is a sum over the instants of its slice, so the parts add up to the window's
+  row; the queue's mean is recomputed from the parts' areas, and the communication pieces that
+  run on across a cut are joined. A step cut in pieces (``chunked``: a long one) is never held
+  whole.
+- A rank with **memory records** (their per-step peaks, and the operators at them) has a
+  chunk's windows analysed whole instead, once every row that can overlap them is in: it waits
+  for the first chunk that starts past them (their horizon) and holds the chunks until then.
+  The rows are the chunk's own and carried ones, the previous chunk's last step, the later
+  chunks' rows up to the horizon and the first step after it, and the device activities of
+  older chunks still running; the windows are this chunk's only.
 
 What a slice cannot tell of the whole rank (its training thread, whether it ran on a device,
 whether another thread runs backward) is given up front (``attribution.RankPart``) and
@@ -27,6 +36,7 @@ caller analyses the rank whole instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -83,6 +93,13 @@ class ChunkedAnalysis:
         self.before: pa.Table | None = None  # the last analysed chunk's table, context included
         self.running: pa.Table | None = None  # device activities of older chunks still running
         self.after: int | None = None  # where the last analysed chunk's last window ended
+        # without memory records, a chunk's windows are analysed as soon as the next chunk is
+        # in, a slice at a time (``_slice``): a long step is never held whole
+        self.sliced = memory is None or memory.num_rows == 0
+        self.open = _Open.NONE  # (sliced) the windows that run on past the last slice
+        self.next_id = 0
+        self.since = -_NEVER  # (sliced) where the next slice starts
+        self.pending = _Pending()
 
     def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
         """One chunk's normalized rows (``own``: the chunk's; the others carried in, as
@@ -98,16 +115,13 @@ class ChunkedAnalysis:
         # where its windows end (before the previous chunk's last window pushes them on) and
         # where its first one ends, without the device's lag
         part = RankPart(self.training, self.gpu, self.elsewhere, lo, hi)
-        _, ends, numbers = step_windows(ev, self.training, self.gpu, part)
+        _, ends, _ = step_windows(ev, self.training, self.gpu, part)
         part.gpu = False
-        _, first, _ = step_windows(ev, self.training, False, part)
+        host = step_windows(ev, self.training, False, part)
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
         reach = int(ends.max()) if len(ends) else hi
-        first_end = int(first[0]) if len(first) else hi
-        self.queue.append(
-            _Chunk(events, own, lo, hi, reach, first_end, numbers, device_steps, device_ends)
-        )
+        self.queue.append(_Chunk(events, own, lo, hi, reach, host, device_steps, device_ends))
         self._drain(final=False)
 
     def _check(self, ev: EventArrays, counted: np.ndarray) -> None:
@@ -117,9 +131,15 @@ class ChunkedAnalysis:
         self.seen_elsewhere |= backward_elsewhere(ev, host, self.training)
 
     def _drain(self, final: bool) -> None:
-        """Analyse the chunks whose windows every row that can overlap them has reached: wait
-        for a chunk that starts past the head's horizon (the rows up to it, and the first ones
-        after it: a gap at a window's end takes the phase of what follows)."""
+        """Analyse the chunks whose windows every row that can overlap them has reached. In
+        slices (``_slice``): each chunk once the next is in. Whole windows (a rank with memory
+        records): wait for a chunk that starts past the head's horizon (the rows up to it, and
+        the first ones after it: a gap at a window's end takes the phase of what follows)."""
+        if self.sliced:
+            while len(self.queue) > 1 or (final and self.queue):
+                head = self.queue.pop(0)
+                self._slice(head, self.queue[0] if self.queue else None)
+            return
         while self.queue:
             head = self.queue[0]
             horizon = max(head.reach, head.hi, self.after if self.after is not None else head.hi)
@@ -140,10 +160,7 @@ class ChunkedAnalysis:
             self.running = _still_running(_unique_ids(context, [head.events]), head.hi)
             self.before = _ending_after(head.events, head.lo)
             return
-        later = [c.own() for c in self.queue[1:]]
-        if later and self.queue[-1].lo >= horizon:  # past the horizon: its first step will do
-            last = later[-1]
-            later[-1] = last.filter(pc.less(last.column(S.TS_NS), self.queue[-1].first_end))
+        later = [self._later(i, horizon) for i in range(1, len(self.queue))]
         context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
         pieces = [t for t in (head.events, *later) if t.num_rows]
         table = _unique_ids(context, pieces)
@@ -165,6 +182,87 @@ class ChunkedAnalysis:
         # carries): its last step, where the training thread's last phase before them is
         last_start = int(np.max(ints(steps.column(S.START_NS)))) if steps.num_rows else head.lo
         self.before = _ending_after(head.events, last_start)
+
+    def _later(self, i: int, horizon: int) -> pa.Table:
+        """The own rows of the ``i``-th chunk of the queue (past the horizon: those before its
+        first window's end, which are all a window before it can need)."""
+        chunk = self.queue[i]
+        own = chunk.own()
+        if i == len(self.queue) - 1 and chunk.lo >= horizon:
+            own = own.filter(pc.less(own.column(S.TS_NS), chunk.first_end))
+        return own
+
+    def _slice(self, head: _Chunk, after: _Chunk | None) -> None:
+        """The head's part of every window that overlaps it, once the next chunk is in (or none
+        will come): the windows that started in earlier chunks and run on (``self.open``), then
+        its own. A window's slices are added up once it ends.
+
+        The slice is what lies between the head's start and the next chunk's: an instant's
+        phase depends only on what runs then (the head's rows, the host calls still open and
+        the device work still running from earlier chunks) and, in a gap on the training
+        thread, on its neighbours (the rows before, and the next chunk's). Its windows are found
+        as ``step_windows`` finds them over the whole rank: a window's end is its device work's
+        (GPU runs), known once its host window is over (a step launches its work in its own
+        host window); one still open runs past the slice."""
+        upto = after.lo if after is not None else _NEVER
+        marker, host_end, numbers = (
+            np.concatenate([self.open.host[k], head.host[k]]) for k in range(3)
+        )
+        ids = np.concatenate([self.open.ids, self.next_id + np.arange(len(head.numbers))])
+        self.next_id += len(head.numbers)
+        device = np.concatenate([self.open.device, np.full(len(head.numbers), -_NEVER)])
+        if self.gpu:
+            device = np.maximum(device, head.device_ends_of(numbers))
+        known = host_end <= upto  # all of its device work launched (or none to wait for)
+        ends = np.maximum(host_end, device) if self.gpu else host_end.copy()
+        ends = np.where(known, ends, _NEVER)
+        starts = marker.copy()
+        if self.after is not None and len(starts):
+            ends = np.maximum(ends, self.after)
+            starts[0] = max(int(starts[0]), self.after)
+        ends = np.maximum.accumulate(ends) if len(ends) else ends
+        starts[1:] = np.maximum(starts[1:], ends[:-1])
+        sub_s, sub_e = np.maximum(starts, self.since), np.minimum(ends, upto)
+        here = (sub_s < sub_e) | ((starts == ends) & (starts >= self.since) & (starts < upto))
+        context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
+        pieces = [head.events]
+        if after is not None:  # (its rows up to its first window's end: neighbours enough)
+            own = after.own()
+            pieces.append(own.filter(pc.less(own.column(S.TS_NS), after.first_end)))
+        table = _unique_ids(context, [t for t in pieces if t.num_rows])
+        if here.any():
+            part = RankPart(
+                self.training,
+                self.gpu,
+                self.elsewhere,
+                head.lo,
+                head.hi,
+                windows=(sub_s[here], sub_e[here], numbers[here]),
+            )
+            tl = rank_timeline(table, part)
+            self.pending.add(
+                ids[here],
+                sub_s[here],
+                breakdown(table, tl),
+                gpu_steps(table, tl),
+                comm_intervals(table, tl),
+            )
+            self.kernels.append(kernel_launches(table, tl))
+        # the windows that end here (a prefix; one of no length at the cut is the next slice's)
+        done = int(np.sum((ends < upto) | ((ends == upto) & (starts < upto))))
+        if done:
+            steps, gpu, comm = self.pending.take(int(ids[done - 1]))
+            self.per_window["steps"].append(steps)
+            self.per_window["gpu"].append(gpu)
+            self.per_window["comm"].append(comm)
+            self.after = int(ends[done - 1])
+        self.open = _Open(
+            (marker[done:], host_end[done:], numbers[done:]), ids[done:], device[done:]
+        )
+        self.running = _still_running(table, head.hi)
+        last = sub_s[here].max() if here.any() else head.lo
+        self.before = _ending_after(head.events, int(last))
+        self.since = upto
 
     def finish(self) -> dict[str, pa.Table] | None:
         """The rank's tables (``rank_tables``); None where a fact given up front did not hold
@@ -203,10 +301,20 @@ class _Chunk:
     lo: int
     hi: int
     reach: int  # where its last window ends (without the previous chunk's push)
-    first_end: int  # where its first window ends, without the device's lag
-    numbers: np.ndarray  # the steps of the windows that start in it (a long step's piece: none)
+    # the windows of the markers that start in it (a long step's piece: none), by the host
+    # alone: (starts, ends, step numbers)
+    host: tuple[np.ndarray, np.ndarray, np.ndarray]
     device_steps: np.ndarray  # the steps its device activities ran for (GPU runs) ...
     device_ends: np.ndarray  # ... and where each step's last one ended
+
+    @property
+    def numbers(self) -> np.ndarray:
+        return self.host[2]
+
+    @property
+    def first_end(self) -> int:
+        """Where its first window ends, without the device's lag (its end where none)."""
+        return int(self.host[1][0]) if len(self.host[1]) else self.hi
 
     def own(self) -> pa.Table:
         return self.events.filter(pa.array(self.own_rows))
@@ -216,8 +324,81 @@ class _Chunk:
         ends = self.device_ends[np.isin(self.device_steps, steps)]
         return int(ends.max()) if len(ends) else -_NEVER
 
+    def device_ends_of(self, steps: np.ndarray) -> np.ndarray:
+        """Per step of ``steps``: where its device activities here end (-_NEVER: none)."""
+        return self.ends_of(self.device_steps, self.device_ends, steps)
+
+    @staticmethod
+    def ends_of(known: np.ndarray, ends: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        pos = np.minimum(np.searchsorted(known, steps), max(len(known) - 1, 0))
+        hit = (pos < len(known)) & (known[pos] == steps) if len(known) else steps < steps
+        return np.where(hit, ends[pos] if len(known) else -_NEVER, -_NEVER)
+
 
 _NONE = np.zeros(0, np.int64)
+
+
+def _summed(
+    table: pa.Table, window: np.ndarray, schema: pa.Schema, first: tuple[str, ...]
+) -> tuple[dict[str, object], np.ndarray]:
+    """Per window (``window``: of each row, ascending), the rows of ``table`` added up: the
+    ``first`` columns from the window's first row, null columns left null, others summed."""
+    heads = np.flatnonzero(np.concatenate(([True], window[1:] != window[:-1])))
+    columns: dict[str, object] = {}
+    for field_ in schema:
+        column = table.column(field_.name)
+        if field_.name in first:
+            columns[field_.name] = column.take(pa.array(heads))
+        elif column.null_count == len(column):
+            columns[field_.name] = pa.nulls(len(heads), field_.type)
+        elif pa.types.is_integer(field_.type):
+            columns[field_.name] = np.add.reduceat(ints(column, 0), heads)
+    return columns, heads
+
+
+def _summed_steps(table: pa.Table, window: np.ndarray) -> pa.Table:
+    """The steps rows of a window's slices as the window's row (``breakdown``'s)."""
+    first = (S.RANK, S.STEP, S.TIMELINE, S.START_NS)
+    columns, heads = _summed(table, window, S.STEPS_SCHEMA, first)
+    last = np.append(heads[1:], len(window)) - 1
+    columns[S.END_NS] = ints(table.column(S.END_NS), 0)[last]
+    total = np.asarray(columns[S.COMM_TOTAL_NS])
+    exposed = np.asarray(columns[S.COMM_EXPOSED_NS])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        columns[S.COMM_HIDDEN_FRACTION] = np.where(total > 0, 1.0 - exposed / total, 0.0)
+    return pa.table(columns, schema=S.STEPS_SCHEMA)
+
+
+def _summed_gpu(table: pa.Table, window: np.ndarray) -> pa.Table:
+    """The GPU rows of a window's slices as the window's row (``gpu_steps``'s): times summed,
+    the longest queue, the queue's mean over the whole window."""
+    if table.num_rows == 0:
+        return table
+    columns, heads = _summed(table, window, S.GPU_SCHEMA, (S.RANK, S.STEP))
+    columns[S.QUEUE_MAX] = np.maximum.reduceat(ints(table.column(S.QUEUE_MAX), 0), heads)
+    wall = ints(table.column(S.WALL_NS), 0)
+    mean = table.column(S.QUEUE_MEAN).to_numpy()
+    area = np.add.reduceat(np.round(mean * wall), heads)  # (each slice's: an integer)
+    whole = np.asarray(columns[S.WALL_NS]).astype(np.float64)
+    columns[S.QUEUE_MEAN] = np.divide(area, whole, out=np.zeros(len(heads)), where=whole > 0)
+    return pa.table(columns, schema=S.GPU_SCHEMA)
+
+
+def _joined_comm(table: pa.Table) -> pa.Table:
+    """The communication pieces of a window's slices, a piece that runs on across a cut
+    joined with its continuation (``comm_intervals`` gives a piece per stretch)."""
+    if table.num_rows == 0:
+        return table
+    start, end = ints(table.column(S.START_NS), 0), ints(table.column(S.END_NS), 0)
+    step = ints(table.column(S.STEP), -1)
+    exposed = np.asarray(table.column(S.EXPOSED).to_numpy(zero_copy_only=False), bool)
+    new = np.ones(len(start), bool)
+    new[1:] = (start[1:] != end[:-1]) | (exposed[1:] != exposed[:-1]) | (step[1:] != step[:-1])
+    heads = np.flatnonzero(new)
+    joined = table.take(pa.array(heads))
+    ends = pa.array(np.maximum.reduceat(end, heads), pa.int64())
+    index = joined.schema.get_field_index(S.END_NS)
+    return joined.set_column(index, joined.schema.field(index), ends)
 
 
 def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -227,6 +408,63 @@ def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
     ends = np.full(len(steps), -_NEVER, np.int64)
     np.maximum.at(ends, at, ev.end[device])
     return steps, ends
+
+
+@dataclass
+class _Open:
+    """The windows that run on past the last slice: (marker starts, host ends, step numbers),
+    their ids, and where their device work seen so far ends."""
+
+    host: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ids: np.ndarray
+    device: np.ndarray
+
+    NONE: ClassVar[_Open]
+
+
+_Open.NONE = _Open((_NONE, _NONE, _NONE), _NONE, _NONE)
+
+
+class _Pending:
+    """The slices of windows not yet over: their steps, GPU and communication rows."""
+
+    def __init__(self) -> None:
+        self.ids: list[np.ndarray] = []
+        self.starts: list[np.ndarray] = []
+        self.steps: list[pa.Table] = []
+        self.gpu: list[pa.Table] = []
+        self.comm: list[pa.Table] = []
+
+    def add(
+        self, ids: np.ndarray, starts: np.ndarray, steps: pa.Table, gpu: pa.Table, comm: pa.Table
+    ) -> None:
+        """A slice's rows (``ids``, ``starts``: of its windows' parts, in time order)."""
+        self.ids.append(ids)
+        self.starts.append(starts)
+        self.steps.append(steps)
+        self.gpu.append(gpu)
+        self.comm.append(comm.append_column("_id", pa.array(ids[_part_of(starts, comm)])))
+
+    def take(self, last: int) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """The rows of the windows up to id ``last``, each window's slices added up."""
+        ids = np.concatenate(self.ids)
+        steps, gpu = pa.concat_tables(self.steps), pa.concat_tables(self.gpu)
+        comm = pa.concat_tables(self.comm)
+        n = int(np.searchsorted(ids, last, side="right"))
+        m = int(np.searchsorted(ints(comm.column("_id"), 0), last, side="right"))
+        self.ids, self.starts = [ids[n:]], [np.concatenate(self.starts)[n:]]
+        self.steps, self.comm = [steps.slice(n)], [comm.slice(m)]
+        self.gpu = [gpu.slice(n)] if gpu.num_rows else [gpu]
+        return (
+            _summed_steps(steps.slice(0, n), ids[:n]),
+            _summed_gpu(gpu.slice(0, n), ids[:n]) if gpu.num_rows else gpu,
+            _joined_comm(comm.slice(0, m).drop_columns(["_id"])),
+        )
+
+
+def _part_of(starts: np.ndarray, comm: pa.Table) -> np.ndarray:
+    """The window part (of ``starts``) each communication piece lies in."""
+    return np.searchsorted(starts, ints(comm.column(S.START_NS), 0), side="right") - 1
 
 
 _EMPTY = {
