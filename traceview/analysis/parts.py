@@ -121,7 +121,8 @@ class ChunkedAnalysis:
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
         reach = int(ends.max()) if len(ends) else hi
-        self.queue.append(_Chunk(events, own, lo, hi, reach, host, device_steps, device_ends))
+        near = _first_operators(events, own, self.training, hi)
+        self.queue.append(_Chunk(events, own, lo, hi, reach, host, device_steps, device_ends, near))
         self._drain(final=False)
 
     def _check(self, ev: EventArrays, counted: np.ndarray) -> None:
@@ -226,9 +227,10 @@ class ChunkedAnalysis:
         here = (sub_s < sub_e) | ((starts == ends) & (starts >= self.since) & (starts < upto))
         context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
         pieces = [head.events]
-        if after is not None:  # (its rows up to its first window's end: neighbours enough)
+        if after is not None:  # its first rows: the training thread's next neighbours
             own = after.own()
-            pieces.append(own.filter(pc.less(own.column(S.TS_NS), after.first_end)))
+            until = min(after.first_end, after.near + 1)
+            pieces.append(own.filter(pc.less(own.column(S.TS_NS), until)))
         table = _unique_ids(context, [t for t in pieces if t.num_rows])
         if here.any():
             part = RankPart(
@@ -306,6 +308,7 @@ class _Chunk:
     host: tuple[np.ndarray, np.ndarray, np.ndarray]
     device_steps: np.ndarray  # the steps its device activities ran for (GPU runs) ...
     device_ends: np.ndarray  # ... and where each step's last one ended
+    near: int  # where its first _NEIGHBOURS operators on the training thread have started
 
     @property
     def numbers(self) -> np.ndarray:
@@ -399,6 +402,36 @@ def _joined_comm(table: pa.Table) -> pa.Table:
     ends = pa.array(np.maximum.reduceat(end, heads), pa.int64())
     index = joined.schema.get_field_index(S.END_NS)
     return joined.set_column(index, joined.schema.field(index), ends)
+
+
+#: The training thread's operators of the next chunk a slice takes (for a gap at its end,
+#: which takes the phase of its neighbours: the next operator's, or one after it where that
+#: one's time is nobody's, such as a synchronize outside every phase).
+_NEIGHBOURS = 64
+_STRUCTURAL = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
+
+
+def _first_operators(
+    events: pa.Table, own: np.ndarray, training: tuple[int, int] | None, hi: int
+) -> int:
+    """Where the ``_NEIGHBOURS``-th of a chunk's own operators on the training thread (host
+    events that take time and are no region) starts; ``hi`` where it has fewer."""
+    if training is None:
+        return hi
+    kind = coded(events.column(S.KIND), KIND_CODE)
+    ts = ints(events.column(S.TS_NS), 0)
+    mine = (
+        own
+        & (ints(events.column(S.PID), 0) == training[0])
+        & (ints(events.column(S.TID), 0) == training[1])
+        & np.isin(kind, _HOST_KINDS)
+        & ~np.isin(kind, _STRUCTURAL)
+        & (ints(events.column(S.DUR_NS), 0) > 0)
+    )
+    starts = ts[mine]
+    if len(starts) <= _NEIGHBOURS:
+        return hi
+    return int(np.partition(starts, _NEIGHBOURS - 1)[_NEIGHBOURS - 1])
 
 
 def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
