@@ -121,8 +121,10 @@ class ChunkedAnalysis:
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
         reach = int(ends.max()) if len(ends) else hi
-        near = _first_operators(events, own, self.training, hi)
-        self.queue.append(_Chunk(events, own, lo, hi, reach, host, device_steps, device_ends, near))
+        near, far = _neighbour_operators(events, own, self.training, lo, hi)
+        self.queue.append(
+            _Chunk(events, own, lo, hi, reach, host, device_steps, device_ends, near, far)
+        )
         self._drain(final=False)
 
     def _check(self, ev: EventArrays, counted: np.ndarray) -> None:
@@ -262,8 +264,10 @@ class ChunkedAnalysis:
             (marker[done:], host_end[done:], numbers[done:]), ids[done:], device[done:]
         )
         self.running = _still_running(table, head.hi)
+        # for the next slice: the head's rows from its last window, or from its last operators
+        # on the training thread where those start later (what the next slice's gap needs)
         last = sub_s[here].max() if here.any() else head.lo
-        self.before = _ending_after(head.events, int(last))
+        self.before = _ending_after(head.events, max(int(last), head.far))
         self.since = upto
 
     def finish(self) -> dict[str, pa.Table] | None:
@@ -309,6 +313,7 @@ class _Chunk:
     device_steps: np.ndarray  # the steps its device activities ran for (GPU runs) ...
     device_ends: np.ndarray  # ... and where each step's last one ended
     near: int  # where its first _NEIGHBOURS operators on the training thread have started
+    far: int  # where the first of its last _NEIGHBOURS ones starts
 
     @property
     def numbers(self) -> np.ndarray:
@@ -411,13 +416,14 @@ _NEIGHBOURS = 64
 _STRUCTURAL = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
 
 
-def _first_operators(
-    events: pa.Table, own: np.ndarray, training: tuple[int, int] | None, hi: int
-) -> int:
+def _neighbour_operators(
+    events: pa.Table, own: np.ndarray, training: tuple[int, int] | None, lo: int, hi: int
+) -> tuple[int, int]:
     """Where the ``_NEIGHBOURS``-th of a chunk's own operators on the training thread (host
-    events that take time and are no region) starts; ``hi`` where it has fewer."""
+    events that take time and are no region) starts, and the ``_NEIGHBOURS``-th last; ``hi``
+    and ``lo`` where it has fewer."""
     if training is None:
-        return hi
+        return hi, lo
     kind = coded(events.column(S.KIND), KIND_CODE)
     ts = ints(events.column(S.TS_NS), 0)
     mine = (
@@ -430,8 +436,10 @@ def _first_operators(
     )
     starts = ts[mine]
     if len(starts) <= _NEIGHBOURS:
-        return hi
-    return int(np.partition(starts, _NEIGHBOURS - 1)[_NEIGHBOURS - 1])
+        return hi, lo
+    first = np.partition(starts, _NEIGHBOURS - 1)[_NEIGHBOURS - 1]
+    last = np.partition(starts, len(starts) - _NEIGHBOURS)[len(starts) - _NEIGHBOURS]
+    return int(first), int(last)
 
 
 def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
