@@ -289,9 +289,11 @@ def test_a_trace_written_as_pytorch_writes_it(
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
-def test_one_huge_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A trace that is a single step: the chunk is the step (memory is bound by that step),
-    with the events before and after it in the same chunk."""
+@pytest.mark.parametrize("piece", [None, 300], ids=["whole-step", "in-pieces"])
+def test_one_huge_step(piece: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace that is a single step: one chunk where the step is short of twice
+    ``PIECE_ROWS`` events (with the events before and after it), else cut in pieces at phase
+    markers, its window analysed a slice at a time."""
     source = REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz"
     trace = json.loads(gzip.decompress(source.read_bytes()))
     events = trace["traceEvents"]
@@ -304,9 +306,13 @@ def test_one_huge_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "one-step.pt.trace.json"
     path.write_text(json.dumps(trace))
     _ingest(path, tmp_path / "whole", False, monkeypatch)
-    counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
-    assert counts == [1]
-    assert R.read_manifest(tmp_path / "parts").ranks[0].steps == 1
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch, piece=piece)
+    rank = R.read_manifest(tmp_path / "parts").ranks[0]
+    assert rank.steps == 1
+    if piece is None:
+        assert counts == [1]
+    else:
+        assert len(counts) == 1 and counts[0] >= rank.events // (2 * piece), counts
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
