@@ -24,9 +24,9 @@ A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passe
    groups; event and parent ids are the whole rank's.
 
 Peak memory is that of the largest chunk plus the small state, not the file's (a long step
-with no phase marker inside is one chunk). The per-rank analysis of a step cut in pieces
-holds the step's normalized rows (``analysis.parts``). Each chunk's closed rows are kept sorted by id in a temporary file,
-and these are merged into the events file in id order: the file holds the rows the
+with no phase marker inside is one chunk); the per-rank analysis takes a step cut in pieces a
+slice at a time (``analysis.parts``). Each chunk's closed rows are kept sorted by id in a
+temporary file, and these are merged into the events file in id order: the file holds the rows the
 whole-rank path writes, in the same order. Traces with no step markers, or with events whose times are
 corrupt (the ``stray_times`` pass needs the whole rank's median), take the whole-rank path.
 """
