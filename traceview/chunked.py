@@ -10,12 +10,12 @@ A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passe
    an external id, that id and start), from which the step windows, the training thread and
    each device activity's launching call are found as ``normalize`` finds them.
 2. **Route.** The spill is read back a batch at a time and every event goes to the chunk that
-   holds its start (chunks are runs of whole steps, cut at a step's end; the events before the
-   first step go with the first chunk, those after the last with the last; a stretch of more
-   than twice ``PIECE_ROWS`` events between two cuts, a long step, is cut inside too, at phase
-   markers: ``_inside_steps``), except a device
-   activity, which goes to the chunk of the call that launched it: the link is then always
-   inside one chunk. A kernel launched in one step and run in the next is linked as before.
+   holds its start, except a device activity, which goes to the chunk of the call that
+   launched it: the link is then always inside one chunk. Chunks are runs of whole steps, cut
+   at a step's end (the events before the first step go with the first chunk, those after the
+   last with the last); a stretch of more than twice ``PIECE_ROWS`` events between two cuts,
+   a long step, is cut inside too, at phase markers (``_inside_steps``). A kernel launched in
+   one step and run in the next is linked as before.
 3. **Normalize.** Chunk by chunk (``normalize.normalize_chunk``: the same passes), with the
    host events of earlier chunks still open at the chunk's start (and their ancestors) as
    context, so call trees that span steps nest as they do over the whole rank. An event still
@@ -26,9 +26,10 @@ A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passe
 Peak memory is that of the largest chunk plus the small state, not the file's (a long step
 with no phase marker inside is one chunk); the per-rank analysis takes a step cut in pieces a
 slice at a time (``analysis.parts``). Each chunk's closed rows are kept sorted by id in a
-temporary file, and these are merged into the events file in id order: the file holds the rows the
-whole-rank path writes, in the same order. Traces with no step markers, or with events whose times are
-corrupt (the ``stray_times`` pass needs the whole rank's median), take the whole-rank path.
+temporary file, and these are merged into the events file in id order: the file holds the
+rows the whole-rank path writes, in the same order. Traces with no step markers, or with
+events whose times are corrupt (the ``stray_times`` pass needs the whole rank's median), take
+the whole-rank path.
 """
 
 from __future__ import annotations

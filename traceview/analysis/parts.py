@@ -56,7 +56,7 @@ from traceview.analysis.collectives import collectives_part, combine_collectives
 from traceview.analysis.gpu import combine_launches, gpu_steps, kernel_launches
 from traceview.analysis.memory import memory_steps, whole_trace_instants
 from traceview.analysis.ops import OpsPart, combine_ops, ops_part
-from traceview.arrays import KIND_CODE, EventArrays, coded, ints
+from traceview.arrays import KIND_CODE, EventArrays, coded, ints, unique_inverse
 
 _DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
 _HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
@@ -112,15 +112,17 @@ class ChunkedAnalysis:
         self._check(ev, counted)
         self.ops.append(ops_part(events, counted))
         self.calls.append(collectives_part(events, counted))
-        # where its windows end (before the previous chunk's last window pushes them on) and
-        # where its first one ends, without the device's lag
+        # its windows: where they reach, and (by the host alone, without the device's lag)
+        # where they start and end
         part = RankPart(self.training, self.gpu, self.elsewhere, lo, hi)
-        _, ends, _ = step_windows(ev, self.training, self.gpu, part)
+        reach = hi
+        if not self.sliced:  # where its windows reach: what the whole-window path waits for
+            _, ends, _ = step_windows(ev, self.training, self.gpu, part)
+            reach = int(ends.max()) if len(ends) else hi
         part.gpu = False
         host = step_windows(ev, self.training, False, part)
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
-        reach = int(ends.max()) if len(ends) else hi
         near, far = _neighbour_operators(events, own, self.training, lo, hi)
         self.queue.append(
             _Chunk(events, own, lo, hi, reach, host, device_steps, device_ends, near, far)
@@ -327,20 +329,18 @@ class _Chunk:
     def own(self) -> pa.Table:
         return self.events.filter(pa.array(self.own_rows))
 
-    def device_end(self, steps: np.ndarray) -> int:
-        """Where its device activities of ``steps`` end (the earliest time where none)."""
-        ends = self.device_ends[np.isin(self.device_steps, steps)]
-        return int(ends.max()) if len(ends) else -_NEVER
-
     def device_ends_of(self, steps: np.ndarray) -> np.ndarray:
         """Per step of ``steps``: where its device activities here end (-_NEVER: none)."""
-        return self.ends_of(self.device_steps, self.device_ends, steps)
+        out = np.full(len(steps), -_NEVER, np.int64)
+        if len(self.device_steps):
+            pos = np.minimum(np.searchsorted(self.device_steps, steps), len(self.device_steps) - 1)
+            hit = self.device_steps[pos] == steps
+            out[hit] = self.device_ends[pos[hit]]
+        return out
 
-    @staticmethod
-    def ends_of(known: np.ndarray, ends: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        pos = np.minimum(np.searchsorted(known, steps), max(len(known) - 1, 0))
-        hit = (pos < len(known)) & (known[pos] == steps) if len(known) else steps < steps
-        return np.where(hit, ends[pos] if len(known) else -_NEVER, -_NEVER)
+    def device_end(self, steps: np.ndarray) -> int:
+        """Where its device activities of ``steps`` end (-_NEVER where none)."""
+        return int(self.device_ends_of(steps).max(initial=-_NEVER))
 
 
 _NONE = np.zeros(0, np.int64)
@@ -350,7 +350,8 @@ def _summed(
     table: pa.Table, window: np.ndarray, schema: pa.Schema, first: tuple[str, ...]
 ) -> tuple[dict[str, object], np.ndarray]:
     """Per window (``window``: of each row, ascending), the rows of ``table`` added up: the
-    ``first`` columns from the window's first row, null columns left null, others summed."""
+    ``first`` columns from the window's first row, null columns left null, integer ones summed
+    (the caller sets the others)."""
     heads = np.flatnonzero(np.concatenate(([True], window[1:] != window[:-1])))
     columns: dict[str, object] = {}
     for field_ in schema:
@@ -445,7 +446,7 @@ def _neighbour_operators(
 def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
     """The steps ``ev``'s device activities ran for, and where each step's last one ended."""
     device = np.isin(ev.kind, _DEVICE_KINDS) & (ev.step >= 0)
-    steps, at = np.unique(ev.step[device], return_inverse=True)
+    steps, at = unique_inverse(ev.step[device])
     ends = np.full(len(steps), -_NEVER, np.int64)
     np.maximum.at(ends, at, ev.end[device])
     return steps, ends
@@ -471,7 +472,6 @@ class _Pending:
 
     def __init__(self) -> None:
         self.ids: list[np.ndarray] = []
-        self.starts: list[np.ndarray] = []
         self.steps: list[pa.Table] = []
         self.gpu: list[pa.Table] = []
         self.comm: list[pa.Table] = []
@@ -481,7 +481,6 @@ class _Pending:
     ) -> None:
         """A slice's rows (``ids``, ``starts``: of its windows' parts, in time order)."""
         self.ids.append(ids)
-        self.starts.append(starts)
         self.steps.append(steps)
         self.gpu.append(gpu)
         self.comm.append(comm.append_column("_id", pa.array(ids[_part_of(starts, comm)])))
@@ -493,7 +492,7 @@ class _Pending:
         comm = pa.concat_tables(self.comm)
         n = int(np.searchsorted(ids, last, side="right"))
         m = int(np.searchsorted(ints(comm.column("_id"), 0), last, side="right"))
-        self.ids, self.starts = [ids[n:]], [np.concatenate(self.starts)[n:]]
+        self.ids = [ids[n:]]
         self.steps, self.comm = [steps.slice(n)], [comm.slice(m)]
         self.gpu = [gpu.slice(n)] if gpu.num_rows else [gpu]
         return (
