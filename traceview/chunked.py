@@ -25,9 +25,9 @@ A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passe
 
 Peak memory is that of the largest chunk plus the small state, not the file's (a long step
 with no phase marker inside is one chunk); the per-rank analysis takes a step cut in pieces a
-slice at a time (``analysis.parts``). Each chunk's closed rows are kept sorted by id in a
-temporary file, and these are merged into the events file in id order: the file holds the
-rows the whole-rank path writes, in the same order. Traces with no step markers, or with
+slice at a time (``analysis.parts``). Each chunk's closed rows are appended to the events
+file as it is done (``_EventsWriter``): the file holds the rows the whole-rank path writes,
+by chunk (time) rather than by id. Traces with no step markers, or with
 events whose times are corrupt (the ``stray_times`` pass needs the whole rank's median), take
 the whole-rank path.
 """
@@ -46,6 +46,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -373,6 +374,42 @@ class InProcess:
     def _end(self, kill: bool = False) -> None:
         self.helper.close(kill)
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _in_helper(
+    sink: ChunkSink, work: Path, helper: HelperProcess | None = None
+) -> InProcess | _HereAndThere:
+    """``sink`` run by a helper process; where it splits (``ChunkedAnalysis.split``), its
+    per-event part runs here, beside the normalization, and only the rest in the helper: the
+    two cores then finish at about the same time."""
+    split = getattr(sink, "split", None)
+    if split is None:
+        return InProcess(sink, work, helper)
+    here, there = split()
+    return _HereAndThere(here, InProcess(there, work, helper))
+
+
+class _HereAndThere:
+    """A sink in two parts: one fed in this process as each chunk comes, the other in a helper
+    (``InProcess``); the result is both parts' tables (None where the helper's is)."""
+
+    def __init__(self, here: ChunkSink, there: InProcess):
+        self.here, self.there = here, there
+
+    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
+        self.there.add(events, own, counted, lo, hi)  # (first: the helper starts on it)
+        self.here.add(events, own, counted, lo, hi)
+
+    def close(self) -> None:
+        self.there.close()
+
+    def abandon(self) -> None:
+        self.there.abandon()
+
+    def finish(self) -> dict[str, pa.Table] | None:
+        tables = self.there.finish()
+        here = self.here.finish()
+        return None if tables is None or here is None else {**tables, **here}
 
 
 #: A chunk's time span where it has no bound (before the first cut, after the last).
@@ -835,13 +872,13 @@ def _normalize_read(
         if make_sink is not None
         else None
     )
-    background: _InBackground | InProcess | None = None
+    background: _InBackground | InProcess | _HereAndThere | None = None
     if sink is not None:
         try:
             if first.helper is not None:  # the helper that read the later part, waiting
-                background, first.helper = InProcess(sink, work, first.helper), None
+                background, first.helper = _in_helper(sink, work, first.helper), None
             else:
-                background = InProcess(sink, work) if helper else _InBackground(sink)
+                background = _in_helper(sink, work) if helper else _InBackground(sink)
         except OSError:  # no process can start: a thread, then
             background = _InBackground(sink)
     try:
@@ -860,10 +897,10 @@ def _normalize_routed(
     rules: RuleSet,
     meta: RankMeta,
     run: Path,
-    sink: _InBackground | InProcess | None,
+    sink: _InBackground | InProcess | _HereAndThere | None,
     parsed: ParsedTrace,
 ) -> ChunkedRank:
-    """Passes 2 and 3 (module doc): route the spilled rows, normalize chunk by chunk, merge."""
+    """Passes 2 and 3 (module doc): route the spilled rows, normalize and write chunk by chunk."""
     chunks = len(plan.bounds) + 1
     _route(spills, plan, work, chunks)
     plan.runtime = plan.ops = _Firsts.NONE  # (the launch lookups: only routing needs them)
@@ -872,21 +909,37 @@ def _normalize_routed(
         spill.unlink()
 
     notes = Notes()
-    written = devices = unlinked = 0
-    runs: list[Path] = []  # per chunk: the rows it closed, by id
+    with _EventsWriter(R.events_path(run, meta.rank)) as out:
+        devices, unlinked = _normalize_chunks(plan, work, shift, rules, meta, sink, notes, out)
+    if devices and unlinked:
+        notes.remark(
+            f"{unlinked} of {devices} device activities have no launching host "
+            "call in the trace; their phase is 'other' unless a rule names it"
+        )
+    return ChunkedRank(
+        parsed=parsed,
+        events=out.written,
+        training_thread=plan.training,
+        steps=len(plan.starts),
+        notes=_unique_notes(notes),
+        sink=sink,
+    )
 
-    def emit(tables: list[pa.Table]) -> None:
-        nonlocal written
-        tables = [t for t in tables if t.num_rows]
-        if not tables:
-            return
-        table = pa.concat_tables(tables).unify_dictionaries()
-        table = table.drop_columns([S.RANK]).sort_by(S.EVENT_ID)
-        path = work / f"run-{len(runs)}.arrows"
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table, max_chunksize=_RUN_BATCH_ROWS)
-        runs.append(path)
-        written += table.num_rows
+
+def _normalize_chunks(
+    plan: _Plan,
+    work: Path,
+    shift: int,
+    rules: RuleSet,
+    meta: RankMeta,
+    sink: _InBackground | InProcess | _HereAndThere | None,
+    notes: Notes,
+    out: _EventsWriter,
+) -> tuple[int, int]:
+    """Pass 3: each routed chunk normalized, its closed rows written to ``out`` and handed to
+    ``sink``; the device activities seen and how many of them have no launching call."""
+    chunks = len(plan.bounds) + 1
+    devices = unlinked = 0
 
     carry_raw: pa.Table | None = None
     carry_out: pa.Table | None = None
@@ -942,9 +995,9 @@ def _normalize_routed(
         # rows carried in and now closed: their own chunk's row, self time summed
         closed = [events.filter(pa.array(is_own & ~still))]
         done = np.flatnonzero(~still[:carried])
-        if len(done) and carry_out is not None:
-            closed.append(_with_self(carry_out.take(done), dur[done] - children[done]))
-        emit(closed)
+        if len(done) and carry_out is not None:  # (first: their ids are the lower)
+            closed.insert(0, _with_self(carry_out.take(done), dur[done] - children[done]))
+        out.write(closed)
         keep = np.flatnonzero(still)
         keep_carried = keep[keep < carried]
         keep_own = keep[keep >= carried]
@@ -978,75 +1031,64 @@ def _normalize_routed(
             )
         del events
         release_memory()
-    target = R.events_path(run, meta.rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
     if sink is not None:
-        sink.close()  # its last windows are analysed while the events file is merged
-    _merge(runs, target, written)
-    if devices and unlinked:
-        notes.remark(
-            f"{unlinked} of {devices} device activities have no launching host "
-            "call in the trace; their phase is 'other' unless a rule names it"
+        sink.close()  # its last windows are analysed while the events file is finished
+    return devices, unlinked
+
+
+#: Rows per row group of the events file.
+_ROW_GROUP_ROWS = 1 << 16
+
+
+class _EventsWriter:
+    """A rank's events file, written a chunk's closed rows at a time as the chunks are
+    normalized: by chunk (by time), not by id (a row still open at a chunk's end is written
+    with the chunk where it closes). Each write is encoded and compressed on a thread (no GIL)
+    while the next chunk is normalized; the file is renamed into place on leaving the block."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.schema = S.EVENTS_SCHEMA.remove(S.EVENTS_SCHEMA.get_field_index(S.RANK))
+        self.written = 0
+
+    def __enter__(self) -> _EventsWriter:
+        with ExitStack() as stack:  # (left in reverse: the last write, the footer, the rename)
+            tmp = stack.enter_context(R.atomic_path(self.target))
+            options = R.parquet_options(self.schema)
+            self._file = stack.enter_context(pq.ParquetWriter(tmp, self.schema, **options))
+            self._thread = stack.enter_context(
+                ThreadPoolExecutor(1, thread_name_prefix="traceview-write")
+            )
+            self._pending: Future[None] | None = None
+            self._stack = stack.pop_all()
+        return self
+
+    def write(self, tables: list[pa.Table]) -> None:
+        tables = [t for t in tables if t.num_rows]
+        if not tables:
+            return
+        table = pa.concat_tables(tables).unify_dictionaries().drop_columns([S.RANK])
+        table = S.conform(table, self.schema)
+        self.written += table.num_rows
+        self._wait()  # at most one chunk's rows waiting to be written
+        self._pending = self._thread.submit(
+            self._file.write_table, table, row_group_size=_ROW_GROUP_ROWS
         )
-    return ChunkedRank(
-        parsed=parsed,
-        events=written,
-        training_thread=plan.training,
-        steps=len(plan.starts),
-        notes=_unique_notes(notes),
-        sink=sink,
-    )
 
-
-#: Rows per step of the merge (and per row group of the events file).
-_MERGE_ROWS = 1 << 16
-#: Rows per batch of a chunk's sorted run: the merge holds one batch of every run at a time
-#: (every run spans the whole id range: a chunk's host events and its device activities).
-_RUN_BATCH_ROWS = 1 << 12
-
-
-def _merge(runs: list[Path], target: Path, rows: int) -> None:
-    """The chunks' sorted runs merged into the events file in id order (ids are the rows
-    0..rows-1, each once: a range of ids at a time, a batch of each run at a time), so the
-    file is the one the whole-rank path writes, row for row."""
-    schema = S.EVENTS_SCHEMA.remove(S.EVENTS_SCHEMA.get_field_index(S.RANK))
-    readers = [iter(_spill_batches(path)) for path in runs]
-    heads: list[pa.Table | None] = [None] * len(runs)
-    with (
-        R.atomic_path(target) as tmp,
-        pq.ParquetWriter(tmp, schema, **R.parquet_options(schema)) as out,
-        ThreadPoolExecutor(1, thread_name_prefix="traceview-write") as writing,
-    ):
-        # row groups are encoded and compressed (no GIL) while the next one is gathered
-        pending: Future[None] | None = None
-        for low in range(0, rows, _MERGE_ROWS):
-            high = low + _MERGE_ROWS
-            pieces = []
-            for i, reader in enumerate(readers):
-                while True:
-                    head = heads[i]
-                    if head is None:
-                        batch = next(reader, None)
-                        if batch is None:
-                            break
-                        head = heads[i] = pa.Table.from_batches([batch])
-                    ids = head.column(S.EVENT_ID).to_numpy()
-                    cut = int(np.searchsorted(ids, high))
-                    if cut:
-                        pieces.append(head.slice(0, cut))
-                    if cut < head.num_rows:
-                        heads[i] = head.slice(cut)
-                        break
-                    heads[i] = None
-            table = pa.concat_tables(pieces).unify_dictionaries().sort_by(S.EVENT_ID)
-            table = S.conform(table, schema)
-            if pending is not None:
-                pending.result()
-            pending = writing.submit(out.write_table, table, row_group_size=_MERGE_ROWS)
-            if (low // _MERGE_ROWS) % 8 == 7:
-                release_memory()  # (glibc keeps what the pieces freed otherwise: +300 MB at 4 GB)
-        if pending is not None:
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
             pending.result()
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            if exc[0] is None:
+                self._wait()  # a failed write fails the block
+        except BaseException:
+            if not self._stack.__exit__(*sys.exc_info()):
+                raise
+            return False
+        return bool(self._stack.__exit__(*exc))
 
 
 def _with_self(rows: pa.Table, self_ns: np.ndarray) -> pa.Table:

@@ -241,6 +241,13 @@ def _clip(
     first = np.searchsorted(w_end, starts, side="right")
     last = np.searchsorted(w_start, ends, side="left") - 1
     count = np.maximum(last - first + 1, 0)
+    if len(count) == 0 or count.max() <= 1:  # (nearly always: none spans two windows)
+        inside = count == 1
+        window = first[inside]
+        s = np.maximum(starts[inside], w_start[window])
+        e = np.minimum(ends[inside], w_end[window])
+        keep = e > s
+        return window[keep], s[keep], e[keep], levels[inside][keep]
     window = np.repeat(first, count) + (
         np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
     )
@@ -448,6 +455,7 @@ class LevelTimes:
     exclusive: np.ndarray  # [level, window]
     covered: np.ndarray  # [window]: the union of every level
     comm_total: np.ndarray  # [window]
+    clipped: tuple[np.ndarray, ...]  # the intervals cut to the windows: window, start, end, level
 
     def host_bound(self, phase: str) -> np.ndarray:
         """The device's wait for the host inside ``phase`` per window (GPU timelines)."""
@@ -479,10 +487,36 @@ def covered_by_level(
     clipped = window[order], s[order], e[order], level[order]
     window, s, e, level = clipped
     covered = np.zeros((n_levels + 1, n_windows), np.int64)
+    # level by level, the union so far (disjoint runs, few) merged with the level's intervals:
+    # each interval is sorted in once, not once per level at or above its own
+    by_level = np.argsort(level, kind="stable")
+    bounds = np.searchsorted(level[by_level], np.arange(n_levels + 1))
+    u_window = u_start = u_end = np.zeros(0, np.int64)
     for k in range(n_levels):
-        mask = level <= k
-        covered[k + 1] = _union_by_window(window[mask], s[mask], e[mask], n_windows)
+        mine = by_level[bounds[k] : bounds[k + 1]]
+        if len(mine) == 0:
+            covered[k + 1] = covered[k]
+            continue
+        u_window, u_start, u_end = _runs(
+            np.concatenate([u_window, window[mine]]),
+            np.concatenate([u_start, s[mine]]),
+            np.concatenate([u_end, e[mine]]),
+        )
+        covered[k + 1] = np.bincount(u_window, weights=u_end - u_start, minlength=n_windows)
     return covered, clipped
+
+
+def _runs(
+    window: np.ndarray, s: np.ndarray, e: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The union of intervals per window, as disjoint runs sorted by (window, start)."""
+    order = np.lexsort((s, window))
+    window, s, e = window[order], s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = (s[1:] > reach[:-1]) | (window[1:] != window[:-1])
+    heads = np.flatnonzero(new)
+    return window[heads], s[heads], np.maximum.reduceat(e, heads)
 
 
 def _level_times(tl: RankTimeline) -> LevelTimes:
@@ -492,7 +526,9 @@ def _level_times(tl: RankTimeline) -> LevelTimes:
     )
     comm = level == _COMM_LEVEL
     comm_total = _union_by_window(window[comm], s[comm], e[comm], n_windows)
-    return LevelTimes(np.diff(covered_by, axis=0), covered_by[-1], comm_total)
+    return LevelTimes(
+        np.diff(covered_by, axis=0), covered_by[-1], comm_total, (window, s, e, level)
+    )
 
 
 def breakdown(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
@@ -550,7 +586,7 @@ def comm_intervals(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table
     tl = tl or rank_timeline(events)
     if len(tl.w_start) == 0:
         return S.COMM_SCHEMA.empty_table()
-    _, s, e, level = _clip(tl.starts, tl.ends, tl.levels, tl.w_start, tl.w_end)
+    _, s, e, level = level_times(tl).clipped
     comm = level == _COMM_LEVEL
     if not comm.any():
         return S.COMM_SCHEMA.empty_table()

@@ -35,6 +35,7 @@ caller analyses the rank whole instead.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -65,6 +66,24 @@ _NEVER = 1 << 62
 _UNUSED = (S.RUN_ID, S.HOST, S.FRAMEWORK, S.CAT, S.CORRELATION)
 
 
+class RowParts:
+    """The per-event tables of a rank (ops, collectives), fed chunk by chunk: a chunk's part
+    stands on its own rows, so it can be made wherever the chunk is (``ChunkedAnalysis.split``:
+    in the ingest's process, while a helper analyses the windows)."""
+
+    def __init__(self) -> None:
+        self.ops: list[OpsPart] = []
+        self.calls: list[pa.Table] = []
+
+    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
+        if events.num_rows:
+            self.ops.append(ops_part(events, counted))
+            self.calls.append(collectives_part(events, counted))
+
+    def finish(self) -> dict[str, pa.Table]:
+        return {"ops": combine_ops(self.ops), "collectives": combine_collectives(self.calls)}
+
+
 class ChunkedAnalysis:
     """``rank_tables`` of one rank, fed chunk by chunk (``add``), in time order."""
 
@@ -80,8 +99,7 @@ class ChunkedAnalysis:
         self.seen_gpu = self.seen_elsewhere = False
         self.whole_at = whole_trace_instants(memory)
         self.rank = 0
-        self.ops: list[OpsPart] = []
-        self.calls: list[pa.Table] = []
+        self.rows: RowParts | None = RowParts()  # (None: made elsewhere, ``split``)
         self.per_window: dict[str, list[pa.Table]] = {
             name: [] for name in ("steps", "comm", "gpu", "memory_steps")
         }
@@ -110,8 +128,8 @@ class ChunkedAnalysis:
         self.rank = int(events.column(S.RANK)[0].as_py())
         ev = EventArrays.of(events)
         self._check(ev, counted)
-        self.ops.append(ops_part(events, counted))
-        self.calls.append(collectives_part(events, counted))
+        if self.rows is not None:
+            self.rows.add(events, own, counted, lo, hi)
         # its windows: where they reach, and (by the host alone, without the device's lag)
         # where they start and end
         part = RankPart(self.training, self.gpu, self.elsewhere, lo, hi)
@@ -128,6 +146,14 @@ class ChunkedAnalysis:
             _Chunk(events, own, lo, hi, reach, host, device_steps, device_ends, near, far)
         )
         self._drain(final=False)
+
+    def split(self) -> tuple[RowParts, ChunkedAnalysis]:
+        """Before the first chunk: the per-event tables' analysis, and a copy of this one
+        without them; two sinks for the same chunks whose results together are this one's."""
+        assert self.rows is not None and not self.queue
+        rest = copy.copy(self)
+        rest.rows = None
+        return self.rows, rest
 
     def _check(self, ev: EventArrays, counted: np.ndarray) -> None:
         kind = ev.kind
@@ -296,8 +322,8 @@ class ChunkedAnalysis:
                 ["device", "whole", "start"], descending=[False, True, False]
             )["_i"]
             tables["memory_steps"] = memory.take(pa.array(order.to_numpy()))
-        tables["ops"] = combine_ops(self.ops)
-        tables["collectives"] = combine_collectives(self.calls)
+        if self.rows is not None:
+            tables.update(self.rows.finish())
         tables["launches"] = combine_launches(self.kernels, self.rank)
         return tables
 
