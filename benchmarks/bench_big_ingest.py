@@ -20,7 +20,9 @@ and its helper process where that is larger; wall seconds):
 Results go to benchmarks/results/big_ingest.{json,md}; --keep keeps the traces (they are
 deleted after each size otherwise). --single-step makes each trace one long step (a single
 ProfilerStep over all the copies: make_big_trace.py --single-step); its results go to
-benchmarks/results/big_ingest_one_step.{json,md}.
+benchmarks/results/big_ingest_one_step.{json,md}. --no-markers makes traces with no step
+marker at all (a whole-run profile that never called prof.step(): one window); results in
+benchmarks/results/big_ingest_no_markers.{json,md}.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any
     }
 
 
-def make_trace(size_gb: float, data: Path, source: Path | None, single_step: bool) -> Path:
-    out = data / (f"kineto-{size_gb:g}gb" + ("-one-step" if single_step else ""))
+def make_trace(size_gb: float, data: Path, source: Path | None, markers: str) -> Path:
+    """``markers``: "steps" (every step marked), "one-step" or "no-markers"."""
+    out = data / (f"kineto-{size_gb:g}gb" + ("" if markers == "steps" else f"-{markers}"))
     found = sorted(out.glob("rank0.pt.trace.json*"))
     if found:
         return found[0]
@@ -89,7 +92,11 @@ def make_trace(size_gb: float, data: Path, source: Path | None, single_step: boo
             "-o",
             str(out),
             *(["--source", str(source)] if source else []),
-            *(["--single-step"] if single_step else []),
+            *(
+                []
+                if markers == "steps"
+                else ["--single-step" if markers == "one-step" else "--no-markers"]
+            ),
         ],
         check=True,
     )
@@ -116,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the traces made")
     p.add_argument("--source", type=Path, default=None, help="make_big_trace's --source")
     p.add_argument("--single-step", action="store_true", help="traces of one long step each")
+    p.add_argument("--no-markers", action="store_true", help="traces with no step marker")
     p.add_argument("--out", type=Path, default=None, help="results (without the suffix)")
     a = p.parse_args(argv)
-    a.out = a.out or HERE / "results" / ("big_ingest_one_step" if a.single_step else "big_ingest")
+    if a.single_step and a.no_markers:
+        p.error("--single-step and --no-markers exclude each other")
+    markers = "one-step" if a.single_step else "no-markers" if a.no_markers else "steps"
+    names = {"steps": "big_ingest", "one-step": "big_ingest_one_step"}
+    a.out = a.out or HERE / "results" / names.get(markers, "big_ingest_no_markers")
     rows: list[dict[str, Any]] = []
     for size in a.sizes:
-        trace = make_trace(size, a.data, a.source, a.single_step)
+        trace = make_trace(size, a.data, a.source, markers)
         nbytes = trace.stat().st_size
         with tempfile.TemporaryDirectory(dir=a.data) as work:
             run = Path(work) / "run"

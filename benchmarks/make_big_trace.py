@@ -311,7 +311,7 @@ class CopyParams:
     shift_us: int
     step_offset: int
     id_offsets: dict[str, int]
-    single_step: int | None = None  # only ProfilerStep#<this> stays a step marker
+    single_step: int | None = None  # only ProfilerStep#<this> stays a step marker (-1: none)
 
 
 def transform(
@@ -394,6 +394,7 @@ def generate(
     jitter_us: int,
     seed: int,
     single_step: bool = False,
+    no_markers: bool = False,
 ) -> Iterator[str]:
     rng = random.Random(seed * 1_000_003 + rank)
     rank_shift = rng.randint(0, jitter_us) if jitter_us else 0
@@ -407,7 +408,7 @@ def generate(
             shift_us=rank_shift + k * src.period_us + jit,
             step_offset=k * n_steps,
             id_offsets={key: k * s for key, s in src.strides.items()},
-            single_step=src.step_range[0] if single_step else None,
+            single_step=-1 if no_markers else src.step_range[0] if single_step else None,
         )
 
     copies = [params(k) for k in range(n_copies + 1)]
@@ -473,12 +474,15 @@ def write_rank_file(
     use_gzip: bool,
     gzip_level: int,
     single_step: bool = False,
+    no_markers: bool = False,
 ) -> int:
     """Stream one rank's trace to path (atomically); returns uncompressed bytes."""
     tmp = path.with_name(path.name + ".tmp")
     nbytes = 0
     with gzip.open(tmp, "wb", compresslevel=gzip_level) if use_gzip else open(tmp, "wb") as fh:
-        for chunk in generate(src, n_copies, rank, world, ranks_mode, jitter_us, seed, single_step):
+        for chunk in generate(
+            src, n_copies, rank, world, ranks_mode, jitter_us, seed, single_step, no_markers
+        ):
             b = chunk.encode("utf-8")
             nbytes += len(b)
             fh.write(b)
@@ -613,6 +617,12 @@ def main(argv: list[str] | None = None) -> int:
         "annotations): a trace that is one long step",
     )
     p.add_argument(
+        "--no-markers",
+        action="store_true",
+        help="no ProfilerStep marker at all (each becomes a plain annotation): a whole-run "
+        "profile that never called prof.step()",
+    )
+    p.add_argument(
         "-o",
         "--out",
         type=Path,
@@ -627,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.ranks < 1:
         p.error("--ranks must be >= 1")
+    if a.single_step and a.no_markers:
+        p.error("--single-step and --no-markers exclude each other")
     jitter = a.jitter_us if a.jitter_us is not None else (0 if a.ranks == 1 else 100)
     out = a.out or DEFAULT_OUT_ROOT / (
         f"kineto-{a.target_mb:g}mb-{a.ranks}rank" + ("-gz" if a.gzip else "")
@@ -638,11 +650,12 @@ def main(argv: list[str] | None = None) -> int:
     analyze(src, a.gap_us, jitter)
     n_copies = plan_copies(src, int(a.target_mb * MB))
     n_steps = src.step_range[1] - src.step_range[0] + 1
+    steps_per_rank = 0 if a.no_markers else 1 if a.single_step else n_steps * (n_copies + 1)
     print(
         f"source {a.source}: {len(src.events)} events, steps "
         f"#{src.step_range[0]}..#{src.step_range[1]}, {src.n_selected} events "
         f"(~{src.copy_bytes / MB:.1f} MB) per copy, period {src.period_us} µs; "
-        f"{n_copies} copies -> {1 if a.single_step else n_steps * (n_copies + 1)} steps per rank",
+        f"{n_copies} copies -> {steps_per_rank} steps per rank",
         file=sys.stderr,
     )
     summary: list[dict[str, Any]] = []
@@ -660,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             a.gzip,
             a.gzip_level,
             a.single_step,
+            a.no_markers,
         )
         n_events = len(src.events) + n_copies * src.n_selected
         summary.append(
@@ -677,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": str(a.source),
         "ranks": a.ranks,
         "copies": n_copies,
-        "steps_per_rank": 1 if a.single_step else n_steps * (n_copies + 1),
+        "steps_per_rank": steps_per_rank,
         "jitter_us": jitter,
         "command": shlex.join(
             [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]

@@ -170,8 +170,11 @@ def test_chunked_ingest_equals_whole(
         # one chunk per step: the chunked path ran, and in as many chunks as there are steps
         assert counts == [steps], f"{steps} steps but chunks {counts}"
         _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch)
-    else:
-        assert counts == [-1]  # no step markers: the whole-rank path
+    elif R.read_table(tmp_path / "parts" / f"{R.MEMORY}.parquet").num_rows:
+        # no step markers, and memory records: one window whose memory peaks are taken whole
+        assert counts == [-1], counts
+    else:  # no step markers: one window, in chunks all the same
+        assert counts and counts[0] >= 1, counts
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
@@ -197,14 +200,17 @@ def test_steps_cut_inside_equal_whole(
         m.setattr(ChunkedAnalysis, "_slice", in_slices)
         counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
     rank = R.read_manifest(tmp_path / "parts").ranks[0]
-    if not rank.steps:
-        pytest.skip("no step markers: the whole-rank path (test_chunked_ingest_equals_whole)")
     assert len(counts) == 1
+    has_memory = R.read_table(tmp_path / "parts" / f"{R.MEMORY}.parquet").num_rows > 0
+    if not rank.steps and has_memory:  # one window with memory peaks: the whole-rank path
+        assert counts == [-1], counts
+        _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+        return
     if rows == 1:  # a chunk per step at least
         assert counts[0] >= rank.steps, f"{rank.steps} steps, chunks {counts}"
+    # (without step markers: the one window, cut in pieces where it has phase markers)
     if rank.events > 4 * 300 * (rank.steps + 1):  # steps long enough to be cut inside
         assert counts[0] > rank.steps, f"{rank.steps} steps, chunks {counts}"
-        has_memory = R.read_table(tmp_path / "parts" / f"{R.MEMORY}.parquet").num_rows > 0
         assert any(sliced) or has_memory, "no window was analysed a slice at a time"
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
@@ -316,20 +322,100 @@ def test_one_huge_step(piece: int | None, tmp_path: Path, monkeypatch: pytest.Mo
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
-def test_a_trace_without_markers_is_read_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A large trace the chunked path cannot take (no step markers: it is one window) goes the
-    whole-rank way on the events its first pass decoded, without a second parse."""
-    from traceview.parsers.kineto import KinetoParser
-
-    source = REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz"
+def _without_markers(source: Path, out: Path, extra: list[dict] | None = None) -> Path:
+    """``source`` with its ProfilerStep markers left out (a whole-run profile that never
+    called ``prof.step()``), plus ``extra`` events, as a plain trace file."""
     trace = json.loads(gzip.decompress(source.read_bytes()))
     trace["traceEvents"] = [
         e for e in trace["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+    ] + (extra or [])
+    out.write_text(json.dumps(trace))
+    return out
+
+
+def test_a_trace_without_markers_is_one_window_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace with no step markers is one window (the whole-rank path's): normalized in
+    pieces cut at phase markers and analysed a slice at a time, the window carried across
+    every slice, equal to the whole-rank path (the note that there are no markers included)."""
+    source = REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz"
+    path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    carried: list[int] = []
+    real = ChunkedAnalysis._slice
+
+    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
+        carried.append(len(self.open.ids))
+        return real(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+        m.setattr(ChunkedAnalysis, "_slice", in_slices)
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch, piece=300)
+    assert len(counts) == 1 and counts[0] >= 4, counts
+    assert carried[0] == 0 and all(carried[1:]), carried  # one window, open until the end
+    rank = R.read_manifest(tmp_path / "parts").ranks[0]
+    assert rank.steps == 0
+    steps = R.read_table(tmp_path / "parts" / "steps.parquet")
+    assert steps.num_rows == 1 and steps.column(S.STEP).null_count == 1
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_a_wrong_guess_of_the_training_thread_is_normalized_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without step markers the first pass guesses the training thread from the time in each
+    thread's operators, nested ones included; the whole-rank path weighs outermost operators
+    only. A second thread whose flat operators outweigh the main thread's outermost ones but
+    not all of its nested ones makes the guess wrong: the chunks are normalized again with
+    the thread the call trees name, and the run equals the whole-rank path's."""
+    source = REPO / "sample_traces" / "pytorch" / "explicit" / "rank-0.pt.trace.json.gz"
+    events = json.loads(gzip.decompress(source.read_bytes()))["traceEvents"]
+    main = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("tid") == 6306 and "ProfilerStep#" not in e["name"]
     ]
-    path = tmp_path / "no-markers.pt.trace.json"
-    path.write_text(json.dumps(trace))
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in main)
+    union, reach = 0.0, -1.0
+    for start, end in spans:  # the main thread's outermost time: the union of its operators
+        union += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    nested = sum(float(e["dur"]) for e in main)
+    assert nested > 1.5 * union  # (the trace nests deep enough for the test)
+    flat, first = (union + nested) / 2, spans[0][0]
+    extra = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::busy", "pid": main[0]["pid"], "tid": 7777,
+         "ts": first + i * flat / 10, "dur": flat / 10 - 1, "args": {}}
+        for i in range(10)
+    ]  # fmt: skip
+    path = _without_markers(source, tmp_path / "two-threads.pt.trace.json", extra)
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    wrong: list[tuple[int, int]] = []
+
+    class Recorded(chunked._WrongGuess):
+        def __init__(self, training: tuple[int, int]):
+            wrong.append(training)
+            super().__init__(training)
+
+    with monkeypatch.context() as m:
+        m.setattr(chunked, "_WrongGuess", Recorded)
+        _ingest(path, tmp_path / "parts", True, monkeypatch, piece=300)
+    assert [t[1] for t in wrong] == [7777], wrong  # guessed the main thread, then corrected
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def test_a_trace_without_markers_with_memory_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large trace the chunked path leaves whole (no step markers, and memory records: one
+    window whose memory peaks the analysis takes whole) goes the whole-rank way on the events
+    its first pass decoded, without a second parse."""
+    from traceview.parsers.kineto import KinetoParser
+
+    source = REPO / "sample_traces" / "pytorch" / "memory" / "rank-0.pt.trace.json.gz"
+    path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
     reads: list[str] = []
     real = KinetoParser.stream
 

@@ -27,9 +27,11 @@ Peak memory is that of the largest chunk plus the small state, not the file's (a
 with no phase marker inside is one chunk); the per-rank analysis takes a step cut in pieces a
 slice at a time (``analysis.parts``). Each chunk's closed rows are appended to the events
 file as it is done (``_EventsWriter``): the file holds the rows the whole-rank path writes,
-by chunk (time) rather than by id. Traces with no step markers, or with
-events whose times are corrupt (the ``stray_times`` pass needs the whole rank's median), take
-the whole-rank path.
+by chunk (time) rather than by id. A trace with no step markers is one window (the span of
+its timed events) cut in pieces; its training thread, which takes the call trees, is guessed in
+pass 1 and checked in pass 3 (``_normalize_routed``). One without step markers but with memory
+records, or with events whose times are corrupt (the ``stray_times`` pass needs the whole
+rank's median), takes the whole-rank path.
 """
 
 from __future__ import annotations
@@ -58,7 +60,14 @@ import pyarrow.parquet as pq
 
 from traceview import rundir as R
 from traceview import schema as S
-from traceview.arrays import disjoint, ints, unique_pairs, window_index
+from traceview.arrays import (
+    KIND_CODE,
+    disjoint,
+    ints,
+    training_thread_of,
+    unique_pairs,
+    window_index,
+)
 from traceview.errors import Notes
 from traceview.normalize import (
     _ANCHOR_PHASES,
@@ -66,6 +75,7 @@ from traceview.normalize import (
     _HOST_TREE,
     _KIND_CODES,
     _STRUCTURAL,
+    NO_STEP_MARKERS,
     STRAY_NS,
     ChunkContext,
     RankMeta,
@@ -173,8 +183,11 @@ class ChunkSink(Protocol):
 
 #: Makes the sink of a rank from what the first pass found: the parser's result (without
 #: events), the training thread, whether the rank has device activities, whether a thread
-#: other than the training thread runs backward operators.
-SinkFactory = Callable[[ParsedTrace, tuple[int, int], bool, bool], ChunkSink | None]
+#: other than the training thread runs backward operators, and (a rank without step markers)
+#: its one window.
+SinkFactory = Callable[
+    [ParsedTrace, tuple[int, int], bool, bool, tuple[int, int] | None], ChunkSink | None
+]
 
 
 class _InBackground:
@@ -464,6 +477,46 @@ class _Firsts:
 _Firsts.NONE = _Firsts([], [], np.zeros(0, np.int64))
 
 
+class _ThreadTime:
+    """Per host thread, the time of its host-tree events by (outermost operator, own phase
+    backward): what ``arrays.training_thread_of`` weighs to find the training thread of a rank
+    without step markers, summed a batch or a chunk at a time."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []  # (keys [4, groups], time)
+
+    def add(
+        self, pid: np.ndarray, tid: np.ndarray, top: np.ndarray, back: np.ndarray, dur: np.ndarray
+    ) -> None:
+        if len(pid):
+            keys = np.stack([pid, tid, top.astype(np.int64), back.astype(np.int64)])
+            self.parts.append(_summed_by(keys, dur))
+        if len(self.parts) > 64:  # (a few rows per thread, however many batches)
+            self.parts = [self._total()]
+
+    def then(self, later: _ThreadTime) -> None:
+        self.parts.extend(later.parts)
+
+    def _total(self) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.concatenate([k for k, _ in self.parts], axis=1)
+        return _summed_by(keys, np.concatenate([t for _, t in self.parts]))
+
+    def training(self) -> tuple[int, int] | None:
+        if not self.parts:
+            return None
+        (pid, tid, top, back), time = self._total()
+        kind = np.full(len(pid), KIND_CODE[S.KIND_OP])
+        return training_thread_of(pid, tid, kind, top.astype(bool), time, back.astype(bool))
+
+
+def _summed_by(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct columns of ``keys``, and the sum of ``values`` over each."""
+    order = np.lexsort(keys[::-1])
+    keys, values = keys[:, order], values[order]
+    heads = np.flatnonzero(np.concatenate(([True], (keys[:, 1:] != keys[:, :-1]).any(axis=0))))
+    return keys[:, heads], np.add.reduceat(values, heads) if len(heads) else values[:0]
+
+
 @dataclass
 class _Survey:
     """Pass 1's small state: what the whole rank holds that its chunks need."""
@@ -487,6 +540,12 @@ class _Survey:
     devices: int = 0
     # per thread (pid, tid): host operators whose own phase is backward
     backward_threads: set[tuple[int, int]] = field(default_factory=set)
+    # until a step marker is seen (a whole-run profile has none): per thread, the time in its
+    # operators (the training thread is then the busiest: a first guess, ``_plan``) and where
+    # the timed events start and end (the one window of such a rank)
+    thread_time: _ThreadTime = field(default_factory=_ThreadTime)
+    timed_start: int = 1 << 62
+    timed_end: int = -(1 << 62)
 
     def then(self, later: _Survey) -> None:
         """Add the survey of the rows that follow (a later part of the trace)."""
@@ -499,6 +558,9 @@ class _Survey:
                 mine.extend(getattr(later, f.name))
         self.devices += later.devices
         self.backward_threads |= later.backward_threads
+        self.thread_time.then(later.thread_time)
+        self.timed_start = min(self.timed_start, later.timed_start)
+        self.timed_end = max(self.timed_end, later.timed_end)
 
     def add(self, batch: pa.RecordBatch, rules: RuleSet) -> np.ndarray:
         """Survey one raw batch; its kind codes."""
@@ -541,7 +603,27 @@ class _Survey:
         anchor[anchor] = _ANCHOR_PHASES[own[anchor]]
         self.anchor_ts.append(ts[anchor])
         self.anchor_phase.append(own[anchor].astype(np.int8))
+        if not self.marker_ts:
+            self._unmarked(batch, kind, own, ts, dur)
         return kind.astype(np.int8)
+
+    def _unmarked(
+        self, batch: pa.RecordBatch, kind: np.ndarray, own: np.ndarray, ts: np.ndarray,
+        dur: np.ndarray,
+    ) -> None:  # fmt: skip
+        """What a rank without step markers needs, from a batch (``thread_time``, its span)."""
+        timed = np.flatnonzero(_HOST_TREE[kind] | _DEVICE[kind])
+        if len(timed):
+            self.timed_start = min(self.timed_start, int(ts[timed].min()))
+            self.timed_end = max(self.timed_end, int((ts[timed] + dur[timed]).max()))
+        host = np.flatnonzero(_HOST_TREE[kind])
+        self.thread_time.add(
+            ints(batch.column(S.PID), 0)[host],
+            ints(batch.column(S.TID), 0)[host],
+            np.isin(kind[host], _OPERATOR_CODES),  # (outermost or not: a guess, checked later)
+            own[host] == _PHASE_BACKWARD,
+            dur[host],
+        )
 
 
 def _spill(batches: Iterator[pa.RecordBatch], survey: _Survey, rules: RuleSet, spill: Path) -> None:
@@ -679,6 +761,11 @@ class _Plan:
     ops: _Firsts
     gpu: bool
     backward_elsewhere: bool
+    backward_threads: set[tuple[int, int]]
+    # a rank without step markers: its one window, the span of its timed events (base-0);
+    # ``training`` is then a guess (the thread with the most time in operators), checked once
+    # every chunk's call trees are known (``_normalize_routed``)
+    whole: tuple[int, int] | None = None
 
 
 def _steps_and_chunks(
@@ -705,16 +792,24 @@ def _steps_and_chunks(
 
 def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     """The steps as ``normalize.find_steps`` finds them (with markers: the training thread is
-    the one with the most), and the chunks; None where the rank has no markers."""
-    if not survey.marker_ts:
-        return None
-    pid, tid = np.concatenate(survey.marker_pid), np.concatenate(survey.marker_tid)
-    ts, dur = np.concatenate(survey.marker_ts), np.concatenate(survey.marker_dur)
-    number = np.concatenate(survey.marker_number)
-    training, mine, bounds = _steps_and_chunks(pid, tid, ts, ts + dur, survey.rows, target_rows)
-    starts, ends = ts[mine], ts[mine] + dur[mine]
-    numbers = number[mine]
-    numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
+    the one with the most), and the chunks. Without markers, the one window of the whole rank,
+    cut in pieces, and a guess of the training thread; None where the rank has no host events
+    (the whole-rank path)."""
+    whole = None
+    if survey.marker_ts:
+        pid, tid = np.concatenate(survey.marker_pid), np.concatenate(survey.marker_tid)
+        ts, dur = np.concatenate(survey.marker_ts), np.concatenate(survey.marker_dur)
+        number = np.concatenate(survey.marker_number)
+        training, mine, bounds = _steps_and_chunks(pid, tid, ts, ts + dur, survey.rows, target_rows)
+        starts, ends = ts[mine], ts[mine] + dur[mine]
+        numbers = number[mine]
+        numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
+    else:
+        guess = survey.thread_time.training()
+        if guess is None or survey.timed_end < survey.timed_start:
+            return None
+        training, whole = guess, (survey.timed_start, survey.timed_end)
+        starts = ends = numbers = bounds = np.zeros(0, np.int64)
     anchor_ts = np.concatenate(survey.anchor_ts)
     anchor_phase = np.concatenate(survey.anchor_phase).astype(np.int64)
     sampled = np.sort(np.concatenate(survey.sampled_ts)) if survey.sampled_ts else np.zeros(0)
@@ -722,7 +817,8 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
     del sampled
     backward = anchor_ts[anchor_phase == _PHASE_BACKWARD]
     window = window_index(starts, ends, backward)
-    backward_steps = np.unique(np.where(window >= 0, numbers[np.maximum(window, 0)], -1))
+    outside = np.full(int((window < 0).any()), -1, np.int64)  # (-1: not in a step)
+    backward_steps = np.unique(np.concatenate([numbers[window[window >= 0]], outside]))
     # only the markers at a chunk's cut can be a chunk's next marker from beyond it
     at_cut = np.isin(anchor_ts, bounds)
     return _Plan(
@@ -738,10 +834,13 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
         _Firsts(survey.op_ext, survey.op_ts, bounds),
         survey.devices > 0,
         bool(survey.backward_threads - {training}),
+        survey.backward_threads,
+        whole,
     )
 
 
 _PHASE_BACKWARD = S.EVENT_PHASES.index(S.BACKWARD)
+_OPERATOR_CODES = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION)]
 
 
 def _inside_steps(
@@ -809,7 +908,7 @@ def normalize_chunked(
 ) -> ChunkedRank | ParsedTrace:
     """Parse, normalize and write one rank's events in chunks of whole steps (module doc); the
     parser's result with every event where the trace needs the whole-rank path (no step
-    markers, corrupt times), read once.
+    markers and memory records, corrupt times), read once.
     ``sink``: makes what each normalized chunk is handed to (the per-rank analysis);
     ``helper``: a core is free for a helper process (``_first_pass``)."""
     rules = _MemoRules.of(rules)
@@ -866,27 +965,41 @@ def _normalize_read(
     if plan is None:  # the whole-rank path, on what was read
         parsed.events = _whole(spills, base_ns)
         return parsed
+    if plan.whole is not None and parsed.memory is not None and parsed.memory.num_rows:
+        # (one window over the whole rank, whose memory peaks the analysis takes whole)
+        parsed.events = _whole(spills, base_ns)
+        return parsed
     shift = base_ns + offset_ns
-    sink = (
-        make_sink(parsed, plan.training, plan.gpu, plan.backward_elsewhere)
-        if make_sink is not None
-        else None
-    )
-    background: _InBackground | InProcess | _HereAndThere | None = None
-    if sink is not None:
+    whole = None if plan.whole is None else (plan.whole[0] + shift, plan.whole[1] + shift)
+
+    def start_sink(plan: _Plan) -> _Background | None:
+        """The per-rank analysis of the chunks to come, on a helper process where one may
+        run (the one that read the later part of the trace, the first time), else a thread."""
+        if make_sink is None:
+            return None
+        sink = make_sink(parsed, plan.training, plan.gpu, plan.backward_elsewhere, whole)
+        if sink is None:
+            return None
         try:
             if first.helper is not None:  # the helper that read the later part, waiting
                 background, first.helper = _in_helper(sink, work, first.helper), None
-            else:
-                background = _in_helper(sink, work) if helper else _InBackground(sink)
+                return background
+            return _in_helper(sink, work) if helper else _InBackground(sink)
         except OSError:  # no process can start: a thread, then
-            background = _InBackground(sink)
-    try:
-        return _normalize_routed(spills, plan, work, shift, rules, meta, run, background, parsed)
-    except BaseException:
-        if background is not None:
-            background.abandon()
-        raise
+            return _InBackground(sink)
+
+    return _normalize_routed(spills, plan, work, shift, rules, meta, run, start_sink, parsed)
+
+
+_Background = _InBackground | InProcess | _HereAndThere  # (a sink fed beside the ingest)
+
+
+class _WrongGuess(Exception):
+    """The training thread of a rank without step markers was not the one its call trees
+    name (``_normalize_routed`` starts the chunks again with that one)."""
+
+    def __init__(self, training: tuple[int, int]):
+        self.training = training
 
 
 def _normalize_routed(
@@ -897,10 +1010,12 @@ def _normalize_routed(
     rules: RuleSet,
     meta: RankMeta,
     run: Path,
-    sink: _InBackground | InProcess | _HereAndThere | None,
+    start_sink: Callable[[_Plan], _Background | None],
     parsed: ParsedTrace,
 ) -> ChunkedRank:
-    """Passes 2 and 3 (module doc): route the spilled rows, normalize and write chunk by chunk."""
+    """Passes 2 and 3 (module doc): route the spilled rows, normalize and write chunk by chunk.
+    A rank without step markers has its training thread guessed from pass 1; where the call
+    trees name another one, its chunks are normalized again (rare: kept for that)."""
     chunks = len(plan.bounds) + 1
     _route(spills, plan, work, chunks)
     plan.runtime = plan.ops = _Firsts.NONE  # (the launch lookups: only routing needs them)
@@ -908,9 +1023,29 @@ def _normalize_routed(
     for spill, _ in spills:
         spill.unlink()
 
-    notes = Notes()
-    with _EventsWriter(R.events_path(run, meta.rank)) as out:
-        devices, unlinked = _normalize_chunks(plan, work, shift, rules, meta, sink, notes, out)
+    while True:
+        notes = Notes()
+        if plan.whole is not None:
+            notes.remark(NO_STEP_MARKERS)
+        sink = start_sink(plan)
+        try:
+            with _EventsWriter(R.events_path(run, meta.rank)) as out:
+                devices, unlinked, training = _normalize_chunks(
+                    plan, work, shift, rules, meta, sink, notes, out
+                )
+                if training != plan.training:
+                    raise _WrongGuess(training)
+        except _WrongGuess as wrong:
+            if sink is not None:
+                sink.abandon()
+            plan.training = wrong.training
+            plan.backward_elsewhere = bool(plan.backward_threads - {wrong.training})
+            continue
+        except BaseException:
+            if sink is not None:
+                sink.abandon()
+            raise
+        break
     if devices and unlinked:
         notes.remark(
             f"{unlinked} of {devices} device activities have no launching host "
@@ -932,14 +1067,18 @@ def _normalize_chunks(
     shift: int,
     rules: RuleSet,
     meta: RankMeta,
-    sink: _InBackground | InProcess | _HereAndThere | None,
+    sink: _Background | None,
     notes: Notes,
     out: _EventsWriter,
-) -> tuple[int, int]:
+) -> tuple[int, int, tuple[int, int]]:
     """Pass 3: each routed chunk normalized, its closed rows written to ``out`` and handed to
-    ``sink``; the device activities seen and how many of them have no launching call."""
+    ``sink``; the device activities seen, how many of them have no launching call, and the
+    training thread (without step markers: the one the call trees name, as
+    ``normalize.find_steps`` finds it; the chunks' files are then kept, should it not be the
+    guessed one)."""
     chunks = len(plan.bounds) + 1
     devices = unlinked = 0
+    thread_time = _ThreadTime() if plan.whole is not None else None
 
     carry_raw: pa.Table | None = None
     carry_out: pa.Table | None = None
@@ -977,6 +1116,15 @@ def _normalize_chunks(
         ts = ints(events.column(S.TS_NS), 0)
         parent = result.parent
         is_own = np.arange(n) >= carried
+        if thread_time is not None:
+            host = np.flatnonzero(result.host_tree & is_own)
+            thread_time.add(
+                ints(events.column(S.PID), 0)[host],
+                ints(events.column(S.TID), 0)[host],
+                result.outermost[host],
+                result.own_backward[host],
+                dur[host],
+            )
         child = is_own & (parent >= 0)
         children = np.bincount(parent[child], weights=dur[child], minlength=n).astype(np.int64)
         children[:carried] += carry_children
@@ -1013,7 +1161,8 @@ def _normalize_chunks(
             carry_raw = carry_out = None
             carry_positional = np.zeros(0, np.int8)
             carry_children = np.zeros(0, np.int64)
-        (work / f"chunk-{c}.arrows").unlink(missing_ok=True)
+        if thread_time is None:
+            (work / f"chunk-{c}.arrows").unlink(missing_ok=True)
         del raw, result, closed
         if sink is not None:  # the rows as written: carried ones with their self time summed
             column = events.column(S.SELF_NS)
@@ -1033,7 +1182,8 @@ def _normalize_chunks(
         release_memory()
     if sink is not None:
         sink.close()  # its last windows are analysed while the events file is finished
-    return devices, unlinked
+    training = thread_time.training() if thread_time is not None else None
+    return devices, unlinked, training or plan.training
 
 
 #: Rows per row group of the events file.

@@ -475,10 +475,16 @@ def _ingest_chunked(
     chunked = getattr(analyze, "chunked", None)
 
     def sink(
-        parsed: ParsedTrace, training: tuple[int, int], gpu: bool, elsewhere: bool
+        parsed: ParsedTrace,
+        training: tuple[int, int],
+        gpu: bool,
+        elsewhere: bool,
+        whole: tuple[int, int] | None,
     ) -> ChunkSink | None:
-        memory.append(rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset))
-        return chunked(memory[0])(training, gpu, elsewhere) if chunked is not None else None
+        memory[:] = [rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)]
+        if chunked is None:
+            return None
+        return chunked(memory[0])(training, gpu, elsewhere, whole)
 
     try:
         done = normalize_chunked(parser, trace.path, rules, meta, run, offset, sink, helper)

@@ -67,6 +67,10 @@ from traceview.errors import BadInput, Notes
 from traceview.rules import RuleSet
 
 PHASE_CODES: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
+NO_STEP_MARKERS = (
+    "no step markers (ProfilerStep#N) on the training thread: the whole trace is "
+    "analysed as one window with no step number"
+)
 NO_PHASE = -1
 _STEP_END = len(S.EVENT_PHASES)  # pseudo-phase of a step's end, used as a positional anchor
 _KIND_CODES: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
@@ -591,10 +595,7 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
     numbers = classes.step_number(marker)
     numbers = np.where(numbers >= 0, numbers, np.arange(len(marker)))
     if len(marker) == 0:
-        notes.remark(
-            "no step markers (ProfilerStep#N) on the training thread: the whole trace is "
-            "analysed as one window with no step number"
-        )
+        notes.remark(NO_STEP_MARKERS)
         step = np.full(n, -1, np.int64)
     else:
         window = window_index(starts, ends, c.ts)
@@ -1050,6 +1051,8 @@ class NormalizedChunk:
     host_tree: np.ndarray  # bool
     devices: int  # device activities among the chunk's own rows
     unlinked: int  # of those, how many have no launching host call here
+    outermost: np.ndarray  # bool: an operator not nested in another (``training_thread_of``)
+    own_backward: np.ndarray  # bool: its own phase (by name or rule) is backward
 
 
 def normalize_chunk(
@@ -1069,7 +1072,8 @@ def normalize_chunk(
     host_tree = _HOST_TREE[kind]
     on_training = (columns.pid == ctx.training[0]) & (columns.tid == ctx.training[1]) & host_tree
     window = window_index(ctx.starts, ctx.ends, columns.ts)
-    step_of = np.where(window >= 0, ctx.numbers[np.maximum(window, 0)], -1)
+    step_of = np.full(len(window), -1, np.int64)
+    step_of[window >= 0] = ctx.numbers[window[window >= 0]]
     steps = Steps(ctx.training, np.zeros(0, np.int64), ctx.starts, ctx.ends, step_of, on_training)
     launched = launchers(raw, classes, trees)
     positional = positional_phases(
@@ -1091,5 +1095,12 @@ def normalize_chunk(
     table = events_table(raw, rules, meta, classes, columns, trees, steps, host, devices, ids=ids)
     tree_parent = trees.parent.astype(np.int64)
     return NormalizedChunk(
-        table, tree_parent, positional, host_tree, int(own_devices.sum()), unlinked
+        table,
+        tree_parent,
+        positional,
+        host_tree,
+        int(own_devices.sum()),
+        unlinked,
+        outermost_operators(kind, trees.parent),
+        classes.phase == PHASE_CODES[S.BACKWARD],
     )

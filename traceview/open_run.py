@@ -206,7 +206,9 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
             raise BadInput(f"{path}: unreadable ({exc})") from None
         if found is None:
             return None
-        analysis = rank_tables.chunked(memory)(found.training, found.gpu, found.backward_elsewhere)
+        analysis = rank_tables.chunked(memory)(
+            found.training, found.gpu, found.backward_elsewhere, None
+        )
         for chunk in found.chunks:
             analysis.add(*chunk)
             chunked.release_memory()

@@ -62,7 +62,8 @@ class RankTables:
 
     ``rank_tables.chunked(memory)``: the same for a rank normalized in chunks, fed a chunk at a
     time (``analysis.parts``): a maker of the analysis from what the whole rank holds (its
-    training thread, whether it has device activities, whether another thread runs backward).
+    training thread, whether it has device activities, whether another thread runs backward,
+    and its one window where it has no step markers).
     """
 
     def __call__(self, events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
@@ -70,11 +71,13 @@ class RankTables:
 
     def chunked(
         self, memory: pa.Table | None
-    ) -> Callable[[tuple[int, int], bool, bool], ChunkedAnalysis]:
+    ) -> Callable[[tuple[int, int], bool, bool, tuple[int, int] | None], ChunkedAnalysis]:
         from traceview.analysis.parts import ChunkedAnalysis
 
-        def make(training: tuple[int, int], gpu: bool, elsewhere: bool) -> ChunkedAnalysis:
-            return ChunkedAnalysis(memory, training, gpu, elsewhere)
+        def make(
+            training: tuple[int, int], gpu: bool, elsewhere: bool, whole: tuple[int, int] | None
+        ) -> ChunkedAnalysis:
+            return ChunkedAnalysis(memory, training, gpu, elsewhere, whole)
 
         return make
 

@@ -93,8 +93,10 @@ class ChunkedAnalysis:
         training: tuple[int, int],
         gpu: bool,
         backward_elsewhere: bool,
+        whole: tuple[int, int] | None = None,
     ):
         self.memory = memory
+        self.whole = whole  # a rank without step markers: its one window (open to the end)
         self.training, self.gpu, self.elsewhere = training, gpu, backward_elsewhere
         self.seen_gpu = self.seen_elsewhere = False
         self.whole_at = whole_trace_instants(memory)
@@ -114,6 +116,9 @@ class ChunkedAnalysis:
         # without memory records, a chunk's windows are analysed as soon as the next chunk is
         # in, a slice at a time (``_slice``): a long step is never held whole
         self.sliced = memory is None or memory.num_rows == 0
+        # (one window over a whole rank with memory records: analysed whole, from its file)
+        self.whole_rank = whole is not None and not self.sliced
+        self.whole_started = False
         self.open = _Open.NONE  # (sliced) the windows that run on past the last slice
         self.next_id = 0
         self.since = -_NEVER  # (sliced) where the next slice starts
@@ -122,7 +127,7 @@ class ChunkedAnalysis:
     def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
         """One chunk's normalized rows (``own``: the chunk's; the others carried in, as
         context), ``counted``: the rows it writes; its steps are the markers in [lo, hi)."""
-        if events.num_rows == 0:
+        if events.num_rows == 0 or self.whole_rank:
             return
         events = events.drop_columns([c for c in _UNUSED if c in events.column_names])
         self.rank = int(events.column(S.RANK)[0].as_py())
@@ -139,6 +144,10 @@ class ChunkedAnalysis:
             reach = int(ends.max()) if len(ends) else hi
         part.gpu = False
         host = step_windows(ev, self.training, False, part)
+        if self.whole is not None:  # its one window, from the first chunk on
+            first, self.whole_started = not self.whole_started, True
+            whole = [np.array([bound]) for bound in self.whole] if first else [_NONE, _NONE]
+            host = (whole[0], whole[1], np.full(len(whole[0]), -1, np.int64))
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
         near, far = _neighbour_operators(events, own, self.training, lo, hi)
@@ -301,6 +310,8 @@ class ChunkedAnalysis:
     def finish(self) -> dict[str, pa.Table] | None:
         """The rank's tables (``rank_tables``); None where a fact given up front did not hold
         (the rank is then analysed whole)."""
+        if self.whole_rank:
+            return None
         self._drain(final=True)
         self.queue, self.before, self.running = [], None, None
         if self.seen_gpu != self.gpu or (self.gpu and self.seen_elsewhere != self.elsewhere):

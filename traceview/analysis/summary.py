@@ -392,7 +392,7 @@ def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopO
     # Operators and device activities; regions (annotations) hold waits, not work.
     operators = ops_df.filter(pl.col(S.KIND).is_in([S.KIND_OP, *S.DEVICE_ACTIVITY_KINDS]))
     agg = (
-        operators.group_by(S.DEVICE, S.PHASE, S.OP)
+        operators.group_by(S.DEVICE, S.PHASE, S.OP, maintain_order=True)
         .agg(
             pl.col(S.NAME).first(),
             pl.col(S.COUNT).sum(),
@@ -400,7 +400,8 @@ def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopO
             pl.col(S.SELF_NS).sum(),
             pl.col(S.P95_NS).max(),
         )
-        .sort(S.SELF_NS, descending=True)
+        # (ties in self time: in the ops table's order, the same in every report)
+        .sort(S.SELF_NS, descending=True, maintain_order=True)
         .head(top)
     )
     top_ops = []
