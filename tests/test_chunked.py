@@ -142,15 +142,16 @@ def _assert_same_run(whole: Path, parts: Path) -> None:
     assert _without_ids(ra, whole) == _without_ids(rb, parts)
 
 
-def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, rows: int = 1) -> None:
     """A reader's recompute of the analysis (``open_run.reanalyze``) of a written rank, a chunk of
-    one step at a time read back from its events file, gives the tables ingest wrote."""
+    one step at a time (without step markers: of about ``rows`` rows) read back from its events
+    file, gives the tables ingest wrote."""
     from traceview.open_run import _in_chunks
 
     (rank,) = R.event_ranks(run)
     with monkeypatch.context() as m:
         m.setenv("TRACEVIEW_CHUNKED_MIN_ROWS", "0")
-        m.setenv("TRACEVIEW_CHUNK_ROWS", "1")
+        m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
         tables = _in_chunks(run, rank, R.read_memory(run, [rank]))
     assert tables is not None, "not analysed in chunks"
     for name in RANK_TABLES:
@@ -175,6 +176,7 @@ def test_chunked_ingest_equals_whole(
         assert counts == [-1], counts
     else:  # no step markers: one window, in chunks all the same
         assert counts and counts[0] >= 1, counts
+        _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=2000)
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
@@ -360,6 +362,8 @@ def test_a_trace_without_markers_is_one_window_in_chunks(
     steps = R.read_table(tmp_path / "parts" / "steps.parquet")
     assert steps.num_rows == 1 and steps.column(S.STEP).null_count == 1
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    # a reader's recompute takes it in chunks too (its kernels with the calls that launched them)
+    _assert_recomputed_in_chunks(tmp_path / "parts", monkeypatch, rows=300)
 
 
 def test_a_wrong_guess_of_the_training_thread_is_normalized_again(

@@ -1342,13 +1342,15 @@ class EventChunks:
     gpu: bool
     backward_elsewhere: bool
     chunks: Iterator[tuple[pa.Table, np.ndarray, np.ndarray, int, int]]
+    whole: tuple[int, int] | None = None  # a rank without step markers: its one window
 
 
 def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> EventChunks | None:
     """The events file ``path`` of ``rank`` in chunks of whole steps (``work``: a folder for
-    the routed rows); None where it has no step markers. Two passes over the file, a row
-    group at a time: the step markers and what the rank holds, then each row to its chunk's
-    file (by its start; a device activity by the step of the call that launched it)."""
+    the routed rows). Two passes over the file, a row group at a time: the step markers and
+    what the rank holds, then each row to its chunk's file (by its start; a device activity by
+    the step of the call that launched it). A rank without step markers is one window, cut
+    about every ``target_rows`` rows (``_unmarked``); None where its ids are not its rows'."""
     from traceview.arrays import KIND_CODE, PHASE_CODE, coded
 
     step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
@@ -1376,17 +1378,24 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
         if back.any():
             pairs = unique_pairs(pid[back], tid[back])
             backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
-    if not markers:
-        return None
-    m_pid, m_tid, m_ts, m_end, m_step = np.concatenate(markers, axis=1)
-    training, mine, bounds = _steps_and_chunks(m_pid, m_tid, m_ts, m_end, rows, target_rows)
-    # the chunk of each step (by its marker), for the device activities it launched
-    numbers = m_step[mine]
-    known = numbers >= 0
-    step_numbers = numbers[known]
-    step_chunks = np.searchsorted(bounds, m_ts[mine][known], side="right")
-    order = np.argsort(step_numbers, kind="stable")
-    step_numbers, step_chunks = step_numbers[order], step_chunks[order]
+    whole: tuple[int, int] | None = None
+    launchers = _Firsts.NONE  # (without markers: a device activity goes with its launcher)
+    step_numbers = step_chunks = np.zeros(0, np.int64)
+    if markers:
+        m_pid, m_tid, m_ts, m_end, m_step = np.concatenate(markers, axis=1)
+        training, mine, bounds = _steps_and_chunks(m_pid, m_tid, m_ts, m_end, rows, target_rows)
+        # the chunk of each step (by its marker), for the device activities it launched
+        numbers = m_step[mine]
+        known = numbers >= 0
+        step_numbers = numbers[known]
+        step_chunks = np.searchsorted(bounds, m_ts[mine][known], side="right")
+        order = np.argsort(step_numbers, kind="stable")
+        step_numbers, step_chunks = step_numbers[order], step_chunks[order]
+    else:
+        found = _unmarked(file, rows, target_rows)
+        if found is None:
+            return None
+        training, whole, bounds, launchers = found
 
     with _ChunkFiles(work, "events") as files:
         for batch in file.iter_batches(batch_size=_READ_ROWS):
@@ -1397,8 +1406,11 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
             if len(device) and len(step_numbers):
                 step = ints(batch.column(S.STEP), -1)[device]
                 at = np.minimum(np.searchsorted(step_numbers, step), len(step_numbers) - 1)
-                found = (step >= 0) & (step_numbers[at] == step)
-                chunk[device] = np.where(found, step_chunks[at], chunk[device])
+                hit = (step >= 0) & (step_numbers[at] == step)
+                chunk[device] = np.where(hit, step_chunks[at], chunk[device])
+            elif len(device) and whole is not None:
+                launcher = launchers.get(ints(batch.column(S.PARENT), -1)[device])
+                chunk[device] = np.where(launcher >= 0, launcher, chunk[device])
             for c in np.unique(chunk).tolist():
                 files.write(c, batch.filter(pa.array(chunk == c)))
 
@@ -1423,4 +1435,69 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
             still = np.isin(kind, host_codes) & (ts + ints(table.column(S.DUR_NS), 0) > hi)
             open_rows = table.filter(pa.array(still)) if still.any() else None
 
-    return EventChunks(training, gpu, bool(backward_threads - {training}), chunks())
+    return EventChunks(training, gpu, bool(backward_threads - {training}), chunks(), whole)
+
+
+def _unmarked(
+    file: pq.ParquetFile, rows: int, target_rows: int
+) -> tuple[tuple[int, int], tuple[int, int], np.ndarray, _Firsts] | None:
+    """What ``events_in_chunks`` needs of a written rank without step markers, in two more
+    passes over a few of its columns: its training thread (as ``rank_timeline`` finds it over
+    the whole rank: the thread with the most time in outermost operators, which takes each
+    parent's kind, looked up by id), its one window (the span of its timed events), the chunk
+    bounds (about every ``target_rows`` rows, by a sample of the starts), and the chunk of
+    each runtime call (a device activity's launcher) by id. None where the ids are not the
+    rows' numbers (not a file traceview wrote)."""
+    from traceview.arrays import PHASE_CODE, coded
+
+    kind_of = np.full(rows + 1, -1, np.int8)  # by id (the last: none)
+    sampled, runtime_ids, runtime_ts = [], [], []
+    start, end = 1 << 62, -(1 << 62)
+    timed = np.array([k in (*S.HOST_TREE_KINDS, *S.DEVICE_ACTIVITY_KINDS) for k in S.EVENT_KINDS])
+    seen = 0
+    for batch in file.iter_batches(
+        batch_size=_READ_ROWS, columns=[S.EVENT_ID, S.KIND, S.TS_NS, S.DUR_NS]
+    ):
+        ids = ints(batch.column(S.EVENT_ID), -1)
+        if len(ids) and (ids.min() < 0 or ids.max() >= rows):
+            return None
+        kind = coded(batch.column(S.KIND), KIND_CODE)
+        kind_of[ids] = kind
+        ts = ints(batch.column(S.TS_NS), 0)
+        sampled.append(ts[(-seen) % _SAMPLE_EVERY :: _SAMPLE_EVERY].copy())
+        seen += len(ts)
+        mine = timed[kind]
+        if mine.any():
+            start = min(start, int(ts[mine].min()))
+            end = max(end, int((ts[mine] + ints(batch.column(S.DUR_NS), 0)[mine]).max()))
+        runtime = kind == KIND_CODE[S.KIND_RUNTIME]
+        runtime_ids.append(ids[runtime])
+        runtime_ts.append(ts[runtime])
+    if end < start:
+        return None
+    thread_time = _ThreadTime()
+    host = np.array([k in S.HOST_TREE_KINDS for k in S.EVENT_KINDS])
+    columns = [S.KIND, S.PID, S.TID, S.DUR_NS, S.PHASE, S.PARENT]
+    for batch in file.iter_batches(batch_size=_READ_ROWS, columns=columns):
+        kind = coded(batch.column(S.KIND), KIND_CODE)
+        parent = ints(batch.column(S.PARENT), -1)
+        parent_kind = kind_of[np.where((parent >= 0) & (parent < rows), parent, rows)]
+        # (``outermost_operators``, with each parent's kind looked up by id)
+        top = np.isin(kind, _OPERATOR_CODES) & ~np.isin(parent_kind, _OPERATOR_CODES)
+        rows_here = np.flatnonzero(host[kind])
+        phase = coded(batch.column(S.PHASE), PHASE_CODE)
+        thread_time.add(
+            ints(batch.column(S.PID), 0)[rows_here],
+            ints(batch.column(S.TID), 0)[rows_here],
+            top[rows_here],
+            (phase == PHASE_CODE[S.BACKWARD])[rows_here],
+            np.maximum(ints(batch.column(S.DUR_NS), 0), 0)[rows_here],
+        )
+    training = thread_time.training()
+    if training is None:
+        return None
+    starts = np.sort(np.concatenate(sampled)) if sampled else np.zeros(0, np.int64)
+    step = max(1, target_rows // _SAMPLE_EVERY)
+    bounds = np.unique(starts[step::step])
+    launchers = _Firsts(runtime_ids, runtime_ts, bounds)
+    return training, (start, end), bounds, launchers

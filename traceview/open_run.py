@@ -189,7 +189,8 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
 def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Table] | None:
     """The analysis of a large rank (``chunked.chunked_min_rows`` events or more) a chunk of
     steps at a time, as ingest runs it (``analysis.parts``), without its events whole in
-    memory; None for a smaller rank, or one without step markers (read whole)."""
+    memory; None for a smaller rank, or one without step markers but with memory records
+    (read whole)."""
     from traceview import chunked
 
     path = R.events_path(run, rank)
@@ -206,8 +207,10 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
             raise BadInput(f"{path}: unreadable ({exc})") from None
         if found is None:
             return None
+        if found.whole is not None and memory is not None and memory.num_rows:
+            return None  # (one window whose memory peaks the analysis takes whole)
         analysis = rank_tables.chunked(memory)(
-            found.training, found.gpu, found.backward_elsewhere, None
+            found.training, found.gpu, found.backward_elsewhere, found.whole
         )
         for chunk in found.chunks:
             analysis.add(*chunk)
