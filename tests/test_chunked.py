@@ -606,6 +606,35 @@ def test_a_trace_read_in_two_parts_equals_whole(
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
+@pytest.mark.parametrize("fault", [None, "helper:route"])
+def test_the_helper_routes_the_later_part(
+    fault: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper that read the later part routes its rows to the chunks while the ingest
+    routes its own; killed while it routes (SIGKILL, for real), the ingest routes that part
+    itself (its files cut short thrown away) and analyses the rank from its events file."""
+    path = _plain(TWO_PARTS[0], tmp_path)
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    how = _in_two_parts(monkeypatch, 0.5)
+    routed: list[str] = []
+    real = chunked._route
+
+    def route(spills, routing, work, prefix):  # type: ignore[no-untyped-def]
+        routed.append(prefix)
+        return real(spills, routing, work, prefix)
+
+    with monkeypatch.context() as m:
+        m.setattr(chunked, "_route", route)
+        if fault:
+            m.setenv("TRACEVIEW_FAULT", fault)
+        _ingest(path, tmp_path / "parts", True, monkeypatch, analysed_in_chunks=fault is None)
+    assert how == ["helper"]
+    # this process routed its own part, and the later one only where the helper died
+    assert routed == (["chunk"] if fault is None else ["chunk", "chunk-later"]), routed
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    assert _wait_for_no_helpers() == []
+
+
 def test_a_failed_helper_leaves_its_part_to_the_ingest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

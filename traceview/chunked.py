@@ -63,6 +63,7 @@ from traceview import schema as S
 from traceview.arrays import (
     KIND_CODE,
     disjoint,
+    distinct,
     ints,
     training_thread_of,
     unique_pairs,
@@ -863,7 +864,7 @@ def _inside_steps(
     long = np.flatnonzero((stops - starts) * per_sample > 2 * piece)
     if len(long) == 0:
         return bounds
-    markers = np.unique(anchor_ts)
+    markers = distinct(anchor_ts)
     cuts = [bounds]
     for stretch in long.tolist():
         first, stop = int(starts[stretch]), int(stops[stretch])
@@ -873,7 +874,7 @@ def _inside_steps(
         low = bounds[stretch - 1] if stretch > 0 else -OPEN_END
         high = bounds[stretch] if stretch < len(bounds) else OPEN_END
         cuts.append(at[(at > low) & (at < high)])
-    return np.unique(np.concatenate(cuts))
+    return distinct(np.concatenate(cuts))
 
 
 def _whole(spills: list[tuple[Path, int]], base_ns: int) -> pa.Table:
@@ -988,7 +989,9 @@ def _normalize_read(
         except OSError:  # no process can start: a thread, then
             return _InBackground(sink)
 
-    return _normalize_routed(spills, plan, work, shift, rules, meta, run, start_sink, parsed)
+    return _normalize_routed(
+        spills, plan, work, shift, rules, meta, run, start_sink, parsed, first.helper
+    )
 
 
 _Background = _InBackground | InProcess | _HereAndThere  # (a sink fed beside the ingest)
@@ -1012,12 +1015,13 @@ def _normalize_routed(
     run: Path,
     start_sink: Callable[[_Plan], _Background | None],
     parsed: ParsedTrace,
+    helper: HelperProcess | None = None,
 ) -> ChunkedRank:
-    """Passes 2 and 3 (module doc): route the spilled rows, normalize and write chunk by chunk.
+    """Passes 2 and 3 (module doc): route the spilled rows (``helper``: the one that read the
+    later part routes it), normalize and write chunk by chunk.
     A rank without step markers has its training thread guessed from pass 1; where the call
     trees name another one, its chunks are normalized again (rare: kept for that)."""
-    chunks = len(plan.bounds) + 1
-    _route(spills, plan, work, chunks)
+    _route_both(spills, _Routing(plan.bounds, plan.runtime, plan.ops), work, helper)
     plan.runtime = plan.ops = _Firsts.NONE  # (the launch lookups: only routing needs them)
     release_memory()
     for spill, _ in spills:
@@ -1085,7 +1089,7 @@ def _normalize_chunks(
     carry_positional = np.zeros(0, np.int8)
     carry_children = np.zeros(0, np.int64)
     for c in range(chunks):
-        own = _read_chunk(work / f"chunk-{c}.arrows", shift)
+        own = _read_chunk(work, c, shift)
         if own is None and carry_raw is None:
             continue
         parts = [t for t in (carry_raw, own) if t is not None]
@@ -1162,7 +1166,8 @@ def _normalize_chunks(
             carry_positional = np.zeros(0, np.int8)
             carry_children = np.zeros(0, np.int64)
         if thread_time is None:
-            (work / f"chunk-{c}.arrows").unlink(missing_ok=True)
+            for path in _chunk_files(work, c):
+                path.unlink(missing_ok=True)
         del raw, result, closed
         if sink is not None:  # the rows as written: carried ones with their self time summed
             column = events.column(S.SELF_NS)
@@ -1278,20 +1283,35 @@ class _ChunkFiles:
             sink.close()
 
 
-def _route(spills: list[tuple[Path, int]], plan: _Plan, work: Path, chunks: int) -> None:
-    """Pass 2: each event to its chunk's file (a device activity to its launcher's chunk);
-    ``spills``: the first pass's files, each with the number of its first row."""
-    with _ChunkFiles(work, "chunk") as files:
+@dataclass
+class _Routing:
+    """What routing a row takes: the chunk bounds, and each device activity's launcher's
+    chunk by correlation (runtime calls) or external id (operators)."""
+
+    bounds: np.ndarray
+    runtime: _Firsts
+    ops: _Firsts
+
+
+#: The chunk files' prefixes: the rows this process routed, and the helper's (the later part).
+_HERE, _LATER = "chunk", "chunk-later"
+
+
+def _route(spills: list[tuple[Path, int]], routing: _Routing, work: Path, prefix: str) -> None:
+    """Pass 2: each event to its chunk's file (``work``/PREFIX-C.arrows; a device activity to
+    its launcher's chunk); ``spills``: the first pass's files, each with the number of its
+    first row."""
+    with _ChunkFiles(work, prefix) as files:
         for batch in (_renumbered(b, first) for p, first in spills for b in _spill_batches(p)):
             ts = ints(batch.column(S.TS_NS), 0)
             kind = np.asarray(batch.column("_kind").to_numpy(zero_copy_only=False), np.int64)
-            chunk = np.searchsorted(plan.bounds, ts, side="right")
+            chunk = np.searchsorted(routing.bounds, ts, side="right")
             device = np.flatnonzero(_DEVICE[kind])
             if len(device):
                 corr = ints(batch.column(S.CORRELATION), -1)[device]
                 ext = ints(batch.column(S.EXTERNAL_ID), -1)[device]
-                found = plan.runtime.get(corr)
-                found = np.where(found >= 0, found, plan.ops.get(ext))
+                found = routing.runtime.get(corr)
+                found = np.where(found >= 0, found, routing.ops.get(ext))
                 chunk[device] = np.where(found >= 0, found, chunk[device])
             order = np.argsort(chunk, kind="stable")
             sorted_chunk = chunk[order]
@@ -1301,6 +1321,41 @@ def _route(spills: list[tuple[Path, int]], plan: _Plan, work: Path, chunks: int)
                     files.write(int(sorted_chunk[piece[0]]), batch.take(pa.array(order[piece])))
 
 
+def route_later_part(job: Path) -> None:
+    """Pass 2 over the later part's spill (``traceview.helper`` runs it beside the ingest's
+    own): ``job`` holds the spill, the number of its first row and the ``_Routing``."""
+    with job.open("rb") as fh:
+        spill, first, routing = pickle.load(fh)
+    _route([(spill, first)], routing, job.parent, _LATER)
+
+
+def _route_both(
+    spills: list[tuple[Path, int]], routing: _Routing, work: Path, helper: HelperProcess | None
+) -> None:
+    """Pass 2: with a helper waiting (the one that read the later part) and two spills, each
+    process routes one; else (or where the helper fails) this process routes them all."""
+    if helper is None or len(spills) != 2:
+        _route(spills, routing, work, _HERE)
+        return
+    job = work / "route.pickle"
+    with job.open("wb") as fh:
+        pickle.dump((*spills[1], routing), fh, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        helper.outbox.send(("route", str(job)))
+        sent = True
+    except OSError:
+        sent = False
+    _route(spills[:1], routing, work, _HERE)
+    try:
+        done = sent and helper.inbox.recv() == ("routed",)
+    except (EOFError, OSError):
+        done = False
+    if not done:  # its files may be cut short: routed again here
+        for partial in work.glob(f"{_LATER}-*.arrows"):
+            partial.unlink()
+        _route(spills[1:], routing, work, _LATER)
+
+
 def _renumbered(batch: pa.RecordBatch, first: int) -> pa.RecordBatch:
     if not first:
         return batch
@@ -1308,10 +1363,16 @@ def _renumbered(batch: pa.RecordBatch, first: int) -> pa.RecordBatch:
     return batch.set_column(batch.schema.get_field_index("_row"), "_row", rows)
 
 
-def _read_chunk(path: Path, shift: int) -> pa.Table | None:
-    if not path.exists():
+def _chunk_files(work: Path, chunk: int) -> list[Path]:
+    """A chunk's routed rows: this process's, then the helper's (later rows: ids in order)."""
+    return [work / f"{prefix}-{chunk}.arrows" for prefix in (_HERE, _LATER)]
+
+
+def _read_chunk(work: Path, chunk: int, shift: int) -> pa.Table | None:
+    batches = [b for path in _chunk_files(work, chunk) for b in _spill_batches(path)]
+    if not batches:
         return None
-    table = pa.Table.from_batches(list(_spill_batches(path)))
+    table = pa.Table.from_batches(batches)
     table = table.drop_columns(["_kind"])
     if shift:
         ts = pc.add(table.column(S.TS_NS), pa.scalar(shift, pa.int64()))

@@ -6,7 +6,8 @@ leaves free (the ranks are ingested one after the other):
 
 ``read-part`` reads the later part of a plain trace read in two parts at once, leaves its
 rows, survey and the parser's part in OUT (``chunked.read_later_part``) and says so on
-OUT_FD; it then imports what the analysis needs and serves it as ``analyse`` does. ``analyse``
+OUT_FD; it then routes those rows to their chunks when asked (``chunked.route_later_part``,
+beside the ingest routing its own), and serves the analysis as ``analyse`` does. ``analyse``
 runs the rank's chunked analysis beside the normalizing (``chunked.InProcess``): the sink comes
 pickled on IN_FD (its pipe closed instead: there is nothing to analyse, and the helper ends),
 then each chunk (an Arrow file and the rows' roles), and each is answered on OUT_FD. A helper
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
             rules = pickle.load(fh)
         read_later_part(parser_named(name), Path(path), int(boundary), rules, Path(out))
         outbox.send(("part",))
-        import traceview.analysis.parts  # noqa: F401  (imported while the ingest routes)
+        import traceview.analysis.parts  # noqa: F401  (imported while the ingest plans)
     analyse(inbox, outbox)
     return 0
 
@@ -73,10 +74,15 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
     import pyarrow as pa
 
     from traceview import rundir as R
-    from traceview.chunked import release_memory
+    from traceview.chunked import release_memory, route_later_part
 
     try:
         sink = inbox.recv()
+        while isinstance(sink, tuple) and sink[0] == "route":  # the later part's rows first
+            R.fault_point("helper:route")  # the tests kill the helper here, for real
+            route_later_part(Path(sink[1]))
+            outbox.send(("routed",))
+            sink = inbox.recv()
     except EOFError:  # nothing to analyse here after all
         return
     error: BaseException | None = None

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceview import schema as S
-from traceview.arrays import dictionary_codes, ints
+from traceview.arrays import dictionary_codes, distinct, ints
 from traceview.errors import Notes
 from traceview.normalize import InferredSteps
 from traceview.rules import MAX_STEP
@@ -131,7 +131,7 @@ def from_session_runs(raw: pa.Table, process_names: dict[int, str], notes: Notes
     sources = named & np.isin(pid, cpu)
     if not sources.any():  # a GPU-only graph: every device's _SOURCE nodes, kernels by scope
         sources = named | _is_source(raw.column(S.SCOPE))
-    starts = np.unique(ts[sources])
+    starts = distinct(ts[sources])
     if len(starts) == 0:
         return _nothing()
     end = int((ts + np.maximum(ints(raw.column(S.DUR_NS), 0), 0)).max())

@@ -34,6 +34,7 @@ from traceview.arrays import (
     PHASE_CODE,
     EventArrays,
     disjoint,
+    distinct,
     outermost_operators,
     training_thread_of,
     unique_pairs,
@@ -593,7 +594,7 @@ def comm_intervals(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table
     cs, ce = merge_intervals(s[comm], e[comm])
     above = level < _COMM_LEVEL
     hs, he = merge_intervals(s[above], e[above])
-    bounds = np.unique(np.concatenate([cs, ce, hs, he, tl.w_start, tl.w_end]))
+    bounds = distinct(np.concatenate([cs, ce, hs, he, tl.w_start, tl.w_end]))
     lo, hi = bounds[:-1], bounds[1:]
     mids = lo + (hi - lo) // 2
     keep = _inside(cs, ce, mids)
@@ -639,7 +640,7 @@ def attribution(tl: RankTimeline, start: int, end: int) -> tuple[np.ndarray, np.
     clip_s, clip_e = np.maximum(tl.starts, start), np.minimum(tl.ends, end)
     keep = clip_e > clip_s
     s, e, level = clip_s[keep], clip_e[keep], tl.levels[keep]
-    bounds = np.unique(np.concatenate([[start, end], s, e]))
+    bounds = distinct(np.concatenate([[start, end], s, e]).astype(np.int64))
     mids = (bounds[:-1] + bounds[1:]) // 2
     winner = np.full(len(mids), len(LEVEL_PHASES), np.int64)  # idle
     for lvl in range(len(LEVEL_PHASES) - 1, -1, -1):
