@@ -421,8 +421,13 @@ class _HereAndThere:
         self.there.abandon()
 
     def finish(self) -> dict[str, pa.Table] | None:
+        self.there.close()  # (the helper finishes its part while this one is combined)
+        try:
+            here = self.here.finish()
+        except BaseException:
+            self.there.abandon()
+            raise
         tables = self.there.finish()
-        here = self.here.finish()
         return None if tables is None or here is None else {**tables, **here}
 
 
