@@ -194,7 +194,7 @@ SinkFactory = Callable[
 class _InBackground:
     """A sink fed on a thread of its own: the analysis of chunk k (numpy and Arrow, which let
     go of the GIL) runs while chunk k+1 is normalized, and its end (``close``) while the events
-    file is merged. One chunk at most waits for it (the memory of a chunk's rows)."""
+    file is finished. One chunk at most waits for it (the memory of a chunk's rows)."""
 
     def __init__(self, sink: ChunkSink):
         self.sink = sink
@@ -359,7 +359,7 @@ class InProcess:
         self.sent += 1
 
     def close(self) -> None:
-        """No more chunks: the helper finishes the sink (while the events file is merged)."""
+        """No more chunks: the helper finishes the sink (while the events file is finished)."""
         if not self.closed:
             self.closed = True
             self._send(("finish", str(self.work)))
