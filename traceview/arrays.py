@@ -168,12 +168,13 @@ def training_thread_of(
     return int(threads[0, best]), int(threads[1, best])
 
 
-_OPERATOR_KINDS = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION)]
+#: Operators, runtime calls and regions: the kinds ``outermost_operators`` weighs.
+OPERATOR_KINDS = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION)]
 
 
 def outermost_operators(kind: np.ndarray, parent: np.ndarray) -> np.ndarray:
     """Operators, runtime calls and regions not nested in another one (Python frames aside)."""
-    operator = np.isin(kind, _OPERATOR_KINDS)
+    operator = np.isin(kind, OPERATOR_KINDS)
     inside = np.where(parent >= 0, operator[np.maximum(parent, 0)], False)
     return operator & ~inside
 

@@ -62,6 +62,7 @@ from traceview import rundir as R
 from traceview import schema as S
 from traceview.arrays import (
     KIND_CODE,
+    OPERATOR_KINDS,
     disjoint,
     distinct,
     ints,
@@ -626,7 +627,7 @@ class _Survey:
         self.thread_time.add(
             ints(batch.column(S.PID), 0)[host],
             ints(batch.column(S.TID), 0)[host],
-            np.isin(kind[host], _OPERATOR_CODES),  # (outermost or not: a guess, checked later)
+            np.isin(kind[host], OPERATOR_KINDS),  # (outermost or not: a guess, checked later)
             own[host] == _PHASE_BACKWARD,
             dur[host],
         )
@@ -846,7 +847,6 @@ def _plan(survey: _Survey, target_rows: int) -> _Plan | None:
 
 
 _PHASE_BACKWARD = S.EVENT_PHASES.index(S.BACKWARD)
-_OPERATOR_CODES = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION)]
 
 
 def _inside_steps(
@@ -1416,7 +1416,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     the routed rows). Two passes over the file, a row group at a time: the step markers and
     what the rank holds, then each row to its chunk's file (by its start; a device activity by
     the step of the call that launched it). A rank without step markers is one window, cut
-    about every ``target_rows`` rows (``_unmarked``); None where its ids are not its rows'."""
+    about every ``target_rows`` rows (``_unmarked_file``); None where its ids are not its rows'."""
     from traceview.arrays import KIND_CODE, PHASE_CODE, coded
 
     step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
@@ -1458,7 +1458,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
         order = np.argsort(step_numbers, kind="stable")
         step_numbers, step_chunks = step_numbers[order], step_chunks[order]
     else:
-        found = _unmarked(file, rows, target_rows)
+        found = _unmarked_file(file, rows, target_rows)
         if found is None:
             return None
         training, whole, bounds, launchers = found
@@ -1504,7 +1504,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     return EventChunks(training, gpu, bool(backward_threads - {training}), chunks(), whole)
 
 
-def _unmarked(
+def _unmarked_file(
     file: pq.ParquetFile, rows: int, target_rows: int
 ) -> tuple[tuple[int, int], tuple[int, int], np.ndarray, _Firsts] | None:
     """What ``events_in_chunks`` needs of a written rank without step markers, in two more
@@ -1519,7 +1519,7 @@ def _unmarked(
     kind_of = np.full(rows + 1, -1, np.int8)  # by id (the last: none)
     sampled, runtime_ids, runtime_ts = [], [], []
     start, end = 1 << 62, -(1 << 62)
-    timed = np.array([k in (*S.HOST_TREE_KINDS, *S.DEVICE_ACTIVITY_KINDS) for k in S.EVENT_KINDS])
+    timed = _HOST_TREE | _DEVICE
     seen = 0
     for batch in file.iter_batches(
         batch_size=_READ_ROWS, columns=[S.EVENT_ID, S.KIND, S.TS_NS, S.DUR_NS]
@@ -1542,15 +1542,14 @@ def _unmarked(
     if end < start:
         return None
     thread_time = _ThreadTime()
-    host = np.array([k in S.HOST_TREE_KINDS for k in S.EVENT_KINDS])
     columns = [S.KIND, S.PID, S.TID, S.DUR_NS, S.PHASE, S.PARENT]
     for batch in file.iter_batches(batch_size=_READ_ROWS, columns=columns):
         kind = coded(batch.column(S.KIND), KIND_CODE)
         parent = ints(batch.column(S.PARENT), -1)
         parent_kind = kind_of[np.where((parent >= 0) & (parent < rows), parent, rows)]
         # (``outermost_operators``, with each parent's kind looked up by id)
-        top = np.isin(kind, _OPERATOR_CODES) & ~np.isin(parent_kind, _OPERATOR_CODES)
-        rows_here = np.flatnonzero(host[kind])
+        top = np.isin(kind, OPERATOR_KINDS) & ~np.isin(parent_kind, OPERATOR_KINDS)
+        rows_here = np.flatnonzero(_HOST_TREE[kind])
         phase = coded(batch.column(S.PHASE), PHASE_CODE)
         thread_time.add(
             ints(batch.column(S.PID), 0)[rows_here],
