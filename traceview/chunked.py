@@ -61,8 +61,11 @@ import pyarrow.parquet as pq
 from traceview import rundir as R
 from traceview import schema as S
 from traceview.arrays import (
+    DEVICE,
+    HOST_TREE,
     KIND_CODE,
-    OPERATOR_KINDS,
+    OPERATOR,
+    STRUCTURAL,
     disjoint,
     distinct,
     ints,
@@ -73,10 +76,7 @@ from traceview.arrays import (
 from traceview.errors import Notes
 from traceview.normalize import (
     _ANCHOR_PHASES,
-    _DEVICE,
-    _HOST_TREE,
     _KIND_CODES,
-    _STRUCTURAL,
     NO_STEP_MARKERS,
     STRAY_NS,
     ChunkContext,
@@ -584,7 +584,7 @@ class _Survey:
             self.ts_min = min(self.ts_min, int(ts.min()))
             self.ts_max = max(self.ts_max, int(ts.max()))
             self.dur_max = max(self.dur_max, int(raw_dur.max()))
-        host = _HOST_TREE[kind]
+        host = HOST_TREE[kind]
         step = np.flatnonzero(kind == _KIND_CODES[S.KIND_STEP])
         if len(step):
             self.marker_pid.append(ints(batch.column(S.PID), 0)[step])
@@ -600,8 +600,8 @@ class _Survey:
         ops = host & (kind != _KIND_CODES[S.KIND_RUNTIME]) & (ext >= 0)
         self.op_ext.append(ext[ops])
         self.op_ts.append(ts[ops])
-        self.devices += int(_DEVICE[kind].sum())
-        backward = np.flatnonzero(host & ~_STRUCTURAL[kind] & (own == _PHASE_BACKWARD))
+        self.devices += int(DEVICE[kind].sum())
+        backward = np.flatnonzero(host & ~STRUCTURAL[kind] & (own == _PHASE_BACKWARD))
         if len(backward):
             pid, tid = ints(batch.column(S.PID), 0), ints(batch.column(S.TID), 0)
             pairs = unique_pairs(pid[backward], tid[backward])
@@ -619,15 +619,15 @@ class _Survey:
         dur: np.ndarray,
     ) -> None:  # fmt: skip
         """What a rank without step markers needs, from a batch (``thread_time``, its span)."""
-        timed = np.flatnonzero(_HOST_TREE[kind] | _DEVICE[kind])
+        timed = np.flatnonzero(HOST_TREE[kind] | DEVICE[kind])
         if len(timed):
             self.timed_start = min(self.timed_start, int(ts[timed].min()))
             self.timed_end = max(self.timed_end, int((ts[timed] + dur[timed]).max()))
-        host = np.flatnonzero(_HOST_TREE[kind])
+        host = np.flatnonzero(HOST_TREE[kind])
         self.thread_time.add(
             ints(batch.column(S.PID), 0)[host],
             ints(batch.column(S.TID), 0)[host],
-            np.isin(kind[host], OPERATOR_KINDS),  # (outermost or not: a guess, checked later)
+            OPERATOR[kind[host]],  # (outermost or not: a guess, checked later)
             own[host] == _PHASE_BACKWARD,
             dur[host],
         )
@@ -1311,7 +1311,7 @@ def _route(spills: list[tuple[Path, int]], routing: _Routing, work: Path, prefix
             ts = ints(batch.column(S.TS_NS), 0)
             kind = np.asarray(batch.column("_kind").to_numpy(zero_copy_only=False), np.int64)
             chunk = np.searchsorted(routing.bounds, ts, side="right")
-            device = np.flatnonzero(_DEVICE[kind])
+            device = np.flatnonzero(DEVICE[kind])
             if len(device):
                 corr = ints(batch.column(S.CORRELATION), -1)[device]
                 ext = ints(batch.column(S.EXTERNAL_ID), -1)[device]
@@ -1420,9 +1420,6 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     from traceview.arrays import KIND_CODE, PHASE_CODE, coded
 
     step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
-    device_codes = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
-    host_codes = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
-    structural = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
     file = pq.ParquetFile(path)
     rows = file.metadata.num_rows
     markers: list[np.ndarray] = []
@@ -1438,9 +1435,9 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
         if mark.any():
             step = ints(batch.column(S.STEP), -1)
             markers.append(np.stack([pid[mark], tid[mark], ts[mark], end[mark], step[mark]]))
-        gpu |= bool(np.isin(kind, device_codes).any())
+        gpu |= bool(DEVICE[kind].any())
         phase = coded(batch.column(S.PHASE), PHASE_CODE)
-        back = np.isin(kind, host_codes) & ~np.isin(kind, structural) & (phase == backward)
+        back = HOST_TREE[kind] & ~STRUCTURAL[kind] & (phase == backward)
         if back.any():
             pairs = unique_pairs(pid[back], tid[back])
             backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
@@ -1468,7 +1465,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
             ts = ints(batch.column(S.TS_NS), 0)
             chunk = np.searchsorted(bounds, ts, side="right")
             kind = coded(batch.column(S.KIND), KIND_CODE)
-            device = np.flatnonzero(np.isin(kind, device_codes))
+            device = np.flatnonzero(DEVICE[kind])
             if len(device) and len(step_numbers):
                 step = ints(batch.column(S.STEP), -1)[device]
                 at = np.minimum(np.searchsorted(step_numbers, step), len(step_numbers) - 1)
@@ -1498,7 +1495,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
             # host events still open at the next chunk's start: its context
             kind = coded(table.column(S.KIND), KIND_CODE)
             ts = ints(table.column(S.TS_NS), 0)
-            still = np.isin(kind, host_codes) & (ts + ints(table.column(S.DUR_NS), 0) > hi)
+            still = HOST_TREE[kind] & (ts + ints(table.column(S.DUR_NS), 0) > hi)
             open_rows = table.filter(pa.array(still)) if still.any() else None
 
     return EventChunks(training, gpu, bool(backward_threads - {training}), chunks(), whole)
@@ -1519,7 +1516,7 @@ def _unmarked_file(
     kind_of = np.full(rows + 1, -1, np.int8)  # by id (the last: none)
     sampled, runtime_ids, runtime_ts = [], [], []
     start, end = 1 << 62, -(1 << 62)
-    timed = _HOST_TREE | _DEVICE
+    timed = HOST_TREE | DEVICE
     seen = 0
     for batch in file.iter_batches(
         batch_size=_READ_ROWS, columns=[S.EVENT_ID, S.KIND, S.TS_NS, S.DUR_NS]
@@ -1548,8 +1545,8 @@ def _unmarked_file(
         parent = ints(batch.column(S.PARENT), -1)
         parent_kind = kind_of[np.where((parent >= 0) & (parent < rows), parent, rows)]
         # (``outermost_operators``, with each parent's kind looked up by id)
-        top = np.isin(kind, OPERATOR_KINDS) & ~np.isin(parent_kind, OPERATOR_KINDS)
-        rows_here = np.flatnonzero(_HOST_TREE[kind])
+        top = OPERATOR[kind] & ~OPERATOR[parent_kind]
+        rows_here = np.flatnonzero(HOST_TREE[kind])
         phase = coded(batch.column(S.PHASE), PHASE_CODE)
         thread_time.add(
             ints(batch.column(S.PID), 0)[rows_here],

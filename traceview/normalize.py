@@ -54,10 +54,14 @@ import pyarrow as pa
 
 from traceview import schema as S
 from traceview.arrays import (
+    DEVICE,
+    HOST_TREE,
+    STRUCTURAL,
     dictionary_array,
     dictionary_codes,
     disjoint,
     ints,
+    kind_table,
     outermost_operators,
     training_thread_of,
     unique_inverse,
@@ -74,12 +78,7 @@ NO_STEP_MARKERS = (
 NO_PHASE = -1
 _STEP_END = len(S.EVENT_PHASES)  # pseudo-phase of a step's end, used as a positional anchor
 _KIND_CODES: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
-_HOST_TREE = np.array([k in S.HOST_TREE_KINDS for k in S.EVENT_KINDS])
-_STRUCTURAL = np.array([k in S.STRUCTURAL_KINDS for k in S.EVENT_KINDS])
-_DEVICE = np.array([k in S.DEVICE_ACTIVITY_KINDS for k in S.EVENT_KINDS])
-_ON_DEVICE = np.array(
-    [k in (*S.DEVICE_ACTIVITY_KINDS, S.KIND_GPU_ANNOTATION) for k in S.EVENT_KINDS]
-)
+_ON_DEVICE = kind_table((*S.DEVICE_ACTIVITY_KINDS, S.KIND_GPU_ANNOTATION))
 # Phase markers that tell unclassified top-level operators where they stand: communication and
 # "other" regions (zero_grad, often called between forward and backward) can sit anywhere.
 _ANCHOR_PHASES = np.array([p not in (S.COMM, S.OTHER) for p in S.EVENT_PHASES] + [True])
@@ -547,7 +546,7 @@ class CallTrees:
 
 def call_trees(classes: Classes, columns: RankColumns) -> CallTrees:
     n = len(classes.kind)
-    host_tree = _HOST_TREE[classes.kind]
+    host_tree = HOST_TREE[classes.kind]
     host_idx = np.flatnonzero(host_tree)
     c = columns
     tree = _call_trees(c.pid[host_idx], c.tid[host_idx], c.ts[host_idx], c.dur[host_idx])
@@ -586,7 +585,7 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
     del top
     on_training = np.zeros(n, bool)
     if training is not None:
-        on_training = (c.pid == training[0]) & (c.tid == training[1]) & _HOST_TREE[kind]
+        on_training = (c.pid == training[0]) & (c.tid == training[1]) & HOST_TREE[kind]
     marker = np.flatnonzero(on_training & (kind == _KIND_CODES[S.KIND_STEP]))
     marker = marker[np.argsort(c.ts[marker], kind="stable")]
     # Keep disjoint windows: a marker that starts inside the previous one is dropped.
@@ -635,9 +634,9 @@ def positional_phases(
     and the seed (a rank descheduled as it enters backward) would be filled as forward.
     """
     kind, own, ts = classes.kind, classes.phase, columns.ts
-    host_tree = _HOST_TREE[kind]
+    host_tree = HOST_TREE[kind]
     positional = np.full(len(kind), PHASE_CODES[S.OTHER], np.int8)
-    candidates = np.flatnonzero(steps.on_training & (own < 0) & ~_STRUCTURAL[kind])
+    candidates = np.flatnonzero(steps.on_training & (own < 0) & ~STRUCTURAL[kind])
     anchor = np.flatnonzero(host_tree & (own >= 0))
     anchor = anchor[_ANCHOR_PHASES[own[anchor]]]
     extra_ts, extra_phase = more_anchors if more_anchors is not None else ([], [])
@@ -733,7 +732,7 @@ def host_phases(classes: Classes, trees: CallTrees, positional: np.ndarray) -> H
     frames pass phases down but take none by position."""
     kind, own = classes.kind, classes.phase
     n = len(kind)
-    structural = _STRUCTURAL[kind]
+    structural = STRUCTURAL[kind]
     phase = np.full(n, NO_PHASE, np.int8)
     passed = np.full(n, NO_PHASE, np.int8)  # what an event hands down to its children
     top_op = np.full(n, -1, np.int32)
@@ -779,7 +778,7 @@ def launchers(raw: pa.Table, classes: Classes, trees: CallTrees) -> Launched:
     """The host call of each device activity: the runtime call with its ``correlation``, else
     the operator with its ``external_id``."""
     kind, hosts = classes.kind, trees.hosts
-    device = np.flatnonzero(_DEVICE[kind])
+    device = np.flatnonzero(DEVICE[kind])
     correlation = ints(raw.column(S.CORRELATION), -1)
     external = ints(raw.column(S.EXTERNAL_ID), -1)
     runtime = hosts[kind[hosts] == _KIND_CODES[S.KIND_RUNTIME]]
@@ -1069,7 +1068,7 @@ def normalize_chunk(
     columns = RankColumns.of(raw)
     trees = call_trees(classes, columns)
     kind = classes.kind
-    host_tree = _HOST_TREE[kind]
+    host_tree = HOST_TREE[kind]
     on_training = (columns.pid == ctx.training[0]) & (columns.tid == ctx.training[1]) & host_tree
     window = window_index(ctx.starts, ctx.ends, columns.ts)
     step_of = np.full(len(window), -1, np.int64)

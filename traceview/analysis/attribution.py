@@ -30,12 +30,18 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.arrays import (
+    DEVICE,
+    HOST_TREE,
     KIND_CODE,
     PHASE_CODE,
+    STRUCTURAL,
+    TIMED,
     EventArrays,
     disjoint,
     distinct,
+    kind_table,
     outermost_operators,
+    phase_table,
     training_thread_of,
     unique_pairs,
 )
@@ -91,11 +97,7 @@ assert [n for n, _ in LEVELS if "fill" not in n and "host-bound" not in n] == [
 ], "LEVELS out of step with schema.ATTRIBUTION_PRIORITY"
 assert min(HOST_BOUND_LEVEL.values()) > LEVEL[S.OTHER], "host-bound must rank below all else"
 
-_DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
-_HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
-_STRUCTURAL_KINDS = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
-_TIMED_KINDS = [*_HOST_KINDS, *_DEVICE_KINDS]
-_OPERATOR_CODES = [KIND_CODE[k] for k in (S.KIND_OP, S.KIND_ANNOTATION)]
+_OPERATOR = kind_table((S.KIND_OP, S.KIND_ANNOTATION))
 
 
 def step_windows(
@@ -128,7 +130,7 @@ def step_windows(
             empty = np.zeros(0, np.int64)
             return empty, empty, empty
     if len(idx) == 0:
-        timed = np.isin(ev.kind, _TIMED_KINDS)
+        timed = TIMED[ev.kind]
         if not timed.any():
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         return (
@@ -138,7 +140,7 @@ def step_windows(
         )
     starts, ends, numbers = ev.ts[idx].copy(), ev.end[idx].copy(), ev.step[idx].copy()
     if gpu:
-        device = np.isin(ev.kind, _DEVICE_KINDS) & (ev.step >= 0)
+        device = DEVICE[ev.kind] & (ev.step >= 0)
         order = np.argsort(numbers)
         pos = np.searchsorted(numbers[order], ev.step[device])
         pos = np.minimum(pos, len(numbers) - 1)
@@ -207,7 +209,7 @@ def _training_levels(
     level = np.full(len(owner), _GAP, np.int64)
     has = owner >= 0
     rows = owner[has]
-    structural = np.isin(ev.kind[rows], _STRUCTURAL_KINDS)
+    structural = STRUCTURAL[ev.kind[rows]]
     phase = ev.phase[rows]
     level[has] = np.where(structural, _REGION[phase], _EXPLICIT[phase])
     if unowned is not None:
@@ -292,12 +294,11 @@ class RankTimeline:
     cut: LevelTimes | None = None  # level_times' result, kept for the next caller
 
 
-_COMPUTE_CODES = [PHASE_CODE[p] for p in S.COMPUTE_PHASES]
 #: A device or stream synchronize: the host blocked until the device is done.
 DEVICE_WAIT_PATTERN = (
     r"^(cuda|hip)(Device|Stream|Event)Synchronize$|^cu(Ctx|Stream|Event)Synchronize$"
 )
-_PHASED_CODES = [PHASE_CODE[p] for p in (*S.COMPUTE_PHASES, S.H2D, S.IO, S.COMM)]
+_PHASED = phase_table((*S.COMPUTE_PHASES, S.H2D, S.IO, S.COMM))
 
 
 def name_mask(events: pa.Table, pattern: str) -> np.ndarray:
@@ -330,7 +331,7 @@ def _loose_waits(events: pa.Table, ev: EventArrays, rows_mask: np.ndarray) -> np
         if not live.any():
             break
         u = np.maximum(up, 0)
-        region = (ev.kind[u] == KIND_CODE[S.KIND_ANNOTATION]) & np.isin(ev.phase[u], _PHASED_CODES)
+        region = (ev.kind[u] == KIND_CODE[S.KIND_ANNOTATION]) & _PHASED[ev.phase[u]]
         hit = live & ((ev.kind[u] == KIND_CODE[S.KIND_OP]) | region)
         inside |= hit
         in_step |= live & (ev.kind[u] == KIND_CODE[S.KIND_STEP])
@@ -341,7 +342,7 @@ def _loose_waits(events: pa.Table, ev: EventArrays, rows_mask: np.ndarray) -> np
 
 
 # What counts from host threads other than the training thread on CPU timelines.
-_ELSEWHERE_CODES = [*_COMPUTE_CODES, PHASE_CODE[S.H2D]]
+_ELSEWHERE = phase_table((*S.COMPUTE_PHASES, S.H2D))
 
 
 def _compute_elsewhere(
@@ -356,9 +357,7 @@ def _compute_elsewhere(
     step's graph on its executor threads while the Python thread waits; MXNet copies to the GPU
     on engine threads of their own, which the step waits for when nothing else runs.
     """
-    candidates = (
-        rows_mask & np.isin(ev.phase, _ELSEWHERE_CODES) & ~np.isin(ev.kind, _STRUCTURAL_KINDS)
-    )
+    candidates = rows_mask & _ELSEWHERE[ev.phase] & ~STRUCTURAL[ev.kind]
     empty = np.zeros(0, np.int64)
     if not candidates.any():
         return empty, empty, empty
@@ -369,8 +368,7 @@ def _compute_elsewhere(
         seg_s, seg_e, owner = _thread_segments(ev, rows)
         has = owner >= 0
         owner_safe = np.maximum(owner, 0)
-        keep = has & np.isin(ev.phase[owner_safe], _ELSEWHERE_CODES)
-        keep &= ~np.isin(ev.kind[owner_safe], _STRUCTURAL_KINDS)
+        keep = has & _ELSEWHERE[ev.phase[owner_safe]] & ~STRUCTURAL[ev.kind[owner_safe]]
         out_s.append(seg_s[keep])
         out_e.append(seg_e[keep])
         out_l.append(_EXPLICIT[ev.phase[owner[keep]]])
@@ -386,15 +384,15 @@ def backward_elsewhere(ev: EventArrays, host: np.ndarray, training: tuple[int, i
         else np.zeros(len(ev.ts), bool)
     )
     backward = ev.phase == PHASE_CODE[S.BACKWARD]
-    return bool((host & ~on_training & backward & ~np.isin(ev.kind, _STRUCTURAL_KINDS)).any())
+    return bool((host & ~on_training & backward & ~STRUCTURAL[ev.kind]).any())
 
 
 def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimeline:
     """The intervals that compete for each instant of one rank, and its step windows (``part``:
     the events are a slice of the rank, and these are the whole rank's facts)."""
     ev = EventArrays.of(events)
-    host = np.isin(ev.kind, _HOST_KINDS)
-    device = np.isin(ev.kind, _DEVICE_KINDS)
+    host = HOST_TREE[ev.kind]
+    device = DEVICE[ev.kind]
     if part is None:
         top = outermost_operators(ev.kind, ev.parent_row)
         backward = ev.phase == PHASE_CODE[S.BACKWARD]
@@ -696,15 +694,15 @@ def comm_schedule(events: pa.Table) -> list[CommSchedule]:
     tl = rank_timeline(events)
     ev = tl.ev
     comm = ev.phase == PHASE_CODE[S.COMM]
-    host = np.isin(ev.kind, _HOST_KINDS)
+    host = HOST_TREE[ev.kind]
     on_training = (
         host & (ev.pid == tl.training[0]) & (ev.tid == tl.training[1])
         if tl.training is not None
         else np.zeros(len(ev.ts), bool)
     )
     parent_comm = np.where(ev.parent_row >= 0, comm[np.maximum(ev.parent_row, 0)], False)
-    issues = on_training & comm & ~parent_comm & np.isin(ev.kind, _OPERATOR_CODES)
-    transfers = comm & ~on_training & (host | np.isin(ev.kind, _DEVICE_KINDS))
+    issues = on_training & comm & ~parent_comm & _OPERATOR[ev.kind]
+    transfers = comm & ~on_training & (host | DEVICE[ev.kind])
     schedules = []
     for start, end, number in zip(tl.w_start, tl.w_end, tl.numbers, strict=True):
         issued = np.sort(ev.ts[issues & (ev.ts >= start) & (ev.ts < end)])

@@ -49,11 +49,9 @@ from traceview.analysis.attribution import (
     name_mask,
     rank_timeline,
 )
-from traceview.arrays import KIND_CODE, EventArrays, window_index
+from traceview.arrays import DEVICE, HOST_TREE, KIND_CODE, EventArrays, kind_table, window_index
 from traceview.results import GpuIdle, GpuPhase, GpuVerdict, KernelLaunches, RankGpu
 
-_DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
-_HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
 #: Device events compete by the attribution rule's order (compute > h2d > io > comm > other).
 DEVICE_PHASES = tuple(p for p in S.ATTRIBUTION_PRIORITY if p != S.IDLE)
 _DEVICE_LEVEL = np.array([DEVICE_PHASES.index(p) for p in S.EVENT_PHASES])
@@ -82,7 +80,7 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     ev = tl.ev
     rank = int(events.column(S.RANK)[0].as_py())
     w_start, w_end = tl.w_start, tl.w_end
-    device = np.isin(ev.kind, _DEVICE_KINDS) & (ev.end > ev.ts)
+    device = DEVICE[ev.kind] & (ev.end > ev.ts)
     columns: dict[str, object] = {
         S.RANK: np.full(n, rank, np.int32),
         S.STEP: pa.array(tl.numbers, pa.int64(), mask=tl.numbers < 0),
@@ -123,7 +121,7 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     columns[S.IDLE_DATA_NS] = data
     columns[S.IDLE_OTHER_NS] = (w_end - w_start) - busy - bound_total - data
     on_training = (
-        np.isin(ev.kind, _HOST_KINDS) & (ev.pid == tl.training[0]) & (ev.tid == tl.training[1])
+        HOST_TREE[ev.kind] & (ev.pid == tl.training[0]) & (ev.tid == tl.training[1])
         if tl.training is not None
         else np.zeros(len(ev.ts), bool)
     )
@@ -145,7 +143,7 @@ def _launched(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(device rows of ``kinds``, their launch call rows): those whose parent is a runtime call."""
     kind, parent = ev.kind, ev.parent_row
-    rows = np.flatnonzero(np.isin(kind, [KIND_CODE[k] for k in kinds]))
+    rows = np.flatnonzero(kind_table(kinds)[kind])
     launcher = parent[rows]
     ok = launcher >= 0
     ok[ok] = kind[launcher[ok]] == KIND_CODE[S.KIND_RUNTIME]

@@ -13,15 +13,12 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.attribution import (
-    _DEVICE_KINDS,
-    _HOST_KINDS,
-    _STRUCTURAL_KINDS,
     _thread_segments,
     attribution,
     merge_intervals,
     rank_timeline,
 )
-from traceview.arrays import ints
+from traceview.arrays import DEVICE, HOST_TREE, STRUCTURAL, ints
 from traceview.escape import safe
 
 
@@ -63,7 +60,7 @@ def step_lanes(
     lanes = [Lane(rank, f"rank {rank} · every instant", seg_s, seg_e, seg_p)]
     ev = tl.ev
     in_window = (ev.end > start) & (ev.ts < end)
-    host = np.isin(ev.kind, _HOST_KINDS)
+    host = HOST_TREE[ev.kind]
     names = threads or {}
     for pid, tid in sorted(
         {
@@ -76,7 +73,7 @@ def step_lanes(
         keep = (owner >= 0) & (e > start) & (s < end)
         if not keep.any():
             continue
-        structural = np.isin(ev.kind[owner[keep]], _STRUCTURAL_KINDS)
+        structural = STRUCTURAL[ev.kind[owner[keep]]]
         phases = [S.EVENT_PHASES[p] for p in ev.phase[owner[keep]]]
         phases = [
             S.IDLE if st and p == S.OTHER else p for st, p in zip(structural, phases, strict=False)
@@ -95,7 +92,7 @@ def step_lanes(
                 phases,
             )
         )
-    device = np.isin(ev.kind, _DEVICE_KINDS) & in_window
+    device = DEVICE[ev.kind] & in_window
     for pid, tid in sorted(
         {(int(p), int(t)) for p, t in zip(ev.pid[device], ev.tid[device], strict=False)}
     ):

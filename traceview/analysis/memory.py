@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from traceview import schema as S
 from traceview.analysis.attribution import merge_intervals
-from traceview.arrays import KIND_CODE, coded, dictionary_codes, ints, parent_rows
+from traceview.arrays import HOST_TREE, KIND_CODE, coded, dictionary_codes, ints, parent_rows
 from traceview.results import DeviceMemory, RankMemory, RunMemory, StepMemory
 
 MIB = 1 << 20
@@ -52,8 +52,6 @@ GROWTH_MIN_MB = 1.0
 IMBALANCE_MIN = 0.2
 IMBALANCE_MIN_MB = 32.0
 
-_HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
-
 
 @dataclass
 class _HostEvents:
@@ -79,7 +77,7 @@ class _HostEvents:
     @classmethod
     def of(cls, events: pa.Table) -> _HostEvents:
         kind = coded(events.column(S.KIND), KIND_CODE)
-        host = np.isin(kind, _HOST_KINDS)
+        host = HOST_TREE[kind]
         table = events.filter(pa.array(host))
         kind = kind[host]
         name, names = dictionary_codes(table.column(S.NAME))

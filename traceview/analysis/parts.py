@@ -57,10 +57,17 @@ from traceview.analysis.collectives import collectives_part, combine_collectives
 from traceview.analysis.gpu import combine_launches, gpu_steps, kernel_launches
 from traceview.analysis.memory import memory_steps, whole_trace_instants
 from traceview.analysis.ops import OpsPart, combine_ops, ops_part
-from traceview.arrays import KIND_CODE, EventArrays, coded, ints, unique_inverse
+from traceview.arrays import (
+    DEVICE,
+    HOST_TREE,
+    KIND_CODE,
+    STRUCTURAL,
+    EventArrays,
+    coded,
+    ints,
+    unique_inverse,
+)
 
-_DEVICE_KINDS = [KIND_CODE[k] for k in S.DEVICE_ACTIVITY_KINDS]
-_HOST_KINDS = [KIND_CODE[k] for k in S.HOST_TREE_KINDS]
 _NEVER = 1 << 62
 #: Columns of the events no analysis reads (left out of the chunks it keeps).
 _UNUSED = (S.RUN_ID, S.HOST, S.FRAMEWORK, S.CAT, S.CORRELATION)
@@ -166,8 +173,8 @@ class ChunkedAnalysis:
 
     def _check(self, ev: EventArrays, counted: np.ndarray) -> None:
         kind = ev.kind
-        self.seen_gpu |= bool(np.isin(kind[counted], _DEVICE_KINDS).any())
-        host = np.isin(kind, _HOST_KINDS) & counted
+        self.seen_gpu |= bool(DEVICE[kind[counted]].any())
+        host = HOST_TREE[kind] & counted
         self.seen_elsewhere |= backward_elsewhere(ev, host, self.training)
 
     def _drain(self, final: bool) -> None:
@@ -451,7 +458,6 @@ def _joined_comm(table: pa.Table) -> pa.Table:
 #: which takes the phase of its neighbours: the next operator's, or one after it where that
 #: one's time is nobody's, such as a synchronize outside every phase).
 _NEIGHBOURS = 64
-_STRUCTURAL = [KIND_CODE[k] for k in S.STRUCTURAL_KINDS]
 
 
 def _neighbour_operators(
@@ -468,8 +474,8 @@ def _neighbour_operators(
         own
         & (ints(events.column(S.PID), 0) == training[0])
         & (ints(events.column(S.TID), 0) == training[1])
-        & np.isin(kind, _HOST_KINDS)
-        & ~np.isin(kind, _STRUCTURAL)
+        & HOST_TREE[kind]
+        & ~STRUCTURAL[kind]
         & (ints(events.column(S.DUR_NS), 0) > 0)
     )
     starts = ts[mine]
@@ -482,7 +488,7 @@ def _neighbour_operators(
 
 def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
     """The steps ``ev``'s device activities ran for, and where each step's last one ended."""
-    device = np.isin(ev.kind, _DEVICE_KINDS) & (ev.step >= 0)
+    device = DEVICE[ev.kind] & (ev.step >= 0)
     steps, at = unique_inverse(ev.step[device])
     ends = np.full(len(steps), -_NEVER, np.int64)
     np.maximum.at(ends, at, ev.end[device])
@@ -589,7 +595,7 @@ def _still_running(table: pa.Table, hi: int) -> pa.Table | None:
     kind = coded(table.column(S.KIND), KIND_CODE)
     ts = ints(table.column(S.TS_NS), 0)
     end = ts + ints(table.column(S.DUR_NS), 0)
-    keep = np.isin(kind, _DEVICE_KINDS) & (end > hi)
+    keep = DEVICE[kind] & (end > hi)
     if not keep.any():
         return None
     parents = ints(table.column(S.PARENT), -1)[keep]
