@@ -1,3 +1,3 @@
-from traceview.cli import main
+from traceview.cli import run
 
-raise SystemExit(main())
+run()

@@ -20,6 +20,7 @@ collect exits with the job's code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -120,5 +121,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The ``traceview`` command: ``main``, then an exit that skips the interpreter's teardown
+    (0.1-0.2 s after a big ingest, spent freeing what the process is about to lose anyway).
+    Every file is written and closed, and every child waited for, when ``main`` returns."""
+    try:
+        code = main()
+    except SystemExit as exc:  # (--help, --version, usage errors)
+        if not isinstance(exc.code, int | None):
+            raise
+        code = exc.code or 0
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a full disk: main said so
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

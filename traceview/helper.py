@@ -136,4 +136,8 @@ def _sendable(error: BaseException) -> BaseException:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stderr.flush()
+    # no interpreter teardown (0.1-0.2 s of freeing what the analysis held): everything is
+    # written, and the ingest waits for this process to end
+    os._exit(code)
