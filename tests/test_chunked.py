@@ -171,10 +171,7 @@ def test_chunked_ingest_equals_whole(
         # one chunk per step: the chunked path ran, and in as many chunks as there are steps
         assert counts == [steps], f"{steps} steps but chunks {counts}"
         _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch)
-    elif R.read_table(tmp_path / "parts" / f"{R.MEMORY}.parquet").num_rows:
-        # no step markers, and memory records: one window whose memory peaks are taken whole
-        assert counts == [-1], counts
-    else:  # no step markers: one window, in chunks all the same
+    else:  # no step markers: one window, in chunks all the same (memory records or not)
         assert counts and counts[0] >= 1, counts
         _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=2000)
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
@@ -188,7 +185,7 @@ def test_steps_cut_inside_equal_whole(
     """Every stretch of more than a few hundred events cut inside, at phase markers: steps in
     several chunks each (``rows`` 1: and cut at every step's end too; 1 << 30: at no step's
     end, so the chunks also hold the ends of steps), their windows analysed a slice at a time
-    (``analysis.parts``; with memory records, whole), equal to the whole-rank path."""
+    (``analysis.parts``, memory records or not), equal to the whole-rank path."""
     _ingest(path, tmp_path / "whole", False, monkeypatch)
     sliced: list[int] = []  # slices that went on with a window from the one before
     real = ChunkedAnalysis._slice
@@ -203,17 +200,12 @@ def test_steps_cut_inside_equal_whole(
         counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
     rank = R.read_manifest(tmp_path / "parts").ranks[0]
     assert len(counts) == 1
-    has_memory = R.read_table(tmp_path / "parts" / f"{R.MEMORY}.parquet").num_rows > 0
-    if not rank.steps and has_memory:  # one window with memory peaks: the whole-rank path
-        assert counts == [-1], counts
-        _assert_same_run(tmp_path / "whole", tmp_path / "parts")
-        return
     if rows == 1:  # a chunk per step at least
         assert counts[0] >= rank.steps, f"{rank.steps} steps, chunks {counts}"
     # (without step markers: the one window, cut in pieces where it has phase markers)
     if rank.events > 4 * 300 * (rank.steps + 1):  # steps long enough to be cut inside
         assert counts[0] > rank.steps, f"{rank.steps} steps, chunks {counts}"
-        assert any(sliced) or has_memory, "no window was analysed a slice at a time"
+        assert any(sliced), "no window was analysed a slice at a time"
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
@@ -410,30 +402,33 @@ def test_a_wrong_guess_of_the_training_thread_is_normalized_again(
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
-def test_a_trace_without_markers_with_memory_is_read_once(
+def test_memory_records_without_markers_in_slices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A large trace the chunked path leaves whole (no step markers, and memory records: one
-    window whose memory peaks the analysis takes whole) goes the whole-rank way on the events
-    its first pass decoded, without a second parse."""
-    from traceview.parsers.kineto import KinetoParser
-
+    """A trace without step markers but with memory records (one window over the whole rank,
+    whose memory peaks, and the phase and operator at each, the whole path finds in all its
+    events) goes the chunked way, a slice at a time, and gives the whole path's memory rows;
+    so does a reader's recompute in chunks."""
     source = REPO / "sample_traces" / "pytorch" / "memory" / "rank-0.pt.trace.json.gz"
     path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
-    reads: list[str] = []
-    real = KinetoParser.stream
-
-    def stream(self: KinetoParser, p: Path):  # type: ignore[no-untyped-def]
-        reads.append(p.name)
-        return real(self, p)
-
-    monkeypatch.setattr(KinetoParser, "stream", stream)
     _ingest(path, tmp_path / "whole", False, monkeypatch)
-    assert reads == [path.name]  # the whole path reads it once too (parse is over stream)
-    reads.clear()
-    assert _ingest(path, tmp_path / "parts", True, monkeypatch) == [-1]
-    assert reads == [path.name]
+    slices: list[int] = []
+    real = ChunkedAnalysis._slice
+
+    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
+        slices.append(len(self.open.ids))
+        return real(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+        m.setattr(ChunkedAnalysis, "_slice", in_slices)
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch, piece=300)
+    assert counts[0] >= 4 and len(slices) >= 4, (counts, slices)
+    assert sum(1 for n in slices if n) >= 3, "the window was not carried across slices"
+    memory = R.read_table(tmp_path / "parts" / "memory_steps.parquet")
+    assert memory.num_rows >= 2 and memory.column(S.PEAK_OP).null_count < memory.num_rows
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=2000)
 
 
 def _helpers_left() -> list[str]:

@@ -991,10 +991,6 @@ def _normalize_read(
     if plan is None:  # the whole-rank path, on what was read
         parsed.events = _whole(spills, base_ns)
         return parsed
-    if plan.whole is not None and parsed.memory is not None and parsed.memory.num_rows:
-        # (one window over the whole rank, whose memory peaks the analysis takes whole)
-        parsed.events = _whole(spills, base_ns)
-        return parsed
     shift = base_ns + offset_ns
     whole = None if plan.whole is None else (plan.whole[0] + shift, plan.whole[1] + shift)
 

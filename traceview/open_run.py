@@ -207,8 +207,6 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
             raise BadInput(f"{path}: unreadable ({exc})") from None
         if found is None:
             return None
-        if found.whole is not None and memory is not None and memory.num_rows:
-            return None  # (one window whose memory peaks the analysis takes whole)
         analysis = rank_tables.chunked(memory)(
             found.training, found.gpu, found.backward_elsewhere, found.whole
         )

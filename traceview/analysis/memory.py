@@ -15,7 +15,7 @@ innermost event there with a phase (``other`` where none has).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -171,38 +171,92 @@ def _device_records(memory: pa.Table, device: str) -> pa.Table:
     return memory.filter(pc.equal(memory.column(S.DEVICE), device)).sort_by(S.TS_NS)
 
 
-def whole_trace_instants(memory: pa.Table | None) -> dict[str, int]:
-    """Per device, the instant whose phase and operator the whole-trace row of
-    ``memory_steps`` looks up (its peak, or its first record where more was held before)."""
-    if memory is None or memory.num_rows == 0:
-        return {}
-    out = {}
-    for device in sorted(set(memory.column(S.DEVICE).to_pylist())):
-        table = _device_records(memory, device)
-        ts = ints(table.column(S.TS_NS), 0)
-        alloc = ints(table.column(S.ALLOCATED_BYTES), 0)
-        first = table.column(S.BYTES)[0].as_py()
-        at = int(np.argmax(alloc))
-        before = int(alloc[0] - first) if first is not None else None
-        out[device] = int(ts[0]) if before is not None and before > alloc[at] else int(ts[at])
-    return out
+class _Records:
+    """One device's memory records by time, as arrays."""
+
+    def __init__(self, memory: pa.Table, device: str):
+        self.table = _device_records(memory, device)
+        self.ts = ints(self.table.column(S.TS_NS), 0)
+        self.alloc = ints(self.table.column(S.ALLOCATED_BYTES), 0)
+        self.pid = ints(self.table.column(S.PID), 0)
+        self.tid = ints(self.table.column(S.TID), 0)
+
+    def peak(self, start: int, end: int) -> tuple[int, int, int]:
+        """(first record, past the last, the first at the peak) of the window [start, end]."""
+        i0 = int(np.searchsorted(self.ts, start, "left"))
+        i1 = int(np.searchsorted(self.ts, end, "right"))
+        return i0, i1, (i0 + int(np.argmax(self.alloc[i0:i1])) if i1 > i0 else -1)
+
+
+def _devices(memory: pa.Table) -> list[str]:
+    return sorted(set(memory.column(S.DEVICE).to_pylist()))
+
+
+class MemoryLookups:
+    """What ``memory_steps`` looks up in a rank's events (the phase and operator at an
+    instant), gathered as the rank is analysed a slice at a time (``parts``): a window's memory
+    rows are made once it is over, when the events of its first slices are gone. Each slice
+    (``add``) resolves the instants that lie in it: per device, the peak of each piece of a
+    window in it and the start of a window that starts there (memory held from before peaks
+    there), and the whole trace's peak and first record. The peak of a window is the first
+    peak among its pieces' (pieces meet at a record's instant, which both count), so it is one
+    of theirs."""
+
+    def __init__(self, memory: pa.Table, training: tuple[int, int] | None):
+        self.training = training  # (as ``_HostEvents``: the thread with the step markers)
+        self.records = [_Records(memory, device) for device in _devices(memory)]
+        self.found: dict[tuple[int, int, int], tuple[str | None, str | None]] = {}
+        at_start = training or (-1, -1)
+        self.pending: set[tuple[int, int, int]] = set()
+        for r in self.records:
+            _, _, at = r.peak(int(r.ts[0]), int(r.ts[-1]))
+            self.pending |= {
+                (int(r.ts[at]), int(r.pid[at]), int(r.tid[at])),
+                (int(r.ts[0]), *at_start),
+            }
+
+    def add(
+        self,
+        events: pa.Table,
+        since: int,
+        upto: int,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        first: np.ndarray,
+    ) -> None:
+        """A slice [since, upto) of the rank (``events``: every row an instant in it needs)
+        with the pieces [starts, ends] of the windows in it (``first``: where one starts)."""
+        at_start = self.training or (-1, -1)
+        for start, end, is_first in zip(
+            starts.tolist(), ends.tolist(), first.tolist(), strict=True
+        ):
+            for r in self.records:
+                _, _, at = r.peak(start, end)
+                if at >= 0:
+                    self.pending.add((int(r.ts[at]), int(r.pid[at]), int(r.tid[at])))
+            if is_first:
+                self.pending.add((start, *at_start))
+        now = {key for key in self.pending if since <= key[0] < upto}
+        if now:
+            host = dataclasses.replace(_HostEvents.of(events), training=self.training)
+            self.found.update({key: host.at(*key) for key in now})
+            self.pending -= now
+
+    def at(self, ts: int, pid: int, tid: int) -> tuple[str | None, str | None]:
+        return self.found[(ts, pid, tid)]
 
 
 def memory_steps(
-    events: pa.Table,
-    memory: pa.Table | None,
-    steps: pa.Table,
-    whole: Collection[str] | None = None,
+    events: pa.Table | MemoryLookups, memory: pa.Table | None, steps: pa.Table
 ) -> pa.Table:
     """One rank's memory figures (schema.MEMORY_STEPS_SCHEMA): per device, one row for the
-    whole trace and one per step window of ``steps`` (the rank's steps table). ``whole``: the
-    devices whose whole-trace row to give (default: every one), where ``events`` are the part of
-    the rank around some of its steps (``whole_trace_instants`` says which part holds what a
-    whole-trace row looks up)."""
+    whole trace and one per step window of ``steps`` (the rank's steps table). ``events``: the
+    rank's events, or what the rows look up in them (the phase and operator at an instant),
+    found as the rank was analysed in slices."""
     if memory is None or memory.num_rows == 0:
         return S.MEMORY_STEPS_SCHEMA.empty_table()
     rank = int(memory.column(S.RANK)[0].as_py())
-    host = _HostEvents.of(events)
+    host = events if isinstance(events, MemoryLookups) else _HostEvents.of(events)
     windows = [
         (step, int(start), int(end))
         for step, start, end in zip(
@@ -213,31 +267,28 @@ def memory_steps(
         )
     ]
     rows: dict[str, list[object]] = {f.name: [] for f in S.MEMORY_STEPS_SCHEMA}
-    devices = memory.column(S.DEVICE)
-    for device in sorted(set(devices.to_pylist())):
-        table = _device_records(memory, device)
-        ts = ints(table.column(S.TS_NS), 0)
-        alloc = ints(table.column(S.ALLOCATED_BYTES), 0)
+    for device in _devices(memory):
+        records = _Records(memory, device)
+        table, ts, alloc, pid, tid = (
+            records.table, records.ts, records.alloc, records.pid, records.tid
+        )  # fmt: skip
         size = table.column(S.BYTES)
         reserved = table.column(S.RESERVED_BYTES)
         has_reserve = reserved.null_count < len(reserved)
         res = ints(reserved, -1)
-        pid, tid = ints(table.column(S.PID), 0), ints(table.column(S.TID), 0)
         # before the first record: its total less its own size, where the trace gives the size
         first = size[0].as_py() if len(size) else None
         before = int(alloc[0] - first) if first is not None else None
-        trace = [(None, int(ts[0]), int(ts[-1]), True)] if whole is None or device in whole else []
+        trace = [(None, int(ts[0]), int(ts[-1]), True)]
         for step, start, end, is_whole in [
             *trace,
             *((s, a, b, False) for s, a, b in windows),
         ]:
-            i0 = int(np.searchsorted(ts, start, "left"))
-            i1 = int(np.searchsorted(ts, end, "right"))
+            i0, i1, at = records.peak(start, end)
             start_bytes = int(alloc[i0 - 1]) if i0 > 0 else before
             end_bytes = int(alloc[i1 - 1]) if i1 > 0 else before
             peak = peak_ts = phase = op = reserved_peak = None
-            if i1 > i0:
-                at = i0 + int(np.argmax(alloc[i0:i1]))
+            if at >= 0:
                 peak, peak_ts = int(alloc[at]), int(ts[at])
                 phase, op = host.at(peak_ts, int(pid[at]), int(tid[at]))
                 if has_reserve:

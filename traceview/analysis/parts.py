@@ -20,12 +20,10 @@ per event (ops, collectives):
   row; the queue's mean is recomputed from the parts' areas, and the communication pieces that
   run on across a cut are joined. A step cut in pieces (``chunked``: a long one) is never held
   whole.
-- A rank with **memory records** (their per-step peaks, and the operators at them) has a
-  chunk's windows analysed whole instead, once every row that can overlap them is in: it waits
-  for the first chunk that starts past them (their horizon) and holds the chunks until then.
-  The rows are the chunk's own and carried ones, the previous chunk's last step, the later
-  chunks' rows up to the horizon and the first step after it, and the device activities of
-  older chunks still running; the windows are this chunk's only.
+- **Memory rows** (per window and device: the peak, and the phase and operator running then)
+  are made once every window is known, from the memory records (held whole) and what each
+  slice looked up in its rows: the phase and operator at each instant a row may need
+  (``memory.MemoryLookups``: every piece's peak, where a window starts, the whole trace's peak).
 
 What a slice cannot tell of the whole rank (its training thread, whether it ran on a device,
 whether another thread runs backward) is given up front (``attribution.RankPart``) and
@@ -55,7 +53,7 @@ from traceview.analysis.attribution import (
 )
 from traceview.analysis.collectives import collectives_part, combine_collectives
 from traceview.analysis.gpu import combine_launches, gpu_steps, kernel_launches
-from traceview.analysis.memory import memory_steps, whole_trace_instants
+from traceview.analysis.memory import MemoryLookups, memory_steps
 from traceview.analysis.ops import OpsPart, combine_ops, ops_part
 from traceview.arrays import (
     DEVICE,
@@ -106,7 +104,6 @@ class ChunkedAnalysis:
         self.whole = whole  # a rank without step markers: its one window (open to the end)
         self.training, self.gpu, self.elsewhere = training, gpu, backward_elsewhere
         self.seen_gpu = self.seen_elsewhere = False
-        self.whole_at = whole_trace_instants(memory)
         self.rank = 0
         self.rows: RowParts | None = RowParts()  # (None: made elsewhere, ``split``)
         self.per_window: dict[str, list[pa.Table]] = {
@@ -120,21 +117,25 @@ class ChunkedAnalysis:
         self.before: pa.Table | None = None  # the last analysed chunk's table, context included
         self.running: pa.Table | None = None  # device activities of older chunks still running
         self.after: int | None = None  # where the last analysed chunk's last window ended
-        # without memory records, a chunk's windows are analysed as soon as the next chunk is
-        # in, a slice at a time (``_slice``): a long step is never held whole
-        self.sliced = memory is None or memory.num_rows == 0
-        # (one window over a whole rank with memory records: analysed whole, from its file)
-        self.whole_rank = whole is not None and not self.sliced
+        # a chunk's windows are analysed as soon as the next chunk is in, a slice at a time
+        # (``_slice``): a long step is never held whole
+        # memory rows: made at the end, from what each slice looks up (as the whole rank's
+        # analysis does: the thread with the step markers; without markers none)
+        self.lookups = (
+            MemoryLookups(memory, training if whole is None else None)
+            if memory is not None and memory.num_rows
+            else None
+        )
         self.whole_started = False
-        self.open = _Open.NONE  # (sliced) the windows that run on past the last slice
+        self.open = _Open.NONE  # the windows that run on past the last slice
         self.next_id = 0
-        self.since = -_NEVER  # (sliced) where the next slice starts
+        self.since = -_NEVER  # where the next slice starts
         self.pending = _Pending()
 
     def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
         """One chunk's normalized rows (``own``: the chunk's; the others carried in, as
         context), ``counted``: the rows it writes; its steps are the markers in [lo, hi)."""
-        if events.num_rows == 0 or self.whole_rank:
+        if events.num_rows == 0:
             return
         events = events.drop_columns([c for c in _UNUSED if c in events.column_names])
         self.rank = int(events.column(S.RANK)[0].as_py())
@@ -142,14 +143,8 @@ class ChunkedAnalysis:
         self._check(ev, counted)
         if self.rows is not None:
             self.rows.add(events, own, counted, lo, hi)
-        # its windows: where they reach, and (by the host alone, without the device's lag)
-        # where they start and end
-        part = RankPart(self.training, self.gpu, self.elsewhere, lo, hi)
-        reach = hi
-        if not self.sliced:  # where its windows reach: what the whole-window path waits for
-            _, ends, _ = step_windows(ev, self.training, self.gpu, part)
-            reach = int(ends.max()) if len(ends) else hi
-        part.gpu = False
+        # its windows, by the host alone (without the device's lag)
+        part = RankPart(self.training, False, self.elsewhere, lo, hi)
         host = step_windows(ev, self.training, False, part)
         if self.whole is not None:  # its one window, from the first chunk on
             first, self.whole_started = not self.whole_started, True
@@ -158,9 +153,7 @@ class ChunkedAnalysis:
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
         near, far = _neighbour_operators(events, own, self.training, lo, hi)
-        self.queue.append(
-            _Chunk(events, own, lo, hi, reach, host, device_steps, device_ends, near, far)
-        )
+        self.queue.append(_Chunk(events, own, lo, hi, host, device_steps, device_ends, near, far))
         self._drain(final=False)
 
     def split(self) -> tuple[RowParts, ChunkedAnalysis]:
@@ -178,66 +171,10 @@ class ChunkedAnalysis:
         self.seen_elsewhere |= backward_elsewhere(ev, host, self.training)
 
     def _drain(self, final: bool) -> None:
-        """Analyse the chunks whose windows every row that can overlap them has reached. In
-        slices (``_slice``): each chunk once the next is in. Whole windows (a rank with memory
-        records): wait for a chunk that starts past the head's horizon (the rows up to it, and
-        the first ones after it: a gap at a window's end takes the phase of what follows)."""
-        if self.sliced:
-            while len(self.queue) > 1 or (final and self.queue):
-                head = self.queue.pop(0)
-                self._slice(head, self.queue[0] if self.queue else None)
-            return
-        while self.queue:
-            head = self.queue[0]
-            horizon = max(head.reach, head.hi, self.after if self.after is not None else head.hi)
-            if not final and self.queue[-1].lo < horizon:
-                return
-            # a step cut in pieces: its device work was launched in the later ones, all in now
-            horizon = max(horizon, *(c.device_end(head.numbers) for c in self.queue))
-            if not final and self.queue[-1].lo < horizon:
-                return
-            self._analyse(head, horizon)
-            self.queue.pop(0)
-
-    def _analyse(self, head: _Chunk, horizon: int) -> None:
-        """The windows of the chunk at the head of the queue."""
-        whole = [device for device, at in self.whole_at.items() if head.lo <= at < head.hi]
-        if not len(head.numbers) and not whole:  # a piece of a long step: context for what follows
-            context = [self.running] if self.running is not None else []
-            self.running = _still_running(_unique_ids(context, [head.events]), head.hi)
-            self.before = _ending_after(head.events, head.lo)
-            return
-        later = [self._later(i, horizon) for i in range(1, len(self.queue))]
-        context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
-        pieces = [t for t in (head.events, *later) if t.num_rows]
-        table = _unique_ids(context, pieces)
-        del later, pieces, context
-        part = RankPart(self.training, self.gpu, self.elsewhere, head.lo, head.hi, self.after)
-        tl = rank_timeline(table, part)
-        steps = breakdown(table, tl)
-        if steps.num_rows:
-            self.after = int(np.max(ints(steps.column(S.END_NS))))
-        self.per_window["steps"].append(steps)
-        self.per_window["comm"].append(comm_intervals(table, tl))
-        self.per_window["gpu"].append(gpu_steps(table, tl))
-        self.kernels.append(kernel_launches(table, tl))
-        self.per_window["memory_steps"].append(memory_steps(table, self.memory, steps, whole))
-        # what later chunks' windows still need: device activities running past this chunk
-        # (and the calls that launched them)
-        self.running = _still_running(table, head.hi)
-        # what the next chunk's windows need of this one (besides the rows still open, which it
-        # carries): its last step, where the training thread's last phase before them is
-        last_start = int(np.max(ints(steps.column(S.START_NS)))) if steps.num_rows else head.lo
-        self.before = _ending_after(head.events, last_start)
-
-    def _later(self, i: int, horizon: int) -> pa.Table:
-        """The own rows of the ``i``-th chunk of the queue (past the horizon: those before its
-        first window's end, which are all a window before it can need)."""
-        chunk = self.queue[i]
-        own = chunk.own()
-        if i == len(self.queue) - 1 and chunk.lo >= horizon:
-            own = own.filter(pc.less(own.column(S.TS_NS), chunk.first_end))
-        return own
+        """Analyse each chunk once the next is in (or none will come), a slice at a time."""
+        while len(self.queue) > 1 or (final and self.queue):
+            head = self.queue.pop(0)
+            self._slice(head, self.queue[0] if self.queue else None)
 
     def _slice(self, head: _Chunk, after: _Chunk | None) -> None:
         """The head's part of every window that overlaps it, once the next chunk is in (or none
@@ -278,6 +215,9 @@ class ChunkedAnalysis:
             until = min(after.first_end, after.near + 1)
             pieces.append(own.filter(pc.less(own.column(S.TS_NS), until)))
         table = _unique_ids(context, [t for t in pieces if t.num_rows])
+        if self.lookups is not None:
+            first = (starts >= self.since)[here]  # (where a window starts)
+            self.lookups.add(table, self.since, upto, sub_s[here], sub_e[here], first)
         if here.any():
             part = RankPart(
                 self.training,
@@ -317,8 +257,6 @@ class ChunkedAnalysis:
     def finish(self) -> dict[str, pa.Table] | None:
         """The rank's tables (``rank_tables``); None where a fact given up front did not hold
         (the rank is then analysed whole)."""
-        if self.whole_rank:
-            return None
         self._drain(final=True)
         self.queue, self.before, self.running = [], None, None
         if self.seen_gpu != self.gpu or (self.gpu and self.seen_elsewhere != self.elsewhere):
@@ -327,6 +265,8 @@ class ChunkedAnalysis:
             name: pa.concat_tables(parts) if parts else _EMPTY[name]
             for name, parts in self.per_window.items()
         }
+        if self.lookups is not None:
+            tables["memory_steps"] = memory_steps(self.lookups, self.memory, tables["steps"])
         memory = tables["memory_steps"]
         if memory.num_rows:  # per device: the whole trace's row, then the steps'
             frame = pl.DataFrame(
@@ -352,7 +292,6 @@ class _Chunk:
     own_rows: np.ndarray  # bool: its own
     lo: int
     hi: int
-    reach: int  # where its last window ends (without the previous chunk's push)
     # the windows of the markers that start in it (a long step's piece: none), by the host
     # alone: (starts, ends, step numbers)
     host: tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -381,10 +320,6 @@ class _Chunk:
             hit = self.device_steps[pos] == steps
             out[hit] = self.device_ends[pos[hit]]
         return out
-
-    def device_end(self, steps: np.ndarray) -> int:
-        """Where its device activities of ``steps`` end (-_NEVER where none)."""
-        return int(self.device_ends_of(steps).max(initial=-_NEVER))
 
 
 _NONE = np.zeros(0, np.int64)
