@@ -443,6 +443,7 @@ class _HereAndThere:
 
     def finish(self) -> dict[str, pa.Table] | None:
         self.there.close()  # (the helper finishes its part while this one is combined)
+        release_memory(now=True)  # (before the combining, the end's peak)
         try:
             here = self.here.finish()
         except BaseException:

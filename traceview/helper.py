@@ -110,6 +110,7 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
             result: dict[str, Any] | None = None
             if error is None:
                 try:
+                    release_memory(now=True)  # (before the combining, the end's peak)
                     tables = sink.finish()
                     if tables is not None:
                         result = {}

@@ -190,7 +190,8 @@ def launch_stats(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
 
 def kernel_launches(events: pa.Table, tl: RankTimeline) -> pl.DataFrame:
     """The kernels that started inside the timeline's step windows: their phase, op, launch
-    latency, duration and launch call's duration (what ``combine_launches`` sums up)."""
+    latency, duration and launch call's duration (what ``combine_launches`` sums up). Phase
+    and op are categorical: a multi-GB rank keeps millions of these rows until it is done."""
     ev = tl.ev
     kernels, launcher = _launched(ev)
     if tl.gpu and len(tl.w_start):  # kernels that ran inside one of the rank's step windows
@@ -209,8 +210,8 @@ def kernel_launches(events: pa.Table, tl: RankTimeline) -> pl.DataFrame:
             "overhead": ev.end[launcher] - ev.ts[launcher],
         },
         schema={
-            S.PHASE: pl.String,
-            S.OP: pl.String,
+            S.PHASE: pl.Categorical,
+            S.OP: pl.Categorical,
             "latency": pl.Int64,
             "duration": pl.Int64,
             "overhead": pl.Int64,
@@ -234,10 +235,12 @@ def combine_launches(parts: list[pl.DataFrame], rank: int) -> pa.Table:
         (pl.col("duration") < pl.col("overhead")).sum().cast(pl.Int64).alias(S.SHORT_KERNELS),
     ]
     df = df.with_columns(pl.col(S.OP).fill_null(""))
-    groups = df.group_by(S.PHASE, S.OP).agg(aggs).sort(S.PHASE, S.OP)
+    named = pl.col(S.PHASE, S.OP).cast(pl.String)  # (sorted by name, not by category)
+    groups = df.group_by(S.PHASE, S.OP).agg(aggs).with_columns(named).sort(S.PHASE, S.OP)
     by_phase = (
         df.group_by(S.PHASE)
         .agg(aggs)
+        .with_columns(pl.col(S.PHASE).cast(pl.String))
         .sort(S.PHASE)
         .with_columns(pl.lit(None, pl.String).alias(S.OP))
     )
