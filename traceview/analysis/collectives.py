@@ -50,10 +50,13 @@ def collective_calls(events: pa.Table) -> pa.Table:
     return combine_collectives([collectives_part(events)])
 
 
-def collectives_part(events: pa.Table, counted: np.ndarray | None = None) -> pa.Table:
+def collectives_part(
+    events: pa.Table, counted: np.ndarray | None = None, parent: np.ndarray | None = None
+) -> pa.Table:
     """The collective calls among the rows of ``events`` where ``counted`` (default: all; the
     others are context: the calls a call is nested in or launched by), with their event ids
-    (``_id``) and without ``seq``: ``combine_collectives`` numbers the parts' calls together."""
+    (``_id``) and without ``seq``: ``combine_collectives`` numbers the parts' calls together.
+    ``parent``: each row's parent row (``arrays.parent_rows``), where the caller has it."""
     if events.num_rows == 0:
         return _PART_SCHEMA.empty_table()
     # a region marker projected onto a stream (``nccl:all_reduce`` as a gpu_annotation) only
@@ -67,7 +70,9 @@ def collectives_part(events: pa.Table, counted: np.ndarray | None = None) -> pa.
     if not is_collective.any():
         return _PART_SCHEMA.empty_table()
     device_codes, _ = dictionary_codes(events.column(S.DEVICE))
-    rows, (inner, owner), launcher = _outermost(parent_rows(events), is_collective, device_codes)
+    rows, (inner, owner), launcher = _outermost(
+        parent_rows(events) if parent is None else parent, is_collective, device_codes
+    )
     if counted is not None:
         mine = counted[rows]
         rows, launcher = rows[mine], launcher[mine]

@@ -67,10 +67,13 @@ def _first_seen(codes: np.ndarray, values: list[str], ids: np.ndarray) -> pl.Dat
     )
 
 
-def ops_part(events: pa.Table, counted: np.ndarray | None = None) -> OpsPart:
+def ops_part(
+    events: pa.Table, counted: np.ndarray | None = None, parent: np.ndarray | None = None
+) -> OpsPart:
     """The ops-table part of the rows of ``events`` where ``counted`` (default: all); the other
-    rows are context (an event's parent may be among them). Grouping works on dictionary codes
-    with numpy: no per-event Python, no copies of the names."""
+    rows are context (an event's parent may be among them; ``parent``: each row's parent row,
+    ``arrays.parent_rows``, where the caller has it). Grouping works on dictionary codes with
+    numpy: no per-event Python, no copies of the names."""
     n = events.num_rows
     rank = int(events.column(S.RANK)[0].as_py()) if n else 0
     rows = np.arange(n) if counted is None else np.flatnonzero(counted)
@@ -81,7 +84,8 @@ def ops_part(events: pa.Table, counted: np.ndarray | None = None) -> OpsPart:
     }
     op, _ = coded[S.OP]
     kind, kinds = coded[S.KIND]
-    parent = parent_rows(events)
+    if parent is None:
+        parent = parent_rows(events)
     parent_op = np.where(parent >= 0, op[np.maximum(parent, 0)], -1)
     outer = parent_op != op  # not nested in an event of the same operator
     countable = np.array([k in _COUNTED_KINDS for k in kinds] + [False])

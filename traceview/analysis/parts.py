@@ -63,6 +63,7 @@ from traceview.arrays import (
     EventArrays,
     coded,
     ints,
+    parent_rows,
     unique_inverse,
 )
 
@@ -82,8 +83,9 @@ class RowParts:
 
     def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
         if events.num_rows:
-            self.ops.append(ops_part(events, counted))
-            self.calls.append(collectives_part(events, counted))
+            parent = parent_rows(events)  # (once, for both)
+            self.ops.append(ops_part(events, counted, parent))
+            self.calls.append(collectives_part(events, counted, parent))
 
     def finish(self) -> dict[str, pa.Table]:
         return {"ops": combine_ops(self.ops), "collectives": combine_collectives(self.calls)}
