@@ -159,6 +159,20 @@ def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, row
         assert _columns(S.conform(tables[name], written.schema)) == _columns(written), name
 
 
+def _record_slices(m: pytest.MonkeyPatch) -> list[int]:
+    """Record, through ``m``, each slice ``ChunkedAnalysis`` analyses: how many windows it
+    carried on from the slice before."""
+    carried: list[int] = []
+    real = ChunkedAnalysis._slice
+
+    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
+        carried.append(len(self.open.ids))
+        return real(self, *args, **kwargs)
+
+    m.setattr(ChunkedAnalysis, "_slice", in_slices)
+    return carried
+
+
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_chunked_ingest_equals_whole(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -187,16 +201,9 @@ def test_steps_cut_inside_equal_whole(
     end, so the chunks also hold the ends of steps), their windows analysed a slice at a time
     (``analysis.parts``, memory records or not), equal to the whole-rank path."""
     _ingest(path, tmp_path / "whole", False, monkeypatch)
-    sliced: list[int] = []  # slices that went on with a window from the one before
-    real = ChunkedAnalysis._slice
-
-    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
-        sliced.append(len(self.open.ids))
-        return real(self, *args, **kwargs)
-
     with monkeypatch.context() as m:  # (the analysis on a thread here, to see it slice)
         m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
-        m.setattr(ChunkedAnalysis, "_slice", in_slices)
+        sliced = _record_slices(m)  # per slice: the windows it went on with
         counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
     rank = R.read_manifest(tmp_path / "parts").ranks[0]
     assert len(counts) == 1
@@ -336,16 +343,9 @@ def test_a_trace_without_markers_is_one_window_in_chunks(
     source = REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz"
     path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
     _ingest(path, tmp_path / "whole", False, monkeypatch)
-    carried: list[int] = []
-    real = ChunkedAnalysis._slice
-
-    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
-        carried.append(len(self.open.ids))
-        return real(self, *args, **kwargs)
-
     with monkeypatch.context() as m:
         m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
-        m.setattr(ChunkedAnalysis, "_slice", in_slices)
+        carried = _record_slices(m)
         counts = _ingest(path, tmp_path / "parts", True, monkeypatch, piece=300)
     assert len(counts) == 1 and counts[0] >= 4, counts
     assert carried[0] == 0 and all(carried[1:]), carried  # one window, open until the end
@@ -412,16 +412,9 @@ def test_memory_records_without_markers_in_slices(
     source = REPO / "sample_traces" / "pytorch" / "memory" / "rank-0.pt.trace.json.gz"
     path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
     _ingest(path, tmp_path / "whole", False, monkeypatch)
-    slices: list[int] = []
-    real = ChunkedAnalysis._slice
-
-    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
-        slices.append(len(self.open.ids))
-        return real(self, *args, **kwargs)
-
     with monkeypatch.context() as m:
         m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
-        m.setattr(ChunkedAnalysis, "_slice", in_slices)
+        slices = _record_slices(m)
         counts = _ingest(path, tmp_path / "parts", True, monkeypatch, piece=300)
     assert counts[0] >= 4 and len(slices) >= 4, (counts, slices)
     assert sum(1 for n in slices if n) >= 3, "the window was not carried across slices"
