@@ -29,9 +29,8 @@ slice at a time (``analysis.parts``). Each chunk's closed rows are appended to t
 file as it is done (``_EventsWriter``): the file holds the rows the whole-rank path writes,
 by chunk (time) rather than by id. A trace with no step markers is one window (the span of
 its timed events) cut in pieces; its training thread, which takes the call trees, is guessed in
-pass 1 and checked in pass 3 (``_normalize_routed``). One without step markers but with memory
-records, or with events whose times are corrupt (the ``stray_times`` pass needs the whole
-rank's median), takes the whole-rank path.
+pass 1 and checked in pass 3 (``_normalize_routed``). One with events whose times are corrupt
+(the ``stray_times`` pass needs the whole rank's median) takes the whole-rank path.
 """
 
 from __future__ import annotations
@@ -934,8 +933,8 @@ def normalize_chunked(
     helper: bool = False,
 ) -> ChunkedRank | ParsedTrace:
     """Parse, normalize and write one rank's events in chunks of whole steps (module doc); the
-    parser's result with every event where the trace needs the whole-rank path (no step
-    markers and memory records, corrupt times), read once.
+    parser's result with every event where the trace needs the whole-rank path (no host
+    events, corrupt times), read once.
     ``sink``: makes what each normalized chunk is handed to (the per-rank analysis);
     ``helper``: a core is free for a helper process (``_first_pass``)."""
     rules = _MemoRules.of(rules)

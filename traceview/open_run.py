@@ -189,8 +189,7 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
 def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Table] | None:
     """The analysis of a large rank (``chunked.chunked_min_rows`` events or more) a chunk of
     steps at a time, as ingest runs it (``analysis.parts``), without its events whole in
-    memory; None for a smaller rank, or one without step markers but with memory records
-    (read whole)."""
+    memory; None for a smaller rank (read whole), or a file whose ids are not its rows."""
     from traceview import chunked
 
     path = R.events_path(run, rank)

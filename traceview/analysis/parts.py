@@ -108,9 +108,7 @@ class ChunkedAnalysis:
         self.seen_gpu = self.seen_elsewhere = False
         self.rank = 0
         self.rows: RowParts | None = RowParts()  # (None: made elsewhere, ``split``)
-        self.per_window: dict[str, list[pa.Table]] = {
-            name: [] for name in ("steps", "comm", "gpu", "memory_steps")
-        }
+        self.per_window: dict[str, list[pa.Table]] = {name: [] for name in ("steps", "comm", "gpu")}
         self.kernels: list[pl.DataFrame] = []
         # chunks waiting for their windows' analysis (all rows that may overlap those windows
         # have to be in: a GPU window ends where the device finished the step, which may be
@@ -267,8 +265,11 @@ class ChunkedAnalysis:
             name: pa.concat_tables(parts) if parts else _EMPTY[name]
             for name, parts in self.per_window.items()
         }
-        if self.lookups is not None:
-            tables["memory_steps"] = memory_steps(self.lookups, self.memory, tables["steps"])
+        tables["memory_steps"] = (
+            memory_steps(self.lookups, self.memory, tables["steps"])
+            if self.lookups is not None
+            else S.MEMORY_STEPS_SCHEMA.empty_table()
+        )
         memory = tables["memory_steps"]
         if memory.num_rows:  # per device: the whole trace's row, then the steps'
             frame = pl.DataFrame(
@@ -491,7 +492,6 @@ _EMPTY = {
     "steps": S.STEPS_SCHEMA.empty_table(),
     "comm": S.COMM_SCHEMA.empty_table(),
     "gpu": S.GPU_SCHEMA.empty_table(),
-    "memory_steps": S.MEMORY_STEPS_SCHEMA.empty_table(),
 }
 
 
