@@ -2,7 +2,8 @@
 """Ingest of many ranks on local processes against a Dask distributed cluster, with the
 client's and the workers' peak memory, and each rank's task time (issue 15).
 
-    .venv/bin/python benchmarks/bench_cluster.py [--ranks 256 1024] [--real-mb 2.4] [--workers 2]
+    .venv/bin/python benchmarks/bench_cluster.py [--ranks 256 1024] [--real-mb 2.4] [--workers 2 [4 ...]]
+        [--name cluster]
 
 Trace sets (made once under bench-data/):
 - synthetic: tests/synthetic_jobs.py jobs of known timing, 6 steps per rank (tiny traces: the
@@ -13,11 +14,13 @@ Trace sets (made once under bench-data/):
 Each set is ingested twice, each time by a fresh `traceview ingest` under _measure.py (wall
 time, the client's peak RSS): on local processes, then on a fresh cluster of one `dask
 scheduler` and --workers `dask worker --nthreads 1 --no-nanny` processes on 127.0.0.1, whose
-peak RSS (VmHWM) is read before they are stopped. From each run's manifest: the median and p90
-of the per-rank task time (parse, attribution, per-rank tables, write). On a 2-core machine a
-cluster measures Dask's overhead, not a speed-up; the scale-out evidence is that the per-rank
-time stays flat as ranks grow and that the client's memory does not follow the ranks. Results:
-benchmarks/results/cluster.{md,json}.
+peak RSS (VmHWM) is read before they are stopped; with several --workers counts, one fresh
+cluster per count. From each run's manifest: the median and p90 of the per-rank task time
+(parse, attribution, per-rank tables, write). On a 2-core machine a cluster measures Dask's
+overhead, not a speed-up; the scale-out evidence there is that the per-rank time stays flat as
+ranks grow and that the client's memory does not follow the ranks. On a machine with more cores,
+the wall time against the number of workers is the speed-up. Results:
+benchmarks/results/NAME.{md,json} (--name, default cluster).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ DATA = REPO / "bench-data"
 RESULTS = REPO / "benchmarks" / "results"
 MEASURE = REPO / "benchmarks" / "_measure.py"
 BIN = Path(sys.executable).parent
+DASK = [sys.executable, "-m", "dask"]  # the `dask` command, also where no script was installed
 
 
 def synthetic(ranks: int) -> Path:
@@ -84,12 +88,13 @@ class Cluster:
 
     def __init__(self, workers: int, tmp: Path) -> None:
         self.file = tmp / "scheduler.json"
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path}
         log = (tmp / "dask.log").open("w")
         common = {"stdout": log, "stderr": subprocess.STDOUT, "env": env, "start_new_session": True}
         self.scheduler = subprocess.Popen(
             [
-                str(BIN / "dask"),
+                *DASK,
                 "scheduler",
                 "--host",
                 "127.0.0.1",
@@ -104,7 +109,7 @@ class Cluster:
         self.workers = [
             subprocess.Popen(
                 [
-                    str(BIN / "dask"),
+                    *DASK,
                     "worker",
                     "--scheduler-file",
                     str(self.file),
@@ -184,12 +189,42 @@ def ingest(traces: Path, run: Path, extra: list[str]) -> dict:
     }
 
 
+def save(rows: list[dict], name: str) -> None:
+    """Write the results so far (a run cut short keeps its finished rows)."""
+    print(rows[-1], flush=True)
+    meta = {
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [
+        "| traces (on disk) | ingest on | wall s | per-rank task s (p50 / p90) "
+        "| traceview peak MB (its processes) | worker peak MB | other processes' CPU s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        peaks = r.get("worker_peak_mb", [])
+        workers = (
+            ", ".join(str(p) for p in peaks) if len(peaks) <= 4 else f"max {max(peaks)}"
+        ) or "-"
+        lines.append(
+            f"| {r['set']} ({r['traces_mb']} MB) | {r['where']} | {r['wall_s']} "
+            f"| {r['rank_s_p50']} / {r['rank_s_p90']} | {r['client_tree_peak_mb']} | {workers} "
+            f"| {r['foreign_cpu_s']} |"
+        )
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--real-mb", type=float, default=None, help="also real-sized ranks")
     parser.add_argument("--real-ranks", type=int, nargs="+", default=[256])
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2])
+    parser.add_argument("--name", default="cluster", help="results file name")
     args = parser.parse_args()
     DATA.mkdir(exist_ok=True)
     sets = [(f"synthetic × {n}", synthetic(n)) for n in args.ranks]
@@ -203,39 +238,19 @@ def main() -> None:
         run = DATA / "cluster-run"
         local = ingest(traces, run, [])
         rows.append({"set": label, "where": "local processes", **local})
-        print(rows[-1], flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            cluster = Cluster(args.workers, Path(tmp))
-            try:
-                remote = ingest(traces, run, ["--scheduler-file", str(cluster.file)])
-                remote["worker_peak_mb"] = [round(p) for p in cluster.worker_peaks_mb()]
-            finally:
-                cluster.stop()
-        rows.append({"set": label, "where": f"{args.workers}-worker Dask cluster", **remote})
-        print(rows[-1], flush=True)
+        save(rows, args.name)
+        for workers in args.workers:
+            with tempfile.TemporaryDirectory() as tmp:
+                cluster = Cluster(workers, Path(tmp))
+                try:
+                    remote = ingest(traces, run, ["--scheduler-file", str(cluster.file)])
+                    remote["worker_peak_mb"] = [round(p) for p in cluster.worker_peaks_mb()]
+                finally:
+                    cluster.stop()
+            rows.append({"set": label, "where": f"{workers}-worker Dask cluster", **remote})
+            save(rows, args.name)
         shutil.rmtree(run, ignore_errors=True)
-    meta = {
-        "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cluster.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [
-        "| traces (on disk) | ingest on | wall s | per-rank task s (p50 / p90) "
-        "| traceview peak MB (its processes) | worker peak MB | other processes' CPU s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        workers = ", ".join(str(p) for p in r.get("worker_peak_mb", [])) or "-"
-        lines.append(
-            f"| {r['set']} ({r['traces_mb']} MB) | {r['where']} | {r['wall_s']} "
-            f"| {r['rank_s_p50']} / {r['rank_s_p90']} | {r['client_tree_peak_mb']} | {workers} "
-            f"| {r['foreign_cpu_s']} |"
-        )
-    (RESULTS / "cluster.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print((RESULTS / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":
