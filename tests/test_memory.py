@@ -144,6 +144,68 @@ def test_gpu_peak_is_the_traces_largest_total_allocated() -> None:
     assert memory["peak_phase"] in ("forward", "backward", "update")
 
 
+def _allocator_steps(scenario: str) -> dict[int, dict[str, int]]:
+    """The CUDA caching allocator's own figures per iteration (make_gpu_memory_traces.py)."""
+    steps = truth(scenario)["steps"]
+    return {int(k): v for k, v in steps.items() if k != "what"}
+
+
+@pytest.mark.parametrize("scenario", ["gpu_memory", "gpu_leak"])
+def test_gpu_steps_agree_with_the_cuda_allocators_statistics(scenario: str, tmp_path: Path) -> None:
+    """A live H100 run: every profiled step's peak, start and end allocated memory, and the
+    reserved peak, are what torch.cuda.max_memory_allocated / memory_allocated /
+    max_memory_reserved said in the script (peak statistics reset at each iteration's start)."""
+    allocator = _allocator_steps(scenario)
+    memory = report(SAMPLES / "pytorch" / scenario)["ranks"][0]["memory"]
+    assert memory["device"] == "cuda:0" and memory["since_profiling_started"] is False
+    steps = memory["by_device"]["cuda:0"]["steps"]
+    assert [s["step"] for s in steps] == [2, 3, 4, 5, 6]  # the profiler's active steps
+    for step in steps:
+        known = allocator[step["step"]]  # ProfilerStep#N is iteration N
+        for field in ("start", "end", "peak"):
+            assert abs(step[f"{field}_mb"] * MIB - known[f"{field}_bytes"]) <= 0.001 * MIB, (
+                f"step {step['step']}: {field} {step[f'{field}_mb']} MiB, the allocator said "
+                f"{known[f'{field}_bytes'] / MIB:.3f}"
+            )
+        assert step["peak_phase"] == "backward"  # the gradients arrive while activations live
+    profiled = [allocator[s["step"]] for s in steps]
+    assert memory["peak_mb"] == round(max(k["peak_bytes"] for k in profiled) / MIB, 3)
+    assert memory["reserved_peak_mb"] == round(
+        max(k["reserved_peak_bytes"] for k in profiled) / MIB, 3
+    )
+    if scenario == "gpu_leak":
+        leak = truth(scenario)["leak"]["bytes_per_step"] / MIB
+        assert memory["growth"] == "leak" and abs(memory["growth_mb_per_step"] - leak) <= 0.01
+    else:
+        assert memory["growth"] == "steady" and abs(memory["growth_mb_per_step"]) <= 0.01
+        result = run_cli("ingest", SAMPLES / "pytorch" / scenario, "-o", tmp_path / "run")
+        assert result.code == 0, result.err
+        table = pq.read_table(tmp_path / "run" / "memory.parquet").to_pydict()
+        cuda = [b for b, d in zip(table[S.BYTES], table[S.DEVICE], strict=True) if d == "cuda:0"]
+        assert truth(scenario)["extra"]["bytes"] in cuda  # the extra tensor, allocated in forward
+
+
+def test_collected_gpu_job_has_the_allocators_peak_and_no_growth() -> None:
+    """`traceview collect` around a live CUDA job (make_gpu_memory_traces.py --no-profiler):
+    every recorded step peaks where the allocator said every iteration peaked, and nothing
+    grows. The last step ends where collect's profiler stopped, inside the optimizer's step,
+    before the script's zero_grad frees the gradients (128 MiB more allocated than at the other
+    step boundaries): growth is measured between steps, so it does not read that as a leak."""
+    allocator = _allocator_steps("gpu_collect")
+    steady = {k["peak_bytes"] for i, k in allocator.items() if i > 0}
+    assert len(steady) == 1  # the same peak at every iteration after the first
+    (peak,) = steady
+    memory = report(SAMPLES / "pytorch" / "gpu_collect")["ranks"][0]["memory"]
+    assert memory["device"] == "cuda:0"
+    steps = memory["by_device"]["cuda:0"]["steps"]
+    assert len(steps) == 5
+    assert all(abs(s["peak_mb"] * MIB - peak) <= 0.001 * MIB for s in steps), steps
+    assert all(s["peak_phase"] == "backward" for s in steps)
+    assert memory["growth"] == "steady" and abs(memory["growth_mb_per_step"]) <= 0.01, memory
+    gradients = truth("gpu_collect")["gradient_bytes"]
+    assert abs((steps[-1]["end_mb"] - steps[-2]["end_mb"]) * MIB - gradients) <= 1 * MIB
+
+
 def test_old_kineto_totals_are_summed_from_sizes() -> None:
     folder = shared_traces("pytorch/kineto_resnet50_num_workers_0")
     records = _kineto_memory(next(folder.glob("*.json.gz")))

@@ -40,10 +40,10 @@ ALLOCATION_OPS = frozenset(
         "[memory]",
     )
 )
-#: Growth across steps is named (leak, creep) when allocated memory at the end of a step grew
-#: over at least GROWTH_MIN_STEPS steps, in at least GROWTH_MIN_RISING of the step-to-step
-#: changes, by at least GROWTH_MIN_MB in all (and 1% of the peak): a leak when it grew at every
-#: step, else a creep.
+#: Growth across steps is named (leak, creep) when allocated memory at the boundaries between
+#: consecutive steps grew over at least GROWTH_MIN_STEPS of them, in at least GROWTH_MIN_RISING
+#: of the changes, by at least GROWTH_MIN_MB in all (and 1% of the peak): a leak when it grew
+#: at every step, else a creep.
 GROWTH_MIN_STEPS = 3
 GROWTH_MIN_RISING = 0.75
 GROWTH_MIN_MB = 1.0
@@ -385,7 +385,10 @@ def _device(
         )
         for r in by_step
     ]
-    rate, verdict = growth([_opt_int(r[S.END_BYTES]) for r in by_step])
+    # Measured where one step ends and the next begins: the same point of every iteration. The
+    # last step ends where the profiler stopped, which need not be that point (under collect it
+    # stops in the optimizer's step, before the script's zero_grad frees the gradients).
+    rate, verdict = growth([_opt_int(r[S.END_BYTES]) for r in by_step[:-1]])
     peak_step = None
     peak_ts = whole[S.PEAK_TS_NS]
     for r in by_step:
