@@ -32,15 +32,18 @@ RESULTS = REPO / "benchmarks" / "results"
 def child(run: str, step: int, mode: str) -> None:
     from traceview.analysis.lanes import rank_lanes
     from traceview.open_run import open_run
-    from traceview.tui.model import step_windows
+    from traceview.tui.model import step_windows, window_read_span
 
     t0 = time.perf_counter()
     with open_run([Path(run)]) as opened:
-        start, end = step_windows(opened)[step][0]
+        windows = step_windows(opened)
+        span = window_read_span(windows, step, 0)
+        assert span is not None
         t1 = time.perf_counter()
-        events = opened.window_events(0, start, end) if mode == "window" else opened.events([0])
+        events = opened.window_events(0, *span) if mode == "window" else opened.events([0])
         t2 = time.perf_counter()
-        lanes = rank_lanes(events, 0, step, opened.manifest.threads().get(0, {}))
+        window = windows[step][0] if mode == "window" else None
+        lanes = rank_lanes(events, 0, step, opened.manifest.threads().get(0, {}), window=window)
         t3 = time.perf_counter()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(

@@ -678,10 +678,40 @@ def split_point(path: Path, near: int, decode: Callable[[Any], Any]) -> int | No
     return None
 
 
+#: How much a header read takes at a time (compressed and decompressed).
+_HEAD_BLOCK_BYTES = 64 << 10
+
+
+def _head_blocks(path: Path) -> Iterator[bytes]:
+    """Small decompressed blocks from the start of ``path``, inflated only as far as asked:
+    reading a header costs what the header holds, not the blocks `_byte_blocks` inflates ahead
+    (discovering 1,024 ranks reads 1,024 headers, one after another)."""
+    with path.open("rb") as f:
+        raw = f.read(_HEAD_BLOCK_BYTES)
+        if not is_gzip(raw):
+            while raw:
+                yield raw
+                raw = f.read(_HEAD_BLOCK_BYTES)
+            return
+        decompressor = zlib.decompressobj(wbits=31)
+        while raw:
+            try:
+                block = decompressor.decompress(raw, _HEAD_BLOCK_BYTES)
+            except zlib.error:
+                return  # a damaged stream ends the header; the parse itself reports the damage
+            if block:
+                yield block
+            if decompressor.eof:  # another gzip member may follow
+                raw = decompressor.unused_data.lstrip(b"\0") or f.read(_HEAD_BLOCK_BYTES)
+                decompressor = zlib.decompressobj(wbits=31)
+            else:
+                raw = decompressor.unconsumed_tail or f.read(_HEAD_BLOCK_BYTES)
+
+
 def read_header(path: Path) -> dict[str, Any]:
     """The top-level keys written before the events array (cheap: stops at ``traceEvents``)."""
     reader: ChromeTraceReader[None] = ChromeTraceReader(path, lambda _: None)
-    blocks = _byte_blocks(path, reader.info.stream)
+    blocks = _head_blocks(path)
     buf = bytearray()
 
     def fill() -> bool:

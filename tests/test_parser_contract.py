@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import SAMPLES, SHARED, parser_of
 from traceview import schema as S
+from traceview.ingest import RANK_STATUS
 from traceview.normalize import LAYOUTS, STEP_INFERENCE
 from traceview.parsers import registered
 from traceview.step_inference import STEP_THREAD
@@ -22,7 +23,8 @@ def _traces() -> list[Path]:
     for root in roots:
         for path in sorted(root.rglob("*")):
             suffix = path.name.endswith((".json.gz", ".json", ".xplane.pb"))
-            if path.is_file() and suffix and path.name != "groundtruth.json":
+            # not traces: a run's ground truth, and collect's per-rank status (ingest skips it)
+            if path.is_file() and suffix and path.name not in ("groundtruth.json", RANK_STATUS):
                 found.append(path)
     return found
 

@@ -14,7 +14,7 @@ from tests.conftest import SAMPLES
 from traceview import rundir as R
 from traceview.analysis.lanes import rank_lanes
 from traceview.open_run import ingest_run, open_run
-from traceview.tui.model import step_windows
+from traceview.tui.model import step_windows, window_read_span
 
 SAMPLE_RUNS = sorted(
     str(p.relative_to(SAMPLES))
@@ -45,8 +45,10 @@ def test_a_steps_window_cuts_the_same_lanes_as_all_events(sample: str, tmp_path:
                 continue
             for rank, (start, end) in per_rank.items():
                 whole = rank_lanes(run.events([rank]), rank, step, threads.get(rank, {}))
-                window = run.window_events(rank, start, end)
-                part = rank_lanes(window, rank, step, threads.get(rank, {}))
+                span = window_read_span(windows, step, rank)
+                assert span is not None and span[1] == end and span[0] <= start
+                window = run.window_events(rank, *span)
+                part = rank_lanes(window, rank, step, threads.get(rank, {}), window=(start, end))
                 assert window.num_rows < totals[rank], f"{sample}: the window read everything"
                 where = f"{sample} rank {rank} step {step}"
                 assert (part.start_ns, part.end_ns, part.error) == (

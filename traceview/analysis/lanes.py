@@ -34,28 +34,36 @@ class Lane:
 
 
 def step_lanes(
-    events: pa.Table, step: int | None, threads: dict[str, str] | None = None
+    events: pa.Table,
+    step: int | None,
+    threads: dict[str, str] | None = None,
+    window: tuple[int, int] | None = None,
 ) -> tuple[int, int, list[Lane]]:
     """The lanes of one rank for the window of ``step`` (None: the first window).
 
     Returns (window start, window end, lanes): first the rank's exclusive attribution
     ("critical path"), then every host thread and device stream that has operators, kernels or
     communication in the window, each as the phases of its own events (innermost on a thread).
+    ``window``: the step's window as the steps table has it, for ``events`` read for that window
+    alone (a step's bounds depend on events outside it, as where the previous update ended).
     """
     rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
     tl = rank_timeline(events)
     if len(tl.w_start) == 0:
         return 0, 0, []
-    index = (
-        0
-        if step is None
-        else int(np.flatnonzero(tl.numbers == step)[0])
-        if (tl.numbers == step).any()
-        else -1
-    )
-    if index < 0:
-        raise KeyError(f"rank {rank} has no step {step}")
-    start, end = int(tl.w_start[index]), int(tl.w_end[index])
+    if window is not None:
+        start, end = window
+    else:
+        index = (
+            0
+            if step is None
+            else int(np.flatnonzero(tl.numbers == step)[0])
+            if (tl.numbers == step).any()
+            else -1
+        )
+        if index < 0:
+            raise KeyError(f"rank {rank} has no step {step}")
+        start, end = int(tl.w_start[index]), int(tl.w_end[index])
     seg_s, seg_e, seg_p = attribution(tl, start, end)
     lanes = [Lane(rank, f"rank {rank} · every instant", seg_s, seg_e, seg_p)]
     ev = tl.ev
@@ -130,13 +138,14 @@ def rank_lanes(
     step: int | None,
     threads: dict[str, str],
     memory: pa.Table | None = None,
+    window: tuple[int, int] | None = None,
 ) -> RankLanes:
     """Cut one rank's lanes for ``step`` from its events (10-100 ms: a worker's job), and its
-    memory lane from its memory records where it has them."""
+    memory lane from its memory records where it has them. ``window``: as for ``step_lanes``."""
     if events.num_rows == 0:
         return RankLanes(rank, step, 0, 0, [], "no events")
     try:
-        start, end, lanes = step_lanes(events, step, threads)
+        start, end, lanes = step_lanes(events, step, threads, window)
     except KeyError:
         return RankLanes(rank, step, 0, 0, [], f"no step {step}")
     for lane in lanes:

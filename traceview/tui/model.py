@@ -91,6 +91,20 @@ def step_windows(run: Run) -> dict[int | None, dict[int, tuple[int, int]]]:
     return windows
 
 
+def window_read_span(
+    windows: dict[int | None, dict[int, tuple[int, int]]], step: int, rank: int
+) -> tuple[int, int] | None:
+    """What to read of ``rank``'s events to cut the lanes of ``step``: its window and the step
+    before it (None: the rank has no such step). A step's attribution looks back: a
+    synchronize at its start waits for the previous step's kernels, and without them it would
+    read as waiting for nothing."""
+    window = windows.get(step, {}).get(rank)
+    if window is None:
+        return None
+    before = [w[rank][0] for s, w in windows.items() if s is not None and s < step and rank in w]
+    return (max(before) if before else window[0], window[1])
+
+
 def build_view(run: Run) -> RunView:
     """The rows of every screen for ``run`` (tens of milliseconds: call it from a worker)."""
     return RunView(

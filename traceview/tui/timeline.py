@@ -31,7 +31,7 @@ from textual.worker import get_current_worker
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes
 from traceview.open_run import Run
 from traceview.results import StepCollective
-from traceview.tui.model import RunView, nice_ticks
+from traceview.tui.model import RunView, nice_ticks, window_read_span
 from traceview.tui.render import lane_cells, legend_text, ms, untrusted
 
 MAX_ZOOM = 4096.0
@@ -151,15 +151,20 @@ class Timeline(ScrollView, can_focus=True):
     def _cut_lanes(self, run: Run, step: int | None, ranks: list[int]) -> None:
         worker = get_current_worker()
         threads = self.view.threads if self.view else {}
-        windows = self.view.windows.get(step, {}) if self.view and step is not None else {}
+        all_windows = self.view.windows if self.view and step is not None else {}
+        windows = all_windows.get(step, {})
         for rank in ranks:
             if worker.is_cancelled:
                 return
             try:
-                # a known step reads only the row groups of its window, not the rank's events
+                # a known step reads only the row groups of its window (and of the step before,
+                # which its attribution looks back to), not the rank's events
                 window = windows.get(rank)
-                events = run.window_events(rank, *window) if window else run.events([rank])
-                result = rank_lanes(events, rank, step, threads.get(rank, {}), run.memory([rank]))
+                span = window_read_span(all_windows, step, rank) if step is not None else None
+                events = run.window_events(rank, *span) if span else run.events([rank])
+                result = rank_lanes(
+                    events, rank, step, threads.get(rank, {}), run.memory([rank]), window
+                )
             except Exception as exc:  # one bad rank must not take the view down
                 result = RankLanes(
                     rank, step, 0, 0, [], f"could not cut lanes: {type(exc).__name__}"
