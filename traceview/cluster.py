@@ -116,30 +116,33 @@ def run_on_cluster(
             for trace in sorted(traces, key=lambda t: -t.size)  # large first: short tail
         }
         with client.as_current():  # as_completed finds its client as the current one
-            # with_results: the parts are fetched from the workers as they finish, many at
-            # once, on the client's event loop; fetched one at a time with future.result()
-            # from here, the round trips were the ingest's serial part (11 s for 1,024 small
-            # ranks on 8 or 14 workers of a 16-core machine, whatever the number of workers)
-            finished = as_completed(futures, with_results=True, raise_errors=False)
-            for future, outcome in finished:
-                # let go of each as it is taken: a worker keeps a result while the client
-                # holds its future (its peak grew with the ranks it ingested: 311 MB at 128
-                # real-sized ranks, 438 MB at 512)
-                trace = futures.pop(future)
-                yield trace, _result_of(future, trace, outcome)
+            # The parts of every rank finished since the last look are fetched in one gather:
+            # fetched one future.result() round trip at a time, they were the ingest's serial
+            # part on a many-core cluster. (as_completed's with_results fetches in the
+            # background instead, and an interrupted ingest then logs a traceback per rank.)
+            for batch in as_completed(futures).batches():
+                done = [f for f in batch if f.status == "finished"]
+                parts = dict(zip(done, client.gather(done), strict=True)) if done else {}
+                for future in batch:
+                    # let go of each as it is taken: a worker keeps a result while the client
+                    # holds its future (its peak grew with the ranks it ingested: 311 MB at
+                    # 128 real-sized ranks, 438 MB at 512)
+                    trace = futures.pop(future)
+                    yield trace, _result_of(future, trace, parts.pop(future, None))
     finally:
         client.close()
 
 
-def _result_of(future: Any, trace: TraceFile, outcome: Any) -> Callable[[], RankPartial]:
+def _result_of(
+    future: Any, trace: TraceFile, fetched: RankPartial | None
+) -> Callable[[], RankPartial]:
     def result() -> RankPartial:
         from distributed.scheduler import KilledWorker
 
-        if future.status == "finished":
-            part: RankPartial = outcome
-            return part
+        if fetched is not None:
+            return fetched
         try:
-            part = future.result()  # raises what the task raised, or that it was cancelled
+            part: RankPartial = future.result()  # raises what the task raised, or cancelled
         except KilledWorker:
             raise BadInput(
                 f"{trace.path}: every Dask worker that took this rank died (out of memory?)"
