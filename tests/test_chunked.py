@@ -321,6 +321,13 @@ def test_one_huge_step(piece: int | None, tmp_path: Path, monkeypatch: pytest.Mo
     else:
         assert len(counts) == 1 and counts[0] >= rank.events // (4 * piece), counts
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    # a reader's recompute cuts the step in pieces too (at the phase annotations, its kernels
+    # with the calls that launched them), its window carried into the next: it never reads the
+    # step whole (it did: one chunk)
+    with monkeypatch.context() as m:
+        carried = _record_slices(m)
+        _assert_recomputed_in_chunks(tmp_path / "parts", monkeypatch, rows=300)
+    assert len(carried) >= 5 and carried[0] == 0 and carried[1] == 1, carried
 
 
 def _without_markers(source: Path, out: Path, extra: list[dict] | None = None) -> Path:

@@ -1431,17 +1431,23 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     """The events file ``path`` of ``rank`` in chunks of whole steps (``work``: a folder for
     the routed rows). Two passes over the file, a row group at a time: the step markers and
     what the rank holds, then each row to its chunk's file (by its start; a device activity by
-    the step of the call that launched it). A rank without step markers is one window, cut
-    about every ``target_rows`` rows (``_unmarked_file``); None where its ids are not its rows'."""
+    the call that launched it, else by its step's marker). A stretch of more than twice
+    ``target_rows`` rows between two cuts, a long step, is cut inside too, at phase markers, as
+    ingest cuts it (``_inside_steps``). A rank without step markers is one window, cut about
+    every ``target_rows`` rows (``_unmarked_file``); None where its ids are not its rows'."""
     from traceview.arrays import KIND_CODE, PHASE_CODE, coded
 
     step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
+    annotation, runtime_code = KIND_CODE[S.KIND_ANNOTATION], KIND_CODE[S.KIND_RUNTIME]
     file = pq.ParquetFile(path)
     rows = file.metadata.num_rows
     markers: list[np.ndarray] = []
     gpu = False
     backward_threads: set[tuple[int, int]] = set()
-    columns = [S.KIND, S.PHASE, S.PID, S.TID, S.TS_NS, S.DUR_NS, S.STEP]
+    # where a long step's events lie, where its phase markers start, and each runtime call
+    sampled, anchors, runtime_ids, runtime_ts = [], [], [], []
+    seen = 0
+    columns = [S.EVENT_ID, S.KIND, S.PHASE, S.PID, S.TID, S.TS_NS, S.DUR_NS, S.STEP]
     for batch in file.iter_batches(batch_size=_READ_ROWS, columns=columns):
         kind = coded(batch.column(S.KIND), KIND_CODE)
         pid, tid = ints(batch.column(S.PID), 0), ints(batch.column(S.TID), 0)
@@ -1457,13 +1463,24 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
         if back.any():
             pairs = unique_pairs(pid[back], tid[back])
             backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
+        sampled.append(ts[(-seen) % _SAMPLE_EVERY :: _SAMPLE_EVERY].copy())
+        seen += len(ts)
+        anchors.append(ts[(kind == annotation) & (phase >= 0) & _ANCHOR_PHASES[phase]])
+        runtime = kind == runtime_code
+        runtime_ids.append(ints(batch.column(S.EVENT_ID), -1)[runtime])
+        runtime_ts.append(ts[runtime])
     whole: tuple[int, int] | None = None
-    launchers = _Firsts.NONE  # (without markers: a device activity goes with its launcher)
+    launchers = _Firsts.NONE  # a device activity goes with its launcher
     step_numbers = step_chunks = np.zeros(0, np.int64)
     if markers:
         m_pid, m_tid, m_ts, m_end, m_step = np.concatenate(markers, axis=1)
         training, mine, bounds = _steps_and_chunks(m_pid, m_tid, m_ts, m_end, rows, target_rows)
-        # the chunk of each step (by its marker), for the device activities it launched
+        starts = np.sort(np.concatenate(sampled))
+        bounds = _inside_steps(bounds, starts, rows, np.concatenate(anchors), target_rows)
+        del starts, sampled, anchors
+        launchers = _Firsts(runtime_ids, runtime_ts, bounds)
+        # the chunk of each step (by its marker), for the device activities it launched whose
+        # launcher is not known
         numbers = m_step[mine]
         known = numbers >= 0
         step_numbers = numbers[known]
@@ -1471,6 +1488,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
         order = np.argsort(step_numbers, kind="stable")
         step_numbers, step_chunks = step_numbers[order], step_chunks[order]
     else:
+        del sampled, anchors, runtime_ids, runtime_ts
         found = _unmarked_file(file, rows, target_rows)
         if found is None:
             return None
@@ -1487,7 +1505,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
                 at = np.minimum(np.searchsorted(step_numbers, step), len(step_numbers) - 1)
                 hit = (step >= 0) & (step_numbers[at] == step)
                 chunk[device] = np.where(hit, step_chunks[at], chunk[device])
-            elif len(device) and whole is not None:
+            if len(device):
                 launcher = launchers.get(ints(batch.column(S.PARENT), -1)[device])
                 chunk[device] = np.where(launcher >= 0, launcher, chunk[device])
             for c in np.unique(chunk).tolist():
