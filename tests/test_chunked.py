@@ -187,7 +187,7 @@ def test_chunked_ingest_equals_whole(
         _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch)
     else:  # no step markers: one window, in chunks all the same (memory records or not)
         assert counts and counts[0] >= 1, counts
-        _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=2000)
+        _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=300)
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
@@ -428,7 +428,10 @@ def test_memory_records_without_markers_in_slices(
     memory = R.read_table(tmp_path / "parts" / "memory_steps.parquet")
     assert memory.num_rows >= 2 and memory.column(S.PEAK_OP).null_count < memory.num_rows
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
-    _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=2000)
+    # in chunks of 300 rows, one chunk holds none of the training thread's rows (a thread with
+    # three communication calls): the gap across it takes its phase from neighbours two chunks
+    # apart, as over the whole rank (it stayed idle when a slice looked one chunk ahead)
+    _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=300)
 
 
 def _helpers_left() -> list[str]:

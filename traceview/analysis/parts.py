@@ -152,8 +152,10 @@ class ChunkedAnalysis:
             host = (whole[0], whole[1], np.full(len(whole[0]), -1, np.int64))
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
         del ev
-        near, far = _neighbour_operators(events, own, self.training, lo, hi)
-        self.queue.append(_Chunk(events, own, lo, hi, host, device_steps, device_ends, near, far))
+        near, far, ops = _neighbour_operators(events, own, self.training, lo, hi)
+        self.queue.append(
+            _Chunk(events, own, lo, hi, host, device_steps, device_ends, near, far, ops)
+        )
         self._drain(final=False)
 
     def split(self) -> tuple[RowParts, ChunkedAnalysis]:
@@ -171,12 +173,30 @@ class ChunkedAnalysis:
         self.seen_elsewhere |= backward_elsewhere(ev, host, self.training)
 
     def _drain(self, final: bool) -> None:
-        """Analyse each chunk once the next is in (or none will come), a slice at a time."""
-        while len(self.queue) > 1 or (final and self.queue):
+        """Analyse each chunk once the chunks after it hold the next neighbours of a gap at its
+        end on the training thread (or none will come), a slice at a time."""
+        while self.queue and (final or self._ready()):
             head = self.queue.pop(0)
-            self._slice(head, self.queue[0] if self.queue else None)
+            self._slice(head, self.queue)
 
-    def _slice(self, head: _Chunk, after: _Chunk | None) -> None:
+    def _ready(self) -> bool:
+        """The head's slice can be cut: the chunks after it hold _NEIGHBOURS operators on the
+        training thread or a window's end (a gap whose next operator lies several chunks on,
+        where another thread's events fill the chunks between, takes that operator's phase as
+        over the whole rank), or _LOOKAHEAD chunks wait (then the gap's end is the last one's)."""
+        following = self.queue[1:]
+        if not following:
+            return False
+        if len(following) >= _LOOKAHEAD:
+            return True
+        ops = 0
+        for chunk in following:
+            ops += chunk.training_ops
+            if ops >= _NEIGHBOURS or chunk.holds_neighbours():
+                return True
+        return False
+
+    def _slice(self, head: _Chunk, following: list[_Chunk]) -> None:
         """The head's part of every window that overlaps it, once the next chunk is in (or none
         will come): the windows that started in earlier chunks and run on (``self.open``), then
         its own. A window's slices are added up once it ends.
@@ -188,6 +208,7 @@ class ChunkedAnalysis:
         as ``step_windows`` finds them over the whole rank: a window's end is its device work's
         (GPU runs), known once its host window is over (a step launches its work in its own
         host window); one still open runs past the slice."""
+        after = following[0] if following else None
         upto = after.lo if after is not None else _NEVER
         marker, host_end, numbers = (
             np.concatenate([self.open.host[k], head.host[k]]) for k in range(3)
@@ -210,10 +231,14 @@ class ChunkedAnalysis:
         here = (sub_s < sub_e) | ((starts == ends) & (starts >= self.since) & (starts < upto))
         context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
         pieces = [head.events]
-        if after is not None:  # its first rows: the training thread's next neighbours
-            own = after.own()
-            until = min(after.first_end, after.near + 1)
+        ops = 0
+        for chunk in following:  # their first rows: the training thread's next neighbours
+            own = chunk.own()
+            until = min(chunk.first_end, chunk.near + 1)
             pieces.append(own.filter(pc.less(own.column(S.TS_NS), until)))
+            ops += chunk.training_ops
+            if ops >= _NEIGHBOURS or chunk.holds_neighbours():
+                break
         table = _unique_ids(context, [t for t in pieces if t.num_rows])
         if self.lookups is not None:
             first = (starts >= self.since)[here]  # (where a window starts)
@@ -251,7 +276,12 @@ class ChunkedAnalysis:
         # for the next slice: the head's rows from its last window, or from its last operators
         # on the training thread where those start later (what the next slice's gap needs)
         last = sub_s[here].max() if here.any() else head.lo
-        self.before = _ending_after(head.events, max(int(last), head.far))
+        before = _ending_after(head.events, max(int(last), head.far))
+        if head.training_ops < _NEIGHBOURS and self.before is not None:
+            # too few of its own: the training thread's last rows of earlier chunks too (a gap
+            # that began chunks before ends in the next slice)
+            before = _unique_ids([_on_thread(self.before, self.training), before], [])
+        self.before = before
         self.since = upto
 
     def finish(self) -> dict[str, pa.Table] | None:
@@ -302,6 +332,12 @@ class _Chunk:
     device_ends: np.ndarray  # ... and where each step's last one ended
     near: int  # where its first _NEIGHBOURS operators on the training thread have started
     far: int  # where the first of its last _NEIGHBOURS ones starts
+    training_ops: int  # how many of its own operators are on the training thread
+
+    def holds_neighbours(self) -> bool:
+        """Whether a gap before it finds its neighbours here: _NEIGHBOURS operators on the
+        training thread, or the end of a window."""
+        return self.near < self.hi or self.first_end < self.hi
 
     @property
     def numbers(self) -> np.ndarray:
@@ -396,16 +432,18 @@ def _joined_comm(table: pa.Table) -> pa.Table:
 #: which takes the phase of its neighbours: the next operator's, or one after it where that
 #: one's time is nobody's, such as a synchronize outside every phase).
 _NEIGHBOURS = 64
+#: How many chunks at most wait for the next neighbours of a gap (their memory is held).
+_LOOKAHEAD = 8
 
 
 def _neighbour_operators(
     events: pa.Table, own: np.ndarray, training: tuple[int, int] | None, lo: int, hi: int
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Where the ``_NEIGHBOURS``-th of a chunk's own operators on the training thread (host
-    events that take time and are no region) starts, and the ``_NEIGHBOURS``-th last; ``hi``
-    and ``lo`` where it has fewer."""
+    events that take time and are no region) starts, and the ``_NEIGHBOURS``-th last (``hi``
+    and ``lo`` where it has fewer), and how many it has."""
     if training is None:
-        return hi, lo
+        return hi, lo, 0
     kind = coded(events.column(S.KIND), KIND_CODE)
     ts = ints(events.column(S.TS_NS), 0)
     mine = (
@@ -418,10 +456,18 @@ def _neighbour_operators(
     )
     starts = ts[mine]
     if len(starts) <= _NEIGHBOURS:
-        return hi, lo
+        return hi, lo, len(starts)
     first = np.partition(starts, _NEIGHBOURS - 1)[_NEIGHBOURS - 1]
     last = np.partition(starts, len(starts) - _NEIGHBOURS)[len(starts) - _NEIGHBOURS]
-    return int(first), int(last)
+    return int(first), int(last), len(starts)
+
+
+def _on_thread(table: pa.Table, thread: tuple[int, int] | None) -> pa.Table:
+    """The rows of ``table`` on host thread ``thread``."""
+    if thread is None:
+        return table.slice(0, 0)
+    keep = (ints(table.column(S.PID), 0) == thread[0]) & (ints(table.column(S.TID), 0) == thread[1])
+    return table.filter(pa.array(keep))
 
 
 def _device_ends(ev: EventArrays) -> tuple[np.ndarray, np.ndarray]:
