@@ -507,7 +507,10 @@ class ChromeTraceReader(Generic[T]):
                     return start.start() + 1
                 if first != b"{":
                     raise BadInput(f"{self.path}: not a JSON trace (starts with {bytes(first)!r})")
-                match = _EVENTS_KEY.search(buf, max(searched - 64, 0))
+                # (from where a key cut by the last fill may begin: its name, or any run of
+                # blanks after it, ends the bytes searched before)
+                key = buf.rfind(b'"traceEvents"', 0, searched)
+                match = _EVENTS_KEY.search(buf, key if key >= 0 else max(searched - 64, 0))
                 if match is not None:
                     head = bytes(buf[: match.start()]).rstrip().rstrip(b",")
                     try:
@@ -682,36 +685,49 @@ def split_point(path: Path, near: int, decode: Callable[[Any], Any]) -> int | No
 _HEAD_BLOCK_BYTES = 64 << 10
 
 
-def _head_blocks(path: Path) -> Iterator[bytes]:
+def _head_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
     """Small decompressed blocks from the start of ``path``, inflated only as far as asked:
     reading a header costs what the header holds, not the blocks `_byte_blocks` inflates ahead
-    (discovering 1,024 ranks reads 1,024 headers, one after another)."""
+    (discovering 1,024 ranks reads 1,024 headers, one after another). A damaged or cut gzip
+    stream ends the blocks and says why in ``state``, as `_byte_blocks` does."""
     with path.open("rb") as f:
         raw = f.read(_HEAD_BLOCK_BYTES)
         if not is_gzip(raw):
             while raw:
+                state.bytes_read += len(raw)
                 yield raw
                 raw = f.read(_HEAD_BLOCK_BYTES)
             return
+        state.compressed = True
         decompressor = zlib.decompressobj(wbits=31)
+        fed = False  # whether the current member has had any input
         while raw:
+            fed = True
             try:
                 block = decompressor.decompress(raw, _HEAD_BLOCK_BYTES)
-            except zlib.error:
-                return  # a damaged stream ends the header; the parse itself reports the damage
+            except zlib.error as exc:
+                state.ended_early = f"corrupt gzip data ({exc})"
+                return
             if block:
+                state.bytes_read += len(block)
                 yield block
             if decompressor.eof:  # another gzip member may follow
                 raw = decompressor.unused_data.lstrip(b"\0") or f.read(_HEAD_BLOCK_BYTES)
-                decompressor = zlib.decompressobj(wbits=31)
+                decompressor, fed = zlib.decompressobj(wbits=31), False
             else:
                 raw = decompressor.unconsumed_tail or f.read(_HEAD_BLOCK_BYTES)
+        if fed and not decompressor.eof:  # the file ends inside a member
+            tail = decompressor.flush()
+            if tail:
+                state.bytes_read += len(tail)
+                yield tail
+            state.ended_early = "the gzip stream ends before its end marker"
 
 
 def read_header(path: Path) -> dict[str, Any]:
     """The top-level keys written before the events array (cheap: stops at ``traceEvents``)."""
     reader: ChromeTraceReader[None] = ChromeTraceReader(path, lambda _: None)
-    blocks = _head_blocks(path)
+    blocks = _head_blocks(path, reader.info.stream)
     buf = bytearray()
 
     def fill() -> bool:

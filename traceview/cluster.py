@@ -121,14 +121,20 @@ def run_on_cluster(
             # part on a many-core cluster. (as_completed's with_results fetches in the
             # background instead, and an interrupted ingest then logs a traceback per rank.)
             for batch in as_completed(futures).batches():
-                done = [f for f in batch if f.status == "finished"]
-                parts = dict(zip(done, client.gather(done), strict=True)) if done else {}
-                for future in batch:
+                # (errors skipped: a rank whose result was lost with its worker and whose
+                # rerun failed is left to ``_result_of``, the batch's others are kept)
+                done = dict(enumerate(f for f in batch if f.status == "finished"))
+                fetched = client.gather(done, errors="skip") if done else {}
+                parts = {done[i]: part for i, part in fetched.items()}
+                done.clear()
+                while batch:
                     # let go of each as it is taken: a worker keeps a result while the client
                     # holds its future (its peak grew with the ranks it ingested: 311 MB at
                     # 128 real-sized ranks, 438 MB at 512)
+                    future = batch.pop()
                     trace = futures.pop(future)
                     yield trace, _result_of(future, trace, parts.pop(future, None))
+                    del future
     finally:
         client.close()
 

@@ -232,8 +232,10 @@ class ChunkedAnalysis:
         context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
         pieces = [head.events]
         ops = 0
-        for chunk in following:  # their first rows: the training thread's next neighbours
+        for k, chunk in enumerate(following):  # their first rows: the next neighbours
             own = chunk.own()
+            if k:  # beyond the next chunk, only the training thread's rows are neighbours
+                own = _on_thread(own, self.training)
             until = min(chunk.first_end, chunk.near + 1)
             pieces.append(own.filter(pc.less(own.column(S.TS_NS), until)))
             ops += chunk.training_ops
@@ -279,8 +281,12 @@ class ChunkedAnalysis:
         before = _ending_after(head.events, max(int(last), head.far))
         if head.training_ops < _NEIGHBOURS and self.before is not None:
             # too few of its own: the training thread's last rows of earlier chunks too (a gap
-            # that began chunks before ends in the next slice)
+            # that began chunks before ends in the next slice), from its last _NEIGHBOURS
+            # operators on
             before = _unique_ids([_on_thread(self.before, self.training), before], [])
+            everything = np.ones(before.num_rows, bool)
+            _, far, _ = _neighbour_operators(before, everything, self.training, 0, 0)
+            before = _ending_after(before, far) if far > 0 else before
         self.before = before
         self.since = upto
 

@@ -101,7 +101,12 @@ def window_read_span(
     window = windows.get(step, {}).get(rank)
     if window is None:
         return None
-    before = [w[rank][0] for s, w in windows.items() if s is not None and s < step and rank in w]
+    # the rank's window that starts last before this one (by time, not by step number)
+    before = [
+        w[rank][0]
+        for s, w in windows.items()
+        if s is not None and rank in w and w[rank][0] < window[0]
+    ]
     return (max(before) if before else window[0], window[1])
 
 
