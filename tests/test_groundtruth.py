@@ -61,12 +61,17 @@ def check_against_timers(
     mean: float = 0.05,
     floor_ms: float = 0.5,
     idle_may_explain: bool = False,
+    preempted: int = 0,
 ) -> None:
     """Each step within max(floor_ms, per_step), the means within max(0.3 ms, mean).
 
     With ``idle_may_explain`` (runs made while the tests load the machine), a phase may also
     come out short of its timer by up to that step's idle time: a rank descheduled between
-    two operators leaves a gap that traceview calls idle and the timer bills to its phase."""
+    two operators leaves a gap that traceview calls idle and the timer bills to its phase.
+    ``preempted``: per rank and phase, that many steps may be off by up to twice the allowance
+    (a rank descheduled between its timer and the profiler's mark, on a machine the tests
+    load: one step, not all of them; an error in the attribution shows in every step and in
+    the mean, which holds to ``mean`` regardless)."""
     for ours, timer in PAIRS.items():
         error = (df[ours] - df[timer]).abs()
         allowed = (per_step * df[timer].abs()).clip(lower_bound=floor_ms)
@@ -75,8 +80,14 @@ def check_against_timers(
             short = df[timer] - df[ours]
             ok = ok | ((short > 0) & (short <= df["idle_tv"] + allowed))
         bad = df.filter(~ok)
+        if preempted:
+            twice = 2 * (per_step * bad[timer].abs()).clip(lower_bound=floor_ms)
+            near = bad.filter((bad[ours] - bad[timer]).abs() <= twice)
+            spared = near.group_by(S.RANK).head(preempted)
+            bad = bad.join(spared, on=[S.RANK, S.STEP], how="anti")
         assert bad.height == 0, (
-            f"{label}: {ours} vs {timer} off by more than max({floor_ms} ms, {per_step:.0%}):\n"
+            f"{label}: {ours} vs {timer} off by more than max({floor_ms} ms, {per_step:.0%})"
+            f"{f' (or twice that in {preempted} step(s) a rank)' if preempted else ''}:\n"
             f"{bad.select(S.RANK, S.STEP, ours, timer, 'idle_tv')}"
         )
     means = df.group_by(S.RANK).agg(
@@ -148,3 +159,26 @@ def test_exclusive_phases_sum_to_the_step(runs: dict[str, Path], scenario: str) 
     assert isinstance(steps, pl.DataFrame)
     total = steps.select(pl.sum_horizontal([S.phase_ns(p) for p in S.BREAKDOWN_PHASES])).to_series()
     assert (total == steps[S.WALL_NS]).all()
+
+
+def test_one_preempted_step_is_spared_and_no_more() -> None:
+    """``check_against_timers(preempted=1)``: one step per rank off by up to twice the
+    allowance passes; a second such step, or one off by more, does not."""
+    timers = {timer: [10.0] * 5 for timer in PAIRS.values()}
+    ours = {column: [10.0] * 5 for column in PAIRS}
+
+    def frame(forward: list[float]) -> pl.DataFrame:
+        return pl.DataFrame(
+            {S.RANK: [0] * 5, S.STEP: list(range(5)), **timers, **ours,
+             "forward_tv": [float(x) for x in forward],
+             "idle_tv": [0.0] * 5}
+        )  # fmt: skip
+
+    # allowance max(1 ms, 15 %) of 10 ms: 1.5 ms; twice that 3 ms; the means within 8 %
+    check_against_timers(frame([10, 12.9, 10, 10, 9.9]), "one", 0.15, 0.08, 1.0, preempted=1)
+    with pytest.raises(AssertionError):
+        check_against_timers(frame([10, 12.9, 7.1, 10, 10]), "two", 0.15, 0.08, 1.0, preempted=1)
+    with pytest.raises(AssertionError):
+        check_against_timers(frame([10, 13.2, 10, 10, 10]), "far", 0.15, 0.08, 1.0, preempted=1)
+    with pytest.raises(AssertionError):
+        check_against_timers(frame([10, 12.9, 10, 10, 10]), "none", 0.15, 0.08, 1.0)
