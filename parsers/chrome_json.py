@@ -194,39 +194,52 @@ def _inflate(
     state: StreamState,
     stop: threading.Event,
 ) -> None:
-    decompressor = zlib.decompressobj(wbits=31)
-    compressed: bytes = first
     try:
-        while not stop.is_set():
-            try:
-                # bounded output: 2 MB of compressed padding would inflate to 2 GB at once
-                block = decompressor.decompress(compressed, _BLOCK_BYTES)
-            except zlib.error as exc:
-                state.ended_early = f"corrupt gzip data ({exc})"
-                return
-            if block:
-                state.bytes_read += len(block)
-                out.put(block)
-            if decompressor.eof:
-                rest = decompressor.unused_data
-                if rest.strip(b"\0"):  # another gzip member follows
-                    decompressor = zlib.decompressobj(wbits=31)
-                    compressed = rest
-                    continue
-            elif decompressor.unconsumed_tail or len(block) == _BLOCK_BYTES:
-                compressed = decompressor.unconsumed_tail  # more output from the same input
-                continue
-            compressed = f.read(_BLOCK_BYTES)
-            if not compressed:
-                break
-        if not decompressor.eof and not stop.is_set():
-            tail = decompressor.flush()
-            if tail:
-                state.bytes_read += len(tail)
-                out.put(tail)
-            state.ended_early = "the gzip stream ends before its end marker"
+        for block in _inflated(f, first, _BLOCK_BYTES, state, stop):
+            out.put(block)
     finally:
         out.put(None)
+
+
+def _inflated(
+    f: BinaryIO,
+    compressed: bytes,
+    size: int,
+    state: StreamState,
+    stop: threading.Event | None = None,
+) -> Iterator[bytes]:
+    """The decompressed blocks, ``size`` bytes at most each, of the gzip stream in ``f`` that
+    begins with ``compressed``, member after member; a damaged or cut stream ends them and says
+    why in ``state`` (``stop``: set when the reader needs no more)."""
+    decompressor = zlib.decompressobj(wbits=31)
+    while stop is None or not stop.is_set():
+        try:
+            # bounded output: 2 MB of compressed padding would inflate to 2 GB at once
+            block = decompressor.decompress(compressed, size)
+        except zlib.error as exc:
+            state.ended_early = f"corrupt gzip data ({exc})"
+            return
+        if block:
+            state.bytes_read += len(block)
+            yield block
+        if decompressor.eof:
+            rest = decompressor.unused_data
+            if rest.strip(b"\0"):  # another gzip member follows
+                decompressor = zlib.decompressobj(wbits=31)
+                compressed = rest
+                continue
+        elif decompressor.unconsumed_tail or len(block) == size:
+            compressed = decompressor.unconsumed_tail  # more output from the same input
+            continue
+        compressed = f.read(size)
+        if not compressed:
+            break
+    if not decompressor.eof and (stop is None or not stop.is_set()):
+        tail = decompressor.flush()
+        if tail:
+            state.bytes_read += len(tail)
+            yield tail
+        state.ended_early = "the gzip stream ends before its end marker"
 
 
 def _error_byte(exc: Exception) -> int | None:
@@ -688,40 +701,17 @@ _HEAD_BLOCK_BYTES = 64 << 10
 def _head_blocks(path: Path, state: StreamState) -> Iterator[bytes]:
     """Small decompressed blocks from the start of ``path``, inflated only as far as asked:
     reading a header costs what the header holds, not the blocks `_byte_blocks` inflates ahead
-    (discovering 1,024 ranks reads 1,024 headers, one after another). A damaged or cut gzip
-    stream ends the blocks and says why in ``state``, as `_byte_blocks` does."""
+    (discovering 1,024 ranks reads 1,024 headers, one after another)."""
     with path.open("rb") as f:
         raw = f.read(_HEAD_BLOCK_BYTES)
-        if not is_gzip(raw):
-            while raw:
-                state.bytes_read += len(raw)
-                yield raw
-                raw = f.read(_HEAD_BLOCK_BYTES)
+        if is_gzip(raw):
+            state.compressed = True
+            yield from _inflated(f, raw, _HEAD_BLOCK_BYTES, state)
             return
-        state.compressed = True
-        decompressor = zlib.decompressobj(wbits=31)
-        fed = False  # whether the current member has had any input
         while raw:
-            fed = True
-            try:
-                block = decompressor.decompress(raw, _HEAD_BLOCK_BYTES)
-            except zlib.error as exc:
-                state.ended_early = f"corrupt gzip data ({exc})"
-                return
-            if block:
-                state.bytes_read += len(block)
-                yield block
-            if decompressor.eof:  # another gzip member may follow
-                raw = decompressor.unused_data.lstrip(b"\0") or f.read(_HEAD_BLOCK_BYTES)
-                decompressor, fed = zlib.decompressobj(wbits=31), False
-            else:
-                raw = decompressor.unconsumed_tail or f.read(_HEAD_BLOCK_BYTES)
-        if fed and not decompressor.eof:  # the file ends inside a member
-            tail = decompressor.flush()
-            if tail:
-                state.bytes_read += len(tail)
-                yield tail
-            state.ended_early = "the gzip stream ends before its end marker"
+            state.bytes_read += len(raw)
+            yield raw
+            raw = f.read(_HEAD_BLOCK_BYTES)
 
 
 def read_header(path: Path) -> dict[str, Any]:

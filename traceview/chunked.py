@@ -1488,8 +1488,8 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
         order = np.argsort(step_numbers, kind="stable")
         step_numbers, step_chunks = step_numbers[order], step_chunks[order]
     else:
-        del sampled, anchors, runtime_ids, runtime_ts
-        found = _unmarked_file(file, rows, target_rows)
+        del anchors
+        found = _unmarked_file(file, rows, target_rows, sampled, runtime_ids, runtime_ts)
         if found is None:
             return None
         training, whole, bounds, launchers = found
@@ -1536,22 +1536,26 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
 
 
 def _unmarked_file(
-    file: pq.ParquetFile, rows: int, target_rows: int
+    file: pq.ParquetFile,
+    rows: int,
+    target_rows: int,
+    sampled: list[np.ndarray],
+    runtime_ids: list[np.ndarray],
+    runtime_ts: list[np.ndarray],
 ) -> tuple[tuple[int, int], tuple[int, int], np.ndarray, _Firsts] | None:
     """What ``events_in_chunks`` needs of a written rank without step markers, in two more
     passes over a few of its columns: its training thread (as ``rank_timeline`` finds it over
     the whole rank: the thread with the most time in outermost operators, which takes each
     parent's kind, looked up by id), its one window (the span of its timed events), the chunk
     bounds (about every ``target_rows`` rows, by a sample of the starts), and the chunk of
-    each runtime call (a device activity's launcher) by id. None where the ids are not the
-    rows' numbers (not a file traceview wrote)."""
+    each runtime call (a device activity's launcher) by id (``sampled``, ``runtime_ids`` and
+    ``runtime_ts``: the caller's pass found them). None where the ids are not the rows' numbers
+    (not a file traceview wrote)."""
     from traceview.arrays import PHASE_CODE, coded
 
     kind_of = np.full(rows + 1, -1, np.int8)  # by id (the last: none)
-    sampled, runtime_ids, runtime_ts = [], [], []
     start, end = 1 << 62, -(1 << 62)
     timed = HOST_TREE | DEVICE
-    seen = 0
     for batch in file.iter_batches(
         batch_size=_READ_ROWS, columns=[S.EVENT_ID, S.KIND, S.TS_NS, S.DUR_NS]
     ):
@@ -1561,15 +1565,10 @@ def _unmarked_file(
         kind = coded(batch.column(S.KIND), KIND_CODE)
         kind_of[ids] = kind
         ts = ints(batch.column(S.TS_NS), 0)
-        sampled.append(ts[(-seen) % _SAMPLE_EVERY :: _SAMPLE_EVERY].copy())
-        seen += len(ts)
         mine = timed[kind]
         if mine.any():
             start = min(start, int(ts[mine].min()))
             end = max(end, int((ts[mine] + ints(batch.column(S.DUR_NS), 0)[mine]).max()))
-        runtime = kind == KIND_CODE[S.KIND_RUNTIME]
-        runtime_ids.append(ids[runtime])
-        runtime_ts.append(ts[runtime])
     if end < start:
         return None
     thread_time = _ThreadTime()

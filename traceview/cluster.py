@@ -134,7 +134,6 @@ def run_on_cluster(
                     future = batch.pop()
                     trace = futures.pop(future)
                     yield trace, _result_of(future, trace, parts.pop(future, None))
-                    del future
     finally:
         client.close()
 

@@ -185,16 +185,9 @@ class ChunkedAnalysis:
         where another thread's events fill the chunks between, takes that operator's phase as
         over the whole rank), or _LOOKAHEAD chunks wait (then the gap's end is the last one's)."""
         following = self.queue[1:]
-        if not following:
-            return False
-        if len(following) >= _LOOKAHEAD:
-            return True
-        ops = 0
-        for chunk in following:
-            ops += chunk.training_ops
-            if ops >= _NEIGHBOURS or chunk.holds_neighbours():
-                return True
-        return False
+        return bool(following) and (
+            len(following) >= _LOOKAHEAD or _neighbour_chunks(following) is not None
+        )
 
     def _slice(self, head: _Chunk, following: list[_Chunk]) -> None:
         """The head's part of every window that overlaps it, once the next chunk is in (or none
@@ -231,16 +224,13 @@ class ChunkedAnalysis:
         here = (sub_s < sub_e) | ((starts == ends) & (starts >= self.since) & (starts < upto))
         context = [t for t in (self.running, self.before) if t is not None and t.num_rows]
         pieces = [head.events]
-        ops = 0
-        for k, chunk in enumerate(following):  # their first rows: the next neighbours
+        neighbours = following[: _neighbour_chunks(following) or len(following)]
+        for k, chunk in enumerate(neighbours):  # their first rows: the next neighbours
             own = chunk.own()
             if k:  # beyond the next chunk, only the training thread's rows are neighbours
                 own = _on_thread(own, self.training)
             until = min(chunk.first_end, chunk.near + 1)
             pieces.append(own.filter(pc.less(own.column(S.TS_NS), until)))
-            ops += chunk.training_ops
-            if ops >= _NEIGHBOURS or chunk.holds_neighbours():
-                break
         table = _unique_ids(context, [t for t in pieces if t.num_rows])
         if self.lookups is not None:
             first = (starts >= self.since)[here]  # (where a window starts)
@@ -466,6 +456,18 @@ def _neighbour_operators(
     first = np.partition(starts, _NEIGHBOURS - 1)[_NEIGHBOURS - 1]
     last = np.partition(starts, len(starts) - _NEIGHBOURS)[len(starts) - _NEIGHBOURS]
     return int(first), int(last), len(starts)
+
+
+def _neighbour_chunks(following: list[_Chunk]) -> int | None:
+    """How many of ``following`` (the chunks after a slice) hold the next neighbours of a gap
+    at its end: up to the first where their operators on the training thread add up to
+    _NEIGHBOURS, or that holds a window's end; None where none does."""
+    ops = 0
+    for k, chunk in enumerate(following):
+        ops += chunk.training_ops
+        if ops >= _NEIGHBOURS or chunk.holds_neighbours():
+            return k + 1
+    return None
 
 
 def _on_thread(table: pa.Table, thread: tuple[int, int] | None) -> pa.Table:
