@@ -31,7 +31,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def child(run: str, step: int, mode: str) -> None:
     from traceview.analysis.lanes import rank_lanes
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
     from traceview.tui.model import step_windows, window_read_span
 
     t0 = time.perf_counter()
@@ -98,7 +98,7 @@ def main() -> None:
         child(args.child[0], int(args.child[1]), args.child[2])
         return
     run = args.run or make_run(args.target_mb)
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
     from traceview.tui.model import step_windows
 
     with open_run([run]) as opened:

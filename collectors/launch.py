@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from traceview import __version__
-from traceview import rundir as R
 from traceview.collectors import RANKSIDE_MODULE, rankside
+from traceview.store import rundir as R
 
 BOOTSTRAP_DIR = ".traceview-bootstrap"
 OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "oshrun")

@@ -19,7 +19,7 @@ imported ``mxnet``.
   worker that has one, else the launcher's (the core's ``detect_rank``).
 - Bulk execution is left as the job has it (on by default): the profiler does not change how
   the job runs. Backward then shows as ``ImperativeBulk`` segments, which the engine layout
-  (traceview/mxnet_engine.py) counts as backward; docs/mxnet.md says what that costs.
+  (traceview/normalize/mxnet_engine.py) counts as backward; docs/mxnet.md says what that costs.
 
 Nothing here may break the job: a failure prints one ``traceview:`` line and the job runs on.
 """

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from traceview import schema as S
-from traceview.errors import BadInput, Notes
+from traceview.model import schema as S
+from traceview.model.errors import BadInput, Notes
 
 
 @dataclass
@@ -139,7 +139,7 @@ def _registered() -> tuple[Parser, ...]:
 
 
 #: The fallback for Chrome traces no parser claims, used only with a rules file (``--rules``).
-GENERIC_PARSER = "traceview.parsers.chrome:ChromeParser"
+GENERIC_PARSER = "traceview.parsers.generic_chrome:ChromeParser"
 
 
 @functools.cache

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from traceview.parsers import ParsedTrace, TraceIdentity
-from traceview.parsers.chrome_json import read_header
+from traceview.parsers.chrome_stream import read_header
 from traceview.parsers.mxnet import read_events
 
 HEADER_KEY = "traceviewChainer"

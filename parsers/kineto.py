@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
-from traceview.arrays import ints
-from traceview.errors import BadInput, Notes
+from traceview.model import schema as S
+from traceview.model.columns import ints
+from traceview.model.errors import BadInput, Notes
 from traceview.parsers import (
     ParsedTrace,
     TraceIdentity,
@@ -34,7 +34,7 @@ from traceview.parsers import (
     us_durations_to_ns,
     us_to_ns,
 )
-from traceview.parsers.chrome_json import (
+from traceview.parsers.chrome_stream import (
     ABSURD,
     ChromeTraceInfo,
     ChromeTraceReader,

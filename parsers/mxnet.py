@@ -12,7 +12,7 @@ This parser only reads: it pairs the records into intervals (one row per event, 
 domain's duplicate of each device operator dropped) and says what the file states about itself.
 MXNet runs operators asynchronously on its engine's worker threads, so the timeline that matters
 is the engine's: the parser asks the core for the ``mxnet_engine`` layout
-(``traceview/mxnet_engine.py``), which finds that timeline, the steps and their phases.
+(``traceview/normalize/mxnet_engine.py``), which finds that timeline, the steps and their phases.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
-from traceview.arrays import dictionary_codes
-from traceview.errors import Notes
+from traceview.model import schema as S
+from traceview.model.columns import dictionary_codes
+from traceview.model.errors import Notes
 from traceview.parsers import (
     ParsedTrace,
     TraceIdentity,
@@ -42,7 +42,7 @@ from traceview.parsers import (
     us_durations_to_ns,
     us_to_ns,
 )
-from traceview.parsers.chrome_json import (
+from traceview.parsers.chrome_stream import (
     MAX_US,
     ChromeTraceInfo,
     ChromeTraceReader,

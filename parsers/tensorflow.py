@@ -33,8 +33,8 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from traceview import schema as S
-from traceview.errors import BadInput, Notes
+from traceview.model import schema as S
+from traceview.model.errors import BadInput, Notes
 from traceview.parsers import (
     ParsedTrace,
     TraceIdentity,

@@ -29,8 +29,8 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from traceview import schema as S
-from traceview.errors import BadInput, Notes
+from traceview.model import schema as S
+from traceview.model.errors import BadInput, Notes
 from traceview.parsers import (
     ParsedTrace,
     TraceIdentity,
@@ -40,7 +40,7 @@ from traceview.parsers import (
     us_durations_to_ns,
     us_to_ns,
 )
-from traceview.parsers.chrome_json import (
+from traceview.parsers.chrome_stream import (
     MAX_US,
     ChromeTraceReader,
     corrupt_times,

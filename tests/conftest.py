@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 
 if TYPE_CHECKING:
-    from traceview.open_run import Run
     from traceview.parsers import Parser
+    from traceview.store.analysed import Run
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "sample_traces"
@@ -71,7 +71,7 @@ def cli():
 def analysed(run: Path) -> Run:
     """A run directory's per-rank analysis tables (``.steps``, ``.ops``...) as every command
     reads them (``open_run``: the cached tables where current, recomputed where not)."""
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
 
     with open_run([run]) as opened:
         return opened
@@ -80,8 +80,8 @@ def analysed(run: Path) -> Run:
 def parser_of(path: Path) -> Parser | None:
     """The parser ``ingest`` picks for the trace file ``path`` (``ingest.discover``); None
     where no parser reads it."""
-    from traceview.errors import BadInput, Notes
-    from traceview.ingest import discover
+    from traceview.ingest.discover import discover
+    from traceview.model.errors import BadInput, Notes
     from traceview.parsers import parser_named
 
     try:
@@ -94,7 +94,7 @@ def parser_of(path: Path) -> Parser | None:
 def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:
     """A run's steps table (times in ms, as ``<phase>_tv``) joined to the profiled records of
     the ground truth beside its traces, on rank and step; every step must have its timer."""
-    from traceview import schema as S
+    from traceview.model import schema as S
 
     truth = json.loads((truth_dir / "groundtruth.json").read_text())
     timers = pl.DataFrame([r for r in truth["records"] if r["profiled"]])
@@ -124,7 +124,7 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def ddp(runs_root: Path) -> Iterator[Any]:
     from tests.tui_helpers import sample_run
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
 
     with open_run([sample_run("ddp", runs_root)]) as run:
         yield run
@@ -133,7 +133,7 @@ def ddp(runs_root: Path) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def explicit(runs_root: Path) -> Iterator[Any]:
     from tests.tui_helpers import sample_run
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
 
     with open_run([sample_run("explicit", runs_root)]) as run:
         yield run

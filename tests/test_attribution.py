@@ -11,10 +11,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from traceview import schema as S
 from traceview.analysis.attribution import breakdown
-from traceview.normalize import RankMeta, normalize
-from traceview.rules import builtin_rules
+from traceview.model import schema as S
+from traceview.normalize.pipeline import RankMeta, normalize
+from traceview.normalize.rules import builtin_rules
 
 MAIN, GLOO, GPU_STREAM, COMM_STREAM, AUTOGRAD = 100, 200, 7, 13, 300
 
@@ -229,9 +229,9 @@ def test_timeline_segments_add_up_to_the_breakdown(tmp_path) -> None:
     from pathlib import Path
 
     from tests.conftest import SAMPLES, analysed
-    from traceview import rundir as R
     from traceview.analysis.lanes import step_lanes
-    from traceview.open_run import ingest_run
+    from traceview.store import rundir as R
+    from traceview.store.analysed import ingest_run
 
     for name in ("ddp", "gpu_sync"):
         run = ingest_run([SAMPLES / "pytorch" / name], Path(tmp_path) / name)

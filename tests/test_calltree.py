@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import SAMPLES, shared_pytorch_files
-from traceview import schema as S
-from traceview.normalize import _call_trees, kinds_from_categories
+from traceview.model import schema as S
+from traceview.normalize.pipeline import _call_trees, kinds_from_categories
+from traceview.normalize.rules import builtin_rules
 from traceview.parsers.kineto import KinetoParser
-from traceview.rules import builtin_rules
 
 
 def reference_tree(pid, tid, ts, dur):
@@ -95,7 +95,7 @@ def test_parent_rows_finds_each_parents_row(shape: str) -> None:
     chunk before its own), ids far apart (a few rows of a large rank) and null links."""
     import pyarrow as pa
 
-    from traceview.arrays import parent_rows
+    from traceview.model.columns import parent_rows
 
     rng = np.random.default_rng(7)
     n = 5_000
@@ -130,7 +130,7 @@ def test_parent_rows_finds_each_parents_row(shape: str) -> None:
 def test_unique_inverse_is_numpys(spread: int) -> None:
     """``arrays.unique_inverse`` (a table over the keys' range where it is modest) gives what
     ``np.unique(..., return_inverse=True)`` gives: keys close together, far apart, negative."""
-    from traceview.arrays import unique_inverse
+    from traceview.model.columns import unique_inverse
 
     rng = np.random.default_rng(3)
     keys = rng.integers(min(spread, 0), abs(spread), 300)[rng.integers(0, 300, 20_000)]

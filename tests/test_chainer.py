@@ -35,11 +35,11 @@ import pytest
 
 from tests.conftest import REPO, SAMPLES, analysed, run_cli
 from tests.conftest import steps_with_timers as timed_steps
-from traceview import rundir as R
-from traceview import schema as S
-from traceview.open_run import ingest_run
+from traceview.model import schema as S
+from traceview.normalize.rules import rules_for
 from traceview.parsers.chainer import ChainerParser
-from traceview.rules import rules_for
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 MLP = SAMPLES / "chainer" / "mlp"
 CHAINER_PYTHON = Path(

@@ -9,8 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from traceview.errors import BadInput
-from traceview.parsers.chrome_json import ChromeTraceReader, read_header
+from traceview.model.errors import BadInput
+from traceview.parsers.chrome_stream import ChromeTraceReader, read_header
 
 
 def events_of(path: Path, chunk_bytes: int) -> tuple[list[dict], ChromeTraceReader]:

@@ -1,4 +1,4 @@
-"""Chunked ingest (traceview.chunked) against whole-rank ingest, event for event.
+"""Chunked ingest (traceview.ingest.large.chunked) against whole-rank ingest, event for event.
 
 Every sample Kineto trace and every shared one is ingested twice: whole (today's path) and in
 chunks of one step each (the smallest chunks there are, so that kernels launched in one step
@@ -21,12 +21,12 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import SHARED
-from traceview import chunked
-from traceview import rundir as R
-from traceview import schema as S
 from traceview.analysis import RANK_TABLES
 from traceview.analysis.parts import ChunkedAnalysis
-from traceview.open_run import ingest_run
+from traceview.ingest.large import chunked
+from traceview.model import schema as S
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 from traceview.views.text import to_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, row
     """A reader's recompute of the analysis (``open_run.reanalyze``) of a written rank, a chunk of
     one step at a time (without step markers: of about ``rows`` rows) read back from its events
     file, gives the tables ingest wrote."""
-    from traceview.open_run import _in_chunks
+    from traceview.store.analysed import _in_chunks
 
     (rank,) = R.event_ranks(run)
     with monkeypatch.context() as m:
@@ -233,9 +233,9 @@ def test_chunks_of_several_steps(
 def test_the_samples_cross_chunks() -> None:
     """The traces above hold what crosses a chunk: kernels that run after the step whose call
     launched them ends, and host events that outlive the step they start in."""
-    from traceview.normalize import RankMeta, normalize
+    from traceview.normalize.pipeline import RankMeta, normalize
+    from traceview.normalize.rules import rules_for
     from traceview.parsers.kineto import KinetoParser
-    from traceview.rules import rules_for
 
     late_kernels = spanning = 0
     for path in TRACES:
@@ -447,7 +447,11 @@ def _helpers_left() -> list[str]:
         except OSError:
             continue
         parent = int(stat[stat.rfind(")") + 2 :].split()[1])
-        if parent == os.getpid() and b"traceview.helper" in cmdline and " Z " not in stat:
+        if (
+            parent == os.getpid()
+            and b"traceview.ingest.large.worker" in cmdline
+            and " Z " not in stat
+        ):
             left.append(f"helper process {pid}")
     return left
 

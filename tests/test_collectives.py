@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES
-from traceview import schema as S
-from traceview.open_run import open_run
+from traceview.model import schema as S
+from traceview.store.analysed import open_run
 
 
 def _calls(sample: str) -> tuple[pl.DataFrame, dict]:
@@ -96,7 +96,7 @@ def test_every_rank_numbers_its_calls_the_same_way(sample: str) -> None:
 
 def test_collectives_table_is_in_the_export(tmp_path: Path) -> None:
     from tests.conftest import run_cli
-    from traceview.open_run import ingest_run
+    from traceview.store.analysed import ingest_run
 
     run = ingest_run([SAMPLES / "pytorch" / "ddp"], tmp_path / "run")
     result = run_cli("export", run, "--format", "parquet", "-o", tmp_path / "out")

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SAMPLES
-from traceview import rundir as R
 from traceview.analysis import RANK_TABLES, rank_tables
-from traceview.errors import BadInput, Notes
-from traceview.ingest import assign_ranks, combine, discover, ingest_rank
-from traceview.open_run import ingest_run
+from traceview.ingest.discover import assign_ranks, discover
+from traceview.ingest.rank import ingest_rank
+from traceview.ingest.run import combine
+from traceview.model.errors import BadInput, Notes
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 
 @pytest.mark.parametrize("sample", ["pytorch/ddp", "mxnet/dist_sync", "tensorflow/mwms"])

@@ -29,10 +29,10 @@ import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, analysed, shared_traces
-from traceview import rundir as R
-from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.open_run import ingest_run
+from traceview.model import schema as S
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 
 @pytest.fixture(scope="module")

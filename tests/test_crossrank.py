@@ -23,8 +23,8 @@ import pytest
 from tests.conftest import SAMPLES
 from tests.synthetic_jobs import Job, write
 from traceview.analysis.crossrank import cross_rank, estimate_clocks, match_collectives
-from traceview.open_run import open_run
-from traceview.results import RunReport
+from traceview.model.results import RunReport
+from traceview.store.analysed import open_run
 
 MULTI_RANK = [
     "pytorch/ddp", "pytorch/explicit", "pytorch/slowio", "pytorch/slowfwd", "pytorch/slowdata",
@@ -274,7 +274,7 @@ def test_estimated_offsets_put_the_export_on_one_clock(tmp_path: Path) -> None:
     import gzip
 
     from tests.conftest import run_cli
-    from traceview.open_run import ingest_run
+    from traceview.store.analysed import ingest_run
 
     job = Job(ranks=4, steps=6, forward_ms={3: 25.0}, **SHIFTED)  # type: ignore[arg-type]
     run = ingest_run([write(job, tmp_path / "job")], tmp_path / "run")

@@ -35,10 +35,10 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import analysed, shared_traces
-from traceview import rundir as R
-from traceview import schema as S
 from traceview.analysis.gpu import launch_stats
-from traceview.open_run import ingest_run, open_run
+from traceview.model import schema as S
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run, open_run
 
 LAUNCH_TRACES = [
     "kineto_resnet50_num_workers_0",

@@ -20,10 +20,10 @@ import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, analysed
-from traceview import rundir as R
-from traceview import schema as S
-from traceview.open_run import ingest_run, open_run
-from traceview.results import RunReport
+from traceview.model import schema as S
+from traceview.model.results import RunReport
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run, open_run
 
 RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 SYNCHRONIZED = ("gpu_sync", "gpu_ddp_nccl", "gpu_explicit_nccl")

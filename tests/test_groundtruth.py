@@ -23,10 +23,10 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from tests.conftest import steps_with_timers as timed_steps
-from traceview import rundir as R
-from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.open_run import ingest_run
+from traceview.model import schema as S
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 SCENARIOS = ("ddp", "explicit", "slowio")
 

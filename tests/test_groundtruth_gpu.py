@@ -20,11 +20,11 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from tests.test_groundtruth import steps_with_timers
-from traceview import rundir as R
-from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.manifest import Manifest
-from traceview.open_run import ingest_run
+from traceview.model import schema as S
+from traceview.model.manifest import Manifest
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 

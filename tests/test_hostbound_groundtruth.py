@@ -33,9 +33,9 @@ import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, analysed, run_cli
-from traceview import rundir as R
-from traceview import schema as S
-from traceview.open_run import ingest_run
+from traceview.model import schema as S
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pytorch"
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

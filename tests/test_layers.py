@@ -1,16 +1,24 @@
 """The walls between the stages, read off the source (ast), so a stray import fails here rather
-than in review:
+than in review. The flow, one way:
 
-  traces -> parsers -> normalize/ingest -> analysis -> results -> views (text, JSON, TUI)
+  collect -> parsers -> normalize -> ingest -> store -> analysis -> views / tui -> commands, cli
 
-- parsers read formats: they import the schema, the errors, the column helpers they share with
-  the core (traceview.arrays) and each other, nothing of the core's stages (classification
-  rules, layout and step-inference passes included);
-- normalize, ingest and the run directory never import the analysis, the results or a view;
-- the analysis imports nothing that draws (rich, textual, the views);
-- views render results: no numpy or polars, and of the analysis only its public entry points
-  (compare, lanes); the export writes the events table in other formats with Arrow and
-  polars, and imports no analysis at all;
+Every module of the package belongs to one layer below (the longest prefix that names it) and
+imports of traceview only what its layer allows; an import inside a function or under
+TYPE_CHECKING counts, and so does a relative one. A module no layer names fails, so a new
+package is given its wall when it is made. And no import cycle among product modules.
+
+- the model (schema, results, manifest, errors, column helpers) imports no stage;
+- parsers read formats: the model and each other;
+- normalize classifies and nests events: the model, the rules and the parsers' shared types;
+- ingest reads traces into a run directory; its large-trace path (``ingest.large``) runs the
+  per-rank analysis it is handed, never importing one;
+- the run directory imports only the model; ``store.analysed`` is where ingest and the
+  analysis meet (a run as commands read it);
+- the analysis imports the model only: it draws nothing and reads no files;
+- views and the TUI render results: of the analysis only its public entry points, no numpy or
+  polars (the export writes the events table in other formats with Arrow and polars, and
+  imports no analysis at all);
 - the rank-side collectors run inside the user's job: the standard library and the framework
   being profiled only.
 """
@@ -18,6 +26,7 @@ than in review:
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,10 +39,6 @@ PACKAGES = {
     "traceview.collectors": REPO / "collectors",
     "traceview": REPO / "traceview",
 }
-
-#: Walls that the code does not hold yet, each with where it is going. The test fails when one of
-#: these imports disappears, so the list only shrinks.
-KNOWN_DEBT: set[tuple[str, str]] = set()
 
 
 def _module_files() -> dict[str, Path]:
@@ -51,7 +56,8 @@ MODULES = _module_files()
 
 
 def imports_of(module: str) -> set[str]:
-    """Every module ``module`` imports, anywhere in its body (lazy imports count too)."""
+    """Every module ``module`` imports, anywhere in its body (lazy imports count too); a
+    package's ``__init__`` counts for ``from package import module``."""
     path = MODULES[module]
     tree = ast.parse(path.read_text())
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -66,11 +72,12 @@ def imports_of(module: str) -> set[str]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            found.add(target)
-            # `from traceview import schema` imports traceview.schema
-            for alias in node.names:
-                if f"{target}.{alias.name}" in MODULES:
-                    found.add(f"{target}.{alias.name}")
+            # `from traceview.model import schema` imports traceview.model.schema (and the
+            # package's __init__, which holds no code: not counted)
+            modules = {f"{target}.{a.name}" for a in node.names} & MODULES.keys()
+            found |= modules
+            if len(modules) < len(node.names):
+                found.add(target)
     return found
 
 
@@ -78,73 +85,90 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def _modules(*prefixes: str) -> list[str]:
-    return sorted(m for m in MODULES if _under(m, prefixes))
+def _own(module: str) -> set[str]:
+    """The product modules ``module`` imports (packages included), not itself."""
+    return {t for t in imports_of(module) if t in MODULES and t != module}
 
 
-def _violations(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:
-    out = []
-    for module in modules:
-        for target in sorted(imports_of(module)):
-            if _under(target, forbidden) and (module, target) not in KNOWN_DEBT:
-                out.append(f"{module} imports {target}")
-    return out
-
-
-CORE_STAGES = (
-    "traceview.rules",
-    "traceview.mxnet_engine",
-    "traceview.step_inference",
-    "traceview.manifest",
-    "traceview.rundir",
-    "traceview.normalize",
-    "traceview.ingest",
-    "traceview.analysis",
-    "traceview.results",
-    "traceview.open_run",
-    "traceview.views",
-    "traceview.tui",
-    "traceview.commands",
-    "traceview.cli",
+MODEL = ("traceview.model",)
+PARSERS = (*MODEL, "traceview.parsers")
+NORMALIZE = (*PARSERS, "traceview.normalize")
+RUNDIR = (*MODEL, "traceview.store.rundir")
+INGEST = (*NORMALIZE, "traceview.store.rundir", "traceview.ingest")
+ANALYSIS = (*MODEL, "traceview.analysis")
+#: What a view may call of the analysis: its public entry points for the views.
+PUBLIC_ANALYSIS = (
+    "traceview.analysis.compare",
+    "traceview.analysis.heatmap",
+    "traceview.analysis.lanes",
 )
-DRAWING = ("rich", "textual", "traceview.views", "traceview.tui")
+RENDER = (*MODEL, "traceview.views", *PUBLIC_ANALYSIS)
+
+#: Layer (module prefix; the longest that names a module wins) -> what of traceview it may
+#: import. Packages' ``__init__`` modules count as their package.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "traceview": ("traceview",),  # __init__: the version only
+    "traceview.__main__": ("traceview.cli",),
+    "traceview.model": ("traceview", *MODEL),  # (__version__)
+    "traceview.parsers": PARSERS,
+    "traceview.normalize": NORMALIZE,
+    "traceview.ingest": ("traceview", *INGEST),
+    "traceview.ingest.large": INGEST,
+    "traceview.store": RUNDIR,
+    "traceview.store.rundir": RUNDIR,
+    "traceview.store.analysed": (*INGEST, *ANALYSIS, "traceview.store"),
+    "traceview.analysis": ANALYSIS,
+    "traceview.views": RENDER,
+    "traceview.views.export": (*MODEL, "traceview.views", "traceview.store.rundir"),
+    "traceview.tui": (*RENDER, "traceview.tui", "traceview.store.analysed"),
+    "traceview.commands": ("traceview",),  # the commands wire every stage together
+    "traceview.cli": ("traceview",),
+    # the launcher, in traceview's process; the rank side is checked below (standard library)
+    "traceview.collectors": ("traceview", "traceview.collectors", "traceview.store.rundir"),
+}
 
 
-#: What a parser may import of traceview: the schema, the errors, the column helpers it shares
-#: with the core (traceview.arrays) and the other parsers.
-PARSER_HELPERS = ("traceview.schema", "traceview.errors", "traceview.arrays", "traceview.parsers")
+def layer_of(module: str) -> str | None:
+    named = [prefix for prefix in LAYERS if _under(module, (prefix,))]
+    return max(named, key=len) if named else None
 
 
-def test_parsers_only_read_formats() -> None:
-    assert not _violations(_modules("traceview.parsers"), CORE_STAGES)
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in MODULES if layer_of(m) is None] == []
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_each_layer_imports_only_what_it_may(layer: str) -> None:
+    allowed = LAYERS[layer]
     out = [
         f"{module} imports {target}"
-        for module in _modules("traceview.parsers")
-        for target in sorted(imports_of(module))
-        if _under(target, ("traceview",)) and target != "traceview"
-        and not _under(target, PARSER_HELPERS)
-    ]  # fmt: skip
+        for module in sorted(MODULES)
+        if layer_of(module) == layer
+        for target in sorted(_own(module))
+        if not _under(target, allowed) and not (target == "traceview" and "traceview" in allowed)
+    ]
     assert not out
 
 
-def test_the_helpers_parsers_share_import_only_the_schema() -> None:
-    for module in ("traceview.arrays", "traceview.errors", "traceview.schema"):
-        own = [t for t in imports_of(module) if _under(t, ("traceview",))]
-        assert set(own) <= {"traceview", "traceview.schema"}, f"{module} imports {own}"
-
-
-def test_normalize_and_ingest_never_import_the_analysis_or_a_view() -> None:
-    lower = _modules(
-        "traceview.normalize", "traceview.ingest", "traceview.rundir", "traceview.arrays",
-        "traceview.schema", "traceview.rules", "traceview.mxnet_engine", "traceview.step_inference",
-    )  # fmt: skip
-    forbidden = ("traceview.analysis", "traceview.results", "traceview.open_run", *DRAWING)
-    assert not _violations(lower, forbidden)
-
-
-def test_the_analysis_draws_nothing() -> None:
-    forbidden = (*DRAWING, "traceview.commands", "traceview.cli", "traceview.open_run")
-    assert not _violations(_modules("traceview.analysis", "traceview.results"), forbidden)
+def test_the_layers_hold_what_they_say() -> None:
+    """The walls the module doc names, spelled out: these pairs must never appear."""
+    forbidden = {
+        "traceview.model": ("traceview.parsers", "traceview.normalize", "traceview.ingest",
+                            "traceview.store", "traceview.analysis", "traceview.views"),
+        "traceview.ingest.large": ("traceview.analysis", "traceview.store.analysed"),
+        "traceview.analysis": ("rich", "textual", "traceview.views", "traceview.tui",
+                               "traceview.store", "traceview.ingest", "traceview.commands"),
+        "traceview.parsers": ("traceview.normalize", "traceview.ingest", "traceview.store"),
+    }  # fmt: skip
+    out = [
+        f"{module} imports {target}"
+        for prefix, walls in forbidden.items()
+        for module in MODULES
+        if _under(module, (prefix,))
+        for target in imports_of(module)
+        if _under(target, walls)
+    ]
+    assert not out
 
 
 #: The view that writes the events table itself in other formats (Parquet, CSV, a merged Chrome
@@ -153,27 +177,77 @@ EXPORT = "traceview.views.export"
 
 
 def test_views_render_results_without_computing() -> None:
-    views = _modules("traceview.views", "traceview.tui")
-    public_analysis = (
-        "traceview.analysis.compare",
-        "traceview.analysis.heatmap",
-        "traceview.analysis.lanes",
-    )
-    out = _violations([m for m in views if m != EXPORT], ("numpy", "polars", "pyarrow.compute"))
-    out += _violations([EXPORT], ("traceview.analysis",))
-    for module in views:
-        for target in imports_of(module):
-            if _under(target, ("traceview.analysis",)) and not _under(target, public_analysis):
-                out.append(f"{module} imports {target}")
+    views = [m for m in MODULES if _under(m, ("traceview.views", "traceview.tui"))]
+    out = [
+        f"{module} imports {target}"
+        for module in views
+        if module != EXPORT
+        for target in imports_of(module)
+        if _under(target, ("numpy", "polars", "pyarrow.compute"))
+    ]
     assert not out
 
 
-@pytest.mark.parametrize("module", _modules("traceview.collectors"))
+def import_cycles() -> list[list[str]]:
+    """The strongly connected groups of more than one module in the import graph (Tarjan's
+    algorithm, iterative); a package's ``__init__`` is a node of its own."""
+    graph = {m: sorted(_own(m)) for m in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, edge = work.pop()
+            if edge == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            if edge < len(graph[node]):
+                work.append((node, edge + 1))
+                nxt = graph[node][edge]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return groups
+
+
+def test_no_import_cycle() -> None:
+    assert import_cycles() == []
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    monkeypatch.setattr(sys.modules[__name__], "MODULES", dict.fromkeys(fake, Path()))
+    monkeypatch.setattr(sys.modules[__name__], "_own", lambda m: fake[m])
+    assert import_cycles() == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if _under(m, ("traceview.collectors",)))
+)
 def test_rank_side_collectors_import_only_the_standard_library_and_the_framework(
     module: str,
 ) -> None:
-    import sys
-
     if not module.rpartition(".")[2].startswith("rankside"):
         pytest.skip("runs in the launcher, not inside the job")
     # nvtx: NVIDIA's ranges, imported only where the job's environment has it (GPU runs)
@@ -187,9 +261,3 @@ def test_rank_side_collectors_import_only_the_standard_library_and_the_framework
         and target != "__future__"
     ]
     assert not out, f"{module} would import {out} inside the user's job"
-
-
-def test_known_debt_is_still_debt() -> None:
-    """An entry of KNOWN_DEBT that no longer holds is removed from it, so the list shrinks."""
-    gone = [pair for pair in KNOWN_DEBT if pair[1] not in imports_of(pair[0])]
-    assert not gone, f"remove from KNOWN_DEBT: {gone}"

@@ -18,9 +18,9 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from tests.test_groundtruth import check_against_timers, steps_with_timers
-from traceview import rundir as R
 from traceview.analysis.summary import summarize
-from traceview.open_run import ingest_run
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 pytestmark = pytest.mark.mpi
 

@@ -90,8 +90,8 @@ def test_all_ranks_lists_every_rank(run: Path) -> None:
 def test_the_matrix_holds_each_ranks_steps_exactly(run: Path) -> None:
     import pyarrow.compute as pc
 
-    from traceview import schema as S
     from traceview.analysis.heatmap import step_matrix
+    from traceview.model import schema as S
 
     steps = analysed(run).steps
     # one rank lacks one step, as when it died mid-run
@@ -115,7 +115,7 @@ def _drive(run: Path, scenario: Callable[[Any, Any], Awaitable[None]]) -> None:
     import asyncio
 
     from tests.tui_helpers import loaded
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
     from traceview.tui.app import TraceviewApp
 
     with open_run([run]) as opened:
@@ -194,7 +194,7 @@ def test_the_ranks_filter_picks_ranks_by_number_range_and_straggler(run: Path) -
 
 
 def test_the_ranks_filter_reads_hosts_and_open_ranges(run: Path) -> None:
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
     from traceview.tui.model import filter_ranks
 
     with open_run([run]) as opened:

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SAMPLES, run_cli, shared_traces
-from traceview import schema as S
+from traceview.model import schema as S
 
 MIB = 1 << 20
 
@@ -376,9 +376,9 @@ def test_what_runs_at_an_instant_is_the_innermost_covering_event(tmp_path: Path)
     memory record's time and thread of a real GPU trace (151k events, 28k records)."""
     import numpy as np
 
-    from traceview import rundir as R
     from traceview.analysis.memory import _HostEvents
-    from traceview.open_run import ingest_run
+    from traceview.store import rundir as R
+    from traceview.store.analysed import ingest_run
 
     run = ingest_run([shared_traces("pytorch/hta_df_index_resolver")], tmp_path / "run")
     rank = R.event_ranks(run)[0]

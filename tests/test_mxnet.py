@@ -31,13 +31,13 @@ import pytest
 
 from tests.conftest import REPO, SAMPLES, analysed, run_cli, shared_traces
 from tests.conftest import steps_with_timers as timed_steps
-from traceview import rundir as R
-from traceview import schema as S
-from traceview.errors import Notes
-from traceview.normalize import LayoutResult, kinds_from_categories, lay_out
-from traceview.open_run import ingest_run
+from traceview.model import schema as S
+from traceview.model.errors import Notes
+from traceview.normalize.pipeline import LayoutResult, kinds_from_categories, lay_out
+from traceview.normalize.rules import rules_for
 from traceview.parsers.mxnet import MXNetParser
-from traceview.rules import rules_for
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 MX_SAMPLES = SAMPLES / "mxnet"
 # Bulk execution on (MXNet's default): backward, and some of the hybridized forward in

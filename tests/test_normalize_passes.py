@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import parser_of
 from tests.test_parser_contract import TRACES
-from traceview import schema as S
-from traceview.normalize import (
+from traceview.model import schema as S
+from traceview.normalize.pipeline import (
     PASSES,
     CallTrees,
     Classes,
@@ -30,7 +30,7 @@ from traceview.normalize import (
     normalize,
     with_markers,
 )
-from traceview.rules import rules_for
+from traceview.normalize.rules import rules_for
 
 N_PHASES = len(S.EVENT_PHASES)
 

@@ -10,11 +10,11 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import SAMPLES, SHARED, parser_of
-from traceview import schema as S
-from traceview.ingest import RANK_STATUS
-from traceview.normalize import LAYOUTS, STEP_INFERENCE
+from traceview.ingest.discover import RANK_STATUS
+from traceview.model import schema as S
+from traceview.normalize.pipeline import LAYOUTS, STEP_INFERENCE
+from traceview.normalize.step_inference import STEP_THREAD
 from traceview.parsers import registered
-from traceview.step_inference import STEP_THREAD
 
 
 def _traces() -> list[Path]:
@@ -63,8 +63,8 @@ def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
 
 def test_a_parser_of_the_old_protocol_is_bad_input_naming_it(tmp_path: Path) -> None:
     """A third-party parser still written as parse(path, rules) gets one clear error."""
-    from traceview.errors import BadInput
-    from traceview.ingest import parse_with
+    from traceview.ingest.rank import parse_with
+    from traceview.model.errors import BadInput
 
     class OldParser:
         name = "someones-format"

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import analysed, shared_pytorch_files, shared_traces
-from traceview import rundir as R
-from traceview import schema as S
 from traceview.analysis.summary import summarize
-from traceview.open_run import ingest_run
+from traceview.model import schema as S
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 FILES = shared_pytorch_files()
 
@@ -159,7 +159,7 @@ def test_duplicate_ranks_are_refused(tmp_path: Path) -> None:
     source = shared_traces("pytorch/hta_sampled_2rank/sampled_rank-0.json.gz")
     for name in ("a.json.gz", "b.json.gz"):
         shutil.copy(source, tmp_path / name)
-    from traceview.errors import BadInput
+    from traceview.model.errors import BadInput
 
     with pytest.raises(BadInput, match="two traces say they are rank 0"):
         ingest_run([tmp_path], tmp_path / "run")

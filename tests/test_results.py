@@ -15,7 +15,7 @@ from rich.console import Console
 
 from tests.conftest import REPO, SAMPLES
 from tests.golden.cases import SAMPLE_CASES, golden_path
-from traceview.results import (
+from traceview.model.results import (
     JSON_RESULTS,
     Breakdown,
     Comparison,
@@ -100,7 +100,7 @@ def test_the_schema_check_catches_a_dropped_or_retyped_key() -> None:
 
 
 def test_breakdown_fields_are_the_phases_in_report_order() -> None:
-    from traceview import schema as S
+    from traceview.model import schema as S
 
     assert Breakdown.__struct_fields__ == S.BREAKDOWN_PHASES
     b = Breakdown(io=1.0, comm=2.0)
@@ -165,7 +165,7 @@ def _tui_screens(run: Any) -> dict[str, str]:
 
 @pytest.mark.parametrize("sample", SAMPLE_RUNS)
 def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -> None:
-    from traceview.open_run import ingest_run, open_run
+    from traceview.store.analysed import ingest_run, open_run
 
     run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
     with open_run([run_dir]) as run:
@@ -216,7 +216,7 @@ def test_a_rank_without_steps_is_named_not_silently_left_out(tmp_path: Path) -> 
     says so instead of showing one rank as if it were the whole run."""
     import gzip
 
-    from traceview.open_run import ingest_run, open_run
+    from traceview.store.analysed import ingest_run, open_run
 
     folder = tmp_path / "traces"
     folder.mkdir()

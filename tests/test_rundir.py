@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SAMPLES, run_cli
-from traceview import rundir as R
 from traceview.analysis import ANALYSIS_VERSION
 from traceview.collectors.rankside import rank_dir
-from traceview.open_run import _TABLE_SCHEMAS, ingest_run, open_run
+from traceview.store import rundir as R
+from traceview.store.analysed import _TABLE_SCHEMAS, ingest_run, open_run
 
 #: Two of the analysis tables a run directory caches (docs/design.md, section 4)
 STEPS, OPS = "steps.parquet", "ops.parquet"
@@ -114,7 +114,7 @@ def test_a_status_with_an_odd_field_keeps_the_rest(tmp_path: Path) -> None:
 
 
 def test_collect_record_survives_odd_status_fields() -> None:
-    from traceview.manifest import collected
+    from traceview.model.manifest import collected
 
     record = collected(
         {"exit_code": 3, "ranks": [{"rank": 0, "state": "ok", "clock": None, "notes": None}]}

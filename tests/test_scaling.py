@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import SAMPLES, run_cli
 from traceview.analysis.attribution import CommSchedule, comm_schedule, layerwise_exposed
-from traceview.open_run import open_run
+from traceview.store.analysed import open_run
 
 SCALING = SAMPLES / "pytorch" / "scaling"
 COUNTS = (1, 2, 4)

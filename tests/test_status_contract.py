@@ -1,5 +1,5 @@
 """The rank's status.json has one writer (collectors/rankside.py, standard library only: it runs
-inside the user's job) and one reader (traceview.manifest.RankStatus). They cannot share a
+inside the user's job) and one reader (traceview.model.manifest.RankStatus). They cannot share a
 class, so this holds their field lists equal, and a status the writer writes reads back whole."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 
 from traceview.collectors import rankside
-from traceview.manifest import Clock, RankStatus
+from traceview.model.manifest import Clock, RankStatus
 
 
 def test_writer_and_reader_have_the_same_fields() -> None:

@@ -1,5 +1,5 @@
 """Steps for traces that mark none, made by the core's step-inference passes
-(traceview/step_inference.py) from what the parsers read: TensorFlow's step groups (the raw
+(traceview/normalize/step_inference.py) from what the parsers read: TensorFlow's step groups (the raw
 ``step_group`` column) and TF1 Timeline's ``_SOURCE`` nodes. Expected values come from hand-built
 traces, from the trace files read another way (xprof's ProfileData, the Timeline's JSON), never
 from the passes' own output."""
@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import SHARED, parser_of
-from traceview import schema as S
-from traceview.errors import BadInput, Notes
-from traceview.normalize import (
+from traceview.model import schema as S
+from traceview.model.errors import BadInput, Notes
+from traceview.normalize.pipeline import (
     STEP_INFERENCE,
     Normalized,
     RankMeta,
@@ -27,8 +27,8 @@ from traceview.normalize import (
     normalize,
     step_markers,
 )
-from traceview.rules import rules_for
-from traceview.step_inference import STEP_THREAD
+from traceview.normalize.rules import rules_for
+from traceview.normalize.step_inference import STEP_THREAD
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0 Compute"
 GPU = "/job:localhost/replica:0/task:0/device:GPU:0 Compute"

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SAMPLES
-from traceview import rundir as R
 from traceview.analysis.lanes import rank_lanes
-from traceview.open_run import ingest_run, open_run
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run, open_run
 from traceview.tui.model import step_windows, window_read_span
 
 SAMPLE_RUNS = sorted(

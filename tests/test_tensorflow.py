@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import SAMPLES, run_cli, shared_traces
 from traceview.analysis.attribution import attribution, rank_timeline
-from traceview.open_run import Run, open_run
+from traceview.store.analysed import Run, open_run
 
 pytest.importorskip("xprof", reason="reading .xplane.pb needs xprof: pip install '.[tensorflow]'")
 
@@ -234,7 +234,7 @@ def test_absolute_clock_aligns_ranks() -> None:
 def test_onednn_op_types_classify_as_their_plain_ops(name: str, phase: str, op: str) -> None:
     """TensorFlow on x86 CPUs rewrites op types for oneDNN (_Mkl*, _MklNative*): a dense layer's
     MatMul is still a fully connected layer (seen in a live 2-worker run on this machine)."""
-    from traceview.rules import rules_for
+    from traceview.normalize.rules import rules_for
 
     result = rules_for("tensorflow", None).classify("op", None, name)
     assert (result.phase, result.op) == (phase, op)

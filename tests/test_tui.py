@@ -19,13 +19,13 @@ from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from tests.conftest import REPO, run_cli
 from tests.tui_helpers import EVIL, evil_run, loaded, sample_run, settle
-from traceview import schema as S
 from traceview.analysis.compare import compare
 from traceview.analysis.summary import summarize
 from traceview.commands.tui import run_groups
-from traceview.escape import safe
-from traceview.manifest import Manifest
-from traceview.open_run import Run, open_run, open_runs
+from traceview.model import schema as S
+from traceview.model.escape import safe
+from traceview.model.manifest import Manifest
+from traceview.store.analysed import Run, open_run, open_runs
 from traceview.tui.app import TraceviewApp
 from traceview.tui.help import HelpScreen
 from traceview.tui.model import build_view
@@ -654,9 +654,9 @@ def test_tui_on_a_missing_path_fails_in_one_line(tmp_path: Path) -> None:
 def test_headless_modules_never_import_textual() -> None:
     code = (
         "import sys\n"
-        "import traceview.analysis, traceview.analysis.attribution, traceview.ingest\n"
-        "import traceview.views.text, traceview.results\n"
-        "import traceview.open_run, traceview.cli, traceview.tui.model\n"
+        "import traceview.analysis, traceview.analysis.attribution, traceview.ingest.run\n"
+        "import traceview.views.text, traceview.model.results\n"
+        "import traceview.store.analysed, traceview.cli, traceview.tui.model\n"
         "from traceview.cli import build_parser; build_parser()\n"
         "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.')))\n"
     )
@@ -690,7 +690,7 @@ def test_timeline_marks_each_ranks_arrival_at_a_collective(runs_root: Path) -> N
     """On the slow-forward sample, c marks the step's most skewed all-reduce: rank 1 (whose
     forward is three times the others') arrives last, its mark right of the others'."""
     from tests.tui_helpers import sample_run
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
 
     marks: dict[int, int] = {}
     header: list[str] = []
@@ -718,7 +718,7 @@ def test_timeline_puts_ranks_from_several_hosts_on_one_clock(tmp_path: Path) -> 
     """Four hosts whose clocks are up to 250 ms apart (their offsets estimated from the
     collectives): on the run clock every rank's step starts in the same column, as it did."""
     from tests.synthetic_jobs import Job, write
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
 
     job = Job(
         ranks=4, steps=4, forward_ms={3: 25.0},

@@ -17,7 +17,7 @@ from textual.pilot import Pilot
 
 from tests.tui_helpers import loaded, settle
 from tests.tui_models import comparison, gpu_view, straggler_view
-from traceview.open_run import Run
+from traceview.store.analysed import Run
 from traceview.tui.app import TraceviewApp
 
 SnapCompare = Callable[..., bool]

@@ -8,7 +8,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from tests.conftest import SAMPLES
-from traceview.open_run import ingest_run
+from traceview.store.analysed import ingest_run
 
 #: A name no terminal should ever act on: an OSC title change, a screen clear, Rich markup and a
 #: right-to-left override, as an event and a thread could be named in someone's trace.

@@ -5,7 +5,7 @@ change of the analysis does not show up as snapshot diffs, and every case a scre
 from __future__ import annotations
 
 from tests.tui_helpers import EVIL
-from traceview.results import (
+from traceview.model.results import (
     Breakdown,
     ComparedOp,
     ComparedPhase,
@@ -143,7 +143,7 @@ def comparison() -> Comparison:
 
 
 def _kernels(phase: str, op: str | None, n: float, dur: float, latency: float, short: float):  # type: ignore[no-untyped-def]
-    from traceview.results import KernelLaunches
+    from traceview.model.results import KernelLaunches
 
     return KernelLaunches(
         phase=phase, op=op, kernels_per_step=n, launch_latency_us_p50=latency,
@@ -157,7 +157,7 @@ def gpu_view() -> RunView:
     phase (hostile and unknown operator names among them)."""
     import msgspec
 
-    from traceview.results import GpuIdle, GpuPhase, HostBound, RankGpu
+    from traceview.model.results import GpuIdle, GpuPhase, HostBound, RankGpu
 
     report = straggler_report()
     kernels = [

@@ -28,8 +28,8 @@ import traceback
 
 from traceview import __version__
 from traceview.commands import all_commands
-from traceview.errors import TraceviewError, cannot_write
-from traceview.escape import safe
+from traceview.model.errors import TraceviewError, cannot_write
+from traceview.model.escape import safe
 
 
 def build_parser() -> argparse.ArgumentParser:

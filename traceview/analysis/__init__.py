@@ -8,9 +8,9 @@ steps.parquet, ops.parquet, collectives.parquet, comm.parquet (a rank's communic
 exposed and hidden intervals), gpu.parquet and launches.parquet (GPU runs: the device's busy
 and idle time per step, kernel-launch statistics; ``gpu``) and memory_steps.parquet, stamped
 with ``ANALYSIS_VERSION``; a reader that
-finds another version recomputes them from the events (``traceview.open_run``), so a change of the
+finds another version recomputes them from the events (``traceview.store.analysed``), so a change of the
 analysis never needs a re-ingest. Run-wide results (``summary``, ``compare``, ``scaling``) are
-computed from those tables into ``traceview.results`` structs.
+computed from those tables into ``traceview.model.results`` structs.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class RankTables:
     training thread, whether it has device activities, whether another thread runs backward,
     and its one window where it has no step markers).
     """
+
+    #: What a process that runs the analysis in chunks imports (ahead, while it waits).
+    modules = ("traceview.analysis.parts",)
 
     def __call__(self, events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
         return _rank_tables(events, memory)

@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
-from traceview.arrays import (
+from traceview.model import schema as S
+from traceview.model.columns import (
     DEVICE,
     HOST_TREE,
     KIND_CODE,

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
-from traceview.arrays import dictionary_codes, ints, parent_rows
+from traceview.model import schema as S
+from traceview.model.columns import dictionary_codes, ints, parent_rows
 
 
 def _outermost(

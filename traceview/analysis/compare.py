@@ -15,8 +15,8 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from traceview import schema as S
-from traceview.results import ComparedOp, ComparedPhase, ComparedRun, Comparison, RunReport
+from traceview.model import schema as S
+from traceview.model.results import ComparedOp, ComparedPhase, ComparedRun, Comparison, RunReport
 
 #: A ratio is worth a headline when the slower side is this much slower...
 NOTABLE_RATIO = 1.5

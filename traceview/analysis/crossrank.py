@@ -45,9 +45,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from traceview import schema as S
 from traceview.analysis.attribution import merge_intervals
-from traceview.results import StepCollective
+from traceview.model import schema as S
+from traceview.model.results import StepCollective
 
 #: Collectives that no rank can leave before every rank of the group arrived (not broadcast,
 #: reduce, send/recv or push/pull: a root or a sender may leave first).

@@ -37,7 +37,6 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from traceview import schema as S
 from traceview.analysis.attribution import (
     LEVEL,
     RankTimeline,
@@ -49,8 +48,16 @@ from traceview.analysis.attribution import (
     name_mask,
     rank_timeline,
 )
-from traceview.arrays import DEVICE, HOST_TREE, KIND_CODE, EventArrays, kind_table, window_index
-from traceview.results import GpuIdle, GpuPhase, GpuVerdict, KernelLaunches, RankGpu
+from traceview.model import schema as S
+from traceview.model.columns import (
+    DEVICE,
+    HOST_TREE,
+    KIND_CODE,
+    EventArrays,
+    kind_table,
+    window_index,
+)
+from traceview.model.results import GpuIdle, GpuPhase, GpuVerdict, KernelLaunches, RankGpu
 
 #: Device events compete by the attribution rule's order (compute > h2d > io > comm > other).
 DEVICE_PHASES = tuple(p for p in S.ATTRIBUTION_PRIORITY if p != S.IDLE)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from traceview import schema as S
+from traceview.model import schema as S
 
 #: What the heatmap can show: the step's wall time, then each exclusive phase.
 METRICS: tuple[str, ...] = ("step", *S.BREAKDOWN_PHASES)

@@ -11,15 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
 from traceview.analysis.attribution import (
     _thread_segments,
     attribution,
     merge_intervals,
     rank_timeline,
 )
-from traceview.arrays import DEVICE, HOST_TREE, STRUCTURAL, ints
-from traceview.escape import safe
+from traceview.model import schema as S
+from traceview.model.columns import DEVICE, HOST_TREE, STRUCTURAL, ints
+from traceview.model.escape import safe
 
 
 @dataclass

@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
 from traceview.analysis.attribution import merge_intervals
-from traceview.arrays import HOST_TREE, KIND_CODE, coded, dictionary_codes, ints, parent_rows
-from traceview.results import DeviceMemory, RankMemory, RunMemory, StepMemory
+from traceview.model import schema as S
+from traceview.model.columns import HOST_TREE, KIND_CODE, coded, dictionary_codes, ints, parent_rows
+from traceview.model.results import DeviceMemory, RankMemory, RunMemory, StepMemory
 
 MIB = 1 << 20
 #: Operators that only allocate (every allocation runs one): not "the operator at the peak".

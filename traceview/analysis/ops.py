@@ -15,8 +15,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
-from traceview.arrays import ints, parent_rows, unique_inverse
+from traceview.model import schema as S
+from traceview.model.columns import ints, parent_rows, unique_inverse
 
 _COUNTED_KINDS = (S.KIND_OP, S.KIND_ANNOTATION, *S.DEVICE_ACTIVITY_KINDS)
 

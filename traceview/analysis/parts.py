@@ -1,4 +1,4 @@
-"""The per-rank analysis of a rank normalized in chunks (``traceview.chunked``), a chunk at a
+"""The per-rank analysis of a rank normalized in chunks (``traceview.ingest.large.chunked``), a chunk at a
 time: the tables ``rank_tables`` gives for the whole rank, without holding its events.
 
 A chunk is a run of whole steps, or a piece of a long step. Each table is either per step
@@ -42,7 +42,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
 from traceview.analysis.attribution import (
     RankPart,
     backward_elsewhere,
@@ -55,7 +54,8 @@ from traceview.analysis.collectives import collectives_part, combine_collectives
 from traceview.analysis.gpu import combine_launches, gpu_steps, kernel_launches
 from traceview.analysis.memory import MemoryLookups, memory_steps
 from traceview.analysis.ops import OpsPart, combine_ops, ops_part
-from traceview.arrays import (
+from traceview.model import schema as S
+from traceview.model.columns import (
     DEVICE,
     HOST_TREE,
     KIND_CODE,

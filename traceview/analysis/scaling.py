@@ -34,10 +34,10 @@ from collections import Counter
 import polars as pl
 import pyarrow as pa
 
-from traceview import schema as S
 from traceview.analysis.attribution import CommSchedule, layerwise_exposed
-from traceview.manifest import Manifest
-from traceview.results import (
+from traceview.model import schema as S
+from traceview.model.manifest import Manifest
+from traceview.model.results import (
     AllReduceRate,
     Breakdown,
     ModelFit,

@@ -16,7 +16,6 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from traceview import schema as S
 from traceview.analysis.crossrank import (
     ClockFit,
     CrossRank,
@@ -26,8 +25,9 @@ from traceview.analysis.crossrank import (
 )
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.memory import memory_results
-from traceview.manifest import Collected, Manifest
-from traceview.results import (
+from traceview.model import schema as S
+from traceview.model.manifest import Collected, Manifest
+from traceview.model.results import (
     BottleneckPhase,
     Breakdown,
     Clocks,

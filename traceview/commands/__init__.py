@@ -20,9 +20,9 @@ def all_commands() -> list[Command]:
     from traceview.commands.compare import CompareCommand
     from traceview.commands.export import ExportCommand
     from traceview.commands.ingest import IngestCommand
+    from traceview.commands.json_schema import SchemaCommand
     from traceview.commands.report import ReportCommand
     from traceview.commands.scaling import ScalingCommand
-    from traceview.commands.schema import SchemaCommand
     from traceview.commands.tui import TuiCommand
 
     return [

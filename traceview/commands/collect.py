@@ -20,10 +20,10 @@ import re
 import sys
 from pathlib import Path
 
-from traceview import rundir as R
-from traceview.errors import UsageError
-from traceview.escape import safe
-from traceview.manifest import Manifest, collected
+from traceview.model.errors import UsageError
+from traceview.model.escape import safe
+from traceview.model.manifest import Manifest, collected
+from traceview.store import rundir as R
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -179,8 +179,8 @@ class CollectCommand:
                 file=sys.stderr,
             )
             return code
-        from traceview.errors import TraceviewError
-        from traceview.open_run import ingest_run
+        from traceview.model.errors import TraceviewError
+        from traceview.store.analysed import ingest_run
 
         try:
             ingest_run([run], run, command=sys.argv)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview.errors import UsageError
+from traceview.model.errors import UsageError
 
 
 class CompareCommand:
@@ -34,7 +34,7 @@ class CompareCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
-        from traceview.open_run import open_runs
+        from traceview.store.analysed import open_runs
         from traceview.views.text import render_comparison_to_console, to_json
 
         if len(args.runs) < 2:

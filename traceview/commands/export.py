@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview import rundir as R
-from traceview.errors import UsageError
+from traceview.model.errors import UsageError
+from traceview.store import rundir as R
 
 
 class ExportCommand:
@@ -33,7 +33,7 @@ class ExportCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.open_run import open_run
+        from traceview.store.analysed import open_run
         from traceview.views import export
 
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):

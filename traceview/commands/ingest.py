@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from traceview import rundir as R
-from traceview.escape import safe
+from traceview.model.escape import safe
+from traceview.store import rundir as R
 
 
 class IngestCommand:
@@ -49,8 +49,8 @@ class IngestCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.cluster import scheduler_from
-        from traceview.open_run import ingest_run
+        from traceview.ingest.cluster import scheduler_from
+        from traceview.store.analysed import ingest_run
 
         out = ingest_run(
             args.paths,

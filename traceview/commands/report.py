@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from traceview.results import RunReport
+    from traceview.model.results import RunReport
 
 
 def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> RunReport:
     """The report object for a run directory, or for traces read into a temporary run."""
-    from traceview.open_run import open_run
+    from traceview.store.analysed import open_run
 
     with open_run(paths, rules) as run:
         return run.report(top)

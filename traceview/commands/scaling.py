@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview.errors import UsageError
-from traceview.manifest import Manifest
+from traceview.model.errors import UsageError
+from traceview.model.manifest import Manifest
 
 #: Ranks whose collectives the overlap model replays (their pattern repeats across ranks).
 REPLAY_RANKS = 4
@@ -53,7 +53,7 @@ class ScalingCommand:
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.attribution import comm_schedule
         from traceview.analysis.scaling import scaling, traced_batch_size
-        from traceview.open_run import open_runs
+        from traceview.store.analysed import open_runs
         from traceview.views.text import render_scaling_to_console, to_json
 
         if len(args.runs) < 2:

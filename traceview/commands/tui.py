@@ -42,7 +42,7 @@ class TuiCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.errors import UsageError
+        from traceview.model.errors import UsageError
 
         groups = run_groups(args.paths, args.compare)
         for path in (p for group in groups for p in group):

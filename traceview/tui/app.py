@@ -20,10 +20,10 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
-from traceview.errors import TraceviewError
-from traceview.escape import safe
-from traceview.open_run import Run, open_runs
-from traceview.results import Comparison
+from traceview.model.errors import TraceviewError
+from traceview.model.escape import safe
+from traceview.model.results import Comparison
+from traceview.store.analysed import Run, open_runs
 from traceview.tui.comparison import ComparePane
 from traceview.tui.help import HelpScreen
 from traceview.tui.model import RunView, build_comparison, build_view

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from traceview.results import Comparison
+from traceview.model.results import Comparison
 from traceview.tui.render import ms, phase_text, ratio_text, untrusted
 
 HINT = (

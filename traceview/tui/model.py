@@ -16,8 +16,7 @@ from functools import cached_property
 
 from traceview.analysis.compare import compare
 from traceview.analysis.heatmap import StepMatrix, step_matrix
-from traceview.open_run import Run
-from traceview.results import (
+from traceview.model.results import (
     Comparison,
     KernelLaunches,
     RankSummary,
@@ -26,6 +25,7 @@ from traceview.results import (
     StepSummary,
     TopOp,
 )
+from traceview.store.analysed import Run
 
 #: Every operator of the run, not only the report's top ten.
 ALL_OPS = 1_000_000

@@ -11,8 +11,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Input, Static
 
-from traceview import schema as S
-from traceview.results import KernelLaunches, TopOp
+from traceview.model import schema as S
+from traceview.model.results import KernelLaunches, TopOp
 from traceview.tui.model import OP_SORTS, RunView, filter_kernels, filter_ops, sort_ops
 from traceview.tui.render import (
     KERNEL_COLUMNS,

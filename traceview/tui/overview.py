@@ -9,7 +9,7 @@ from textual.geometry import Size
 from textual.widget import Widget
 from textual.widgets import Static
 
-from traceview import schema as S
+from traceview.model import schema as S
 from traceview.tui.model import RunView
 from traceview.tui.render import (
     PHASE_LETTER,

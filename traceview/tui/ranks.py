@@ -11,8 +11,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import DataTable, Input, Static
 
-from traceview import schema as S
-from traceview.results import RankSummary
+from traceview.model import schema as S
+from traceview.model.results import RankSummary
 from traceview.tui.heatmap import PALETTE, Heatmap
 from traceview.tui.model import RANK_SORTS, RunView, filter_ranks, sort_ranks
 from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct, straggler_text

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from traceview import schema as S
 from traceview.analysis.lanes import Cell
+from traceview.model import schema as S
 from traceview.views.style import (
     KERNEL_COLUMNS,
     KERNEL_NOTE,

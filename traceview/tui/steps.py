@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from traceview import schema as S
+from traceview.model import schema as S
 from traceview.tui.model import RunView
 from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct
 

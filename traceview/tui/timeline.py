@@ -29,8 +29,8 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes
-from traceview.open_run import Run
-from traceview.results import StepCollective
+from traceview.model.results import StepCollective
+from traceview.store.analysed import Run
 from traceview.tui.model import RunView, nice_ticks, window_read_span
 from traceview.tui.render import lane_cells, legend_text, ms, untrusted
 

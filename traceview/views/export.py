@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from traceview import rundir as R
-from traceview import schema as S
-from traceview.errors import cannot_write
+from traceview.model import schema as S
+from traceview.model.errors import cannot_write
+from traceview.store import rundir as R
 
 _GPU_TID_BASE = 1 << 30  # device streams get tids of their own, apart from host threads
 _STEPS_TID = (1 << 31) - 1

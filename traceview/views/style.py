@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from traceview import schema as S
-from traceview.escape import safe
-from traceview.results import Breakdown, HostBound, KernelLaunches, RankGpu, RunReport
+from traceview.model import schema as S
+from traceview.model.escape import safe
+from traceview.model.results import Breakdown, HostBound, KernelLaunches, RankGpu, RunReport
 
 PHASE_STYLE = {
     S.IO: "magenta",

@@ -1,6 +1,6 @@
 """The terminal report: the run report, the comparison and the scaling analysis as text.
 
-It renders ``traceview.results`` structs and computes nothing; ``--json`` is the struct itself.
+It renders ``traceview.model.results`` structs and computes nothing; ``--json`` is the struct itself.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from traceview import schema as S
-from traceview.escape import json_safe, safe
-from traceview.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
+from traceview.model import schema as S
+from traceview.model.escape import json_safe, safe
+from traceview.model.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
 from traceview.views.style import (
     HOST_BOUND_HEADER,
     HOST_BOUND_NOTE,

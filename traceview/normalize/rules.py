@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from traceview import schema as S
-from traceview.errors import BadInput, UsageError
+from traceview.model import schema as S
+from traceview.model.errors import BadInput, UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib

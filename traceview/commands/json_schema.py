@@ -26,7 +26,7 @@ class SchemaCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.results import json_schema
+        from traceview.model.results import json_schema
 
         print(json.dumps(json_schema(args.command), indent=2))
         return 0

@@ -159,7 +159,7 @@ EVENTS_SCHEMA: Final = pa.schema(
 #: on each kernel), so an unlinked device activity is classified as its operator would be.
 #: ``step_group`` is the step an event belongs to where the profiler groups events into steps
 #: itself without marking them (TensorFlow's ``group_id``): the raw material of the core's
-#: ``step_groups`` pass (``traceview/step_inference.py``), which the events table does not keep.
+#: ``step_groups`` pass (``traceview/normalize/step_inference.py``), which the events table does not keep.
 EXTERNAL_ID: Final = "external_id"
 SCOPE: Final = "scope"
 STEP_GROUP: Final = "step_group"

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from traceview import schema as S
+from traceview.model import schema as S
 
 #: The version of the result model (``schema_version`` of ``report --json``); bumped when a
 #: field changes meaning. Adding a field does not bump it.

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
+from traceview.model import schema as S
 
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
 PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}

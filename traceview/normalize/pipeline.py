@@ -10,13 +10,13 @@ to its contract on every sample trace.
     an event whose parser left its kind open takes its category's (``kinds_from_categories``);
 ``layout``
     a format that needs it is laid out by a named pass (``LAYOUTS``: MXNet's engine timeline,
-    ``traceview/mxnet_engine.py``);
+    ``traceview/normalize/mxnet_engine.py``);
 ``stray_times``
     events with corrupt times (30 days from the rest) are dropped, with a warning;
 ``infer_steps``
     a trace without step markers whose format says how its steps can be found gets markers from
     a named pass (``STEP_INFERENCE``: TensorFlow's step groups, TF1's ``Session.run`` calls;
-    ``traceview/step_inference.py``);
+    ``traceview/normalize/step_inference.py``);
 ``classify``
     rules give each distinct name its kind, own phase, canonical op and collective; the events
     a layout pass made are what it states they are (``schema.LAID_OUT_SCHEMA``);
@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from traceview import schema as S
-from traceview.arrays import (
+from traceview.model import schema as S
+from traceview.model.columns import (
     DEVICE,
     HOST_TREE,
     STRUCTURAL,
@@ -67,8 +67,8 @@ from traceview.arrays import (
     unique_inverse,
     window_index,
 )
-from traceview.errors import BadInput, Notes
-from traceview.rules import RuleSet
+from traceview.model.errors import BadInput, Notes
+from traceview.normalize.rules import RuleSet
 
 PHASE_CODES: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
 NO_STEP_MARKERS = (
@@ -450,7 +450,7 @@ class LayoutResult:
 
 #: Layout passes a parser can ask for (``ParsedTrace.layout``): "module:function", imported
 #: when used; each takes (raw, rules, process names, notes) and returns a LayoutResult.
-LAYOUTS = {"mxnet_engine": "traceview.mxnet_engine:lay_out"}
+LAYOUTS = {"mxnet_engine": "traceview.normalize.mxnet_engine:lay_out"}
 
 
 def lay_out(
@@ -480,8 +480,8 @@ class InferredSteps:
 #: Step inference a parser can ask for (``ParsedTrace.infer_steps``): "module:function", imported
 #: when used; each takes (raw, process names, notes) and returns InferredSteps.
 STEP_INFERENCE = {
-    "step_groups": "traceview.step_inference:from_step_groups",
-    "session_runs": "traceview.step_inference:from_session_runs",
+    "step_groups": "traceview.normalize.step_inference:from_step_groups",
+    "session_runs": "traceview.normalize.step_inference:from_session_runs",
 }
 
 
@@ -623,7 +623,7 @@ def positional_phases(
     host-to-device copies only is h2d whatever its position: ``x.to(device)`` right before the
     forward region is copying the batch, not running the model.
 
-    A chunk of a rank (``traceview.chunked``) hands in what lies beyond it: ``more_anchors``
+    A chunk of a rank (``traceview.ingest.large.chunked``) hands in what lies beyond it: ``more_anchors``
     (times and phase codes of phase markers outside its rows that are still the next marker of
     one of its candidates) and ``backward_steps`` (the steps of the whole rank that hold a
     backward event).
@@ -1025,7 +1025,7 @@ def normalize(
 
 @dataclass
 class ChunkContext:
-    """What a chunk of a rank (``traceview.chunked``) needs to know of the whole rank: the
+    """What a chunk of a rank (``traceview.ingest.large.chunked``) needs to know of the whole rank: the
     training thread and every step window (the ``steps`` pass's result, found in one pass over
     the rank), the steps that hold a backward event, and the phase markers just past the chunk's
     end that may be the next marker of one of its operators (``positional_phases``)."""

@@ -33,9 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traceview import schema as S
-from traceview.errors import BadInput, Notes, cannot_write
-from traceview.manifest import Manifest, from_json
+from traceview.model import schema as S
+from traceview.model.errors import BadInput, Notes, cannot_write
+from traceview.model.manifest import Manifest, from_json
 
 MANIFEST = "manifest.json"
 EVENTS = "events"

@@ -57,9 +57,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from traceview import rundir as R
-from traceview import schema as S
-from traceview.arrays import (
+from traceview.model import schema as S
+from traceview.model.columns import (
     DEVICE,
     HOST_TREE,
     KIND_CODE,
@@ -72,8 +71,8 @@ from traceview.arrays import (
     unique_pairs,
     window_index,
 )
-from traceview.errors import Notes
-from traceview.normalize import (
+from traceview.model.errors import Notes
+from traceview.normalize.pipeline import (
     _ANCHOR_PHASES,
     _KIND_CODES,
     NO_STEP_MARKERS,
@@ -84,9 +83,10 @@ from traceview.normalize import (
     kinds_from_categories,
     normalize_chunk,
 )
+from traceview.normalize.rules import RuleSet
 from traceview.parsers import ParsedTrace
-from traceview.parsers.chrome_json import SplitMismatch
-from traceview.rules import RuleSet
+from traceview.parsers.chrome_stream import SplitMismatch
+from traceview.store import rundir as R
 
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) are read in
 #: chunks; smaller ones whole. ``TRACEVIEW_CHUNKED_MIN_BYTES`` overrides it (tests: 0).
@@ -270,7 +270,7 @@ def free_core() -> bool:
 
 
 class HelperProcess:
-    """A helper process (``traceview.helper``) with the two pipes of its analysis service:
+    """A helper process (``traceview.ingest.large.worker``) with the two pipes of its analysis service:
     ``outbox`` to it, ``inbox`` from it. It ends with the ingest (Linux), or when ``close``
     closes its pipes."""
 
@@ -282,7 +282,7 @@ class HelperProcess:
         try:
             with stderr.open("wb") as err:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "traceview.helper", *command,
+                    [sys.executable, "-m", "traceview.ingest.large.worker", *command,
                      str(to_helper), str(from_helper), str(os.getpid())],
                     pass_fds=(to_helper, from_helper),
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
@@ -311,7 +311,7 @@ class HelperProcess:
 
 
 class InProcess:
-    """A sink run by a helper process (``traceview.helper analyse``) on the core the ingest
+    """A sink run by a helper process (``traceview.ingest.large.worker analyse``) on the core the ingest
     leaves free: the analysis of chunk k runs while chunk k+1 is normalized, in parallel (a
     thread shares the interpreter). A chunk's rows go over in an Arrow file in the work
     folder; at most ``AHEAD`` chunks wait for it (files on disk: 4 rather than 2 left the
@@ -679,13 +679,15 @@ class _FirstPass:
     helper: HelperProcess | None = None  # the helper that read the later part, now waiting
 
 
-def _first_pass(parser: Any, path: Path, rules: RuleSet, work: Path, helper: bool) -> _FirstPass:
+def _first_pass(
+    parser: Any, path: Path, rules: RuleSet, work: Path, helper: bool, preload: tuple[str, ...] = ()
+) -> _FirstPass:
     """Pass 1 (module doc). With ``helper``, a plain trace large enough is read in two parts
     at once: the later part by a process of its own (``read_later_part``) on another core."""
     boundary = _split_boundary(parser, path) if helper else None
     if boundary is not None:
         try:
-            return _in_two_parts(parser, path, rules, work, boundary)
+            return _in_two_parts(parser, path, rules, work, boundary, preload)
         except SplitMismatch:  # no event starts there after all: read it in one piece
             pass
     stream = parser.stream(path)
@@ -715,7 +717,14 @@ def _split_boundary(parser: Any, path: Path) -> int | None:
     return parser.split_point(path, near)
 
 
-def _in_two_parts(parser: Any, path: Path, rules: RuleSet, work: Path, boundary: int) -> _FirstPass:
+def _in_two_parts(
+    parser: Any,
+    path: Path,
+    rules: RuleSet,
+    work: Path,
+    boundary: int,
+    preload: tuple[str, ...] = (),
+) -> _FirstPass:
     """Pass 1 in two parts at once: [0, boundary) here, the rest in a helper process; its
     rows follow ours. Where the helper fails (killed, out of memory), its part is read here.
     The helper then waits to run the rank's analysis (``InProcess``), its imports done."""
@@ -725,7 +734,7 @@ def _in_two_parts(parser: Any, path: Path, rules: RuleSet, work: Path, boundary:
         pickle.dump(rules, fh)
     command = ["read-part", parser.name, str(path), str(boundary), str(work / "rules.pickle")]
     try:
-        helper = HelperProcess([*command, str(later)], later / "stderr")
+        helper = HelperProcess([*command, str(later), ",".join(preload)], later / "stderr")
     except OSError as exc:  # no process can start: read the trace in one piece
         raise SplitMismatch(f"{path}: no helper process ({exc})") from None
     try:
@@ -760,7 +769,7 @@ PART_FILE = "part.pickle"
 def read_later_part(
     parser: Any, path: Path, boundary: int, rules: RuleSet, out: Path
 ) -> tuple[_Survey, Any]:
-    """Pass 1 over the part of ``path`` from ``boundary`` to its end (``traceview.helper``
+    """Pass 1 over the part of ``path`` from ``boundary`` to its end (``traceview.ingest.large.worker``
     runs it in a process of its own): its rows spilled to ``out``/raw.arrows (numbered from
     0), and its survey and the parser's part (also in ``out``/``PART_FILE``)."""
     stream = parser.stream(path, (boundary, None))
@@ -931,19 +940,23 @@ def normalize_chunked(
     offset_ns: int,
     sink: SinkFactory | None = None,
     helper: bool = False,
+    preload: tuple[str, ...] = (),
 ) -> ChunkedRank | ParsedTrace:
     """Parse, normalize and write one rank's events in chunks of whole steps (module doc); the
     parser's result with every event where the trace needs the whole-rank path (no host
     events, corrupt times), read once.
     ``sink``: makes what each normalized chunk is handed to (the per-rank analysis);
-    ``helper``: a core is free for a helper process (``_first_pass``)."""
+    ``helper``: a core is free for a helper process (``_first_pass``); ``preload``: the modules
+    the sink needs, which a helper process imports while it waits for the sink."""
     rules = _MemoRules.of(rules)
     helper = helper and free_core()
     work = run / f".chunks-rank-{meta.rank}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        return _normalize_chunked(parser, path, rules, meta, run, offset_ns, work, sink, helper)
+        return _normalize_chunked(
+            parser, path, rules, meta, run, offset_ns, work, sink, helper, preload
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -958,8 +971,9 @@ def _normalize_chunked(
     work: Path,
     make_sink: SinkFactory | None,
     helper: bool = False,
+    preload: tuple[str, ...] = (),
 ) -> ChunkedRank | ParsedTrace:
-    first = _first_pass(parser, path, rules, work, helper)
+    first = _first_pass(parser, path, rules, work, helper, preload)
     try:
         return _normalize_read(first, rules, meta, run, offset_ns, work, make_sink, helper)
     finally:
@@ -1343,7 +1357,7 @@ def _route(spills: list[tuple[Path, int]], routing: _Routing, work: Path, prefix
 
 
 def route_later_part(job: Path) -> None:
-    """Pass 2 over the later part's spill (``traceview.helper`` runs it beside the ingest's
+    """Pass 2 over the later part's spill (``traceview.ingest.large.worker`` runs it beside the ingest's
     own): ``job`` holds the spill, the number of its first row and the ``_Routing``."""
     with job.open("rb") as fh:
         spill, first, routing = pickle.load(fh)
@@ -1435,7 +1449,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
     ``target_rows`` rows between two cuts, a long step, is cut inside too, at phase markers, as
     ingest cuts it (``_inside_steps``). A rank without step markers is one window, cut about
     every ``target_rows`` rows (``_unmarked_file``); None where its ids are not its rows'."""
-    from traceview.arrays import KIND_CODE, PHASE_CODE, coded
+    from traceview.model.columns import KIND_CODE, PHASE_CODE, coded
 
     step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
     annotation, runtime_code = KIND_CODE[S.KIND_ANNOTATION], KIND_CODE[S.KIND_RUNTIME]
@@ -1551,7 +1565,7 @@ def _unmarked_file(
     each runtime call (a device activity's launcher) by id (``sampled``, ``runtime_ids`` and
     ``runtime_ts``: the caller's pass found them). None where the ids are not the rows' numbers
     (not a file traceview wrote)."""
-    from traceview.arrays import PHASE_CODE, coded
+    from traceview.model.columns import PHASE_CODE, coded
 
     kind_of = np.full(rows + 1, -1, np.int8)  # by id (the last: none)
     start, end = 1 << 62, -(1 << 62)

@@ -41,12 +41,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview import schema as S
-from traceview.arrays import dictionary_array, dictionary_codes, disjoint, window_index
-from traceview.errors import Notes
-from traceview.normalize import LayoutResult
+from traceview.model import schema as S
+from traceview.model.columns import dictionary_array, dictionary_codes, disjoint, window_index
+from traceview.model.errors import Notes
+from traceview.normalize.pipeline import LayoutResult
+from traceview.normalize.rules import MAX_STEP, RuleSet
 from traceview.parsers import group_ids
-from traceview.rules import MAX_STEP, RuleSet
 
 #: The category traceview collect's profiler domain writes, and that of the spans made here.
 TRACEVIEW_CAT = "traceview"

@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 import msgspec
 import numpy as np
 
-from traceview.errors import BadInput
+from traceview.model.errors import BadInput
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from traceview.errors import BadInput
+from traceview.model.errors import BadInput
 
 R = TypeVar("R", bound="Record")
 

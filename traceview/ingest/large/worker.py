@@ -1,12 +1,13 @@
-"""The helper process of a large trace's ingest (``traceview.chunked``), on a core the ingest
+"""The helper process of a large trace's ingest (``traceview.ingest.large.chunked``), on a core the ingest
 leaves free (the ranks are ingested one after the other):
 
-    python -m traceview.helper read-part PARSER TRACE BOUNDARY RULES.pickle OUT IN_FD OUT_FD PARENT
-    python -m traceview.helper analyse IN_FD OUT_FD PARENT
+    python -m traceview.ingest.large.worker read-part PARSER TRACE BOUNDARY RULES.pickle OUT PRELOAD IN_FD OUT_FD PARENT
+    python -m traceview.ingest.large.worker analyse IN_FD OUT_FD PARENT
 
 ``read-part`` reads the later part of a plain trace read in two parts at once, leaves its
 rows, survey and the parser's part in OUT (``chunked.read_later_part``) and says so on
-OUT_FD; it then routes those rows to their chunks when asked (``chunked.route_later_part``,
+OUT_FD (and imports the PRELOAD modules, comma-separated: those the analysis it will serve
+needs, named by the ingest); it then routes those rows to their chunks when asked (``chunked.route_later_part``,
 beside the ingest routing its own), and serves the analysis as ``analyse`` does. ``analyse``
 runs the rank's chunked analysis beside the normalizing (``chunked.InProcess``): the sink comes
 pickled on IN_FD (its pipe closed instead: there is nothing to analyse, and the helper ends),
@@ -17,29 +18,15 @@ answer, and the ingest then does the work itself.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
-import signal
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-
-def die_with_parent(parent: int) -> None:
-    """This process ends when ``parent`` (the ingest that started it) does, even when that one
-    is killed (SIGKILL runs no cleanup: its helpers and pool workers, ~180 MB each, and the
-    resource tracker used to live on). Linux's PR_SET_PDEATHSIG; elsewhere only the check
-    below. (Also the initializer of the ingest's pool of workers.)"""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # it died before the line above took effect
-        os._exit(1)
+from traceview.ingest.lifetime import die_with_parent
 
 
 def main(argv: list[str]) -> int:
@@ -48,20 +35,21 @@ def main(argv: list[str]) -> int:
 
     pa.set_memory_pool(pa.system_memory_pool())  # as the ingest's own process
     if argv[0] not in ("read-part", "analyse"):
-        print(f"traceview.helper: unknown command {argv[0]!r}", file=sys.stderr)
+        print(f"traceview.ingest.large.worker: unknown command {argv[0]!r}", file=sys.stderr)
         return 2
     inbox = Connection(int(argv[-3]), writable=False)
     outbox = Connection(int(argv[-2]), readable=False)
     if argv[0] == "read-part":
-        from traceview.chunked import read_later_part
+        from traceview.ingest.large.chunked import read_later_part
         from traceview.parsers import parser_named
 
-        name, path, boundary, rules_file, out = argv[1:6]
+        name, path, boundary, rules_file, out, preload = argv[1:7]
         with Path(rules_file).open("rb") as fh:
             rules = pickle.load(fh)
         read_later_part(parser_named(name), Path(path), int(boundary), rules, Path(out))
         outbox.send(("part",))
-        import traceview.analysis.parts  # noqa: F401  (imported while the ingest plans)
+        for module in filter(None, preload.split(",")):  # (imported while the ingest plans)
+            importlib.import_module(module)
     analyse(inbox, outbox)
     return 0
 
@@ -73,8 +61,8 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
     there and answers ("done", {name: file}) (None: analyse the rank whole) or the error."""
     import pyarrow as pa
 
-    from traceview import rundir as R
-    from traceview.chunked import release_memory, route_later_part
+    from traceview.ingest.large.chunked import release_memory, route_later_part
+    from traceview.store import rundir as R
 
     try:
         sink = inbox.recv()

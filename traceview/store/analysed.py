@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traceview import rundir as R
-from traceview import schema as S
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
-from traceview.errors import BadInput, OutputError, cannot_write
-from traceview.manifest import Manifest
-from traceview.results import RunReport, StepCollective
+from traceview.model import schema as S
+from traceview.model.errors import BadInput, OutputError, cannot_write
+from traceview.model.manifest import Manifest
+from traceview.model.results import RunReport, StepCollective
+from traceview.store import rundir as R
 
 if TYPE_CHECKING:
     from traceview.analysis.crossrank import CrossRank
@@ -139,7 +139,7 @@ def _label(paths: list[Path]) -> str:
 
 def ingest_run(paths: list[Path], out: Path, **options: Any) -> Path:
     """``ingest.ingest`` with the per-rank analysis: the events and the analysis tables."""
-    from traceview.ingest import ingest
+    from traceview.ingest.run import ingest
 
     return ingest(paths, out, analyze=rank_tables, analysis_version=ANALYSIS_VERSION, **options)
 
@@ -190,7 +190,7 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
     """The analysis of a large rank (``chunked.chunked_min_rows`` events or more) a chunk of
     steps at a time, as ingest runs it (``analysis.parts``), without its events whole in
     memory; None for a smaller rank (read whole), or a file whose ids are not its rows."""
-    from traceview import chunked
+    from traceview.ingest.large import chunked
 
     path = R.events_path(run, rank)
     try:

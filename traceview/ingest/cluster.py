@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traceview.errors import BadInput, UsageError
+from traceview.model.errors import BadInput, UsageError
 
 if TYPE_CHECKING:
-    from traceview.ingest import RankAnalysis, RankPartial, TraceFile
+    from traceview.ingest.discover import TraceFile
+    from traceview.ingest.rank import RankAnalysis, RankPartial
 
 #: The environment variable that names a scheduler when --scheduler is not given.
 SCHEDULER_ENV = "TRACEVIEW_SCHEDULER"
@@ -81,7 +82,7 @@ def ingest_rank_task(
     """``ingest.ingest_rank`` on a worker, which it records in the rank's manifest entry."""
     from distributed import get_worker
 
-    from traceview.ingest import ingest_rank
+    from traceview.ingest.rank import ingest_rank
 
     part = ingest_rank(trace, run, run_id, rules_path, analyze)
     part.info.worker = get_worker().address

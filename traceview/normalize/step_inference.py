@@ -26,11 +26,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from traceview import schema as S
-from traceview.arrays import dictionary_codes, distinct, ints
-from traceview.errors import Notes
-from traceview.normalize import InferredSteps
-from traceview.rules import MAX_STEP
+from traceview.model import schema as S
+from traceview.model.columns import dictionary_codes, distinct, ints
+from traceview.model.errors import Notes
+from traceview.normalize.pipeline import InferredSteps
+from traceview.normalize.rules import MAX_STEP
 
 #: The thread (tid) that holds inferred step markers, in the process of the first host event the
 #: pass uses (as the TensorFlow parsers had it): no parser puts an event of its own there

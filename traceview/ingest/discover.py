@@ -1,0 +1,252 @@
+"""Find the traces under the paths a user gives and identify each cheaply (its parser,
+rank, world size, host, clock offset from collect's status file), so ranks are fixed before
+any heavy work.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from traceview.model.errors import (
+    BadInput,
+    Notes,
+    UsageError,
+)
+from traceview.model.manifest import (
+    MAX_WORLD_SIZE,
+    Clock,
+    RankStatus,
+    lenient,
+)
+from traceview.parsers import (
+    ParsedTrace,
+    Parser,
+    TraceIdentity,
+    generic,
+    rank_from_filename,
+    registered,
+)
+from traceview.parsers.chrome_stream import read_head
+from traceview.store import rundir as R
+
+
+@dataclass
+class TraceFile:
+    path: Path
+    parser: str
+    framework: str
+    rank: int = -1
+    claimed_rank: int | None = None
+    world_size: int | None = None
+    host: str | None = None
+    size: int = 0
+    clock: Clock = field(default_factory=Clock)  # from the status beside it (collect's runs)
+
+
+#: What `traceview collect` writes beside each rank's trace.
+RANK_STATUS = "status.json"
+
+
+def _candidates(folder: Path) -> list[Path]:
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != RANK_STATUS]
+    return [
+        p for p in files if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+
+
+def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
+    """The status `traceview collect` wrote beside a trace (empty when there is none). Fields
+    that do not read are left at their defaults, with a warning in ``notes``: the trace and the
+    rest of the status (its clock offset above all) are used all the same."""
+    path = trace.parent / RANK_STATUS
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return RankStatus()
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        if notes is not None:
+            notes.warn(f"{path}: unreadable, not used ({exc})")
+        return RankStatus()
+    status, dropped = lenient(data, RankStatus)
+    if dropped and notes is not None:
+        notes.warn(
+            f"{path}: field(s) {', '.join(dropped)} of the wrong type or out of range, not used"
+        )
+    return status
+
+
+def discover(paths: list[Path], notes: Notes, rules_given: bool = False) -> list[TraceFile]:
+    """The traces among ``paths``; a named file that is not a trace is an error. With a rules
+    file (``rules_given``), a Chrome trace that no parser claims is read by the generic one."""
+    parsers = registered()
+    if rules_given:
+        parsers = [*parsers, _Fallback(generic())]
+    found: list[TraceFile] = []
+    skipped: list[str] = []
+    damaged: list[str] = []
+    for path in paths:
+        try:
+            there = path.exists()
+        except OSError as exc:  # a folder this user may not look into, a name too long
+            raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if not there:
+            raise UsageError(R.parked_hint(path) or f"{path}: no such file or directory")
+        if path.is_dir():
+            folder = path / R.RAW if R.is_run_dir(path) and (path / R.RAW).is_dir() else path
+            for candidate in _candidates(folder):
+                try:
+                    trace = _identify(candidate, parsers, notes)
+                except BadInput as exc:  # one damaged file does not cost the folder's others
+                    damaged.append(str(exc))
+                    continue
+                if trace is None:
+                    skipped.append(str(candidate.relative_to(folder)))
+                else:
+                    found.append(trace)
+            if not found:
+                reason = f" ({damaged[0]}{' …' if len(damaged) > 1 else ''})" if damaged else ""
+                what = "no readable traces" if damaged else "no traces"
+                raise BadInput(f"{path}: {what} found in this folder{reason}")
+        else:
+            trace = _identify(path, parsers, notes)
+            if trace is None:
+                raise BadInput(
+                    f"{path}: not a trace traceview can read (expected PyTorch/Kineto JSON, "
+                    "TensorFlow .xplane.pb or Timeline JSON, MXNet profiler JSON or traceview "
+                    "collect's Chainer JSON; any other Chrome trace with --rules)"
+                )
+            found.append(trace)
+    for problem in damaged:
+        notes.warn(f"{problem}: left out")
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (
+            f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        )
+        notes.remark(f"skipped {len(skipped)} file(s) that are not traces: {shown}")
+    return found
+
+
+class _Fallback:
+    """The generic Chrome-trace parser, claiming whatever looks like a Chrome trace."""
+
+    def __init__(self, parser: Parser):
+        self.parser = parser
+        self.name, self.framework = parser.name, parser.framework
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        from traceview.parsers.generic_chrome import looks_like_chrome_trace
+
+        return looks_like_chrome_trace(head)
+
+    def identify(self, path: Path) -> TraceIdentity:
+        return self.parser.identify(path)
+
+    def parse(self, path: Path) -> ParsedTrace:
+        return self.parser.parse(path)
+
+
+def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | None:
+    try:
+        if path.stat().st_size == 0:
+            raise BadInput(f"{path}: empty file")
+        head = read_head(path)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+    parser = next((p for p in parsers if p.sniff(path, head)), None)
+    if parser is None:
+        return None
+    identity = parser.identify(path)
+    status = rank_status(path, notes)
+    rank = _believed(identity.rank, 0, MAX_WORLD_SIZE - 1, "rank", path, notes)
+    world = _believed(identity.world_size, 1, MAX_WORLD_SIZE, "world size", path, notes)
+    return TraceFile(
+        path=path,
+        parser=parser.name,
+        framework=parser.framework,
+        claimed_rank=rank if rank is not None else status.rank,
+        world_size=world or status.world_size,
+        host=identity.host or status.host,
+        size=path.stat().st_size,
+        clock=status.clock,
+    )
+
+
+def _believed(
+    value: int | None, least: int, most: int, what: str, path: Path, notes: Notes
+) -> int | None:
+    """A rank or world size as a trace states it, unless it is absurd (memory follows the world
+    size): then it is ignored with a warning, and the rank comes from the file name or order."""
+    if value is None or least <= value <= most:
+        return value
+    shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:21]}..."
+    notes.warn(f"{path}: the {what} the trace states ({shown}) is outside {least}-{most}: ignored")
+    return None
+
+
+def number_ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    out: list[str] = []
+    start = prev = None
+    for n in sorted(numbers):
+        if start is None:
+            start = prev = n
+        elif prev is not None and n == prev + 1:
+            prev = n
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = n
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(out)
+
+
+def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
+    """Fix each trace's rank: what the trace says, else its file name, else its order.
+
+    Returns the world size (the largest any trace states) and warns about missing ranks.
+    """
+    by_rank: dict[int, TraceFile] = {}
+    for trace in traces:
+        if trace.claimed_rank is None:
+            continue
+        if trace.claimed_rank in by_rank:
+            other = by_rank[trace.claimed_rank]
+            raise BadInput(
+                f"two traces say they are rank {trace.claimed_rank}: {other.path} and {trace.path} "
+                "(traces of different runs? ingest one run at a time)"
+            )
+        by_rank[trace.claimed_rank] = trace
+        trace.rank = trace.claimed_rank
+    unclaimed = [t for t in traces if t.claimed_rank is None]
+    # File names are used only when they number every remaining trace without collisions.
+    named = {t.path: rank_from_filename(t.path) for t in unclaimed}
+    ranks = [r for r in named.values() if r is not None]
+    distinct = len(ranks) == len(unclaimed) and len(set(ranks)) == len(ranks)
+    if unclaimed and distinct and not set(ranks) & set(by_rank):
+        for trace in unclaimed:
+            rank = named[trace.path]
+            assert rank is not None
+            trace.rank = rank
+            by_rank[rank] = trace
+        unclaimed = []
+        notes.remark("ranks taken from the file names (the traces do not state them)")
+    next_rank = 0
+    for trace in unclaimed:
+        while next_rank in by_rank:
+            next_rank += 1
+        trace.rank = next_rank
+        by_rank[next_rank] = trace
+    if unclaimed and len(traces) > 1:
+        notes.remark("ranks numbered in file order (neither the traces nor their names state them)")
+    worlds = [t.world_size for t in traces if t.world_size]
+    world = max(worlds) if worlds else None
+    present = sorted(by_rank)
+    if world is not None and world > len(present):
+        missing = sorted(set(range(world)) - set(present))
+        notes.warn(
+            f"world size {world} but {len(present)} trace(s) given: missing rank(s) {number_ranges(missing)}; "
+            f"reporting rank(s) {number_ranges(present)} only"
+        )
+    return world

@@ -1,0 +1,288 @@
+"""One rank's ingest, wherever it runs (this process, a pool worker, a Dask task): parse,
+normalize and write its events, run the per-rank analysis it is handed on them, and return the
+rank's part of the run (``RankPartial``). A large trace goes through ``ingest.large``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview.ingest.discover import TraceFile, rank_status
+from traceview.ingest.large.chunked import ChunkSink, normalize_chunked, wants_chunks
+from traceview.model import schema as S
+from traceview.model.errors import (
+    BadInput,
+    Notes,
+)
+from traceview.model.manifest import (
+    RankIngest,
+)
+from traceview.normalize.pipeline import RankMeta, normalize
+from traceview.normalize.rules import RuleSet, rules_for
+from traceview.parsers import (
+    ParsedTrace,
+    Parser,
+)
+from traceview.store import rundir as R
+
+#: A per-rank analysis: one rank's events and memory records (schema.MEMORY_SCHEMA) in, named
+#: result tables out (written as NAME.parquet). It must be a module-level function: worker
+#: processes receive it by reference.
+RankAnalysis = Callable[[pa.Table, pa.Table], dict[str, pa.Table]]
+
+
+@dataclass
+class RankPartial:
+    """One rank's part of a run, wherever it was computed (this process, a worker pool, another
+    machine): its manifest entry, its analysis tables and its notes. ``combine`` merges the
+    ranks' parts into the run's."""
+
+    info: RankIngest
+    tables: dict[str, pa.Table]
+    notes: Notes = field(default_factory=Notes)
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+
+def parse_with(parser: Parser, path: Path) -> ParsedTrace:
+    """``parser.parse(path)``; a parser written for the old protocol ``parse(path, rules)``
+    (before parsers stopped classifying) is bad input naming it, not an internal error."""
+    required = [
+        p
+        for p in inspect.signature(parser.parse).parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(required) != 1:
+        raise BadInput(
+            f"the {parser.name!r} trace parser takes parse({', '.join(p.name for p in required)}); "
+            "traceview's parsers take parse(path) and leave classification to the core and a "
+            "rules file (docs/design.md): the plugin needs updating"
+        )
+    return parser.parse(path)
+
+
+def ingest_rank(
+    trace: TraceFile,
+    run: Path,
+    run_id: str,
+    rules_path: Path | None,
+    analyze: RankAnalysis | None,
+    helper: bool = False,
+) -> RankPartial:
+    """Parse, normalize and write one rank's events into ``run``, and analyse them if asked:
+    the unit of work a pool (or another machine) runs, one rank at a time. ``helper``: a core
+    is free beside this one (the ranks are ingested one after the other), for a large trace's
+    helper process (``chunked``)."""
+    from traceview.parsers import parser_named
+
+    R.fault_point("ingest:rank")  # the tests kill a cluster worker here, for real
+    if pa.default_memory_pool().backend_name != "system":  # a fresh worker process
+        pa.set_memory_pool(pa.system_memory_pool())
+    started = time.perf_counter()
+    parser = parser_named(trace.parser)
+    rules = rules_for(parser.framework, rules_path)
+    clock = trace.clock  # read once, when the trace was identified
+    offset = clock.offset_ns
+    if wants_chunks(trace.parser, trace.path, trace.size):
+        part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started, helper)
+        if isinstance(part, RankPartial):
+            return part
+        parsed = part  # the whole trace, for the whole-rank path: read once
+    else:
+        parsed = parse_with(parser, trace.path)
+    notes = Notes()
+    if offset:  # onto the launcher's clock, which all ranks share
+        shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))
+        parsed.events = parsed.events.set_column(
+            parsed.events.schema.get_field_index(S.TS_NS), S.TS_NS, shifted
+        )
+    host = trace.host or parsed.host
+    meta = RankMeta(
+        run_id=run_id,
+        rank=trace.rank,
+        framework=parser.framework,
+        host=host,
+        source=trace.path.name,
+    )
+    try:
+        normalized = normalize(
+            parsed.events,
+            rules,
+            meta,
+            layout=parsed.layout,
+            infer_steps=parsed.infer_steps,
+            process_names=parsed.process_names,
+        )
+    except BadInput as exc:
+        raise BadInput(f"{trace.path}: {exc}") from exc
+    del parsed.events
+    memory = rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)
+    # Parquet encoding runs outside the GIL: write while the analysis runs.
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        written = writer.submit(R.write_events, run, trace.rank, normalized.events)
+        tables = analyze(normalized.events, memory) if analyze is not None else {}
+        written.result()
+    tables[R.MEMORY] = memory  # every rank's, empty or not: memory.parquet says it was read
+    notes.extend(parsed.notes)
+    notes.extend(normalized.notes)
+    found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
+    if normalized.layout is not None:
+        found.update(normalized.layout.meta)
+        for key, label in normalized.layout.threads.items():
+            threads.setdefault(key, label)
+        skipped.update(normalized.layout.skipped)
+    if normalized.inferred is not None:
+        threads.update(normalized.inferred.threads)
+    info = RankIngest(
+        rank=trace.rank,
+        source=str(trace.path),
+        format=parser.name,
+        framework=parser.framework,
+        host=host,
+        status="truncated" if parsed.lost_bytes else "ok",
+        events=normalized.events.num_rows,
+        bytes_read=parsed.bytes_read,
+        lost_bytes=parsed.lost_bytes,
+        skipped_records=skipped,
+        steps=normalized.steps,
+        training_thread=list(normalized.training_thread) if normalized.training_thread else None,
+        threads=threads,
+        clock_offset_ns=offset,
+        clock=clock,
+        meta=found,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    return RankPartial(info, tables, notes)
+
+
+def _ingest_chunked(
+    trace: TraceFile,
+    parser: Parser,
+    rules: RuleSet,
+    run: Path,
+    run_id: str,
+    analyze: RankAnalysis | None,
+    started: float,
+    helper: bool = False,
+) -> RankPartial | ParsedTrace:
+    """``ingest_rank`` for a large trace, in chunks of whole steps (``traceview.ingest.large.chunked``),
+    the analysis a chunk at a time (``analyze.chunked``, where it has one); where the trace
+    needs the whole-rank path, the parser's result with every event (read once)."""
+    clock = trace.clock
+    offset = clock.offset_ns
+    meta = RankMeta(
+        run_id=run_id,
+        rank=trace.rank,
+        framework=parser.framework,
+        host=trace.host,
+        source=trace.path.name,
+    )
+    # the per-rank analysis takes each chunk as it is normalized, where it can (memory
+    # records come with the parser's result, after the first pass)
+    memory: list[pa.Table] = []
+    chunked = getattr(analyze, "chunked", None)
+
+    def sink(
+        parsed: ParsedTrace,
+        training: tuple[int, int],
+        gpu: bool,
+        elsewhere: bool,
+        whole: tuple[int, int] | None,
+    ) -> ChunkSink | None:
+        memory[:] = [rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)]
+        if chunked is None:
+            return None
+        return chunked(memory[0])(training, gpu, elsewhere, whole)
+
+    try:
+        preload = getattr(analyze, "modules", ())
+        done = normalize_chunked(
+            parser, trace.path, rules, meta, run, offset, sink, helper, preload
+        )
+    except BadInput as exc:
+        raise BadInput(f"{trace.path}: {exc}") from exc
+    if isinstance(done, ParsedTrace):
+        return done
+    parsed = done.parsed
+    host = trace.host or parsed.host
+    if not memory:
+        memory.append(rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset))
+    tables: dict[str, pa.Table] | None = None
+    if done.sink is not None:
+        tables = done.sink.finish()
+    if tables is None and analyze is not None:  # analysed whole: read back
+        tables = analyze(R.read_events(run, [trace.rank]), memory[0])
+    tables = tables or {}
+    memory_table = memory[0]
+    tables[R.MEMORY] = memory_table
+    notes = Notes()
+    notes.extend(parsed.notes)
+    notes.extend(done.notes)
+    info = RankIngest(
+        rank=trace.rank,
+        source=str(trace.path),
+        format=parser.name,
+        framework=parser.framework,
+        host=host,
+        status="truncated" if parsed.lost_bytes else "ok",
+        events=done.events,
+        bytes_read=parsed.bytes_read,
+        lost_bytes=parsed.lost_bytes,
+        skipped_records=dict(parsed.skipped),
+        steps=done.steps,
+        training_thread=list(done.training_thread) if done.training_thread else None,
+        threads=dict(parsed.threads),
+        clock_offset_ns=offset,
+        clock=clock,
+        meta=dict(parsed.meta),
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    return RankPartial(info, tables, notes)
+
+
+def _with_rss(records: pa.Table | None, trace: Path) -> pa.Table | None:
+    """The parser's memory records and the process's resident memory that collect sampled at
+    step boundaries (status.json beside the trace; device ``rss``)."""
+    status = rank_status(trace)
+    # what a status claims is bounded before it is believed: a time in int64, a size to 1 PiB
+    samples = [
+        s
+        for s in status.rss_samples
+        if len(s) == 2 and 0 <= s[0] < 1 << 63 and 0 <= s[1] <= 1 << 50
+    ]
+    if not samples:
+        return records
+    rss = S.conform(
+        pa.table(
+            {
+                S.DEVICE: pa.array([S.DEVICE_RSS] * len(samples), pa.string()),
+                S.PID: pa.array([status.pid] * len(samples), pa.int64()),
+                S.TS_NS: pa.array([s[0] for s in samples], pa.int64()),
+                S.ALLOCATED_BYTES: pa.array([s[1] for s in samples], pa.int64()),
+            }
+        ),
+        S.MEMORY_RAW_SCHEMA,
+    )
+    return rss if records is None else pa.concat_tables([records, rss])
+
+
+def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table:
+    """A parser's memory records (schema.MEMORY_RAW_SCHEMA) as the rank's rows of memory.parquet,
+    on the run's clock (empty where the trace has none)."""
+    if records is None or records.num_rows == 0:
+        return S.MEMORY_SCHEMA.empty_table()
+    if offset_ns:
+        shifted = pc.add(records.column(S.TS_NS), pa.scalar(offset_ns, pa.int64()))
+        records = records.set_column(records.schema.get_field_index(S.TS_NS), S.TS_NS, shifted)
+    records = records.append_column(S.RANK, pa.array([rank] * records.num_rows, pa.int32()))
+    return S.conform(records, S.MEMORY_SCHEMA)

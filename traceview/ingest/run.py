@@ -1,0 +1,266 @@
+"""Ingest: trace files in, a run directory out (normalized events and the manifest).
+
+Files are found (a folder is searched recursively; a run directory's raw/ traces are used),
+identified cheaply (rank, world size) so ranks are fixed before any heavy work, then each rank is
+parsed, normalized and written in its own worker process. The caller may hand in a per-rank
+analysis (``analyze``): it runs in the same worker on the rank's events while they are in memory,
+and its tables are written beside the events; ingest itself knows nothing of the analysis. The run
+directory is built beside the target and renamed into place at the end: readers never see a
+half-written run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing import get_context
+from pathlib import Path
+
+import pyarrow as pa
+
+from traceview import __version__
+from traceview.ingest.discover import TraceFile, assign_ranks, discover, number_ranges
+from traceview.ingest.lifetime import die_with_parent
+from traceview.ingest.rank import RankAnalysis, RankPartial, ingest_rank
+from traceview.model import schema as S
+from traceview.model.errors import (
+    BadInput,
+    Notes,
+    OutputError,
+    TraceviewError,
+    UsageError,
+    cannot_write,
+)
+from traceview.model.manifest import (
+    Collected,
+    Manifest,
+    ManifestNotes,
+    RankIngest,
+)
+from traceview.store import rundir as R
+
+#: Below this much trace data, and this many ranks, parsing in the parent beats starting worker
+#: processes (~0.5 s each to import; a small rank takes ~20 ms: 1,024 of 4 KB each ingest in
+#: 22 s serially, 15 s on 2 workers).
+PARALLEL_MIN_BYTES = 48 << 20
+
+
+PARALLEL_MIN_BYTES = 48 << 20
+PARALLEL_MIN_RANKS = 32
+
+
+@dataclass
+class Combined:
+    ranks: list[RankIngest]  # by rank
+    tables: dict[str, pa.Table]  # each table: every rank's rows, by rank
+    notes: Notes
+
+
+def combine(parts: Iterable[RankPartial]) -> Combined:
+    """The ranks' parts of one run as the run's: ordered by rank, whatever order they came in
+    (a pool returns them as they finish), tables concatenated per name, notes in rank order."""
+    ordered = sorted(parts, key=lambda p: p.rank)
+    ranks = [p.rank for p in ordered]
+    if len(set(ranks)) < len(ranks):
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        raise BadInput(f"rank(s) {number_ranges(twice)} came twice: parts of different runs?")
+    names = sorted({name for p in ordered for name in p.tables})
+    tables = {
+        name: pa.concat_tables([p.tables[name] for p in ordered if name in p.tables])
+        for name in names
+    }
+    notes = Notes()
+    for part in ordered:
+        notes.extend(part.notes)
+    return Combined([p.info for p in ordered], tables, notes)
+
+
+def _run_all(
+    traces: list[TraceFile],
+    staged: Path,
+    run_id: str,
+    rules_path: Path | None,
+    jobs: int,
+    analyze: RankAnalysis | None,
+    notes: Notes,
+    scheduler: str | Path | None = None,
+) -> list[RankPartial]:
+    """Every rank's part; a rank whose trace cannot be read is left out with a warning (the
+    others are kept), and only a run with no readable rank is an error."""
+    parts: list[RankPartial] = []
+    failed: list[BadInput] = []
+
+    def keep(trace: TraceFile, work: Callable[[], RankPartial]) -> None:
+        try:
+            parts.append(work())
+        except BadInput as exc:
+            failed.append(exc)
+            R.events_path(staged, trace.rank).unlink(missing_ok=True)
+            notes.warn(f"rank {trace.rank} left out: {exc}")
+
+    total = sum(t.size for t in traces)
+    if scheduler is not None:
+        from traceview.ingest.cluster import remove_attempt_leftovers, run_on_cluster
+
+        for t, result in run_on_cluster(scheduler, traces, staged, run_id, rules_path, analyze):
+            keep(t, result)
+        remove_attempt_leftovers(staged)
+    elif (
+        jobs <= 1
+        or len(traces) == 1  # one trace: a worker would only add its start and its memory
+        or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS)
+    ):
+        for t in traces:
+            keep(t, partial(ingest_rank, t, staged, run_id, rules_path, analyze, helper=True))
+    else:
+        # Larger files first, so the pool's last task is a short one.
+        ordered = sorted(traces, key=lambda t: -t.size)
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(traces)),
+            mp_context=get_context("spawn"),
+            initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
+            futures = [
+                (t, pool.submit(ingest_rank, t, staged, run_id, rules_path, analyze))
+                for t in ordered
+            ]
+            for t, future in futures:
+                keep(t, future.result)
+    if failed and not parts:
+        more = f" (and {len(failed) - 1} more trace(s) like it)" if len(failed) > 1 else ""
+        raise BadInput(f"{failed[0]}{more}")
+    return parts
+
+
+def ingest(
+    paths: list[Path],
+    out: Path,
+    *,
+    rules_path: Path | None = None,
+    jobs: int | None = None,
+    command: list[str] | None = None,
+    analyze: RankAnalysis | None = None,
+    analysis_version: str | None = None,
+    scheduler: str | Path | None = None,
+) -> Path:
+    """Read the traces under ``paths`` into the run directory ``out``; return ``out``.
+
+    With ``analyze``, each rank's tables are written as ``NAME.parquet`` (all ranks in one file)
+    and ``analysis_version`` is recorded in the manifest, so a later reader knows whether they are
+    still current. With ``scheduler`` (a Dask scheduler's address or scheduler file), the ranks
+    are ingested as tasks on that cluster instead of local processes.
+    """
+    notes = Notes()
+    try:  # a name too long, a folder we may not look into: the output cannot go there
+        R.recover(out.resolve(), notes)  # what an ingest killed while replacing it left
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{out}: exists and is a file, not a run directory")
+        if out.exists() and not R.is_run_dir(out) and any(out.iterdir()):
+            raise UsageError(f"{out}: exists and is not a traceview run directory")
+    except OSError as exc:
+        raise cannot_write(out, exc) from None
+    traces = discover(paths, notes, rules_given=rules_path is not None)
+    world = assign_ranks(traces, notes)
+    collected = R.read_manifest(out).collect if R.is_run_dir(out) else None
+    if collected is not None:
+        _collect_notes(collected, notes)
+        world = world or collected.world_size
+    traces.sort(key=lambda t: t.rank)
+    run_id = uuid.uuid4().hex[:12]
+    out = out.resolve()
+    staged = R.staging_dir(out)
+    shutil.rmtree(staged, ignore_errors=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staged.mkdir()
+    except OSError as exc:
+        raise cannot_write(out, exc) from None
+    started = time.time()
+    try:
+        run = combine(
+            _run_all(
+                traces,
+                staged,
+                run_id,
+                rules_path,
+                jobs or os.cpu_count() or 1,
+                analyze,
+                notes,
+                scheduler,
+            )
+        )
+        notes.extend(run.notes)
+        for name, table in run.tables.items():
+            R.write_parquet(staged / f"{name}.parquet", table)
+        frameworks = sorted({r.framework or "?" for r in run.ranks})
+        if len(frameworks) > 1:
+            notes.warn(
+                f"one run holds traces of {' and '.join(frameworks)}: traces of different jobs? "
+                "(to compare runs, give each its own: traceview compare A B)"
+            )
+        present = [r.rank for r in run.ranks]
+        manifest = Manifest(
+            traceview_version=__version__,
+            schema_version=S.SCHEMA_VERSION,
+            run_id=run_id,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            command=command or [],
+            inputs=[str(p) for p in paths],
+            framework="+".join(frameworks),
+            world_size=world,
+            ranks_present=present,
+            missing_ranks=sorted(set(range(world)) - set(present)) if world else [],
+            ranks=run.ranks,
+            notes=ManifestNotes(warnings=notes.warnings, remarks=notes.remarks),
+            ingest_seconds=round(time.time() - started, 3),
+            analysis_version=analysis_version if analyze is not None else None,
+            collect=collected,
+        )
+        R.write_manifest(staged, manifest)
+        R.fault_point("ingest:staged")
+        try:
+            R.replace_dir(staged, out)
+        except OSError as exc:
+            raise cannot_write(out, exc) from None
+    except OutputError as exc:  # name where it was going, not the staging folder
+        shutil.rmtree(staged, ignore_errors=True)
+        raise OutputError(str(exc).replace(str(staged), str(out))) from None
+    except TraceviewError:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out
+
+
+def _collect_notes(collected: Collected, notes: Notes) -> None:
+    """What `traceview collect` recorded about ranks that ended badly and other processes."""
+    for rank in collected.ranks:
+        if rank.state not in ("ok", "running"):
+            detail = f" ({rank.detail})" if rank.detail else ""
+            notes.warn(f"rank {rank.rank} ended: {rank.state}{detail}")
+        if rank.stop_reason:
+            at = f" at step {rank.stop_step}" if rank.stop_step is not None else ""
+            notes.warn(f"rank {rank.rank}: profile stopped{at}: {rank.stop_reason}")
+        if not rank.trace:
+            notes.warn(f"rank {rank.rank} wrote no trace")
+    others = collected.processes
+    if others:
+        roles = sorted({str(p.role) for p in others})
+        counts = ", ".join(f"{sum(str(p.role) == r for p in others)} {r}" for r in roles)
+        notes.remark(
+            f"parameter-server job: {counts} beside the workers, recorded but not profiled "
+            "(what the servers do shows as the workers' push/pull time)"
+        )
+        for proc in others:
+            if proc.state not in ("ok", "running"):
+                detail = f" ({proc.detail})" if proc.detail else ""
+                notes.warn(f"{proc.role} (pid {proc.pid}) ended: {proc.state}{detail}")
