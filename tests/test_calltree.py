@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import SAMPLES, shared_pytorch_files
 from traceview.model import schema as S
-from traceview.normalize.pipeline import _call_trees, kinds_from_categories
+from traceview.normalize.calltrees import tree_of
+from traceview.normalize.classify import kinds_from_categories
 from traceview.normalize.rules import builtin_rules
 from traceview.parsers.kineto import KinetoParser
 
@@ -49,7 +50,7 @@ TRACES = [*sorted(SAMPLES.glob("pytorch/*/rank-0.pt.trace.json.gz")), *shared_py
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_vectorized_call_tree_matches_stack_walk(path: Path) -> None:
     pid, tid, ts, dur = _host_arrays(path)
-    tree = _call_trees(pid, tid, ts, dur)
+    tree = tree_of(pid, tid, ts, dur)
     order, depth, parent = reference_tree(pid, tid, ts, dur)
     assert np.array_equal(tree.order, order)
     mismatch = np.flatnonzero((tree.depth != depth) | (tree.parent != parent))
@@ -66,7 +67,7 @@ def test_self_time_is_duration_minus_children() -> None:
     tid = np.zeros(4, np.int64)
     ts = np.array([0, 10, 12, 40])
     dur = np.array([100, 20, 8, 5])
-    tree = _call_trees(pid, tid, ts, dur)
+    tree = tree_of(pid, tid, ts, dur)
     by_event = dict(zip(tree.order.tolist(), tree.self_ns.tolist(), strict=True))
     assert by_event == {0: 75, 1: 12, 2: 8, 3: 5}
     depth = dict(zip(tree.order.tolist(), tree.depth.tolist(), strict=True))
@@ -78,7 +79,7 @@ def test_zero_length_events_nest_but_contain_nothing() -> None:
     ts = np.array([0, 5, 5])
     dur = np.array([10, 0, 3])
     zeros = np.zeros(3, np.int64)
-    tree = _call_trees(zeros, zeros, ts, dur)
+    tree = tree_of(zeros, zeros, ts, dur)
     depth = dict(zip(tree.order.tolist(), tree.depth.tolist(), strict=True))
     parent_event = {
         int(tree.order[pos]): (int(tree.order[p]) if p >= 0 else -1)

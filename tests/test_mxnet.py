@@ -33,8 +33,9 @@ from tests.conftest import REPO, SAMPLES, analysed, run_cli, shared_traces
 from tests.conftest import steps_with_timers as timed_steps
 from traceview.model import schema as S
 from traceview.model.errors import Notes
-from traceview.normalize.pipeline import LayoutResult, kinds_from_categories, lay_out
+from traceview.normalize.classify import kinds_from_categories
 from traceview.normalize.rules import rules_for
+from traceview.normalize.steps import LayoutResult, lay_out
 from traceview.parsers.mxnet import MXNetParser
 from traceview.store import rundir as R
 from traceview.store.analysed import ingest_run

@@ -16,21 +16,13 @@ import pytest
 from tests.conftest import parser_of
 from tests.test_parser_contract import TRACES
 from traceview.model import schema as S
-from traceview.normalize.pipeline import (
-    PASSES,
-    CallTrees,
-    Classes,
-    Collectives,
-    DeviceLinks,
-    HostPhases,
-    InferredSteps,
-    LayoutResult,
-    RankMeta,
-    Steps,
-    normalize,
-    with_markers,
-)
+from traceview.normalize.calltrees import CallTrees
+from traceview.normalize.classify import Classes
+from traceview.normalize.devices import Collectives, DeviceLinks
+from traceview.normalize.phases import HostPhases
+from traceview.normalize.pipeline import PASSES, RankMeta, normalize
 from traceview.normalize.rules import rules_for
+from traceview.normalize.steps import InferredSteps, LayoutResult, Steps, with_markers
 
 N_PHASES = len(S.EVENT_PHASES)
 

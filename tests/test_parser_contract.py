@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import SAMPLES, SHARED, parser_of
 from traceview.ingest.discover import RANK_STATUS
 from traceview.model import schema as S
-from traceview.normalize.pipeline import LAYOUTS, STEP_INFERENCE
 from traceview.normalize.step_inference import STEP_THREAD
+from traceview.normalize.steps import LAYOUTS, STEP_INFERENCE
 from traceview.parsers import registered
 
 

@@ -19,16 +19,11 @@ import pytest
 from tests.conftest import SHARED, parser_of
 from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes
-from traceview.normalize.pipeline import (
-    STEP_INFERENCE,
-    Normalized,
-    RankMeta,
-    kinds_from_categories,
-    normalize,
-    step_markers,
-)
+from traceview.normalize.classify import kinds_from_categories
+from traceview.normalize.pipeline import Normalized, RankMeta, normalize
 from traceview.normalize.rules import rules_for
 from traceview.normalize.step_inference import STEP_THREAD
+from traceview.normalize.steps import STEP_INFERENCE, step_markers
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0 Compute"
 GPU = "/job:localhost/replica:0/task:0/device:GPU:0 Compute"

@@ -44,8 +44,8 @@ import pyarrow.compute as pc
 from traceview.model import schema as S
 from traceview.model.columns import dictionary_array, dictionary_codes, disjoint, window_index
 from traceview.model.errors import Notes
-from traceview.normalize.pipeline import LayoutResult
 from traceview.normalize.rules import MAX_STEP, RuleSet
+from traceview.normalize.steps import LayoutResult
 from traceview.parsers import group_ids
 
 #: The category traceview collect's profiler domain writes, and that of the spans made here.

@@ -29,8 +29,8 @@ import pyarrow as pa
 from traceview.model import schema as S
 from traceview.model.columns import dictionary_codes, distinct, ints
 from traceview.model.errors import Notes
-from traceview.normalize.pipeline import InferredSteps
 from traceview.normalize.rules import MAX_STEP
+from traceview.normalize.steps import InferredSteps
 
 #: The thread (tid) that holds inferred step markers, in the process of the first host event the
 #: pass uses (as the TensorFlow parsers had it): no parser puts an event of its own there

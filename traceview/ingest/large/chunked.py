@@ -72,18 +72,11 @@ from traceview.model.columns import (
     window_index,
 )
 from traceview.model.errors import Notes
-from traceview.normalize.pipeline import (
-    _ANCHOR_PHASES,
-    _KIND_CODES,
-    NO_STEP_MARKERS,
-    STRAY_NS,
-    ChunkContext,
-    RankMeta,
-    classify,
-    kinds_from_categories,
-    normalize_chunk,
-)
+from traceview.normalize.classify import KIND_CODES, STRAY_NS, classify, kinds_from_categories
+from traceview.normalize.phases import ANCHOR_PHASES
+from traceview.normalize.pipeline import ChunkContext, RankMeta, normalize_chunk
 from traceview.normalize.rules import RuleSet
+from traceview.normalize.steps import NO_STEP_MARKERS
 from traceview.parsers import ParsedTrace
 from traceview.parsers.chrome_stream import SplitMismatch
 from traceview.store import rundir as R
@@ -605,7 +598,7 @@ class _Survey:
             self.ts_max = max(self.ts_max, int(ts.max()))
             self.dur_max = max(self.dur_max, int(raw_dur.max()))
         host = HOST_TREE[kind]
-        step = np.flatnonzero(kind == _KIND_CODES[S.KIND_STEP])
+        step = np.flatnonzero(kind == KIND_CODES[S.KIND_STEP])
         if len(step):
             self.marker_pid.append(ints(batch.column(S.PID), 0)[step])
             self.marker_tid.append(ints(batch.column(S.TID), 0)[step])
@@ -613,11 +606,11 @@ class _Survey:
             self.marker_dur.append(dur[step])
             self.marker_number.append(classes.step_number(step))
         corr = ints(batch.column(S.CORRELATION), -1)
-        runtime = (kind == _KIND_CODES[S.KIND_RUNTIME]) & (corr >= 0)
+        runtime = (kind == KIND_CODES[S.KIND_RUNTIME]) & (corr >= 0)
         self.runtime_corr.append(corr[runtime])
         self.runtime_ts.append(ts[runtime])
         ext = ints(batch.column(S.EXTERNAL_ID), -1)
-        ops = host & (kind != _KIND_CODES[S.KIND_RUNTIME]) & (ext >= 0)
+        ops = host & (kind != KIND_CODES[S.KIND_RUNTIME]) & (ext >= 0)
         self.op_ext.append(ext[ops])
         self.op_ts.append(ts[ops])
         self.devices += int(DEVICE[kind].sum())
@@ -627,7 +620,7 @@ class _Survey:
             pairs = unique_pairs(pid[backward], tid[backward])
             self.backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
         anchor = host & (own >= 0)
-        anchor[anchor] = _ANCHOR_PHASES[own[anchor]]
+        anchor[anchor] = ANCHOR_PHASES[own[anchor]]
         self.anchor_ts.append(ts[anchor])
         self.anchor_phase.append(own[anchor].astype(np.int8))
         if not self.marker_ts:
@@ -1479,7 +1472,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
             backward_threads.update(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
         sampled.append(ts[(-seen) % _SAMPLE_EVERY :: _SAMPLE_EVERY].copy())
         seen += len(ts)
-        anchors.append(ts[(kind == annotation) & (phase >= 0) & _ANCHOR_PHASES[phase]])
+        anchors.append(ts[(kind == annotation) & (phase >= 0) & ANCHOR_PHASES[phase]])
         runtime = kind == runtime_code
         runtime_ids.append(ints(batch.column(S.EVENT_ID), -1)[runtime])
         runtime_ts.append(ts[runtime])

@@ -1,0 +1,253 @@
+"""The ``kinds``, ``stray_times`` and ``classify`` passes: what each event is (its kind, own
+phase, canonical operator and collective) by the rules, run once per distinct name; events whose
+times are corrupt dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from traceview.model import schema as S
+from traceview.model.columns import (
+    dictionary_codes,
+    ints,
+    unique_inverse,
+)
+from traceview.model.errors import Notes
+from traceview.normalize.rules import RuleSet
+
+PHASE_CODES: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
+
+
+NO_PHASE = -1
+
+
+KIND_CODES: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
+
+
+@dataclass
+class Classes:
+    """What the rules say, per event, in the smallest integer types that hold it."""
+
+    kind: np.ndarray  # int8 kind code
+    phase: np.ndarray  # int8 own phase code (NO_PHASE: context decides)
+    rule_op: np.ndarray  # int32 index into ops (-1: no canonical op from a rule)
+    default_op: np.ndarray  # int32 index into ops: the name-derived op
+    collective: np.ndarray  # int16 index into collectives (-1: none)
+    from_args: np.ndarray  # bool: collective comes from the trace's argument
+    ops: list[str]
+    collectives: list[str]
+    _step: np.ndarray  # per distinct name: step number of step markers (-1: none)
+    _inverse: np.ndarray
+    _stated_step: np.ndarray | None = None  # per event: a layout pass's step number (-1: none)
+
+    def step_number(self, rows: np.ndarray) -> np.ndarray:
+        numbers = self._step[self._inverse[rows]]
+        if self._stated_step is not None:
+            stated = self._stated_step[rows]
+            numbers = np.where(stated >= 0, stated, numbers)
+        return numbers
+
+
+@dataclass
+class _Stated:
+    """The events a layout pass made, and what it says they are (``schema.LAID_OUT_SCHEMA``)."""
+
+    rows: np.ndarray  # event indices
+    kind: np.ndarray  # per row: kind code
+    phase: np.ndarray  # per row: phase code (NO_PHASE: none of its own)
+    op: list[str | None]  # per row: canonical op (None: named after the event)
+    step: np.ndarray  # per event (all of them): step number (-1: none)
+
+
+def _stated(raw: pa.Table) -> _Stated | None:
+    """What a layout pass stated of the events it made; None where it made none."""
+    if S.STATED_KIND not in raw.column_names or raw.column(S.STATED_KIND).null_count == len(raw):
+        return None
+    kind, kinds = dictionary_codes(raw.column(S.STATED_KIND))
+    rows = np.flatnonzero(kind >= 0)
+    phase, phases = dictionary_codes(raw.column(S.STATED_PHASE))
+    ops = raw.column(S.STATED_OP).take(pa.array(rows)).to_pylist()
+    return _Stated(
+        rows=rows,
+        kind=np.array([KIND_CODES[str(k)] for k in kinds], np.int8)[kind[rows]],
+        phase=np.array([*(PHASE_CODES[str(p)] for p in phases), NO_PHASE], np.int8)[phase[rows]],
+        op=[None if op is None else str(op) for op in ops],
+        step=ints(raw.column(S.STATED_STEP), -1),
+    )
+
+
+def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: str = "") -> Classes:
+    """The rules applied to each distinct (kind, category, name); a step marker whose number
+    is too large to be a step is numbered by its position, with a warning in ``notes``. The
+    events a layout pass made are what it states (``schema.STATED_KIND``...), not what a rule
+    would make of their names."""
+    stated = _stated(raw)
+    kind_codes, kind_values = dictionary_codes(raw.column(S.KIND))
+    cat_codes, cats = dictionary_codes(raw.column(S.CAT))
+    key = kind_codes * (len(cats) + 1) + (cat_codes + 1)
+    del kind_codes, cat_codes
+    name_codes, name_values = dictionary_codes(raw.column(S.NAME))
+    kinds = [str(k) for k in kind_values]
+    names = [str(n) for n in name_values]
+    key = key * max(len(names), 1) + name_codes
+    del name_codes
+    unique, inverse = unique_inverse(key)
+    del key
+    inverse = inverse.astype(np.int32)
+
+    ops: dict[str, int] = {}
+    collectives: dict[str, int] = {}
+    count = len(unique)
+    u_kind = np.empty(count, np.int8)
+    u_phase = np.empty(count, np.int8)
+    u_rule_op = np.empty(count, np.int32)
+    u_default_op = np.empty(count, np.int32)
+    u_collective = np.empty(count, np.int16)
+    u_from_args = np.zeros(count, bool)
+    u_step = np.full(count, -1, np.int64)
+    by_rules = np.ones(count, bool)  # (kind, category, name)s of the trace's own events
+    if stated is not None:
+        trace_rows = np.ones(len(inverse), bool)
+        trace_rows[stated.rows] = False
+        by_rules[:] = False
+        by_rules[inverse[trace_rows]] = True
+    for i, value in enumerate(unique.tolist()):
+        name_i = value % max(len(names), 1)
+        rest = value // max(len(names), 1)
+        cat = cats[rest % (len(cats) + 1) - 1] if rest % (len(cats) + 1) else None
+        kind = kinds[rest // (len(cats) + 1)]
+        name = names[name_i]
+        if not by_rules[i]:  # only events a layout pass made: see below
+            u_kind[i] = KIND_CODES.get(kind, KIND_CODES[S.KIND_OP])
+            u_phase[i], u_rule_op[i], u_collective[i] = NO_PHASE, -1, -1
+            u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
+            continue
+        result = rules.classify(kind, cat, name)
+        u_kind[i] = KIND_CODES.get(result.kind, KIND_CODES[S.KIND_OP])
+        u_phase[i] = PHASE_CODES[result.phase] if result.phase else NO_PHASE
+        u_rule_op[i] = ops.setdefault(result.op, len(ops)) if result.op else -1
+        u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
+        u_collective[i] = (
+            collectives.setdefault(result.collective, len(collectives)) if result.collective else -1
+        )
+        u_from_args[i] = result.collective_from_args
+        if result.kind == S.KIND_STEP:
+            number = rules.step_number(name)
+            u_step[i] = -1 if number is None else number
+            if number is None and notes is not None and rules.has_step_number(name):
+                shown = repr(name) if len(name) <= 40 else repr(name[:37] + "...")
+                notes.warn(
+                    f"{label}: step marker {shown}: step number too large to be a step "
+                    "(corrupt), numbered by its position"
+                )
+    classes = Classes(
+        kind=u_kind[inverse],
+        phase=u_phase[inverse],
+        rule_op=u_rule_op[inverse],
+        default_op=u_default_op[inverse],
+        collective=u_collective[inverse],
+        from_args=u_from_args[inverse],
+        ops=list(ops),
+        collectives=list(collectives),
+        _step=u_step,
+        _inverse=inverse,
+    )
+    if stated is not None:
+        rows = stated.rows
+        classes.kind[rows] = stated.kind
+        classes.phase[rows] = stated.phase
+        index = {op: i for i, op in enumerate(classes.ops)}
+        for op in stated.op:
+            if op is not None and op not in index:
+                index[op] = len(classes.ops)
+                classes.ops.append(op)
+        classes.rule_op[rows] = [-1 if op is None else index[op] for op in stated.op]
+        classes.collective[rows] = -1
+        classes.from_args[rows] = False
+        classes._stated_step = stated.step
+    return classes
+
+
+def has_scope(raw: pa.Table) -> bool:
+    return S.SCOPE in raw.column_names and raw.column(S.SCOPE).null_count < raw.num_rows
+
+
+def scope_classes(
+    raw: pa.Table, rows: np.ndarray, rules: RuleSet, ops: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Phase and op codes (-1: none) of ``rows`` as the operator named in their scope would get.
+
+    ``ops`` gains the canonical names it did not have yet.
+    """
+    phase = np.full(len(rows), NO_PHASE, np.int8)
+    op = np.full(len(rows), -1, np.int32)
+    if not has_scope(raw) or len(rows) == 0:
+        return phase, op
+    scope, scopes = dictionary_codes(raw.column(S.SCOPE))
+    codes = scope[rows]
+    index = {name: i for i, name in enumerate(ops)}
+    u_phase, u_op = [], []
+    for name in scopes:
+        result = rules.classify(S.KIND_OP, None, str(name))
+        u_phase.append(PHASE_CODES[result.phase] if result.phase else NO_PHASE)
+        canonical = result.op or rules.default_op(str(name))
+        if canonical not in index:
+            index[canonical] = len(ops)
+            ops.append(canonical)
+        u_op.append(index[canonical])
+    known = codes >= 0
+    phase[known] = np.array(u_phase, np.int8)[codes[known]]
+    op[known] = np.array(u_op, np.int32)[codes[known]]
+    return phase, op
+
+
+def _constant(value: str | None, n: int) -> pa.DictionaryArray:
+    if value is None:
+        return pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
+
+
+#: No profiled window lasts this long: events this far from the rest carry a corrupt time.
+STRAY_NS = 30 * 86_400 * 10**9
+
+
+def without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
+    """The events, less those more than 30 days from the trace's median time (or lasting
+    longer): one corrupt record must not make the whole trace unreadable."""
+    if raw.num_rows == 0:
+        return raw
+    ts = ints(raw.column(S.TS_NS), 0)
+    dur = ints(raw.column(S.DUR_NS), 0)
+    if int(ts.max()) - int(ts.min()) <= STRAY_NS and int(dur.max()) <= STRAY_NS:
+        return raw  # the usual case: no copies, no median
+    ts_f = ts.astype(np.float64)
+    stray = (np.abs(ts_f - np.median(ts_f)) > STRAY_NS) | (dur > STRAY_NS)
+    if not stray.any():
+        return raw
+    notes.warn(
+        f"rank {rank}: {int(stray.sum())} event(s) more than 30 days away from the rest of its trace "
+        "(or lasting longer) were not read: their times are corrupt"
+    )
+    return raw.filter(pa.array(~stray))
+
+
+def kinds_from_categories(raw: pa.Table, rules: RuleSet) -> pa.Table:
+    """An event whose parser left its kind open takes the kind the rules give its category."""
+    if raw.column(S.KIND).null_count == 0:
+        return raw
+    kind_codes, kinds = dictionary_codes(raw.column(S.KIND))
+    cat_codes, cats = dictionary_codes(raw.column(S.CAT))
+    stated = [str(k) for k in kinds]
+    by_category = [rules.kind_of(c) for c in cats] + [rules.kind_of(None)]
+    names = sorted({*stated, *by_category})
+    code = {name: i for i, name in enumerate(names)}
+    # on dictionary codes: the parser's kind where it stated one, else its category's
+    from_category = np.array([code[k] for k in by_category], np.int32)[cat_codes]
+    from_parser = np.array([code[k] for k in stated] + [0], np.int32)[kind_codes]
+    filled = np.where(kind_codes >= 0, from_parser, from_category).astype(np.int32)
+    column = pa.DictionaryArray.from_arrays(pa.array(filled), pa.array(names, pa.string()))
+    return raw.set_column(raw.schema.get_field_index(S.KIND), S.KIND, column)
