@@ -23,7 +23,8 @@ import pytest
 from tests.conftest import SHARED
 from traceview.analysis import RANK_TABLES
 from traceview.analysis.parts import ChunkedAnalysis
-from traceview.ingest.large import chunked
+from traceview.ingest.large import chunked, sinks, spill
+from traceview.ingest.large import route as route_module
 from traceview.model import schema as S
 from traceview.store import rundir as R
 from traceview.store.analysed import ingest_run
@@ -71,9 +72,9 @@ def _ingest(
         assert tables is not None, "a fact guessed in the first pass did not hold"
         return tables
 
-    real_in_process = chunked.InProcess.finish
+    real_in_process = sinks.InWorker.finish
 
-    def in_process(self: chunked.InProcess) -> dict[str, pa.Table] | None:
+    def in_process(self: sinks.InWorker) -> dict[str, pa.Table] | None:
         tables = real_in_process(self)
         # (the helper process's analysis: neither a wrong guess nor a dead helper)
         assert tables is not None, "the helper process did not analyse the rank"
@@ -84,7 +85,7 @@ def _ingest(
         m.setattr(chunked, "_normalize_chunked", rank)
         if analysed_in_chunks:
             m.setattr(ChunkedAnalysis, "finish", finish)
-            m.setattr(chunked.InProcess, "finish", in_process)
+            m.setattr(sinks.InWorker, "finish", in_process)
         m.setenv("TRACEVIEW_CHUNKED_MIN_BYTES", "0" if chunks else str(1 << 60))
         m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
         if piece is not None:
@@ -494,14 +495,14 @@ def test_an_error_in_the_helper_process_reaches_the_caller(
 ) -> None:
     """The analysis runs in a helper process: its error (here: a chunk's file is gone before
     it reads it) is raised by the ingest, and the helper ends."""
-    real_send = chunked.InProcess._send
+    real_send = sinks.InWorker._send
 
-    def send(self: chunked.InProcess, message: object) -> None:
+    def send(self: sinks.InWorker, message: object) -> None:
         if isinstance(message, tuple) and message[0] == "chunk" and self.sent == 1:
             Path(message[1]).unlink()
         real_send(self, message)
 
-    monkeypatch.setattr(chunked.InProcess, "_send", send)
+    monkeypatch.setattr(sinks.InWorker, "_send", send)
     with pytest.raises(FileNotFoundError):
         _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
     assert _wait_for_no_helpers() == []
@@ -575,13 +576,13 @@ def _in_two_parts(monkeypatch: pytest.MonkeyPatch, at: float) -> list[str]:
     monkeypatch.setenv("TRACEVIEW_SPLIT_MIN_BYTES", "0")
     monkeypatch.setenv("TRACEVIEW_SPLIT_AT", str(at))
     how: list[str] = []
-    real_two, real_later = chunked._in_two_parts, chunked.read_later_part
+    real_two, real_later = spill._in_two_parts, spill.read_later_part
 
     def two(*args, **kwargs):  # type: ignore[no-untyped-def]
         how.append("helper")
         try:
             return real_two(*args, **kwargs)
-        except chunked.SplitMismatch:
+        except spill.SplitMismatch:
             how[-1] = "one piece"
             raise
 
@@ -589,8 +590,8 @@ def _in_two_parts(monkeypatch: pytest.MonkeyPatch, at: float) -> list[str]:
         how[-1] = "here"
         return real_later(*args, **kwargs)
 
-    monkeypatch.setattr(chunked, "_in_two_parts", two)
-    monkeypatch.setattr(chunked, "read_later_part", later_here)
+    monkeypatch.setattr(spill, "_in_two_parts", two)
+    monkeypatch.setattr(spill, "read_later_part", later_here)
     return how
 
 
@@ -619,14 +620,14 @@ def test_the_helper_routes_the_later_part(
     _ingest(path, tmp_path / "whole", False, monkeypatch)
     how = _in_two_parts(monkeypatch, 0.5)
     routed: list[str] = []
-    real = chunked._route
+    real = route_module._route
 
     def route(spills, routing, work, prefix):  # type: ignore[no-untyped-def]
         routed.append(prefix)
         return real(spills, routing, work, prefix)
 
     with monkeypatch.context() as m:
-        m.setattr(chunked, "_route", route)
+        m.setattr(route_module, "_route", route)
         if fault:
             m.setenv("TRACEVIEW_FAULT", fault)
         _ingest(path, tmp_path / "parts", True, monkeypatch, analysed_in_chunks=fault is None)
@@ -645,7 +646,7 @@ def test_a_failed_helper_leaves_its_part_to_the_ingest(
     path = _plain(TWO_PARTS[0], tmp_path)
     _ingest(path, tmp_path / "whole", False, monkeypatch)
     how = _in_two_parts(monkeypatch, 0.5)
-    monkeypatch.setattr(chunked.sys, "executable", "/bin/false")
+    monkeypatch.setattr(sinks.sys, "executable", "/bin/false")
     _ingest(path, tmp_path / "parts", True, monkeypatch, analysed_in_chunks=False)
     assert how == ["here"]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
@@ -709,15 +710,15 @@ def test_no_helper_process_can_start(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = _plain(TWO_PARTS[0], tmp_path)
     _ingest(path, tmp_path / "whole", False, monkeypatch)
     how = _in_two_parts(monkeypatch, 0.5)
-    monkeypatch.setattr(chunked.sys, "executable", str(tmp_path / "no-such-python"))
+    monkeypatch.setattr(sinks.sys, "executable", str(tmp_path / "no-such-python"))
     threads: list[int] = []
-    real = chunked._InBackground.__init__
+    real = sinks.InThread.__init__
 
-    def background(self: chunked._InBackground, sink: object) -> None:
+    def background(self: sinks.InThread, sink: object) -> None:
         threads.append(1)
         real(self, sink)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(chunked._InBackground, "__init__", background)
+    monkeypatch.setattr(sinks.InThread, "__init__", background)
     _ingest(path, tmp_path / "parts", True, monkeypatch)
     assert how == ["one piece"] and threads == [1]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.ingest.discover import TraceFile, rank_status
-from traceview.ingest.large.chunked import ChunkSink, normalize_chunked, wants_chunks
+from traceview.ingest.large.chunked import normalize_chunked, wants_chunks
+from traceview.ingest.large.sinks import ChunkSink
 from traceview.model import schema as S
 from traceview.model.errors import (
     BadInput,

@@ -187,21 +187,23 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
 
 
 def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Table] | None:
-    """The analysis of a large rank (``chunked.chunked_min_rows`` events or more) a chunk of
+    """The analysis of a large rank (``readback.chunked_min_rows`` events or more) a chunk of
     steps at a time, as ingest runs it (``analysis.parts``), without its events whole in
     memory; None for a smaller rank (read whole), or a file whose ids are not its rows."""
-    from traceview.ingest.large import chunked
+    from traceview.ingest.large.plan import chunk_rows
+    from traceview.ingest.large.readback import chunked_min_rows, events_in_chunks
+    from traceview.ingest.large.trim import release_memory
 
     path = R.events_path(run, rank)
     try:
         rows = pq.ParquetFile(path).metadata.num_rows
     except (OSError, pa.ArrowException):
         return None  # read whole, which says what is wrong with it
-    if rows < chunked.chunked_min_rows():
+    if rows < chunked_min_rows():
         return None
     with tempfile.TemporaryDirectory(prefix="traceview-chunks-") as work:
         try:
-            found = chunked.events_in_chunks(path, rank, Path(work), chunked.chunk_rows())
+            found = events_in_chunks(path, rank, Path(work), chunk_rows())
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise BadInput(f"{path}: unreadable ({exc})") from None
         if found is None:
@@ -211,7 +213,7 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
         )
         for chunk in found.chunks:
             analysis.add(*chunk)
-            chunked.release_memory()
+            release_memory()
         return analysis.finish()
 
 

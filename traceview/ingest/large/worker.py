@@ -1,19 +1,19 @@
-"""The helper process of a large trace's ingest (``traceview.ingest.large.chunked``), on a core the ingest
-leaves free (the ranks are ingested one after the other):
+"""The worker process of a large trace's ingest (``traceview.ingest.large``), on a core the
+ingest leaves free (the ranks are ingested one after the other):
 
     python -m traceview.ingest.large.worker read-part PARSER TRACE BOUNDARY RULES.pickle OUT PRELOAD IN_FD OUT_FD PARENT
     python -m traceview.ingest.large.worker analyse IN_FD OUT_FD PARENT
 
 ``read-part`` reads the later part of a plain trace read in two parts at once, leaves its
-rows, survey and the parser's part in OUT (``chunked.read_later_part``) and says so on
-OUT_FD (and imports the PRELOAD modules, comma-separated: those the analysis it will serve
-needs, named by the ingest); it then routes those rows to their chunks when asked (``chunked.route_later_part``,
+rows, survey and the parser's part in OUT (``spill.read_later_part``), says so on OUT_FD and
+imports the PRELOAD modules (comma-separated: those of the analysis it will serve, named by
+the ingest); it then routes those rows to their chunks when asked (``route.route_later_part``,
 beside the ingest routing its own), and serves the analysis as ``analyse`` does. ``analyse``
-runs the rank's chunked analysis beside the normalizing (``chunked.InProcess``): the sink comes
-pickled on IN_FD (its pipe closed instead: there is nothing to analyse, and the helper ends),
-then each chunk (an Arrow file and the rows' roles), and each is answered on OUT_FD. A helper
-ends with the process that started it (PARENT; Linux). Any failure is its exit status or its
-answer, and the ingest then does the work itself.
+runs the rank's analysis beside the normalizing (``sinks.InWorker`` is its other end): the
+sink comes pickled on IN_FD (its pipe closed instead: there is nothing to analyse, and the
+worker ends), then each chunk (an Arrow file and the rows' roles), and each is answered on
+OUT_FD. A worker ends with the process that started it (PARENT; Linux). Any failure is its
+exit status or its answer, and the ingest then does the work itself.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     inbox = Connection(int(argv[-3]), writable=False)
     outbox = Connection(int(argv[-2]), readable=False)
     if argv[0] == "read-part":
-        from traceview.ingest.large.chunked import read_later_part
+        from traceview.ingest.large.spill import read_later_part
         from traceview.parsers import parser_named
 
         name, path, boundary, rules_file, out, preload = argv[1:7]
@@ -61,7 +61,8 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
     there and answers ("done", {name: file}) (None: analyse the rank whole) or the error."""
     import pyarrow as pa
 
-    from traceview.ingest.large.chunked import release_memory, route_later_part
+    from traceview.ingest.large.route import route_later_part
+    from traceview.ingest.large.trim import release_memory
     from traceview.store import rundir as R
 
     try:

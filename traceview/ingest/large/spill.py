@@ -1,0 +1,176 @@
+"""Pass 1 over a large trace: its decoded batches surveyed and spilled to an Arrow file, each
+row numbered; a plain trace large enough is read in two parts at once, the later one by a worker
+process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview.ingest.large.plan import Survey
+from traceview.ingest.large.sinks import WorkerProcess
+from traceview.model import schema as S
+from traceview.normalize.rules import RuleSet
+from traceview.parsers import ParsedTrace
+from traceview.parsers.chrome_stream import SplitMismatch
+
+
+def _spill(batches: Iterator[pa.RecordBatch], survey: Survey, rules: RuleSet, spill: Path) -> None:
+    """Pass 1 over some of a trace's batches: survey them, write them to ``spill`` with their
+    row numbers (from the survey's count) and kind codes."""
+    writer: pa.ipc.RecordBatchStreamWriter | None = None
+    with pa.OSFile(str(spill), "wb") as sink:
+        for batch in batches:
+            first = survey.rows
+            kind = survey.add(batch, rules)
+            batch = batch.append_column("_row", pa.array(np.arange(first, survey.rows)))
+            batch = batch.append_column("_kind", pa.array(kind, pa.int8()))
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, batch.schema)
+            writer.write_batch(batch)
+        if writer is not None:
+            writer.close()
+
+
+@dataclass
+class FirstPass:
+    parsed: ParsedTrace  # the parser's result, without events
+    base_ns: int  # the time base to add
+    survey: Survey | None  # (None once taken: its arrays are freed as the plan is made)
+    spills: list[tuple[Path, int]]  # the spilled rows: files, each with its first row's number
+    helper: WorkerProcess | None = None  # the helper that read the later part, now waiting
+
+
+def first_pass(
+    parser: Any, path: Path, rules: RuleSet, work: Path, helper: bool, preload: tuple[str, ...] = ()
+) -> FirstPass:
+    """Pass 1 (module doc). With ``helper``, a plain trace large enough is read in two parts
+    at once: the later part by a process of its own (``read_later_part``) on another core."""
+    boundary = _split_boundary(parser, path) if helper else None
+    if boundary is not None:
+        try:
+            return _in_two_parts(parser, path, rules, work, boundary, preload)
+        except SplitMismatch:  # no event starts there after all: read it in one piece
+            pass
+    stream = parser.stream(path)
+    survey = Survey()
+    spill = work / "raw.arrows"
+    _spill(iter(stream), survey, rules, spill)
+    return FirstPass(stream.result, stream.base_ns, survey, [(spill, 0)])
+
+
+#: Traces at least this large (plain, not gzip) are read in two parts at once where a helper
+#: process may run. ``TRACEVIEW_SPLIT_MIN_BYTES`` overrides it (tests: 0).
+SPLIT_MIN_BYTES = 64 << 20
+
+
+#: Where the later part starts, as a share of the file: the helper starts later (a Python
+#: process and its imports), so the first part is the larger. ``TRACEVIEW_SPLIT_AT``.
+SPLIT_AT = 0.45
+
+
+def _split_boundary(parser: Any, path: Path) -> int | None:
+    """Where the later part of a trace read in two parts starts (None: read in one piece:
+    a single core, a gzip trace, a small one, a format that cannot be split)."""
+    if not hasattr(parser, "split_point"):
+        return None
+    size = path.stat().st_size
+    if size < int(os.environ.get("TRACEVIEW_SPLIT_MIN_BYTES", SPLIT_MIN_BYTES)):
+        return None
+    near = int(size * float(os.environ.get("TRACEVIEW_SPLIT_AT", SPLIT_AT)))
+    return parser.split_point(path, near)
+
+
+def _in_two_parts(
+    parser: Any,
+    path: Path,
+    rules: RuleSet,
+    work: Path,
+    boundary: int,
+    preload: tuple[str, ...] = (),
+) -> FirstPass:
+    """Pass 1 in two parts at once: [0, boundary) here, the rest in a helper process; its
+    rows follow ours. Where the helper fails (killed, out of memory), its part is read here.
+    The helper then waits to run the rank's analysis (``InWorker``), its imports done."""
+    later = work / "later"
+    later.mkdir()
+    with (work / "rules.pickle").open("wb") as fh:
+        pickle.dump(rules, fh)
+    command = ["read-part", parser.name, str(path), str(boundary), str(work / "rules.pickle")]
+    try:
+        helper = WorkerProcess([*command, str(later), ",".join(preload)], later / "stderr")
+    except OSError as exc:  # no process can start: read the trace in one piece
+        raise SplitMismatch(f"{path}: no helper process ({exc})") from None
+    try:
+        stream = parser.stream(path, (0, boundary))
+        survey = Survey()
+        spill = work / "raw.arrows"
+        _spill(iter(stream), survey, rules, spill)
+        try:
+            done = helper.inbox.recv() == ("part",) and (later / PART_FILE).exists()
+        except (EOFError, OSError):  # it died
+            done = False
+    except BaseException:
+        helper.close(kill=True)
+        raise
+    if done:
+        with (later / PART_FILE).open("rb") as fh:
+            later_survey, part = pickle.load(fh)
+    else:
+        helper.close(kill=True)
+        later_survey, part = read_later_part(parser, path, boundary, rules, later)
+    first_later = survey.rows
+    survey.then(later_survey)
+    stream.then(part)
+    spills = [(spill, 0), (later / "raw.arrows", first_later)]
+    return FirstPass(stream.result, stream.base_ns, survey, spills, helper if done else None)
+
+
+#: What ``read_later_part`` leaves beside its spilled rows: its survey and the parser's part.
+PART_FILE = "part.pickle"
+
+
+def read_later_part(
+    parser: Any, path: Path, boundary: int, rules: RuleSet, out: Path
+) -> tuple[Survey, Any]:
+    """Pass 1 over the part of ``path`` from ``boundary`` to its end (``traceview.ingest.large.worker``
+    runs it in a process of its own): its rows spilled to ``out``/raw.arrows (numbered from
+    0), and its survey and the parser's part (also in ``out``/``PART_FILE``)."""
+    stream = parser.stream(path, (boundary, None))
+    survey = Survey()
+    _spill(iter(stream), survey, rules, out / "raw.arrows")
+    done = (survey, stream.part_read())
+    tmp = out / (PART_FILE + ".tmp")
+    with tmp.open("wb") as fh:
+        pickle.dump(done, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp.replace(out / PART_FILE)
+    return done
+
+
+def whole_table(spills: list[tuple[Path, int]], base_ns: int) -> pa.Table:
+    """The spilled batches as the one raw table ``parse`` gives (the trace is not read
+    twice)."""
+    batches = [b.drop_columns(["_row", "_kind"]) for p, _ in spills for b in spill_batches(p)]
+    table = pa.Table.from_batches(batches) if batches else S.RAW_SCHEMA.empty_table()
+    del batches
+    if base_ns:
+        ts = pc.add(table.column(S.TS_NS), pa.scalar(base_ns, pa.int64()))
+        table = table.set_column(table.schema.get_field_index(S.TS_NS), S.TS_NS, ts)
+    return S.conform(table, S.RAW_SCHEMA).unify_dictionaries()
+
+
+def spill_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    if not path.exists() or path.stat().st_size == 0:  # nothing was decoded
+        return
+    with pa.OSFile(str(path), "rb") as source:
+        reader = pa.ipc.open_stream(source)
+        yield from reader
