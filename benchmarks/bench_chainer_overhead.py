@@ -37,18 +37,19 @@ REPO = HERE.parent
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """In the Chainer environment: the alternating blocks."""
-    sys.path.insert(0, str(REPO / "collectors"))
+    sys.path.insert(0, str(REPO))  # collectors/ as a package: its modules import relatively
     sys.path.insert(0, str(REPO / "tests" / "workloads" / "chainer"))
     import chainer
     import chainer.functions as F
     import numpy as np
-    import rankside as core  # type: ignore[import-not-found]
-    import rankside_chainer  # type: ignore[import-not-found]
     from train import MLP  # type: ignore[import-not-found]
+
+    from collectors import rankside as core  # type: ignore[import-not-found]
+    from collectors import rankside_chainer  # type: ignore[import-not-found]
 
     with tempfile.TemporaryDirectory() as tmp:
         config = core.Config(run_dir=Path(tmp), active=1 << 30, warmup=0, skip=0)
-        collector = rankside_chainer.ChainerCollector(core, config, chainer)
+        collector = rankside_chainer.ChainerCollector(config, chainer)
         collector.install()
         model = MLP(args.layers, args.width)
         optimizer = chainer.optimizers.SGD(lr=0.01)

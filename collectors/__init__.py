@@ -31,7 +31,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-#: The module name under which the job's processes load the rank-side collector.
+#: The package under which the job's processes load the rank-side collectors (its ``__init__``
+#: holds the runtime's entry points: install, current, step, phase; see launch.write_bootstrap).
 RANKSIDE_MODULE = "_traceview_rankside"
 
 

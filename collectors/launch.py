@@ -1,8 +1,9 @@
 """`traceview collect`: run a job with every rank profiled, then read what it left behind.
 
 The job's command is run unchanged, except that its environment carries a folder (first on
-PYTHONPATH) holding a ``sitecustomize.py`` that loads the rank-side collector
-(``rankside.py``) into every Python process, plus the collection's settings. MPI launchers get
+PYTHONPATH) holding a ``sitecustomize.py`` that loads the rank-side collectors (the package
+``_traceview_rankside``: a copy of every ``rankside*.py``) into every Python process, plus the
+collection's settings. MPI launchers get
 the variables passed on to remote ranks (``-x`` for Open MPI, ``-genv`` for MPICH and Intel
 MPI); Slurm's srun, torchrun and plain processes inherit them.
 
@@ -29,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from traceview import __version__
-from traceview.collectors import RANKSIDE_MODULE, rankside
 from traceview.store import rundir as R
+
+from . import RANKSIDE_MODULE, rankside
 
 BOOTSTRAP_DIR = ".traceview-bootstrap"
 OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "oshrun")
@@ -65,6 +67,16 @@ def _chain():
 
 _chain()
 del _chain
+'''
+
+
+RANKSIDE_INIT = '''"""Written by `traceview collect`: traceview's rank-side modules, copies of
+traceview.collectors' rankside*.py. The runtime's entry points are here, where sitecustomize and
+the user API (traceview.collectors.step/phase) call them."""
+
+from .rankside import current, install, phase, step
+
+__all__ = ["current", "install", "phase", "step"]
 '''
 
 
@@ -135,13 +147,19 @@ def default_run_dir() -> Path:
 
 
 def write_bootstrap(run: Path) -> Path:
+    """The job's bootstrap folder: ``sitecustomize.py`` and the package ``_traceview_rankside``,
+    which holds the rank-side modules (every ``rankside*.py``: the runtime, the lifecycle, one
+    per framework) under their own names, and the runtime's entry points in its ``__init__``.
+    The modules import each other relatively only, so they run there as they do as
+    ``traceview.collectors`` (where the tests and the type checker see them), and the job needs
+    no traceview installed."""
     folder = run / BOOTSTRAP_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    package = folder / RANKSIDE_MODULE
+    package.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    # the core and its per-framework siblings (rankside_<framework>.py)
+    (package / "__init__.py").write_text(RANKSIDE_INIT)
     for source in Path(rankside.__file__).parent.glob("rankside*.py"):
-        name = RANKSIDE_MODULE + source.stem.removeprefix("rankside")
-        shutil.copyfile(source, folder / f"{name}.py")
+        shutil.copyfile(source, package / source.name)
     return folder
 
 

@@ -1,15 +1,21 @@
-"""What `traceview collect` runs inside every process of the job (standard library only).
+"""What `traceview collect` runs inside every process of the job: the rank-side runtime and
+its entry points (standard library only).
 
-`traceview collect` copies this file into the run directory as ``_traceview_rankside.py`` next
-to a ``sitecustomize.py`` that imports it, and puts that folder first on the job's PYTHONPATH,
-so every Python process of the job loads it at start-up without the training script being
-edited, and without traceview having to be importable in the job's environment.
+`traceview collect` copies the rank-side modules (every ``rankside*.py``) into the run
+directory as the package ``_traceview_rankside`` (whose ``__init__`` holds this module's entry
+points: ``install``, ``current``, ``step``, ``phase``), next to a ``sitecustomize.py`` that
+imports it and calls ``install()``, and puts that folder first on the job's PYTHONPATH. So every Python process of the job loads it at start-up without the training
+script being edited, and without traceview having to be importable in the job's environment.
 
-At start-up nothing happens but the installation of an import hook. When the process imports
-PyTorch, the hook registers a global optimizer-step hook; the first optimizer step starts
-``torch.profiler`` with the collection's schedule, every later one advances it, and the trace
-is written to ``RUN/raw/rank-NNNNN/`` when the schedule ends or the process exits. Processes
-that never step an optimizer (a launcher's agent, data-loader workers) leave nothing behind.
+At start-up nothing happens but the installation of import hooks. When the process imports a
+framework (torch, tensorflow, mxnet, chainer), the hook starts that framework's collector
+(``rankside_<module>.py``: a ``rankside_lifecycle.Collector``), which profiles a window of
+steps and writes the trace to ``RUN/raw/rank-NNNNN/`` when the window ends or the process exits.
+Processes that never step (a launcher's agent, data-loader workers) leave nothing behind.
+
+What the collectors share lives here: the environment, the rank, the clock, the status, the
+memory watch and cap, the import hook, the exit handlers, and the collectors the user API
+(``traceview.collectors.step``/``phase``) reaches.
 
 Nothing here may break the job: every failure prints one line prefixed ``traceview:`` on the
 rank's stderr and the job runs on unprofiled.
@@ -29,10 +35,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # (the collectors import this module, never the other way round at run time)
+    from .rankside_lifecycle import Collector
 
 ENV_RUN_DIR = "TRACEVIEW_RUN_DIR"
 ENV_STEPS = "TRACEVIEW_STEPS"
@@ -245,7 +255,10 @@ class Status:
     rss_samples: list[list[int]] = field(default_factory=list)
 
     def write(self, run_dir: Path) -> None:
-        folder = rank_dir(run_dir, self.rank)
+        self.write_to(rank_dir(run_dir, self.rank))
+
+    def write_to(self, folder: Path) -> None:
+        """Write status.json into ``folder`` (atomically: a temporary name, then renamed)."""
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".status.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(asdict(self), indent=2))
@@ -284,45 +297,20 @@ def warn(message: str) -> None:
 TRACE_GZIP_LEVEL = 3
 
 
-def write_gzip(source: Path, path: Path) -> None:
+def write_gzip(source: Path, path: Path, level: int = TRACE_GZIP_LEVEL) -> None:
     """Compress ``source`` into ``path`` atomically (a temporary name beside it, then renamed)."""
     import gzip
     import shutil
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(source, "rb") as plain, gzip.open(tmp, "wb", TRACE_GZIP_LEVEL) as packed:
+        with open(source, "rb") as plain, gzip.open(tmp, "wb", level) as packed:
             shutil.copyfileobj(plain, packed, 1 << 20)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-
-
-def _trace_only(torch: Any) -> dict[str, Any]:
-    """torch.profiler's ``trace_only`` where this torch has it: stopping then builds no Python
-    event objects (which only ``events()``/``key_averages()`` need, never the trace). Stopping a
-    profile of 550,000 events: +1.35 GiB and 2.9 s instead of +1.64 GiB and 3.7 s (torch 2.13)."""
-    config_type = getattr(getattr(torch._C, "_profiler", None), "_ExperimentalConfig", None)
-    if config_type is None:
-        return {}
-    try:
-        return {"experimental_config": config_type(trace_only=True)}
-    except TypeError:  # an older torch
-        return {}
-
-
-def give_back_memory() -> None:
-    """Hand the memory freed by a stopped profile back to the system. Stopping takes several
-    times what the profile recorded (1.35 GiB for 150 MiB recorded, freed once the profile
-    object goes); glibc keeps freed memory, so without this the job carried it to its end."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).malloc_trim(0)
 
 
 # --- the memory cap: a profile that grows past it is stopped -------------------------------------
@@ -504,7 +492,7 @@ class MemoryCap:
 # --- running code right after a module is imported ----------------------------------------------
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class AfterImport(importlib.abc.MetaPathFinder):
     """Calls ``callback(module)`` once the top-level module ``name`` has finished importing."""
 
     def __init__(self, name: str, callback: Callable[[Any], None]):
@@ -542,395 +530,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         spec.loader = _Loader()
         return spec
-
-
-# --- PyTorch ----------------------------------------------------------------------------------
-
-
-class TorchCollector:
-    """Drives torch.profiler from a global optimizer-step hook (or from ``step()``)."""
-
-    def __init__(self, config: Config, torch: Any):
-        self.config = config
-        self.torch = torch
-        self.profiler: Any = None
-        self.status: Status | None = None
-        self.hook: Any = None
-        self.stepping_optimizer: int | None = None  # id() of the optimizer that paces steps
-        self.steps_seen = 0  # steps ended so far (the profiler is created after --skip of them)
-        self.manual = False  # the script calls traceview's step() itself
-        self.finished = False
-        self.lock = threading.RLock()
-        self.nvtx: Any = None
-        self.user_profilers = 0  # torch.profiler sessions the script itself has running
-        self.cap = MemoryCap(config.max_memory, self._stop_for_memory)
-        self.busy = 0  # inside step() or finish() on some thread (a stop must wait for them)
-        self.extra_step = 0  # a step the profiler has not counted: it ended at the stop
-        self.thread: int | None = None  # the thread that started the profiler
-
-    # the schedule ------------------------------------------------------------------------
-
-    def install(self) -> None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self.hook = register_optimizer_step_post_hook(self._after_optimizer_step)
-        self._watch_user_profilers()
-        if self.config.nvtx:
-            self.nvtx = NvtxPhases.install(self.torch)
-        install_exit_handlers(self)
-
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.manual or self.finished:
-            return
-        if self.stepping_optimizer is None:
-            self.stepping_optimizer = id(optimizer)
-        if id(optimizer) == self.stepping_optimizer:  # several optimizers: the first paces
-            self.step()
-
-    def step(self) -> None:
-        """End of a training step: count the skipped ones, then start and advance the profiler.
-
-        Nothing of torch.profiler exists during the skipped steps, so they run as fast as
-        without traceview.
-        """
-        with self.lock:
-            if self.finished:
-                return
-            self.steps_seen += 1
-            if self.steps_seen <= self.config.skip:
-                return
-            self.busy += 1
-            try:
-                if self.profiler is None:
-                    self._start()
-                    self._sample_memory()
-                elif self.profiler is not False:
-                    if self.cap.reached:  # past the memory cap: the step that ended is kept
-                        self._stop_early(mid_step=False)
-                        return
-                    self._sample_memory()
-                    self.profiler.step()
-                    if self.profiler.step_num >= self.config.warmup + self.config.active:
-                        self.finish()
-            except Exception as exc:
-                warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
-                self._abandon(f"{type(exc).__name__}: {exc}")
-            finally:
-                self.busy -= 1
-
-    def _sample_memory(self) -> None:
-        """The process's resident memory at this step boundary, while the profile runs."""
-        if self.profiler:
-            sample_resident(self.status, self.config)
-
-    def _stop_for_memory(self) -> None:
-        """On the main thread, interrupted past the memory cap: stop inside the step (it is cut
-        short, and left out); not while traceview's own step or finish runs on it."""
-        with self.lock:
-            if not self.busy:
-                self._stop_early(mid_step=True)
-
-    def _stop_early(self, mid_step: bool) -> None:
-        """Stop the profile before its --steps (the memory cap): write what it has, say why in
-        the status, and leave the job to run on unprofiled."""
-        if self.finished or not self.profiler or self.status is None:
-            return
-        step = int(self.profiler.step_num)  # the step in progress (mid_step) or that just ended
-        self.status.stop_reason, self.status.stop_step = self.cap.reason, step
-        self.status.stop_mid_step = mid_step
-        self.extra_step = 0 if mid_step else 1
-        warn(f"profile stopped at step {step}: {self.cap.reason}; the job runs on unprofiled")
-        self.finish()
-
-    def _start(self) -> None:
-        torch = self.torch
-        info = self._rank_info()
-        self.status = Status(info.rank, info.world_size, info.local_rank, info.source)
-        self.status.framework, self.status.framework_version = "pytorch", str(torch.__version__)
-        self.status.clock = asdict(probe_clock(self.config.clock))
-        if self.user_profilers or _profiler_enabled(torch):
-            # The script profiles on its own: keep its traces (see _watch_user_profilers).
-            self.status.user_profiler = True
-            self.status.notes.append("the script runs torch.profiler itself; its trace is kept")
-            self.profiler = False
-            self.status.write(self.config.run_dir)
-            return
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        schedule = torch.profiler.schedule(
-            wait=0, warmup=self.config.warmup, active=self.config.active, repeat=1
-        )
-        self.profiler = torch.profiler.profile(
-            activities=activities,
-            schedule=schedule,
-            on_trace_ready=self._export,
-            record_shapes=True,
-            profile_memory=self.config.profile_memory,
-            **_trace_only(torch),
-        )
-        self.status.state = "profiling"
-        self.status.write(self.config.run_dir)
-        self.thread = threading.get_ident()
-        self.cap.start()  # its thread starts before the profile, not inside a step of it
-        self.profiler.start()
-        if threading.current_thread() is not threading.main_thread():
-            _thread_end.sentinel = _StopAtThreadEnd(self)
-
-    def _rank_info(self) -> RankInfo:
-        info = detect_rank(os.environ)
-        with contextlib.suppress(Exception):
-            dist = self.torch.distributed
-            if dist.is_available() and dist.is_initialized():
-                return RankInfo(
-                    dist.get_rank(), dist.get_world_size(), info.local_rank, "torch.distributed"
-                )
-        return info
-
-    def _export(self, profiler: Any) -> None:
-        assert self.status is not None
-        folder = rank_dir(self.config.run_dir, self.status.rank)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank-{self.status.rank}.pt.trace.json.gz"
-        plain = folder / f".{path.name}.{os.getpid()}.tmp.json"
-        try:
-            # Written plain, then compressed here: given a .gz path, torch compresses at level 9
-            # line by line (12 s for a 212 MB trace, with the training thread waiting; 0.4 s here)
-            profiler.export_chrome_trace(str(plain))
-            write_gzip(plain, path)
-        finally:
-            with contextlib.suppress(OSError):
-                plain.unlink()
-        self.status.trace_files = [path.name]
-        self.status.profiled_steps = max(
-            profiler.step_num + self.extra_step - self.config.warmup, 0
-        )
-
-    def finish(self, state: str | None = None, detail: str | None = None) -> None:
-        """Stop profiling (writing what was recorded) and leave the job alone from now on.
-
-        ``state`` records how the process ends (ok, exception, signal) when called at exit;
-        None when only the profiling window is over.
-        """
-        with self.lock:
-            if not self.finished:
-                # The hooks stay registered (removing one from inside a hook would change the
-                # dict torch is iterating over); they return at once from now on.
-                self.finished = True
-                self.cap.close()
-                if state is not None:
-                    self._past_cap("exit")
-                if self.profiler and threading.get_ident() != self.thread:
-                    # torch.profiler stopped on another thread than the one that started it
-                    # loses the trace, or (that thread gone, at exit) crashes the process
-                    why = "torch.profiler can only be stopped on the thread that started it"
-                    warn(f"trace not written: {why}")
-                    if self.status is not None:
-                        self.status.notes.append(f"trace not written: {why}")
-                elif self.profiler:
-                    try:
-                        self.profiler.stop()
-                    except Exception as exc:
-                        warn(f"could not write the trace ({type(exc).__name__}: {exc})")
-                        if self.status is not None:
-                            self.status.notes.append(f"trace not written: {exc}")
-                    self.profiler = False
-                    give_back_memory()  # what stopping took, the job no longer carries
-            if self.status is None:
-                return  # never stepped: nothing to report (an agent, a data-loader worker)
-            if state is not None and self.status.ended_ns is None:
-                self.status.state = state
-                self.status.detail = detail
-                self.status.ended_ns = time.time_ns()
-            elif self.status.state == "profiling":
-                self.status.state = "running"  # the window is over; the process goes on
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
-
-    def _past_cap(self, when: str) -> None:
-        """Past the cap, but never stopped on the training thread until ``when``: say so."""
-        status = self.status
-        if self.cap.reached and self.profiler and status and status.stop_reason is None:
-            status.stop_reason = f"{self.cap.reason}, stopped only at {when}"
-            status.stop_step = int(self.profiler.step_num)
-            status.stop_mid_step = True
-
-    def _abandon(self, reason: str) -> None:
-        self.finished = True
-        self.cap.close()
-        if self.status is not None:
-            self.status.notes.append(f"profiling stopped: {reason}")
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
-
-    # scripts that profile on their own ------------------------------------------------------
-
-    def _watch_user_profilers(self) -> None:
-        """A script's own torch.profiler wins: ours steps aside, theirs is copied into the run."""
-        profile_cls = self.torch.profiler.profile
-        collector = self
-        original_start = profile_cls.start
-        original_export = profile_cls.export_chrome_trace
-
-        original_stop = profile_cls.stop
-
-        def start(profiler: Any) -> None:
-            if profiler is not collector.profiler:
-                collector.user_profilers += 1
-                if collector.profiler:
-                    collector._yield_to_user_profiler()
-            original_start(profiler)
-
-        def stop(profiler: Any) -> None:
-            if profiler is not collector.profiler:
-                collector.user_profilers = max(collector.user_profilers - 1, 0)
-            original_stop(profiler)
-
-        def export_chrome_trace(profiler: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-            result = original_export(profiler, path, *args, **kwargs)
-            if profiler is not collector.profiler:
-                collector._keep_user_trace(Path(path))
-            return result
-
-        profile_cls.start = start
-        profile_cls.stop = stop
-        profile_cls.export_chrome_trace = export_chrome_trace
-
-    def _yield_to_user_profiler(self) -> None:
-        with self.lock:
-            self.cap.close()
-            profiler, self.profiler = self.profiler, False
-            with contextlib.suppress(Exception):
-                profiler.on_trace_ready = None
-                profiler.stop()
-            if self.status is not None:
-                self.status.user_profiler = True
-                self.status.notes.append(
-                    "the script started torch.profiler itself; its trace is kept"
-                )
-
-    def _keep_user_trace(self, path: Path) -> None:
-        with contextlib.suppress(Exception):
-            if self.status is None:
-                info = self._rank_info()
-                self.status = Status(info.rank, info.world_size, info.local_rank, info.source)
-                self.status.framework, self.status.framework_version = (
-                    "pytorch",
-                    str(self.torch.__version__),
-                )
-                self.status.clock = asdict(probe_clock(self.config.clock))
-                self.profiler = False
-            self.status.user_profiler = True
-            folder = rank_dir(self.config.run_dir, self.status.rank)
-            folder.mkdir(parents=True, exist_ok=True)
-            suffix = ".json.gz" if path.name.endswith(".gz") else ".json"
-            target = folder / f"rank-{self.status.rank}.pt.trace{suffix}"
-            for old in folder.glob("rank-*.pt.trace.json*"):
-                old.unlink()  # one trace per rank: the script's latest export
-            tmp = folder / f".{target.name}.{os.getpid()}.tmp"
-            tmp.write_bytes(path.read_bytes())
-            os.replace(tmp, target)
-            self.status.trace_files = [target.name]
-            self.status.write(self.config.run_dir)
-
-
-#: Per thread: what a training thread that is not the main one does as it ends.
-_thread_end = threading.local()
-
-
-class _StopAtThreadEnd:
-    """Kept in the training thread's thread-local storage, which Python clears on that thread
-    as it ends: a profile still open then is stopped there, the only thread torch.profiler can
-    be stopped on (left open, the process crashed at exit: SIGSEGV)."""
-
-    def __init__(self, collector: TorchCollector):
-        self.collector = collector
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            collector = self.collector
-            if threading.get_ident() == collector.thread:
-                with collector.lock:
-                    collector._past_cap("the end of its thread")
-                    collector.finish()
-
-
-def _profiler_enabled(torch: Any) -> bool:
-    with contextlib.suppress(Exception):
-        return bool(torch.autograd.profiler._is_profiler_enabled)
-    return False
-
-
-class NvtxPhases:
-    """NVTX ranges for the phases (data, forward, backward, optimizer), for Nsight Systems."""
-
-    def __init__(self, nvtx: Any):
-        self.nvtx = nvtx
-
-    @classmethod
-    def install(cls, torch: Any) -> NvtxPhases | None:
-        try:
-            import nvtx  # the NVIDIA nvtx package; absent: no ranges
-        except ImportError:
-            return None
-        depth = threading.local()
-        broken: list[bool] = []
-
-        def push(name: str) -> None:
-            if broken:
-                return
-            try:
-                nvtx.push_range(name, domain="traceview")
-            except Exception as exc:  # an NVTX problem must not reach the training loop
-                broken.append(True)
-                warn(f"NVTX ranges off ({type(exc).__name__}: {exc})")
-
-        def pop() -> None:
-            if broken:
-                return
-            try:
-                nvtx.pop_range(domain="traceview")
-            except Exception:
-                broken.append(True)
-
-        # forward: the outermost module call
-        def forward_pre(module: Any, args: Any) -> None:
-            level = getattr(depth, "forward", 0)
-            depth.forward = level + 1
-            if level == 0:
-                push("forward")
-
-        def forward_post(module: Any, args: Any, output: Any) -> None:
-            depth.forward = getattr(depth, "forward", 1) - 1
-            if depth.forward == 0:
-                pop()
-
-        from torch.nn.modules import module as nn_module
-        from torch.optim import optimizer as optim_module
-
-        nn_module.register_module_forward_pre_hook(forward_pre)
-        nn_module.register_module_forward_hook(forward_post)
-        optim_module.register_optimizer_step_pre_hook(lambda *a: push("optimizer"))
-        optim_module.register_optimizer_step_post_hook(lambda *a: pop())
-
-        # backward and data loading: wrap the calls
-        def wrap(owner: Any, attr: str, name: str) -> None:
-            original = getattr(owner, attr)
-
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                push(name)
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    pop()
-
-            setattr(owner, attr, wrapped)
-
-        wrap(torch.autograd, "backward", "backward")
-        from torch.utils.data import dataloader
-
-        wrap(dataloader._BaseDataLoaderIter, "__next__", "data")
-        return cls(nvtx)
 
 
 # --- exits: normal, exception, SIGTERM -----------------------------------------------------------
@@ -991,40 +590,43 @@ def install_exit_handlers(collector: Finishing) -> None:
 
 # --- entry points ------------------------------------------------------------------------------
 
-_collector: TorchCollector | None = None
-#: Collectors of the sibling frameworks, registered by their ``start``; each has
-#: ``manual_step()`` (the user API's step) and ``phase(name)`` (a context manager).
-_sibling_collectors: list[Any] = []
+#: The collectors of this process, registered by their ``install``; PyTorch's first (the user
+#: API's ``phase`` is its when the job runs it).
+_collectors: list[Collector] = []
 
 
-def register(collector: Any) -> None:
-    _sibling_collectors.append(collector)
+def register(collector: Collector) -> None:
+    if collector.framework == "pytorch":
+        _collectors.insert(0, collector)
+    else:
+        _collectors.append(collector)
 
 
-def current() -> Any:
-    return _collector if _collector is not None else next(iter(_sibling_collectors), None)
+def current() -> Collector | None:
+    return next(iter(_collectors), None)
 
 
-#: Frameworks profiled by a sibling module (``<this module>_<framework>``, also standard library
-#: only), loaded when the job imports the framework; each has ``start(core, config, framework)``.
-SIBLING_FRAMEWORKS: tuple[str, ...] = ("tensorflow", "mxnet", "chainer")
+#: The frameworks profiled, by the top-level module the job imports: each by a sibling module
+#: of this one (``rankside_<module>``, standard library only too) that has
+#: ``start(config, module)``, called once the job has imported the framework.
+FRAMEWORKS: tuple[str, ...] = ("torch", "tensorflow", "mxnet", "chainer")
 
 
-def _sibling(framework: str, config: Config) -> Callable[[Any], None] | None:
-    name = f"{__name__}_{framework}"
-    if importlib.util.find_spec(name) is None:  # not written yet for this framework
+def _framework(name: str, config: Config) -> Callable[[Any], None] | None:
+    module_name = f"{__package__}.rankside_{name}"
+    if importlib.util.find_spec(module_name) is None:  # not written for this framework
         return None
-    # A sibling may act at start-up, before the job imports anything (MXNet's parameter
-    # servers never return from ``import mxnet``): its optional ``prepare(core, config)``.
+    # A collector may act at start-up, before the job imports anything (MXNet's parameter
+    # servers never return from ``import mxnet``): its module's optional ``prepare(config)``.
     try:
-        prepare = getattr(importlib.import_module(name), "prepare", None)
+        prepare = getattr(importlib.import_module(module_name), "prepare", None)
         if prepare is not None:
-            prepare(sys.modules[__name__], config)
+            prepare(config)
     except Exception as exc:  # never break the job
         warn(f"could not set up profiling ({type(exc).__name__}: {exc}); running unprofiled")
 
     def on_import(module: Any) -> None:
-        importlib.import_module(name).start(sys.modules[__name__], config, module)
+        importlib.import_module(module_name).start(config, module)
 
     return on_import
 
@@ -1047,17 +649,11 @@ def install() -> None:
     if config is None:
         return
     mark_started(config.run_dir)
-
-    def on_torch(torch: Any) -> None:
-        global _collector
-        _collector = TorchCollector(config, torch)
-        _collector.install()
-
-    hooks: dict[str, Callable[[Any], None]] = {"torch": on_torch}
-    for framework in SIBLING_FRAMEWORKS:
-        sibling = _sibling(framework, config)
-        if sibling is not None:
-            hooks[framework] = sibling
+    hooks: dict[str, Callable[[Any], None]] = {}
+    for framework in FRAMEWORKS:
+        on_import = _framework(framework, config)
+        if on_import is not None:
+            hooks[framework] = on_import
     for name, callback in hooks.items():
         if name in sys.modules:
             try:
@@ -1067,35 +663,17 @@ def install() -> None:
                     f"could not set up profiling ({type(exc).__name__}: {exc}); running unprofiled"
                 )
         else:
-            sys.meta_path.insert(0, _AfterImport(name, callback))
+            sys.meta_path.insert(0, AfterImport(name, callback))
 
 
-@contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
-    """A region of the step, for the user API: a profiler region and an NVTX range."""
-    collector = _collector
-    if collector is None:
-        sibling = next(iter(_sibling_collectors), None)
-        with sibling.phase(name) if sibling is not None else contextlib.nullcontext():
-            yield
-        return
-    region = collector.torch.profiler.record_function(f"## {name} ##")
-    nvtx = collector.nvtx
-    if nvtx is not None:
-        nvtx.nvtx.push_range(name, domain="traceview")
-    with region:
-        try:
-            yield
-        finally:
-            if nvtx is not None:
-                nvtx.nvtx.pop_range(domain="traceview")
+def phase(name: str) -> AbstractContextManager[None]:
+    """A region of the step, for the user API: the framework's profiler region (under
+    PyTorch an NVTX range too)."""
+    collector = current()
+    return collector.phase(name) if collector is not None else contextlib.nullcontext()
 
 
 def step() -> None:
-    """The end of a training step, for the user API (replaces the optimizer hook)."""
-    collector = _collector
-    if collector is not None:
-        collector.manual = True
-        collector.step()
-    for sibling in _sibling_collectors:
-        sibling.manual_step()
+    """The end of a training step, for the user API (replaces the framework's step hooks)."""
+    for collector in list(_collectors):
+        collector.manual_step()

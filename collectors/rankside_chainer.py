@@ -1,7 +1,7 @@
 """`traceview collect`'s Chainer side, in every process of the job (standard library only).
 
-Copied into the bootstrap as ``_traceview_rankside_chainer.py`` beside the core
-(``_traceview_rankside.py``), which calls ``start`` once the job has imported ``chainer``.
+Loaded from the bootstrap package beside the runtime (``rankside.py``), which calls ``start``
+once the job has imported ``chainer``; the collector is a ``rankside_lifecycle.Collector``.
 Chainer has no profiler that writes a timeline, so this module is one:
 
 - every ``FunctionNode``'s forward and backward, through a ``chainer.FunctionHook`` registered
@@ -22,7 +22,7 @@ The trace is Chrome-trace JSON, written to ``RUN/raw/rank-NNNNN/rank-N.chainer.j
 end of the first step after the window, else 1-2 s after the window, else when the process
 exits (normally, by an exception, by SIGTERM: an exit inside the window keeps the steps it
 ended); Perfetto opens it. The rank is the ChainerMN communicator's (remembered at its first
-call), else the launcher's (the core's ``detect_rank``).
+call), else the launcher's (the runtime's ``detect_rank``).
 
 Nothing here may break the job: a failure prints one ``traceview:`` line and the job runs on.
 """
@@ -39,8 +39,10 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
+
+from .rankside import AfterImport, Config, MemoryCap, RankInfo, detect_rank, rank_dir, warn
+from .rankside_lifecycle import PacedCollector, every_subclass, mark_calls, replace
 
 TRACE_SUFFIX = ".chainer.json.gz"
 #: Top-level key of the trace that says who wrote it (the parser sniffs it).
@@ -68,7 +70,6 @@ COMM_METHODS = (
 )
 #: Past this many events (a runaway graph) the window ends with the step that passed it.
 MAX_EVENTS = 5_000_000
-_USER_STEPS = object()
 #: The trace is written 1-2 of these seconds after the window's end, unless a step ends before
 #: that (then at its end) or the process exits.
 LINGER_S = 1.0
@@ -108,21 +109,17 @@ class _Events:
         del self.names[:], self.cats[:], self.starts[:], self.durations[:], self.tids[:]
 
 
-class ChainerCollector:
+class ChainerCollector(PacedCollector):
     """Records one window of steps of a Chainer job as Chrome-trace events."""
 
-    def __init__(self, core: Any, config: Any, chainer: Any):
-        self.core = core
-        self.config = config
+    framework = "chainer"
+
+    def __init__(self, config: Config, chainer: Any):
+        super().__init__(config)
         self.chainer = chainer
-        self.lock = threading.RLock()
-        self.status: Any = None
         self.communicator: Any = None
-        self.pacer: int | None = None  # id() of the optimizer whose updates count
-        self.steps_seen = 0
         self.recorded = 0
         self.recording = False
-        self.finished = False
         self.write_pending = False  # the window is over, its trace not yet written
         self.thread: int | None = None  # native id of the training thread
         self.hooks: Any = None  # the training thread's function-hook dictionary
@@ -130,13 +127,20 @@ class ChainerCollector:
         self.stack: list[int] = []  # start times of the nodes in progress (training thread)
         self.backward_depth = [0]
         self.step_start = 0
-        self.cap: Any = None  # the memory cap (core.MemoryCap) while the window records
         # perf_counter_ns + offset = the wall clock (one reading, so intervals stay monotonic)
         self.offset = time.time_ns() - time.perf_counter_ns()
 
+    def _memory_cap(self) -> MemoryCap:
+        # past --max-profile-memory the window ends from the watching thread: the function hooks
+        # and regions only append to lists, so they may be stopped from any thread
+        return MemoryCap(self.config.max_memory, lambda: None, self._stop_for_memory)
+
+    def _framework_version(self) -> str:
+        return str(getattr(self.chainer, "__version__", ""))
+
     # hooks -------------------------------------------------------------------------------------
 
-    def install(self) -> None:
+    def _hook(self) -> None:
         chainer = self.chainer
         collector = self
         updating = threading.local()  # one depth for both: a subclass's update may call its base's
@@ -154,7 +158,7 @@ class ChainerCollector:
                 if callable(own) and not hasattr(own, "__traceview__"):
                     self._region(cls, "__call__", "Converter", "io", depth=converting)
 
-            self._every_subclass(chainer.dataset.convert.Converter, mark_converter)
+            every_subclass(chainer.dataset.convert.Converter, mark_converter)
         for module_name in ("chainer.dataset.convert", "chainer.dataset"):
             module = sys.modules.get(module_name)
             if module is not None and hasattr(module, "to_device"):
@@ -218,8 +222,6 @@ class ChainerCollector:
                     tids(collector.thread or 0)
 
         self.hook = _Hook()
-        self.core.install_exit_handlers(self)
-        self.core.register(self)
 
     def hook_communicators(self, module: Any) -> None:
         """Record the ChainerMN communicators' calls as communication (``module``: chainermn's
@@ -232,9 +234,9 @@ class ChainerCollector:
             for name in COMM_METHODS:
                 own = cls.__dict__.get(name)
                 if callable(own) and not hasattr(own, "__traceview__"):
-                    setattr(cls, name, collector._comm_call(own, name, depth))
+                    replace(cls, name, collector._comm_call(own, name, depth), own)
 
-        self._every_subclass(module.CommunicatorBase, mark)
+        every_subclass(module.CommunicatorBase, mark)
 
     def _comm_call(self, original: Any, method: str, depth: Any) -> Any:
         collector = self
@@ -254,9 +256,6 @@ class ChainerCollector:
                 if start is not None:
                     collector._record(f"{type(communicator).__name__}.{method}", "comm", start)
 
-        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
-        wrapped.__doc__ = getattr(original, "__doc__", None)
-        wrapped.__traceview__ = True  # type: ignore[attr-defined]
         return wrapped
 
     def _iterators(self, base: Any) -> None:
@@ -271,27 +270,7 @@ class ChainerCollector:
                 if callable(own) and not hasattr(own, "__traceview__"):
                     self._region(cls, name, "Iterator.next", "io", depth=depth)
 
-        self._every_subclass(base, mark)
-
-    @staticmethod
-    def _every_subclass(base: Any, mark: Callable[[Any], None]) -> None:
-        """``mark(cls)`` for ``base`` and each of its subclasses, those defined later too."""
-        pending = [base]
-        while pending:
-            cls = pending.pop()
-            mark(cls)
-            pending.extend(cls.__subclasses__())
-        previous = base.__dict__.get("__init_subclass__")
-
-        def init_subclass(cls: Any, **kwargs: Any) -> None:
-            if previous is not None:
-                previous.__func__(cls, **kwargs)
-            else:
-                super(base, cls).__init_subclass__(**kwargs)
-            with contextlib.suppress(Exception):
-                mark(cls)
-
-        base.__init_subclass__ = classmethod(init_subclass)
+        every_subclass(base, mark)
 
     def _after(self, owner: Any, name: str, depth: Any) -> None:
         """``owner.name`` (an optimizer's update) recorded as ``Optimizer.update``, and the end
@@ -314,42 +293,23 @@ class ChainerCollector:
             try:
                 collector.after_step(optimizer)
             except Exception as exc:  # never break the job
-                collector.core.warn(
-                    f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on"
-                )
-                collector._abandon(f"{type(exc).__name__}: {exc}")
+                collector._failed(exc)
             return result
 
-        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
-        wrapped.__doc__ = getattr(original, "__doc__", None)
-        setattr(owner, name, wrapped)
+        replace(owner, name, wrapped, original)
 
     def _region(self, owner: Any, name: str, label: str, cat: str, depth: Any = None) -> None:
         """Record calls of ``owner.name`` as ``label`` while recording (the outermost call of
         nested ones: links inside links; ``depth`` shared by methods that call each other)."""
-        original = getattr(owner, name, None)
-        if original is None:
-            return
-        depth = depth if depth is not None else threading.local()
-        collector = self
 
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if not collector.recording:
-                return original(*args, **kwargs)
-            level = getattr(depth, "level", 0)
-            start = time.perf_counter_ns() if not level else None
-            depth.level = level + 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                depth.level = level
-                if start is not None:
-                    collector._record(label, cat, start)
+        def begin(level: int) -> int | None:
+            return time.perf_counter_ns() if not level else None
 
-        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
-        wrapped.__doc__ = getattr(original, "__doc__", None)
-        wrapped.__traceview__ = True  # type: ignore[attr-defined]
-        setattr(owner, name, wrapped)
+        def end(start: int | None) -> None:
+            if start is not None:
+                self._record(label, cat, start)
+
+        mark_calls(owner, name, self, begin, end, depth)
 
     # recording -------------------------------------------------------------------------------
 
@@ -359,13 +319,6 @@ class ChainerCollector:
             self.events.add(name, CATEGORY[cat], start, end - start, threading.get_native_id())
 
     # the schedule ----------------------------------------------------------------------------
-
-    def manual_step(self) -> None:
-        """The end of a step, marked by the script: from the first call on, these pace the
-        steps and the optimizer's updates no longer count."""
-        with self.lock:
-            self.pacer = id(_USER_STEPS)
-        self.after_step(_USER_STEPS)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -378,55 +331,45 @@ class ChainerCollector:
             if self.recording:
                 self._record(f"## {name} ##", "python", start)
 
-    def after_step(self, owner: Any) -> None:
-        with self.lock:
-            if self.finished:
-                if self.write_pending and id(owner) == self.pacer:
-                    self._write()  # a step after the window: its timing is not recorded
-                return
-            if self.pacer is None:
-                self.pacer = id(owner)
-            if id(owner) != self.pacer:  # several optimizers: the first one paces the steps
-                return
-            self.steps_seen += 1
-            if not self.recording:
-                if self.steps_seen >= self.config.skip + self.config.warmup:
-                    self._start()
-                return
-            now = time.perf_counter_ns()
-            number = self.config.warmup + self.recorded
-            self.events.add(
-                f"step#{number}", STEP, self.step_start, now - self.step_start, self.thread or 0
-            )
-            self.recorded += 1
-            self.status.profiled_steps = self.recorded
-            if self.recorded >= self.config.active or len(self.events) > MAX_EVENTS:
-                if len(self.events) > MAX_EVENTS:
-                    self.status.stop_reason = f"more than {MAX_EVENTS:,} events"
-                    self.status.stop_step = number
-                    self.core.warn(f"profile stopped at step {number}: {MAX_EVENTS:,} events")
-                self._end_window()
-                return
-            self.step_start = time.perf_counter_ns()
+    def _step_after_window(self) -> None:
+        self._write()  # (if the window's end left it pending)
 
-    def _rank(self) -> Any:
-        core = self.core
-        info = core.detect_rank(os.environ)
+    def _paced_step(self, owner: Any) -> None:
+        """The pacer (the first optimizer that updates) ended a step."""
+        self.steps_seen += 1
+        if not self.recording:
+            if self.steps_seen >= self.config.skip + self.config.warmup:
+                self._start()
+            return
+        now = time.perf_counter_ns()
+        number = self.config.warmup + self.recorded
+        self.events.add(
+            f"step#{number}", STEP, self.step_start, now - self.step_start, self.thread or 0
+        )
+        self.recorded += 1
+        assert self.status is not None  # (recording)
+        self.status.profiled_steps = self.recorded
+        if self.recorded >= self.config.active or len(self.events) > MAX_EVENTS:
+            if len(self.events) > MAX_EVENTS:
+                self.status.stop_reason = f"more than {MAX_EVENTS:,} events"
+                self.status.stop_step = number
+                warn(f"profile stopped at step {number}: {MAX_EVENTS:,} events")
+            self._end_window()
+            return
+        self.step_start = time.perf_counter_ns()
+
+    def _rank(self) -> RankInfo:
+        info = detect_rank(os.environ)
         communicator = self.communicator
         with contextlib.suppress(Exception):
             if communicator is not None:
-                return core.RankInfo(
+                return RankInfo(
                     int(communicator.rank), int(communicator.size), info.local_rank, "chainermn"
                 )
         return info
 
     def _start(self) -> None:
-        core = self.core
-        info = self._rank()
-        self.status = core.Status(info.rank, info.world_size, info.local_rank, info.source)
-        self.status.framework = "chainer"
-        self.status.framework_version = str(getattr(self.chainer, "__version__", ""))
-        self.status.clock = asdict(core.probe_clock(self.config.clock))
+        self.status = self._new_status()
         if self.communicator is not None:
             self.status.notes.append(f"ChainerMN communicator {type(self.communicator).__name__}")
         self.thread = threading.get_native_id()
@@ -442,9 +385,6 @@ class ChainerCollector:
         self.recording = True
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
-        # past --max-profile-memory the window ends from the watching thread: the function hooks
-        # and regions only append to lists, so they may be stopped from any thread
-        self.cap = core.MemoryCap(self.config.max_memory, lambda: None, self._stop_for_memory)
         self.cap.start()
         self.step_start = time.perf_counter_ns()
 
@@ -454,11 +394,8 @@ class ChainerCollector:
         with self.lock:
             if not self.recording:
                 return
-            step = self.config.warmup + self.recorded
-            reason = self.cap.reason
             # (the step in progress gets no marker: nothing of it counts, so not "mid step")
-            self.status.stop_reason, self.status.stop_step = reason, step
-            self.core.warn(f"profile stopped at step {step}: {reason}; the job runs on unprofiled")
+            self._stopped_early(self.config.warmup + self.recorded)
             self._end_window()
 
     def _end_window(self) -> None:
@@ -467,8 +404,7 @@ class ChainerCollector:
         recorded step does not see it."""
         self.recording = False
         self.finished = True
-        if self.cap is not None:
-            self.cap.close()
+        self.cap.close()
         if self.hooks is not None:
             with contextlib.suppress(Exception):
                 if self.hooks.get(HOOK_NAME) is self.hook:
@@ -500,39 +436,33 @@ class ChainerCollector:
             return
         self.write_pending = False
         self._write_trace()
-        with contextlib.suppress(Exception):
-            self.status.write(self.config.run_dir)
+        self.write_status()
 
-    def finish(self, state: str | None = None, detail: str | None = None) -> None:
-        """At exit (or when the window ends): write what was recorded; leave the job alone."""
-        with self.lock:
-            if self.recording:  # the process ends inside the window: the open step is dropped
-                self._end_window()
-            self.finished = True
-            self._write()
-            if self.status is None:
-                if state == "ok" and self.steps_seen == 0:
-                    self.core.warn(
-                        "the job never stepped a Chainer optimizer: nothing was recorded "
-                        "(call traceview.collectors.step() to mark steps)"
-                    )
-                elif state == "ok":
-                    before = self.config.skip + self.config.warmup
-                    self.core.warn(
-                        f"the job stepped a Chainer optimizer {self.steps_seen} time(s): nothing "
-                        f"was recorded (the window starts after --skip + --warmup = {before})"
-                    )
-                return  # never reached the window: nothing to report
-            if state is not None and self.status.ended_ns is None:
-                self.status.state, self.status.detail = state, detail
-                self.status.ended_ns = time.time_ns()
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
+    def _end_profile(self, at_exit: bool) -> None:
+        """At exit (or when the window ends): write what was recorded."""
+        if self.recording:  # the process ends inside the window: the open step is dropped
+            self._end_window()
+        self.finished = True
+        self._write()
+
+    def _nothing_recorded(self, state: str | None) -> None:
+        if state == "ok" and self.steps_seen == 0:
+            warn(
+                "the job never stepped a Chainer optimizer: nothing was recorded "
+                "(call traceview.collectors.step() to mark steps)"
+            )
+        elif state == "ok":
+            before = self.config.skip + self.config.warmup
+            warn(
+                f"the job stepped a Chainer optimizer {self.steps_seen} time(s): nothing "
+                f"was recorded (the window starts after --skip + --warmup = {before})"
+            )
 
     def _write_trace(self) -> None:
         status = self.status
+        assert status is not None  # (the window ran)
         try:
-            folder = self.core.rank_dir(self.config.run_dir, status.rank)
+            folder = rank_dir(self.config.run_dir, status.rank)
             folder.mkdir(parents=True, exist_ok=True)
             target = folder / f"rank-{status.rank}{TRACE_SUFFIX}"
             tmp = folder / f".{target.name}.{os.getpid()}.tmp"
@@ -541,12 +471,13 @@ class ChainerCollector:
             os.replace(tmp, target)
             status.trace_files = [target.name]
         except Exception as exc:
-            self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+            warn(f"could not write the trace ({type(exc).__name__}: {exc})")
             status.notes.append(f"trace not written: {exc}")
         self.events.clear()  # (the hook holds its columns)
 
     def _dump(self, out: Any) -> None:
         status, pid, offset = self.status, os.getpid(), self.offset
+        assert status is not None
         header = {
             "rank": status.rank,
             "world_size": status.world_size,
@@ -581,17 +512,11 @@ class ChainerCollector:
             )
         out.write("\n]}\n")
 
-    def _abandon(self, reason: str) -> None:
-        with self.lock:
-            self.finished = True
-            self.recording = False
-            if self.hooks is not None:
-                with contextlib.suppress(Exception):
-                    self.hooks.pop(HOOK_NAME, None)
-            if self.status is not None:
-                self.status.notes.append(f"profiling stopped: {reason}")
-                with contextlib.suppress(Exception):
-                    self.status.write(self.config.run_dir)
+    def _drop_profile(self) -> None:
+        self.recording = False
+        if self.hooks is not None:
+            with contextlib.suppress(Exception):
+                self.hooks.pop(HOOK_NAME, None)
 
 
 def _us(ns: int) -> str:
@@ -599,17 +524,17 @@ def _us(ns: int) -> str:
     return f"{ns // 1000}.{ns % 1000:03d}"
 
 
-def start(core: Any, config: Any, chainer: Any) -> None:
-    """Called by the rank-side core once the job has imported chainer."""
+def start(config: Config, chainer: Any) -> None:
+    """Called by the runtime once the job has imported chainer."""
     global _collector
-    _collector = ChainerCollector(core, config, chainer)
+    _collector = ChainerCollector(config, chainer)
     _collector.install()
     # (a submodule: chainermn may be the module being imported, chainer imported by it)
     name = "chainermn.communicators.communicator_base"
     if name in sys.modules:
         _collector.hook_communicators(sys.modules[name])
     else:
-        sys.meta_path.insert(0, core._AfterImport(name, _collector.hook_communicators))
+        sys.meta_path.insert(0, AfterImport(name, _collector.hook_communicators))
 
 
 def current() -> ChainerCollector | None:

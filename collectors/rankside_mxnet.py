@@ -1,8 +1,8 @@
 """`traceview collect`'s MXNet side, in every process of the job (standard library only).
 
-Copied into the bootstrap as ``_traceview_rankside_mxnet.py`` beside the core
-(``_traceview_rankside.py``), which calls ``prepare`` at start-up and ``start`` once the job has
-imported ``mxnet``.
+Loaded from the bootstrap package beside the runtime (``rankside.py``), which calls
+``prepare`` at start-up and ``start`` once the job has imported ``mxnet``; the collector is a
+``rankside_lifecycle.Collector``.
 
 - Parameter-server jobs (ps-lite KVStore) run a scheduler, servers and workers, told apart by
   ``DMLC_ROLE``. A scheduler or server never gets past ``import mxnet`` (MXNet runs the server
@@ -16,7 +16,7 @@ imported ``mxnet``.
   and writes ``RUN/raw/rank-NNNNN/rank-N.mxnet.json.gz``. Data loading (Gluon DataLoader,
   ``mx.io.DataIter``) is marked as ``DataLoader.next``/``DataIter.next`` Tasks.
 - The rank is the KVStore's (``kv.rank``) for distributed KVStores, else ``DMLC_TASK_ID`` for a
-  worker that has one, else the launcher's (the core's ``detect_rank``).
+  worker that has one, else the launcher's (the runtime's ``detect_rank``).
 - Bulk execution is left as the job has it (on by default): the profiler does not change how
   the job runs. Backward then shows as ``ImperativeBulk`` segments, which the engine layout
   (traceview/normalize/mxnet_engine.py) counts as backward; docs/mxnet.md says what that costs.
@@ -27,22 +27,33 @@ Nothing here may break the job: a failure prints one ``traceview:`` line and the
 from __future__ import annotations
 
 import contextlib
-import gzip
-import json
 import os
-import shutil
 import threading
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from .rankside import (
+    Config,
+    MemoryCap,
+    RankInfo,
+    Status,
+    detect_rank,
+    install_exit_handlers,
+    rank_dir,
+    sample_resident,
+    warn,
+    write_gzip,
+)
+from .rankside_lifecycle import PacedCollector, every_subclass, mark_calls, replace
 
 ROLE_VARIABLE = "DMLC_ROLE"
 SERVER_ROLES = ("scheduler", "server")
 DOMAIN = "traceview"
 TRACE_SUFFIX = ".mxnet.json.gz"
+TRACE_GZIP_LEVEL = 6
 
 _collector: MXNetCollector | None = None
 #: Seconds the profiler runs on after the last recorded step, waiting for the next step to stop
@@ -50,8 +61,6 @@ _collector: MXNetCollector | None = None
 #: that never steps again has it stopped by the memory watch's thread, which runs from the
 #: window's start (a thread started at its end cost the last step's timing up to 50 ms).
 LINGER_S = 1.0
-#: The pacer of steps marked through the user API (traceview.collectors.step()).
-_USER_STEPS = object()
 
 
 # --- scheduler and servers: recorded, not profiled ---------------------------------------------
@@ -60,12 +69,12 @@ _USER_STEPS = object()
 class _RoleRecord:
     """The status of a scheduler or server process, written at start and at exit."""
 
-    def __init__(self, core: Any, config: Any, role: str):
+    def __init__(self, config: Config, role: str):
         self.config = config
         index = os.environ.get("DMLC_TASK_ID") or os.environ.get("DMLC_SERVER_ID")
         self.folder = Path(config.run_dir) / "raw" / f"{role}-{index or os.getpid()}"
-        info = core.detect_rank(os.environ)
-        self.status = core.Status(-1, info.world_size, info.local_rank, ROLE_VARIABLE)
+        info = detect_rank(os.environ)
+        self.status = Status(-1, info.world_size, info.local_rank, ROLE_VARIABLE)
         self.status.role = role
         self.status.framework = "mxnet"
         self.status.notes.append(
@@ -74,10 +83,7 @@ class _RoleRecord:
         self.finished = False
 
     def write(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / f".status.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(asdict(self.status), indent=2))
-        os.replace(tmp, self.folder / "status.json")
+        self.status.write_to(self.folder)
 
     def finish(self, state: str | None = None, detail: str | None = None) -> None:
         if self.finished or state is None:
@@ -89,14 +95,14 @@ class _RoleRecord:
             self.write()
 
 
-def prepare(core: Any, config: Any) -> None:
+def prepare(config: Config) -> None:
     """At start-up of every process: record a parameter-server scheduler or server."""
     role = os.environ.get(ROLE_VARIABLE, "").strip().lower()
     if role not in SERVER_ROLES:
         return
-    record = _RoleRecord(core, config, role)
+    record = _RoleRecord(config, role)
     record.write()
-    core.install_exit_handlers(record)
+    install_exit_handlers(record)
 
 
 # --- workers ---------------------------------------------------------------------------------------
@@ -126,23 +132,19 @@ class _Timed:
         return getattr(self.inner, name)
 
 
-class MXNetCollector:
+class MXNetCollector(PacedCollector):
     """Drives mx.profiler from the trainer's step (one profiled window per process)."""
 
-    def __init__(self, core: Any, config: Any, mx: Any):
-        self.core = core
-        self.config = config
+    framework = "mxnet"
+
+    def __init__(self, config: Config, mx: Any):
+        super().__init__(config)
         self.mx = mx
-        self.lock = threading.RLock()
-        self.status: Any = None
         # Weak: a KVStore kept alive into the interpreter's teardown aborts a dist worker
         # (its ps-lite shutdown then runs after MXNet's own).
         self._kvstore: Any = None
-        self.pacer: int | None = None  # id() of the trainer (or module) whose steps count
-        self.steps_seen = 0
         self.recorded = 0
         self.recording = False
-        self.finished = False
         self.domain: Any = None
         self.step_task: Any = None
         self.raw_path: Path | None = None
@@ -155,16 +157,21 @@ class MXNetCollector:
         self._set_config: Any = mx.profiler.set_config
         self._dump: Any = mx.profiler.dump
         self.user_file = "profile.json"
+        self.linger_until: float | None = None  # when the watch stops a profiler left running
+
+    def _memory_cap(self) -> MemoryCap:
         # mx.profiler is the process's, not a thread's: past the cap it is stopped from the
         # watching thread itself
-        self.cap = core.MemoryCap(
-            config.max_memory, lambda: None, self._stop_for_memory, tick=self._tick
+        return MemoryCap(
+            self.config.max_memory, lambda: None, self._stop_for_memory, tick=self._tick
         )
-        self.linger_until: float | None = None  # when the watch stops a profiler left running
+
+    def _framework_version(self) -> str:
+        return str(self.mx.__version__)
 
     # hooks -----------------------------------------------------------------------------------
 
-    def install(self) -> None:
+    def _hook(self) -> None:
         mx = self.mx
         trainer = mx.gluon.Trainer
         for name in ("step", "update"):
@@ -191,63 +198,22 @@ class MXNetCollector:
         self._region(trainer, "_allreduce_grads", "Trainer.allreduce_grads")
         self._region(trainer, "_update", "Trainer.update")
         self._watch_user_profiler()
-        self.core.install_exit_handlers(self)
-        self.core.register(self)
 
     def _mark_data_iterators(self, base: Any) -> None:
         """Mark ``mx.io.DataIter`` batches as ``DataIter.next`` Tasks, whether the script calls
         ``next(it)``, ``for batch in it`` or ``it.next()``: ``__next__`` and every iterator
         class's own ``next`` (those defined later too), the outermost call only."""
         depth = threading.local()
-        collector = self
-
-        def marked(original: Any) -> Any:
-            def wrapped(self: Any) -> Any:
-                level = getattr(depth, "level", 0)
-                task = collector.task("DataIter.next") if level == 0 else None
-                depth.level = level + 1
-                try:
-                    return original(self)
-                finally:
-                    depth.level = level
-                    if task is not None:
-                        with contextlib.suppress(Exception):
-                            task.stop()
-
-            wrapped.__wrapped__ = original  # type: ignore[attr-defined]
-            return wrapped
 
         def mark(cls: Any) -> None:
             own = cls.__dict__.get("next")
             if callable(own) and not hasattr(own, "__wrapped__"):
-                cls.next = marked(own)
+                self._region(cls, "next", "DataIter.next", outermost=True, depth=depth)
 
-        pending = [base]
-        while pending:
-            cls = pending.pop()
-            mark(cls)
-            pending.extend(cls.__subclasses__())
-        base.__next__ = marked(base.__next__)
-        previous = base.__dict__.get("__init_subclass__")
-
-        def init_subclass(cls: Any, **kwargs: Any) -> None:
-            if previous is not None:
-                previous.__func__(cls, **kwargs)
-            else:
-                super(base, cls).__init_subclass__(**kwargs)
-            with contextlib.suppress(Exception):
-                mark(cls)
-
-        base.__init_subclass__ = classmethod(init_subclass)
+        every_subclass(base, mark)
+        self._region(base, "__next__", "DataIter.next", outermost=True, depth=depth)
 
     # the user API (traceview.collectors.step / phase) ----------------------------------------
-
-    def manual_step(self) -> None:
-        """The end of a step, marked by the script: from the first call on, these pace the
-        steps and the trainer's no longer count."""
-        with self.lock:
-            self.pacer = id(_USER_STEPS)
-        self.after_step(_USER_STEPS)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -269,44 +235,31 @@ class MXNetCollector:
             try:
                 callback(args[0] if args else None, result)
             except Exception as exc:  # never break the job
-                self.core.warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
-                self._abandon(f"{type(exc).__name__}: {exc}")
+                self._failed(exc)
             return result
 
-        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
-        wrapped.__doc__ = getattr(original, "__doc__", None)
-        setattr(owner, name, wrapped)
+        replace(owner, name, wrapped, original)
 
     @property
     def kvstore(self) -> Any:
         return self._kvstore() if self._kvstore is not None else None
 
-    def _region(self, owner: Any, name: str, label: str, outermost: bool = False) -> None:
+    def _region(
+        self, owner: Any, name: str, label: str, outermost: bool = False, depth: Any = None
+    ) -> None:
         """Mark calls of ``owner.name`` as a profiler Task ``label`` while recording (only the
-        outermost call where calls nest, as blocks inside blocks do)."""
-        original = getattr(owner, name, None)
-        if original is None:
-            return
-        depth = threading.local()
-        collector = self
+        outermost call where calls nest, as blocks inside blocks do; ``depth`` shared by methods
+        that call each other)."""
 
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if not collector.recording:
-                return original(*args, **kwargs)
-            level = getattr(depth, "level", 0)
-            task = collector.task(label) if not (outermost and level) else None
-            depth.level = level + 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                depth.level = level
-                if task is not None:
-                    with contextlib.suppress(Exception):
-                        task.stop()
+        def begin(level: int) -> Any:
+            return self.task(label) if not (outermost and level) else None
 
-        wrapped.__wrapped__ = original  # type: ignore[attr-defined]
-        wrapped.__doc__ = getattr(original, "__doc__", None)
-        setattr(owner, name, wrapped)
+        def end(task: Any) -> None:
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    task.stop()
+
+        mark_calls(owner, name, self, begin, end, depth)
 
     def _remember_kvstore(self, kv: Any) -> None:
         if kv is None:
@@ -338,7 +291,7 @@ class MXNetCollector:
                 try:
                     collector._keep_user_trace(Path(collector.user_file))
                 except Exception as exc:
-                    collector.core.warn(f"could not keep the script's trace ({exc})")
+                    warn(f"could not keep the script's trace ({exc})")
             return result
 
         profiler.set_state, profiler.set_config, profiler.dump = set_state, set_config, dump
@@ -356,13 +309,10 @@ class MXNetCollector:
         self.status.user_profiler = True
         if not any("itself" in note for note in self.status.notes):
             self.status.notes.append("the script runs mx.profiler itself; its trace is kept")
-        folder = self.core.rank_dir(self.config.run_dir, self.status.rank)
+        folder = rank_dir(self.config.run_dir, self.status.rank)
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"rank-{self.status.rank}{TRACE_SUFFIX}"
-        tmp = folder / f".{target.name}.{os.getpid()}.tmp"
-        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(tmp, target)
+        write_gzip(path, target, TRACE_GZIP_LEVEL)
         self.status.trace_files = [target.name]
         self.status.write(self.config.run_dir)
 
@@ -379,77 +329,68 @@ class MXNetCollector:
         except Exception:
             return None
 
-    def after_step(self, owner: Any) -> None:
-        with self.lock:
-            if self.finished:
-                if self.stop_pending and id(owner) == self.pacer:
-                    self._stop_profiler()  # a step after the window: its timing is not kept
-                return
-            if self.pacer is None:
-                self.pacer = id(owner)
-            if id(owner) != self.pacer:  # several trainers: the first one paces the steps
-                return
-            if owner is not None and self.kvstore is None:
-                self._remember_kvstore(getattr(owner, "_kvstore", None))
-            self.steps_seen += 1
-            before = self.config.skip + self.config.warmup
-            if self.steps_seen < before:
-                return
-            if self.user_profiler:
-                self._step_aside()
-                return
-            if not self.recording:
-                self._start()
-                self.core.sample_resident(self.status, self.config)
-                return
-            self.core.sample_resident(self.status, self.config)
-            self.recorded += 1
-            if self.recorded >= self.config.active:
-                self._end_window()  # the last step's Task ends once the engine is done
-                return
-            if self.cap.reached:  # past the memory cap: the step that ended is kept
-                step = self.config.warmup + self.recorded - 1
-                self._end_window(linger=False)
-                self._stop_early(step)
-                return
-            self.step_task.stop()
-            self._next_task()
+    def _step_after_window(self) -> None:
+        if self.stop_pending:
+            self._stop_profiler()
+
+    def _paced_step(self, owner: Any) -> None:
+        """The pacer (a trainer or module, the first that steps) ended a step."""
+        if owner is not None and self.kvstore is None:
+            self._remember_kvstore(getattr(owner, "_kvstore", None))
+        self.steps_seen += 1
+        before = self.config.skip + self.config.warmup
+        if self.steps_seen < before:
+            return
+        if self.user_profiler:
+            self._step_aside()
+            return
+        if not self.recording:
+            self._start()
+            sample_resident(self.status, self.config)
+            return
+        sample_resident(self.status, self.config)
+        self.recorded += 1
+        if self.recorded >= self.config.active:
+            self._end_window()  # the last step's Task ends once the engine is done
+            return
+        if self.cap.reached:  # past the memory cap: the step that ended is kept
+            step = self.config.warmup + self.recorded - 1
+            self._end_window(linger=False)
+            self._stop_early(step)
+            return
+        assert self.step_task is not None  # (recording)
+        self.step_task.stop()
+        self._next_task()
 
     def _next_task(self) -> None:
         number = self.config.warmup + self.recorded
         self.step_task = self.mx.profiler.Task(self.domain, f"step#{number}")
         self.step_task.start()
 
-    def _rank(self) -> Any:
-        core = self.core
+    def _rank(self) -> RankInfo:
         kv = self.kvstore
         with contextlib.suppress(Exception):
             if kv is not None and "dist" in str(kv.type):
-                info = core.detect_rank(os.environ)
-                return core.RankInfo(int(kv.rank), int(kv.num_workers), info.local_rank, "kvstore")
+                info = detect_rank(os.environ)
+                return RankInfo(int(kv.rank), int(kv.num_workers), info.local_rank, "kvstore")
         task = os.environ.get("DMLC_TASK_ID")
         if os.environ.get(ROLE_VARIABLE) == "worker" and task is not None and task.isdigit():
             workers = int(os.environ.get("DMLC_NUM_WORKER", "0") or 0)
-            return core.RankInfo(int(task), max(workers, int(task) + 1), 0, "DMLC_TASK_ID")
-        return core.detect_rank(os.environ)
+            return RankInfo(int(task), max(workers, int(task) + 1), 0, "DMLC_TASK_ID")
+        return detect_rank(os.environ)
 
-    def _new_status(self) -> Any:
-        core = self.core
-        info = self._rank()
-        status = core.Status(info.rank, info.world_size, info.local_rank, info.source)
-        status.framework, status.framework_version = "mxnet", str(self.mx.__version__)
+    def _new_status(self) -> Status:
+        status = super()._new_status()
         status.role = os.environ.get(ROLE_VARIABLE, "").strip().lower() or None
-        status.clock = asdict(core.probe_clock(self.config.clock))
         if self.kvstore is not None:
             with contextlib.suppress(Exception):
                 status.notes.append(f"KVStore {self.kvstore.type}")
         return status
 
     def _start(self) -> None:
-        core, mx = self.core, self.mx
-        self.status = self._new_status()
-        info = self.status
-        folder = core.rank_dir(self.config.run_dir, info.rank)
+        mx = self.mx
+        self.status = info = self._new_status()
+        folder = rank_dir(self.config.run_dir, info.rank)
         folder.mkdir(parents=True, exist_ok=True)
         self.raw_path = folder / f".rank-{info.rank}.{os.getpid()}.mxnet.json"
         self.cap.start()  # its thread starts here, before the window: not inside a step of it
@@ -492,7 +433,7 @@ class MXNetCollector:
             if self.step_task is not None:
                 self.step_task.stop()
         except Exception as exc:
-            self.core.warn(f"could not end the last step ({type(exc).__name__}: {exc})")
+            warn(f"could not end the last step ({type(exc).__name__}: {exc})")
         if self.status is not None:
             self.status.state = "running"
             self.status.profiled_steps = self.recorded
@@ -526,17 +467,12 @@ class MXNetCollector:
 
     def _stop_early(self, step: int) -> None:
         """Stop the profiler before --steps (the memory cap), write the trace now and say why."""
-        reason = self.cap.reason
-        self.core.warn(f"profile stopped at step {step}: {reason}; the job runs on unprofiled")
-        if self.status is not None:
-            self.status.stop_reason, self.status.stop_step = reason, step
+        self._stopped_early(step)
         self._stop_profiler()
         if not self.written:
             self.written = True
             self._write_trace()
-        if self.status is not None:
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
+        self.write_status()
 
     def _stop_profiler(self) -> None:
         self.cap.close()
@@ -546,69 +482,50 @@ class MXNetCollector:
         try:
             self._set_state("stop")
         except Exception as exc:
-            self.core.warn(f"could not stop the profiler ({type(exc).__name__}: {exc})")
-        if self.status is not None:
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
+            warn(f"could not stop the profiler ({type(exc).__name__}: {exc})")
+        self.write_status()
 
-    def finish(self, state: str | None = None, detail: str | None = None) -> None:
-        """At exit (or when the window ends): write what was recorded; leave the job alone."""
-        with self.lock:
-            if self.recording:  # the process ends inside the window
-                self._end_window(linger=False)
-            self.finished = True
-            self._stop_profiler()
-            if self.window_done and not self.written:
-                self.written = True
-                self._write_trace()
-            if self.status is None:
-                return  # never reached the window: nothing to report
-            if state is not None and self.status.ended_ns is None:
-                self.status.state, self.status.detail = state, detail
-                self.status.ended_ns = time.time_ns()
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
+    def _end_profile(self, at_exit: bool) -> None:
+        """At exit (or when the window ends): write what was recorded."""
+        if self.recording:  # the process ends inside the window
+            self._end_window(linger=False)
+        self.finished = True
+        self._stop_profiler()
+        if self.window_done and not self.written:
+            self.written = True
+            self._write_trace()
 
     def _write_trace(self) -> None:
         status = self.status
+        assert status is not None  # (the window ran)
         try:
             self._dump(finished=False)
             assert self.raw_path is not None
             target = self.raw_path.with_name(f"rank-{status.rank}{TRACE_SUFFIX}")
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            with open(self.raw_path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(tmp, target)
+            write_gzip(self.raw_path, target, TRACE_GZIP_LEVEL)
             self.raw_path.unlink()
             status.trace_files = [target.name]
         except Exception as exc:
-            self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+            warn(f"could not write the trace ({type(exc).__name__}: {exc})")
             status.notes.append(f"trace not written: {exc}")
 
     def _step_aside(self) -> None:
         self.finished = True
-        self.core.warn("the script drives mx.profiler itself; its trace is kept instead")
+        warn("the script drives mx.profiler itself; its trace is kept instead")
 
-    def _abandon(self, reason: str) -> None:
-        with self.lock:
-            self.finished = True
-            self.cap.close()
-            if self.recording:
-                self.recording = False
-                with contextlib.suppress(Exception):
-                    self._set_state("stop")
-            if self.status is not None:
-                self.status.notes.append(f"profiling stopped: {reason}")
-                with contextlib.suppress(Exception):
-                    self.status.write(self.config.run_dir)
+    def _drop_profile(self) -> None:
+        if self.recording:
+            self.recording = False
+            with contextlib.suppress(Exception):
+                self._set_state("stop")
 
 
-def start(core: Any, config: Any, mxnet: Any) -> None:
+def start(config: Config, mxnet: Any) -> None:
     """Called once the job has imported mxnet (a worker, or a job without a parameter server)."""
     global _collector
     if os.environ.get(ROLE_VARIABLE, "").strip().lower() in SERVER_ROLES:
         return  # not reached in practice: the import runs the server and exits
-    _collector = MXNetCollector(core, config, mxnet)
+    _collector = MXNetCollector(config, mxnet)
     _collector.install()
 
 

@@ -1,7 +1,8 @@
 """What `traceview collect` runs inside a TensorFlow process (standard library only).
 
-Loaded by the rank-side core (``rankside.py``) right after the job imports ``tensorflow``;
-``start(core, config, tf)`` arms the collector. Steps are found without touching the script:
+Loaded from the bootstrap package beside the runtime (``rankside.py``), which calls
+``start(config, tf)`` right after the job imports ``tensorflow``; the collector is a
+``rankside_lifecycle.Collector``. Steps are found without touching the script:
 
 - Keras ``Model.fit``: a callback is added, whose batch begin and end bound each step;
 - custom training loops: every ``next()`` on a tf.data iterator (plain or distributed) starts a
@@ -25,11 +26,12 @@ import shutil
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from .rankside import AfterImport, Config, RankInfo, detect_rank, rank_dir, sample_resident, warn
+from .rankside_lifecycle import Collector
 
 # Who marks steps, by precedence: the script itself, Keras' batches, then iterator calls.
 _SOURCES = ("iterator", "keras", "manual")
@@ -56,31 +58,27 @@ def rank_from_tf_config(value: str | None) -> tuple[int, int] | None:
     return None
 
 
-class TensorFlowCollector:
-    def __init__(self, core: Any, config: Any, tf: Any):
-        self.core = core
-        self.config = config
+class TensorFlowCollector(Collector):
+    framework = "tensorflow"
+
+    def __init__(self, config: Config, tf: Any):
+        super().__init__(config)
         self.tf = tf
-        self.lock = threading.RLock()
         self.source: str | None = None  # who marks the steps (see _SOURCES)
         self.begun = 0  # steps begun so far
         self.marker: Any = None  # the open Trace("train", step_num=N) of the current step
         self.profiling = False
-        self.finished = False
-        self.status: Any = None
         self.logdir: Path | None = None
         self.inside_next = threading.local()
-        self.cap = core.MemoryCap(config.max_memory, self._stop_for_memory)
         self.busy = 0  # inside boundary() or end_step() (a stop waits for them)
 
     # set-up -------------------------------------------------------------------------------
 
-    def install(self) -> None:
-        self._hook_iterators()
-        self.core.install_exit_handlers(self)
-        self.core.register(self)
+    def _framework_version(self) -> str:
+        return str(self.tf.__version__)
 
-    def _hook_iterators(self) -> None:
+    def _hook(self) -> None:
+        """Every ``next()`` on a tf.data iterator begins a step."""
         collector = self
 
         def wrap(cls: Any) -> None:
@@ -163,17 +161,17 @@ class TensorFlowCollector:
                 if number == self.config.skip:
                     self._start()
                 if self.profiling:
-                    self.core.sample_resident(self.status, self.config)
+                    sample_resident(self.status, self.config)
                 if number >= first_marked + self.config.active:
                     self.finish()
                 elif self.profiling and number >= first_marked:
                     marker = self.tf.profiler.experimental.Trace("train", step_num=number, _r=1)
                     marker.__enter__()
                     self.marker = marker
+                    assert self.status is not None  # (profiling)
                     self.status.profiled_steps += 1
             except Exception as exc:
-                self.core.warn(f"profiling stopped ({type(exc).__name__}: {exc}); the job runs on")
-                self._abandon(f"{type(exc).__name__}: {exc}")
+                self._failed(exc)
             finally:
                 self.busy -= 1
 
@@ -188,13 +186,11 @@ class TensorFlowCollector:
         """Stop the profile before its --steps (the memory cap): write what it has, say why in
         the status, and leave the job to run on unprofiled."""
         status = self.status
-        step = self.begun - 1  # the step in progress, or (at a boundary) the one that ended
-        status.stop_reason, status.stop_step, status.stop_mid_step = self.cap.reason, step, mid_step
+        assert status is not None  # (profiling)
+        # the step in progress, or (at a boundary) the one that ended
+        self._stopped_early(self.begun - 1, mid_step)
         if mid_step:
             status.profiled_steps = max(status.profiled_steps - 1, 0)
-        self.core.warn(
-            f"profile stopped at step {step}: {self.cap.reason}; the job runs on unprofiled"
-        )
         self.finish()
 
     def end_step(self, source: str) -> None:
@@ -215,22 +211,18 @@ class TensorFlowCollector:
 
     # the profiler ---------------------------------------------------------------------------
 
-    def _rank(self) -> Any:
-        core = self.core
-        info = core.detect_rank(os.environ)
+    def _rank(self) -> RankInfo:
+        info = detect_rank(os.environ)
         if info.source == "default":
             from_config = rank_from_tf_config(os.environ.get("TF_CONFIG"))
             if from_config is not None:
-                return core.RankInfo(from_config[0], from_config[1], 0, "TF_CONFIG")
+                return RankInfo(from_config[0], from_config[1], 0, "TF_CONFIG")
         return info
 
     def _start(self) -> None:
-        core, tf = self.core, self.tf
-        info = self._rank()
-        self.status = core.Status(info.rank, info.world_size, info.local_rank, info.source)
-        self.status.framework, self.status.framework_version = "tensorflow", str(tf.__version__)
-        self.status.clock = asdict(core.probe_clock(self.config.clock))
-        self.logdir = core.rank_dir(self.config.run_dir, info.rank) / _LOGDIR
+        tf = self.tf
+        self.status = self._new_status()
+        self.logdir = rank_dir(self.config.run_dir, self.status.rank) / _LOGDIR
         self.cap.start()  # its thread starts before the profile, not inside a step of it
         try:
             tf.profiler.experimental.start(str(self.logdir))
@@ -245,7 +237,7 @@ class TensorFlowCollector:
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
 
-    def _stop(self) -> None:
+    def _stop_profiler(self) -> None:
         """Stop the profiler and move its XSpace next to the status."""
         self._close_marker()
         if not self.profiling:
@@ -275,53 +267,36 @@ class TensorFlowCollector:
         if not names:
             self.status.notes.append("tf.profiler wrote no XSpace")
 
-    def finish(self, state: str | None = None, detail: str | None = None) -> None:
-        """Stop profiling (writing what was recorded); at exit, record how the process ended."""
-        with self.lock:
-            if not self.finished:
-                self.finished = True
-                self.cap.close()
-                status = self.status
-                # past the cap, but never stopped on the training thread: at exit, then
-                if state is not None and self.cap.reached and self.profiling and status:
-                    status.stop_reason = status.stop_reason or f"{self.cap.reason}, stopped at exit"
-                    status.stop_step = self.begun - 1
-                    status.stop_mid_step = self.marker is not None
-                try:
-                    self._stop()
-                except Exception as exc:
-                    self.core.warn(f"could not write the trace ({type(exc).__name__}: {exc})")
-                    if self.status is not None:
-                        self.status.notes.append(f"trace not written: {exc}")
-            if self.status is None:
-                return  # never stepped: nothing to report
-            if state is not None and self.status.ended_ns is None:
-                self.status.state = state
-                self.status.detail = detail
-                self.status.ended_ns = time.time_ns()
-            elif self.status.state == "profiling":
-                self.status.state = "running"
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
-
-    def _abandon(self, reason: str) -> None:
+    def _end_profile(self, at_exit: bool) -> None:
+        if self.finished:
+            return
         self.finished = True
         self.cap.close()
+        status = self.status
+        # past the cap, but never stopped on the training thread: at exit, then
+        if at_exit and self.cap.reached and self.profiling and status:
+            status.stop_reason = status.stop_reason or f"{self.cap.reason}, stopped at exit"
+            status.stop_step = self.begun - 1
+            status.stop_mid_step = self.marker is not None
+        try:
+            self._stop_profiler()
+        except Exception as exc:
+            warn(f"could not write the trace ({type(exc).__name__}: {exc})")
+            if self.status is not None:
+                self.status.notes.append(f"trace not written: {exc}")
+
+    def _drop_profile(self) -> None:
         with contextlib.suppress(Exception):
-            self._stop()
-        if self.status is not None:
-            self.status.notes.append(f"profiling stopped: {reason}")
-            with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
+            self._stop_profiler()
 
 
-def start(core: Any, config: Any, tf: Any) -> None:
-    """Called by the rank-side core once the job has imported tensorflow."""
-    collector = TensorFlowCollector(core, config, tf)
+def start(config: Config, tf: Any) -> None:
+    """Called by the runtime once the job has imported tensorflow."""
+    collector = TensorFlowCollector(config, tf)
     collector.install()
     keras_hook = collector.hook_keras
     for name in ("keras", "tf_keras"):
         if name in sys.modules:
             keras_hook(sys.modules[name])
         else:
-            sys.meta_path.insert(0, core._AfterImport(name, keras_hook))
+            sys.meta_path.insert(0, AfterImport(name, keras_hook))
