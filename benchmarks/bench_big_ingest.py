@@ -10,7 +10,7 @@ and its helper process where that is larger; wall seconds):
   typed      the typed-decode limit: msgspec typed decode of the whole file into a 4-column
              Arrow table (_typed_decode.py)
   ingest     `traceview ingest FILE -o RUN` of this tree (chunked: the trace is large)
-  normalize  the same ingest without the per-rank analysis (traceview.ingest.run.run.ingest with no
+  normalize  the same ingest without the per-rank analysis (traceview.ingest.run.ingest with no
              analyze): parse, normalize and write the events, the part that runs in chunks
   before     the same command of another install (--before PYTHON, e.g. main's venv), if given
 
@@ -46,7 +46,7 @@ TYPED = HERE / "_typed_decode.py"
 
 
 NORMALIZE_ONLY = (
-    "import sys; from pathlib import Path; from traceview.ingest.run.run import ingest; "
+    "import sys; from pathlib import Path; from traceview.ingest.run import ingest; "
     "ingest([Path(sys.argv[1])], Path(sys.argv[2]))"
 )
 

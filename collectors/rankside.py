@@ -39,10 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:  # (the collectors import this module, never the other way round at run time)
-    from .rankside_lifecycle import Collector
+from typing import Any, Protocol
 
 ENV_RUN_DIR = "TRACEVIEW_RUN_DIR"
 ENV_STEPS = "TRACEVIEW_STEPS"
@@ -589,6 +586,19 @@ def install_exit_handlers(collector: Finishing) -> None:
 
 
 # --- entry points ------------------------------------------------------------------------------
+
+
+class Collector(Protocol):
+    """What the entry points ask of a registered collector (``rankside_lifecycle.Collector``,
+    which imports this module: this one names it by its shape, not by import)."""
+
+    @property
+    def framework(self) -> str: ...
+
+    def phase(self, name: str) -> AbstractContextManager[None]: ...
+
+    def manual_step(self) -> None: ...
+
 
 #: The collectors of this process, registered by their ``install``; PyTorch's first (the user
 #: API's ``phase`` is its when the job runs it).
