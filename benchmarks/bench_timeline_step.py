@@ -30,13 +30,12 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def child(run: str, step: int, mode: str) -> None:
-    from traceview.analysis.lanes import rank_lanes
+    from traceview.analysis.lanes import rank_lanes, window_read_span, windows_by_step
     from traceview.store.analysed import open_run
-    from traceview.tui.model import step_windows, window_read_span
 
     t0 = time.perf_counter()
     with open_run([Path(run)]) as opened:
-        windows = step_windows(opened)
+        windows = windows_by_step(opened.steps)
         span = window_read_span(windows, step, 0)
         assert span is not None
         t1 = time.perf_counter()
@@ -98,11 +97,11 @@ def main() -> None:
         child(args.child[0], int(args.child[1]), args.child[2])
         return
     run = args.run or make_run(args.target_mb)
+    from traceview.analysis.lanes import windows_by_step
     from traceview.store.analysed import open_run
-    from traceview.tui.model import step_windows
 
     with open_run([run]) as opened:
-        steps = sorted(s for s in step_windows(opened) if s is not None)
+        steps = sorted(s for s in windows_by_step(opened.steps) if s is not None)
         events_mb = sum(p.stat().st_size for p in (run / "events").rglob("*.parquet")) / 1e6
     picks = sorted({steps[0], steps[len(steps) // 2], steps[-1]})
     rows = []

@@ -109,6 +109,19 @@ def test_breakdown_fields_are_the_phases_in_report_order() -> None:
         b["not_a_phase"]
 
 
+def test_the_results_phase_literals_are_the_schemas_phases() -> None:
+    """``results`` restates the schema's phases as JSON enums: tied here, so that a phase added
+    to one is added to the other."""
+    from typing import get_args
+
+    from traceview.model import results
+    from traceview.model import schema as S
+
+    assert get_args(results.Phase) == S.BREAKDOWN_PHASES
+    assert get_args(results.BottleneckPhase) == (*S.BOTTLENECK_PHASES, "imbalance")
+    assert get_args(results.StragglerPhase) == (*S.BOTTLENECK_PHASES[:-1], S.OTHER)
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLE_CASES))
 def test_every_output_reads_back_into_its_struct(name: str) -> None:
     """Each golden output decodes into its struct (types and enumerations checked by msgspec)

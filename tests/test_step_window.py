@@ -11,10 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SAMPLES
-from traceview.analysis.lanes import rank_lanes
+from traceview.analysis.lanes import rank_lanes, window_read_span, windows_by_step
 from traceview.store import rundir as R
 from traceview.store.analysed import ingest_run, open_run
-from traceview.tui.model import step_windows, window_read_span
 
 SAMPLE_RUNS = sorted(
     str(p.relative_to(SAMPLES))
@@ -35,7 +34,7 @@ def _small_row_groups(run: Path, rank: int, rows: int) -> int:
 def test_a_steps_window_cuts_the_same_lanes_as_all_events(sample: str, tmp_path: Path) -> None:
     run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
     with open_run([run_dir]) as run:
-        windows = step_windows(run)
+        windows = windows_by_step(run.steps)
         threads = run.manifest.threads()
         ranks = sorted({rank for per_rank in windows.values() for rank in per_rank})
         assert windows and ranks, f"{sample}: no step windows"
@@ -66,8 +65,8 @@ def test_a_steps_window_cuts_the_same_lanes_as_all_events(sample: str, tmp_path:
 def test_a_window_skips_row_groups_that_start_after_it(tmp_path: Path) -> None:
     run_dir = ingest_run([SAMPLES / "pytorch" / "ddp"], tmp_path / "run")
     with open_run([run_dir]) as run:
-        first_step = min(s for s in step_windows(run) if s is not None)
-        start, end = step_windows(run)[first_step][0]
+        first_step = min(s for s in windows_by_step(run.steps) if s is not None)
+        start, end = windows_by_step(run.steps)[first_step][0]
     _small_row_groups(run_dir, 0, 100)
     events = pq.read_table(R.events_path(run_dir, 0))
     ts, dur = events.column("ts_ns").to_numpy(), events.column("dur_ns").to_numpy()

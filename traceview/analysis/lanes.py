@@ -33,6 +33,38 @@ class Lane:
     phases: list[str]
 
 
+#: Per step, per rank: the step's window (start, end) in ns, from the steps table.
+StepWindows: TypeAlias = dict[int | None, dict[int, tuple[int, int]]]
+
+
+def windows_by_step(steps: pa.Table) -> StepWindows:
+    """The steps table's windows, by step and rank (what a view reads a step's events by)."""
+    windows: StepWindows = {}
+    columns = steps.select(["step", "rank", "start_ns", "end_ns"]).to_pydict()
+    for step, rank, start, end in zip(
+        columns["step"], columns["rank"], columns["start_ns"], columns["end_ns"], strict=True
+    ):
+        windows.setdefault(step, {})[rank] = (start, end)
+    return windows
+
+
+def window_read_span(windows: StepWindows, step: int, rank: int) -> tuple[int, int] | None:
+    """What to read of ``rank``'s events to cut the lanes of ``step``: its window and the step
+    before it (None: the rank has no such step). A step's attribution looks back: a
+    synchronize at its start waits for the previous step's kernels, and without them it would
+    read as waiting for nothing."""
+    window = windows.get(step, {}).get(rank)
+    if window is None:
+        return None
+    # the rank's window that starts last before this one (by time, not by step number)
+    before = [
+        w[rank][0]
+        for s, w in windows.items()
+        if s is not None and rank in w and w[rank][0] < window[0]
+    ]
+    return (max(before) if before else window[0], window[1])
+
+
 def step_lanes(
     events: pa.Table,
     step: int | None,

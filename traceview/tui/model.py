@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from traceview.analysis.compare import compare
 from traceview.analysis.heatmap import StepMatrix, step_matrix
+from traceview.analysis.lanes import windows_by_step
 from traceview.model.results import (
     Comparison,
     KernelLaunches,
@@ -41,6 +41,9 @@ class RunView:
     threads: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> thread names
     hosts: dict[int, str] = field(default_factory=dict)  # rank -> host, where the trace says
     matrix: StepMatrix | None = None  # ranks × steps, for the heatmap (None: no steps table)
+    # ns to subtract from each rank's times to put it on the run's clock (``Run.clock_offsets``:
+    # estimated from collectives for traces from several hosts; empty otherwise)
+    clock_offsets: dict[int, int] = field(default_factory=dict)
 
     @property
     def ranks(self) -> list[RankSummary]:
@@ -66,48 +69,9 @@ class RunView:
     def rank_numbers(self) -> list[int]:
         return [row.rank for row in self.report.ranks]
 
-    @cached_property
-    def clock_offsets(self) -> dict[int, int]:
-        """ns to subtract from each rank's times to put it on the run's clock (estimated from
-        collectives for traces from several hosts; empty otherwise)."""
-        return {
-            r.rank: round(r.clock_offset_us * 1000)
-            for r in self.report.ranks
-            if r.clock_offset_us is not None
-        }
-
     @property
     def straggler(self) -> RankSummary | None:
         return self.report.straggler
-
-
-def step_windows(run: Run) -> dict[int | None, dict[int, tuple[int, int]]]:
-    windows: dict[int | None, dict[int, tuple[int, int]]] = {}
-    columns = run.steps.select(["step", "rank", "start_ns", "end_ns"]).to_pydict()
-    for step, rank, start, end in zip(
-        columns["step"], columns["rank"], columns["start_ns"], columns["end_ns"], strict=True
-    ):
-        windows.setdefault(step, {})[rank] = (start, end)
-    return windows
-
-
-def window_read_span(
-    windows: dict[int | None, dict[int, tuple[int, int]]], step: int, rank: int
-) -> tuple[int, int] | None:
-    """What to read of ``rank``'s events to cut the lanes of ``step``: its window and the step
-    before it (None: the rank has no such step). A step's attribution looks back: a
-    synchronize at its start waits for the previous step's kernels, and without them it would
-    read as waiting for nothing."""
-    window = windows.get(step, {}).get(rank)
-    if window is None:
-        return None
-    # the rank's window that starts last before this one (by time, not by step number)
-    before = [
-        w[rank][0]
-        for s, w in windows.items()
-        if s is not None and rank in w and w[rank][0] < window[0]
-    ]
-    return (max(before) if before else window[0], window[1])
 
 
 def build_view(run: Run) -> RunView:
@@ -115,10 +79,11 @@ def build_view(run: Run) -> RunView:
     return RunView(
         label=run.label,
         report=run.report(ALL_OPS),
-        windows=step_windows(run),
+        windows=windows_by_step(run.steps),
         threads=run.manifest.threads(),
         hosts={r.rank: r.host for r in run.manifest.ranks if r.host},
         matrix=step_matrix(run.steps) if run.steps.num_rows else None,
+        clock_offsets=run.clock_offsets(),
     )
 
 

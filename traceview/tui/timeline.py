@@ -28,10 +28,10 @@ from textual.strip import Strip
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
-from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes
+from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
 from traceview.model.results import StepCollective
 from traceview.store.analysed import Run
-from traceview.tui.model import RunView, nice_ticks, window_read_span
+from traceview.tui.model import RunView, nice_ticks
 from traceview.tui.render import lane_cells, legend_text, ms, untrusted
 
 MAX_ZOOM = 4096.0
