@@ -91,8 +91,13 @@ def _own(module: str) -> set[str]:
 
 
 MODEL = ("traceview.model",)
-PARSERS = (*MODEL, "traceview.parsers")
-NORMALIZE = (*PARSERS, "traceview.normalize")
+#: Of the model, parsers use the tables, errors and column helpers (not results or manifest).
+PARSERS = (
+    "traceview.model.schema", "traceview.model.errors", "traceview.model.columns",
+    "traceview.parsers",
+)  # fmt: skip
+NORMALIZE_BASE = (*MODEL, *PARSERS)
+NORMALIZE = (*NORMALIZE_BASE, "traceview.normalize")
 RUNDIR = (*MODEL, "traceview.store.rundir")
 INGEST = (*NORMALIZE, "traceview.store.rundir", "traceview.ingest")
 ANALYSIS = (*MODEL, "traceview.analysis")
@@ -110,6 +115,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "traceview": ("traceview",),  # __init__: the version only
     "traceview.__main__": ("traceview.cli",),
     "traceview.model": ("traceview", *MODEL),  # (__version__)
+    # the helpers parsers share with the core import only the schema
+    "traceview.model.schema": (),
+    "traceview.model.errors": ("traceview.model.schema",),
+    "traceview.model.columns": ("traceview.model.schema",),
     "traceview.parsers": PARSERS,
     "traceview.normalize": NORMALIZE,
     "traceview.ingest": ("traceview", *INGEST),
