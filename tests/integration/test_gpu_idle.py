@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, beyond_unit
 from tests.unit.test_gpu_idle import RUNS, _host_bound_holds, report
 from traceview import rundir as R
 from traceview import schema as S
@@ -76,10 +76,11 @@ def test_export_writes_the_gpu_tables(runs: dict[str, Path], tmp_path: Path) -> 
         assert exported.equals(R.read_table(runs["gpu_sync"] / f"{name}.parquet", schema))
 
 
-def _shared_inputs() -> list[str]:
+def _shared_inputs() -> list[object]:
     from tests.golden.cases import shared_cases
 
-    return sorted(shared_cases())
+    cases = shared_cases()
+    return beyond_unit(sorted(cases), lambda name: cases[name])
 
 
 @pytest.mark.parametrize("case", _shared_inputs())
