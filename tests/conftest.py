@@ -1,15 +1,19 @@
-"""Shared fixtures: where the real traces are, and helpers to run the CLI as a user would."""
+"""Shared fixtures: where the real traces are, and helpers to run the CLI as a user would; the
+tiers (each test's folder is its marker); the installed traceview over the source folder."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
 import pytest
@@ -18,9 +22,98 @@ if TYPE_CHECKING:
     from traceview.parsers import Parser
     from traceview.store.analysed import Run
 
+T = TypeVar("T")
+
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 SAMPLES = REPO / "sample_traces"
 SHARED = Path(os.environ.get("TRACEVIEW_SHARED_TRACES", REPO.parent / "shared" / "traces"))
+
+
+# --- which traceview the tests import ----------------------------------------------------------
+
+
+def _in_repo_root(entry: str) -> bool:
+    try:
+        return Path(entry or ".").resolve() == REPO
+    except OSError:
+        return False
+
+
+def _installed_traceview_first() -> None:
+    """Run from the repository root (the README's ``python -m pytest``), the root is on sys.path
+    first (pytest puts it there again before each test module), and ``import traceview`` finds
+    the source folder ``traceview/``, whose ``traceview.parsers`` and ``traceview.collectors``
+    are the top-level ``parsers/`` and ``collectors/`` (pyproject's package-dir): only an editable
+    install maps them. With a non-editable install (``pip install .``), import the installed
+    package now, so that every later ``import traceview`` (and its subpackages, found from it)
+    is what was installed, while ``tests`` is still the repository's; and let the CLI's child
+    processes (``python -m traceview`` from this folder) find it too (PYTHONSAFEPATH: no current
+    folder on their sys.path). An editable install, or none, is left as it is."""
+    others = [p for p in sys.path if not _in_repo_root(p)]
+    if len(others) == len(sys.path) or "traceview" in sys.modules:
+        return
+    if importlib.machinery.PathFinder.find_spec("traceview", others) is None:
+        return
+    saved = sys.path[:]
+    sys.path[:] = others
+    try:
+        importlib.import_module("traceview")
+    finally:
+        sys.path[:] = saved
+    if _in_repo_root(os.getcwd()):
+        os.environ["PYTHONSAFEPATH"] = "1"
+
+
+_installed_traceview_first()
+
+
+def needs_module(module: str, reason: str) -> pytest.MarkDecorator:
+    """A mark that skips, with ``reason``, where the optional ``module`` is not installed."""
+    try:
+        missing = importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        missing = True
+    return pytest.mark.skipif(missing, reason=f"{module} is not installed: {reason}")
+
+
+#: Reading TensorFlow profiles (.xplane.pb) takes xprof, an optional extra.
+needs_xprof = needs_module("xprof", "reading .xplane.pb needs it (pip install '.[tensorflow]')")
+
+
+def reads_xplane(*paths: object) -> bool:
+    """Whether any of ``paths`` is a TensorFlow profile (.xplane.pb) or a folder holding one
+    (anything else, a golden case's ``report`` or ``--json`` say, is not)."""
+    for arg in paths:
+        path = Path(str(arg))
+        if path.name.endswith(".xplane.pb") or (path.is_dir() and any(path.rglob("*.xplane.pb"))):
+            return True
+    return False
+
+
+def in_shared(*paths: object) -> bool:
+    """Whether any of ``paths`` is one of the shared traces (../shared/traces)."""
+    return any(Path(str(arg)).resolve().is_relative_to(SHARED.resolve()) for arg in paths)
+
+
+def for_unit(
+    values: Iterable[T], paths: Callable[[T], Iterable[object]] = lambda v: (v,)
+) -> list[T]:
+    """The parameters a unit test takes: those whose ``paths`` read no shared trace and no
+    TensorFlow profile (xprof, an optional framework library); the rest are ``beyond_unit``."""
+    return [v for v in values if not in_shared(*paths(v)) and not reads_xplane(*paths(v))]
+
+
+def beyond_unit(
+    values: Iterable[T], paths: Callable[[T], Iterable[object]] = lambda v: (v,)
+) -> list[Any]:
+    """The parameters ``for_unit`` leaves out, those that read a TensorFlow profile marked to skip,
+    saying why, where xprof is not installed."""
+    return [
+        pytest.param(v, marks=needs_xprof) if reads_xplane(*paths(v)) else v
+        for v in values
+        if in_shared(*paths(v)) or reads_xplane(*paths(v))
+    ]
 
 
 def shared_traces(subdir: str = "") -> Path:
@@ -137,3 +230,51 @@ def explicit(runs_root: Path) -> Iterator[Any]:
 
     with open_run([sample_run("explicit", runs_root)]) as run:
         yield run
+
+
+# --- the tiers: a test's folder is its marker ---------------------------------------------------
+
+TIERS = ("unit", "integration", "live", "fuzz")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the folder it is in (tests/unit, tests/integration,
+    tests/live, tests/fuzz), before ``-m`` selects (the default ``-m 'not fuzz'`` included)."""
+    for item in items:
+        try:
+            rel = item.path.resolve().relative_to(TESTS)
+        except ValueError:
+            continue
+        if len(rel.parts) < 2 or rel.parts[0] not in TIERS:
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test belongs in one of the tiers' folders "
+                f"(tests/{{{','.join(TIERS)}}}/)"
+            )
+        item.add_marker(rel.parts[0])
+
+
+# --- the hostile-input corpus's cases (tests/hostile_run.py), for the fast and the full tier ----
+
+
+@pytest.fixture(scope="session")
+def hostile_pool(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """This session's selected cases, run two at a time from the first test on (one pool for
+    tests/integration/test_hostile.py and tests/fuzz/test_hostile.py alike)."""
+    from tests import hostile_corpus as H
+    from tests.hostile_run import Pool
+
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if getattr(item, "callspec", None) is not None
+        and isinstance(item.callspec.params.get("case"), H.Case)
+        and not item.get_closest_marker("skip")
+    ]
+    pool = Pool(selected, tmp_path_factory.mktemp("hostile"))
+    yield pool
+    for future in pool.futures.values():
+        future.cancel()
+    pool.executor.shutdown(wait=True)

@@ -1,10 +1,10 @@
 """Classify the failures of a corpus run.
 
-    HOSTILE_LOG=LOG python -m pytest -m fuzz tests/test_hostile.py
+    HOSTILE_LOG=LOG python -m pytest -m fuzz tests/fuzz/test_hostile.py
     python -m tests.hostile_classify LOG
 
 Problems are grouped by their text (numbers and paths left out, so one message raised in two
-places is one group: the table in test_hostile.py was refined case by case). For each group of
+places is one group: the table in hostile_run.py was refined case by case). For each group of
 internal errors one example run is repeated with ``TRACEVIEW_DEBUG=1`` on inputs rebuilt from
 its case id, to name the exception's innermost traceview frame. Prints one block per group:
 count of cases, the problem, the frame, example case ids.

@@ -6,7 +6,7 @@ beside the repository), seeded and deterministic, so a case id names the same by
 
 A case builds its inputs into a folder and says which commands to run on them
 (``report``, ``report --json``, ``ingest -o``, and on some ``export``, ``compare``, ``scaling``);
-``tests/test_hostile.py`` runs them and holds every run to the same contract.
+``tests/hostile_run.py`` runs them (tests/integration/test_hostile.py, tests/fuzz/test_hostile.py) and holds every run to the same contract.
 
 Rebuild one case and print its commands (the reproducer)::
 
@@ -1516,7 +1516,7 @@ def _main(argv: list[str]) -> int:
     folder = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix=f"{case.id}-"))
     plan = build(case, folder)
     print(f"# built {case.id} in {folder}", file=sys.stderr)
-    print(f"# alone, checked: python -m pytest -m fuzz tests/test_hostile.py -k '{case.id}'")
+    print(f"# alone, checked: python -m pytest -m fuzz tests/fuzz/test_hostile.py -k '{case.id}'")
     for run in plan.runs:
         line = "python -m traceview " + " ".join(_quote(a) for a in run.argv)
         if run.as_nobody:

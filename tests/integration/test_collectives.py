@@ -1,0 +1,60 @@
+"""Each rank's collective calls (analysis.collectives), checked against what the sample jobs are
+known to do (their groundtruth.json describes the model and how gradients are exchanged), not
+against traceview's own output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import SAMPLES, beyond_unit
+from tests.unit.test_collectives import _calls
+from traceview.model import schema as S
+
+
+@pytest.mark.parametrize(
+    "sample",
+    beyond_unit(
+        ["pytorch/ddp", "pytorch/explicit", "tensorflow/mwms", "mxnet/dist_sync"],
+        lambda s: (SAMPLES / s,),
+    ),
+)
+def test_every_rank_numbers_its_calls_the_same_way(sample: str) -> None:
+    """The n-th call of a view on one rank is the n-th on every other: seq runs 0..n-1 per
+    (rank, view), in time order, and the ranks make as many calls of each view."""
+    calls, truth = _calls(sample)
+    assert calls.height > 0
+    for (_rank, _name, _kind), group in calls.group_by(S.RANK, S.NAME, S.COLLECTIVE):
+        ordered = group.sort(S.START_NS)
+        assert ordered[S.SEQ].to_list() == list(range(group.height))
+    counts = calls.group_by(S.NAME, S.COLLECTIVE, S.RANK).len()
+    per_view = counts.group_by(S.NAME, S.COLLECTIVE).agg(pl.col("len").n_unique())
+    assert per_view["len"].max() == 1, "every rank makes as many calls of each view"
+    assert set(calls[S.RANK].unique().to_list()) == set(range(truth["world_size"]))
+
+
+def test_collectives_table_is_in_the_export(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+    from traceview.store.analysed import ingest_run
+
+    run = ingest_run([SAMPLES / "pytorch" / "ddp"], tmp_path / "run")
+    result = run_cli("export", run, "--format", "parquet", "-o", tmp_path / "out")
+    assert result.code == 0, result.err
+    exported = pl.read_parquet(tmp_path / "out" / "collectives.parquet")
+    assert exported.height == 2 * 30
+    # what matching found travels with each call: the gloo calls are matched (wait + transfer
+    # is the call), c10d's launch calls are not (they return before the others arrive)
+    gloo = exported.filter(pl.col("name") == "gloo:all_reduce")
+    assert gloo["matched"].all() and gloo.height == 2 * 15
+    assert (gloo["wait_ns"] + gloo["transfer_ns"] == gloo["end_ns"] - gloo["start_ns"]).all()
+    assert set(gloo["last_rank"].to_list()) <= {0, 1}
+    assert not exported.filter(pl.col("name") == "c10d::allreduce_")["matched"].any()
+    # text columns are typed alike in every exported table (not large_string in this one)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for table in (tmp_path / "out").glob("*.parquet"):
+        types = {f.type for f in pq.read_schema(table)}
+        assert pa.large_string() not in types, table.name

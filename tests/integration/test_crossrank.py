@@ -1,0 +1,73 @@
+"""Across ranks: matched collectives, communication split into waiting and transfer, the
+straggler and its phase, and clocks estimated from collectives.
+
+Three kinds of ground truth. Synthetic Kineto jobs (tests/synthetic_jobs.py) whose every time is
+known exactly, with clocks shifted by known offsets and drifts. Real CPU runs (sample_traces/
+pytorch/slowfwd, slowdata: one rank does known extra work in one phase, every phase timed on every
+rank): a fast rank's wait is its all-reduce timer minus the slow rank's (both wait where the other
+is late, so the difference of their waits is compared). And real one-host runs, whose clocks are
+one clock: an offset estimated there must come out near zero.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES, beyond_unit
+from tests.synthetic_jobs import Job, write
+from tests.unit.test_crossrank import MULTI_RANK, SHIFTED, report_of
+
+
+@pytest.mark.parametrize("sample", beyond_unit(MULTI_RANK, lambda s: (SAMPLES / s,)))
+def test_wait_and_transfer_add_up(sample: str) -> None:
+    report = report_of(SAMPLES / sample)
+    assert report.collectives, "collectives were matched"
+    for r in report.ranks:
+        assert r.comm_wait_ms is not None and r.comm_transfer_ms is not None
+        assert r.comm_wait_total_ms is not None and r.comm_transfer_total_ms is not None
+        assert r.comm_wait_ms + r.comm_transfer_ms == pytest.approx(r.comm_exposed_ms, abs=2e-3)
+        assert r.comm_wait_total_ms + r.comm_transfer_total_ms == pytest.approx(
+            r.comm_total_ms, abs=2e-3
+        )
+        assert 0 <= r.comm_wait_ms <= r.comm_wait_total_ms + 1e-3
+    s = report.summary
+    assert s.comm_wait_ms + s.comm_transfer_ms == pytest.approx(s.comm_exposed_ms, abs=5e-3)  # type: ignore[operator]
+    for c in report.collectives:
+        assert c.ranks >= 2 and c.skew_ms >= 0 and c.transfer_ms >= 0 and c.wait_ms >= 0
+
+
+def test_estimated_offsets_put_the_export_on_one_clock(tmp_path: Path) -> None:
+    """In the merged Chrome trace of the shifted job every rank's step starts where the others'
+    do (they started together), though their clocks were up to 250 ms apart."""
+    import gzip
+
+    from tests.conftest import run_cli
+    from traceview.store.analysed import ingest_run
+
+    job = Job(ranks=4, steps=6, forward_ms={3: 25.0}, **SHIFTED)  # type: ignore[arg-type]
+    run = ingest_run([write(job, tmp_path / "job")], tmp_path / "run")
+    result = run_cli("export", run, "--format", "chrome", "-o", tmp_path / "trace.json.gz")
+    assert result.code == 0, result.err
+    events = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))["traceEvents"]
+    starts: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") == "traceview":
+            starts.setdefault(e["name"], []).append(e["ts"])
+    assert len(starts) == job.steps
+    for name, ts in starts.items():
+        assert len(ts) == job.ranks and max(ts) - min(ts) < 200, (name, ts)  # µs
+
+
+def test_a_run_with_missing_ranks_says_why_nothing_is_split() -> None:
+    """hta_sampled_2rank holds 2 of 128 ranks: any missing rank may be the last to arrive, so
+    nothing is matched, the split is null (not 0) and a note says why."""
+    from tests.conftest import shared_traces
+
+    report = report_of(shared_traces("pytorch/hta_sampled_2rank"))
+    assert report.run.missing_ranks and report.summary.comm_wait_ms is None
+    assert all(r.comm_wait_ms is None for r in report.ranks) and not report.collectives
+    assert any("not matched across ranks while ranks of the job are missing" in r
+               for r in report.remarks)  # fmt: skip

@@ -1,0 +1,45 @@
+"""The result model is the one contract: its JSON Schema only grows, every output reads back into
+its struct, and the text report, ``--json`` and the TUI say the same thing about every run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES, beyond_unit
+from tests.unit.test_results import SAMPLE_RUNS, _text_report, _tui_screens
+
+
+@pytest.mark.parametrize("sample", beyond_unit(SAMPLE_RUNS, lambda s: (SAMPLES / s,)))
+def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -> None:
+    from traceview.store.analysed import ingest_run, open_run
+
+    run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
+    with open_run([run_dir]) as run:
+        report = run.report()
+        as_json = json.loads(report.to_json())
+        text = _text_report(report)
+        tui = _tui_screens(run)
+    summary = as_json["summary"]
+    bottleneck = summary["bottleneck"]
+    verdict = f"{bottleneck} is the bottleneck: {100 * summary['bottleneck_share']:.0f}% of the"
+    assert verdict in text and tui["verdict"].startswith(verdict), (text, tui["verdict"])
+    if summary["comm_total_ms"] > 0:
+        hidden = f"(hidden: {summary['hidden']})"
+        assert hidden in text.replace("\n", " ") and hidden in tui["verdict"]
+    significant = summary["straggler_significant"]
+    marked = [r["rank"] for r in as_json["ranks"] if r["straggler"]]
+    if significant:
+        assert marked == [summary["straggler_rank"]]
+        for screen in (text, tui["notes"]):
+            assert "the others wait for it" in screen and "balanced" not in screen
+        assert "◀ straggler" in tui["bars"]
+        assert f"{summary['straggler_rank']}*" in tui["ranks"]
+    else:
+        assert marked == []
+        assert "◀ straggler" not in tui["bars"] and "*" not in tui["ranks"]
+        if summary["straggler_rank"] is not None:
+            for screen in (text, tui["notes"]):
+                assert "ranks are balanced" in screen and "the others wait" not in screen

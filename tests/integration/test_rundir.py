@@ -1,0 +1,238 @@
+"""The run directory caches the analysis, never a reason to re-ingest: tables written by another
+analysis version, or missing, are recomputed from the events and equal a fresh ingest's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import SAMPLES, run_cli
+from tests.unit.test_rundir import _copy
+from traceview.collectors.rankside import rank_dir
+from traceview.store import rundir as R
+from traceview.store.analysed import _TABLE_SCHEMAS, ingest_run
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ingest_run([SAMPLES / "pytorch" / "ddp"], tmp_path_factory.mktemp("rundir") / "run")
+
+
+def test_nesting_bombs_are_one_line_errors_or_warnings(fresh: Path, tmp_path: Path) -> None:
+    """JSON nested past the parser's depth: a manifest is bad input (exit 2, one line); a
+    rank's status file is not used, with a warning, and the trace is read all the same."""
+    from tests.conftest import run_cli
+
+    bomb = "[" * 100_000 + "]" * 100_000
+    run = _copy(fresh, tmp_path)
+    (run / R.MANIFEST).write_text(bomb)
+    result = run_cli("report", run)
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz", traces)
+    (traces / "status.json").write_text('{"rank": 0, "clock": ' + bomb + "}")
+    result = run_cli("report", traces, "--json")
+    assert result.code == 0, result.err
+    assert any("status.json: unreadable" in w for w in result.json()["warnings"])
+
+
+@pytest.mark.parametrize("umask", ["022", "027", "077"])
+def test_files_honour_the_umask(tmp_path: Path, umask: str) -> None:
+    """Run directories and exports are created as any tool creates files: 0666 and 0777 less
+    the umask (they were 0600 files in 0755 folders: unreadable by others on a shared cluster)."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    script = (
+        f"umask {umask} && {sys.executable} -m traceview ingest {SAMPLES / 'pytorch' / 'explicit'}"
+        f" -o {run} && {sys.executable} -m traceview export {run} --format parquet -o {out}"
+    )
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    mask = int(umask, 8)
+    paths = [p for p in [*run.rglob("*"), *out.rglob("*")]]
+    assert any(p.is_file() for p in paths) and any(p.is_dir() for p in paths)
+    for path in paths:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        expected = (0o777 if path.is_dir() else 0o666) & ~mask
+        assert mode == expected, (path, oct(mode), oct(expected))
+
+
+def test_local_workers_die_with_a_killed_ingest(tmp_path: Path) -> None:
+    """Killing a multi-rank ingest (SIGKILL: no cleanup runs) used to leave its pool's workers
+    (~180 MB each) and the resource tracker running. They now die with it."""
+    import gzip
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    text = gzip.decompress(
+        (SAMPLES / "pytorch" / "slowfwd" / "rank-0.pt.trace.json.gz").read_bytes()
+    )
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for rank in range(int(80e6 // len(text)) + 1):  # past the size ingest runs a pool for
+        (traces / f"rank-{rank}.pt.trace.json").write_bytes(
+            text.replace(b'"rank": 0,', f'"rank": {rank},'.encode(), 1)
+        )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "traceview", "ingest", str(traces), "-o", str(tmp_path / "run"),
+         "--jobs", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def children() -> list[int]:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True)
+        return [int(pid) for pid in out.stdout.split()]
+
+    deadline = time.monotonic() + 60
+    while len(children()) < 2:  # the resource tracker and at least one worker
+        assert proc.poll() is None and time.monotonic() < deadline, "no pool started"
+        time.sleep(0.1)
+    workers = children()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    def running(pid: int) -> bool:
+        try:
+            return b"zombie" not in Path(f"/proc/{pid}/status").read_bytes().lower()
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in workers if running(pid)]
+    assert not alive, f"workers outlived the ingest: {alive}"
+
+
+def _run_with_raw(tmp_path: Path) -> Path:
+    """A run directory as `collect` leaves it: the raw traces under raw/, ingested."""
+    run = tmp_path / "run"
+    assert run_cli("ingest", SAMPLES / "pytorch" / "ddp", "-o", run).code == 0
+    for rank in (0, 1):
+        raw = rank_dir(run, rank)
+        raw.mkdir(parents=True)
+        shutil.copy(SAMPLES / "pytorch" / "ddp" / f"rank-{rank}.pt.trace.json.gz", raw)
+    assert run_cli("ingest", run, "-o", run).code == 0
+    return run
+
+
+def _raw_intact(run: Path) -> bool:
+    return all(
+        (rank_dir(run, r) / f"rank-{r}.pt.trace.json.gz").read_bytes()
+        == (SAMPLES / "pytorch" / "ddp" / f"rank-{r}.pt.trace.json.gz").read_bytes()
+        for r in (0, 1)
+    )
+
+
+@pytest.mark.parametrize("point", ["ingest:staged", "replace:linked", "replace:exchanged"])
+def test_a_reingest_killed_at_any_step_leaves_a_whole_run(tmp_path: Path, point: str) -> None:
+    run = _run_with_raw(tmp_path)
+    before = run_cli("report", "--json", run).json()["summary"]
+    killed = run_cli("ingest", run, "-o", run, env={"TRACEVIEW_FAULT": point})
+    assert killed.code == -signal.SIGKILL, killed.err
+    assert R.leftovers(run), "the kill should have left the new run's staging folder"
+    after = run_cli("report", "--json", run)
+    assert after.code == 0, after.err
+    assert after.json()["summary"] == before
+    assert _raw_intact(run)
+    again = run_cli("ingest", run, "-o", run)  # cleans up after the killed one
+    assert again.code == 0, again.err
+    assert R.leftovers(run) == [] and _raw_intact(run)
+
+
+def test_a_reingest_killed_between_two_renames_is_repaired(tmp_path: Path) -> None:
+    """Without an atomic exchange (other systems, some file systems) the previous run is parked
+    for an instant; a kill there leaves no run, which the next ingest puts back."""
+    run = _run_with_raw(tmp_path)
+    before = run_cli("report", "--json", run).json()["summary"]
+    fault = {"TRACEVIEW_FAULT": "replace:parked", "TRACEVIEW_NO_EXCHANGE": "1"}
+    assert run_cli("ingest", run, "-o", run, env=fault).code == -signal.SIGKILL
+    assert not run.exists()
+    report = run_cli("report", run)
+    assert report.code == 2 and "the previous run is at .run.old-" in report.err, report.err
+    assert len(report.err.strip().splitlines()) == 1
+    again = run_cli("ingest", run, "-o", run)
+    assert again.code == 0, again.err
+    assert "restored the previous run" in again.err
+    assert run_cli("report", "--json", run).json()["summary"] == before
+    assert R.leftovers(run) == [] and _raw_intact(run)
+
+
+def test_an_output_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("not a run\n")
+    result = run_cli("ingest", SAMPLES / "pytorch" / "ddp", "-o", target)
+    assert result.code == 2 and "is a file" in result.err and "internal" not in result.err
+    assert target.read_text() == "not a run\n"
+
+
+def _alien_table(path: Path, column: str = "a", value: object = 1) -> None:
+    pq.write_table(pa.table({column: [value]}), path)
+
+
+@pytest.mark.parametrize("name", ["steps", "ops", "collectives", "comm"])
+def test_a_cached_table_of_another_shape_is_recomputed(
+    fresh: Path, tmp_path: Path, name: str
+) -> None:
+    run = _copy(fresh, tmp_path)
+    before = run_cli("report", "--json", run).json()["summary"]
+    _alien_table(run / f"{name}.parquet", "step", "not a number")
+    result = run_cli("report", "--json", run)
+    assert result.code == 0, result.err
+    assert result.json()["summary"] == before
+    assert R.read_table(run / f"{name}.parquet").schema.equals(_TABLE_SCHEMAS[name])  # mended
+
+
+def test_a_rank_whose_events_are_foreign_is_left_out_the_others_kept(
+    fresh: Path, tmp_path: Path
+) -> None:
+    run = _copy(fresh, tmp_path)
+    _alien_table(run / "comm.parquet")  # the cache must be recomputed from the events...
+    _alien_table(R.events_path(run, 1))  # ...and rank 1's are not traceview's
+    result = run_cli("report", "--json", run)
+    assert result.code == 0, result.err
+    report = result.json()
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    assert [w for w in report["warnings"] if "rank=1" in w and "left out" in w]
+    assert not [w for w in report["warnings"] if "no step window" in w]
+    export = run_cli("export", run, "-o", tmp_path / "out")
+    assert export.code == 2 and "rank=1" in export.err and len(export.err.splitlines()) == 1
+
+
+def test_folders_that_are_not_rank_partitions_are_not_read(fresh: Path, tmp_path: Path) -> None:
+    run = _copy(fresh, tmp_path)
+    stray = run / "events" / "rank=abc"
+    stray.mkdir()
+    shutil.copy(R.events_path(run, 0), stray)
+    assert R.event_ranks(run) == [0, 1]
+    assert run_cli("report", run).code == 0
+
+
+@pytest.mark.parametrize("where", ["top", "collect"])
+def test_a_claimed_world_of_ten_billion_ranks_allocates_nothing(
+    fresh: Path, tmp_path: Path, where: str
+) -> None:
+    run = _copy(fresh, tmp_path)
+    manifest = json.loads((run / R.MANIFEST).read_text())
+    if where == "top":
+        manifest["world_size"] = 10**10
+    else:
+        manifest["collect"] = {"world_size": 10**10, "ranks": []}
+    (run / R.MANIFEST).write_text(json.dumps(manifest))
+    result = run_cli("report", run)
+    assert result.code == 2, result.err  # the run directory's record is wrong: one line
+    assert "world_size" in result.err and len(result.err.strip().splitlines()) == 1

@@ -1,0 +1,83 @@
+"""Fresh runs: train under mpirun now, profile, and hold traceview to this run's own timers.
+
+The committed sample traces could hide a regression in how today's PyTorch writes traces; these
+tests make new ones with the same script (sample_traces/pytorch/make_traces.py: CPU PyTorch,
+gloo, 2 ranks) and apply the same checks, a little looser per step since the machine running
+the tests is busy running them (two ranks, their gloo threads and pytest share two cores).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES, analysed
+from tests.unit.test_groundtruth import check_against_timers, steps_with_timers
+from traceview.analysis.summary import summarize
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
+
+pytestmark = pytest.mark.mpi
+
+
+def _mpirun() -> list[str]:
+    mpirun = shutil.which("mpirun") or shutil.which("mpirun", path=str(Path(sys.executable).parent))
+    if mpirun is None:
+        pytest.skip("mpirun not found (pip install -e '.[mpi]' provides Open MPI)")
+    pytest.importorskip("torch", reason="pip install torch==2.13.0 (the CPU build)")
+    flags = ["--allow-run-as-root", "--oversubscribe"] if os.geteuid() == 0 else ["--oversubscribe"]
+    return [mpirun, *flags, "-np", "2"]
+
+
+@pytest.fixture(scope="module", params=["explicit", "ddp"])
+def live(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, Path]:
+    scenario = request.param
+    out = tmp_path_factory.mktemp(f"live-{scenario}")
+    env = {**os.environ, "MASTER_PORT": str(29600 + ["explicit", "ddp"].index(scenario))}
+    cmd = [
+        *_mpirun(),
+        sys.executable,
+        str(SAMPLES / "pytorch" / "make_traces.py"),
+        scenario,
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        # seen once in ~10 full runs: a rank of the training script itself (no traceview in it)
+        # aborts in PyTorch's teardown after its profiler stopped; run the job once more
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return scenario, out, ingest_run([out], out / "run")
+
+
+def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
+    scenario, out, run = live
+    # A rank preempted between a timer call and the profiler's record function shows up as up
+    # to a millisecond between the two in a single step: per step, allow 1 ms or 15 %, and in
+    # one step per rank twice that (once seen: forward 10.39 ms against its timer's 9.03 ms in
+    # one step of a ddp run while the suite loaded both cores).
+    check_against_timers(
+        steps_with_timers(run, out),
+        f"fresh {scenario}",
+        per_step=0.15,
+        mean=0.08,
+        floor_ms=1.0,
+        idle_may_explain=True,
+        preempted=1,
+    )
+
+
+def test_fresh_run_hidden_verdict(live: tuple[str, Path, Path]) -> None:
+    scenario, _, run = live
+    summary = summarize(analysed(run).steps, analysed(run).ops, R.read_manifest(run)).summary
+    if scenario == "explicit":
+        assert summary.hidden == "no"
+    else:
+        assert summary.comm_hidden_fraction > 0.1

@@ -1,0 +1,99 @@
+"""The README's commands, run as a reader would paste them.
+
+What is run: every line of every ```bash block, every `$ command` line of the example outputs
+(the first line it prints must be the README's), and every ```python block, in README order, in
+one scratch folder that holds links to the repository's `sample_traces/`, `examples/` and
+`.venv-mxnet`, with this Python's environment first on PATH (it is the environment "Try it"
+makes). Each must exit 0 without a traceback.
+
+What is changed, and why (the only changes):
+- `PATH` and `TRACES...` in "Other commands" stand for traces: `sample_traces/pytorch/ddp`.
+  (`RUN` is left as written: the ingest line makes a run directory named RUN that the lines
+  after it and the Parquet example read.)
+- As root, `mpirun` gets `--allow-run-as-root`, as the README tells root users to add.
+- MASTER_PORT is set to a free port, so that the example job does not collide with another
+  job on the machine (examples/train.py's default is 29500).
+
+What is not run is listed in SKIPPED with the reason (matched on the whole command, its comment
+left out); a line listed there that is no longer in the README fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.unit.test_readme import SKIPPED, Command, readme_commands
+
+PLACEHOLDERS = {"PATH": "sample_traces/pytorch/ddp", "TRACES...": "sample_traces/pytorch/ddp"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_run(command: Command) -> str:
+    text = command.text
+    for placeholder, value in PLACEHOLDERS.items():
+        text = re.sub(rf"(?<![\w/]){re.escape(placeholder)}(?![\w/])", value, text)
+    if os.geteuid() == 0 and "mpirun " in text and "--allow-run-as-root" not in text:
+        text = text.replace("mpirun ", "mpirun --allow-run-as-root ", 1)
+    return text
+
+
+@pytest.mark.mpi
+@pytest.mark.torch
+def test_readme_commands_run_as_pasted(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="pip install torch==2.13.0 (the CPU build)")
+    pytest.importorskip(
+        "xprof", reason="the compare example reads TensorFlow traces: '.[tensorflow]'"
+    )
+    bindir = Path(sys.executable).parent
+    missing = [name for name in ("traceview", "mpirun") if not (bindir / name).exists()]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not in {bindir}: pip install -e '.[mpi]' there")
+    for name in ("sample_traces", "examples", ".venv-mxnet"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+        ),
+        "COLUMNS": "100",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    ran = []
+    for command in readme_commands():
+        if command.text in SKIPPED:
+            continue
+        text = _as_run(command)
+        env["MASTER_PORT"] = str(_free_port())
+        argv = (
+            [sys.executable, "-c", text]
+            if command.kind == "python"
+            else ["bash", "-o", "pipefail", "-c", text]
+        )
+        proc = subprocess.run(
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        where = f"README.md:{command.line}: {text}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        assert proc.returncode == 0, where
+        assert "Traceback" not in proc.stderr, where
+        if command.kind == "example":
+            assert proc.stdout.splitlines()[0].rstrip() == command.first_output_line, where
+        ran.append(command.text)
+    # the job examples ran, and made the runs they name
+    assert any("mpirun" in t and "-np 2" in t for t in ran)
+    assert any("--oversubscribe -np 4" in t for t in ran)
+    assert (tmp_path / "runs" / "np4" / "manifest.json").exists()
+    assert (tmp_path / "RUN" / "trace.json.gz").exists()

@@ -1,0 +1,310 @@
+"""Chunked ingest (traceview.ingest.large.chunked) against whole-rank ingest, event for event.
+
+Every sample Kineto trace and every shared one is ingested twice: whole (today's path) and in
+chunks of one step each (the smallest chunks there are, so that kernels launched in one step
+and run in the next, and call trees that span steps, cross chunks). The events tables must be
+equal in every column (compared in event-id order: the chunked path writes rows chunk by
+chunk), and so must the analysis tables (computed a chunk at a time, ``analysis.parts``) and
+``report --json``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from tests.conftest import SHARED, for_unit
+from traceview.analysis import RANK_TABLES
+from traceview.analysis.parts import ChunkedAnalysis
+from traceview.ingest.large import chunked, sinks
+from traceview.model import schema as S
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
+from traceview.views.text import to_json
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((REPO / "sample_traces" / "pytorch").rglob("*.pt.trace.json.gz"))
+SHARED_KINETO = sorted((SHARED / "pytorch").rglob("*.json.gz")) if SHARED.exists() else []
+TRACES = [*SAMPLES, *SHARED_KINETO]
+
+
+def _ingest(
+    path: Path,
+    out: Path,
+    chunks: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    rows: int = 1,
+    analysed_in_chunks: bool = True,
+    piece: int | None = None,
+) -> list[int]:
+    """Ingest one trace; the number of chunks each chunked rank was normalized in. Fails
+    where the analysis was not done a chunk at a time, unless ``analysed_in_chunks`` is
+    False."""
+    counts: list[int] = []
+    real = chunked.normalize_chunk
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        counts[-1] += 1
+        return real(*args, **kwargs)
+
+    real_rank = chunked._normalize_chunked
+
+    def rank(*args, **kwargs):  # type: ignore[no-untyped-def]
+        counts.append(0)
+        done = real_rank(*args, **kwargs)
+        if not isinstance(done, chunked.ChunkedRank):
+            counts[-1] = -1  # the whole-rank path after all (on the events read once)
+        return done
+
+    real_finish = ChunkedAnalysis.finish
+
+    def finish(self: ChunkedAnalysis) -> dict[str, pa.Table] | None:
+        tables = real_finish(self)
+        # the analysis was done a chunk at a time, not read back whole
+        assert tables is not None, "a fact guessed in the first pass did not hold"
+        return tables
+
+    real_in_process = sinks.InWorker.finish
+
+    def in_process(self: sinks.InWorker) -> dict[str, pa.Table] | None:
+        tables = real_in_process(self)
+        # (the helper process's analysis: neither a wrong guess nor a dead helper)
+        assert tables is not None, "the helper process did not analyse the rank"
+        return tables
+
+    with monkeypatch.context() as m:
+        m.setattr(chunked, "normalize_chunk", counting)
+        m.setattr(chunked, "_normalize_chunked", rank)
+        if analysed_in_chunks:
+            m.setattr(ChunkedAnalysis, "finish", finish)
+            m.setattr(sinks.InWorker, "finish", in_process)
+        m.setenv("TRACEVIEW_CHUNKED_MIN_BYTES", "0" if chunks else str(1 << 60))
+        m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
+        if piece is not None:
+            m.setenv("TRACEVIEW_PIECE_ROWS", str(piece))
+        ingest_run([path], out, jobs=1)
+    return counts
+
+
+def _events(run: Path) -> pa.Table:
+    events = R.read_events(run).drop_columns([S.RUN_ID])
+    return events.sort_by([(S.RANK, "ascending"), (S.EVENT_ID, "ascending")])
+
+
+def _columns(table: pa.Table) -> dict[str, list]:
+    return {name: table.column(name).to_pylist() for name in table.column_names}
+
+
+def _report(run: Path) -> dict:
+    from traceview.commands.report import load_report
+
+    report = json.loads(to_json(load_report([run])))
+    for key in ("run_id", "path"):  # of the run directory, not of what is in it
+        report["run"].pop(key)
+    return report
+
+
+def _without_ids(value: object, run: Path) -> object:
+    """A report with the run's id and folder left out (they differ between two ingests)."""
+    text = json.dumps(value, sort_keys=True).replace(str(run), "RUN")
+    return json.loads(text)
+
+
+def _assert_same_run(whole: Path, parts: Path) -> None:
+    a, b = _events(whole), _events(parts)
+    assert a.num_rows == b.num_rows
+    ca, cb = _columns(a), _columns(b)
+    for name in ca:
+        if ca[name] != cb[name]:
+            bad = [i for i, (x, y) in enumerate(zip(ca[name], cb[name], strict=True)) if x != y]
+            row = bad[0]
+            pytest.fail(
+                f"column {name}: {len(bad)} of {a.num_rows} events differ, first event id "
+                f"{ca[S.EVENT_ID][row]}: whole {ca[name][row]!r}, chunked {cb[name][row]!r}"
+            )
+    for name in (*RANK_TABLES, R.MEMORY):
+        ta = R.read_table(whole / f"{name}.parquet")
+        tb = R.read_table(parts / f"{name}.parquet")
+        assert ta.column_names == tb.column_names, name
+        assert _columns(ta) == _columns(tb), f"{name}.parquet differs"
+    ra, rb = _report(whole), _report(parts)
+    ma, mb = R.read_manifest(whole), R.read_manifest(parts)
+    assert [r.steps for r in ma.ranks] == [r.steps for r in mb.ranks]
+    assert [r.events for r in ma.ranks] == [r.events for r in mb.ranks]
+    assert ma.notes == mb.notes
+    assert _without_ids(ra, whole) == _without_ids(rb, parts)
+
+
+def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, rows: int = 1) -> None:
+    """A reader's recompute of the analysis (``open_run.reanalyze``) of a written rank, a chunk of
+    one step at a time (without step markers: of about ``rows`` rows) read back from its events
+    file, gives the tables ingest wrote."""
+    from traceview.store.analysed import _in_chunks
+
+    (rank,) = R.event_ranks(run)
+    with monkeypatch.context() as m:
+        m.setenv("TRACEVIEW_CHUNKED_MIN_ROWS", "0")
+        m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
+        tables = _in_chunks(run, rank, R.read_memory(run, [rank]))
+    assert tables is not None, "not analysed in chunks"
+    for name in RANK_TABLES:
+        written = R.read_table(run / f"{name}.parquet")
+        assert _columns(S.conform(tables[name], written.schema)) == _columns(written), name
+
+
+def _record_slices(m: pytest.MonkeyPatch) -> list[int]:
+    """Record, through ``m``, each slice ``ChunkedAnalysis`` analyses: how many windows it
+    carried on from the slice before."""
+    carried: list[int] = []
+    real = ChunkedAnalysis._slice
+
+    def in_slices(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
+        carried.append(len(self.open.ids))
+        return real(self, *args, **kwargs)
+
+    m.setattr(ChunkedAnalysis, "_slice", in_slices)
+    return carried
+
+
+@pytest.mark.parametrize("rows", [1, 1 << 30], ids=["step-ends", "no-step-ends"])
+@pytest.mark.parametrize("path", for_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_steps_cut_inside_equal_whole(
+    path: Path, rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every stretch of more than a few hundred events cut inside, at phase markers: steps in
+    several chunks each (``rows`` 1: and cut at every step's end too; 1 << 30: at no step's
+    end, so the chunks also hold the ends of steps), their windows analysed a slice at a time
+    (``analysis.parts``, memory records or not), equal to the whole-rank path."""
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    with monkeypatch.context() as m:  # (the analysis on a thread here, to see it slice)
+        m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+        sliced = _record_slices(m)  # per slice: the windows it went on with
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
+    rank = R.read_manifest(tmp_path / "parts").ranks[0]
+    assert len(counts) == 1
+    if rows == 1:  # a chunk per step at least
+        assert counts[0] >= rank.steps, f"{rank.steps} steps, chunks {counts}"
+    # (without step markers: the one window, cut in pieces where it has phase markers)
+    if rank.events > 4 * 300 * (rank.steps + 1):  # steps long enough to be cut inside
+        assert counts[0] > rank.steps, f"{rank.steps} steps, chunks {counts}"
+        assert any(sliced), "no window was analysed a slice at a time"
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+def _without_markers(source: Path, out: Path, extra: list[dict] | None = None) -> Path:
+    """``source`` with its ProfilerStep markers left out (a whole-run profile that never
+    called ``prof.step()``), plus ``extra`` events, as a plain trace file."""
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    trace["traceEvents"] = [
+        e for e in trace["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+    ] + (extra or [])
+    out.write_text(json.dumps(trace))
+    return out
+
+
+def test_a_trace_without_markers_is_one_window_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace with no step markers is one window (the whole-rank path's): normalized in
+    pieces cut at phase markers and analysed a slice at a time, the window carried across
+    every slice, equal to the whole-rank path (the note that there are no markers included)."""
+    source = REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz"
+    path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+        carried = _record_slices(m)
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch, piece=300)
+    assert len(counts) == 1 and counts[0] >= 4, counts
+    assert carried[0] == 0 and all(carried[1:]), carried  # one window, open until the end
+    rank = R.read_manifest(tmp_path / "parts").ranks[0]
+    assert rank.steps == 0
+    steps = R.read_table(tmp_path / "parts" / "steps.parquet")
+    assert steps.num_rows == 1 and steps.column(S.STEP).null_count == 1
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    # a reader's recompute takes it in chunks too (its kernels with the calls that launched them)
+    _assert_recomputed_in_chunks(tmp_path / "parts", monkeypatch, rows=300)
+
+
+def test_memory_records_without_markers_in_slices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace without step markers but with memory records (one window over the whole rank,
+    whose memory peaks, and the phase and operator at each, the whole path finds in all its
+    events) goes the chunked way, a slice at a time, and gives the whole path's memory rows;
+    so does a reader's recompute in chunks."""
+    source = REPO / "sample_traces" / "pytorch" / "memory" / "rank-0.pt.trace.json.gz"
+    path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+        slices = _record_slices(m)
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch, piece=300)
+    assert counts[0] >= 4 and len(slices) >= 4, (counts, slices)
+    assert sum(1 for n in slices if n) >= 3, "the window was not carried across slices"
+    memory = R.read_table(tmp_path / "parts" / "memory_steps.parquet")
+    assert memory.num_rows >= 2 and memory.column(S.PEAK_OP).null_count < memory.num_rows
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    # in chunks of 300 rows, one chunk holds none of the training thread's rows (a thread with
+    # three communication calls): the gap across it takes its phase from neighbours two chunks
+    # apart, as over the whole rank (it stayed idle when a slice looked one chunk ahead)
+    _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=300)
+
+
+def _helpers_left() -> list[str]:
+    """Analysis threads and helper processes of this process still running."""
+    import os
+    import threading
+
+    left = [t.name for t in threading.enumerate() if t.name == "traceview-analysis"]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if (
+            parent == os.getpid()
+            and b"traceview.ingest.large.worker" in cmdline
+            and " Z " not in stat
+        ):
+            left.append(f"helper process {pid}")
+    return left
+
+
+def _wait_for_no_helpers() -> list[str]:
+    import time
+
+    for _ in range(200):  # they end on their own once they see the end
+        if not _helpers_left():
+            break
+        time.sleep(0.02)
+    return _helpers_left()
+
+
+def test_an_analysis_error_reaches_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The analysis runs on a thread of its own beside the normalizing (no helper process: a
+    single core): an error there is the ingest's error (not lost on the thread), and no
+    thread is left behind."""
+    monkeypatch.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+    real_add = ChunkedAnalysis.add
+    calls: list[int] = []
+
+    def add(self: ChunkedAnalysis, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("analysis failed on the second chunk")
+        return real_add(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkedAnalysis, "add", add)
+    with pytest.raises(RuntimeError, match="second chunk"):
+        _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
+    assert len(calls) == 2  # the chunks after it were not analysed
+    assert _wait_for_no_helpers() == []

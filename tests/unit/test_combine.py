@@ -1,0 +1,49 @@
+"""A run is the combination of its ranks' parts, wherever each was computed: the parts of
+ingest_rank, one rank at a time and in any order, combine into exactly what a whole ingest
+writes (the unit of work the scale-out issue distributes)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES, for_unit
+from traceview.analysis import RANK_TABLES, rank_tables
+from traceview.ingest.discover import assign_ranks, discover
+from traceview.ingest.rank import ingest_rank
+from traceview.ingest.run import combine
+from traceview.model.errors import BadInput, Notes
+from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
+
+
+@pytest.mark.parametrize(
+    "sample",
+    for_unit(["pytorch/ddp", "mxnet/dist_sync", "tensorflow/mwms"], lambda s: (SAMPLES / s,)),
+)
+def test_parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:
+    whole = ingest_run([SAMPLES / sample], tmp_path / "whole")
+    notes = Notes()
+    traces = discover([SAMPLES / sample], notes)
+    assign_ranks(traces, notes)
+    parts_dir = tmp_path / "parts"
+    parts_dir.mkdir()
+    run_id = uuid.uuid4().hex[:12]
+    parts = [ingest_rank(t, parts_dir, run_id, None, rank_tables) for t in traces]
+    combined = combine(reversed(parts))  # as a pool returns them: in any order
+    assert [r.rank for r in combined.ranks] == sorted(t.rank for t in traces)
+    for name in RANK_TABLES:
+        assert combined.tables[name].equals(R.read_table(whole / f"{name}.parquet")), name
+    manifest = R.read_manifest(whole)
+    assert [r.events for r in combined.ranks] == [r.events for r in manifest.ranks]
+
+
+def test_a_rank_twice_is_refused(tmp_path: Path) -> None:
+    notes = Notes()
+    traces = discover([SAMPLES / "pytorch" / "ddp"], notes)
+    assign_ranks(traces, notes)
+    part = ingest_rank(traces[0], tmp_path, "x", None, rank_tables)
+    with pytest.raises(BadInput, match="came twice"):
+        combine([part, part])

@@ -1,0 +1,118 @@
+"""Every registered parser, over every sample and shared trace it recognises, only reads: it
+returns raw events in schema.RAW_SCHEMA, kinds only where the format states them, and names a
+known layout or step-inference pass if it needs one (steps it does not read are the core's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import SAMPLES, SHARED, for_unit, parser_of
+from traceview.ingest.discover import RANK_STATUS
+from traceview.model import schema as S
+from traceview.normalize.step_inference import STEP_THREAD
+from traceview.normalize.steps import LAYOUTS, STEP_INFERENCE
+
+
+def _traces() -> list[Path]:
+    roots = [SAMPLES, SHARED] if SHARED.exists() else [SAMPLES]
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            suffix = path.name.endswith((".json.gz", ".json", ".xplane.pb"))
+            # not traces: a run's ground truth, and collect's per-rank status (ingest skips it)
+            if path.is_file() and suffix and path.name not in ("groundtruth.json", RANK_STATUS):
+                found.append(path)
+    return found
+
+
+TRACES = _traces()
+
+
+@pytest.mark.parametrize("path", for_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
+    parser = parser_of(path)
+    assert parser is not None, f"{path}: no parser recognises it"
+    parsed = parser.parse(path)
+    events = parsed.events
+    assert events.schema.equals(S.RAW_SCHEMA, check_metadata=False)
+    assert events.num_rows > 0
+    kinds = set(events.column(S.KIND).to_pylist())
+    # kinds are the core's to decide (from categories); a parser states instants at most
+    assert kinds <= {None, S.KIND_INSTANT}, f"{parser.name} decided kinds {kinds}"
+    assert pc.min(events.column(S.DUR_NS)).as_py() >= 0
+    assert parsed.layout is None or parsed.layout in LAYOUTS
+    assert parsed.infer_steps is None or parsed.infer_steps in STEP_INFERENCE
+    # a step group is what the file says of an event; only the core's pass makes steps of it
+    if events.column(S.STEP_GROUP).null_count < events.num_rows:
+        assert parsed.infer_steps == "step_groups"
+    on_step_thread = pc.sum(pc.equal(events.column(S.TID), STEP_THREAD)).as_py()
+    assert not on_step_thread, f"{parser.name} puts events on the core's step thread"
+    assert parsed.framework == parser.framework
+
+
+def test_a_parser_of_the_old_protocol_is_bad_input_naming_it(tmp_path: Path) -> None:
+    """A third-party parser still written as parse(path, rules) gets one clear error."""
+    from traceview.ingest.rank import parse_with
+    from traceview.model.errors import BadInput
+
+    class OldParser:
+        name = "someones-format"
+        framework = "pytorch"
+
+        def parse(self, path: Path, rules: object) -> object:
+            raise AssertionError("not called")
+
+    with pytest.raises(BadInput, match=r"someones-format.*parse\(path, rules\)"):
+        parse_with(OldParser(), tmp_path / "x.json")  # type: ignore[arg-type]
+
+
+def test_a_kineto_decode_error_is_not_hidden_by_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recorded shapes decode to Raw values that point into the reader's buffer: an error while
+    a chunk's columns are built surfaces as itself, not as the BufferError of a buffer that
+    cannot be released while the error's traceback holds them."""
+    import gzip
+
+    from traceview.parsers import kineto
+
+    source = SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz"
+    path = tmp_path / "trace.json"
+    path.write_bytes(gzip.decompress(source.read_bytes()))
+    assert b'"Input Dims"' in path.read_bytes()
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("failed while building the batch sizes")
+
+    monkeypatch.setattr(kineto, "_leading_size", failing)
+    with pytest.raises(RuntimeError, match="batch sizes"):
+        kineto.KinetoParser().parse(path)
+
+
+def test_a_profiler_that_keeps_frames_does_not_break_kineto_parsing() -> None:
+    """A sampling profiler may hold a frame past its return, with its locals (Dask's workers
+    run one: an ingest on a cluster failed with "BufferError: memoryview has 12 exported
+    buffers"). Here a profile hook keeps every frame that built a chunk's columns, whose
+    records hold Raw values of recorded shapes: the parse is the same as without it."""
+    import sys
+
+    from traceview.parsers import kineto
+
+    path = SAMPLES / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz"
+    plain = kineto.KinetoParser().parse(path).events
+    kept: list[object] = []
+
+    def keep(frame: object, event: str, arg: object) -> None:
+        if event == "return" and frame.f_code.co_name == "_columns":  # type: ignore[attr-defined]
+            kept.append(frame)
+
+    sys.setprofile(keep)
+    try:
+        profiled = kineto.KinetoParser().parse(path).events
+    finally:
+        sys.setprofile(None)
+    assert kept, "the hook saw no chunk being built"
+    assert profiled.equals(plain)
