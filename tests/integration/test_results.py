@@ -1,5 +1,6 @@
 """The result model is the one contract: its JSON Schema only grows, every output reads back into
-its struct, and the text report, ``--json`` and the TUI say the same thing about every run."""
+its struct, and the text report, ``--json`` and the TUI say the same thing about every run (this
+one drives the TUI on every sample and shared run: an integration test, like the TUI's own)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES, beyond_unit
+from tests.conftest import SAMPLES, beyond_unit, for_unit
 from tests.unit.test_results import SAMPLE_RUNS, _text_report, _tui_screens
 
 
-@pytest.mark.parametrize("sample", beyond_unit(SAMPLE_RUNS, lambda s: (SAMPLES / s,)))
+@pytest.mark.parametrize(
+    "sample",
+    [
+        *for_unit(SAMPLE_RUNS, lambda s: (SAMPLES / s,)),
+        *beyond_unit(SAMPLE_RUNS, lambda s: (SAMPLES / s,)),
+    ],
+)
 def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -> None:
     from traceview.store.analysed import ingest_run, open_run
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -170,16 +171,36 @@ def _record_slices(m: pytest.MonkeyPatch) -> list[int]:
     return carried
 
 
+@pytest.fixture(scope="module")
+def whole_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[Path, pytest.MonkeyPatch], Path]:
+    """The whole-rank ingest of a trace, made once per module (the tests only read it)."""
+    runs: dict[Path, Path] = {}
+
+    def get(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+        if path not in runs:
+            runs[path] = tmp_path_factory.mktemp("whole") / "run"
+            _ingest(path, runs[path], False, monkeypatch)
+        return runs[path]
+
+    return get
+
+
 @pytest.mark.parametrize("rows", [1, 1 << 30], ids=["step-ends", "no-step-ends"])
 @pytest.mark.parametrize("path", for_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_steps_cut_inside_equal_whole(
-    path: Path, rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path,
+    rows: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    whole_run: Callable[[Path, pytest.MonkeyPatch], Path],
 ) -> None:
     """Every stretch of more than a few hundred events cut inside, at phase markers: steps in
     several chunks each (``rows`` 1: and cut at every step's end too; 1 << 30: at no step's
     end, so the chunks also hold the ends of steps), their windows analysed a slice at a time
     (``analysis.parts``, memory records or not), equal to the whole-rank path."""
-    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    whole = whole_run(path, monkeypatch)
     with monkeypatch.context() as m:  # (the analysis on a thread here, to see it slice)
         m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
         sliced = _record_slices(m)  # per slice: the windows it went on with
@@ -192,7 +213,7 @@ def test_steps_cut_inside_equal_whole(
     if rank.events > 4 * 300 * (rank.steps + 1):  # steps long enough to be cut inside
         assert counts[0] > rank.steps, f"{rank.steps} steps, chunks {counts}"
         assert any(sliced), "no window was analysed a slice at a time"
-    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    _assert_same_run(whole, tmp_path / "parts")
 
 
 def _without_markers(source: Path, out: Path, extra: list[dict] | None = None) -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tests.conftest import REPO, SAMPLES, for_unit
+from tests.conftest import REPO, SAMPLES
 from tests.golden.cases import SAMPLE_CASES, golden_path
 from traceview.model.results import (
     JSON_RESULTS,
@@ -174,39 +174,6 @@ def _tui_screens(run: Any) -> dict[str, str]:
 
     asyncio.run(go())
     return seen
-
-
-@pytest.mark.parametrize("sample", for_unit(SAMPLE_RUNS, lambda s: (SAMPLES / s,)))
-def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -> None:
-    from traceview.store.analysed import ingest_run, open_run
-
-    run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
-    with open_run([run_dir]) as run:
-        report = run.report()
-        as_json = json.loads(report.to_json())
-        text = _text_report(report)
-        tui = _tui_screens(run)
-    summary = as_json["summary"]
-    bottleneck = summary["bottleneck"]
-    verdict = f"{bottleneck} is the bottleneck: {100 * summary['bottleneck_share']:.0f}% of the"
-    assert verdict in text and tui["verdict"].startswith(verdict), (text, tui["verdict"])
-    if summary["comm_total_ms"] > 0:
-        hidden = f"(hidden: {summary['hidden']})"
-        assert hidden in text.replace("\n", " ") and hidden in tui["verdict"]
-    significant = summary["straggler_significant"]
-    marked = [r["rank"] for r in as_json["ranks"] if r["straggler"]]
-    if significant:
-        assert marked == [summary["straggler_rank"]]
-        for screen in (text, tui["notes"]):
-            assert "the others wait for it" in screen and "balanced" not in screen
-        assert "◀ straggler" in tui["bars"]
-        assert f"{summary['straggler_rank']}*" in tui["ranks"]
-    else:
-        assert marked == []
-        assert "◀ straggler" not in tui["bars"] and "*" not in tui["ranks"]
-        if summary["straggler_rank"] is not None:
-            for screen in (text, tui["notes"]):
-                assert "ranks are balanced" in screen and "the others wait" not in screen
 
 
 def test_top_ops_mean_is_per_call_from_the_ops_table(ddp: Any) -> None:
