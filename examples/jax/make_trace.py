@@ -1,5 +1,5 @@
 """A real trace of a framework traceview has no parser for: JAX on CPU, jax.profiler's Perfetto
-JSON, with the training loop's own timers (README "Any other framework"; tests/test_generic_rules.py).
+JSON, with the training loop's own timers (README "Any other framework"; tests/integration/test_generic_rules.py).
 
     .venv-jax/bin/python examples/jax/make_trace.py examples/jax     (pip install jax)
 

@@ -3,7 +3,7 @@
 Everything here is vectorized over the whole rank (numpy), except the rules, which run once per
 distinct (kind, category, name). Each pass is a function of the earlier passes' results that
 returns its own (a small dataclass of per-event arrays) and never changes theirs; ``normalize``
-runs them in order and assembles the table. ``tests/test_normalize_passes.py`` holds every pass
+runs them in order and assembles the table. ``tests/{unit,integration}/test_normalize_passes.py`` holds every pass
 to its contract on every sample trace.
 
 ``kinds``

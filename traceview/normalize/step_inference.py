@@ -34,7 +34,7 @@ from traceview.normalize.steps import InferredSteps
 
 #: The thread (tid) that holds inferred step markers, in the process of the first host event the
 #: pass uses (as the TensorFlow parsers had it): no parser puts an event of its own there
-#: (tests/test_parser_contract.py checks every sample and shared trace).
+#: (tests/{unit,integration}/test_parser_contract.py checks every sample and shared trace).
 STEP_THREAD = -2
 #: The category of inferred markers: traceview's own, as the MXNet engine layout's spans.
 CATEGORY = "traceview"
