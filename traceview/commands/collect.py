@@ -115,9 +115,9 @@ class CollectCommand:
             )
         if min(args.steps, 1) < 1 or args.warmup < 0 or args.skip < 0:
             raise UsageError("--steps must be at least 1, --warmup and --skip at least 0")
-        run = args.output or default_run_dir()
-        if run.exists() and any(run.iterdir()):
-            raise UsageError(f"{run}: exists and is not empty (choose another -o)")
+        from traceview.store import outputs
+
+        run = outputs.run_directory(args.output or default_run_dir(), empty=True)
         settings = CollectSettings(
             steps=args.steps,
             warmup=args.warmup,

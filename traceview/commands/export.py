@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from traceview.model.errors import UsageError
+from traceview.model.escape import safe
 from traceview.store import rundir as R
+
+if TYPE_CHECKING:
+    from traceview.store.outputs import OutputFile
+
+
+def _where(target: OutputFile) -> TextIO:
+    """Where to say what was written: stderr when the trace itself went to a special file
+    (``-o /dev/stdout`` pipes the trace; the count must not land in it)."""
+    return sys.stderr if target.special else sys.stdout
 
 
 class ExportCommand:
@@ -33,23 +45,32 @@ class ExportCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from traceview.store import outputs
         from traceview.store.analysed import open_run
         from traceview.views import export
 
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
+        # where it goes is checked before any work (a default place inside the run directory is
+        # never followed out of it through a link)
+        if args.format == "chrome":
+            given = args.output is not None
+            target = outputs.export_file(args.output or args.run / "trace.json.gz", follow=given)
+        else:
+            folder = outputs.export_directory(args.output or args.run / "export")
         with open_run([args.run]) as run:  # the analysis tables, recomputed if stale
             if args.format == "chrome":
                 steps, offsets = run.steps, run.clock_offsets()
             else:
                 analysis = run.export_tables()
         if args.format == "chrome":
-            out = args.output or args.run / "trace.json.gz"
-            count = export.chrome(args.run, steps, out, offsets)
-            print(f"{out}: {count:,} events (open in https://ui.perfetto.dev)")
+            count = export.chrome(args.run, steps, target.path, offsets, in_place=target.special)
+            shown = safe(str(args.output or target.path))
+            print(
+                f"{shown}: {count:,} events (open in https://ui.perfetto.dev)", file=_where(target)
+            )
         else:
-            out = args.output or args.run / "export"
-            written = export.tables(args.run, analysis, out, args.format)
+            written = export.tables(args.run, analysis, folder, args.format)
             for path in written:
-                print(path)
+                print(safe(str(path)))
         return 0

@@ -50,7 +50,10 @@ class IngestCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.ingest.cluster import scheduler_from
+        from traceview.store import outputs
         from traceview.store.analysed import ingest_run
+
+        outputs.run_directory(args.output)
 
         out = ingest_run(
             args.paths,

@@ -8,6 +8,8 @@ own; all ranks share the run's aligned clock, so collectives line up across rank
 from __future__ import annotations
 
 import gzip
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -66,6 +68,20 @@ def _plain(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, names=table.column_names)
 
 
+@contextmanager
+def _target(out: Path, in_place: bool) -> Iterator[Path]:
+    """Where the bytes go: a temporary sibling renamed onto ``out``, or ``out`` itself where it
+    is a special file (replacing ``/dev/null`` or a FIFO would be wrong)."""
+    if not in_place:
+        with R.atomic_path(out) as tmp:
+            yield tmp
+        return
+    try:
+        yield out
+    except OSError as exc:
+        raise cannot_write(out, exc) from None
+
+
 def _open(path: Path, tmp: Path) -> IO[bytes]:
     if path.suffix == ".gz":
         return cast(IO[bytes], gzip.open(tmp, "wb", compresslevel=6))
@@ -73,11 +89,16 @@ def _open(path: Path, tmp: Path) -> IO[bytes]:
 
 
 def chrome(
-    run: Path, steps_table: pa.Table, out: Path, clock_offsets: dict[int, int] | None = None
+    run: Path,
+    steps_table: pa.Table,
+    out: Path,
+    clock_offsets: dict[int, int] | None = None,
+    in_place: bool = False,
 ) -> int:
     """Write the merged multi-rank trace; returns the number of trace events written.
     ``clock_offsets``: ns to subtract from each rank's times to put it on the run's clock (the
-    offsets estimated from collectives, for traces from several hosts)."""
+    offsets estimated from collectives, for traces from several hosts); ``in_place``: ``out``
+    is a special file (a device, a FIFO), written to rather than replaced."""
     manifest = R.read_manifest(run)
     steps = pl.from_arrow(steps_table)
     assert isinstance(steps, pl.DataFrame)
@@ -92,7 +113,7 @@ def chrome(
             origin = low if origin is None else min(origin, low)
     origin = origin or 0
     count = 0
-    with R.atomic_path(out) as tmp, _open(out, tmp) as f:
+    with _target(out, in_place) as tmp, _open(out, tmp) as f:
         f.write(b'{"displayTimeUnit":"ms","otherData":{"generator":"traceview"},"traceEvents":[\n')
         first = True
 
