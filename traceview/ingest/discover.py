@@ -5,7 +5,9 @@ any heavy work.
 
 from __future__ import annotations
 
+import errno
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,11 +51,25 @@ class TraceFile:
 RANK_STATUS = "status.json"
 
 
-def _candidates(folder: Path) -> list[Path]:
-    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != RANK_STATUS]
-    return [
-        p for p in files if not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    ]
+def _candidates(folder: Path, notes: Notes | None = None) -> list[Path]:
+    """The regular files under ``folder`` (hidden ones left out); a FIFO, socket or device
+    among them is never opened (it could block), and named in ``notes``."""
+    files, special = [], []
+    for p in sorted(folder.rglob("*")):
+        if any(part.startswith(".") for part in p.relative_to(folder).parts):
+            continue
+        try:
+            mode = p.stat().st_mode
+        except OSError:  # a dangling link, a loop: nothing to read
+            continue
+        if stat.S_ISREG(mode) and p.name != RANK_STATUS:
+            files.append(p)
+        elif not stat.S_ISDIR(mode):
+            special.append(f"{p.relative_to(folder)} ({R.special_kind(mode)})")
+    if special and notes is not None:
+        more = f" and {len(special) - 3} more" if len(special) > 3 else ""
+        notes.warn(f"not opened, not regular files: {', '.join(special[:3])}{more}")
+    return files
 
 
 def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
@@ -88,14 +104,17 @@ def discover(paths: list[Path], notes: Notes, rules_given: bool = False) -> list
     damaged: list[str] = []
     for path in paths:
         try:
-            there = path.exists()
-        except OSError as exc:  # a folder this user may not look into, a name too long
-            raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
-        if not there:
-            raise UsageError(R.parked_hint(path) or f"{path}: no such file or directory")
-        if path.is_dir():
+            mode = path.stat().st_mode  # (links followed)
+        except FileNotFoundError:
+            raise UsageError(R.parked_hint(path) or f"{path}: no such file or directory") from None
+        except OSError as exc:  # a loop of links, a folder this user may not look into
+            why = "a loop of symbolic links" if exc.errno == errno.ELOOP else "cannot read"
+            raise BadInput(f"{path}: {why} ({exc.strerror or exc})") from None
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):  # never opened: it could block
+            raise BadInput(f"{path}: {R.special_kind(mode)}, not a trace file; not opened")
+        if stat.S_ISDIR(mode):
             folder = path / R.RAW if R.is_run_dir(path) and (path / R.RAW).is_dir() else path
-            for candidate in _candidates(folder):
+            for candidate in _candidates(folder, notes):
                 try:
                     trace = _identify(candidate, parsers, notes)
                 except BadInput as exc:  # one damaged file does not cost the folder's others

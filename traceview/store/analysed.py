@@ -9,6 +9,7 @@ when an older (or newer) traceview wrote them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model import schema as S
@@ -129,7 +129,8 @@ class Run:
 
 
 def _label(paths: list[Path]) -> str:
-    path = paths[0].resolve()
+    # (not resolve(): a loop of links is for reading it to say, not for naming it)
+    path = Path(os.path.abspath(paths[0]))
     try:
         name = path.name if path.is_dir() else path.parent.name
     except OSError:  # not ours to look into: reading it will say so
@@ -196,8 +197,8 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
 
     path = R.events_path(run, rank)
     try:
-        rows = pq.ParquetFile(path).metadata.num_rows
-    except (OSError, pa.ArrowException):
+        rows = R.parquet_file(path).metadata.num_rows
+    except (OSError, pa.ArrowException, BadInput):
         return None  # read whole, which says what is wrong with it
     if rows < chunked_min_rows():
         return None

@@ -213,17 +213,7 @@ def _unusable(path: Path, exc: OSError) -> UsageError | OutputError:
 
 
 def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a special file"
+    return "a file" if stat.S_ISREG(mode) else R.special_kind(mode)
 
 
 def _name(path: Path) -> str:

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -150,12 +151,36 @@ def write_manifest(run: Path, manifest: Manifest) -> None:
     write_json(run / MANIFEST, manifest.to_builtins())
 
 
+def parquet_file(path: Path) -> pq.ParquetFile:
+    """The Parquet file at ``path``, opened only where it is a regular file: a FIFO, socket or
+    device in its place (a run directory is as untrusted as a trace) would block or never end.
+    FileNotFoundError where nothing is there; BadInput for anything else."""
+    mode = path.stat().st_mode  # (links followed)
+    if not stat.S_ISREG(mode):
+        raise BadInput(f"{path}: {special_kind(mode)}, not a file traceview wrote; not opened")
+    return pq.ParquetFile(path)
+
+
+def special_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message."""
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
 def read_table(path: Path, schema: pa.Schema | None = None) -> pa.Table:
     """The table in ``path``; with ``schema``, one of that shape (cast where it can be), else
     bad input: a file in a run directory is as untrusted as a trace."""
     try:
         # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
-        with pq.ParquetFile(path) as file:
+        with parquet_file(path) as file:
             table = file.read()
     except FileNotFoundError:
         raise BadInput(f"{path}: missing (re-run `traceview ingest`)") from None
@@ -220,7 +245,7 @@ def read_window(run: Path, rank: int, start_ns: int, end_ns: int) -> pa.Table:
     step of a multi-GB trace costs its own row groups and two columns, never the whole table."""
     path = events_path(run, rank)
     try:
-        with pq.ParquetFile(path) as file:
+        with parquet_file(path) as file:
             leaves = [file.schema.column(i).path for i in range(len(file.schema))]
             ts_col = leaves.index(S.TS_NS)  # its statistics, among the file's leaf columns
             chosen = []

@@ -34,6 +34,7 @@ from traceview.model.columns import (
     unique_pairs,
 )
 from traceview.normalize.phases import ANCHOR_PHASES
+from traceview.store import rundir as R
 
 #: Ranks with at least this many events have their analysis recomputed (a reader's, after an
 #: analysis change) a chunk at a time. ``TRACEVIEW_CHUNKED_MIN_ROWS`` overrides it (tests: 0).
@@ -73,7 +74,7 @@ def events_in_chunks(path: Path, rank: int, work: Path, target_rows: int) -> Eve
 
     step_code, backward = KIND_CODE[S.KIND_STEP], PHASE_CODE[S.BACKWARD]
     annotation, runtime_code = KIND_CODE[S.KIND_ANNOTATION], KIND_CODE[S.KIND_RUNTIME]
-    file = pq.ParquetFile(path)
+    file = R.parquet_file(path)
     rows = file.metadata.num_rows
     markers: list[np.ndarray] = []
     gpu = False
