@@ -10,8 +10,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, beyond_unit
-from tests.unit.test_collectives import _calls
-from traceview.model import schema as S
+from tests.unit.test_collectives import _every_rank_numbers_its_calls_the_same_way
 
 
 @pytest.mark.parametrize(
@@ -22,17 +21,7 @@ from traceview.model import schema as S
     ),
 )
 def test_every_rank_numbers_its_calls_the_same_way(sample: str) -> None:
-    """The n-th call of a view on one rank is the n-th on every other: seq runs 0..n-1 per
-    (rank, view), in time order, and the ranks make as many calls of each view."""
-    calls, truth = _calls(sample)
-    assert calls.height > 0
-    for (_rank, _name, _kind), group in calls.group_by(S.RANK, S.NAME, S.COLLECTIVE):
-        ordered = group.sort(S.START_NS)
-        assert ordered[S.SEQ].to_list() == list(range(group.height))
-    counts = calls.group_by(S.NAME, S.COLLECTIVE, S.RANK).len()
-    per_view = counts.group_by(S.NAME, S.COLLECTIVE).agg(pl.col("len").n_unique())
-    assert per_view["len"].max() == 1, "every rank makes as many calls of each view"
-    assert set(calls[S.RANK].unique().to_list()) == set(range(truth["world_size"]))
+    _every_rank_numbers_its_calls_the_same_way(sample)
 
 
 def test_collectives_table_is_in_the_export(tmp_path: Path) -> None:

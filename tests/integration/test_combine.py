@@ -4,19 +4,12 @@ writes (the unit of work the scale-out issue distributes)."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import SAMPLES, beyond_unit
-from traceview.analysis import RANK_TABLES, rank_tables
-from traceview.ingest.discover import assign_ranks, discover
-from traceview.ingest.rank import ingest_rank
-from traceview.ingest.run import combine
-from traceview.model.errors import Notes
-from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
+from tests.unit.test_combine import _parts_combine_into_the_whole_run
 
 
 @pytest.mark.parametrize(
@@ -24,17 +17,4 @@ from traceview.store.analysed import ingest_run
     beyond_unit(["pytorch/ddp", "mxnet/dist_sync", "tensorflow/mwms"], lambda s: (SAMPLES / s,)),
 )
 def test_parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:
-    whole = ingest_run([SAMPLES / sample], tmp_path / "whole")
-    notes = Notes()
-    traces = discover([SAMPLES / sample], notes)
-    assign_ranks(traces, notes)
-    parts_dir = tmp_path / "parts"
-    parts_dir.mkdir()
-    run_id = uuid.uuid4().hex[:12]
-    parts = [ingest_rank(t, parts_dir, run_id, None, rank_tables) for t in traces]
-    combined = combine(reversed(parts))  # as a pool returns them: in any order
-    assert [r.rank for r in combined.ranks] == sorted(t.rank for t in traces)
-    for name in RANK_TABLES:
-        assert combined.tables[name].equals(R.read_table(whole / f"{name}.parquet")), name
-    manifest = R.read_manifest(whole)
-    assert [r.events for r in combined.ranks] == [r.events for r in manifest.ranks]
+    _parts_combine_into_the_whole_run(sample, tmp_path)

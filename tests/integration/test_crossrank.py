@@ -18,25 +18,12 @@ import pytest
 
 from tests.conftest import SAMPLES, beyond_unit
 from tests.synthetic_jobs import Job, write
-from tests.unit.test_crossrank import MULTI_RANK, SHIFTED, report_of
+from tests.unit.test_crossrank import MULTI_RANK, SHIFTED, _wait_and_transfer_add_up, report_of
 
 
 @pytest.mark.parametrize("sample", beyond_unit(MULTI_RANK, lambda s: (SAMPLES / s,)))
 def test_wait_and_transfer_add_up(sample: str) -> None:
-    report = report_of(SAMPLES / sample)
-    assert report.collectives, "collectives were matched"
-    for r in report.ranks:
-        assert r.comm_wait_ms is not None and r.comm_transfer_ms is not None
-        assert r.comm_wait_total_ms is not None and r.comm_transfer_total_ms is not None
-        assert r.comm_wait_ms + r.comm_transfer_ms == pytest.approx(r.comm_exposed_ms, abs=2e-3)
-        assert r.comm_wait_total_ms + r.comm_transfer_total_ms == pytest.approx(
-            r.comm_total_ms, abs=2e-3
-        )
-        assert 0 <= r.comm_wait_ms <= r.comm_wait_total_ms + 1e-3
-    s = report.summary
-    assert s.comm_wait_ms + s.comm_transfer_ms == pytest.approx(s.comm_exposed_ms, abs=5e-3)  # type: ignore[operator]
-    for c in report.collectives:
-        assert c.ranks >= 2 and c.skew_ms >= 0 and c.transfer_ms >= 0 and c.wait_ms >= 0
+    _wait_and_transfer_add_up(sample)
 
 
 def test_estimated_offsets_put_the_export_on_one_clock(tmp_path: Path) -> None:

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import SHARED, beyond_unit, parser_of
-from tests.unit.test_parser_contract import TRACES
-from traceview.model import schema as S
-from traceview.normalize.step_inference import STEP_THREAD
-from traceview.normalize.steps import LAYOUTS, STEP_INFERENCE
+from tests.unit.test_parser_contract import TRACES, _parser_returns_raw_events_and_nothing_decided
 from traceview.parsers import registered
 
 
@@ -26,21 +22,4 @@ def test_every_format_has_a_sample() -> None:
 
 @pytest.mark.parametrize("path", beyond_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
-    parser = parser_of(path)
-    assert parser is not None, f"{path}: no parser recognises it"
-    parsed = parser.parse(path)
-    events = parsed.events
-    assert events.schema.equals(S.RAW_SCHEMA, check_metadata=False)
-    assert events.num_rows > 0
-    kinds = set(events.column(S.KIND).to_pylist())
-    # kinds are the core's to decide (from categories); a parser states instants at most
-    assert kinds <= {None, S.KIND_INSTANT}, f"{parser.name} decided kinds {kinds}"
-    assert pc.min(events.column(S.DUR_NS)).as_py() >= 0
-    assert parsed.layout is None or parsed.layout in LAYOUTS
-    assert parsed.infer_steps is None or parsed.infer_steps in STEP_INFERENCE
-    # a step group is what the file says of an event; only the core's pass makes steps of it
-    if events.column(S.STEP_GROUP).null_count < events.num_rows:
-        assert parsed.infer_steps == "step_groups"
-    on_step_thread = pc.sum(pc.equal(events.column(S.TID), STEP_THREAD)).as_py()
-    assert not on_step_thread, f"{parser.name} puts events on the core's step thread"
-    assert parsed.framework == parser.framework
+    _parser_returns_raw_events_and_nothing_decided(path)

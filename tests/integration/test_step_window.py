@@ -6,42 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.conftest import SAMPLES, beyond_unit
-from tests.unit.test_step_window import SAMPLE_RUNS, _small_row_groups
-from traceview.analysis.lanes import rank_lanes, window_read_span, windows_by_step
-from traceview.store.analysed import ingest_run, open_run
+from tests.unit.test_step_window import (
+    SAMPLE_RUNS,
+    _a_steps_window_cuts_the_same_lanes_as_all_events,
+)
 
 
 @pytest.mark.parametrize("sample", beyond_unit(SAMPLE_RUNS, lambda s: (SAMPLES / s,)))
 def test_a_steps_window_cuts_the_same_lanes_as_all_events(sample: str, tmp_path: Path) -> None:
-    run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
-    with open_run([run_dir]) as run:
-        windows = windows_by_step(run.steps)
-        threads = run.manifest.threads()
-        ranks = sorted({rank for per_rank in windows.values() for rank in per_rank})
-        assert windows and ranks, f"{sample}: no step windows"
-        totals = {rank: _small_row_groups(run_dir, rank, 200) for rank in ranks}
-        for step, per_rank in windows.items():
-            if step is None:
-                continue
-            for rank, (start, end) in per_rank.items():
-                whole = rank_lanes(run.events([rank]), rank, step, threads.get(rank, {}))
-                span = window_read_span(windows, step, rank)
-                assert span is not None and span[1] == end and span[0] <= start
-                window = run.window_events(rank, *span)
-                part = rank_lanes(window, rank, step, threads.get(rank, {}), window=(start, end))
-                assert window.num_rows < totals[rank], f"{sample}: the window read everything"
-                where = f"{sample} rank {rank} step {step}"
-                assert (part.start_ns, part.end_ns, part.error) == (
-                    whole.start_ns,
-                    whole.end_ns,
-                    whole.error,
-                ), where
-                assert [lane.label for lane in part.lanes] == [lane.label for lane in whole.lanes]
-                for a, b in zip(part.lanes, whole.lanes, strict=True):
-                    assert np.array_equal(a.starts, b.starts), f"{where}: {a.label}"
-                    assert np.array_equal(a.ends, b.ends), f"{where}: {a.label}"
-                    assert a.phases == b.phases, f"{where}: {a.label}"
+    _a_steps_window_cuts_the_same_lanes_as_all_events(sample, tmp_path)

@@ -19,11 +19,7 @@ from traceview.store import rundir as R
 from traceview.store.analysed import ingest_run
 
 
-@pytest.mark.parametrize(
-    "sample",
-    for_unit(["pytorch/ddp", "mxnet/dist_sync", "tensorflow/mwms"], lambda s: (SAMPLES / s,)),
-)
-def test_parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:
+def _parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:
     whole = ingest_run([SAMPLES / sample], tmp_path / "whole")
     notes = Notes()
     traces = discover([SAMPLES / sample], notes)
@@ -38,6 +34,14 @@ def test_parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:
         assert combined.tables[name].equals(R.read_table(whole / f"{name}.parquet")), name
     manifest = R.read_manifest(whole)
     assert [r.events for r in combined.ranks] == [r.events for r in manifest.ranks]
+
+
+@pytest.mark.parametrize(
+    "sample",
+    for_unit(["pytorch/ddp", "mxnet/dist_sync", "tensorflow/mwms"], lambda s: (SAMPLES / s,)),
+)
+def test_parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:
+    _parts_combine_into_the_whole_run(sample, tmp_path)
 
 
 def test_a_rank_twice_is_refused(tmp_path: Path) -> None:

@@ -31,8 +31,7 @@ def _traces() -> list[Path]:
 TRACES = _traces()
 
 
-@pytest.mark.parametrize("path", for_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
+def _parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
     parser = parser_of(path)
     assert parser is not None, f"{path}: no parser recognises it"
     parsed = parser.parse(path)
@@ -51,6 +50,11 @@ def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
     on_step_thread = pc.sum(pc.equal(events.column(S.TID), STEP_THREAD)).as_py()
     assert not on_step_thread, f"{parser.name} puts events on the core's step thread"
     assert parsed.framework == parser.framework
+
+
+@pytest.mark.parametrize("path", for_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_parser_returns_raw_events_and_nothing_decided(path: Path) -> None:
+    _parser_returns_raw_events_and_nothing_decided(path)
 
 
 def test_a_parser_of_the_old_protocol_is_bad_input_naming_it(tmp_path: Path) -> None:
