@@ -137,3 +137,20 @@ def test_a_fifo_for_a_run_directorys_events_is_never_opened(
         assert report.code == 0, report.err
     _one_line(_run("export", run, "--format", "chrome", "-o", tmp_path / "t.json"), "a FIFO")
     _one_line(_run("export", run, "-o", tmp_path / "tables"), "a FIFO")
+
+
+def test_many_damaged_files_are_counted_not_listed(tmp_path: Path) -> None:
+    """30 damaged traces beside a good run: the report names the first few and counts the
+    rest; its JSON keeps every one."""
+    folder = tmp_path / "traces"
+    shutil.copytree(SAMPLE, folder)
+    for i in range(30):
+        damaged = '{"schemaVersion": 1, "distributedInfo": {"rank": %d}, "traceEvents": 5}'
+        (folder / f"rank-{100 + i}.pt.trace.json").write_text(damaged % (100 + i))
+    text = _run("report", folder)
+    assert text.code == 0, text.err
+    lines = [line for line in text.out.splitlines() if line.startswith("warning: ")]
+    assert len(lines) <= 11, lines
+    assert any("more warnings (report --json lists them all)" in line for line in lines), lines
+    data = _run("report", folder, "--json").json()
+    assert len([w for w in data["warnings"] if "traceEvents" in w]) == 30, data["warnings"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from traceview.model.escape import safe
 from traceview.store import rundir as R
+from traceview.views.style import shown_notes
 
 
 class IngestCommand:
@@ -64,7 +65,7 @@ class IngestCommand:
             scheduler=scheduler_from(args.scheduler, args.scheduler_file),
         )
         manifest = R.read_manifest(out)
-        for warning in manifest.notes.warnings:
+        for warning in shown_notes(manifest.notes.warnings):
             print(f"traceview: warning: {safe(warning)}", file=sys.stderr)
         events = sum(r.events for r in manifest.ranks)
         workers = len({r.worker for r in manifest.ranks if r.worker})

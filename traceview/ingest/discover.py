@@ -262,6 +262,12 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
     worlds = [t.world_size for t in traces if t.world_size]
     world = max(worlds) if worlds else None
     present = sorted(by_rank)
+    beyond = [r for r in present if world is not None and r >= world]
+    if beyond:
+        notes.warn(
+            f"rank(s) {number_ranges(beyond)} at or beyond the world size {world} the traces "
+            "state: traces of another run, or a world size recorded wrong?"
+        )
     if world is not None and world > len(present):
         missing = sorted(set(range(world)) - set(present))
         notes.warn(

@@ -26,6 +26,7 @@ from traceview.tui.render import (
     untrusted,
     verdict_text,
 )
+from traceview.views.style import shown_notes
 
 LABEL = 9  # "rank 123 "
 NUMBER = 9  # " 1,234.5 "
@@ -161,10 +162,10 @@ class OverviewPane(VerticalScroll):
         if view.report.incomplete_steps:
             notes.append("\n")
             notes.append_text(incomplete_text(view.report))
-        for warning in view.report.warnings:
+        for warning in shown_notes(view.report.warnings):
             notes.append("\n")
             notes.append_text(untrusted("warning: " + str(warning), style="yellow"))
-        for remark in view.report.remarks:
+        for remark in shown_notes(view.report.remarks, "note"):
             notes.append("\n")
             notes.append_text(untrusted("note: " + str(remark), style="bright_black"))
         self.query_one("#notes", Static).update(notes)

@@ -64,6 +64,19 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+#: Warnings (or notes) a screen lists before it counts the rest: 20,000 damaged files must not
+#: print 20,000 lines (the JSON and the manifest keep every one).
+NOTES_SHOWN = 10
+
+
+def shown_notes(items: list[str], noun: str = "warning", limit: int = NOTES_SHOWN) -> list[str]:
+    """The first ``limit`` of ``items``, then one line that counts the rest."""
+    if len(items) <= limit:
+        return list(items)
+    rest = len(items) - limit
+    return [*items[:limit], f"… and {count(rest, 'more ' + noun)} (report --json lists them all)"]
+
+
 def untrusted(value: object, limit: int | None = None, style: str = "") -> Text:
     """A name from a trace, shown literally: controls escaped, markup not interpreted."""
     return Text(safe(value, limit), style=style, no_wrap=True, overflow="ellipsis")

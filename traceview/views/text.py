@@ -31,6 +31,7 @@ from traceview.views.style import (
     pct,
     phase_bar,
     ratio_text,
+    shown_notes,
     straggler_text,
     title_text,
     verdict_text,
@@ -200,9 +201,9 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         console.print(ops)
         console.print()
 
-    for warning in report.warnings:
+    for warning in shown_notes(report.warnings):
         console.print(Text("warning: " + safe(warning), style="yellow"))
-    for remark in report.remarks:
+    for remark in shown_notes(report.remarks, "note"):
         console.print(Text("note: " + safe(remark), style="bright_black"))
 
 
