@@ -135,8 +135,30 @@ def test_a_fifo_for_a_run_directorys_events_is_never_opened(
         assert "a FIFO" in report.out + report.err
     else:  # the cache is current: the events are not needed
         assert report.code == 0, report.err
-    _one_line(_run("export", run, "--format", "chrome", "-o", tmp_path / "t.json"), "a FIFO")
-    _one_line(_run("export", run, "-o", tmp_path / "tables"), "a FIFO")
+    # export leaves the rank out as report does, and says so (issue 36's smaller truths)
+    for args in (["--format", "chrome", "-o", tmp_path / "t.json"], ["-o", tmp_path / "tables"]):
+        result = _run("export", run, *args)
+        assert result.code == 0, result.err
+        lines = result.err.strip().splitlines()
+        assert len(lines) == 1 and "rank 1's events left out" in lines[0], result.err
+        assert "a FIFO" in lines[0]
+
+
+def test_export_leaves_a_damaged_rank_out_as_report_does(run_dir: Path, tmp_path: Path) -> None:
+    """One rank's events damaged: export writes the others and names it; every rank damaged:
+    one line, exit 2."""
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "events" / "rank=1" / "part-0.parquet").write_bytes(b"not parquet")
+    result = _run("export", run, "-o", tmp_path / "tables")
+    assert result.code == 0, result.err
+    assert "rank 1's events left out" in result.err
+    events = pq.read_table(tmp_path / "tables" / "events.parquet")
+    assert set(events.column("rank").to_pylist()) == {0}
+    (run / "events" / "rank=0" / "part-0.parquet").write_bytes(b"not parquet")
+    _one_line(_run("export", run, "-o", tmp_path / "again"), "unreadable")
 
 
 def test_many_damaged_files_are_counted_not_listed(tmp_path: Path) -> None:

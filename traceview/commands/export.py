@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from traceview.model.errors import UsageError
+from traceview.model.errors import Notes, UsageError
 from traceview.model.escape import safe
 from traceview.store import rundir as R
 
@@ -63,14 +63,19 @@ class ExportCommand:
                 steps, offsets = run.steps, run.clock_offsets()
             else:
                 analysis = run.export_tables()
+        notes = Notes()
         if args.format == "chrome":
-            count = export.chrome(args.run, steps, target.path, offsets, in_place=target.special)
+            count = export.chrome(
+                args.run, steps, target.path, offsets, in_place=target.special, notes=notes
+            )
             shown = safe(str(args.output or target.path))
             print(
                 f"{shown}: {count:,} events (open in https://ui.perfetto.dev)", file=_where(target)
             )
         else:
-            written = export.tables(args.run, analysis, folder, args.format)
+            written = export.tables(args.run, analysis, folder, args.format, notes)
             for path in written:
                 print(safe(str(path)))
+        for warning in notes.warnings:
+            print(f"traceview: warning: {safe(warning)}", file=sys.stderr)
         return 0

@@ -221,21 +221,34 @@ def event_ranks(run: Path) -> list[int]:
     return sorted({rank for rank, _ in _rank_parts(run)})
 
 
-def read_events(run: Path, ranks: list[int] | None = None) -> pa.Table:
-    """Events of ``ranks`` (all when None), with the rank column restored."""
+def read_events(
+    run: Path, ranks: list[int] | None = None, damaged: dict[int, BadInput] | None = None
+) -> pa.Table:
+    """Events of ``ranks`` (all when None), with the rank column restored. With ``damaged``, a
+    rank whose events cannot be read is left out and its error kept there (the others are
+    read); without, it is raised."""
     tables = []
     for rank, path in _rank_parts(run):
         if ranks is not None and rank not in ranks:
             continue
-        table = read_table(path)
-        table = table.append_column(S.RANK, pa.array([rank] * table.num_rows, pa.int32()))
         try:
-            tables.append(S.conform(table, S.EVENTS_SCHEMA))
-        except (pa.ArrowException, ValueError, NotImplementedError) as exc:
-            raise BadInput(f"{path}: not events traceview wrote ({exc})") from None
+            tables.append(_rank_events(path, rank))
+        except BadInput as exc:
+            if damaged is None:
+                raise
+            damaged[rank] = exc
     if not tables:
         return S.EVENTS_SCHEMA.empty_table()
     return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
+
+
+def _rank_events(path: Path, rank: int) -> pa.Table:
+    table = read_table(path)
+    table = table.append_column(S.RANK, pa.array([rank] * table.num_rows, pa.int32()))
+    try:
+        return S.conform(table, S.EVENTS_SCHEMA)
+    except (pa.ArrowException, ValueError, NotImplementedError) as exc:
+        raise BadInput(f"{path}: not events traceview wrote ({exc})") from None
 
 
 def read_window(run: Path, rank: int, start_ns: int, end_ns: int) -> pa.Table:

@@ -20,21 +20,26 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from traceview.model import schema as S
-from traceview.model.errors import cannot_write
+from traceview.model.errors import BadInput, Notes, cannot_write
 from traceview.store import rundir as R
 
 _GPU_TID_BASE = 1 << 30  # device streams get tids of their own, apart from host threads
 _STEPS_TID = (1 << 31) - 1
 
 
-def tables(run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str) -> list[Path]:
+def tables(
+    run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str, notes: Notes
+) -> list[Path]:
     """The events of ``run`` and its ``analysis`` tables (steps, ops, collectives; gpu and
-    launches on GPU runs) as single files under ``out``."""
+    launches on GPU runs) as single files under ``out``. A rank whose events cannot be read is
+    left out, as ``report`` leaves it out, and said so in ``notes``."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise cannot_write(out, exc) from None
-    events = R.read_events(run)
+    damaged: dict[int, BadInput] = {}
+    events = R.read_events(run, damaged=damaged)
+    _left_out(damaged, len(damaged) < len(R.event_ranks(run)), notes)
     written = []
     for name, table in (("events", events), *analysis.items()):
         table = _plain_strings(table)
@@ -46,6 +51,15 @@ def tables(run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str) -> lis
                 pcsv.write_csv(_plain(table), tmp)
         written.append(path)
     return written
+
+
+def _left_out(damaged: dict[int, BadInput], others: bool, notes: Notes | None) -> None:
+    """Ranks whose events cannot be read: each a warning, or the error where none is left."""
+    if damaged and not others:
+        raise next(iter(damaged.values()))
+    for rank, exc in sorted(damaged.items()):
+        if notes is not None:
+            notes.warn(f"rank {rank}'s events left out: {exc}")
 
 
 def _plain_strings(table: pa.Table) -> pa.Table:
@@ -94,11 +108,13 @@ def chrome(
     out: Path,
     clock_offsets: dict[int, int] | None = None,
     in_place: bool = False,
+    notes: Notes | None = None,
 ) -> int:
     """Write the merged multi-rank trace; returns the number of trace events written.
     ``clock_offsets``: ns to subtract from each rank's times to put it on the run's clock (the
     offsets estimated from collectives, for traces from several hosts); ``in_place``: ``out``
-    is a special file (a device, a FIFO), written to rather than replaced."""
+    is a special file (a device, a FIFO), written to rather than replaced. A rank whose events
+    cannot be read is left out, as ``report`` leaves it out, and said so in ``notes``."""
     manifest = R.read_manifest(run)
     steps = pl.from_arrow(steps_table)
     assert isinstance(steps, pl.DataFrame)
@@ -106,11 +122,14 @@ def chrome(
     info = {r.rank: r for r in manifest.ranks}
     offsets = clock_offsets or {}
     origin: int | None = None
+    damaged: dict[int, BadInput] = {}
     for rank in ranks:
-        ts = R.read_events(run, [rank]).column(S.TS_NS)
+        ts = R.read_events(run, [rank], damaged).column(S.TS_NS)
         if len(ts):
             low = pc.min(ts).as_py() - offsets.get(rank, 0)
             origin = low if origin is None else min(origin, low)
+    _left_out(damaged, len(damaged) < len(ranks), notes)
+    ranks = [r for r in ranks if r not in damaged]
     origin = origin or 0
     count = 0
     with _target(out, in_place) as tmp, _open(out, tmp) as f:
