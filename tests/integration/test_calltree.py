@@ -1,4 +1,5 @@
-"""The vectorized call-tree builder agrees with the obvious per-event stack on real traces."""
+"""The integration tier's part of ``tests/unit/test_calltree.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

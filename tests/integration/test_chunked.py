@@ -1,12 +1,5 @@
-"""Chunked ingest (traceview.ingest.large.chunked) against whole-rank ingest, event for event.
-
-Every sample Kineto trace and every shared one is ingested twice: whole (today's path) and in
-chunks of one step each (the smallest chunks there are, so that kernels launched in one step
-and run in the next, and call trees that span steps, cross chunks). The events tables must be
-equal in every column (compared in event-id order: the chunked path writes rows chunk by
-chunk), and so must the analysis tables (computed a chunk at a time, ``analysis.parts``) and
-``report --json``.
-"""
+"""The integration tier's part of ``tests/unit/test_chunked.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

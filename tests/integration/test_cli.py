@@ -1,4 +1,5 @@
-"""The command line as a user meets it: contracts, exit codes, bad input, partial data."""
+"""The integration tier's part of ``tests/unit/test_cli.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Each rank's collective calls (analysis.collectives), checked against what the sample jobs are
-known to do (their groundtruth.json describes the model and how gradients are exchanged), not
-against traceview's own output."""
+"""The integration tier's part of ``tests/unit/test_collectives.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A run is the combination of its ranks' parts, wherever each was computed: the parts of
-ingest_rank, one rank at a time and in any order, combine into exactly what a whole ingest
-writes (the unit of work the scale-out issue distributes)."""
+"""The integration tier's part of ``tests/unit/test_combine.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
-"""traceview against independent implementations on the same traces.
-
-- torch-tb-profiler 0.4.3 (the TensorBoard plugin) on the CPU sample runs: its step times and
-  its per-step communication/computation overlap.
-- Holistic Trace Analysis on the real GPU/NCCL traces: its communication-computation overlap.
-
-Differences that remain, and why:
-- tb-profiler reports no DataLoader time on current PyTorch: since torch 2.x the DataLoader
-  region is a user_annotation that its role classifier never reaches, so the data loading ends
-  up in its "Other" bucket. traceview reports it as io (checked against timers elsewhere).
-- tb-profiler's computation on CPU is every CPU operator, the communication calls on the training
-  thread included (c10d::allreduce_, which blocks for milliseconds on a busy machine); traceview
-  counts a thread blocked in a collective as exposed communication (docs/design.md). Its hidden
-  fraction is therefore never above tb-profiler's, and on average within 0.1 below it.
-- HTA measures overlap between NCCL kernels and compute kernels, leaving out the last profiled
-  step; traceview's hidden fraction also counts the host-side communication calls (nccl:*
-  regions, awaitable waits) and every step. On the same device kernels the two agree within a
-  point; with the host side and all steps, within 6.
-"""
+"""The integration tier's part of ``tests/unit/test_crosscheck.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

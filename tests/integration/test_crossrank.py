@@ -1,13 +1,5 @@
-"""Across ranks: matched collectives, communication split into waiting and transfer, the
-straggler and its phase, and clocks estimated from collectives.
-
-Three kinds of ground truth. Synthetic Kineto jobs (tests/synthetic_jobs.py) whose every time is
-known exactly, with clocks shifted by known offsets and drifts. Real CPU runs (sample_traces/
-pytorch/slowfwd, slowdata: one rank does known extra work in one phase, every phase timed on every
-rank): a fast rank's wait is its all-reduce timer minus the slow rank's (both wait where the other
-is late, so the difference of their waits is compared). And real one-host runs, whose clocks are
-one clock: an offset estimated there must come out near zero.
-"""
+"""The integration tier's part of ``tests/unit/test_crossrank.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The safety net of refactoring: every golden case's output holds exactly (floats to 1e-9).
-
-A change that alters an output on purpose regenerates its golden file in the same commit
-(``python -m tests.golden.cases NAME``) and says why in the commit message.
-"""
+"""The integration tier's part of ``tests/unit/test_golden.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""GPU runs explained (analysis/gpu.py) against the recorded H100 runs' synchronized timers.
-
-sample_traces/pytorch/gpu_* (made by make_gpu_traces.py) timed every phase with
-time.perf_counter(); in the synchronized runs each lap first waited in torch.cuda.synchronize(),
-so a phase's timer holds its GPU work plus the time the GPU waited for the host inside it. That
-is what traceview reports as the phase's device time plus its host-bound time: the two are
-never merged, and their sum must come within max(10 %, 0.3 ms) of the timer in every step.
-
-In the unsynchronized run (gpu_async) the host runs ahead of the device: the timers measure
-launching only, the kernels' own time must not change (5 % of the synchronized run's), and the
-host's time goes into the synchronize at the end of the step (timed as end_sync_ms).
-"""
+"""The integration tier's part of ``tests/unit/test_gpu_idle.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,5 @@
-"""Host-bound time on GPU timelines (issue 17) against an independent reading of the raw traces.
-
-``kineto_truth`` reads a Kineto JSON trace with ``json`` alone (no traceview code) and cuts one
-step the way the issue defines it: the device-busy union of kernels, copies and memsets; the
-device's time per phase (a kernel takes the phase of the host call that launched it, found by
-``correlation``); and in the device's gaps, what the host does: the training thread inside a
-top-level operator or region of h2d, forward, backward or update (or between two of one phase),
-or PyTorch's autograd thread inside an operator (backward), is that phase's host-bound time;
-the training thread loading data is data (io); a synchronize at the top of the loop, outside
-every operator, is the host waiting, not launching: idle. The steps and gpu tables of the same
-trace must agree to the nanosecond's rounding.
-
-The top-level operators' phases are read the way a person reads this loop: the DataLoader
-region is io, ``Optimizer.step`` update, ``Optimizer.zero_grad`` other, an operator whose only
-device work is host-to-device copies h2d, the gradient seed ``ones_like`` backward, the
-operators before it forward.
-
-Also hostile GPU traces (hand-made, timings in µs chosen so every figure is known): no runtime
-calls, kernels without a correlation, a step without kernels, no host thread at all, a kernel
-that runs past its step's end.
-"""
+"""The integration tier's part of ``tests/unit/test_hostbound_groundtruth.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""MXNet: mx.profiler traces parsed into the same breakdown, checked against the training loop's
-own timers; parameter-server (ps-lite KVStore) communication reported as comm.
-
-- sample_traces/mxnet holds real runs made by make_traces.py under `traceview collect`: a
-  dist_sync job (1 scheduler, 1 server, 2 workers on 127.0.0.1) and a local-KVStore job over two
-  CPU contexts. Every phase of every step ends with nd.waitall(), so each timer covers the
-  engine's work for that phase (see sample_traces/README.md).
-- The live tests run new jobs the same way when the MXNet environment exists
-  (tests/workloads/mxnet/make_venv.sh; TRACEVIEW_MXNET_PYTHON points elsewhere), and skip
-  with the reason otherwise. traceview itself never imports mxnet.
-
-Tolerances: a phase may come out short of its timer by the step's idle and other time: time in
-which no engine thread ran at all (a process waiting for one of the machine's two cores, a
-Python thread waking up late from waitall) or only engine bookkeeping outside any phase ran
-(copies, DeleteVariable), which a timer bills to the phase it interrupts; beyond that, per step
-within max(floor, per_step) and per-rank means within max(0.3 ms, 5 %).
-"""
+"""The integration tier's part of ``tests/unit/test_mxnet.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""One contract over normalize's passes, on every sample and shared trace: each pass runs in the
-documented order, returns per-event arrays of the rank's length with codes in range, and keeps
-the invariants the passes after it rely on (trees nest, step windows are disjoint and hold their
-events, device activities link to host calls)."""
+"""The integration tier's part of ``tests/unit/test_normalize_passes.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

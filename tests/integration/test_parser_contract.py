@@ -1,6 +1,5 @@
-"""Every registered parser, over every sample and shared trace it recognises, only reads: it
-returns raw events in schema.RAW_SCHEMA, kinds only where the format states them, and names a
-known layout or step-inference pass if it needs one (steps it does not read are the core's)."""
+"""The integration tier's part of ``tests/unit/test_parser_contract.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

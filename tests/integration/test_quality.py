@@ -1,4 +1,5 @@
-"""The code base stays lint-clean and type-checked (ruff and mypy, as configured in pyproject)."""
+"""The integration tier's part of ``tests/unit/test_quality.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

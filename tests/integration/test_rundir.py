@@ -1,5 +1,5 @@
-"""The run directory caches the analysis, never a reason to re-ingest: tables written by another
-analysis version, or missing, are recomputed from the events and equal a fresh ingest's."""
+"""The integration tier's part of ``tests/unit/test_rundir.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""`traceview scaling` on real 1-, 2- and 4-rank runs of one DDP job, against their timers.
-
-sample_traces/pytorch/scaling/ranks-N holds the same DDP/gloo job (make_traces.py ddp) run with
-N ranks under mpirun; each folder's groundtruth.json has perf_counter timers for every step, the
-per-rank batch size and the model's gradient bytes. The expectations below come from those
-timers and from the definitions in docs/design.md, never from traceview's own output.
-"""
+"""The integration tier's part of ``tests/unit/test_scaling.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

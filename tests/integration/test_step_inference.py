@@ -1,8 +1,5 @@
-"""Steps for traces that mark none, made by the core's step-inference passes
-(traceview/normalize/step_inference.py) from what the parsers read: TensorFlow's step groups (the raw
-``step_group`` column) and TF1 Timeline's ``_SOURCE`` nodes. Expected values come from hand-built
-traces, from the trace files read another way (xprof's ProfileData, the Timeline's JSON), never
-from the passes' own output."""
+"""The integration tier's part of ``tests/unit/test_step_inference.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

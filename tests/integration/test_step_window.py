@@ -1,6 +1,5 @@
-"""The TUI timeline reads one step of a rank from its events file's row groups (issue 15): the
-lanes cut from that window equal the lanes cut from every event of the rank, on every sample
-run, and the window reads only part of the file."""
+"""The integration tier's part of ``tests/unit/test_step_window.py``: what these check, and why, is
+said at the top of that file (shared traces, TensorFlow profiles, the CLI here)."""
 
 from __future__ import annotations
 

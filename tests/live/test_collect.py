@@ -1,8 +1,5 @@
-"""`traceview collect`: real jobs, real launchers (Open MPI's mpirun, torchrun), no mocks.
-
-The training scripts in tests/workloads know nothing of traceview, except manual_steps.py,
-which uses its small step/phase API on purpose.
-"""
+"""The live tier's part of ``tests/unit/test_collect.py``: what these check, and why, is
+said at the top of that file (real jobs here)."""
 
 from __future__ import annotations
 

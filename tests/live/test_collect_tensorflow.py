@@ -1,17 +1,5 @@
-"""`traceview collect` on real TensorFlow jobs: MultiWorkerMirroredStrategy under mpirun, Keras fit.
-
-tests/workloads/tf_train.py knows nothing of traceview; steps are found from its tf.data
-iterator (custom loop) or Keras' batches (fit).
-
-TensorFlow 2.21's profiler sometimes breaks a multi-worker job while it stops: about 1 stop in 10
-here, a worker aborts ("double free or corruption") or hangs inside
-``tf.profiler.experimental.stop()`` (gdb: ``TraceMeRecorder::Consume`` →
-``SplitEventTracker::FindStartAndMerge`` → ``free``; reading the source, the likely cause is
-that the recorder keeps pointers into per-thread deques that its result vector copies when it
-grows). traceview cannot prevent it; the status
-says where the worker died. These tests run such a job again, up to 3 times, when that happened
-(and only then), and say so.
-"""
+"""The live tier's part of ``tests/unit/test_collect_tensorflow.py``: what these check, and why, is
+said at the top of that file (real jobs here)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
-"""The README's commands, run as a reader would paste them.
-
-What is run: every line of every ```bash block, every `$ command` line of the example outputs
-(the first line it prints must be the README's), and every ```python block, in README order, in
-one scratch folder that holds links to the repository's `sample_traces/`, `examples/` and
-`.venv-mxnet`, with this Python's environment first on PATH (it is the environment "Try it"
-makes). Each must exit 0 without a traceback.
-
-What is changed, and why (the only changes):
-- `PATH` and `TRACES...` in "Other commands" stand for traces: `sample_traces/pytorch/ddp`.
-  (`RUN` is left as written: the ingest line makes a run directory named RUN that the lines
-  after it and the Parquet example read.)
-- As root, `mpirun` gets `--allow-run-as-root`, as the README tells root users to add.
-- MASTER_PORT is set to a free port, so that the example job does not collide with another
-  job on the machine (examples/train.py's default is 29500).
-
-What is not run is listed in SKIPPED with the reason (matched on the whole command, its comment
-left out); a line listed there that is no longer in the README fails the test.
-"""
+"""The live tier's part of ``tests/unit/test_readme.py``: what these check, and why, is
+said at the top of that file (real jobs here)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ class ExportCommand:
             "--output",
             type=Path,
             metavar="PATH",
-            help="folder for parquet/csv (default RUN/export), file for chrome (default RUN/trace.json.gz)",
+            help="folder for parquet/csv (default RUN/export: empty or a previous export), file for "
+            "chrome (default RUN/trace.json.gz; a device or named pipe is written in place)",
         )
 
     def run(self, args: argparse.Namespace) -> int:
