@@ -8,13 +8,36 @@ control characters as visible escapes; the reporters never interpret markup in n
 from __future__ import annotations
 
 import re
+from typing import Any
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+#: Lone surrogates: a file name's bytes that are not UTF-8, as Python decodes them
+#: (surrogateescape: byte 0xNN is U+DCNN); no UTF-8 encoder or JSON reader takes them.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte of a file name: shown as that byte
+        return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def undecodable_escaped(text: str) -> str:
+    """``text`` where a file name's undecodable bytes are written as ``\\xNN`` (and any other
+    lone surrogate as ``\\uXXXX``): a string every UTF-8 writer and JSON reader takes."""
+    return text if text.isascii() else _SURROGATE.sub(_escape, text)
+
+
+def encodable(value: Any) -> Any:
+    """``value`` (JSON-like builtins) with every string, keys included, ``undecodable_escaped``."""
+    if isinstance(value, str):
+        return undecodable_escaped(value)
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encodable(v) for v in value]
+    return value
 
 
 #: What JSON leaves raw but a terminal acts on: DEL, the C1 controls, bidi and line overrides

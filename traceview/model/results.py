@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from traceview.model import schema as S
+from traceview.model.escape import encodable
 
 #: The version of the result model (``schema_version`` of ``report --json``); bumped when a
 #: field changes meaning. Adding a field does not bump it.
@@ -26,7 +27,10 @@ class Result(msgspec.Struct, kw_only=True):
     """Base of every result: JSON in and out."""
 
     def to_json(self) -> bytes:
-        return msgspec.json.encode(self)
+        try:
+            return msgspec.json.encode(self)
+        except UnicodeEncodeError:  # a file name that is not UTF-8: its bytes escaped
+            return msgspec.json.encode(encodable(msgspec.to_builtins(self)))
 
     def to_builtins(self) -> Any:
         return msgspec.to_builtins(self)

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes, cannot_write
+from traceview.model.escape import encodable
 from traceview.model.manifest import Manifest, from_json
 
 MANIFEST = "manifest.json"
@@ -89,8 +90,14 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 def write_json(path: Path, value: Any) -> None:
+    """``value`` as JSON, atomically; a file name's bytes that are not UTF-8 written escaped."""
+    text = json.dumps(value, indent=2, sort_keys=False, default=str, ensure_ascii=False)
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        data = json.dumps(encodable(value), indent=2, default=str, ensure_ascii=False).encode()
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
+        tmp.write_bytes(data + b"\n")
 
 
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
