@@ -60,12 +60,13 @@ def write(job: Job, out: Path) -> Path:
     exits = [
         [rng.uniform(0, job.exit_jitter_ms) for _ in range(job.ranks)] for _ in range(job.steps)
     ]
+    last = max(job.arrival(r) for r in range(job.ranks))  # the last arrival, ms into a step
     for rank in range(job.ranks):
-        _write_rank(job, rank, exits, out / f"rank-{rank}.pt.trace.json.gz")
+        _write_rank(job, rank, exits, last, out / f"rank-{rank}.pt.trace.json.gz")
     return out
 
 
-def _write_rank(job: Job, rank: int, exits: list[list[float]], path: Path) -> None:
+def _write_rank(job: Job, rank: int, exits: list[list[float]], last: float, path: Path) -> None:
     offset_us = job.offset_ms.get(rank, 0.0) * 1e3
     drift = job.drift_ppm.get(rank, 0.0) * 1e-6
 
@@ -93,7 +94,6 @@ def _write_rank(job: Job, rank: int, exits: list[list[float]], path: Path) -> No
             }
         )  # fmt: skip
 
-    last = max(job.arrival(r) for r in range(job.ranks))
     t = 0.0  # the step's start, true ms
     for step in range(job.steps):
         arrive = t + job.arrival(rank)

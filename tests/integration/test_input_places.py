@@ -65,11 +65,20 @@ def unix_socket(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
         sock.close()
 
 
-@pytest.mark.parametrize("command", ["report", "report --json", "ingest", "compare"])
-@pytest.mark.parametrize("where", ["argument", "parent"])
+LOOP_COMMANDS = ("report", "report --json", "ingest", "compare")
+LOOP_PLACES = ("argument", "parent")
+
+
+@pytest.mark.parametrize(
+    ("command", "where"), [("report", "argument"), ("ingest", "parent")]
+)  # tests/fuzz/test_input_places.py: every pair
 def test_a_loop_of_links_is_a_clean_error(
     command: str, where: str, loop: Path, tmp_path: Path
 ) -> None:
+    check_loop(command, where, loop, tmp_path)
+
+
+def check_loop(command: str, where: str, loop: Path, tmp_path: Path) -> None:
     path = loop if where == "argument" else loop / "rank-0.json"
     args: list[str | Path] = {
         "report": ["report", path],

@@ -73,6 +73,16 @@ def _others(root: Path) -> Path:
     return root / "folder"
 
 
+def _link_to_dev_null(root: Path) -> Path:
+    (root / "null").symlink_to("/dev/null")
+    return root / "null"
+
+
+def _link_to_others(root: Path) -> Path:
+    (root / "link").symlink_to(_others(root))
+    return root / "link"
+
+
 #: Each hostile place, made under a fresh folder, and whether writing there can ever succeed
 #: (None: never; otherwise the commands that may write there).
 PLACES: dict[str, tuple[Callable[[Path], Path], set[str]]] = {
@@ -89,6 +99,9 @@ PLACES: dict[str, tuple[Callable[[Path], Path], set[str]]] = {
     "not UTF-8": (_not_utf8, set()),
     "folder of other files": (_others, set()),
     "/": (lambda root: Path("/"), set()),
+    "link to /dev/null": (_link_to_dev_null, {"chrome"}),
+    "link to a folder of other files": (_link_to_others, set()),
+    "/sys": (lambda root: Path("/sys/kernel/traceview-out"), set()),
 }
 
 COMMANDS = ("ingest", "collect", "parquet", "chrome")
@@ -138,11 +151,23 @@ def _command(what: str, out: Path, run: Path, marker: Path) -> list[str | Path]:
     return ["export", run, "--format", what, "-o", out]
 
 
-@pytest.mark.parametrize("place", sorted(PLACES))
+#: The places this tier tries with every command (tests/fuzz/test_output_paths.py: all of them):
+#: one written in place, one that can never be a folder, one a name too long, one not ours.
+SAMPLE_PLACES = ("fifo", "under a file", "name too long", "folder of other files")
+
+
+@pytest.mark.parametrize("place", SAMPLE_PLACES)
 @pytest.mark.parametrize("what", COMMANDS)
 def test_an_output_place_is_checked_before_any_work(
     what: str, place: str, run_dir: Path, tmp_path: Path
 ) -> None:
+    check_output_place(what, place, run_dir, tmp_path)
+
+
+def check_output_place(what: str, place: str, run_dir: Path, tmp_path: Path) -> None:
+    """``what`` (a command of COMMANDS) writing to ``place`` (of PLACES) ends in exit 0 where
+    the place can take it, else in one line and exit 2 before any work; it replaces no special
+    file and changes nothing beside the place named."""
     make, writable = PLACES[place]
     root = tmp_path / "root"
     root.mkdir()

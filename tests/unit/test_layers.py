@@ -99,7 +99,7 @@ PARSERS = (
 NORMALIZE_BASE = (*MODEL, *PARSERS)
 NORMALIZE = (*NORMALIZE_BASE, "traceview.normalize")
 RUNDIR = (*MODEL, "traceview.store.rundir")
-INGEST = (*NORMALIZE, "traceview.store.rundir", "traceview.ingest")
+INGEST = (*NORMALIZE, "traceview.store.rundir", "traceview.store.outputs", "traceview.ingest")
 ANALYSIS = (*MODEL, "traceview.analysis")
 #: What a view may call of the analysis: its public entry points for the views.
 PUBLIC_ANALYSIS = (

@@ -35,11 +35,15 @@ class CompareCommand:
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
         from traceview.store.analysed import open_runs
+        from traceview.views.progress import TerminalProgress
         from traceview.views.text import render_comparison_to_console, to_json
 
         if len(args.runs) < 2:
             raise UsageError("compare needs at least two runs")
-        with open_runs([[path] for path in args.runs], args.rules) as runs:
+        with (
+            TerminalProgress() as progress,
+            open_runs([[path] for path in args.runs], args.rules, progress) as runs,
+        ):
             result = compare(
                 [r.report() for r in runs], [r.ops for r in runs], [r.label for r in runs], args.top
             )

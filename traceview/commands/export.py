@@ -49,6 +49,7 @@ class ExportCommand:
         from traceview.store import outputs
         from traceview.store.analysed import open_run
         from traceview.views import export
+        from traceview.views.progress import TerminalProgress
 
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
@@ -59,7 +60,10 @@ class ExportCommand:
             target = outputs.export_file(args.output or args.run / "trace.json.gz", follow=given)
         else:
             folder = outputs.export_directory(args.output or args.run / "export")
-        with open_run([args.run]) as run:  # the analysis tables, recomputed if stale
+        with (
+            TerminalProgress() as progress,
+            open_run([args.run], progress=progress) as run,  # the analysis, recomputed if stale
+        ):
             if args.format == "chrome":
                 steps, offsets = run.steps, run.clock_offsets()
             else:

@@ -53,17 +53,20 @@ class IngestCommand:
         from traceview.ingest.cluster import scheduler_from
         from traceview.store import outputs
         from traceview.store.analysed import ingest_run
+        from traceview.views.progress import TerminalProgress
 
         outputs.run_directory(args.output)
 
-        out = ingest_run(
-            args.paths,
-            args.output,
-            rules_path=args.rules,
-            jobs=args.jobs,
-            command=sys.argv,
-            scheduler=scheduler_from(args.scheduler, args.scheduler_file),
-        )
+        with TerminalProgress() as progress:
+            out = ingest_run(
+                args.paths,
+                args.output,
+                rules_path=args.rules,
+                jobs=args.jobs,
+                command=sys.argv,
+                scheduler=scheduler_from(args.scheduler, args.scheduler_file),
+                progress=progress,
+            )
         manifest = R.read_manifest(out)
         for warning in shown_notes(manifest.notes.warnings):
             print(f"traceview: warning: {safe(warning)}", file=sys.stderr)

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> RunReport:
     """The report object for a run directory, or for traces read into a temporary run."""
     from traceview.store.analysed import open_run
+    from traceview.views.progress import TerminalProgress
 
-    with open_run(paths, rules) as run:
+    with TerminalProgress() as progress, open_run(paths, rules, progress) as run:
         return run.report(top)
 
 

@@ -54,13 +54,17 @@ class ScalingCommand:
         from traceview.analysis.attribution import comm_schedule
         from traceview.analysis.scaling import scaling, traced_batch_size
         from traceview.store.analysed import open_runs
+        from traceview.views.progress import TerminalProgress
         from traceview.views.text import render_scaling_to_console, to_json
 
         if len(args.runs) < 2:
             raise UsageError("scaling needs at least two runs with different numbers of ranks")
         if args.batch_size is not None and args.batch_size < 1:
             raise UsageError("--batch-size must be at least 1")
-        with open_runs([[path] for path in args.runs], args.rules) as runs:
+        with (
+            TerminalProgress() as progress,
+            open_runs([[path] for path in args.runs], args.rules, progress) as runs,
+        ):
             reports = [r.report() for r in runs]
             counts = [r.run.ranks for r in reports]
             if len(set(counts)) < len(counts):

@@ -22,6 +22,7 @@ from traceview.model.manifest import (
     RankStatus,
     lenient,
 )
+from traceview.model.progress import Progress, quiet
 from traceview.parsers import (
     ParsedTrace,
     Parser,
@@ -93,9 +94,13 @@ def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
     return status
 
 
-def discover(paths: list[Path], notes: Notes, rules_given: bool = False) -> list[TraceFile]:
+def discover(
+    paths: list[Path], notes: Notes, rules_given: bool = False, progress: Progress = quiet
+) -> list[TraceFile]:
     """The traces among ``paths``; a named file that is not a trace is an error. With a rules
-    file (``rules_given``), a Chrome trace that no parser claims is read by the generic one."""
+    file (``rules_given``), a Chrome trace that no parser claims is read by the generic one.
+    Each file is looked at once (its head), so a folder of many files takes time in proportion,
+    told to ``progress``."""
     parsers = registered()
     if rules_given:
         parsers = [*parsers, _Fallback(generic())]
@@ -114,7 +119,9 @@ def discover(paths: list[Path], notes: Notes, rules_given: bool = False) -> list
             raise BadInput(f"{path}: {R.special_kind(mode)}, not a trace file; not opened")
         if stat.S_ISDIR(mode):
             folder = path / R.RAW if R.is_run_dir(path) and (path / R.RAW).is_dir() else path
-            for candidate in _candidates(folder, notes):
+            candidates = _candidates(folder, notes)
+            for done, candidate in enumerate(candidates):
+                progress("looking at files", done, len(candidates))
                 try:
                     trace = _identify(candidate, parsers, notes)
                 except BadInput as exc:  # one damaged file does not cost the folder's others

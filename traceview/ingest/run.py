@@ -15,14 +15,17 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview import __version__
 from traceview.ingest.discover import TraceFile, assign_ranks, discover, number_ranges
@@ -34,7 +37,6 @@ from traceview.model.errors import (
     Notes,
     OutputError,
     TraceviewError,
-    UsageError,
     cannot_write,
 )
 from traceview.model.manifest import (
@@ -43,14 +45,13 @@ from traceview.model.manifest import (
     ManifestNotes,
     RankIngest,
 )
+from traceview.model.progress import Progress, quiet
+from traceview.store import outputs
 from traceview.store import rundir as R
 
 #: Below this much trace data, and this many ranks, parsing in the parent beats starting worker
 #: processes (~0.5 s each to import; a small rank takes ~20 ms: 1,024 of 4 KB each ingest in
 #: 22 s serially, 15 s on 2 workers).
-PARALLEL_MIN_BYTES = 48 << 20
-
-
 PARALLEL_MIN_BYTES = 48 << 20
 PARALLEL_MIN_RANKS = 32
 
@@ -62,23 +63,53 @@ class Combined:
     notes: Notes
 
 
+#: Parts are folded into one table per name every this many ranks: 20,000 small ranks held as
+#: 20,000 tables of each name cost ~100 KB each in schemas and buffers, folded a few bytes a row.
+FOLD_PARTS = 256
+
+
 def combine(parts: Iterable[RankPartial]) -> Combined:
     """The ranks' parts of one run as the run's: ordered by rank, whatever order they came in
-    (a pool returns them as they finish), tables concatenated per name, notes in rank order."""
-    ordered = sorted(parts, key=lambda p: p.rank)
-    ranks = [p.rank for p in ordered]
-    if len(set(ranks)) < len(ranks):
-        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    (a pool returns them as they finish), tables concatenated per name, notes in rank order.
+    Parts are consumed as they come and folded as they accumulate, so memory follows the rows,
+    not the number of ranks."""
+    infos: list[RankIngest] = []
+    notes_of: list[tuple[int, Notes]] = []
+    folded: dict[str, list[pa.Table]] = {}
+    pending: list[dict[str, pa.Table]] = []
+
+    def fold() -> None:
+        for name in {name for tables in pending for name in tables}:
+            batch = [tables[name] for tables in pending if name in tables]
+            folded.setdefault(name, []).append(pa.concat_tables(batch).combine_chunks())
+        pending.clear()
+
+    for part in parts:
+        infos.append(part.info)
+        notes_of.append((part.rank, part.notes))
+        pending.append(part.tables)
+        if len(pending) >= FOLD_PARTS:
+            fold()
+    fold()
+    ranks = sorted(info.rank for info in infos)
+    twice = sorted({a for a, b in pairwise(ranks) if a == b})
+    if twice:
         raise BadInput(f"rank(s) {number_ranges(twice)} came twice: parts of different runs?")
-    names = sorted({name for p in ordered for name in p.tables})
-    tables = {
-        name: pa.concat_tables([p.tables[name] for p in ordered if name in p.tables])
-        for name in names
-    }
+    tables = {name: _by_rank(pa.concat_tables(folded[name])) for name in sorted(folded)}
     notes = Notes()
-    for part in ordered:
-        notes.extend(part.notes)
-    return Combined([p.info for p in ordered], tables, notes)
+    for _, part_notes in sorted(notes_of, key=lambda pair: pair[0]):
+        notes.extend(part_notes)
+    return Combined(sorted(infos, key=lambda info: info.rank), tables, notes)
+
+
+def _by_rank(table: pa.Table) -> pa.Table:
+    """``table``'s rows ordered by rank, each rank's in the order they were (a stable sort)."""
+    if table.num_rows == 0:
+        return table
+    ranks = table.column(S.RANK).to_numpy()
+    if (ranks[1:] >= ranks[:-1]).all():
+        return table  # already in rank order
+    return table.take(pc.sort_indices(table, sort_keys=[(S.RANK, "ascending")]))
 
 
 def _run_all(
@@ -90,26 +121,33 @@ def _run_all(
     analyze: RankAnalysis | None,
     notes: Notes,
     scheduler: str | Path | None = None,
-) -> list[RankPartial]:
-    """Every rank's part; a rank whose trace cannot be read is left out with a warning (the
-    others are kept), and only a run with no readable rank is an error."""
-    parts: list[RankPartial] = []
+    progress: Progress = quiet,
+) -> Iterator[RankPartial]:
+    """Every rank's part, as each is done; a rank whose trace cannot be read is left out with a
+    warning (the others are kept), and only a run with no readable rank is an error."""
+    done = 0
     failed: list[BadInput] = []
 
-    def keep(trace: TraceFile, work: Callable[[], RankPartial]) -> None:
+    def keep(trace: TraceFile, work: Callable[[], RankPartial]) -> list[RankPartial]:
+        nonlocal done
+        done += 1
         try:
-            parts.append(work())
+            return [work()]
         except BadInput as exc:
             failed.append(exc)
             R.events_path(staged, trace.rank).unlink(missing_ok=True)
             notes.warn(f"rank {trace.rank} left out: {exc}")
+            return []
+        finally:
+            progress("ingesting ranks", done, len(traces))
 
+    progress("ingesting ranks", 0, len(traces))
     total = sum(t.size for t in traces)
     if scheduler is not None:
         from traceview.ingest.cluster import remove_attempt_leftovers, run_on_cluster
 
         for t, result in run_on_cluster(scheduler, traces, staged, run_id, rules_path, analyze):
-            keep(t, result)
+            yield from keep(t, result)
         remove_attempt_leftovers(staged)
     elif (
         jobs <= 1
@@ -117,7 +155,9 @@ def _run_all(
         or (total < PARALLEL_MIN_BYTES and len(traces) < PARALLEL_MIN_RANKS)
     ):
         for t in traces:
-            keep(t, partial(ingest_rank, t, staged, run_id, rules_path, analyze, helper=True))
+            yield from keep(
+                t, partial(ingest_rank, t, staged, run_id, rules_path, analyze, helper=True)
+            )
     else:
         # Larger files first, so the pool's last task is a short one.
         ordered = sorted(traces, key=lambda t: -t.size)
@@ -127,16 +167,16 @@ def _run_all(
             initializer=die_with_parent,
             initargs=(os.getpid(),),
         ) as pool:
-            futures = [
+            futures = deque(
                 (t, pool.submit(ingest_rank, t, staged, run_id, rules_path, analyze))
                 for t in ordered
-            ]
-            for t, future in futures:
-                keep(t, future.result)
-    if failed and not parts:
+            )
+            while futures:  # each result let go once combined
+                t, future = futures.popleft()
+                yield from keep(t, future.result)
+    if failed and len(failed) == done:
         more = f" (and {len(failed) - 1} more trace(s) like it)" if len(failed) > 1 else ""
         raise BadInput(f"{failed[0]}{more}")
-    return parts
 
 
 def ingest(
@@ -149,6 +189,7 @@ def ingest(
     analyze: RankAnalysis | None = None,
     analysis_version: str | None = None,
     scheduler: str | Path | None = None,
+    progress: Progress = quiet,
 ) -> Path:
     """Read the traces under ``paths`` into the run directory ``out``; return ``out``.
 
@@ -158,15 +199,12 @@ def ingest(
     are ingested as tasks on that cluster instead of local processes.
     """
     notes = Notes()
-    try:  # a name too long, a folder we may not look into: the output cannot go there
+    outputs.run_directory(out)  # (the command checked it already; a library caller may not have)
+    try:
         R.recover(out.resolve(), notes)  # what an ingest killed while replacing it left
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"{out}: exists and is a file, not a run directory")
-        if out.exists() and not R.is_run_dir(out) and any(out.iterdir()):
-            raise UsageError(f"{out}: exists and is not a traceview run directory")
     except OSError as exc:
         raise cannot_write(out, exc) from None
-    traces = discover(paths, notes, rules_given=rules_path is not None)
+    traces = discover(paths, notes, rules_given=rules_path is not None, progress=progress)
     world = assign_ranks(traces, notes)
     collected = R.read_manifest(out).collect if R.is_run_dir(out) else None
     if collected is not None:
@@ -194,6 +232,7 @@ def ingest(
                 analyze,
                 notes,
                 scheduler,
+                progress,
             )
         )
         notes.extend(run.notes)

@@ -25,6 +25,7 @@ from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model import schema as S
 from traceview.model.errors import BadInput, OutputError, cannot_write
 from traceview.model.manifest import Manifest
+from traceview.model.progress import Progress, quiet
 from traceview.model.results import RunReport, StepCollective
 from traceview.store import rundir as R
 
@@ -155,7 +156,7 @@ def _version(value: str | None) -> int:
     return int(value) if value and value.isdigit() else 0
 
 
-def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
+def reanalyze(run: Path, manifest: Manifest, progress: Progress = quiet) -> dict[str, pa.Table]:
     """The analysis tables of ``run`` computed afresh from its events, one rank at a time.
 
     They replace the cache when it is older than this analysis (or missing), where the run
@@ -163,7 +164,9 @@ def reanalyze(run: Path, manifest: Manifest) -> dict[str, pa.Table]:
     manifest's ``analysis_version`` changes (its other keys, known here or not, stay as written).
     """
     per_rank, damaged = [], {}
-    for rank in R.event_ranks(run):
+    ranks = R.event_ranks(run)
+    for done, rank in enumerate(ranks):
+        progress("analysing ranks", done, len(ranks))
         try:
             memory = R.read_memory(run, [rank])
             tables = _in_chunks(run, rank, memory)
@@ -219,7 +222,9 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
 
 
 @contextmanager
-def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
+def open_run(
+    paths: list[Path], rules: Path | None = None, progress: Progress = quiet
+) -> Iterator[Run]:
     """The run at ``paths``; traces are read into a temporary run directory."""
     label = _label(paths)
     if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
@@ -229,7 +234,7 @@ def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
             current = analysis_is_current(run, manifest) and _read_tables(run)
         except BadInput:  # a damaged cache (a write cut short): it is only a cache
             current = None
-        tables = current or reanalyze(run, manifest)
+        tables = current or reanalyze(run, manifest, progress)
         yield Run(run, label, manifest, tables, False)
         return
     try:
@@ -238,7 +243,9 @@ def open_run(paths: list[Path], rules: Path | None = None) -> Iterator[Run]:
         where = tempfile.gettempdir()
         raise cannot_write(where, exc) from None  # TMPDIR chooses another place
     with scratch as tmp:
-        run = ingest_run(paths, Path(tmp) / "run", rules_path=rules, command=sys.argv)
+        run = ingest_run(
+            paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
+        )
         yield Run(run, label, R.read_manifest(run), _read_tables(run), True)
 
 
@@ -262,10 +269,12 @@ def _read_tables(run: Path) -> dict[str, pa.Table]:
 
 
 @contextmanager
-def open_runs(groups: list[list[Path]], rules: Path | None = None) -> Iterator[list[Run]]:
+def open_runs(
+    groups: list[list[Path]], rules: Path | None = None, progress: Progress = quiet
+) -> Iterator[list[Run]]:
     """Several runs at once (compare, scaling); labels made unique."""
     with ExitStack() as stack:
-        runs = [stack.enter_context(open_run(paths, rules)) for paths in groups]
+        runs = [stack.enter_context(open_run(paths, rules, progress)) for paths in groups]
         # Same folder name in different frameworks' trees (pytorch/explicit, tensorflow/explicit):
         # prefix the framework; otherwise number the repeats.
         labels = [run.label for run in runs]
