@@ -172,6 +172,9 @@ def _byte_blocks(
                 block = f.read(_BLOCK_BYTES)
             return
         state.compressed = True
+        if len(first) < _BLOCK_BYTES:  # the whole file is in hand: no reading to overlap
+            yield from _inflated(f, first, _BLOCK_BYTES, state)
+            return
         ahead: queue.Queue[bytes | None] = queue.Queue(maxsize=2)
         done = threading.Event()
         worker = threading.Thread(target=_inflate, args=(f, first, ahead, state, done), daemon=True)

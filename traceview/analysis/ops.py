@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,13 +30,24 @@ class OpsPart:
     rows ``combine_ops`` into the table the rank's events give in one piece."""
 
     rank: int
-    groups: pl.DataFrame  # per (device, kind, phase, op): count, total, self, bytes, known
-    # the outermost events' durations, sorted by group (its index in ``groups``) and duration;
+    # per group (a distinct device, kind, phase, op): each key's value (None: null)...
+    keys: dict[str, list[str | None]]
+    # ...how many outermost events, their total, the self time, the bytes (and whether any is
+    # known)
+    count: np.ndarray
+    total: np.ndarray
+    self_ns: np.ndarray
+    nbytes: np.ndarray
+    known: np.ndarray
+    # the outermost events' durations, sorted by group (its index above) and duration;
     # group g's are durations[offsets[g]:offsets[g + 1]]
     durations: np.ndarray
     offsets: np.ndarray
-    names: pl.DataFrame  # per group index and name: how many of the group's events carry it
-    first_seen: dict[str, pl.DataFrame]  # per column of _NAMED: value, the lowest event id
+    # per (group, name) pair: how many of the group's events carry the name
+    name_group: np.ndarray
+    name: list[str | None]
+    name_count: np.ndarray
+    first_seen: dict[str, dict[str, int]]  # per column of _NAMED: value -> the lowest event id
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
@@ -55,16 +65,13 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     return lut[np.asarray(indices, np.int64)], list(distinct)
 
 
-def _first_seen(codes: np.ndarray, values: list[str], ids: np.ndarray) -> pl.DataFrame:
+def _first_seen(codes: np.ndarray, values: list[str], ids: np.ndarray) -> dict[str, int]:
     """Per value among ``codes``, the lowest event id that carries it."""
     first = np.full(len(values), np.iinfo(np.int64).max, np.int64)
     known = codes >= 0
     np.minimum.at(first, codes[known], ids[known])
     seen = np.flatnonzero(first < np.iinfo(np.int64).max)
-    return pl.DataFrame(
-        {"value": [values[i] for i in seen.tolist()], "id": first[seen]},
-        schema={"value": pl.String, "id": pl.Int64},
-    )
+    return dict(zip([values[i] for i in seen.tolist()], first[seen].tolist(), strict=True))
 
 
 def ops_part(
@@ -104,17 +111,14 @@ def ops_part(
     g = len(keys)
 
     def total(values: np.ndarray) -> np.ndarray:
-        return np.bincount(group, weights=values, minlength=g).astype(np.int64)
+        summed = np.zeros(g, np.int64)
+        np.add.at(summed, group, values)
+        return summed
 
-    columns: dict[str, object] = {"group": np.arange(g, dtype=np.int64)}
-    for k, codes in zip(_KEYS, np.unravel_index(keys, sizes), strict=True):
-        values = coded[k][1]
-        columns[k] = pl.Series([values[c - 1] if c > 0 else None for c in codes.tolist()])
-    columns[S.COUNT] = total(is_outer)
-    columns[S.TOTAL_NS] = total(np.where(is_outer, dur, 0))
-    columns[S.SELF_NS] = total(self_ns)
-    columns[S.BYTES] = total(np.where(has_bytes, nbytes, 0))
-    columns["known"] = np.bincount(group, weights=has_bytes, minlength=g) > 0
+    key_values = {
+        k: [coded[k][1][c - 1] if c > 0 else None for c in codes.tolist()]
+        for k, codes in zip(_KEYS, np.unravel_index(keys, sizes), strict=True)
+    }
     outer_group, outer_dur = group[is_outer], dur[is_outer]
     order = np.lexsort((outer_dur, outer_group))
     name_codes, names = coded[S.NAME]
@@ -124,110 +128,115 @@ def ops_part(
     pair_name = pair % (len(names) + 1) - 1
     return OpsPart(
         rank=rank,
-        groups=pl.DataFrame(columns, schema_overrides={k: pl.String for k in _KEYS}),
+        keys=key_values,
+        count=total(is_outer.astype(np.int64)),
+        total=total(np.where(is_outer, dur, 0)),
+        self_ns=total(self_ns),
+        nbytes=total(np.where(has_bytes, nbytes, 0)),
+        known=np.bincount(group, weights=has_bytes, minlength=g) > 0,
         durations=outer_dur[order],
         offsets=np.searchsorted(outer_group[order], np.arange(g + 1)),
-        names=pl.DataFrame(
-            {
-                "group": pair // (len(names) + 1),
-                S.NAME: pl.Series([names[c] if c >= 0 else None for c in pair_name.tolist()]),
-                "n": pair_counts.astype(np.int64),
-            },
-            schema_overrides={S.NAME: pl.String},
-        ),
+        name_group=pair // (len(names) + 1),
+        name=[names[c] if c >= 0 else None for c in pair_name.tolist()],
+        name_count=pair_counts.astype(np.int64),
         first_seen=first_seen,
     )
 
 
-def _order(seen: pl.DataFrame) -> dict[str, int]:
-    """Each value's place by the event in which it first appears."""
-    return {v: i for i, v in enumerate(seen.sort("id")["value"].to_list())}
+def _places(parts: list[OpsPart]) -> dict[str, dict[str, int]]:
+    """Per column of _NAMED, each value's place by the event in which it first appears, over
+    every part (ties in self time, in how often a name is seen, go to the values seen first)."""
+    places = {}
+    for column in _NAMED:
+        first: dict[str, int] = {}
+        for part in parts:
+            for value, event in part.first_seen[column].items():
+                if event < first.get(value, event + 1):
+                    first[value] = event
+        places[column] = {v: i for i, v in enumerate(sorted(first, key=first.__getitem__))}
+    return places
+
+
+def _placed(values: list[str | None], place: dict[str, int]) -> np.ndarray:
+    """Each value's place (a null's: -1, before every value)."""
+    return np.array([-1 if v is None else place[v] for v in values], np.int64)
 
 
 def combine_ops(parts: list[OpsPart]) -> pa.Table:
     """The ops table (schema.OPS_SCHEMA) of one rank from the parts of its events."""
-    parts = [p for p in parts if p.groups.height]
+    parts = [p for p in parts if len(p.count)]
     if not parts:
         return S.OPS_SCHEMA.empty_table()
     rank = parts[0].rank
-    keyed = [p.groups.with_columns(pl.lit(i).alias("part")) for i, p in enumerate(parts)]
-    every = pl.concat(keyed)
-    merged = every.group_by(list(_KEYS)).agg(
-        pl.col(S.COUNT).sum(),
-        pl.col(S.TOTAL_NS).sum(),
-        pl.col(S.SELF_NS).sum(),
-        pl.col(S.BYTES).sum(),
-        pl.col("known").any(),
+    places = _places(parts)
+    # each part's groups as rows of their keys' places; the merged groups are the distinct rows,
+    # in the order of the places (a null first)
+    placed = np.concatenate(
+        [np.stack([_placed(p.keys[k], places[k]) for k in _KEYS], axis=1) for p in parts]
     )
-    # ties (in self time, in how often a name is seen) go to the values seen first
-    seen = {
-        name: _order(
-            pl.concat([p.first_seen[name] for p in parts]).group_by("value").agg(pl.col("id").min())
-        )
-        for name in _NAMED
-    }
-    place = [
-        pl.col(k).replace_strict(seen[k], default=-1, return_dtype=pl.Int64).alias(f"_{k}")
-        for k in _KEYS
-    ]
-    merged = merged.with_columns(place).sort([f"_{k}" for k in _KEYS], nulls_last=False)
-    merged = merged.with_row_index("index")
-    # each part's group index → the merged one
-    lookup = every.join(merged.select(*_KEYS, "index"), on=list(_KEYS), nulls_equal=True).select(
-        "part", "group", "index"
-    )
-    n = merged.height
+    merged_keys, index = np.unique(placed, axis=0, return_inverse=True)
+    index = np.asarray(index, np.int64).ravel()
+    n = len(merged_keys)
+    starts = np.cumsum([0] + [len(p.count) for p in parts])
+
+    def summed(values: list[np.ndarray]) -> np.ndarray:
+        out = np.zeros(n, np.int64)
+        np.add.at(out, index, np.concatenate(values).astype(np.int64))
+        return out
+
+    count = summed([p.count for p in parts])
+    total = summed([p.total for p in parts])
+    self_ns = summed([p.self_ns for p in parts])
+    nbytes = summed([p.nbytes for p in parts])
+    known = summed([p.known for p in parts]) > 0
     # each group's durations, from every part that has the group (each part's sorted)
     pieces: list[list[np.ndarray]] = [[] for _ in range(n)]
     for i, part in enumerate(parts):
-        mine = lookup.filter(pl.col("part") == i).sort("group")
-        for local, index in zip(mine["group"].to_list(), mine["index"].to_list(), strict=True):
+        mine = index[starts[i] : starts[i + 1]]
+        for local, merged in enumerate(mine.tolist()):
             lo, hi = part.offsets[local], part.offsets[local + 1]
             if hi > lo:
-                pieces[index].append(part.durations[lo:hi])
+                pieces[merged].append(part.durations[lo:hi])
     p50, p95 = np.zeros(n), np.zeros(n)
-    for index, found in enumerate(pieces):
+    for merged, found in enumerate(pieces):
         if not found:
             continue
         dur = found[0] if len(found) == 1 else np.sort(np.concatenate(found))
         for q, out in ((0.5, p50), (0.95, p95)):
             pos = (len(dur) - 1) * q
             lo, hi = int(np.floor(pos)), int(np.ceil(pos))
-            out[index] = dur[lo] + (dur[hi] - dur[lo]) * (pos - lo)
+            out[merged] = dur[lo] + (dur[hi] - dur[lo]) * (pos - lo)
     del pieces
     # the framework name seen most often in each group (ties: the one seen first)
-    names = (
-        pl.concat([p.names.with_columns(pl.lit(i).alias("part")) for i, p in enumerate(parts)])
-        .join(lookup, on=["part", "group"])
-        .group_by("index", S.NAME)
-        .agg(pl.col("n").sum())
-        .with_columns(
-            pl.col(S.NAME)
-            .replace_strict(seen[S.NAME], default=-1, return_dtype=pl.Int64)
-            .alias("_name")
-        )
-        .sort("index", "n", "_name", descending=[False, True, False])
-        .unique("index", keep="first")
-        .sort("index")
-    )
-    top = dict(zip(names["index"].to_list(), names[S.NAME].to_list(), strict=True))
-    count = merged[S.COUNT].to_numpy().astype(np.int64)
-    total = merged[S.TOTAL_NS].to_numpy().astype(np.int64)
+    seen_count: dict[tuple[int, str | None], int] = {}
+    for i, part in enumerate(parts):
+        mine = index[starts[i] : starts[i + 1]]
+        for group, name, times in zip(
+            mine[part.name_group].tolist(), part.name, part.name_count.tolist(), strict=True
+        ):
+            seen_count[(group, name)] = seen_count.get((group, name), 0) + times
+    name_place = places[S.NAME]
+    top: dict[int, tuple[int, int, str | None]] = {}
+    for (group, name), times in seen_count.items():
+        rank_of = (-times, -1 if name is None else name_place[name])
+        if group not in top or rank_of < top[group][:2]:
+            top[group] = (*rank_of, name)
+    key_names = {k: [v for v, _ in sorted(places[k].items(), key=lambda kv: kv[1])] for k in _KEYS}
     table = pa.table(
         {
             S.RANK: pa.array(np.full(n, rank, np.int32)),
-            **{k: [v if v is not None else "" for v in merged[k].to_list()] for k in _KEYS},
-            S.NAME: [top.get(i) or "" for i in range(n)],
+            **{
+                k: [key_names[k][c] if c >= 0 else "" for c in merged_keys[:, j].tolist()]
+                for j, k in enumerate(_KEYS)
+            },
+            S.NAME: [(top[i][2] if i in top else None) or "" for i in range(n)],
             S.COUNT: count,
             S.TOTAL_NS: total,
-            S.SELF_NS: merged[S.SELF_NS].to_numpy().astype(np.int64),
+            S.SELF_NS: self_ns,
             S.MEAN_NS: total / np.maximum(count, 1),
             S.P50_NS: p50,
             S.P95_NS: p95,
-            S.BYTES: pa.array(
-                merged[S.BYTES].to_numpy().astype(np.int64), pa.int64(),
-                mask=~merged["known"].to_numpy().astype(bool),
-            ),
+            S.BYTES: pa.array(nbytes, pa.int64(), mask=~known),
         }
     )  # fmt: skip
     table = table.sort_by([(S.SELF_NS, "descending")])
