@@ -293,3 +293,34 @@ def test_one_event_decades_away_is_dropped_not_fatal(tmp_path: Path) -> None:
     report = result.json()
     assert any("30 days" in w for w in report["warnings"]), report["warnings"]
     assert report["run"]["steps"] == steps
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", "pytorch/ddp"],
+        ["report", "pytorch/ddp", "--json"],
+        ["report", "pytorch/ddp", "--all-ranks"],
+        ["compare", "pytorch/ddp", "pytorch/explicit"],
+    ],
+    ids=["text", "json", "all-ranks", "compare"],
+)
+def test_a_reader_that_closed_the_pipe_is_not_an_error(args: list[str]) -> None:
+    """``traceview report … | head -1``: the reader has what it wanted. Its end of the pipe is
+    closed before traceview writes a byte, so every write fails; exit 0, nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    paths = [str(SAMPLES / a) if "/" in a else a for a in args]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "traceview", *paths],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""

@@ -47,8 +47,16 @@ def to_json(result: Result) -> str:
     return json_safe(result.to_json().decode())
 
 
+class _ReportConsole(Console):
+    def on_broken_pipe(self) -> None:
+        """A reader that closed the pipe (``report | head``) has what it wanted: the command
+        ends with exit 0 (traceview.cli), not rich's exit 1."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console() -> Console:
-    return Console(highlight=False, markup=False, emoji=False)
+    return _ReportConsole(highlight=False, markup=False, emoji=False)
 
 
 #: Above this many ranks the text report shows them as a distribution (--all-ranks: every one).
