@@ -206,3 +206,26 @@ def test_a_step_that_did_not_finish_on_every_rank_is_left_out_of_the_models(
     for result in results.values():
         result["runs"][1].pop("label")
     assert results["rank1"] == results["neither"]
+
+
+def test_a_run_missing_ranks_is_not_taken_as_a_smaller_run(tmp_path: Path) -> None:
+    """Three of a 4-rank job's traces (each says world size 4) are part of that job: their step
+    is the 4-rank job's. Refused in one line; with --allow-partial, taken and said so."""
+    import shutil
+
+    partial = tmp_path / "three-of-four"
+    partial.mkdir()
+    for rank in range(3):
+        name = f"rank-{rank}.pt.trace.json.gz"
+        shutil.copy(SCALING / "ranks-4" / name, partial / name)
+    args = ["scaling", SCALING / "ranks-1", SCALING / "ranks-2", partial]
+    refused = run_cli(*args)
+    assert refused.code == 2, refused.err
+    lines = refused.err.strip().splitlines()
+    assert len(lines) == 1 and "holds 3 of its job's 4 ranks" in lines[0], refused.err
+    assert "--allow-partial" in lines[0]
+    taken = run_cli(*args, "--allow-partial", "--json")
+    assert taken.code == 0, taken.err
+    result = taken.json()
+    assert [r["ranks"] for r in result["runs"]] == [1, 2, 3]
+    assert [n for n in result["notes"] if "holds 3 of its job's 4 ranks" in n], result["notes"]

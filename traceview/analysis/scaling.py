@@ -122,6 +122,15 @@ def what_if(
     return scenarios
 
 
+def partial_run(report: RunReport) -> str | None:
+    """How a run holds fewer ranks than its job had (None: it holds them all). Such a run is
+    part of a larger job, not a smaller one: its step time is the large job's."""
+    world = report.run.world_size
+    if world is None or report.run.ranks >= world:
+        return None
+    return f"holds {report.run.ranks} of its job's {world} ranks"
+
+
 def scaling(
     reports: list[RunReport],
     ops: list[pa.Table],
@@ -151,7 +160,11 @@ def scaling(
     runs = []
     errors: dict[str, list[float]] = {m: [] for m in MODELS}
     base_compute = compute_ms(base)
-    notes = []
+    notes = [
+        f"{label}: {partial} (--allow-partial): taken as a run of {report.run.ranks}"
+        for label, report in zip(labels, reports, strict=True)
+        if (partial := partial_run(report))
+    ]
     for label, report, table, guess, replay in zip(
         labels, reports, ops, traced, replays, strict=True
     ):

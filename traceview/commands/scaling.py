@@ -47,12 +47,19 @@ class ScalingCommand:
             "--json", action="store_true", help="print the analysis as one JSON object"
         )
         parser.add_argument(
+            "--allow-partial",
+            action="store_true",
+            help="take a run that holds fewer ranks than its job had (some ranks' traces "
+            "missing) as a run of the ranks it holds, with a note; refused otherwise",
+        )
+        parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.attribution import comm_schedule
-        from traceview.analysis.scaling import scaling, traced_batch_size
+        from traceview.analysis.scaling import partial_run, scaling, traced_batch_size
+        from traceview.model.escape import safe
         from traceview.store.analysed import open_runs
         from traceview.views.progress import TerminalProgress
         from traceview.views.text import render_scaling_to_console, to_json
@@ -66,6 +73,13 @@ class ScalingCommand:
             open_runs([[path] for path in args.runs], args.rules, progress) as runs,
         ):
             reports = [r.report() for r in runs]
+            for run, report in zip(runs, reports, strict=True):
+                partial = partial_run(report)
+                if partial and not args.allow_partial:
+                    raise UsageError(
+                        f"{safe(run.label)}: {partial}: part of a larger job, not a smaller "
+                        "one (give every rank's trace, or --allow-partial)"
+                    )
             counts = [r.run.ranks for r in reports]
             if len(set(counts)) < len(counts):
                 raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
