@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from tests.conftest import analysed, shared_pytorch_files, shared_traces
+from tests.conftest import analysed, run_cli, shared_pytorch_files, shared_traces
 from traceview.analysis.summary import summarize
 from traceview.model import schema as S
 from traceview.store import rundir as R
@@ -172,3 +172,26 @@ def test_schema_carries_its_version(tmp_path: Path) -> None:
     meta = pq.read_schema(R.events_path(run, 0)).metadata
     assert meta[S.SCHEMA_VERSION_KEY] == S.SCHEMA_VERSION.encode()
     assert pa.types.is_dictionary(pq.read_schema(R.events_path(run, 0)).field(S.NAME).type)
+
+
+def test_no_straggler_claim_where_no_collective_could_be_matched() -> None:
+    """Two ranks of a 128-rank NCCL job (each trace says world size 128): their collectives
+    cannot be matched without the other 126, so nobody is known to wait for anyone. The
+    report names the busiest rank as such, and claims no straggler (issue 34)."""
+    import gzip
+    import json
+
+    path = shared_traces("pytorch/hta_sampled_2rank")
+    worlds = {
+        json.loads(gzip.decompress(f.read_bytes()))["distributedInfo"]["world_size"]
+        for f in path.glob("*.json.gz")
+    }
+    assert worlds == {128}
+    data = run_cli("report", path, "--json").json()
+    summary = data["summary"]
+    assert summary["comm_wait_ms"] is None  # nothing matched across ranks
+    assert summary["straggler_significant"] is None and summary["straggler_phase"] is None
+    assert not any(r["straggler"] for r in data["ranks"])
+    text = run_cli("report", path, env={"COLUMNS": "200"}).out
+    line = next(line for line in text.splitlines() if line.startswith("straggler:"))
+    assert "not known" in line and "wait for it" not in line, line

@@ -51,8 +51,7 @@ from traceview.model.results import (
 
 HIDDEN_YES = 0.9  # at least this fraction of communication overlaps compute: "hidden: yes"
 HIDDEN_NO = 0.1  # at most this: "hidden: no"
-STRAGGLER_MIN_EXCESS = 0.05  # a straggler is busier than the median rank by at least 5%
-STRAGGLER_MIN_WAIT = 0.05  # ... or the others wait for it at least 5% of the step
+STRAGGLER_MIN_WAIT = 0.05  # a straggler: the others wait for it at least 5% of the step
 WARMUP_FACTOR = 1.10  # a leading step this much slower than the median step is warm-up
 SLOW_FACTOR = 1.25  # a later step this much slower than the median is marked slow
 
@@ -274,12 +273,12 @@ def _summary(ranks: list[RankSummary], ranks_df: pl.DataFrame, cross: CrossRank 
             slowest = max(matched, key=lambda r: (r.caused_wait_ms, -(r.comm_wait_total_ms or 0)))
             waited_for = round((slowest.caused_wait_ms or 0.0) / (n - 1), 3)
             significant = step_ms > 0 and waited_for >= STRAGGLER_MIN_WAIT * step_ms
-        else:
+        else:  # nobody waits (balanced), or nothing matched (not known): the busiest rank
             slowest = max(ranks, key=lambda r: r.busy_ms)
-            significant = median > 0 and (slowest.busy_ms - median) / median >= STRAGGLER_MIN_EXCESS
+            significant = False if matched else None
         excess = (slowest.busy_ms - median) / median if median > 0 else 0.0
         straggler_rank = slowest.rank
-        slowest.straggler = significant
+        slowest.straggler = bool(significant)
         if significant:
             phase = _straggler_phase(slowest, ranks)
     comm_wait = _mean([r.comm_wait_ms for r in ranks])

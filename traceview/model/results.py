@@ -225,8 +225,8 @@ class Summary(Result):
     # caused the most waiting; else the busiest rank (null with one rank).
     straggler_rank: int | None
     straggler_excess: float  # its busy time over the median rank's (0.05: 5% more)
-    # matched: the others wait for it at least STRAGGLER_MIN_WAIT of the step; else its excess
-    # is at least STRAGGLER_MIN_EXCESS (null: one rank)
+    # the others wait for it at least STRAGGLER_MIN_WAIT of the step (null: one rank, or no
+    # collective matched: nobody is known to wait for it)
     straggler_significant: bool | None
     blocked_ms: float  # mean over ranks of exposed comm + idle: time not on the rank's own work
     # Across ranks (analysis/crossrank.py), means over ranks; null where no collective was

@@ -251,9 +251,13 @@ def straggler_text(report: RunReport) -> Text:
                 )
             text.append(")")
         else:
-            text.append(
-                f" (busy {pct(excess)} longer than the median rank; the others wait for it)"
-            )
+            text.append(f" (busy {pct(excess)} longer than the median rank)")
+    elif summary.straggler_significant is None:  # nothing matched across ranks: no claim
+        return Text(
+            f"straggler: not known (no collective calls matched across ranks); the busiest rank "
+            f"is {rank}, {pct(excess)} above the median",
+            style="bright_black",
+        )
     else:
         text.append(f"rank {rank}", style="bold")
         if waited is not None:
