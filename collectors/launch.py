@@ -525,8 +525,10 @@ def read_statuses(run: Path, warnings: list[str] | None = None) -> list[dict[str
     # profiled (an MXNet parameter-server job's scheduler-N/, server-N/)
     for path in sorted((run / R.RAW).glob("*/status.json")):
         where = f"{R.RAW}/{path.parent.name}/{path.name}"
+        folder = path.parent.name
         try:
-            record, problem = read_status(path)
+            # a process that is not a rank (an MXNet scheduler or server) says rank -1
+            record, problem = read_status(path, () if folder.startswith("rank-") else ("rank",))
         except FileNotFoundError:  # (gone since the listing)
             continue
         if problem and warnings is not None:
@@ -534,7 +536,6 @@ def read_statuses(run: Path, warnings: list[str] | None = None) -> list[dict[str
         status: dict[str, Any] = record.to_builtins()
         if problem and status == RankStatus().to_builtins():
             continue  # nothing read
-        folder = path.parent.name
         number = folder.removeprefix("rank-")
         if folder.startswith("rank-") and number.isdigit() and status.get("rank") != int(number):
             # a rank writes its status into its own folder (rankside.rank_dir): the folder wins

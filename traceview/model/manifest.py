@@ -101,11 +101,12 @@ class RankStatus(Record):
     proc_start: Ticks | None = None  # /proc/<pid>/stat's start time (clock ticks since boot)
 
 
-def read_status(path: Path) -> tuple[RankStatus, str | None]:
+def read_status(path: Path, unused: tuple[str, ...] = ()) -> tuple[RankStatus, str | None]:
     """The status.json at ``path`` (written by a rank of the job: untrusted), and what was wrong
     with it (None: nothing). What reads is kept, field by field (``lenient``); a file that is
     not a regular file, is larger than ``MAX_STATUS_BYTES``, is not JSON (invalid UTF-8, nested
-    too deep, a number too long) or not an object gives an empty status. ``FileNotFoundError``
+    too deep, a number too long) or not an object gives an empty status. Fields in ``unused``
+    are not named when they do not read (a parameter server's rank, -1). ``FileNotFoundError``
     is raised for a missing one."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO must not block)
@@ -131,6 +132,7 @@ def read_status(path: Path) -> tuple[RankStatus, str | None]:
     if not isinstance(decoded, dict):
         return RankStatus(), f"not a JSON object (a {type(decoded).__name__}), not used"
     status, dropped = lenient(decoded, RankStatus)
+    dropped = [name for name in dropped if name not in unused]
     if dropped:
         shown = ", ".join(dropped[:5]) + (
             f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
