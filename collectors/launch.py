@@ -9,8 +9,10 @@ MPI); Slurm's srun, torchrun and plain processes inherit them.
 
 While the job runs, this process serves its clock on a TCP port so each rank can measure its
 clock's offset to it. Signals (Ctrl-C, SIGTERM, SIGHUP) are passed to the job, which runs in a
-session of its own; whatever the ranks wrote is kept. Then the run directory is ingested and
-the report printed, and the job's exit code returned.
+session of its own; whatever the ranks wrote is kept. When the launcher ends, every process of
+the job still running on this host is ended (``end_job``), so none writes into the run
+directory while it is read. Then the run directory is ingested and the report printed, and the
+job's exit code returned.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import os
 import shlex
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from traceview import __version__
+from traceview.model.manifest import MAX_PID, MAX_WORLD_SIZE, RankStatus
 from traceview.store import rundir as R
 
 from . import RANKSIDE_MODULE, rankside
@@ -101,6 +106,11 @@ class JobResult:
     interrupted: str | None = None
     statuses: list[dict[str, Any]] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)  # the launcher's last stderr lines
+    # processes of the job still running when the launcher ended, which collect ended (pids),
+    # and those it could not end
+    ended_processes: list[int] = field(default_factory=list)
+    left_running: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the job wrote that did not read
 
 
 class _StderrTail(threading.Thread):
@@ -229,10 +239,32 @@ PASSED_VARIABLES = (
 )
 
 
-def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResult:
-    """Run ``command`` with every rank profiled into ``run``; returns how it went."""
-    (run / R.RAW).mkdir(parents=True, exist_ok=True)
-    bootstrap = write_bootstrap(run)
+def prepare_run(run: Path) -> Path:
+    """Make the run directory and its bootstrap folder, before the job starts; returns the
+    bootstrap folder. Where they cannot be written (a full disk, a read-only one), an
+    ``OutputError`` naming ``run``, and nothing of them is left."""
+    from traceview.model.errors import cannot_write
+
+    existed = run.exists()
+    try:
+        (run / R.RAW).mkdir(parents=True, exist_ok=True)
+        return write_bootstrap(run)
+    except OSError as exc:
+        for made in (run / BOOTSTRAP_DIR, run / R.RAW):
+            shutil.rmtree(made, ignore_errors=True)
+        if not existed:
+            with contextlib.suppress(OSError):
+                run.rmdir()
+        raise cannot_write(run, OSError(exc.errno, exc.strerror)) from None
+
+
+def run_job(
+    command: list[str], run: Path, settings: CollectSettings, bootstrap: Path | None = None
+) -> JobResult:
+    """Run ``command`` with every rank profiled into ``run`` (``bootstrap``: what
+    ``prepare_run`` made, made here otherwise); returns how it went."""
+    if bootstrap is None:
+        bootstrap = prepare_run(run)
     stop_clock = threading.Event()
     host, port = rankside.serve_clock(stop_clock)
     env = job_environment(run, bootstrap, settings, f"{host}:{port}")
@@ -254,9 +286,13 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             previous[sig] = signal.signal(sig, forward)
+    # this process's children before the job: not the job's (collect has none; a caller may)
+    ours = {p.pid for p in _processes().values() if p.ppid == os.getpid()}
+    _subreaper(True)
     try:
         child = subprocess.Popen(launched, env=env, start_new_session=True, stderr=subprocess.PIPE)
     except OSError as exc:
+        _subreaper(False)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_clock.set()
@@ -264,17 +300,25 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
             f"cannot run {shlex.quote(command[0])}: {exc.strerror or exc}"
         ) from None
     children.append(child)
+    launcher_start = rankside.proc_start_time(child.pid)
     tail = _StderrTail(child.stderr)
     tail.start()
+    ended: list[int] = []
+    left: list[int] = []
     try:
         code = child.wait()
+        # No process of the job outlives it: a rank the launcher left running (killed, or
+        # exited before its ranks) would write into the run directory while it is read.
+        ended, left = end_job(run, child.pid, launcher_start, ours, read_statuses(run))
     finally:
+        _subreaper(False)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_clock.set()
     tail.join(timeout=5)  # the job's own children may still hold the pipe: do not wait on them
     if code < 0:
         code = 128 - code  # killed by a signal: report it as a shell would
+    warnings: list[str] = []
     return JobResult(
         command=list(command),
         launched=launched,
@@ -282,8 +326,11 @@ def run_job(command: list[str], run: Path, settings: CollectSettings) -> JobResu
         started=started,
         ended=time.time(),
         interrupted=interrupted[0] if interrupted else None,
-        statuses=read_statuses(run),
+        statuses=read_statuses(run, warnings),
         stderr_tail=tail.summary(),
+        ended_processes=ended,
+        left_running=left,
+        warnings=warnings,
     )
 
 
@@ -291,22 +338,231 @@ class JobNotStarted(Exception):
     pass
 
 
-def read_statuses(run: Path) -> list[dict[str, Any]]:
+# --- the job's processes left running once its launcher has ended -------------------------------
+
+#: prctl(2)'s PR_SET_CHILD_SUBREAPER (Linux): an orphaned descendant is re-parented here
+PR_SET_CHILD_SUBREAPER = 36
+#: how long a process of the job left running gets between SIGTERM (its collector writes what
+#: it recorded) and SIGKILL
+TERM_GRACE_S = 2.0
+
+
+def _subreaper(on: bool) -> None:
+    """Make this process the subreaper of its descendants (Linux; elsewhere nothing): a process
+    of the job whose parent dies (a launcher killed, a rank started in a session of its own) is
+    re-parented here, not to init, so it can still be found and ended, and is reaped here."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    ppid: int
+    pgid: int
+    start: int  # /proc/<pid>/stat's start time, clock ticks since boot
+    zombie: bool
+
+
+def _processes() -> dict[int, _Process]:
+    """Every process of this host that /proc shows (empty where there is no /proc)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as file:
+                    fields = file.read().rpartition(b")")[2].split()
+                pid = int(entry.name)
+                found[pid] = _Process(
+                    pid, int(fields[1]), int(fields[2]), int(fields[19]), fields[0] in (b"Z", b"X")
+                )
+            except (OSError, ValueError, IndexError):
+                continue  # (ended meanwhile)
+    return found
+
+
+def _recorded(run: Path, statuses: list[dict[str, Any]]) -> dict[int, int]:
+    """pid -> start time of the job's Python processes on this host, as they recorded them: the
+    marks every one leaves at start-up (raw/.started/) and the ranks' status files. One without
+    a start time is left out (its pid alone could have been recycled)."""
+    here = socket.gethostname()
+    marks: list[Any] = list(statuses)
+    with contextlib.suppress(OSError):
+        for mark in (run / R.RAW / rankside.STARTED).iterdir():
+            with contextlib.suppress(OSError, ValueError, RecursionError):
+                fd = os.open(mark, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO must not block)
+                with os.fdopen(fd, "rb") as file:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        marks.append(json.loads(file.read(4096)))
+    recorded = {}
+    for mark in marks:
+        if not isinstance(mark, dict) or mark.get("host") != here:
+            continue
+        pid, start = mark.get("pid"), mark.get("proc_start")
+        if type(pid) is int and type(start) is int and 1 < pid <= MAX_PID and pid != os.getpid():
+            recorded[pid] = start
+    return recorded
+
+
+def _in_run(pid: int, run: Path) -> bool:
+    """Whether process ``pid`` runs with ``run`` as its collection's run directory (in its
+    environment, as every process of the job has it): what a pid written in the run directory
+    (untrusted) must also show before it is ended."""
+    wanted = f"{rankside.ENV_RUN_DIR}={run.resolve()}".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            return wanted in file.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _job_processes(
+    run: Path,
+    launcher: int,
+    launcher_start: int | None,
+    ours: set[int],
+    recorded: dict[int, int],
+) -> dict[int, int]:
+    """pid -> start time of the job's processes alive now on this host: this process's
+    descendants (the launcher's re-parented here, ``ours`` left out: they are not the job's),
+    the launcher's process group, and the recorded processes that are still the same process
+    and are this run's."""
+    procs = _processes()
+    children: dict[int, list[int]] = {}
+    for proc in procs.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    found = set()
+    todo = [pid for pid in children.get(os.getpid(), []) if pid not in ours]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    if launcher_start is not None:  # (a group is the launcher's only while it began after it)
+        found |= {p.pid for p in procs.values() if p.pgid == launcher and p.start >= launcher_start}
+    found |= {
+        pid
+        for pid, start in recorded.items()
+        if pid in procs and procs[pid].start == start and _in_run(pid, run)
+    }
+    found.discard(os.getpid())
+    return {pid: procs[pid].start for pid in found if pid in procs}
+
+
+def _reap(pids: Any) -> None:
+    """Collect the exit of those of ``pids`` that are this process's children (re-parented
+    here) and have ended, so that no zombie of the job is left."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(targets: dict[int, int]) -> dict[int, int]:
+    """Those of ``targets`` (pid -> start time) not yet gone. A zombie of this process counts
+    until it is reaped (its leader thread shows as a zombie while the others still end); one of
+    another process that is not among ``targets`` is dead and not ours to reap."""
+    procs = _processes()
+    alive = {}
+    for pid, start in targets.items():
+        proc = procs.get(pid)
+        if proc is None or proc.start != start:
+            continue
+        if proc.zombie and proc.ppid != os.getpid() and proc.ppid not in targets:
+            continue
+        alive[pid] = start
+    return alive
+
+
+def end_job(
+    run: Path,
+    launcher: int,
+    launcher_start: int | None,
+    ours: set[int],
+    statuses: list[dict[str, Any]],
+    grace: float = TERM_GRACE_S,
+) -> tuple[list[int], list[int]]:
+    """End every process of the job still running on this host once its launcher has ended
+    (killed, or gone before its ranks): SIGTERM, so a rank's collector writes what it recorded,
+    then SIGKILL after ``grace`` seconds. Returns the pids it ended and those it could not."""
+    recorded = _recorded(run, statuses)
+    targets: dict[int, int] = {}  # pid -> start time of every process of the job found
+    signalled: set[int] = set()
+    deadline = time.monotonic() + grace
+    while True:
+        _reap(targets)
+        found = _job_processes(run, launcher, launcher_start, ours, recorded)
+        alive = _alive(targets)
+        targets = {**alive, **found}  # (one gone and its pid given again is another process)
+        alive = _alive(targets)
+        if not alive:
+            break
+        now = time.monotonic()
+        if now > deadline + 5.0:  # SIGKILLed 5 s ago, still there: stuck in the kernel
+            return sorted(signalled - set(alive)), sorted(alive)
+        for pid in alive:
+            if now >= deadline or pid not in signalled:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL if now >= deadline else signal.SIGTERM)
+                signalled.add(pid)
+        time.sleep(0.05)
+    _reap(signalled)
+    return sorted(signalled), []
+
+
+def read_statuses(run: Path, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """The status.json of every process the job recorded. What the job wrote is untrusted: each
+    file is read as ``RankStatus`` field by field (what does not read is left out), a file that
+    does not read at all is skipped, and what was wrong is added to ``warnings`` (as
+    ``raw/FOLDER/status.json: ...``)."""
+    from traceview.model.manifest import read_status
+
     statuses = []
     # rank-NNNNN/ for the ranks; other folders for processes that are recorded but not
     # profiled (an MXNet parameter-server job's scheduler-N/, server-N/)
     for path in sorted((run / R.RAW).glob("*/status.json")):
+        where = f"{R.RAW}/{path.parent.name}/{path.name}"
+        folder = path.parent.name
         try:
-            status = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            # a process that is not a rank (an MXNet scheduler or server) says rank -1
+            record, problem = read_status(path, () if folder.startswith("rank-") else ("rank",))
+        except FileNotFoundError:  # (gone since the listing)
             continue
-        status["folder"] = path.parent.name
-        listed = [path.parent / name for name in status.get("trace_files") or []]
-        status["trace_present"] = any(f.is_file() for f in listed) or any(
+        if problem and warnings is not None:
+            warnings.append(f"{where}: {problem}")
+        status: dict[str, Any] = record.to_builtins()
+        if problem and status == RankStatus().to_builtins():
+            continue  # nothing read
+        number = folder.removeprefix("rank-")
+        if folder.startswith("rank-") and number.isdigit() and status.get("rank") != int(number):
+            # a rank writes its status into its own folder (rankside.rank_dir): the folder wins
+            if warnings is not None:
+                warnings.append(
+                    f"{where}: says rank {status.get('rank')}, taken as rank {int(number)}"
+                )
+            status["rank"] = int(number) if int(number) < MAX_WORLD_SIZE else None
+        status["folder"] = folder
+        # names inside the rank's folder (never a path that leads out of the run)
+        listed = [
+            path.parent / name
+            for name in status.get("trace_files") or []
+            if name and ".." not in Path(name).parts and not Path(name).is_absolute()
+        ]
+        status["trace_present"] = any(_is_file(f) for f in listed) or any(
             path.parent.glob("rank-*.pt.trace.json*")
         )
         statuses.append(status)
     return statuses
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long, a NUL byte
+        return False
 
 
 def _is_rank(status: dict[str, Any]) -> bool:
@@ -355,7 +611,7 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
                 "notes": status.get("notes", []),
             }
         )
-    worlds = [int(s["world_size"]) for s in result.statuses if s.get("world_size") and _is_rank(s)]
+    worlds = [s["world_size"] for s in result.statuses if s.get("world_size") and _is_rank(s)]
     return {
         "command": result.command,
         "launched": result.launched,

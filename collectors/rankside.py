@@ -214,6 +214,18 @@ def _nvtx_wanted(env: Mapping[str, str]) -> bool:
     return any(env.get(name) for name in NVTX_TOOL_VARIABLES)
 
 
+def proc_start_time(pid: int) -> int | None:
+    """When process ``pid`` of this host started (field 22 of ``/proc/<pid>/stat``, clock ticks
+    since boot; None where there is no such process, or no /proc). A pid and this identify one
+    process: a pid recycled later has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # the command name (field 2, in parentheses) may hold spaces and parentheses itself
+            return int(stat.read().rpartition(b")")[2].split()[19])
+    except (OSError, ValueError, IndexError, OverflowError):
+        return None
+
+
 def rank_dir(run_dir: Path, rank: int) -> Path:
     return run_dir / "raw" / f"rank-{rank:05d}"
 
@@ -250,6 +262,9 @@ class Status:
     # [time_ns, resident bytes] of the process at each step boundary while profiling (the
     # framework-independent memory figure; not with --no-memory)
     rss_samples: list[list[int]] = field(default_factory=list)
+    # the process's start time (/proc/<pid>/stat, clock ticks since boot): with host and pid,
+    # what lets `collect` end a rank left running without ever ending a recycled pid
+    proc_start: int | None = field(default_factory=lambda: proc_start_time(os.getpid()))
 
     def write(self, run_dir: Path) -> None:
         self.write_to(rank_dir(run_dir, self.rank))
@@ -258,8 +273,13 @@ class Status:
         """Write status.json into ``folder`` (atomically: a temporary name, then renamed)."""
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".status.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, folder / "status.json")
+        try:
+            tmp.write_text(json.dumps(asdict(self), indent=2))
+            os.replace(tmp, folder / "status.json")
+        except BaseException:  # (a full disk: no half-written file is left behind)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
 
 
 def sample_resident(status: Status | None, config: Config) -> None:
@@ -641,16 +661,21 @@ def _framework(name: str, config: Config) -> Callable[[Any], None] | None:
     return on_import
 
 
-STARTED = ".started"  # RUN/raw/.started/<host>-<pid>: a Python process of the job started
+#: RUN/raw/.started/<host>-<pid>: a Python process of the job started; it holds
+#: ``{"host", "pid", "proc_start"}``
+STARTED = ".started"
 
 
 def mark_started(run_dir: Path) -> None:
     """Leave a mark that a Python process of the job started (so that ``collect`` can tell a
-    launcher that failed before starting anything from a job that never imported a framework)."""
+    launcher that failed before starting anything from a job that never imported a framework,
+    and can end the process if it is still running when the launcher has ended)."""
     with contextlib.suppress(OSError):
         folder = run_dir / "raw" / STARTED
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{socket.gethostname()}-{os.getpid()}").touch()
+        host, pid = socket.gethostname(), os.getpid()
+        mark = {"host": host, "pid": pid, "proc_start": proc_start_time(pid)}
+        (folder / f"{host}-{pid}").write_text(json.dumps(mark))
 
 
 def install() -> None:

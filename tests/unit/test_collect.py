@@ -10,11 +10,19 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from tests import collect_faults as F
 from traceview.collectors import rankside
-from traceview.collectors.launch import _StderrTail
+from traceview.collectors.launch import (
+    CollectSettings,
+    JobResult,
+    _StderrTail,
+    collect_manifest,
+    read_statuses,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -103,3 +111,30 @@ def test_another_thread_has_the_main_thread_run_the_stop() -> None:
     finally:
         rankside.disarm_main_thread(poke)
     assert signal.getsignal(rankside.STOP_SIGNAL) == signal.SIG_DFL
+
+
+@pytest.mark.parametrize("name", sorted(F.STATUSES))
+def test_a_hostile_status_is_read_field_by_field(name: str, tmp_path: Path) -> None:
+    """The statuses of tests/collect_faults.py's corpus, read as collect reads them: never an
+    exception, what reads kept (rank 0 whole), what does not named by its file; and a
+    parameter server's rank -1 is no problem."""
+    rankside.Status(0, 2, 0, "RANK").write(tmp_path)
+    server = rankside.Status(-1, 2, 0, "DMLC_ROLE")
+    server.role = "server"
+    server.write_to(tmp_path / "raw" / "server-0")
+    folder = tmp_path / "raw" / "rank-00001"
+    folder.mkdir()
+    make = F.STATUSES[name]
+    if make is None:
+        os.mkfifo(folder / "status.json")
+    else:
+        (folder / "status.json").write_bytes(make(os.getpid()))
+    warnings: list[str] = []
+    statuses = read_statuses(tmp_path, warnings)
+    by_folder = {s["folder"]: s for s in statuses}
+    assert by_folder["rank-00000"]["rank"] == 0 and by_folder["rank-00000"]["world_size"] == 2
+    assert by_folder["server-0"]["role"] == "server"
+    assert all(w.startswith("raw/rank-00001/status.json: ") for w in warnings), warnings
+    if "rank-00001" in by_folder:
+        assert by_folder["rank-00001"]["rank"] == 1
+    collect_manifest(JobResult([], [], 0, 0.0, 0.0, statuses=statuses), CollectSettings())

@@ -19,6 +19,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from traceview.model.errors import UsageError
 from traceview.model.escape import safe
@@ -39,6 +40,19 @@ def memory_size(text: str) -> int:
             "4 GiB), or 0/none for no cap"
         )
     return int(float(match[1]) * _UNITS[match[2].upper()])
+
+
+def _full(run: Path) -> str | None:
+    """Says the run directory's file system is full where it has (next to) no room left."""
+    import os
+
+    try:
+        room = os.statvfs(run)
+    except OSError:
+        return None
+    if room.f_bavail * room.f_frsize < (64 << 10) or (room.f_files and room.f_favail == 0):
+        return "the run directory's file system is full"
+    return None
 
 
 class CollectCommand:
@@ -100,8 +114,8 @@ class CollectCommand:
         from traceview.collectors.launch import (
             CollectSettings,
             JobNotStarted,
-            collect_manifest,
             default_run_dir,
+            prepare_run,
             run_job,
         )
         from traceview.collectors.rankside import STARTED
@@ -127,10 +141,11 @@ class CollectCommand:
         )
         if args.max_profile_memory is not None:
             settings.max_memory = args.max_profile_memory
-        print(f"traceview: profiling every rank into {run}", file=sys.stderr, flush=True)
         existed = run.exists()
+        bootstrap = prepare_run(run)  # (what cannot be written there ends here, job unstarted)
+        print(f"traceview: profiling every rank into {run}", file=sys.stderr, flush=True)
         try:
-            result = run_job(command, run, settings)
+            result = run_job(command, run, settings, bootstrap)
         except JobNotStarted as exc:
             print(f"traceview: error: {safe(exc)}", file=sys.stderr)
             self._remove_empty(run, existed, args.keep)
@@ -139,10 +154,25 @@ class CollectCommand:
         said = result.stderr_tail
         # what the launcher said last (or the first line of the message Open MPI framed)
         last = f": {safe(said[0] if len(said) > 1 else said[-1], 200)}" if said else ""
+        self._say_what_was_ended(result)
+        if result.warnings:  # status files the job wrote that did not read: one line
+            more = f" (and {len(result.warnings) - 1} more)" if len(result.warnings) > 1 else ""
+            print(f"traceview: warning: {safe(result.warnings[0], 300)}{more}", file=sys.stderr)
+        full = _full(run)
         if not result.statuses:
-            if not any((run / R.RAW / STARTED).glob("*")):
+            if result.interrupted:
+                why = (
+                    f"the job was interrupted ({result.interrupted}) before any rank started "
+                    f"profiling; it exited with code {code}"
+                )
+            elif not any((run / R.RAW / STARTED).glob("*")):
                 # no Python process of the job ever started: the launcher failed on its own
                 why = f"the launcher exited with code {code} before any rank started{last}"
+            elif full:
+                why = (
+                    f"the job exited with code {code} and left nothing to profile: {full}, "
+                    "so no rank could write its status and trace there"
+                )
             else:
                 why = (
                     f"the job exited with code {code} and left nothing to profile: no process "
@@ -150,10 +180,10 @@ class CollectCommand:
                 )
             print(f"traceview: {why}", file=sys.stderr)
             if not self._remove_empty(run, existed, args.keep):
-                manifest = Manifest(collect=collected(collect_manifest(result, settings)))
-                R.write_manifest(run, manifest)
+                self._write_manifest(run, result, settings, quiet=True)
             return code  # collect exits with the job's exit code
-        R.write_manifest(run, Manifest(collect=collected(collect_manifest(result, settings))))
+        if not self._write_manifest(run, result, settings, quiet=False):
+            return code
         if result.interrupted:
             print(
                 f"traceview: the job was interrupted ({result.interrupted}); keeping what the ranks wrote",
@@ -171,6 +201,10 @@ class CollectCommand:
                     f"rank(s) {which} were killed while profiling (their status says so) before "
                     "writing a trace"
                 )
+            elif full:
+                why = f"{full}, so no rank could write its trace there"
+            elif result.interrupted:
+                why = "it was interrupted before any rank wrote a profile"
             else:
                 why = "no process imported PyTorch, TensorFlow, MXNet or Chainer and ran a training step"
             print(
@@ -179,11 +213,20 @@ class CollectCommand:
                 file=sys.stderr,
             )
             return code
-        from traceview.model.errors import TraceviewError
+        from traceview.model.errors import OutputError, TraceviewError
         from traceview.store.analysed import ingest_run
 
         try:
             ingest_run([run], run, command=sys.argv)
+        except OutputError as exc:
+            # The run directory cannot take the ingest (a full disk): what the ranks wrote is
+            # kept, to be ingested once there is room; the exit code is still the job's.
+            print(
+                f"traceview: warning: {safe(exc)}; the ranks' traces are kept in {run}/raw "
+                f"(traceview ingest {run} reads them once it can be written)",
+                file=sys.stderr,
+            )
+            return code
         except TraceviewError as exc:
             print(f"traceview: error: {safe(exc)}", file=sys.stderr)
             return code or exc.exit_code
@@ -194,6 +237,43 @@ class CollectCommand:
             render_to_console(load_report([run]))
         print(f"traceview: run directory {run} (job exit code {code})", file=sys.stderr)
         return code
+
+    @staticmethod
+    def _say_what_was_ended(result: Any) -> None:
+        """One line for the processes of the job that outlived its launcher and were ended (and
+        one for any that could not be)."""
+        ended, left = result.ended_processes, result.left_running
+        if ended:
+            pids = ", ".join(map(str, ended[:10])) + (" ..." if len(ended) > 10 else "")
+            print(
+                f"traceview: {len(ended)} process(es) of the job still ran after the launcher "
+                f"ended (pid {pids}): ended them (SIGTERM, then SIGKILL)",
+                file=sys.stderr,
+            )
+        if left:
+            pids = ", ".join(map(str, left[:10]))
+            print(
+                f"traceview: warning: could not end process(es) {pids} of the job", file=sys.stderr
+            )
+
+    @staticmethod
+    def _write_manifest(run: Path, result: Any, settings: Any, *, quiet: bool) -> bool:
+        """Write the run's manifest (the "collect" section); where it cannot be written (a full
+        disk), say so in one warning (unless ``quiet``) and return False."""
+        from traceview.collectors.launch import collect_manifest
+        from traceview.model.errors import OutputError
+
+        try:
+            R.write_manifest(run, Manifest(collect=collected(collect_manifest(result, settings))))
+        except OutputError as exc:
+            if not quiet:
+                print(
+                    f"traceview: warning: {safe(exc)}; what the ranks wrote is kept in {run}/raw "
+                    f"(traceview ingest {run} reads it once it can be written)",
+                    file=sys.stderr,
+                )
+            return False
+        return True
 
     @staticmethod
     def _remove_empty(run: Path, existed: bool, keep: bool) -> bool:

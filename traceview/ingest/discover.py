@@ -6,7 +6,6 @@ any heavy work.
 from __future__ import annotations
 
 import errno
-import json
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from traceview.model.manifest import (
     MAX_WORLD_SIZE,
     Clock,
     RankStatus,
-    lenient,
+    read_status,
 )
 from traceview.model.progress import Progress, quiet
 from traceview.parsers import (
@@ -63,8 +62,9 @@ def _candidates(folder: Path, notes: Notes | None = None) -> list[Path]:
             mode = p.stat().st_mode
         except OSError:  # a dangling link, a loop: nothing to read
             continue
-        if stat.S_ISREG(mode) and p.name != RANK_STATUS:
-            files.append(p)
+        if stat.S_ISREG(mode):
+            if p.name != RANK_STATUS:  # (read beside its trace, not as one)
+                files.append(p)
         elif not stat.S_ISDIR(mode):
             special.append(f"{p.relative_to(folder)} ({R.special_kind(mode)})")
     if special and notes is not None:
@@ -79,18 +79,11 @@ def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
     rest of the status (its clock offset above all) are used all the same."""
     path = trace.parent / RANK_STATUS
     try:
-        data = json.loads(path.read_bytes())
+        status, problem = read_status(path)
     except FileNotFoundError:
         return RankStatus()
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-        if notes is not None:
-            notes.warn(f"{path}: unreadable, not used ({exc})")
-        return RankStatus()
-    status, dropped = lenient(data, RankStatus)
-    if dropped and notes is not None:
-        notes.warn(
-            f"{path}: field(s) {', '.join(dropped)} of the wrong type or out of range, not used"
-        )
+    if problem and notes is not None:
+        notes.warn(f"{path}: {problem}")
     return status
 
 

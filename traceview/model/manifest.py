@@ -12,6 +12,10 @@ The collectors inside the user's job write status.json with the standard library
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -27,7 +31,14 @@ MAX_WORLD_SIZE = 1 << 18
 #: it); adding a larger one to a time could overflow int64 nanoseconds.
 MAX_CLOCK_OFFSET_NS = 100 * 365 * 86_400 * 10**9
 
+#: The largest status.json read (a rank's is a few KiB; its memory samples, a few per step).
+MAX_STATUS_BYTES = 16 << 20
+#: The largest pid a Linux host gives (``pid_max`` cannot exceed 2**22).
+MAX_PID = 1 << 22
+
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
+Pid = Annotated[int, msgspec.Meta(ge=1, le=MAX_PID)]
+Ticks = Annotated[int, msgspec.Meta(ge=0)]
 WorldSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_WORLD_SIZE)]
 ClockOffset = Annotated[int, msgspec.Meta(ge=-MAX_CLOCK_OFFSET_NS, le=MAX_CLOCK_OFFSET_NS)]
 
@@ -67,7 +78,7 @@ class RankStatus(Record):
     local_rank: int | None = None
     rank_source: str | None = None
     host: str | None = None
-    pid: int | None = None
+    pid: Pid | None = None
     argv: list[str] = []
     python: str | None = None
     framework: str | None = None
@@ -87,6 +98,47 @@ class RankStatus(Record):
     stop_mid_step: bool = False  # that step was cut short
     # [time_ns, resident bytes] at each step boundary while profiling (collect, PyTorch)
     rss_samples: list[list[int]] = []
+    proc_start: Ticks | None = None  # /proc/<pid>/stat's start time (clock ticks since boot)
+
+
+def read_status(path: Path, unused: tuple[str, ...] = ()) -> tuple[RankStatus, str | None]:
+    """The status.json at ``path`` (written by a rank of the job: untrusted), and what was wrong
+    with it (None: nothing). What reads is kept, field by field (``lenient``); a file that is
+    not a regular file, is larger than ``MAX_STATUS_BYTES``, is not JSON (invalid UTF-8, nested
+    too deep, a number too long) or not an object gives an empty status. Fields in ``unused``
+    are not named when they do not read (a parameter server's rank, -1). ``FileNotFoundError``
+    is raised for a missing one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO must not block)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return RankStatus(), f"unreadable, not used ({exc.strerror or exc})"
+    with os.fdopen(fd, "rb") as file:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return RankStatus(), "not a regular file, not used"
+            data = file.read(MAX_STATUS_BYTES + 1)
+        except OSError as exc:
+            return RankStatus(), f"unreadable, not used ({exc.strerror or exc})"
+    if len(data) > MAX_STATUS_BYTES:
+        return RankStatus(), f"larger than {MAX_STATUS_BYTES >> 20} MiB, not used"
+    try:
+        decoded = json.loads(data)
+    except RecursionError:
+        return RankStatus(), "unreadable, not used (nested too deeply)"
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a number too long
+        return RankStatus(), f"unreadable, not used ({str(exc)[:200]})"
+    if not isinstance(decoded, dict):
+        return RankStatus(), f"not a JSON object (a {type(decoded).__name__}), not used"
+    status, dropped = lenient(decoded, RankStatus)
+    dropped = [name for name in dropped if name not in unused]
+    if dropped:
+        shown = ", ".join(dropped[:5]) + (
+            f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+        )
+        return status, f"field(s) {shown} of the wrong type or out of range, not used"
+    return status, None
 
 
 class CollectedRank(Record):

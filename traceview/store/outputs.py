@@ -60,6 +60,8 @@ def run_directory(path: Path, *, empty: bool = False) -> Path:
     if _names(path) and (empty or not R.is_run_dir(path)):
         what = "is not empty" if empty else "exists and is not a traceview run directory"
         raise UsageError(f"{_name(path)}: {what} (choose another -o)")
+    if empty:  # written inside (collect's run), not replaced from beside it: probe inside too
+        _probe(path, path)
     return path
 
 
