@@ -51,3 +51,33 @@ def test_a_rank_twice_is_refused(tmp_path: Path) -> None:
     part = ingest_rank(traces[0], tmp_path, "x", None, rank_tables)
     with pytest.raises(BadInput, match="came twice"):
         combine([part, part])
+
+
+def test_the_ranks_notes_are_said_once_each_with_the_ranks_they_came_from() -> None:
+    """A note every rank gave is said once, as it is; one some ranks gave names them; many
+    parts folded (more than FOLD_PARTS) keep every rank's note and its rank."""
+    import pyarrow as pa
+
+    from traceview.ingest.rank import RankPartial
+    from traceview.ingest.run import FOLD_PARTS
+    from traceview.model.manifest import RankIngest
+
+    def part(rank: int, remarks: list[str], warnings: list[str] = []) -> RankPartial:  # noqa: B006
+        table = pa.table({"rank": pa.array([rank], pa.int32()), "x": [rank]})
+        return RankPartial(RankIngest(rank=rank), {"t": table}, Notes(list(warnings), remarks))
+
+    ranks = FOLD_PARTS + 6
+    parts = [part(r, ["no step markers"]) for r in range(ranks)]
+    parts[3] = part(3, ["no step markers", "64 of 326 device activities have no launching call"])
+    parts[5] = part(5, ["no step markers", "60 of 320 device activities have no launching call"])
+    parts[7] = part(7, ["no step markers"], ["truncated"])
+    parts[8] = part(8, ["no step markers"], ["truncated"])
+    parts[9] = part(9, ["no step markers"], ["truncated"])
+    combined = combine(reversed(parts))
+    assert combined.notes.remarks == [
+        "no step markers",
+        "rank 3: 64 of 326 device activities have no launching call",
+        "rank 5: 60 of 320 device activities have no launching call",
+    ]
+    assert combined.notes.warnings == ["ranks 7-9: truncated"]
+    assert combined.tables["t"].column("x").to_pylist() == list(range(ranks))  # in rank order

@@ -96,10 +96,23 @@ def combine(parts: Iterable[RankPartial]) -> Combined:
     if twice:
         raise BadInput(f"rank(s) {number_ranges(twice)} came twice: parts of different runs?")
     tables = {name: _by_rank(pa.concat_tables(folded[name])) for name in sorted(folded)}
+    return Combined(sorted(infos, key=lambda info: info.rank), tables, _named(notes_of))
+
+
+def _named(notes_of: list[tuple[int, Notes]]) -> Notes:
+    """The ranks' notes as the run's: each message once, in rank order, named with the ranks it
+    came from unless every rank gave it ("ranks 0-3, 7: ...")."""
+    said: dict[tuple[bool, str], list[int]] = {}
+    for rank, part in sorted(notes_of, key=lambda pair: pair[0]):
+        for warning, messages in ((True, part.warnings), (False, part.remarks)):
+            for message in messages:
+                said.setdefault((warning, message), []).append(rank)
     notes = Notes()
-    for _, part_notes in sorted(notes_of, key=lambda pair: pair[0]):
-        notes.extend(part_notes)
-    return Combined(sorted(infos, key=lambda info: info.rank), tables, notes)
+    for (warning, message), ranks in said.items():
+        if len(ranks) < len(notes_of):
+            message = f"rank{'s' if len(ranks) > 1 else ''} {number_ranges(ranks)}: {message}"
+        (notes.warn if warning else notes.remark)(message)
+    return notes
 
 
 def _by_rank(table: pa.Table) -> pa.Table:
