@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES, run_cli
+from tests.conftest import SAMPLES, run_cli, shared_traces
 
 PYTORCH = SAMPLES / "pytorch"
 
@@ -204,3 +204,28 @@ def test_ratios_stay_whole_at_80_columns() -> None:
         words = line.replace("comm hidden", "comm_hidden").split()
         if words and words[0] in {row["phase"] for row in data["phases"]} | {"step", "comm_hidden"}:
             assert all(re.fullmatch(r"[\d,.]+%?|×[\d.]+|-|absent", w) for w in words[1:]), line
+
+
+def test_runs_whose_names_differ_at_their_end_stay_apart_in_the_text() -> None:
+    """Two shared traces' folders, 30 characters long, differ in their last character: cut to
+    fit a column, each label keeps its end (issue 34)."""
+    root = shared_traces("pytorch")
+    a, b = root / "kineto_resnet50_num_workers_0", root / "kineto_resnet50_num_workers_4"
+    result = run_cli("compare", a, b)
+    assert result.code == 0, result.err
+    header = result.out.splitlines()[0]
+    assert header.endswith("workers_0"), header
+    lines = result.out.splitlines()
+    shown = [line.split(":")[0].strip() for line in lines if line.startswith("  kineto")]
+    assert shown[0] != shown[1] and shown[0].endswith("_0") and shown[1].endswith("_4"), shown
+
+
+def test_labels_given_name_the_runs_and_bad_ones_are_one_line() -> None:
+    runs = [SAMPLES / "pytorch" / "ddp", SAMPLES / "pytorch" / "explicit"]
+    named = run_cli("compare", "--json", *runs, "--label", "before", "--label", "after")
+    assert named.code == 0, named.err
+    assert [r["label"] for r in named.json()["runs"]] == ["before", "after"]
+    for labels, why in ((["one"], "give one per run"), (["same", "same"], "given twice")):
+        bad = run_cli("compare", *runs, *[x for label in labels for x in ("--label", label)])
+        assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1, bad.err
+        assert why in bad.err

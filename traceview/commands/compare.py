@@ -23,6 +23,13 @@ class CompareCommand:
     def prepare(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
         parser.add_argument(
+            "--label",
+            action="append",
+            metavar="NAME",
+            help="a run's name in the output, once per run in order (default: its folder's "
+            "name, made unique)",
+        )
+        parser.add_argument(
             "--json", action="store_true", help="print the comparison as one JSON object"
         )
         parser.add_argument(
@@ -42,7 +49,7 @@ class CompareCommand:
             raise UsageError("compare needs at least two runs")
         with (
             TerminalProgress() as progress,
-            open_runs([[path] for path in args.runs], args.rules, progress) as runs,
+            open_runs([[path] for path in args.runs], args.rules, progress, args.label) as runs,
         ):
             result = compare(
                 [r.report() for r in runs], [r.ops for r in runs], [r.label for r in runs], args.top

@@ -36,6 +36,13 @@ class ScalingCommand:
 
     def prepare(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
+        parser.add_argument(
+            "--label",
+            action="append",
+            metavar="NAME",
+            help="a run's name in the output, once per run in order (default: its folder's "
+            "name, made unique)",
+        )
         parser.add_argument("--batch-size", type=int, help="per-worker mini-batch, for samples/s")
         parser.add_argument(
             "--link-gbps", type=float, help="link bandwidth, for all-reduce efficiency"
@@ -70,7 +77,7 @@ class ScalingCommand:
             raise UsageError("--batch-size must be at least 1")
         with (
             TerminalProgress() as progress,
-            open_runs([[path] for path in args.runs], args.rules, progress) as runs,
+            open_runs([[path] for path in args.runs], args.rules, progress, args.label) as runs,
         ):
             reports = [r.report() for r in runs]
             for run, report in zip(runs, reports, strict=True):

@@ -51,9 +51,15 @@ def json_safe(text: str) -> str:
     return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def safe(text: object, limit: int | None = None) -> str:
-    """``text`` with control and bidi characters escaped, cut to ``limit`` characters."""
+def safe(text: object, limit: int | None = None, *, middle: bool = False) -> str:
+    """``text`` with control and bidi characters escaped, cut to ``limit`` characters (at the
+    end, or in the ``middle``: names that differ only at their end, as runs' folders often do,
+    stay apart)."""
     value = _CONTROL.sub(_escape, str(text))
     if limit is not None and len(value) > limit:
-        value = value[: max(limit - 1, 1)] + "…"
+        if middle and limit >= 5:
+            tail = (limit - 1) // 2
+            value = value[: limit - 1 - tail] + "…" + value[len(value) - tail :]
+        else:
+            value = value[: max(limit - 1, 1)] + "…"
     return value

@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model import schema as S
-from traceview.model.errors import BadInput, OutputError, cannot_write
+from traceview.model.errors import BadInput, OutputError, UsageError, cannot_write
+from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
 from traceview.model.progress import Progress, quiet
 from traceview.model.results import RunReport, StepCollective
@@ -270,17 +271,27 @@ def _read_tables(run: Path) -> dict[str, pa.Table]:
 
 @contextmanager
 def open_runs(
-    groups: list[list[Path]], rules: Path | None = None, progress: Progress = quiet
+    groups: list[list[Path]],
+    rules: Path | None = None,
+    progress: Progress = quiet,
+    labels: list[str] | None = None,
 ) -> Iterator[list[Run]]:
-    """Several runs at once (compare, scaling); labels made unique."""
+    """Several runs at once (compare, scaling); labels made unique, or the ``labels`` given
+    (one per run, all different)."""
+    if labels:
+        if len(labels) != len(groups):
+            raise UsageError(f"{len(labels)} --label for {len(groups)} runs: give one per run")
+        if len(set(labels)) < len(labels):
+            twice = next(label for label in labels if labels.count(label) > 1)
+            raise UsageError(f"--label {safe(twice)!r} given twice: each run needs its own")
     with ExitStack() as stack:
         runs = [stack.enter_context(open_run(paths, rules, progress)) for paths in groups]
         # Same folder name in different frameworks' trees (pytorch/explicit, tensorflow/explicit):
         # prefix the framework; otherwise number the repeats.
-        labels = [run.label for run in runs]
+        names = [run.label for run in runs]
         frameworks = [run.manifest.framework for run in runs]
         for run, framework in zip(runs, frameworks, strict=True):
-            same = [f for label, f in zip(labels, frameworks, strict=True) if label == run.label]
+            same = [f for name, f in zip(names, frameworks, strict=True) if name == run.label]
             if len(same) > 1 and framework and len(set(same)) > 1:
                 run.label = f"{framework}/{run.label}"
         seen: dict[str, int] = {}
@@ -289,4 +300,6 @@ def open_runs(
             seen[run.label] = count + 1
             if count:
                 run.label = f"{run.label} #{count + 1}"
+        for run, label in zip(runs, labels or [], strict=False):
+            run.label = label
         yield runs

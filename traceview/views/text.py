@@ -415,7 +415,7 @@ def render_to_console(report: RunReport, *, top: int = 10, all_ranks: bool = Fal
 
 def render_comparison(result: Comparison, console: Console) -> None:
     runs = result.runs
-    labels = [safe(r.label, 24) for r in runs]
+    labels = [safe(r.label, 24, middle=True) for r in runs]
     console.print(
         Text("traceview compare", style="bold")
         + Text(f" · {len(runs)} runs · baseline {labels[0]}")
@@ -548,7 +548,7 @@ def render_scaling(result: Scaling, console: Console) -> None:
     )
     console.print(
         Text(
-            f"baseline {safe(base.label, 40)}: {count(base.ranks, 'rank')}, "
+            f"baseline {safe(base.label, 40, middle=True)}: {count(base.ranks, 'rank')}, "
             f"{ms(base.step_ms)} ms per step"
         )
     )
@@ -581,7 +581,7 @@ def render_scaling(result: Scaling, console: Console) -> None:
         )
     for run in result.runs:
         measured.add_row(
-            Text(safe(run.label, 24)),
+            Text(safe(run.label, 24, middle=True)),
             str(run.ranks),
             ms(run.step_ms),
             f"{run.speedup:.2f}" if run.speedup is not None else "-",
