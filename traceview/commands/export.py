@@ -52,8 +52,10 @@ class ExportCommand:
 
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
-        # where it goes is checked before any work (a default place inside the run directory is
-        # never followed out of it through a link)
+        # where it goes is checked before any work (a place inside the run directory is never
+        # followed out of it through a link)
+        default = "trace.json.gz" if args.format == "chrome" else "export"
+        outputs.inside_run(args.output or args.run / default, args.run)
         if args.format == "chrome":
             given = args.output is not None
             target = outputs.export_file(args.output or args.run / "trace.json.gz", follow=given)

@@ -38,7 +38,7 @@ def tables(
     except OSError as exc:
         raise cannot_write(out, exc) from None
     damaged: dict[int, BadInput] = {}
-    events = R.read_events(run, damaged=damaged)
+    events = R.read_events(run, damaged=damaged, run_id=R.read_manifest(run).run_id)
     _left_out(damaged, len(damaged) < len(R.event_ranks(run)), notes)
     written = []
     for name, table in (("events", events), *analysis.items()):
@@ -55,8 +55,10 @@ def tables(
 
 def _left_out(damaged: dict[int, BadInput], others: bool, notes: Notes | None) -> None:
     """Ranks whose events cannot be read: each a warning, or the error where none is left."""
-    if damaged and not others:
-        raise next(iter(damaged.values()))
+    if damaged and not others:  # one line: the first rank's reason, and how many more
+        rank, exc = min(damaged.items())
+        more = f" (and {len(damaged) - 1} more rank(s))" if len(damaged) > 1 else ""
+        raise BadInput(f"no rank left: rank {rank}'s events left out: {exc}{more}")
     for rank, exc in sorted(damaged.items()):
         if notes is not None:
             notes.warn(f"rank {rank}'s events left out: {exc}")
@@ -124,7 +126,7 @@ def chrome(
     origin: int | None = None
     damaged: dict[int, BadInput] = {}
     for rank in ranks:
-        ts = R.read_events(run, [rank], damaged).column(S.TS_NS)
+        ts = R.read_events(run, [rank], damaged, manifest.run_id).column(S.TS_NS)
         if len(ts):
             low = pc.min(ts).as_py() - offsets.get(rank, 0)
             origin = low if origin is None else min(origin, low)
@@ -172,7 +174,7 @@ def chrome(
                     },
                 ]
             )
-            df = pl.from_arrow(R.read_events(run, [rank]))
+            df = pl.from_arrow(R.read_events(run, [rank], run_id=manifest.run_id))
             assert isinstance(df, pl.DataFrame)
             df = df.filter(~pl.col(S.KIND).cast(pl.String).is_in([S.KIND_TRACE]))
             gpu = pl.col(S.DEVICE).cast(pl.String) == S.DEVICE_GPU
