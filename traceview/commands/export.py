@@ -62,6 +62,7 @@ class ExportCommand:
         else:
             folder = outputs.export_directory(args.output or args.run / "export")
         with open_run([args.run]) as run:  # the analysis tables, recomputed if stale
+            run_id = run.manifest.run_id  # (the events exported are this run's, or left out)
             if args.format == "chrome":
                 steps, offsets = run.steps, run.clock_offsets()
             else:
@@ -69,14 +70,20 @@ class ExportCommand:
         notes = Notes()
         if args.format == "chrome":
             count = export.chrome(
-                args.run, steps, target.path, offsets, in_place=target.special, notes=notes
+                args.run,
+                steps,
+                target.path,
+                offsets,
+                in_place=target.special,
+                notes=notes,
+                run_id=run_id,
             )
             shown = safe(str(args.output or target.path))
             print(
                 f"{shown}: {count:,} events (open in https://ui.perfetto.dev)", file=_where(target)
             )
         else:
-            written = export.tables(args.run, analysis, folder, args.format, notes)
+            written = export.tables(args.run, analysis, folder, args.format, notes, run_id)
             for path in written:
                 print(safe(str(path)))
         for warning in notes.warnings:
