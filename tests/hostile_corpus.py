@@ -25,6 +25,7 @@ import random
 import shutil
 import struct
 import sys
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -969,12 +970,20 @@ def _status_cases() -> Iterator[Case]:
 
 
 class Runs:
-    """Run directories ingested once per session from the samples (by the real CLI)."""
+    """Run directories ingested once per session from the samples (by the real CLI); the pool's
+    threads build each once, one at a time (two ingests into one run directory at once: the
+    second stops, exit 2)."""
 
     root: Path | None = None
+    building = threading.Lock()
 
     @classmethod
     def base(cls, name: str = "slowio") -> Path:
+        with cls.building:
+            return cls._base(name)
+
+    @classmethod
+    def _base(cls, name: str) -> Path:
         if cls.root is None:
             import atexit
             import tempfile

@@ -53,8 +53,10 @@ class ExportCommand:
 
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
-        # where it goes is checked before any work (a default place inside the run directory is
-        # never followed out of it through a link)
+        # where it goes is checked before any work (a place inside the run directory is never
+        # followed out of it through a link)
+        default = "trace.json.gz" if args.format == "chrome" else "export"
+        outputs.inside_run(args.output or args.run / default, args.run)
         if args.format == "chrome":
             given = args.output is not None
             target = outputs.export_file(args.output or args.run / "trace.json.gz", follow=given)
@@ -64,6 +66,7 @@ class ExportCommand:
             TerminalProgress() as progress,
             open_run([args.run], progress=progress) as run,  # the analysis, recomputed if stale
         ):
+            run_id = run.manifest.run_id  # (the events exported are this run's, or left out)
             if args.format == "chrome":
                 steps, offsets = run.steps, run.clock_offsets()
             else:
@@ -71,14 +74,20 @@ class ExportCommand:
         notes = Notes()
         if args.format == "chrome":
             count = export.chrome(
-                args.run, steps, target.path, offsets, in_place=target.special, notes=notes
+                args.run,
+                steps,
+                target.path,
+                offsets,
+                in_place=target.special,
+                notes=notes,
+                run_id=run_id,
             )
             shown = safe(str(args.output or target.path))
             print(
                 f"{shown}: {count:,} events (open in https://ui.perfetto.dev)", file=_where(target)
             )
         else:
-            written = export.tables(args.run, analysis, folder, args.format, notes)
+            written = export.tables(args.run, analysis, folder, args.format, notes, run_id)
             for path in written:
                 print(safe(str(path)))
         for warning in notes.warnings:

@@ -20,7 +20,13 @@ class IngestCommand:
             "paths", nargs="+", type=Path, metavar="PATH", help="trace files or folders"
         )
         parser.add_argument(
-            "-o", "--output", type=Path, required=True, metavar="RUN", help="run directory to write"
+            "-o",
+            "--output",
+            type=Path,
+            required=True,
+            metavar="RUN",
+            help="run directory to write (a run there is replaced whole, at once; while another "
+            "ingest writes RUN, this one stops with one line and exit 2, leaving that run)",
         )
         parser.add_argument(
             "--rules",

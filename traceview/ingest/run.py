@@ -226,70 +226,82 @@ def ingest(
     traces.sort(key=lambda t: t.rank)
     run_id = uuid.uuid4().hex[:12]
     out = out.resolve()
-    staged = R.staging_dir(out)
-    shutil.rmtree(staged, ignore_errors=True)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staged.mkdir()
     except OSError as exc:
         raise cannot_write(out, exc) from None
-    started = time.time()
-    try:
-        run = combine(
-            _run_all(
-                traces,
-                staged,
-                run_id,
-                rules_path,
-                jobs or os.cpu_count() or 1,
-                analyze,
-                notes,
-                scheduler,
-                progress,
-            )
-        )
-        notes.extend(run.notes)
-        for name, table in run.tables.items():
-            R.write_parquet(staged / f"{name}.parquet", table)
-        frameworks = sorted({r.framework or "?" for r in run.ranks})
-        if len(frameworks) > 1:
-            notes.warn(
-                f"one run holds traces of {' and '.join(frameworks)}: traces of different jobs? "
-                "(to compare runs, give each its own: traceview compare A B)"
-            )
-        present = [r.rank for r in run.ranks]
-        manifest = Manifest(
-            traceview_version=__version__,
-            schema_version=S.SCHEMA_VERSION,
-            run_id=run_id,
-            created=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            command=command or [],
-            inputs=[str(p) for p in paths],
-            framework="+".join(frameworks),
-            world_size=world,
-            ranks_present=present,
-            missing_ranks=sorted(set(range(world)) - set(present)) if world else [],
-            ranks=run.ranks,
-            notes=ManifestNotes(warnings=notes.warnings, remarks=notes.remarks),
-            ingest_seconds=round(time.time() - started, 3),
-            analysis_version=analysis_version if analyze is not None else None,
-            collect=collected,
-        )
-        R.write_manifest(staged, manifest)
-        R.fault_point("ingest:staged")
+    # one ingest at a time into one place: a second one stops here, saying so (ingest_lock)
+    with R.ingest_lock(out):
+        staged = R.staging_dir(out)
+        shutil.rmtree(staged, ignore_errors=True)
         try:
-            R.replace_dir(staged, out)
+            staged.mkdir()
         except OSError as exc:
             raise cannot_write(out, exc) from None
-    except OutputError as exc:  # name where it was going, not the staging folder
-        shutil.rmtree(staged, ignore_errors=True)
-        raise OutputError(str(exc).replace(str(staged), str(out))) from None
-    except TraceviewError:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
+        started = time.time()
+        try:
+            run = combine(
+                _run_all(
+                    traces,
+                    staged,
+                    run_id,
+                    rules_path,
+                    jobs or os.cpu_count() or 1,
+                    analyze,
+                    notes,
+                    scheduler,
+                    progress,
+                )
+            )
+            notes.extend(run.notes)
+            # the inputs first (events, then memory): the analysis tables record what they were
+            # computed from, so that a reader knows them for this run's (analysed.open_run)
+            inputs = {n: t for n, t in run.tables.items() if n == R.MEMORY}
+            for name, table in inputs.items():
+                R.write_parquet(staged / f"{name}.parquet", table)
+            key = R.cache_key(run_id, analysis_version, R.inputs_key(R.identities(staged)))
+            for name, table in run.tables.items():
+                if name not in inputs:
+                    R.write_parquet(staged / f"{name}.parquet", R.with_cache_key(table, key))
+            frameworks = sorted({r.framework or "?" for r in run.ranks})
+            if len(frameworks) > 1:
+                notes.warn(
+                    f"one run holds traces of {' and '.join(frameworks)}: traces of different jobs? "
+                    "(to compare runs, give each its own: traceview compare A B)"
+                )
+            present = [r.rank for r in run.ranks]
+            manifest = Manifest(
+                traceview_version=__version__,
+                schema_version=S.SCHEMA_VERSION,
+                run_id=run_id,
+                created=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+                command=command or [],
+                inputs=[str(p) for p in paths],
+                framework="+".join(frameworks),
+                world_size=world,
+                ranks_present=present,
+                missing_ranks=sorted(set(range(world)) - set(present)) if world else [],
+                ranks=run.ranks,
+                notes=ManifestNotes(warnings=notes.warnings, remarks=notes.remarks),
+                ingest_seconds=round(time.time() - started, 3),
+                analysis_version=analysis_version if analyze is not None else None,
+                collect=collected,
+            )
+            R.write_manifest(staged, manifest)
+            R.fault_point("ingest:staged")
+            try:
+                R.replace_dir(staged, out)
+            except OSError as exc:
+                raise cannot_write(out, exc) from None
+        except OutputError as exc:  # name where it was going, not the staging folder
+            shutil.rmtree(staged, ignore_errors=True)
+            raise OutputError(str(exc).replace(str(staged), str(out))) from None
+        except TraceviewError:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
     return out
 
 

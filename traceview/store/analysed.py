@@ -12,14 +12,15 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model import schema as S
@@ -56,8 +57,10 @@ class Run:
 
     @property
     def has_memory(self) -> bool:
-        """Whether ingest read memory records (memory.parquet; some runs predate it)."""
-        return (self.path / f"{R.MEMORY}.parquet").is_file()
+        """Whether ingest read memory records (memory.parquet; some runs predate it), and they
+        are inside the run directory (a link out of it is not followed: ``reanalyze`` says so)."""
+        path = self.path / f"{R.MEMORY}.parquet"
+        return path.is_file() and R.leads_out(self.path, path) is None
 
     def report(self, top: int = 10) -> RunReport:
         from traceview.analysis.summary import summarize
@@ -100,7 +103,7 @@ class Run:
                 if self.tables[name].num_rows
             },
         }
-        memory = R.read_memory(self.path)
+        memory = R.read_memory(self.path) if self.has_memory else None
         if memory is not None and memory.num_rows:  # runs without memory records: none
             tables["memory"] = memory
             tables["memory_steps"] = self.tables["memory_steps"]
@@ -119,15 +122,18 @@ class Run:
         return step_collectives(matched_table(self.collectives, self.cross))
 
     def events(self, ranks: list[int] | None = None) -> pa.Table:
-        return R.read_events(self.path, ranks)
+        """The events of ``ranks`` (all when None); a rank refused when the run was opened
+        (its events unreadable, another run's, or behind a link out of the run directory) is
+        left out, as the analysis left it out."""
+        return R.read_events(self.path, ranks, {}, self.manifest.run_id)
 
     def window_events(self, rank: int, start_ns: int, end_ns: int) -> pa.Table:
         """The events of ``rank`` that overlap [start_ns, end_ns): only their row groups."""
-        return R.read_window(self.path, rank, start_ns, end_ns)
+        return R.read_window(self.path, rank, start_ns, end_ns, self.manifest.run_id)
 
     def memory(self, ranks: list[int] | None = None) -> pa.Table | None:
         """The memory records of ``ranks`` (None: the run has no memory table)."""
-        return R.read_memory(self.path, ranks)
+        return R.read_memory(self.path, ranks) if self.has_memory else None
 
 
 def _label(paths: list[Path]) -> str:
@@ -147,48 +153,92 @@ def ingest_run(paths: list[Path], out: Path, **options: Any) -> Path:
     return ingest(paths, out, analyze=rank_tables, analysis_version=ANALYSIS_VERSION, **options)
 
 
-def analysis_is_current(run: Path, manifest: Manifest) -> bool:
-    return manifest.analysis_version == ANALYSIS_VERSION and all(
-        (run / f"{name}.parquet").is_file() for name in RANK_TABLES
-    )
+class RunReplaced(Exception):
+    """The run directory changed while it was read: an ingest replaced it (or a file in it)."""
 
 
 def _version(value: str | None) -> int:
     return int(value) if value and value.isdigit() else 0
 
 
-def reanalyze(run: Path, manifest: Manifest, progress: Progress = quiet) -> dict[str, pa.Table]:
+def _key(manifest: Manifest, seen: dict[str, R.Identity]) -> bytes:
+    """The cache key of this run as ``seen``, with this analysis."""
+    return R.cache_key(manifest.run_id, ANALYSIS_VERSION, R.inputs_key(seen))
+
+
+def reanalyze(
+    run: Path,
+    manifest: Manifest,
+    seen: dict[str, R.Identity] | None = None,
+    progress: Progress = quiet,
+) -> dict[str, pa.Table]:
     """The analysis tables of ``run`` computed afresh from its events, one rank at a time.
 
-    They replace the cache when it is older than this analysis (or missing), where the run
-    directory can be written; a cache written by a newer traceview is left for it. Only the
-    manifest's ``analysis_version`` changes (its other keys, known here or not, stay as written).
-    """
+    A rank whose events cannot be read, belong to another run (their ``run_id`` is not the
+    manifest's) or lie behind a link out of the run directory is left out with a warning; the
+    memory table behind such a link too. The tables replace the cache when it is stale (or
+    missing), where the run directory can be written, and only if the run on disk is still the
+    one read (``seen``, its identities before anything was read; see ``_cache``). A cache
+    written by a newer traceview is left for it. Only the manifest's ``analysis_version``
+    changes (its other keys, known here or not, stay as written). RunReplaced: the run changed
+    while it was read (read it again)."""
+    if seen is None:
+        seen = R.identities(run)
     per_rank, damaged = [], {}
+    memory_out = R.leads_out(run, run / f"{R.MEMORY}.parquet")
+    if memory_out is not None:
+        manifest.notes.warnings.append(
+            f"memory records left out: {run / R.MEMORY}.parquet is a symbolic link out of the "
+            f"run directory (to {memory_out}); not followed"
+        )
     ranks = R.event_ranks(run)
     for done, rank in enumerate(ranks):
         progress("analysing ranks", done, len(ranks))
         try:
-            memory = R.read_memory(run, [rank])
+            R.check_events(run, rank, manifest.run_id)
+            memory = R.read_memory(run, [rank]) if memory_out is None else None
             tables = _in_chunks(run, rank, memory)
             per_rank.append(tables or rank_tables(R.read_events(run, [rank]), memory))
         except BadInput as exc:  # the other ranks are still reported (this time, uncached)
             damaged[rank] = exc
             manifest.notes.warnings.append(f"rank {rank} left out: {exc}")
-    if not per_rank:
-        raise next(iter(damaged.values()))
+    if R.identities(run) != seen:
+        raise RunReplaced(str(run))
+    if not per_rank:  # one line: the first rank's reason, and how many more
+        first, why = next(iter(damaged.items()))
+        more = f" (and {len(damaged) - 1} more rank(s))" if len(damaged) > 1 else ""
+        raise BadInput(f"no rank left: rank {first} left out: {why}{more}")
     manifest.ranks = [r for r in manifest.ranks if r.rank not in damaged]
     tables = {name: pa.concat_tables([t[name] for t in per_rank]) for name in RANK_TABLES}
-    if damaged or _version(manifest.analysis_version) > _version(ANALYSIS_VERSION):
+    newer = _version(manifest.analysis_version) > _version(ANALYSIS_VERSION)
+    if damaged or memory_out is not None or newer:
         return tables  # not cached: a cache holds every rank
-    try:
-        for name, table in tables.items():
-            R.write_parquet(run / f"{name}.parquet", table)
-        raw = json.loads((run / R.MANIFEST).read_text())
-        R.write_json(run / R.MANIFEST, {**raw, "analysis_version": ANALYSIS_VERSION})
-    except (OutputError, OSError, ValueError, RecursionError):  # read-only or damaged: uncached
-        pass
+    # read-only or damaged: uncached (RunReplaced goes on: the run is read again)
+    with suppress(OutputError, OSError, ValueError, RecursionError):
+        _cache(run, tables, _key(manifest, seen), seen)
     return tables
+
+
+def _cache(run: Path, tables: dict[str, pa.Table], key: bytes, seen: dict[str, R.Identity]) -> None:
+    """Put ``tables`` in place as ``run``'s cache (each recording ``key``: its run, analysis
+    and inputs), and the analysis version in its manifest, if the run on disk is still ``seen``
+    once they are written beside it. Each is a temporary file made in the run directory and
+    renamed onto its name there: a rename replaces a symbolic link at that name rather than
+    write through it, and a run directory swapped away by an ingest after the temporary files
+    were made takes them with it (the rename then finds nothing to move), so a new run never
+    receives this one's tables. RunReplaced where the run changed: nothing is renamed."""
+    with ExitStack() as stack:
+        raw = json.loads((run / R.MANIFEST).read_text())
+        manifest_tmp = stack.enter_context(R.atomic_path(run / R.MANIFEST, make_parent=False))
+        manifest_tmp.write_text(
+            json.dumps({**raw, "analysis_version": ANALYSIS_VERSION}, indent=2, default=str) + "\n"
+        )
+        for name, table in tables.items():
+            tmp = stack.enter_context(R.atomic_path(run / f"{name}.parquet", make_parent=False))
+            R.write_table(tmp, R.with_cache_key(table, key))
+        if R.identities(run) != seen:
+            raise RunReplaced(str(run))  # (the temporary files go; nothing is renamed)
+        # leaving the block renames the tables into place, then the manifest
 
 
 def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Table] | None:
@@ -222,6 +272,10 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
         return analysis.finish()
 
 
+#: How often a run directory that an ingest keeps replacing is read again before giving up.
+READ_TRIES = 3
+
+
 @contextmanager
 def open_run(
     paths: list[Path], rules: Path | None = None, progress: Progress = quiet
@@ -229,14 +283,7 @@ def open_run(
     """The run at ``paths``; traces are read into a temporary run directory."""
     label = _label(paths)
     if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
-        run = paths[0]
-        manifest = R.read_manifest(run)
-        try:
-            current = analysis_is_current(run, manifest) and _read_tables(run)
-        except BadInput:  # a damaged cache (a write cut short): it is only a cache
-            current = None
-        tables = current or reanalyze(run, manifest, progress)
-        yield Run(run, label, manifest, tables, False)
+        yield _open_dir(paths[0], label, progress)
         return
     try:
         scratch = tempfile.TemporaryDirectory(prefix="traceview-")
@@ -248,6 +295,37 @@ def open_run(
             paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
         )
         yield Run(run, label, R.read_manifest(run), _read_tables(run), True)
+
+
+def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
+    """A run directory: its cached analysis where the cache is this run's and current, else
+    recomputed from the events. Read again (up to READ_TRIES times) where an ingest replaced it
+    while it was read, so what is shown is one run, never a mix of two."""
+    for _ in range(READ_TRIES):
+        seen = R.identities(run)  # (first: any change after this is seen at the end)
+        manifest = R.read_manifest(run)
+        try:
+            tables = _read_tables(run, _key(manifest, seen)) if _current(manifest, seen) else None
+        except BadInput:  # a damaged, stale or foreign cache: it is only a cache
+            tables = None
+        try:
+            tables = tables or reanalyze(run, manifest, seen, progress)
+            return Run(run, label, manifest, tables, False)
+        except RunReplaced:
+            continue
+    raise BadInput(
+        f"{run}: replaced while it was read, {READ_TRIES} times (an ingest into it is running?); "
+        "run again when it ends"
+    )
+
+
+def _current(manifest: Manifest, seen: dict[str, R.Identity]) -> bool:
+    """Whether the cache may be read: this analysis wrote it, and no input is refused (a link
+    out of the run directory, a file that cannot be looked at: recomputing says which)."""
+    inputs = [v for k, v in seen.items() if k != R.MANIFEST]
+    return manifest.analysis_version == ANALYSIS_VERSION and all(
+        isinstance(v, tuple) for v in inputs
+    )
 
 
 #: The shape of each cached table: one of another shape is damaged, and recomputed.
@@ -263,10 +341,26 @@ _TABLE_SCHEMAS = {
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 
 
-def _read_tables(run: Path) -> dict[str, pa.Table]:
-    return {
-        name: R.read_table(run / f"{name}.parquet", _TABLE_SCHEMAS[name]) for name in RANK_TABLES
-    }
+def _read_tables(run: Path, key: bytes | None = None) -> dict[str, pa.Table]:
+    """The cached analysis tables; with ``key``, each must record it (``R.CACHE_KEY``: this
+    run, this analysis, these inputs), else BadInput: a table of another run, or computed from
+    other events, is not read as this run's. A table behind a link out of the run directory is
+    refused alike (and replaced, not written through, when the cache is written again)."""
+
+    def check(name: str) -> Callable[[pq.ParquetFile], None]:
+        def mine(file: pq.ParquetFile) -> None:
+            if (file.schema_arrow.metadata or {}).get(R.CACHE_KEY) != key:
+                raise BadInput(f"{run / name}.parquet: a stale cache, or another run's")
+
+        return mine
+
+    tables = {}
+    for name in RANK_TABLES:
+        path = run / f"{name}.parquet"
+        R.check_inside(run, path)
+        table = R.read_table(path, _TABLE_SCHEMAS[name], check(name) if key else None)
+        tables[name] = R.without_cache_key(table)
+    return tables
 
 
 @contextmanager

@@ -65,6 +65,21 @@ def run_directory(path: Path, *, empty: bool = False) -> Path:
     return path
 
 
+def inside_run(path: Path, run: Path) -> None:
+    """An output place inside the run directory ``run`` (by its name: the default export folder
+    or file, or one given there) must stay inside it once symbolic links are followed: nothing
+    in a run directory is followed out of it, for writing either."""
+    whole, root = os.path.abspath(path), os.path.abspath(run)
+    if os.path.commonpath([whole, root]) != root:
+        return
+    real = R.leads_out(run, path)
+    if real is not None:
+        raise UsageError(
+            f"{_name(path)}: a symbolic link out of the run directory (to {_name(Path(real))}); "
+            "not followed (give -o elsewhere)"
+        )
+
+
 def export_directory(path: Path) -> Path:
     """``path`` as the folder an export writes its tables into."""
     _checked_place(path)

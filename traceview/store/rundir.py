@@ -25,8 +25,8 @@ import socket
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traceview.model import schema as S
-from traceview.model.errors import BadInput, Notes, cannot_write
-from traceview.model.escape import encodable
+from traceview.model.errors import BadInput, Notes, UsageError, cannot_write
+from traceview.model.escape import encodable, safe
 from traceview.model.manifest import Manifest, from_json
 
 MANIFEST = "manifest.json"
@@ -68,12 +68,15 @@ FILE_MODE = 0o666 & ~_process_umask()
 
 
 @contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
+def atomic_path(path: Path, *, make_parent: bool = True) -> Iterator[Path]:
     """A temporary sibling of ``path`` to write; renamed onto ``path`` if the block succeeds.
     A system error while writing (full, read-only, over a file-size limit) is an OutputError
-    naming ``path``."""
+    naming ``path``. The rename replaces whatever is at ``path``, a symbolic link included: it
+    never writes through one. ``make_parent=False``: a missing folder is an error, not made (a
+    run directory swapped away by an ingest must not come back empty)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if make_parent:
+            path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, FILE_MODE)
         os.close(fd)
@@ -118,9 +121,38 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     return {"compression": "zstd", "use_dictionary": text, "write_statistics": others}
 
 
+def write_table(path: Path, table: pa.Table) -> None:
+    """``table`` as Parquet at ``path`` as it is (``write_parquet`` writes beside and renames)."""
+    pq.write_table(table, path, row_group_size=1 << 16, **parquet_options(table.schema))
+
+
 def write_parquet(path: Path, table: pa.Table) -> None:
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, row_group_size=1 << 16, **parquet_options(table.schema))
+        write_table(tmp, table)
+
+
+#: A cached analysis table's schema metadata: which run, analysis and inputs it was computed
+#: from (``cache_key``); one whose key is not the run's own is stale or another run's, and
+#: recomputed, never read as valid.
+CACHE_KEY = b"traceview.cache"
+
+
+def cache_key(run_id: str | None, analysis_version: str | None, inputs: str) -> bytes:
+    return json.dumps(
+        {"run_id": run_id, "analysis_version": analysis_version, "inputs": inputs},
+        sort_keys=True,
+    ).encode()
+
+
+def with_cache_key(table: pa.Table, key: bytes) -> pa.Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), CACHE_KEY: key})
+
+
+def without_cache_key(table: pa.Table) -> pa.Table:
+    metadata = table.schema.metadata or {}
+    if CACHE_KEY not in metadata:
+        return table
+    return table.replace_schema_metadata({k: v for k, v in metadata.items() if k != CACHE_KEY})
 
 
 def is_run_dir(path: Path) -> bool:
@@ -128,6 +160,30 @@ def is_run_dir(path: Path) -> bool:
         return path.is_dir() and (path / MANIFEST).is_file()
     except OSError as exc:  # a folder this user may not look into
         raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def leads_out(run: Path, path: Path) -> str | None:
+    """Where ``path``, a path inside ``run``, leads once its symbolic links are followed, when
+    that is outside ``run`` (links followed too); None where it stays inside. Nothing in a run
+    directory is followed out of it, for reading or writing: an ``events/`` linked to another
+    run, a rank's file linked to a file elsewhere."""
+    root = os.path.realpath(run)
+    real = os.path.realpath(path)
+    try:
+        if os.path.commonpath([root, real]) == root:
+            return None
+    except ValueError:  # (different drives)
+        pass
+    return real
+
+
+def check_inside(run: Path, path: Path) -> None:
+    """BadInput where ``path`` leads out of ``run`` through a symbolic link."""
+    real = leads_out(run, path)
+    if real is not None:
+        raise BadInput(
+            f"{path}: a symbolic link out of the run directory (to {safe(real, 120)}); not followed"
+        )
 
 
 def events_path(run: Path, rank: int) -> Path:
@@ -142,6 +198,7 @@ def write_events(run: Path, rank: int, events: pa.Table) -> Path:
 
 
 def read_manifest(run: Path) -> Manifest:
+    check_inside(run, run / MANIFEST)
     try:
         data = (run / MANIFEST).read_bytes()
     except FileNotFoundError:
@@ -182,12 +239,19 @@ def special_kind(mode: int) -> str:
     return "a special file"
 
 
-def read_table(path: Path, schema: pa.Schema | None = None) -> pa.Table:
+def read_table(
+    path: Path,
+    schema: pa.Schema | None = None,
+    check: Callable[[pq.ParquetFile], None] | None = None,
+) -> pa.Table:
     """The table in ``path``; with ``schema``, one of that shape (cast where it can be), else
-    bad input: a file in a run directory is as untrusted as a trace."""
+    bad input: a file in a run directory is as untrusted as a trace. ``check`` looks at the
+    opened file first (its metadata) and raises BadInput to refuse it unread."""
     try:
         # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
         with parquet_file(path) as file:
+            if check is not None:
+                check(file)
             table = file.read()
     except FileNotFoundError:
         raise BadInput(f"{path}: missing (re-run `traceview ingest`)") from None
@@ -207,6 +271,7 @@ def read_memory(run: Path, ranks: list[int] | None = None) -> pa.Table | None:
     path = run / f"{MEMORY}.parquet"
     if not path.is_file():
         return None
+    check_inside(run, path)
     table = read_table(path, S.MEMORY_SCHEMA)
     if ranks is not None:
         table = table.filter(pc.is_in(table.column(S.RANK), pa.array(ranks, pa.int32())))
@@ -229,17 +294,22 @@ def event_ranks(run: Path) -> list[int]:
 
 
 def read_events(
-    run: Path, ranks: list[int] | None = None, damaged: dict[int, BadInput] | None = None
+    run: Path,
+    ranks: list[int] | None = None,
+    damaged: dict[int, BadInput] | None = None,
+    run_id: str | None = None,
 ) -> pa.Table:
     """Events of ``ranks`` (all when None), with the rank column restored. With ``damaged``, a
     rank whose events cannot be read is left out and its error kept there (the others are
-    read); without, it is raised."""
+    read); without, it is raised. A rank's file that leads out of ``run`` through a link is
+    refused, and with ``run_id`` (the manifest's) so is one whose events belong to another run."""
     tables = []
     for rank, path in _rank_parts(run):
         if ranks is not None and rank not in ranks:
             continue
         try:
-            tables.append(_rank_events(path, rank))
+            check_inside(run, path)
+            tables.append(_rank_events(path, rank, run_id))
         except BadInput as exc:
             if damaged is None:
                 raise
@@ -249,8 +319,8 @@ def read_events(
     return pa.concat_tables(tables, promote_options="permissive").unify_dictionaries()
 
 
-def _rank_events(path: Path, rank: int) -> pa.Table:
-    table = read_table(path)
+def _rank_events(path: Path, rank: int, run_id: str | None) -> pa.Table:
+    table = read_table(path, check=lambda file: same_run(file, path, run_id))
     table = table.append_column(S.RANK, pa.array([rank] * table.num_rows, pa.int32()))
     try:
         return S.conform(table, S.EVENTS_SCHEMA)
@@ -258,14 +328,92 @@ def _rank_events(path: Path, rank: int) -> pa.Table:
         raise BadInput(f"{path}: not events traceview wrote ({exc})") from None
 
 
-def read_window(run: Path, rank: int, start_ns: int, end_ns: int) -> pa.Table:
+def same_run(file: pq.ParquetFile, path: Path, run_id: str | None) -> None:
+    """BadInput where the events in ``file`` belong to another run than ``run_id`` (None: not
+    checked). Cheap: the run id is constant in a rank's file, so only the first row group's
+    ``run_id`` column is read (one dictionary entry and its indices), never the other columns
+    or groups."""
+    if run_id is None or file.metadata.num_row_groups == 0:
+        return
+    if S.RUN_ID not in file.schema_arrow.names:
+        return  # not events traceview wrote: reading it says so
+    column = file.read_row_group(0, columns=[S.RUN_ID]).column(0)
+    found = column[0].as_py() if len(column) else None
+    if found is not None and found != run_id:
+        raise BadInput(
+            f"its events belong to run {safe(found, 40)}, not {safe(run_id, 40)} ({path})"
+        )
+
+
+def check_events(run: Path, rank: int, run_id: str | None) -> None:
+    """BadInput where ``rank``'s events file leads out of ``run`` or belongs to another run;
+    only its footer and first run id are read."""
+    path = events_path(run, rank)
+    check_inside(run, path)
+    try:
+        with parquet_file(path) as file:
+            same_run(file, path, run_id)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: missing (re-run `traceview ingest`)") from None
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise BadInput(f"{path}: unreadable ({exc})") from None
+
+
+#: What a run directory's analysis is computed from, and its manifest: a file's identity
+#: (st_ino, st_size, st_mtime_ns), ``"out"`` for a link out of the run directory, None where it
+#: cannot be looked at.
+Identity = tuple[int, int, int] | str | None
+
+
+def _identity(run: Path, path: Path) -> Identity:
+    if leads_out(run, path) is not None:
+        return "out"
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return (found.st_ino, found.st_size, found.st_mtime_ns)
+
+
+def identities(run: Path) -> dict[str, Identity]:
+    """The identity of the run on disk: its manifest, every rank's events file and the memory
+    table. Two looks that differ saw different runs (an ingest replaced it between them) or a
+    file changed; a few stat calls per rank, nothing read."""
+    found = {MANIFEST: _identity(run, run / MANIFEST)}
+    for rank, path in _rank_parts(run):
+        found[f"{EVENTS}/rank={rank}/{path.name}"] = _identity(run, path)
+    memory = run / f"{MEMORY}.parquet"
+    if memory.is_symlink() or memory.exists():
+        found[memory.name] = _identity(run, memory)
+    return found
+
+
+def inputs_key(seen: dict[str, Identity]) -> str:
+    """The analysis's inputs among ``seen`` (events and memory, not the manifest) as a short
+    key a cached table records: sizes and modification times, not inode numbers, so that a
+    copy that keeps times (``cp -p``, ``rsync -a``) keeps its cache."""
+    import hashlib
+
+    parts = sorted(
+        (name, list(value[1:]) if isinstance(value, tuple) else value)
+        for name, value in seen.items()
+        if name != MANIFEST
+    )
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
+
+
+def read_window(
+    run: Path, rank: int, start_ns: int, end_ns: int, run_id: str | None = None
+) -> pa.Table:
     """The events of ``rank`` that overlap [start_ns, end_ns), reading only the row groups that
     hold one: a group whose statistics put every start at or after the window's end is skipped
     unread, and of the others only the start and duration columns are read to find out. One
     step of a multi-GB trace costs its own row groups and two columns, never the whole table."""
     path = events_path(run, rank)
+    check_inside(run, path)
     try:
         with parquet_file(path) as file:
+            same_run(file, path, run_id)
             leaves = [file.schema.column(i).path for i in range(len(file.schema))]
             ts_col = leaves.index(S.TS_NS)  # its statistics, among the file's leaf columns
             chosen = []
@@ -310,6 +458,51 @@ def staging_dir(target: Path, kind: str = "partial") -> Path:
     """Where a new ``target`` is built (``partial``) or an old one parked (``old``): a hidden
     sibling naming the host and process, so a later ingest can tell a dead owner's leftover."""
     return target.with_name(f".{target.name}.{kind}-{_host()}-{os.getpid()}")
+
+
+@contextmanager
+def ingest_lock(target: Path) -> Iterator[None]:
+    """Held while one ingest builds and swaps in ``target``: a second ingest into the same
+    place stops at once (UsageError naming the first) instead of racing it, so the run left
+    there is one run, whole. The lock is ``flock`` on ``.TARGET.lock`` beside ``target`` (not
+    inside: the swap replaces the folder), released when the process ends however it ends; a
+    file system without locks is written unlocked, as before."""
+    import fcntl
+
+    path = target.with_name(f".{target.name}.lock")
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as exc:
+            raise cannot_write(target, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 200).decode("utf-8", "replace").strip()
+            os.close(fd)
+            held = f" (pid {safe(owner, 60)})" if owner else ""
+            raise UsageError(
+                f"{target}: another traceview ingest is writing it{held}; not replaced "
+                "(run again when it ends, or choose another -o)"
+            ) from None
+        except OSError:  # no locks here (some network file systems): unlocked, as before
+            os.close(fd)
+            yield
+            return
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break  # (not a file its last holder removed after we opened it)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} on {_host()}\n".encode())
+        yield
+    finally:
+        with suppress(OSError):  # (still held: one that opened it sees it gone, and retries)
+            os.unlink(path)
+        os.close(fd)
 
 
 def _owner(target: Path, leftover: Path) -> tuple[str, str, str]:

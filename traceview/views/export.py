@@ -28,17 +28,24 @@ _STEPS_TID = (1 << 31) - 1
 
 
 def tables(
-    run: Path, analysis: dict[str, pa.Table], out: Path, fmt: str, notes: Notes
+    run: Path,
+    analysis: dict[str, pa.Table],
+    out: Path,
+    fmt: str,
+    notes: Notes,
+    run_id: str | None = None,
 ) -> list[Path]:
     """The events of ``run`` and its ``analysis`` tables (steps, ops, collectives; gpu and
-    launches on GPU runs) as single files under ``out``. A rank whose events cannot be read is
-    left out, as ``report`` leaves it out, and said so in ``notes``."""
+    launches on GPU runs) as single files under ``out``. A rank whose events cannot be read, or
+    belong to another run than ``run_id`` (the analysis's run; default the manifest's), is left
+    out, as ``report`` leaves it out, and said so in ``notes``."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise cannot_write(out, exc) from None
     damaged: dict[int, BadInput] = {}
-    events = R.read_events(run, damaged=damaged)
+    run_id = run_id if run_id is not None else R.read_manifest(run).run_id
+    events = R.read_events(run, damaged=damaged, run_id=run_id)
     _left_out(damaged, len(damaged) < len(R.event_ranks(run)), notes)
     written = []
     for name, table in (("events", events), *analysis.items()):
@@ -55,8 +62,10 @@ def tables(
 
 def _left_out(damaged: dict[int, BadInput], others: bool, notes: Notes | None) -> None:
     """Ranks whose events cannot be read: each a warning, or the error where none is left."""
-    if damaged and not others:
-        raise next(iter(damaged.values()))
+    if damaged and not others:  # one line: the first rank's reason, and how many more
+        rank, exc = min(damaged.items())
+        more = f" (and {len(damaged) - 1} more rank(s))" if len(damaged) > 1 else ""
+        raise BadInput(f"no rank left: rank {rank}'s events left out: {exc}{more}")
     for rank, exc in sorted(damaged.items()):
         if notes is not None:
             notes.warn(f"rank {rank}'s events left out: {exc}")
@@ -109,13 +118,16 @@ def chrome(
     clock_offsets: dict[int, int] | None = None,
     in_place: bool = False,
     notes: Notes | None = None,
+    run_id: str | None = None,
 ) -> int:
     """Write the merged multi-rank trace; returns the number of trace events written.
     ``clock_offsets``: ns to subtract from each rank's times to put it on the run's clock (the
     offsets estimated from collectives, for traces from several hosts); ``in_place``: ``out``
     is a special file (a device, a FIFO), written to rather than replaced. A rank whose events
-    cannot be read is left out, as ``report`` leaves it out, and said so in ``notes``."""
+    cannot be read, or belongs to another run than ``run_id`` (the steps' run; default the
+    manifest's), is left out, as ``report`` leaves it out, and said so in ``notes``."""
     manifest = R.read_manifest(run)
+    run_id = run_id if run_id is not None else manifest.run_id
     steps = pl.from_arrow(steps_table)
     assert isinstance(steps, pl.DataFrame)
     ranks = [r.rank for r in manifest.ranks]
@@ -124,7 +136,7 @@ def chrome(
     origin: int | None = None
     damaged: dict[int, BadInput] = {}
     for rank in ranks:
-        ts = R.read_events(run, [rank], damaged).column(S.TS_NS)
+        ts = R.read_events(run, [rank], damaged, run_id).column(S.TS_NS)
         if len(ts):
             low = pc.min(ts).as_py() - offsets.get(rank, 0)
             origin = low if origin is None else min(origin, low)
@@ -172,7 +184,7 @@ def chrome(
                     },
                 ]
             )
-            df = pl.from_arrow(R.read_events(run, [rank]))
+            df = pl.from_arrow(R.read_events(run, [rank], run_id=run_id))
             assert isinstance(df, pl.DataFrame)
             df = df.filter(~pl.col(S.KIND).cast(pl.String).is_in([S.KIND_TRACE]))
             gpu = pl.col(S.DEVICE).cast(pl.String) == S.DEVICE_GPU

@@ -1,0 +1,39 @@
+"""Issue 36's corpus, whole: every case of tests/run_mixing.py (which says what each checks),
+the concurrent ones repeated. Not collected by default: ``python -m pytest -m fuzz
+tests/fuzz/test_run_mixing.py`` (about two minutes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.run_mixing import (
+    CASES,
+    Case,
+    Runs,
+    check_case,
+    check_recompute_of_a_replaced_run,
+    check_report_during_ingest,
+    check_two_ingests,
+    runs,  # noqa: F401 (the fixture)
+)
+
+ROUNDS = 6
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_a_run_directory_holding_another_runs_part(case: Case, runs: Runs, tmp_path: Path) -> None:  # noqa: F811
+    check_case(case, runs, tmp_path)
+
+
+def test_reports_recomputing_while_ingests_replace_the_run(runs: Runs, tmp_path: Path) -> None:  # noqa: F811
+    check_report_during_ingest(runs, tmp_path, ROUNDS)
+
+
+def test_two_ingests_into_one_output(runs: Runs, tmp_path: Path) -> None:  # noqa: F811
+    check_two_ingests(runs, tmp_path, ROUNDS)
+
+
+def test_a_recompute_of_a_replaced_run_writes_no_cache(runs: Runs, tmp_path: Path) -> None:  # noqa: F811
+    check_recompute_of_a_replaced_run(runs, tmp_path)
