@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from traceview.commands.arguments import add_runs_argument
 from traceview.model.errors import UsageError
 
 
@@ -21,14 +22,7 @@ class CompareCommand:
     help = __doc__ or ""
 
     def prepare(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
-        parser.add_argument(
-            "--label",
-            action="append",
-            metavar="NAME",
-            help="a run's name in the output, once per run in order (default: its folder's "
-            "name, made unique)",
-        )
+        add_runs_argument(parser)
         parser.add_argument(
             "--json", action="store_true", help="print the comparison as one JSON object"
         )

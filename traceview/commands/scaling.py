@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from traceview.commands.arguments import add_runs_argument
 from traceview.model.errors import UsageError
 from traceview.model.manifest import Manifest
 
@@ -35,14 +36,7 @@ class ScalingCommand:
     help = __doc__ or ""
 
     def prepare(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
-        parser.add_argument(
-            "--label",
-            action="append",
-            metavar="NAME",
-            help="a run's name in the output, once per run in order (default: its folder's "
-            "name, made unique)",
-        )
+        add_runs_argument(parser)
         parser.add_argument("--batch-size", type=int, help="per-worker mini-batch, for samples/s")
         parser.add_argument(
             "--link-gbps", type=float, help="link bandwidth, for all-reduce efficiency"
