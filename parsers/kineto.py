@@ -79,6 +79,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     # (a plain Raw: msgspec decodes ``Raw | None`` as null only, failing every recorded shape)
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
     meta_name: str | None = msgspec.field(default=None, name="name")
     # [memory] records (profile_memory=True): the allocator's totals after the record
     total_allocated: int | float | str | None = msgspec.field(default=None, name="Total Allocated")
@@ -197,6 +198,9 @@ def _coerce(raw: dict[str, Any]) -> Any:
             dtype=_str_or_none(args.get("dtype")),
             input_dims=msgspec.Raw(msgspec.json.encode(dims)) if dims is not None else _NO_RAW,
             input_type=msgspec.Raw(msgspec.json.encode(types)) if types is not None else _NO_RAW,
+            concrete_inputs=msgspec.Raw(msgspec.json.encode(concrete))
+            if (concrete := args.get("Concrete Inputs")) is not None
+            else _NO_RAW,
             meta_name=_str_or_none(args.get("name")),
             total_allocated=_as_int(args.get("Total Allocated")),
             total_reserved=_as_int(args.get("Total Reserved")),
@@ -418,6 +422,7 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
             S.BYTES: nbytes,
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
             S.GROUP: _strings(list(map(attrgetter("group"), args))),
+            S.PEER: _peers(names, args),
         }
     )
     memory = None
@@ -425,6 +430,32 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
         rows = [i for i, n in enumerate(names) if n == MEMORY_RECORD]
         memory = _memory_batch([events[i] for i in rows], [args[i] for i in rows])
     return _Chunk(batch, threads, counts, batch_sizes, wide, bad, memory)
+
+
+#: Point-to-point calls whose recorded scalar arguments (``Concrete Inputs``, written with
+#: ``record_shapes``) hold the peer, at this position: ``c10d::send(tensors, group, dst, tag)``,
+#: ``c10d::recv_(tensors, group, src, tag)`` (the rank inside the call's group).
+_PEER_ARGUMENT = {"c10d::send": 2, "c10d::recv_": 2}
+_PEER_DECODER = msgspec.json.Decoder(list[str | int | float | None])
+
+
+def _peers(names: list[str | None], args: list[_Args]) -> pa.Array:
+    """Each event's point-to-point peer, where its recorded arguments state it (else null)."""
+    peers: list[int | None] = [None] * len(names)
+    if not _PEER_ARGUMENT.keys() & set(names):
+        return pa.array(peers, pa.int32())
+    for i in compress(range(len(names)), map(_PEER_ARGUMENT.__contains__, names)):
+        raw = args[i].concrete_inputs
+        if not raw:
+            continue
+        try:
+            values = _PEER_DECODER.decode(raw)
+            peer = _as_int(values[_PEER_ARGUMENT[names[i]]])  # type: ignore[index]
+        except (msgspec.DecodeError, IndexError):
+            continue
+        if peer is not None and 0 <= peer < 1 << 31:
+            peers[i] = peer
+    return pa.array(peers, pa.int32())
 
 
 #: The name of Kineto's memory records (instants written with profile_memory=True).
@@ -800,6 +831,7 @@ def _raw_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int, int]:
             S.BYTES: batch.column(S.BYTES),
             S.COLLECTIVE: batch.column(S.COLLECTIVE).dictionary_encode(),
             S.GROUP: batch.column(S.GROUP),
+            S.PEER: batch.column(S.PEER),
         }
     )
     return _conform_batch(raw), no_ts, n_absurd

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traceview.analysis.collectives import issue_links
 from traceview.model import schema as S
 from traceview.model.columns import (
     DEVICE,
@@ -432,6 +433,12 @@ def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimelin
     parts_s.append(ev.ts[comm_elsewhere])
     parts_e.append(ev.end[comm_elsewhere])
     parts_l.append(np.full(int(comm_elsewhere.sum()), _COMM_LEVEL))
+    # a call queued for a worker thread is in flight from when the program issued it
+    run_rows, issue_rows = issue_links(events, ev.parent_row)
+    queued = ev.ts[run_rows] > ev.ts[issue_rows]
+    parts_s.append(ev.ts[issue_rows[queued]])
+    parts_e.append(ev.ts[run_rows[queued]])
+    parts_l.append(np.full(int(queued.sum()), _COMM_LEVEL))
     n_host = sum(len(p) for p in parts_s)
     if gpu:
         parts_s.append(ev.ts[device])

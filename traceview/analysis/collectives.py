@@ -45,6 +45,73 @@ def _outermost(
     return rows[~inner], np.stack([rows[inner], owner[inner]]), launcher[~inner]
 
 
+#: Views a worker thread runs for a call the program issued on its own thread: gloo runs
+#: ``c10d::allreduce_``'s work as ``gloo:all_reduce`` on one of its group's threads (and a
+#: blocking receive's wait as ``gloo:recv``), whenever a thread is free: what the program waited
+#: for began when it issued the call, not when the worker got to it.
+RUN_PREFIX = "gloo:"
+
+
+def _fifo(issued: np.ndarray, runs: np.ndarray) -> np.ndarray:
+    """For runs (start times, sorted) of calls issued at ``issued`` (sorted), each run's issue
+    (index into ``issued``; -1: none), first in first out: every run takes the earliest issue not
+    yet taken that came before it began, and none when every such issue is taken (its issue was
+    before the trace began). Vectorized: the number of runs left without an issue before run j
+    is the running maximum of ``j - (issues before run j)`` + 1 (at least 0)."""
+    j = np.arange(len(runs))
+    before = np.searchsorted(issued, runs, side="right")
+    deficit = j - before
+    unissued = np.maximum(np.concatenate(([0], np.maximum.accumulate(deficit + 1)[:-1])), 0)
+    linked = unissued > deficit
+    return np.where(linked, j - unissued, -1)
+
+
+def issue_links(
+    events: pa.Table, parent: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(run rows, issue rows): each worker-run call (``RUN_PREFIX``) with the call its program
+    issued on another view of the same collective on the host (``c10d::allreduce_``), matched
+    first in first out per collective (gloo runs a group's calls in the order they were queued;
+    runs record neither their group nor their peer)."""
+    empty = np.zeros(0, np.int64)
+    if events.num_rows == 0:
+        return empty, empty
+    collective_codes, _ = dictionary_codes(events.column(S.COLLECTIVE))
+    is_collective = collective_codes >= 0
+    if not is_collective.any():
+        return empty, empty
+    names = events.column(S.NAME)
+    is_run = np.zeros(events.num_rows, bool)
+    is_run[is_collective] = np.asarray(
+        pc.starts_with(names.take(pa.array(np.flatnonzero(is_collective))).cast(pa.string()),
+                       RUN_PREFIX),
+        bool,
+    )  # fmt: skip
+    if not is_run.any():
+        return empty, empty
+    device_codes, device_names = dictionary_codes(events.column(S.DEVICE))
+    rows, _, launcher = _outermost(
+        parent_rows(events) if parent is None else parent, is_collective, device_codes
+    )
+    cpu = device_names.index(S.DEVICE_CPU) if S.DEVICE_CPU in device_names else -2
+    rows = rows[(device_codes[rows] == cpu) & (launcher < 0)]
+    ts = ints(events.column(S.TS_NS), 0)
+    runs_out, issues_out = [empty], [empty]
+    for code in np.unique(collective_codes[rows]):
+        mine = rows[collective_codes[rows] == code]
+        runs = mine[is_run[mine]]
+        issues = mine[~is_run[mine]]
+        if len(runs) == 0 or len(issues) == 0:
+            continue
+        runs = runs[np.argsort(ts[runs], kind="stable")]
+        issues = issues[np.argsort(ts[issues], kind="stable")]
+        taken = _fifo(ts[issues], ts[runs])
+        linked = taken >= 0
+        runs_out.append(runs[linked])
+        issues_out.append(issues[taken[linked]])
+    return np.concatenate(runs_out), np.concatenate(issues_out)
+
+
 def collective_calls(events: pa.Table) -> pa.Table:
     """The collective calls of one rank's events (schema.COLLECTIVES_SCHEMA), in time order."""
     return combine_collectives([collectives_part(events)])
@@ -70,9 +137,9 @@ def collectives_part(
     if not is_collective.any():
         return _PART_SCHEMA.empty_table()
     device_codes, _ = dictionary_codes(events.column(S.DEVICE))
-    rows, (inner, owner), launcher = _outermost(
-        parent_rows(events) if parent is None else parent, is_collective, device_codes
-    )
+    parent = parent_rows(events) if parent is None else parent
+    rows, (inner, owner), launcher = _outermost(parent, is_collective, device_codes)
+
     if counted is not None:
         mine = counted[rows]
         rows, launcher = rows[mine], launcher[mine]
@@ -123,15 +190,51 @@ def collectives_part(
             S.BYTES: pa.array(call_bytes, pa.int64(), mask=call_bytes < 0),
             S.START_NS: pa.array(ts, pa.int64()),
             S.END_NS: pa.array(end, pa.int64()),
+            S.PEER: _call_peers(events, rows, owner, inner),
             "_id": calls.column(S.EVENT_ID),
         }
     )
     return S.conform(table, _PART_SCHEMA)
 
 
+def _call_peers(
+    events: pa.Table, rows: np.ndarray, owner: np.ndarray, inner: np.ndarray
+) -> pa.Array:
+    """Each call's peer: its own, or the one a call nested in it records."""
+    if S.PEER not in events.column_names:
+        return pa.nulls(len(rows), pa.int32())
+    peer = ints(events.column(S.PEER), -1)
+    best = peer.copy()
+    np.maximum.at(best, owner, peer[inner])
+    return pa.array(best[rows], pa.int32(), mask=best[rows] < 0)
+
+
 _PART_SCHEMA = pa.schema(
     [f for f in S.COLLECTIVES_SCHEMA if f.name != S.SEQ] + [pa.field("_id", pa.int64())]
 )
+
+
+def _issued(calls: pa.Table) -> pa.Array:
+    """When the program issued each worker-run call (``RUN_PREFIX``): the start of the host call
+    of the same collective it was queued by, first in first out (``issue_links``, here over the
+    rank's whole table, so a call queued in one part and run in the next is linked too)."""
+    issued = np.full(calls.num_rows, -1, np.int64)
+    names = calls.column(S.NAME)
+    is_run = np.asarray(pc.starts_with(names, RUN_PREFIX), bool)
+    if is_run.any():
+        ts = ints(calls.column(S.START_NS), 0)
+        on_cpu = np.asarray(pc.equal(calls.column(S.DEVICE), S.DEVICE_CPU), bool)
+        op_codes, _ = dictionary_codes(calls.column(S.COLLECTIVE))
+        for code in np.unique(op_codes[is_run]):
+            runs = np.flatnonzero(is_run & (op_codes == code))
+            issues = np.flatnonzero(~is_run & on_cpu & (op_codes == code))
+            if len(issues) == 0:
+                continue
+            runs = runs[np.argsort(ts[runs], kind="stable")]
+            issues = issues[np.argsort(ts[issues], kind="stable")]
+            taken = _fifo(ts[issues], ts[runs])
+            issued[runs[taken >= 0]] = ts[issues[taken[taken >= 0]]]
+    return pa.array(issued, pa.int64(), mask=issued < 0)
 
 
 def combine_collectives(parts: list[pa.Table]) -> pa.Table:
@@ -154,5 +257,6 @@ def combine_collectives(parts: list[pa.Table]) -> pa.Table:
     start_of_group = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
     seq[order] = np.arange(len(order)) - start_of_group
     table = calls.drop_columns(["_id"]).append_column(S.SEQ, pa.array(seq, pa.int64()))
+    table = table.append_column(S.ISSUED_NS, _issued(table))
     table = S.conform(table, S.COLLECTIVES_SCHEMA)
     return table.take(pa.array(np.argsort(ts, kind="stable")))

@@ -53,6 +53,7 @@ from traceview.model.results import StepCollective
 #: reduce, send/recv or push/pull: a root or a sender may leave first).
 SYNCHRONIZING = ("allreduce", "allgather", "reduce_scatter", "alltoall", "barrier")
 MIN_CLOCK_CALLS = 3  # fewer matched synchronizing calls with the reference: no estimate
+ISSUED = "issued"  # when the program issued the call (issued_ns, else start_ns)
 _KEY = ("group_key", S.NAME, S.COLLECTIVE, "step_key", "position")
 _VIEW = ("group_key", S.NAME, S.COLLECTIVE)
 LAUNCH_RATIO = 4  # a host view this many times shorter than another view of its calls: a launch
@@ -98,6 +99,7 @@ def match_collectives(collectives: pa.Table) -> Matched:
     df = df.with_columns(
         pl.col(S.GROUP).fill_null("").alias("group_key"),
         pl.col(S.STEP).fill_null(-1).alias("step_key"),
+        pl.min_horizontal(pl.coalesce(S.ISSUED_NS, S.START_NS), S.START_NS).alias(ISSUED),
     )
     df = df.sort(S.START_NS).with_columns(
         pl.int_range(pl.len()).over([S.RANK, *_VIEW, "step_key"]).alias("position")
@@ -108,7 +110,7 @@ def match_collectives(collectives: pa.Table) -> Matched:
         pl.col(S.RANK).n_unique().alias("present"),
         pl.len().alias("rows"),
         pl.col(S.START_NS).max().alias("last_arrival_ns"),
-        pl.col(S.START_NS).min().alias("first_arrival_ns"),
+        pl.col(ISSUED).min().alias("first_arrival_ns"),
         pl.col(S.RANK).sort_by(S.START_NS, S.RANK).last().alias("last_rank"),
     )
     df = df.join(per_key, on=list(_KEY))
@@ -120,16 +122,33 @@ def match_collectives(collectives: pa.Table) -> Matched:
     left = df.filter(~complete)
     unmatched = left.group_by(S.RANK).agg(pl.len().alias("n")).sort(S.RANK)
     unknown = left.select(pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).cast(pl.Int64)).unique()
+    last = pl.col(S.RANK) == pl.col("last_rank")
     calls = (
         df.filter(complete)
         .with_columns(
-            (pl.min_horizontal(pl.col(S.END_NS), pl.col("last_arrival_ns")) - pl.col(S.START_NS))
-            .clip(lower_bound=0)
+            # from when the program issued the call until the last member began it: waiting
+            # (a rank's own queue included, as it would wait anyway); on the last member, the
+            # stretch its own worker took to begin it is queued
+            pl.when(last)
+            .then(0)
+            .otherwise(
+                (
+                    pl.min_horizontal(pl.col(S.END_NS), pl.col("last_arrival_ns")) - pl.col(ISSUED)
+                ).clip(lower_bound=0)
+            )
             .alias("wait_ns"),
-            (pl.col("last_arrival_ns") - pl.col("first_arrival_ns")).alias("skew_ns"),
+            pl.when(last)
+            .then((pl.col(S.START_NS) - pl.col(ISSUED)).clip(lower_bound=0))
+            .otherwise(0)
+            .alias("queued_ns"),
+            (pl.col("last_arrival_ns") - pl.col("first_arrival_ns"))
+            .clip(lower_bound=0)
+            .alias("skew_ns"),
         )
         .with_columns(
-            (pl.col(S.END_NS) - pl.col(S.START_NS) - pl.col("wait_ns")).alias("transfer_ns")
+            (pl.col(S.END_NS) - pl.col(ISSUED) - pl.col("wait_ns") - pl.col("queued_ns"))
+            .clip(lower_bound=0)
+            .alias("transfer_ns")
         )
         .drop("present", "rows", "first_arrival_ns")
     )
@@ -179,7 +198,9 @@ def split_waits(matched: Matched, comm: pa.Table) -> pl.DataFrame:
     if calls.height == 0 or comm_df.height == 0:
         return pl.DataFrame(schema=_NO_WAITS)
     waits = calls.select(
-        S.RANK, S.START_NS, (pl.col(S.START_NS) + pl.col("wait_ns")).alias(S.END_NS)
+        S.RANK,
+        pl.col(ISSUED).alias(S.START_NS),
+        (pl.col(ISSUED) + pl.col("wait_ns")).alias(S.END_NS),
     )
     slots = _Slots(waits, comm_df)
     call_start, call_wait_end = slots.times(waits, S.START_NS), slots.times(waits, S.END_NS)
@@ -227,8 +248,8 @@ def arrivals(matched: Matched, comm: pa.Table) -> Arrivals:
     # against the waiting rank's exposed communication, laid out in slots of its own
     pairs = waits.select(
         (pl.col(S.RANK).cast(pl.Int64) * _PAIR + pl.col("last_rank")).alias(S.RANK),
-        S.START_NS,
-        (pl.col(S.START_NS) + pl.col("wait_ns")).alias(S.END_NS),
+        pl.col(ISSUED).alias(S.START_NS),
+        (pl.col(ISSUED) + pl.col("wait_ns")).alias(S.END_NS),
     )
     by_pair = _Slots(pairs)
     ps, pe = merge_intervals(by_pair.times(pairs, S.START_NS), by_pair.times(pairs, S.END_NS))
@@ -315,6 +336,7 @@ def collective_rows(matched: Matched, n_steps: int) -> pl.DataFrame:
             pl.col(S.BYTES).max(),
             pl.col("transfer_ns").mean(),
             pl.col("wait_ns").mean(),
+            pl.col("queued_ns").mean(),
             pl.col("skew_ns").mean(),
             pl.col("last_rank").mode().min(),  # a tie: the lowest rank
             pl.col(S.RANK).n_unique().alias("ranks"),
@@ -335,6 +357,7 @@ _MATCH_COLUMNS = {
     "last_arrival_ns": pl.Int64,
     "wait_ns": pl.Int64,
     "transfer_ns": pl.Int64,
+    "queued_ns": pl.Int64,
     "skew_ns": pl.Int64,
 }
 
@@ -355,10 +378,11 @@ def matched_table(collectives: pa.Table, cross: CrossRank | None) -> pa.Table:
             pl.lit(True).alias("matched"),
             "position",
             pl.col("last_rank").cast(pl.Int32),
-            pl.col(S.START_NS).alias("arrival_ns"),
+            pl.col(ISSUED).alias("arrival_ns"),
             "last_arrival_ns",
             "wait_ns",
             "transfer_ns",
+            "queued_ns",
             "skew_ns",
         ).cast(_MATCH_COLUMNS)  # type: ignore[arg-type]
     joined = df.join(found, on=key, how="left").with_columns(pl.col("matched").fill_null(False))
@@ -379,7 +403,7 @@ def step_collectives(table: pa.Table) -> dict[int | None, list[StepCollective]]:
             pl.col("skew_ns").first(),
             pl.col("last_rank").first(),
             pl.col(S.RANK),
-            pl.col(S.START_NS),
+            pl.col("arrival_ns"),
         )
         .sort([S.STEP, "skew_ns", "position", S.NAME], descending=[False, True, False, False])
     )
@@ -392,7 +416,7 @@ def step_collectives(table: pa.Table) -> dict[int | None, list[StepCollective]]:
                 position=row["position"],
                 skew_ns=row["skew_ns"],
                 last_rank=row["last_rank"],
-                arrivals=dict(zip(row[S.RANK], row[S.START_NS], strict=True)),
+                arrivals=dict(zip(row[S.RANK], row["arrival_ns"], strict=True)),
             )
         )
     return out
@@ -570,7 +594,7 @@ def cross_rank(collectives: pa.Table, comm: pa.Table, *, align_clocks: bool = Fa
     matched = match_collectives(collectives)
     clocks = estimate_clocks(matched) if align_clocks else None
     if clocks is not None:
-        shifted = clocks.shift(pl.from_arrow(collectives), S.START_NS, S.END_NS)  # type: ignore[arg-type]
+        shifted = clocks.shift(pl.from_arrow(collectives), S.START_NS, S.END_NS, S.ISSUED_NS)  # type: ignore[arg-type]
         matched = match_collectives(shifted.to_arrow())
         comm = clocks.shift(pl.from_arrow(comm), S.START_NS, S.END_NS).to_arrow()  # type: ignore[arg-type]
     return CrossRank(matched, split_waits(matched, comm), arrivals(matched, comm), clocks)

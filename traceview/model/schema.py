@@ -118,6 +118,9 @@ EVENT_ID: Final = "id"
 PARENT: Final = "parent"
 DEPTH: Final = "depth"
 GROUP: Final = "group"  # a collective's process group, where the trace names it
+#: a point-to-point call's peer as the trace states it: the rank inside the call's process group
+#: (``c10d::send``'s destination, ``c10d::recv_``'s source), where the trace records it
+PEER: Final = "peer"
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -146,6 +149,7 @@ EVENTS_SCHEMA: Final = pa.schema(
         pa.field(PARENT, pa.int64()),
         pa.field(DEPTH, pa.int32()),
         pa.field(GROUP, _DICT),
+        pa.field(PEER, pa.int32()),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
@@ -179,6 +183,7 @@ RAW_SCHEMA: Final = pa.schema(
         pa.field(SCOPE, _DICT),
         pa.field(GROUP, _DICT),
         pa.field(STEP_GROUP, pa.int64()),
+        pa.field(PEER, pa.int32()),
     ]
 )
 
@@ -279,6 +284,10 @@ OPS_SCHEMA: Final = pa.schema(
 # --- collectives: per rank, its collective calls (what cross-rank passes match) -------------------
 
 SEQ: Final = "seq"
+#: when the program issued the call: the start of the training thread's call that queued the
+#: work a worker thread runs (gloo's ``gloo:all_reduce`` queued by ``c10d::allreduce_``); null
+#: where the call is not run for another (then it is ``start_ns``)
+ISSUED_NS: Final = "issued_ns"
 
 COLLECTIVES_SCHEMA: Final = pa.schema(
     [
@@ -294,8 +303,10 @@ COLLECTIVES_SCHEMA: Final = pa.schema(
             SEQ, pa.int64(), nullable=False
         ),  # order of the call among the rank's (name, collective)
         pa.field(BYTES, pa.int64()),
-        pa.field(START_NS, pa.int64(), nullable=False),  # when the rank arrived
+        pa.field(START_NS, pa.int64(), nullable=False),  # when the call began to run
         pa.field(END_NS, pa.int64(), nullable=False),
+        pa.field(ISSUED_NS, pa.int64()),
+        pa.field(PEER, pa.int32()),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )

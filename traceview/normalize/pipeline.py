@@ -163,6 +163,7 @@ def events_table(
         S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
         S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
         S.GROUP: raw.column(S.GROUP),
+        S.PEER: raw.column(S.PEER),
     }
     return S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
 
