@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import rankside_groups
 from .rankside import (
     Config,
     RankInfo,
@@ -86,6 +87,10 @@ class TorchCollector(Collector):
 
         self.hook = register_optimizer_step_post_hook(self._after_optimizer_step)
         self._watch_user_profilers()
+        try:
+            rankside_groups.install(self.torch)  # name each collective call's process group
+        except Exception as exc:  # never break the job
+            warn(f"process groups not recorded: {exc}")
         if self.config.nvtx:
             self.nvtx = NvtxPhases.install(self.torch)
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.model import schema as S
-from traceview.model.columns import ints
+from traceview.model.columns import encode_ranks, ints
 from traceview.model.errors import BadInput, Notes
 from traceview.parsers import (
     ParsedTrace,
@@ -421,8 +421,7 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
             S.EXTERNAL_ID: external,
             S.BYTES: nbytes,
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
-            S.GROUP: _strings(list(map(attrgetter("group"), args))),
-            S.PEER: _peers(names, args),
+            **_groups_and_peers(names, args),
         }
     )
     memory = None
@@ -439,11 +438,33 @@ _PEER_ARGUMENT = {"c10d::send": 2, "c10d::recv_": 2}
 _PEER_DECODER = msgspec.json.Decoder(list[str | int | float | None])
 
 
-def _peers(names: list[str | None], args: list[_Args]) -> pa.Array:
+#: ``traceview collect``'s region around each collective call, naming its process group and a
+#: point-to-point call's peer (``traceview.pg:<group>[:<peer>]``: collectors/rankside_groups.py).
+GROUP_REGION = "traceview.pg:"
+
+
+def _groups_and_peers(names: list[str | None], args: list[_Args]) -> dict[str, pa.Array]:
+    """Each event's process group and point-to-point peer: from its arguments (NCCL's
+    ``Process Group Name``, c10d's recorded scalars) or, for traceview's own region, its name."""
+    groups: list[str | None] = list(map(attrgetter("group"), args))
+    peers = _peers(names, args)
+    distinct = set(names)
+    regions = {n for n in distinct if n and n.startswith(GROUP_REGION)}
+    if regions:
+        parsed = {}
+        for name in regions:
+            group, _, peer = name[len(GROUP_REGION) :].partition(":")
+            parsed[name] = (group or None, int(peer) if peer.isdigit() and len(peer) < 10 else None)
+        for i in compress(range(len(names)), map(regions.__contains__, names)):
+            groups[i], peers[i] = parsed[names[i]]  # type: ignore[index]
+    return {S.GROUP: _strings(groups), S.PEER: pa.array(peers, pa.int32())}
+
+
+def _peers(names: list[str | None], args: list[_Args]) -> list[int | None]:
     """Each event's point-to-point peer, where its recorded arguments state it (else null)."""
     peers: list[int | None] = [None] * len(names)
     if not _PEER_ARGUMENT.keys() & set(names):
-        return pa.array(peers, pa.int32())
+        return peers
     for i in compress(range(len(names)), map(_PEER_ARGUMENT.__contains__, names)):
         raw = args[i].concrete_inputs
         if not raw:
@@ -455,7 +476,40 @@ def _peers(names: list[str | None], args: list[_Args]) -> pa.Array:
             continue
         if peer is not None and 0 <= peer < 1 << 31:
             peers[i] = peer
-    return pa.array(peers, pa.int32())
+    return peers
+
+
+#: Most process groups one trace's ``pg_config`` is read for (more: the rest is not read).
+MAX_GROUPS = 4096
+
+
+def read_pg_config(value: object) -> tuple[list[dict[str, str]], int]:
+    """A trace's ``distributedInfo.pg_config`` as manifest entries ``{name, desc, ranks}``
+    (ranks encoded), and how many entries were not usable."""
+    if not isinstance(value, list):
+        return [], 0
+    groups: list[dict[str, str]] = []
+    bad = 0
+    for entry in value[:MAX_GROUPS]:
+        if not isinstance(entry, dict):
+            bad += 1
+            continue
+        name, ranks = entry.get("pg_name"), entry.get("ranks")
+        if not isinstance(name, str | int) or not isinstance(ranks, list):
+            bad += 1
+            continue
+        members = sorted({r for r in ranks if isinstance(r, int) and 0 <= r < 1 << 31})
+        if len(members) != len(ranks):
+            bad += 1
+        desc = entry.get("pg_desc")
+        groups.append(
+            {
+                "name": str(name),
+                "desc": str(desc) if isinstance(desc, str | int) else "",
+                "ranks": encode_ranks(members),
+            }
+        )
+    return groups, bad + max(0, len(value) - MAX_GROUPS)
 
 
 #: The name of Kineto's memory records (instants written with profile_memory=True).
@@ -768,6 +822,12 @@ class KinetoStream:
             notes.warn(f"{path.name}: the keys before traceEvents not read ({info.header_damage})")
         devices = top.get("deviceProperties")
         batch_sizes = totals.batch_sizes
+        process_groups, bad_groups = read_pg_config(distributed.get("pg_config"))
+        if bad_groups:
+            notes.warn(
+                f"{path.name}: {bad_groups} process group(s) of distributedInfo.pg_config not read"
+                " (no name, or ranks that are not ranks)"
+            )
         meta: dict[str, Any] = {
             "schema_version": top.get("schemaVersion"),
             "backend": distributed.get("backend"),
@@ -779,6 +839,8 @@ class KinetoStream:
             "trace_name": top.get("traceName"),
             # from the recorded input shapes of convolutions and linear layers (a guess)
             "batch_size": batch_sizes.most_common(1)[0][0] if batch_sizes else None,
+            # the rank's process groups as the trace declares them (name, desc, ranks encoded)
+            "process_groups": process_groups,
             **memory_meta,
         }
         self._result = ParsedTrace(

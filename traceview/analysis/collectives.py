@@ -169,6 +169,9 @@ def collectives_part(
     np.maximum.at(named, owner, group_codes[inner])
     call_group = np.where(group_codes[rows] >= 0, group_codes[rows], named[rows])
     call_group = np.where((call_group < 0) & launched, named[np.maximum(launcher, 0)], call_group)
+    # or the one the region around the call names (``traceview collect``'s ``traceview.pg:``)
+    around = _enclosing(parent, rows, group_codes >= 0)
+    call_group = np.where((call_group < 0) & (around >= 0), group_codes[around], call_group)
     names = calls.column(S.NAME).cast(pa.string())
     # a kernel is the collective its host call says (NCCL runs an all-to-all as SendRecv)
     kinds = calls.column(S.COLLECTIVE).cast(pa.string())
@@ -190,23 +193,42 @@ def collectives_part(
             S.BYTES: pa.array(call_bytes, pa.int64(), mask=call_bytes < 0),
             S.START_NS: pa.array(ts, pa.int64()),
             S.END_NS: pa.array(end, pa.int64()),
-            S.PEER: _call_peers(events, rows, owner, inner),
+            S.PEER: _call_peers(events, rows, owner, inner, around),
             "_id": calls.column(S.EVENT_ID),
         }
     )
     return S.conform(table, _PART_SCHEMA)
 
 
+def _enclosing(
+    parent: np.ndarray, rows: np.ndarray, has: np.ndarray, depth: int = 16
+) -> np.ndarray:
+    """For each of ``rows``, its nearest ancestor where ``has`` (-1: none within ``depth``)."""
+    found = np.full(len(rows), -1, np.int64)
+    current = parent[rows]
+    for _ in range(depth):
+        live = (current >= 0) & (found < 0)
+        if not live.any():
+            break
+        at = np.maximum(current, 0)
+        found = np.where(live & has[at], current, found)
+        current = np.where(live, parent[at], -1)
+    return found
+
+
 def _call_peers(
-    events: pa.Table, rows: np.ndarray, owner: np.ndarray, inner: np.ndarray
+    events: pa.Table, rows: np.ndarray, owner: np.ndarray, inner: np.ndarray, around: np.ndarray
 ) -> pa.Array:
-    """Each call's peer: its own, or the one a call nested in it records."""
+    """Each call's peer: its own, the one a call nested in it records, or the region's around
+    it (``traceview.pg:``)."""
     if S.PEER not in events.column_names:
         return pa.nulls(len(rows), pa.int32())
     peer = ints(events.column(S.PEER), -1)
     best = peer.copy()
     np.maximum.at(best, owner, peer[inner])
-    return pa.array(best[rows], pa.int32(), mask=best[rows] < 0)
+    out = best[rows]
+    out = np.where((out < 0) & (around >= 0), peer[np.maximum(around, 0)], out)
+    return pa.array(out, pa.int32(), mask=out < 0)
 
 
 _PART_SCHEMA = pa.schema(
@@ -214,27 +236,74 @@ _PART_SCHEMA = pa.schema(
 )
 
 
-def _issued(calls: pa.Table) -> pa.Array:
-    """When the program issued each worker-run call (``RUN_PREFIX``): the start of the host call
-    of the same collective it was queued by, first in first out (``issue_links``, here over the
-    rank's whole table, so a call queued in one part and run in the next is linked too)."""
+def _link_runs(calls: pa.Table) -> pa.Table:
+    """The rank's calls with each worker-run call (``RUN_PREFIX``) linked to the host call of the
+    same collective that queued it: its ``issued_ns``, and the process group either names where
+    the other does not. Over the rank's whole table, so a call queued in one part and run in the
+    next is linked too.
+
+    A worker thread serves one process group. Each run votes for its thread's group with the
+    group of the latest host call of its collective issued before it began; the thread takes the
+    group most of its votes name. A host call without a group takes the group of the first run of
+    its collective that began after it. Then runs and host calls are linked first in first out
+    per (collective, group) (``issue_links``)."""
+    is_run = np.asarray(pc.fill_null(pc.starts_with(calls.column(S.NAME), RUN_PREFIX), False))
+    if not is_run.any():
+        return calls
+    ts = ints(calls.column(S.START_NS), 0)
+    tid = ints(calls.column(S.TID), 0)
+    on_cpu = np.asarray(pc.fill_null(pc.equal(calls.column(S.DEVICE), S.DEVICE_CPU), False))
+    op_codes, _ = dictionary_codes(calls.column(S.COLLECTIVE))
+    group_codes, group_names = dictionary_codes(calls.column(S.GROUP))
+    group = group_codes.copy()
+    is_issue = ~is_run & on_cpu
+    # the threads' groups, from the votes of their runs
+    votes_thread, votes_group = [], []
+    for code in np.unique(op_codes[is_run]):
+        runs = np.flatnonzero(is_run & (op_codes == code))
+        issues = np.flatnonzero(is_issue & (op_codes == code))
+        if len(issues) == 0:
+            continue
+        issues = issues[np.argsort(ts[issues], kind="stable")]
+        before = np.searchsorted(ts[issues], ts[runs], side="right") - 1
+        voted = group[issues[np.maximum(before, 0)]]
+        ok = (before >= 0) & (voted >= 0)
+        votes_thread.append(tid[runs[ok]])
+        votes_group.append(voted[ok])
+    if votes_thread:
+        threads, groups = np.concatenate(votes_thread), np.concatenate(votes_group)
+        if len(threads):
+            pairs, counts = np.unique(np.stack([threads, groups]), axis=1, return_counts=True)
+            best = np.lexsort((-counts, pairs[0]))  # per thread, the most voted group first
+            first = np.concatenate(([True], pairs[0, best][1:] != pairs[0, best][:-1]))
+            keys, values = pairs[0, best][first], pairs[1, best][first]  # (keys sorted)
+            at = np.minimum(np.searchsorted(keys, tid), len(keys) - 1)
+            from_thread = np.where(keys[at] == tid, values[at], -1)
+            group = np.where(is_run & (group < 0), from_thread, group)
     issued = np.full(calls.num_rows, -1, np.int64)
-    names = calls.column(S.NAME)
-    is_run = np.asarray(pc.starts_with(names, RUN_PREFIX), bool)
-    if is_run.any():
-        ts = ints(calls.column(S.START_NS), 0)
-        on_cpu = np.asarray(pc.equal(calls.column(S.DEVICE), S.DEVICE_CPU), bool)
-        op_codes, _ = dictionary_codes(calls.column(S.COLLECTIVE))
-        for code in np.unique(op_codes[is_run]):
-            runs = np.flatnonzero(is_run & (op_codes == code))
-            issues = np.flatnonzero(~is_run & on_cpu & (op_codes == code))
-            if len(issues) == 0:
+    for code in np.unique(op_codes[is_run]):
+        runs = np.flatnonzero(is_run & (op_codes == code))
+        issues = np.flatnonzero(is_issue & (op_codes == code))
+        if len(issues) == 0:
+            continue
+        runs = runs[np.argsort(ts[runs], kind="stable")]
+        issues = issues[np.argsort(ts[issues], kind="stable")]
+        # a host call without a group: the group of the first run after it
+        after = np.searchsorted(ts[runs], ts[issues], side="left")
+        unnamed = (group[issues] < 0) & (after < len(runs))
+        group[issues[unnamed]] = group[runs[np.minimum(after[unnamed], len(runs) - 1)]]
+        for g in np.unique(group[runs]):
+            mine = runs[group[runs] == g]
+            queued = issues[group[issues] == g]
+            if len(queued) == 0:
                 continue
-            runs = runs[np.argsort(ts[runs], kind="stable")]
-            issues = issues[np.argsort(ts[issues], kind="stable")]
-            taken = _fifo(ts[issues], ts[runs])
-            issued[runs[taken >= 0]] = ts[issues[taken[taken >= 0]]]
-    return pa.array(issued, pa.int64(), mask=issued < 0)
+            taken = _fifo(ts[queued], ts[mine])
+            issued[mine[taken >= 0]] = ts[queued[taken[taken >= 0]]]
+    names = np.asarray([*group_names, None], dtype=object)[group]
+    out = calls.set_column(
+        calls.schema.get_field_index(S.GROUP), S.GROUP, pa.array(names.tolist(), pa.string())
+    )
+    return out.append_column(S.ISSUED_NS, pa.array(issued, pa.int64(), mask=issued < 0))
 
 
 def combine_collectives(parts: list[pa.Table]) -> pa.Table:
@@ -257,6 +326,8 @@ def combine_collectives(parts: list[pa.Table]) -> pa.Table:
     start_of_group = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
     seq[order] = np.arange(len(order)) - start_of_group
     table = calls.drop_columns(["_id"]).append_column(S.SEQ, pa.array(seq, pa.int64()))
-    table = table.append_column(S.ISSUED_NS, _issued(table))
+    table = _link_runs(table)
+    if S.ISSUED_NS not in table.column_names:
+        table = table.append_column(S.ISSUED_NS, pa.nulls(table.num_rows, pa.int64()))
     table = S.conform(table, S.COLLECTIVES_SCHEMA)
     return table.take(pa.array(np.argsort(ts, kind="stable")))

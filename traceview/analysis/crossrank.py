@@ -46,6 +46,7 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.attribution import merge_intervals
+from traceview.analysis.groups import Groups, assign_groups
 from traceview.model import schema as S
 from traceview.model.results import StepCollective
 
@@ -89,13 +90,24 @@ class Matched:
     )
 
 
-def match_collectives(collectives: pa.Table) -> Matched:
-    """Match every rank's collective calls with the other ranks' (module docstring)."""
+def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Matched:
+    """Match every rank's collective calls with the other ranks' (module docstring): inside
+    each call's process group where the run declares its groups (``groups``), the calls of a
+    rank that is a member of several groups and whose group is not known left unmatched."""
     df = pl.from_arrow(collectives)
     assert isinstance(df, pl.DataFrame)
     if df.height == 0 or df[S.RANK].n_unique() < 2:
         return Matched(pl.DataFrame())
     df = df.join(launch_views(df), on=[S.NAME, S.COLLECTIVE], how="anti")
+    declared = pl.DataFrame(
+        [(name, len(ranks)) for name, ranks in (groups.ranks_of if groups else {}).items()],
+        schema={S.GROUP: pl.String, "_declared": pl.Int64},
+        orient="row",
+    )
+    several = groups.several if groups else []
+    unknown_group = pl.col(S.GROUP).is_null() & pl.col(S.RANK).is_in(several)
+    ambiguous = df.filter(unknown_group)
+    df = df.filter(~unknown_group).join(declared, on=S.GROUP, how="left")
     df = df.with_columns(
         pl.col(S.GROUP).fill_null("").alias("group_key"),
         pl.col(S.STEP).fill_null(-1).alias("step_key"),
@@ -104,8 +116,13 @@ def match_collectives(collectives: pa.Table) -> Matched:
     df = df.sort(S.START_NS).with_columns(
         pl.int_range(pl.len()).over([S.RANK, *_VIEW, "step_key"]).alias("position")
     )
-    participants = df.group_by(_VIEW).agg(pl.col(S.RANK).n_unique().alias("participants"))
-    df = df.join(participants, on=list(_VIEW))
+    # a declared group's members take part; elsewhere, every rank that makes calls of the view
+    participants = df.group_by(_VIEW).agg(pl.col(S.RANK).n_unique().alias("_seen"))
+    df = (
+        df.join(participants, on=list(_VIEW))
+        .with_columns(pl.coalesce("_declared", "_seen").alias("participants"))
+        .drop("_declared", "_seen")
+    )
     per_key = df.group_by(_KEY).agg(
         pl.col(S.RANK).n_unique().alias("present"),
         pl.len().alias("rows"),
@@ -119,7 +136,9 @@ def match_collectives(collectives: pa.Table) -> Matched:
         & (pl.col("rows") == pl.col("present"))
         & (pl.col("participants") > 1)
     )
-    left = df.filter(~complete)
+    left = pl.concat(
+        [df.filter(~complete).select(S.RANK, S.STEP), ambiguous.select(S.RANK, S.STEP)]
+    )
     unmatched = left.group_by(S.RANK).agg(pl.len().alias("n")).sort(S.RANK)
     unknown = left.select(pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).cast(pl.Int64)).unique()
     last = pl.col(S.RANK) == pl.col("last_rank")
@@ -366,6 +385,8 @@ def matched_table(collectives: pa.Table, cross: CrossRank | None) -> pa.Table:
     """The collectives table with what matching found for each call (``export``): matched,
     its place in the step, the last rank to arrive, arrival times on the aligned clock, wait,
     transfer and skew; null where the call was left unmatched or is a launch view."""
+    if cross is not None and cross.calls is not None:
+        collectives = cross.calls  # with the groups the pass told
     df = pl.from_arrow(collectives)
     assert isinstance(df, pl.DataFrame)
     key = [S.RANK, S.NAME, S.COLLECTIVE, S.SEQ]
@@ -430,6 +451,9 @@ class CrossRank:
     waits: pl.DataFrame  # per (rank, step): wait_ns, wait_total_ns (split_waits)
     arrivals: Arrivals
     clocks: ClockFit | None = None  # where the ranks' clocks were estimated and applied
+    groups: Groups = field(default_factory=Groups)  # the process groups the ranks declare
+    calls: pa.Table | None = None  # the collectives with the groups told (assign_groups)
+    ungrouped: int = 0  # calls whose group could not be told in a run of several groups
 
     @property
     def available(self) -> bool:
@@ -588,13 +612,30 @@ def estimate_clocks(matched: Matched) -> ClockFit | None:
     )
 
 
-def cross_rank(collectives: pa.Table, comm: pa.Table, *, align_clocks: bool = False) -> CrossRank:
+def cross_rank(
+    collectives: pa.Table,
+    comm: pa.Table,
+    *,
+    align_clocks: bool = False,
+    groups: Groups | None = None,
+) -> CrossRank:
     """Match, split and attribute; ``align_clocks``: the ranks' clocks may differ (traces from
-    several hosts that ``collect`` did not align), so estimate them first."""
-    matched = match_collectives(collectives)
+    several hosts that ``collect`` did not align), so estimate them first; ``groups``: the
+    process groups the ranks declare (each call is matched inside its own)."""
+    groups = groups or Groups()
+    collectives, ungrouped = assign_groups(collectives, groups)
+    matched = match_collectives(collectives, groups)
     clocks = estimate_clocks(matched) if align_clocks else None
     if clocks is not None:
         shifted = clocks.shift(pl.from_arrow(collectives), S.START_NS, S.END_NS, S.ISSUED_NS)  # type: ignore[arg-type]
-        matched = match_collectives(shifted.to_arrow())
+        matched = match_collectives(shifted.to_arrow(), groups)
         comm = clocks.shift(pl.from_arrow(comm), S.START_NS, S.END_NS).to_arrow()  # type: ignore[arg-type]
-    return CrossRank(matched, split_waits(matched, comm), arrivals(matched, comm), clocks)
+    return CrossRank(
+        matched,
+        split_waits(matched, comm),
+        arrivals(matched, comm),
+        clocks,
+        groups,
+        collectives,
+        ungrouped,
+    )

@@ -24,6 +24,7 @@ from traceview.analysis.crossrank import (
     cross_rank,
 )
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
+from traceview.analysis.groups import Groups, declared_groups
 from traceview.analysis.memory import memory_results
 from traceview.model import schema as S
 from traceview.model.manifest import Collected, Manifest
@@ -505,6 +506,7 @@ def _ranks_without_steps(manifest: Manifest, ranks: list[RankSummary]) -> list[s
 def _collectives(cross: CrossRank | None, n_steps: int) -> list[CollectiveSummary]:
     if cross is None or not cross.available:
         return []
+    ranks_of = cross.groups.ranks_of
     return [
         CollectiveSummary(
             op=row[S.COLLECTIVE],
@@ -524,6 +526,8 @@ def _collectives(cross: CrossRank | None, n_steps: int) -> list[CollectiveSummar
                     row[S.COLLECTIVE], row["ranks"], row[S.BYTES], row["transfer_ns"]
                 )
             ),
+            group_ranks=ranks_of.get(row[S.GROUP]) if row[S.GROUP] is not None else None,
+            queued_ms=_exact_ms(row["queued_ns"]),
         )
         for row in collective_rows(cross.matched, n_steps).iter_rows(named=True)
     ]
@@ -592,6 +596,16 @@ def _not_matched(manifest: Manifest, collectives: pa.Table | None) -> list[str]:
     return [
         "collectives are not matched across ranks while ranks of the job are missing (any of "
         "them may be the last to arrive): communication is not split into wait and transfer"
+    ]
+
+
+def _ungrouped(cross: CrossRank | None) -> list[str]:
+    if cross is None or not cross.ungrouped:
+        return []
+    return [
+        f"{cross.ungrouped} collective call(s) of ranks that are members of several process "
+        "groups do not say which group they belong to, and their calls' ends do not tell it "
+        "clearly: they are left unmatched"
     ]
 
 
@@ -708,7 +722,18 @@ def cross_rank_of(
     differ; None where a rank is missing (the last to arrive may be the one not read)."""
     if collectives is None or comm is None or manifest.missing_ranks:
         return None
-    return cross_rank(collectives, comm, align_clocks=_needs_clock_estimate(manifest))
+    return cross_rank(
+        collectives,
+        comm,
+        align_clocks=_needs_clock_estimate(manifest),
+        groups=groups_of(manifest),
+    )
+
+
+def groups_of(manifest: Manifest) -> Groups:
+    """The process groups the run's ranks declare."""
+    declared = {r.rank: list(r.meta.get("process_groups") or []) for r in manifest.ranks}
+    return declared_groups(declared, manifest.world_size)
 
 
 def summarize(
@@ -753,6 +778,7 @@ def summarize(
         verdict = gpu_verdict(
             explained, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
         )
+    groups = cross.groups if cross is not None else groups_of(manifest)
     complete = set(df[S.STEP].to_list()) if df.height else None
     since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in manifest.ranks}
     memory = memory_results(
@@ -783,6 +809,8 @@ def summarize(
         warnings=[
             *manifest.notes.warnings,
             *_ranks_without_steps(manifest, ranks),
+            *groups.warnings,
+            *_ungrouped(cross),
             *_unmatched(cross),
             *_clock_warning(clocks),
             *memory.warnings,
@@ -795,4 +823,5 @@ def summarize(
         if incomplete.height
         else [],
         gpu_verdict=verdict,
+        groups=groups.groups,
     )

@@ -225,3 +225,36 @@ class EventArrays:
             parent_row=parent_rows(events),
             depth=ints(events.column(S.DEPTH), -1),
         )
+
+
+def encode_ranks(ranks: list[int]) -> str:
+    """Ranks as arithmetic runs: ``0-7``, ``0-56/8``, ``1,3,9`` (compact in a manifest)."""
+    out: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i + 1
+        if j < len(ranks):
+            step = ranks[j] - ranks[i]
+            while j + 1 < len(ranks) and ranks[j + 1] - ranks[j] == step:
+                j += 1
+            if j - i >= 2 and step > 0:
+                out.append(f"{ranks[i]}-{ranks[j]}" + (f"/{step}" if step != 1 else ""))
+                i = j + 1
+                continue
+        out.append(str(ranks[i]))
+        i += 1
+    return ",".join(out)
+
+
+def decode_ranks(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if not part:
+            continue
+        span, _, step = part.partition("/")
+        first, _, last = span.partition("-")
+        if last:
+            out.extend(range(int(first), int(last) + 1, int(step or 1)))
+        else:
+            out.append(int(first))
+    return out

@@ -384,13 +384,22 @@ class TopOp(Result):
     share: float  # self time as a fraction of the step
 
 
+class ProcessGroup(Result):
+    """A process group the run's ranks declare (PyTorch's ``distributedInfo.pg_config``)."""
+
+    name: str  # (untrusted)
+    desc: str | None  # its description: ``default_pg``, ``mesh_tp`` (untrusted)
+    dim: str | None  # the DeviceMesh dimension it belongs to (``tp``), null outside a mesh
+    ranks: list[int]
+
+
 class CollectiveSummary(Result):
     """One collective across ranks: a view at one position of the step (the n-th call of
     ``name`` in every step), over its matched calls."""
 
     op: str  # the collective: allreduce, allgather, broadcast... (untrusted)
     name: str  # the view: the event that makes the call (untrusted)
-    group: str | None  # process group, where the trace names it (untrusted)
+    group: str | None  # process group, where the trace names it or it was told (untrusted)
     position: int  # the call's place among the step's calls of this view (0: first)
     calls_per_step: float  # steps it was matched in, per step of the run
     ranks: int  # ranks that take part
@@ -402,6 +411,8 @@ class CollectiveSummary(Result):
     algorithm: str | None = None  # NCCL's algorithm_protocol, where the kernel name says it
     # what each link moved during the transfer (nccl-tests' bus bandwidth), where bytes are known
     busbw_gbps: float | None = None
+    group_ranks: list[int] | None = None  # the group's ranks, where the run declares it
+    queued_ms: float = 0.0  # mean over ranks and calls: the last rank's own queue before it began
 
 
 class IncompleteStep(Result):
@@ -469,6 +480,7 @@ class RunReport(Result):
     rank_spread: RankSpread | None = None  # the ranks as a distribution (null without ranks)
     # GPU runs: the device idle a large share of the step while the host works (null: not so)
     gpu_verdict: GpuVerdict | None = None
+    groups: list[ProcessGroup] = []  # the process groups the ranks declare (empty: none)
 
     @property
     def straggler(self) -> RankSummary | None:
