@@ -351,6 +351,38 @@ def _leading_size(dims: msgspec.Raw) -> int | None:
     return None
 
 
+#: gloo's point-to-point spans: record_function regions that gloo ends from its own thread when
+#: the transfer completes, on the thread that posted them; they overlap whatever that thread runs
+#: meanwhile instead of nesting in it.
+_ASYNC_SPANS = frozenset(("gloo:send", "gloo:recv"))
+#: Set on the thread id of those spans: a lane of their own beside the thread.
+ASYNC_LANE = 1 << 62
+
+
+def _async_lanes(tids: pa.Array, names: list[str | None], events: Sequence[Any]) -> pa.Array:
+    """``tids`` with each async span (``_ASYNC_SPANS``) moved to a lane beside its thread: the
+    first lane free when it begins (overlapping spans on lanes of their own, so none is taken
+    for a call nested in another)."""
+    if _ASYNC_SPANS.isdisjoint(names):
+        return tids
+    values = ints(tids, 0)
+    moved = values.copy()
+    rows = [i for i, n in enumerate(names) if n in _ASYNC_SPANS]
+    rows.sort(key=lambda i: (values[i], events[i].ts or 0.0))
+    free_at: dict[tuple[int, int], float] = {}  # (thread, lane) -> when its last span ends
+    for i in rows:
+        start = events[i].ts or 0.0
+        end = start + (events[i].dur or 0.0)
+        lane = 0
+        while free_at.get((int(values[i]), lane), -math.inf) > start:
+            lane += 1
+        free_at[(int(values[i]), lane)] = end
+        moved[i] = values[i] ^ (ASYNC_LANE | lane << 48)
+    return pa.array(
+        moved, pa.int64(), mask=np.asarray(pc.is_null(tids)) if tids.null_count else None
+    )
+
+
 def _ids(values: list[Any]) -> pa.Array:
     """pid/tid column: integers, and a few labels ("Spans") turned into stable negative ids."""
     try:
@@ -414,7 +446,7 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
             S.CAT: _dictionary(list(map(attrgetter("cat"), events))),
             S.NAME: _dictionary(names),
             S.PID: _ids(list(map(attrgetter("pid"), events))),
-            S.TID: _ids(list(map(attrgetter("tid"), events))),
+            S.TID: _async_lanes(_ids(list(map(attrgetter("tid"), events))), names, events),
             "ts_us": pa.array(list(map(attrgetter("ts"), events)), pa.float64()),
             "dur_us": pa.array(list(map(attrgetter("dur"), events)), pa.float64()),
             S.CORRELATION: _int_array(list(map(attrgetter("correlation"), args)), _id),

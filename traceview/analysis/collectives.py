@@ -193,7 +193,7 @@ def collectives_part(
             S.BYTES: pa.array(call_bytes, pa.int64(), mask=call_bytes < 0),
             S.START_NS: pa.array(ts, pa.int64()),
             S.END_NS: pa.array(end, pa.int64()),
-            S.PEER: _call_peers(events, rows, owner, inner, around),
+            S.PEER: _call_peers(events, rows, owner, inner, around, launcher),
             "_id": calls.column(S.EVENT_ID),
         }
     )
@@ -217,7 +217,12 @@ def _enclosing(
 
 
 def _call_peers(
-    events: pa.Table, rows: np.ndarray, owner: np.ndarray, inner: np.ndarray, around: np.ndarray
+    events: pa.Table,
+    rows: np.ndarray,
+    owner: np.ndarray,
+    inner: np.ndarray,
+    around: np.ndarray,
+    launcher: np.ndarray,
 ) -> pa.Array:
     """Each call's peer: its own, the one a call nested in it records, or the region's around
     it (``traceview.pg:``)."""
@@ -228,6 +233,7 @@ def _call_peers(
     np.maximum.at(best, owner, peer[inner])
     out = best[rows]
     out = np.where((out < 0) & (around >= 0), peer[np.maximum(around, 0)], out)
+    out = np.where((out < 0) & (launcher >= 0), best[np.maximum(launcher, 0)], out)  # a kernel
     return pa.array(out, pa.int32(), mask=out < 0)
 
 
@@ -253,10 +259,21 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     ts = ints(calls.column(S.START_NS), 0)
     tid = ints(calls.column(S.TID), 0)
     on_cpu = np.asarray(pc.fill_null(pc.equal(calls.column(S.DEVICE), S.DEVICE_CPU), False))
-    op_codes, _ = dictionary_codes(calls.column(S.COLLECTIVE))
+    kinds, kind_names = dictionary_codes(calls.column(S.COLLECTIVE))
     group_codes, group_names = dictionary_codes(calls.column(S.GROUP))
     group = group_codes.copy()
+    peer = ints(calls.column(S.PEER), -1)
     is_issue = ~is_run & on_cpu
+    # the queue a call goes through: its collective's, except that gloo runs a reduce-scatter
+    # as an all-reduce (FSDP's): those join the all-reduces' queue
+    op_codes = kinds.copy()
+    run_kinds = {kind_names[k] for k in np.unique(kinds[is_run]) if k >= 0}
+    if "reduce_scatter" not in run_kinds and "allreduce" in run_kinds:
+        scatter = (
+            kinds == kind_names.index("reduce_scatter") if "reduce_scatter" in kind_names else None
+        )
+        if scatter is not None:
+            op_codes = np.where(is_issue & scatter, kind_names.index("allreduce"), op_codes)
     # the threads' groups, from the votes of their runs
     votes_thread, votes_group = [], []
     for code in np.unique(op_codes[is_run]):
@@ -298,10 +315,20 @@ def _link_runs(calls: pa.Table) -> pa.Table:
             if len(queued) == 0:
                 continue
             taken = _fifo(ts[queued], ts[mine])
-            issued[mine[taken >= 0]] = ts[queued[taken[taken >= 0]]]
+            linked, by = mine[taken >= 0], queued[taken[taken >= 0]]
+            issued[linked] = ts[by]
+            peer[linked] = np.where(peer[linked] < 0, peer[by], peer[linked])
+            kinds[linked] = kinds[by]  # the run is the collective the program asked for
     names = np.asarray([*group_names, None], dtype=object)[group]
     out = calls.set_column(
         calls.schema.get_field_index(S.GROUP), S.GROUP, pa.array(names.tolist(), pa.string())
+    )
+    ops = np.asarray([*kind_names, None], dtype=object)[kinds]
+    out = out.set_column(
+        out.schema.get_field_index(S.COLLECTIVE), S.COLLECTIVE, pa.array(ops.tolist(), pa.string())
+    )
+    out = out.set_column(
+        out.schema.get_field_index(S.PEER), S.PEER, pa.array(peer, pa.int32(), mask=peer < 0)
     )
     return out.append_column(S.ISSUED_NS, pa.array(issued, pa.int64(), mask=issued < 0))
 

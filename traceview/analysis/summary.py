@@ -26,6 +26,7 @@ from traceview.analysis.crossrank import (
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups, declared_groups
 from traceview.analysis.memory import memory_results
+from traceview.analysis.pipeline import detect_pipeline
 from traceview.model import schema as S
 from traceview.model.manifest import Collected, Manifest
 from traceview.model.results import (
@@ -37,6 +38,7 @@ from traceview.model.results import (
     HostBound,
     IncompleteStep,
     JobInfo,
+    Pipeline,
     RankSpread,
     RankSummary,
     RunInfo,
@@ -599,6 +601,45 @@ def _not_matched(manifest: Manifest, collectives: pa.Table | None) -> list[str]:
     ]
 
 
+#: A pipeline's bubble is the bottleneck from this share of the step, where it is more than any
+#: phase's; its slowest stage is the straggler from this much more compute than the median stage.
+PIPELINE_BUBBLE_MIN = 0.2
+PIPELINE_SLOW_STAGE = 0.2
+PIPELINE_SLOW_PHASE = 1.5  # ... or one phase this many times the other stages' median
+
+
+def _pipeline_verdict(summary: Summary, ranks: list[RankSummary], pipeline: Pipeline) -> None:
+    """A pipeline's ranks wait on their neighbours by design: the bubble, not the ranks'
+    imbalance, is what the step loses, and the straggler is the slowest stage."""
+    phases = max((summary.breakdown_ms[p] for p in S.COMPUTE_PHASES), default=0.0)
+    bubble = pipeline.bubble_fraction
+    if bubble >= PIPELINE_BUBBLE_MIN and bubble * summary.step_ms >= phases:
+        summary.bottleneck = "pipeline"
+        summary.bottleneck_share = bubble
+    slowest = pipeline.stages[pipeline.slowest_stage]
+    median = _median([s.compute_ms for s in pipeline.stages if s is not slowest])
+    ratio = pipeline.slowest_phase_ratio or 0.0
+    significant = median > 0 and (
+        (slowest.compute_ms - median) / median >= PIPELINE_SLOW_STAGE
+        or ratio >= PIPELINE_SLOW_PHASE
+    )
+    for r in ranks:
+        r.straggler = significant and r.rank in slowest.ranks
+    summary.straggler_rank = slowest.ranks[0]
+    summary.straggler_significant = significant
+    summary.straggler_excess = round((slowest.compute_ms - median) / median, 4) if median else 0.0
+    if significant and pipeline.slowest_phase is not None:
+        phase = pipeline.slowest_phase
+        mine = [r.breakdown_ms[phase] for r in ranks if r.rank in slowest.ranks]
+        rest = [r.breakdown_ms[phase] for r in ranks if r.rank not in slowest.ranks]
+        summary.straggler_phase = phase
+        summary.straggler_phase_ms = round(sum(mine) / len(mine), 3)
+        summary.straggler_phase_median_ms = round(_median(rest), 3) if rest else None
+    else:
+        summary.straggler_phase = summary.straggler_phase_ms = None
+        summary.straggler_phase_median_ms = None
+
+
 def _ungrouped(cross: CrossRank | None) -> list[str]:
     if cross is None or not cross.ungrouped:
         return []
@@ -769,6 +810,9 @@ def summarize(
     ranks = _ranks(ranks_df, cross)
     clocks = _clocks(manifest, len(ranks), cross, estimate)
     summary = _summary(ranks, ranks_df, cross)
+    pipeline = detect_pipeline(cross.matched.calls, ranks) if cross is not None else None
+    if pipeline is not None:
+        _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(df)
     verdict = None
     if gpu is not None and launches is not None and df.height:
@@ -824,4 +868,5 @@ def summarize(
         else [],
         gpu_verdict=verdict,
         groups=groups.groups,
+        pipeline=pipeline,
     )

@@ -41,7 +41,9 @@ R = TypeVar("R", bound=Result)
 #: What the JSON's enumerated strings can be (a schema test keeps old values valid).
 Phase = Literal["io", "h2d", "forward", "backward", "update", "comm", "other", "idle"]
 #: "imbalance": communication is the largest share, but most of it is waiting for a straggler
-BottleneckPhase = Literal["io", "h2d", "forward", "backward", "update", "comm", "imbalance"]
+BottleneckPhase = Literal[
+    "io", "h2d", "forward", "backward", "update", "comm", "imbalance", "pipeline"
+]
 #: How the ranks' times were put on one clock: measured by ``collect``, shared by one host,
 #: estimated from matched collectives, or not at all (several hosts, nothing to estimate from).
 ClockSource = Literal["collect", "one host", "collectives", "unaligned"]
@@ -393,6 +395,29 @@ class ProcessGroup(Result):
     ranks: list[int]
 
 
+class PipelineStage(Result):
+    """One stage of a pipeline (means over its ranks, ms per step)."""
+
+    stage: int
+    ranks: list[int]  # the ranks that run it (one per data-parallel replica)
+    compute_ms: float  # forward + backward + update
+    bubble_ms: float  # blocked on the neighbours: the step less compute, data and collectives
+    transfer_ms: float  # the part of the bubble in which its incoming messages were moving
+
+
+class Pipeline(Result):
+    """A pipeline the run's point-to-point calls form: stages in order (stage 0 sends first)."""
+
+    stages: list[PipelineStage]
+    microbatches: float  # sends from stage 0 to stage 1 per step
+    schedule: Literal["GPipe", "1F1B"]  # GPipe: every forward before any backward
+    bubble_fraction: float  # the stages' bubble over their step time
+    ideal_bubble_fraction: float  # (p - 1) / (m + p - 1): equal stages, no transfer
+    slowest_stage: int  # the most compute
+    slowest_phase: StragglerPhase | None  # where it spends its extra time over the others
+    slowest_phase_ratio: float | None  # that phase on the slowest stage over the others' median
+
+
 class CollectiveSummary(Result):
     """One collective across ranks: a view at one position of the step (the n-th call of
     ``name`` in every step), over its matched calls."""
@@ -481,6 +506,7 @@ class RunReport(Result):
     # GPU runs: the device idle a large share of the step while the host works (null: not so)
     gpu_verdict: GpuVerdict | None = None
     groups: list[ProcessGroup] = []  # the process groups the ranks declare (empty: none)
+    pipeline: Pipeline | None = None  # the pipeline its point-to-point calls form (null: none)
 
     @property
     def straggler(self) -> RankSummary | None:

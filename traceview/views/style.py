@@ -11,7 +11,14 @@ from rich.text import Text
 
 from traceview.model import schema as S
 from traceview.model.escape import safe
-from traceview.model.results import Breakdown, HostBound, KernelLaunches, RankGpu, RunReport
+from traceview.model.results import (
+    Breakdown,
+    HostBound,
+    KernelLaunches,
+    Pipeline,
+    RankGpu,
+    RunReport,
+)
 
 PHASE_STYLE = {
     S.IO: "magenta",
@@ -23,6 +30,7 @@ PHASE_STYLE = {
     S.OTHER: "white",
     S.IDLE: "bright_black",
     "imbalance": "bold red",  # a verdict, not a phase: most communication is waiting
+    "pipeline": "bold red",  # a verdict: a pipeline's stages wait on each other (bubble)
 }
 #: Column headers short enough for an 80-column terminal.
 SHORT = {
@@ -154,6 +162,9 @@ def verdict_text(report: RunReport) -> Text:
     if bottleneck is None:
         return Text("no phase time found in this run")
     text = Text()
+    pipeline = report.pipeline
+    if bottleneck == "pipeline" and pipeline is not None:
+        return pipeline_verdict(report, pipeline)
     text.append(bottleneck, style=f"bold {PHASE_STYLE[bottleneck]}")
     if bottleneck == "imbalance":
         text.append(
@@ -186,6 +197,49 @@ def verdict_text(report: RunReport) -> Text:
                 )
         else:
             text.append(" for other ranks")
+    return text
+
+
+def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
+    """A pipeline's bubble in words: which stage waits most, for which, and why."""
+    text = Text()
+    text.append("pipeline bubble", style=f"bold {PHASE_STYLE['pipeline']}")
+    waiting = max(pipeline.stages, key=lambda s: s.bubble_ms)
+    slow = pipeline.stages[pipeline.slowest_stage]
+    step = report.summary.step_ms
+    text.append(
+        f" is the bottleneck: {pct(pipeline.bubble_fraction)} of the stages' time "
+        f"(ideal for equal stages: {pct(pipeline.ideal_bubble_fraction)}); stage "
+        f"{waiting.stage} is blocked {pct(waiting.bubble_ms / step if step else 0)} of the "
+        f"{ms(step)} ms step"
+    )
+    if slow is not waiting and report.summary.straggler_significant:
+        text.append(f" waiting for stage {slow.stage}")
+        if pipeline.slowest_phase is not None and pipeline.slowest_phase_ratio:
+            text.append(
+                f", whose {pipeline.slowest_phase} takes {pipeline.slowest_phase_ratio:g}× "
+                "the other stages' median"
+            )
+    return text
+
+
+def pipeline_text(pipeline: Pipeline) -> Text:
+    """The stages, one line each."""
+    p = len(pipeline.stages)
+    text = Text(
+        f"pipeline: {p} stages × {pipeline.microbatches:g} micro-batches ({pipeline.schedule}); "
+        f"bubble {pct(pipeline.bubble_fraction)} of the stages' time, ideal for equal stages "
+        f"{pct(pipeline.ideal_bubble_fraction)}"
+    )
+    for s in pipeline.stages[:16]:
+        ranks = ", ".join(str(r) for r in s.ranks[:8]) + (" ..." if len(s.ranks) > 8 else "")
+        text.append(
+            f"\n  stage {s.stage} (rank{'s' if len(s.ranks) > 1 else ''} {ranks}): compute "
+            f"{ms(s.compute_ms)} ms, bubble {ms(s.bubble_ms)} ms (messages moving "
+            f"{ms(s.transfer_ms)} ms)" + (" ← slowest" if s.stage == pipeline.slowest_stage else "")
+        )
+    if p > 16:
+        text.append(f"\n  ... {p - 16} more stages")
     return text
 
 

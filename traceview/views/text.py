@@ -30,6 +30,7 @@ from traceview.views.style import (
     ms,
     pct,
     phase_bar,
+    pipeline_text,
     ratio_text,
     shown_notes,
     straggler_text,
@@ -134,6 +135,8 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
     console.print(communication_text(report))
     if summary.straggler_rank is not None:
         console.print(straggler_text(report))
+    if report.pipeline is not None:
+        console.print(pipeline_text(report.pipeline))
     console.print()
 
     spread = report.rank_spread

@@ -1,0 +1,205 @@
+"""Pipelines: stages found from the point-to-point chain, and how much of each stage's step is
+bubble.
+
+Stages. Ranks that exchange point-to-point messages form chains: a pipeline of p stages is a
+path of p ranks (one path per data-parallel replica), each rank talking to its neighbours only.
+The end of a path whose first call in a step is a send is stage 0 (it runs the first forward and
+hands its activations on); stage k of the pipeline is the k-th rank of every path. Micro-batches
+per step: stage 0's sends to stage 1 per step. The schedule is GPipe when every stage finishes its
+forwards' messages before its first backward message, else 1F1B.
+
+Bubble. A stage's step is its compute (forward, backward, update), its data loading, its
+collectives (a data-parallel all-reduce across replicas), and the rest: time the stage is blocked
+on its neighbours (in a receive, or a send not yet taken), which is bubble, never the stage's own
+work. ``transfer_ms`` is the part of the bubble in which the stage's incoming messages were moving
+(from when both sides had issued them until they arrived): on one host, small messages move in
+well under a millisecond, and the bubble is waiting. The bubble fraction is the stages' bubble
+over their step time, beside the schedule's ideal for equal stages with free messages:
+(p - 1) / (m + p - 1) for GPipe and 1F1B alike.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import polars as pl
+
+from traceview.model import schema as S
+from traceview.model.results import Pipeline, PipelineStage, RankSummary, StragglerPhase
+
+POINT_TO_POINT = ("send", "recv")
+_PHASES: tuple[StragglerPhase, ...] = ("forward", "backward")
+
+
+def _chains(edges: set[tuple[int, int]]) -> list[list[int]] | None:
+    """The paths the undirected edges form (each from its lower end), or None where they do
+    not form paths (a rank with three neighbours, a ring)."""
+    neighbours: dict[int, set[int]] = {}
+    for a, b in edges:
+        neighbours.setdefault(a, set()).add(b)
+        neighbours.setdefault(b, set()).add(a)
+    if any(len(n) > 2 for n in neighbours.values()):
+        return None
+    seen: set[int] = set()
+    chains = []
+    for start in sorted(r for r, n in neighbours.items() if len(n) == 1):
+        if start in seen:
+            continue
+        chain = [start]
+        seen.add(start)
+        while True:
+            nxt = [r for r in neighbours[chain[-1]] if r not in seen]
+            if not nxt:
+                break
+            chain.append(nxt[0])
+            seen.add(nxt[0])
+        chains.append(chain)
+    if len(seen) != len(neighbours):  # a ring: no ends
+        return None
+    return chains
+
+
+def detect_pipeline(calls: pl.DataFrame, ranks: list[RankSummary]) -> Pipeline | None:
+    """The pipeline the matched point-to-point ``calls`` form (``Matched.calls`` with
+    ``peer_rank``), with each stage's figures from the ranks' breakdowns; None without one."""
+    if calls.height == 0 or "peer_rank" not in calls.columns:
+        return None
+    p2p = calls.filter(
+        pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT) & pl.col("peer_rank").is_not_null()
+    )
+    if p2p.height == 0:
+        return None
+    pairs = p2p.select(
+        pl.min_horizontal(S.RANK, "peer_rank").alias("a"),
+        pl.max_horizontal(S.RANK, "peer_rank").alias("b"),
+    ).unique()
+    chains = _chains({(int(a), int(b)) for a, b in pairs.iter_rows() if a != b})
+    if not chains or len({len(c) for c in chains}) != 1 or len(chains[0]) < 2:
+        return None
+    # orient each chain: stage 0 is the end whose first call in a step is a send
+    first = (
+        p2p.sort("issued")
+        .group_by(S.RANK, "step_key")
+        .agg(pl.col(S.COLLECTIVE).first().alias("first"))
+        .group_by(S.RANK)
+        .agg((pl.col("first") == "send").mean().alias("sends_first"))
+    )
+    sends_first = dict(zip(first[S.RANK].to_list(), first["sends_first"].to_list(), strict=True))
+    chains = [
+        c if sends_first.get(c[0], 0) >= sends_first.get(c[-1], 0) else c[::-1] for c in chains
+    ]
+    p = len(chains[0])
+    steps = max(p2p["step_key"].n_unique(), 1)
+    head, second = chains[0][0], chains[0][1]
+    forward_sends = p2p.filter(
+        (pl.col(S.RANK) == head)
+        & (pl.col(S.COLLECTIVE) == "send")
+        & (pl.col("peer_rank") == second)
+    )
+    m = forward_sends.height / steps
+    by_rank = {r.rank: r for r in ranks}
+    # per rank and step: its messages' transfer (arriving), and its collectives' time
+    per_step = 1e-6 / steps
+    arriving = (
+        p2p.filter(pl.col(S.COLLECTIVE) == "recv").group_by(S.RANK).agg(pl.col("transfer_ns").sum())
+    )
+    moved = {r: t * per_step for r, t in arriving.iter_rows()}
+    others = (
+        calls.filter(~pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
+        .group_by(S.RANK)
+        .agg((pl.col(S.END_NS) - pl.col("issued")).sum())
+    )
+    collective = {r: t * per_step for r, t in others.iter_rows()}
+    stages = []
+    for k in range(p):
+        members = [c[k] for c in chains if c[k] in by_rank]
+        if not members:
+            return None
+        stages.append(_stage(k, members, by_rank, moved, collective))
+    slowest = max(stages, key=lambda s: s.compute_ms)
+    slowest_phase, ratio = _slowest_phase(slowest, stages, by_rank)
+    step_total = sum(by_rank[r].step_ms for s in stages for r in s.ranks)
+    bubble_total = sum(s.bubble_ms * len(s.ranks) for s in stages)
+    return Pipeline(
+        stages=stages,
+        microbatches=round(m, 3),
+        schedule=_schedule(p2p, chains),
+        bubble_fraction=round(bubble_total / step_total, 4) if step_total > 0 else 0.0,
+        ideal_bubble_fraction=round((p - 1) / (m + p - 1), 4) if m > 0 else 0.0,
+        slowest_stage=slowest.stage,
+        slowest_phase=slowest_phase,
+        slowest_phase_ratio=ratio,
+    )
+
+
+def _stage(
+    k: int, members: list[int], by_rank: dict[int, RankSummary], moved: dict[int, float],
+    collective: dict[int, float],
+) -> PipelineStage:  # fmt: skip
+    def mean(values: list[float]) -> float:
+        return round(sum(values) / len(values), 3)
+
+    compute, bubble, transfer = [], [], []
+    for rank in members:
+        r = by_rank[rank]
+        b = r.breakdown_ms
+        work = b["forward"] + b["backward"] + b["update"]
+        others = min(collective.get(rank, 0.0), r.comm_exposed_ms)  # the stage's collectives
+        blocked = max(r.step_ms - work - b["io"] - b["h2d"] - others, 0.0)
+        compute.append(work)
+        bubble.append(blocked)
+        transfer.append(min(moved.get(rank, 0.0), blocked))
+    return PipelineStage(
+        stage=k,
+        ranks=members,
+        compute_ms=mean(compute),
+        bubble_ms=mean(bubble),
+        transfer_ms=mean(transfer),
+    )
+
+
+def _slowest_phase(
+    slowest: PipelineStage, stages: list[PipelineStage], by_rank: dict[int, RankSummary]
+) -> tuple[StragglerPhase | None, float | None]:
+    others = [s for s in stages if s is not slowest]
+    if not others:
+        return None, None
+
+    def phase_ms(stage: PipelineStage, phase: str) -> float:
+        return sum(by_rank[r].breakdown_ms[phase] for r in stage.ranks) / len(stage.ranks)
+
+    best: tuple[StragglerPhase | None, float, float | None] = (None, 0.0, None)
+    for phase in _PHASES:
+        mine = phase_ms(slowest, phase)
+        rest = sorted(phase_ms(s, phase) for s in others)
+        median = (
+            rest[len(rest) // 2]
+            if len(rest) % 2
+            else (rest[len(rest) // 2 - 1] + rest[len(rest) // 2]) / 2
+        )
+        if mine - median > best[1]:
+            best = (phase, mine - median, round(mine / median, 2) if median > 0 else None)
+    return best[0], best[2]
+
+
+def _schedule(p2p: pl.DataFrame, chains: list[list[int]]) -> Literal["GPipe", "1F1B"]:
+    """GPipe when, on every rank, no message of a backward (to the previous stage, or from the
+    next) is issued in a step before the last of its forward messages, else 1F1B."""
+    stage_of = {r: k for c in chains for k, r in enumerate(c)}
+    df = p2p.with_columns(
+        pl.col(S.RANK).replace_strict(stage_of, default=None).alias("_me"),
+        pl.col("peer_rank").replace_strict(stage_of, default=None).alias("_peer"),
+    )
+    forward = ((pl.col(S.COLLECTIVE) == "send") & (pl.col("_peer") > pl.col("_me"))) | (
+        (pl.col(S.COLLECTIVE) == "recv") & (pl.col("_peer") < pl.col("_me"))
+    )
+    per_step = (
+        df.with_columns(forward.alias("_forward"))
+        .group_by(S.RANK, "step_key")
+        .agg(
+            pl.col("issued").filter(pl.col("_forward")).max().alias("_last_forward"),
+            pl.col("issued").filter(~pl.col("_forward")).min().alias("_first_backward"),
+        )
+    )
+    interleaved = per_step.filter(pl.col("_first_backward") < pl.col("_last_forward")).height
+    return "1F1B" if interleaved else "GPipe"
