@@ -1,0 +1,58 @@
+"""An FSDP2 job (torch.distributed.fsdp.fully_shard) on CPU and gloo, one 1-D mesh named "dp".
+
+  torchrun --standalone --nproc-per-node N fsdp.py --steps 10 --truth DIR
+
+Four Linear layers (256 -> 512 -> 512 -> 512 -> 10), each its own FSDP unit, then the root.
+Timers per rank (see _common): "step", "forward", "backward", "update", and "call" rows for each
+collective issued (C.record_collectives: op, group, bytes, phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _common as C
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--truth", required=True)
+    args = parser.parse_args()
+    rank, world = C.start()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    model = nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+        nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10),
+    )  # fmt: skip
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(rank)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    timers = C.Timers()
+    C.record_collectives(timers)
+    for step in range(args.steps):
+        timers.step = step
+        with timers.timed("step"):
+            optimizer.zero_grad()
+            with timers.timed("forward"):
+                loss = nn.functional.cross_entropy(model(x), y)
+            with timers.timed("backward"):
+                loss.backward()
+            with timers.timed("update"):
+                optimizer.step()
+    groups = [C.group_entry(dist.group.WORLD, None), C.group_entry(mesh.get_group("dp"), "dp")]
+    C.write_truth(args.truth, "fsdp", rank, world, args, groups, timers)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
