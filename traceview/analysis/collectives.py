@@ -194,6 +194,7 @@ def collectives_part(
             S.START_NS: pa.array(ts, pa.int64()),
             S.END_NS: pa.array(end, pa.int64()),
             S.PEER: _call_peers(events, rows, owner, inner, around, launcher),
+            S.ISSUED_IN: _issued_in(events, parent, rows, launcher),
             "_id": calls.column(S.EVENT_ID),
         }
     )
@@ -201,9 +202,14 @@ def collectives_part(
 
 
 def _enclosing(
-    parent: np.ndarray, rows: np.ndarray, has: np.ndarray, depth: int = 16
+    parent: np.ndarray,
+    rows: np.ndarray,
+    has: np.ndarray,
+    depth: int = 16,
+    stop: np.ndarray | None = None,
 ) -> np.ndarray:
-    """For each of ``rows``, its nearest ancestor where ``has`` (-1: none within ``depth``)."""
+    """For each of ``rows``, its nearest ancestor where ``has`` (-1: none within ``depth``, or
+    none below an ancestor where ``stop``)."""
     found = np.full(len(rows), -1, np.int64)
     current = parent[rows]
     for _ in range(depth):
@@ -212,7 +218,82 @@ def _enclosing(
             break
         at = np.maximum(current, 0)
         found = np.where(live & has[at], current, found)
-        current = np.where(live, parent[at], -1)
+        blocked = stop[at] if stop is not None else np.zeros(len(at), bool)
+        current = np.where(live & ~blocked, parent[at], -1)
+    return found
+
+
+#: The phases a call can be issued in (comm and other are no phase of the program's own).
+_ISSUING = (S.FORWARD, S.BACKWARD, S.UPDATE, S.IO, S.H2D)
+
+
+def _issued_in(
+    events: pa.Table, parent: np.ndarray, rows: np.ndarray, launcher: np.ndarray
+) -> pa.Array:
+    """Each call's ``issued_in``: the phase of the nearest event around it (around the host call
+    that launched it, for a kernel) whose phase is one of ``_ISSUING``; where none is (a call
+    issued from a framework's hook between two layers: FSDP's all-gathers), the phase of the
+    operator nearest in time on its thread in its step; "other" without one."""
+    codes, names = dictionary_codes(events.column(S.PHASE))
+    issuing = np.array([n in _ISSUING for n in names] + [False])
+    has = issuing[codes]
+    start = np.where(launcher >= 0, launcher, rows)
+    own = has[start]
+    # (not past the step marker: a profiler that steps inside the optimizer's step nests the
+    # next step's marker in it)
+    kinds, kind_names = dictionary_codes(events.column(S.KIND))
+    step_marker = np.append(np.array([k == S.KIND_STEP for k in kind_names], bool), False)[kinds]
+    around = _enclosing(parent, start, has, depth=64, stop=step_marker)
+    at = np.where(own, start, around)
+    missing = np.flatnonzero(at < 0)
+    if len(missing):
+        at[missing] = _nearest_in_time(
+            events, start[missing], has & (kinds == _op_code(kind_names)), codes
+        )
+    labels = np.asarray([*names, S.OTHER], dtype=object)
+    phase = np.where(at >= 0, labels[codes[np.maximum(at, 0)]], S.OTHER)
+    return pa.array(phase.tolist(), pa.string())
+
+
+def _op_code(kind_names: list[str]) -> int:
+    return kind_names.index(S.KIND_OP) if S.KIND_OP in kind_names else -2
+
+
+def _nearest_in_time(
+    events: pa.Table, rows: np.ndarray, candidates: np.ndarray, phase: np.ndarray
+) -> np.ndarray:
+    """For each of ``rows``, a candidate row on the same thread and step beside it in time: the
+    one before it and the one after it where their ``phase`` agrees, or the only one there is
+    (-1: none, or two that disagree: a call issued between two phases)."""
+    found = np.full(len(rows), -1, np.int64)
+    pool = np.flatnonzero(candidates)
+    if len(pool) == 0:
+        return found
+    ts = ints(events.column(S.TS_NS), 0)
+    end = ts + ints(events.column(S.DUR_NS), 0)
+    tid = ints(events.column(S.TID), 0)
+    step = ints(events.column(S.STEP), -1)
+    # one key per (thread, step), times ordered within it
+    key_of = np.unique(np.stack([tid, step]), axis=1, return_inverse=True)[1].ravel()
+    span = int(end.max() - ts.min()) + 1
+    origin = int(ts.min())
+    place = key_of.astype(np.int64) * span - origin
+    order = pool[np.argsort(ts[pool] + place[pool], kind="stable")]
+    starts = ts[order] + place[order]
+    at = ts[rows] + place[rows]
+    nxt = np.searchsorted(starts, at, side="left")
+    prv = np.searchsorted(starts, at, side="left") - 1
+    mine = key_of[rows]
+    n_safe, p_safe = np.minimum(nxt, len(order) - 1), np.maximum(prv, 0)
+    has_next = (nxt < len(order)) & (key_of[order[n_safe]] == mine)
+    has_prev = (prv >= 0) & (key_of[order[p_safe]] == mine)
+    # the operators on either side agree (or the call is the step's first or last)
+    agree = has_next & has_prev & (phase[order[n_safe]] == phase[order[p_safe]])
+    found = np.where(
+        agree | (has_next & ~has_prev),
+        order[n_safe],
+        np.where(has_prev & ~has_next, order[p_safe], -1),
+    )
     return found
 
 
@@ -263,6 +344,7 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     group_codes, group_names = dictionary_codes(calls.column(S.GROUP))
     group = group_codes.copy()
     peer = ints(calls.column(S.PEER), -1)
+    issued_in = np.asarray(calls.column(S.ISSUED_IN).to_pylist(), dtype=object)
     is_issue = ~is_run & on_cpu
     # the queue a call goes through: its collective's, except that gloo runs a reduce-scatter
     # as an all-reduce (FSDP's): those join the all-reduces' queue
@@ -319,6 +401,7 @@ def _link_runs(calls: pa.Table) -> pa.Table:
             issued[linked] = ts[by]
             peer[linked] = np.where(peer[linked] < 0, peer[by], peer[linked])
             kinds[linked] = kinds[by]  # the run is the collective the program asked for
+            issued_in[linked] = issued_in[by]
     names = np.asarray([*group_names, None], dtype=object)[group]
     out = calls.set_column(
         calls.schema.get_field_index(S.GROUP), S.GROUP, pa.array(names.tolist(), pa.string())
@@ -326,6 +409,11 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     ops = np.asarray([*kind_names, None], dtype=object)[kinds]
     out = out.set_column(
         out.schema.get_field_index(S.COLLECTIVE), S.COLLECTIVE, pa.array(ops.tolist(), pa.string())
+    )
+    out = out.set_column(
+        out.schema.get_field_index(S.ISSUED_IN),
+        S.ISSUED_IN,
+        pa.array(issued_in.tolist(), pa.string()),
     )
     out = out.set_column(
         out.schema.get_field_index(S.PEER), S.PEER, pa.array(peer, pa.int32(), mask=peer < 0)

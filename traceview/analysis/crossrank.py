@@ -49,7 +49,7 @@ from traceview.analysis.attribution import merge_intervals
 from traceview.analysis.collectives import RUN_PREFIX
 from traceview.analysis.groups import Groups, assign_groups
 from traceview.model import schema as S
-from traceview.model.results import StepCollective
+from traceview.model.results import CommByGroup, StepCollective
 
 #: Collectives that no rank can leave before every rank of the group arrived (not broadcast,
 #: reduce, send/recv or push/pull: a root or a sender may leave first).
@@ -555,6 +555,7 @@ class CrossRank:
     groups: Groups = field(default_factory=Groups)  # the process groups the ranks declare
     calls: pa.Table | None = None  # the collectives with the groups told (assign_groups)
     ungrouped: int = 0  # calls whose group could not be told in a run of several groups
+    comm: pa.Table | None = None  # the ranks' communication, on the aligned clock
 
     @property
     def available(self) -> bool:
@@ -739,4 +740,102 @@ def cross_rank(
         groups,
         collectives,
         ungrouped,
+        comm,
     )
+
+
+def comm_by_group(
+    matched: Matched, comm: pa.Table, groups: Groups, n_steps: int
+) -> list[CommByGroup]:
+    """Per (group, issuing phase, collective): the matched calls' time from issue to end (each
+    rank's overlapping calls merged), the part of it exposed on the rank (``comm``'s exposed
+    pieces), their wait and transfer, as means per step over the ranks that make the calls."""
+    calls = matched.calls
+    if calls.height == 0:
+        return []
+    steps = max(n_steps, 1)
+    key = [S.GROUP, S.ISSUED_IN, S.COLLECTIVE]
+    calls = calls.with_columns(
+        pl.col(S.ISSUED_IN).fill_null(S.OTHER), pl.col(S.GROUP).fill_null("")
+    ).with_columns(pl.struct(key).rank("dense").cast(pl.Int64).alias("_key"))
+    # one slot per (rank, key): merge there, then measure each merged interval's exposed part
+    slotted = calls.select(
+        (pl.col(S.RANK).cast(pl.Int64) * _PAIR + pl.col("_key")).alias(S.RANK),
+        pl.col(ISSUED).alias(S.START_NS),
+        S.END_NS,
+    )
+    by_slot = _Slots(slotted)
+    ms_, me_ = merge_intervals(by_slot.times(slotted, S.START_NS), by_slot.times(slotted, S.END_NS))
+    slot_ids = np.array(sorted(by_slot.slot, key=by_slot.slot.__getitem__), np.int64)
+    slot = ms_ // by_slot.span
+    ident = slot_ids[slot]
+    shift = slot * by_slot.span - by_slot.origin
+    merged = pl.DataFrame(
+        {
+            S.RANK: (ident // _PAIR).astype(np.int32),
+            "_key": ident % _PAIR,
+            S.START_NS: ms_ - shift,
+            S.END_NS: me_ - shift,
+        }
+    )
+    exposed_ns = np.zeros(merged.height, np.int64)
+    comm_df = pl.from_arrow(comm)
+    assert isinstance(comm_df, pl.DataFrame)
+    exposed = comm_df.filter(pl.col(S.EXPOSED))
+    if exposed.height:
+        by_rank = _Slots(merged, exposed)
+        es, ee = merge_intervals(
+            by_rank.times(exposed, S.START_NS), by_rank.times(exposed, S.END_NS)
+        )
+        exposed_ns = _covered(es, ee, by_rank.times(merged, S.END_NS)) - _covered(
+            es, ee, by_rank.times(merged, S.START_NS)
+        )
+    spans = (
+        merged.with_columns(
+            (pl.col(S.END_NS) - pl.col(S.START_NS)).alias("_total"),
+            pl.Series("_exposed", exposed_ns, pl.Int64),
+        )
+        .group_by("_key")
+        .agg(pl.col("_total").sum(), pl.col("_exposed").sum())
+    )
+    rows = (
+        calls.group_by("_key", *key)
+        .agg(
+            pl.len().alias("_calls"),
+            pl.col(S.RANK).n_unique().alias("_ranks"),
+            pl.col(S.BYTES).sum().alias("_bytes"),
+            pl.col(S.BYTES).is_null().any().alias("_unsized"),
+            pl.col("wait_ns").sum().alias("_wait"),
+            pl.col("transfer_ns").sum().alias("_transfer"),
+        )
+        .join(spans, on="_key", how="left")
+        .sort(S.GROUP, S.ISSUED_IN, S.COLLECTIVE)
+    )
+    ranks_of = groups.ranks_of
+    dims = {g.name: g.dim for g in groups.groups}
+    out = []
+    for row in rows.iter_rows(named=True):
+        per = steps * row["_ranks"]
+        total = (row["_total"] or 0) / per / 1e6
+        exposed_ms = min((row["_exposed"] or 0) / per / 1e6, total)
+        # (wait and transfer are summed over calls that can overlap: within the merged total)
+        wait = min(row["_wait"] / per / 1e6, total)
+        transfer = min(row["_transfer"] / per / 1e6, total - wait)
+        name = row[S.GROUP] or None
+        out.append(
+            CommByGroup(
+                group=name,
+                dim=dims.get(name) if name else None,
+                ranks=ranks_of.get(name) if name else None,
+                phase=row[S.ISSUED_IN],
+                op=row[S.COLLECTIVE],
+                calls_per_step=round(row["_calls"] / per, 3),
+                bytes_per_step=None if row["_unsized"] else round(row["_bytes"] / per),
+                total_ms=round(total, 3),
+                exposed_ms=round(exposed_ms, 3),
+                hidden_ms=round(total - exposed_ms, 3),
+                wait_ms=round(wait, 3),
+                transfer_ms=round(transfer, 3),
+            )
+        )
+    return out

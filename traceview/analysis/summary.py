@@ -21,6 +21,7 @@ from traceview.analysis.crossrank import (
     CrossRank,
     bus_bandwidth_gbps,
     collective_rows,
+    comm_by_group,
     cross_rank,
 )
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
@@ -869,4 +870,7 @@ def summarize(
         gpu_verdict=verdict,
         groups=groups.groups,
         pipeline=pipeline,
+        comm_by_group=comm_by_group(cross.matched, cross.comm, groups, len(per_step))
+        if cross is not None and cross.comm is not None
+        else [],
     )

@@ -395,6 +395,24 @@ class ProcessGroup(Result):
     ranks: list[int]
 
 
+class CommByGroup(Result):
+    """A process group's communication in one phase, by collective (means over the group's
+    ranks, per step): what each dimension of a parallel job costs where it is issued."""
+
+    group: str | None  # (untrusted)
+    dim: str | None  # the mesh dimension, where the group has one
+    ranks: list[int] | None  # the group's ranks, where declared
+    phase: str  # where the calls were issued: forward, backward, update, io, h2d, other
+    op: str  # the collective (untrusted)
+    calls_per_step: float
+    bytes_per_step: int | None  # where the trace records sizes
+    total_ms: float  # the calls' time from issue to end, overlapping calls counted once
+    exposed_ms: float  # of it, nothing else of the rank's ran then (the breakdown's comm)
+    hidden_ms: float  # of it, behind compute
+    wait_ms: float  # inside the calls, waiting for the last member (or the peer)
+    transfer_ms: float  # the rest of the calls
+
+
 class PipelineStage(Result):
     """One stage of a pipeline (means over its ranks, ms per step)."""
 
@@ -507,6 +525,7 @@ class RunReport(Result):
     gpu_verdict: GpuVerdict | None = None
     groups: list[ProcessGroup] = []  # the process groups the ranks declare (empty: none)
     pipeline: Pipeline | None = None  # the pipeline its point-to-point calls form (null: none)
+    comm_by_group: list[CommByGroup] = []  # communication by group, phase and collective
 
     @property
     def straggler(self) -> RankSummary | None:

@@ -288,6 +288,9 @@ SEQ: Final = "seq"
 #: work a worker thread runs (gloo's ``gloo:all_reduce`` queued by ``c10d::allreduce_``); null
 #: where the call is not run for another (then it is ``start_ns``)
 ISSUED_NS: Final = "issued_ns"
+#: the phase the program was in when it issued the call: that of the nearest region or operator
+#: around the call with a phase other than comm (forward, backward, update, io, h2d; other: none)
+ISSUED_IN: Final = "issued_in"
 
 COLLECTIVES_SCHEMA: Final = pa.schema(
     [
@@ -307,6 +310,7 @@ COLLECTIVES_SCHEMA: Final = pa.schema(
         pa.field(END_NS, pa.int64(), nullable=False),
         pa.field(ISSUED_NS, pa.int64()),
         pa.field(PEER, pa.int32()),
+        pa.field(ISSUED_IN, pa.string()),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
