@@ -58,6 +58,7 @@ SKIPPED: dict[str, str] = {
     "tests/make_envs.sh": _SETUP,
     "tests/workloads/mxnet/make_venv.sh": _SETUP,
     "pip install 'traceview[dask]'": _SETUP,
+    "pip install -e '.[mpi]'": _SETUP,
     "python -m pytest": "the test suite this test is part of",
     "python -m pytest tests/unit -q -x": "the test suite this test is part of",
     "ruff check . && ruff format --check .": "the linters; .ci/run and the contributors run them",

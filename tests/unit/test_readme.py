@@ -46,3 +46,11 @@ def test_output_comparison_leaves_out_only_what_an_ellipsis_stands_for() -> None
     assert not output_matches(("a", "b", "c"), printed)  # the end, without an ellipsis
     assert not output_matches(("a", "…", "x"), printed)
     assert not output_matches(("a", "b", "c", "d", "e"), printed)
+
+
+def test_links_of_the_readme_and_contributing_lead_to_files() -> None:
+    """(The site's own links are checked by `mkdocs build --strict`.)"""
+    for page in (README, REPO / "CONTRIBUTING.md"):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.name} links to {target}"
