@@ -80,3 +80,5 @@ def test_readme_commands_run_as_pasted(tmp_path: Path) -> None:
     assert any("mpirun" in t and "-np 2" in t for t in ran)
     assert any("--oversubscribe -np 4" in t for t in ran)
     assert (tmp_path / "docs-profiling" / "runs" / "np4" / "manifest.json").exists()
+    assert (tmp_path / "README" / "runs" / "np2-tables" / "events.parquet").exists()
+    assert (tmp_path / "docs-getting-started" / "RUN" / "trace.json.gz").exists()
