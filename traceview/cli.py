@@ -31,11 +31,29 @@ from traceview.commands import all_commands
 from traceview.model.errors import TraceviewError, cannot_write
 from traceview.model.escape import safe
 
+#: The documentation page of each subcommand (a page of the site built from docs/ by mkdocs).
+DOCS_PAGES: dict[str, str] = {
+    "collect": "docs/profiling.md",
+    "ingest": "docs/reference/run-directory.md",
+    "report": "docs/report.md",
+    "compare": "docs/compare.md",
+    "scaling": "docs/compare.md",
+    "export": "docs/reference/run-directory.md",
+    "tui": "docs/tui.md",
+    "schema": "docs/reference/report-json.md",
+}
+DOCS_INDEX = "docs/index.md"
+
+
+def _docs_line(page: str) -> str:
+    return f"Documentation: {page} (the site: mkdocs serve, in a clone of the repository)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="traceview",
         description=__doc__,
+        epilog=_docs_line(DOCS_INDEX),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"traceview {__version__}")
@@ -46,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
             command.name,
             help=summary,
             description=command.help,
+            epilog=_docs_line(DOCS_PAGES[command.name]),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         command.prepare(child)

@@ -1,5 +1,6 @@
-"""The live tier's part of ``tests/unit/test_readme.py``: what these check, and why, is
-said at the top of that file (real jobs here)."""
+"""The live tier's part of the documentation's tests: every command of the README,
+CONTRIBUTING.md and docs/ run as pasted, real jobs included (what is run, changed and skipped,
+and why, is said at the top of tests/docs_pages.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.unit.test_readme import SKIPPED, Command, readme_commands
+from tests.docs_pages import REPO, SKIPPED, Command, commands, pages
 
 PLACEHOLDERS = {"PATH": "sample_traces/pytorch/ddp", "TRACES...": "sample_traces/pytorch/ddp"}
 
@@ -44,39 +44,41 @@ def test_readme_commands_run_as_pasted(tmp_path: Path) -> None:
     missing = [name for name in ("traceview", "mpirun") if not (bindir / name).exists()]
     if missing:
         pytest.skip(f"{', '.join(missing)} not in {bindir}: pip install -e '.[mpi]' there")
-    for name in ("sample_traces", "examples", ".venv-mxnet"):
-        (tmp_path / name).symlink_to(REPO / name)
     env = {
         **os.environ,
         "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
         ),
-        "COLUMNS": "100",
+        "COLUMNS": "80",
     }
     env.pop("VIRTUAL_ENV", None)
-    ran = []
-    for command in readme_commands():
-        if command.text in SKIPPED:
-            continue
-        text = _as_run(command)
-        env["MASTER_PORT"] = str(_free_port())
-        argv = (
-            [sys.executable, "-c", text]
-            if command.kind == "python"
-            else ["bash", "-o", "pipefail", "-c", text]
-        )
-        proc = subprocess.run(
-            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-        )
-        where = f"README.md:{command.line}: {text}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        assert proc.returncode == 0, where
-        assert "Traceback" not in proc.stderr, where
-        if command.kind == "example":
-            assert proc.stdout.splitlines()[0].rstrip() == command.first_output_line, where
-        ran.append(command.text)
+    ran: list[str] = []
+    for page in pages():
+        folder = tmp_path / page.relative_to(REPO).with_suffix("").as_posix().replace("/", "-")
+        folder.mkdir()
+        for name in ("sample_traces", "examples", ".venv-mxnet"):
+            (folder / name).symlink_to(REPO / name)
+        for command in commands(page):
+            if command.text in SKIPPED:
+                continue
+            text = _as_run(command)
+            env["MASTER_PORT"] = str(_free_port())
+            argv = (
+                [sys.executable, "-c", text]
+                if command.kind == "python"
+                else ["bash", "-o", "pipefail", "-c", text]
+            )
+            proc = subprocess.run(
+                argv, cwd=folder, env=env, capture_output=True, text=True, timeout=300
+            )
+            where = f"{command.where}: {text}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            assert proc.returncode == 0, where
+            assert "Traceback" not in proc.stderr, where
+            ran.append(command.text)
     # the job examples ran, and made the runs they name
     assert any("mpirun" in t and "-np 2" in t for t in ran)
     assert any("--oversubscribe -np 4" in t for t in ran)
-    assert (tmp_path / "runs" / "np4" / "manifest.json").exists()
-    assert (tmp_path / "RUN" / "trace.json.gz").exists()
+    assert (tmp_path / "docs-profiling" / "runs" / "np4" / "manifest.json").exists()
+    assert (tmp_path / "README" / "runs" / "np2-tables" / "events.parquet").exists()
+    assert (tmp_path / "docs-getting-started" / "RUN" / "trace.json.gz").exists()
