@@ -25,8 +25,12 @@ _C10D = {
     "all_reduce": None,
     "all_gather": None,
     "all_gather_into_tensor": None,
+    "all_gather_single": None,  # (FSDP2's)
+    "all_gather_coalesced": None,
+    "all_reduce_coalesced": None,
     "reduce_scatter": None,
     "reduce_scatter_tensor": None,
+    "reduce_scatter_single": None,  # (FSDP2's)
     "all_to_all": None,
     "all_to_all_single": None,
     "broadcast": None,

@@ -219,9 +219,9 @@ def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Ma
     per_key = df.group_by(_KEY).agg(
         pl.col(S.RANK).n_unique().alias("present"),
         pl.len().alias("rows"),
-        pl.col(S.START_NS).max().alias("last_arrival_ns"),
+        pl.col(ISSUED).max().alias("last_arrival_ns"),
         pl.col(ISSUED).min().alias("first_arrival_ns"),
-        pl.col(S.RANK).sort_by(S.START_NS, S.RANK).last().alias("last_rank"),
+        pl.col(S.RANK).sort_by(ISSUED, S.START_NS, S.RANK).last().alias("last_rank"),
     )
     df = df.join(per_key, on=list(_KEY))
     complete = (
@@ -238,24 +238,19 @@ def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Ma
     )
     unmatched = left.group_by(S.RANK).agg(pl.len().alias("n")).sort(S.RANK)
     unknown = left.select(pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).cast(pl.Int64)).unique()
-    last = pl.col(S.RANK) == pl.col("last_rank")
     calls = (
         df.filter(complete)
         .with_columns(
-            # from when the program issued the call until the last member began it: waiting
-            # (a rank's own queue included, as it would wait anyway); on the last member, the
-            # stretch its own worker took to begin it is queued
-            pl.when(last)
-            .then(0)
-            .otherwise(
-                (
-                    pl.min_horizontal(pl.col(S.END_NS), pl.col("last_arrival_ns")) - pl.col(ISSUED)
-                ).clip(lower_bound=0)
-            )
+            # from when the program issued the call until the last member issued it: waiting;
+            # after that, until its own worker thread began it: queued; the rest: transfer
+            (pl.min_horizontal(pl.col(S.END_NS), pl.col("last_arrival_ns")) - pl.col(ISSUED))
+            .clip(lower_bound=0)
             .alias("wait_ns"),
-            pl.when(last)
-            .then((pl.col(S.START_NS) - pl.col(ISSUED)).clip(lower_bound=0))
-            .otherwise(0)
+            (
+                pl.min_horizontal(pl.col(S.START_NS), pl.col(S.END_NS))
+                - pl.max_horizontal(pl.col(ISSUED), pl.col("last_arrival_ns"))
+            )
+            .clip(lower_bound=0)
             .alias("queued_ns"),
             (pl.col("last_arrival_ns") - pl.col("first_arrival_ns"))
             .clip(lower_bound=0)
@@ -447,9 +442,17 @@ def collective_rows(matched: Matched, n_steps: int) -> pl.DataFrame:
     if matched.calls.height == 0:
         return pl.DataFrame()
     steps = max(n_steps, 1)
-    key = ["group_key", S.NAME, S.COLLECTIVE, "position"]
+    key = ["group_key", S.NAME, S.COLLECTIVE, "position", "_direction"]
+    calls = matched.calls
+    if "peer_rank" not in calls.columns:
+        calls = calls.with_columns(pl.lit(None, pl.Int32).alias("peer_rank"))
+    # point-to-point calls: one row per direction (the peer's offset), never pooled with calls
+    # to other peers as if of one group
+    calls = calls.with_columns(
+        (pl.col("peer_rank").cast(pl.Int64) - pl.col(S.RANK)).fill_null(0).alias("_direction")
+    )
     return (
-        matched.calls.group_by(key)
+        calls.group_by(key)
         .agg(
             pl.col("step_key").n_unique().alias("matches"),
             pl.col(S.GROUP).first(),
@@ -459,9 +462,11 @@ def collective_rows(matched: Matched, n_steps: int) -> pl.DataFrame:
             pl.col("queued_ns").mean(),
             pl.col("skew_ns").mean(),
             pl.col("last_rank").mode().min(),  # a tie: the lowest rank
-            pl.col(S.RANK).n_unique().alias("ranks"),
+            pl.col(S.RANK).n_unique().alias("_ranks"),
+            pl.col("peer_rank").is_not_null().any().alias("_pair"),
         )
         .with_columns(
+            pl.when("_pair").then(2).otherwise("_ranks").alias("ranks"),
             (pl.col("matches") / steps).alias("calls_per_step"),
             pl.col(S.NAME).str.extract(_ALGORITHM, 1).alias("algorithm"),
         )
@@ -806,6 +811,7 @@ def comm_by_group(
             pl.col(S.BYTES).sum().alias("_bytes"),
             pl.col(S.BYTES).is_null().any().alias("_unsized"),
             pl.col("wait_ns").sum().alias("_wait"),
+            pl.col("queued_ns").sum().alias("_queued"),
             pl.col("transfer_ns").sum().alias("_transfer"),
         )
         .join(spans, on="_key", how="left")
@@ -818,9 +824,11 @@ def comm_by_group(
         per = steps * row["_ranks"]
         total = (row["_total"] or 0) / per / 1e6
         exposed_ms = min((row["_exposed"] or 0) / per / 1e6, total)
-        # (wait and transfer are summed over calls that can overlap: within the merged total)
-        wait = min(row["_wait"] / per / 1e6, total)
-        transfer = min(row["_transfer"] / per / 1e6, total - wait)
+        # wait, queue and transfer are summed over calls that can overlap (a sum at least the
+        # merged total): scaled to it
+        parts = [row[c] / per / 1e6 for c in ("_wait", "_queued", "_transfer")]
+        scale = total / sum(parts) if sum(parts) > 0 else 0.0
+        wait, queued, transfer = (part * scale for part in parts)
         name = row[S.GROUP] or None
         out.append(
             CommByGroup(
@@ -836,6 +844,7 @@ def comm_by_group(
                 hidden_ms=round(total - exposed_ms, 3),
                 wait_ms=round(wait, 3),
                 transfer_ms=round(transfer, 3),
+                queued_ms=round(queued, 3),
             )
         )
     return out

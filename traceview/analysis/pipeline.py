@@ -125,7 +125,7 @@ def detect_pipeline(calls: pl.DataFrame, ranks: list[RankSummary]) -> Pipeline |
         microbatches=round(m, 3),
         schedule=_schedule(p2p, chains),
         bubble_fraction=round(bubble_total / step_total, 4) if step_total > 0 else 0.0,
-        ideal_bubble_fraction=round((p - 1) / (m + p - 1), 4) if m > 0 else 0.0,
+        ideal_bubble_fraction=round((p - 1) / (m + p - 1), 6) if m > 0 else 0.0,
         slowest_stage=slowest.stage,
         slowest_phase=slowest_phase,
         slowest_phase_ratio=ratio,

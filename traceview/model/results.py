@@ -410,7 +410,8 @@ class CommByGroup(Result):
     exposed_ms: float  # of it, nothing else of the rank's ran then (the breakdown's comm)
     hidden_ms: float  # of it, behind compute
     wait_ms: float  # inside the calls, waiting for the last member (or the peer)
-    transfer_ms: float  # the rest of the calls
+    transfer_ms: float  # moving data: the rest of the calls, less queued
+    queued_ms: float = 0.0  # the last member's own queue (wait + transfer + queued = total)
 
 
 class PipelineStage(Result):

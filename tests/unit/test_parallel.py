@@ -1,0 +1,165 @@
+"""Process groups, point-to-point pairs and pipelines (issue 32) on small tables whose answers are
+worked out by hand; the real jobs are in tests/live/test_parallel_jobs.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from traceview.analysis.collectives import _fifo
+from traceview.analysis.crossrank import match_collectives
+from traceview.analysis.groups import declared_groups, dimension
+from traceview.model import schema as S
+from traceview.model.columns import decode_ranks, encode_ranks
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [[0], [0, 1, 2, 3], [0, 8, 16, 24], [1, 3, 9], [0, 1, 2, 5, 7, 9, 11], list(range(0, 1024, 2))],
+)
+def test_ranks_encode_and_decode(ranks: list[int]) -> None:
+    text = encode_ranks(ranks)
+    assert decode_ranks(text) == ranks
+    assert len(text) < 40  # (compact: one run per progression)
+
+
+def test_fifo_links_each_run_to_the_earliest_issue_not_taken() -> None:
+    # issues at 0 and 10; runs at 5 (issue 0), 12 (issue 10), 13 (none left: issued before)
+    assert _fifo(np.array([0, 10]), np.array([5, 12, 13])).tolist() == [0, 1, -1]
+    # a run before any issue (its issue was before the trace began) takes none
+    assert _fifo(np.array([10]), np.array([5, 12])).tolist() == [-1, 0]
+
+
+def test_mesh_dimension_from_the_group_description() -> None:
+    assert dimension("mesh_tp") == "tp"
+    assert dimension("mesh_dp_cp") == "dp_cp"
+    assert dimension("default_pg") is None and dimension(None) is None
+
+
+def _pg(name: str, desc: str, ranks: list[int]) -> dict[str, str]:
+    return {"name": name, "desc": desc, "ranks": encode_ranks(ranks)}
+
+
+def test_declared_groups_are_the_union_of_the_ranks_declarations() -> None:
+    world = _pg("0", "default_pg", [0, 1, 2, 3])
+    declared = {
+        0: [world, _pg("1", "mesh_dp", [0, 2]), _pg("3", "mesh_tp", [0, 1])],
+        1: [world, _pg("2", "mesh_dp", [1, 3]), _pg("3", "mesh_tp", [0, 1])],
+        2: [world, _pg("1", "mesh_dp", [0, 2]), _pg("4", "mesh_tp", [2, 3])],
+        3: [world, _pg("2", "mesh_dp", [1, 3]), _pg("4", "mesh_tp", [2, 3])],
+    }
+    groups = declared_groups(declared, 4)
+    assert [(g.name, g.dim, g.ranks) for g in groups.groups] == [
+        ("0", None, [0, 1, 2, 3]),
+        ("1", "dp", [0, 2]),
+        ("2", "dp", [1, 3]),
+        ("3", "tp", [0, 1]),
+        ("4", "tp", [2, 3]),
+    ]
+    assert groups.warnings == []
+    assert sorted(groups.several) == [0, 1, 2, 3]
+
+
+def test_disagreeing_and_impossible_groups_are_one_warning_each() -> None:
+    declared = {
+        0: [_pg("1", "", [0, 1]), _pg("9", "", [0, 7])],
+        1: [_pg("1", "", [1, 2])],
+    }
+    groups = declared_groups(declared, 2)
+    assert len(groups.warnings) == 2
+    assert "different ranks" in groups.warnings[0] and "1" in groups.warnings[0]
+    assert "beyond the world of 2" in groups.warnings[1]
+    assert [g.ranks for g in groups.groups if g.name == "1"] == [[0, 1]]  # the first kept
+
+
+def _calls(rows: list[tuple]) -> pa.Table:
+    """Collective calls: (rank, name, collective, group, peer, step, issued, start, end), ns."""
+    columns = list(zip(*rows, strict=True))
+    table = pa.table(
+        {
+            S.RANK: pa.array(columns[0], pa.int32()),
+            S.STEP: pa.array(columns[5], pa.int64()),
+            S.DEVICE: ["cpu"] * len(rows),
+            S.PID: pa.array([1] * len(rows), pa.int64()),
+            S.TID: pa.array([1] * len(rows), pa.int64()),
+            S.NAME: list(columns[1]),
+            S.COLLECTIVE: list(columns[2]),
+            S.GROUP: pa.array(columns[3], pa.string()),
+            S.SEQ: pa.array(range(len(rows)), pa.int64()),
+            S.START_NS: pa.array(columns[7], pa.int64()),
+            S.END_NS: pa.array(columns[8], pa.int64()),
+            S.ISSUED_NS: pa.array(columns[6], pa.int64()),
+            S.PEER: pa.array(columns[4], pa.int32()),
+        }
+    )
+    return S.conform(table, S.COLLECTIVES_SCHEMA)
+
+
+def test_a_receive_waits_until_its_send_was_issued() -> None:
+    # rank 0 sends to 1 at 100 (its gloo span ends at 900: gloo finishing it);
+    # rank 1 posted its receive at 20, the data arrived at 130
+    calls = _calls(
+        [
+            (0, "gloo:send", "send", None, 1, 0, 100, 101, 900),
+            (1, "gloo:recv", "recv", None, 0, 0, 20, 21, 130),
+        ]
+    )
+    matched = match_collectives(calls).calls.sort(S.RANK)
+    send, recv = matched.row(0, named=True), matched.row(1, named=True)
+    assert recv["wait_ns"] == 80 and recv["transfer_ns"] == 30 and recv["last_rank"] == 0
+    # the send waited for nothing; it moved data until the receive ended (130), then queued
+    assert send["wait_ns"] == 0 and send["transfer_ns"] == 30 and send["queued_ns"] == 770
+    assert matched["participants"].to_list() == [2, 2]
+
+
+def test_point_to_point_is_never_a_collective_of_the_world() -> None:
+    # four ranks, two pairs (0->1, 2->3) at the same place of the step: two matches of two
+    calls = _calls(
+        [
+            (0, "gloo:send", "send", None, 1, 0, 0, 0, 50),
+            (1, "gloo:recv", "recv", None, 0, 0, 0, 0, 50),
+            (2, "gloo:send", "send", None, 3, 0, 0, 0, 90),
+            (3, "gloo:recv", "recv", None, 2, 0, 40, 40, 90),
+        ]
+    )
+    matched = match_collectives(calls)
+    assert matched.calls.height == 4 and not matched.unmatched
+    assert set(matched.calls["participants"].to_list()) == {2}
+    three = matched.calls.filter(pl.col(S.RANK) == 2).row(0, named=True)
+    assert three["wait_ns"] == 40 and three["last_rank"] == 3
+
+
+def test_a_call_without_its_peer_is_left_unmatched() -> None:
+    calls = _calls(
+        [
+            (0, "gloo:send", "send", None, 1, 0, 0, 0, 50),
+            (1, "gloo:recv", "recv", None, None, 0, 0, 0, 50),
+        ]
+    )
+    matched = match_collectives(calls)
+    assert matched.calls.height == 0
+    assert matched.unmatched == {0: 1, 1: 1}
+
+
+def test_a_collective_is_matched_only_inside_its_group() -> None:
+    world = _pg("0", "default_pg", [0, 1, 2, 3])
+    declared = {
+        r: [world, _pg("3" if r < 2 else "4", "mesh_tp", [0, 1] if r < 2 else [2, 3])]
+        for r in range(4)
+    }
+    groups = declared_groups(declared, 4)
+    # each tensor-parallel pair all-reduces once; pair (2, 3) is 70 ns later
+    calls = _calls(
+        [
+            (0, "gloo:all_reduce", "allreduce", "3", None, 0, 0, 0, 20),
+            (1, "gloo:all_reduce", "allreduce", "3", None, 0, 10, 10, 20),
+            (2, "gloo:all_reduce", "allreduce", "4", None, 0, 70, 70, 100),
+            (3, "gloo:all_reduce", "allreduce", "4", None, 0, 90, 90, 100),
+        ]
+    )
+    matched = match_collectives(calls, groups).calls.sort(S.RANK)
+    assert matched["participants"].to_list() == [2, 2, 2, 2]
+    assert matched["last_rank"].to_list() == [1, 1, 3, 3]
+    assert matched["wait_ns"].to_list() == [10, 0, 20, 0]
