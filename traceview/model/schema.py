@@ -362,8 +362,14 @@ GPU_SCHEMA: Final = pa.schema(
 # --- launches: per rank, kernel-launch statistics by phase and canonical operator --------------
 
 KERNELS: Final = "kernels"
-LATENCY_P50_NS: Final = "latency_p50_ns"  # launch call start to kernel start
+#: A kernel's launch delay (launch call start to kernel start) is queueing (its stream busy
+#: with earlier work) plus launch latency (its stream idle, the kernel not yet started).
+LATENCY_P50_NS: Final = "latency_p50_ns"  # launch latency: the stream idle part of the delay
 LATENCY_P95_NS: Final = "latency_p95_ns"
+QUEUE_P50_NS: Final = "queue_p50_ns"  # queueing: the stream busy part of the delay
+QUEUE_P95_NS: Final = "queue_p95_ns"
+DELAY_TOTAL_NS: Final = "delay_total_ns"  # the kernels' launch delays summed
+QUEUE_TOTAL_NS: Final = "queue_total_ns"  # their queueing summed
 DURATION_P50_NS: Final = "duration_p50_ns"
 DURATION_P95_NS: Final = "duration_p95_ns"
 OVERHEAD_P50_NS: Final = "overhead_p50_ns"  # the launch call's own duration
@@ -379,6 +385,10 @@ LAUNCHES_SCHEMA: Final = pa.schema(
         pa.field(KERNELS, pa.int64(), nullable=False),
         pa.field(LATENCY_P50_NS, pa.float64(), nullable=False),
         pa.field(LATENCY_P95_NS, pa.float64(), nullable=False),
+        pa.field(QUEUE_P50_NS, pa.float64(), nullable=False),
+        pa.field(QUEUE_P95_NS, pa.float64(), nullable=False),
+        pa.field(DELAY_TOTAL_NS, pa.int64(), nullable=False),
+        pa.field(QUEUE_TOTAL_NS, pa.int64(), nullable=False),
         pa.field(DURATION_P50_NS, pa.float64(), nullable=False),
         pa.field(DURATION_P95_NS, pa.float64(), nullable=False),
         pa.field(OVERHEAD_P50_NS, pa.float64(), nullable=False),
