@@ -368,11 +368,12 @@ def host_bound_text(host_bound: HostBound) -> Text:
 
 
 #: The kernel-launch table's columns after the operator (text report and TUI).
-KERNEL_COLUMNS = ("phase", "n", "dur µs", "p95", "launch µs", "p95", "queued", "short")
+KERNEL_COLUMNS = ("phase", "n", "dur µs", "p95", "launch", "p95", "queued", "short")
 KERNEL_NOTE = (
-    "n: kernels launched per step; dur: kernel duration; launch: launch latency, the kernel's "
-    "stream idle between the runtime call's start and the kernel's; queued: the share of that "
-    "delay the stream was busy with earlier work (queueing, not a launch problem); short: "
+    "n: kernels launched per step; dur: kernel duration; launch: launch latency in µs, the "
+    "kernel's stream idle between the runtime call's start and the kernel's; queued: the share of "
+    "the launch delay the stream was busy with earlier work (queueing, not a launch problem); "
+    "short: "
     "kernels shorter than the call that launched them"
 )
 
