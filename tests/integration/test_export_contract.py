@@ -157,6 +157,11 @@ def test_chrome_export_flows_details_and_named_tracks(tmp_path: Path) -> None:
         for e in raw
         if e.get("cat") in _DEVICE_CATS and e.get("args", {}).get("correlation") in calls
     )
+    config = {
+        e["args"]["correlation"]: (e["args"]["grid"], e["args"]["block"])
+        for e in raw
+        if e.get("cat") in {"kernel", "Kernel"} and "grid" in e.get("args", {})
+    }
 
     flows: dict[tuple[str, Any], dict[str, list[dict[str, Any]]]] = defaultdict(
         lambda: defaultdict(list)
@@ -180,6 +185,9 @@ def test_chrome_export_flows_details_and_named_tracks(tmp_path: Path) -> None:
         details = kernel[0]["args"]
         assert {"correlation", "stream", "device"} <= details.keys(), key
         assert details["correlation"] == launch[-1]["args"]["correlation"], key
+        if kernel[0]["cat"] == "kernel":  # its launch configuration, as the raw trace has it
+            grid, block = config[details["correlation"]]
+            assert (details["grid"], details["block"]) == (grid, block), key
         checked += 1
     assert checked == pairs
 

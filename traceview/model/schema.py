@@ -118,6 +118,10 @@ EVENT_ID: Final = "id"
 PARENT: Final = "parent"
 DEPTH: Final = "depth"
 GROUP: Final = "group"  # a collective's process group, where the trace names it
+#: A kernel's launch configuration as the trace writes it ("[80, 1, 1]"; null: not a kernel,
+#: or the trace does not say).
+GRID: Final = "grid"
+BLOCK: Final = "block"
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -146,6 +150,8 @@ EVENTS_SCHEMA: Final = pa.schema(
         pa.field(PARENT, pa.int64()),
         pa.field(DEPTH, pa.int32()),
         pa.field(GROUP, _DICT),
+        pa.field(GRID, _DICT),
+        pa.field(BLOCK, _DICT),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
@@ -179,6 +185,8 @@ RAW_SCHEMA: Final = pa.schema(
         pa.field(SCOPE, _DICT),
         pa.field(GROUP, _DICT),
         pa.field(STEP_GROUP, pa.int64()),
+        pa.field(GRID, _DICT),
+        pa.field(BLOCK, _DICT),
     ]
 )
 

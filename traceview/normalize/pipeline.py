@@ -174,6 +174,8 @@ def events_table(
         S.PARENT: pa.array(parent, pa.int64(), mask=parent < 0),
         S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
         S.GROUP: raw.column(S.GROUP),
+        S.GRID: raw.column(S.GRID),
+        S.BLOCK: raw.column(S.BLOCK),
     }
     return S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
 

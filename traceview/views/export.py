@@ -7,6 +7,7 @@ own; all ranks share the run's aligned clock, so collectives line up across rank
 
 from __future__ import annotations
 
+import functools
 import gzip
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -231,12 +232,14 @@ def chrome(
                     S.CORRELATION,
                     S.PID,
                     S.TID,
+                    S.GRID,
+                    S.BLOCK,
                     "lane",
                     "ts_us",
                     "dur_us",
                 ).iter_rows():
                     name, kind, phase, op, step, nbytes, collective, corr, pid, tid = row[:10]
-                    lane, ts, dur = row[10:]
+                    grid, block, lane, ts, dur = row[10:]
                     args: dict[str, Any] = {"phase": phase, "op": op}
                     if step is not None:
                         args["step"] = step
@@ -248,6 +251,10 @@ def chrome(
                         args["correlation"] = corr
                     if kind in S.DEVICE_ACTIVITY_KINDS:  # where it ran, as the trace says
                         args.update(device=pid, stream=tid)
+                    if grid is not None:  # a kernel's launch configuration
+                        args["grid"] = _dims(grid)
+                    if block is not None:
+                        args["block"] = _dims(block)
                     record: dict[str, Any] = {
                         "name": name,
                         "cat": kind,
@@ -323,3 +330,16 @@ def _flows(df: pl.DataFrame, rank: int, ids: Iterator[int]) -> list[dict[str, An
         out.append({**base, "ph": "s", "tid": lane, "ts": start})
         out.append({**base, "ph": "f", "bp": "e", "tid": to_lane, "ts": round(to_ts, 3)})
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _dims(text: str) -> Any:
+    """A launch configuration as the trace wrote it ("[80, 1, 1]"): its list of numbers where it
+    is one, else the text (untrusted: never more than the parser kept)."""
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    return text
