@@ -1,8 +1,20 @@
 """Exports of a run directory: flat tables (Parquet, CSV) and a merged Chrome trace.
 
+Each table has one grain: ``events`` (one row per trace event), ``steps`` (rank, step), ``ops``
+(rank, device, kind, phase, op, name), ``collectives`` (one row per view of a collective call:
+``view`` is ``host`` for the call on a host thread, ``device`` for the kernel that carried it
+out; sum durations over one view; the match columns are filled on the view that matching
+across ranks used), and on GPU runs ``gpu`` (rank, step), ``launches`` (rank, phase, op),
+``launches_by_phase`` (rank, phase) and ``launches_by_rank`` (rank): percentiles do not add
+up, so each level of the launch statistics is a table of its own, and each counts every kernel
+once.
+
 The Chrome trace puts each rank in its own process (named ``rank N (host)``), its host threads
-and device streams as threads, and the step windows with their breakdown on a track of their
-own; all ranks share the run's aligned clock, so collectives line up across ranks in Perfetto.
+and device streams as threads (named as the trace names them, or by what they hold), and the
+step windows with their breakdown on a track of their own; all ranks share the run's aligned
+clock, so collectives line up across ranks in Perfetto. A flow arrow ("s" to "f") joins each
+runtime call to the kernel, copy or memset it launched; device activities carry their
+correlation id, device, stream and, for kernels, grid and block.
 """
 
 from __future__ import annotations
