@@ -57,6 +57,8 @@ from traceview.model.columns import (
     HOST_TREE,
     KIND_CODE,
     EventArrays,
+    coded,
+    ints,
     kind_table,
     window_index,
 )
@@ -204,6 +206,16 @@ def device_work(ev: EventArrays, earlier: StreamWork | None = None) -> StreamWor
     if earlier is None:
         return mine
     return tuple(np.concatenate([a, b]) for a, b in zip(earlier, mine, strict=True))  # type: ignore[return-value]
+
+
+def table_device_work(events: pa.Table) -> StreamWork:
+    """``device_work`` of a table's rows, read off its columns (no call trees needed)."""
+    kind = coded(events.column(S.KIND), KIND_CODE)
+    ts = ints(events.column(S.TS_NS), 0)
+    end = ts + ints(events.column(S.DUR_NS), 0)
+    rows = np.flatnonzero(DEVICE[kind] & (end > ts))
+    pid, tid = ints(events.column(S.PID), 0), ints(events.column(S.TID), 0)
+    return pid[rows], tid[rows], ts[rows], end[rows]
 
 
 def stream_tail(work: StreamWork, keep: int = CARRIED_STREAM_ROWS) -> StreamWork:

@@ -54,10 +54,10 @@ from traceview.analysis.collectives import collectives_part, combine_collectives
 from traceview.analysis.gpu import (
     StreamWork,
     combine_launches,
-    device_work,
     gpu_steps,
     kernel_launches,
     stream_tail,
+    table_device_work,
 )
 from traceview.analysis.memory import MemoryLookups, memory_steps
 from traceview.analysis.ops import OpsPart, combine_ops, ops_part
@@ -261,7 +261,14 @@ class ChunkedAnalysis:
                 comm_intervals(table, tl),
             )
             self.kernels.append(kernel_launches(table, tl, self.streams))
-            self.streams = stream_tail(device_work(tl.ev, self.streams))
+        if self.gpu:  # the device work begun before the next slice, for its queueing (the
+            # rows the slice looked ahead at are the next slices' own)
+            mine = table_device_work(table)
+            before = mine[2] < upto
+            mine = tuple(p[before] for p in mine)  # type: ignore[assignment]
+            if self.streams is not None:
+                mine = tuple(np.concatenate(p) for p in zip(self.streams, mine, strict=True))  # type: ignore[assignment]
+            self.streams = stream_tail(mine)
         # the windows that end here (a prefix; one of no length at the cut is the next slice's)
         done = int(np.sum((ends < upto) | ((ends == upto) & (starts < upto))))
         if done:
