@@ -87,6 +87,9 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     mem_bytes: int | float | str | None = msgspec.field(default=None, name="Bytes")
     device_type: int | str | None = msgspec.field(default=None, name="Device Type")
     device_id: int | str | None = msgspec.field(default=None, name="Device Id")
+    # a kernel's launch configuration, kept as the trace writes it ("[80, 1, 1]")
+    grid: msgspec.Raw = _NO_RAW
+    block: msgspec.Raw = _NO_RAW
 
 
 _NO_ARGS = _Args()
@@ -202,6 +205,8 @@ def _coerce(raw: dict[str, Any]) -> Any:
             if (concrete := args.get("Concrete Inputs")) is not None
             else _NO_RAW,
             meta_name=_str_or_none(args.get("name")),
+            grid=_raw_of(args.get("grid")),
+            block=_raw_of(args.get("block")),
             total_allocated=_as_int(args.get("Total Allocated")),
             total_reserved=_as_int(args.get("Total Reserved")),
             mem_bytes=_as_int(args.get("Bytes")),
@@ -273,6 +278,24 @@ def _strings(values: list[Any]) -> pa.Array:
 
 def _dictionary(values: list[Any]) -> pa.Array:
     return pa.array(values, _DICT)
+
+
+#: The longest launch configuration kept (a grid or block is three small numbers).
+_DIMS_BYTES = 48
+
+
+def _raw_of(value: Any) -> msgspec.Raw:
+    return msgspec.Raw(msgspec.json.encode(value)) if value is not None else _NO_RAW
+
+
+def _dims(values: list[msgspec.Raw]) -> pa.Array:
+    """Launch configurations (``grid``, ``block``) as the trace's JSON text; null where there is
+    none or it is longer than a configuration can be."""
+    if not any(values):
+        return pa.nulls(len(values), _DICT)
+    return _dictionary(
+        [bytes(v).decode("utf-8", "replace") if 0 < len(v) <= _DIMS_BYTES else None for v in values]
+    )
 
 
 def _comm_bytes(args: _Args) -> int | None:
@@ -454,6 +477,8 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
             S.BYTES: nbytes,
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
             **_groups_and_peers(names, args),
+            S.GRID: _dims(list(map(attrgetter("grid"), args))),
+            S.BLOCK: _dims(list(map(attrgetter("block"), args))),
         }
     )
     memory = None
@@ -926,6 +951,8 @@ def _raw_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int, int]:
             S.COLLECTIVE: batch.column(S.COLLECTIVE).dictionary_encode(),
             S.GROUP: batch.column(S.GROUP),
             S.PEER: batch.column(S.PEER),
+            S.GRID: batch.column(S.GRID),
+            S.BLOCK: batch.column(S.BLOCK),
         }
     )
     return _conform_batch(raw), no_ts, n_absurd

@@ -149,6 +149,7 @@ def _kernels(phase: str, op: str | None, n: float, dur: float, latency: float, s
         phase=phase, op=op, kernels_per_step=n, launch_latency_us_p50=latency,
         launch_latency_us_p95=latency * 2.5, kernel_us_p50=dur, kernel_us_p95=dur * 3,
         launch_overhead_us_p50=4.2, short_kernel_fraction=short,
+        launch_queue_us_p50=latency * 40, launch_queue_us_p95=latency * 90, queued_fraction=0.97,
     )  # type: ignore[arg-type]  # fmt: skip
 
 
@@ -172,6 +173,7 @@ def gpu_view() -> RunView:
         busy_fraction=0.56, busy_ms=31.4, idle_ms=GpuIdle(host_bound=3.6, data=2.0, other=1.3),
         sync_ms=12.0, launches=147, launch_latency_us_p50=5132, launch_latency_us_p95=15396,
         short_kernel_fraction=0.17, kernel_us_p50=9.8, kernel_us_p95=410.0,
+        launch_queue_us_p50=205280, launch_queue_us_p95=615840, launch_queued_fraction=0.97,
         phases=[GpuPhase(phase="forward", device_ms=9.0, host_bound_ms=1.0, total_ms=10.0)],
         kernels=kernels,
     )  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tests.conftest import SAMPLES, beyond_unit
@@ -61,9 +62,22 @@ def test_export_writes_the_gpu_tables(runs: dict[str, Path], tmp_path: Path) -> 
 
     result = run_cli("export", runs["gpu_sync"], "--format", "parquet", "-o", tmp_path / "out")
     assert result.code == 0, result.err
-    for name, schema in (("gpu", S.GPU_SCHEMA), ("launches", S.LAUNCHES_SCHEMA)):
-        exported = R.read_table(tmp_path / "out" / f"{name}.parquet", schema)
-        assert exported.equals(R.read_table(runs["gpu_sync"] / f"{name}.parquet", schema))
+    gpu = R.read_table(tmp_path / "out" / "gpu.parquet", S.GPU_SCHEMA)
+    assert gpu.equals(R.read_table(runs["gpu_sync"] / "gpu.parquet", S.GPU_SCHEMA))
+    # the stored launches table, its levels apart: (phase, op), phase (op null), all (both null)
+    stored = pl.from_arrow(R.read_table(runs["gpu_sync"] / "launches.parquet", S.LAUNCHES_SCHEMA))
+    assert isinstance(stored, pl.DataFrame)
+    levels = {
+        "launches": stored.filter(pl.col(S.PHASE).is_not_null() & pl.col(S.OP).is_not_null()),
+        "launches_by_phase": stored.filter(
+            pl.col(S.PHASE).is_not_null() & pl.col(S.OP).is_null()
+        ).drop(S.OP),
+        "launches_by_rank": stored.filter(pl.col(S.PHASE).is_null()).drop(S.PHASE, S.OP),
+    }
+    assert sum(f.height for f in levels.values()) == stored.height
+    for name, level in levels.items():
+        exported = pl.read_parquet(tmp_path / "out" / f"{name}.parquet")
+        assert exported.equals(level), name
 
 
 def _shared_inputs() -> list[object]:

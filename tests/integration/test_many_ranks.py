@@ -6,6 +6,7 @@ every rank's timing is known exactly (tests/synthetic_jobs.py)."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,48 @@ def test_the_ranks_filter_reads_hosts_and_open_ranges(run: Path) -> None:
     assert chosen("NODE04 0") == [0, *range(32, 40)]  # any case; any term chooses
     assert chosen("36-") == list(range(36, 40)) and chosen("-2") == [0, 1, 2]
     assert chosen("") == list(range(RANKS)) and chosen("no-such-host") == []
+
+
+def test_the_heatmap_reads_without_colour(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NO_COLOR (https://no-color.org): the app drops its colours, and each heatmap cell still
+    says where its value lies on the scale, as a digit: the slow rank's forward (25 ms, above
+    the 95th percentile) at the top, rank 0's (10.0 ms, the lowest) at the bottom, and the
+    others in the order of their forward times (10.0 + 0.1 ms per rank number)."""
+    from textual.widgets import Static
+
+    from traceview.tui.heatmap import LABEL, Heatmap
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    rows: dict[int, str] = {}
+    legend: list[str] = []
+
+    async def look(app: Any, pilot: Any) -> None:
+        assert app.no_color
+        await pilot.press("4", "m", "p", "p", "p")  # heatmap of forward
+        await pilot.pause()
+        heatmap = app.query_one(Heatmap)
+        for y, row in enumerate(heatmap.rows):
+            text = "".join(s.text for s in heatmap.render_line(y - round(heatmap.scroll_offset.y)))
+            rows[heatmap.matrix.ranks[row]] = text[LABEL:].replace("[", " ").replace("]", " ")
+        legend.append(str(app.query_one("#ranks-summary", Static).content))
+
+    _drive(run, look)
+    cells = {rank: text.split() for rank, text in rows.items()}
+    assert set(cells) == set(range(RANKS))
+    assert cells[SLOW] == ["9"] * 4 and cells[0] == ["0"] * 4
+    order = [int(cells[r][1]) for r in range(RANKS) if r != SLOW]  # step 1: no cursor there
+    assert order == sorted(order) and order[-1] > order[0]
+    assert "0123456789" in legend[0]
+
+
+def test_the_text_report_reads_without_colour(run: Path) -> None:
+    """NO_COLOR beats FORCE_COLOR in the text report: no colour codes at all, and the phases
+    still read, by the letters of the breakdown bars (F: forward) and their names."""
+    coloured = run_cli("report", run, env={"FORCE_COLOR": "1"})
+    plain = run_cli("report", run, env={"FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert coloured.code == plain.code == 0, plain.err
+    colour = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-8]|4[0-8]|9[0-7]|10[0-7])(?:;[0-9;]*)?m")
+    assert colour.search(coloured.out)  # (the check sees colour where there is some)
+    assert not colour.search(plain.out)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", plain.out)
+    assert re.search(r"forward .*F{3,}", text)

@@ -33,6 +33,7 @@ from traceview.tui.operators import OP_WIDTH, OperatorsPane
 from traceview.tui.overview import Legend, RankBars
 from traceview.tui.render import SHORT, ms, pct
 from traceview.tui.timeline import Timeline
+from traceview.views.style import us_figure
 
 SIZE = (80, 24)
 
@@ -277,9 +278,10 @@ def test_kernel_launches_per_operator_and_phase(runs_root: Path, ddp: Run) -> No
     for row, k in zip(table, gpu.kernels, strict=True):
         phase = k.phase or S.OTHER
         assert row[:3] == [safe(k.op, OP_WIDTH), SHORT[phase], f"{k.kernels_per_step:g}"], row
-        assert row[5] == f"{k.launch_latency_us_p50:,.0f}" and row[7] == pct(
+        assert row[5] == us_figure(k.launch_latency_us_p50) and row[8] == pct(
             k.short_kernel_fraction
         )
+        assert k.queued_fraction is not None and row[7] == pct(k.queued_fraction)
     assert f"kernel launches, rank 0 · {len(gpu.kernels)} of {len(gpu.kernels)}" in str(
         seen["state"]
     )

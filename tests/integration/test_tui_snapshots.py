@@ -88,6 +88,12 @@ def test_ranks_80x24(snap_compare: SnapCompare) -> None:
     assert snap_compare(synthetic(), terminal_size=(80, 24), run_before=keys("4"))
 
 
+def test_heatmap_80x24(snap_compare: SnapCompare, ddp: Run) -> None:
+    """The ranks × steps heatmap: each cell's colour step also written as a digit (0-9), so it
+    reads without colour (NO_COLOR: tests/integration/test_many_ranks.py)."""
+    assert snap_compare(app_of(ddp), terminal_size=(80, 24), run_before=keys("4", "m"))
+
+
 def test_steps_80x24(snap_compare: SnapCompare) -> None:
     assert snap_compare(synthetic(), terminal_size=(80, 24), run_before=keys("5"))
 

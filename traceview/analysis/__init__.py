@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 #: 6: the gpu and launches tables (analysis/gpu.py); 7: the memory_steps table; 8: host-bound
 #: time in the breakdown of GPU timelines (steps: host_bound_<phase>_ns); 9: a synchronize at the
 #: top of a step, outside every operator, is not host-bound; 10: nor is the training thread's
-#: backward region fill where another thread runs backward (PyTorch's autograd thread)
-ANALYSIS_VERSION = "11"
+#: backward region fill where another thread runs backward (PyTorch's autograd thread); 11: the
+#: launches table splits the launch delay into queueing and launch latency; 12: the collectives
+#: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call
+ANALYSIS_VERSION = "12"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
 RANK_TABLES = ("steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps")

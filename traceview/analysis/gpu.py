@@ -23,8 +23,10 @@ device activity:
   time-weighted mean.
 
 Per (phase, canonical op) and for the rank as a whole (phase and op null): kernels launched
-(kernels linked to a runtime launch call), launch latency (runtime call start to kernel start),
-kernel duration and launch overhead (the runtime call's own duration), as medians and p95, and
+(kernels linked to a runtime launch call), their launch delay (runtime call start to kernel
+start) split into **queueing** (the kernel's stream busy with earlier work: a deep queue, the
+host running ahead, which is healthy) and **launch latency** (the stream idle while the
+kernel had not started: only this is a launch problem), kernel duration and launch overhead (the runtime call's own duration), as medians and p95, and
 how many kernels ran shorter than their launch call took: the device cannot be kept busy by a
 host launching them one by one.
 """
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview.analysis.attribution import (
     LEVEL,
@@ -54,6 +57,8 @@ from traceview.model.columns import (
     HOST_TREE,
     KIND_CODE,
     EventArrays,
+    coded,
+    ints,
     kind_table,
     window_index,
 )
@@ -186,6 +191,77 @@ def _queue(
     return q_max, q_mean
 
 
+#: Device work of earlier slices of a rank (chunked analysis): (pid, tid, ts, end) arrays.
+StreamWork = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: The most device rows per stream carried from one slice to the next: the work just before a
+#: slice's first kernel on a stream is its stream's last rows of the slices before.
+CARRIED_STREAM_ROWS = 256
+
+
+def device_work(ev: EventArrays, earlier: StreamWork | None = None) -> StreamWork:
+    """The device rows (kernels, copies, memsets) of ``ev`` as (pid, tid, ts, end), after
+    ``earlier``'s."""
+    rows = np.flatnonzero(DEVICE[ev.kind] & (ev.end > ev.ts))
+    mine = (ev.pid[rows], ev.tid[rows], ev.ts[rows], ev.end[rows])
+    if earlier is None:
+        return mine
+    return tuple(np.concatenate([a, b]) for a, b in zip(earlier, mine, strict=True))  # type: ignore[return-value]
+
+
+def table_device_work(events: pa.Table) -> StreamWork:
+    """``device_work`` of a table's rows, read off its columns (no call trees needed)."""
+    kind = coded(events.column(S.KIND), KIND_CODE)
+    ts = ints(events.column(S.TS_NS), 0)
+    end = ts + ints(events.column(S.DUR_NS), 0)
+    rows = np.flatnonzero(DEVICE[kind] & (end > ts))
+    pid, tid = ints(events.column(S.PID), 0), ints(events.column(S.TID), 0)
+    return pid[rows], tid[rows], ts[rows], end[rows]
+
+
+def stream_tail(work: StreamWork, keep: int = CARRIED_STREAM_ROWS) -> StreamWork:
+    """The last ``keep`` rows (by start) of each stream in ``work``."""
+    pid, tid, ts, end = work
+    order = np.lexsort((ts, tid, pid))
+    pid, tid, ts, end = pid[order], tid[order], ts[order], end[order]
+    last = np.ones(len(ts), bool)  # the last row of each stream
+    last[:-1] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    # rows from each stream's end: a running count reset at each stream's last row
+    group_end = np.flatnonzero(last)
+    stream_of = np.searchsorted(group_end, np.arange(len(ts)))
+    from_end = group_end[stream_of] - np.arange(len(ts)) if len(ts) else np.zeros(0, np.int64)
+    kept = from_end < keep
+    return pid[kept], tid[kept], ts[kept], end[kept]
+
+
+def stream_free(ev: EventArrays, rows: np.ndarray, earlier: StreamWork | None = None) -> np.ndarray:
+    """Per device row: the instant its stream (device and stream) finished the work before it
+    (at most the row's own start; 0 where nothing ran there before). A stream runs its work in
+    order, so the row could not start before then whenever it was launched: the time from its
+    launch call until then is queueing, the rest of its launch delay launch latency.
+    ``earlier``: device work of the rank's slices before this one (chunked analysis)."""
+    free = np.zeros(len(rows), np.int64)
+    pid, tid, ts, end = device_work(ev, earlier)
+    if len(rows) == 0 or len(ts) == 0:
+        return free
+    # one lane id per (device, stream), for the busy rows and the rows asked about alike
+    lanes, lane_of = np.unique(
+        np.stack([np.concatenate([pid, ev.pid[rows]]), np.concatenate([tid, ev.tid[rows]])], 1),
+        axis=0,
+        return_inverse=True,
+    )
+    lane_of = lane_of.reshape(-1)
+    row_lane, lane_of = lane_of[len(ts) :], lane_of[: len(ts)]
+    for lane in range(len(lanes)):  # a rank has a few streams: one pass each
+        mine, at = lane_of == lane, np.flatnonzero(row_lane == lane)
+        if not mine.any() or len(at) == 0:
+            continue
+        us, ue = merge_intervals(ts[mine], end[mine])
+        start = ev.ts[rows[at]]
+        i = np.searchsorted(us, start, side="left") - 1  # the last busy stretch begun before
+        free[at] = np.where(i >= 0, np.minimum(ue[np.maximum(i, 0)], start), 0)
+    return free
+
+
 def launch_stats(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     """The launches table (schema.LAUNCHES_SCHEMA) of one rank: per (phase, op) of the kernels
     launched inside its steps (op "": unknown), per phase (op null), and one row for all of
@@ -195,10 +271,13 @@ def launch_stats(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     return combine_launches([kernel_launches(events, tl)], rank)
 
 
-def kernel_launches(events: pa.Table, tl: RankTimeline) -> pl.DataFrame:
+def kernel_launches(
+    events: pa.Table, tl: RankTimeline, earlier: StreamWork | None = None
+) -> pl.DataFrame:
     """The kernels that started inside the timeline's step windows: their phase, op, launch
     latency, duration and launch call's duration (what ``combine_launches`` sums up). Phase
-    and op are categorical: a multi-GB rank keeps millions of these rows until it is done."""
+    and op are categorical: a multi-GB rank keeps millions of these rows until it is done.
+    ``earlier``: the device work of the rank's earlier slices (``stream_free``)."""
     ev = tl.ev
     kernels, launcher = _launched(ev)
     if tl.gpu and len(tl.w_start):  # kernels that ran inside one of the rank's step windows
@@ -208,11 +287,16 @@ def kernel_launches(events: pa.Table, tl: RankTimeline) -> pl.DataFrame:
     else:
         kernels, launcher = kernels[:0], launcher[:0]
     ops = events.column(S.OP).take(pa.array(kernels, pa.int64())).cast(pa.string())
+    delay = ev.ts[kernels] - ev.ts[launcher]
+    free = stream_free(ev, kernels, earlier)
+    queue = np.clip(free - ev.ts[launcher], 0, np.maximum(delay, 0))
     return pl.DataFrame(
         {
             S.PHASE: np.array(S.EVENT_PHASES)[ev.phase[kernels]],
             S.OP: pl.from_arrow(ops),
-            "latency": ev.ts[kernels] - ev.ts[launcher],
+            "latency": delay - queue,
+            "queue": queue,
+            "delay": delay,
             "duration": ev.end[kernels] - ev.ts[kernels],
             "overhead": ev.end[launcher] - ev.ts[launcher],
         },
@@ -220,6 +304,8 @@ def kernel_launches(events: pa.Table, tl: RankTimeline) -> pl.DataFrame:
             S.PHASE: pl.Categorical,
             S.OP: pl.Categorical,
             "latency": pl.Int64,
+            "queue": pl.Int64,
+            "delay": pl.Int64,
             "duration": pl.Int64,
             "overhead": pl.Int64,
         },
@@ -235,6 +321,10 @@ def combine_launches(parts: list[pl.DataFrame], rank: int) -> pa.Table:
         pl.len().cast(pl.Int64).alias(S.KERNELS),
         pl.col("latency").quantile(0.5, "linear").alias(S.LATENCY_P50_NS),
         pl.col("latency").quantile(0.95, "linear").alias(S.LATENCY_P95_NS),
+        pl.col("queue").quantile(0.5, "linear").alias(S.QUEUE_P50_NS),
+        pl.col("queue").quantile(0.95, "linear").alias(S.QUEUE_P95_NS),
+        pl.col("delay").sum().cast(pl.Int64).alias(S.DELAY_TOTAL_NS),
+        pl.col("queue").sum().cast(pl.Int64).alias(S.QUEUE_TOTAL_NS),
         pl.col("duration").quantile(0.5, "linear").alias(S.DURATION_P50_NS),
         pl.col("duration").quantile(0.95, "linear").alias(S.DURATION_P95_NS),
         pl.col("overhead").quantile(0.5, "linear").alias(S.OVERHEAD_P50_NS),
@@ -261,6 +351,35 @@ def combine_launches(parts: list[pl.DataFrame], rank: int) -> pa.Table:
     return S.conform(out.to_arrow(), S.LAUNCHES_SCHEMA)
 
 
+def launch_grains(launches: pa.Table) -> dict[str, pa.Table]:
+    """The launches table (all ranks) as one table per grain, as ``export`` writes them:
+    ``launches`` per (rank, phase, op) (op "": unknown), ``launches_by_phase`` per (rank,
+    phase) and ``launches_by_rank`` per rank. Each row sums or takes percentiles over its own
+    kernels, so a table's kernel counts add up to the rank's, once."""
+    phase, op = pc.is_valid(launches.column(S.PHASE)), pc.is_valid(launches.column(S.OP))
+    return {
+        "launches": launches.filter(pc.and_(phase, op)),
+        "launches_by_phase": launches.filter(pc.and_(phase, pc.invert(op))).drop_columns([S.OP]),
+        "launches_by_rank": launches.filter(pc.invert(phase)).drop_columns([S.PHASE, S.OP]),
+    }
+
+
+#: ``view`` of a collective call: where it ran.
+VIEW_HOST, VIEW_DEVICE = "host", "device"
+
+
+def collective_views(collectives: pa.Table) -> pa.Table:
+    """The collectives table with ``view`` after ``device``: ``host`` for a call on a host
+    thread (what the rank's code called: ``c10d::allreduce_``, gloo's ``gloo:all_reduce``, a
+    KVStore push), ``device`` for the kernel on a stream that carried it out. One collective
+    appears once per view, so sums over durations take one view; the match columns are those
+    of the view matching used and null on the other."""
+    on_gpu = pc.equal(collectives.column(S.DEVICE).cast(pa.string()), S.DEVICE_GPU)
+    view = pc.if_else(on_gpu, VIEW_DEVICE, VIEW_HOST)
+    at = collectives.column_names.index(S.DEVICE) + 1
+    return collectives.add_column(at, pa.field("view", pa.string(), nullable=False), view)
+
+
 # --- results ---------------------------------------------------------------------------------
 
 #: The verdict is given when the device is idle at least this share of the step...
@@ -280,7 +399,7 @@ def _us(ns: float | None) -> float:
 
 
 def _launch_row(row: dict[str, Any], steps: int) -> KernelLaunches:
-    kernels = int(row[S.KERNELS])
+    kernels, delay = int(row[S.KERNELS]), int(row[S.DELAY_TOTAL_NS])
     return KernelLaunches(
         phase=row[S.PHASE],
         op=row[S.OP],
@@ -291,6 +410,9 @@ def _launch_row(row: dict[str, Any], steps: int) -> KernelLaunches:
         kernel_us_p95=_us(row[S.DURATION_P95_NS]),
         launch_overhead_us_p50=_us(row[S.OVERHEAD_P50_NS]),
         short_kernel_fraction=round(int(row[S.SHORT_KERNELS]) / max(kernels, 1), 4),
+        launch_queue_us_p50=_us(row[S.QUEUE_P50_NS]),
+        launch_queue_us_p95=_us(row[S.QUEUE_P95_NS]),
+        queued_fraction=round(int(row[S.QUEUE_TOTAL_NS]) / delay, 4) if delay > 0 else 0.0,
     )
 
 
@@ -342,6 +464,9 @@ def rank_gpu(gpu: pa.Table, launches: pa.Table, keep: pl.DataFrame) -> dict[int,
             short_kernel_fraction=launch.short_kernel_fraction if launch else None,
             kernel_us_p50=launch.kernel_us_p50 if launch else None,
             kernel_us_p95=launch.kernel_us_p95 if launch else None,
+            launch_queue_us_p50=launch.launch_queue_us_p50 if launch else None,
+            launch_queue_us_p95=launch.launch_queue_us_p95 if launch else None,
+            launch_queued_fraction=launch.queued_fraction if launch else None,
             queue_depth_max=int(df[S.QUEUE_MAX].max() or 0),  # type: ignore[arg-type]
             queue_depth_mean=round(mean[S.QUEUE_MEAN], 2),
             phases=phases,

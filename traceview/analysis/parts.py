@@ -51,7 +51,14 @@ from traceview.analysis.attribution import (
     step_windows,
 )
 from traceview.analysis.collectives import collectives_part, combine_collectives
-from traceview.analysis.gpu import combine_launches, gpu_steps, kernel_launches
+from traceview.analysis.gpu import (
+    StreamWork,
+    combine_launches,
+    gpu_steps,
+    kernel_launches,
+    stream_tail,
+    table_device_work,
+)
 from traceview.analysis.memory import MemoryLookups, memory_steps
 from traceview.analysis.ops import OpsPart, combine_ops, ops_part
 from traceview.model import schema as S
@@ -110,6 +117,7 @@ class ChunkedAnalysis:
         self.rows: RowParts | None = RowParts()  # (None: made elsewhere, ``split``)
         self.per_window: dict[str, list[pa.Table]] = {name: [] for name in ("steps", "comm", "gpu")}
         self.kernels: list[pl.DataFrame] = []
+        self.streams: StreamWork | None = None  # the last device work of each stream so far
         # chunks waiting for their windows' analysis (all rows that may overlap those windows
         # have to be in: a GPU window ends where the device finished the step, which may be
         # several steps of host time later)
@@ -252,7 +260,15 @@ class ChunkedAnalysis:
                 gpu_steps(table, tl),
                 comm_intervals(table, tl),
             )
-            self.kernels.append(kernel_launches(table, tl))
+            self.kernels.append(kernel_launches(table, tl, self.streams))
+        if self.gpu:  # the device work begun before the next slice, for its queueing (the
+            # rows the slice looked ahead at are the next slices' own)
+            mine = table_device_work(table)
+            before = mine[2] < upto
+            mine = tuple(p[before] for p in mine)  # type: ignore[assignment]
+            if self.streams is not None:
+                mine = tuple(np.concatenate(p) for p in zip(self.streams, mine, strict=True))  # type: ignore[assignment]
+            self.streams = stream_tail(mine)
         # the windows that end here (a prefix; one of no length at the cut is the next slice's)
         done = int(np.sum((ends < upto) | ((ends == upto) & (starts < upto))))
         if done:

@@ -33,8 +33,9 @@ class ExportCommand:
             "--format",
             choices=("parquet", "csv", "chrome"),
             default="parquet",
-            help="tables (events, steps, ops, collectives; gpu and launches on GPU runs) as "
-            "Parquet or CSV, or one merged Chrome trace (default parquet)",
+            help="tables (events, steps, ops, collectives; gpu, launches, launches_by_phase "
+            "and launches_by_rank on GPU runs) as Parquet or CSV, or one merged Chrome trace "
+            "(default parquet)",
         )
         parser.add_argument(
             "-o",

@@ -274,12 +274,18 @@ class KernelLaunches(Result):
     phase: Phase | None  # null with op: all of the rank's kernels
     op: str | None  # canonical operator of the launching call (untrusted)
     kernels_per_step: float
-    launch_latency_us_p50: float  # runtime call start to kernel start (includes queueing)
+    # a kernel's launch delay (runtime call start to kernel start) is queueing (its stream
+    # busy with earlier work) + launch latency (its stream idle): only the second is a launch
+    # problem
+    launch_latency_us_p50: float
     launch_latency_us_p95: float
     kernel_us_p50: float  # kernel duration
     kernel_us_p95: float
     launch_overhead_us_p50: float  # the launch call's own duration
     short_kernel_fraction: float  # kernels shorter than their launch call
+    launch_queue_us_p50: float | None = None  # queueing (null: a stored analysis without it)
+    launch_queue_us_p95: float | None = None
+    queued_fraction: float | None = None  # the kernels' queueing / their launch delays, summed
 
 
 class RankGpu(Result):
@@ -290,11 +296,16 @@ class RankGpu(Result):
     idle_ms: GpuIdle  # busy_ms + host_bound + data + other = step_ms
     sync_ms: float  # host blocked in a device/stream synchronize, a blocking copy, .item()
     launches: float  # kernels launched per step
-    launch_latency_us_p50: float | None  # over all kernels (null: none linked to a launch)
+    # over all kernels (null: none linked to a launch): the stream idle part of the launch
+    # delay, the queueing part (stream busy with earlier work) and its share of the delays
+    launch_latency_us_p50: float | None
     launch_latency_us_p95: float | None
     short_kernel_fraction: float | None  # kernels shorter than the launch call that made them
     kernel_us_p50: float | None = None
     kernel_us_p95: float | None = None
+    launch_queue_us_p50: float | None = None
+    launch_queue_us_p95: float | None = None
+    launch_queued_fraction: float | None = None
     queue_depth_max: int = 0  # operations launched, not yet started on the device: the most
     queue_depth_mean: float = 0.0  # time-weighted over the steps
     phases: list[GpuPhase] = []

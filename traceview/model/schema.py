@@ -121,6 +121,10 @@ GROUP: Final = "group"  # a collective's process group, where the trace names it
 #: a point-to-point call's peer as the trace states it: the rank inside the call's process group
 #: (``c10d::send``'s destination, ``c10d::recv_``'s source), where the trace records it
 PEER: Final = "peer"
+#: A kernel's launch configuration as the trace writes it ("[80, 1, 1]"; null: not a kernel,
+#: or the trace does not say).
+GRID: Final = "grid"
+BLOCK: Final = "block"
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -150,6 +154,8 @@ EVENTS_SCHEMA: Final = pa.schema(
         pa.field(DEPTH, pa.int32()),
         pa.field(GROUP, _DICT),
         pa.field(PEER, pa.int32()),
+        pa.field(GRID, _DICT),
+        pa.field(BLOCK, _DICT),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
@@ -184,6 +190,8 @@ RAW_SCHEMA: Final = pa.schema(
         pa.field(GROUP, _DICT),
         pa.field(STEP_GROUP, pa.int64()),
         pa.field(PEER, pa.int32()),
+        pa.field(GRID, _DICT),
+        pa.field(BLOCK, _DICT),
     ]
 )
 
@@ -377,8 +385,14 @@ GPU_SCHEMA: Final = pa.schema(
 # --- launches: per rank, kernel-launch statistics by phase and canonical operator --------------
 
 KERNELS: Final = "kernels"
-LATENCY_P50_NS: Final = "latency_p50_ns"  # launch call start to kernel start
+#: A kernel's launch delay (launch call start to kernel start) is queueing (its stream busy
+#: with earlier work) plus launch latency (its stream idle, the kernel not yet started).
+LATENCY_P50_NS: Final = "latency_p50_ns"  # launch latency: the stream idle part of the delay
 LATENCY_P95_NS: Final = "latency_p95_ns"
+QUEUE_P50_NS: Final = "queue_p50_ns"  # queueing: the stream busy part of the delay
+QUEUE_P95_NS: Final = "queue_p95_ns"
+DELAY_TOTAL_NS: Final = "delay_total_ns"  # the kernels' launch delays summed
+QUEUE_TOTAL_NS: Final = "queue_total_ns"  # their queueing summed
 DURATION_P50_NS: Final = "duration_p50_ns"
 DURATION_P95_NS: Final = "duration_p95_ns"
 OVERHEAD_P50_NS: Final = "overhead_p50_ns"  # the launch call's own duration
@@ -394,6 +408,10 @@ LAUNCHES_SCHEMA: Final = pa.schema(
         pa.field(KERNELS, pa.int64(), nullable=False),
         pa.field(LATENCY_P50_NS, pa.float64(), nullable=False),
         pa.field(LATENCY_P95_NS, pa.float64(), nullable=False),
+        pa.field(QUEUE_P50_NS, pa.float64(), nullable=False),
+        pa.field(QUEUE_P95_NS, pa.float64(), nullable=False),
+        pa.field(DELAY_TOTAL_NS, pa.int64(), nullable=False),
+        pa.field(QUEUE_TOTAL_NS, pa.int64(), nullable=False),
         pa.field(DURATION_P50_NS, pa.float64(), nullable=False),
         pa.field(DURATION_P95_NS, pa.float64(), nullable=False),
         pa.field(OVERHEAD_P50_NS, pa.float64(), nullable=False),

@@ -121,3 +121,36 @@ def name_collectives(
         take = use & (from_hint == c_index) & (classes.rule_op < 0)
         op[take] = ops.index(c_name)
     return Collectives(collective, names, op)
+
+
+def launched_collectives(
+    named: Collectives, rows: np.ndarray, launcher: np.ndarray, parent: np.ndarray, ops: list[str]
+) -> Collectives:
+    """A collective kernel is the collective of the host call that launched it (the nearest
+    collective among its launching call and that call's ancestors), where there is one: NCCL
+    runs an all-to-all as SendRecv kernels and names a grouped launch after its first
+    operation, so a kernel's name alone can say "send" for an all-to-all. A kernel no
+    collective call launched keeps its name's collective (a SendRecv kernel is then
+    point-to-point). ``ops`` gains the collective names it hands out as operators."""
+    collective = named.collective
+    mine = (collective[rows] >= 0) & (launcher >= 0)
+    if not mine.any():
+        return named
+    rows, at = rows[mine], launcher[mine]
+    found = np.full(len(rows), -1, np.int64)
+    open_rows = np.arange(len(rows))
+    while len(at):  # one step up the call trees per pass: as many passes as they are deep
+        hit = collective[at] >= 0
+        found[open_rows[hit]] = collective[at[hit]]
+        open_rows, at = open_rows[~hit], parent[at[~hit]]
+        keep = at >= 0
+        open_rows, at = open_rows[keep], at[keep]
+    take = found >= 0
+    collective, op = collective.copy(), named.op.copy()
+    collective[rows[take]] = found[take]
+    for c_index in np.unique(found[take]):
+        name = named.names[int(c_index)]
+        if name not in ops:
+            ops.append(name)
+        op[rows[take & (found == c_index)]] = ops.index(name)
+    return Collectives(collective, named.names, op)

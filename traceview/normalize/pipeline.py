@@ -40,7 +40,9 @@ to its contract on every sample trace.
     as their ``scope`` (TensorFlow), unless a rule says otherwise (NCCL kernels are
     communication, host-to-device copies are h2d);
 ``collectives``
-    the collective each event is, from a rule or the trace's own argument.
+    the collective each event is, from a rule or the trace's own argument; a collective kernel
+    is the collective of the host call that launched it, where one did (NCCL runs an all-to-all
+    as SendRecv kernels): one name for it in every table.
 """
 
 from __future__ import annotations
@@ -69,7 +71,13 @@ from traceview.normalize.classify import (
     kinds_from_categories,
     without_stray_times,
 )
-from traceview.normalize.devices import ON_DEVICE, DeviceLinks, link_devices, name_collectives
+from traceview.normalize.devices import (
+    ON_DEVICE,
+    DeviceLinks,
+    launched_collectives,
+    link_devices,
+    name_collectives,
+)
 from traceview.normalize.phases import HostPhases, host_phases, positional_phases
 from traceview.normalize.rules import RuleSet
 from traceview.normalize.steps import (
@@ -133,6 +141,9 @@ def events_table(
     op = np.where(classes.rule_op >= 0, classes.rule_op, classes.default_op)
     op[devices.rows] = np.where(devices.op >= 0, devices.op, classes.default_op[devices.rows])
     named = name_collectives(raw, rules, classes, op)
+    named = launched_collectives(
+        named, devices.rows, devices.launcher, trees.parent.astype(np.int64), classes.ops
+    )
     if look is not None:
         look("collectives", named)
     if ids is None:
@@ -164,6 +175,8 @@ def events_table(
         S.DEPTH: pa.array(trees.depth, pa.int32(), mask=trees.depth < 0),
         S.GROUP: raw.column(S.GROUP),
         S.PEER: raw.column(S.PEER),
+        S.GRID: raw.column(S.GRID),
+        S.BLOCK: raw.column(S.BLOCK),
     }
     return S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
 

@@ -88,21 +88,21 @@ class Run:
 
     def export_tables(self) -> dict[str, pa.Table]:
         """The tables ``export`` writes beside the events: steps, ops, the collective calls
-        with what matching them across ranks found, and on GPU runs the gpu and launches
-        tables."""
+        with what matching them across ranks found (``view``: host or device), and on GPU runs
+        the gpu table and the launches tables, one grain each (``launch_grains``)."""
         from traceview.analysis.crossrank import matched_table
+        from traceview.analysis.gpu import collective_views, launch_grains
         from traceview.analysis.summary import complete_flag
 
         tables = {
             "steps": complete_flag(self.steps, self.manifest),
             "ops": self.ops,
-            "collectives": matched_table(self.collectives, self.cross),
-            **{
-                name: self.tables[name]
-                for name in ("gpu", "launches")
-                if self.tables[name].num_rows
-            },
+            "collectives": collective_views(matched_table(self.collectives, self.cross)),
         }
+        if self.tables["gpu"].num_rows:
+            tables["gpu"] = self.tables["gpu"]
+        if self.tables["launches"].num_rows:
+            tables.update(launch_grains(self.tables["launches"]))
         memory = R.read_memory(self.path) if self.has_memory else None
         if memory is not None and memory.num_rows:  # runs without memory records: none
             tables["memory"] = memory

@@ -1,4 +1,5 @@
-"""A ranks × steps heatmap: one coloured cell per rank and step, of the step time or one phase.
+"""A ranks × steps heatmap: one coloured cell per rank and step, of the step time or one phase,
+with the colour step's digit (0-9) in it, so that it reads without colour as well.
 
 Only the rows on screen are drawn (Textual's line API), so 1,024 ranks by hundreds of steps
 scroll as smoothly as ten. The colour scale runs from the metric's 5th to its 95th percentile
@@ -21,7 +22,12 @@ from textual.strip import Strip
 from traceview.analysis.heatmap import METRICS, StepMatrix, level
 
 #: Colour steps, cool to hot (xterm-256 colours, readable on dark and light terminals).
-PALETTE = (17, 19, 25, 31, 37, 72, 107, 142, 178, 208, 196)
+PALETTE = (17, 19, 25, 31, 37, 107, 142, 178, 208, 196)
+#: Each colour step's digit, written in its cell: the map reads without colour too (NO_COLOR,
+#: a monochrome terminal, colour blindness), 0 the lowest tenth of the scale, 9 the highest.
+DIGITS = tuple(str(i) for i in range(len(PALETTE)))
+#: The digits' text: white on the dark colours, black on the light ones.
+INK = tuple("white" if i < 5 else "black" for i in range(len(PALETTE)))
 LABEL = 8  # "  1023* " : the rank, right-aligned, and the straggler mark
 CELL = 3
 
@@ -115,8 +121,10 @@ class Heatmap(ScrollView, can_focus=True):
             if step is None:  # this rank has no such step (it died, or was cut off)
                 cells.append(Segment(" · ", Style(dim=True, reverse=here)))
             else:
-                text = "[ ]" if here else "   "
-                cells.append(Segment(text, Style(bgcolor=f"color({PALETTE[step]})", bold=here)))
+                digit = DIGITS[step]
+                text = f"[{digit}]" if here else f" {digit} "
+                style = Style(color=INK[step], bgcolor=f"color({PALETTE[step]})", bold=here)
+                cells.append(Segment(text, style))
         x = round(self.scroll_offset.x)
         body = Strip(cells, CELL * len(matrix.steps)).crop(x, x + max(width - LABEL, 0))
         line = Strip([*segments, *body]).extend_cell_length(width).crop(0, width)

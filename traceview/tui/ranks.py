@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Input, Static
 
 from traceview.model import schema as S
 from traceview.model.results import RankSummary
-from traceview.tui.heatmap import PALETTE, Heatmap
+from traceview.tui.heatmap import DIGITS, INK, PALETTE, Heatmap
 from traceview.tui.model import RANK_SORTS, RunView, filter_ranks, sort_ranks
 from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct, straggler_text
 
@@ -170,8 +170,8 @@ class RanksPane(Vertical):
         text.append(f"{metric} ms, {ranks} ranks × {steps} steps", style="bold")
         text.append(f" (rows sorted by {self.sort}; /: filter, s: sort, p: phase, m: table) · ")
         text.append(f"{ms(matrix.low_ms[metric])} ")
-        for colour in PALETTE:
-            text.append(" ", style=f"on color({colour})")
+        for colour, digit, ink in zip(PALETTE, DIGITS, INK, strict=True):
+            text.append(digit, style=f"{ink} on color({colour})")
         text.append(f" {ms(matrix.high_ms[metric])} (5th to 95th percentile) · · no such step")
         cell = heatmap.cell()
         if cell is not None:

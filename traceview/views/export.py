@@ -1,12 +1,25 @@
 """Exports of a run directory: flat tables (Parquet, CSV) and a merged Chrome trace.
 
+Each table has one grain: ``events`` (one row per trace event), ``steps`` (rank, step), ``ops``
+(rank, device, kind, phase, op, name), ``collectives`` (one row per view of a collective call:
+``view`` is ``host`` for the call on a host thread, ``device`` for the kernel that carried it
+out; sum durations over one view; the match columns are filled on the view that matching
+across ranks used), and on GPU runs ``gpu`` (rank, step), ``launches`` (rank, phase, op),
+``launches_by_phase`` (rank, phase) and ``launches_by_rank`` (rank): percentiles do not add
+up, so each level of the launch statistics is a table of its own, and each counts every kernel
+once.
+
 The Chrome trace puts each rank in its own process (named ``rank N (host)``), its host threads
-and device streams as threads, and the step windows with their breakdown on a track of their
-own; all ranks share the run's aligned clock, so collectives line up across ranks in Perfetto.
+and device streams as threads (named as the trace names them, or by what they hold), and the
+step windows with their breakdown on a track of their own; all ranks share the run's aligned
+clock, so collectives line up across ranks in Perfetto. A flow arrow ("s" to "f") joins each
+runtime call to the kernel, copy or memset it launched; device activities carry their
+correlation id, device, stream and, for kernels, grid and block.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -144,6 +157,7 @@ def chrome(
     ranks = [r for r in ranks if r not in damaged]
     origin = origin or 0
     count = 0
+    flow_ids = iter(range(1, 1 << 62))  # flow ids are global to the trace: numbered here
     with _target(out, in_place) as tmp, _open(out, tmp) as f:
         f.write(b'{"displayTimeUnit":"ms","otherData":{"generator":"traceview"},"traceEvents":[\n')
         first = True
@@ -197,15 +211,15 @@ def chrome(
                 (pl.col(S.DUR_NS) / 1000).alias("dur_us"),
             )
             lanes = df.group_by("lane").agg(
-                pl.col(S.PID).first(), pl.col(S.TID).first(), gpu.first().alias("gpu")
+                pl.col(S.PID).first(),
+                pl.col(S.TID).first(),
+                gpu.first().alias("gpu"),
+                (pl.col(S.KIND).cast(pl.String) == S.KIND_INSTANT).all().alias("marks"),
+                pl.col(S.NAME).cast(pl.String).first().alias("first"),
             )
             threads = rank_info.threads
             for lane in lanes.iter_rows(named=True):
-                label = (
-                    f"GPU {lane[S.PID]} stream {lane[S.TID]}"
-                    if lane["gpu"]
-                    else threads.get(f"{lane[S.PID]}/{lane[S.TID]}", f"thread {lane[S.TID]}")
-                )
+                label = _lane_name(lane, threads)
                 emit(
                     [
                         {
@@ -227,11 +241,17 @@ def chrome(
                     S.STEP,
                     S.BYTES,
                     S.COLLECTIVE,
+                    S.CORRELATION,
+                    S.PID,
+                    S.TID,
+                    S.GRID,
+                    S.BLOCK,
                     "lane",
                     "ts_us",
                     "dur_us",
                 ).iter_rows():
-                    name, kind, phase, op, step, nbytes, collective, lane, ts, dur = row
+                    name, kind, phase, op, step, nbytes, collective, corr, pid, tid = row[:10]
+                    grid, block, lane, ts, dur = row[10:]
                     args: dict[str, Any] = {"phase": phase, "op": op}
                     if step is not None:
                         args["step"] = step
@@ -239,6 +259,14 @@ def chrome(
                         args["collective"] = collective
                     if nbytes is not None:
                         args["bytes"] = nbytes
+                    if corr is not None:
+                        args["correlation"] = corr
+                    if kind in S.DEVICE_ACTIVITY_KINDS:  # where it ran, as the trace says
+                        args.update(device=pid, stream=tid)
+                    if grid is not None:  # a kernel's launch configuration
+                        args["grid"] = _dims(grid)
+                    if block is not None:
+                        args["block"] = _dims(block)
                     record: dict[str, Any] = {
                         "name": name,
                         "cat": kind,
@@ -253,6 +281,7 @@ def chrome(
                         record.update(ph="X", dur=round(dur, 3))
                     records.append(record)
                 emit(records)
+            emit(_flows(df, rank, flow_ids))
             for window in steps.filter(pl.col(S.RANK) == rank).iter_rows(named=True):
                 args = {p: round(window[S.phase_ns(p)] / 1e6, 3) for p in S.BREAKDOWN_PHASES}
                 args["comm_hidden_fraction"] = round(window[S.COMM_HIDDEN_FRACTION], 3)
@@ -274,3 +303,55 @@ def chrome(
                 )
         f.write(b"\n]}\n")
     return count
+
+
+def _lane_name(lane: dict[str, Any], threads: dict[str, str]) -> str:
+    """A track's name: the device stream, the thread's own name from the trace, or (a track
+    the trace names nowhere) what it holds and where."""
+    pid, tid = lane[S.PID], lane[S.TID]
+    if lane["gpu"]:
+        return f"GPU {pid} stream {tid}"
+    named = threads.get(f"{pid}/{tid}")
+    if named:
+        return named
+    if lane["marks"]:  # Kineto's "Iteration Start" and "Record Window End" marks, apart
+        return f"marks: {lane['first'][:60]}"
+    return f"thread {tid} of process {pid} (unnamed in the trace)"
+
+
+def _flows(df: pl.DataFrame, rank: int, ids: Iterator[int]) -> list[dict[str, Any]]:
+    """A flow arrow (Trace Event Format "s" then "f", one id) from each runtime call to the
+    kernel, copy or memset it launched: the start inside the call's slice, the end bound to
+    the slice that begins at the device activity's start ("bp": "e")."""
+    device = df.filter(
+        pl.col(S.KIND).cast(pl.String).is_in(list(S.DEVICE_ACTIVITY_KINDS))
+        & pl.col(S.PARENT).is_not_null()
+    ).select(S.PARENT, pl.col("lane").alias("to_lane"), pl.col("ts_us").alias("to_ts"))
+    calls = df.filter(pl.col(S.KIND).cast(pl.String) == S.KIND_RUNTIME).select(
+        pl.col(S.EVENT_ID).alias(S.PARENT), "lane", "ts_us", "dur_us"
+    )
+    pairs = device.join(calls, on=S.PARENT, how="inner").sort("ts_us")
+    out: list[dict[str, Any]] = []
+    for lane, ts, dur, to_lane, to_ts in pairs.select(
+        "lane", "ts_us", "dur_us", "to_lane", "to_ts"
+    ).iter_rows():
+        flow = next(ids)
+        # the start a little inside the call, so that it binds to the call, not a neighbour
+        start = round(ts + min(dur / 2, 0.001), 3)
+        base = {"name": "launch", "cat": "launch", "id": flow, "pid": rank}
+        out.append({**base, "ph": "s", "tid": lane, "ts": start})
+        out.append({**base, "ph": "f", "bp": "e", "tid": to_lane, "ts": round(to_ts, 3)})
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _dims(text: str) -> Any:
+    """A launch configuration as the trace wrote it ("[80, 1, 1]"): its list of numbers where it
+    is one, else the text (untrusted: never more than the parser kept)."""
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    return text

@@ -379,6 +379,11 @@ def gpu_rank_text(rank: int, gpu: RankGpu) -> Text:
             f", launch latency {duration_us(gpu.launch_latency_us_p50)} "
             f"(p95 {duration_us(gpu.launch_latency_us_p95)})"
         )
+        if gpu.launch_queue_us_p50 is not None and gpu.launch_queued_fraction is not None:
+            text.append(
+                f" after queueing {duration_us(gpu.launch_queue_us_p50)} behind earlier work "
+                f"({pct(gpu.launch_queued_fraction)} of the launch delay)"
+            )
     if gpu.short_kernel_fraction is not None:
         text.append(f", {pct(gpu.short_kernel_fraction)} shorter than their launch")
     text.append("\n  phases, kernels + host-bound:")
@@ -417,10 +422,13 @@ def host_bound_text(host_bound: HostBound) -> Text:
 
 
 #: The kernel-launch table's columns after the operator (text report and TUI).
-KERNEL_COLUMNS = ("phase", "n", "dur µs", "p95", "launch µs", "p95", "short")
+KERNEL_COLUMNS = ("phase", "n", "dur µs", "p95", "launch", "p95", "queued", "short")
 KERNEL_NOTE = (
-    "n: kernels launched per step; dur: kernel duration; launch: runtime call start to kernel "
-    "start (queueing included); short: kernels shorter than the call that launched them"
+    "n: kernels launched per step; dur: kernel duration; launch: launch latency in µs, the "
+    "kernel's stream idle between the runtime call's start and the kernel's; queued: the share of "
+    "the launch delay the stream was busy with earlier work (queueing, not a launch problem); "
+    "short: "
+    "kernels shorter than the call that launched them"
 )
 
 
@@ -433,7 +441,8 @@ def kernel_rank(report: RunReport) -> tuple[int, RankGpu] | None:
     )
 
 
-def _us(value: float) -> str:
+def us_figure(value: float) -> str:
+    """A µs figure: whole above 100, one decimal below."""
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
@@ -446,10 +455,11 @@ def kernel_cells(k: KernelLaunches) -> list[Text]:
             Text(value, justify="right")
             for value in (
                 f"{k.kernels_per_step:g}",
-                _us(k.kernel_us_p50),
-                _us(k.kernel_us_p95),
-                f"{k.launch_latency_us_p50:,.0f}",
-                f"{k.launch_latency_us_p95:,.0f}",
+                us_figure(k.kernel_us_p50),
+                us_figure(k.kernel_us_p95),
+                us_figure(k.launch_latency_us_p50),
+                us_figure(k.launch_latency_us_p95),
+                pct(k.queued_fraction) if k.queued_fraction is not None else "-",
                 pct(k.short_kernel_fraction),
             )
         ),

@@ -16,6 +16,7 @@ from traceview.views.style import (
     HOST_BOUND_HEADER,
     HOST_BOUND_NOTE,
     KERNEL_COLUMNS,
+    KERNEL_NOTE,
     PHASE_LETTER,
     PHASE_STYLE,
     SHORT,
@@ -222,9 +223,10 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
     """The device's time explained: per rank, then one rank's phases and kernel launches."""
     gpus = [(r.rank, r.gpu) for r in sorted(report.ranks, key=lambda r: r.rank) if r.gpu]
     table = _table("GPU (ms per step): device busy, and idle by what the host does")
-    for name in ("rank", "busy", "ms", "host-bound", "data", "other", "sync", "kernels"):
+    for name in ("rank", "busy", "ms", "host-bound", "data", "other", "sync", "n"):
         table.add_column(name, justify="right")
-    table.add_column("launch µs p50/p95", justify="right")
+    table.add_column("launch\np50/p95", justify="right")
+    table.add_column("queued", justify="right")
     table.add_column("short", justify="right")
     for rank, gpu in gpus[:RANK_ROWS]:
         latency = (
@@ -243,14 +245,18 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
             ms(gpu.sync_ms),
             f"{gpu.launches:g}",
             latency,
+            pct(queued) if (queued := gpu.launch_queued_fraction) is not None else "-",
             pct(short) if short is not None else "-",
         )
     console.print(table)
     console.print(
         Text(
             "host-bound: the device waits while the host is inside a phase, launching its "
-            "work; sync: the host blocked waiting for the device; short: kernels shorter "
-            "than the call that launched them",
+            "work; sync: the host blocked waiting for the device; n: kernels launched per "
+            "step; launch: launch latency in µs (p50/p95), "
+            "the kernel's stream idle while it had not started; queued: the share of the "
+            "launch delay its stream was busy with earlier work (queueing, healthy); short: "
+            "kernels shorter than the call that launched them",
             style="bright_black",
         )
     )
@@ -279,6 +285,7 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
         for k in gpu.kernels[:top]:
             kernels.add_row(Text(safe(k.op or "?", 60)), *kernel_cells(k))
         console.print(kernels)
+        console.print(Text(KERNEL_NOTE, style="bright_black"))
         console.print()
 
 

@@ -1,0 +1,205 @@
+"""What `export` writes, read as its readers read it (issue 34).
+
+- Parquet: every table loads in polars, pandas and DuckDB alike; each table has one grain (the
+  kernels of the three launches tables add up to the same count per rank, the report's, and
+  the raw JSON's), and ``collectives.view`` separates a call's host view from its kernel.
+- Chrome: read as the Trace Event Format specifies (flow events "s"/"f" bound to the slices
+  enclosing them, metadata events naming processes and threads), every launch arrow starts in
+  the runtime call and ends at the kernel it launched, as the raw JSON's ``correlation`` pairs
+  them, and every track has a name.
+
+Expected figures come from the shared traces' raw JSON (../shared/traces), not from traceview.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.conftest import SHARED, needs_module, run_cli
+
+SAMPLED = SHARED / "pytorch" / "hta_sampled_2rank"
+RESNET = SHARED / "pytorch" / "kineto_resnet50_num_workers_0"
+
+_DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+_RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
+
+
+def _raw(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as f:
+        events: list[dict[str, Any]] = json.load(f)["traceEvents"]
+    return events
+
+
+def _export(folder: Path, tmp: Path, *args: str) -> Path:
+    if not folder.exists():
+        pytest.skip(f"shared traces not present at {folder}")
+    run = tmp / "run"
+    made = run_cli("ingest", folder, "-o", run)
+    assert made.code == 0, made.err
+    done = run_cli("export", run, *args)
+    assert done.code == 0, done.err
+    return run
+
+
+@needs_module("duckdb", "reads the exported Parquet as DuckDB users do")
+@needs_module("pandas", "reads the exported Parquet as pandas users do")
+def test_parquet_tables_one_grain_in_polars_pandas_duckdb(tmp_path: Path) -> None:
+    import duckdb
+    import pandas as pd
+
+    run = _export(SAMPLED, tmp_path, "-o", str(tmp_path / "out"))
+    out = tmp_path / "out"
+    files = sorted(out.glob("*.parquet"))
+    names = {f.stem for f in files}
+    assert {"launches", "launches_by_phase", "launches_by_rank", "collectives"} <= names
+    kernels: dict[str, dict[int, int]] = {}
+    for path in files:
+        frame = pl.read_parquet(path)
+        panda = pd.read_parquet(path)
+        con = duckdb.connect()
+        rows = con.execute(f"select count(*) from read_parquet('{path}')").fetchone()
+        assert rows is not None and rows[0] == frame.height == len(panda), path.name
+        if "kernels" in frame.columns:
+            per_rank = {
+                r: int(n)
+                for r, n in con.execute(
+                    f"select rank, sum(kernels) from read_parquet('{path}') group by rank"
+                ).fetchall()
+            }
+            assert per_rank == {
+                int(r): int(n) for r, n in panda.groupby("rank")["kernels"].sum().items()
+            }
+            assert per_rank == dict(frame.group_by("rank").agg(pl.col("kernels").sum()).rows())
+            kernels[path.stem] = per_rank
+    # one grain per table: each launches table counts every kernel once
+    assert kernels["launches"] == kernels["launches_by_phase"] == kernels["launches_by_rank"]
+    by_rank = pl.read_parquet(out / "launches_by_rank.parquet")
+    assert by_rank.select("rank").is_unique().all()
+    by_phase = pl.read_parquet(out / "launches_by_phase.parquet")
+    assert by_phase.select("rank", "phase").is_unique().all()
+    detail = pl.read_parquet(out / "launches.parquet")
+    assert detail["phase"].null_count() == detail["op"].null_count() == 0
+
+    # against the report: kernels per step times the rank's step windows (gpu table rows)
+    report = run_cli("report", run, "--json")
+    assert report.code == 0, report.err
+    windows = dict(pl.read_parquet(out / "gpu.parquet").group_by("rank").len().rows())
+    for rank in report.json()["ranks"]:
+        n = kernels["launches_by_rank"][rank["rank"]]
+        assert rank["gpu"]["launches"] == pytest.approx(n / windows[rank["rank"]], abs=0.05)
+
+    # against the raw JSON: the kernels each rank's runtime calls launched inside its steps
+    for rank, trace in enumerate(sorted(SAMPLED.glob("*.json.gz"))):
+        raw = [e for e in _raw(trace) if e.get("ph") == "X"]
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in raw if e["name"].startswith("ProfilerStep")]
+        launches = {
+            e["args"]["correlation"]: e
+            for e in raw
+            if e.get("cat") in _RUNTIME_CATS and "correlation" in e.get("args", {})
+        }
+        launched = [
+            e
+            for e in raw
+            if e.get("cat") in {"kernel", "Kernel"}
+            and e.get("args", {}).get("correlation") in launches
+        ]
+        in_steps = sum(1 for e in launched if any(s <= e["ts"] < t for s, t in steps))
+        # a step's window runs on to its last kernel's end: kernels just past the host step count
+        assert in_steps <= kernels["launches"][rank] <= len(launched), rank
+
+        # collectives: one row per view of each call; the host view is each c10d:: call, the
+        # device view each NCCL kernel
+        coll = pl.read_parquet(out / "collectives.parquet").filter(pl.col("rank") == rank)
+        assert set(coll["view"].unique()) <= {"host", "device"}
+        assert (coll.filter(pl.col("view") == "device")["device"] == "gpu").all()
+        host_calls = sum(
+            1 for e in raw if e["name"].startswith("c10d::") and e.get("cat") == "cpu_op"
+        )
+        nccl = sum(
+            1 for e in raw if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")
+        )
+        views = dict(coll.group_by("view").len().rows())
+        assert views == {"host": host_calls, "device": nccl}
+
+
+def _slices(trace: list[dict[str, Any]]) -> dict[tuple[Any, Any], list[dict[str, Any]]]:
+    lanes: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for e in trace:
+        if e.get("ph") == "X":
+            lanes[(e["pid"], e["tid"])].append(e)
+    return lanes
+
+
+def _enclosing(lane: list[dict[str, Any]], ts: float) -> list[dict[str, Any]]:
+    return [e for e in lane if e["ts"] <= ts <= e["ts"] + e["dur"]]
+
+
+def test_chrome_export_flows_details_and_named_tracks(tmp_path: Path) -> None:
+    """ResNet-50 (one rank, one stream): every launch arrow is whole and joins a runtime call to
+    the kernel, copy or memset the raw trace says it launched; every track is named."""
+    run = _export(RESNET, tmp_path, "--format", "chrome", "-o", str(tmp_path / "t.json"))
+    del run
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    # the raw JSON's launch pairs: a device activity and the runtime call of its correlation
+    (raw_path,) = RESNET.glob("*.json.gz")
+    raw = [e for e in _raw(raw_path) if e.get("ph") == "X"]
+    calls = {e["args"]["correlation"] for e in raw if e.get("cat") in _RUNTIME_CATS}
+    pairs = sum(
+        1
+        for e in raw
+        if e.get("cat") in _DEVICE_CATS and e.get("args", {}).get("correlation") in calls
+    )
+    config = {
+        e["args"]["correlation"]: (e["args"]["grid"], e["args"]["block"])
+        for e in raw
+        if e.get("cat") in {"kernel", "Kernel"} and "grid" in e.get("args", {})
+    }
+
+    flows: dict[tuple[str, Any], dict[str, list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for e in trace:
+        if e.get("ph") in ("s", "t", "f"):
+            flows[(e["cat"], e["id"])][e["ph"]].append(e)
+    assert len(flows) == pairs
+    lanes = _slices(trace)
+    for sort in lanes.values():
+        sort.sort(key=lambda e: e["ts"])
+    checked = 0
+    for key, parts in flows.items():
+        assert len(parts["s"]) == 1 and len(parts["f"]) == 1, key
+        (start,), (end,) = parts["s"], parts["f"]
+        assert end.get("bp") == "e" and start["ts"] <= end["ts"], key
+        launch = _enclosing(lanes[(start["pid"], start["tid"])], start["ts"])
+        assert launch and launch[-1]["cat"] == "runtime", key
+        kernel = [e for e in lanes[(end["pid"], end["tid"])] if e["ts"] == end["ts"]]
+        assert kernel and kernel[0]["cat"] in {"kernel", "memcpy", "memset"}, key
+        details = kernel[0]["args"]
+        assert {"correlation", "stream", "device"} <= details.keys(), key
+        assert details["correlation"] == launch[-1]["args"]["correlation"], key
+        if kernel[0]["cat"] == "kernel":  # its launch configuration, as the raw trace has it
+            grid, block = config[details["correlation"]]
+            assert (details["grid"], details["block"]) == (grid, block), key
+        checked += 1
+    assert checked == pairs
+
+    named_threads = {
+        (e["pid"], e["tid"]) for e in trace if e.get("ph") == "M" and e["name"] == "thread_name"
+    }
+    named_processes = {
+        e["pid"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"
+    }
+    used = {(e["pid"], e["tid"]) for e in trace if e.get("ph") in ("X", "i")}
+    assert used <= named_threads
+    assert {pid for pid, _ in used} <= named_processes
+    names = [e["args"]["name"] for e in trace if e.get("ph") == "M" and e["name"] == "thread_name"]
+    assert not [n for n in names if re.fullmatch(r"thread -?\d+", n)], names
+    assert len(names) == len(set(names)), Counter(names).most_common(3)
