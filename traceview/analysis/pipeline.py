@@ -9,7 +9,8 @@ per step: stage 0's sends to stage 1 per step. The schedule is GPipe when every 
 forwards' messages before its first backward message, else 1F1B.
 
 Bubble. A stage's step is its compute (forward, backward, update), its data loading, its
-collectives (a data-parallel all-reduce across replicas), and the rest: time the stage is blocked
+collectives (a data-parallel all-reduce across replicas), its other work (``zero_grad``, Python
+between phases), and the rest: time the stage is blocked
 on its neighbours (in a receive, or a send not yet taken), which is bubble, never the stage's own
 work. ``transfer_ms`` is the part of the bubble in which the stage's incoming messages were moving
 (from when both sides had issued them until they arrived): on one host, small messages move in
@@ -145,7 +146,7 @@ def _stage(
         b = r.breakdown_ms
         work = b["forward"] + b["backward"] + b["update"]
         others = min(collective.get(rank, 0.0), r.comm_exposed_ms)  # the stage's collectives
-        blocked = max(r.step_ms - work - b["io"] - b["h2d"] - others, 0.0)
+        blocked = max(r.step_ms - work - b["io"] - b["h2d"] - b["other"] - others, 0.0)
         compute.append(work)
         bubble.append(blocked)
         transfer.append(min(moved.get(rank, 0.0), blocked))

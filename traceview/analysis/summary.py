@@ -602,8 +602,9 @@ def _not_matched(manifest: Manifest, collectives: pa.Table | None) -> list[str]:
     ]
 
 
-#: A pipeline's bubble is the bottleneck from this share of the step, where it is more than any
-#: phase's; its slowest stage is the straggler from this much more compute than the median stage.
+#: A pipeline's bubble is the bottleneck from this share of the stages' time (what the stages lose
+#: to each other, whatever phase is the largest); its slowest stage is the straggler from this much
+#: more compute than the median stage.
 PIPELINE_BUBBLE_MIN = 0.2
 PIPELINE_SLOW_STAGE = 0.2
 PIPELINE_SLOW_PHASE = 1.5  # ... or one phase this many times the other stages' median
@@ -612,9 +613,8 @@ PIPELINE_SLOW_PHASE = 1.5  # ... or one phase this many times the other stages' 
 def _pipeline_verdict(summary: Summary, ranks: list[RankSummary], pipeline: Pipeline) -> None:
     """A pipeline's ranks wait on their neighbours by design: the bubble, not the ranks'
     imbalance, is what the step loses, and the straggler is the slowest stage."""
-    phases = max((summary.breakdown_ms[p] for p in S.COMPUTE_PHASES), default=0.0)
     bubble = pipeline.bubble_fraction
-    if bubble >= PIPELINE_BUBBLE_MIN and bubble * summary.step_ms >= phases:
+    if bubble >= PIPELINE_BUBBLE_MIN:
         summary.bottleneck = "pipeline"
         summary.bottleneck_share = bubble
     slowest = pipeline.stages[pipeline.slowest_stage]

@@ -431,7 +431,7 @@ class PipelineStage(Result):
     stage: int
     ranks: list[int]  # the ranks that run it (one per data-parallel replica)
     compute_ms: float  # forward + backward + update
-    bubble_ms: float  # blocked on the neighbours: the step less compute, data and collectives
+    bubble_ms: float  # blocked on the neighbours: the step less compute, data, other, collectives
     transfer_ms: float  # the part of the bubble in which its incoming messages were moving
 
 
