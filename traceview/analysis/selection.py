@@ -9,61 +9,22 @@ means across ranks (never per rank), so every figure of every rank counts the sa
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass, field
 
 import polars as pl
 
 from traceview.model import schema as S
+from traceview.model.choice import StepChoice
 from traceview.model.errors import UsageError
 from traceview.model.results import StepExclusion
 
+__all__ = ["MIN_COUNTED", "WARMUP_FACTOR", "Selection", "StepChoice", "kept_rows", "select_steps"]
+
 #: A leading step this much slower than the median of the steps after it is warm-up.
 WARMUP_FACTOR = 1.3
-
-
-@dataclass(frozen=True)
-class StepChoice:
-    """What the user asked for: ``--steps first-last`` (inclusive, the trace's step numbers)
-    and/or ``--skip N`` (leave out the first N steps of the run)."""
-
-    first: int | None = None
-    last: int | None = None
-    skip: int | None = None
-
-    def describe(self) -> str:
-        parts = []
-        if self.first is not None:
-            parts.append(f"--steps {self.first}-{self.last}")
-        if self.skip is not None:
-            parts.append(f"--skip {self.skip}")
-        return " ".join(parts)
-
-
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-
-
-def step_choice(steps: str | None, skip: int | None) -> StepChoice | None:
-    """The choice from the command line's ``--steps`` and ``--skip`` (None: neither given).
-    UsageError: a range that is not ``A-B`` or ``A`` with A <= B, a negative skip."""
-    if steps is None and skip is None:
-        return None
-    first = last = None
-    if steps is not None:
-        found = _RANGE.match(steps)
-        if found is None:
-            raise UsageError(
-                f"--steps {steps[:40]!r}: give a step number or a range A-B of the trace's "
-                "step numbers (e.g. --steps 16-17)"
-            )
-        first = int(found.group(1))
-        last = int(found.group(2)) if found.group(2) is not None else first
-        if last < first:
-            raise UsageError(f"--steps {first}-{last}: the range ends before it starts")
-    if skip is not None and skip < 0:
-        raise UsageError(f"--skip {skip}: give a number of steps, 0 or more")
-    return StepChoice(first, last, skip)
+#: Warm-up is only left out where at least this many steps remain to count.
+MIN_COUNTED = 2
 
 
 @dataclass
@@ -105,8 +66,9 @@ def select_steps(steps: pl.DataFrame, choice: StepChoice | None = None) -> Selec
     excluded: dict[int, tuple[StepExclusion, str]] = {}
     remarks: list[str] = []
     if choice is None:
-        # Leading steps above WARMUP_FACTOR x the median of the steps after them.
-        for i in range(len(means) - 1):
+        # Leading steps above WARMUP_FACTOR x the median of the steps after them, while at
+        # least MIN_COUNTED steps remain (one step left is no steady state to compare with).
+        for i in range(len(means) - MIN_COUNTED):
             median = statistics.median(means[i + 1 :])
             if median <= 0 or means[i] <= median * WARMUP_FACTOR:
                 break

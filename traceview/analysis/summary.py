@@ -416,6 +416,14 @@ def _kept_table(table: pa.Table, selection: Selection) -> pa.Table:
     return kept_rows(df, selection).to_arrow()
 
 
+def _startup_ms(manifest: Manifest, ranks: list[int]) -> float | None:
+    """Mean over the ranks with steps of their training thread's time before the first step
+    (ingest's ``startup_ns``); null where no rank has it (one window, an older run)."""
+    found = [r.meta.get("startup_ns") for r in manifest.ranks if r.rank in ranks or not ranks]
+    known = [int(v) for v in found if isinstance(v, int) and v >= 0]
+    return round(sum(known) / len(known) / 1e6, 3) if known else None
+
+
 def manifest_steps_from(manifest: Manifest) -> StepsFrom | None:
     """Where the run's steps come from, as ingest recorded it per rank (the most common where
     ranks differ; null for a run ingested before it was recorded)."""
@@ -835,6 +843,10 @@ def summarize(
     for rank in ranks:
         rank.memory = memory.ranks.get(rank.rank)
     summary.memory = memory.run
+    summary.startup_ms = _startup_ms(manifest, [r.rank for r in ranks])
+    steps_from = manifest_steps_from(manifest)
+    if steps_from == "one_window":
+        verdict = None  # one window holds the one-time costs: no per-step advice built on them
     return RunReport(
         run=RunInfo(
             framework=manifest.framework,
@@ -849,7 +861,7 @@ def summarize(
             run_id=manifest.run_id,
             job=_job(manifest.collect),
             clocks=clocks,
-            steps_from=manifest_steps_from(manifest),
+            steps_from=steps_from,
             step_choice=choice.describe() if choice is not None else None,
         ),
         summary=summary,

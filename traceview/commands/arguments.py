@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from traceview.analysis.selection import StepChoice
+    from traceview.model.choice import StepChoice
 
 
 def add_runs_argument(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,6 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
 def step_choice_of(args: argparse.Namespace) -> StepChoice | None:
     """The steps the command line chose (None: the default selection). UsageError: a range
     that is not one."""
-    from traceview.analysis.selection import step_choice
+    from traceview.model.choice import step_choice
 
     return step_choice(args.steps, args.skip)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from traceview.commands.arguments import add_step_arguments, step_choice_of
 
 if TYPE_CHECKING:
-    from traceview.analysis.selection import StepChoice
+    from traceview.model.choice import StepChoice
     from traceview.model.results import RunReport
 
 

@@ -131,6 +131,12 @@ class Clocks(Result):
 
 
 class RunInfo(Result):
+    """The run: ``steps_from`` says where its steps come from ("markers": the trace's own;
+    "annotations", "dataloader", "optimizer", "backward": inferred where the training loop
+    repeats; "step_groups", "session_runs": TensorFlow's; "one_window": none, the whole trace
+    is one window); ``step_choice``: the --steps/--skip the figures count (null: the
+    default, leading warm-up steps left out)."""
+
     framework: str | None
     ranks: int  # ranks with steps
     steps: int  # distinct step numbers (0 when the steps are unnumbered)
@@ -230,7 +236,10 @@ assert HostBound.__struct_fields__ == S.GPU_HOST_BOUND_PHASES, "HostBound != GPU
 
 
 class Summary(Result):
-    """The run as a whole: means over ranks of each rank's mean step."""
+    """The run as a whole: means over ranks of each rank's mean step, over the counted steps
+    (``per_step[].excluded`` null). ``startup_ms``: the mean over ranks of the time from the
+    first host call to the first step (one-time startup, outside every figure; null without
+    numbered steps)."""
 
     breakdown_ms: Breakdown
     step_ms: float
@@ -365,7 +374,10 @@ class RankSummary(Result):
 
 
 class StepSummary(Result):
-    """One step number across ranks."""
+    """One step number across ranks. Every complete step is listed; ``excluded`` says why one
+    is left out of the headline figures (summary, ranks, GPU, collectives): "warm-up" (a
+    leading step over 1.3x the median of the steps after it) or "selection" (not among the
+    steps --steps/--skip chose), ``excluded_reason`` in words; null: counted."""
 
     step: int | None
     ranks: int

@@ -33,7 +33,7 @@ from traceview.store import rundir as R
 
 if TYPE_CHECKING:
     from traceview.analysis.crossrank import CrossRank
-    from traceview.analysis.selection import StepChoice
+    from traceview.model.choice import StepChoice
 
 
 @dataclass

@@ -35,7 +35,7 @@ from traceview.tui.steps import StepsPane
 from traceview.tui.timeline import Timeline, TimelinePane
 
 if TYPE_CHECKING:
-    from traceview.analysis.selection import StepChoice
+    from traceview.model.choice import StepChoice
 
 #: (key, tab id, title) of each screen, in tab order.
 SCREENS: tuple[tuple[str, str, str], ...] = (

@@ -147,7 +147,7 @@ def title_text(report: RunReport, label: str | None = None) -> Text:
 
 
 def _counted(report: RunReport) -> str:
-    """" (2 counted)" where the selection leaves steps out of the figures; "one window" where
+    """ " (2 counted)" where the selection leaves steps out of the figures; "one window" where
     the run has no steps (no markers, nothing repeats)."""
     if report.run.steps_from == "one_window":
         return " (one window)"
@@ -163,6 +163,13 @@ def verdict_text(report: RunReport) -> Text:
     if bottleneck is None:
         return Text("no phase time found in this run")
     text = Text()
+    if report.run.steps_from == "one_window":  # no step: no bottleneck of one
+        text.append("one window, no steps", style="bold")
+        text.append(
+            f": {bottleneck} is the largest share ({pct(summary.bottleneck_share)}) of the "
+            f"{ms(summary.step_ms)} ms traced, one-time startup costs included"
+        )
+        return text
     text.append(bottleneck, style=f"bold {PHASE_STYLE[bottleneck]}")
     if bottleneck == "imbalance":
         text.append(
