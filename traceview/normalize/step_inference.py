@@ -310,3 +310,23 @@ def from_repeats(raw: pa.Table, process_names: dict[int, str], notes: Notes) -> 
         pa.array(np.full(len(starts), step_tid, np.int64)),
     )
     return InferredSteps(markers, how=how)
+
+
+def _loop_call(name: str) -> bool:
+    return (
+        name.startswith("Optimizer.step#")
+        or ("DataLoader" in name and "__next__" in name)
+        or "run_backward" in name
+    )
+
+
+def loop_calls(raw: pa.Table) -> int:
+    """How many events ``from_repeats`` could cut steps at (optimizer steps, data-loader and
+    backward calls, user annotations): where a rank read in chunks has no step markers and
+    some of these, it takes the whole-rank path, which infers its steps."""
+    if raw.num_rows == 0:
+        return 0
+    codes, cats = dictionary_codes(raw.column(S.CAT))
+    user = np.array([c == "user_annotation" for c in cats] + [False], bool)[codes]
+    user &= ~_names(raw.column(S.NAME), lambda n: n.startswith(_NOT_A_STEP))
+    return int((user | _names(raw.column(S.NAME), _loop_call)).sum())
