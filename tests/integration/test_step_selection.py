@@ -287,3 +287,66 @@ def test_with_nothing_that_repeats_the_report_says_one_window(tmp_path: Path) ->
     assert text.code == 0 and "(one window)" in text.out and "one window, no steps" in text.out
     chosen = run_cli("report", path, "--steps", "1-2")
     assert chosen.code == 2 and "no numbered steps" in chosen.err
+
+
+def test_inferred_steps_that_disagree_across_ranks_are_said(tmp_path: Path) -> None:
+    """Two ranks of a markerless trace, one of which lost its last optimizer steps: one warning
+    line names both counts, and only the steps both ranks have are counted (the rest listed as
+    incomplete); nothing raised."""
+    (source,) = sorted(shared_traces("pytorch/hta_gpu_user_annotation").glob("*.json.gz"))
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    steps = sorted(
+        e["ts"] for e in trace["traceEvents"] if e.get("name", "").startswith("Optimizer.step#")
+    )
+    for rank in (0, 1):
+        trace["distributedInfo"] = {"rank": rank, "world_size": 2}
+        if rank == 1:  # its last optimizer step (host and device annotation) left out
+            trace["traceEvents"] = [
+                e
+                for e in trace["traceEvents"]
+                if not (e.get("name", "").startswith("Optimizer.step#") and e["ts"] >= steps[-4])
+            ]
+        (tmp_path / f"rank-{rank}.pt.trace.json").write_text(json.dumps(trace))
+    result = run_cli(
+        "report", "--json", tmp_path / "rank-0.pt.trace.json", tmp_path / "rank-1.pt.trace.json"
+    )
+    assert result.code == 0, result.err
+    report = result.json()
+    said = [w for w in report["warnings"] if "inferred steps disagree across ranks" in w]
+    assert len(said) == 1 and "rank 1: " in said[0] and "rank 0: " in said[0], report["warnings"]
+    assert report["incomplete_steps"], "the steps rank 1 lacks are listed apart"
+
+
+def test_the_tui_counts_the_steps_chosen() -> None:
+    """tui --steps: the app opens the run with the choice, its overview shows that headline;
+    a choice outside the run ends the app with the one-line usage error (exit 2)."""
+    import asyncio
+
+    from tests.tui_helpers import loaded
+    from traceview.model.choice import StepChoice
+    from traceview.model.errors import UsageError
+    from traceview.tui.app import TraceviewApp
+
+    steps = _profiler_steps(_events(ACT_CHECKPOINT))
+    last = max(steps)
+
+    def open_app(choice: StepChoice) -> TraceviewApp:
+        app = TraceviewApp(groups=[[shared_traces(ACT_CHECKPOINT)]], choice=choice)
+        app.animation_level = "none"
+
+        async def main() -> None:
+            async with app.run_test(size=(80, 24)) as pilot:
+                await app.ready.wait()
+                if app.error is None:  # (a failed open ends the app itself)
+                    await loaded(pilot)
+
+        asyncio.run(main())
+        app.close_runs()
+        return app
+
+    app = open_app(StepChoice(last, last))
+    assert app.error is None
+    assert app.views[0].report.summary.step_ms == pytest.approx(steps[last], abs=0.01)
+    app = open_app(StepChoice(1, 2))
+    assert isinstance(app.error, UsageError) and app.return_code == 2
+    assert "no step in that range" in str(app.error)

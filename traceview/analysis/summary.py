@@ -424,6 +424,30 @@ def _startup_ms(manifest: Manifest, ranks: list[int]) -> float | None:
     return round(sum(known) / len(known) / 1e6, 3) if known else None
 
 
+def _inferred_disagree(manifest: Manifest) -> list[str]:
+    """A warning where the ranks' steps were inferred (or found) differently: other sources,
+    or inferred steps in different numbers (the steps some ranks lack are left out of every
+    figure, as incomplete steps)."""
+    read = [r for r in manifest.ranks if r.events > 0]
+    sources = {str(r.meta.get("steps_from")) for r in read if r.meta.get("steps_from")}
+    if len(sources) > 1:
+        return [
+            "the ranks' steps come from different sources ("
+            + ", ".join(sorted(sources))
+            + "): step numbers may not mean the same iteration on every rank"
+        ]
+    inferred = [r for r in read if r.meta.get("steps_from") not in (None, "markers", "one_window")]
+    counts = sorted({r.steps for r in inferred})
+    if len(counts) > 1:
+        few = min(inferred, key=lambda r: (r.steps, r.rank))
+        many = max(inferred, key=lambda r: (r.steps, -r.rank))
+        return [
+            f"inferred steps disagree across ranks (rank {few.rank}: {few.steps}, rank "
+            f"{many.rank}: {many.steps}): only the step numbers every rank has are counted"
+        ]
+    return []
+
+
 def manifest_steps_from(manifest: Manifest) -> StepsFrom | None:
     """Where the run's steps come from, as ingest recorded it per rank (the most common where
     ranks differ; null for a run ingested before it was recorded)."""
@@ -873,6 +897,7 @@ def summarize(
         warnings=[
             *manifest.notes.warnings,
             *_ranks_without_steps(manifest, ranks),
+            *_inferred_disagree(manifest),
             *_unmatched(cross),
             *_clock_warning(clocks),
             *memory.warnings,

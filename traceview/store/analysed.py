@@ -67,9 +67,16 @@ class Run:
         return path.is_file() and R.leads_out(self.path, path) is None
 
     def report(self, top: int = 10) -> RunReport:
-        from traceview.analysis.summary import summarize
 
         path = None if self.temporary else str(self.path)
+        try:
+            return self._summarize(top, path)
+        except UsageError as exc:  # a step choice this run has no steps for: say which run
+            raise UsageError(f"{safe(self.label)}: {exc}") from None
+
+    def _summarize(self, top: int, path: str | None) -> RunReport:
+        from traceview.analysis.summary import summarize
+
         return summarize(
             self.steps,
             self.ops,
