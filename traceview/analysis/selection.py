@@ -48,8 +48,12 @@ def _range(numbers: list[int]) -> str:
     return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
 
 
-def select_steps(steps: pl.DataFrame, choice: StepChoice | None = None) -> Selection | None:
-    """The selection over ``steps`` (the complete steps of every rank: rank, step, wall_ns).
+def select_steps(
+    steps: pl.DataFrame, choice: StepChoice | None = None, named: frozenset[int] = frozenset()
+) -> Selection | None:
+    """The selection over ``steps`` (the complete steps of every rank: rank, step, wall_ns);
+    ``named``: the steps the trace itself calls warm-up (an annotation named so), left out by
+    default where a step remains.
     None where the steps are unnumbered (one window with no step number: nothing to choose
     from; a choice there is a UsageError). UsageError: a choice that leaves no step."""
     numbered = steps.height > 0 and steps[S.STEP].null_count() == 0
@@ -66,16 +70,26 @@ def select_steps(steps: pl.DataFrame, choice: StepChoice | None = None) -> Selec
     excluded: dict[int, tuple[StepExclusion, str]] = {}
     remarks: list[str] = []
     if choice is None:
+        said = [n for n in numbers if n in named]
+        if said and len(said) < len(numbers):
+            for n in said:
+                excluded[n] = ("warm-up", "the trace's own annotation calls it warm-up")
+            remarks.append(
+                f"step(s) {', '.join(map(str, said))} left out as warm-up: the trace's own "
+                "annotations call them so (--skip 0 keeps them, --steps A-B chooses)"
+            )
+        numbers_left = [n for n in numbers if n not in excluded]
+        means_left = [m for n, m in zip(numbers, means, strict=True) if n not in excluded]
         # Leading steps above WARMUP_FACTOR x the median of the steps after them, while at
         # least MIN_COUNTED steps remain (one step left is no steady state to compare with).
-        for i in range(len(means) - MIN_COUNTED):
-            median = statistics.median(means[i + 1 :])
-            if median <= 0 or means[i] <= median * WARMUP_FACTOR:
+        for i in range(len(means_left) - MIN_COUNTED):
+            median = statistics.median(means_left[i + 1 :])
+            if median <= 0 or means_left[i] <= median * WARMUP_FACTOR:
                 break
-            why = f"{_ms(means[i])} against a median of {_ms(median)} of the steps after it"
-            excluded[numbers[i]] = ("warm-up", why)
+            why = f"{_ms(means_left[i])} against a median of {_ms(median)} of the steps after it"
+            excluded[numbers_left[i]] = ("warm-up", why)
             remarks.append(
-                f"step {numbers[i]} left out as warm-up: {why} (a leading step over "
+                f"step {numbers_left[i]} left out as warm-up: {why} (a leading step over "
                 f"{WARMUP_FACTOR}x; --skip 0 keeps it, --steps A-B chooses)"
             )
     else:

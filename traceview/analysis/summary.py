@@ -448,6 +448,16 @@ def _inferred_disagree(manifest: Manifest) -> list[str]:
     return []
 
 
+def named_warmup(manifest: Manifest) -> frozenset[int]:
+    """The steps a rank's trace itself calls warm-up (ingest's ``warmup_steps``)."""
+    return frozenset(
+        int(n)
+        for r in manifest.ranks
+        for n in (r.meta.get("warmup_steps") or [])
+        if isinstance(n, int)
+    )
+
+
 def manifest_steps_from(manifest: Manifest) -> StepsFrom | None:
     """Where the run's steps come from, as ingest recorded it per rank (the most common where
     ranks differ; null for a run ingested before it was recorded)."""
@@ -753,7 +763,7 @@ def complete_flag(
     incomplete = incomplete_steps(df, manifest)[S.STEP].unique().to_list()
     flag = ~df[S.STEP].is_in(incomplete).fill_null(False)
     kept = df.filter(flag)
-    selection = select_steps(kept if kept.height else df, choice)
+    selection = select_steps(kept if kept.height else df, choice, named_warmup(manifest))
     why = selection.excluded if selection is not None else {}
     excluded = pl.Series(
         "excluded", [why[s][0] if s in why else None for s in df[S.STEP].to_list()], pl.String
@@ -833,7 +843,7 @@ def summarize(
         kept = df.filter(~pl.col(S.STEP).is_in(incomplete[S.STEP].unique().to_list()))
         df = kept if kept.height else df
     # The steps every headline figure counts, decided once over the run (every rank alike).
-    selection = select_steps(df, choice)
+    selection = select_steps(df, choice, named_warmup(manifest))
     complete_df = df
     df = kept_rows(df, selection)
     if (

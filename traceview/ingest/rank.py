@@ -145,6 +145,8 @@ def ingest_rank(
     if normalized.inferred is not None:
         threads.update(normalized.inferred.threads)
     found["steps_from"] = normalized.steps_from
+    if normalized.inferred is not None and normalized.inferred.warmup and normalized.steps:
+        found["warmup_steps"] = normalized.inferred.warmup
     found.update(_startup(normalized.events, tables.get("steps")))
     info = RankIngest(
         rank=trace.rank,

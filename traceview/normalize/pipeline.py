@@ -244,7 +244,9 @@ def normalize(
     if found is not None:
         found.events = found.events.slice(0, 0)
     if inferred is not None:  # the markers are in the table now
-        inferred = InferredSteps(inferred.markers.slice(0, 0), inferred.threads, inferred.how)
+        inferred = InferredSteps(
+            inferred.markers.slice(0, 0), inferred.threads, inferred.how, inferred.warmup
+        )
     return Normalized(table, steps.training, len(steps.markers), notes, found, inferred)
 
 

@@ -163,6 +163,11 @@ _NOT_HOST = ("kernel", "gpu", "memcpy", "memset", "ac2g", "fwdbwd", "flow", "asy
 _NOT_A_STEP = ("ProfilerStep", "Optimizer.", "enumerate(DataLoader)", "DataLoader", "##")
 #: PyTorch's own step markers (parsers/rules/pytorch.toml's step pattern): the trace has steps.
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+#: What tells one iteration's annotation from the next (PARAM's "...|warmup|forward" and
+#: "...|measure|forward", numbered ones): left out where annotations are compared.
+_ITERATION_TAG = re.compile(r"(?i)warm[-_ ]?up|measure(ment)?|timed|\d+")
+#: An annotation that calls its iteration warm-up: that step is warm-up, whatever its time.
+WARMUP_NAME = re.compile(r"(?i)warm[-_ ]?up")
 #: A repeated annotation is a step only where its calls cover this share of their span.
 ANNOTATION_COVER = 0.5
 
@@ -214,10 +219,13 @@ def _annotation_steps(
     rows = np.flatnonzero(user)
     if len(rows) < 2:
         return None
-    names, _ = dictionary_codes(raw.column(S.NAME))
+    names, values = dictionary_codes(raw.column(S.NAME))
+    # one annotation whatever its iteration's tag: "...|warmup|forward" and "...|measure|forward"
+    keys = {code: _ITERATION_TAG.sub("", str(values[code])) for code in np.unique(names[rows])}
+    key_of = np.array([hash(keys.get(c, "")) for c in range(len(values))] + [0], np.int64)[names]
     best: tuple[int, np.ndarray] | None = None
-    for code in np.unique(names[rows]):
-        calls = _disjoint_by_time(_one_thread(rows[names[rows] == code], pid, tid), ts, end)
+    for key in np.unique(key_of[rows]):
+        calls = _disjoint_by_time(_one_thread(rows[key_of[rows] == key], pid, tid), ts, end)
         if len(calls) < 2:
             continue
         covered = int((end[calls] - ts[calls]).sum())
@@ -250,12 +258,14 @@ def from_repeats(raw: pa.Table, process_names: dict[int, str], notes: Notes) -> 
         return _disjoint_by_time(rows, ts, end)
 
     optimizer = calls(lambda n: n.startswith("Optimizer.step#"))
+    warmup: list[int] = []
     how, starts, ends, rows = "", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, int)
     annotated = _annotation_steps(raw, host, pid, tid, ts, end)
     loader = calls(lambda n: "DataLoader" in n and "__next__" in n)
     if annotated is not None:
         how, rows = "annotations", annotated
         starts, ends = ts[rows], end[rows]
+        warmup = [i for i, r in enumerate(rows) if WARMUP_NAME.search(str(name[int(r)]))]
         what = f"the calls of the repeating annotation {str(name[int(rows[0])])[:80]!r}"
     elif len(loader) >= 2:
         how, rows = "dataloader", loader
@@ -309,7 +319,7 @@ def from_repeats(raw: pa.Table, process_names: dict[int, str], notes: Notes) -> 
         S.TID,
         pa.array(np.full(len(starts), step_tid, np.int64)),
     )
-    return InferredSteps(markers, how=how)
+    return InferredSteps(markers, how=how, warmup=warmup if len(warmup) < len(starts) else [])
 
 
 def _loop_call(name: str) -> bool:

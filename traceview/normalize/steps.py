@@ -72,6 +72,8 @@ class InferredSteps:
     threads: dict[str, str] = field(default_factory=dict)  # "pid/tid" -> label
     # how the steps were found (results.StepsFrom: "step_groups", "dataloader", ...; "": none)
     how: str = ""
+    # the step numbers the trace itself calls warm-up (an annotation named so)
+    warmup: list[int] = field(default_factory=list)
 
 
 #: Step inference a parser can ask for (``ParsedTrace.infer_steps``): "module:function", imported
