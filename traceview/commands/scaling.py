@@ -89,7 +89,12 @@ class ScalingCommand:
             if len(set(counts)) < len(counts):
                 raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
             # the collectives the layer-wise model replays, of the steps every rank completed
-            left_out = [{u.step for u in report.incomplete_steps} for report in reports]
+            # and the report counts (warm-up and steps --steps/--skip left out: not these)
+            left_out = [
+                {u.step for u in report.incomplete_steps}
+                | {s.step for s in report.per_step if s.excluded is not None}
+                for report in reports
+            ]
             schedules = [
                 [
                     s
