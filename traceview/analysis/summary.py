@@ -869,7 +869,9 @@ def summarize(
         verdict = gpu_verdict(
             explained, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
         )
-    complete = set(df[S.STEP].to_list()) if df.height else None
+    # memory: every complete step, warm-up included (its peaks and growth are memory's own
+    # story: allocator growth is what warm-up is), whatever the selection counts
+    complete = set(complete_df[S.STEP].to_list()) if complete_df.height else None
     since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in manifest.ranks}
     memory = memory_results(
         memory_steps, [r.rank for r in ranks], complete, since, manifest.framework
