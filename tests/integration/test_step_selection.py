@@ -200,6 +200,9 @@ def test_export_marks_the_steps_the_report_leaves_out(tmp_path: Path) -> None:
     assert run_cli("export", run, "-o", tmp_path / "two", "--steps", str(max(steps))).code == 0
     table = pl.read_parquet(tmp_path / "two" / "steps.parquet")
     assert table.filter(pl.col("excluded").is_null())["step"].to_list() == [max(steps)]
+    # the Chrome trace holds every event: a choice there is refused, not ignored
+    chrome = run_cli("export", run, "--format", "chrome", "--skip", "1")
+    assert chrome.code == 2 and len(chrome.err.strip().splitlines()) == 1, chrome.err
 
 
 # --- traces without step markers ----------------------------------------------------------------

@@ -54,6 +54,11 @@ class ExportCommand:
         from traceview.views.progress import TerminalProgress
 
         choice = step_choice_of(args)
+        if choice is not None and args.format == "chrome":
+            raise UsageError(
+                f"{choice.describe()}: the Chrome trace holds every event; --steps and --skip "
+                "mark the steps of the parquet/csv tables (steps.excluded)"
+            )
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
         # where it goes is checked before any work (a place inside the run directory is never
