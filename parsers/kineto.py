@@ -914,6 +914,9 @@ class KinetoStream:
             lost_bytes=info.lost_bytes,
             skipped=skipped,
             memory=memory_records,
+            # no ProfilerStep markers (the autograd profiler API, a hand-placed profile): steps
+            # where the training loop repeats (normalize/step_inference.py: from_repeats)
+            infer_steps="repeats",
         )
 
 

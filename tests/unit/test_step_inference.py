@@ -122,7 +122,7 @@ def test_no_step_groups_no_markers() -> None:
 def test_an_unknown_step_inference_is_bad_input() -> None:
     with pytest.raises(BadInput, match="unknown step inference 'per_epoch'"):
         step_markers(_raw(GROUPED), "per_epoch", {}, Notes())
-    assert set(STEP_INFERENCE) == {"step_groups", "session_runs"}
+    assert set(STEP_INFERENCE) == {"step_groups", "session_runs", "repeats"}
 
 
 # --- Session.run calls (TF1 Timeline) ------------------------------------------------------------

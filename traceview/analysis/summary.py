@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import numpy as np
 import polars as pl
@@ -28,6 +28,13 @@ from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups, declared_groups
 from traceview.analysis.memory import memory_results
 from traceview.analysis.pipeline import detect_pipeline
+from traceview.analysis.selection import (
+    WARMUP_FACTOR,
+    Selection,
+    StepChoice,
+    kept_rows,
+    select_steps,
+)
 from traceview.model import schema as S
 from traceview.model.manifest import Collected, Manifest
 from traceview.model.results import (
@@ -46,6 +53,7 @@ from traceview.model.results import (
     RunReport,
     Spread,
     StepMark,
+    StepsFrom,
     StepStats,
     StepSummary,
     StragglerPhase,
@@ -56,7 +64,6 @@ from traceview.model.results import (
 HIDDEN_YES = 0.9  # at least this fraction of communication overlaps compute: "hidden: yes"
 HIDDEN_NO = 0.1  # at most this: "hidden: no"
 STRAGGLER_MIN_WAIT = 0.05  # a straggler: the others wait for it at least 5% of the step
-WARMUP_FACTOR = 1.10  # a leading step this much slower than the median step is warm-up
 SLOW_FACTOR = 1.25  # a later step this much slower than the median is marked slow
 
 
@@ -315,9 +322,12 @@ def _summary(ranks: list[RankSummary], ranks_df: pl.DataFrame, cross: CrossRank 
     )
 
 
-def _per_step(df: pl.DataFrame) -> tuple[list[StepSummary], StepStats | None]:
-    """Each step number across ranks; leading steps well above the median are warm-up, later
-    ones slow."""
+def _per_step(
+    df: pl.DataFrame, selection: Selection | None
+) -> tuple[list[StepSummary], StepStats | None]:
+    """Each step number across ranks, the ones the selection leaves out with why; the median,
+    the marks and the statistics are over the counted steps: a later step well above their
+    median is slow (named and kept)."""
     if df.height == 0:
         return [], None
     phase_cols = [S.phase_ns(p) for p in S.BREAKDOWN_PHASES]
@@ -341,19 +351,22 @@ def _per_step(df: pl.DataFrame) -> tuple[list[StepSummary], StepStats | None]:
         )
         .sort(S.STEP, nulls_last=True)
     )
+    excluded = selection.excluded if selection is not None else {}
+    numbers = per_step[S.STEP].to_list()
     means = [float(v) / 1e6 for v in per_step["mean"]]
-    median = _median(means)
+    counted = [m for n, m in zip(numbers, means, strict=True) if n not in excluded] or means
+    median = _median(counted)
     marks: list[StepMark] = [""] * len(means)
     marks[0] = "first"
-    for i, value in enumerate(means):
-        if median <= 0 or value <= median * WARMUP_FACTOR:
-            break
-        marks[i] = "warm-up"
-    for i, value in enumerate(means):
-        if not marks[i] and median > 0 and value > median * SLOW_FACTOR:
-            marks[i] = "slow"
+    for i, number in enumerate(numbers):
+        why = excluded.get(number)
+        if why is not None and why[0] == "warm-up":
+            marks[i] = "warm-up"
+        elif not marks[i] and number not in excluded and median > 0:
+            marks[i] = "slow" if means[i] > median * SLOW_FACTOR else marks[i]
     rows = []
     for i, row in enumerate(per_step.iter_rows(named=True)):
+        why = excluded.get(row[S.STEP])
         rows.append(
             StepSummary(
                 step=row[S.STEP],
@@ -368,22 +381,95 @@ def _per_step(df: pl.DataFrame) -> tuple[list[StepSummary], StepStats | None]:
                 ),
                 mark=marks[i],
                 host_bound_ms=_host_bound(row, _exact_ms),
+                excluded=why[0] if why is not None else None,
+                excluded_reason=why[1] if why is not None else None,
             )
         )
-    mean = statistics.fmean(means)
-    stdev = statistics.stdev(means) if len(means) > 1 else 0.0
+    mean = statistics.fmean(counted)
+    stdev = statistics.stdev(counted) if len(counted) > 1 else 0.0
     stats = StepStats(
-        count=len(means),
+        count=len(counted),
         mean_ms=round(mean, 6),
         median_ms=round(median, 6),
         stdev_ms=round(stdev, 6),
-        min_ms=round(min(means), 6),
-        max_ms=round(max(means), 6),
+        min_ms=round(min(counted), 6),
+        max_ms=round(max(counted), 6),
         cv=round(stdev / mean, 4) if mean > 0 else 0.0,
         warmup_factor=WARMUP_FACTOR,
         slow_factor=SLOW_FACTOR,
     )
     return rows, stats
+
+
+def _slow_remarks(per_step: list[StepSummary]) -> list[str]:
+    """Later outliers: named, and kept in the figures."""
+    slow = [s for s in per_step if s.mark == "slow"]
+    if not slow:
+        return []
+    named = ", ".join(f"step {s.step} ({s.step_ms:,.1f} ms, +{s.vs_median:.0%})" for s in slow[:5])
+    more = f" and {len(slow) - 5} more" if len(slow) > 5 else ""
+    return [
+        f"slow step(s) kept in the figures: {named}{more} against the median of the counted steps"
+    ]
+
+
+def _kept_table(table: pa.Table, selection: Selection) -> pa.Table:
+    """A per-rank table's rows in the selected steps (rows outside any step are dropped)."""
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    return kept_rows(df, selection).to_arrow()
+
+
+def _startup_ms(manifest: Manifest, ranks: list[int]) -> float | None:
+    """Mean over the ranks with steps of their training thread's time before the first step
+    (ingest's ``startup_ns``); null where no rank has it (one window, an older run)."""
+    found = [r.meta.get("startup_ns") for r in manifest.ranks if r.rank in ranks or not ranks]
+    known = [int(v) for v in found if isinstance(v, int) and v >= 0]
+    return round(sum(known) / len(known) / 1e6, 3) if known else None
+
+
+def _inferred_disagree(manifest: Manifest) -> list[str]:
+    """A warning where the ranks' steps were inferred (or found) differently: other sources,
+    or inferred steps in different numbers (the steps some ranks lack are left out of every
+    figure, as incomplete steps)."""
+    read = [r for r in manifest.ranks if r.events > 0]
+    sources = {str(r.meta.get("steps_from")) for r in read if r.meta.get("steps_from")}
+    if len(sources) > 1:
+        return [
+            "the ranks' steps come from different sources ("
+            + ", ".join(sorted(sources))
+            + "): step numbers may not mean the same iteration on every rank"
+        ]
+    inferred = [r for r in read if r.meta.get("steps_from") not in (None, "markers", "one_window")]
+    counts = sorted({r.steps for r in inferred})
+    if len(counts) > 1:
+        few = min(inferred, key=lambda r: (r.steps, r.rank))
+        many = max(inferred, key=lambda r: (r.steps, -r.rank))
+        return [
+            f"inferred steps disagree across ranks (rank {few.rank}: {few.steps}, rank "
+            f"{many.rank}: {many.steps}): only the step numbers every rank has are counted"
+        ]
+    return []
+
+
+def named_warmup(manifest: Manifest) -> frozenset[int]:
+    """The steps a rank's trace itself calls warm-up (ingest's ``warmup_steps``)."""
+    return frozenset(
+        int(n)
+        for r in manifest.ranks
+        for n in (r.meta.get("warmup_steps") or [])
+        if isinstance(n, int)
+    )
+
+
+def manifest_steps_from(manifest: Manifest) -> StepsFrom | None:
+    """Where the run's steps come from, as ingest recorded it per rank (the most common where
+    ranks differ; null for a run ingested before it was recorded)."""
+    found = [r.meta.get("steps_from") for r in manifest.ranks]
+    known = [str(v) for v in found if v in get_args(StepsFrom)]
+    if not known:
+        return None
+    return cast(StepsFrom, max(sorted(set(known)), key=known.count))
 
 
 def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopOp]:
@@ -721,14 +807,26 @@ def incomplete_steps(steps: pl.DataFrame, manifest: Manifest) -> pl.DataFrame:
     )
 
 
-def complete_flag(steps: pa.Table, manifest: Manifest) -> pa.Table:
+def complete_flag(
+    steps: pa.Table, manifest: Manifest, choice: StepChoice | None = None
+) -> pa.Table:
     """The steps table with ``complete``: false for a step that did not complete on every rank
-    (``incomplete_steps``), which the report leaves out of its figures."""
+    (``incomplete_steps``), which the report leaves out of its figures; and ``excluded``: why a
+    complete step is left out of the report's figures (warm-up, or not chosen by
+    --steps/--skip; null: counted), the report's own selection."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     incomplete = incomplete_steps(df, manifest)[S.STEP].unique().to_list()
     flag = ~df[S.STEP].is_in(incomplete).fill_null(False)
-    return steps.append_column("complete", flag.to_arrow())
+    kept = df.filter(flag)
+    selection = select_steps(kept if kept.height else df, choice, named_warmup(manifest))
+    why = selection.excluded if selection is not None else {}
+    excluded = pl.Series(
+        "excluded", [why[s][0] if s in why else None for s in df[S.STEP].to_list()], pl.String
+    )
+    return steps.append_column("complete", flag.to_arrow()).append_column(
+        "excluded", excluded.to_arrow()
+    )
 
 
 def _incomplete(
@@ -790,13 +888,18 @@ def summarize(
     gpu: pa.Table | None = None,
     launches: pa.Table | None = None,
     memory_steps: pa.Table | None = None,
+    choice: StepChoice | None = None,
+    comm: pa.Table | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
     ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
     (``cross_rank_of``; without it wait and transfer are null), ``collectives``: the calls it
     was made from (to say why there is none); ``gpu``, ``launches``: the GPU tables
     (analysis/gpu.py; without them ``ranks[].gpu`` is null); ``memory_steps``: the per-rank
-    memory figures (None: the run has no memory table)."""
+    memory figures (None: the run has no memory table); ``choice``: the steps --steps/--skip
+    chose (None: leading warm-up steps left out, ``selection``); ``comm``: the run's comm table,
+    for the cross-rank pass over the selected steps where some are left out (without it,
+    ``cross`` is used as it is)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -806,6 +909,19 @@ def summarize(
     if incomplete.height:
         kept = df.filter(~pl.col(S.STEP).is_in(incomplete[S.STEP].unique().to_list()))
         df = kept if kept.height else df
+    # The steps every headline figure counts, decided once over the run (every rank alike).
+    selection = select_steps(df, choice, named_warmup(manifest))
+    complete_df = df
+    df = kept_rows(df, selection)
+    if (
+        selection is not None
+        and selection.excluded
+        and collectives is not None
+        and comm is not None
+    ):
+        cross = cross_rank_of(
+            manifest, _kept_table(collectives, selection), _kept_table(comm, selection)
+        )
     estimate = _needs_clock_estimate(manifest)
     ranks_df = _rank_rows(df, cross) if df.height else pl.DataFrame()
     ranks = _ranks(ranks_df, cross)
@@ -814,7 +930,7 @@ def summarize(
     pipeline = detect_pipeline(cross.matched.calls, ranks) if cross is not None else None
     if pipeline is not None:
         _pipeline_verdict(summary, ranks, pipeline)
-    per_step, stats = _per_step(df)
+    per_step, stats = _per_step(complete_df, selection)
     verdict = None
     if gpu is not None and launches is not None and df.height:
         explained = rank_gpu(gpu, launches, df)
@@ -824,7 +940,9 @@ def summarize(
             explained, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
         )
     groups = cross.groups if cross is not None else groups_of(manifest)
-    complete = set(df[S.STEP].to_list()) if df.height else None
+    # memory: every complete step, warm-up included (its peaks and growth are memory's own
+    # story: allocator growth is what warm-up is), whatever the selection counts
+    complete = set(complete_df[S.STEP].to_list()) if complete_df.height else None
     since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in manifest.ranks}
     memory = memory_results(
         memory_steps, [r.rank for r in ranks], complete, since, manifest.framework
@@ -832,11 +950,17 @@ def summarize(
     for rank in ranks:
         rank.memory = memory.ranks.get(rank.rank)
     summary.memory = memory.run
+    summary.startup_ms = _startup_ms(manifest, [r.rank for r in ranks])
+    steps_from = manifest_steps_from(manifest)
+    if steps_from == "one_window":
+        verdict = None  # one window holds the one-time costs: no per-step advice built on them
     return RunReport(
         run=RunInfo(
             framework=manifest.framework,
             ranks=len(ranks),
-            steps=int(df[S.STEP].n_unique()) if df.height and df[S.STEP].null_count() == 0 else 0,
+            steps=int(complete_df[S.STEP].n_unique())
+            if complete_df.height and complete_df[S.STEP].null_count() == 0
+            else 0,
             world_size=manifest.world_size,
             missing_ranks=manifest.missing_ranks,
             timeline=ranks[0].timeline if ranks else None,
@@ -844,6 +968,8 @@ def summarize(
             run_id=manifest.run_id,
             job=_job(manifest.collect),
             clocks=clocks,
+            steps_from=steps_from,
+            step_choice=choice.describe() if choice is not None else None,
         ),
         summary=summary,
         ranks=ranks,
@@ -856,12 +982,19 @@ def summarize(
             *_ranks_without_steps(manifest, ranks),
             *groups.warnings,
             *_ungrouped(cross),
+            *_inferred_disagree(manifest),
             *_unmatched(cross),
             *_clock_warning(clocks),
             *memory.warnings,
         ],
-        remarks=[*manifest.notes.remarks, *_not_matched(manifest, collectives), *memory.remarks],
-        collectives=_collectives(cross, len(per_step)),
+        remarks=[
+            *manifest.notes.remarks,
+            *(selection.remarks if selection is not None else []),
+            *_slow_remarks(per_step),
+            *_not_matched(manifest, collectives),
+            *memory.remarks,
+        ],
+        collectives=_collectives(cross, sum(1 for s in per_step if s.excluded is None)),
         incomplete_steps=_incomplete(
             all_steps, incomplete, sorted(set(all_steps[S.RANK].to_list()))
         )
@@ -870,7 +1003,9 @@ def summarize(
         gpu_verdict=verdict,
         groups=groups.groups,
         pipeline=pipeline,
-        comm_by_group=comm_by_group(cross.matched, cross.comm, groups, len(per_step))
+        comm_by_group=comm_by_group(
+            cross.matched, cross.comm, groups, sum(1 for s in per_step if s.excluded is None)
+        )
         if cross is not None and cross.comm is not None
         else [],
     )

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from traceview.model.choice import StepChoice
 
 
 def add_runs_argument(parser: argparse.ArgumentParser) -> None:
@@ -16,3 +20,29 @@ def add_runs_argument(parser: argparse.ArgumentParser) -> None:
         help="a run's name in the output, once per run in order (default: its folder's "
         "name, made unique)",
     )
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """--steps and --skip: which steps the figures count (report, compare, scaling, tui,
+    export)."""
+    parser.add_argument(
+        "--steps",
+        metavar="A-B",
+        help="count only steps A to B, in the trace's own step numbers (ProfilerStep#A); "
+        "default: every step but leading warm-up steps (over 1.3x the median of the later ones)",
+    )
+    parser.add_argument(
+        "--skip",
+        type=int,
+        metavar="N",
+        help="leave out the first N steps (of those --steps chose); --skip 0 counts every step, "
+        "warm-up included",
+    )
+
+
+def step_choice_of(args: argparse.Namespace) -> StepChoice | None:
+    """The steps the command line chose (None: the default selection). UsageError: a range
+    that is not one."""
+    from traceview.model.choice import step_choice
+
+    return step_choice(args.steps, args.skip)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview.commands.arguments import add_runs_argument
+from traceview.commands.arguments import add_runs_argument, add_step_arguments, step_choice_of
 from traceview.model.errors import UsageError
 
 
@@ -32,6 +32,7 @@ class CompareCommand:
         parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
+        add_step_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
@@ -41,9 +42,12 @@ class CompareCommand:
 
         if len(args.runs) < 2:
             raise UsageError("compare needs at least two runs")
+        choice = step_choice_of(args)
         with (
             TerminalProgress() as progress,
-            open_runs([[path] for path in args.runs], args.rules, progress, args.label) as runs,
+            open_runs(
+                [[path] for path in args.runs], args.rules, progress, args.label, choice
+            ) as runs,
         ):
             result = compare(
                 [r.report() for r in runs], [r.ops for r in runs], [r.label for r in runs], args.top

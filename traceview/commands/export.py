@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from traceview.commands.arguments import add_step_arguments, step_choice_of
 from traceview.model.errors import Notes, UsageError
 from traceview.model.escape import safe
 from traceview.store import rundir as R
@@ -45,6 +46,7 @@ class ExportCommand:
             help="folder for parquet/csv (default RUN/export: empty or a previous export), file for "
             "chrome (default RUN/trace.json.gz; a device or named pipe is written in place)",
         )
+        add_step_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.store import outputs
@@ -52,6 +54,12 @@ class ExportCommand:
         from traceview.views import export
         from traceview.views.progress import TerminalProgress
 
+        choice = step_choice_of(args)
+        if choice is not None and args.format == "chrome":
+            raise UsageError(
+                f"{choice.describe()}: the Chrome trace holds every event; --steps and --skip "
+                "mark the steps of the parquet/csv tables (steps.excluded)"
+            )
         if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
             raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
         # where it goes is checked before any work (a place inside the run directory is never
@@ -65,7 +73,8 @@ class ExportCommand:
             folder = outputs.export_directory(args.output or args.run / "export")
         with (
             TerminalProgress() as progress,
-            open_run([args.run], progress=progress) as run,  # the analysis, recomputed if stale
+            # the analysis, recomputed if stale
+            open_run([args.run], progress=progress, choice=choice) as run,
         ):
             run_id = run.manifest.run_id  # (the events exported are this run's, or left out)
             if args.format == "chrome":

@@ -9,16 +9,24 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from traceview.commands.arguments import add_step_arguments, step_choice_of
+
 if TYPE_CHECKING:
+    from traceview.model.choice import StepChoice
     from traceview.model.results import RunReport
 
 
-def load_report(paths: list[Path], rules: Path | None = None, top: int = 10) -> RunReport:
+def load_report(
+    paths: list[Path],
+    rules: Path | None = None,
+    top: int = 10,
+    choice: StepChoice | None = None,
+) -> RunReport:
     """The report object for a run directory, or for traces read into a temporary run."""
     from traceview.store.analysed import open_run
     from traceview.views.progress import TerminalProgress
 
-    with TerminalProgress() as progress, open_run(paths, rules, progress) as run:
+    with TerminalProgress() as progress, open_run(paths, rules, progress, choice) as run:
         return run.report(top)
 
 
@@ -41,11 +49,12 @@ class ReportCommand:
             help="a row for every rank (above 16 ranks the text report shows their "
             "distribution: p50, p90, max, the ranks with most and least own work)",
         )
+        add_step_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.views.text import render_to_console, to_json
 
-        report = load_report(args.paths, args.rules, args.top)
+        report = load_report(args.paths, args.rules, args.top, step_choice_of(args))
         if args.json:
             print(to_json(report))
         else:

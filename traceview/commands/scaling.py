@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview.commands.arguments import add_runs_argument
+from traceview.commands.arguments import add_runs_argument, add_step_arguments, step_choice_of
 from traceview.model.errors import UsageError
 from traceview.model.manifest import Manifest
 
@@ -56,6 +56,7 @@ class ScalingCommand:
         parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
+        add_step_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.attribution import comm_schedule
@@ -69,9 +70,12 @@ class ScalingCommand:
             raise UsageError("scaling needs at least two runs with different numbers of ranks")
         if args.batch_size is not None and args.batch_size < 1:
             raise UsageError("--batch-size must be at least 1")
+        choice = step_choice_of(args)
         with (
             TerminalProgress() as progress,
-            open_runs([[path] for path in args.runs], args.rules, progress, args.label) as runs,
+            open_runs(
+                [[path] for path in args.runs], args.rules, progress, args.label, choice
+            ) as runs,
         ):
             reports = [r.report() for r in runs]
             for run, report in zip(runs, reports, strict=True):
@@ -85,7 +89,12 @@ class ScalingCommand:
             if len(set(counts)) < len(counts):
                 raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
             # the collectives the layer-wise model replays, of the steps every rank completed
-            left_out = [{u.step for u in report.incomplete_steps} for report in reports]
+            # and the report counts (warm-up and steps --steps/--skip left out: not these)
+            left_out = [
+                {u.step for u in report.incomplete_steps}
+                | {s.step for s in report.per_step if s.excluded is not None}
+                for report in reports
+            ]
             schedules = [
                 [
                     s

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from traceview.commands.arguments import add_step_arguments, step_choice_of
+
 
 def run_groups(paths: list[Path], compare: list[Path] | None) -> list[list[Path]]:
     """The runs the user named: several folders are as many runs; files are one run; --compare
@@ -40,10 +42,12 @@ class TuiCommand:
         parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
+        add_step_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.model.errors import UsageError
 
+        choice = step_choice_of(args)
         groups = run_groups(args.paths, args.compare)
         for path in (p for group in groups for p in group):
             if not path.exists():
@@ -54,7 +58,7 @@ class TuiCommand:
 
         # The app opens the runs in a worker (a loading line meanwhile) and keeps them open,
         # temporary run directories included, until it ends.
-        app = TraceviewApp(groups=groups, rules=args.rules)
+        app = TraceviewApp(groups=groups, rules=args.rules, choice=choice)
         try:
             app.run()
         finally:

@@ -144,6 +144,10 @@ def ingest_rank(
         skipped.update(normalized.layout.skipped)
     if normalized.inferred is not None:
         threads.update(normalized.inferred.threads)
+    found["steps_from"] = normalized.steps_from
+    if normalized.inferred is not None and normalized.inferred.warmup and normalized.steps:
+        found["warmup_steps"] = normalized.inferred.warmup
+    found.update(_startup(normalized.events, tables.get("steps")))
     info = RankIngest(
         rank=trace.rank,
         source=str(trace.path),
@@ -245,7 +249,11 @@ def _ingest_chunked(
         threads=dict(parsed.threads),
         clock_offset_ns=offset,
         clock=clock,
-        meta=dict(parsed.meta),
+        meta={
+            **parsed.meta,
+            "steps_from": "markers" if done.steps else "one_window",
+            **_startup(R.events_path(run, trace.rank), tables.get("steps")),
+        },
         seconds=round(time.perf_counter() - started, 3),
     )
     return RankPartial(info, tables, notes)
@@ -287,3 +295,31 @@ def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table
         records = records.set_column(records.schema.get_field_index(S.TS_NS), S.TS_NS, shifted)
     records = records.append_column(S.RANK, pa.array([rank] * records.num_rows, pa.int32()))
     return S.conform(records, S.MEMORY_SCHEMA)
+
+
+def _startup(events: pa.Table | Path, steps: pa.Table | None) -> dict[str, int]:
+    """``startup_ns``: the rank's time from its first host call (an operator, runtime call,
+    annotation or Python frame; not the profiler's own records) to its first step (one-time
+    startup: CUDA context creation, first allocations, lazy initialization; outside every step);
+    none where the rank has no numbered step. ``events``: the table, or its Parquet file (read
+    as a stream: two columns, one figure)."""
+    import polars as pl
+
+    if steps is None or steps.num_rows == 0 or steps.column(S.STEP).null_count:
+        return {}
+    first_step = pc.min(steps.column(S.START_NS)).as_py()
+    frame = (
+        pl.scan_parquet(events)
+        if isinstance(events, Path)
+        else pl.from_arrow(events.select([S.KIND, S.TS_NS])).lazy()  # type: ignore[union-attr]
+    )
+    work = (S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION, S.KIND_PYTHON)  # not the profiler's own
+    first = (
+        frame.filter(pl.col(S.KIND).cast(pl.String).is_in(work))
+        .select(pl.col(S.TS_NS).min())
+        .collect()
+        .item()
+    )
+    if first_step is None or first is None:
+        return {}
+    return {"startup_ns": max(int(first_step) - int(first), 0)}

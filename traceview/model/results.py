@@ -51,6 +51,21 @@ StragglerPhase = Literal["io", "h2d", "forward", "backward", "update", "other"]
 Hidden = Literal["yes", "partly", "no", "n/a"]
 Timeline = Literal["cpu", "gpu"]
 StepMark = Literal["first", "warm-up", "slow", ""]
+#: Why a step is left out of the headline figures (analysis/selection.py): a leading step well
+#: above the median of the steps after it, or not among the steps --steps/--skip chose.
+StepExclusion = Literal["warm-up", "selection"]
+#: Where the steps come from: the trace's own markers, inferred from what repeats (how), or none
+#: (the whole trace is one window).
+StepsFrom = Literal[
+    "markers",
+    "step_groups",
+    "session_runs",
+    "annotations",
+    "optimizer",
+    "dataloader",
+    "backward",
+    "one_window",
+]
 
 
 def from_json(data: bytes | str, kind: type[R]) -> R:
@@ -118,6 +133,12 @@ class Clocks(Result):
 
 
 class RunInfo(Result):
+    """The run: ``steps_from`` says where its steps come from ("markers": the trace's own;
+    "annotations", "dataloader", "optimizer", "backward": inferred where the training loop
+    repeats; "step_groups", "session_runs": TensorFlow's; "one_window": none, the whole trace
+    is one window); ``step_choice``: the --steps/--skip the figures count (null: the
+    default, leading warm-up steps left out)."""
+
     framework: str | None
     ranks: int  # ranks with steps
     steps: int  # distinct step numbers (0 when the steps are unnumbered)
@@ -128,6 +149,10 @@ class RunInfo(Result):
     run_id: str | None
     job: JobInfo | None
     clocks: Clocks | None = None  # null with one rank
+    # where the steps come from (null: a report from before this was recorded)
+    steps_from: StepsFrom | None = None
+    # the --steps/--skip the headline figures were chosen with (null: the default selection)
+    step_choice: str | None = None
 
 
 #: How a rank's allocated memory moves across steps (analysis/memory.py): "leak" grew at every
@@ -213,7 +238,10 @@ assert HostBound.__struct_fields__ == S.GPU_HOST_BOUND_PHASES, "HostBound != GPU
 
 
 class Summary(Result):
-    """The run as a whole: means over ranks of each rank's mean step."""
+    """The run as a whole: means over ranks of each rank's mean step, over the counted steps
+    (``per_step[].excluded`` null). ``startup_ms``: the mean over ranks of the time from the
+    first host call to the first step (one-time startup, outside every figure; null without
+    numbered steps)."""
 
     breakdown_ms: Breakdown
     step_ms: float
@@ -247,6 +275,9 @@ class Summary(Result):
     # the host-bound part of breakdown_ms's phases, mean of ranks (a CPU rank's phases have
     # none); null where no rank has a GPU timeline
     host_bound_ms: HostBound | None = None
+    # one-time startup before the first step (mean of ranks; CUDA context creation, first
+    # allocations, autotuning, lazy initialization): outside every figure above; null: none known
+    startup_ms: float | None = None
 
 
 class GpuIdle(Result):
@@ -356,7 +387,10 @@ class RankSummary(Result):
 
 
 class StepSummary(Result):
-    """One step number across ranks."""
+    """One step number across ranks. Every complete step is listed; ``excluded`` says why one
+    is left out of the headline figures (summary, ranks, GPU, collectives): "warm-up" (a
+    leading step over 1.3x the median of the steps after it) or "selection" (not among the
+    steps --steps/--skip chose), ``excluded_reason`` in words; null: counted."""
 
     step: int | None
     ranks: int
@@ -368,10 +402,13 @@ class StepSummary(Result):
     breakdown_ms: Breakdown  # mean of ranks
     mark: StepMark  # leading steps well above the median: warm-up; later ones: slow
     host_bound_ms: HostBound | None = None  # part of breakdown_ms, as in Summary
+    # left out of every headline figure (summary, ranks, GPU, collectives), and why; null: counted
+    excluded: StepExclusion | None = None
+    excluded_reason: str | None = None
 
 
 class StepStats(Result):
-    """How much the step time varies from step to step (over StepSummary.step_ms)."""
+    """How much the step time varies from step to step (over the counted steps' step_ms)."""
 
     count: int
     mean_ms: float
@@ -380,7 +417,7 @@ class StepStats(Result):
     min_ms: float
     max_ms: float
     cv: float  # stdev / mean
-    warmup_factor: float  # leading steps over this × the median are marked warm-up
+    warmup_factor: float  # leading steps over this × the median of the later steps: warm-up
     slow_factor: float  # later steps over this × the median are marked slow
 
 

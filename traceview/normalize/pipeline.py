@@ -109,6 +109,15 @@ class Normalized:
     layout: LayoutResult | None = None  # what a layout pass found (its events dropped)
     inferred: InferredSteps | None = None  # what a step-inference pass made (its markers dropped)
 
+    @property
+    def steps_from(self) -> str:
+        """Where the steps come from (results.StepsFrom)."""
+        if self.steps == 0:
+            return "one_window"
+        if self.inferred is not None and self.inferred.how:
+            return self.inferred.how
+        return "markers"
+
 
 #: The passes of ``normalize``, in the order they run; ``inspect`` sees each one's result.
 def events_table(
@@ -249,7 +258,9 @@ def normalize(
     if found is not None:
         found.events = found.events.slice(0, 0)
     if inferred is not None:  # the markers are in the table now
-        inferred = InferredSteps(inferred.markers.slice(0, 0), inferred.threads)
+        inferred = InferredSteps(
+            inferred.markers.slice(0, 0), inferred.threads, inferred.how, inferred.warmup
+        )
     return Normalized(table, steps.training, len(steps.markers), notes, found, inferred)
 
 

@@ -23,6 +23,8 @@ training thread and the steps").
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 
@@ -106,7 +108,9 @@ def from_step_groups(raw: pa.Table, process_names: dict[int, str], notes: Notes)
         "events into steps (group_id)"
     )
     markers = _markers(pid, [f"step {int(g)}" for g in groups], groups, starts, ends)
-    return InferredSteps(markers, {f"{pid}/{STEP_THREAD}": "steps (TensorFlow's step groups)"})
+    return InferredSteps(
+        markers, {f"{pid}/{STEP_THREAD}": "steps (TensorFlow's step groups)"}, "step_groups"
+    )
 
 
 SOURCE_NODE = "_SOURCE"
@@ -145,5 +149,194 @@ def from_session_runs(raw: pa.Table, process_names: dict[int, str], notes: Notes
     names = [f"Session.run {number}" for number in range(len(starts))]
     markers = _markers(step_pid, names, np.arange(len(starts)), bounds[:-1], bounds[1:])
     return InferredSteps(
-        markers, {f"{step_pid}/{STEP_THREAD}": "steps (TensorFlow's Session.run calls)"}
+        markers,
+        {f"{step_pid}/{STEP_THREAD}": "steps (TensorFlow's Session.run calls)"},
+        "session_runs",
     )
+
+
+# --- PyTorch traces without ProfilerStep markers: where the training loop repeats ------------
+
+#: Categories of device activities and flows (not host calls a training loop makes).
+_NOT_HOST = ("kernel", "gpu", "memcpy", "memset", "ac2g", "fwdbwd", "flow", "async", "trace")
+#: Annotations that are not the user's step: the profiler's and the framework's own.
+_NOT_A_STEP = ("ProfilerStep", "Optimizer.", "enumerate(DataLoader)", "DataLoader", "##")
+#: PyTorch's own step markers (parsers/rules/pytorch.toml's step pattern): the trace has steps.
+_PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+#: What tells one iteration's annotation from the next (PARAM's "...|warmup|forward" and
+#: "...|measure|forward", numbered ones): left out where annotations are compared.
+_ITERATION_TAG = re.compile(r"(?i)warm[-_ ]?up|measure(ment)?|timed|\d+")
+#: An annotation that calls its iteration warm-up: that step is warm-up, whatever its time.
+WARMUP_NAME = re.compile(r"(?i)warm[-_ ]?up")
+#: A repeated annotation is a step only where its calls cover this share of their span.
+ANNOTATION_COVER = 0.5
+
+
+def _names(column: pa.ChunkedArray, test: object) -> np.ndarray:
+    """Per event: whether its name passes ``test`` (evaluated once per distinct name)."""
+    codes, values = dictionary_codes(column)
+    assert callable(test)
+    return np.array([v is not None and bool(test(str(v))) for v in values] + [False], bool)[codes]
+
+
+def _host_calls(raw: pa.Table) -> np.ndarray:
+    """Per event: a host call with a duration (its category not a device activity's or a
+    flow's; its kind not stated as a device activity)."""
+    codes, cats = dictionary_codes(raw.column(S.CAT))
+    device = [c is not None and any(k in str(c).lower() for k in _NOT_HOST) for c in cats]
+    host = ~np.array([*device, False], bool)[codes] & _host(raw)
+    return host & (ints(raw.column(S.DUR_NS), 0) > 0)
+
+
+def _one_thread(rows: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """The rows on the thread that holds most of them (the training loop's)."""
+    if len(rows) == 0:
+        return rows
+    threads, inverse = np.unique(np.stack([pid[rows], tid[rows]]), axis=1, return_inverse=True)
+    best = int(np.argmax(np.bincount(inverse.ravel())))
+    keep = (pid[rows] == threads[0, best]) & (tid[rows] == threads[1, best])
+    return rows[keep]
+
+
+def _disjoint_by_time(rows: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    rows = rows[np.argsort(ts[rows], kind="stable")]
+    if len(rows) < 2:
+        return rows
+    latest = np.maximum.accumulate(end[rows])
+    keep = np.concatenate(([True], ts[rows][1:] >= latest[:-1]))
+    return rows[keep]
+
+
+def _annotation_steps(
+    raw: pa.Table, host: np.ndarray, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray,
+    end: np.ndarray,
+) -> np.ndarray | None:  # fmt: skip
+    """The calls of the user annotation that repeats and covers most of its span (rows, by
+    time), or None."""
+    codes, cats = dictionary_codes(raw.column(S.CAT))
+    user = np.array([c == "user_annotation" for c in cats] + [False], bool)[codes]
+    user &= host & ~_names(raw.column(S.NAME), lambda n: n.startswith(_NOT_A_STEP))
+    rows = np.flatnonzero(user)
+    if len(rows) < 2:
+        return None
+    names, values = dictionary_codes(raw.column(S.NAME))
+    # one annotation whatever its iteration's tag: "...|warmup|forward" and "...|measure|forward"
+    keys = {code: _ITERATION_TAG.sub("", str(values[code])) for code in np.unique(names[rows])}
+    key_of = np.array([hash(keys.get(c, "")) for c in range(len(values))] + [0], np.int64)[names]
+    best: tuple[int, np.ndarray] | None = None
+    for key in np.unique(key_of[rows]):
+        calls = _disjoint_by_time(_one_thread(rows[key_of[rows] == key], pid, tid), ts, end)
+        if len(calls) < 2:
+            continue
+        covered = int((end[calls] - ts[calls]).sum())
+        span = int(end[calls].max() - ts[calls].min())
+        if span > 0 and covered >= ANNOTATION_COVER * span and (best is None or covered > best[0]):
+            best = (covered, calls)
+    return best[1] if best is not None else None
+
+
+def from_repeats(raw: pa.Table, process_names: dict[int, str], notes: Notes) -> InferredSteps:
+    """Steps where a PyTorch trace without ``ProfilerStep`` markers repeats, the first found of:
+    a user annotation that repeats (``record_function``: its calls are the steps); the data
+    loader's ``__next__`` calls (a step from one to the next; the last to the end of the last
+    optimizer step after it); the optimizer's ``step`` calls, or else the backward pass's roots
+    (a step ends where one ends; the first starts at the loop's first call, so it holds
+    whatever one-time work came before the first iteration: a leading outlier the report leaves
+    out as warm-up). What comes before the first step is startup (CUDA context creation, first
+    allocations, lazy initialization), outside every step. Nothing repeats: no markers (the
+    trace is one window)."""
+    if raw.num_rows == 0 or _names(raw.column(S.NAME), _PROFILER_STEP.match).any():
+        return _nothing()  # the trace marks its steps (kinds are not classified yet)
+    host = _host_calls(raw)
+    pid, tid = ints(raw.column(S.PID), 0), ints(raw.column(S.TID), 0)
+    ts = ints(raw.column(S.TS_NS), 0)
+    end = ts + np.maximum(ints(raw.column(S.DUR_NS), 0), 0)
+    name = raw.column(S.NAME)
+
+    def calls(test: object) -> np.ndarray:
+        rows = _one_thread(np.flatnonzero(host & _names(name, test)), pid, tid)
+        return _disjoint_by_time(rows, ts, end)
+
+    optimizer = calls(lambda n: n.startswith("Optimizer.step#"))
+    warmup: list[int] = []
+    how, starts, ends, rows = "", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, int)
+    annotated = _annotation_steps(raw, host, pid, tid, ts, end)
+    loader = calls(lambda n: "DataLoader" in n and "__next__" in n)
+    if annotated is not None:
+        how, rows = "annotations", annotated
+        starts, ends = ts[rows], end[rows]
+        warmup = [i for i, r in enumerate(rows) if WARMUP_NAME.search(str(name[int(r)]))]
+        what = f"the calls of the repeating annotation {str(name[int(rows[0])])[:80]!r}"
+    elif len(loader) >= 2:
+        how, rows = "dataloader", loader
+        starts = ts[rows]
+        thread = (pid == pid[rows[0]]) & (tid == tid[rows[0]]) & host
+        last = int(end[thread].max())
+        after = optimizer[ts[optimizer] >= starts[-1]] if len(optimizer) else optimizer
+        last = int(end[after].max()) if len(after) else last
+        ends = np.append(starts[1:], max(last, int(starts[-1])))
+        if len(optimizer):  # only windows that hold an optimizer step (a last __next__ that
+            # ends the epoch starts no iteration)
+            held = np.array(
+                [
+                    ((ts[optimizer] >= s) & (end[optimizer] <= e)).any()
+                    for s, e in zip(starts, ends, strict=True)
+                ]
+            )
+            if held.any():
+                starts, ends, rows = starts[held], ends[held], rows[held]
+        what = "from one data-loader __next__ call to the next"
+    else:
+        backward = calls(
+            lambda n: "run_backward" in n or ("torch/autograd/__init__.py" in n and "backward" in n)
+        )
+        for kind, found, said in (
+            ("optimizer", optimizer, "an optimizer step"),
+            ("backward", backward, "a backward pass"),
+        ):
+            if len(found) >= 2:
+                # the first step: from the thread's first call that ends by the first boundary
+                # (not a frame around the whole loop), startup and first iteration together
+                thread = (pid == pid[found[0]]) & (tid == tid[found[0]]) & host
+                before = thread & (end <= end[found[0]])
+                first = int(ts[before].min()) if before.any() else int(ts[found[0]])
+                how, rows = kind, found
+                starts = np.append(first, end[found[:-1]])
+                ends = end[found]
+                what = (
+                    f"each ends where {said} ends (the first from the loop's first call: "
+                    "startup and the first iteration together)"
+                )
+                break
+    if not how or len(starts) < 2:
+        return _nothing()  # (the steps pass says the trace is one window)
+    step_pid, step_tid = int(pid[rows[0]]), int(tid[rows[0]])
+    notes.remark(f"no step markers (ProfilerStep#N): {len(starts)} steps inferred, {what}")
+    numbers = np.arange(len(starts))
+    markers = _markers(step_pid, [f"step {n}" for n in numbers], numbers, starts, ends)
+    markers = markers.set_column(
+        markers.schema.get_field_index(S.TID),
+        S.TID,
+        pa.array(np.full(len(starts), step_tid, np.int64)),
+    )
+    return InferredSteps(markers, how=how, warmup=warmup if len(warmup) < len(starts) else [])
+
+
+def _loop_call(name: str) -> bool:
+    return (
+        name.startswith("Optimizer.step#")
+        or ("DataLoader" in name and "__next__" in name)
+        or "run_backward" in name
+    )
+
+
+def loop_calls(raw: pa.Table) -> int:
+    """How many events ``from_repeats`` could cut steps at (optimizer steps, data-loader and
+    backward calls, user annotations): where a rank read in chunks has no step markers and
+    some of these, it takes the whole-rank path, which infers its steps."""
+    if raw.num_rows == 0:
+        return 0
+    codes, cats = dictionary_codes(raw.column(S.CAT))
+    user = np.array([c == "user_annotation" for c in cats] + [False], bool)[codes]
+    user &= ~_names(raw.column(S.NAME), lambda n: n.startswith(_NOT_A_STEP))
+    return int((user | _names(raw.column(S.NAME), _loop_call)).sum())

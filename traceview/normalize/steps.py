@@ -26,8 +26,9 @@ from traceview.normalize.classify import KIND_CODES, PHASE_CODES, Classes
 from traceview.normalize.rules import RuleSet
 
 NO_STEP_MARKERS = (
-    "no step markers (ProfilerStep#N) on the training thread: the whole trace is "
-    "analysed as one window with no step number"
+    "no step markers (ProfilerStep#N) on the training thread and nothing found that repeats: "
+    "the whole trace is analysed as one window with no step number, its one-time startup "
+    "costs in it; no per-step advice is given"
 )
 
 
@@ -69,6 +70,10 @@ class InferredSteps:
 
     markers: pa.Table  # schema.RAW_SCHEMA
     threads: dict[str, str] = field(default_factory=dict)  # "pid/tid" -> label
+    # how the steps were found (results.StepsFrom: "step_groups", "dataloader", ...; "": none)
+    how: str = ""
+    # the step numbers the trace itself calls warm-up (an annotation named so)
+    warmup: list[int] = field(default_factory=list)
 
 
 #: Step inference a parser can ask for (``ParsedTrace.infer_steps``): "module:function", imported
@@ -76,6 +81,7 @@ class InferredSteps:
 STEP_INFERENCE = {
     "step_groups": "traceview.normalize.step_inference:from_step_groups",
     "session_runs": "traceview.normalize.step_inference:from_session_runs",
+    "repeats": "traceview.normalize.step_inference:from_repeats",
 }
 
 

@@ -33,6 +33,7 @@ from traceview.store import rundir as R
 
 if TYPE_CHECKING:
     from traceview.analysis.crossrank import CrossRank
+    from traceview.model.choice import StepChoice
 
 
 @dataclass
@@ -42,6 +43,9 @@ class Run:
     manifest: Manifest
     tables: dict[str, pa.Table]  # the per-rank analysis tables of every rank (RANK_TABLES)
     temporary: bool
+    # the steps --steps/--skip chose (None: leading warm-up steps left out): every report of
+    # this run counts them, once decided (analysis/selection.py)
+    choice: StepChoice | None = None
 
     @property
     def steps(self) -> pa.Table:
@@ -63,9 +67,16 @@ class Run:
         return path.is_file() and R.leads_out(self.path, path) is None
 
     def report(self, top: int = 10) -> RunReport:
-        from traceview.analysis.summary import summarize
 
         path = None if self.temporary else str(self.path)
+        try:
+            return self._summarize(top, path)
+        except UsageError as exc:  # a step choice this run has no steps for: say which run
+            raise UsageError(f"{safe(self.label)}: {exc}") from None
+
+    def _summarize(self, top: int, path: str | None) -> RunReport:
+        from traceview.analysis.summary import summarize
+
         return summarize(
             self.steps,
             self.ops,
@@ -77,6 +88,8 @@ class Run:
             gpu=self.tables["gpu"],
             launches=self.tables["launches"],
             memory_steps=self.tables["memory_steps"] if self.has_memory else None,
+            choice=self.choice,
+            comm=self.tables["comm"],
         )
 
     @cached_property
@@ -95,7 +108,7 @@ class Run:
         from traceview.analysis.summary import complete_flag
 
         tables = {
-            "steps": complete_flag(self.steps, self.manifest),
+            "steps": complete_flag(self.steps, self.manifest, self.choice),
             "ops": self.ops,
             "collectives": collective_views(matched_table(self.collectives, self.cross)),
         }
@@ -278,12 +291,19 @@ READ_TRIES = 3
 
 @contextmanager
 def open_run(
-    paths: list[Path], rules: Path | None = None, progress: Progress = quiet
+    paths: list[Path],
+    rules: Path | None = None,
+    progress: Progress = quiet,
+    choice: StepChoice | None = None,
 ) -> Iterator[Run]:
-    """The run at ``paths``; traces are read into a temporary run directory."""
+    """The run at ``paths``; traces are read into a temporary run directory. ``choice``: the
+    steps its reports count (--steps/--skip; the analysis tables hold every step, so a cached
+    analysis serves any choice)."""
     label = _label(paths)
     if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
-        yield _open_dir(paths[0], label, progress)
+        opened = _open_dir(paths[0], label, progress)
+        opened.choice = choice
+        yield opened
         return
     try:
         scratch = tempfile.TemporaryDirectory(prefix="traceview-")
@@ -294,7 +314,7 @@ def open_run(
         run = ingest_run(
             paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
         )
-        yield Run(run, label, R.read_manifest(run), _read_tables(run), True)
+        yield Run(run, label, R.read_manifest(run), _read_tables(run), True, choice)
 
 
 def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
@@ -369,6 +389,7 @@ def open_runs(
     rules: Path | None = None,
     progress: Progress = quiet,
     labels: list[str] | None = None,
+    choice: StepChoice | None = None,
 ) -> Iterator[list[Run]]:
     """Several runs at once (compare, scaling); labels made unique, or the ``labels`` given
     (one per run, all different)."""
@@ -379,7 +400,7 @@ def open_runs(
             twice = next(label for label in labels if labels.count(label) > 1)
             raise UsageError(f"--label {safe(twice)!r} given twice: each run needs its own")
     with ExitStack() as stack:
-        runs = [stack.enter_context(open_run(paths, rules, progress)) for paths in groups]
+        runs = [stack.enter_context(open_run(paths, rules, progress, choice)) for paths in groups]
         # Same folder name in different frameworks' trees (pytorch/explicit, tensorflow/explicit):
         # prefix the framework; otherwise number the repeats.
         names = [run.label for run in runs]

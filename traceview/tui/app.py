@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import ExitStack
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -33,6 +33,9 @@ from traceview.tui.ranks import RanksPane
 from traceview.tui.render import title_text
 from traceview.tui.steps import StepsPane
 from traceview.tui.timeline import Timeline, TimelinePane
+
+if TYPE_CHECKING:
+    from traceview.model.choice import StepChoice
 
 #: (key, tab id, title) of each screen, in tab order.
 SCREENS: tuple[tuple[str, str, str], ...] = (
@@ -87,6 +90,7 @@ class TraceviewApp(App[None]):
         rules: Path | None = None,
         views: list[RunView] | None = None,
         comparison: Comparison | None = None,
+        choice: StepChoice | None = None,
     ) -> None:
         """Show ``runs`` (open run directories), the runs at ``groups`` (opened here), or
         prepared ``views`` (and their ``comparison``), which need no run directory: the
@@ -97,6 +101,7 @@ class TraceviewApp(App[None]):
         self.runs: list[Run] = list(runs or [])
         self.groups = groups
         self.rules = rules
+        self.choice = choice  # the steps --steps/--skip chose (None: warm-up left out)
         self.prepared = list(views or [])
         self.views: list[RunView] = []
         self.comparison: Comparison | None = comparison
@@ -140,7 +145,9 @@ class TraceviewApp(App[None]):
                 runs = self.runs
                 if not runs:
                     assert self.groups is not None
-                    runs = stack.enter_context(open_runs(self.groups, self.rules))
+                    runs = stack.enter_context(
+                        open_runs(self.groups, self.rules, choice=self.choice)
+                    )
                 views = [build_view(run) for run in runs]
                 comparison = build_comparison(runs, views)
                 self._stack = stack.pop_all()  # the runs stay open until the app ends

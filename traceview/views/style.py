@@ -149,9 +149,18 @@ def title_text(report: RunReport, label: str | None = None) -> Text:
     of_world = f" of {run.world_size}" if run.world_size and run.world_size != run.ranks else ""
     text.append(
         f" · {safe(run.framework or '?')} · {count(run.ranks, 'rank')}{of_world}"
-        f" · {count(run.steps, 'step')} · {run.timeline or '?'} timeline"
+        f" · {count(run.steps, 'step')}{_counted(report)} · {run.timeline or '?'} timeline"
     )
     return text
+
+
+def _counted(report: RunReport) -> str:
+    """ " (2 counted)" where the selection leaves steps out of the figures; "one window" where
+    the run has no steps (no markers, nothing repeats)."""
+    if report.run.steps_from == "one_window":
+        return " (one window)"
+    left_out = sum(1 for s in report.per_step if s.excluded is not None)
+    return f" ({len(report.per_step) - left_out} counted)" if left_out else ""
 
 
 def verdict_text(report: RunReport) -> Text:
@@ -162,6 +171,13 @@ def verdict_text(report: RunReport) -> Text:
     if bottleneck is None:
         return Text("no phase time found in this run")
     text = Text()
+    if report.run.steps_from == "one_window":  # no step: no bottleneck of one
+        text.append("one window, no steps", style="bold")
+        text.append(
+            f": {bottleneck} is the largest share ({pct(summary.bottleneck_share)}) of the "
+            f"{ms(summary.step_ms)} ms traced, one-time startup costs included"
+        )
+        return text
     pipeline = report.pipeline
     if bottleneck == "pipeline" and pipeline is not None:
         return pipeline_verdict(report, pipeline)

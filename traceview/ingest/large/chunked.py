@@ -30,7 +30,10 @@ file as it is done (``EventsWriter``): the file holds the rows the whole-rank pa
 by chunk (time) rather than by id. A trace with no step markers is one window (the span of
 its timed events) cut in pieces; its training thread, which takes the call trees, is guessed in
 pass 1 and checked in pass 3 (``_normalize_routed``). One with events whose times are corrupt
-(the ``stray_times`` pass needs the whole rank's median) takes the whole-rank path.
+(the ``stray_times`` pass needs the whole rank's median) takes the whole-rank path, and so
+does one without markers whose training loop repeats calls that step inference cuts steps at
+(``normalize.step_inference.from_repeats`` needs the whole rank; its memory is then the whole
+rank's).
 """
 
 from __future__ import annotations
@@ -182,6 +185,10 @@ def _normalize_read(
     # the stray_times pass drops events by the whole rank's median: those take the whole path
     if survey.ts_max - survey.ts_min <= STRAY_NS and survey.dur_max <= STRAY_NS:
         plan = make_plan(survey, chunk_rows())
+    # no step markers, but calls that repeat: step inference needs the whole rank (its
+    # boundaries and their threads), so the whole-rank path takes it
+    if plan is not None and plan.whole is not None and parsed.infer_steps and survey.loop_calls:
+        plan = None
     del survey
     if plan is None:  # the whole-rank path, on what was read
         parsed.events = whole_table(spills, base_ns)

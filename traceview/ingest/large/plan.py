@@ -30,6 +30,7 @@ from traceview.model.columns import (
 from traceview.normalize.classify import KIND_CODES, classify, kinds_from_categories
 from traceview.normalize.phases import ANCHOR_PHASES
 from traceview.normalize.rules import RuleSet
+from traceview.normalize.step_inference import loop_calls
 
 #: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
 #: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step).
@@ -190,6 +191,9 @@ class Survey:
     thread_time: ThreadTime = field(default_factory=ThreadTime)
     timed_start: int = 1 << 62
     timed_end: int = -(1 << 62)
+    # events step inference could cut steps at (normalize/step_inference.loop_calls): a rank
+    # without markers that has some takes the whole-rank path, which infers its steps
+    loop_calls: int = 0
 
     def then(self, later: Survey) -> None:
         """Add the survey of the rows that follow (a later part of the trace)."""
@@ -205,6 +209,7 @@ class Survey:
         self.thread_time.then(later.thread_time)
         self.timed_start = min(self.timed_start, later.timed_start)
         self.timed_end = max(self.timed_end, later.timed_end)
+        self.loop_calls += later.loop_calls
 
     def add(self, batch: pa.RecordBatch, rules: RuleSet) -> np.ndarray:
         """Survey one raw batch; its kind codes."""
@@ -249,6 +254,7 @@ class Survey:
         self.anchor_phase.append(own[anchor].astype(np.int8))
         if not self.marker_ts:
             self._unmarked(batch, kind, own, ts, dur)
+            self.loop_calls += loop_calls(table)
         return kind.astype(np.int8)
 
     def _unmarked(

@@ -1,0 +1,127 @@
+"""Which steps the headline figures count: decided once per run, for every rank alike.
+
+By default, leading steps well above the median of the steps after them (allocator growth,
+cuDNN autotuning, lazy initialization) are left out as warm-up; a later outlier is named and
+kept. ``--steps A-B`` (the trace's own step numbers) and ``--skip N`` (the first N steps) choose
+instead, and then nothing is left out as warm-up. The decision is over the run's per-step
+means across ranks (never per rank), so every figure of every rank counts the same steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from traceview.model import schema as S
+from traceview.model.choice import StepChoice
+from traceview.model.errors import UsageError
+from traceview.model.results import StepExclusion
+
+__all__ = ["MIN_COUNTED", "WARMUP_FACTOR", "Selection", "StepChoice", "kept_rows", "select_steps"]
+
+#: A leading step this much slower than the median of the steps after it is warm-up.
+WARMUP_FACTOR = 1.3
+#: Warm-up is only left out where at least this many steps remain to count.
+MIN_COUNTED = 2
+
+
+@dataclass
+class Selection:
+    """The steps the headline figures count, and why each other step is left out."""
+
+    kept: list[int]  # step numbers, ascending
+    excluded: dict[int, tuple[StepExclusion, str]] = field(default_factory=dict)  # step -> why
+    remarks: list[str] = field(default_factory=list)  # what a reader is told about it
+
+    @property
+    def any_excluded(self) -> bool:
+        return bool(self.excluded)
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.1f} ms"
+
+
+def _range(numbers: list[int]) -> str:
+    return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
+
+
+def select_steps(
+    steps: pl.DataFrame, choice: StepChoice | None = None, named: frozenset[int] = frozenset()
+) -> Selection | None:
+    """The selection over ``steps`` (the complete steps of every rank: rank, step, wall_ns);
+    ``named``: the steps the trace itself calls warm-up (an annotation named so), left out by
+    default where a step remains.
+    None where the steps are unnumbered (one window with no step number: nothing to choose
+    from; a choice there is a UsageError). UsageError: a choice that leaves no step."""
+    numbered = steps.height > 0 and steps[S.STEP].null_count() == 0
+    if not numbered:
+        if choice is not None:
+            raise UsageError(
+                f"{choice.describe()}: the run has no numbered steps (it is analysed as one "
+                "window), so there are no steps to choose"
+            )
+        return None
+    per_step = steps.group_by(S.STEP).agg(pl.col(S.WALL_NS).mean().alias("mean")).sort(S.STEP)
+    numbers = [int(s) for s in per_step[S.STEP]]
+    means = [float(v) / 1e6 for v in per_step["mean"]]
+    excluded: dict[int, tuple[StepExclusion, str]] = {}
+    remarks: list[str] = []
+    if choice is None:
+        said = [n for n in numbers if n in named]
+        if said and len(said) < len(numbers):
+            for n in said:
+                excluded[n] = ("warm-up", "the trace's own annotation calls it warm-up")
+            remarks.append(
+                f"step(s) {', '.join(map(str, said))} left out as warm-up: the trace's own "
+                "annotations call them so (--skip 0 keeps them, --steps A-B chooses)"
+            )
+        numbers_left = [n for n in numbers if n not in excluded]
+        means_left = [m for n, m in zip(numbers, means, strict=True) if n not in excluded]
+        # Leading steps above WARMUP_FACTOR x the median of the steps after them, while at
+        # least MIN_COUNTED steps remain (one step left is no steady state to compare with).
+        for i in range(len(means_left) - MIN_COUNTED):
+            median = statistics.median(means_left[i + 1 :])
+            if median <= 0 or means_left[i] <= median * WARMUP_FACTOR:
+                break
+            why = f"{_ms(means_left[i])} against a median of {_ms(median)} of the steps after it"
+            excluded[numbers_left[i]] = ("warm-up", why)
+            remarks.append(
+                f"step {numbers_left[i]} left out as warm-up: {why} (a leading step over "
+                f"{WARMUP_FACTOR}x; --skip 0 keeps it, --steps A-B chooses)"
+            )
+    else:
+        chosen = numbers
+        if choice.first is not None and choice.last is not None:
+            chosen = [n for n in numbers if choice.first <= n <= choice.last]
+            if not chosen:
+                raise UsageError(
+                    f"--steps {choice.first}-{choice.last}: the run has no step in that range "
+                    f"(its steps are {_range(numbers)})"
+                )
+        if choice.skip is not None:
+            if choice.skip >= len(chosen):
+                raise UsageError(
+                    f"--skip {choice.skip}: that leaves no step (the run has {len(chosen)} "
+                    f"step(s) to choose from: {_range(chosen)})"
+                )
+            chosen = chosen[choice.skip :]
+        keep = set(chosen)
+        for n in numbers:
+            if n not in keep:
+                excluded[n] = ("selection", f"not in {choice.describe()}")
+        if excluded:
+            remarks.append(
+                f"steps {_range(chosen)} counted ({choice.describe()}); "
+                f"{len(excluded)} step(s) left out"
+            )
+    return Selection([n for n in numbers if n not in excluded], excluded, remarks)
+
+
+def kept_rows(table: pl.DataFrame, selection: Selection | None) -> pl.DataFrame:
+    """The rows of a per-step table (a ``step`` column) in the selected steps."""
+    if selection is None or not selection.excluded:
+        return table
+    return table.filter(pl.col(S.STEP).is_in(selection.kept))
