@@ -69,10 +69,11 @@ def _fifo(issued: np.ndarray, runs: np.ndarray) -> np.ndarray:
 def issue_links(
     events: pa.Table, parent: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(run rows, issue rows): each worker-run call (``RUN_PREFIX``) with the call its program
-    issued on another view of the same collective on the host (``c10d::allreduce_``), matched
-    first in first out per collective (gloo runs a group's calls in the order they were queued;
-    runs record neither their group nor their peer)."""
+    """(run rows, issue rows): a worker-run call (``RUN_PREFIX``) with the call its program
+    issued on another view of the same collective on the host (``c10d::allreduce_``) just before
+    it, where the link is plain (what the timeline needs: the stretch the training thread waited
+    for the worker; ``combine_collectives`` links every call over the whole rank), per
+    collective: the latest issue before the run where no other run began in between."""
     empty = np.zeros(0, np.int64)
     if events.num_rows == 0:
         return empty, empty
@@ -105,10 +106,13 @@ def issue_links(
             continue
         runs = runs[np.argsort(ts[runs], kind="stable")]
         issues = issues[np.argsort(ts[issues], kind="stable")]
-        taken = _fifo(ts[issues], ts[runs])
-        linked = taken >= 0
+        # the latest issue before the run, where no other run of the collective began between
+        # them (local: the same links whichever slice of the rank the events are)
+        latest = np.searchsorted(ts[issues], ts[runs], side="right") - 1
+        previous_run = np.concatenate(([np.iinfo(np.int64).min], ts[runs][:-1]))
+        linked = (latest >= 0) & (previous_run < ts[issues[np.maximum(latest, 0)]])
         runs_out.append(runs[linked])
-        issues_out.append(issues[taken[linked]])
+        issues_out.append(issues[latest[linked]])
     return np.concatenate(runs_out), np.concatenate(issues_out)
 
 
@@ -231,9 +235,8 @@ def _issued_in(
     events: pa.Table, parent: np.ndarray, rows: np.ndarray, launcher: np.ndarray
 ) -> pa.Array:
     """Each call's ``issued_in``: the phase of the nearest event around it (around the host call
-    that launched it, for a kernel) whose phase is one of ``_ISSUING``; where none is (a call
-    issued from a framework's hook between two layers: FSDP's all-gathers), the phase of the
-    operator nearest in time on its thread in its step; "other" without one."""
+    that launched it, for a kernel) whose phase is one of ``_ISSUING``; "other" without one (a
+    call the loop makes between phases: an explicit all-reduce after ``backward()``)."""
     codes, names = dictionary_codes(events.column(S.PHASE))
     issuing = np.array([n in _ISSUING for n in names] + [False])
     has = issuing[codes]
@@ -245,56 +248,9 @@ def _issued_in(
     step_marker = np.append(np.array([k == S.KIND_STEP for k in kind_names], bool), False)[kinds]
     around = _enclosing(parent, start, has, depth=64, stop=step_marker)
     at = np.where(own, start, around)
-    missing = np.flatnonzero(at < 0)
-    if len(missing):
-        at[missing] = _nearest_in_time(
-            events, start[missing], has & (kinds == _op_code(kind_names)), codes
-        )
     labels = np.asarray([*names, S.OTHER], dtype=object)
     phase = np.where(at >= 0, labels[codes[np.maximum(at, 0)]], S.OTHER)
     return pa.array(phase.tolist(), pa.string())
-
-
-def _op_code(kind_names: list[str]) -> int:
-    return kind_names.index(S.KIND_OP) if S.KIND_OP in kind_names else -2
-
-
-def _nearest_in_time(
-    events: pa.Table, rows: np.ndarray, candidates: np.ndarray, phase: np.ndarray
-) -> np.ndarray:
-    """For each of ``rows``, a candidate row on the same thread and step beside it in time: the
-    one before it and the one after it where their ``phase`` agrees, or the only one there is
-    (-1: none, or two that disagree: a call issued between two phases)."""
-    found = np.full(len(rows), -1, np.int64)
-    pool = np.flatnonzero(candidates)
-    if len(pool) == 0:
-        return found
-    ts = ints(events.column(S.TS_NS), 0)
-    end = ts + ints(events.column(S.DUR_NS), 0)
-    tid = ints(events.column(S.TID), 0)
-    step = ints(events.column(S.STEP), -1)
-    # one key per (thread, step), times ordered within it
-    key_of = np.unique(np.stack([tid, step]), axis=1, return_inverse=True)[1].ravel()
-    span = int(end.max() - ts.min()) + 1
-    origin = int(ts.min())
-    place = key_of.astype(np.int64) * span - origin
-    order = pool[np.argsort(ts[pool] + place[pool], kind="stable")]
-    starts = ts[order] + place[order]
-    at = ts[rows] + place[rows]
-    nxt = np.searchsorted(starts, at, side="left")
-    prv = np.searchsorted(starts, at, side="left") - 1
-    mine = key_of[rows]
-    n_safe, p_safe = np.minimum(nxt, len(order) - 1), np.maximum(prv, 0)
-    has_next = (nxt < len(order)) & (key_of[order[n_safe]] == mine)
-    has_prev = (prv >= 0) & (key_of[order[p_safe]] == mine)
-    # the operators on either side agree (or the call is the step's first or last)
-    agree = has_next & has_prev & (phase[order[n_safe]] == phase[order[p_safe]])
-    found = np.where(
-        agree | (has_next & ~has_prev),
-        order[n_safe],
-        np.where(has_prev & ~has_next, order[p_safe], -1),
-    )
-    return found
 
 
 def _call_peers(

@@ -76,7 +76,7 @@ def select_steps(
                 excluded[n] = ("warm-up", "the trace's own annotation calls it warm-up")
             remarks.append(
                 f"step(s) {', '.join(map(str, said))} left out as warm-up: the trace's own "
-                "annotations call them so (--skip 0 keeps them, --steps A-B chooses)"
+                "annotations call them so (traceview report --skip 0 keeps them, --steps A-B chooses)"
             )
         numbers_left = [n for n in numbers if n not in excluded]
         means_left = [m for n, m in zip(numbers, means, strict=True) if n not in excluded]
@@ -90,7 +90,7 @@ def select_steps(
             excluded[numbers_left[i]] = ("warm-up", why)
             remarks.append(
                 f"step {numbers_left[i]} left out as warm-up: {why} (a leading step over "
-                f"{WARMUP_FACTOR}x; --skip 0 keeps it, --steps A-B chooses)"
+                f"{WARMUP_FACTOR}x; traceview report --skip 0 keeps it, --steps A-B chooses)"
             )
     else:
         chosen = numbers
