@@ -72,7 +72,7 @@ def install(torch: Any) -> None:
     record = torch.profiler.record_function
     if getattr(c10d, "_traceview_groups", False):
         return
-    c10d._traceview_groups = True
+    setattr(c10d, "_traceview_groups", True)  # noqa: B010  (once per process)
 
     def active() -> bool:
         if enabled is None:
