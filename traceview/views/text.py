@@ -189,6 +189,8 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
 
     if report.collectives:
         _collectives_table(report, console, top)
+    if _several_dimensions(report):
+        _comm_by_group(report, console, top)
 
     if report.top_ops:
         ops = _table("Top operators (per step)")
@@ -378,6 +380,32 @@ def _rank_spread_table(report: RunReport, spread: RankSpread, console: Console) 
             style="bright_black",
         )
     )
+    console.print()
+
+
+def _several_dimensions(report: RunReport) -> bool:
+    """Whether the run's communication is of several kinds (a mesh's dimensions, FSDP's gathers
+    and reduce-scatters in two phases, a pipeline's pairs): then it is told by group and phase."""
+    kinds = {(c.phase, c.op) for c in report.comm_by_group}
+    return len(kinds) > 1 or any(c.dim for c in report.comm_by_group)
+
+
+def _comm_by_group(report: RunReport, console: Console, top: int) -> None:
+    """Communication per group, issuing phase and collective, in words: the largest first."""
+    rows = sorted(report.comm_by_group, key=lambda c: c.total_ms, reverse=True)[: max(top, 4)]
+    console.print(Text("Communication by group and phase (ms per step, mean of the group's ranks)"))
+    for c in rows:
+        where = f"{safe(c.dim)} group {safe(c.group)}" if c.dim else f"group {safe(c.group)}"
+        exposed = c.exposed_ms / c.total_ms if c.total_ms else 0.0
+        console.print(
+            Text(
+                f"  {where}, {safe(c.op)} in {c.phase}: {c.calls_per_step:g}/step, "
+                f"{ms(c.total_ms)} ms, {pct(exposed)} exposed (wait {ms(c.wait_ms)}, "
+                f"transfer {ms(c.transfer_ms)})"
+            )
+        )
+    if len(report.comm_by_group) > len(rows):
+        console.print(Text(f"  ... {len(report.comm_by_group) - len(rows)} more in --json"))
     console.print()
 
 
