@@ -345,6 +345,39 @@ class Arrivals:
 _PAIR = 1 << 32  # (waiting rank, rank waited for) packed into one key
 
 
+def _merged_exposed(keyed: pl.DataFrame, key: str, comm: pa.Table) -> pl.DataFrame:
+    """Intervals per (rank, ``key``), ``keyed`` packing both into its rank column (rank *
+    ``_PAIR`` + key): merged per (rank, key), each with the length of the rank's exposed
+    communication (``comm``) it covers (``exposed``)."""
+    by_slot = _Slots(keyed)
+    ms, me = merge_intervals(by_slot.times(keyed, S.START_NS), by_slot.times(keyed, S.END_NS))
+    ident_of_slot = np.array(sorted(by_slot.slot, key=by_slot.slot.__getitem__), np.int64)
+    slot = ms // by_slot.span
+    ident = ident_of_slot[slot]
+    shift = slot * by_slot.span - by_slot.origin
+    merged = pl.DataFrame(
+        {
+            S.RANK: (ident // _PAIR).astype(np.int32),
+            key: ident % _PAIR,
+            S.START_NS: ms - shift,
+            S.END_NS: me - shift,
+        }
+    )
+    exposed_ns = np.zeros(merged.height, np.int64)
+    comm_df = pl.from_arrow(comm)
+    assert isinstance(comm_df, pl.DataFrame)
+    exposed = comm_df.filter(pl.col(S.EXPOSED))
+    if exposed.height:
+        by_rank = _Slots(merged, exposed)
+        es, ee = merge_intervals(
+            by_rank.times(exposed, S.START_NS), by_rank.times(exposed, S.END_NS)
+        )
+        exposed_ns = _covered(es, ee, by_rank.times(merged, S.END_NS)) - _covered(
+            es, ee, by_rank.times(merged, S.START_NS)
+        )
+    return merged.with_columns(pl.Series("exposed", exposed_ns, pl.Int64))
+
+
 def arrivals(matched: Matched, comm: pa.Table) -> Arrivals:
     """Who caused the waiting. A rank's waits in calls with the same last rank are merged before
     they are measured, so a call seen in two views (the training thread's c10d call and gloo's
@@ -366,37 +399,9 @@ def arrivals(matched: Matched, comm: pa.Table) -> Arrivals:
         pl.col(ISSUED).alias(S.START_NS),
         (pl.col(ISSUED) + pl.col("wait_ns")).alias(S.END_NS),
     )
-    by_pair = _Slots(pairs)
-    ps, pe = merge_intervals(by_pair.times(pairs, S.START_NS), by_pair.times(pairs, S.END_NS))
-    pair_of_slot = np.array(sorted(by_pair.slot, key=by_pair.slot.__getitem__), np.int64)
-    slot = ps // by_pair.span
-    pair = pair_of_slot[slot]
-    shift = slot * by_pair.span - by_pair.origin
-    merged = pl.DataFrame(
-        {
-            S.RANK: (pair // _PAIR).astype(np.int32),
-            "last_rank": pair % _PAIR,
-            S.START_NS: ps - shift,
-            S.END_NS: pe - shift,
-        }
-    )
-    exposed_ns = np.zeros(merged.height, np.int64)
-    comm_df = pl.from_arrow(comm)
-    assert isinstance(comm_df, pl.DataFrame)
-    exposed = comm_df.filter(pl.col(S.EXPOSED))
-    if exposed.height:
-        by_rank = _Slots(merged, exposed)
-        es, ee = merge_intervals(
-            by_rank.times(exposed, S.START_NS), by_rank.times(exposed, S.END_NS)
-        )
-        exposed_ns = _covered(es, ee, by_rank.times(merged, S.END_NS)) - _covered(
-            es, ee, by_rank.times(merged, S.START_NS)
-        )
+    merged = _merged_exposed(pairs, "last_rank", comm)
     caused = (
-        merged.with_columns(
-            (pl.col(S.END_NS) - pl.col(S.START_NS)).alias("caused"),
-            pl.Series("exposed", exposed_ns, pl.Int64),
-        )
+        merged.with_columns((pl.col(S.END_NS) - pl.col(S.START_NS)).alias("caused"))
         .group_by("last_rank")
         .agg(pl.col("caused", "exposed").sum())
     )
@@ -769,36 +774,11 @@ def comm_by_group(
         pl.col(ISSUED).alias(S.START_NS),
         S.END_NS,
     )
-    by_slot = _Slots(slotted)
-    ms_, me_ = merge_intervals(by_slot.times(slotted, S.START_NS), by_slot.times(slotted, S.END_NS))
-    slot_ids = np.array(sorted(by_slot.slot, key=by_slot.slot.__getitem__), np.int64)
-    slot = ms_ // by_slot.span
-    ident = slot_ids[slot]
-    shift = slot * by_slot.span - by_slot.origin
-    merged = pl.DataFrame(
-        {
-            S.RANK: (ident // _PAIR).astype(np.int32),
-            "_key": ident % _PAIR,
-            S.START_NS: ms_ - shift,
-            S.END_NS: me_ - shift,
-        }
-    )
-    exposed_ns = np.zeros(merged.height, np.int64)
-    comm_df = pl.from_arrow(comm)
-    assert isinstance(comm_df, pl.DataFrame)
-    exposed = comm_df.filter(pl.col(S.EXPOSED))
-    if exposed.height:
-        by_rank = _Slots(merged, exposed)
-        es, ee = merge_intervals(
-            by_rank.times(exposed, S.START_NS), by_rank.times(exposed, S.END_NS)
-        )
-        exposed_ns = _covered(es, ee, by_rank.times(merged, S.END_NS)) - _covered(
-            es, ee, by_rank.times(merged, S.START_NS)
-        )
+    merged = _merged_exposed(slotted, "_key", comm)
     spans = (
         merged.with_columns(
             (pl.col(S.END_NS) - pl.col(S.START_NS)).alias("_total"),
-            pl.Series("_exposed", exposed_ns, pl.Int64),
+            pl.col("exposed").alias("_exposed"),
         )
         .group_by("_key")
         .agg(pl.col("_total").sum(), pl.col("_exposed").sum())
