@@ -289,7 +289,7 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     group of the latest host call of its collective issued before it began; the thread takes the
     group most of its votes name. A host call without a group takes the group of the first run of
     its collective that began after it. Then runs and host calls are linked first in first out
-    per (collective, group) (``issue_links``)."""
+    per (collective, group) (``_fifo``)."""
     is_run = np.asarray(pc.fill_null(pc.starts_with(calls.column(S.NAME), RUN_PREFIX), False))
     if not is_run.any():
         return calls
