@@ -30,15 +30,23 @@ if TYPE_CHECKING:
 #: top of a step, outside every operator, is not host-bound; 10: nor is the training thread's
 #: backward region fill where another thread runs backward (PyTorch's autograd thread); 11: the
 #: launches table splits the launch delay into queueing and launch latency; 12: the collectives
-#: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call
-ANALYSIS_VERSION = "12"
+#: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call; 13: the
+#: segments table (each window's exclusive segments in time order: the critical path's input)
+ANALYSIS_VERSION = "13"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
-RANK_TABLES = ("steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps")
+RANK_TABLES = (
+    "steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps", "segments",
+)  # fmt: skip
 
 
 def _rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
-    from traceview.analysis.attribution import breakdown, comm_intervals, rank_timeline
+    from traceview.analysis.attribution import (
+        breakdown,
+        comm_intervals,
+        rank_timeline,
+        timeline_segments,
+    )
     from traceview.analysis.collectives import collective_calls
     from traceview.analysis.gpu import gpu_steps, launch_stats
     from traceview.analysis.memory import memory_steps
@@ -54,6 +62,7 @@ def _rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, 
         "gpu": gpu_steps(events, timeline),
         "launches": launch_stats(events, timeline),
         "memory_steps": memory_steps(events, memory, steps),
+        "segments": timeline_segments(events, timeline),
     }
 
 

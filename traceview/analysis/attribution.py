@@ -34,6 +34,7 @@ from traceview.model.columns import (
     DEVICE,
     HOST_TREE,
     KIND_CODE,
+    OPERATOR,
     PHASE_CODE,
     STRUCTURAL,
     TIMED,
@@ -292,6 +293,7 @@ class RankTimeline:
     w_end: np.ndarray
     numbers: np.ndarray  # step numbers (-1: no step markers)
     on_device: np.ndarray  # per interval: a kernel, copy or memset (else host time)
+    rows: np.ndarray  # per interval: the event row that holds it (-1: a gap no event covers)
     cut: LevelTimes | None = None  # level_times' result, kept for the next caller
 
 
@@ -348,7 +350,7 @@ _ELSEWHERE = phase_table((*S.COMPUTE_PHASES, S.H2D))
 
 def _compute_elsewhere(
     ev: EventArrays, rows_mask: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Forward, backward, update and host-to-device operators on host threads other than the
     training thread.
 
@@ -361,8 +363,8 @@ def _compute_elsewhere(
     candidates = rows_mask & _ELSEWHERE[ev.phase] & ~STRUCTURAL[ev.kind]
     empty = np.zeros(0, np.int64)
     if not candidates.any():
-        return empty, empty, empty
-    out_s, out_e, out_l = [empty], [empty], [empty]
+        return empty, empty, empty, empty
+    out_s, out_e, out_l, out_r = [empty], [empty], [empty], [empty]
     threads = unique_pairs(ev.pid[candidates], ev.tid[candidates])
     for pid, tid in threads.T:
         rows = np.flatnonzero(rows_mask & (ev.pid == pid) & (ev.tid == tid))
@@ -373,7 +375,13 @@ def _compute_elsewhere(
         out_s.append(seg_s[keep])
         out_e.append(seg_e[keep])
         out_l.append(_EXPLICIT[ev.phase[owner[keep]]])
-    return np.concatenate(out_s), np.concatenate(out_e), np.concatenate(out_l).astype(np.int64)
+        out_r.append(owner[keep])
+    return (
+        np.concatenate(out_s),
+        np.concatenate(out_e),
+        np.concatenate(out_l).astype(np.int64),
+        np.concatenate(out_r).astype(np.int64),
+    )
 
 
 def backward_elsewhere(ev: EventArrays, host: np.ndarray, training: tuple[int, int] | None) -> bool:
@@ -407,7 +415,7 @@ def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimelin
         training, gpu, elsewhere = part.training, part.gpu, part.backward_elsewhere
     w_start, w_end, numbers = step_windows(ev, training, gpu, part)
 
-    parts_s, parts_e, parts_l = [], [], []
+    parts_s, parts_e, parts_l, parts_r = [], [], [], []
     on_training = np.zeros(len(ev.ts), bool)
     if training is not None:
         on_training = host & (ev.pid == training[0]) & (ev.tid == training[1])
@@ -423,32 +431,37 @@ def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimelin
         parts_s.append(seg_s[keep])
         parts_e.append(seg_e[keep])
         parts_l.append(seg_l[keep])
+        parts_r.append(owner[keep])
     # compute that the framework runs on other threads (TensorFlow's executors; on GPU runs
     # PyTorch's autograd thread launching backward: host-bound there)
-    s_, e_, l_ = _compute_elsewhere(ev, host & ~on_training)
+    s_, e_, l_, r_ = _compute_elsewhere(ev, host & ~on_training)
     parts_s.append(s_)
     parts_e.append(e_)
     parts_l.append(_GPU_HOST_LEVEL[l_] if gpu else l_)
+    parts_r.append(r_)
     comm_elsewhere = host & ~on_training & (ev.phase == PHASE_CODE[S.COMM])
     parts_s.append(ev.ts[comm_elsewhere])
     parts_e.append(ev.end[comm_elsewhere])
     parts_l.append(np.full(int(comm_elsewhere.sum()), _COMM_LEVEL))
+    parts_r.append(np.flatnonzero(comm_elsewhere))
     # a call queued for a worker thread is in flight from when the program issued it
     run_rows, issue_rows = issue_links(events, ev.parent_row)
     queued = ev.ts[run_rows] > ev.ts[issue_rows]
     parts_s.append(ev.ts[issue_rows[queued]])
     parts_e.append(ev.ts[run_rows[queued]])
     parts_l.append(np.full(int(queued.sum()), _COMM_LEVEL))
+    parts_r.append(issue_rows[queued])
     n_host = sum(len(p) for p in parts_s)
     if gpu:
         parts_s.append(ev.ts[device])
         parts_e.append(ev.end[device])
         parts_l.append(_EXPLICIT[ev.phase[device]])
+        parts_r.append(np.flatnonzero(device))
     starts = np.concatenate(parts_s)
     return RankTimeline(
         ev, training, gpu, starts, np.concatenate(parts_e),
         np.concatenate(parts_l).astype(np.int64), w_start, w_end, numbers,
-        np.arange(len(starts)) >= n_host,
+        np.arange(len(starts)) >= n_host, np.concatenate(parts_r).astype(np.int64),
     )  # fmt: skip
 
 
@@ -620,6 +633,126 @@ def comm_intervals(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table
             S.EXPOSED: pa.array(exposed[heads], pa.bool_()),
         },
         schema=S.COMM_SCHEMA,
+    )
+
+
+def _holders(s: np.ndarray, e: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each instant of ``at``, an interval of (``s``, ``e``) that covers it (-1: none): the
+    last one to start before it, or where that one is over, the one reaching furthest."""
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    pos = np.searchsorted(s, at, side="right") - 1
+    safe_pos = np.maximum(pos, 0)
+    reach = np.maximum.accumulate(e) if len(e) else e
+    furthest = np.maximum.accumulate(np.where(e >= reach, np.arange(len(e)), 0)) if len(e) else e
+    last = np.where(e[safe_pos] > at, safe_pos, furthest[safe_pos])
+    return np.where((pos >= 0) & (e[last] > at), order[last], -1)
+
+
+def _outermost_operator(ev: EventArrays, rows: np.ndarray) -> np.ndarray:
+    """For each host event row, the outermost operator (not a region) it is nested in on its
+    thread, itself included (what a segment is named by: ``linear``, not the ``addmm`` inside
+    it); device rows and -1 stay as they are."""
+    named = OPERATOR[ev.kind] & ~STRUCTURAL[ev.kind]
+    cur = rows.copy()
+    climbing = (cur >= 0) & HOST_TREE[ev.kind[np.maximum(cur, 0)]]
+    while climbing.any():
+        parent = ev.parent_row[np.maximum(cur, 0)]
+        climbing &= (parent >= 0) & named[np.maximum(parent, 0)]
+        cur = np.where(climbing, parent, cur)
+    return cur
+
+
+#: The kind (schema.SEGMENT_KINDS) of each level's time on a timeline, host and device side.
+_HOST_KIND = np.array(
+    [S.SEGMENT_KINDS.index(S.SEGMENT_COMM) if name == S.COMM
+     else S.SEGMENT_KINDS.index(S.SEGMENT_HOST_BOUND) if name.startswith("host-bound")
+     else S.SEGMENT_KINDS.index(S.SEGMENT_COMPUTE) for name, _ in LEVELS]
+    + [S.SEGMENT_KINDS.index(S.SEGMENT_IDLE)]
+)  # fmt: skip
+_SEGMENT_PHASE = np.array([S.BREAKDOWN_PHASES.index(p) for p in (*LEVEL_PHASES, S.IDLE)])
+
+
+def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
+    """Each step window of the rank as its exclusive segments in time order
+    (schema.SEGMENTS_SCHEMA): the breakdown's cut kept as time, a segment per stretch of one
+    phase, kind and operator (the canonical op of the event holding the time, on the device
+    the kernel's). Per window the segments tile it and their phases add up to the steps row."""
+    rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
+    tl = tl or rank_timeline(events)
+    if len(tl.w_start) == 0:
+        return S.SEGMENTS_SCHEMA.empty_table()
+    keep = tl.ends > tl.starts
+    s, e, level = tl.starts[keep], tl.ends[keep], tl.levels[keep]
+    rows, on_device = tl.rows[keep], tl.on_device[keep]
+    bounds = distinct(np.concatenate([s, e, tl.w_start, tl.w_end]).astype(np.int64))
+    lo, hi = bounds[:-1], bounds[1:]
+    mids = lo + (hi - lo) // 2
+    window = np.searchsorted(tl.w_start, mids, side="right") - 1
+    inside = (window >= 0) & (mids < tl.w_end[np.maximum(window, 0)])
+    lo, hi, mids, window = lo[inside], hi[inside], mids[inside], window[inside]
+    idle = len(LEVEL_PHASES)
+    winner = np.full(len(mids), idle, np.int64)
+    holder = np.full(len(mids), -1, np.int64)  # the interval holding each piece
+    by_level = np.argsort(level, kind="stable")
+    cuts = np.searchsorted(level[by_level], np.arange(idle + 1))
+    for k in range(idle):  # the lowest level covering an instant holds it
+        mine = by_level[cuts[k] : cuts[k + 1]]
+        if len(mine) == 0:
+            continue
+        free = np.flatnonzero(winner == idle)
+        got = _holders(s[mine], e[mine], mids[free])
+        won = got >= 0
+        winner[free[won]] = k
+        holder[free[won]] = mine[got[won]]
+    kind = _HOST_KIND[winner]
+    held = holder >= 0
+    if tl.gpu:
+        kernel = held & on_device[np.maximum(holder, 0)]
+        kind = np.where(kernel, S.SEGMENT_KINDS.index(S.SEGMENT_KERNEL), kind)
+    row = np.where(held, rows[np.maximum(holder, 0)], -1)
+    comm = winner == _COMM_LEVEL  # (named by the call itself, not the operator issuing it)
+    row = np.where(comm, row, _outermost_operator(tl.ev, row))
+    ops = pc.dictionary_encode(events.column(S.OP)).combine_chunks()
+    op_codes = np.asarray(ops.indices.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
+    named = (row >= 0) & (comm | ~STRUCTURAL[tl.ev.kind[np.maximum(row, 0)]])
+    op = np.where(named, op_codes[np.maximum(row, 0)], -1)
+    phase = _SEGMENT_PHASE[winner]
+    # time between two stretches of one operator (Python between two calls of it) goes with it
+    gap = (op < 0) & (kind == _HOST_KIND[LEVEL[S.FORWARD]])
+    if gap.any():
+        index = np.arange(len(op))
+        before = np.maximum.accumulate(np.where(~gap, index, -1))
+        after = np.minimum.accumulate(np.where(~gap, index, len(op))[::-1])[::-1]
+        b, a = np.maximum(before, 0), np.minimum(after, len(op) - 1)
+        same = (
+            (before >= 0) & (after < len(op)) & (op[b] == op[a]) & (phase[b] == phase)
+            & (phase[a] == phase) & (kind[b] == kind) & (kind[a] == kind)
+            & (window[b] == window) & (window[a] == window)
+        )  # fmt: skip
+        op = np.where(gap & same, op[b], op)
+    new = np.ones(len(lo), bool)
+    new[1:] = (
+        (window[1:] != window[:-1]) | (phase[1:] != phase[:-1]) | (kind[1:] != kind[:-1])
+        | (op[1:] != op[:-1]) | (lo[1:] != hi[:-1])
+    )  # fmt: skip
+    heads = np.flatnonzero(new)
+    ends = np.append(hi[heads[1:] - 1], hi[-1]) if len(heads) else hi
+    numbers = tl.numbers[window[heads]]
+    op_heads = op[heads]
+    return pa.table(
+        {
+            S.RANK: pa.array(np.full(len(heads), rank, np.int32)),
+            S.STEP: pa.array(numbers, pa.int64(), mask=numbers < 0),
+            S.START_NS: pa.array(lo[heads], pa.int64()),
+            S.END_NS: pa.array(ends, pa.int64()),
+            S.PHASE: pa.array(np.array(S.BREAKDOWN_PHASES, object)[phase[heads]], pa.string()),
+            S.KIND: pa.array(np.array(S.SEGMENT_KINDS, object)[kind[heads]], pa.string()),
+            S.OP: ops.dictionary.take(pa.array(np.maximum(op_heads, 0), mask=op_heads < 0))
+            if len(ops.dictionary)
+            else pa.nulls(len(heads), pa.string()),
+        },
+        schema=S.SEGMENTS_SCHEMA,
     )
 
 

@@ -49,6 +49,7 @@ from traceview.analysis.attribution import (
     comm_intervals,
     rank_timeline,
     step_windows,
+    timeline_segments,
 )
 from traceview.analysis.collectives import collectives_part, combine_collectives
 from traceview.analysis.gpu import (
@@ -115,7 +116,9 @@ class ChunkedAnalysis:
         self.seen_gpu = self.seen_elsewhere = False
         self.rank = 0
         self.rows: RowParts | None = RowParts()  # (None: made elsewhere, ``split``)
-        self.per_window: dict[str, list[pa.Table]] = {name: [] for name in ("steps", "comm", "gpu")}
+        self.per_window: dict[str, list[pa.Table]] = {
+            name: [] for name in ("steps", "comm", "gpu", "segments")
+        }
         self.kernels: list[pl.DataFrame] = []
         self.streams: StreamWork | None = None  # the last device work of each stream so far
         # chunks waiting for their windows' analysis (all rows that may overlap those windows
@@ -259,6 +262,7 @@ class ChunkedAnalysis:
                 breakdown(table, tl),
                 gpu_steps(table, tl),
                 comm_intervals(table, tl),
+                timeline_segments(table, tl),
             )
             self.kernels.append(kernel_launches(table, tl, self.streams))
         if self.gpu:  # the device work begun before the next slice, for its queueing (the
@@ -272,10 +276,11 @@ class ChunkedAnalysis:
         # the windows that end here (a prefix; one of no length at the cut is the next slice's)
         done = int(np.sum((ends < upto) | ((ends == upto) & (starts < upto))))
         if done:
-            steps, gpu, comm = self.pending.take(int(ids[done - 1]))
+            steps, gpu, comm, segments = self.pending.take(int(ids[done - 1]))
             self.per_window["steps"].append(steps)
             self.per_window["gpu"].append(gpu)
             self.per_window["comm"].append(comm)
+            self.per_window["segments"].append(segments)
             self.after = int(ends[done - 1])
         self.open = _Open(
             (marker[done:], host_end[done:], numbers[done:]), ids[done:], device[done:]
@@ -440,6 +445,26 @@ def _joined_comm(table: pa.Table) -> pa.Table:
     return joined.set_column(index, joined.schema.field(index), ends)
 
 
+def _joined_segments(table: pa.Table) -> pa.Table:
+    """The segments of a window's slices, a segment that runs on across a cut joined with its
+    continuation (same phase, kind and operator)."""
+    if table.num_rows == 0:
+        return table
+    start, end = ints(table.column(S.START_NS), 0), ints(table.column(S.END_NS), 0)
+    new = np.ones(len(start), bool)
+    new[1:] = start[1:] != end[:-1]
+    for name in (S.STEP, S.PHASE, S.KIND, S.OP):
+        codes = np.asarray(
+            pc.dictionary_encode(table.column(name)).combine_chunks().indices.fill_null(-1)
+        )
+        new[1:] |= codes[1:] != codes[:-1]
+    heads = np.flatnonzero(new)
+    joined = table.take(pa.array(heads))
+    ends = pa.array(np.append(end[heads[1:] - 1], end[-1]), pa.int64())
+    index = joined.schema.get_field_index(S.END_NS)
+    return joined.set_column(index, joined.schema.field(index), ends)
+
+
 #: The training thread's operators of the next chunk a slice takes (for a gap at its end,
 #: which takes the phase of its neighbours: the next operator's, or one after it where that
 #: one's time is nobody's, such as a synchronize outside every phase).
@@ -519,37 +544,51 @@ _Open.NONE = _Open((_NONE, _NONE, _NONE), _NONE, _NONE)
 
 
 class _Pending:
-    """The slices of windows not yet over: their steps, GPU and communication rows."""
+    """The slices of windows not yet over: their steps, GPU, communication and segment
+    rows."""
 
     def __init__(self) -> None:
         self.ids: list[np.ndarray] = []
         self.steps: list[pa.Table] = []
         self.gpu: list[pa.Table] = []
         self.comm: list[pa.Table] = []
+        self.segments: list[pa.Table] = []
 
     def add(
-        self, ids: np.ndarray, starts: np.ndarray, steps: pa.Table, gpu: pa.Table, comm: pa.Table
+        self,
+        ids: np.ndarray,
+        starts: np.ndarray,
+        steps: pa.Table,
+        gpu: pa.Table,
+        comm: pa.Table,
+        segments: pa.Table,
     ) -> None:
         """A slice's rows (``ids``, ``starts``: of its windows' parts, in time order)."""
         self.ids.append(ids)
         self.steps.append(steps)
         self.gpu.append(gpu)
         self.comm.append(comm.append_column("_id", pa.array(ids[_part_of(starts, comm)])))
+        self.segments.append(
+            segments.append_column("_id", pa.array(ids[_part_of(starts, segments)]))
+        )
 
-    def take(self, last: int) -> tuple[pa.Table, pa.Table, pa.Table]:
+    def take(self, last: int) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
         """The rows of the windows up to id ``last``, each window's slices added up."""
         ids = np.concatenate(self.ids)
         steps, gpu = pa.concat_tables(self.steps), pa.concat_tables(self.gpu)
-        comm = pa.concat_tables(self.comm)
+        comm, segments = pa.concat_tables(self.comm), pa.concat_tables(self.segments)
         n = int(np.searchsorted(ids, last, side="right"))
         m = int(np.searchsorted(ints(comm.column("_id"), 0), last, side="right"))
+        k = int(np.searchsorted(ints(segments.column("_id"), 0), last, side="right"))
         self.ids = [ids[n:]]
         self.steps, self.comm = [steps.slice(n)], [comm.slice(m)]
+        self.segments = [segments.slice(k)]
         self.gpu = [gpu.slice(n)] if gpu.num_rows else [gpu]
         return (
             _summed_steps(steps.slice(0, n), ids[:n]),
             _summed_gpu(gpu.slice(0, n), ids[:n]) if gpu.num_rows else gpu,
             _joined_comm(comm.slice(0, m).drop_columns(["_id"])),
+            _joined_segments(segments.slice(0, k).drop_columns(["_id"])),
         )
 
 
@@ -562,6 +601,7 @@ _EMPTY = {
     "steps": S.STEPS_SCHEMA.empty_table(),
     "comm": S.COMM_SCHEMA.empty_table(),
     "gpu": S.GPU_SCHEMA.empty_table(),
+    "segments": S.SEGMENTS_SCHEMA.empty_table(),
 }
 
 

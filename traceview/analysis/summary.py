@@ -16,9 +16,11 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from traceview.analysis.critical_path import NO_STEP, Explained, explain
 from traceview.analysis.crossrank import (
     ClockFit,
     CrossRank,
+    Matched,
     bus_bandwidth_gbps,
     collective_rows,
     comm_by_group,
@@ -876,6 +878,52 @@ def groups_of(manifest: Manifest) -> Groups:
     return declared_groups(declared, manifest.world_size)
 
 
+def _critical_path(
+    segments: pa.Table | None,
+    cross: CrossRank | None,
+    per_step: list[StepSummary],
+    ranks: list[RankSummary],
+) -> Explained | None:
+    """The critical path of the counted steps (analysis/critical_path.py), each step's set on
+    ``per_step``."""
+    counted = [s.step for s in per_step if s.excluded is None]
+    if segments is None or segments.num_rows == 0 or not counted or not ranks:
+        return None
+    if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
+        frame = pl.from_arrow(segments)
+        assert isinstance(frame, pl.DataFrame)
+        segments = cross.clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
+    matched = cross.matched if cross is not None else Matched(pl.DataFrame())
+    median_phase = {
+        phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
+        for phase in S.BREAKDOWN_PHASES
+    }
+    explained = explain(segments, matched, counted, median_phase)
+    for s in per_step:
+        s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
+    return explained
+
+
+def _blame_verdict(summary: Summary, ranks: list[RankSummary], explained: Explained) -> None:
+    """The straggler from blame: the rank with the most of its own time on the critical path,
+    in the phase where that time most exceeds the median rank's; the median-based verdicts
+    kept under their own names."""
+    summary.straggler_rank_by_median = summary.straggler_rank
+    summary.straggler_phase_by_median = summary.straggler_phase
+    blame = explained.rank_blame
+    if len(ranks) < 2 or not blame or explained.path is None:
+        return
+    top = min(blame, key=lambda r: (-blame[r], r))
+    summary.straggler_rank = top
+    excess = [
+        b for b in explained.path.blame
+        if b.rank == top and b.excess_ms is not None and b.excess_ms > 0
+        and b.phase in get_args(StragglerPhase)
+    ]  # fmt: skip
+    if excess:
+        summary.straggler_phase = max(excess, key=lambda b: b.excess_ms or 0.0).phase  # type: ignore[assignment]
+
+
 def summarize(
     steps: pa.Table,
     ops: pa.Table,
@@ -890,6 +938,7 @@ def summarize(
     memory_steps: pa.Table | None = None,
     choice: StepChoice | None = None,
     comm: pa.Table | None = None,
+    segments: pa.Table | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
     ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
@@ -899,7 +948,8 @@ def summarize(
     memory figures (None: the run has no memory table); ``choice``: the steps --steps/--skip
     chose (None: leading warm-up steps left out, ``selection``); ``comm``: the run's comm table,
     for the cross-rank pass over the selected steps where some are left out (without it,
-    ``cross`` is used as it is)."""
+    ``cross`` is used as it is); ``segments``: the ranks' timelines as segments, for the
+    critical path (None: an older run directory; no critical path, no what-ifs)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -931,13 +981,16 @@ def summarize(
     if pipeline is not None:
         _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(complete_df, selection)
+    explained = _critical_path(segments, cross, per_step, ranks)
+    if explained is not None:
+        _blame_verdict(summary, ranks, explained)
     verdict = None
     if gpu is not None and launches is not None and df.height:
-        explained = rank_gpu(gpu, launches, df)
+        on_gpu = rank_gpu(gpu, launches, df)
         for r in ranks:
-            r.gpu = explained.get(r.rank)
+            r.gpu = on_gpu.get(r.rank)
         verdict = gpu_verdict(
-            explained, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
+            on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
         )
     groups = cross.groups if cross is not None else groups_of(manifest)
     # memory: every complete step, warm-up included (its peaks and growth are memory's own
@@ -1008,4 +1061,6 @@ def summarize(
         )
         if cross is not None and cross.comm is not None
         else [],
+        critical_path=explained.path if explained is not None else None,
+        whatif=explained.whatif if explained is not None else [],
     )

@@ -271,6 +271,10 @@ class Summary(Result):
     straggler_phase: StragglerPhase | None = None  # where the straggler spends its extra time
     straggler_phase_ms: float | None = None  # that phase on the straggler, ms per step
     straggler_phase_median_ms: float | None = None  # and the median of the other ranks
+    # the verdicts of the comparison against the median rank, where the critical path decides
+    # the ones above (the same values where it does not)
+    straggler_rank_by_median: int | None = None
+    straggler_phase_by_median: StragglerPhase | None = None
     memory: RunMemory | None = None  # null: no rank has memory records
     # the host-bound part of breakdown_ms's phases, mean of ranks (a CPU rank's phases have
     # none); null where no rank has a GPU timeline
@@ -386,6 +390,79 @@ class RankSummary(Result):
     host_bound_ms: HostBound | None = None  # part of breakdown_ms; null on a CPU timeline
 
 
+#: What a critical path segment is (analysis/critical_path.py): a rank's own work (CPU compute,
+#: a device kernel, the device waiting for the host's launches: host_bound), communication the
+#: path cannot lay on another rank (transfer), a rank that began the step after the first one
+#: (late_start: carried in from before the window), or nothing running (idle).
+PathKind = Literal["compute", "kernel", "launch", "transfer", "late_start", "host_bound", "idle"]
+
+
+class PathSegment(Result):
+    """One stretch of a step's critical path: on ``rank``, from ``start_ms`` after the job's step
+    began (the first rank's start), for ``ms``."""
+
+    rank: int
+    phase: Phase | None  # null for a late start
+    op: str | None  # the operator (or collective) holding the time, where one does (untrusted)
+    kind: PathKind
+    start_ms: float
+    ms: float
+
+
+class Blame(Result):
+    """Time on the critical path of one rank in one phase and kind (ms per step)."""
+
+    rank: int
+    phase: Phase | None
+    kind: PathKind
+    ms: float
+    share: float  # of the job's step
+    # over what the median rank spends in that phase per step (the cause, where one rank is
+    # slower); null for transfer and idle
+    excess_ms: float | None = None
+
+
+class OpBlame(Result):
+    """Time on the critical path of one operator (or collective), all ranks (ms per step)."""
+
+    op: str  # (untrusted)
+    phase: Phase | None
+    kind: PathKind
+    ms: float
+
+
+class StepPath(Result):
+    """One step's critical path in brief: the job's step and who holds it."""
+
+    step_ms: float  # first rank's start to last rank's end
+    complete: bool  # every wait on the path explained (else ``reason``)
+    reason: str | None
+    blame: list[Blame]
+
+
+class CriticalPath(Result):
+    """Why the step takes as long as it does (analysis/critical_path.py): the critical path of
+    the median counted step across ranks, and blame over every counted step."""
+
+    step_ms: float  # the median step's job step: first rank's start to last rank's end
+    step: int | None  # which step that is
+    steps: int  # counted steps with a path
+    complete_steps: int  # of them, every wait explained
+    segments: list[PathSegment]  # the median step's path, in time order
+    blame: list[Blame]  # mean per counted step, largest first
+    by_op: list[OpBlame]  # the operators on the path, largest first (up to 10)
+
+
+class WhatIf(Result):
+    """A replay of the counted steps with one change (analysis/critical_path.py): ``none``,
+    ``balance``, ``balance:rank=N``, ``faster:NAME:K``, ``bandwidth:OP:GBPS``, ``hide_comm``,
+    ``no_late_start``."""
+
+    change: str
+    step_ms: float  # mean replayed job step
+    speedup: float  # the replay with no change over this one
+
+
 class StepSummary(Result):
     """One step number across ranks. Every complete step is listed; ``excluded`` says why one
     is left out of the headline figures (summary, ranks, GPU, collectives): "warm-up" (a
@@ -405,6 +482,7 @@ class StepSummary(Result):
     # left out of every headline figure (summary, ranks, GPU, collectives), and why; null: counted
     excluded: StepExclusion | None = None
     excluded_reason: str | None = None
+    critical_path: StepPath | None = None  # counted steps of runs with segments
 
 
 class StepStats(Result):
@@ -575,6 +653,8 @@ class RunReport(Result):
     groups: list[ProcessGroup] = []  # the process groups the ranks declare (empty: none)
     pipeline: Pipeline | None = None  # the pipeline its point-to-point calls form (null: none)
     comm_by_group: list[CommByGroup] = []  # communication by group, phase and collective
+    critical_path: CriticalPath | None = None  # null: no segments (an older run directory)
+    whatif: list[WhatIf] = []  # replays of the counted steps (the first: no change)
 
     @property
     def straggler(self) -> RankSummary | None:

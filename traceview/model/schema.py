@@ -343,6 +343,45 @@ COMM_SCHEMA: Final = pa.schema(
 )
 
 
+# --- segments: per rank, its critical timeline cut into exclusive segments ------------------------
+
+#: What a segment of a rank's timeline is: time the rank computed (host operators: CPU
+#: timelines, and the host's data loading on GPU ones), a kernel or copy ran on the device, the
+#: device waited for the host to launch work (host-bound), communication ran with nothing above
+#: it, or nothing ran (idle). The critical path across ranks adds its own kinds (transfer, late
+#: start) where communication and step entry are explained by other ranks.
+SEGMENT_COMPUTE: Final = "compute"
+SEGMENT_KERNEL: Final = "kernel"
+SEGMENT_HOST_BOUND: Final = "host_bound"
+SEGMENT_COMM: Final = "comm"
+SEGMENT_IDLE: Final = "idle"
+SEGMENT_KINDS: Final = (
+    SEGMENT_COMPUTE,
+    SEGMENT_KERNEL,
+    SEGMENT_HOST_BOUND,
+    SEGMENT_COMM,
+    SEGMENT_IDLE,
+)
+
+#: Each step window of a rank as the sequence of its exclusive segments (the attribution rule
+#: kept in time order, not summed): a segment per stretch of one phase, kind and operator (the
+#: canonical op of the event that holds the time; null for a region's uncovered time and idle).
+#: Per window the segments tile the window; their phases add up to the steps table's row. What
+#: the critical path across ranks is built from (analysis/critical_path.py).
+SEGMENTS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(END_NS, pa.int64(), nullable=False),
+        pa.field(PHASE, pa.string(), nullable=False),
+        pa.field(KIND, pa.string(), nullable=False),
+        pa.field(OP, pa.string()),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
 # --- gpu: per rank and step window of a GPU timeline, device busy and idle time -----------------
 
 BUSY_NS: Final = "busy_ns"

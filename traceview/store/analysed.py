@@ -90,6 +90,7 @@ class Run:
             memory_steps=self.tables["memory_steps"] if self.has_memory else None,
             choice=self.choice,
             comm=self.tables["comm"],
+            segments=self.tables["segments"],
         )
 
     @cached_property
@@ -357,6 +358,7 @@ _TABLE_SCHEMAS = {
     "gpu": S.GPU_SCHEMA,
     "launches": S.LAUNCHES_SCHEMA,
     "memory_steps": S.MEMORY_STEPS_SCHEMA,
+    "segments": S.SEGMENTS_SCHEMA,
 }
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 

@@ -1,0 +1,796 @@
+"""Why a step takes as long as it does: its critical path across ranks, blame, and what-if replay.
+
+The graph. Each rank's step window is the sequence of its exclusive segments (the segments
+table: the attribution rule kept in time order). A segment of exposed communication is cut at
+the ends of the rank's matched calls inside it: each piece before a call's end **waits for that
+call**. The edges:
+
+- in order on a rank: a segment starts when the one before it ends; the first at the rank's
+  step start (a rank that starts later than the first rank of the step is a **late start**,
+  carried in from before the window);
+- a call completes ``transfer`` after the later of its group's **last arrival** (when the last
+  member's program issued it; for point-to-point, the later of the send and the receive) and
+  the completion of the call before it on the same queue (gloo's worker thread, the NCCL
+  stream): calls on a queue run one after the other;
+- a waiting piece ends when its call completes (or at once, where it completed already);
+- an arrival is where the issuing rank's timeline stood: its own segment's start plus how far
+  into it the call was issued.
+
+The critical path walks these edges back from the step's end (the last rank to finish):
+through a rank's own segments, and at a waiting piece to what the call waited for: its
+transfer, the call queued before it, or the last member at the moment it arrived. Every instant
+of the job's step (first rank's start to last rank's end) is on the path once, so the path's
+segments add up to the step. Blame is the path's time per rank, phase and kind (and operator).
+
+Replay re-times the same graph from the edges alone (never from the recorded starts): every
+start comes from its predecessors, so replaying with no change reproduces the measured steps
+(a test says so), and with a change (a rank balanced, a phase or an operator faster, a
+collective faster, communication hidden, late starts removed) predicts the step.
+
+Vectorized: a replay pass is a few grouped cumulative maxima over every segment of every step
+at once (polars), repeated until the calls' completions stop moving (as many passes as the
+longest chain of calls that wait on each other); the walk loops over the path's waits only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from traceview.analysis.crossrank import ISSUED, POINT_TO_POINT, Matched
+from traceview.model import schema as S
+from traceview.model.results import Blame, CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
+
+NEVER = -(1 << 62)
+NO_STEP = -1  # the step number of a window without step markers
+TRANSFER = "transfer"
+LATE_START = "late_start"
+#: The kinds of a path segment: the segments table's, with waits explained.
+PATH_KINDS = (
+    S.SEGMENT_COMPUTE,
+    S.SEGMENT_KERNEL,
+    "launch",
+    TRANSFER,
+    LATE_START,
+    S.SEGMENT_HOST_BOUND,
+    S.SEGMENT_IDLE,
+)
+_MAX_PASSES = 10_000
+#: Bus bandwidth factors (nccl-tests): what each rank moves per byte of the message.
+_BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+        "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n}  # fmt: skip
+
+
+@dataclass
+class Graph:
+    """The counted steps of a run as one graph: items (segments and waiting pieces) and calls."""
+
+    items: pl.DataFrame  # sorted by (rank, step, start): rank, step, start, end, phase, kind,
+    #                      op, call (row of calls it waits for, -1), group (per rank and step)
+    calls: pl.DataFrame  # row order = call ids: rank, collective, op name, issued, end, instance,
+    #                      queue, prev (call before it on its queue, -1), transfer, uses_all,
+    #                      issue_item (-1: issued outside the counted windows), issue_offset
+    steps: list[int]
+    unmatched_steps: set[int]  # steps in which some call is left unmatched
+
+
+@dataclass
+class PathPiece:
+    rank: int
+    phase: str | None
+    op: str | None
+    kind: str
+    start_ns: int  # on the run's clock
+    dur_ns: int
+
+
+@dataclass
+class WalkedPath:
+    step: int
+    start_ns: int  # the job's step: first rank's start ...
+    end_ns: int  # ... to the last rank's end
+    pieces: list[PathPiece]
+    complete: bool
+    reason: str | None
+
+
+def _composite(rank: np.ndarray, t: np.ndarray, t0: int, span: int) -> np.ndarray:
+    return rank.astype(np.int64) * span + (t - t0)
+
+
+def build_graph(segments: pa.Table, matched: Matched, steps: list[int | None]) -> Graph | None:
+    """The graph of ``steps`` (the counted steps; None: a window without step markers) from
+    every rank's segments and the matched calls (crossrank.match_collectives, on one clock)."""
+    seg = pl.from_arrow(segments)
+    assert isinstance(seg, pl.DataFrame)
+    wanted = [NO_STEP if s is None else s for s in steps]
+    seg = seg.with_columns(pl.col(S.STEP).fill_null(NO_STEP)).filter(pl.col(S.STEP).is_in(wanted))
+    if seg.height == 0:
+        return None
+    calls = _calls(matched.calls)
+    seg = seg.sort(S.RANK, S.STEP, S.START_NS)
+    comm = seg.filter(pl.col(S.KIND) == S.SEGMENT_COMM)
+    rest = seg.filter(pl.col(S.KIND) != S.SEGMENT_COMM).with_columns(
+        pl.lit(-1, pl.Int64).alias("call")
+    )
+    pieces = _waiting_pieces(comm, calls)
+    items = (
+        pl.concat([rest, pieces], how="diagonal_relaxed")
+        .with_row_index("_o")
+        .sort(S.RANK, S.STEP, S.START_NS, S.END_NS, "_o")
+        .drop("_o")
+        .with_columns(pl.struct(S.RANK, S.STEP).rank("dense").cast(pl.Int64).sub(1).alias("group"))
+    )
+    calls = _issue_points(calls, items)
+    unmatched = set(matched.unknown_steps[S.STEP].drop_nulls().to_list())
+    return Graph(items, calls, sorted(set(wanted)), unmatched)
+
+
+def _calls(matched: pl.DataFrame) -> pl.DataFrame:
+    """The matched calls as the graph needs them: instance, queue, the call before on the queue,
+    transfer and whether the call waits for every member."""
+    schema = {
+        S.RANK: pl.Int32, S.STEP: pl.Int64, S.COLLECTIVE: pl.String, ISSUED: pl.Int64,
+        S.END_NS: pl.Int64, "last_arrival_ns": pl.Int64, "last_rank": pl.Int32,
+        "instance": pl.Int64, "queue": pl.Int64, "prev": pl.Int64, "prev_end": pl.Int64,
+        "transfer": pl.Int64, "uses_all": pl.Boolean, S.BYTES: pl.Int64, "participants": pl.Int64,
+    }  # fmt: skip
+    if matched.height == 0:
+        return pl.DataFrame(schema=schema)
+    df = matched
+    if "peer_rank" not in df.columns:
+        df = df.with_columns(pl.lit(None, pl.Int32).alias("peer_rank"))
+    p2p = pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT)
+    send = pl.col(S.COLLECTIVE) == "send"
+    df = df.with_columns(
+        pl.when(send).then(pl.col(S.RANK)).otherwise(pl.col("peer_rank")).alias("_src"),
+        pl.when(send).then(pl.col("peer_rank")).otherwise(pl.col(S.RANK)).alias("_dst"),
+    ).with_columns(
+        pl.when(p2p)
+        .then(pl.concat_str([pl.lit("p"), "_src", "_dst", "step_key", "position"], separator=":"))
+        .otherwise(
+            pl.concat_str(
+                [pl.lit("c"), "group_key", S.NAME, S.COLLECTIVE, "step_key", "position"],
+                separator=":",
+            )
+        )
+        .rank("dense")
+        .cast(pl.Int64)
+        .alias("instance"),
+        pl.struct(S.RANK, S.PID, S.TID).rank("dense").cast(pl.Int64).alias("queue"),
+    )
+    df = df.sort("queue", S.START_NS, S.END_NS).with_row_index("_id")
+    df = df.with_columns(
+        pl.col("_id").shift(1).over("queue").cast(pl.Int64).fill_null(-1).alias("prev"),
+        pl.col(S.END_NS).shift(1).over("queue").fill_null(NEVER).alias("prev_end"),
+        (pl.col(S.END_NS) >= pl.col("last_arrival_ns")).alias("uses_all"),
+    )
+    driver = pl.max_horizontal(
+        pl.when(pl.col("uses_all")).then(pl.col("last_arrival_ns")).otherwise(pl.col(ISSUED)),
+        pl.col("prev_end"),
+    )
+    df = df.with_columns((pl.col(S.END_NS) - driver).clip(lower_bound=0).alias("transfer"))
+    if S.BYTES not in df.columns:
+        df = df.with_columns(pl.lit(None, pl.Int64).alias(S.BYTES))
+    return df.select(
+        pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).cast(pl.Int64), S.COLLECTIVE,
+        pl.col(ISSUED).cast(pl.Int64), pl.col(S.END_NS).cast(pl.Int64),
+        pl.col("last_arrival_ns").cast(pl.Int64), pl.col("last_rank").cast(pl.Int32),
+        "instance", "queue", "prev", pl.col("prev_end").cast(pl.Int64), "transfer", "uses_all",
+        pl.col(S.BYTES).cast(pl.Int64), pl.col("participants").cast(pl.Int64),
+    )  # fmt: skip
+
+
+def _waiting_pieces(comm: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """Exposed communication cut at the ends of the rank's calls inside it: the piece before a
+    call's end waits for that call (``call``); what is left after the last end waits for none."""
+    if comm.height == 0 or calls.height == 0:
+        return comm.with_columns(pl.lit(-1, pl.Int64).alias("call"))
+    c_rank, c_end = calls[S.RANK].to_numpy(), calls[S.END_NS].to_numpy()
+    rank, lo_t, hi_t = (comm[c].to_numpy() for c in (S.RANK, S.START_NS, S.END_NS))
+    t0 = int(min(c_end.min(), lo_t.min()))
+    span = int(max(c_end.max(), hi_t.max()) - t0 + 1)
+    keys = _composite(c_rank, c_end, t0, span)
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    lo = np.searchsorted(keys, _composite(rank, lo_t, t0, span), side="right")
+    hi = np.searchsorted(keys, _composite(rank, hi_t, t0, span), side="right")
+    counts = hi - lo
+    seg = np.repeat(np.arange(comm.height), counts)
+    within = np.arange(len(seg)) - np.repeat(np.cumsum(counts) - counts, counts)
+    cut_call = order[np.repeat(lo, counts) + within]
+    cut_at = c_end[cut_call]
+    # every segment also ends at its own end (a piece waiting for none, where the last call's
+    # end falls short of it)
+    seg = np.concatenate([seg, np.arange(comm.height)])
+    cut_at = np.concatenate([cut_at, hi_t])
+    cut_call = np.concatenate([cut_call, np.full(comm.height, -1)])
+    by = np.lexsort((cut_call < 0, cut_at, seg))
+    seg, cut_at, cut_call = seg[by], cut_at[by], cut_call[by]
+    first = np.ones(len(seg), bool)
+    first[1:] = seg[1:] != seg[:-1]
+    prev_cut = np.where(first, lo_t[seg], np.roll(cut_at, 1))
+    keep = (cut_call >= 0) | (cut_at > prev_cut) | first
+    seg, cut_at, cut_call, prev_cut = seg[keep], cut_at[keep], cut_call[keep], prev_cut[keep]
+    return comm[seg].with_columns(
+        pl.Series(S.START_NS, prev_cut, pl.Int64),
+        pl.Series(S.END_NS, cut_at, pl.Int64),
+        pl.Series("call", cut_call, pl.Int64),
+    )
+
+
+def _issue_points(calls: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+    """Where each call was issued on its rank's timeline: the item that held that instant and
+    how far into it (-1: outside the counted windows, where its arrival stays as measured)."""
+    if calls.height == 0:
+        return calls.with_columns(
+            pl.lit(-1, pl.Int64).alias("issue_item"), pl.lit(0, pl.Int64).alias("issue_offset")
+        )
+    rank, start, end = (items[c].to_numpy() for c in (S.RANK, S.START_NS, S.END_NS))
+    c_rank, issued = calls[S.RANK].to_numpy(), calls[ISSUED].to_numpy()
+    t0 = int(min(start.min(), issued.min()))
+    span = int(max(end.max(), issued.max()) - t0 + 1)
+    keys = _composite(rank, start, t0, span)
+    at = _composite(c_rank, issued, t0, span)
+    pos = np.searchsorted(keys, at, side="right") - 1
+    safe = np.maximum(pos, 0)
+    inside = (pos >= 0) & (rank[safe] == c_rank) & (issued < end[safe])
+    # an instant at an item's end, with nothing after it on the rank, is still that item's
+    inside |= (pos >= 0) & (rank[safe] == c_rank) & (issued == end[safe])
+    item = np.where(inside, safe, -1)
+    offset = np.where(inside, issued - start[safe], 0)
+    return calls.with_columns(
+        pl.Series("issue_item", item, pl.Int64), pl.Series("issue_offset", offset, pl.Int64)
+    )
+
+
+# --- replay ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Change:
+    """A what-if: per-item duration factors, per-call transfer, and how steps start."""
+
+    name: str
+    item_factor: np.ndarray | None = None  # multiplies each item's duration
+    transfer: np.ndarray | None = None  # each call's transfer (ns)
+    hide_comm: bool = False  # every wait is over at once
+    no_late_start: bool = False  # every rank starts the step with the first
+
+
+@dataclass
+class Replay:
+    step_ns: dict[int, int]  # the job's step per step
+    passes: int
+    converged: bool
+
+
+def replay(graph: Graph, change: Change | None = None) -> Replay:
+    """Re-time the graph from its edges alone (module docstring)."""
+    change = change or Change("none")
+    items, calls = graph.items, graph.calls
+    n = items.height
+    start = items[S.START_NS].to_numpy()
+    end = items[S.END_NS].to_numpy()
+    group = items["group"].to_numpy()
+    call = items["call"].to_numpy()
+    wait = call >= 0
+    dur = (end - start).astype(np.float64)
+    if change.item_factor is not None:
+        dur = dur * change.item_factor
+    dur = np.where(wait, 0.0, dur)
+    n_groups = int(group.max()) + 1 if n else 0
+    first = np.ones(n, bool)
+    first[1:] = group[1:] != group[:-1]
+    g_start = start[first].astype(np.float64)  # each rank's measured step start
+    g_step = items[S.STEP].to_numpy()[first]
+    job_start = pl.DataFrame({"s": g_step, "t": g_start}).group_by("s").agg(pl.col("t").min())
+    job_of = dict(zip(job_start["s"].to_list(), job_start["t"].to_list(), strict=True))
+    step_first = np.array([job_of[s] for s in g_step]) if n_groups else g_start
+    origin = step_first if change.no_late_start else g_start
+    # prefix sums of durations per group (offset so each group starts at 0)
+    csum = np.cumsum(dur)
+    before = np.concatenate([[0.0], csum])[np.flatnonzero(first)]
+    group_base = np.repeat(before, np.diff(np.append(np.flatnonzero(first), n)))
+    prefix = csum - group_base  # P_i: durations up to and including i
+
+    m = calls.height
+    ready = np.full(m, float(NEVER))  # each call's completion, replayed
+    if m:
+        c_issued = calls[ISSUED].to_numpy().astype(np.float64)
+        c_item = calls["issue_item"].to_numpy()
+        c_off = calls["issue_offset"].to_numpy().astype(np.float64)
+        inst = calls["instance"].to_numpy() - 1
+        # the queue's calls of one step replay in order; the first waits for the call before
+        # it as measured (a step's replay never moves the next one's calls)
+        queue = calls["queue"].to_numpy() * (1 << 24) + calls[S.STEP].fill_null(-1).to_numpy()
+        uses_all = calls["uses_all"].to_numpy()
+        prev_end = calls["prev_end"].to_numpy().astype(np.float64)
+        transfer = (
+            change.transfer if change.transfer is not None else calls["transfer"].to_numpy()
+        ).astype(np.float64)
+        q_first = np.ones(m, bool)
+        q_first[1:] = queue[1:] != queue[:-1]
+        q_csum = np.cumsum(transfer)
+        q_before = np.concatenate([[0.0], q_csum])[np.flatnonzero(q_first)]
+        q_base = np.repeat(q_before, np.diff(np.append(np.flatnonzero(q_first), m)))
+        q_prefix = q_csum - q_base  # transfer up to and including c
+        measured_dur = (end - start).astype(np.float64)
+    passes, converged = 0, True
+    e_new = np.zeros(n)
+    while True:
+        passes += 1
+        r = np.where(wait, ready[np.maximum(call, 0)] if m else NEVER, float(NEVER))
+        if change.hide_comm:
+            r = np.full(n, float(NEVER))
+        term = _group_cummax(r - prefix, group)
+        g_origin = origin[group]
+        e_new = prefix + np.maximum(g_origin, term)
+        if m == 0:
+            break
+        s_new = np.where(first, g_origin, np.roll(e_new, 1))
+        # where each call is issued now
+        safe = np.maximum(c_item, 0)
+        span = measured_dur[safe]
+        now_span = e_new[safe] - s_new[safe]
+        scaled = np.where(span > 0, c_off * now_span / np.where(span > 0, span, 1), 0.0)
+        into = np.where(wait[safe], np.minimum(c_off, now_span), scaled)
+        issue = np.where(c_item >= 0, s_new[safe] + into, c_issued)
+        last = np.full(int(inst.max()) + 1, float(NEVER))
+        np.maximum.at(last, inst, issue)
+        arrival = np.where(uses_all, last[inst], issue)
+        arrival = np.where(q_first, np.maximum(arrival, prev_end), arrival)
+        # on a queue: C_c = max(A_c, C_prev) + T_c, a cumulative maximum
+        shifted = np.concatenate([[0.0], q_prefix[:-1]])
+        shifted = np.where(q_first, 0.0, shifted)
+        new_ready = q_prefix + _group_cummax(arrival - shifted, queue)
+        if np.array_equal(new_ready, ready):
+            break
+        ready = new_ready
+        if passes >= _MAX_PASSES:
+            converged = False
+            break
+    g_end = np.full(n_groups, float(NEVER))
+    np.maximum.at(g_end, group, e_new)
+    out = (
+        pl.DataFrame({"s": g_step, "b": origin, "e": g_end})
+        .group_by("s")
+        .agg((pl.col("e").max() - pl.col("b").min()).alias("d"))
+    )
+    return Replay(
+        dict(zip(out["s"].to_list(), [round(v) for v in out["d"].to_list()], strict=True)),
+        passes,
+        converged,
+    )
+
+
+def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Cumulative maximum restarting at each group (``group`` sorted)."""
+    if len(values) == 0:
+        return values
+    frame = pl.DataFrame({"v": values, "g": group})
+    return frame.select(pl.col("v").cum_max().over("g")).to_series().to_numpy()
+
+
+# --- the path -------------------------------------------------------------------------------
+
+
+def critical_paths(graph: Graph) -> list[WalkedPath]:
+    """The critical path of every step of the graph, walked back from its end."""
+    items = graph.items
+    start = items[S.START_NS].to_numpy()
+    end = items[S.END_NS].to_numpy()
+    call = items["call"].to_numpy()
+    phase = items[S.PHASE].to_list()
+    kind = items[S.KIND].to_list()
+    op = items[S.OP].to_list()
+    calls = graph.calls
+    c = {
+        name: calls[name].to_numpy()
+        for name in (
+            ISSUED,
+            S.END_NS,
+            "last_arrival_ns",
+            "last_rank",
+            "prev",
+            "prev_end",
+            "uses_all",
+            S.RANK,
+        )
+    }
+    c_op = calls[S.COLLECTIVE].to_list()
+    groups = items.group_by(S.STEP, S.RANK, maintain_order=True).agg(
+        pl.col(S.START_NS).min().alias("s"),
+        pl.col(S.END_NS).max().alias("e"),
+    )
+    where = (
+        items.with_row_index("_i")
+        .group_by(S.STEP, S.RANK, maintain_order=True)
+        .agg(pl.col("_i").min().alias("lo"), pl.col("_i").max().alias("hi"))
+    )
+    bounds = {(s, r): (lo, hi) for s, r, lo, hi in where.iter_rows()}
+    paths = []
+    for s in graph.steps:
+        mine = groups.filter(pl.col(S.STEP) == s)
+        if mine.height == 0:
+            continue
+        job_start = int(mine["s"].min())  # type: ignore[arg-type]
+        last = mine.sort("e", S.RANK).row(-1, named=True)
+        job_end = int(last["e"])
+        pieces: list[PathPiece] = []
+        reason = "a call was left unmatched" if s in graph.unmatched_steps else None
+        r, t = int(last[S.RANK]), job_end
+        guard = 0
+        limit = 4 * (items.height + calls.height) + 16
+        while t > job_start:
+            guard += 1
+            if guard > limit:
+                reason = "the calls wait on each other in a cycle (clocks off?)"
+                pieces.append(PathPiece(r, None, None, S.SEGMENT_IDLE, job_start, t - job_start))
+                break
+            span = bounds.get((s, r))
+            if span is None or t <= start[span[0]]:
+                # before the rank's step began: late start (carried in from before the window)
+                pieces.append(PathPiece(r, None, None, LATE_START, job_start, t - job_start))
+                break
+            lo, hi = span
+            i = lo + int(np.searchsorted(start[lo : hi + 1], t, side="left")) - 1
+            if t > end[i]:  # past the rank's last item: nothing ran on it
+                pieces.append(
+                    PathPiece(r, S.IDLE, None, S.SEGMENT_IDLE, int(end[i]), t - int(end[i]))
+                )
+                t = int(end[i])
+                continue
+            k = int(call[i])
+            if k < 0:
+                piece_kind = TRANSFER if kind[i] == S.SEGMENT_COMM else kind[i]
+                pieces.append(
+                    PathPiece(r, phase[i], op[i], piece_kind, int(start[i]), t - int(start[i]))
+                )
+                t = int(start[i])
+                continue
+            # a piece waiting for call k: its transfer, then what the call waited for
+            t, r, done = _through_call(k, c, c_op, r, t, int(start[i]), pieces, phase[i])
+            if done:
+                continue
+        pieces.reverse()
+        paths.append(WalkedPath(s, job_start, job_end, pieces, reason is None, reason))
+    return paths
+
+
+def _through_call(
+    k: int,
+    c: dict[str, np.ndarray],
+    c_op: list[str],
+    r: int,
+    t: int,
+    seg_start: int,
+    pieces: list[PathPiece],
+    phase: str | None,
+) -> tuple[int, int, bool]:
+    """Walk back through the call a waiting piece [seg_start, t) waits for: the call's transfer,
+    the calls queued before it, and the member that arrived last. Returns where the path
+    goes on (time, rank)."""
+    while True:
+        uses_all = bool(c["uses_all"][k])
+        arrival = int(c["last_arrival_ns"][k]) if uses_all else int(c[ISSUED][k])
+        prev_end = int(c["prev_end"][k])
+        driver = max(arrival, prev_end)
+        if driver <= seg_start:  # the call was ready when the wait began: all of it transfer
+            pieces.append(PathPiece(r, phase, c_op[k], TRANSFER, seg_start, t - seg_start))
+            return seg_start, r, True
+        if driver < t:
+            pieces.append(PathPiece(r, phase, c_op[k], TRANSFER, driver, t - driver))
+            t = driver
+        if prev_end > arrival and int(c["prev"][k]) >= 0:  # queued behind the call before
+            k = int(c["prev"][k])
+            continue
+        who = int(c["last_rank"][k]) if uses_all else r
+        if who == r:  # its own issue, inside the piece: the rank's comm before it, as transfer
+            pieces.append(PathPiece(r, phase, c_op[k], TRANSFER, seg_start, t - seg_start))
+            return seg_start, r, True
+        return t, who, True
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+def what_ifs(graph: Graph, ranks_phase_ms: pl.DataFrame | None = None) -> list[Change]:
+    """The changes worth replaying on this graph: none (the check), each rank balanced where
+    ranks differ, every rank balanced, hidden communication, no late starts, the largest phase
+    and the largest operator 2x faster."""
+    changes = [Change("none")]
+    items = graph.items
+    if items.height == 0:
+        return changes
+    dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
+    computing = items[S.KIND].is_in([S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, S.SEGMENT_HOST_BOUND])
+    frame = items.select(S.RANK, S.STEP, S.PHASE, S.OP).with_columns(
+        dur.alias("d"), computing.alias("c")
+    )
+    per = frame.filter(pl.col("c")).group_by(S.STEP, S.RANK, S.PHASE).agg(pl.col("d").sum())
+    med = per.group_by(S.STEP, S.PHASE).agg(pl.col("d").median().alias("m"))
+    factor = (
+        per.join(med, on=[S.STEP, S.PHASE])
+        .with_columns((pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f"))
+        .select(S.STEP, S.RANK, S.PHASE, "f")
+    )
+    joined = frame.with_row_index("_i").join(factor, on=[S.STEP, S.RANK, S.PHASE], how="left")
+    joined = joined.sort("_i")
+    f = np.where(joined["c"].to_numpy(), joined["f"].fill_null(1.0).to_numpy(), 1.0)
+    if (f < 1.0).any():
+        changes.append(Change("balance", item_factor=f))
+    if graph.calls.height:
+        changes.append(Change("hide_comm", hide_comm=True))
+    changes.append(Change("no_late_start", no_late_start=True))
+    return changes
+
+
+def faster(graph: Graph, name: str, k: float) -> Change | None:
+    """A phase, an operator or a collective ``k`` times faster (None: the graph has no such)."""
+    items, calls = graph.items, graph.calls
+    label = f"faster:{name}:{k:g}"
+    if name in S.BREAKDOWN_PHASES and name != S.COMM:
+        hit = (items[S.PHASE] == name).to_numpy() & (items["call"] < 0).to_numpy()
+    else:
+        hit = ((items[S.OP] == name).fill_null(False) & (items["call"] < 0)).to_numpy()
+    hit_calls = (
+        (calls[S.COLLECTIVE] == name).to_numpy() | (name == S.COMM)
+        if calls.height
+        else np.zeros(0, bool)
+    )
+    if not hit.any() and not hit_calls.any():
+        return None
+    factor = np.where(hit, 1.0 / k, 1.0)
+    transfer = calls["transfer"].to_numpy().astype(np.float64) if calls.height else None
+    if transfer is not None:
+        transfer = np.where(hit_calls, transfer / k, transfer)
+    return Change(label, item_factor=factor, transfer=transfer)
+
+
+def balance_rank(graph: Graph, rank: int) -> Change | None:
+    """One rank's compute phases at the median of the other ranks' (per step and phase)."""
+    items = graph.items
+    dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
+    computing = items[S.KIND].is_in([S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, S.SEGMENT_HOST_BOUND])
+    frame = items.select(S.RANK, S.STEP, S.PHASE).with_columns(dur.alias("d"), computing.alias("c"))
+    per = frame.filter(pl.col("c")).group_by(S.STEP, S.RANK, S.PHASE).agg(pl.col("d").sum())
+    others = (
+        per.filter(pl.col(S.RANK) != rank)
+        .group_by(S.STEP, S.PHASE)
+        .agg(pl.col("d").median().alias("m"))
+    )
+    mine = per.filter(pl.col(S.RANK) == rank).join(others, on=[S.STEP, S.PHASE])
+    if mine.height == 0:
+        return None
+    factor = mine.with_columns((pl.col("m") / pl.col("d")).alias("f")).select(
+        S.STEP, pl.col(S.RANK), S.PHASE, "f"
+    )
+    joined = frame.with_row_index("_i").join(factor, on=[S.STEP, S.RANK, S.PHASE], how="left")
+    f = np.where(
+        joined.sort("_i")["c"].to_numpy(), joined.sort("_i")["f"].fill_null(1.0).to_numpy(), 1.0
+    )
+    return Change(f"balance:rank={rank}", item_factor=f)
+
+
+def at_bandwidth(graph: Graph, op: str, gbps: float) -> Change | None:
+    """Calls of collective ``op`` at bus bandwidth ``gbps`` (transfer = bus bytes / bandwidth)."""
+    calls = graph.calls
+    if calls.height == 0:
+        return None
+    hit = (calls[S.COLLECTIVE] == op).to_numpy() & calls[S.BYTES].is_not_null().to_numpy()
+    if not hit.any():
+        return None
+    n = calls["participants"].fill_null(2).to_numpy().astype(np.float64)
+    factor = (
+        np.array([_BUS.get(op, lambda _n: 1.0)(v) for v in n]) if op in _BUS else np.ones(len(n))
+    )
+    bus = calls[S.BYTES].fill_null(0).to_numpy().astype(np.float64) * factor
+    transfer = calls["transfer"].to_numpy().astype(np.float64)
+    transfer = np.where(hit, bus / (gbps * 1e9) * 1e9, transfer)
+    return Change(f"bandwidth:{op}:{gbps:g}", transfer=transfer)
+
+
+@dataclass
+class Explained:
+    """What the report takes from the critical path."""
+
+    path: CriticalPath | None
+    per_step: dict[int, StepPath]
+    whatif: list[WhatIf]
+    rank_blame: dict[int, float]  # per rank, its own time on the path (not transfer), ms/step
+
+
+_OWN = (S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, "launch", S.SEGMENT_HOST_BOUND, LATE_START)
+
+
+def _blame_rows(paths: list[WalkedPath]) -> pl.DataFrame:
+    rows = [
+        (p.step, x.rank, x.phase, x.kind, x.op, x.dur_ns)
+        for p in paths
+        for x in p.pieces
+        if x.dur_ns > 0
+    ]
+    return pl.DataFrame(
+        rows,
+        schema={
+            "step": pl.Int64,
+            "rank": pl.Int32,
+            "phase": pl.String,
+            "kind": pl.String,
+            "op": pl.String,
+            "ns": pl.Int64,
+        },
+        orient="row",
+    )
+
+
+def _blame(
+    df: pl.DataFrame, n_steps: int, step_ms: float, median_phase: dict[str, float]
+) -> list[Blame]:
+    if df.height == 0 or n_steps == 0:
+        return []
+    agg = df.group_by("rank", "phase", "kind").agg((pl.col("ns").sum() / n_steps / 1e6).alias("ms"))
+    out = []
+    for row in agg.sort("ms", "rank", descending=[True, False]).iter_rows(named=True):
+        ms = float(row["ms"])
+        kind, phase = row["kind"], row["phase"]
+        if kind == LATE_START:
+            excess: float | None = ms
+        elif kind in (TRANSFER, S.SEGMENT_IDLE) or phase is None:
+            excess = None
+        else:
+            excess = ms - median_phase.get(phase, 0.0)
+        out.append(
+            Blame(
+                rank=int(row["rank"]),
+                phase=phase,
+                kind=kind,
+                ms=round(ms, 3),
+                share=round(ms / step_ms, 4) if step_ms > 0 else 0.0,
+                excess_ms=round(excess, 3) if excess is not None else None,
+            )
+        )
+    return out
+
+
+def explain(
+    segments: pa.Table,
+    matched: Matched,
+    steps: list[int | None],
+    median_phase_ms: dict[str, float],
+    extra: list[str] | None = None,
+) -> Explained:
+    """The critical path of the counted ``steps``, blame, and the what-ifs worth reporting
+    (``extra``: more changes asked for, as ``whatif`` takes them)."""
+    graph = build_graph(segments, matched, steps)
+    if graph is None:
+        return Explained(None, {}, [], {})
+    paths = critical_paths(graph)
+    if not paths:
+        return Explained(None, {}, [], {})
+    step_ns = {p.step: p.end_ns - p.start_ns for p in paths}
+    ordered = sorted(paths, key=lambda p: (step_ns[p.step], p.step))
+    median = ordered[(len(ordered) - 1) // 2]
+    df = _blame_rows(paths)
+    n = len(paths)
+    mean_step_ms = float(np.mean(list(step_ns.values()))) / 1e6
+    blame = _blame(df, n, mean_step_ms, median_phase_ms)
+    per_step = {}
+    for p in paths:
+        mine = df.filter(pl.col("step") == p.step)
+        ms = step_ns[p.step] / 1e6
+        per_step[p.step] = StepPath(
+            step_ms=round(ms, 3),
+            complete=p.complete,
+            reason=p.reason,
+            blame=_blame(mine, 1, ms, median_phase_ms)[:10],
+        )
+    by_op = (
+        df.filter(pl.col("op").is_not_null())
+        .group_by("op", "phase", "kind")
+        .agg((pl.col("ns").sum() / n / 1e6).alias("ms"))
+        .sort("ms", "op", descending=[True, False])
+        .head(10)
+    )
+    segs = [
+        PathSegment(
+            rank=x.rank,
+            phase=x.phase,  # type: ignore[arg-type]
+            op=x.op,
+            kind=x.kind,  # type: ignore[arg-type]
+            start_ms=round((x.start_ns - median.start_ns) / 1e6, 4),
+            ms=round(x.dur_ns / 1e6, 4),
+        )
+        for x in median.pieces
+        if x.dur_ns > 0
+    ]
+    own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
+    rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}
+    path = CriticalPath(
+        step_ms=round(step_ns[median.step] / 1e6, 3),
+        step=median.step,
+        steps=n,
+        complete_steps=sum(p.complete for p in paths),
+        segments=segs,
+        blame=blame,
+        by_op=[
+            OpBlame(op=r["op"], phase=r["phase"], kind=r["kind"], ms=round(r["ms"], 3))
+            for r in by_op.iter_rows(named=True)
+        ],
+    )
+    return Explained(path, per_step, _what_ifs(graph, blame, by_op, extra or []), rank_blame)
+
+
+def parse_change(graph: Graph, text: str) -> Change | None:
+    """A change as the report and ``whatif`` name it (WhatIf.change); None where the graph has
+    nothing it applies to. Raises ValueError for a change that is not well formed."""
+    name, _, rest = text.partition(":")
+    if name == "none":
+        return Change("none")
+    if name == "balance" and not rest:
+        return next((c for c in what_ifs(graph) if c.name == "balance"), None)
+    if name == "balance" and rest.startswith("rank="):
+        return balance_rank(graph, int(rest.removeprefix("rank=")))
+    if name == "faster":
+        what, _, k = rest.rpartition(":")
+        if not what or float(k) <= 0:
+            raise ValueError(text)
+        return faster(graph, what, float(k))
+    if name == "bandwidth":
+        op, _, gbps = rest.rpartition(":")
+        if not op or float(gbps) <= 0:
+            raise ValueError(text)
+        return at_bandwidth(graph, op, float(gbps))
+    if name == "hide_comm" and not rest:
+        return Change("hide_comm", hide_comm=True)
+    if name == "no_late_start" and not rest:
+        return Change("no_late_start", no_late_start=True)
+    raise ValueError(text)
+
+
+def _what_ifs(
+    graph: Graph, blame: list[Blame], by_op: pl.DataFrame, extra: list[str]
+) -> list[WhatIf]:
+    changes = what_ifs(graph)
+    ranks = graph.items[S.RANK].n_unique()
+    top_rank = next((b.rank for b in blame if b.kind in _OWN and b.kind != LATE_START), None)
+    if ranks > 1 and top_rank is not None:
+        one = balance_rank(graph, top_rank)
+        if one is not None:
+            changes.append(one)
+    top_phase = next(
+        (b.phase for b in blame if b.kind in _OWN and b.phase not in (None, S.IDLE)), None
+    )
+    if top_phase is not None:
+        changes.append(faster(graph, top_phase, 2.0))  # type: ignore[arg-type]
+    top_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] in _OWN), None)
+    if top_op is not None and top_op != top_phase:
+        changes.append(faster(graph, top_op, 2.0))  # type: ignore[arg-type]
+    comm_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] == TRANSFER), None)
+    if comm_op is not None:
+        changes.append(faster(graph, comm_op, 2.0))  # type: ignore[arg-type]
+    for text in extra:
+        changes.append(parse_change(graph, text))  # type: ignore[arg-type]
+    out: list[WhatIf] = []
+    base: float | None = None
+    seen: set[str] = set()
+    for change in changes:
+        if change is None or change.name in seen:
+            continue
+        seen.add(change.name)
+        result = replay(graph, change)
+        ms = float(np.mean(list(result.step_ns.values()))) / 1e6 if result.step_ns else 0.0
+        if base is None:
+            base = ms
+        out.append(
+            WhatIf(
+                change=change.name,
+                step_ms=round(ms, 3),
+                speedup=round(base / ms, 3) if ms > 0 else 0.0,
+            )
+        )
+    return out
