@@ -673,6 +673,27 @@ _HOST_KIND = np.array(
 _SEGMENT_PHASE = np.array([S.BREAKDOWN_PHASES.index(p) for p in (*LEVEL_PHASES, S.IDLE)])
 
 
+def gap_operators(
+    op: np.ndarray, phase: np.ndarray, kind: np.ndarray, window: np.ndarray
+) -> np.ndarray:
+    """Segment operator codes with the time between two stretches of one operator (Python
+    between two calls of it: compute no operator holds) given to that operator, where the
+    stretches before and after it are of that operator, phase and window (-1: no operator)."""
+    gap = (op < 0) & (kind == _HOST_KIND[LEVEL[S.FORWARD]])
+    if not gap.any():
+        return op
+    index = np.arange(len(op))
+    before = np.maximum.accumulate(np.where(~gap, index, -1))
+    after = np.minimum.accumulate(np.where(~gap, index, len(op))[::-1])[::-1]
+    b, a = np.maximum(before, 0), np.minimum(after, len(op) - 1)
+    same = (
+        (before >= 0) & (after < len(op)) & (op[b] == op[a]) & (phase[b] == phase)
+        & (phase[a] == phase) & (kind[b] == kind) & (kind[a] == kind)
+        & (window[b] == window) & (window[a] == window)
+    )  # fmt: skip
+    return np.where(gap & same, op[b], op)
+
+
 def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     """Each step window of the rank as its exclusive segments in time order
     (schema.SEGMENTS_SCHEMA): the breakdown's cut kept as time, a segment per stretch of one
@@ -718,19 +739,7 @@ def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Ta
     named = (row >= 0) & (comm | ~STRUCTURAL[tl.ev.kind[np.maximum(row, 0)]])
     op = np.where(named, op_codes[np.maximum(row, 0)], -1)
     phase = _SEGMENT_PHASE[winner]
-    # time between two stretches of one operator (Python between two calls of it) goes with it
-    gap = (op < 0) & (kind == _HOST_KIND[LEVEL[S.FORWARD]])
-    if gap.any():
-        index = np.arange(len(op))
-        before = np.maximum.accumulate(np.where(~gap, index, -1))
-        after = np.minimum.accumulate(np.where(~gap, index, len(op))[::-1])[::-1]
-        b, a = np.maximum(before, 0), np.minimum(after, len(op) - 1)
-        same = (
-            (before >= 0) & (after < len(op)) & (op[b] == op[a]) & (phase[b] == phase)
-            & (phase[a] == phase) & (kind[b] == kind) & (kind[a] == kind)
-            & (window[b] == window) & (window[a] == window)
-        )  # fmt: skip
-        op = np.where(gap & same, op[b], op)
+    op = gap_operators(op, phase, kind, window)
     new = np.ones(len(lo), bool)
     new[1:] = (
         (window[1:] != window[:-1]) | (phase[1:] != phase[:-1]) | (kind[1:] != kind[:-1])

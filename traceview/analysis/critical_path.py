@@ -566,7 +566,7 @@ def balance_rank(graph: Graph, rank: int) -> Change | None:
     mine = per.filter(pl.col(S.RANK) == rank).join(others, on=[S.STEP, S.PHASE])
     if mine.height == 0:
         return None
-    factor = mine.with_columns((pl.col("m") / pl.col("d")).alias("f")).select(
+    factor = mine.with_columns((pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f")).select(
         S.STEP, pl.col(S.RANK), S.PHASE, "f"
     )
     joined = frame.with_row_index("_i").join(factor, on=[S.STEP, S.RANK, S.PHASE], how="left")
@@ -657,6 +657,33 @@ def _blame(
     return out
 
 
+#: A stretch of the path shorter than this share of the step joins the stretch before it on
+#: the same rank in the report's list (a GPU path alternates kernels and launch gaps every few
+#: microseconds); blame and the exported path keep every piece.
+_STRETCH_MIN = 0.005
+
+
+def _stretches(pieces: list[PathPiece], step_ns: int) -> list[PathPiece]:
+    """The path's pieces joined into stretches of one rank and phase (what the report lists),
+    each named by the kind and operator of its longest piece; a stretch under _STRETCH_MIN of
+    the step joins the one before it on its rank. They still tile the step."""
+    out: list[PathPiece] = []
+    longest: list[int] = []
+    small = _STRETCH_MIN * step_ns
+    for x in pieces:
+        if x.dur_ns <= 0:
+            continue
+        last = out[-1] if out else None
+        if last is not None and last.rank == x.rank and (last.phase == x.phase or x.dur_ns < small):
+            if x.dur_ns > longest[-1]:
+                last.op, last.kind, longest[-1] = x.op, x.kind, x.dur_ns
+            last.dur_ns = x.start_ns + x.dur_ns - last.start_ns
+            continue
+        out.append(PathPiece(x.rank, x.phase, x.op, x.kind, x.start_ns, x.dur_ns))
+        longest.append(x.dur_ns)
+    return out
+
+
 def explain(
     segments: pa.Table,
     matched: Matched,
@@ -705,8 +732,7 @@ def explain(
             start_ms=round((x.start_ns - median.start_ns) / 1e6, 4),
             ms=round(x.dur_ns / 1e6, 4),
         )
-        for x in median.pieces
-        if x.dur_ns > 0
+        for x in _stretches(median.pieces, median.end_ns - median.start_ns)
     ]
     own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
     rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}

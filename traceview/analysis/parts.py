@@ -47,6 +47,7 @@ from traceview.analysis.attribution import (
     backward_elsewhere,
     breakdown,
     comm_intervals,
+    gap_operators,
     rank_timeline,
     step_windows,
     timeline_segments,
@@ -445,21 +446,38 @@ def _joined_comm(table: pa.Table) -> pa.Table:
     return joined.set_column(index, joined.schema.field(index), ends)
 
 
+def _codes_of(table: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(
+        pc.dictionary_encode(table.column(name)).combine_chunks().indices.fill_null(-1), np.int64
+    )
+
+
 def _joined_segments(table: pa.Table) -> pa.Table:
     """The segments of a window's slices, a segment that runs on across a cut joined with its
     continuation (same phase, kind and operator)."""
     if table.num_rows == 0:
         return table
     start, end = ints(table.column(S.START_NS), 0), ints(table.column(S.END_NS), 0)
+    step = _codes_of(table, S.STEP)
+    ops = pc.dictionary_encode(table.column(S.OP)).combine_chunks()
+    named = np.asarray(ops.indices.fill_null(-1), np.int64)
+    # (a gap between two stretches of one operator, cut by the slices: as the whole rank's)
+    kind_codes = np.array(
+        [S.SEGMENT_KINDS.index(v) for v in table.column(S.KIND).to_pylist()], np.int64
+    )
+    phase_codes = np.array(
+        [S.BREAKDOWN_PHASES.index(v) for v in table.column(S.PHASE).to_pylist()], np.int64
+    )
+    named = gap_operators(named, phase_codes, kind_codes, step)
     new = np.ones(len(start), bool)
-    new[1:] = start[1:] != end[:-1]
-    for name in (S.STEP, S.PHASE, S.KIND, S.OP):
-        codes = np.asarray(
-            pc.dictionary_encode(table.column(name)).combine_chunks().indices.fill_null(-1)
-        )
+    new[1:] = (start[1:] != end[:-1]) | (named[1:] != named[:-1])
+    for codes in (step, phase_codes, kind_codes):
         new[1:] |= codes[1:] != codes[:-1]
     heads = np.flatnonzero(new)
     joined = table.take(pa.array(heads))
+    index = joined.schema.get_field_index(S.OP)
+    op = ops.dictionary.take(pa.array(np.maximum(named[heads], 0), mask=named[heads] < 0))
+    joined = joined.set_column(index, joined.schema.field(index), op.cast(pa.string()))
     ends = pa.array(np.append(end[heads[1:] - 1], end[-1]), pa.int64())
     index = joined.schema.get_field_index(S.END_NS)
     return joined.set_column(index, joined.schema.field(index), ends)

@@ -904,24 +904,39 @@ def _critical_path(
     return explained
 
 
+#: The critical path names the straggler where one rank holds at least this share of the ranks'
+#: own time on it (and 1.5 / ranks, so that two even ranks do not name one) ...
+BLAME_SHARE = 0.5
+#: ... and spends at least this much of the step over the median rank in one of its phases
+BLAME_EXCESS = 0.05
+
+
 def _blame_verdict(summary: Summary, ranks: list[RankSummary], explained: Explained) -> None:
-    """The straggler from blame: the rank with the most of its own time on the critical path,
-    in the phase where that time most exceeds the median rank's; the median-based verdicts
-    kept under their own names."""
+    """The straggler from blame where it is decisive: the rank holding most of the ranks' own
+    time on the critical path, in the phase where that time most exceeds the median rank's.
+    Elsewhere the comparison against the median rank stands; both are kept under their own
+    names (``straggler_*_by_median``)."""
     summary.straggler_rank_by_median = summary.straggler_rank
     summary.straggler_phase_by_median = summary.straggler_phase
     blame = explained.rank_blame
-    if len(ranks) < 2 or not blame or explained.path is None:
+    path = explained.path
+    if len(ranks) < 2 or not blame or path is None:
         return
     top = min(blame, key=lambda r: (-blame[r], r))
-    summary.straggler_rank = top
+    share = blame[top] / (sum(blame.values()) or 1.0)
     excess = [
-        b for b in explained.path.blame
-        if b.rank == top and b.excess_ms is not None and b.excess_ms > 0
-        and b.phase in get_args(StragglerPhase)
+        b for b in path.blame
+        if b.rank == top and b.excess_ms is not None and b.phase in get_args(StragglerPhase)
     ]  # fmt: skip
-    if excess:
-        summary.straggler_phase = max(excess, key=lambda b: b.excess_ms or 0.0).phase  # type: ignore[assignment]
+    worst = max(excess, key=lambda b: b.excess_ms or 0.0, default=None)
+    if (
+        share < max(BLAME_SHARE, 1.5 / len(ranks))
+        or worst is None
+        or (worst.excess_ms or 0.0) < BLAME_EXCESS * path.step_ms
+    ):
+        return
+    summary.straggler_rank = top
+    summary.straggler_phase = worst.phase  # type: ignore[assignment]
 
 
 def summarize(
