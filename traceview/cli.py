@@ -10,6 +10,7 @@ Profile a job, or point it at the profiler traces of a run (one file per rank, o
   traceview tui TRACES...|RUN           explore it in the terminal (q quits, ? helps)
   traceview compare RUN_A RUN_B ...     runs or frameworks side by side, with ratios
   traceview scaling RUN_1 RUN_2 RUN_4   speedup, efficiency, the model's predictions
+  traceview whatif RUN --balance        the steps replayed across ranks with a change
   traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
   traceview schema report               the JSON Schema of report/compare/scaling --json
 
@@ -38,6 +39,7 @@ DOCS_PAGES: dict[str, str] = {
     "report": "docs/report.md",
     "compare": "docs/compare.md",
     "scaling": "docs/compare.md",
+    "whatif": "docs/critical-path.md",
     "export": "docs/reference/run-directory.md",
     "tui": "docs/tui.md",
     "schema": "docs/reference/report-json.md",

@@ -820,3 +820,24 @@ def _what_ifs(
             )
         )
     return out
+
+
+def path_table(segments: pa.Table, matched: Matched, steps: list[int | None]) -> pa.Table:
+    """Every piece of the critical path of each of ``steps`` (schema.CRITICAL_PATH_SCHEMA)."""
+    graph = build_graph(segments, matched, steps)
+    paths = critical_paths(graph) if graph is not None else []
+    rows = [
+        (None if p.step == NO_STEP else p.step, x.rank, x.start_ns, x.dur_ns, x.phase, x.kind, x.op)
+        for p in paths
+        for x in p.pieces
+        if x.dur_ns > 0
+    ]
+    names = S.CRITICAL_PATH_SCHEMA.names
+    columns: list[list[object]] = [[row[i] for row in rows] for i in range(len(names))]
+    return pa.table(
+        {
+            name: pa.array(col, S.CRITICAL_PATH_SCHEMA.field(name).type)
+            for name, col in zip(names, columns, strict=True)
+        },
+        schema=S.CRITICAL_PATH_SCHEMA,
+    )

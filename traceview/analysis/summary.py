@@ -883,6 +883,7 @@ def _critical_path(
     cross: CrossRank | None,
     per_step: list[StepSummary],
     ranks: list[RankSummary],
+    whatif: list[str],
 ) -> Explained | None:
     """The critical path of the counted steps (analysis/critical_path.py), each step's set on
     ``per_step``."""
@@ -898,7 +899,7 @@ def _critical_path(
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
         for phase in S.BREAKDOWN_PHASES
     }
-    explained = explain(segments, matched, counted, median_phase)
+    explained = explain(segments, matched, counted, median_phase, whatif)
     for s in per_step:
         s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
     return explained
@@ -954,6 +955,7 @@ def summarize(
     choice: StepChoice | None = None,
     comm: pa.Table | None = None,
     segments: pa.Table | None = None,
+    whatif: list[str] | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
     ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
@@ -964,7 +966,8 @@ def summarize(
     chose (None: leading warm-up steps left out, ``selection``); ``comm``: the run's comm table,
     for the cross-rank pass over the selected steps where some are left out (without it,
     ``cross`` is used as it is); ``segments``: the ranks' timelines as segments, for the
-    critical path (None: an older run directory; no critical path, no what-ifs)."""
+    critical path (None: an older run directory; no critical path, no what-ifs); ``whatif``:
+    changes to replay besides the report's own (WhatIf.change)."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -996,7 +999,7 @@ def summarize(
     if pipeline is not None:
         _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(complete_df, selection)
-    explained = _critical_path(segments, cross, per_step, ranks)
+    explained = _critical_path(segments, cross, per_step, ranks, whatif or [])
     if explained is not None:
         _blame_verdict(summary, ranks, explained)
     verdict = None

@@ -24,6 +24,7 @@ def all_commands() -> list[Command]:
     from traceview.commands.report import ReportCommand
     from traceview.commands.scaling import ScalingCommand
     from traceview.commands.tui import TuiCommand
+    from traceview.commands.whatif import WhatIfCommand
 
     return [
         CollectCommand(),
@@ -31,6 +32,7 @@ def all_commands() -> list[Command]:
         ReportCommand(),
         CompareCommand(),
         ScalingCommand(),
+        WhatIfCommand(),
         ExportCommand(),
         TuiCommand(),
         SchemaCommand(),

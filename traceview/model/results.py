@@ -463,6 +463,14 @@ class WhatIf(Result):
     speedup: float  # the replay with no change over this one
 
 
+class WhatIfs(Result):
+    """``traceview whatif --json``: the replays asked for (the first: no change)."""
+
+    steps: int  # counted steps replayed
+    whatif: list[WhatIf]
+    not_applicable: list[str] = []  # changes asked for that nothing in the run matches
+
+
 class StepSummary(Result):
     """One step number across ranks. Every complete step is listed; ``excluded`` says why one
     is left out of the headline figures (summary, ranks, GPU, collectives): "warm-up" (a

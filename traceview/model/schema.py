@@ -382,6 +382,24 @@ SEGMENTS_SCHEMA: Final = pa.schema(
 )
 
 
+#: One row per stretch of a step's critical path across ranks (analysis/critical_path.py), in
+#: time order per step: ``export`` writes it as critical_path.parquet. Per step the rows tile
+#: the job's step (first rank's start to last rank's end); kind adds transfer and late_start to
+#: the segment kinds (a late start has no phase).
+CRITICAL_PATH_SCHEMA: Final = pa.schema(
+    [
+        pa.field(STEP, pa.int64()),
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(DUR_NS, pa.int64(), nullable=False),
+        pa.field(PHASE, pa.string()),
+        pa.field(KIND, pa.string(), nullable=False),
+        pa.field(OP, pa.string()),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
 # --- gpu: per rank and step window of a GPU timeline, device busy and idle time -----------------
 
 BUSY_NS: Final = "busy_ns"

@@ -66,15 +66,15 @@ class Run:
         path = self.path / f"{R.MEMORY}.parquet"
         return path.is_file() and R.leads_out(self.path, path) is None
 
-    def report(self, top: int = 10) -> RunReport:
+    def report(self, top: int = 10, whatif: list[str] | None = None) -> RunReport:
 
         path = None if self.temporary else str(self.path)
         try:
-            return self._summarize(top, path)
+            return self._summarize(top, path, whatif)
         except UsageError as exc:  # a step choice this run has no steps for: say which run
             raise UsageError(f"{safe(self.label)}: {exc}") from None
 
-    def _summarize(self, top: int, path: str | None) -> RunReport:
+    def _summarize(self, top: int, path: str | None, whatif: list[str] | None) -> RunReport:
         from traceview.analysis.summary import summarize
 
         return summarize(
@@ -91,6 +91,7 @@ class Run:
             choice=self.choice,
             comm=self.tables["comm"],
             segments=self.tables["segments"],
+            whatif=whatif,
         )
 
     @cached_property
@@ -117,11 +118,31 @@ class Run:
             tables["gpu"] = self.tables["gpu"]
         if self.tables["launches"].num_rows:
             tables.update(launch_grains(self.tables["launches"]))
+        path = self.critical_path()
+        if path.num_rows:
+            tables["critical_path"] = path
         memory = R.read_memory(self.path) if self.has_memory else None
         if memory is not None and memory.num_rows:  # runs without memory records: none
             tables["memory"] = memory
             tables["memory_steps"] = self.tables["memory_steps"]
         return tables
+
+    def critical_path(self) -> pa.Table:
+        """The critical path of every step across ranks, a row per piece
+        (schema.CRITICAL_PATH_SCHEMA), on the clock the collectives were matched on."""
+        import polars as pl
+
+        from traceview.analysis.critical_path import path_table
+        from traceview.analysis.crossrank import Matched
+
+        segments, cross = self.tables["segments"], self.cross
+        if cross is not None and cross.clocks is not None:
+            frame = pl.from_arrow(segments)
+            assert isinstance(frame, pl.DataFrame)
+            segments = cross.clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
+        steps = sorted(set(self.steps.column(S.STEP).to_pylist()), key=lambda s: (s is None, s))
+        matched = cross.matched if cross is not None else Matched(pl.DataFrame())
+        return path_table(segments, matched, steps)
 
     def clock_offsets(self) -> dict[int, int]:
         """ns to subtract from each rank's times to put it on the run's clock, where they were

@@ -12,12 +12,14 @@ from rich.text import Text
 from traceview.model import schema as S
 from traceview.model.escape import safe
 from traceview.model.results import (
+    Blame,
     Breakdown,
     HostBound,
     KernelLaunches,
     Pipeline,
     RankGpu,
     RunReport,
+    WhatIf,
 )
 
 PHASE_STYLE = {
@@ -256,6 +258,74 @@ def pipeline_text(pipeline: Pipeline) -> Text:
         )
     if p > 16:
         text.append(f"\n  ... {p - 16} more stages")
+    return text
+
+
+def change_words(change: str) -> str:
+    """A what-if's change (WhatIf.change) in words."""
+    name, _, rest = change.partition(":")
+    if name == "balance":
+        return (
+            f"rank {rest.removeprefix('rank=')} at the median of the others"
+            if rest
+            else ("every rank at the median")
+        )
+    if name == "faster":
+        what, _, k = rest.rpartition(":")
+        return f"{safe(what)} {k}x faster"
+    if name == "bandwidth":
+        op, _, gbps = rest.rpartition(":")
+        return f"{safe(op)} at {gbps} GB/s"
+    return {"hide_comm": "communication hidden", "no_late_start": "no late starts"}.get(
+        name, safe(change)
+    )
+
+
+def blame_words(b: Blame) -> str:
+    """One line of blame: who, in what, how long (ms per step)."""
+    if b.kind == "late_start":
+        what = "starting the step late"
+    elif b.kind == "transfer":
+        what = "communication (transfer)"
+    elif b.kind == "idle":
+        what = "idle"
+    else:
+        what = f"{b.phase} ({b.kind.replace('_', '-')})"
+    extra = ""
+    if b.excess_ms is not None and b.kind != "late_start" and b.excess_ms >= 0.05 * b.ms > 0:
+        extra = f", {ms(b.excess_ms)} ms over the median rank"
+    return f"{ms(b.ms):>8} ms  rank {b.rank} {what}{extra}"
+
+
+def best_whatifs(whatif: list[WhatIf], n: int = 3) -> list[WhatIf]:
+    """The what-ifs that gain the most (the replay with no change left out)."""
+    useful = [w for w in whatif if w.change != "none" and w.speedup > 1.0]
+    return sorted(useful, key=lambda w: (-w.speedup, w.change))[:n]
+
+
+def critical_path_text(report: RunReport, rows: int = 5) -> Text | None:
+    """The critical path in words: who holds the step, and what would make it faster."""
+    path = report.critical_path
+    if path is None or report.run.ranks < 2:
+        return None
+    text = Text(
+        f"critical path: {ms(path.step_ms)} ms (median step, first rank's start to last "
+        f"rank's end); on it, per step:"
+    )
+    for b in path.blame[:rows]:
+        text.append("\n  " + blame_words(b))
+    if path.complete_steps < path.steps:
+        text.append(
+            f"\n  ({path.steps - path.complete_steps} of {path.steps} steps' paths incomplete: "
+            "see per_step in --json)",
+            style="bright_black",
+        )
+    best = best_whatifs(report.whatif)
+    if best:
+        words = "; ".join(
+            f"{change_words(w.change)} → {ms(w.step_ms)} ms ({w.speedup:.2f}x)" for w in best
+        )
+        text.append(f"\nwhat if (replayed): {words}")
     return text
 
 

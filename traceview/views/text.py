@@ -22,6 +22,7 @@ from traceview.views.style import (
     SHORT,
     communication_text,
     count,
+    critical_path_text,
     duration_us,
     gpu_verdict_text,
     host_bound_cell,
@@ -138,6 +139,9 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         console.print(straggler_text(report))
     if report.pipeline is not None:
         console.print(pipeline_text(report.pipeline))
+    path_text = critical_path_text(report)
+    if path_text is not None:
+        console.print(path_text)
     console.print()
 
     spread = report.rank_spread
