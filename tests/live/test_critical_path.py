@@ -23,8 +23,9 @@ the first rank's marker start to the last rank's marker end (the issue's definit
 below is that span, from the raw JSON.
 
 Set TV_CRITICAL_JOBS=DIR to read DIR/<job>/{run,truth} made earlier instead of running the jobs.
-Run times on the shared 2-core machine (traceview collect, torchrun start-up included): late2
-13 s, dp3-slow 19 s, dp3-balanced 23 s, ddp3-slow 30 s, ddp3-balanced 29 s, gpipe2-slow 20 s.
+Run times on the shared 2-core machine (traceview collect, torchrun start-up included; two runs):
+late2 13-20 s, dp3-slow 19-25 s, dp3-balanced 18-23 s, ddp3-slow 12-30 s, ddp3-balanced 15-29 s,
+gpipe2-slow 17-28 s; the whole file 2.0-2.6 min (the reports and what-ifs: seconds).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -496,7 +498,10 @@ def test_whatif_command(jobs: Any) -> None:
     assert got["step_ms"] == pytest.approx(_whatif(job.report(), "balance")["step_ms"], rel=0.01)
     text = run_cli("whatif", job.run, "--balance")
     assert text.code == 0, text.err
-    assert f"{got['speedup']:.2f}" in text.out and "balance" in text.out, text.out
+    numbers = [float(n) for n in re.findall(r"\d+(?:\.\d+)?", text.out)]
+    assert "balance" in text.out, text.out
+    assert any(abs(n - got["speedup"]) <= 0.01 * got["speedup"] + 0.005 for n in numbers), text.out
+    assert any(abs(n - got["step_ms"]) <= 0.01 * got["step_ms"] + 0.05 for n in numbers), text.out
     bad = run_cli("whatif", job.run, "--balance-rank", "7")
     assert bad.code == 2 and "Traceback" not in bad.err, bad.err
     assert len(bad.err.strip().splitlines()) == 1, bad.err
