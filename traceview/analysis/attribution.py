@@ -214,6 +214,14 @@ def _training_levels(
     structural = STRUCTURAL[ev.kind[rows]]
     phase = ev.phase[rows]
     level[has] = np.where(structural, _REGION[phase], _EXPLICIT[phase])
+    if structural.any():
+        # a region inside an operator (a user's record_function in a custom backward) is still
+        # that operator's time: the thread is inside the operator
+        inner = np.flatnonzero(has)[structural]
+        around = _enclosing_operator(ev, owner[inner])
+        enclosed = around >= 0
+        op_level = _EXPLICIT[ev.phase[around[enclosed]]]
+        level[inner[enclosed]] = np.minimum(level[inner[enclosed]], op_level)
     if unowned is not None:
         level[has] = np.where(unowned[rows], _GAP, level[has])
     # A gap between two segments of the same phase belongs to that phase.
@@ -230,6 +238,21 @@ def _training_levels(
         fill = np.where(prev_fill == next_fill, prev_fill, _GAP)
         level = np.where(gap, fill, level)
     return level
+
+
+def _enclosing_operator(ev: EventArrays, rows: np.ndarray) -> np.ndarray:
+    """For each region row, the nearest operator (not a region) it lies in (-1: none)."""
+    named = OPERATOR[ev.kind] & ~STRUCTURAL[ev.kind]
+    cur = ev.parent_row[rows]
+    found = np.full(len(rows), -1, np.int64)
+    open_ = cur >= 0
+    while open_.any():
+        hit = open_ & named[np.maximum(cur, 0)]
+        found[hit] = cur[hit]
+        open_ &= ~hit
+        cur = np.where(open_, ev.parent_row[np.maximum(cur, 0)], -1)
+        open_ &= cur >= 0
+    return found
 
 
 def _fill_of(levels: np.ndarray) -> np.ndarray:

@@ -644,7 +644,10 @@ def _blame(
         return []
     agg = df.group_by("rank", "phase", "kind").agg((pl.col("ns").sum() / n_steps / 1e6).alias("ms"))
     out = []
-    for row in agg.sort("ms", "rank", descending=[True, False]).iter_rows(named=True):
+    order = agg.sort(
+        "ms", "rank", "phase", "kind", descending=[True, False, False, False], nulls_last=True
+    )
+    for row in order.iter_rows(named=True):
         ms = float(row["ms"])
         kind, phase = row["kind"], row["phase"]
         if kind == LATE_START:
@@ -697,27 +700,34 @@ def explain(
     segments: pa.Table,
     matched: Matched,
     steps: list[int | None],
+    counted: list[int | None],
     median_phase_ms: dict[str, float],
     extra: list[str] | None = None,
 ) -> Explained:
-    """The critical path of the counted ``steps``, blame, and the what-ifs worth reporting
-    (``extra``: more changes asked for, as ``whatif`` takes them)."""
+    """The critical path of each of ``steps`` (every complete step, warm-up included); blame
+    and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
+    for, as ``whatif`` takes them)."""
     graph = build_graph(segments, matched, steps)
     if graph is None:
         return Explained(None, {}, [], {})
-    paths = critical_paths(graph)
+    walked = critical_paths(graph)
+    wanted = {NO_STEP if s is None else s for s in counted}
+    paths = [p for p in walked if p.step in wanted]
     if not paths:
         return Explained(None, {}, [], {})
-    step_ns = {p.step: p.end_ns - p.start_ns for p in paths}
+    if len(wanted) < len(graph.steps):
+        graph = build_graph(segments, matched, counted) or graph
+    step_ns = {p.step: p.end_ns - p.start_ns for p in walked}
     ordered = sorted(paths, key=lambda p: (step_ns[p.step], p.step))
     median = ordered[(len(ordered) - 1) // 2]
     df = _blame_rows(paths)
     n = len(paths)
-    mean_step_ms = float(np.mean(list(step_ns.values()))) / 1e6
+    mean_step_ms = float(np.mean([step_ns[p.step] for p in paths])) / 1e6
     blame = _blame(df, n, mean_step_ms, median_phase_ms)
     per_step = {}
-    for p in paths:
-        mine = df.filter(pl.col("step") == p.step)
+    every = _blame_rows(walked)
+    for p in walked:
+        mine = every.filter(pl.col("step") == p.step)
         ms = step_ns[p.step] / 1e6
         per_step[p.step] = StepPath(
             step_ms=round(ms, 3),

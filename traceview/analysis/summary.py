@@ -888,6 +888,7 @@ def _critical_path(
     """The critical path of the counted steps (analysis/critical_path.py), each step's set on
     ``per_step``."""
     counted = [s.step for s in per_step if s.excluded is None]
+    every = [s.step for s in per_step]
     if segments is None or segments.num_rows == 0 or not counted or not ranks:
         return None
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
@@ -899,7 +900,7 @@ def _critical_path(
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
         for phase in S.BREAKDOWN_PHASES
     }
-    explained = explain(segments, matched, counted, median_phase, whatif)
+    explained = explain(segments, matched, every, counted, median_phase, whatif)
     for s in per_step:
         s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
     return explained
