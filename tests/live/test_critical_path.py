@@ -76,8 +76,9 @@ class CriticalJob(Job):
     _whatif: dict[tuple[str, ...], Any]
 
     def whatif(self, *flags: str) -> dict[str, Any]:
-        """`traceview whatif RUN *flags --json`: its one replay {change, step_ms, speedup}
-        (printed alone, as a one-item list, or as {"whatif": [it]}); cached per flags."""
+        """`traceview whatif RUN *flags --json`: the replay the flags ask for {change, step_ms,
+        speedup} (``whatif`` lists the replay with no change first, then the one asked for);
+        cached per flags."""
         cache = self.__dict__.setdefault("_whatif", {})
         if flags not in cache:
             result = run_cli("whatif", self.run, *flags, "--json")
@@ -86,8 +87,9 @@ class CriticalJob(Job):
             if isinstance(got, dict) and "whatif" in got:
                 got = got["whatif"]
             if isinstance(got, list):
-                assert len(got) == 1, got
-                got = got[0]
+                assert got[0]["change"] == "none", got
+                assert len(got) == 2, got
+                got = got[1]
             assert {"change", "step_ms", "speedup"} <= set(got), got
             cache[flags] = got
         return cache[flags]

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 #: backward region fill where another thread runs backward (PyTorch's autograd thread); 11: the
 #: launches table splits the launch delay into queueing and launch latency; 12: the collectives
 #: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call; 13: the
-#: segments table (each window's exclusive segments in time order: the critical path's input)
-ANALYSIS_VERSION = "13"
+#: segments table (each window's exclusive segments in time order: the critical path's input);
+#: 14: a region inside an operator keeps the operator's level
+ANALYSIS_VERSION = "14"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
 RANK_TABLES = (

@@ -733,7 +733,7 @@ def explain(
             step_ms=round(ms, 3),
             complete=p.complete,
             reason=p.reason,
-            blame=_blame(mine, 1, ms, median_phase_ms)[:10],
+            blame=_blame(mine, 1, ms, median_phase_ms),
         )
     by_op = (
         df.filter(pl.col("op").is_not_null())

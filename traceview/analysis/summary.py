@@ -939,6 +939,8 @@ def _blame_verdict(summary: Summary, ranks: list[RankSummary], explained: Explai
         return
     summary.straggler_rank = top
     summary.straggler_phase = worst.phase  # type: ignore[assignment]
+    if summary.bottleneck == "imbalance":  # the wait is explained: by the straggler's phase
+        summary.bottleneck = worst.phase  # type: ignore[assignment]
 
 
 def summarize(

@@ -73,6 +73,7 @@ class WhatIfCommand:
     def run(self, args: argparse.Namespace) -> int:
         from rich.text import Text
 
+        from traceview.model.escape import safe
         from traceview.model.results import WhatIfs
         from traceview.store.analysed import open_run
         from traceview.views.progress import TerminalProgress
@@ -84,6 +85,13 @@ class WhatIfCommand:
             TerminalProgress() as progress,
             open_run(args.paths, args.rules, progress, step_choice_of(args)) as run,
         ):
+            ranks = set(run.manifest.ranks_present or [r.rank for r in run.manifest.ranks])
+            unknown = sorted(set(args.balance_rank or []) - ranks)
+            if unknown:
+                raise UsageError(
+                    f"--balance-rank {unknown[0]}: the run has no such rank "
+                    f"(ranks {min(ranks, default=0)}-{max(ranks, default=0)})"
+                )
             report = run.report(whatif=["none", *asked])
         if report.critical_path is None:
             raise UsageError("no critical path in this run: it has no step windows to replay")
@@ -105,7 +113,11 @@ class WhatIfCommand:
             f"{report.run.ranks} rank{'s' * (report.run.ranks != 1)}"
         )
         for w in result.whatif:
-            words = "as measured (no change)" if w.change == "none" else change_words(w.change)
+            words = (
+                "as measured (none)"
+                if w.change == "none"
+                else f"{change_words(w.change)} ({safe(w.change)})"
+            )
             console.print(Text(f"  {ms(w.step_ms):>9} ms  {w.speedup:5.2f}x  {words}"))
         for change in result.not_applicable:
             console.print(
