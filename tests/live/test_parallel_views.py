@@ -1,0 +1,138 @@
+"""Issue 32's views of real jobs beyond data parallelism: export, the TUI and compare, held to
+the jobs' own truth (the groups they built, their calls and their stage timers; the jobs and
+their truth: tests/live/test_parallel_jobs.py).
+
+The jobs run once per session (CPU, gloo, torchrun; about 15-60 s each); TV_PARALLEL_JOBS=DIR
+reads DIR/<job>/{run,truth} made earlier instead, as test_parallel_jobs.py does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.conftest import run_cli
+from tests.live.test_parallel_jobs import (
+    JOBS,
+    WORKLOADS,
+    Job,
+    _launcher,
+    declared_groups,
+    stage_truth,
+)
+
+pytestmark = [pytest.mark.torch]
+
+
+@pytest.fixture(scope="session")
+def parallel_jobs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """job(name): that job of test_parallel_jobs.JOBS run once per session under collect."""
+    made: dict[str, Job] = {}
+    reuse = os.environ.get("TV_PARALLEL_JOBS")
+
+    def job(name: str) -> Job:
+        if name in made:
+            return made[name]
+        ranks, script, args = JOBS[name]
+        if reuse and (Path(reuse) / name / "truth").is_dir():
+            made[name] = Job(name, Path(reuse) / name, ranks)
+            return made[name]
+        out = tmp_path_factory.mktemp(name)
+        result = run_cli(
+            "collect", "-o", out / "run", "--steps", "5", "--warmup", "2", "--skip", "1",
+            "--no-report", "--", *_launcher(), "--nproc-per-node", str(ranks),
+            WORKLOADS / script, "--steps", "10", "--truth", out / "truth", *args,
+        )  # fmt: skip
+        assert result.code == 0, result.out[-2000:] + result.err[-2000:]
+        made[name] = Job(name, out, ranks)
+        return made[name]
+
+    return job
+
+
+def _export(job: Job, out: Path, fmt: str = "parquet") -> Path:
+    result = run_cli("export", job.run, "--format", fmt, "-o", out)
+    assert result.code == 0, result.err
+    return out
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+def test_export_names_each_calls_group_dimension_and_ranks_as_the_mesh_job_built_them(
+    parallel_jobs: Any, tmp_path: Path
+) -> None:
+    """collectives.parquet: every call of the 2-D mesh (dp 2 x tp 2) carries the group the job
+    issued it in, that group's dimension and ranks; a matched call's group holds its rank, and
+    the calls matched together in a group (one step, view and position) are its ranks' own."""
+    job = parallel_jobs("mesh2d")
+    out = _export(job, tmp_path / "out")
+    calls = pl.read_parquet(out / "collectives.parquet")
+    built = {g["name"]: g for g in declared_groups(job)}
+    used = calls.select("group", "dim", "group_ranks").unique().sort("group")
+    assert used.height >= 4  # two dp groups and two tp groups
+    for name, dim, ranks in used.iter_rows():
+        assert dim == built[name]["dim"] and ranks == built[name]["ranks"], name
+    # the job's own calls: which ranks issued which op in which group
+    issued = job.timers.filter(pl.col("name") == "call").select("rank", "op", "group").unique()
+    exported = (
+        calls.filter(pl.col("view") == "host")
+        .select("rank", pl.col("collective").alias("op"), "group")
+        .unique()
+    )
+    assert sorted(exported.rows()) == sorted(issued.rows())
+    matched = calls.filter("matched")
+    assert matched.height > 0
+    assert matched.select(pl.col("group_ranks").list.contains(pl.col("rank")).all()).item()
+    spans = matched.group_by("step", "name", "collective", "position", "group").agg(
+        pl.col("rank").sort()
+    )
+    for ranks, group in spans.select("rank", "group").iter_rows():
+        assert ranks == built[group]["ranks"], (group, ranks)
+
+
+def test_export_comm_by_group_is_the_reports_and_counts_the_jobs_calls(
+    parallel_jobs: Any, tmp_path: Path
+) -> None:
+    """comm_by_group.parquet holds report --json's rows (same steps), whose calls per step per
+    group, phase and op are those the job issued (its timers); csv writes the same rows."""
+    job = parallel_jobs("mesh2d")
+    table = pl.read_parquet(_export(job, tmp_path / "pq") / "comm_by_group.parquet")
+    report = job.report()["comm_by_group"]
+    assert table.to_dicts() == report
+    calls = job.recorded("call")
+    expected = (
+        calls.group_by("rank", "tstep", "group", "phase", "op")
+        .agg(pl.len().alias("n"))
+        .group_by("group", "phase", "op")
+        .agg(pl.col("n").mean())
+    )
+    rows = {(r["group"], r["phase"], r["op"]): r for r in table.to_dicts()}
+    for group, phase, op, n in expected.iter_rows():
+        assert rows[(group, phase, op)]["calls_per_step"] == pytest.approx(n), (group, phase, op)
+    csv = pl.read_csv(_export(job, tmp_path / "csv", "csv") / "comm_by_group.csv")
+    assert csv["ranks"].to_list() == [str(r["ranks"]) for r in report]
+
+
+def test_export_pipeline_stages_bubble_matches_the_stage_timers(
+    parallel_jobs: Any, tmp_path: Path
+) -> None:
+    """pipeline_stages.parquet of the 2-stage GPipe job whose stage 1 does extra forward work:
+    one row per stage, its bubble and compute within 15% of the stage's timers (schedule wall
+    time minus its own forward, loss and backward); a data-parallel-only run has no such
+    table."""
+    job = parallel_jobs("gpipe2-slow")
+    stages = pl.read_parquet(_export(job, tmp_path / "out") / "pipeline_stages.parquet")
+    truth = stage_truth(job)
+    assert stages["stage"].to_list() == [0, 1]
+    assert stages["ranks"].to_list() == [[0], [1]]
+    assert set(stages["schedule"]) == {"GPipe"} and set(stages["microbatches"]) == {4.0}
+    for s, t in zip(stages.iter_rows(named=True), truth.iter_rows(named=True), strict=True):
+        assert s["bubble_ms"] == pytest.approx(t["bubble"], rel=0.15, abs=1.0), (s, t)
+        assert s["compute_ms"] == pytest.approx(t["compute"], rel=0.15, abs=1.0), (s, t)
+    mesh = _export(parallel_jobs("mesh2d"), tmp_path / "mesh")
+    assert not (mesh / "pipeline_stages.parquet").exists()
