@@ -136,3 +136,96 @@ def test_export_pipeline_stages_bubble_matches_the_stage_timers(
         assert s["compute_ms"] == pytest.approx(t["compute"], rel=0.15, abs=1.0), (s, t)
     mesh = _export(parallel_jobs("mesh2d"), tmp_path / "mesh")
     assert not (mesh / "pipeline_stages.parquet").exists()
+
+
+# --- the TUI -----------------------------------------------------------------------------------
+
+
+def _tui(job: Job, scenario: Any, size: tuple[int, int] = (160, 40)) -> None:
+    import asyncio
+
+    from tests.tui_helpers import loaded
+    from traceview.store.analysed import open_run
+    from traceview.tui.app import TraceviewApp
+
+    with open_run([job.run]) as run:
+        app = TraceviewApp([run])
+        app.animation_level = "none"
+
+        async def main() -> None:
+            async with app.run_test(size=size) as pilot:
+                await loaded(pilot)
+                await scenario(app, pilot)
+
+        asyncio.run(main())
+
+
+def test_tui_groups_the_mesh_jobs_ranks_by_the_groups_it_built(parallel_jobs: Any) -> None:
+    """Ranks screen of the dp 2 x tp 2 job: its ranks under the dp groups the job built, then
+    (g) under its tp groups."""
+    from textual.widgets import DataTable
+
+    from tests.tui_helpers import settle
+
+    job = parallel_jobs("mesh2d")
+    built = declared_groups(job)
+    expected = {dim: sorted(g["ranks"] for g in built if g["dim"] == dim) for dim in ("dp", "tp")}
+    seen: dict[str, list[list[int]]] = {}
+
+    async def scenario(app: Any, pilot: Any) -> None:
+        await pilot.press("4")
+        for dim in ("dp", "tp"):
+            await settle(pilot)
+            table = app.query_one("#ranks-table", DataTable)
+            groups: list[list[int]] = []
+            for i in range(table.row_count):
+                cell = str(table.get_row_at(i)[0])
+                if cell.startswith(f"{dim} "):
+                    groups.append([])
+                else:
+                    groups[-1].append(int(cell.rstrip("*")))
+            seen[dim] = sorted(sorted(g) for g in groups)
+            await pilot.press("g")
+
+    _tui(job, scenario)
+    assert seen == expected
+
+
+def test_tui_pipeline_view_draws_each_stages_bubble_as_its_timers_find_it(
+    parallel_jobs: Any,
+) -> None:
+    """The timeline's pipeline view (p) of the 2-stage GPipe job whose stage 1 does extra
+    forward work: a row per stage in stage order; the share of each row drawn as bubble (░),
+    over the recorded steps, within 0.1 of the stage's bubble over its schedule time (timers)."""
+    from tests.tui_helpers import settle
+    from traceview.tui.timeline import Timeline
+
+    job = parallel_jobs("gpipe2-slow")
+    truth = stage_truth(job)
+    drawn: dict[int, list[float]] = {0: [], 1: []}
+    labels: list[str] = []
+
+    async def scenario(app: Any, pilot: Any) -> None:
+        await pilot.press("2", "p")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        for index in range(len(timeline.view.step_numbers)):
+            timeline.step_index = index
+            timeline._update_rows()
+            timeline._compute()
+            await settle(pilot)
+            width, label = timeline.bar_width(), timeline.label_width()
+            for y, row in enumerate(timeline.rows):
+                line = timeline.render_line(y).text
+                labels.append(line[:label].strip())
+                bar = line[label + 1 :][:width].strip()  # (the rank's own window on the clock)
+                drawn[row.rank].append(bar.count("░") / max(len(bar), 1))
+
+    _tui(job, scenario)
+    assert labels[0].startswith("stage 0 r0") and labels[1].startswith("stage 1* r1")
+    for stage, timers in enumerate(truth.iter_rows(named=True)):
+        share = sum(drawn[stage]) / len(drawn[stage])
+        print(
+            f"stage {stage}: drawn bubble {share:.3f}, timers {timers['bubble'] / timers['schedule']:.3f}"
+        )
+        assert share == pytest.approx(timers["bubble"] / timers["schedule"], abs=0.1)

@@ -13,6 +13,7 @@ from traceview.views.style import (
     PHASE_STYLE,
     SHORT,
     communication_text,
+    dimension_comm_text,
     gpu_rank_text,
     gpu_verdict_text,
     host_bound_text,
@@ -33,12 +34,14 @@ from traceview.views.style import (
 )
 
 __all__ = [
+    "BUBBLE",
     "KERNEL_COLUMNS",
     "KERNEL_NOTE",
     "PHASE_LETTER",
     "PHASE_STYLE",
     "SHORT",
     "communication_text",
+    "dimension_comm_text",
     "gpu_rank_text",
     "gpu_verdict_text",
     "host_bound_text",
@@ -51,6 +54,7 @@ __all__ = [
     "pct",
     "phase_bar",
     "phase_text",
+    "pipeline_cells",
     "ratio_text",
     "signed_pct",
     "straggler_text",
@@ -79,5 +83,28 @@ def lane_cells(cells: list[Cell]) -> Text:
             elif solid:
                 style = f"reverse {style}"
             text.append(PHASE_LETTER[phase] * length, style=style)
+        start = i
+    return text
+
+
+#: A pipeline stage's bubble in a timeline cell: blocked on a neighbour, or idle.
+BUBBLE = "░"
+#: What a pipeline row draws as its stage's own work; the rest of the step is bubble.
+_STAGE_WORK = (S.FORWARD, S.BACKWARD, S.UPDATE, S.IO, S.H2D, S.OTHER)
+
+
+def pipeline_cells(cells: list[Cell]) -> Text:
+    """A pipeline stage's lane: its own work (compute, data, other) as in ``lane_cells``, the
+    rest (blocked in communication: waiting on a neighbour's message; idle) as bubble ░."""
+    text = Text(no_wrap=True)
+    start = 0
+    for i in range(1, len(cells) + 1):
+        if i < len(cells) and cells[i] == cells[start]:
+            continue
+        cell, length = cells[start], i - start
+        if cell is not None and cell[0] not in _STAGE_WORK:
+            text.append(BUBBLE * length, style="red")
+        else:
+            text.append_text(lane_cells(cells[start:i]))
         start = i
     return text
