@@ -229,3 +229,32 @@ def test_tui_pipeline_view_draws_each_stages_bubble_as_its_timers_find_it(
             f"stage {stage}: drawn bubble {share:.3f}, timers {timers['bubble'] / timers['schedule']:.3f}"
         )
         assert share == pytest.approx(timers["bubble"] / timers["schedule"], abs=0.1)
+
+
+# --- compare -----------------------------------------------------------------------------------
+
+
+def test_compare_two_pipelines_stage_by_stage_as_their_timers(parallel_jobs: Any) -> None:
+    """compare --json of the 2-stage GPipe job whose stage 1 does extra forward work against
+    the balanced one: each run's stages' compute and bubble within 15% of that job's stage
+    timers; the communication by group and phase lists the pairs' sends and receives of both;
+    the text puts the pipelines side by side."""
+    slow, balanced = parallel_jobs("gpipe2-slow"), parallel_jobs("gpipe2-balanced")
+    result = run_cli(
+        "compare", slow.run, balanced.run, "--label", "slow", "--label", "even", "--json"
+    )
+    assert result.code == 0, result.err
+    comparison = result.json()
+    for run, job in zip(comparison["runs"], (slow, balanced), strict=True):
+        truth = stage_truth(job)
+        stages = run["pipeline"]["stages"]
+        for s, t in zip(stages, truth.iter_rows(named=True), strict=True):
+            assert s["compute_ms"] == pytest.approx(t["compute"], rel=0.15, abs=1.0), (job.name, s)
+            assert s["bubble_ms"] == pytest.approx(t["bubble"], rel=0.15, abs=1.0), (job.name, s)
+    ops = {(r["op"], r["phase"]) for r in comparison["comm_by_group"]}
+    assert {op for op, _ in ops} == {"send", "recv"}
+    assert all(None not in r["total_ms"] for r in comparison["comm_by_group"])
+    text = run_cli("compare", slow.run, balanced.run, "--label", "slow", "--label", "even")
+    assert text.code == 0, text.err
+    assert "Pipeline (ms per step)" in text.out and "stage 1 compute" in text.out
+    assert "Communication by dimension and phase" in text.out
