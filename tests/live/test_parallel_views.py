@@ -257,4 +257,4 @@ def test_compare_two_pipelines_stage_by_stage_as_their_timers(parallel_jobs: Any
     text = run_cli("compare", slow.run, balanced.run, "--label", "slow", "--label", "even")
     assert text.code == 0, text.err
     assert "Pipeline (ms per step)" in text.out and "stage 1 compute" in text.out
-    assert "Communication by dimension and phase" in text.out
+    assert "Communication by group and phase" in text.out

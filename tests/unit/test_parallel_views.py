@@ -133,7 +133,7 @@ def test_compare_of_data_parallel_runs_adds_nothing() -> None:
     result = _compare(straggler_report(), straggler_report())
     assert result.comm_by_group == [] and all(r.pipeline is None for r in result.runs)
     text = _text(result)
-    assert "Communication by dimension" not in text and "Pipeline" not in text
+    assert "Communication by group" not in text and "Pipeline" not in text
 
 
 def _text(result: Any) -> str:

@@ -558,8 +558,9 @@ def render_comparison(result: Comparison, console: Console) -> None:
             [Text(safe(c.label(), 60)), *cells([t or 0.0 for t in c.total_ms], c.ratio)]
             for c in result.comm_by_group
         ]
-        title = "Communication by dimension and phase (ms per step)"
-        console.print(table(title, "calls", comm_rows))
+        # (the title on its own line: a table as narrow as its figures would wrap it)
+        console.print(Text("Communication by group and phase (ms per step)", style="italic"))
+        console.print(table("", "collective", comm_rows))
         console.print()
     if any(run.pipeline is not None for run in runs):
         console.print(table("Pipeline (ms per step)", "stage", _pipeline_rows(runs, cells)))
