@@ -6,14 +6,13 @@ screens on real gloo jobs: tests/live/test_parallel_views.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
-from tests.tui_helpers import loaded, settle
+from tests.tui_helpers import play, settle
 from tests.tui_models import mesh_view, pipeline_lanes, pipeline_view, straggler_view
 from traceview.tui.app import TraceviewApp
 from traceview.tui.model import RunView
@@ -26,14 +25,7 @@ def drive(
     view: RunView, scenario: Callable[[TraceviewApp, Pilot[None]], Awaitable[None]]
 ) -> TraceviewApp:
     app = TraceviewApp(views=[view])
-    app.animation_level = "none"
-
-    async def main() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await loaded(pilot)
-            await scenario(app, pilot)
-
-    asyncio.run(main())
+    play(app, scenario, SIZE)
     return app
 
 

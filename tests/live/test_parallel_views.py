@@ -8,7 +8,6 @@ reads DIR/<job>/{run,truth} made earlier instead, as test_parallel_jobs.py does.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +15,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import run_cli
-from tests.live.test_parallel_jobs import (
-    JOBS,
-    WORKLOADS,
-    Job,
-    _launcher,
-    declared_groups,
-    stage_truth,
-)
+from tests.live.test_parallel_jobs import Job, declared_groups, job_maker, stage_truth
 
 pytestmark = [pytest.mark.torch]
 
@@ -31,27 +23,7 @@ pytestmark = [pytest.mark.torch]
 @pytest.fixture(scope="session")
 def parallel_jobs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """job(name): that job of test_parallel_jobs.JOBS run once per session under collect."""
-    made: dict[str, Job] = {}
-    reuse = os.environ.get("TV_PARALLEL_JOBS")
-
-    def job(name: str) -> Job:
-        if name in made:
-            return made[name]
-        ranks, script, args = JOBS[name]
-        if reuse and (Path(reuse) / name / "truth").is_dir():
-            made[name] = Job(name, Path(reuse) / name, ranks)
-            return made[name]
-        out = tmp_path_factory.mktemp(name)
-        result = run_cli(
-            "collect", "-o", out / "run", "--steps", "5", "--warmup", "2", "--skip", "1",
-            "--no-report", "--", *_launcher(), "--nproc-per-node", str(ranks),
-            WORKLOADS / script, "--steps", "10", "--truth", out / "truth", *args,
-        )  # fmt: skip
-        assert result.code == 0, result.out[-2000:] + result.err[-2000:]
-        made[name] = Job(name, out, ranks)
-        return made[name]
-
-    return job
+    return job_maker(tmp_path_factory)
 
 
 def _export(job: Job, out: Path, fmt: str = "parquet") -> Path:
@@ -142,22 +114,12 @@ def test_export_pipeline_stages_bubble_matches_the_stage_timers(
 
 
 def _tui(job: Job, scenario: Any, size: tuple[int, int] = (160, 40)) -> None:
-    import asyncio
-
-    from tests.tui_helpers import loaded
+    from tests.tui_helpers import play
     from traceview.store.analysed import open_run
     from traceview.tui.app import TraceviewApp
 
     with open_run([job.run]) as run:
-        app = TraceviewApp([run])
-        app.animation_level = "none"
-
-        async def main() -> None:
-            async with app.run_test(size=size) as pilot:
-                await loaded(pilot)
-                await scenario(app, pilot)
-
-        asyncio.run(main())
+        play(TraceviewApp([run]), scenario, size)
 
 
 def test_tui_groups_the_mesh_jobs_ranks_by_the_groups_it_built(parallel_jobs: Any) -> None:

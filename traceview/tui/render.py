@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from rich.text import Text
 
 from traceview.analysis.lanes import Cell
@@ -64,15 +66,20 @@ __all__ = [
 ]
 
 
+def _runs(cells: list[Cell]) -> Iterator[tuple[Cell, int]]:
+    """Consecutive equal cells: each cell and how many in a row."""
+    start = 0
+    for i in range(1, len(cells) + 1):
+        if i == len(cells) or cells[i] != cells[start]:
+            yield cells[start], i - start
+            start = i
+
+
 def lane_cells(cells: list[Cell]) -> Text:
     """A timeline lane from its binned cells: a letter per phase, reversed where the phase fills
     the cell, plain where it fills part of it, '.' for idle time, blank where nothing runs."""
     text = Text(no_wrap=True)
-    start = 0
-    for i in range(1, len(cells) + 1):
-        if i < len(cells) and cells[i] == cells[start]:
-            continue
-        cell, length = cells[start], i - start
+    for cell, length in _runs(cells):
         if cell is None:
             text.append(" " * length)
         else:
@@ -83,7 +90,6 @@ def lane_cells(cells: list[Cell]) -> Text:
             elif solid:
                 style = f"reverse {style}"
             text.append(PHASE_LETTER[phase] * length, style=style)
-        start = i
     return text
 
 
@@ -97,14 +103,9 @@ def pipeline_cells(cells: list[Cell]) -> Text:
     """A pipeline stage's lane: its own work (compute, data, other) as in ``lane_cells``, the
     rest (blocked in communication: waiting on a neighbour's message; idle) as bubble ░."""
     text = Text(no_wrap=True)
-    start = 0
-    for i in range(1, len(cells) + 1):
-        if i < len(cells) and cells[i] == cells[start]:
-            continue
-        cell, length = cells[start], i - start
+    for cell, length in _runs(cells):
         if cell is not None and cell[0] not in _STAGE_WORK:
             text.append(BUBBLE * length, style="red")
         else:
-            text.append_text(lane_cells(cells[start:i]))
-        start = i
+            text.append_text(lane_cells([cell] * length))
     return text
