@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from textual.pilot import Pilot
 
@@ -53,3 +56,17 @@ async def settle(pilot: Pilot[None]) -> None:
     for _ in range(3):
         await pilot.app.workers.wait_for_complete()
         await pilot.pause()
+
+
+def play(
+    app: Any, scenario: Callable[[Any, Pilot[None]], Awaitable[None]], size: tuple[int, int]
+) -> None:
+    """Run ``app`` headless at ``size``, wait until it has loaded, then play ``scenario``."""
+    app.animation_level = "none"  # the tabs' underline would slide for a while on every switch
+
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await loaded(pilot)
+            await scenario(app, pilot)
+
+    asyncio.run(main())

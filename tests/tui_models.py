@@ -4,6 +4,8 @@ change of the analysis does not show up as snapshot diffs, and every case a scre
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.tui_helpers import EVIL
 from traceview.model.results import (
     Breakdown,
@@ -181,3 +183,129 @@ def gpu_view() -> RunView:
     ranks = [msgspec.structs.replace(report.ranks[0], gpu=gpu, host_bound_ms=bound)]
     report = msgspec.structs.replace(report, ranks=ranks + report.ranks[1:])
     return RunView(label="gpu", report=report, windows={})
+
+
+def mesh_report() -> RunReport:
+    """The straggler run as a 2-D mesh: dp groups {0, 2} and {1, 3}, tp groups {0, 1} and
+    {2, 3}, and the world; its communication by group and phase (FSDP all-gathers in forward,
+    reduce-scatters in backward over dp, tensor-parallel all-reduces in both over tp)."""
+    import msgspec
+
+    from traceview.model.results import CommByGroup, ProcessGroup
+
+    groups = [
+        ProcessGroup(name="0", desc="default_pg", dim=None, ranks=[0, 1, 2, 3]),
+        ProcessGroup(name="1", desc="mesh_dp", dim="dp", ranks=[0, 2]),
+        ProcessGroup(name="2", desc="mesh_dp", dim="dp", ranks=[1, 3]),
+        ProcessGroup(name="3", desc="mesh_tp", dim="tp", ranks=[0, 1]),
+        ProcessGroup(name="4", desc="mesh_tp", dim="tp", ranks=[2, 3]),
+    ]
+
+    def row(
+        group: ProcessGroup, phase: str, op: str, total: float, exposed: float, wait: float
+    ) -> CommByGroup:
+        return CommByGroup(
+            group=group.name, dim=group.dim, ranks=group.ranks, phase=phase, op=op,
+            calls_per_step=2.0, bytes_per_step=1 << 20, total_ms=total, exposed_ms=exposed,
+            hidden_ms=round(total - exposed, 3), wait_ms=wait, transfer_ms=round(total - wait, 3),
+        )  # fmt: skip
+
+    comm = [
+        row(groups[1], "forward", "allgather", 12.1, 2.4, 1.0),
+        row(groups[1], "backward", "reduce_scatter", 6.3, 2.5, 0.5),
+        row(groups[2], "forward", "allgather", 11.8, 2.2, 0.9),
+        row(groups[2], "backward", "reduce_scatter", 6.1, 2.6, 0.4),
+        row(groups[3], "forward", "allreduce", 3.0, 3.0, 2.1),
+        row(groups[4], "forward", "allreduce", 3.2, 3.2, 0.2),
+    ]
+    return msgspec.structs.replace(straggler_report(), groups=groups, comm_by_group=comm)
+
+
+def mesh_view() -> RunView:
+    return RunView(label="mesh2d", report=mesh_report(), windows={})
+
+
+#: The synthetic pipeline: 2 stages, GPipe, 4 micro-batches; stage 1's forward 3x stage 0's.
+PIPELINE_STEP_NS = 100_000_000
+
+
+def pipeline_report() -> RunReport:
+    import msgspec
+
+    from traceview.model.results import Pipeline, PipelineStage, ProcessGroup
+
+    report = straggler_report()
+    ranks = [
+        msgspec.structs.replace(r, rank=i, straggler=i == 1) for i, r in enumerate(report.ranks[:2])
+    ]
+    pipeline = Pipeline(
+        stages=[
+            PipelineStage(stage=0, ranks=[0], compute_ms=32.0, bubble_ms=68.0, transfer_ms=0.4),
+            PipelineStage(stage=1, ranks=[1], compute_ms=80.0, bubble_ms=20.0, transfer_ms=0.4),
+        ],
+        microbatches=4.0, schedule="GPipe", bubble_fraction=0.44, ideal_bubble_fraction=0.2,
+        slowest_stage=1, slowest_phase="forward", slowest_phase_ratio=3.0,
+    )  # fmt: skip
+    summary = msgspec.structs.replace(
+        report.summary, bottleneck="pipeline", straggler_rank=1, bottleneck_share=0.44
+    )
+    groups = [ProcessGroup(name="0", desc="default_pg", dim=None, ranks=[0, 1])]
+    steps = [msgspec.structs.replace(s, ranks=2, slowest_rank=1) for s in report.per_step[:3]]
+    return msgspec.structs.replace(
+        report, ranks=ranks, summary=summary, pipeline=pipeline, groups=groups, per_step=steps,
+        run=msgspec.structs.replace(report.run, ranks=2, world_size=2, steps=3),
+    )  # fmt: skip
+
+
+def pipeline_lanes() -> dict[tuple[int, int | None], Any]:
+    """Each stage's every-instant lane in each step of ``pipeline_report``, written by hand:
+    GPipe's four forwards (stage 1's three times as long), then four backwards; between them
+    each stage waits for the other (comm: blocked in recv), then the update."""
+    import numpy as np
+
+    from traceview.analysis.lanes import Lane, RankLanes
+
+    ms = 1_000_000
+    out: dict[tuple[int, int | None], Any] = {}
+    for step in (1, 2, 3):
+        base = step * PIPELINE_STEP_NS
+        spans: dict[int, list[tuple[int, int, str]]] = {0: [], 1: []}
+        t0 = t1 = 0
+        for _ in range(4):  # forwards: stage 0 2 ms each, stage 1 6 ms after it
+            spans[0].append((t0, t0 + 2, "forward"))
+            t1 = max(t1, t0 + 2)
+            spans[1].append((t1, t1 + 6, "forward"))
+            t0, t1 = t0 + 2, t1 + 6
+        for _ in range(4):  # backwards: stage 1 4 ms each, stage 0 2 ms after it
+            spans[1].append((t1, t1 + 4, "backward"))
+            t0 = max(t0, t1 + 4)
+            spans[0].append((t0, t0 + 2, "backward"))
+            t1, t0 = t1 + 4, t0 + 2
+        for stage in (0, 1):
+            filled: list[tuple[int, int, str]] = []
+            at = 0
+            for s, e, phase in spans[stage]:
+                if s > at:
+                    filled.append((at, s, "comm"))
+                filled.append((s, e, phase))
+                at = e
+            filled.append((at, max(t0, t1), "comm"))
+            filled.append((max(t0, t1), max(t0, t1) + 2, "update"))
+            lane = Lane(
+                rank=stage,
+                label=f"rank {stage} · every instant",
+                starts=np.array([base + s * ms for s, _, _ in filled], dtype=np.int64),
+                ends=np.array([base + e * ms for _, e, _ in filled], dtype=np.int64),
+                phases=[p for _, _, p in filled],
+            )
+            end = base + (max(t0, t1) + 2) * ms
+            out[(stage, step)] = RankLanes(stage, step, base, end, [lane])
+    return out
+
+
+def pipeline_view() -> RunView:
+    lanes = pipeline_lanes()
+    windows: dict[int | None, dict[int, tuple[int, int]]] = {}
+    for (rank, step), found in lanes.items():
+        windows.setdefault(step, {})[rank] = (found.start_ns, found.end_ns)
+    return RunView(label="gpipe2", report=pipeline_report(), windows=windows)

@@ -38,6 +38,12 @@ RUN_TABLES: tuple[tuple[str, str], ...] = (
     ("memory.parquet", "MEMORY_SCHEMA"),
     ("memory_steps.parquet", "MEMORY_STEPS_SCHEMA"),
 )
+#: Tables and columns only ``export --format parquet`` writes, and their schema constants.
+EXPORT_TABLES: tuple[tuple[str, str], ...] = (
+    ("collectives.parquet", "EXPORT_COLLECTIVES_SCHEMA"),
+    ("comm_by_group.parquet", "COMM_BY_GROUP_SCHEMA"),
+    ("pipeline_stages.parquet", "PIPELINE_STAGES_SCHEMA"),
+)
 
 _ARROW_TYPES = {
     "int32": "int32",
@@ -143,6 +149,8 @@ class _Reader:
             and node.func.attr in _ARROW_TYPES
         ):
             return _ARROW_TYPES[node.func.attr]
+        if _is_call(node, "list_") and isinstance(node, ast.Call) and len(node.args) == 1:
+            return f"list<item: {self._type(node.args[0])}>"
         raise _Unsupported(ast.unparse(node))
 
     def _field(self, call: ast.Call, scope: dict[str, Any]) -> Column:
@@ -223,17 +231,31 @@ def parquet_page() -> str:
         "",
     ]
     for filename, constant in RUN_TABLES:
-        table = tables[constant]
-        out += [f"## `{filename}`", ""]
-        if table.doc:
-            out += [table.doc, ""]
-        out += ["| column | type | null | note |", "|---|---|---|---|"]
-        for column in table.columns:
-            kind = "dictionary (string)" if column.type.startswith("dictionary") else column.type
-            null = "yes" if column.nullable else "no"
-            out.append(f"| `{column.name}` | {kind} | {null} | {_cell(column.comment)} |")
-        out.append("")
+        out += _table_section(f"## `{filename}`", tables[constant])
+    out += [
+        "## Tables of `export`",
+        "",
+        "`export RUN --format parquet` (or `csv`: a list is written as a JSON array) writes the "
+        "tables above, `collectives` with more columns, and these where the run has them.",
+        "",
+    ]
+    for filename, constant in EXPORT_TABLES:
+        out += _table_section(f"### `{filename}` (export)", tables[constant])
     return "\n".join(out)
+
+
+def _table_section(heading: str, table: Table) -> list[str]:
+    out = [heading, ""]
+    if table.doc:
+        out += [table.doc, ""]
+    out += ["| column | type | null | note |", "|---|---|---|---|"]
+    for column in table.columns:
+        kind = "dictionary (string)" if column.type.startswith("dictionary") else column.type
+        kind = kind.replace("list<item: ", "list of ").removesuffix(">")
+        null = "yes" if column.nullable else "no"
+        out.append(f"| `{column.name}` | {kind} | {null} | {_cell(column.comment)} |")
+    out.append("")
+    return out
 
 
 def _json_type(spec: dict[str, Any]) -> str:

@@ -6,7 +6,6 @@ and the workers are done, presses keys and reads the widgets' content.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -18,7 +17,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from tests.conftest import REPO, run_cli
-from tests.tui_helpers import EVIL, evil_run, loaded, sample_run, settle
+from tests.tui_helpers import EVIL, evil_run, play, sample_run, settle
 from traceview.analysis.compare import compare
 from traceview.analysis.summary import summarize
 from traceview.commands.tui import run_groups
@@ -43,14 +42,7 @@ def drive(
 ) -> TraceviewApp:
     """Run the app headless at 80×24, wait until it has loaded, then play ``scenario``."""
     app = TraceviewApp(runs)
-    app.animation_level = "none"  # the tabs' underline would slide for a while on every switch
-
-    async def main() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await loaded(pilot)
-            await scenario(app, pilot)
-
-    asyncio.run(main())
+    play(app, scenario, SIZE)
     return app
 
 

@@ -16,9 +16,17 @@ from typing import Any
 from textual.pilot import Pilot
 
 from tests.tui_helpers import loaded, settle
-from tests.tui_models import comparison, gpu_view, straggler_view
+from tests.tui_models import (
+    comparison,
+    gpu_view,
+    mesh_view,
+    pipeline_lanes,
+    pipeline_view,
+    straggler_view,
+)
 from traceview.store.analysed import Run
 from traceview.tui.app import TraceviewApp
+from traceview.tui.timeline import Timeline
 
 SnapCompare = Callable[..., bool]
 
@@ -108,3 +116,26 @@ def test_help_80x24(snap_compare: SnapCompare) -> None:
 
 def test_untrusted_names_shown_escaped_100x24(snap_compare: SnapCompare) -> None:
     assert snap_compare(synthetic(), terminal_size=(100, 24), run_before=keys("3"))
+
+
+def test_ranks_grouped_by_mesh_dimension_100x24(snap_compare: SnapCompare) -> None:
+    """A dp 2 × tp 2 mesh's ranks under their dp groups, each group's means on its row."""
+    app = TraceviewApp(views=[mesh_view()])
+    app.animation_level = "none"
+    assert snap_compare(app, terminal_size=(100, 24), run_before=keys("4"))
+
+
+def test_pipeline_timeline_100x24(snap_compare: SnapCompare) -> None:
+    """The timeline's pipeline view (p) of a 2-stage GPipe step, lanes written by hand."""
+    app = TraceviewApp(views=[pipeline_view()])
+    app.animation_level = "none"
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await keys("2")(pilot)
+        timeline = app.query_one(Timeline)
+        timeline.cache.update(pipeline_lanes())  # (a view has no events to cut lanes from)
+        timeline._update_rows()
+        await pilot.press("p")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=(100, 24), run_before=run_before)

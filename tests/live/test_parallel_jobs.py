@@ -165,6 +165,12 @@ def _launcher() -> list[str]:
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """job(name) runs that job once under `traceview collect` (module-wide) and returns it."""
+    return job_maker(tmp_path_factory)
+
+
+def job_maker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """job(name): that job run once under `traceview collect` (into ``tmp_path_factory``), or
+    read from TV_PARALLEL_JOBS where it was made earlier."""
     made: dict[str, Job] = {}
     reuse = os.environ.get("TV_PARALLEL_JOBS")
 

@@ -85,6 +85,11 @@ def test_the_generated_parquet_reference_lists_every_table_of_a_run_directory() 
     for constant in ("EVENTS_SCHEMA", "STEPS_SCHEMA", "OPS_SCHEMA", "MEMORY_STEPS_SCHEMA"):
         for field in getattr(schema, constant):
             assert f"| `{field.name}` |" in page
+    # and what only export writes: the collectives' match and group columns, its own tables
+    for name, constant in _hook().EXPORT_TABLES:
+        section = page[page.index(f"### `{name}` (export)") :]
+        for field in getattr(schema, constant):
+            assert f"| `{field.name}` |" in section, (name, field.name)
 
 
 def test_the_generated_json_reference_lists_every_key_of_the_published_schemas() -> None:

@@ -1,4 +1,6 @@
-"""Runs side by side: step time, phases, communication and canonical operators, with ratios.
+"""Runs side by side: step time, phases, communication and canonical operators, with ratios;
+for jobs beyond data parallelism, communication by mesh dimension (or group) and phase, and
+each run's pipeline (its stages' compute and bubble).
 
 The input is each run's report (analysis.summary) and ops table; the output is a
 ``results.Comparison`` (``traceview compare --json``), which the text report and the TUI render. Operators are
@@ -16,7 +18,14 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.model import schema as S
-from traceview.model.results import ComparedOp, ComparedPhase, ComparedRun, Comparison, RunReport
+from traceview.model.results import (
+    ComparedCommGroup,
+    ComparedOp,
+    ComparedPhase,
+    ComparedRun,
+    Comparison,
+    RunReport,
+)
 
 #: A ratio is worth a headline when the slower side is this much slower...
 NOTABLE_RATIO = 1.5
@@ -86,6 +95,96 @@ def _memory_highlights(runs: list[ComparedRun]) -> list[str]:
     return out
 
 
+def beyond_data_parallel(report: RunReport) -> bool:
+    """Whether the run's communication is of several kinds (a mesh's dimensions, FSDP's gathers
+    and reduce-scatters in two phases, a pipeline's pairs): the text report's rule for telling
+    it by group and phase."""
+    kinds = {(c.phase, c.op) for c in report.comm_by_group}
+    return report.pipeline is not None or len(kinds) > 1 or any(c.dim for c in report.comm_by_group)
+
+
+CommKey = tuple[str | None, str | None, str, str]  # (dim, group outside a mesh, phase, op)
+
+
+def _comm_of(report: RunReport) -> dict[CommKey, tuple[float, float, float]]:
+    """A run's communication by dimension (the mean of its groups) or group, phase and op:
+    (total, exposed, wait) ms per step."""
+    sums: dict[CommKey, list[float]] = {}
+    for c in report.comm_by_group:
+        key = (c.dim, None if c.dim else c.group, c.phase, c.op)
+        acc = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+        acc[0] += c.total_ms
+        acc[1] += c.exposed_ms
+        acc[2] += c.wait_ms
+        acc[3] += 1
+    return {k: (t / n, e / n, w / n) for k, (t, e, w, n) in sums.items()}
+
+
+def comm_by_group(reports: list[RunReport], top: int = TOP) -> list[ComparedCommGroup]:
+    """The runs' communication by dimension (or group) and phase side by side, the largest
+    first; empty where every run is data-parallel only (``beyond_data_parallel``)."""
+    if not any(beyond_data_parallel(r) for r in reports):
+        return []
+    per_run = [_comm_of(r) for r in reports]
+    keys = sorted(
+        {k for run in per_run for k in run},
+        key=lambda k: (-max(run.get(k, (0.0,))[0] for run in per_run), str(k)),
+    )
+    rows = []
+    for key in keys[:top]:
+        found = [run.get(key) for run in per_run]
+        totals = [round(f[0], 3) if f else None for f in found]
+        base = totals[0]
+        rows.append(
+            ComparedCommGroup(
+                dim=key[0],
+                group=key[1],
+                phase=key[2],
+                op=key[3],
+                total_ms=totals,
+                exposed_ms=[round(f[1], 3) if f else None for f in found],
+                wait_ms=[round(f[2], 3) if f else None for f in found],
+                ratio=[_ratio(t, base) if t is not None and base else None for t in totals],
+            )
+        )
+    return rows
+
+
+def _parallel_highlights(runs: list[ComparedRun], rows: list[ComparedCommGroup]) -> list[str]:
+    """Where a pipeline's bubble or a dimension's communication differs notably from the
+    baseline's."""
+    out = []
+    base = runs[0]
+    for i, run in enumerate(runs[1:], 1):
+        a, b = base.pipeline, run.pipeline
+        if a is not None and b is not None:
+            low, high = sorted((a.bubble_fraction, b.bubble_fraction))
+            if low > 0 and high / low >= NOTABLE_RATIO:
+                out.append(
+                    f"{run.label}'s pipeline bubble is {b.bubble_fraction:.0%} of the stages' time "
+                    f"against {base.label}'s {a.bubble_fraction:.0%} (ideal "
+                    f"{b.ideal_bubble_fraction:.0%} and {a.ideal_bubble_fraction:.0%})"
+                )
+        notable = []
+        for row in rows:
+            x, y = row.total_ms[0], row.total_ms[i]
+            if not x or not y:
+                continue
+            slow, fast = max(x, y), min(x, y)
+            step = run.step_ms if y >= x else base.step_ms
+            if slow / fast >= NOTABLE_RATIO and slow >= NOTABLE_PHASE_SHARE * step:
+                slower, faster = (run.label, base.label) if y > x else (base.label, run.label)
+                notable.append(
+                    (
+                        slow - fast,
+                        f"{slower}'s {row.label()} takes {slow / fast:.1f}× {faster}'s "
+                        f"({slow:.2f} against {fast:.2f} ms per step)",
+                    )
+                )
+        out += [text for _, text in sorted(notable, key=lambda x: -x[0])[:3]]
+    return out
+
+
 def compare(
     reports: list[RunReport], ops: list[pa.Table], labels: list[str], top: int = TOP
 ) -> Comparison:
@@ -112,6 +211,7 @@ def compare(
             else None,
             straggler_phase=report.summary.straggler_phase,
             host_bound_ms=report.summary.host_bound_ms,
+            pipeline=report.pipeline,
         )
         for label, report in zip(labels, reports, strict=True)
     ]
@@ -169,8 +269,12 @@ def compare(
     for run, report in zip(runs, reports, strict=True):
         _add_memory(run, report)
     highlights += _memory_highlights(runs)
+    by_group = comm_by_group(reports, top)
+    highlights += _parallel_highlights(runs, by_group)
     for run in runs[1:]:
         ratio = run.step_ratio
         if ratio and (ratio >= NOTABLE_RATIO or ratio <= 1 / NOTABLE_RATIO):
             highlights.insert(0, f"{run.label}'s step takes {ratio:.2f}× {labels[0]}'s")
-    return Comparison(runs=runs, phases=phases, ops=rows, highlights=highlights)
+    return Comparison(
+        runs=runs, phases=phases, ops=rows, highlights=highlights, comm_by_group=by_group
+    )

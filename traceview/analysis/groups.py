@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview.analysis.collectives import RUN_PREFIX
 from traceview.model import schema as S
@@ -291,3 +292,20 @@ def _thread_groups(
         clear = (pl.col("_best") >= MIN_SHARE) & (pl.col("_best") - pl.col("_next") >= MIN_MARGIN)
         picks.append(ranked.filter(clear).select(S.RANK, S.TID, "_group"))
     return pl.concat(picks).unique([S.RANK, S.TID], keep="first", maintain_order=True)
+
+
+def with_group_columns(calls: pa.Table, groups: Groups) -> pa.Table:
+    """``calls`` with ``dim`` and ``group_ranks`` appended: the mesh dimension and the ranks of
+    each call's group, where the run declares it (null otherwise: no group, or one undeclared)."""
+    names = pa.array([g.name for g in groups.groups], pa.string())
+    dims = pa.array([g.dim for g in groups.groups], pa.string())
+    ranks = pa.array([g.ranks for g in groups.groups], pa.list_(pa.int32()))
+    group = calls.column(S.GROUP).cast(pa.string())
+    at = pc.index_in(group, value_set=names)  # null where the group is not declared
+    return calls.append_column(
+        pa.field(S.DIM, pa.string()),
+        pc.take(dims, at) if len(names) else pa.nulls(len(at), pa.string()),
+    ).append_column(
+        pa.field(S.GROUP_RANKS, pa.list_(pa.int32())),
+        pc.take(ranks, at) if len(names) else pa.nulls(len(at), pa.list_(pa.int32())),
+    )

@@ -34,9 +34,9 @@ class ExportCommand:
             "--format",
             choices=("parquet", "csv", "chrome"),
             default="parquet",
-            help="tables (events, steps, ops, collectives; gpu, launches, launches_by_phase "
-            "and launches_by_rank on GPU runs) as Parquet or CSV, or one merged Chrome trace "
-            "(default parquet)",
+            help="tables (events, steps, ops, collectives; comm_by_group and pipeline_stages "
+            "where the run has them; gpu, launches, launches_by_phase and launches_by_rank on "
+            "GPU runs) as Parquet or CSV, or one merged Chrome trace (default parquet)",
         )
         parser.add_argument(
             "-o",
@@ -80,7 +80,7 @@ class ExportCommand:
             if args.format == "chrome":
                 steps, offsets = run.steps, run.clock_offsets()
             else:
-                analysis = run.export_tables()
+                analysis = {**run.export_tables(), **export.report_tables(run.report())}
         notes = Notes()
         if args.format == "chrome":
             count = export.chrome(

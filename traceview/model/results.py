@@ -700,6 +700,8 @@ class ComparedRun(Result):
     memory_since_profiling_started: bool | None = None
     # the host-bound part of breakdown_ms's phases (Summary); null without a GPU timeline
     host_bound_ms: HostBound | None = None
+    # the pipeline its point-to-point calls form (RunReport.pipeline); null: none
+    pipeline: Pipeline | None = None
 
 
 class ComparedValues(Result):
@@ -717,6 +719,26 @@ class ComparedOp(ComparedValues):
     op: str
 
 
+class ComparedCommGroup(Result):
+    """One mesh dimension's (or, outside a mesh, one group's) communication by one collective
+    issued in one phase, across the runs (RunReport.comm_by_group, ms per step; a dimension's
+    figures are the mean of its groups'); null where a run has none."""
+
+    dim: str | None  # the mesh dimension (dp, tp...), null outside a mesh
+    group: str | None  # the process group, where it has no dimension (untrusted)
+    phase: str  # where the calls were issued: forward, backward, update, io, h2d, other
+    op: str  # the collective (untrusted)
+    total_ms: list[float | None]
+    exposed_ms: list[float | None]
+    wait_ms: list[float | None]
+    ratio: list[float | None]  # total against the baseline's
+
+    def label(self) -> str:
+        """How the row is named: its dimension (or group), collective and phase."""
+        where = self.dim if self.dim else f"group {self.group}"
+        return f"{where} {self.op} in {self.phase}"
+
+
 class Comparison(Result):
     """``traceview compare --json``: runs side by side, the first the baseline."""
 
@@ -725,6 +747,10 @@ class Comparison(Result):
     ops: list[ComparedOp]
     highlights: list[str]
     schema_version: str = RESULTS_VERSION
+    # communication by dimension (or group) and phase, where some run's is of several kinds (a
+    # mesh, FSDP's gathers and reduce-scatters, a pipeline's pairs); empty for data parallelism,
+    # whose communication is the phases' comm
+    comm_by_group: list[ComparedCommGroup] = []
 
 
 # --- scaling ---------------------------------------------------------------------------------

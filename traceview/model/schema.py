@@ -324,6 +324,92 @@ COLLECTIVES_SCHEMA: Final = pa.schema(
 )
 
 
+# --- export: the tables and columns only ``export`` writes (views/export.py) ---------------------
+
+VIEW: Final = "view"  # host: the call on a host thread; device: the kernel that carried it out
+MATCHED: Final = "matched"
+POSITION: Final = "position"
+LAST_RANK: Final = "last_rank"
+ARRIVAL_NS: Final = "arrival_ns"
+LAST_ARRIVAL_NS: Final = "last_arrival_ns"
+WAIT_NS: Final = "wait_ns"
+TRANSFER_NS: Final = "transfer_ns"
+QUEUED_NS: Final = "queued_ns"
+SKEW_NS: Final = "skew_ns"
+DIM: Final = "dim"
+GROUP_RANKS: Final = "group_ranks"
+RANKS: Final = "ranks"
+CALLS_PER_STEP: Final = "calls_per_step"
+BYTES_PER_STEP: Final = "bytes_per_step"
+TOTAL_MS: Final = "total_ms"
+EXPOSED_MS: Final = "exposed_ms"
+HIDDEN_MS: Final = "hidden_ms"
+WAIT_MS: Final = "wait_ms"
+QUEUED_MS: Final = "queued_ms"
+TRANSFER_MS: Final = "transfer_ms"
+STAGE: Final = "stage"
+COMPUTE_MS: Final = "compute_ms"
+BUBBLE_MS: Final = "bubble_ms"
+SCHEDULE: Final = "schedule"
+MICROBATCHES: Final = "microbatches"
+
+#: ``collectives.parquet`` as ``export`` writes it has every column of the run directory's
+#: collectives table, ``view`` after ``device``, then these: what matching across ranks found
+#: (on the view matching used; null where the call was left unmatched) and the call's group.
+EXPORT_COLLECTIVES_SCHEMA: Final = pa.schema(
+    [
+        pa.field(VIEW, pa.string(), nullable=False),
+        pa.field(MATCHED, pa.bool_(), nullable=False),  # matched with its group's other calls
+        pa.field(POSITION, pa.int64()),  # its place among the step's calls of this view (0: first)
+        pa.field(LAST_RANK, pa.int32()),  # the member that issued the call last
+        pa.field(ARRIVAL_NS, pa.int64()),  # when this rank issued the call (the run's clock)
+        pa.field(LAST_ARRIVAL_NS, pa.int64()),  # when the last member issued it
+        pa.field(WAIT_NS, pa.int64()),  # inside the call before the last member issued it
+        pa.field(TRANSFER_NS, pa.int64()),  # moving data: the rest of the call, less queued
+        pa.field(QUEUED_NS, pa.int64()),  # behind its own worker (gloo): not wait, not transfer
+        pa.field(SKEW_NS, pa.int64()),  # the last member's issue less the first's
+        pa.field(DIM, pa.string()),  # the group's mesh dimension (mesh_tp: tp), null outside a mesh
+        pa.field(GROUP_RANKS, pa.list_(pa.int32())),  # the group's ranks, where the run declares it
+    ]
+)
+
+#: ``comm_by_group.parquet`` (``export``): one row per process group, phase the calls were
+#: issued in and collective; ms per step, means over the group's ranks and the counted steps
+#: (``report --json``'s ``comm_by_group``; wait + queued + transfer = total = exposed + hidden).
+COMM_BY_GROUP_SCHEMA: Final = pa.schema(
+    [
+        pa.field(GROUP, pa.string()),  # the process group (null: not known)
+        pa.field(DIM, pa.string()),  # its mesh dimension, null outside a mesh
+        pa.field(RANKS, pa.list_(pa.int32())),  # its ranks, where the run declares it
+        pa.field(PHASE, pa.string(), nullable=False),  # where the calls were issued
+        pa.field(OP, pa.string(), nullable=False),  # the collective: allgather, send...
+        pa.field(CALLS_PER_STEP, pa.float64(), nullable=False),
+        pa.field(BYTES_PER_STEP, pa.int64()),  # null where the trace records no sizes
+        pa.field(TOTAL_MS, pa.float64(), nullable=False),  # from issue to end, overlaps once
+        pa.field(EXPOSED_MS, pa.float64(), nullable=False),  # nothing else of the rank ran
+        pa.field(HIDDEN_MS, pa.float64(), nullable=False),  # behind compute
+        pa.field(WAIT_MS, pa.float64(), nullable=False),  # waiting for the last member (or peer)
+        pa.field(QUEUED_MS, pa.float64(), nullable=False),  # behind its own worker thread
+        pa.field(TRANSFER_MS, pa.float64(), nullable=False),  # moving data
+    ]
+)
+
+#: ``pipeline_stages.parquet`` (``export``, runs whose point-to-point calls form a pipeline): one
+#: row per stage, stage 0 sending first; ms per step, means over the stage's ranks and the
+#: counted steps (``report --json``'s ``pipeline.stages``).
+PIPELINE_STAGES_SCHEMA: Final = pa.schema(
+    [
+        pa.field(STAGE, pa.int32(), nullable=False),
+        pa.field(RANKS, pa.list_(pa.int32()), nullable=False),  # one per data-parallel replica
+        pa.field(COMPUTE_MS, pa.float64(), nullable=False),  # forward + backward + update
+        pa.field(BUBBLE_MS, pa.float64(), nullable=False),  # blocked on its neighbours
+        pa.field(TRANSFER_MS, pa.float64(), nullable=False),  # of the bubble, its messages moving
+        pa.field(SCHEDULE, pa.string(), nullable=False),  # the pipeline's: GPipe or 1F1B
+        pa.field(MICROBATCHES, pa.float64(), nullable=False),  # the pipeline's, per step
+    ]
+)
+
+
 # --- comm: per rank, its communication time as intervals, exposed or hidden -----------------------
 
 EXPOSED: Final = "exposed"

@@ -103,16 +103,20 @@ class Run:
 
     def export_tables(self) -> dict[str, pa.Table]:
         """The tables ``export`` writes beside the events: steps, ops, the collective calls
-        with what matching them across ranks found (``view``: host or device), and on GPU runs
+        with what matching them across ranks found (``view``: host or device) and their group's
+        dimension and ranks (schema.EXPORT_COLLECTIVES_SCHEMA), and on GPU runs
         the gpu table and the launches tables, one grain each (``launch_grains``)."""
         from traceview.analysis.crossrank import matched_table
         from traceview.analysis.gpu import collective_views, launch_grains
-        from traceview.analysis.summary import complete_flag
+        from traceview.analysis.groups import with_group_columns
+        from traceview.analysis.summary import complete_flag, groups_of
 
+        groups = self.cross.groups if self.cross is not None else groups_of(self.manifest)
+        calls = with_group_columns(matched_table(self.collectives, self.cross), groups)
         tables = {
             "steps": complete_flag(self.steps, self.manifest, self.choice),
             "ops": self.ops,
-            "collectives": collective_views(matched_table(self.collectives, self.cross)),
+            "collectives": collective_views(calls),
         }
         if self.tables["gpu"].num_rows:
             tables["gpu"] = self.tables["gpu"]

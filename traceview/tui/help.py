@@ -27,6 +27,7 @@ KEYS = (
     ("e", "threads and streams of every rank"),
     ("a", "align ranks at their step start / the run's clock"),
     ("c", "mark each rank's arrival at a collective (next, most skewed first; ▼ last)"),
+    ("p", "pipeline: a row per stage, its compute against its bubble ░ (pipeline runs)"),
     ("Operators", ""),
     ("/", "filter by operator or trace name (enter or esc: back to the table)"),
     ("s", "sort: self, total, calls, mean, p95, op"),
@@ -36,6 +37,7 @@ KEYS = (
     ("/", "filter: ranks 0-15, 32, 1000-; straggler; part of a host name"),
     ("s", "sort: busy, step, blocked, wait, rank"),
     ("m", "heatmap: ranks × steps (arrows move, p: step or a phase)"),
+    ("g", "group by mesh dimension: dp, tp, …, pipeline stage, none (runs with a mesh)"),
 )
 
 READING = (

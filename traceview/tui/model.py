@@ -73,6 +73,10 @@ class RunView:
     def straggler(self) -> RankSummary | None:
         return self.report.straggler
 
+    @property
+    def dimensions(self) -> dict[str, dict[int, list[int]]]:
+        return rank_dimensions(self.report)
+
 
 def build_view(run: Run) -> RunView:
     """The rows of every screen for ``run`` (tens of milliseconds: call it from a worker)."""
@@ -187,6 +191,57 @@ def sort_ranks(rows: list[RankSummary], key: str) -> list[RankSummary]:
     known = [r for r in ordered if getattr(r, attr) is not None]
     unknown = [r for r in ordered if getattr(r, attr) is None]
     return sorted(known, key=lambda r: getattr(r, attr), reverse=descending) + unknown
+
+
+# --- ranks grouped by mesh dimension (and pipeline stage) -----------------------------------------
+
+#: The grouping of ranks by pipeline stage (beside the mesh's dimensions).
+STAGE = "stage"
+
+
+def rank_dimensions(report: RunReport) -> dict[str, dict[int, list[int]]]:
+    """Per mesh dimension the run's groups have (``dp``, ``tp``, in the report's order), and
+    ``stage`` where its point-to-point calls form a pipeline: each rank's group in it (that
+    group's ranks). Empty for a run without either (pure data parallelism)."""
+    out: dict[str, dict[int, list[int]]] = {}
+    for group in report.groups:
+        if group.dim is not None and group.ranks:
+            members = out.setdefault(group.dim, {})
+            for rank in group.ranks:
+                members.setdefault(rank, group.ranks)
+    if report.pipeline is not None:
+        out[STAGE] = {rank: stage.ranks for stage in report.pipeline.stages for rank in stage.ranks}
+    return out
+
+
+def group_ranks(
+    rows: list[RankSummary], groups: dict[int, list[int]]
+) -> list[tuple[list[int] | None, list[RankSummary]]]:
+    """``rows`` (in their order) under the group each rank belongs to, groups by their lowest
+    rank; ranks in none of them last, under None."""
+    by_group: dict[tuple[int, ...] | None, list[RankSummary]] = {}
+    for row in rows:
+        members = groups.get(row.rank)
+        by_group.setdefault(tuple(sorted(members)) if members else None, []).append(row)
+    keys = sorted((k for k in by_group if k is not None), key=lambda k: k)
+    out: list[tuple[list[int] | None, list[RankSummary]]] = [(list(k), by_group[k]) for k in keys]
+    if None in by_group:
+        out.append((None, by_group[None]))
+    return out
+
+
+def rank_list(ranks: list[int]) -> str:
+    """Ranks as short text: runs of consecutive ranks as ranges (``0-7,16``)."""
+    parts: list[str] = []
+    ordered = sorted(set(ranks))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 # --- timeline axis ----------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Ranks: per-rank step time, own work, time blocked (and of it, waiting for the last rank to
-arrive at a collective against transfer) and phases side by side, slowest first."""
+arrive at a collective against transfer) and phases side by side, slowest first. In a run
+whose process groups form a mesh (or whose ranks form a pipeline), the ranks are grouped by one
+of its dimensions (``g`` cycles them: dp, tp, …, stage, none), each group under a row of its
+ranks' means."""
 
 from __future__ import annotations
 
@@ -12,10 +15,25 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Input, Static
 
 from traceview.model import schema as S
-from traceview.model.results import RankSummary
+from traceview.model.results import RankSummary, RunMemory
 from traceview.tui.heatmap import DIGITS, INK, PALETTE, Heatmap
-from traceview.tui.model import RANK_SORTS, RunView, filter_ranks, sort_ranks
-from traceview.tui.render import SHORT, ms, pct, phase_bar, signed_pct, straggler_text
+from traceview.tui.model import (
+    RANK_SORTS,
+    RunView,
+    filter_ranks,
+    group_ranks,
+    rank_list,
+    sort_ranks,
+)
+from traceview.tui.render import (
+    SHORT,
+    dimension_comm_text,
+    ms,
+    pct,
+    phase_bar,
+    signed_pct,
+    straggler_text,
+)
 
 BAR = 20
 
@@ -29,6 +47,7 @@ class RanksPane(Vertical):
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("s", "sort", "Sort"),
         Binding("m", "toggle_map", "Heatmap"),
+        Binding("g", "group", "Group", show=False),
         Binding("p", "metric", "Phase", show=False),
         Binding("escape", "leave_filter", "Table", show=False),
     ]
@@ -44,6 +63,7 @@ class RanksPane(Vertical):
         super().__init__(id=id)
         self.view: RunView | None = None
         self.sort = "busy"
+        self.grouping: str | None = None  # the dimension the rows are grouped by
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="/ filter: ranks (0-15, 32) · straggler · host", id="ranks-filter")
@@ -67,6 +87,7 @@ class RanksPane(Vertical):
 
     def show(self, view: RunView) -> None:
         self.view = view
+        self.grouping = next(iter(view.dimensions), None)  # the first dimension, if any
         table = self.query_one(DataTable)
         if self.memory and "mem" not in table.columns:  # only runs with memory records
             table.add_column("mem MiB", key="mem")
@@ -82,6 +103,9 @@ class RanksPane(Vertical):
         if self.view is None:
             return
         rows = sort_ranks(self.shown_ranks(), self.sort)
+        grouped = group_ranks(rows, self.view.dimensions.get(self.grouping or "", {}))
+        if self.grouping is not None:
+            rows = [row for _, members in grouped for row in members]
         self.query_one(Heatmap).show(
             self.view.matrix,
             [r.rank for r in rows],
@@ -91,37 +115,70 @@ class RanksPane(Vertical):
         table.clear()
         longest = max((row.step_ms for row in rows), default=0.0) or 1.0
         peak = self.view.report.summary.memory
-        for row in rows:
-            memory: list[Text] = []
-            if self.memory:
-                mem = row.memory
-                flagged = peak is not None and peak.imbalanced and peak.peak_rank == row.rank
-                memory = [
-                    Text(
-                        f"{mem.peak_mb:,.1f}" if mem and mem.peak_mb is not None else "-",
-                        justify="right",
-                        style="bold yellow" if flagged else "",
-                    ),
-                    Text(mem.peak_phase or "-" if mem else "-"),
-                ]
-            mark = "*" if row.straggler else ""
-            table.add_row(
-                Text(f"{row.rank}{mark}", style="bold" if row.straggler else "", justify="right"),
-                Text(ms(row.step_ms), justify="right"),
-                Text(ms(row.busy_ms), justify="right"),
-                Text(signed_pct(row.imbalance), justify="right"),
-                Text(ms(row.blocked_ms), justify="right"),
-                Text(_maybe_ms(row.comm_wait_ms), justify="right", style="bold red"),
-                Text(_maybe_ms(row.comm_transfer_ms), justify="right"),
-                Text(
-                    pct(row.comm_hidden_fraction) if row.comm_total_ms > 0 else "-", justify="right"
-                ),
-                phase_bar(row.breakdown_ms, round(BAR * row.step_ms / longest)),
-                *(Text(ms(row.breakdown_ms[p]), justify="right") for p in S.BREAKDOWN_PHASES),
-                *memory,
-                key=str(row.rank),
-            )
+        for group, members in grouped if self.grouping is not None else [(None, rows)]:
+            if self.grouping is not None:
+                self._group_row(table, group, members)
+            for row in members:
+                self._rank_row(table, row, longest, peak)
         self._summary()
+
+    def _group_row(
+        self, table: DataTable[Text], group: list[int] | None, rows: list[RankSummary]
+    ) -> None:
+        """A group's row above its ranks: the group and its ranks' means."""
+        name = f"{self.grouping} {rank_list(group)}" if group else f"no {self.grouping}"
+
+        def mean(values: list[float | None]) -> Text:
+            known = [v for v in values if v is not None]
+            return Text(
+                ms(sum(known) / len(known)) if known else "-", justify="right", style="bold"
+            )
+
+        table.add_row(
+            Text(name, style="bold underline"),
+            mean([r.step_ms for r in rows]),
+            mean([r.busy_ms for r in rows]),
+            Text(""),
+            mean([r.blocked_ms for r in rows]),
+            mean([r.comm_wait_ms for r in rows]),
+            mean([r.comm_transfer_ms for r in rows]),
+            Text(""),
+            Text(f"{len(rows)} rank(s)", style="bright_black"),
+            *(mean([r.breakdown_ms[p] for r in rows]) for p in S.BREAKDOWN_PHASES),
+            *([Text(""), Text("")] if self.memory else []),
+            key=f"{self.grouping}:{name}",
+        )
+
+    def _rank_row(
+        self, table: DataTable[Text], row: RankSummary, longest: float, peak: RunMemory | None
+    ) -> None:
+        memory: list[Text] = []
+        if self.memory:
+            mem = row.memory
+            flagged = peak is not None and peak.imbalanced and peak.peak_rank == row.rank
+            memory = [
+                Text(
+                    f"{mem.peak_mb:,.1f}" if mem and mem.peak_mb is not None else "-",
+                    justify="right",
+                    style="bold yellow" if flagged else "",
+                ),
+                Text(mem.peak_phase or "-" if mem else "-"),
+            ]
+        mark = "*" if row.straggler else ""
+        table.add_row(
+            Text(f"{row.rank}{mark}", style="bold" if row.straggler else "", justify="right"),
+            Text(ms(row.step_ms), justify="right"),
+            Text(ms(row.busy_ms), justify="right"),
+            Text(signed_pct(row.imbalance), justify="right"),
+            Text(ms(row.blocked_ms), justify="right"),
+            Text(_maybe_ms(row.comm_wait_ms), justify="right", style="bold red"),
+            Text(_maybe_ms(row.comm_transfer_ms), justify="right"),
+            Text(pct(row.comm_hidden_fraction) if row.comm_total_ms > 0 else "-", justify="right"),
+            phase_bar(row.breakdown_ms, round(BAR * row.step_ms / longest)),
+            *(Text(ms(row.breakdown_ms[p]), justify="right") for p in S.BREAKDOWN_PHASES),
+            *memory,
+            key=str(row.rank),
+        )
 
     def shown_ranks(self) -> list[RankSummary]:
         assert self.view is not None
@@ -138,13 +195,23 @@ class RanksPane(Vertical):
             return
         shown = len(self.shown_ranks())
         count = f"{len(ranks)} ranks" if shown == len(ranks) else f"{shown} of {len(ranks)} ranks"
-        text.append(f"{count}, sorted by {self.sort}", style="bold")
-        text.append(" (/: filter, s: sort, m: heatmap) · ms per step")
+        dims = self.view.dimensions
+        if not dims:
+            text.append(f"{count}, sorted by {self.sort}", style="bold")
+            text.append(" (/: filter, s: sort, m: heatmap) · ms per step")
+        else:
+            within = f" within each {self.grouping} group" if self.grouping else ""
+            text.append(f"{count}, sorted by {self.sort}{within}", style="bold")
+            choices = ", ".join([*dims, "none"])
+            text.append(f" (/: filter, s: sort, g: group by {choices}, m: heatmap) · ms per step")
         text.append(" · busy = step - exposed comm - idle;")
         text.append(" blocked = exposed comm + idle; of the exposed comm, wait = waiting for the")
         text.append(" last rank to arrive at a collective, xfer = the rest")
         report = self.view.report
         summary = report.summary
+        if self.grouping is not None:
+            text.append("\n")
+            text.append_text(dimension_comm_text(report, self.grouping))
         if ranks and summary.straggler_rank is not None:
             step = summary.step_ms or 1.0
             text.append("\n")
@@ -206,6 +273,15 @@ class RanksPane(Vertical):
 
     def action_leave_filter(self) -> None:
         self.focus_main()
+
+    def action_group(self) -> None:
+        """Group the rows by the next dimension of the run (then none)."""
+        if self.view is None or not self.view.dimensions:
+            self.app.notify("no process groups of a mesh or pipeline stages to group ranks by")
+            return
+        order = [*self.view.dimensions, None]
+        self.grouping = order[(order.index(self.grouping) + 1) % len(order)]
+        self.refill()
 
     def action_sort(self) -> None:
         keys = list(RANK_SORTS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from rich.text import Text
 
 from traceview.analysis.lanes import Cell
@@ -13,6 +15,7 @@ from traceview.views.style import (
     PHASE_STYLE,
     SHORT,
     communication_text,
+    dimension_comm_text,
     gpu_rank_text,
     gpu_verdict_text,
     host_bound_text,
@@ -33,12 +36,14 @@ from traceview.views.style import (
 )
 
 __all__ = [
+    "BUBBLE",
     "KERNEL_COLUMNS",
     "KERNEL_NOTE",
     "PHASE_LETTER",
     "PHASE_STYLE",
     "SHORT",
     "communication_text",
+    "dimension_comm_text",
     "gpu_rank_text",
     "gpu_verdict_text",
     "host_bound_text",
@@ -51,6 +56,7 @@ __all__ = [
     "pct",
     "phase_bar",
     "phase_text",
+    "pipeline_cells",
     "ratio_text",
     "signed_pct",
     "straggler_text",
@@ -60,15 +66,20 @@ __all__ = [
 ]
 
 
+def _runs(cells: list[Cell]) -> Iterator[tuple[Cell, int]]:
+    """Consecutive equal cells: each cell and how many in a row."""
+    start = 0
+    for i in range(1, len(cells) + 1):
+        if i == len(cells) or cells[i] != cells[start]:
+            yield cells[start], i - start
+            start = i
+
+
 def lane_cells(cells: list[Cell]) -> Text:
     """A timeline lane from its binned cells: a letter per phase, reversed where the phase fills
     the cell, plain where it fills part of it, '.' for idle time, blank where nothing runs."""
     text = Text(no_wrap=True)
-    start = 0
-    for i in range(1, len(cells) + 1):
-        if i < len(cells) and cells[i] == cells[start]:
-            continue
-        cell, length = cells[start], i - start
+    for cell, length in _runs(cells):
         if cell is None:
             text.append(" " * length)
         else:
@@ -79,5 +90,22 @@ def lane_cells(cells: list[Cell]) -> Text:
             elif solid:
                 style = f"reverse {style}"
             text.append(PHASE_LETTER[phase] * length, style=style)
-        start = i
+    return text
+
+
+#: A pipeline stage's bubble in a timeline cell: blocked on a neighbour, or idle.
+BUBBLE = "░"
+#: What a pipeline row draws as its stage's own work; the rest of the step is bubble.
+_STAGE_WORK = (S.FORWARD, S.BACKWARD, S.UPDATE, S.IO, S.H2D, S.OTHER)
+
+
+def pipeline_cells(cells: list[Cell]) -> Text:
+    """A pipeline stage's lane: its own work (compute, data, other) as in ``lane_cells``, the
+    rest (blocked in communication: waiting on a neighbour's message; idle) as bubble ░."""
+    text = Text(no_wrap=True)
+    for cell, length in _runs(cells):
+        if cell is not None and cell[0] not in _STAGE_WORK:
+            text.append(BUBBLE * length, style="red")
+        else:
+            text.append_text(lane_cells([cell] * length))
     return text

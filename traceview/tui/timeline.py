@@ -9,6 +9,11 @@ one sees whether communication runs under backward or after it. Lanes are cut by
 ``c`` picks one of the step's collectives matched across ranks (the most skewed first) and
 marks each rank's arrival at it on the rank's row: ▼ where the last rank arrived, ▽ elsewhere;
 the gap between the marks is what the others waited.
+
+``p`` (a run whose point-to-point calls form a pipeline) shows the stages instead: a row per
+stage and rank, in stage order, its every-instant lane drawn as compute (the phase's letter)
+against bubble (░: blocked or idle, waiting on a neighbour), each row labelled with the stage's
+bubble share of its step (analysis/pipeline.py).
 """
 
 from __future__ import annotations
@@ -32,7 +37,15 @@ from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes
 from traceview.model.results import StepCollective
 from traceview.store.analysed import Run
 from traceview.tui.model import RunView, nice_ticks
-from traceview.tui.render import lane_cells, legend_text, ms, untrusted
+from traceview.tui.render import (
+    BUBBLE,
+    lane_cells,
+    legend_text,
+    ms,
+    pct,
+    pipeline_cells,
+    untrusted,
+)
 
 MAX_ZOOM = 4096.0
 
@@ -79,6 +92,7 @@ class Timeline(ScrollView, can_focus=True):
         Binding("e", "expand", "Threads"),
         Binding("a", "align", "Align", show=False),
         Binding("c", "collective", "Collective"),
+        Binding("p", "pipeline", "Pipeline", show=False),
     ]
 
     class LanesReady(Message):
@@ -99,6 +113,7 @@ class Timeline(ScrollView, can_focus=True):
         self.selected = 0  # index into the view's ranks
         self.expand_all = False
         self.aligned = False  # False: the run's clock; True: each rank from its own step start
+        self.pipeline = False  # the pipeline's stages (p), not the ranks
         self.cache: dict[tuple[int, int | None], RankLanes] = {}
         self.rows: list[Row] = []
         self._cells: dict[tuple[object, ...], Text] = {}
@@ -234,9 +249,20 @@ class Timeline(ScrollView, can_focus=True):
     def expanded(self, rank: int) -> bool:
         return self.expand_all or (bool(self.ranks) and rank == self.ranks[self.selected])
 
+    def stages(self) -> list[tuple[int, int]]:
+        """(stage, rank) of the run's pipeline, in stage order (empty: no pipeline)."""
+        pipeline = self.view.report.pipeline if self.view else None
+        if pipeline is None:
+            return []
+        return [(s.stage, rank) for s in pipeline.stages for rank in s.ranks]
+
     def _update_rows(self) -> None:
         rows: list[Row] = []
-        for rank in self.ranks:
+        if self.pipeline:
+            for _, rank in self.stages():
+                lanes = self.cache.get((rank, self.step))
+                rows.append(Row(rank, 0 if lanes is not None and lanes.lanes else None))
+        for rank in self.ranks if not self.pipeline else []:
             lanes = self.cache.get((rank, self.step))
             if lanes is None or not lanes.lanes:
                 rows.append(Row(rank, None))
@@ -269,6 +295,8 @@ class Timeline(ScrollView, can_focus=True):
         rank = row.rank
         selected = bool(self.ranks) and rank == self.ranks[self.selected]
         lanes = self.cache.get((rank, self.step))
+        if self.pipeline:
+            return self._stage_label(rank, selected)
         if row.lane == MEMORY and lanes is not None and lanes.memory is not None:
             peak = lanes.memory.peak_bytes / (1 << 20)
             return Text(
@@ -297,9 +325,10 @@ class Timeline(ScrollView, can_focus=True):
         lo, hi = self.range_of(row.rank)
         if row.lane == MEMORY:
             return self._memory_bar(lanes, lo, hi, width)
-        key = (row.rank, self.step, row.lane, lo, hi, width)
+        key = (row.rank, self.step, row.lane, lo, hi, width, self.pipeline)
         if key not in self._cells:
-            self._cells[key] = lane_cells(bin_lane(lanes.lanes[row.lane], lo, hi, width))
+            binned = bin_lane(lanes.lanes[row.lane], lo, hi, width)
+            self._cells[key] = pipeline_cells(binned) if self.pipeline else lane_cells(binned)
         cells = self._cells[key]
         call = self.collective
         if call is None or row.lane != 0 or row.rank not in call.arrivals or hi <= lo:
@@ -313,6 +342,20 @@ class Timeline(ScrollView, can_focus=True):
         marked.append("▼" if last else "▽", style="bold white on red" if last else "bold")
         marked.append_text(cells[column + 1 :])
         return marked
+
+    def _stage_label(self, rank: int, selected: bool) -> Text:
+        """A pipeline row's label: its stage, rank and the stage's bubble share of its step."""
+        pipeline = self.view.report.pipeline if self.view else None
+        stage = next((s for s in pipeline.stages if rank in s.ranks), None) if pipeline else None
+        if stage is None:
+            return Text(f"rank {rank}", style="bold reverse" if selected else "bold")
+        step = stage.compute_ms + stage.bubble_ms
+        share = f" {BUBBLE}{pct(stage.bubble_ms / step)}" if step > 0 else ""
+        slowest = "*" if pipeline is not None and stage.stage == pipeline.slowest_stage else ""
+        return Text(
+            f"stage {stage.stage}{slowest} r{rank}{share}",
+            style="bold reverse" if selected else "bold",
+        )
 
     def _memory_bar(self, lanes: RankLanes, lo: int, hi: int, width: int) -> Text:
         """Allocated memory over the step as a sparkline from 0 to the step's peak, the peak's
@@ -369,6 +412,15 @@ class Timeline(ScrollView, can_focus=True):
         text.append(f" ({self.step_index + 1} of {n}{', ' + mark if mark else ''})")
         text.append(f" · {ms(first)}–{ms(last)} ms of {ms(whole)} ms")
         text.append(f" · zoom {self.zoom:g}×")
+        pipeline = self.view.report.pipeline
+        if pipeline is not None and self.pipeline:
+            text.append(
+                f" · pipeline {pipeline.schedule}, {len(pipeline.stages)} stages × "
+                f"{pipeline.microbatches:g} micro-batches: bubble {pct(pipeline.bubble_fraction)}"
+                f" (ideal {pct(pipeline.ideal_bubble_fraction)}; p: ranks)"
+            )
+        elif pipeline is not None:
+            text.append(" · p: pipeline stages")
         if self.aligned:
             text.append(" · ranks aligned at their step start")
         elif self.view is not None and self.view.clock_offsets:
@@ -460,6 +512,15 @@ class Timeline(ScrollView, can_focus=True):
         self.aligned = not self.aligned
         self._moved()
 
+    def action_pipeline(self) -> None:
+        """Show the pipeline's stages (compute against bubble), or the ranks again."""
+        if not self.stages():
+            self.pipeline = False
+            self.app.notify("no pipeline in this run: its point-to-point calls form no stages")
+            return
+        self.pipeline = not self.pipeline
+        self._update_rows()
+
     def action_collective(self) -> None:
         """Mark the next of the step's matched collectives (most skewed first), then none."""
         if self.run is None:
@@ -474,17 +535,34 @@ class Timeline(ScrollView, can_focus=True):
         self._moved()
 
 
+def timeline_legend(pipeline: bool = False) -> Text:
+    """The key under the lanes: of the ranks' lanes, or of the pipeline's stages."""
+    legend = legend_text()
+    if pipeline:
+        legend.append("  ")
+        legend.append(BUBBLE, style="red")
+        legend.append(" bubble")
+        legend.append("\nstage S rN ░x%: the stage's bubble share of its step, * the slowest")
+        legend.append(" stage. Bubble: blocked on a neighbour or idle; the rest, its own work.")
+        return legend
+    legend.append("\n▾ rank N: every instant, as the breakdown counts it; under it: its")
+    legend.append(" threads and streams. Reversed: fills the cell; plain letter: part of it.")
+    return legend
+
+
 class TimelinePane(Vertical):
+    _pipeline = False  # the legend drawn is the pipeline's
+
     def compose(self) -> ComposeResult:
         yield Static(id="timeline-header", markup=False)
         yield Timeline(id="timeline")
         yield Static(id="timeline-axis", markup=False)
-        legend = legend_text()
-        legend.append("\n▾ rank N: every instant, as the breakdown counts it; under it: its")
-        legend.append(" threads and streams. Reversed: fills the cell; plain letter: part of it.")
-        yield Static(legend, id="timeline-legend", markup=False)
+        yield Static(timeline_legend(), id="timeline-legend", markup=False)
 
     def on_timeline_changed(self, message: Timeline.Changed) -> None:
         timeline = self.query_one(Timeline)
         self.query_one("#timeline-header", Static).update(timeline.header_text())
         self.query_one("#timeline-axis", Static).update(timeline.axis_text())
+        if timeline.pipeline != self._pipeline:
+            self._pipeline = timeline.pipeline
+            self.query_one("#timeline-legend", Static).update(timeline_legend(self._pipeline))

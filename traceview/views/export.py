@@ -4,7 +4,9 @@ Each table has one grain: ``events`` (one row per trace event), ``steps`` (rank,
 (rank, device, kind, phase, op, name), ``collectives`` (one row per view of a collective call:
 ``view`` is ``host`` for the call on a host thread, ``device`` for the kernel that carried it
 out; sum durations over one view; the match columns are filled on the view that matching
-across ranks used), and on GPU runs ``gpu`` (rank, step), ``launches`` (rank, phase, op),
+across ranks used; ``dim`` and ``group_ranks`` name the call's group), ``comm_by_group`` (group,
+phase, op) and ``pipeline_stages`` (stage) where the run has them (the report's figures, ms per
+step), and on GPU runs ``gpu`` (rank, step), ``launches`` (rank, phase, op),
 ``launches_by_phase`` (rank, phase) and ``launches_by_rank`` (rank): percentiles do not add
 up, so each level of the launch statistics is a table of its own, and each counts every kernel
 once.
@@ -34,6 +36,7 @@ import pyarrow.csv as pcsv
 
 from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes, cannot_write
+from traceview.model.results import RunReport
 from traceview.store import rundir as R
 
 _GPU_TID_BASE = 1 << 30  # device streams get tids of their own, apart from host threads
@@ -73,6 +76,27 @@ def tables(
     return written
 
 
+def report_tables(report: RunReport) -> dict[str, pa.Table]:
+    """The report's communication by group and its pipeline's stages as tables
+    (schema.COMM_BY_GROUP_SCHEMA, schema.PIPELINE_STAGES_SCHEMA), each where the run has rows."""
+    out = {}
+    if report.comm_by_group:
+        rows = [row.to_builtins() for row in report.comm_by_group]
+        out["comm_by_group"] = pa.Table.from_pylist(rows, S.COMM_BY_GROUP_SCHEMA)
+    pipeline = report.pipeline
+    if pipeline is not None and pipeline.stages:
+        rows = [
+            {
+                **stage.to_builtins(),
+                S.SCHEDULE: pipeline.schedule,
+                S.MICROBATCHES: pipeline.microbatches,
+            }
+            for stage in pipeline.stages
+        ]
+        out["pipeline_stages"] = pa.Table.from_pylist(rows, S.PIPELINE_STAGES_SCHEMA)
+    return out
+
+
 def _left_out(damaged: dict[int, BadInput], others: bool, notes: Notes | None) -> None:
     """Ranks whose events cannot be read: each a warning, or the error where none is left."""
     if damaged and not others:  # one line: the first rank's reason, and how many more
@@ -97,11 +121,23 @@ def _plain_strings(table: pa.Table) -> pa.Table:
 
 
 def _plain(table: pa.Table) -> pa.Table:
-    """Dictionary columns decoded (CSV writers want plain strings)."""
+    """Dictionary columns decoded and lists written as JSON arrays (``[0, 2]``): CSV writers
+    want plain values."""
     columns = [
-        c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns
+        c.cast(c.type.value_type)
+        if pa.types.is_dictionary(c.type)
+        else _json_list(c)
+        if pa.types.is_list(c.type)
+        else c
+        for c in table.columns
     ]
     return pa.Table.from_arrays(columns, names=table.column_names)
+
+
+def _json_list(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A list column of numbers as JSON array text (null stays null)."""
+    inner = pc.binary_join(column.cast(pa.list_(pa.string())), ", ")
+    return pc.binary_join_element_wise("[", inner, "]", "")
 
 
 @contextmanager

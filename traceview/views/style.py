@@ -326,6 +326,33 @@ def critical_path_text(report: RunReport, rows: int = 5) -> Text | None:
             f"{change_words(w.change)} → {ms(w.step_ms)} ms ({w.speedup:.2f}x)" for w in best
         )
         text.append(f"\nwhat if (replayed): {words}")
+
+
+def dimension_comm_text(report: RunReport, dim: str) -> Text:
+    """What one dimension of the job costs: its groups' communication by collective and issuing
+    phase (means over its groups, ms per step), or for ``stage`` the pipeline's bubble."""
+    if dim == "stage" and report.pipeline is not None:
+        return Text(pipeline_text(report.pipeline).plain.split("\n", 1)[0])
+    rows = [c for c in report.comm_by_group if c.dim == dim]
+    text = Text(f"{dim} groups' communication (ms per step, mean of the groups): ", style="")
+    text.stylize("bold", 0, len(dim))
+    if not rows:
+        text.append("none matched across ranks")
+        return text
+    by_kind: dict[tuple[str, str], list[float]] = {}
+    for c in rows:
+        kind = by_kind.setdefault((c.op, c.phase), [0.0, 0.0, 0.0])
+        kind[0] += c.total_ms
+        kind[1] += c.hidden_ms
+        kind[2] += 1
+    for i, ((op, phase), (total, hidden, groups)) in enumerate(
+        sorted(by_kind.items(), key=lambda kv: -kv[1][0])
+    ):
+        if i:
+            text.append(" · ")
+        text.append_text(untrusted(op, 40))
+        hidden_share = hidden / total if total else 0.0
+        text.append(f" in {phase} {ms(total / groups)} ms, {pct(hidden_share)} hidden")
     return text
 
 

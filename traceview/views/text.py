@@ -5,13 +5,23 @@ It renders ``traceview.model.results`` structs and computes nothing; ``--json`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from traceview.model import schema as S
 from traceview.model.escape import json_safe, safe
-from traceview.model.results import Comparison, RankSpread, Result, RunReport, Scaling, Spread
+from traceview.model.results import (
+    ComparedRun,
+    Comparison,
+    RankSpread,
+    Result,
+    RunReport,
+    Scaling,
+    Spread,
+)
 from traceview.views.style import (
     HOST_BOUND_HEADER,
     HOST_BOUND_NOTE,
@@ -547,6 +557,19 @@ def render_comparison(result: Comparison, console: Console) -> None:
     console.print(table("Per step (ms, exclusive)", "phase", rows))
     console.print()
 
+    if result.comm_by_group:
+        comm_rows = [
+            [Text(safe(c.label(), 60)), *cells([t or 0.0 for t in c.total_ms], c.ratio)]
+            for c in result.comm_by_group
+        ]
+        # (the title on its own line: a table as narrow as its figures would wrap it)
+        console.print(Text("Communication by group and phase (ms per step)", style="italic"))
+        console.print(table("", "collective", comm_rows))
+        console.print()
+    if any(run.pipeline is not None for run in runs):
+        console.print(table("Pipeline (ms per step)", "stage", _pipeline_rows(runs, cells)))
+        console.print()
+
     if result.ops:
         op_rows = [
             [Text(safe(op_row.op, 60)), *cells(op_row.ms, op_row.ratio)] for op_row in result.ops
@@ -558,6 +581,35 @@ def render_comparison(result: Comparison, console: Console) -> None:
                 style="bright_black",
             )
         )
+
+
+def _pipeline_rows(
+    runs: list[ComparedRun], cells: Callable[[list[float], list[float | None]], list[Text | str]]
+) -> list[list[Text | str]]:
+    """The runs' pipelines side by side: the bubble's share of the stages' time (with the
+    schedule's ideal), then each stage's compute and bubble."""
+    pipes = [run.pipeline for run in runs]
+    share: list[Text | str] = [Text("bubble share (ideal)", style="bold")]
+    for i, pipe in enumerate(pipes):
+        share.append(
+            f"{pct(pipe.bubble_fraction)} ({pct(pipe.ideal_bubble_fraction)})" if pipe else "-"
+        )
+        if i:
+            share.append("")
+    rows = [share]
+    stages = max(len(pipe.stages) for pipe in pipes if pipe is not None)
+    for stage in range(min(stages, 16)):
+        for what in ("compute", "bubble"):
+            values = []
+            for pipe in pipes:
+                found = (
+                    pipe.stages[stage] if pipe is not None and stage < len(pipe.stages) else None
+                )
+                values.append(getattr(found, f"{what}_ms") if found is not None else 0.0)
+            base = values[0]
+            ratios = [round(v / base, 3) if base > 0 else None for v in values]
+            rows.append([Text(f"stage {stage} {what}"), *cells(values, ratios)])
+    return rows
 
 
 def render_comparison_to_console(result: Comparison) -> None:
