@@ -37,12 +37,14 @@ RUN_TABLES: tuple[tuple[str, str], ...] = (
     ("launches.parquet", "LAUNCHES_SCHEMA"),
     ("memory.parquet", "MEMORY_SCHEMA"),
     ("memory_steps.parquet", "MEMORY_STEPS_SCHEMA"),
+    ("segments.parquet", "SEGMENTS_SCHEMA"),
 )
 #: Tables and columns only ``export --format parquet`` writes, and their schema constants.
 EXPORT_TABLES: tuple[tuple[str, str], ...] = (
     ("collectives.parquet", "EXPORT_COLLECTIVES_SCHEMA"),
     ("comm_by_group.parquet", "COMM_BY_GROUP_SCHEMA"),
     ("pipeline_stages.parquet", "PIPELINE_STAGES_SCHEMA"),
+    ("critical_path.parquet", "CRITICAL_PATH_SCHEMA"),
 )
 
 _ARROW_TYPES = {

@@ -34,8 +34,8 @@ class ExportCommand:
             "--format",
             choices=("parquet", "csv", "chrome"),
             default="parquet",
-            help="tables (events, steps, ops, collectives; comm_by_group and pipeline_stages "
-            "where the run has them; gpu, launches, launches_by_phase and launches_by_rank on "
+            help="tables (events, steps, ops, collectives, critical_path; comm_by_group and "
+            "pipeline_stages where the run has them; gpu, launches, launches_by_phase and launches_by_rank on "
             "GPU runs) as Parquet or CSV, or one merged Chrome trace (default parquet)",
         )
         parser.add_argument(

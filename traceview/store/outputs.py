@@ -32,7 +32,7 @@ from traceview.store import rundir as R
 #: What an export folder may already hold: the files a previous export wrote.
 EXPORT_TABLES = (
     "events", "steps", "ops", "collectives", "gpu", "launches", "memory", "memory_steps",
-    "critical_path",
+    "critical_path", "comm_by_group", "pipeline_stages",
 )  # fmt: skip
 EXPORT_FORMATS = ("parquet", "csv")
 

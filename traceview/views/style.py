@@ -326,6 +326,7 @@ def critical_path_text(report: RunReport, rows: int = 5) -> Text | None:
             f"{change_words(w.change)} → {ms(w.step_ms)} ms ({w.speedup:.2f}x)" for w in best
         )
         text.append(f"\nwhat if (replayed): {words}")
+    return text
 
 
 def dimension_comm_text(report: RunReport, dim: str) -> Text:
