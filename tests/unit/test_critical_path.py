@@ -1,0 +1,241 @@
+"""The critical path across ranks, blame and what-if replay (issue 33) on small graphs whose
+answers are worked out by hand; real jobs with injected causes are in
+tests/live/test_critical_path.py, every sample and shared trace in
+tests/integration/test_critical_path_traces.py."""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from traceview.analysis.critical_path import (
+    Change,
+    balance_rank,
+    build_graph,
+    critical_paths,
+    faster,
+    parse_change,
+    replay,
+)
+from traceview.analysis.crossrank import Matched
+from traceview.model import schema as S
+
+MS = 1_000_000
+
+
+def _segments(rows: list[tuple[int, int, int, str, str, str | None]], step: int = 1) -> pa.Table:
+    """(rank, start ms, end ms, phase, kind, op) rows as a segments table."""
+    return pa.table(
+        {
+            S.RANK: pa.array([r[0] for r in rows], pa.int32()),
+            S.STEP: pa.array([step] * len(rows), pa.int64()),
+            S.START_NS: pa.array([r[1] * MS for r in rows], pa.int64()),
+            S.END_NS: pa.array([r[2] * MS for r in rows], pa.int64()),
+            S.PHASE: [r[3] for r in rows],
+            S.KIND: [r[4] for r in rows],
+            S.OP: pa.array([r[5] for r in rows], pa.string()),
+        },
+        schema=S.SEGMENTS_SCHEMA,
+    )
+
+
+def _calls(rows: list[dict]) -> Matched:
+    """Matched calls as crossrank.match_collectives gives them (times in ms)."""
+    frame = pl.DataFrame(
+        [
+            {
+                S.RANK: r["rank"], S.STEP: 1, S.NAME: r.get("name", "gloo:all_reduce"),
+                S.COLLECTIVE: r.get("op", "allreduce"), S.PID: 1, S.TID: r.get("tid", 7),
+                S.START_NS: r["start"] * MS, S.END_NS: r["end"] * MS,
+                "issued": r["issued"] * MS, "last_arrival_ns": r["last"] * MS,
+                "last_rank": r["last_rank"], "group_key": "", "step_key": 1,
+                "position": r.get("position", 0), "participants": 2, S.BYTES: r.get("bytes"),
+            }
+            for r in rows
+        ],
+        schema_overrides={S.RANK: pl.Int32, "last_rank": pl.Int32, S.BYTES: pl.Int64},
+    )  # fmt: skip
+    return Matched(frame)
+
+
+def _two_ranks() -> tuple[pa.Table, Matched]:
+    """Rank 0 computes 10 ms, then waits in an all-reduce until 30. Rank 1 starts the step 5 ms
+    late, computes 20 ms and issues the all-reduce at 25; the call takes 5 ms after that."""
+    segments = _segments(
+        [
+            (0, 0, 10, S.FORWARD, S.SEGMENT_COMPUTE, "linear"),
+            (0, 10, 30, S.COMM, S.SEGMENT_COMM, "allreduce"),
+            (1, 5, 25, S.BACKWARD, S.SEGMENT_COMPUTE, "linear_backward"),
+            (1, 25, 30, S.COMM, S.SEGMENT_COMM, "allreduce"),
+        ]
+    )
+    calls = _calls(
+        [
+            {"rank": 0, "start": 10, "end": 30, "issued": 10, "last": 25, "last_rank": 1},
+            {"rank": 1, "start": 25, "end": 30, "issued": 25, "last": 25, "last_rank": 1},
+        ]
+    )
+    return segments, calls
+
+
+def _walk(segments: pa.Table, calls: Matched) -> list[tuple[int, str | None, str, float]]:
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    (path,) = critical_paths(graph)
+    return [(x.rank, x.phase, x.kind, x.dur_ns / MS) for x in path.pieces if x.dur_ns]
+
+
+def test_the_path_runs_through_the_late_rank_and_tiles_the_step() -> None:
+    segments, calls = _two_ranks()
+    assert _walk(segments, calls) == [
+        (1, None, "late_start", 5.0),
+        (1, S.BACKWARD, S.SEGMENT_COMPUTE, 20.0),
+        (1, S.COMM, "transfer", 5.0),
+    ]
+
+
+def test_replay_reproduces_the_step_and_answers_what_ifs_by_hand() -> None:
+    segments, calls = _two_ranks()
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 30 * MS}
+    # rank 1 on time: it issues at 20, the call ends 5 ms later, rank 0 waits until 25
+    assert replay(graph, Change("no_late_start", no_late_start=True)).step_ns == {1: 25 * MS}
+    # no waiting for communication: rank 0 ends at 10, rank 1 at 25
+    assert replay(graph, Change("hide_comm", hide_comm=True)).step_ns == {1: 25 * MS}
+    # backward twice as fast: rank 1 issues at 15, done at 20
+    change = faster(graph, S.BACKWARD, 2.0)
+    assert change is not None and replay(graph, change).step_ns == {1: 20 * MS}
+    # the all-reduce twice as fast: done at 27.5
+    change = faster(graph, "allreduce", 2.0)
+    assert change is not None and replay(graph, change).step_ns == {1: 27.5 * MS}
+
+
+def test_dropping_the_collective_edges_breaks_the_replay() -> None:
+    """The replay takes every start from predecessors and edges: without the collective edges
+    (every wait over at once) it cannot reproduce the measured step."""
+    segments, calls = _two_ranks()
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    measured = 30 * MS
+    assert replay(graph).step_ns[1] == measured
+    assert replay(graph, Change("x", hide_comm=True)).step_ns[1] != measured
+
+
+def test_a_call_queued_behind_another_waits_for_it() -> None:
+    """Rank 0 issues two all-reduces at once on one worker; the first waits for rank 1 (issued
+    at 20) and takes 5 ms, the second takes 3 ms after it. Dropping the queue's edge makes the
+    second end 3 ms after the last arrival: the replay no longer reproduces the step."""
+    segments = _segments(
+        [
+            (0, 0, 2, S.BACKWARD, S.SEGMENT_COMPUTE, "mm"),
+            (0, 2, 28, S.COMM, S.SEGMENT_COMM, "allreduce"),
+            (1, 0, 20, S.BACKWARD, S.SEGMENT_COMPUTE, "mm"),
+            (1, 20, 28, S.COMM, S.SEGMENT_COMM, "allreduce"),
+        ]
+    )
+    calls = _calls(
+        [
+            {"rank": 0, "start": 2, "end": 25, "issued": 2, "last": 20, "last_rank": 1},
+            {"rank": 0, "start": 25, "end": 28, "issued": 2, "last": 20, "last_rank": 1,
+             "position": 1},
+            {"rank": 1, "start": 20, "end": 25, "issued": 20, "last": 20, "last_rank": 1},
+            {"rank": 1, "start": 25, "end": 28, "issued": 20, "last": 20, "last_rank": 1,
+             "position": 1},
+        ]
+    )  # fmt: skip
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 28 * MS}
+    assert replay(graph, Change("x", no_queue=True)).step_ns == {1: 25 * MS}
+    # the path: rank 1's compute, then the first call's transfer, then the second's
+    assert _walk(segments, calls) == [
+        (1, S.BACKWARD, S.SEGMENT_COMPUTE, 20.0),
+        (1, S.COMM, "transfer", 5.0),
+        (1, S.COMM, "transfer", 3.0),
+    ]
+
+
+def test_point_to_point_waits_for_the_send() -> None:
+    """Stage 0 computes 12 ms and sends; stage 1 posts its receive at 2 and waits: the path is
+    stage 0's compute, then the message's transfer on stage 1."""
+    segments = _segments(
+        [
+            (0, 0, 12, S.FORWARD, S.SEGMENT_COMPUTE, "linear"),
+            (0, 12, 13, S.COMM, S.SEGMENT_COMM, "send"),
+            (1, 0, 2, S.FORWARD, S.SEGMENT_COMPUTE, "relu"),
+            (1, 2, 14, S.COMM, S.SEGMENT_COMM, "recv"),
+        ]
+    )
+    frame = _calls(
+        [
+            {"rank": 0, "op": "send", "name": "gloo:send", "start": 12, "end": 13, "issued": 12,
+             "last": 12, "last_rank": 0},
+            {"rank": 1, "op": "recv", "name": "gloo:recv", "start": 2, "end": 14, "issued": 2,
+             "last": 12, "last_rank": 0},
+        ]
+    ).calls.with_columns(pl.Series("peer_rank", [1, 0], pl.Int32))  # fmt: skip
+    calls = Matched(frame)
+    assert _walk(segments, calls) == [
+        (0, S.FORWARD, S.SEGMENT_COMPUTE, 12.0),
+        (1, S.COMM, "transfer", 2.0),
+    ]
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 14 * MS}
+    change = faster(graph, S.FORWARD, 2.0)  # stage 0 sends at 6, stage 1 done at 8
+    assert change is not None and replay(graph, change).step_ns == {1: 8 * MS}
+
+
+def test_balance_brings_a_slow_rank_to_the_median_and_never_slows_one() -> None:
+    """Three ranks compute 10, 10 and 30 ms before an all-reduce of 2 ms: balanced, 12 ms."""
+    rows = []
+    calls = []
+    for rank, work in ((0, 10), (1, 10), (2, 30)):
+        rows += [
+            (rank, 0, work, S.BACKWARD, S.SEGMENT_COMPUTE, "mm"),
+            (rank, work, 32, S.COMM, S.SEGMENT_COMM, "allreduce"),
+        ]
+        calls.append({"rank": rank, "start": work, "end": 32, "issued": work, "last": 30,
+                      "last_rank": 2})  # fmt: skip
+    matched = _calls(calls)
+    graph = build_graph(_segments(rows), matched, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 32 * MS}
+    one = balance_rank(graph, 2)
+    assert one is not None and replay(graph, one).step_ns == {1: 12 * MS}
+    fast = balance_rank(graph, 0)  # already at the others' median or below: unchanged
+    assert fast is not None and replay(graph, fast).step_ns == {1: 32 * MS}
+    every = parse_change(graph, "balance")
+    assert every is not None and replay(graph, every).step_ns == {1: 12 * MS}
+
+
+def test_a_cycle_from_clocks_off_marks_the_step_incomplete() -> None:
+    """Each rank's wait ends 2 ms after the other's arrival, which lies inside its own wait
+    (clocks that disagree): the path cannot be walked back; the step says so, nothing raises."""
+    segments = _segments(
+        [(0, 0, 10, S.COMM, S.SEGMENT_COMM, "allreduce"), (1, 0, 10, S.COMM, S.SEGMENT_COMM, "x")]
+    )
+    calls = _calls(
+        [
+            {"rank": 0, "start": 0, "end": 10, "issued": 8, "last": 8, "last_rank": 1},
+            {"rank": 1, "start": 0, "end": 10, "issued": 8, "last": 8, "last_rank": 0,
+             "name": "gloo:other", "tid": 8},
+        ]
+    )  # fmt: skip
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    (path,) = critical_paths(graph)
+    assert not path.complete and path.reason is not None and "cycle" in path.reason
+    assert sum(x.dur_ns for x in path.pieces) == 10 * MS
+    replay(graph)  # settles or gives up after a bounded number of passes, never hangs
+
+
+@pytest.mark.parametrize("text", ["faster:x", "balance:rank", "bandwidth:allreduce:-1", "fast"])
+def test_a_malformed_change_is_refused(text: str) -> None:
+    segments, calls = _two_ranks()
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    with pytest.raises(ValueError):
+        parse_change(graph, text)
