@@ -269,7 +269,12 @@ class Replay:
 
 
 def replay(graph: Graph, change: Change | None = None) -> Replay:
-    """Re-time the graph from its edges alone (module docstring)."""
+    """Re-time the graph from its edges alone (module docstring).
+
+    A rank's item ends at E_i = P_i + max(origin, max over its waits j <= i of (C_j - P_j)),
+    P the sum of its durations so far (a wait lasts nothing of its own; C_j the completion of
+    the call it waits for): only the waits and the calls move from pass to pass, so a pass
+    costs their number, not the items'."""
     change = change or Change("none")
     items, calls = graph.items, graph.calls
     n = items.height
@@ -282,23 +287,44 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     if change.item_factor is not None:
         dur = dur * change.item_factor
     dur = np.where(wait, 0.0, dur)
-    n_groups = int(group.max()) + 1 if n else 0
     first = np.ones(n, bool)
     first[1:] = group[1:] != group[:-1]
+    heads = np.flatnonzero(first)
     g_start = start[first].astype(np.float64)  # each rank's measured step start
     g_step = items[S.STEP].to_numpy()[first]
     job_start = pl.DataFrame({"s": g_step, "t": g_start}).group_by("s").agg(pl.col("t").min())
     job_of = dict(zip(job_start["s"].to_list(), job_start["t"].to_list(), strict=True))
-    step_first = np.array([job_of[s] for s in g_step]) if n_groups else g_start
+    step_first = np.array([job_of[s] for s in g_step]) if len(heads) else g_start
     origin = step_first if change.no_late_start else g_start
-    # prefix sums of durations per group (offset so each group starts at 0)
+    # prefix sums of durations per group (each group from 0)
     csum = np.cumsum(dur)
-    before = np.concatenate([[0.0], csum])[np.flatnonzero(first)]
-    group_base = np.repeat(before, np.diff(np.append(np.flatnonzero(first), n)))
-    prefix = csum - group_base  # P_i: durations up to and including i
+    before = np.concatenate([[0.0], csum])[heads]
+    prefix = csum - np.repeat(before, np.diff(np.append(heads, n)))  # P_i, i included
+    waits = np.flatnonzero(wait)
+    w_group = group[waits]
+    w_prefix = prefix[waits]
+
+    def last_wait(at: np.ndarray) -> np.ndarray:
+        """Per item index, the position in ``waits`` of its group's last wait at or before it
+        (-1: none)."""
+        if len(waits) == 0:
+            return np.full(len(at), -1)
+        pos = np.searchsorted(waits, at, side="right") - 1
+        ok = (pos >= 0) & (w_group[np.maximum(pos, 0)] == group[np.maximum(at, 0)])
+        return np.where(ok & (at >= 0), pos, -1)
+
+    def ends_at(at: np.ndarray, held: np.ndarray, reach: np.ndarray) -> np.ndarray:
+        """E' of items ``at`` given each one's last wait (``held``) and the waits' running
+        maxima (``reach``)."""
+        if len(reach) == 0:
+            return prefix[at] + origin[group[at]]
+        term = np.where(held >= 0, reach[np.maximum(held, 0)], float(NEVER))
+        return prefix[at] + np.maximum(origin[group[at]], term)
 
     m = calls.height
     ready = np.full(m, float(NEVER))  # each call's completion, replayed
+    reach = np.full(len(waits), float(NEVER))
+    passes, converged = 0, True
     if m:
         c_issued = calls[ISSUED].to_numpy().astype(np.float64)
         c_item = calls["issue_item"].to_numpy()
@@ -315,55 +341,52 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         q_first = np.ones(m, bool)
         q_first[1:] = queue[1:] != queue[:-1]
         q_csum = np.cumsum(transfer)
-        q_before = np.concatenate([[0.0], q_csum])[np.flatnonzero(q_first)]
-        q_base = np.repeat(q_before, np.diff(np.append(np.flatnonzero(q_first), m)))
-        q_prefix = q_csum - q_base  # transfer up to and including c
-        measured_dur = (end - start).astype(np.float64)
-    passes, converged = 0, True
-    e_new = np.zeros(n)
+        q_heads = np.flatnonzero(q_first)
+        q_before = np.concatenate([[0.0], q_csum])[q_heads]
+        q_prefix = q_csum - np.repeat(q_before, np.diff(np.append(q_heads, m)))
+        shifted = np.where(q_first, 0.0, np.concatenate([[0.0], q_prefix[:-1]]))
+        issued_on = c_item >= 0
+        item = np.maximum(c_item, 0)
+        span = (end - start).astype(np.float64)[item]
+        is_wait = wait[item]
+        held_end = last_wait(item)
+        held_start = np.where(first[item], -2, last_wait(item - 1))
+        w_call = call[waits]
     while True:
         passes += 1
-        r = np.where(wait, ready[np.maximum(call, 0)] if m else NEVER, float(NEVER))
-        if change.hide_comm:
-            r = np.full(n, float(NEVER))
-        term = _group_cummax(r - prefix, group)
-        g_origin = origin[group]
-        e_new = prefix + np.maximum(g_origin, term)
+        r = np.full(len(waits), float(NEVER))
+        if m and not change.hide_comm:
+            r = ready[w_call]
+        reach = _group_cummax(r - w_prefix, w_group)
         if m == 0:
             break
-        s_new = np.where(first, g_origin, np.roll(e_new, 1))
-        # where each call is issued now
-        safe = np.maximum(c_item, 0)
-        span = measured_dur[safe]
-        now_span = e_new[safe] - s_new[safe]
+        # where each call is issued now: its item's replayed start plus how far into it
+        e_item = ends_at(item, held_end, reach)
+        s_item = np.where(
+            held_start == -2,
+            origin[group[item]],
+            ends_at(np.maximum(item - 1, 0), np.maximum(held_start, -1), reach),
+        )
+        now_span = e_item - s_item
         scaled = np.where(span > 0, c_off * now_span / np.where(span > 0, span, 1), 0.0)
-        into = np.where(wait[safe], np.minimum(c_off, now_span), scaled)
-        issue = np.where(c_item >= 0, s_new[safe] + into, c_issued)
+        into = np.where(is_wait, np.minimum(c_off, now_span), scaled)
+        issue = np.where(issued_on, s_item + into, c_issued)
         last = np.full(int(inst.max()) + 1, float(NEVER))
         np.maximum.at(last, inst, issue)
         arrival = np.where(uses_all, last[inst], issue)
         arrival = np.where(q_first, np.maximum(arrival, prev_end), arrival)
         if change.no_queue:
             new_ready = arrival + transfer
-            if np.array_equal(new_ready, ready):
-                break
-            ready = new_ready
-            if passes > m + 1:
-                converged = False
-                break
-            continue
-        # on a queue: C_c = max(A_c, C_prev) + T_c, a cumulative maximum
-        shifted = np.concatenate([[0.0], q_prefix[:-1]])
-        shifted = np.where(q_first, 0.0, shifted)
-        new_ready = q_prefix + _group_cummax(arrival - shifted, queue)
+        else:  # on a queue: C_c = max(A_c, C_prev) + T_c, a cumulative maximum
+            new_ready = q_prefix + _group_cummax(arrival - shifted, queue)
         if np.array_equal(new_ready, ready):
             break
         ready = new_ready
         if passes > m + 1:  # (a graph without cycles settles in one pass per call at most)
             converged = False
             break
-    g_end = np.full(n_groups, float(NEVER))
-    np.maximum.at(g_end, group, e_new)
+    tails = np.append(heads[1:] - 1, n - 1) if n else heads
+    g_end = ends_at(tails, last_wait(tails), reach) if n else np.zeros(0)
     out = (
         pl.DataFrame({"s": g_step, "b": origin, "e": g_end})
         .group_by("s")
@@ -387,15 +410,30 @@ def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
 # --- the path -------------------------------------------------------------------------------
 
 
+class _Labels:
+    """A string column read by position without turning every row into a Python string."""
+
+    def __init__(self, column: pl.Series) -> None:
+        encoded = column.to_arrow().dictionary_encode()
+        if isinstance(encoded, pa.ChunkedArray):
+            encoded = encoded.combine_chunks()
+        self.codes = np.asarray(encoded.indices.fill_null(-1), np.int64)
+        self.values = encoded.dictionary.to_pylist()
+
+    def __getitem__(self, i: int) -> str | None:
+        code = int(self.codes[i])
+        return self.values[code] if code >= 0 else None
+
+
 def critical_paths(graph: Graph) -> list[WalkedPath]:
     """The critical path of every step of the graph, walked back from its end."""
     items = graph.items
     start = items[S.START_NS].to_numpy()
     end = items[S.END_NS].to_numpy()
     call = items["call"].to_numpy()
-    phase = items[S.PHASE].to_list()
-    kind = items[S.KIND].to_list()
-    op = items[S.OP].to_list()
+    phase, kind, op = (_Labels(items[name]) for name in (S.PHASE, S.KIND, S.OP))
+    # per item, the last item at or before it that waits for a call (-1: none)
+    last_wait = np.maximum.accumulate(np.where(call >= 0, np.arange(len(call)), -1))
     calls = graph.calls
     c = {
         name: calls[name].to_numpy()
@@ -454,12 +492,17 @@ def critical_paths(graph: Graph) -> list[WalkedPath]:
                 t = int(end[i])
                 continue
             k = int(call[i])
-            if k < 0:
-                piece_kind = TRANSFER if kind[i] == S.SEGMENT_COMM else kind[i]
-                pieces.append(
-                    PathPiece(r, phase[i], op[i], piece_kind, int(start[i]), t - int(start[i]))
-                )
-                t = int(start[i])
+            if k < 0:  # the rank's own items back to its last wait (or its step's start)
+                first = max(lo, int(last_wait[i - 1]) + 1) if i > lo else lo
+                for j in range(i, first - 1, -1):
+                    until = t if j == i else int(end[j])
+                    piece_kind = TRANSFER if kind[j] == S.SEGMENT_COMM else str(kind[j])
+                    pieces.append(
+                        PathPiece(
+                            r, phase[j], op[j], piece_kind, int(start[j]), until - int(start[j])
+                        )
+                    )
+                t = int(start[first])
                 continue
             # a piece waiting for call k: its transfer, then what the call waited for
             t, r, done = _through_call(k, c, c_op, r, t, int(start[i]), pieces, phase[i])
