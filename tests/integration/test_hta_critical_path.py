@@ -101,9 +101,11 @@ def test_critical_path_agrees_with_hta(relative: str, step: int) -> None:
             theirs[by_corr.get(edge["correlation"], edge["name"])] += edge["ms"]
         elif edge["kind"] == "cpu_op":
             theirs[by_name.get(edge["name"], edge["name"])] += edge["ms"]
+    # the path's time per operator (by_op: every piece of the path, not the report's list of
+    # stretches, which joins a rank's pieces of one phase under the longest one's operator)
     ours: dict[str, float] = defaultdict(float)
-    for segment in path["segments"]:
-        if segment["kind"] in ("kernel", "compute", "host_bound"):
-            ours[segment["op"]] += segment["ms"]
+    for entry in path["by_op"]:
+        if entry["kind"] in ("kernel", "compute", "host_bound"):
+            ours[entry["op"]] += entry["ms"]
     print(f"top ops: HTA {_top(theirs, 5)}, traceview {_top(ours, 5)}")
     assert set(_top(ours)) == set(_top(theirs)), (dict(theirs), dict(ours))
