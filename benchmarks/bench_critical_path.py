@@ -12,6 +12,11 @@ paths and the report's what-ifs: what ``report`` adds for the critical path, ``r
         --calls 50 --json benchmarks/results/critical_path.json
 
 Issue 33's target: a step of 256 ranks x 10,000 events under 5 s.
+
+With ``--replicate N[,N...]`` it times what the critical path adds to the whole report instead:
+the per-rank tables of ``sample_traces/pytorch/slowfwd`` (3 CPU ranks, gloo, 8 all-reduces per
+step, 5 steps) replicated to N ranks, times shifted by up to a millisecond (as
+``bench_crossrank.py`` does), summarized in one process with and without the segments table.
 """
 
 from __future__ import annotations
@@ -143,14 +148,56 @@ def measure(ranks: int, segments: int, calls: int) -> dict[str, float | int]:
     return out
 
 
+def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
+    """``summarize`` of the slowfwd sample replicated to ``ranks`` ranks, with and without the
+    critical path (the segments table)."""
+    import statistics
+
+    import bench_crossrank
+    from bench_crossrank import manifest_for, replicate  # type: ignore[import-not-found]
+
+    from traceview.analysis.summary import cross_rank_of, summarize
+    from traceview.store.analysed import open_run
+
+    names = ("steps", "ops", "collectives", "comm", "segments")
+    bench_crossrank.TIMED = names
+    with open_run([REPO / "sample_traces" / "pytorch" / "slowfwd"]) as run:
+        base = {name: run.tables[name] for name in names}
+    tables = replicate(base, ranks)
+    manifest = manifest_for(ranks, 1)
+    cross = cross_rank_of(manifest, tables["collectives"], tables["comm"])
+
+    def once(segments: pa.Table | None) -> float:
+        start = time.perf_counter()
+        summarize(
+            tables["steps"], tables["ops"], manifest, collectives=tables["collectives"],
+            cross=cross, segments=segments,
+        )  # fmt: skip
+        return time.perf_counter() - start
+
+    without = statistics.median(once(None) for _ in range(repeat))
+    with_path = statistics.median(once(tables["segments"]) for _ in range(repeat))
+    return {
+        "ranks": ranks,
+        "segments": tables["segments"].num_rows,
+        "summary_without_s": round(without, 3),
+        "summary_with_s": round(with_path, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--replicate", help="ranks to replicate the slowfwd sample to")
     parser.add_argument("--ranks", default="16,256")
     parser.add_argument("--segments", type=int, default=10_000)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = [measure(int(n), args.segments, args.calls) for n in args.ranks.split(",")]
+    if args.replicate:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        rows = [added_to_report(int(n)) for n in args.replicate.split(",")]
+    else:
+        rows = [measure(int(n), args.segments, args.calls) for n in args.ranks.split(",")]
     for row in rows:
         print(json.dumps(row))
     if args.json:

@@ -278,8 +278,10 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     change = change or Change("none")
     items, calls = graph.items, graph.calls
     n = items.height
-    start = items[S.START_NS].to_numpy()
-    end = items[S.END_NS].to_numpy()
+    # times from the graph's first instant (float64 holds them to the nanosecond)
+    t0 = int(items[S.START_NS].min()) if n else 0  # type: ignore[arg-type]
+    start = items[S.START_NS].to_numpy() - t0
+    end = items[S.END_NS].to_numpy() - t0
     group = items["group"].to_numpy()
     call = items["call"].to_numpy()
     wait = call >= 0
@@ -326,7 +328,7 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     reach = np.full(len(waits), float(NEVER))
     passes, converged = 0, True
     if m:
-        c_issued = calls[ISSUED].to_numpy().astype(np.float64)
+        c_issued = (calls[ISSUED].to_numpy() - t0).astype(np.float64)
         c_item = calls["issue_item"].to_numpy()
         c_off = calls["issue_offset"].to_numpy().astype(np.float64)
         inst = calls["instance"].to_numpy() - 1
@@ -334,7 +336,8 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         # it as measured (a step's replay never moves the next one's calls)
         queue = calls["queue"].to_numpy() * (1 << 24) + calls[S.STEP].fill_null(-1).to_numpy()
         uses_all = calls["uses_all"].to_numpy()
-        prev_end = calls["prev_end"].to_numpy().astype(np.float64)
+        prev_end = calls["prev_end"].to_numpy()
+        prev_end = np.where(prev_end > NEVER, prev_end - t0, NEVER).astype(np.float64)
         transfer = (
             change.transfer if change.transfer is not None else calls["transfer"].to_numpy()
         ).astype(np.float64)
@@ -400,11 +403,23 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
 
 
 def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Cumulative maximum restarting at each group (``group`` sorted)."""
+    """Cumulative maximum restarting at each group (``group`` sorted; values in ns, NEVER for
+    none): one ``np.maximum.accumulate`` over integers lifted by group."""
     if len(values) == 0:
         return values
-    frame = pl.DataFrame({"v": values, "g": group})
-    return frame.select(pl.col("v").cum_max().over("g")).to_series().to_numpy()
+    none = values <= NEVER / 2
+    if none.all():
+        return values
+    lowest = float(values[~none].min()) - 1.0
+    lifted = np.round(np.where(none, lowest, values) - lowest).astype(np.int64)
+    span = int(lifted.max()) + 1
+    rank = np.concatenate([[0], np.cumsum(group[1:] != group[:-1])])  # dense, from 0
+    if int(rank[-1]) * span >= 1 << 62:  # (groups times span beyond int64: polars)
+        frame = pl.DataFrame({"v": values, "g": group})
+        return frame.select(pl.col("v").cum_max().over("g")).to_series().to_numpy()
+    base = rank.astype(np.int64) * span
+    out = (np.maximum.accumulate(lifted + base) - base).astype(np.float64) + lowest
+    return np.where(out <= lowest, float(NEVER), out)
 
 
 # --- the path -------------------------------------------------------------------------------
