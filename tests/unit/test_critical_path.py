@@ -239,3 +239,30 @@ def test_a_malformed_change_is_refused(text: str) -> None:
     assert graph is not None
     with pytest.raises(ValueError):
         parse_change(graph, text)
+
+
+def test_the_collective_model_recovers_latency_and_bandwidth() -> None:
+    """All-reduces of 1 and 4 MB on 2 and 4 ranks, timed as 0.5 ms per other rank plus bus
+    bytes at 2 GB/s: the fit gives those back, and predicts 8 ranks from them."""
+    from types import SimpleNamespace
+
+    from traceview.analysis.scaling import _comm_at, fit_collectives
+    from traceview.model.results import CollectiveSummary, RunReport
+
+    def run(n: int) -> RunReport:
+        calls = [
+            CollectiveSummary(
+                op="allreduce", name="x", group=None, position=i, calls_per_step=1.0, ranks=n,
+                bytes=size, transfer_ms=0.5 * (n - 1) + size * 2 * (n - 1) / n / 2e6,
+                wait_ms=0.0, skew_ms=0.0, last_rank=0,
+            )
+            for i, size in enumerate((1_000_000, 4_000_000))
+        ]  # fmt: skip
+        # (the model reads a report's rank count and collectives only)
+        return SimpleNamespace(run=SimpleNamespace(ranks=n), collectives=calls)  # type: ignore[return-value]
+
+    (fit,) = fit_collectives([run(2), run(4)])
+    assert fit.latency_ms == pytest.approx(0.5, rel=1e-3)
+    assert fit.busbw_gbps == pytest.approx(16.0, rel=1e-3)  # Gb/s: 2 GB/s
+    expected = 2 * 0.5 * 7 + 5_000_000 * 2 * 7 / 8 / 2e6
+    assert _comm_at(run(4), [fit], 8) == pytest.approx(expected, rel=1e-3)

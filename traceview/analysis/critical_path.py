@@ -644,7 +644,8 @@ def balance_rank(graph: Graph, rank: int) -> Change | None:
 
 
 def at_bandwidth(graph: Graph, op: str, gbps: float) -> Change | None:
-    """Calls of collective ``op`` at bus bandwidth ``gbps`` (transfer = bus bytes / bandwidth)."""
+    """Calls of collective ``op`` at a bus bandwidth of ``gbps`` Gb/s (bits, as the report's
+    busbw_gbps): transfer = bus bytes / bandwidth."""
     calls = graph.calls
     if calls.height == 0:
         return None
@@ -657,7 +658,7 @@ def at_bandwidth(graph: Graph, op: str, gbps: float) -> Change | None:
     )
     bus = calls[S.BYTES].fill_null(0).to_numpy().astype(np.float64) * factor
     transfer = calls["transfer"].to_numpy().astype(np.float64)
-    transfer = np.where(hit, bus / (gbps * 1e9) * 1e9, transfer)
+    transfer = np.where(hit, bus * 8 / gbps, transfer)  # bits over Gb/s: ns
     return Change(f"bandwidth:{op}:{gbps:g}", transfer=transfer)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -40,6 +41,9 @@ from traceview.model.manifest import Manifest
 from traceview.model.results import (
     AllReduceRate,
     Breakdown,
+    CollectiveFit,
+    Extrapolation,
+    ExtrapolationCheck,
     ModelFit,
     OwnPrediction,
     Prediction,
@@ -267,7 +271,18 @@ def scaling(
     fits = {m: round(sum(e) / len(e), 4) if e else None for m, e in errors.items()}
     ranked = [m for m in MODELS if fits[m] is not None]
     best = min(ranked, key=lambda m: fits[m] or 0.0) if ranked else None
+    fitted = fit_collectives(reports)
+    check = check_extrapolation(reports)
+    if check is not None:
+        notes.append(
+            f"ranks never run: the collective model fitted on {', '.join(map(str, check.fitted_on))}"
+            f" ranks predicts {check.ranks}: communication {pct_text(check.comm_error)} off, the step"
+            f" {pct_text(check.step_error)} (it keeps the compute of the run it starts from)"
+        )
     return Scaling(
+        collective_model=fitted,
+        extrapolated=extrapolate(reports, fitted, n0, t0),
+        extrapolation_check=check,
         base=ScalingBase(label=labels[0], ranks=n0, step_ms=t0, breakdown_ms=base),
         runs=runs,
         models={m: ModelFit(mean_error=fits[m]) for m in MODELS},
@@ -275,4 +290,142 @@ def scaling(
         batch_size=batch_size,
         link_gbps=link_gbps,
         notes=notes,
+    )
+
+
+# --- ranks never run -------------------------------------------------------------------------
+
+#: What each rank moves per byte of the message (nccl-tests' bus bandwidth factors).
+_BUS = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+}
+
+
+def _bus(op: str, n: int) -> float:
+    return _BUS[op](n) if op in _BUS else 1.0
+
+
+def pct_text(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def fit_collectives(reports: list[RunReport]) -> list[CollectiveFit]:
+    """Per collective, latency and bandwidth fitted by least squares on the matched calls of the
+    runs of more than one rank: transfer = latency x (n - 1) + bus bytes / bandwidth."""
+    rows: dict[str, list[tuple[float, float, float, int]]] = {}
+    for report in reports:
+        n = report.run.ranks
+        if n < 2:
+            continue
+        for c in report.collectives:
+            if c.op in ("send", "recv") or c.calls_per_step <= 0:
+                continue
+            size = float(c.bytes) * _bus(c.op, n) if c.bytes is not None else 0.0
+            rows.setdefault(c.op, []).append((float(n - 1), size, c.transfer_ms, n))
+    out = []
+    for op, data in sorted(rows.items()):
+        x = np.array([[a, b] for a, b, _, _ in data])
+        y = np.array([t for _, _, t, _ in data])
+        if (x[:, 1] > 0).any() and len(data) >= 2:
+            coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+            latency, per_byte = float(coef[0]), float(coef[1])
+            if latency < 0 or per_byte <= 0:  # no latency to be seen: bandwidth alone
+                latency = 0.0
+                per_byte = float(x[:, 1] @ y / (x[:, 1] @ x[:, 1]))
+        else:  # no sizes: all of it latency
+            latency, per_byte = float(y.mean() / x[:, 0].mean()), 0.0
+        out.append(
+            CollectiveFit(
+                op=op,
+                latency_ms=round(latency, 4),
+                busbw_gbps=round(8 / (per_byte * 1e6), 3) if per_byte > 0 else None,
+                calls=len(data),
+                runs=sorted({n for *_, n in data}),
+            )
+        )
+    return out
+
+
+def _comm_at(report: RunReport, fits: list[CollectiveFit], n: int) -> float | None:
+    """Transfer per step at ``n`` ranks of ``report``'s collectives (their sizes and calls per
+    step as in that run), by the fitted model; None where an op was not fitted."""
+    model = {f.op: f for f in fits}
+    total = 0.0
+    for c in report.collectives:
+        if c.op in ("send", "recv"):
+            continue
+        fit = model.get(c.op)
+        if fit is None:
+            return None
+        size = float(c.bytes or 0) * _bus(c.op, n)
+        per_byte = 8 / (fit.busbw_gbps * 1e6) if fit.busbw_gbps else 0.0
+        total += c.calls_per_step * (fit.latency_ms * (n - 1) + size * per_byte)
+    return total
+
+
+def _step_at(report: RunReport, comm_then: float, comm_now: float) -> float:
+    """The step of ``report`` with its communication grown from ``comm_now`` to ``comm_then``,
+    at the run's share of communication exposed."""
+    s = report.summary
+    exposed = s.comm_exposed_ms / s.comm_total_ms if s.comm_total_ms > 0 else 1.0
+    return s.step_ms + (comm_then - comm_now) * exposed
+
+
+def extrapolate(
+    reports: list[RunReport], fits: list[CollectiveFit], n0: int, t0: float
+) -> list[Extrapolation]:
+    """The step at 2x and 4x the largest run's ranks."""
+    largest = max(reports, key=lambda r: r.run.ranks)
+    n = largest.run.ranks
+    if n < 2 or not fits or not largest.collectives:
+        return []
+    now = _comm_at(largest, fits, n)
+    out = []
+    for ranks in (2 * n, 4 * n):
+        then = _comm_at(largest, fits, ranks)
+        if now is None or then is None:
+            return []
+        step = _step_at(largest, then, now)
+        out.append(
+            Extrapolation(
+                ranks=ranks,
+                comm_ms=round(then, 3),
+                step_ms=round(step, 3),
+                speedup=round(ranks * t0 / (n0 * step), 3) if step > 0 else None,
+            )
+        )
+    return out
+
+
+def check_extrapolation(reports: list[RunReport]) -> ExtrapolationCheck | None:
+    """Fit without the largest run, predict it from the next largest: the model's error."""
+    ordered = sorted(reports, key=lambda r: r.run.ranks)
+    multi = [r for r in ordered if r.run.ranks > 1]
+    if len(multi) < 2:
+        return None
+    target, start = multi[-1], multi[-2]
+    fits = fit_collectives(ordered[:-1])
+    now = _comm_at(start, fits, start.run.ranks)
+    then = _comm_at(start, fits, target.run.ranks)
+    # measured as the model counts it: each call's transfer, per step (calls that overlap in
+    # time counted each)
+    measured = sum(
+        c.calls_per_step * c.transfer_ms for c in target.collectives if c.op not in ("send", "recv")
+    )
+    if now is None or then is None or not target.collectives or not fits:
+        return None
+    step = _step_at(start, then, now)
+    t = target.summary.step_ms
+    return ExtrapolationCheck(
+        fitted_on=sorted({r.run.ranks for r in ordered[:-1] if r.run.ranks > 1}),
+        ranks=target.run.ranks,
+        predicted_comm_ms=round(then, 3),
+        measured_comm_ms=round(measured, 3),
+        comm_error=round(abs(then - measured) / measured, 4) if measured > 0 else 0.0,
+        predicted_step_ms=round(step, 3),
+        measured_step_ms=t,
+        step_error=round(abs(step - t) / t, 4) if t > 0 else 0.0,
     )

@@ -48,7 +48,7 @@ class WhatIfCommand:
         )  # fmt: skip
         parser.add_argument(
             "--bandwidth", action="append", metavar="OP:GBPS",
-            help="collective OP's transfers at a bus bandwidth of GBPS GB/s (repeatable)",
+            help="collective OP's transfers at a bus bandwidth of GBPS Gb/s (repeatable)",
         )  # fmt: skip
         parser.add_argument(
             "--hide-comm", action="store_true", help="every wait for communication gone"

@@ -810,6 +810,42 @@ class ModelFit(Result):
     mean_error: float | None
 
 
+class CollectiveFit(Result):
+    """A collective's transfer as latency + bytes / bandwidth, fitted on the runs' own matched
+    calls (time = latency_ms x (ranks - 1) + bus bytes / bandwidth; bus bytes as nccl-tests
+    count them: 2(n - 1)/n of the message for an all-reduce)."""
+
+    op: str  # (untrusted)
+    latency_ms: float  # per step of the algorithm (one per other rank)
+    busbw_gbps: float | None  # Gb/s (bits); null: sizes unknown or no growth with size
+    calls: int  # the matched calls (positions x runs) it was fitted on
+    runs: list[int]  # the rank counts of the runs it was fitted on
+
+
+class Extrapolation(Result):
+    """A data-parallel step at a rank count never run, from the largest run and the fitted
+    collectives: its step with the communication the model predicts there, at the largest run's
+    share of communication exposed."""
+
+    ranks: int
+    comm_ms: float  # predicted transfer per step (each call's, summed)
+    step_ms: float
+    speedup: float | None  # against the smallest run (weak scaling)
+
+
+class ExtrapolationCheck(Result):
+    """The model fitted without the largest run, predicting it: how far off it is."""
+
+    fitted_on: list[int]  # rank counts
+    ranks: int
+    predicted_comm_ms: float
+    measured_comm_ms: float  # the largest run's calls' transfers per step, each call counted
+    comm_error: float
+    predicted_step_ms: float
+    measured_step_ms: float
+    step_error: float
+
+
 class Scaling(Result):
     """``traceview scaling --json``."""
 
@@ -821,6 +857,11 @@ class Scaling(Result):
     link_gbps: float | None
     notes: list[str]
     schema_version: str = RESULTS_VERSION
+    # ranks never run: a latency-bandwidth model per collective, the steps at 2x and 4x the
+    # largest run's ranks, and the model checked on the largest run (fitted without it)
+    collective_model: list[CollectiveFit] = []
+    extrapolated: list[Extrapolation] = []
+    extrapolation_check: ExtrapolationCheck | None = None
 
 
 #: The results a command prints with ``--json``, by command.

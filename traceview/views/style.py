@@ -275,7 +275,7 @@ def change_words(change: str) -> str:
         return f"{safe(what)} {k}x faster"
     if name == "bandwidth":
         op, _, gbps = rest.rpartition(":")
-        return f"{safe(op)} at {gbps} GB/s"
+        return f"{safe(op)} at {gbps} Gb/s"
     return {"hide_comm": "communication hidden", "no_late_start": "no late starts"}.get(
         name, safe(change)
     )

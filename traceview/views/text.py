@@ -750,6 +750,23 @@ def render_scaling(result: Scaling, console: Console) -> None:
             else:
                 ar.add_row(str(run.ranks), "-", "-", "-", "-")
         console.print(ar)
+    if result.extrapolated:
+        console.print()
+        beyond = _table("Ranks never run (modelled)")
+        for name in ("ranks", "comm ms", "step ms", "speedup"):
+            beyond.add_column(name, justify="right")
+        for e in result.extrapolated:
+            beyond.add_row(
+                str(e.ranks), ms(e.comm_ms), ms(e.step_ms),
+                f"{e.speedup:.2f}" if e.speedup is not None else "-",
+            )  # fmt: skip
+        console.print(beyond)
+        fits = "; ".join(
+            f"{safe(f.op)}: {f.latency_ms:g} ms per other rank + bytes at "
+            + (f"{f.busbw_gbps:g} Gb/s bus bandwidth" if f.busbw_gbps else "no size term")
+            for f in result.collective_model
+        )
+        console.print(Text(f"fitted on the matched calls: {fits}", style="bright_black"))
     for note in result.notes:
         console.print(Text("note: " + safe(note), style="bright_black"))
 
