@@ -708,6 +708,43 @@ def test_timeline_marks_each_ranks_arrival_at_a_collective(runs_root: Path) -> N
     assert marks[1] > marks[0] and marks[1] > marks[2], marks
 
 
+def test_timeline_draws_the_critical_path(runs_root: Path) -> None:
+    """On the slow-forward sample, x underlines the step's critical path: it runs mostly on
+    rank 1 (whose forward is three times the others'), its underlined cells add up to about the
+    step, and . chooses a segment, described in the header."""
+    from tests.tui_helpers import sample_run
+    from traceview.store.analysed import open_run
+
+    underlined: dict[int, int] = {}
+    header: list[str] = []
+
+    async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await settle(pilot)
+        await pilot.press("x")
+        await settle(pilot)
+        timeline = app.query_one(Timeline)
+        header.append(plain(app.query_one("#timeline-header", Static)))
+        width = timeline.bar_width()
+        for row in timeline.rows:
+            if row.lane == 0:
+                bar = timeline._bar(row, width)
+                marked = set()
+                for span in bar.spans:
+                    if "underline" in str(span.style):
+                        marked.update(range(span.start, span.end))
+                underlined[row.rank] = len(marked)
+        await pilot.press("full_stop")
+        await settle(pilot)
+        header.append(plain(app.query_one("#timeline-header", Static)))
+
+    with open_run([sample_run("slowfwd", runs_root)]) as run:
+        drive([run], look)
+    assert "critical path" in header[0] and "segments" in header[0], header
+    assert underlined[1] > underlined[0] and underlined[1] > underlined[2], underlined
+    assert "1/" in header[1] and "rank " in header[1], header
+
+
 def test_timeline_puts_ranks_from_several_hosts_on_one_clock(tmp_path: Path) -> None:
     """Four hosts whose clocks are up to 250 ms apart (their offsets estimated from the
     collectives): on the run clock every rank's step starts in the same column, as it did."""

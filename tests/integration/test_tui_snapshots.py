@@ -74,6 +74,12 @@ def test_timeline_zoomed_on_the_all_reduce_100x30(snap_compare: SnapCompare, exp
     assert snap_compare(app_of(explicit), terminal_size=(100, 30), run_before=keys(*presses))
 
 
+def test_timeline_critical_path_100x30(snap_compare: SnapCompare, explicit: Run) -> None:
+    # x: the step's critical path underlined, . its first segment chosen
+    presses = ("2", "x", "full_stop")
+    assert snap_compare(app_of(explicit), terminal_size=(100, 30), run_before=keys(*presses))
+
+
 # --- synthetic view models: layout and escaping ------------------------------------------------
 
 

@@ -919,3 +919,18 @@ def path_table(segments: pa.Table, matched: Matched, steps: list[int | None]) ->
         },
         schema=S.CRITICAL_PATH_SCHEMA,
     )
+
+
+def path_stretches(table: pa.Table) -> dict[int | None, list[PathPiece]]:
+    """A path table (``path_table``) per step, as the stretches the report lists."""
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    out: dict[int | None, list[PathPiece]] = {}
+    for (step,), part in frame.group_by(S.STEP, maintain_order=True):
+        pieces = [
+            PathPiece(r[S.RANK], r[S.PHASE], r[S.OP], r[S.KIND], r[S.START_NS], r[S.DUR_NS])
+            for r in part.iter_rows(named=True)
+        ]
+        span = sum(p.dur_ns for p in pieces)
+        out[step] = _stretches(pieces, span)
+    return out

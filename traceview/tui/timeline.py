@@ -10,6 +10,10 @@ one sees whether communication runs under backward or after it. Lanes are cut by
 marks each rank's arrival at it on the rank's row: ▼ where the last rank arrived, ▽ elsewhere;
 the gap between the marks is what the others waited.
 
+``x`` draws the step's critical path across ranks (analysis/critical_path.py): the stretches of
+each rank's row that lie on it are underlined; ``.`` and ``,`` step through its segments, the
+chosen one marked and described in the header.
+
 ``p`` (a run whose point-to-point calls form a pipeline) shows the stages instead: a row per
 stage and rank, in stage order, its every-instant lane drawn as compute (the phase's letter)
 against bubble (░: blocked or idle, waiting on a neighbour), each row labelled with the stage's
@@ -33,6 +37,7 @@ from textual.strip import Strip
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
+from traceview.analysis.critical_path import PathPiece
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
 from traceview.model.results import StepCollective
 from traceview.store.analysed import Run
@@ -93,6 +98,9 @@ class Timeline(ScrollView, can_focus=True):
         Binding("a", "align", "Align", show=False),
         Binding("c", "collective", "Collective"),
         Binding("p", "pipeline", "Pipeline", show=False),
+        Binding("x", "path", "Critical path"),
+        Binding("full_stop", "segment(1)", "Segment", key_display=".,", show=False),
+        Binding("comma", "segment(-1)", "Previous segment", show=False),
     ]
 
     class LanesReady(Message):
@@ -121,12 +129,17 @@ class Timeline(ScrollView, can_focus=True):
         # the matched collectives per step (read on first use), and the one marked
         self._collectives: dict[int | None, list[StepCollective]] | None = None
         self.collective_index: int | None = None
+        # the critical path (x): every step's stretches (read on first use), the one chosen
+        self.show_path = False
+        self._paths: dict[int | None, list[PathPiece]] | None = None
+        self.segment_index: int | None = None
 
     # --- data -------------------------------------------------------------------------------
 
     def load(self, run: Run | None, view: RunView) -> None:
         self.run, self.view = run, view
         self._collectives, self.collective_index = None, None
+        self._paths, self.segment_index = None, None
         # Start on a typical step: the first one not marked first, warm-up or slow.
         typical = [i for i, row in enumerate(view.steps) if not row.mark]
         self.step_index = typical[0] if typical else 0
@@ -330,6 +343,8 @@ class Timeline(ScrollView, can_focus=True):
             binned = bin_lane(lanes.lanes[row.lane], lo, hi, width)
             self._cells[key] = pipeline_cells(binned) if self.pipeline else lane_cells(binned)
         cells = self._cells[key]
+        if self.show_path and row.lane == 0 and not self.pipeline and hi > lo:
+            cells = self._path_marked(cells, row.rank, lo, hi, width)
         call = self.collective
         if call is None or row.lane != 0 or row.rank not in call.arrivals or hi <= lo:
             return cells
@@ -341,6 +356,30 @@ class Timeline(ScrollView, can_focus=True):
         marked = cells[:column]
         marked.append("▼" if last else "▽", style="bold white on red" if last else "bold")
         marked.append_text(cells[column + 1 :])
+        return marked
+
+    @property
+    def path(self) -> list[PathPiece]:
+        """The current step's critical path, as stretches of one rank and phase."""
+        if self._paths is None:
+            self._paths = _path_stretches(self.run) if self.run is not None else {}
+        return self._paths.get(self.step, [])
+
+    def _path_marked(self, cells: Text, rank: int, lo: int, hi: int, width: int) -> Text:
+        """``cells`` with the stretches of the path on ``rank`` underlined (the chosen one
+        reversed), at the rank's own clock."""
+        marked = cells.copy()
+        offset = self.clock_offset(rank)
+        for i, piece in enumerate(self.path):
+            if piece.rank != rank:
+                continue
+            a = (piece.start_ns + offset - lo) / (hi - lo) * width
+            b = (piece.start_ns + piece.dur_ns + offset - lo) / (hi - lo) * width
+            first, last = max(int(a), 0), min(max(int(b + 0.999), int(a) + 1), width)
+            if first >= last:
+                continue
+            chosen = i == self.segment_index
+            marked.stylize("reverse bold magenta" if chosen else "underline", first, last)
         return marked
 
     def _stage_label(self, rank: int, selected: bool) -> Text:
@@ -427,6 +466,21 @@ class Timeline(ScrollView, can_focus=True):
             text.append(" · run clock (hosts' clocks aligned from collectives)")
         else:
             text.append(" · run clock")
+        if self.show_path:
+            path = self.path
+            if not path:
+                text.append("\ncritical path (x): none in this step", style="bright_black")
+            else:
+                length = sum(p.dur_ns for p in path)
+                text.append(f"\ncritical path {ms(length / 1e6)} ms", style="bold")
+                text.append(f" ({len(path)} segments, underlined; .,: step through)")
+                if self.segment_index is not None and self.segment_index < len(path):
+                    p = path[self.segment_index]
+                    what = p.kind if p.phase is None else f"{p.phase} {p.kind}"
+                    text.append(f"\n{self.segment_index + 1}/{len(path)}: rank {p.rank} {what} ")
+                    if p.op:
+                        text.append_text(untrusted(p.op, 30))
+                    text.append(f" {ms(p.dur_ns / 1e6)} ms")
         call = self.collective
         if call is not None:
             calls = len((self._collectives or {}).get(self.step, []))
@@ -521,6 +575,25 @@ class Timeline(ScrollView, can_focus=True):
         self.pipeline = not self.pipeline
         self._update_rows()
 
+    def action_path(self) -> None:
+        """Draw the step's critical path across ranks, or not."""
+        self.show_path = not self.show_path
+        self.segment_index = None
+        if self.show_path and not self.path:
+            self.app.notify("no critical path in this step")
+        self._moved()
+
+    def action_segment(self, delta: int) -> None:
+        """Choose the next (previous) segment of the path."""
+        if not self.show_path:
+            self.action_path()
+        path = self.path
+        if not path:
+            return
+        index = -1 if self.segment_index is None else self.segment_index
+        self.segment_index = (index + delta) % len(path)
+        self._moved()
+
     def action_collective(self) -> None:
         """Mark the next of the step's matched collectives (most skewed first), then none."""
         if self.run is None:
@@ -535,6 +608,14 @@ class Timeline(ScrollView, can_focus=True):
         self._moved()
 
 
+def _path_stretches(run: Run) -> dict[int | None, list[PathPiece]]:
+    """Every step's critical path (Run.critical_path), joined into stretches of one rank and
+    phase as the report lists them."""
+    from traceview.analysis.critical_path import path_stretches
+
+    return path_stretches(run.critical_path())
+
+
 def timeline_legend(pipeline: bool = False) -> Text:
     """The key under the lanes: of the ranks' lanes, or of the pipeline's stages."""
     legend = legend_text()
@@ -547,6 +628,7 @@ def timeline_legend(pipeline: bool = False) -> Text:
         return legend
     legend.append("\n▾ rank N: every instant, as the breakdown counts it; under it: its")
     legend.append(" threads and streams. Reversed: fills the cell; plain letter: part of it.")
+    legend.append(" x: the critical path, underlined.")
     return legend
 
 
