@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 #: top of a step, outside every operator, is not host-bound; 10: nor is the training thread's
 #: backward region fill where another thread runs backward (PyTorch's autograd thread); 11: the
 #: launches table splits the launch delay into queueing and launch latency; 12: the collectives
-#: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call
-ANALYSIS_VERSION = "12"
+#: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call; 13: the collectives table gains split_imbalance
+ANALYSIS_VERSION = "13"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
 RANK_TABLES = ("steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps")

@@ -50,7 +50,7 @@ from traceview.analysis.attribution import merge_intervals
 from traceview.analysis.collectives import RUN_PREFIX
 from traceview.analysis.groups import Groups, assign_groups
 from traceview.model import schema as S
-from traceview.model.results import CommByGroup, StepCollective
+from traceview.model.results import AllToAllRank, CommByGroup, StepCollective
 
 #: Collectives that no rank can leave before every rank of the group arrived (not broadcast,
 #: reduce, send/recv or push/pull: a root or a sender may leave first).
@@ -974,3 +974,46 @@ def comm_by_group(
         )
     return out
 
+
+def alltoall_ranks(matched: Matched, n_steps: int) -> list[AllToAllRank]:
+    """Per rank and group, its matched all-to-alls: calls and bytes sent per step, transfer,
+    and the split imbalance (``schema.SPLIT_IMBALANCE``) turned into time: a call whose largest
+    split is ``i`` times the mean moves for ``transfer`` where an even split would move for
+    ``transfer / i``, so it costs ``transfer * (1 - 1 / i)``."""
+    calls = matched.calls
+    if calls.height == 0 or S.SPLIT_IMBALANCE not in calls.columns:
+        return []
+    calls = calls.filter(pl.col(S.COLLECTIVE) == "alltoall")
+    if calls.height == 0:
+        return []
+    steps = max(n_steps, 1)
+    split = pl.col(S.SPLIT_IMBALANCE)
+    rows = (
+        calls.group_by(S.RANK, S.GROUP)
+        .agg(
+            pl.len().alias("_calls"),
+            pl.col(S.BYTES).sum().alias("_bytes"),
+            pl.col(S.BYTES).is_null().any().alias("_unsized"),
+            pl.col("transfer_ns").sum().alias("_transfer"),
+            split.mean().alias("_imbalance"),
+            (pl.col("transfer_ns") * (1 - 1 / split.clip(lower_bound=1.0)))
+            .filter(split.is_not_null())
+            .sum()
+            .alias("_cost"),
+            split.is_not_null().any().alias("_recorded"),
+        )
+        .sort(S.RANK, S.GROUP, nulls_last=True)
+    )
+    per = 1e-6 / steps
+    return [
+        AllToAllRank(
+            rank=row[S.RANK],
+            group=row[S.GROUP],
+            calls_per_step=round(row["_calls"] / steps, 3),
+            bytes_per_step=None if row["_unsized"] else round(row["_bytes"] / steps),
+            transfer_ms=round(row["_transfer"] * per, 3),
+            split_imbalance=round(row["_imbalance"], 3) if row["_recorded"] else None,
+            imbalance_ms=round(row["_cost"] * per, 3) if row["_recorded"] else None,
+        )
+        for row in rows.iter_rows(named=True)
+    ]

@@ -19,6 +19,7 @@ import pyarrow as pa
 from traceview.analysis.crossrank import (
     ClockFit,
     CrossRank,
+    alltoall_ranks,
     bus_bandwidth_gbps,
     collective_rows,
     comm_by_group,
@@ -1053,5 +1054,8 @@ def summarize(
             cross.matched, cross.comm, groups, sum(1 for s in per_step if s.excluded is None)
         )
         if cross is not None and cross.comm is not None
+        else [],
+        alltoall=alltoall_ranks(cross.matched, sum(1 for s in per_step if s.excluded is None))
+        if cross is not None
         else [],
     )
