@@ -242,3 +242,24 @@ def test_ranks_that_share_no_call_with_the_reference_are_reached_through_their_g
     fit = estimate_clocks(match_collectives(_calls(rows)))
     assert fit is not None and fit.unaligned == []
     assert fit.offset_ns == {r: pytest.approx(o, abs=1) for r, o in offsets.items()}
+
+
+def test_groups_of_the_same_members_are_one_for_matching() -> None:
+    """DeepSpeed (and the 300-rank gloo job among the shared traces) create several groups of the
+    whole world; a gloo call names none of them, and none can be told from another by its calls:
+    they are one group for matching, and every call is matched."""
+    from traceview.analysis.groups import assign_groups
+
+    declared = {r: [_pg("0", "default_pg", [0, 1]), _pg("1", "", [0, 1])] for r in range(2)}
+    groups = declared_groups(declared, 2)
+    assert groups.several == [] and groups.alike == {"0": "0", "1": "0"}
+    calls = _calls(
+        [
+            (0, "gloo:all_gather", "allgather", None, None, 0, 0, 0, 20),
+            (1, "gloo:all_gather", "allgather", None, None, 0, 5, 5, 20),
+        ]
+    )
+    assigned, left = assign_groups(calls, groups)
+    assert left == 0 and assigned.column(S.GROUP).to_pylist() == ["0", "0"]
+    matched = match_collectives(assigned, groups)
+    assert matched.calls.height == 2 and not matched.unmatched

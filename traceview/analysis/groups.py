@@ -63,14 +63,22 @@ class Groups:
         return {g.name: g.ranks for g in self.groups}
 
     @property
+    def alike(self) -> dict[str, str]:
+        """Each group's name -> the first group (in ``groups``' order) with the same ranks:
+        groups of the same members are one for matching (DeepSpeed and gloo jobs create several
+        groups of the whole world, and nothing in a trace tells their calls apart)."""
+        first: dict[tuple[int, ...], str] = {}
+        return {g.name: first.setdefault(tuple(g.ranks), g.name) for g in self.groups}
+
+    @property
     def several(self) -> list[int]:
-        """Ranks that are members of more than one group of two ranks or more: a call of theirs
-        whose group is not known cannot be matched."""
+        """Ranks that are members of groups of two ranks or more with different members: a call
+        of theirs whose group is not known cannot be matched."""
         ranks_of = self.ranks_of
         return [
             rank
             for rank, names in self.of_rank.items()
-            if sum(len(ranks_of[n]) > 1 for n in names) > 1
+            if len({tuple(ranks_of[n]) for n in names if len(ranks_of[n]) > 1}) > 1
         ]
 
 
@@ -133,14 +141,18 @@ def assign_groups(calls: pa.Table, groups: Groups) -> tuple[pa.Table, int]:
     df = pl.from_arrow(calls)
     assert isinstance(df, pl.DataFrame)
     ranks_of = groups.ranks_of
-    # each rank's candidate groups: those of two ranks or more it is a member of
+    alike = groups.alike
+    # each rank's candidate groups: those of two ranks or more it is a member of, one of each
+    # set of members
     candidates = pl.DataFrame(
-        [
-            (rank, name)
-            for rank, names in groups.of_rank.items()
-            for name in names
-            if len(ranks_of[name]) > 1
-        ],
+        sorted(
+            {
+                (rank, alike[name])
+                for rank, names in groups.of_rank.items()
+                for name in names
+                if len(ranks_of[name]) > 1
+            }
+        ),
         schema={S.RANK: pl.Int32, "candidate": pl.String},
         orient="row",
     )
