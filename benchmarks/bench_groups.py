@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             with_groups.append(timed(lambda m=manifest: report(paths[True], m)))
         wall = [statistics.median(t[0] for t in runs) for runs in (without, with_groups)]
         cpu = [statistics.median(t[1] for t in runs) for runs in (without, with_groups)]
+        # the fastest run of each: the least disturbed by the other work on a shared machine
+        best = [min(t[1] for t in runs) for runs in (without, with_groups)]
         result = report(paths[True], manifest)
         declared = sum(len(r.meta["process_groups"]) for r in manifest.ranks)
         row = {
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             "without_cpu_s": cpu[0],
             "with_cpu_s": cpu[1],
             "added_cpu": cpu[1] / cpu[0] - 1,
+            "added_cpu_best": best[1] / best[0] - 1,
             "runs": {"without": without, "with": with_groups},
             "groups": len(result.groups),
             "matched_rows": len(result.collectives),
@@ -347,13 +350,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
     lines = [
         "| ranks | mesh | groups declared per rank | calls | report without groups "
-        "(wall / CPU) | with groups | added (wall / CPU) |",
+        "(wall / CPU) | with groups | added (wall / CPU; CPU of the fastest runs) |",
         "|---:|---|---|---:|---:|---:|---:|",
         *(
             f"| {r['ranks']:,} | {r['mesh']} | {r['declared']} ({r['declared_entries']:,} entries) "
             f"| {r['collective_calls']:,} | {r['without_s']:.3f} s / {r['without_cpu_s']:.3f} s "
             f"| {r['with_s']:.3f} s / {r['with_cpu_s']:.3f} s "
-            f"| {r['added']:+.0%} / {r['added_cpu']:+.0%} |"
+            f"| {r['added']:+.0%} / {r['added_cpu']:+.0%}; {r['added_cpu_best']:+.0%} |"
             for r in rows
         ),
     ]

@@ -23,6 +23,7 @@ otherwise the thread's calls are left without a group, and unmatched (one note c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import polars as pl
 import pyarrow as pa
@@ -58,11 +59,11 @@ class Groups:
     of_rank: dict[int, list[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
-    @property
+    @cached_property
     def ranks_of(self) -> dict[str, list[int]]:
         return {g.name: g.ranks for g in self.groups}
 
-    @property
+    @cached_property
     def alike(self) -> dict[str, str]:
         """Each group's name -> the first group (in ``groups``' order) with the same ranks:
         groups of the same members are one for matching (DeepSpeed and gloo jobs create several
@@ -70,15 +71,15 @@ class Groups:
         first: dict[tuple[int, ...], str] = {}
         return {g.name: first.setdefault(tuple(g.ranks), g.name) for g in self.groups}
 
-    @property
+    @cached_property
     def several(self) -> list[int]:
         """Ranks that are members of groups of two ranks or more with different members: a call
         of theirs whose group is not known cannot be matched."""
-        ranks_of = self.ranks_of
+        alike, ranks_of = self.alike, self.ranks_of
         return [
             rank
             for rank, names in self.of_rank.items()
-            if len({tuple(ranks_of[n]) for n in names if len(ranks_of[n]) > 1}) > 1
+            if len({alike[n] for n in names if len(ranks_of[n]) > 1}) > 1
         ]
 
 
@@ -136,8 +137,8 @@ def assign_groups(calls: pa.Table, groups: Groups) -> tuple[pa.Table, int]:
     """``calls`` (schema.COLLECTIVES_SCHEMA) with the group of every call the trace does not
     name, where it can be told (module docstring), and how many calls stay without one in a run
     whose ranks are members of several groups."""
-    if calls.num_rows == 0 or not groups.groups:
-        return calls, 0
+    if calls.num_rows == 0 or not groups.groups or calls.column(S.GROUP).null_count == 0:
+        return calls, 0  # (NCCL: every call names its group)
     df = pl.from_arrow(calls)
     assert isinstance(df, pl.DataFrame)
     ranks_of = groups.ranks_of
