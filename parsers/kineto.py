@@ -75,6 +75,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     collective: str | None = msgspec.field(default=None, name="Collective name")
     group: str | None = msgspec.field(default=None, name="Process Group Name")
     in_nelems: int | str | None = msgspec.field(default=None, name="In msg nelems")
+    in_split: msgspec.Raw = msgspec.field(default=_NO_RAW, name="In split size")
+    out_split: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Out split size")
     dtype: str | None = None
     # (a plain Raw: msgspec decodes ``Raw | None`` as null only, failing every recorded shape)
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
@@ -198,6 +200,8 @@ def _coerce(raw: dict[str, Any]) -> Any:
             collective=_str_or_none(args.get("Collective name")),
             group=_str_or_none(args.get("Process Group Name")),
             in_nelems=_as_int(args.get("In msg nelems")),
+            in_split=_raw_of(args.get("In split size")),
+            out_split=_raw_of(args.get("Out split size")),
             dtype=_str_or_none(args.get("dtype")),
             input_dims=msgspec.Raw(msgspec.json.encode(dims)) if dims is not None else _NO_RAW,
             input_type=msgspec.Raw(msgspec.json.encode(types)) if types is not None else _NO_RAW,
@@ -477,6 +481,7 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
             S.BYTES: nbytes,
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
             **_groups_and_peers(names, args),
+            S.SPLIT_IMBALANCE: _split_imbalances(names, args, comm_names),
             S.GRID: _dims(list(map(attrgetter("grid"), args))),
             S.BLOCK: _dims(list(map(attrgetter("block"), args))),
         }
@@ -515,6 +520,56 @@ def _groups_and_peers(names: list[str | None], args: list[_Args]) -> dict[str, p
         for i in compress(range(len(names)), map(regions.__contains__, names)):
             groups[i], peers[i] = parsed[names[i]]  # type: ignore[index]
     return {S.GROUP: _strings(groups), S.PEER: pa.array(peers, pa.int32())}
+
+
+#: All-to-alls whose recorded scalar arguments hold the split sizes, at these positions:
+#: ``c10d::alltoall_base_(output, input, group, output_split_sizes, input_split_sizes, ...)``.
+_SPLIT_ARGUMENTS = {"c10d::alltoall_base_": (3, 4)}
+_SPLIT_DECODER = msgspec.json.Decoder(list[int] | str)
+#: Most split sizes read from one call (one per rank of its group).
+MAX_SPLITS = 1 << 16
+
+
+def _imbalance(raw: msgspec.Raw | str | None) -> float | None:
+    """max / mean of a list of split sizes (as JSON, or a string holding it: "[3, 4]"); None
+    where there is no list, an empty one (an even split), or it is not sizes."""
+    try:
+        value: Any = _SPLIT_DECODER.decode(raw) if isinstance(raw, msgspec.Raw) else raw
+        if isinstance(value, str):
+            if not value.startswith("[") or len(value) > 16 * MAX_SPLITS:
+                return None
+            value = _SPLIT_DECODER.decode(value)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(value, list) or not value or len(value) > MAX_SPLITS:
+        return None
+    if any(v < 0 for v in value):
+        return None
+    total = sum(value)
+    return max(value) * len(value) / total if total > 0 else None
+
+
+def _split_imbalances(names: list[str | None], args: list[_Args], comm_names: set[str]) -> pa.Array:
+    """Each all-to-all's split imbalance (schema.SPLIT_IMBALANCE) where its arguments record
+    the splits: NCCL's ``In split size``/``Out split size``, or c10d's recorded split
+    arguments (gloo, with ``record_shapes``); null elsewhere."""
+    out: list[float | None] = [None] * len(names)
+    if not comm_names:
+        return pa.array(out, pa.float64())
+    for i in compress(range(len(names)), map(comm_names.__contains__, names)):
+        a = args[i]
+        found = [_imbalance(a.in_split) if a.in_split else None,
+                 _imbalance(a.out_split) if a.out_split else None]  # fmt: skip
+        positions = _SPLIT_ARGUMENTS.get(names[i] or "")
+        if positions and a.concrete_inputs:
+            try:
+                values = _PEER_DECODER.decode(a.concrete_inputs)
+                found += [_imbalance(str(values[p])) for p in positions]  # type: ignore[index]
+            except (msgspec.DecodeError, IndexError):
+                pass
+        known = [f for f in found if f is not None]
+        out[i] = max(known) if known else None
+    return pa.array(out, pa.float64())
 
 
 def _peers(names: list[str | None], args: list[_Args]) -> list[int | None]:
@@ -954,6 +1009,7 @@ def _raw_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int, int]:
             S.COLLECTIVE: batch.column(S.COLLECTIVE).dictionary_encode(),
             S.GROUP: batch.column(S.GROUP),
             S.PEER: batch.column(S.PEER),
+            S.SPLIT_IMBALANCE: batch.column(S.SPLIT_IMBALANCE),
             S.GRID: batch.column(S.GRID),
             S.BLOCK: batch.column(S.BLOCK),
         }

@@ -110,3 +110,100 @@ def test_the_straggler_and_its_delay_are_found_on_shifted_clocks(gpu_set) -> Non
         assert c.algorithm in ("RING_LL", "RING_SIMPLE") and c.algorithm in c.name, c.name
         if c.bytes:
             assert c.busbw_gbps is not None and c.busbw_gbps > 0
+
+
+# --- several process groups (issue 32) -------------------------------------------------------------
+
+#: A 2 x 2 mesh made of the newer set: ranks {0, 1} and {2, 3} are tensor-parallel pairs (groups
+#: "1" and "2", mesh_tp); every step's first all-reduce and the broadcasts stay in the world ("0").
+MESH_TP = {0: ("1", [0, 1]), 1: ("1", [0, 1]), 2: ("2", [2, 3]), 3: ("2", [2, 3])}
+MESH_LATE = {1, 3}  # each pair's second rank arrives late at its pair's all-reduces
+
+
+def make_mesh_set(source: Path, out: Path) -> Path:
+    """Four copies of ``source`` (each on a host of its own, its clock shifted), declaring the
+    world and their tensor-parallel pair in ``pg_config``; the all-reduces after each step's first
+    name the pair (``Process Group Name``/``Ranks`` on the host call and the kernel), and on the
+    pair's late rank those kernels start later by ``DELAY_SHARE`` of their duration."""
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    out.mkdir(parents=True, exist_ok=True)
+    world = list(range(4))
+    for rank in world:
+        copy = json.loads(json.dumps(trace))
+        name, pair = MESH_TP[rank]
+        info = copy.setdefault("distributedInfo", {})
+        info.update(rank=rank, world_size=4)
+        info["pg_config"] = [
+            {"pg_name": "0", "pg_desc": "default_pg", "ranks": world},
+            {"pg_name": name, "pg_desc": "mesh_tp", "ranks": pair},
+        ]
+        copy["host_name"] = f"gpu-node{rank}"
+        first_of_step: set[int] = set()
+        steps = sorted(
+            (e["ts"], e["ts"] + e["dur"])
+            for e in copy["traceEvents"]
+            if str(e.get("name", "")).startswith("ProfilerStep#")
+        )
+        seen_steps: set[int] = set()
+        for event in sorted(copy["traceEvents"], key=lambda e: e.get("ts", 0)):
+            args = event.get("args") or {}
+            if args.get("Collective name") != "allreduce" or event.get("cat") != "cpu_op":
+                continue
+            step = next((i for i, (a, b) in enumerate(steps) if a <= event["ts"] < b), -1)
+            if step not in seen_steps:
+                seen_steps.add(step)
+                first_of_step.add(args["External id"])
+        for event in copy["traceEvents"]:
+            args = event.get("args") or {}
+            if args.get("Collective name") == "allreduce":
+                in_pair = args.get("External id") not in first_of_step
+                args["Process Group Name"] = name if in_pair else "0"
+                args["Process Group Ranks"] = str(pair if in_pair else world)
+                args["Group size"] = len(pair if in_pair else world)
+                if in_pair and rank in MESH_LATE and _is_nccl_kernel(event):
+                    delay = DELAY_SHARE * event["dur"]
+                    event["ts"] += delay
+                    event["dur"] -= delay
+            elif "Process Group Name" in args:
+                args["Process Group Ranks"] = str(world)
+                args["Group size"] = 4
+            if isinstance(event.get("ts"), (int, float)):
+                event["ts"] += OFFSETS_US[rank]
+        (out / f"rank-{rank}.json.gz").write_bytes(gzip.compress(json.dumps(copy).encode()))
+    return out
+
+
+def test_nccl_calls_are_matched_inside_their_groups(tmp_path: Path) -> None:
+    """The groups read from pg_config and the calls' own Process Group Name: each all-reduce of
+    a pair is matched with its pair only, the late rank of each pair is its last rank, and the
+    other waits for it by the delay; the world's calls span all four ranks; the clocks of all
+    four hosts are estimated through the world's all-reduces."""
+    source = shared_traces(SETS["newer"][0])
+    out = make_mesh_set(source, tmp_path / "mesh")
+    with open_run([out]) as run:
+        report = run.report()
+        crossed = run.cross
+    assert [(g.name, g.dim, g.ranks) for g in report.groups] == [
+        ("0", None, [0, 1, 2, 3]),
+        ("1", "tp", [0, 1]),
+        ("2", "tp", [2, 3]),
+    ]
+    assert crossed is not None and not crossed.matched.unmatched
+    assert report.run.clocks is not None and report.run.clocks.unaligned_ranks == []
+    calls = crossed.matched.calls.filter(pl.col("device") == "gpu")
+    per_key = calls.group_by("group", "name", "collective", "step_key", "position").agg(
+        pl.col("rank").unique().sort().alias("ranks"), pl.col("last_rank").first()
+    )
+    pairs = per_key.filter(pl.col("group") != "0")
+    assert pairs.height > 0
+    for row in pairs.iter_rows(named=True):
+        members = MESH_TP[row["ranks"][0]][1]
+        assert row["ranks"] == members, row  # never across the pairs
+        assert row["last_rank"] == members[1], row
+    assert set(per_key.filter(pl.col("group") == "0")["ranks"].to_list()[0]) == {0, 1, 2, 3}
+    # the early rank of a pair waits for the late one by the delay (within the clock estimate)
+    early = calls.filter(pl.col("group") != "0", pl.col("rank").is_in([0, 2]))
+    delay = DELAY_SHARE * (early["end_ns"] - early["start_ns"]).cast(pl.Float64)
+    assert ((early["wait_ns"].cast(pl.Float64) - delay).abs() < 60_000).all(), early.select(
+        "rank", "wait_ns", "start_ns", "end_ns"
+    )

@@ -504,3 +504,77 @@ def test_fast_ranks_wait_matches_their_timers(jobs: Any, name: str) -> None:
               f"(blocked {t['blocked']:.2f} ms)")  # fmt: skip
         assert got == pytest.approx(t["wait"], rel=0.15, abs=1.0), (t, got)
     assert job.report()["summary"]["straggler_rank"] == slow
+
+
+def _copy_traces(job: Job, out: Path, shift_us: dict[int, float]) -> Path:
+    """The job's raw traces in ``out``, rank r's on a host of its own with every timestamp moved
+    by ``shift_us[r]`` (as if read from several machines whose clocks differ); ranks absent from
+    ``shift_us`` keep the trace's clock and host."""
+    out.mkdir()
+    for r, trace in enumerate(job.traces):
+        if r in shift_us:
+            trace = {**trace, "host_name": f"other-host-{r}"}
+            trace["traceEvents"] = [
+                {**e, "ts": e["ts"] + shift_us[r]} if "ts" in e else e for e in trace["traceEvents"]
+            ]
+        with gzip.open(out / f"rank-{r}.pt.trace.json.gz", "wt") as f:
+            json.dump(trace, f)
+    return out
+
+
+@pytest.mark.parametrize("name", ["gpipe2-slow", "1f1b4-balanced"])
+def test_pipeline_across_hosts_gets_its_clock_offsets(jobs: Any, name: str, tmp_path: Path) -> None:
+    """A pipeline makes no synchronizing collective: with its stages' clocks apart (each on a host
+    of its own, timestamps moved by known offsets), the matched sends and receives give the
+    offsets, chained stage to stage, each within the transfer time the messages take (measured
+    on the traces' own common clock); without them the waits would be off by the offsets."""
+    job = jobs(name)
+    shifts = {1: 23_456.7, 2: -41_302.5, 3: 7_050.0}
+    shift_us = {r: shifts[r] for r in range(1, job.ranks)}
+    shifted = _copy_traces(job, tmp_path / "shifted", shift_us)
+    same = _copy_traces(job, tmp_path / "same", {})
+    result = run_cli("report", same, "--json")
+    assert result.code == 0, result.err
+    p2p = [c for c in json.loads(result.out)["collectives"] if c["op"] in ("send", "recv")]
+    transfer_us = max(c["transfer_ms"] for c in p2p) * 1e3
+    result = run_cli("report", shifted, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    clocks = report["run"]["clocks"]
+    assert clocks["source"] == "collectives" and clocks["unaligned_ranks"] == [], clocks
+    for row in report["ranks"]:
+        truth = shift_us.get(row["rank"], 0.0)
+        print(f"rank {row['rank']}: offset {row['clock_offset_us']:.1f} µs, shifted by "
+              f"{truth:.1f} µs (transfer up to {transfer_us:.1f} µs)")  # fmt: skip
+        assert abs(row["clock_offset_us"] - truth) <= transfer_us, (row["rank"], transfer_us)
+    assert report["pipeline"] is not None
+    assert len(report["pipeline"]["stages"]) == job.ranks
+
+
+def test_a_stage_missing_from_the_set_is_one_warning_and_the_rest_is_analysed(
+    jobs: Any, tmp_path: Path
+) -> None:
+    """The 4-stage job read without stage 2's trace: one warning names the stage and counts the
+    calls its neighbours made with it; the three stages read are still a pipeline, each with
+    the figures it has when all four are read."""
+    job = jobs("1f1b4-balanced")
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for r, trace in enumerate(job.traces):
+        if r != 2:
+            with gzip.open(folder / f"rank-{r}.pt.trace.json.gz", "wt") as f:
+                json.dump(trace, f)
+    result = run_cli("report", folder, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    [warning] = [w for w in report["warnings"] if w.startswith("pipeline:")]
+    # 8 micro-batches a step: stage 1 and stage 3 each send 8 and receive 8 with stage 2
+    steps = report["run"]["steps"]
+    assert "stage 2 (rank 2)" in warning
+    assert f"{2 * 16 * steps} point-to-point call(s)" in warning, warning
+    pipe = report["pipeline"]
+    assert pipe is not None and [s["stage"] for s in pipe["stages"]] == [0, 1, 3]
+    assert pipe["microbatches"] == 8
+    whole = {s["stage"]: s for s in job.report()["pipeline"]["stages"]}
+    for s in pipe["stages"]:
+        assert s["compute_ms"] == pytest.approx(whole[s["stage"]]["compute_ms"], rel=0.05)

@@ -3,13 +3,15 @@ worked out by hand; the real jobs are in tests/live/test_parallel_jobs.py."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
 
 from traceview.analysis.collectives import _fifo
-from traceview.analysis.crossrank import match_collectives
+from traceview.analysis.crossrank import CrossRank, Matched, estimate_clocks, match_collectives
 from traceview.analysis.groups import declared_groups, dimension
 from traceview.model import schema as S
 from traceview.model.columns import decode_ranks, encode_ranks
@@ -70,6 +72,7 @@ def test_disagreeing_and_impossible_groups_are_one_warning_each() -> None:
     groups = declared_groups(declared, 2)
     assert len(groups.warnings) == 2
     assert "different ranks" in groups.warnings[0] and "1" in groups.warnings[0]
+    assert "1 rank(s) disagree" in groups.warnings[0]
     assert "beyond the world of 2" in groups.warnings[1]
     assert [g.ranks for g in groups.groups if g.name == "1"] == [[0, 1]]  # the first kept
 
@@ -140,7 +143,10 @@ def test_a_call_without_its_peer_is_left_unmatched() -> None:
     )
     matched = match_collectives(calls)
     assert matched.calls.height == 0
-    assert matched.unmatched == {0: 1, 1: 1}
+    # rank 1's receive names no peer: counted apart (its own warning); rank 0's send then has
+    # no partner
+    assert matched.no_peer == {1: 1}
+    assert matched.unmatched == {0: 1}
 
 
 def test_a_collective_is_matched_only_inside_its_group() -> None:
@@ -163,3 +169,97 @@ def test_a_collective_is_matched_only_inside_its_group() -> None:
     assert matched["participants"].to_list() == [2, 2, 2, 2]
     assert matched["last_rank"].to_list() == [1, 1, 3, 3]
     assert matched["wait_ns"].to_list() == [10, 0, 20, 0]
+
+
+def test_a_call_without_its_peer_is_one_warning_with_counts() -> None:
+    from traceview.analysis.summary import _no_peer
+
+    matched = Matched(pl.DataFrame(), no_peer={1: 3, 4: 1})
+    [warning] = _no_peer(CrossRank(matched, pl.DataFrame(), None))  # type: ignore[arg-type]
+    assert warning.startswith("4 point-to-point call(s) do not say their peer")
+    assert "rank 1: 3, rank 4: 1" in warning
+
+
+def _pipeline_messages(offsets: dict[int, int], chain: list[int]) -> pa.Table:
+    """Steps of a pipeline over ``chain`` on one true clock, each rank's times read on a clock
+    ``offsets[rank]`` ns ahead: a forward message down the chain then a backward one up it.
+    Every receive is posted before its send and ends 30 ns after it (the transfer)."""
+    rows = []
+    for step in range(3):
+        t = step * 10_000
+        for k, (a, b) in enumerate(itertools.pairwise(chain)):
+            sent = t + 1_000 * k + 500
+            rows += [
+                (a, "gloo:send", "send", None, b, step, sent + offsets[a], sent + offsets[a], sent + 30 + offsets[a]),
+                (b, "gloo:recv", "recv", None, a, step, t + offsets[b], t + offsets[b], sent + 30 + offsets[b]),
+            ]  # fmt: skip
+        for k, (a, b) in enumerate(itertools.pairwise(chain[::-1])):
+            sent = t + 5_000 + 1_000 * k + 500
+            rows += [
+                (a, "gloo:send", "send", None, b, step, sent + offsets[a], sent + offsets[a], sent + 30 + offsets[a]),
+                (b, "gloo:recv", "recv", None, a, step, t + 5_000 + offsets[b], t + 5_000 + offsets[b], sent + 30 + offsets[b]),
+            ]  # fmt: skip
+    return _calls(rows)
+
+
+def test_point_to_point_pairs_give_the_clocks_of_a_pipeline() -> None:
+    """No synchronizing collective: each pair of neighbours sent both ways, so a receive's end
+    less its send's issue bounds their offset from above one way and from below the other; the
+    middle is the offset (here exactly: transfers are equal both ways), chained stage to stage."""
+    offsets = {0: 0, 1: 7_000_000, 2: -3_250_000, 3: 120_000}
+    fit = estimate_clocks(match_collectives(_pipeline_messages(offsets, [0, 1, 2, 3])))
+    assert fit is not None and fit.reference == 0 and fit.unaligned == []
+    assert fit.offset_ns == {r: pytest.approx(o, abs=1) for r, o in offsets.items()}
+    assert all(d == 0 for d in fit.drift.values())
+
+
+def test_one_way_messages_do_not_give_an_offset() -> None:
+    """Messages one way only bound the offset from one side: no estimate."""
+    offsets = {0: 0, 1: 5_000}
+    calls = _pipeline_messages(offsets, [0, 1])
+    df = pl.from_arrow(calls)
+    assert isinstance(df, pl.DataFrame)
+    forward = df.filter(
+        ((pl.col(S.RANK) == 0) & (pl.col(S.COLLECTIVE) == "send"))
+        | ((pl.col(S.RANK) == 1) & (pl.col(S.COLLECTIVE) == "recv"))
+    )
+    assert estimate_clocks(match_collectives(forward.to_arrow())) is None
+
+
+def test_ranks_that_share_no_call_with_the_reference_are_reached_through_their_groups() -> None:
+    """A 2 x 2 mesh on four hosts: rank 3 shares no group with rank 0 (tp pairs {0, 1}, {2, 3};
+    dp pairs {0, 2}, {1, 3}); its offset is its dp partner's plus its own against that partner."""
+    offsets = {0: 0, 1: 40_000, 2: -25_000, 3: 90_000}
+    groups = {"tp0": [0, 1], "tp1": [2, 3], "dp0": [0, 2], "dp1": [1, 3]}
+    rows = []
+    for step in range(4):
+        for i, (name, members) in enumerate(groups.items()):
+            start = step * 100_000 + i * 10_000
+            for r in members:  # all leave together at start + 2,000 on the true clock
+                at = start + 100 * r
+                rows.append((r, "gloo:all_reduce", "allreduce", name, None, step,
+                             at + offsets[r], at + offsets[r], start + 2_000 + offsets[r]))  # fmt: skip
+    fit = estimate_clocks(match_collectives(_calls(rows)))
+    assert fit is not None and fit.unaligned == []
+    assert fit.offset_ns == {r: pytest.approx(o, abs=1) for r, o in offsets.items()}
+
+
+def test_groups_of_the_same_members_are_one_for_matching() -> None:
+    """DeepSpeed (and the 300-rank gloo job among the shared traces) create several groups of the
+    whole world; a gloo call names none of them, and none can be told from another by its calls:
+    they are one group for matching, and every call is matched."""
+    from traceview.analysis.groups import assign_groups
+
+    declared = {r: [_pg("0", "default_pg", [0, 1]), _pg("1", "", [0, 1])] for r in range(2)}
+    groups = declared_groups(declared, 2)
+    assert groups.several == [] and groups.alike == {"0": "0", "1": "0"}
+    calls = _calls(
+        [
+            (0, "gloo:all_gather", "allgather", None, None, 0, 0, 0, 20),
+            (1, "gloo:all_gather", "allgather", None, None, 0, 5, 5, 20),
+        ]
+    )
+    assigned, left = assign_groups(calls, groups)
+    assert left == 0 and assigned.column(S.GROUP).to_pylist() == ["0", "0"]
+    matched = match_collectives(assigned, groups)
+    assert matched.calls.height == 2 and not matched.unmatched

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 #: launches table splits the launch delay into queueing and launch latency; 12: the collectives
 #: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call; 13: the
 #: segments table (each window's exclusive segments in time order: the critical path's input);
-#: 14: a region inside an operator keeps the operator's level
-ANALYSIS_VERSION = "14"
+#: 14: a region inside an operator keeps the operator's level; 15: the collectives table gains
+#: split_imbalance
+ANALYSIS_VERSION = "15"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
 RANK_TABLES = (

@@ -163,6 +163,18 @@ def collectives_part(
     launcher = np.where(launched, outer_of[np.maximum(launcher, 0)], -1)
     from_launcher = best[np.maximum(launcher, 0)]
     call_bytes = np.where((call_bytes < 0) & launched, from_launcher, call_bytes)
+    # an all-to-all's split imbalance: its own, the most a call nested in it records, or its
+    # launching call's
+    split = np.nan_to_num(
+        events.column(S.SPLIT_IMBALANCE).to_numpy(zero_copy_only=False).astype(np.float64),
+        nan=-1.0,
+    ) if S.SPLIT_IMBALANCE in events.column_names else np.full(len(size), -1.0)  # fmt: skip
+    split_best = split.copy()
+    np.maximum.at(split_best, owner, split[inner])
+    call_split = split_best[rows]
+    call_split = np.where(
+        (call_split < 0) & launched, split_best[np.maximum(launcher, 0)], call_split
+    )
     group_codes, group_names = dictionary_codes(events.column(S.GROUP))
     # a call nested in one naming several groups: the greatest name (by value, not by code)
     by_value = np.argsort(np.argsort(np.asarray(group_names, dtype=object), kind="stable"))
@@ -199,6 +211,7 @@ def collectives_part(
             S.END_NS: pa.array(end, pa.int64()),
             S.PEER: _call_peers(events, rows, owner, inner, around, launcher),
             S.ISSUED_IN: _issued_in(events, parent, rows, launcher),
+            S.SPLIT_IMBALANCE: pa.array(call_split, pa.float64(), mask=call_split < 0),
             "_id": calls.column(S.EVENT_ID),
         }
     )
@@ -301,6 +314,10 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     group = group_codes.copy()
     peer = ints(calls.column(S.PEER), -1)
     issued_in = np.asarray(calls.column(S.ISSUED_IN).to_pylist(), dtype=object)
+    split = np.nan_to_num(
+        calls.column(S.SPLIT_IMBALANCE).to_numpy(zero_copy_only=False).astype(np.float64),
+        nan=-1.0,
+    )
     is_issue = ~is_run & on_cpu
     # the queue a call goes through: its collective's, except that gloo runs a reduce-scatter
     # as an all-reduce (FSDP's): those join the all-reduces' queue
@@ -358,6 +375,7 @@ def _link_runs(calls: pa.Table) -> pa.Table:
             peer[linked] = np.where(peer[linked] < 0, peer[by], peer[linked])
             kinds[linked] = kinds[by]  # the run is the collective the program asked for
             issued_in[linked] = issued_in[by]
+            split[linked] = np.where(split[linked] < 0, split[by], split[linked])
     names = np.asarray([*group_names, None], dtype=object)[group]
     out = calls.set_column(
         calls.schema.get_field_index(S.GROUP), S.GROUP, pa.array(names.tolist(), pa.string())
@@ -373,6 +391,11 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     )
     out = out.set_column(
         out.schema.get_field_index(S.PEER), S.PEER, pa.array(peer, pa.int32(), mask=peer < 0)
+    )
+    out = out.set_column(
+        out.schema.get_field_index(S.SPLIT_IMBALANCE),
+        S.SPLIT_IMBALANCE,
+        pa.array(split, pa.float64(), mask=split < 0),
     )
     return out.append_column(S.ISSUED_NS, pa.array(issued, pa.int64(), mask=issued < 0))
 

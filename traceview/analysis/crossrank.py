@@ -39,6 +39,7 @@ waits are measured. The residual is what the fit leaves: how far apart matched e
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,7 +50,7 @@ from traceview.analysis.attribution import merge_intervals
 from traceview.analysis.collectives import RUN_PREFIX
 from traceview.analysis.groups import Groups, assign_groups
 from traceview.model import schema as S
-from traceview.model.results import CommByGroup, StepCollective
+from traceview.model.results import AllToAllRank, CommByGroup, StepCollective
 
 #: Collectives that no rank can leave before every rank of the group arrived (not broadcast,
 #: reduce, send/recv or push/pull: a root or a sender may leave first).
@@ -95,13 +96,15 @@ class Matched:
     unknown_steps: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(schema={S.RANK: pl.Int32, S.STEP: pl.Int64})
     )
+    #: rank -> point-to-point calls that name no peer (left unmatched, not in ``unmatched``)
+    no_peer: dict[int, int] = field(default_factory=dict)
 
 
 #: Point-to-point calls: matched pairwise with their peer, never as a collective of the world.
 POINT_TO_POINT = ("send", "recv")
 
 
-def _global_peer(df: pl.DataFrame, groups: Groups | None) -> pl.DataFrame:
+def global_peer(df: pl.DataFrame, groups: Groups | None) -> pl.DataFrame:
     """``df`` with ``_peer``: the call's peer as a rank of the world (the trace states it inside
     the call's group; where the group is not declared, the rank is taken as the world's)."""
     ranks_of = groups.ranks_of if groups else {}
@@ -123,7 +126,7 @@ def match_pairs(p2p: pl.DataFrame, groups: Groups | None) -> tuple[pl.DataFrame,
     side)."""
     if p2p.height == 0:
         return p2p, p2p
-    df = _global_peer(p2p, groups)
+    df = global_peer(p2p, groups)
     no_peer = df.filter(pl.col("_peer").is_null())
     df = df.filter(pl.col("_peer").is_not_null())
     is_send = pl.col(S.COLLECTIVE) == "send"
@@ -200,6 +203,12 @@ def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Ma
         pl.min_horizontal(pl.coalesce(S.ISSUED_NS, S.START_NS), S.START_NS).alias(ISSUED),
     )
     point = pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT)
+    lost = (
+        df.filter(point & pl.col(S.PEER).is_null())
+        .group_by(S.RANK)
+        .agg(pl.len().alias("n"))
+        .sort(S.RANK)
+    )
     pairs, unpaired = match_pairs(df.filter(point), groups)
     df = df.filter(~point)
     several = groups.several if groups else []
@@ -236,7 +245,14 @@ def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Ma
             unpaired.select(S.RANK, S.STEP),
         ]
     )
-    unmatched = left.group_by(S.RANK).agg(pl.len().alias("n")).sort(S.RANK)
+    unmatched = (
+        left.group_by(S.RANK)
+        .agg(pl.len().alias("n"))
+        .join(lost.rename({"n": "_lost"}), on=S.RANK, how="left")
+        .select(S.RANK, pl.col("n") - pl.col("_lost").fill_null(0))
+        .filter(pl.col("n") > 0)
+        .sort(S.RANK)
+    )
     unknown = left.select(pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).cast(pl.Int64)).unique()
     calls = (
         df.filter(complete)
@@ -271,6 +287,7 @@ def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Ma
         calls,
         dict(zip(unmatched[S.RANK].to_list(), unmatched["n"].to_list(), strict=True)),
         unknown,
+        dict(zip(lost[S.RANK].to_list(), lost["n"].to_list(), strict=True)),
     )
 
 
@@ -292,11 +309,12 @@ class _Slots:
     def __init__(self, *frames: pl.DataFrame) -> None:
         self.origin = min(int(f[S.START_NS].min()) for f in frames)  # type: ignore[arg-type]
         self.span = max(int(f[S.END_NS].max()) for f in frames) - self.origin + 1  # type: ignore[arg-type]
-        ranks = sorted(set().union(*(f[S.RANK].unique().to_list() for f in frames)))
-        self.slot = {r: i for i, r in enumerate(ranks)}
+        self.ranks = np.unique(np.concatenate([f[S.RANK].to_numpy() for f in frames])).astype(
+            np.int64
+        )  # slot i holds rank ranks[i]
 
     def times(self, df: pl.DataFrame, column: str) -> np.ndarray:
-        base = np.array([self.slot[r] for r in df[S.RANK].to_list()], np.int64) * self.span
+        base = np.searchsorted(self.ranks, df[S.RANK].to_numpy()).astype(np.int64) * self.span
         return df[column].to_numpy().astype(np.int64) - self.origin + base
 
 
@@ -351,7 +369,7 @@ def _merged_exposed(keyed: pl.DataFrame, key: str, comm: pa.Table) -> pl.DataFra
     communication (``comm``) it covers (``exposed``)."""
     by_slot = _Slots(keyed)
     ms, me = merge_intervals(by_slot.times(keyed, S.START_NS), by_slot.times(keyed, S.END_NS))
-    ident_of_slot = np.array(sorted(by_slot.slot, key=by_slot.slot.__getitem__), np.int64)
+    ident_of_slot = by_slot.ranks
     slot = ms // by_slot.span
     ident = ident_of_slot[slot]
     shift = slot * by_slot.span - by_slot.origin
@@ -617,36 +635,26 @@ MIN_DRIFT_SPAN_NS = 10_000_000_000  # a drift is fitted only over calls this far
 MAX_DRIFT = 1e-3  # 1000 ppm: no working clock drifts faster; a steeper fit is noise
 
 
-def estimate_clocks(matched: Matched) -> ClockFit | None:
-    """Each rank's clock against the lowest rank's, from the matched synchronizing calls both
-    took part in (module docstring); None where there are none.
-
-    The offset is the median of how much later the rank's calls end than the reference's (all
-    ranks leave a synchronizing call within a transfer of each other; a median ignores the
-    calls one of them left late, descheduled). A drift is fitted only where the calls span
-    ``MIN_DRIFT_SPAN_NS`` and it moves the line by more than the residual over that span (on a
-    short profile it is indistinguishable from noise), as the slope between the medians of the
-    two halves of the calls. The offset is then held inside what the calls allow: no rank can
-    leave a call before the reference arrived, nor the reference before the rank arrived. An
-    offset within two standard errors of zero (ends spread widely, few calls) is taken as zero:
-    the clocks are not shown to differ, and shifting them by noise would only add error.
-    """
-    calls = matched.calls
-    if calls.height == 0:
-        return None
+def _collective_edges(calls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Offsets between ranks from the matched synchronizing ``calls``: each rank against the
+    lowest rank of every call it took part in (its group's), one line per such pair (``edges``:
+    a, b, offset at ``t0``, drift, error, calls), the points' residuals, and ``t0`` (the first
+    call's end)."""
+    edge_schema = {"a": pl.Int64, "b": pl.Int64, "offset": pl.Float64, "drift": pl.Float64,
+                   "error": pl.Float64, "calls": pl.Int64}  # fmt: skip
     calls = calls.filter(pl.col(S.COLLECTIVE).is_in(SYNCHRONIZING))
     if calls.height == 0:
-        return None
-    reference = int(calls[S.RANK].min())  # type: ignore[arg-type]
-    ref = calls.filter(pl.col(S.RANK) == reference).select(
+        return pl.DataFrame(schema=edge_schema), pl.DataFrame(), 0
+    calls = calls.with_columns(pl.col(S.RANK).cast(pl.Int64).min().over(_KEY).alias("a"))
+    ref = calls.filter(pl.col(S.RANK) == pl.col("a")).select(
         *_KEY, pl.col(S.START_NS).alias("ref_start"), pl.col(S.END_NS).alias("ref_end")
     )
     t0 = int(ref["ref_end"].min()) if ref.height else 0  # type: ignore[arg-type]
     points = (
-        calls.filter(pl.col(S.RANK) != reference)
+        calls.filter(pl.col(S.RANK) != pl.col("a"))
         .join(ref, on=list(_KEY))
         .select(
-            S.RANK,
+            (pl.col("a") * _PAIR + pl.col(S.RANK)).alias("_edge"),
             (pl.col("ref_end") - t0).cast(pl.Float64).alias("x"),
             (pl.col(S.END_NS) - pl.col("ref_end")).cast(pl.Float64).alias("y"),
             # the offsets the call allows: [lo, hi]
@@ -655,10 +663,10 @@ def estimate_clocks(matched: Matched) -> ClockFit | None:
         )
     )
     if points.height == 0:
-        return None
+        return pl.DataFrame(schema=edge_schema), points, t0
     # drift: slope between the halves' medians, where the span and the effect are large enough
-    half = pl.col("x") >= pl.col("x").median().over(S.RANK)
-    halves = points.group_by(S.RANK).agg(
+    half = pl.col("x") >= pl.col("x").median().over("_edge")
+    halves = points.group_by("_edge").agg(
         (pl.col("x").max() - pl.col("x").min()).alias("span"),
         pl.col("x").filter(~half).median().alias("x1"),
         pl.col("x").filter(half).median().alias("x2"),
@@ -673,12 +681,12 @@ def estimate_clocks(matched: Matched) -> ClockFit | None:
         & (slope.abs() <= MAX_DRIFT)
         & (slope.abs() * pl.col("span") > 3 * pl.col("spread"))
     )
-    lines = halves.select(S.RANK, pl.when(drift_ok).then(slope).otherwise(0.0).alias("b"))
-    points = points.join(lines, on=S.RANK).with_columns(
+    lines = halves.select("_edge", pl.when(drift_ok).then(slope).otherwise(0.0).alias("b"))
+    points = points.join(lines, on="_edge").with_columns(
         (pl.col(c) - pl.col("b") * pl.col("x")).alias(c) for c in ("y", "lo", "hi")
     )
     fit = (
-        points.group_by(S.RANK)
+        points.group_by("_edge")
         .agg(
             pl.col("b").first(),
             pl.col("y").median().alias("a"),
@@ -707,20 +715,157 @@ def estimate_clocks(matched: Matched) -> ClockFit | None:
             .alias("a")
         )
         .filter(pl.col("n") >= MIN_CLOCK_CALLS)
-        .sort(S.RANK)
     )
-    fitted = points.join(fit.select(S.RANK, "a"), on=S.RANK)
-    residual = fitted.select((pl.col("y") - pl.col("a")).abs().quantile(0.9)).item()
-    ranks = fit[S.RANK].to_list()
-    others = sorted(set(calls[S.RANK].unique().to_list()) - {reference})
+    fitted = points.join(fit.select("_edge", pl.col("a").alias("_a")), on="_edge").select(
+        (pl.col("y") - pl.col("_a")).abs().alias("residual")
+    )
+    edges = fit.select(
+        (pl.col("_edge") // _PAIR).alias("a"),
+        (pl.col("_edge") % _PAIR).alias("b"),
+        pl.col("a").alias("offset"),
+        pl.col("b").alias("drift"),
+        "error",
+        pl.col("n").cast(pl.Int64).alias("calls"),
+    )
+    return edges.cast(edge_schema), fitted, t0  # type: ignore[arg-type]
+
+
+def _pair_edges(calls: pl.DataFrame) -> pl.DataFrame:
+    """Offsets between ranks from matched point-to-point pairs (``calls`` with ``peer_rank``).
+    A receive cannot end before its send was issued: a message from a to b bounds b's clock
+    against a's from above (b's receive end less a's issue), one from b to a from below. Where
+    the pair of ranks sent both ways, the offset is the middle of the tightest bounds (0 where
+    they allow 0: not shown to differ), its error half their distance: within a transfer where a
+    receive in each direction was already waiting when the message was sent (a pipeline's
+    stages wait for each other's activations and gradients)."""
+    schema = {"a": pl.Int64, "b": pl.Int64, "offset": pl.Float64, "drift": pl.Float64,
+              "error": pl.Float64, "calls": pl.Int64}  # fmt: skip
+    if "peer_rank" not in calls.columns:
+        return pl.DataFrame(schema=schema)
+    p2p = calls.filter(pl.col("peer_rank").is_not_null())
+    if p2p.height == 0:
+        return pl.DataFrame(schema=schema)
+    key = ["_src", "_dst", "step_key", "position"]
+    sends = p2p.filter(pl.col(S.COLLECTIVE) == "send").select(
+        pl.col(S.RANK).cast(pl.Int64).alias("_src"),
+        pl.col("peer_rank").cast(pl.Int64).alias("_dst"),
+        "step_key",
+        "position",
+        pl.col(ISSUED).alias("_sent"),
+    )
+    recvs = p2p.filter(pl.col(S.COLLECTIVE) == "recv").select(
+        pl.col("peer_rank").cast(pl.Int64).alias("_src"),
+        pl.col(S.RANK).cast(pl.Int64).alias("_dst"),
+        "step_key",
+        "position",
+        pl.col(S.END_NS).alias("_received"),
+    )
+    bound = (pl.col("_received") - pl.col("_sent")).cast(pl.Float64)
+    forward = pl.col("_src") < pl.col("_dst")
+    edges = (
+        sends.join(recvs, on=key)
+        .filter(pl.col("_src") != pl.col("_dst"))
+        .group_by(
+            pl.min_horizontal("_src", "_dst").alias("a"),
+            pl.max_horizontal("_src", "_dst").alias("b"),
+        )
+        .agg(
+            bound.filter(forward).min().alias("high"),
+            (-bound).filter(~forward).max().alias("low"),
+            pl.len().alias("calls"),
+        )
+        .filter(pl.col("high").is_not_null() & pl.col("low").is_not_null())
+        .with_columns(((pl.col("high") + pl.col("low")) / 2).alias("offset"))
+        .select(
+            "a",
+            "b",
+            pl.when((pl.col("low") <= 0) & (pl.col("high") >= 0))
+            .then(0.0)
+            .otherwise("offset")
+            .alias("offset"),
+            pl.lit(0.0).alias("drift"),
+            ((pl.col("high") - pl.col("low")).abs() / 2).alias("error"),
+            pl.col("calls").cast(pl.Int64),
+        )
+    )
+    return edges.cast(schema)  # type: ignore[arg-type]
+
+
+def _chain(edges: pl.DataFrame, reference: int) -> dict[int, tuple[float, float]]:
+    """Each rank's (offset, drift) against ``reference`` along the surest path of ``edges``
+    (each: b's clock less a's), the sum of the edges' errors smallest; ranks no path reaches
+    are absent. One entry per pair of ranks, not per call: a Python walk is cheap."""
+    graph: dict[int, list[tuple[int, float, float, float]]] = {}
+    for a, b, offset, drift, error in edges.select(
+        "a", "b", "offset", "drift", "error"
+    ).iter_rows():
+        cost = float(error) + 1.0  # (1 ns a hop: fewer hops where errors tie)
+        graph.setdefault(a, []).append((b, offset, drift, cost))
+        graph.setdefault(b, []).append((a, -offset, -drift, cost))
+    found: dict[int, tuple[float, float]] = {}
+    queue = [(0.0, reference, 0.0, 0.0)]
+    while queue:
+        cost, rank, offset, drift = heapq.heappop(queue)
+        if rank in found:
+            continue
+        found[rank] = (offset, drift)
+        for other, edge_offset, edge_drift, edge_cost in graph.get(rank, []):
+            if other not in found:
+                heapq.heappush(
+                    queue, (cost + edge_cost, other, offset + edge_offset, drift + edge_drift)
+                )
+    return found
+
+
+def estimate_clocks(matched: Matched) -> ClockFit | None:
+    """Each rank's clock against the lowest rank's, from the matched synchronizing calls and
+    point-to-point pairs (module docstring); None where there are none.
+
+    Synchronizing calls: each rank against the lowest rank of each call it took part in (its
+    group's). The offset is the median of how much later the rank's calls end than that rank's
+    (all ranks leave a synchronizing call within a transfer of each other; a median ignores the
+    calls one of them left late, descheduled). A drift is fitted only where the calls span
+    ``MIN_DRIFT_SPAN_NS`` and it moves the line by more than the residual over that span (on a
+    short profile it is indistinguishable from noise), as the slope between the medians of the
+    two halves of the calls. The offset is then held inside what the calls allow: no rank can
+    leave a call before the other arrived, nor the other before the rank arrived. An offset
+    within two standard errors of zero (ends spread widely, few calls) is taken as zero: the
+    clocks are not shown to differ, and shifting them by noise would only add error.
+
+    Point-to-point pairs (``_pair_edges``) link ranks that share no synchronizing call: the
+    stages of a pipeline across hosts. Each rank's clock is then the sum of the offsets along
+    the surest chain of such links from the reference (``_chain``): ranks of a mesh that share
+    no group with the lowest rank are reached through the groups they share with others.
+    """
+    calls = matched.calls
+    if calls.height == 0:
+        return None
+    collective_edges, fitted, t0 = _collective_edges(calls)
+    edges = pl.concat([collective_edges, _pair_edges(calls)])
+    involved = calls.filter(
+        pl.col(S.COLLECTIVE).is_in([*SYNCHRONIZING, *POINT_TO_POINT])
+    ).get_column(S.RANK)
+    if involved.len() == 0:
+        return None
+    reference = int(involved.min())  # type: ignore[arg-type]
+    if edges.height == 0:
+        return None
+    chained = _chain(edges, reference)
+    if len(chained) < 2:
+        return None
+    if fitted.height:
+        residual = float(fitted["residual"].quantile(0.9) or 0.0)
+    else:  # pairs only: half the distance of their bounds
+        residual = float(edges["error"].max() or 0.0)  # type: ignore[arg-type]
+    ranks = sorted(chained)
     return ClockFit(
         reference=reference,
         t0_ns=t0,
-        offset_ns={reference: 0.0, **dict(zip(ranks, fit["a"].to_list(), strict=True))},
-        drift={reference: 0.0, **dict(zip(ranks, fit["b"].to_list(), strict=True))},
-        calls=int(fitted.height),
-        residual_ns=float(residual or 0.0),
-        unaligned=[r for r in others if r not in set(ranks)],
+        offset_ns={r: chained[r][0] for r in ranks},
+        drift={r: chained[r][1] for r in ranks},
+        calls=int(edges["calls"].sum()),
+        residual_ns=residual,
+        unaligned=sorted(set(involved.unique().to_list()) - set(chained)),
     )
 
 
@@ -828,3 +973,47 @@ def comm_by_group(
             )
         )
     return out
+
+
+def alltoall_ranks(matched: Matched, n_steps: int) -> list[AllToAllRank]:
+    """Per rank and group, its matched all-to-alls: calls and bytes sent per step, transfer,
+    and the split imbalance (``schema.SPLIT_IMBALANCE``) turned into time: a call whose largest
+    split is ``i`` times the mean moves for ``transfer`` where an even split would move for
+    ``transfer / i``, so it costs ``transfer * (1 - 1 / i)``."""
+    calls = matched.calls
+    if calls.height == 0 or S.SPLIT_IMBALANCE not in calls.columns:
+        return []
+    calls = calls.filter(pl.col(S.COLLECTIVE) == "alltoall")
+    if calls.height == 0:
+        return []
+    steps = max(n_steps, 1)
+    split = pl.col(S.SPLIT_IMBALANCE)
+    rows = (
+        calls.group_by(S.RANK, S.GROUP)
+        .agg(
+            pl.len().alias("_calls"),
+            pl.col(S.BYTES).sum().alias("_bytes"),
+            pl.col(S.BYTES).is_null().any().alias("_unsized"),
+            pl.col("transfer_ns").sum().alias("_transfer"),
+            split.mean().alias("_imbalance"),
+            (pl.col("transfer_ns") * (1 - 1 / split.clip(lower_bound=1.0)))
+            .filter(split.is_not_null())
+            .sum()
+            .alias("_cost"),
+            split.is_not_null().any().alias("_recorded"),
+        )
+        .sort(S.RANK, S.GROUP, nulls_last=True)
+    )
+    per = 1e-6 / steps
+    return [
+        AllToAllRank(
+            rank=row[S.RANK],
+            group=row[S.GROUP],
+            calls_per_step=round(row["_calls"] / steps, 3),
+            bytes_per_step=None if row["_unsized"] else round(row["_bytes"] / steps),
+            transfer_ms=round(row["_transfer"] * per, 3),
+            split_imbalance=round(row["_imbalance"], 3) if row["_recorded"] else None,
+            imbalance_ms=round(row["_cost"] * per, 3) if row["_recorded"] else None,
+        )
+        for row in rows.iter_rows(named=True)
+    ]

@@ -23,6 +23,7 @@ otherwise the thread's calls are left without a group, and unmatched (one note c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import polars as pl
 import pyarrow as pa
@@ -59,56 +60,77 @@ class Groups:
     of_rank: dict[int, list[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
-    @property
+    @cached_property
     def ranks_of(self) -> dict[str, list[int]]:
         return {g.name: g.ranks for g in self.groups}
 
-    @property
+    @cached_property
+    def alike(self) -> dict[str, str]:
+        """Each group's name -> the first group (in ``groups``' order) with the same ranks:
+        groups of the same members are one for matching (DeepSpeed and gloo jobs create several
+        groups of the whole world, and nothing in a trace tells their calls apart)."""
+        first: dict[tuple[int, ...], str] = {}
+        return {g.name: first.setdefault(tuple(g.ranks), g.name) for g in self.groups}
+
+    @cached_property
     def several(self) -> list[int]:
-        """Ranks that are members of more than one group of two ranks or more: a call of theirs
-        whose group is not known cannot be matched."""
-        ranks_of = self.ranks_of
+        """Ranks that are members of groups of two ranks or more with different members: a call
+        of theirs whose group is not known cannot be matched."""
+        alike, ranks_of = self.alike, self.ranks_of
         return [
             rank
             for rank, names in self.of_rank.items()
-            if sum(len(ranks_of[n]) > 1 for n in names) > 1
+            if len({alike[n] for n in names if len(ranks_of[n]) > 1}) > 1
         ]
 
 
 def declared_groups(declared: dict[int, list[dict[str, str]]], world: int | None) -> Groups:
-    """The run's groups from each rank's declaration (``read_pg_config``'s entries)."""
-    found: dict[str, ProcessGroup] = {}
+    """The run's groups from each rank's declaration (``read_pg_config``'s entries). Each distinct
+    ranks text is decoded once (a job that creates every subgroup on every rank declares each
+    of them on every rank: 321 groups x 1,024 ranks on a 3-D mesh)."""
+    first: dict[str, tuple[str, str]] = {}  # name -> (desc, ranks text) as first declared
+    members: dict[str, frozenset[int]] = {}  # ranks text -> its ranks
     disagree: set[str] = set()
-    outside: set[str] = set()
+    dissenters: set[int] = set()  # ranks whose declaration of a group differs from the first
     of_rank: dict[int, list[str]] = {}
     for rank in sorted(declared):
+        mine = []
         for entry in declared[rank]:
-            ranks = decode_ranks(entry["ranks"])
-            name = entry["name"]
-            group = found.get(name)
-            if group is None:
-                if world and any(r >= world for r in ranks):
-                    outside.add(name)
-                desc = entry["desc"] if entry["desc"] not in ("", "undefined") else None
-                group = found[name] = ProcessGroup(
-                    name=name, desc=desc, dim=dimension(desc), ranks=ranks
-                )
-            elif group.ranks != ranks:
+            name, text = entry["name"], entry["ranks"]
+            kept = first.get(name)
+            if kept is None:
+                kept = first[name] = (entry["desc"], text)
+            elif kept[1] != text:
                 disagree.add(name)
-            if rank in group.ranks:
-                of_rank.setdefault(rank, []).append(name)
+                dissenters.add(rank)
+            ranks = members.get(kept[1])
+            if ranks is None:
+                ranks = members[kept[1]] = frozenset(decode_ranks(kept[1]))
+            if rank in ranks:
+                mine.append(name)
+        if mine:
+            of_rank[rank] = mine
+    found = []
+    outside = []
+    for name, (desc_text, text) in first.items():
+        listed = sorted(members[text])
+        if world and listed and listed[-1] >= world:
+            outside.append(name)
+        desc = desc_text if desc_text not in ("", "undefined") else None
+        found.append(ProcessGroup(name=name, desc=desc, dim=dimension(desc), ranks=listed))
     warnings = []
     if disagree:
         warnings.append(
             f"{len(disagree)} process group(s) declared with different ranks by different ranks "
-            f"({', '.join(sorted(disagree)[:5])}): the lowest rank's declaration kept"
+            f"({', '.join(sorted(disagree)[:5])}; {len(dissenters)} rank(s) disagree with the "
+            "lowest rank's declaration): the lowest rank's declaration kept"
         )
     if outside:
         warnings.append(
             f"{len(outside)} process group(s) name ranks beyond the world of {world} "
-            f"({', '.join(sorted(outside)[:5])})"
+            f"({', '.join(sorted(outside)[:5])}): their calls are left unmatched"
         )
-    ordered = sorted(found.values(), key=lambda g: (len(g.name), g.name))
+    ordered = sorted(found, key=lambda g: (len(g.name), g.name))
     return Groups(ordered, of_rank, warnings)
 
 
@@ -116,19 +138,23 @@ def assign_groups(calls: pa.Table, groups: Groups) -> tuple[pa.Table, int]:
     """``calls`` (schema.COLLECTIVES_SCHEMA) with the group of every call the trace does not
     name, where it can be told (module docstring), and how many calls stay without one in a run
     whose ranks are members of several groups."""
-    if calls.num_rows == 0 or not groups.groups:
-        return calls, 0
+    if calls.num_rows == 0 or not groups.groups or calls.column(S.GROUP).null_count == 0:
+        return calls, 0  # (NCCL: every call names its group)
     df = pl.from_arrow(calls)
     assert isinstance(df, pl.DataFrame)
     ranks_of = groups.ranks_of
-    # each rank's candidate groups: those of two ranks or more it is a member of
+    alike = groups.alike
+    # each rank's candidate groups: those of two ranks or more it is a member of, one of each
+    # set of members
     candidates = pl.DataFrame(
-        [
-            (rank, name)
-            for rank, names in groups.of_rank.items()
-            for name in names
-            if len(ranks_of[name]) > 1
-        ],
+        sorted(
+            {
+                (rank, alike[name])
+                for rank, names in groups.of_rank.items()
+                for name in names
+                if len(ranks_of[name]) > 1
+            }
+        ),
         schema={S.RANK: pl.Int32, "candidate": pl.String},
         orient="row",
     )

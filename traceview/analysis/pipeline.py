@@ -60,45 +60,67 @@ def _chains(edges: set[tuple[int, int]]) -> list[list[int]] | None:
     return chains
 
 
-def detect_pipeline(calls: pl.DataFrame, ranks: list[RankSummary]) -> Pipeline | None:
+def detect_pipeline(
+    calls: pl.DataFrame, ranks: list[RankSummary], named: pl.DataFrame | None = None
+) -> tuple[Pipeline | None, list[str]]:
     """The pipeline the matched point-to-point ``calls`` form (``Matched.calls`` with
-    ``peer_rank``), with each stage's figures from the ranks' breakdowns; None without one."""
+    ``peer_rank``), with each stage's figures from the ranks' breakdowns (None without one), and
+    a warning where stages are missing. ``named``: (rank, peer_rank) of every point-to-point
+    call read, matched or not: a stage whose rank has no trace (or no steps) is known only from
+    the peers its neighbours name; the other stages are analysed without it."""
     if calls.height == 0 or "peer_rank" not in calls.columns:
-        return None
+        return None, []
     p2p = calls.filter(
         pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT) & pl.col("peer_rank").is_not_null()
     )
     if p2p.height == 0:
-        return None
-    pairs = p2p.select(
+        return None, []
+    seen = p2p.select(S.RANK, "peer_rank")
+    if named is not None:
+        seen = pl.concat([seen, named.select(S.RANK, "peer_rank")], how="vertical_relaxed")
+    pairs = seen.select(
         pl.min_horizontal(S.RANK, "peer_rank").alias("a"),
         pl.max_horizontal(S.RANK, "peer_rank").alias("b"),
     ).unique()
     chains = _chains({(int(a), int(b)) for a, b in pairs.iter_rows() if a != b})
     if not chains or len({len(c) for c in chains}) != 1 or len(chains[0]) < 2:
-        return None
-    # orient each chain: stage 0 is the end whose first call in a step is a send
+        return None, []
+    by_rank = {r.rank: r for r in ranks}
+    # orient each chain: activations flow from stage 0, so a rank's first call in a step is a
+    # send to the next stage (stage 0) or a receive from the previous one
     first = (
         p2p.sort("issued")
         .group_by(S.RANK, "step_key")
-        .agg(pl.col(S.COLLECTIVE).first().alias("first"))
-        .group_by(S.RANK)
-        .agg((pl.col("first") == "send").mean().alias("sends_first"))
+        .agg(pl.col(S.COLLECTIVE).first().alias("first"), pl.col("peer_rank").first())
     )
-    sends_first = dict(zip(first[S.RANK].to_list(), first["sends_first"].to_list(), strict=True))
-    chains = [
-        c if sends_first.get(c[0], 0) >= sends_first.get(c[-1], 0) else c[::-1] for c in chains
-    ]
+    place = {r: (c, i) for c in chains for i, r in enumerate(c)}
+    votes = {id(c): 0 for c in chains}
+    for rank, _, op, peer in first.iter_rows():
+        chain, i = place.get(rank, (None, 0))
+        if chain is None:
+            continue
+        after = i + 1 < len(chain) and chain[i + 1] == peer
+        before = i > 0 and chain[i - 1] == peer
+        if (op == "send" and after) or (op == "recv" and before):
+            votes[id(chain)] += 1
+        elif (op == "send" and before) or (op == "recv" and after):
+            votes[id(chain)] -= 1
+    chains = [c if votes[id(c)] >= 0 else c[::-1] for c in chains]
     p = len(chains[0])
+    missing = sorted({(k, c[k]) for c in chains for k in range(p) if c[k] not in by_rank})
     steps = max(p2p["step_key"].n_unique(), 1)
-    head, second = chains[0][0], chains[0][1]
+    # micro-batches: a stage's sends to the next per step (the first such pair that was read)
+    head, second = next(
+        ((c[k], c[k + 1]) for c in chains for k in range(p - 1)
+         if c[k] in by_rank and c[k + 1] in by_rank),
+        (chains[0][0], chains[0][1]),
+    )  # fmt: skip
     forward_sends = p2p.filter(
         (pl.col(S.RANK) == head)
         & (pl.col(S.COLLECTIVE) == "send")
         & (pl.col("peer_rank") == second)
     )
     m = forward_sends.height / steps
-    by_rank = {r.rank: r for r in ranks}
     # per rank and step: its messages' transfer (arriving), and its collectives' time
     per_step = 1e-6 / steps
     arriving = (
@@ -114,9 +136,24 @@ def detect_pipeline(calls: pl.DataFrame, ranks: list[RankSummary]) -> Pipeline |
     stages = []
     for k in range(p):
         members = [c[k] for c in chains if c[k] in by_rank]
-        if not members:
-            return None
-        stages.append(_stage(k, members, by_rank, moved, collective))
+        if members:
+            stages.append(_stage(k, members, by_rank, moved, collective))
+    warnings = []
+    if missing:
+        unmatched = (
+            named.filter(pl.col("peer_rank").is_in([r for _, r in missing])).height
+            if named is not None
+            else 0
+        )
+        listed = ", ".join(f"stage {k} (rank {r})" for k, r in missing[:10])
+        more = " ..." if len(missing) > 10 else ""
+        warnings.append(
+            f"pipeline: {len(missing)} of {p * len(chains)} stage rank(s) have no trace or no "
+            f"steps ({listed}{more}); {unmatched} point-to-point call(s) with them are "
+            "unmatched; the other stages are analysed without them"
+        )
+    if len(stages) < 2:
+        return None, warnings
     slowest = max(stages, key=lambda s: s.compute_ms)
     slowest_phase, ratio = _slowest_phase(slowest, stages, by_rank)
     step_total = sum(by_rank[r].step_ms for s in stages for r in s.ranks)
@@ -130,7 +167,7 @@ def detect_pipeline(calls: pl.DataFrame, ranks: list[RankSummary]) -> Pipeline |
         slowest_stage=slowest.stage,
         slowest_phase=slowest_phase,
         slowest_phase_ratio=ratio,
-    )
+    ), warnings
 
 
 def _stage(

@@ -21,15 +21,19 @@ from traceview.analysis.crossrank import (
     ClockFit,
     CrossRank,
     Matched,
+    alltoall_ranks,
     bus_bandwidth_gbps,
     collective_rows,
     comm_by_group,
     cross_rank,
+    global_peer,
+    launch_views,
+    match_collectives,
 )
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups, declared_groups
 from traceview.analysis.memory import memory_results
-from traceview.analysis.pipeline import detect_pipeline
+from traceview.analysis.pipeline import POINT_TO_POINT, detect_pipeline
 from traceview.analysis.selection import (
     WARMUP_FACTOR,
     Selection,
@@ -705,7 +709,7 @@ def _pipeline_verdict(summary: Summary, ranks: list[RankSummary], pipeline: Pipe
     if bubble >= PIPELINE_BUBBLE_MIN:
         summary.bottleneck = "pipeline"
         summary.bottleneck_share = bubble
-    slowest = pipeline.stages[pipeline.slowest_stage]
+    slowest = next(s for s in pipeline.stages if s.stage == pipeline.slowest_stage)
     median = _median([s.compute_ms for s in pipeline.stages if s is not slowest])
     ratio = pipeline.slowest_phase_ratio or 0.0
     significant = median > 0 and (
@@ -736,6 +740,47 @@ def _ungrouped(cross: CrossRank | None) -> list[str]:
         f"{cross.ungrouped} collective call(s) of ranks that are members of several process "
         "groups do not say which group they belong to, and their calls' ends do not tell it "
         "clearly: they are left unmatched"
+    ]
+
+
+def _pipeline(
+    cross: CrossRank | None,
+    collectives: pa.Table | None,
+    ranks: list[RankSummary],
+    groups: Groups,
+) -> tuple[Pipeline | None, list[str]]:
+    """The pipeline the point-to-point calls form, and its warnings. Where ranks are missing (no
+    cross-rank pass), the pairs between the ranks read are matched on their own: a pair's wait
+    depends on its two sides only."""
+    table = cross.calls if cross is not None and cross.calls is not None else collectives
+    if table is None or table.num_rows == 0:
+        return None, []
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    p2p = df.filter(pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
+    if p2p.height == 0:
+        return None, []
+    # each call once: where it runs, not where it was launched (c10d::send and gloo:send)
+    p2p = p2p.join(launch_views(p2p), on=[S.NAME, S.COLLECTIVE], how="anti")
+    named = global_peer(p2p.filter(pl.col(S.PEER).is_not_null()), groups).select(
+        S.RANK, pl.col("_peer").alias("peer_rank")
+    )
+    if cross is not None:
+        calls = cross.matched.calls
+    else:
+        calls = match_collectives(p2p.to_arrow(), groups).calls
+    return detect_pipeline(calls, ranks, named)
+
+
+def _no_peer(cross: CrossRank | None) -> list[str]:
+    if cross is None or not cross.matched.no_peer:
+        return []
+    counts = cross.matched.no_peer
+    which = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())[:10])
+    more = " ..." if len(counts) > 10 else ""
+    return [
+        f"{sum(counts.values())} point-to-point call(s) do not say their peer ({which}{more}): "
+        "they are left unmatched, out of wait and transfer; the paired ones are analysed"
     ]
 
 
@@ -998,7 +1043,8 @@ def summarize(
     ranks = _ranks(ranks_df, cross)
     clocks = _clocks(manifest, len(ranks), cross, estimate)
     summary = _summary(ranks, ranks_df, cross)
-    pipeline = detect_pipeline(cross.matched.calls, ranks) if cross is not None else None
+    groups = cross.groups if cross is not None else groups_of(manifest)
+    pipeline, pipeline_warnings = _pipeline(cross, collectives, ranks, groups)
     if pipeline is not None:
         _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(complete_df, selection)
@@ -1013,7 +1059,6 @@ def summarize(
         verdict = gpu_verdict(
             on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
         )
-    groups = cross.groups if cross is not None else groups_of(manifest)
     # memory: every complete step, warm-up included (its peaks and growth are memory's own
     # story: allocator growth is what warm-up is), whatever the selection counts
     complete = set(complete_df[S.STEP].to_list()) if complete_df.height else None
@@ -1058,6 +1103,8 @@ def summarize(
             *_ungrouped(cross),
             *_inferred_disagree(manifest),
             *_unmatched(cross),
+            *_no_peer(cross),
+            *pipeline_warnings,
             *_clock_warning(clocks),
             *memory.warnings,
         ],
@@ -1084,4 +1131,7 @@ def summarize(
         else [],
         critical_path=explained.path if explained is not None else None,
         whatif=explained.whatif if explained is not None else [],
+        alltoall=alltoall_ranks(cross.matched, sum(1 for s in per_step if s.excluded is None))
+        if cross is not None
+        else [],
     )

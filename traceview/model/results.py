@@ -548,6 +548,23 @@ class CommByGroup(Result):
     queued_ms: float = 0.0  # the last member's own queue (wait + transfer + queued = total)
 
 
+class AllToAllRank(Result):
+    """One rank's matched all-to-alls in one group (expert parallelism), means per step."""
+
+    rank: int
+    group: str | None  # (untrusted)
+    calls_per_step: float
+    bytes_per_step: int | None  # what it sent, where the trace records sizes
+    transfer_ms: float  # its calls' transfer (not the wait for the last member)
+    # the largest of a call's split sizes over their mean (1.0: even), the mean over its calls
+    # whose splits the trace records (NCCL's In/Out split size; c10d's recorded arguments with
+    # gloo); null where none is recorded
+    split_imbalance: float | None
+    # what the imbalance costs: a call's transfer is set by its largest split, so an even split
+    # of the same bytes would take transfer / imbalance; this is the rest, per step
+    imbalance_ms: float | None
+
+
 class PipelineStage(Result):
     """One stage of a pipeline (means over its ranks, ms per step)."""
 
@@ -663,6 +680,7 @@ class RunReport(Result):
     comm_by_group: list[CommByGroup] = []  # communication by group, phase and collective
     critical_path: CriticalPath | None = None  # null: no segments (an older run directory)
     whatif: list[WhatIf] = []  # replays of the counted steps (the first: no change)
+    alltoall: list[AllToAllRank] = []  # per rank and group, its all-to-alls (empty: none)
 
     @property
     def straggler(self) -> RankSummary | None:

@@ -121,6 +121,10 @@ GROUP: Final = "group"  # a collective's process group, where the trace names it
 #: a point-to-point call's peer as the trace states it: the rank inside the call's process group
 #: (``c10d::send``'s destination, ``c10d::recv_``'s source), where the trace records it
 PEER: Final = "peer"
+#: an all-to-all's imbalance: the largest of its split sizes over their mean, the larger of the
+#: input's and the output's (1.0: even), where the trace records the splits (Kineto's
+#: ``In split size``/``Out split size``, c10d::alltoall_base_'s recorded split arguments)
+SPLIT_IMBALANCE: Final = "split_imbalance"
 #: A kernel's launch configuration as the trace writes it ("[80, 1, 1]"; null: not a kernel,
 #: or the trace does not say).
 GRID: Final = "grid"
@@ -156,6 +160,7 @@ EVENTS_SCHEMA: Final = pa.schema(
         pa.field(PEER, pa.int32()),
         pa.field(GRID, _DICT),
         pa.field(BLOCK, _DICT),
+        pa.field(SPLIT_IMBALANCE, pa.float64()),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
@@ -192,6 +197,7 @@ RAW_SCHEMA: Final = pa.schema(
         pa.field(PEER, pa.int32()),
         pa.field(GRID, _DICT),
         pa.field(BLOCK, _DICT),
+        pa.field(SPLIT_IMBALANCE, pa.float64()),
     ]
 )
 
@@ -319,6 +325,7 @@ COLLECTIVES_SCHEMA: Final = pa.schema(
         pa.field(ISSUED_NS, pa.int64()),
         pa.field(PEER, pa.int32()),
         pa.field(ISSUED_IN, pa.string()),
+        pa.field(SPLIT_IMBALANCE, pa.float64()),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )

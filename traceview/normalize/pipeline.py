@@ -186,6 +186,7 @@ def events_table(
         S.PEER: raw.column(S.PEER),
         S.GRID: raw.column(S.GRID),
         S.BLOCK: raw.column(S.BLOCK),
+        S.SPLIT_IMBALANCE: raw.column(S.SPLIT_IMBALANCE),
     }
     return S.conform(pa.table(columns_out), S.EVENTS_SCHEMA)
 

@@ -223,7 +223,7 @@ def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
     text = Text()
     text.append("pipeline bubble", style=f"bold {PHASE_STYLE['pipeline']}")
     waiting = max(pipeline.stages, key=lambda s: s.bubble_ms)
-    slow = pipeline.stages[pipeline.slowest_stage]
+    slow = next(s for s in pipeline.stages if s.stage == pipeline.slowest_stage)
     step = report.summary.step_ms
     text.append(
         f" is the bottleneck: {pct(pipeline.bubble_fraction)} of the stages' time "

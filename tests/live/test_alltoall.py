@@ -1,0 +1,49 @@
+"""All-to-alls (issue 32's expert parallelism) on a real 3-rank gloo job whose split sizes are
+chosen by the job (tests/workloads/parallel/alltoall.py): bytes sent per rank and the imbalance
+of the splits, worked out from the job's own arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+pytestmark = [pytest.mark.torch]
+
+JOB = REPO / "tests" / "workloads" / "parallel" / "alltoall.py"
+RANKS, STEPS, ROW_BYTES = 3, 4, 64 * 4
+
+
+def test_alltoall_bytes_and_split_imbalance_per_rank(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="pip install torch==2.13.0 (the CPU build)")
+    sys.path.insert(0, str(JOB.parent))
+    from alltoall import splits  # the job's own split sizes
+
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*launcher, "--nproc-per-node", str(RANKS), str(JOB), str(tmp_path), "--steps", str(STEPS)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = run_cli("report", tmp_path, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    rows = {r["rank"]: r for r in report["alltoall"]}
+    assert sorted(rows) == list(range(RANKS))
+    for rank, row in rows.items():
+        sent, received = splits(rank, RANKS)
+        # max over mean of the splits, the larger of the sent and the received ones
+        imbalance = max(max(s) * len(s) / sum(s) for s in (sent, received))
+        print(f"rank {rank}: {row}")
+        assert row["calls_per_step"] == 1.0
+        assert row["bytes_per_step"] == sum(sent) * ROW_BYTES
+        assert row["split_imbalance"] == pytest.approx(imbalance, abs=1e-3)
+        # an even split of the same bytes would move in transfer / imbalance
+        assert row["imbalance_ms"] == pytest.approx(
+            row["transfer_ms"] * (1 - 1 / imbalance), abs=2e-3
+        )
