@@ -42,7 +42,15 @@ import pyarrow as pa
 
 from traceview.analysis.crossrank import ISSUED, POINT_TO_POINT, Matched
 from traceview.model import schema as S
-from traceview.model.results import Blame, CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
+from traceview.model.results import (
+    Blame,
+    CriticalPath,
+    OpBlame,
+    PathSegment,
+    PathStretch,
+    StepPath,
+    WhatIf,
+)
 
 NEVER = -(1 << 62)
 NO_STEP = -1  # the step number of a window without step markers
@@ -921,16 +929,19 @@ def path_table(segments: pa.Table, matched: Matched, steps: list[int | None]) ->
     )
 
 
-def path_stretches(table: pa.Table) -> dict[int | None, list[PathPiece]]:
+def path_stretches(table: pa.Table) -> dict[int | None, list[PathStretch]]:
     """A path table (``path_table``) per step, as the stretches the report lists."""
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
-    out: dict[int | None, list[PathPiece]] = {}
+    out: dict[int | None, list[PathStretch]] = {}
     for (step,), part in frame.group_by(S.STEP, maintain_order=True):
         pieces = [
             PathPiece(r[S.RANK], r[S.PHASE], r[S.OP], r[S.KIND], r[S.START_NS], r[S.DUR_NS])
             for r in part.iter_rows(named=True)
         ]
         span = sum(p.dur_ns for p in pieces)
-        out[step] = _stretches(pieces, span)
+        out[step] = [
+            PathStretch(x.rank, x.phase, x.op, x.kind, x.start_ns, x.dur_ns)
+            for x in _stretches(pieces, span)
+        ]
     return out

@@ -11,7 +11,7 @@ Nothing here imports numpy, polars or a UI library.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -429,6 +429,17 @@ class OpBlame(Result):
     phase: Phase | None
     kind: PathKind
     ms: float
+
+
+class PathStretch(NamedTuple):
+    """A stretch of a step's critical path on the run's clock (what a timeline draws)."""
+
+    rank: int
+    phase: str | None
+    op: str | None
+    kind: str
+    start_ns: int
+    dur_ns: int
 
 
 class StepPath(Result):

@@ -28,7 +28,7 @@ from traceview.model.errors import BadInput, OutputError, UsageError, cannot_wri
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
 from traceview.model.progress import Progress, quiet
-from traceview.model.results import RunReport, StepCollective
+from traceview.model.results import PathStretch, RunReport, StepCollective
 from traceview.store import rundir as R
 
 if TYPE_CHECKING:
@@ -147,6 +147,12 @@ class Run:
         steps = sorted(set(self.steps.column(S.STEP).to_pylist()), key=lambda s: (s is None, s))
         matched = cross.matched if cross is not None else Matched(pl.DataFrame())
         return path_table(segments, matched, steps)
+
+    def critical_path_stretches(self) -> dict[int | None, list[PathStretch]]:
+        """Every step's critical path as the stretches the report lists (what the TUI draws)."""
+        from traceview.analysis.critical_path import path_stretches
+
+        return path_stretches(self.critical_path())
 
     def clock_offsets(self) -> dict[int, int]:
         """ns to subtract from each rank's times to put it on the run's clock, where they were

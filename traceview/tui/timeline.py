@@ -37,9 +37,8 @@ from textual.strip import Strip
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
-from traceview.analysis.critical_path import PathPiece
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
-from traceview.model.results import StepCollective
+from traceview.model.results import PathStretch, StepCollective
 from traceview.store.analysed import Run
 from traceview.tui.model import RunView, nice_ticks
 from traceview.tui.render import (
@@ -131,7 +130,7 @@ class Timeline(ScrollView, can_focus=True):
         self.collective_index: int | None = None
         # the critical path (x): every step's stretches (read on first use), the one chosen
         self.show_path = False
-        self._paths: dict[int | None, list[PathPiece]] | None = None
+        self._paths: dict[int | None, list[PathStretch]] | None = None
         self.segment_index: int | None = None
 
     # --- data -------------------------------------------------------------------------------
@@ -359,10 +358,10 @@ class Timeline(ScrollView, can_focus=True):
         return marked
 
     @property
-    def path(self) -> list[PathPiece]:
+    def path(self) -> list[PathStretch]:
         """The current step's critical path, as stretches of one rank and phase."""
         if self._paths is None:
-            self._paths = _path_stretches(self.run) if self.run is not None else {}
+            self._paths = self.run.critical_path_stretches() if self.run is not None else {}
         return self._paths.get(self.step, [])
 
     def _path_marked(self, cells: Text, rank: int, lo: int, hi: int, width: int) -> Text:
@@ -606,14 +605,6 @@ class Timeline(ScrollView, can_focus=True):
         if not calls:
             self.app.notify("no collective in this step was matched across ranks")
         self._moved()
-
-
-def _path_stretches(run: Run) -> dict[int | None, list[PathPiece]]:
-    """Every step's critical path (Run.critical_path), joined into stretches of one rank and
-    phase as the report lists them."""
-    from traceview.analysis.critical_path import path_stretches
-
-    return path_stretches(run.critical_path())
 
 
 def timeline_legend(pipeline: bool = False) -> Text:
