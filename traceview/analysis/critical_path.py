@@ -482,17 +482,23 @@ def critical_paths(graph: Graph) -> list[WalkedPath]:
         .agg(pl.col("_i").min().alias("lo"), pl.col("_i").max().alias("hi"))
     )
     bounds = {(s, r): (lo, hi) for s, r, lo, hi in where.iter_rows()}
+    # per step: the first rank's start, the last rank's end and that rank (ties: the highest)
+    jobs = (
+        groups.sort(S.STEP, "e", S.RANK)
+        .group_by(S.STEP, maintain_order=True)
+        .agg(
+            pl.col("s").min().alias("start"), pl.col("e").last().alias("end"), pl.col(S.RANK).last()
+        )
+    )
+    job_of = {row[0]: row[1:] for row in jobs.iter_rows()}
     paths = []
     for s in graph.steps:
-        mine = groups.filter(pl.col(S.STEP) == s)
-        if mine.height == 0:
+        if s not in job_of:
             continue
-        job_start = int(mine["s"].min())  # type: ignore[arg-type]
-        last = mine.sort("e", S.RANK).row(-1, named=True)
-        job_end = int(last["e"])
+        job_start, job_end, last_rank = (int(v) for v in job_of[s])
         pieces: list[PathPiece] = []
         reason = "a call was left unmatched" if s in graph.unmatched_steps else None
-        r, t = int(last[S.RANK]), job_end
+        r, t = last_rank, job_end
         guard = 0
         limit = 4 * (items.height + calls.height) + 16
         while t > job_start:
