@@ -209,6 +209,22 @@ def check_output_place(what: str, place: str, run_dir: Path, tmp_path: Path) -> 
     assert all(p == allowed or p.startswith(f"{allowed}{os.sep}") for p in changed), changed
 
 
+def test_a_previous_export_of_every_table_is_replaced(tmp_path: Path) -> None:
+    """A GPU run's export (launch grains, the critical path: every table export writes) into the
+    folder of its previous export is written again, not refused as a folder of other files."""
+    run = tmp_path / "run"
+    sample = Path(__file__).resolve().parents[2] / "sample_traces" / "pytorch" / "gpu_sync"
+    assert run_cli("ingest", sample, "-o", run).code == 0
+    out = tmp_path / "tables"
+    first = run_cli("export", run, "-o", out)
+    assert first.code == 0, first.err
+    written = {p.name for p in out.iterdir()}
+    assert {"launches_by_phase.parquet", "critical_path.parquet"} <= written, written
+    again = run_cli("export", run, "-o", out)
+    assert again.code == 0, again.err
+    assert {p.name for p in out.iterdir()} == written
+
+
 def test_a_previous_export_is_replaced_and_a_default_link_not_followed(
     run_dir: Path, tmp_path: Path
 ) -> None:

@@ -32,7 +32,7 @@ from traceview.store import rundir as R
 #: What an export folder may already hold: the files a previous export wrote.
 EXPORT_TABLES = (
     "events", "steps", "ops", "collectives", "gpu", "launches", "memory", "memory_steps",
-    "critical_path", "comm_by_group", "pipeline_stages",
+    "critical_path", "comm_by_group", "pipeline_stages", "launches_by_phase", "launches_by_rank",
 )  # fmt: skip
 EXPORT_FORMATS = ("parquet", "csv")
 
