@@ -564,7 +564,7 @@ def _split_imbalances(names: list[str | None], args: list[_Args], comm_names: se
         if positions and a.concrete_inputs:
             try:
                 values = _PEER_DECODER.decode(a.concrete_inputs)
-                found += [_imbalance(str(values[p])) for p in positions]  # type: ignore[index]
+                found += [_imbalance(str(values[p])) for p in positions]
             except (msgspec.DecodeError, IndexError):
                 pass
         known = [f for f in found if f is not None]

@@ -92,6 +92,8 @@ def test_ingest_then_report_and_export(tmp_path: Path) -> None:
             f"steps.{fmt}",
             f"ops.{fmt}",
             f"collectives.{fmt}",
+            f"comm_by_group.{fmt}",  # (its all-reduces, by group and phase)
+            f"critical_path.{fmt}",
         }
 
 
