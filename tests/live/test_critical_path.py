@@ -427,7 +427,14 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
     the same job run without the injection (>= 18 counted steps of 20), within 10%. The what-if
     step is a mean over counted steps (the contract), so it is held to the balanced run's mean
     job step; its median is printed beside it. (On this machine single steps vary 2-6x: the
-    medians of the two runs differ from the means by 5-15%, in either direction.)"""
+    medians of the two runs differ from the means by 5-15%, in either direction.)
+
+    With fewer cores than ranks + 1 (three ranks on two cores) the two runs are not the same
+    machine: while the slow rank sleeps its core is free, so the others compute faster in the
+    slow run than in the balanced one (explicit: the replay predicts up to 15% low), and gloo's
+    transfers, which the replay keeps as the slow run measured them, run slower beside three
+    busy ranks (DDP: up to 35% high). There the bound is 20% (explicit) and 40% (DDP), and the
+    prediction must still be a speedup."""
     slow, balanced = jobs(name), jobs(BALANCED[name])
     counted = balanced.counted()
     assert len(counted) >= 20 - 2, counted
@@ -439,8 +446,11 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
     print(f"{name}: measured {before:.1f} ms, balance predicts {predicted['step_ms']:.1f}, "
           f"balance:rank predicts {rank['step_ms']:.1f}; balanced run mean {truth:.1f} ms, "
           f"median {median:.1f} ms")  # fmt: skip
-    assert predicted["step_ms"] == pytest.approx(truth, rel=0.10), (predicted, truth)
-    assert rank["step_ms"] == pytest.approx(truth, rel=0.10), (rank, truth)
+    spare = (os.cpu_count() or 1) > slow.ranks
+    bound = 0.10 if spare else 0.40 if name.startswith("ddp") else 0.20
+    assert predicted["step_ms"] == pytest.approx(truth, rel=bound), (predicted, truth)
+    assert rank["step_ms"] == pytest.approx(truth, rel=bound), (rank, truth)
+    assert predicted["step_ms"] < before and rank["step_ms"] < before
     assert predicted["speedup"] == pytest.approx(
         _whatif(slow.report(), "none")["step_ms"] / predicted["step_ms"], rel=0.01
     )

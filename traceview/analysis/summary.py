@@ -1029,6 +1029,7 @@ def summarize(
     selection = select_steps(df, choice, named_warmup(manifest))
     complete_df = df
     df = kept_rows(df, selection)
+    every_step_cross = cross  # (the critical path of each complete step, warm-up included)
     if (
         selection is not None
         and selection.excluded
@@ -1048,7 +1049,7 @@ def summarize(
     if pipeline is not None:
         _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(complete_df, selection)
-    explained = _critical_path(segments, cross, per_step, ranks, whatif or [])
+    explained = _critical_path(segments, every_step_cross, per_step, ranks, whatif or [])
     if explained is not None:
         _blame_verdict(summary, ranks, explained)
     verdict = None
