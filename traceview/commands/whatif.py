@@ -6,7 +6,7 @@
 The run's steps are re-timed from their critical-path graph (each rank's segments, the
 collective and point-to-point edges, late starts): with no change it reproduces the measured
 steps, and with each change asked for it predicts the step. NAME is a phase (forward,
-backward, update, io, h2d, comm) or an operator or collective (linear, allreduce); K a factor
+backward, update, io, h2d, comm) or an operator or collective (fully_connected, allreduce); K a factor
 (2: twice as fast). Without a change, the report's own what-ifs are printed.
 """
 
