@@ -751,6 +751,9 @@ def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Ta
         holder[free[won]] = mine[got[won]]
     kind = _HOST_KIND[winner]
     held = holder >= 0
+    if len(rows) == 0:  # (windows with nothing in them: idle throughout)
+        holder = np.full(len(mids), 0, np.int64)
+        rows, on_device = np.full(1, -1, np.int64), np.zeros(1, bool)
     if tl.gpu:
         kernel = held & on_device[np.maximum(holder, 0)]
         kind = np.where(kernel, S.SEGMENT_KINDS.index(S.SEGMENT_KERNEL), kind)
