@@ -40,7 +40,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from traceview.analysis.crossrank import ISSUED, POINT_TO_POINT, Matched
+from traceview.analysis.crossrank import BUS_FACTOR, ISSUED, POINT_TO_POINT, Matched
 from traceview.model import schema as S
 from traceview.model.results import (
     Blame,
@@ -66,9 +66,6 @@ PATH_KINDS = (
     S.SEGMENT_HOST_BOUND,
     S.SEGMENT_IDLE,
 )
-#: Bus bandwidth factors (nccl-tests): what each rank moves per byte of the message.
-_BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-        "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n}  # fmt: skip
 
 
 @dataclass
@@ -667,9 +664,7 @@ def at_bandwidth(graph: Graph, op: str, gbps: float) -> Change | None:
     if not hit.any():
         return None
     n = calls["participants"].fill_null(2).to_numpy().astype(np.float64)
-    factor = (
-        np.array([_BUS.get(op, lambda _n: 1.0)(v) for v in n]) if op in _BUS else np.ones(len(n))
-    )
+    factor = np.array([BUS_FACTOR[op](v) for v in n]) if op in BUS_FACTOR else np.ones(len(n))
     bus = calls[S.BYTES].fill_null(0).to_numpy().astype(np.float64) * factor
     transfer = calls["transfer"].to_numpy().astype(np.float64)
     transfer = np.where(hit, bus * 8 / gbps, transfer)  # bits over Gb/s: ns

@@ -36,6 +36,7 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.attribution import CommSchedule, layerwise_exposed
+from traceview.analysis.crossrank import BUS_FACTOR
 from traceview.model import schema as S
 from traceview.model.manifest import Manifest
 from traceview.model.results import (
@@ -295,17 +296,9 @@ def scaling(
 
 # --- ranks never run -------------------------------------------------------------------------
 
-#: What each rank moves per byte of the message (nccl-tests' bus bandwidth factors).
-_BUS = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-}
-
 
 def _bus(op: str, n: int) -> float:
-    return _BUS[op](n) if op in _BUS else 1.0
+    return BUS_FACTOR[op](n) if op in BUS_FACTOR else 1.0
 
 
 def pct_text(value: float) -> str:
