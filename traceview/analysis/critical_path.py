@@ -557,12 +557,14 @@ def _through_call(
         arrival = int(c["last_arrival_ns"][k]) if uses_all else int(c[ISSUED][k])
         prev_end = int(c["prev_end"][k])
         driver = max(arrival, prev_end)
-        if driver <= seg_start:  # the call was ready when the wait began: all of it transfer
+        # the call was ready when the wait began (all of it transfer), or it cannot explain the
+        # time before t (the walk reached the wait before its end, or clocks disagree): the
+        # rank's own waiting, so the walk always moves back in time and never cycles
+        if driver <= seg_start or driver >= t:
             pieces.append(PathPiece(r, phase, c_op[k], TRANSFER, seg_start, t - seg_start))
             return seg_start, r, True
-        if driver < t:
-            pieces.append(PathPiece(r, phase, c_op[k], TRANSFER, driver, t - driver))
-            t = driver
+        pieces.append(PathPiece(r, phase, c_op[k], TRANSFER, driver, t - driver))
+        t = driver
         if prev_end > arrival and int(c["prev"][k]) >= 0:  # queued behind the call before
             k = int(c["prev"][k])
             continue
@@ -746,7 +748,8 @@ _STRETCH_MIN = 0.005
 def _stretches(pieces: list[PathPiece], step_ns: int) -> list[PathPiece]:
     """The path's pieces joined into stretches of one rank and phase (what the report lists),
     each named by the kind and operator of its longest piece; a stretch under _STRETCH_MIN of
-    the step joins the one before it on its rank. They still tile the step."""
+    the step joins the one before it on its rank. A late start joins nothing: it has no phase.
+    They still tile the step."""
     out: list[PathPiece] = []
     longest: list[int] = []
     small = _STRETCH_MIN * step_ns
@@ -754,7 +757,12 @@ def _stretches(pieces: list[PathPiece], step_ns: int) -> list[PathPiece]:
         if x.dur_ns <= 0:
             continue
         last = out[-1] if out else None
-        if last is not None and last.rank == x.rank and (last.phase == x.phase or x.dur_ns < small):
+        if (
+            last is not None
+            and last.rank == x.rank
+            and LATE_START not in (last.kind, x.kind)
+            and (last.phase == x.phase or x.dur_ns < small)
+        ):
             if x.dur_ns > longest[-1]:
                 last.op, last.kind, longest[-1] = x.op, x.kind, x.dur_ns
             last.dur_ns = x.start_ns + x.dur_ns - last.start_ns
