@@ -431,10 +431,13 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
 
     With fewer cores than ranks + 1 (three ranks on two cores) the two runs are not the same
     machine: while the slow rank sleeps its core is free, so the others compute faster in the
-    slow run than in the balanced one (explicit: the replay predicts up to 15% low), and gloo's
-    transfers, which the replay keeps as the slow run measured them, run slower beside three
-    busy ranks (DDP: up to 35% high). There the bound is 20% (explicit) and 40% (DDP), and the
-    prediction must still be a speedup."""
+    slow run than in the balanced one (explicit: the replay predicts up to 15% low), and the
+    balanced run's own mean step varies from run to run (DDP, five pairs of runs: 17.1-23.5 ms;
+    the predictions 17.7-22.9 ms, from 19% low to 8% high). There the bound is 25%, and the
+    prediction must still be a speedup. (Before gloo's late-closing worker spans were read as
+    waits, DDP's balanced step was predicted up to 50% high: a rank's wait that its call's span
+    outlasted counted as its own time.)
+    """
     slow, balanced = jobs(name), jobs(BALANCED[name])
     counted = balanced.counted()
     assert len(counted) >= 20 - 2, counted
@@ -447,7 +450,7 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
           f"balance:rank predicts {rank['step_ms']:.1f}; balanced run mean {truth:.1f} ms, "
           f"median {median:.1f} ms")  # fmt: skip
     spare = (os.cpu_count() or 1) > slow.ranks
-    bound = 0.10 if spare else 0.40 if name.startswith("ddp") else 0.20
+    bound = 0.10 if spare else 0.25
     assert predicted["step_ms"] == pytest.approx(truth, rel=bound), (predicted, truth)
     assert rank["step_ms"] == pytest.approx(truth, rel=bound), (rank, truth)
     assert predicted["step_ms"] < before and rank["step_ms"] < before

@@ -282,6 +282,43 @@ def test_a_wait_reached_before_its_call_was_ready_is_the_ranks_own() -> None:
     ]
 
 
+def test_a_wait_released_before_its_calls_span_closed_still_waits_for_it() -> None:
+    """gloo's worker can close a call's span after the training thread's wait returned (rank 0:
+    the wait ends at 20, the span at 24). The wait [4, 20), cut at no call's end, still waits
+    for that call: its last member (rank 1) arrived at 16, inside it. Read as rank 0's own
+    time, no what-if could shorten it: rank 1's forward at rank 0's (4 ms, not 16) would still
+    end the step at 22 (a 3-rank DDP job's balanced run was predicted 50% high that way). As a
+    wait, the all-reduce's transfer is 4 ms (16 to 20): rank 1 issues at 4, both ranks are
+    released at 8 and update until 10."""
+    segments = _segments(
+        [
+            (0, 0, 4, S.FORWARD, S.SEGMENT_COMPUTE, "mm"),
+            (0, 4, 20, S.COMM, S.SEGMENT_COMM, "allreduce"),
+            (0, 20, 22, S.UPDATE, S.SEGMENT_COMPUTE, "add_"),
+            (1, 0, 16, S.FORWARD, S.SEGMENT_COMPUTE, "mm"),
+            (1, 16, 20, S.COMM, S.SEGMENT_COMM, "allreduce"),
+            (1, 20, 22, S.UPDATE, S.SEGMENT_COMPUTE, "add_"),
+        ]
+    )
+    calls = _calls(
+        [
+            {"rank": 0, "start": 4, "end": 24, "issued": 4, "last": 16, "last_rank": 1},
+            {"rank": 1, "start": 16, "end": 20, "issued": 16, "last": 16, "last_rank": 1},
+        ]
+    )
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 22 * MS}
+    one = balance_rank(graph, 1)
+    assert one is not None and replay(graph, one).step_ns == {1: 10 * MS}
+    (path,) = critical_paths(graph)
+    assert [(x.rank, x.kind, x.dur_ns / MS) for x in path.pieces if x.dur_ns] == [
+        (1, S.SEGMENT_COMPUTE, 16.0),
+        (1, "transfer", 4.0),
+        (1, S.SEGMENT_COMPUTE, 2.0),
+    ]
+
+
 def test_stretches_keep_a_short_late_start_apart() -> None:
     """The report's stretches join a rank's pieces of one phase, and a piece under 0.5% of the
     step into the one before it; a late start (no phase) joins nothing. A ddp3-slow run in CI

@@ -118,9 +118,9 @@ def build_graph(segments: pa.Table, matched: Matched, steps: list[int | None]) -
     seg = seg.sort(S.RANK, S.STEP, S.START_NS)
     comm = seg.filter(pl.col(S.KIND) == S.SEGMENT_COMM)
     rest = seg.filter(pl.col(S.KIND) != S.SEGMENT_COMM).with_columns(
-        pl.lit(-1, pl.Int64).alias("call")
+        pl.lit(-1, pl.Int64).alias("call"), pl.lit(0, pl.Int64).alias("early")
     )
-    pieces = _waiting_pieces(comm, calls)
+    pieces = _released_early(_waiting_pieces(comm, calls), calls)
     items = (
         pl.concat([rest, pieces], how="diagonal_relaxed")
         .with_row_index("_o")
@@ -186,6 +186,41 @@ def _calls(matched: pl.DataFrame) -> pl.DataFrame:
         "instance", "queue", "prev", pl.col("prev_end").cast(pl.Int64), "transfer", "uses_all",
         pl.col(S.BYTES).cast(pl.Int64), pl.col("participants").cast(pl.Int64),
     )  # fmt: skip
+
+
+def _released_early(pieces: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """Waits released before their call's span closed: gloo's worker thread, descheduled on a
+    loaded machine, can close a call's span milliseconds after the training thread's wait
+    returned (and the thread may wake and wait again). Such a wait, cut at no call's end, would
+    count as the rank's own time, and no what-if could shorten it. A piece of exposed
+    communication waiting for no call, over which a call its rank issued before it is in
+    flight, and during which that call's last member arrived, waits for that call: released
+    ``early`` ns before the call's end (the replay keeps that lead)."""
+    pieces = pieces.with_columns(pl.lit(0, pl.Int64).alias("early"))
+    tails = pieces.with_row_index("_p").filter(pl.col("call") < 0)
+    if tails.height == 0 or calls.height == 0:
+        return pieces
+    c_rank, c_end = calls[S.RANK].to_numpy(), calls[S.END_NS].to_numpy()
+    issued, last = calls[ISSUED].to_numpy(), calls["last_arrival_ns"].to_numpy()
+    rank, ps, pe = (tails[c].to_numpy() for c in (S.RANK, S.START_NS, S.END_NS))
+    t0 = int(min(c_end.min(), pe.min()))
+    span = int(max(c_end.max(), pe.max()) - t0 + 1)
+    keys = _composite(c_rank, c_end, t0, span)
+    order = np.argsort(keys, kind="stable")
+    pos = np.searchsorted(keys[order], _composite(rank, pe, t0, span), side="right")
+    c = order[np.minimum(pos, len(order) - 1)]  # the rank's first call ending after the piece
+    ok = (pos < len(order)) & (c_rank[c] == rank) & (issued[c] <= ps)
+    ok &= (ps < last[c]) & (last[c] <= pe)
+    if not ok.any():
+        return pieces
+    at = tails["_p"].to_numpy()[ok]
+    call = pieces["call"].to_numpy().copy()
+    early = np.zeros(pieces.height, np.int64)
+    call[at] = c[ok]
+    early[at] = c_end[c[ok]] - pe[ok]
+    return pieces.with_columns(
+        pl.Series("call", call, pl.Int64), pl.Series("early", early, pl.Int64)
+    )
 
 
 def _waiting_pieces(comm: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
@@ -360,11 +395,16 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         held_end = last_wait(item)
         held_start = np.where(first[item], -2, last_wait(item - 1))
         w_call = call[waits]
+        # a wait released before its call's span closed keeps that lead, scaled with the
+        # call's transfer (_released_early)
+        t_measured = calls["transfer"].to_numpy().astype(np.float64)[w_call]
+        w_early = items["early"].to_numpy()[waits].astype(np.float64)
+        w_early *= np.where(t_measured > 0, transfer[w_call] / np.maximum(t_measured, 1), 1.0)
     while True:
         passes += 1
         r = np.full(len(waits), float(NEVER))
         if m and not change.hide_comm:
-            r = ready[w_call]
+            r = ready[w_call] - w_early
         reach = _group_cummax(r - w_prefix, w_group)
         if m == 0:
             break
