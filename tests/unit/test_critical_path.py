@@ -319,6 +319,31 @@ def test_a_wait_released_before_its_calls_span_closed_still_waits_for_it() -> No
     ]
 
 
+def test_communication_without_a_matched_call_marks_the_step_incomplete() -> None:
+    """Two ranks of a larger job (the others' traces missing): their communication kernels
+    match no call, so what they waited for is unknown. The path still tiles the step, through
+    the rank's own communication, and the step says why it is incomplete; a step whose calls
+    are all matched is complete."""
+    segments = _segments(
+        [
+            (0, 0, 10, S.FORWARD, S.SEGMENT_KERNEL, "gemm"),
+            (0, 10, 30, S.COMM, S.SEGMENT_KERNEL, "allreduce"),
+            (1, 0, 12, S.FORWARD, S.SEGMENT_KERNEL, "gemm"),
+            (1, 12, 29, S.COMM, S.SEGMENT_KERNEL, "allreduce"),
+        ]
+    )
+    graph = build_graph(segments, Matched(pl.DataFrame()), [1])
+    assert graph is not None
+    (path,) = critical_paths(graph)
+    assert not path.complete and path.reason is not None and "without a matched call" in path.reason
+    assert sum(x.dur_ns for x in path.pieces) == 30 * MS
+    segments, calls = _two_ranks()
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    (path,) = critical_paths(graph)
+    assert path.complete and path.reason is None
+
+
 def test_stretches_keep_a_short_late_start_apart() -> None:
     """The report's stretches join a rank's pieces of one phase, and a piece under 0.5% of the
     step into the one before it; a late start (no phase) joins nothing. A ddp3-slow run in CI

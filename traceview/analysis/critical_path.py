@@ -78,7 +78,7 @@ class Graph:
     #                      queue, prev (call before it on its queue, -1), transfer, uses_all,
     #                      issue_item (-1: issued outside the counted windows), issue_offset
     steps: list[int]
-    unmatched_steps: set[int]  # steps in which some call is left unmatched
+    unmatched_steps: dict[int, str]  # steps whose communication is not all explained: why
 
 
 @dataclass
@@ -105,9 +105,12 @@ def _composite(rank: np.ndarray, t: np.ndarray, t0: int, span: int) -> np.ndarra
     return rank.astype(np.int64) * span + (t - t0)
 
 
-def build_graph(segments: pa.Table, matched: Matched, steps: list[int | None]) -> Graph | None:
+def build_graph(
+    segments: pa.Table, matched: Matched, steps: list[int | None], world: int | None = None
+) -> Graph | None:
     """The graph of ``steps`` (the counted steps; None: a window without step markers) from
-    every rank's segments and the matched calls (crossrank.match_collectives, on one clock)."""
+    every rank's segments and the matched calls (crossrank.match_collectives, on one clock);
+    ``world``: the job's world size, where known (a world of one has nothing to wait for)."""
     seg = pl.from_arrow(segments)
     assert isinstance(seg, pl.DataFrame)
     wanted = [NO_STEP if s is None else s for s in steps]
@@ -129,8 +132,39 @@ def build_graph(segments: pa.Table, matched: Matched, steps: list[int | None]) -
         .with_columns(pl.struct(S.RANK, S.STEP).rank("dense").cast(pl.Int64).sub(1).alias("group"))
     )
     calls = _issue_points(calls, items)
-    unmatched = set(matched.unknown_steps[S.STEP].drop_nulls().to_list())
-    return Graph(items, calls, sorted(set(wanted)), unmatched)
+    alone = max(world or 0, seg[S.RANK].n_unique()) <= 1
+    return Graph(items, calls, sorted(set(wanted)), _unexplained(seg, calls, matched, alone))
+
+
+#: Why a step's path is incomplete where its communication is not all explained.
+UNMATCHED_CALL = "a call was left unmatched"
+NO_CALL = (
+    "communication without a matched call (ranks missing from the run, or calls the trace does "
+    "not show): its wait and transfer are unknown, read as the rank's own time"
+)
+
+
+def _unexplained(
+    seg: pl.DataFrame, calls: pl.DataFrame, matched: Matched, alone: bool
+) -> dict[int, str]:
+    """Steps in which a call was left unmatched, or (in a world of more than one rank) a rank
+    spent time communicating (exposed communication, communication kernels) without one
+    matched call to explain it."""
+    out = {s: UNMATCHED_CALL for s in matched.unknown_steps[S.STEP].drop_nulls().to_list()}
+    if alone:
+        return out
+    communicating = (
+        seg.filter((pl.col(S.KIND) == S.SEGMENT_COMM) | (pl.col(S.PHASE) == S.COMM))
+        .select(S.RANK, S.STEP)
+        .unique()
+    )
+    with_calls = calls.select(pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).fill_null(NO_STEP))
+    without = communicating.with_columns(pl.col(S.RANK).cast(pl.Int32)).join(
+        with_calls.unique(), on=[S.RANK, S.STEP], how="anti"
+    )
+    for step in without[S.STEP].unique().to_list():
+        out.setdefault(step, NO_CALL)
+    return out
 
 
 def _calls(matched: pl.DataFrame) -> pl.DataFrame:
@@ -534,7 +568,7 @@ def critical_paths(graph: Graph) -> list[WalkedPath]:
             continue
         job_start, job_end, last_rank = (int(v) for v in job_of[s])
         pieces: list[PathPiece] = []
-        reason = "a call was left unmatched" if s in graph.unmatched_steps else None
+        reason = graph.unmatched_steps.get(s)
         r, t = last_rank, job_end
         guard = 0
         limit = 4 * (items.height + calls.height) + 16
@@ -819,11 +853,12 @@ def explain(
     counted: list[int | None],
     median_phase_ms: dict[str, float],
     extra: list[str] | None = None,
+    world: int | None = None,
 ) -> Explained:
     """The critical path of each of ``steps`` (every complete step, warm-up included); blame
     and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
     for, as ``whatif`` takes them)."""
-    graph = build_graph(segments, matched, steps)
+    graph = build_graph(segments, matched, steps, world)
     if graph is None:
         return Explained(None, {}, [], {})
     walked = critical_paths(graph)
@@ -832,7 +867,7 @@ def explain(
     if not paths:
         return Explained(None, {}, [], {})
     if len(wanted) < len(graph.steps):
-        graph = build_graph(segments, matched, counted) or graph
+        graph = build_graph(segments, matched, counted, world) or graph
     step_ns = {p.step: p.end_ns - p.start_ns for p in walked}
     ordered = sorted(paths, key=lambda p: (step_ns[p.step], p.step))
     median = ordered[(len(ordered) - 1) // 2]

@@ -929,6 +929,7 @@ def _critical_path(
     per_step: list[StepSummary],
     ranks: list[RankSummary],
     whatif: list[str],
+    world: int | None,
 ) -> Explained | None:
     """The critical path of the counted steps (analysis/critical_path.py), each step's set on
     ``per_step``."""
@@ -945,7 +946,7 @@ def _critical_path(
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
         for phase in S.BREAKDOWN_PHASES
     }
-    explained = explain(segments, matched, every, counted, median_phase, whatif)
+    explained = explain(segments, matched, every, counted, median_phase, whatif, world)
     for s in per_step:
         s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
     return explained
@@ -1049,7 +1050,9 @@ def summarize(
     if pipeline is not None:
         _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(complete_df, selection)
-    explained = _critical_path(segments, every_step_cross, per_step, ranks, whatif or [])
+    explained = _critical_path(
+        segments, every_step_cross, per_step, ranks, whatif or [], manifest.world_size
+    )
     if explained is not None:
         _blame_verdict(summary, ranks, explained)
     verdict = None

@@ -7,6 +7,8 @@ are shown literally and no control character reaches the terminal.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.text import Text
 
 from traceview.model import schema as S
@@ -315,9 +317,15 @@ def critical_path_text(report: RunReport, rows: int = 5) -> Text | None:
     for b in path.blame[:rows]:
         text.append("\n  " + blame_words(b))
     if path.complete_steps < path.steps:
+        reasons = Counter(
+            s.critical_path.reason
+            for s in report.per_step
+            if s.excluded is None and s.critical_path is not None and s.critical_path.reason
+        )
+        why = reasons.most_common(1)[0][0] if len(reasons) == 1 else "see per_step in --json"
         text.append(
             f"\n  ({path.steps - path.complete_steps} of {path.steps} steps' paths incomplete: "
-            "see per_step in --json)",
+            f"{why})",
             style="bright_black",
         )
     best = best_whatifs(report.whatif)
