@@ -16,7 +16,9 @@ Issue 33's target: a step of 256 ranks x 10,000 events under 5 s.
 With ``--replicate N[,N...]`` it times what the critical path adds to the whole report instead:
 the per-rank tables of ``sample_traces/pytorch/slowfwd`` (3 CPU ranks, gloo, 8 all-reduces per
 step, 5 steps) replicated to N ranks, times shifted by up to a millisecond (as
-``bench_crossrank.py`` does), summarized in one process with and without the segments table.
+``bench_crossrank.py`` does), summarized in one process without the segments table, with it,
+and with it and the path a report before kept (store/analysed.py's PathFile, in a scratch
+folder): what ``report`` costs on a run directory after ``traceview ingest``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -157,7 +160,7 @@ def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
     from bench_crossrank import manifest_for, replicate  # type: ignore[import-not-found]
 
     from traceview.analysis.summary import cross_rank_of, summarize
-    from traceview.store.analysed import open_run
+    from traceview.store.analysed import PathFile, open_run
 
     names = ("steps", "ops", "collectives", "comm", "segments")
     bench_crossrank.TIMED = names
@@ -167,21 +170,26 @@ def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
     manifest = manifest_for(ranks, 1)
     cross = cross_rank_of(manifest, tables["collectives"], tables["comm"])
 
-    def once(segments: pa.Table | None) -> float:
+    def once(segments: pa.Table | None, cache: PathFile | None = None) -> float:
         start = time.perf_counter()
         summarize(
             tables["steps"], tables["ops"], manifest, collectives=tables["collectives"],
-            cross=cross, segments=segments,
+            cross=cross, segments=segments, path_cache=cache,
         )  # fmt: skip
         return time.perf_counter() - start
 
     without = statistics.median(once(None) for _ in range(repeat))
     with_path = statistics.median(once(tables["segments"]) for _ in range(repeat))
+    with tempfile.TemporaryDirectory() as kept:  # the path kept by a report before (or ingest)
+        cache = PathFile(Path(kept), b"bench")
+        once(tables["segments"], cache)
+        with_kept = statistics.median(once(tables["segments"], cache) for _ in range(repeat))
     return {
         "ranks": ranks,
         "segments": tables["segments"].num_rows,
         "summary_without_s": round(without, 3),
         "summary_with_s": round(with_path, 3),
+        "summary_with_kept_path_s": round(with_kept, 3),
     }
 
 

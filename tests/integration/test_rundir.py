@@ -4,6 +4,7 @@ said at the top of that file (shared traces, TensorFlow profiles, the CLI here).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -16,7 +17,7 @@ from tests.conftest import SAMPLES, run_cli
 from tests.unit.test_rundir import _copy
 from traceview.collectors.rankside import rank_dir
 from traceview.store import rundir as R
-from traceview.store.analysed import _TABLE_SCHEMAS, ingest_run
+from traceview.store.analysed import _TABLE_SCHEMAS, PATH_CACHE, ingest_run
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +239,34 @@ def test_a_claimed_world_of_ten_billion_ranks_allocates_nothing(
     result = run_cli("report", run)
     assert result.code == 2, result.err  # the run directory's record is wrong: one line
     assert "world_size" in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_a_reports_critical_path_is_kept_for_the_next_one(fresh: Path, tmp_path: Path) -> None:
+    """The critical path (most of what `report` costs at 1,024 ranks) is kept in the run
+    directory, per choice of steps and changes, recording the key of the tables it came from:
+    the next report reads it (a kept figure, changed by hand, is what it prints), a report of
+    other steps adds its own entry, and once the events change (another key) or the file is
+    damaged it is computed again."""
+    run = _copy(fresh, tmp_path)
+    kept = run / PATH_CACHE
+    kept.unlink(missing_ok=True)
+    first = run_cli("report", "--json", run).json()
+    key, entries = json.loads(kept.read_bytes())
+    assert len(entries) == 1
+    (entry,) = entries.values()
+    assert entry["path"]["step_ms"] == first["critical_path"]["step_ms"]
+    entry["path"]["step_ms"] = 12345.0
+    kept.write_text(json.dumps([key, entries]))
+    assert run_cli("report", "--json", run).json()["critical_path"]["step_ms"] == 12345.0
+    run_cli("report", "--json", "--steps", "2-3", run)
+    run_cli("whatif", run, "--faster", "backward:2")
+    assert len(json.loads(kept.read_bytes())[1]) == 3
+    kept.write_text("{not json")
+    assert run_cli("report", "--json", run).json()["critical_path"] == first["critical_path"]
+    kept.write_text(json.dumps([key, entries]))  # the changed figure again, then new events
+    events = next((run / R.EVENTS).rglob("*.parquet"))
+    stat = events.stat()
+    os.utime(events, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    again = run_cli("report", "--json", run).json()
+    assert again["critical_path"] == first["critical_path"]
+    assert json.loads(kept.read_bytes())[0] != key

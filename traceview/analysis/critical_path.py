@@ -35,6 +35,7 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -54,6 +55,9 @@ from traceview.model.results import (
 
 NEVER = -(1 << 62)
 NO_STEP = -1  # the step number of a window without step markers
+#: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
+#: then computed again.
+PATH_VERSION = 1
 TRANSFER = "transfer"
 LATE_START = "late_start"
 #: The kinds of a path segment: the segments table's, with waits explained.
@@ -755,6 +759,16 @@ class Explained:
     per_step: dict[int, StepPath]
     whatif: list[WhatIf]
     rank_blame: dict[int, float]  # per rank, its own time on the path (not transfer), ms/step
+
+
+class PathCache(Protocol):
+    """Where a report keeps what it took from the critical path, per choice of steps and
+    changes (``key``), for the next report of the same run (store/analysed.py: in the run
+    directory, beside the tables it was computed from)."""
+
+    def get(self, key: str) -> Explained | None: ...
+
+    def put(self, key: str, explained: Explained) -> None: ...
 
 
 _OWN = (S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, "launch", S.SEGMENT_HOST_BOUND, LATE_START)

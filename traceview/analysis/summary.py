@@ -8,6 +8,7 @@ imbalance and blocked time, warm-up and slow steps: all decided here, into
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from typing import Any, cast, get_args
@@ -16,7 +17,13 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from traceview.analysis.critical_path import NO_STEP, Explained, explain
+from traceview.analysis.critical_path import (
+    NO_STEP,
+    PATH_VERSION,
+    Explained,
+    PathCache,
+    explain,
+)
 from traceview.analysis.crossrank import (
     ClockFit,
     CrossRank,
@@ -930,13 +937,34 @@ def _critical_path(
     ranks: list[RankSummary],
     whatif: list[str],
     world: int | None,
+    cache: PathCache | None,
 ) -> Explained | None:
     """The critical path of the counted steps (analysis/critical_path.py), each step's set on
-    ``per_step``."""
+    ``per_step``; ``cache``: where an earlier report of this run kept it."""
     counted = [s.step for s in per_step if s.excluded is None]
     every = [s.step for s in per_step]
     if segments is None or segments.num_rows == 0 or not counted or not ranks:
         return None
+    key = json.dumps([PATH_VERSION, every, counted, whatif, world])
+    explained = cache.get(key) if cache is not None else None
+    if explained is None:
+        explained = _explain(segments, cross, ranks, every, counted, whatif, world)
+        if cache is not None:
+            cache.put(key, explained)
+    for s in per_step:
+        s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
+    return explained
+
+
+def _explain(
+    segments: pa.Table,
+    cross: CrossRank | None,
+    ranks: list[RankSummary],
+    every: list[int | None],
+    counted: list[int | None],
+    whatif: list[str],
+    world: int | None,
+) -> Explained:
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
         frame = pl.from_arrow(segments)
         assert isinstance(frame, pl.DataFrame)
@@ -946,10 +974,7 @@ def _critical_path(
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
         for phase in S.BREAKDOWN_PHASES
     }
-    explained = explain(segments, matched, every, counted, median_phase, whatif, world)
-    for s in per_step:
-        s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
-    return explained
+    return explain(segments, matched, every, counted, median_phase, whatif, world)
 
 
 #: The critical path names the straggler where one rank holds at least this share of the ranks'
@@ -1005,6 +1030,7 @@ def summarize(
     comm: pa.Table | None = None,
     segments: pa.Table | None = None,
     whatif: list[str] | None = None,
+    path_cache: PathCache | None = None,
 ) -> RunReport:
     """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
     ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
@@ -1016,7 +1042,8 @@ def summarize(
     for the cross-rank pass over the selected steps where some are left out (without it,
     ``cross`` is used as it is); ``segments``: the ranks' timelines as segments, for the
     critical path (None: an older run directory; no critical path, no what-ifs); ``whatif``:
-    changes to replay besides the report's own (WhatIf.change)."""
+    changes to replay besides the report's own (WhatIf.change); ``path_cache``: where the
+    critical path of an earlier report of the same run and steps is kept."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
     all_steps = df
@@ -1051,7 +1078,7 @@ def summarize(
         _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(complete_df, selection)
     explained = _critical_path(
-        segments, every_step_cross, per_step, ranks, whatif or [], manifest.world_size
+        segments, every_step_cross, per_step, ranks, whatif or [], manifest.world_size, path_cache
     )
     if explained is not None:
         _blame_verdict(summary, ranks, explained)

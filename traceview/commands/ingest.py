@@ -73,6 +73,7 @@ class IngestCommand:
                 scheduler=scheduler_from(args.scheduler, args.scheduler_file),
                 progress=progress,
             )
+        _keep_critical_path(out)
         manifest = R.read_manifest(out)
         for warning in shown_notes(manifest.notes.warnings):
             print(f"traceview: warning: {safe(warning)}", file=sys.stderr)
@@ -84,3 +85,17 @@ class IngestCommand:
             f"{manifest.ingest_seconds or 0:.2f} s"
         )
         return 0
+
+
+def _keep_critical_path(run: Path) -> None:
+    """The run's default report once, so that its critical path (the part of a report that
+    grows with the ranks) is kept in the run directory for the first `report` (PathFile). What
+    fails here is the report's to say, when one is asked for."""
+    from traceview.model.errors import TraceviewError
+    from traceview.store.analysed import open_run
+
+    try:
+        with open_run([run]) as opened:
+            opened.report()
+    except TraceviewError:
+        pass

@@ -46,6 +46,9 @@ class Run:
     # the steps --steps/--skip chose (None: leading warm-up steps left out): every report of
     # this run counts them, once decided (analysis/selection.py)
     choice: StepChoice | None = None
+    # the key its tables were read with (a run directory's current cache): what a report
+    # keeps in the run directory records it too (None: nothing is kept)
+    cache_key: bytes | None = None
 
     @property
     def steps(self) -> pa.Table:
@@ -92,7 +95,11 @@ class Run:
             comm=self.tables["comm"],
             segments=self.tables["segments"],
             whatif=whatif,
-        )
+            path_cache=(
+                None if self.temporary or self.cache_key is None
+                else PathFile(self.path, self.cache_key)
+            ),
+        )  # fmt: skip
 
     @cached_property
     def cross(self) -> CrossRank | None:
@@ -362,13 +369,55 @@ def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
             tables = None
         try:
             tables = tables or reanalyze(run, manifest, seen, progress)
-            return Run(run, label, manifest, tables, False)
+            return Run(run, label, manifest, tables, False, cache_key=_key(manifest, seen))
         except RunReplaced:
             continue
     raise BadInput(
         f"{run}: replaced while it was read, {READ_TRIES} times (an ingest into it is running?); "
         "run again when it ends"
     )
+
+
+#: The critical path a report took (analysis/critical_path.py's Explained), per choice of
+#: steps and changes, for the next report of the run: at 1,024 ranks it is most of the time
+#: `report` takes.
+PATH_CACHE = "critical_path.cache.json"
+_PATH_CACHE_ENTRIES = 8
+
+
+class PathFile:
+    """The run directory's PATH_CACHE (analysis/critical_path.py's PathCache): its entries
+    count only where they record the key the run's tables were read with. A damaged, foreign
+    or unwritable file is only a cache: read as empty, left as it is."""
+
+    def __init__(self, run: Path, key: bytes):
+        self.run, self.file, self.key = run, run / PATH_CACHE, key.hex()
+
+    def _entries(self) -> dict[str, Any]:
+        import msgspec
+
+        from traceview.analysis.critical_path import Explained
+
+        if R.leads_out(self.run, self.file) is not None:
+            return {}
+        try:
+            doc = msgspec.json.decode(self.file.read_bytes(), type=tuple[str, dict[str, Explained]])
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return {}
+        return doc[1] if doc[0] == self.key else {}
+
+    def get(self, key: str) -> Any:
+        return self._entries().get(key)
+
+    def put(self, key: str, explained: Any) -> None:
+        import msgspec
+
+        entries = self._entries()
+        entries.pop(key, None)
+        entries[key] = explained
+        kept = dict(list(entries.items())[-_PATH_CACHE_ENTRIES:])
+        with suppress(OutputError), R.atomic_path(self.file, make_parent=False) as tmp:
+            tmp.write_bytes(msgspec.json.encode((self.key, kept)))
 
 
 def _current(manifest: Manifest, seen: dict[str, R.Identity]) -> bool:
