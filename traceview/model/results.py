@@ -125,7 +125,8 @@ class Clocks(Result):
     """How the ranks' clocks were aligned, so that arrival times compare across ranks."""
 
     source: ClockSource
-    calls: int | None = None  # collectives: matched synchronizing calls the estimate used
+    calls: int | None = None  # collectives: matched synchronizing calls and point-to-point
+    #                           pairs the estimate used
     max_offset_us: float | None = None  # the largest offset applied (estimated or measured)
     max_drift_ppm: float | None = None  # collectives: the largest drift estimated
     residual_us: float | None = None  # collectives: p90 distance of matched ends from the fit

@@ -93,13 +93,13 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
     clocks = run.clocks
     if clocks is not None and clocks.source == "collectives" and not clocks.max_offset_us:
         console.print(
-            f"clocks: {clocks.calls} matched collectives show no offset between the ranks beyond "
+            f"clocks: {clocks.calls} matched calls show no offset between the ranks beyond "
             f"their spread (residual ±{duration_us(clocks.residual_us or 0)})",
             style="bright_black",
         )
     elif clocks is not None and clocks.source == "collectives":
         console.print(
-            f"clocks: estimated from {clocks.calls} matched collectives (offsets up to "
+            f"clocks: estimated from {clocks.calls} matched calls (offsets up to "
             f"{duration_us(clocks.max_offset_us or 0)}, drift up to {clocks.max_drift_ppm:g} "
             f"ppm), residual ±{duration_us(clocks.residual_us or 0)}",
             style="bright_black",
