@@ -246,3 +246,31 @@ def test_timeline_segments_add_up_to_the_breakdown(tmp_path) -> None:
                 totals[p] = totals.get(p, 0) + int(e - s)
             for phase in S.BREAKDOWN_PHASES:
                 assert totals.get(phase, 0) == row[S.phase_ns(phase)], (name, row[S.STEP], phase)
+
+
+def test_the_device_waiting_for_a_launch_is_launch_time() -> None:
+    """The device idles while the host is inside aten::linear (host-bound forward); while the
+    host is inside the cudaLaunchKernel that launches the kernel (6..9) the device waits for
+    the launch itself: a ``launch`` segment. A synchronize inside the operator (2..4) is not a
+    launch. The kernel then runs 10..30."""
+    from traceview.analysis.attribution import timeline_segments
+
+    events = [
+        step(1, 0, 30),
+        ev("aten::linear", 0, 10),
+        ev("cudaStreamSynchronize", 2, 2, kind=S.KIND_RUNTIME),
+        ev("cudaLaunchKernel", 6, 3, kind=S.KIND_RUNTIME, corr=1),
+        kernel("volta_sgemm_128x64_nn", 10, 20, 1),
+    ]
+    table = S.conform(pa.Table.from_pylist(events), S.RAW_SCHEMA)
+    normalized = normalize(table, builtin_rules("pytorch"), RankMeta("t", 0, "pytorch"))
+    got = [
+        (r[S.START_NS] // 1000, r[S.END_NS] // 1000, r[S.PHASE], r[S.KIND], r[S.OP])
+        for r in timeline_segments(normalized.events).to_pylist()
+    ]
+    assert got == [
+        (0, 6, S.FORWARD, S.SEGMENT_HOST_BOUND, "fully_connected"),
+        (6, 9, S.FORWARD, S.SEGMENT_LAUNCH, "fully_connected"),
+        (9, 10, S.FORWARD, S.SEGMENT_HOST_BOUND, "fully_connected"),
+        (10, 30, S.FORWARD, S.SEGMENT_KERNEL, "fully_connected"),
+    ]

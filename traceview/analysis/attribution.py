@@ -717,6 +717,26 @@ def gap_operators(
     return np.where(gap & same, op[b], op)
 
 
+_HOST_BOUND, _LAUNCH = (S.SEGMENT_KINDS.index(k) for k in (S.SEGMENT_HOST_BOUND, S.SEGMENT_LAUNCH))
+
+
+def _launching(events: pa.Table, ev: EventArrays, kind: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Host-bound instants (the device idle, the host inside an operator) at which the host is
+    inside a runtime call that launches work (a kernel launch, an async copy: any runtime call
+    but a synchronize) are ``launch``: the device waits for the launch itself."""
+    bound = np.flatnonzero(kind == _HOST_BOUND)
+    if len(bound) == 0:
+        return kind
+    runtime = (ev.kind == KIND_CODE[S.KIND_RUNTIME]) & ~name_mask(events, DEVICE_WAIT_PATTERN)
+    rows = np.flatnonzero(runtime & (ev.end > ev.ts))
+    if len(rows) == 0:
+        return kind
+    inside = _holders(ev.ts[rows], ev.end[rows], at[bound]) >= 0
+    kind = kind.copy()
+    kind[bound[inside]] = _LAUNCH
+    return kind
+
+
 def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     """Each step window of the rank as its exclusive segments in time order
     (schema.SEGMENTS_SCHEMA): the breakdown's cut kept as time, a segment per stretch of one
@@ -757,6 +777,7 @@ def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Ta
     if tl.gpu:
         kernel = held & on_device[np.maximum(holder, 0)]
         kind = np.where(kernel, S.SEGMENT_KINDS.index(S.SEGMENT_KERNEL), kind)
+        kind = _launching(events, tl.ev, kind, mids)
     row = np.where(held, rows[np.maximum(holder, 0)], -1)
     comm = winner == _COMM_LEVEL  # (named by the call itself, not the operator issuing it)
     row = np.where(comm, row, _outermost_operator(tl.ev, row))

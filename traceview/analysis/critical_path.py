@@ -64,12 +64,14 @@ LATE_START = "late_start"
 PATH_KINDS = (
     S.SEGMENT_COMPUTE,
     S.SEGMENT_KERNEL,
-    "launch",
+    S.SEGMENT_LAUNCH,
     TRANSFER,
     LATE_START,
     S.SEGMENT_HOST_BOUND,
     S.SEGMENT_IDLE,
 )
+#: The kinds of a rank's own work (what balance and blame count as the rank's).
+_COMPUTING = [S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, S.SEGMENT_LAUNCH, S.SEGMENT_HOST_BOUND]
 
 
 @dataclass
@@ -665,7 +667,7 @@ def what_ifs(graph: Graph, ranks_phase_ms: pl.DataFrame | None = None) -> list[C
     if items.height == 0:
         return changes
     dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
-    computing = items[S.KIND].is_in([S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, S.SEGMENT_HOST_BOUND])
+    computing = items[S.KIND].is_in(_COMPUTING)
     frame = items.select(S.RANK, S.STEP, S.PHASE, S.OP).with_columns(
         dur.alias("d"), computing.alias("c")
     )
@@ -713,7 +715,7 @@ def balance_rank(graph: Graph, rank: int) -> Change | None:
     """One rank's compute phases at the median of the other ranks' (per step and phase)."""
     items = graph.items
     dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
-    computing = items[S.KIND].is_in([S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, S.SEGMENT_HOST_BOUND])
+    computing = items[S.KIND].is_in(_COMPUTING)
     frame = items.select(S.RANK, S.STEP, S.PHASE).with_columns(dur.alias("d"), computing.alias("c"))
     per = frame.filter(pl.col("c")).group_by(S.STEP, S.RANK, S.PHASE).agg(pl.col("d").sum())
     others = (
@@ -771,7 +773,7 @@ class PathCache(Protocol):
     def put(self, key: str, explained: Explained) -> None: ...
 
 
-_OWN = (S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, "launch", S.SEGMENT_HOST_BOUND, LATE_START)
+_OWN = (*_COMPUTING, LATE_START)
 
 
 def _blame_rows(paths: list[WalkedPath]) -> pl.DataFrame:

@@ -440,12 +440,14 @@ COMM_SCHEMA: Final = pa.schema(
 
 #: What a segment of a rank's timeline is: time the rank computed (host operators: CPU
 #: timelines, and the host's data loading on GPU ones), a kernel or copy ran on the device, the
-#: device waited for the host to launch work (host-bound), communication ran with nothing above
+#: device waited for the host to launch work (host-bound: the host inside an operator; launch:
+#: inside the runtime call that launches a kernel or copy), communication ran with nothing above
 #: it, or nothing ran (idle). The critical path across ranks adds its own kinds (transfer, late
 #: start) where communication and step entry are explained by other ranks.
 SEGMENT_COMPUTE: Final = "compute"
 SEGMENT_KERNEL: Final = "kernel"
 SEGMENT_HOST_BOUND: Final = "host_bound"
+SEGMENT_LAUNCH: Final = "launch"
 SEGMENT_COMM: Final = "comm"
 SEGMENT_IDLE: Final = "idle"
 SEGMENT_KINDS: Final = (
@@ -454,6 +456,7 @@ SEGMENT_KINDS: Final = (
     SEGMENT_HOST_BOUND,
     SEGMENT_COMM,
     SEGMENT_IDLE,
+    SEGMENT_LAUNCH,
 )
 
 #: Each step window of a rank as the sequence of its exclusive segments (the attribution rule

@@ -291,6 +291,8 @@ def blame_words(b: Blame) -> str:
         what = "communication (transfer)"
     elif b.kind == "idle":
         what = "idle"
+    elif b.kind == S.SEGMENT_LAUNCH:
+        what = f"{b.phase} (launching kernels)"
     else:
         what = f"{b.phase} ({b.kind.replace('_', '-')})"
     extra = ""
