@@ -45,6 +45,7 @@ WORKLOADS = REPO / "tests" / "workloads" / "parallel"
 # name: (ranks, script, its arguments)
 JOBS: dict[str, tuple[int, str, list[str]]] = {
     "fsdp2": (2, "fsdp.py", []),
+    "fsdp2-prefetch": (2, "fsdp.py", ["--prefetch"]),  # forward all-gathers prefetched
     "mesh2d": (4, "mesh2d.py", []),
     "gpipe2-slow": (2, "pipeline.py", ["--schedule", "gpipe", "--microbatches", "4",
                                        "--slow-stage", "1", "--slow-phase", "forward"]),
@@ -63,7 +64,7 @@ PIPELINES = [j for j in JOBS if JOBS[j][1] == "pipeline.py"]
 SLOW_PIPELINES = [j for j in PIPELINES if "slow" in j]
 BALANCED_PIPELINES = [j for j in PIPELINES if "balanced" in j]
 ARRIVAL = ["arrival3", "arrival4"]
-MESH_JOBS = ["fsdp2", "mesh2d"]
+MESH_JOBS = ["fsdp2", "fsdp2-prefetch", "mesh2d"]
 
 
 @dataclass

@@ -10,6 +10,7 @@ collective issued (C.record_collectives: op, group, bytes, phase).
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import _common as C
 import torch
@@ -23,6 +24,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--truth", required=True)
+    parser.add_argument(
+        "--prefetch", action="store_true",
+        help="each unit's forward prefetches the next unit's all-gather (explicit prefetch)",
+    )  # fmt: skip
     args = parser.parse_args()
     rank, world = C.start()
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
@@ -30,10 +35,13 @@ def main() -> None:
         nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
         nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10),
     )  # fmt: skip
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
+    units = [layer for layer in model if isinstance(layer, nn.Linear)]
+    for layer in units:
+        fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if args.prefetch:
+        for unit, after in itertools.pairwise(units):
+            unit.set_modules_to_forward_prefetch([after])  # type: ignore[operator]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(rank)
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
