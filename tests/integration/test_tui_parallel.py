@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Static
 
 from tests.tui_helpers import play, settle
 from tests.tui_models import mesh_view, pipeline_lanes, pipeline_view, straggler_view
+from traceview.model import schema as S
 from traceview.tui.app import TraceviewApp
 from traceview.tui.model import RunView
 from traceview.tui.timeline import Timeline
@@ -130,3 +131,24 @@ def test_pipeline_key_on_a_run_without_a_pipeline_keeps_the_ranks() -> None:
         assert not app.query_one(Timeline).pipeline
 
     drive(straggler_view(), scenario)
+
+
+def test_a_stages_collective_is_drawn_as_communication_not_bubble() -> None:
+    """A pipeline row draws the stage's time outside its own work as bubble, except where one
+    of its collective calls runs (a data-parallel all-reduce: the analysis leaves collectives
+    out of the bubble): there its communication is drawn as such. Idle time and a receive's
+    wait stay bubble."""
+    from traceview.tui.render import BUBBLE, pipeline_cells
+
+    cells = [
+        (S.FORWARD, True),
+        (S.COMM, True),  # the all-reduce
+        (S.COMM, True),
+        (S.COMM, True),  # a receive
+        (S.IDLE, True),
+    ]
+    drawn = pipeline_cells(cells, [False, True, True, False, True]).plain
+    letter = pipeline_cells([(S.COMM, True)], [True]).plain
+    assert letter != BUBBLE
+    assert drawn == "F" + letter * 2 + BUBBLE * 2
+    assert pipeline_cells(cells).plain == "F" + BUBBLE * 4  # without calls: as before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import groupby
 
 from rich.text import Text
 
@@ -99,12 +100,18 @@ BUBBLE = "░"
 _STAGE_WORK = (S.FORWARD, S.BACKWARD, S.UPDATE, S.IO, S.H2D, S.OTHER)
 
 
-def pipeline_cells(cells: list[Cell]) -> Text:
+def pipeline_cells(cells: list[Cell], collective: list[bool] | None = None) -> Text:
     """A pipeline stage's lane: its own work (compute, data, other) as in ``lane_cells``, the
-    rest (blocked in communication: waiting on a neighbour's message; idle) as bubble ░."""
+    rest (blocked in communication: waiting on a neighbour's message; idle) as bubble ░.
+    ``collective``: per cell, whether a collective call of the stage (its data-parallel
+    all-reduce, say) runs there: its communication is drawn as communication, not bubble (as
+    the analysis leaves collectives out of the bubble)."""
     text = Text(no_wrap=True)
-    for cell, length in _runs(cells):
-        if cell is not None and cell[0] not in _STAGE_WORK:
+    marks = collective if collective is not None else [False] * len(cells)
+    keyed = [(c, m and c is not None and c[0] == S.COMM) for c, m in zip(cells, marks, strict=True)]
+    for (cell, in_collective), run in groupby(keyed):
+        length = sum(1 for _ in run)
+        if cell is not None and cell[0] not in _STAGE_WORK and not in_collective:
             text.append(BUBBLE * length, style="red")
         else:
             text.append_text(lane_cells([cell] * length))

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+import polars as pl
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -37,7 +39,9 @@ from textual.strip import Strip
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
+from traceview.analysis.crossrank import POINT_TO_POINT
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
+from traceview.model import schema as S
 from traceview.model.results import PathStretch, StepCollective
 from traceview.store.analysed import Run
 from traceview.tui.model import RunView, nice_ticks
@@ -132,6 +136,8 @@ class Timeline(ScrollView, can_focus=True):
         self.show_path = False
         self._paths: dict[int | None, list[PathStretch]] | None = None
         self.segment_index: int | None = None
+        # the pipeline view's collective calls per (rank, step): [start, end) on the rank's clock
+        self._spans: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] | None = None
 
     # --- data -------------------------------------------------------------------------------
 
@@ -139,6 +145,7 @@ class Timeline(ScrollView, can_focus=True):
         self.run, self.view = run, view
         self._collectives, self.collective_index = None, None
         self._paths, self.segment_index = None, None
+        self._spans = None
         # Start on a typical step: the first one not marked first, warm-up or slow.
         typical = [i for i, row in enumerate(view.steps) if not row.mark]
         self.step_index = typical[0] if typical else 0
@@ -328,6 +335,29 @@ class Timeline(ScrollView, can_focus=True):
         label = lane_role(lanes.lanes[row.lane].label)
         return Text("  " + label, style="reverse" if selected else "")
 
+    def _in_collective(self, rank: int, lo: int, hi: int, width: int) -> list[bool]:
+        """Per cell of a pipeline row, whether one of the rank's collective calls (not a
+        point-to-point one) runs at its middle."""
+        if self._spans is None:
+            self._spans = {}
+            if self.run is not None:
+                calls = pl.from_arrow(self.run.collectives)
+                assert isinstance(calls, pl.DataFrame)
+                calls = calls.filter(~pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
+                for (r, step), part in calls.group_by(S.RANK, S.STEP):
+                    self._spans[(int(r), step)] = (
+                        part[S.START_NS].to_numpy(),
+                        part[S.END_NS].to_numpy(),
+                    )
+        spans = self._spans.get((rank, self.step))
+        if spans is None or hi <= lo or width <= 0:
+            return [False] * max(width, 0)
+        mids = lo + (np.arange(width) + 0.5) * (hi - lo) / width
+        starts, ends = spans
+        inside = (mids[:, None] >= starts[None, :]) & (mids[:, None] < ends[None, :])
+        hit = np.asarray(inside.any(axis=1), bool)
+        return [bool(v) for v in hit]
+
     def _bar(self, row: Row, width: int) -> Text:
         lanes = self.cache.get((row.rank, self.step))
         if lanes is None:
@@ -340,7 +370,11 @@ class Timeline(ScrollView, can_focus=True):
         key = (row.rank, self.step, row.lane, lo, hi, width, self.pipeline)
         if key not in self._cells:
             binned = bin_lane(lanes.lanes[row.lane], lo, hi, width)
-            self._cells[key] = pipeline_cells(binned) if self.pipeline else lane_cells(binned)
+            self._cells[key] = (
+                pipeline_cells(binned, self._in_collective(row.rank, lo, hi, width))
+                if self.pipeline
+                else lane_cells(binned)
+            )
         cells = self._cells[key]
         if self.show_path and row.lane == 0 and not self.pipeline and hi > lo:
             cells = self._path_marked(cells, row.rank, lo, hi, width)
