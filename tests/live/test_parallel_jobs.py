@@ -493,7 +493,11 @@ def test_point_to_point_is_paired_and_fast(jobs: Any, name: str) -> None:
 def test_fast_ranks_wait_matches_their_timers(jobs: Any, name: str) -> None:
     """A rank's wait runs from the moment its program issued the all-reduce to the moment the
     last rank issued it (the timers around the calls, on one clock); the gloo worker thread's
-    later start is not transfer."""
+    later start is not transfer. The straggler is the rank the timers say the others waited
+    for: the one that waited least, itself last to issue (usually the slow rank; with more
+    ranks than cores a starved rank can arrive later still: a full run beside the fuzz tier
+    once had rank 0 wait 0.00 ms by its timers, the slow rank 2.9 ms). Where two ranks' waits
+    are within 1 ms of each other, either may be named."""
     job = jobs(name)
     slow = job.truth[0]["slow_rank"]
     counted = {s["step"] for s in job.report()["per_step"] if s.get("excluded") is None}
@@ -504,7 +508,9 @@ def test_fast_ranks_wait_matches_their_timers(jobs: Any, name: str) -> None:
         print(f"rank {t['rank']}: wait {got:.2f} ms, timers {t['wait']:.2f} ms "
               f"(blocked {t['blocked']:.2f} ms)")  # fmt: skip
         assert got == pytest.approx(t["wait"], rel=0.15, abs=1.0), (t, got)
-    assert job.report()["summary"]["straggler_rank"] == slow
+    least = truth.sort("wait").rows(named=True)
+    waited_for = [r["rank"] for r in least if r["wait"] < least[0]["wait"] + 1.0]
+    assert job.report()["summary"]["straggler_rank"] in waited_for, (least, waited_for)
 
 
 def _copy_traces(job: Job, out: Path, shift_us: dict[int, float]) -> Path:

@@ -173,6 +173,24 @@ class Run:
 
         return step_collectives(matched_table(self.collectives, self.cross))
 
+    def collective_spans(self) -> dict[tuple[int, int | None], list[tuple[int, int]]]:
+        """Per (rank, step), the [start, end) of each collective call that is not
+        point-to-point, on the rank's own clock (as its events are): what a pipeline view
+        draws as communication rather than bubble."""
+        import polars as pl
+
+        from traceview.analysis.crossrank import POINT_TO_POINT
+
+        calls = pl.from_arrow(self.collectives)
+        assert isinstance(calls, pl.DataFrame)
+        calls = calls.filter(~pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
+        spans: dict[tuple[int, int | None], list[tuple[int, int]]] = {}
+        for rank, step, start, end in calls.select(
+            S.RANK, S.STEP, S.START_NS, S.END_NS
+        ).iter_rows():
+            spans.setdefault((rank, step), []).append((start, end))
+        return spans
+
     def events(self, ranks: list[int] | None = None) -> pa.Table:
         """The events of ``ranks`` (all when None); a rank refused when the run was opened
         (its events unreadable, another run's, or behind a link out of the run directory) is

@@ -25,8 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-import polars as pl
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -39,9 +37,7 @@ from textual.strip import Strip
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
-from traceview.analysis.crossrank import POINT_TO_POINT
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
-from traceview.model import schema as S
 from traceview.model.results import PathStretch, StepCollective
 from traceview.store.analysed import Run
 from traceview.tui.model import RunView, nice_ticks
@@ -137,7 +133,7 @@ class Timeline(ScrollView, can_focus=True):
         self._paths: dict[int | None, list[PathStretch]] | None = None
         self.segment_index: int | None = None
         # the pipeline view's collective calls per (rank, step): [start, end) on the rank's clock
-        self._spans: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] | None = None
+        self._spans: dict[tuple[int, int | None], list[tuple[int, int]]] | None = None
 
     # --- data -------------------------------------------------------------------------------
 
@@ -339,24 +335,12 @@ class Timeline(ScrollView, can_focus=True):
         """Per cell of a pipeline row, whether one of the rank's collective calls (not a
         point-to-point one) runs at its middle."""
         if self._spans is None:
-            self._spans = {}
-            if self.run is not None:
-                calls = pl.from_arrow(self.run.collectives)
-                assert isinstance(calls, pl.DataFrame)
-                calls = calls.filter(~pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
-                for (r, step), part in calls.group_by(S.RANK, S.STEP):
-                    self._spans[(int(r), step)] = (
-                        part[S.START_NS].to_numpy(),
-                        part[S.END_NS].to_numpy(),
-                    )
-        spans = self._spans.get((rank, self.step))
-        if spans is None or hi <= lo or width <= 0:
+            self._spans = self.run.collective_spans() if self.run is not None else {}
+        spans = self._spans.get((rank, self.step), [])
+        if not spans or hi <= lo or width <= 0:
             return [False] * max(width, 0)
-        mids = lo + (np.arange(width) + 0.5) * (hi - lo) / width
-        starts, ends = spans
-        inside = (mids[:, None] >= starts[None, :]) & (mids[:, None] < ends[None, :])
-        hit = np.asarray(inside.any(axis=1), bool)
-        return [bool(v) for v in hit]
+        mids = (lo + (i + 0.5) * (hi - lo) / width for i in range(width))
+        return [any(start <= m < end for start, end in spans) for m in mids]
 
     def _bar(self, row: Row, width: int) -> Text:
         lanes = self.cache.get((row.rank, self.step))
