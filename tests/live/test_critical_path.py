@@ -138,35 +138,34 @@ class CriticalJob(Job):
             "rank", "tstep", ((pl.col("last") - pl.col("t0_ns")) / 1e6).alias("ms")
         )
 
-    def compute_ms(self) -> pl.DataFrame:
-        """Per rank, over the counted steps: mean and standard deviation of a step's forward
-        timer plus its backward compute (the update's timer also holds the profiler's step hook
-        and its trace export, so it is left out: a fraction of a ms of optimizer work)."""
+    def _step_compute(self) -> pl.DataFrame:
+        """Per rank and counted step: its forward timer plus its backward compute (the update's
+        timer also holds the profiler's step hook and its trace export, so it is left out: a
+        fraction of a ms of optimizer work)."""
         forward = self.recorded("forward").select("rank", "tstep", "ms")
-        per = (
+        return (
             pl.concat([forward, self.backward_compute()])
             .filter(pl.col("tstep").is_in(self.counted()))
             .group_by("rank", "tstep")
             .agg(pl.col("ms").sum())
         )
+
+    def compute_ms(self) -> pl.DataFrame:
+        """Per rank, over the counted steps: mean and standard deviation of a step's compute
+        (``_step_compute``)."""
         return (
-            per.group_by("rank")
+            self._step_compute()
+            .group_by("rank")
             .agg(pl.col("ms").mean().alias("mean"), pl.col("ms").std().alias("std"))
             .sort("rank")
         )
 
     def slowest_compute_ms(self) -> float:
-        """The mean over counted steps of the slowest rank's compute in that step (as
-        ``compute_ms``): what one step's path can hold of one rank's compute, at most. (A mean
-        of per-step maxima: above the largest rank's mean where ranks take turns.)"""
-        forward = self.recorded("forward").select("rank", "tstep", "ms")
-        per = (
-            pl.concat([forward, self.backward_compute()])
-            .filter(pl.col("tstep").is_in(self.counted()))
-            .group_by("rank", "tstep")
-            .agg(pl.col("ms").sum())
-        )
-        return float(per.group_by("tstep").agg(pl.col("ms").max())["ms"].mean() or 0.0)
+        """The mean over counted steps of the slowest rank's compute in that step: what one
+        step's path can hold of one rank's compute, at most. (A mean of per-step maxima: above
+        the largest rank's mean where ranks take turns.)"""
+        per = self._step_compute().group_by("tstep").agg(pl.col("ms").max())
+        return float(per["ms"].mean() or 0.0)
 
 
 @pytest.fixture(scope="module")
