@@ -424,9 +424,17 @@ def test_comm_by_group_counts_the_calls_per_phase(jobs: Any, name: str) -> None:
 @pytest.mark.parametrize("name", PIPELINES)
 def test_pipeline_stages_and_bubble_match_the_timers(jobs: Any, name: str) -> None:
     """Each stage's bubble within 15% of its timers (schedule wall time minus its own compute),
-    compute likewise; the schedule, micro-batches and the ideal bubble (p-1)/(m+p-1)."""
+    compute likewise; the schedule, micro-batches and the ideal bubble (p-1)/(m+p-1).
+
+    The timers and the trace part ways on one thing only: Python that runs no operator. Inside
+    a stage's forward or backward the timers count it as compute; between the schedule's actions
+    as bubble. The trace sees neither, so the report counts all of it as bubble and says how much
+    it was (the rank's idle, a few ms a step on loaded cores): the bubble is held to 15% of the
+    timers' plus that idle (a 9.4 ms bubble once read 10.9 ms beside 1.5 ms of such Python)."""
     job = jobs(name)
-    pipe = job.report()["pipeline"]
+    report = job.report()
+    pipe = report["pipeline"]
+    idle = {r["rank"]: r["breakdown_ms"]["idle"] for r in report["ranks"]}
     p, m = job.ranks, job.truth[0]["microbatches"]
     assert pipe["schedule"].lower() == job.truth[0]["args"]["schedule"].lower()
     assert pipe["microbatches"] == m
@@ -438,8 +446,13 @@ def test_pipeline_stages_and_bubble_match_the_timers(jobs: Any, name: str) -> No
         print(f"stage {s['stage']}: bubble {s['bubble_ms']:.2f} ms, timers {t['bubble']:.2f} ms; "
               f"compute {s['compute_ms']:.2f} / {t['compute']:.2f} ms; "
               f"ideal bubble fraction {pipe['ideal_bubble_fraction']:.3f}")  # fmt: skip
-        assert s["bubble_ms"] == pytest.approx(t["bubble"], rel=0.15, abs=1.0), (s, t)
-        assert s["compute_ms"] == pytest.approx(t["compute"], rel=0.15, abs=1.0), (s, t)
+        unplaced = sum(idle[r] for r in s["ranks"]) / len(s["ranks"])
+        assert abs(s["bubble_ms"] - t["bubble"]) <= max(0.15 * t["bubble"], 1.0) + unplaced, (
+            s, t, unplaced,
+        )  # fmt: skip
+        assert abs(s["compute_ms"] - t["compute"]) <= max(0.15 * t["compute"], 1.0) + unplaced, (
+            s, t, unplaced,
+        )  # fmt: skip
     measured = truth["bubble"].sum() / truth["schedule"].sum()
     assert pipe["bubble_fraction"] == pytest.approx(measured, rel=0.15, abs=0.02)
 
