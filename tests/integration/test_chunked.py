@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import SHARED, beyond_unit
+from tests.golden.cases import SAMPLE_CASES, shared_cases
 from tests.unit.test_chunked import (
     REPO,
     SAMPLES,
@@ -21,15 +23,18 @@ from tests.unit.test_chunked import (
     TRACES,
     _assert_recomputed_in_chunks,
     _assert_same_run,
+    _columns,
     _ingest,
     _record_slices,
     _wait_for_no_helpers,
     _without_markers,
 )
+from traceview.analysis import RANK_TABLES
 from traceview.ingest.large import chunked, sinks, spill
 from traceview.ingest.large import route as route_module
 from traceview.model import schema as S
 from traceview.store import rundir as R
+from traceview.store.analysed import ingest_run
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -473,3 +478,39 @@ def test_no_helper_process_can_start(tmp_path: Path, monkeypatch: pytest.MonkeyP
     _ingest(path, tmp_path / "parts", True, monkeypatch)
     assert how == ["one piece"] and threads == [1]
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
+# --- a reader's recompute: every rank a chunk at a time, whatever wrote it ------------------
+
+RECOMPUTED = {
+    name.removeprefix("report-"): [Path(p) for p in argv[2:]]
+    for name, argv in {**SAMPLE_CASES, **shared_cases()}.items()
+    if argv[0] == "report"
+}
+
+
+@pytest.mark.parametrize("inputs", RECOMPUTED.values(), ids=RECOMPUTED.keys())
+def test_a_readers_recompute_in_chunks_equals_the_ingests_tables(
+    inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an analysis change a reader recomputes each rank's tables from its events file a
+    chunk of steps at a time (``analysed._in_chunks``), for runs of every framework and format
+    (TensorFlow, MXNet and Chainer traces are read whole at ingest): the tables must be the
+    ones the ingest wrote, rank by rank."""
+    from traceview.store.analysed import _in_chunks
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.chdir(REPO)
+        ingest_run(inputs, run, jobs=1)
+    ranks = R.event_ranks(run)
+    assert ranks
+    for rank in ranks:
+        tables = _in_chunks(run, rank, R.read_memory(run, [rank]))
+        assert tables is not None, f"rank {rank} not recomputed in chunks"
+        for name in RANK_TABLES:
+            written = R.read_table(run / f"{name}.parquet").filter(
+                pc.equal(R.read_table(run / f"{name}.parquet").column(S.RANK), rank)
+            )
+            mine = S.conform(tables[name], written.schema)
+            assert _columns(mine) == _columns(written), f"rank {rank}: {name}.parquet differs"

@@ -83,7 +83,9 @@ def _ingest(
         if analysed_in_chunks:
             m.setattr(ChunkedAnalysis, "finish", finish)
             m.setattr(sinks.InWorker, "finish", in_process)
-        m.setenv("TRACEVIEW_CHUNKED_MIN_BYTES", "0" if chunks else str(1 << 60))
+        m.setenv("TRACEVIEW_WHOLE_RANK", "0" if chunks else "1")
+        # helper processes as a large trace has them (the samples are far below the size)
+        m.setenv("TRACEVIEW_HELPER_MIN_BYTES", "0")
         m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
         if piece is not None:
             m.setenv("TRACEVIEW_PIECE_ROWS", str(piece))
@@ -148,7 +150,6 @@ def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, row
 
     (rank,) = R.event_ranks(run)
     with monkeypatch.context() as m:
-        m.setenv("TRACEVIEW_CHUNKED_MIN_ROWS", "0")
         m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
         tables = _in_chunks(run, rank, R.read_memory(run, [rank]))
     assert tables is not None, "not analysed in chunks"

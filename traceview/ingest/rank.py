@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.ingest.discover import TraceFile, rank_status
-from traceview.ingest.large.chunked import normalize_chunked, wants_chunks
+from traceview.ingest.large.chunked import helper_pays, normalize_chunked, wants_chunks
 from traceview.ingest.large.sinks import ChunkSink
 from traceview.model import schema as S
 from traceview.model.errors import (
@@ -94,7 +94,8 @@ def ingest_rank(
     rules = rules_for(parser.framework, rules_path)
     clock = trace.clock  # read once, when the trace was identified
     offset = clock.offset_ns
-    if wants_chunks(trace.parser, trace.path, trace.size):
+    if wants_chunks(trace.parser):
+        helper = helper and helper_pays(trace.path, trace.size)
         part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started, helper)
         if isinstance(part, RankPartial):
             return part

@@ -312,20 +312,20 @@ def _cache(run: Path, tables: dict[str, pa.Table], key: bytes, seen: dict[str, R
 
 
 def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Table] | None:
-    """The analysis of a large rank (``readback.chunked_min_rows`` events or more) a chunk of
-    steps at a time, as ingest runs it (``analysis.parts``), without its events whole in
-    memory; None for a smaller rank (read whole), or a file whose ids are not its rows."""
+    """The analysis of a rank a chunk of steps at a time, as ingest runs it
+    (``analysis.parts``), without its events whole in memory; None for a file whose ids are
+    not its rows (read whole), or where ``readback.recompute_in_chunks`` says no."""
     from traceview.ingest.large.plan import chunk_rows
-    from traceview.ingest.large.readback import chunked_min_rows, events_in_chunks
+    from traceview.ingest.large.readback import events_in_chunks, recompute_in_chunks
     from traceview.ingest.large.trim import release_memory
 
     path = R.events_path(run, rank)
+    if not recompute_in_chunks():
+        return None
     try:
-        rows = R.parquet_file(path).metadata.num_rows
+        R.parquet_file(path)
     except (OSError, pa.ArrowException, BadInput):
         return None  # read whole, which says what is wrong with it
-    if rows < chunked_min_rows():
-        return None
     with tempfile.TemporaryDirectory(prefix="traceview-chunks-") as work:
         try:
             found = events_in_chunks(path, rank, Path(work), chunk_rows())

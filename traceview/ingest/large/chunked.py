@@ -1,7 +1,8 @@
 """Bounded-memory ingest of one large trace: normalize a rank in chunks of whole steps (a long
 step in pieces).
 
-A trace this large (``CHUNKED_MIN_BYTES``) is never whole in memory. Three passes:
+Every trace in a format that can be streamed (Kineto JSON) takes this path, whatever its size:
+a small trace is one chunk. A trace is never whole in memory. Three passes:
 
 1. **Spill.** The parser's record batches (``KinetoParser.stream``) are written as they are
    decoded to an Arrow IPC file in the run's staging folder, each row numbered (its event id,
@@ -81,25 +82,27 @@ from traceview.normalize.steps import NO_STEP_MARKERS
 from traceview.parsers import ParsedTrace
 from traceview.store import rundir as R
 
-#: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) are read in
-#: chunks; smaller ones whole. ``TRACEVIEW_CHUNKED_MIN_BYTES`` overrides it (tests: 0).
-CHUNKED_MIN_BYTES = 256 << 20
-
-
-#: The parsers whose traces can be streamed.
+#: The parsers whose traces are streamed, at every size (a small trace is one chunk).
 STREAMING_PARSERS = ("kineto",)
 
 
-def chunked_min_bytes() -> int:
-    return int(os.environ.get("TRACEVIEW_CHUNKED_MIN_BYTES", CHUNKED_MIN_BYTES))
+#: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) may use a
+#: helper process (reading the later part of the file, then analysing the chunks): it costs an
+#: interpreter and its imports, about a second of CPU, which a smaller trace does not repay.
+HELPER_MIN_BYTES = 64 << 20
 
 
-def wants_chunks(parser: str, path: Path, size: int) -> bool:
-    """Whether a trace is read in chunks: a streaming format, and large."""
-    if parser not in STREAMING_PARSERS:
-        return False
+def wants_chunks(parser: str) -> bool:
+    """Whether a trace is streamed in chunks: its format can be. ``TRACEVIEW_WHOLE_RANK=1``
+    reads every trace whole, as formats that cannot be streamed are: the tests' reference for
+    the chunks."""
+    return parser in STREAMING_PARSERS and os.environ.get("TRACEVIEW_WHOLE_RANK", "0") != "1"
+
+
+def helper_pays(path: Path, size: int) -> bool:
+    """Whether a trace is large enough for a helper process (``HELPER_MIN_BYTES``)."""
     weight = 8 if path.name.endswith(".gz") else 1
-    return size * weight >= chunked_min_bytes()
+    return size * weight >= int(os.environ.get("TRACEVIEW_HELPER_MIN_BYTES", HELPER_MIN_BYTES))
 
 
 @dataclass

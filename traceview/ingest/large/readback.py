@@ -36,16 +36,14 @@ from traceview.model.columns import (
 from traceview.normalize.phases import ANCHOR_PHASES
 from traceview.store import rundir as R
 
-#: Ranks with at least this many events have their analysis recomputed (a reader's, after an
-#: analysis change) a chunk at a time. ``TRACEVIEW_CHUNKED_MIN_ROWS`` overrides it (tests: 0).
-CHUNKED_MIN_ROWS = 2_000_000
-
-
 _READ_ROWS = 1 << 16
 
 
-def chunked_min_rows() -> int:
-    return int(os.environ.get("TRACEVIEW_CHUNKED_MIN_ROWS", CHUNKED_MIN_ROWS))
+def recompute_in_chunks() -> bool:
+    """Whether a reader's recompute of a rank's analysis (after an analysis change) reads its
+    events a chunk at a time, as ingest analyses them: always, unless ``TRACEVIEW_WHOLE_RANK=1``
+    (the tests' reference: read whole)."""
+    return os.environ.get("TRACEVIEW_WHOLE_RANK", "0") != "1"
 
 
 @dataclass
