@@ -594,7 +594,10 @@ def test_a_stage_missing_from_the_set_is_one_warning_and_the_rest_is_analysed(
     assert f"{2 * 16 * steps} point-to-point call(s)" in warning, warning
     pipe = report["pipeline"]
     assert pipe is not None and [s["stage"] for s in pipe["stages"]] == [0, 1, 3]
+    assert pipe["stage_count"] == 4
     assert pipe["microbatches"] == 8
+    text = run_cli("report", folder)
+    assert "pipeline: 4 stages (stage 2 without a trace) × 8 micro-batches" in text.out
     whole = {s["stage"]: s for s in job.report()["pipeline"]["stages"]}
     for s in pipe["stages"]:
         assert s["compute_ms"] == pytest.approx(whole[s["stage"]]["compute_ms"], rel=0.05)

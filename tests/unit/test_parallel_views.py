@@ -146,3 +146,22 @@ def _text(result: Any) -> str:
     out = io.StringIO()
     render_comparison(result, Console(file=out, width=100, no_color=True))
     return out.getvalue()
+
+
+def test_a_pipeline_with_a_stage_without_a_trace_counts_it_in_its_depth() -> None:
+    """Four stages, stage 2's trace missing: three are listed, the header says four and names
+    the one without a trace (not "3 stages"); a pipeline read whole says nothing more."""
+    from traceview.views.style import pipeline_text
+
+    whole = pipeline_report().pipeline
+    assert whole is not None
+    assert pipeline_text(whole).plain.startswith("pipeline: 2 stages × 4 micro-batches (GPipe);")
+    stage = whole.stages[0]
+    listed = [msgspec.structs.replace(stage, stage=k, ranks=[k]) for k in (0, 1, 3)]
+    missing = msgspec.structs.replace(whole, stages=listed, stage_count=4)
+    assert missing.depth == 4 and missing.untraced == [2]
+    text = pipeline_text(missing).plain
+    assert text.startswith("pipeline: 4 stages (stage 2 without a trace) × 4 micro-batches"), text
+    assert [line.split(" (")[0].strip() for line in text.splitlines()[1:]] == [
+        "stage 0", "stage 1", "stage 3",
+    ]  # fmt: skip

@@ -167,6 +167,7 @@ def detect_pipeline(
         slowest_stage=slowest.stage,
         slowest_phase=slowest_phase,
         slowest_phase_ratio=ratio,
+        stage_count=p,
     ), warnings
 
 

@@ -598,6 +598,17 @@ class Pipeline(Result):
     slowest_stage: int  # the most compute
     slowest_phase: StragglerPhase | None  # where it spends its extra time over the others
     slowest_phase_ratio: float | None  # that phase on the slowest stage over the others' median
+    stage_count: int = 0  # the pipeline's stages, each with a trace or not (0: those listed)
+
+    @property
+    def depth(self) -> int:
+        """The number of stages, those without a trace included."""
+        return self.stage_count or len(self.stages)
+
+    @property
+    def untraced(self) -> list[int]:
+        """The stages none of whose ranks has a trace."""
+        return sorted(set(range(self.depth)) - {s.stage for s in self.stages})
 
 
 class CollectiveSummary(Result):

@@ -471,7 +471,7 @@ class Timeline(ScrollView, can_focus=True):
         pipeline = self.view.report.pipeline
         if pipeline is not None and self.pipeline:
             text.append(
-                f" · pipeline {pipeline.schedule}, {len(pipeline.stages)} stages × "
+                f" · pipeline {pipeline.schedule}, {pipeline.depth} stages × "
                 f"{pipeline.microbatches:g} micro-batches: bubble {pct(pipeline.bubble_fraction)}"
                 f" (ideal {pct(pipeline.ideal_bubble_fraction)}; p: ranks)"
             )

@@ -246,8 +246,16 @@ def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
 def pipeline_text(pipeline: Pipeline) -> Text:
     """The stages, one line each."""
     p = len(pipeline.stages)
+    untraced = pipeline.untraced
+    without = (
+        f" (stage{'s' if len(untraced) > 1 else ''} {', '.join(map(str, untraced[:8]))}"
+        f"{' ...' if len(untraced) > 8 else ''} without a trace)"
+        if untraced
+        else ""
+    )
     text = Text(
-        f"pipeline: {p} stages × {pipeline.microbatches:g} micro-batches ({pipeline.schedule}); "
+        f"pipeline: {pipeline.depth} stages{without} × {pipeline.microbatches:g} micro-batches "
+        f"({pipeline.schedule}); "
         f"bubble {pct(pipeline.bubble_fraction)} of the stages' time, ideal for equal stages "
         f"{pct(pipeline.ideal_bubble_fraction)}"
     )
