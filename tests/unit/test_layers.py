@@ -26,6 +26,7 @@ package is given its wall when it is made. And no import cycle among product mod
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -270,3 +271,28 @@ def test_rank_side_collectors_import_only_the_standard_library_and_the_framework
         and target != "__future__"
     ]
     assert not out, f"{module} would import {out} inside the user's job"
+
+
+def test_an_ingest_and_its_analysis_never_import_pandas_yet_to_pandas_works() -> None:
+    """pyarrow imports pandas (where installed: half a second and more) on its first array,
+    only to ask whether its input is a pandas object; traceview skips that probe
+    (``schema._skip_pandas_probe``). In a fresh interpreter: a sample trace ingested and
+    analysed, and no pandas imported; asked for pandas, pyarrow still gives it."""
+    pytest.importorskip("pandas")
+    code = """
+import sys, tempfile
+from pathlib import Path
+from traceview.store.analysed import ingest_run
+trace = Path("sample_traces/pytorch/ddp/rank-0.pt.trace.json.gz")
+with tempfile.TemporaryDirectory() as out:
+    ingest_run([trace], Path(out) / "run", jobs=1)
+assert "pandas" not in sys.modules, "pandas imported"
+import pyarrow as pa
+frame = pa.table({"a": [1, None]}).to_pandas()
+assert type(frame).__module__.startswith("pandas"), type(frame)
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -6,9 +6,37 @@ so a rename happens here and nowhere else. Units are part of the names (``ts_ns`
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
 import pyarrow as pa
+
+
+def _skip_pandas_probe() -> None:
+    """pyarrow imports pandas, where it is installed, the first time it converts Python values
+    or asks whether an input is a pandas object (half a second and more of every command);
+    traceview never hands it one. Those first probes are made with pandas out of reach, so
+    pyarrow takes it as absent; it still imports pandas when asked for it (``to_pandas``)."""
+    if "pandas" in sys.modules:
+        return  # (already paid for)
+
+    class _Unreachable:
+        def find_spec(self, name: str, *_: object) -> None:
+            if name == "pandas" or name.startswith("pandas."):
+                raise ImportError(name)
+
+    blocker = _Unreachable()
+    sys.meta_path.insert(0, blocker)
+    try:
+        pa.lib._pandas_api.have_pandas  # noqa: B018 (the probe of array-like inputs)
+        pa.array([0])  # (and of Python values: pandas' NA)
+    except Exception:  # (a pyarrow without these: nothing to skip)
+        pass
+    finally:
+        sys.meta_path.remove(blocker)
+
+
+_skip_pandas_probe()
 
 SCHEMA_VERSION: Final = "1"
 SCHEMA_VERSION_KEY: Final = b"traceview.schema_version"
