@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import sys
 import traceback
 
 from traceview import __version__
 from traceview.commands import all_commands
-from traceview.model.errors import TraceviewError, cannot_write
+from traceview.model.errors import TraceviewError, cannot_write, no_room
 from traceview.model.escape import safe
 
 #: The documentation page of each subcommand (a page of the site built from docs/ by mkdocs).
@@ -82,10 +81,6 @@ def _return_memory_promptly() -> None:
     pa.set_memory_pool(pa.system_memory_pool())
 
 
-#: Errors that say the output has no room, whichever file it was.
-_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
-
-
 def _discard_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's final flush of what could not be written
     does not fail a second time at exit."""
@@ -125,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         _discard_stdout()
         return 0
     except Exception as exc:  # an internal error: one line unless asked for the traceback
-        if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+        if isinstance(exc, OSError) and no_room(exc):
             # Output that does not fit (stdout redirected to a full disk, a file-size limit):
             # the environment, not traceview; the files traceview writes itself name their path.
             _discard_stdout()

@@ -310,7 +310,7 @@ def _startup(events: pa.Table | Path, steps: pa.Table | None) -> dict[str, int]:
         return {}
     first_step = pc.min(steps.column(S.START_NS)).as_py()
     frame = (
-        pl.scan_parquet(events)
+        pl.scan_parquet(events, glob=False)  # (a folder name may hold [ or *)
         if isinstance(events, Path)
         else pl.from_arrow(events.select([S.KIND, S.TS_NS])).lazy()  # type: ignore[union-attr]
     )

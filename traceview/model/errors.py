@@ -24,15 +24,29 @@ class OutputError(TraceviewError):
     a file where a folder should be."""
 
 
+def _errno(exc: OSError) -> int | None:
+    import re
+
+    if exc.errno is not None:
+        return exc.errno
+    # Arrow's OSError gives the errno only in its text: "[errno 27] ..."
+    found = re.search(r"\[errno (\d+)\]", str(exc))
+    return int(found.group(1)) if found else None
+
+
+def no_room(exc: OSError) -> bool:
+    """Whether a write failed for want of room: a full disk or quota, a file-size limit, a
+    read-only file system (the place, not the data)."""
+    import errno
+
+    return _errno(exc) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
 def cannot_write(path: object, exc: OSError) -> OutputError:
     """One line naming what could not be written and the system's reason."""
     import os
-    import re
 
-    code = exc.errno
-    if code is None:  # Arrow's OSError gives the errno only in its text: "[errno 27] ..."
-        found = re.search(r"\[errno (\d+)\]", str(exc))
-        code = int(found.group(1)) if found else None
+    code = _errno(exc)
     reason = os.strerror(code) if code else (exc.strerror or str(exc))
     where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
     return OutputError(f"{path}: cannot write: {reason}{where}")

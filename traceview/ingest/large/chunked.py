@@ -74,7 +74,7 @@ from traceview.model import schema as S
 from traceview.model.columns import (
     ints,
 )
-from traceview.model.errors import Notes
+from traceview.model.errors import Notes, cannot_write, no_room
 from traceview.normalize.classify import STRAY_NS
 from traceview.normalize.pipeline import ChunkContext, RankMeta, normalize_chunk
 from traceview.normalize.rules import RuleSet
@@ -139,11 +139,15 @@ def normalize_chunked(
     helper = helper and free_core()
     work = run / f".chunks-rank-{meta.rank}"
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     try:
+        work.mkdir(parents=True)
         return _normalize_chunked(
             parser, path, rules, meta, run, offset_ns, work, sink, helper, preload
         )
+    except OSError as exc:
+        if no_room(exc):  # the spilled and routed rows beside the run, on a full disk
+            raise cannot_write(run, exc) from None
+        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
