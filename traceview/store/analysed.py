@@ -323,9 +323,11 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
     if not recompute_in_chunks():
         return None
     try:
-        R.parquet_file(path)
+        schema = R.parquet_file(path).schema_arrow
     except (OSError, pa.ArrowException, BadInput):
         return None  # read whole, which says what is wrong with it
+    if not _written_by_traceview(schema):
+        return None  # (likewise)
     with tempfile.TemporaryDirectory(prefix="traceview-chunks-") as work:
         try:
             found = events_in_chunks(path, rank, Path(work), chunk_rows())
@@ -340,6 +342,13 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
             analysis.add(*chunk)
             release_memory()
         return analysis.finish()
+
+
+def _written_by_traceview(schema: pa.Schema) -> bool:
+    """Whether an events file holds exactly the columns traceview writes, of the same types: the
+    chunks read back take it as it is (a reader whole conforms it, or says what is wrong)."""
+    wanted = {f.name: f.type for f in S.EVENTS_SCHEMA if f.name != S.RANK}
+    return {f.name: f.type for f in schema} == wanted
 
 
 #: How often a run directory that an ingest keeps replacing is read again before giving up.

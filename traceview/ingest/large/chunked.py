@@ -145,8 +145,8 @@ def normalize_chunked(
             parser, path, rules, meta, run, offset_ns, work, sink, helper, preload
         )
     except OSError as exc:
-        if no_room(exc):  # the spilled and routed rows beside the run, on a full disk
-            raise cannot_write(run, exc) from None
+        if no_room(exc):  # the rank's events on their way (spilled, routed), on a full disk
+            raise cannot_write(R.events_path(run, meta.rank), exc) from None
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
