@@ -97,14 +97,30 @@ class PathPiece:
     dur_ns: int
 
 
+#: The columns of a walked path's pieces (``WalkedPath.frame``), in time order.
+PIECE_COLUMNS = {
+    "rank": pl.Int32,
+    "phase": pl.String,
+    "op": pl.String,
+    "kind": pl.String,
+    "start_ns": pl.Int64,
+    "dur_ns": pl.Int64,
+}
+
+
 @dataclass
 class WalkedPath:
     step: int
     start_ns: int  # the job's step: first rank's start ...
     end_ns: int  # ... to the last rank's end
-    pieces: list[PathPiece]
+    frame: pl.DataFrame  # its pieces in time order (PIECE_COLUMNS): a rank's own stretch
+    # of thousands of segments is built as columns, never one object per piece
     complete: bool
     reason: str | None
+
+    @property
+    def pieces(self) -> list[PathPiece]:
+        return [PathPiece(*row) for row in self.frame.iter_rows()]
 
 
 def _composite(rank: np.ndarray, t: np.ndarray, t0: int, span: int) -> np.ndarray:
@@ -519,10 +535,72 @@ class _Labels:
             encoded = encoded.combine_chunks()
         self.codes = np.asarray(encoded.indices.fill_null(-1), np.int64)
         self.values = encoded.dictionary.to_pylist()
+        # (by code, with None last: code -1 reads it)
+        self.table = np.array([*self.values, None], dtype=object)
 
     def __getitem__(self, i: int) -> str | None:
         code = int(self.codes[i])
         return self.values[code] if code >= 0 else None
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The labels of ``rows``, as an object array."""
+        return self.table[self.codes[rows]]
+
+
+class _Pieces:
+    """A path's pieces as the walk finds them, latest first: single pieces, and runs of a
+    rank's own items (kept as index ranges); ``frame`` lays them out as columns in time
+    order."""
+
+    def __init__(self, start: np.ndarray, end: np.ndarray, labels: tuple[_Labels, ...]):
+        self.start, self.end = start, end
+        self.phase, self.kind, self.op = labels
+        self.blocks: list[PathPiece | tuple[int, int, int, int]] = []
+
+    def append(self, piece: PathPiece) -> None:
+        self.blocks.append(piece)
+
+    def own(self, rank: int, first: int, last: int, until: int) -> None:
+        """Items ``first``..``last`` of ``rank``, the last one cut at ``until``."""
+        self.blocks.append((rank, first, last, until))
+
+    def frame(self) -> pl.DataFrame:
+        ranks, starts, durs, phases, ops, kinds = [], [], [], [], [], []
+        for block in reversed(self.blocks):
+            if isinstance(block, PathPiece):
+                ranks.append(np.array([block.rank], np.int64))
+                starts.append(np.array([block.start_ns], np.int64))
+                durs.append(np.array([block.dur_ns], np.int64))
+                phases.append(np.array([block.phase], dtype=object))
+                ops.append(np.array([block.op], dtype=object))
+                kinds.append(np.array([block.kind], dtype=object))
+                continue
+            rank, first, last, until = block
+            rows = np.arange(first, last + 1)
+            start = self.start[rows].astype(np.int64)
+            end = self.end[rows].astype(np.int64)
+            end[-1] = until
+            kind = self.kind.take(rows)
+            kind = np.where(kind == S.SEGMENT_COMM, TRANSFER, kind)
+            ranks.append(np.full(len(rows), rank, np.int64))
+            starts.append(start)
+            durs.append(end - start)
+            phases.append(self.phase.take(rows))
+            ops.append(self.op.take(rows))
+            kinds.append(np.array([str(k) for k in kind], dtype=object) if None in kind else kind)
+        if not ranks:
+            return pl.DataFrame(schema=PIECE_COLUMNS)
+        columns = {
+            "rank": np.concatenate(ranks),
+            "phase": np.concatenate(phases).tolist(),
+            "op": np.concatenate(ops).tolist(),
+            "kind": np.concatenate(kinds).tolist(),
+            "start_ns": np.concatenate(starts),
+            "dur_ns": np.concatenate(durs),
+        }
+        return pl.DataFrame(
+            {name: pl.Series(name, columns[name], dtype) for name, dtype in PIECE_COLUMNS.items()}
+        )
 
 
 def critical_paths(graph: Graph) -> list[WalkedPath]:
@@ -573,7 +651,7 @@ def critical_paths(graph: Graph) -> list[WalkedPath]:
         if s not in job_of:
             continue
         job_start, job_end, last_rank = (int(v) for v in job_of[s])
-        pieces: list[PathPiece] = []
+        pieces = _Pieces(start, end, (phase, kind, op))
         reason = graph.unmatched_steps.get(s)
         r, t = last_rank, job_end
         guard = 0
@@ -600,22 +678,14 @@ def critical_paths(graph: Graph) -> list[WalkedPath]:
             k = int(call[i])
             if k < 0:  # the rank's own items back to its last wait (or its step's start)
                 first = max(lo, int(last_wait[i - 1]) + 1) if i > lo else lo
-                for j in range(i, first - 1, -1):
-                    until = t if j == i else int(end[j])
-                    piece_kind = TRANSFER if kind[j] == S.SEGMENT_COMM else str(kind[j])
-                    pieces.append(
-                        PathPiece(
-                            r, phase[j], op[j], piece_kind, int(start[j]), until - int(start[j])
-                        )
-                    )
+                pieces.own(r, first, i, t)
                 t = int(start[first])
                 continue
             # a piece waiting for call k: its transfer, then what the call waited for
             t, r, done = _through_call(k, c, c_op, r, t, int(start[i]), pieces, phase[i])
             if done:
                 continue
-        pieces.reverse()
-        paths.append(WalkedPath(s, job_start, job_end, pieces, reason is None, reason))
+        paths.append(WalkedPath(s, job_start, job_end, pieces.frame(), reason is None, reason))
     return paths
 
 
@@ -626,7 +696,7 @@ def _through_call(
     r: int,
     t: int,
     seg_start: int,
-    pieces: list[PathPiece],
+    pieces: _Pieces,
     phase: str | None,
 ) -> tuple[int, int, bool]:
     """Walk back through the call a waiting piece [seg_start, t) waits for: the call's transfer,
@@ -776,24 +846,20 @@ class PathCache(Protocol):
 _OWN = (*_COMPUTING, LATE_START)
 
 
-def _blame_rows(paths: list[WalkedPath]) -> pl.DataFrame:
-    rows = [
-        (p.step, x.rank, x.phase, x.kind, x.op, x.dur_ns)
+def _pieces_of(paths: list[WalkedPath]) -> pl.DataFrame:
+    """Every piece of ``paths`` that lasts, with its path's step (null: the one window)."""
+    frames = [
+        p.frame.with_columns(pl.lit(None if p.step == NO_STEP else p.step, pl.Int64).alias("step"))
         for p in paths
-        for x in p.pieces
-        if x.dur_ns > 0
     ]
-    return pl.DataFrame(
-        rows,
-        schema={
-            "step": pl.Int64,
-            "rank": pl.Int32,
-            "phase": pl.String,
-            "kind": pl.String,
-            "op": pl.String,
-            "ns": pl.Int64,
-        },
-        orient="row",
+    if not frames:
+        return pl.DataFrame(schema={**PIECE_COLUMNS, "step": pl.Int64})
+    return pl.concat(frames).filter(pl.col("dur_ns") > 0)
+
+
+def _blame_rows(paths: list[WalkedPath]) -> pl.DataFrame:
+    return _pieces_of(paths).select(
+        pl.col("step").fill_null(NO_STEP), "rank", "phase", "kind", "op", pl.col("dur_ns").alias("ns")
     )
 
 
@@ -893,8 +959,9 @@ def explain(
     blame = _blame(df, n, mean_step_ms, median_phase_ms)
     per_step = {}
     every = _blame_rows(walked)
+    by_step = every.partition_by("step", as_dict=True)
     for p in walked:
-        mine = every.filter(pl.col("step") == p.step)
+        mine = by_step.get((p.step,), every.clear())
         ms = step_ns[p.step] / 1e6
         per_step[p.step] = StepPath(
             step_ms=round(ms, 3),
@@ -1012,18 +1079,20 @@ def path_table(segments: pa.Table, matched: Matched, steps: list[int | None]) ->
     """Every piece of the critical path of each of ``steps`` (schema.CRITICAL_PATH_SCHEMA)."""
     graph = build_graph(segments, matched, steps)
     paths = critical_paths(graph) if graph is not None else []
-    rows = [
-        (None if p.step == NO_STEP else p.step, x.rank, x.start_ns, x.dur_ns, x.phase, x.kind, x.op)
-        for p in paths
-        for x in p.pieces
-        if x.dur_ns > 0
-    ]
-    names = S.CRITICAL_PATH_SCHEMA.names
-    columns: list[list[object]] = [[row[i] for row in rows] for i in range(len(names))]
+    pieces = _pieces_of(paths).select(
+        pl.col("step").alias(S.STEP),
+        pl.col("rank").alias(S.RANK),
+        pl.col("start_ns").alias(S.START_NS),
+        pl.col("dur_ns").alias(S.DUR_NS),
+        pl.col("phase").alias(S.PHASE),
+        pl.col("kind").alias(S.KIND),
+        pl.col("op").alias(S.OP),
+    )
+    table = pieces.to_arrow()
     return pa.table(
         {
-            name: pa.array(col, S.CRITICAL_PATH_SCHEMA.field(name).type)
-            for name, col in zip(names, columns, strict=True)
+            name: table.column(name).cast(S.CRITICAL_PATH_SCHEMA.field(name).type)
+            for name in S.CRITICAL_PATH_SCHEMA.names
         },
         schema=S.CRITICAL_PATH_SCHEMA,
     )
