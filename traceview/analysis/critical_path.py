@@ -859,7 +859,12 @@ def _pieces_of(paths: list[WalkedPath]) -> pl.DataFrame:
 
 def _blame_rows(paths: list[WalkedPath]) -> pl.DataFrame:
     return _pieces_of(paths).select(
-        pl.col("step").fill_null(NO_STEP), "rank", "phase", "kind", "op", pl.col("dur_ns").alias("ns")
+        pl.col("step").fill_null(NO_STEP),
+        "rank",
+        "phase",
+        "kind",
+        "op",
+        pl.col("dur_ns").alias("ns"),
     )
 
 

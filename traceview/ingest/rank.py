@@ -19,6 +19,7 @@ from traceview.ingest.discover import TraceFile, rank_status
 from traceview.ingest.large.chunked import helper_pays, normalize_chunked, wants_chunks
 from traceview.ingest.large.sinks import ChunkSink
 from traceview.model import schema as S
+from traceview.model.columns import KIND_CODE, WORK, coded, ints
 from traceview.model.errors import (
     BadInput,
     Notes,
@@ -148,7 +149,7 @@ def ingest_rank(
     found["steps_from"] = normalized.steps_from
     if normalized.inferred is not None and normalized.inferred.warmup and normalized.steps:
         found["warmup_steps"] = normalized.inferred.warmup
-    found.update(_startup(normalized.events, tables.get("steps")))
+    found.update(_startup(_first_call(normalized.events), tables.get("steps")))
     info = RankIngest(
         rank=trace.rank,
         source=str(trace.path),
@@ -253,7 +254,7 @@ def _ingest_chunked(
         meta={
             **parsed.meta,
             "steps_from": "markers" if done.steps else "one_window",
-            **_startup(R.events_path(run, trace.rank), tables.get("steps")),
+            **_startup(done.first_call_ns, tables.get("steps")),
         },
         seconds=round(time.perf_counter() - started, 3),
     )
@@ -298,29 +299,20 @@ def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table
     return S.conform(records, S.MEMORY_SCHEMA)
 
 
-def _startup(events: pa.Table | Path, steps: pa.Table | None) -> dict[str, int]:
+def _first_call(events: pa.Table) -> int | None:
+    """The start of the rank's first host call (``columns.WORK``)."""
+    calls = WORK[coded(events.column(S.KIND), KIND_CODE)]
+    return int(ints(events.column(S.TS_NS), 0)[calls].min()) if calls.any() else None
+
+
+def _startup(first_call: int | None, steps: pa.Table | None) -> dict[str, int]:
     """``startup_ns``: the rank's time from its first host call (an operator, runtime call,
     annotation or Python frame; not the profiler's own records) to its first step (one-time
     startup: CUDA context creation, first allocations, lazy initialization; outside every step);
-    none where the rank has no numbered step. ``events``: the table, or its Parquet file (read
-    as a stream: two columns, one figure)."""
-    import polars as pl
-
+    none where the rank has no numbered step."""
     if steps is None or steps.num_rows == 0 or steps.column(S.STEP).null_count:
         return {}
     first_step = pc.min(steps.column(S.START_NS)).as_py()
-    frame = (
-        pl.scan_parquet(events, glob=False)  # (a folder name may hold [ or *)
-        if isinstance(events, Path)
-        else pl.from_arrow(events.select([S.KIND, S.TS_NS])).lazy()  # type: ignore[union-attr]
-    )
-    work = (S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION, S.KIND_PYTHON)  # not the profiler's own
-    first = (
-        frame.filter(pl.col(S.KIND).cast(pl.String).is_in(work))
-        .select(pl.col(S.TS_NS).min())
-        .collect()
-        .item()
-    )
-    if first_step is None or first is None:
+    if first_step is None or first_call is None:
         return {}
-    return {"startup_ns": max(int(first_step) - int(first), 0)}
+    return {"startup_ns": max(int(first_step) - first_call, 0)}

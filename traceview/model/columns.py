@@ -35,6 +35,9 @@ STRUCTURAL = kind_table(S.STRUCTURAL_KINDS)
 TIMED = HOST_TREE | DEVICE
 #: Operators, runtime calls and regions: the kinds ``outermost_operators`` weighs.
 OPERATOR = kind_table((S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION))
+#: The host's own calls (operators, runtime calls, regions, Python frames; not the profiler's
+#: records): the first of them starts the rank's startup.
+WORK = kind_table((S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION, S.KIND_PYTHON))
 
 
 def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:

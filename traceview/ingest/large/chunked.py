@@ -72,6 +72,9 @@ from traceview.ingest.large.trim import release_memory
 from traceview.ingest.large.writer import EventsWriter, with_self
 from traceview.model import schema as S
 from traceview.model.columns import (
+    KIND_CODE,
+    WORK,
+    coded,
     ints,
 )
 from traceview.model.errors import Notes, cannot_write, no_room
@@ -116,6 +119,7 @@ class ChunkedRank:
     steps: int
     notes: Notes = field(default_factory=Notes)
     sink: ChunkSink | None = None  # the sink the chunks went to
+    first_call_ns: int | None = None  # its first host call's start (``WORK``), as written
 
 
 def normalize_chunked(
@@ -261,7 +265,7 @@ def _normalize_routed(
         sink = start_sink(plan)
         try:
             with EventsWriter(R.events_path(run, meta.rank)) as out:
-                devices, unlinked, training = _normalize_chunks(
+                devices, unlinked, training, first_call = _normalize_chunks(
                     plan, work, shift, rules, meta, sink, notes, out
                 )
                 if training != plan.training:
@@ -289,6 +293,7 @@ def _normalize_routed(
         steps=len(plan.starts),
         notes=_unique_notes(notes),
         sink=sink,
+        first_call_ns=first_call,
     )
 
 
@@ -301,14 +306,15 @@ def _normalize_chunks(
     sink: Background | None,
     notes: Notes,
     out: EventsWriter,
-) -> tuple[int, int, tuple[int, int]]:
+) -> tuple[int, int, tuple[int, int], int | None]:
     """Pass 3: each routed chunk normalized, its closed rows written to ``out`` and handed to
-    ``sink``; the device activities seen, how many of them have no launching call, and the
+    ``sink``; the device activities seen, how many of them have no launching call, the
     training thread (without step markers: the one the call trees name, as
     ``normalize.find_steps`` finds it; the chunks' files are then kept, should it not be the
-    guessed one)."""
+    guessed one), and the start of the first host call (``WORK``)."""
     chunks = len(plan.bounds) + 1
     devices = unlinked = 0
+    first_call: int | None = None
     thread_time = ThreadTime() if plan.whole is not None else None
 
     carry_raw: pa.Table | None = None
@@ -347,6 +353,10 @@ def _normalize_chunks(
         ts = ints(events.column(S.TS_NS), 0)
         parent = result.parent
         is_own = np.arange(n) >= carried
+        calls = WORK[coded(events.column(S.KIND), KIND_CODE)] & is_own
+        if calls.any():
+            here = int(ts[calls].min())
+            first_call = here if first_call is None else min(first_call, here)
         if thread_time is not None:
             host = np.flatnonzero(result.host_tree & is_own)
             thread_time.add(
@@ -415,7 +425,7 @@ def _normalize_chunks(
     if sink is not None:
         sink.close()  # its last windows are analysed while the events file is finished
     training = thread_time.training() if thread_time is not None else None
-    return devices, unlinked, training or plan.training
+    return devices, unlinked, training or plan.training, first_call
 
 
 def _unique_notes(notes: Notes) -> Notes:
