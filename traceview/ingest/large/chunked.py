@@ -92,7 +92,7 @@ STREAMING_PARSERS = ("kineto",)
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) may use a
 #: helper process (reading the later part of the file, then analysing the chunks): it costs an
 #: interpreter and its imports, about a second of CPU, which a smaller trace does not repay.
-HELPER_MIN_BYTES = 64 << 20
+HELPER_MIN_BYTES = 256 << 20
 
 
 def wants_chunks(parser: str) -> bool:
