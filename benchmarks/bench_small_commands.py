@@ -52,6 +52,16 @@ def measure(argv: list[str]) -> dict[str, Any]:
     return got
 
 
+def _unplaced(arg: str) -> str:
+    """An argument as the results name it: a path outside the repository by its last parts."""
+    path = Path(arg)
+    if not path.is_absolute():
+        return arg
+    if path.is_relative_to(REPO):
+        return str(path.relative_to(REPO))
+    return str(Path(*path.parts[-3:])) if len(path.parts) > 3 else path.name
+
+
 def one(python: str, command: str, trace: Path, run: Path) -> dict[str, float]:
     if command == "ingest":
         shutil.rmtree(run, ignore_errors=True)
@@ -70,6 +80,7 @@ def one(python: str, command: str, trace: Path, run: Path) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="python of the other install")
+    p.add_argument("--before-label", default="another install", help="what it is (a commit)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--big", type=Path, nargs="*", default=[], help="large trace folders too")
     p.add_argument("--out", type=Path, default=HERE / "results" / "small_commands")
@@ -79,7 +90,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-small-") as tmp:
         for trace in traces:
-            name = str(trace.relative_to(REPO)) if trace.is_relative_to(REPO) else str(trace)
+            # (a path of this machine means nothing in a clone: a folder elsewhere by its name)
+            name = str(trace.relative_to(REPO)) if trace.is_relative_to(REPO) else trace.name
             runs: dict[tuple[str, str], list[dict[str, float]]] = {}
             for i in range(args.repeat):
                 order = list(installs.items())
@@ -105,10 +117,12 @@ def main() -> int:
                     }
                 )
                 print(f"{name:40} {label:10} {command:7} {rows[-1]['wall_s']:7.2f} s", flush=True)
+    command = [Path(sys.executable).name, *(_unplaced(a) for a in sys.argv)]
     info = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join(command),
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
         "repeat": args.repeat,
+        "before": args.before_label,
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +132,7 @@ def main() -> int:
         "",
         f"Machine: {info['machine']}; median of {args.repeat} runs per install, alternated, "
         "each a fresh process (interpreter start and imports included); RSS: peak of the "
-        "process tree.",
+        "process tree. Before: " + args.before_label + ".",
         "",
         "| trace | command | this tree s | before s | this tree CPU s | before CPU s "
         "| this tree MB | before MB |",

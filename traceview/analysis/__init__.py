@@ -43,29 +43,21 @@ RANK_TABLES = (
 
 
 def _rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
-    from traceview.analysis.attribution import (
-        breakdown,
-        comm_intervals,
-        rank_timeline,
-        timeline_segments,
-    )
-    from traceview.analysis.collectives import collective_calls
-    from traceview.analysis.gpu import gpu_steps, launch_stats
-    from traceview.analysis.memory import memory_steps
-    from traceview.analysis.ops import op_stats
+    """The whole rank as one part of ``analysis.parts``: the same code a rank read in chunks
+    takes, its facts found over the whole rank (so they hold)."""
+    import numpy as np
 
-    timeline = rank_timeline(events)
-    steps = breakdown(events, timeline)
-    return {
-        "steps": steps,
-        "ops": op_stats(events),
-        "collectives": collective_calls(events),
-        "comm": comm_intervals(events, timeline),
-        "gpu": gpu_steps(events, timeline),
-        "launches": launch_stats(events, timeline),
-        "memory_steps": memory_steps(events, memory, steps),
-        "segments": timeline_segments(events, timeline),
-    }
+    from traceview.analysis.attribution import whole_rank_part
+    from traceview.analysis.parts import EVERYWHERE, ChunkedAnalysis
+
+    training, gpu, elsewhere, whole = whole_rank_part(events)
+    analysis = ChunkedAnalysis(memory, training, gpu, elsewhere, whole)
+    every = np.ones(events.num_rows, bool)
+    analysis.add(events, every, every, -EVERYWHERE, EVERYWHERE)
+    tables = analysis.finish()
+    if tables is None:  # (facts found over the whole rank hold by construction)
+        raise RuntimeError("the whole rank's facts did not hold for its analysis")
+    return tables
 
 
 class RankTables:

@@ -419,6 +419,34 @@ def backward_elsewhere(ev: EventArrays, host: np.ndarray, training: tuple[int, i
     return bool((host & ~on_training & backward & ~STRUCTURAL[ev.kind]).any())
 
 
+def whole_rank_part(
+    events: pa.Table,
+) -> tuple[tuple[int, int] | None, bool, bool, tuple[int, int] | None]:
+    """What ``rank_timeline`` finds over a whole rank and a slice cannot: its training thread,
+    whether it ran on a device, whether another thread runs its backward (on a device), and its
+    one window where the training thread has no step marker (None where it has)."""
+    ev = EventArrays.of(events)
+    host = HOST_TREE[ev.kind]
+    top = outermost_operators(ev.kind, ev.parent_row)
+    backward = ev.phase == PHASE_CODE[S.BACKWARD]
+    training = training_thread_of(
+        ev.pid[host], ev.tid[host], ev.kind[host], top[host], (ev.end - ev.ts)[host],
+        backward[host],
+    )  # fmt: skip
+    gpu = bool(DEVICE[ev.kind].any())
+    elsewhere = gpu and backward_elsewhere(ev, host, training)
+    marked = training is not None and bool(
+        (
+            (ev.kind == KIND_CODE[S.KIND_STEP]) & (ev.pid == training[0]) & (ev.tid == training[1])
+        ).any()
+    )
+    timed = TIMED[ev.kind]
+    whole = None
+    if not marked and timed.any():
+        whole = (int(ev.ts[timed].min()), int(ev.end[timed].max()))
+    return training, gpu, elsewhere, whole
+
+
 def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimeline:
     """The intervals that compete for each instant of one rank, and its step windows (``part``:
     the events are a slice of the rank, and these are the whole rank's facts)."""

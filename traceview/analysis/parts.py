@@ -77,6 +77,8 @@ from traceview.model.columns import (
 )
 
 _NEVER = 1 << 62
+#: The span of a part that holds the whole rank: [-EVERYWHERE, EVERYWHERE).
+EVERYWHERE = _NEVER
 #: Columns of the events no analysis reads (left out of the chunks it keeps).
 _UNUSED = (S.RUN_ID, S.HOST, S.FRAMEWORK, S.CAT, S.CORRELATION)
 
