@@ -241,17 +241,3 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     )  # fmt: skip
     table = table.sort_by([(S.SELF_NS, "descending")])
     return S.conform(table, S.OPS_SCHEMA)
-
-
-def op_stats(events: pa.Table) -> pa.Table:
-    """The ops table (schema.OPS_SCHEMA) of one or more ranks' events."""
-    if events.num_rows == 0:
-        return S.OPS_SCHEMA.empty_table()
-    ranks = np.unique(ints(events.column(S.RANK), 0))
-    if len(ranks) == 1:
-        return combine_ops([ops_part(events)])
-    parts = [
-        combine_ops([ops_part(events.filter(pc.equal(events.column(S.RANK), int(r))))])
-        for r in ranks
-    ]
-    return pa.concat_tables(parts)
