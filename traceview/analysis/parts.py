@@ -108,7 +108,7 @@ class ChunkedAnalysis:
     def __init__(
         self,
         memory: pa.Table | None,
-        training: tuple[int, int],
+        training: tuple[int, int] | None,
         gpu: bool,
         backward_elsewhere: bool,
         whole: tuple[int, int] | None = None,
