@@ -419,14 +419,11 @@ def backward_elsewhere(ev: EventArrays, host: np.ndarray, training: tuple[int, i
     return bool((host & ~on_training & backward & ~STRUCTURAL[ev.kind]).any())
 
 
-def whole_rank_part(
-    events: pa.Table,
-) -> tuple[tuple[int, int] | None, bool, bool, tuple[int, int] | None]:
-    """What ``rank_timeline`` finds over a whole rank and a slice cannot: its training thread,
-    whether it ran on a device, whether another thread runs its backward (on a device), and its
-    one window where the training thread has no step marker (None where it has)."""
-    ev = EventArrays.of(events)
-    host = HOST_TREE[ev.kind]
+def _whole_rank_facts(
+    ev: EventArrays, host: np.ndarray
+) -> tuple[tuple[int, int] | None, bool, bool]:
+    """A whole rank's training thread, whether it ran on a device, and whether another thread
+    runs its backward there."""
     top = outermost_operators(ev.kind, ev.parent_row)
     backward = ev.phase == PHASE_CODE[S.BACKWARD]
     training = training_thread_of(
@@ -434,7 +431,17 @@ def whole_rank_part(
         backward[host],
     )  # fmt: skip
     gpu = bool(DEVICE[ev.kind].any())
-    elsewhere = gpu and backward_elsewhere(ev, host, training)
+    return training, gpu, gpu and backward_elsewhere(ev, host, training)
+
+
+def whole_rank_part(
+    events: pa.Table,
+) -> tuple[tuple[int, int] | None, bool, bool, tuple[int, int] | None]:
+    """What ``rank_timeline`` finds over a whole rank and a slice cannot: its training thread,
+    whether it ran on a device, whether another thread runs its backward (on a device), and its
+    one window where the training thread has no step marker (None where it has)."""
+    ev = EventArrays.of(events)
+    training, gpu, elsewhere = _whole_rank_facts(ev, HOST_TREE[ev.kind])
     marked = training is not None and bool(
         (
             (ev.kind == KIND_CODE[S.KIND_STEP]) & (ev.pid == training[0]) & (ev.tid == training[1])
@@ -454,14 +461,7 @@ def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimelin
     host = HOST_TREE[ev.kind]
     device = DEVICE[ev.kind]
     if part is None:
-        top = outermost_operators(ev.kind, ev.parent_row)
-        backward = ev.phase == PHASE_CODE[S.BACKWARD]
-        training = training_thread_of(
-            ev.pid[host], ev.tid[host], ev.kind[host], top[host], (ev.end - ev.ts)[host],
-            backward[host],
-        )  # fmt: skip
-        gpu = bool(device.any())
-        elsewhere = gpu and backward_elsewhere(ev, host, training)
+        training, gpu, elsewhere = _whole_rank_facts(ev, host)
     else:
         training, gpu, elsewhere = part.training, part.gpu, part.backward_elsewhere
     w_start, w_end, numbers = step_windows(ev, training, gpu, part)

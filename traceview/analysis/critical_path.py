@@ -97,14 +97,15 @@ class PathPiece:
     dur_ns: int
 
 
-#: The columns of a walked path's pieces (``WalkedPath.frame``), in time order.
+#: The columns of a walked path's pieces (``WalkedPath.frame``), in time order: PathPiece's
+#: fields, named as in schema.CRITICAL_PATH_SCHEMA.
 PIECE_COLUMNS = {
-    "rank": pl.Int32,
-    "phase": pl.String,
-    "op": pl.String,
-    "kind": pl.String,
-    "start_ns": pl.Int64,
-    "dur_ns": pl.Int64,
+    S.RANK: pl.Int32,
+    S.PHASE: pl.String,
+    S.OP: pl.String,
+    S.KIND: pl.String,
+    S.START_NS: pl.Int64,
+    S.DUR_NS: pl.Int64,
 }
 
 
@@ -1084,16 +1085,7 @@ def path_table(segments: pa.Table, matched: Matched, steps: list[int | None]) ->
     """Every piece of the critical path of each of ``steps`` (schema.CRITICAL_PATH_SCHEMA)."""
     graph = build_graph(segments, matched, steps)
     paths = critical_paths(graph) if graph is not None else []
-    pieces = _pieces_of(paths).select(
-        pl.col("step").alias(S.STEP),
-        pl.col("rank").alias(S.RANK),
-        pl.col("start_ns").alias(S.START_NS),
-        pl.col("dur_ns").alias(S.DUR_NS),
-        pl.col("phase").alias(S.PHASE),
-        pl.col("kind").alias(S.KIND),
-        pl.col("op").alias(S.OP),
-    )
-    table = pieces.to_arrow()
+    table = _pieces_of(paths).select(S.CRITICAL_PATH_SCHEMA.names).to_arrow()
     return pa.table(
         {
             name: table.column(name).cast(S.CRITICAL_PATH_SCHEMA.field(name).type)

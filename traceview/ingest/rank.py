@@ -19,7 +19,7 @@ from traceview.ingest.discover import TraceFile, rank_status
 from traceview.ingest.large.chunked import helper_pays, normalize_chunked, wants_chunks
 from traceview.ingest.large.sinks import ChunkSink
 from traceview.model import schema as S
-from traceview.model.columns import KIND_CODE, WORK, coded, ints
+from traceview.model.columns import WORK, first_start
 from traceview.model.errors import (
     BadInput,
     Notes,
@@ -149,7 +149,7 @@ def ingest_rank(
     found["steps_from"] = normalized.steps_from
     if normalized.inferred is not None and normalized.inferred.warmup and normalized.steps:
         found["warmup_steps"] = normalized.inferred.warmup
-    found.update(_startup(_first_call(normalized.events), tables.get("steps")))
+    found.update(_startup(first_start(normalized.events, WORK), tables.get("steps")))
     info = RankIngest(
         rank=trace.rank,
         source=str(trace.path),
@@ -297,12 +297,6 @@ def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table
         records = records.set_column(records.schema.get_field_index(S.TS_NS), S.TS_NS, shifted)
     records = records.append_column(S.RANK, pa.array([rank] * records.num_rows, pa.int32()))
     return S.conform(records, S.MEMORY_SCHEMA)
-
-
-def _first_call(events: pa.Table) -> int | None:
-    """The start of the rank's first host call (``columns.WORK``)."""
-    calls = WORK[coded(events.column(S.KIND), KIND_CODE)]
-    return int(ints(events.column(S.TS_NS), 0)[calls].min()) if calls.any() else None
 
 
 def _startup(first_call: int | None, steps: pa.Table | None) -> dict[str, int]:

@@ -40,6 +40,15 @@ OPERATOR = kind_table((S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION))
 WORK = kind_table((S.KIND_OP, S.KIND_RUNTIME, S.KIND_ANNOTATION, S.KIND_PYTHON))
 
 
+def first_start(events: pa.Table, kinds: np.ndarray, among: np.ndarray | None = None) -> int | None:
+    """The earliest start of the rows of ``events`` whose kind is one of ``kinds`` (a
+    ``kind_table``), among the rows ``among`` (default: all); None where there is none."""
+    rows = kinds[coded(events.column(S.KIND), KIND_CODE)]
+    if among is not None:
+        rows &= among
+    return int(ints(events.column(S.TS_NS), 0)[rows].min()) if rows.any() else None
+
+
 def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
     """A dictionary (or string) column's codes (int64, -1 for null) and the values they stand
     for."""

@@ -72,9 +72,8 @@ from traceview.ingest.large.trim import release_memory
 from traceview.ingest.large.writer import EventsWriter, with_self
 from traceview.model import schema as S
 from traceview.model.columns import (
-    KIND_CODE,
     WORK,
-    coded,
+    first_start,
     ints,
 )
 from traceview.model.errors import Notes, cannot_write, no_room
@@ -353,9 +352,8 @@ def _normalize_chunks(
         ts = ints(events.column(S.TS_NS), 0)
         parent = result.parent
         is_own = np.arange(n) >= carried
-        calls = WORK[coded(events.column(S.KIND), KIND_CODE)] & is_own
-        if calls.any():
-            here = int(ts[calls].min())
+        here = first_start(events, WORK, is_own)
+        if here is not None:
             first_call = here if first_call is None else min(first_call, here)
         if thread_time is not None:
             host = np.flatnonzero(result.host_tree & is_own)
