@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 #: table gains issued_ns, peer and issued_in, the timeline the queued stretch of a call; 13: the
 #: segments table (each window's exclusive segments in time order: the critical path's input);
 #: 14: a region inside an operator keeps the operator's level; 15: the collectives table gains
-#: split_imbalance; 16: segments where the device waits for a kernel launch are ``launch``
-ANALYSIS_VERSION = "16"
+#: split_imbalance; 16: segments where the device waits for a kernel launch are ``launch``;
+#: 17: the collectives table gains unit, prefetched and needed_ns (FSDP)
+ANALYSIS_VERSION = "17"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under.
 RANK_TABLES = (

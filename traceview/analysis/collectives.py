@@ -15,6 +15,8 @@ from the host call that launched it, and its bytes and group where it records no
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -212,6 +214,7 @@ def collectives_part(
             S.PEER: _call_peers(events, rows, owner, inner, around, launcher),
             S.ISSUED_IN: _issued_in(events, parent, rows, launcher),
             S.SPLIT_IMBALANCE: pa.array(call_split, pa.float64(), mask=call_split < 0),
+            **_fsdp_units(events, parent, rows, launcher),
             "_id": calls.column(S.EVENT_ID),
         }
     )
@@ -266,6 +269,127 @@ def _issued_in(
     return pa.array(phase.tolist(), pa.string())
 
 
+#: FSDP2's regions (torch.distributed.fsdp.fully_shard), ``(i)`` naming the unit
+_FSDP_GATHER, _FSDP_REDUCE, _FSDP_COPY_OUT, _FSDP_PRE, _FSDP_PREFETCH = 1, 2, 3, 4, 5
+_FSDP_REGION = re.compile(
+    r"FSDP::(all_gather|post_backward_reduce|all_gather_copy_out|pre_forward|pre_backward)"
+    r"(?: \((.+?)\))?(?: \[pg=\d+\])?|FSDP::(forward|backward)_prefetch\b.*"
+)
+ROOT_UNIT = "(root)"  # FSDP names the root module's regions without a unit
+_FSDP_KIND = {
+    "all_gather": _FSDP_GATHER,
+    "post_backward_reduce": _FSDP_REDUCE,
+    "all_gather_copy_out": _FSDP_COPY_OUT,
+    "pre_forward": _FSDP_PRE,
+    "pre_backward": _FSDP_PRE,
+}
+
+
+def _fsdp_units(
+    events: pa.Table, parent: np.ndarray, rows: np.ndarray, launcher: np.ndarray
+) -> dict[str, pa.Array]:
+    """Each call's FSDP ``unit``, whether an all-gather was ``prefetched`` and when what it
+    gathered was ``needed`` (schema.UNIT, PREFETCHED, NEEDED_NS): from the regions FSDP2 records
+    around its calls. The copy-out that needs a gather follows it on the issuing thread, in the
+    same phase: inside the same part of a rank."""
+    n = len(rows)
+    none = {
+        S.UNIT: pa.nulls(n, pa.string()),
+        S.PREFETCHED: pa.nulls(n, pa.bool_()),
+        S.NEEDED_NS: pa.nulls(n, pa.int64()),
+    }
+    codes, names = dictionary_codes(events.column(S.NAME))
+    kind_of_name = np.zeros(len(names) + 1, np.int8)
+    unit_of_name = np.full(len(names) + 1, -1, np.int64)
+    units: dict[str, int] = {}
+    for i, name in enumerate(names):
+        found = _FSDP_REGION.fullmatch(name) if isinstance(name, str) else None
+        if found is None:
+            continue
+        if found.group(3):
+            kind_of_name[i] = _FSDP_PREFETCH
+        else:
+            kind_of_name[i] = _FSDP_KIND[found.group(1)]
+            unit_of_name[i] = units.setdefault(found.group(2) or ROOT_UNIT, len(units))
+    kind, unit = kind_of_name[codes], unit_of_name[codes]
+    if not (kind == _FSDP_GATHER).any() and not (kind == _FSDP_REDUCE).any():
+        return none
+    start = np.where(launcher >= 0, launcher, rows)  # (a kernel: its launching call's)
+    region = _enclosing(parent, start, (kind == _FSDP_GATHER) | (kind == _FSDP_REDUCE), depth=32)
+    has = region >= 0
+    at = np.maximum(region, 0)
+    call_unit = np.where(has, unit[at], -1)
+    gather = has & (kind[at] == _FSDP_GATHER)
+    # prefetched: a prefetch region is the nearest around its gather, or another unit's pre-hook
+    around = _enclosing(parent, at, (kind == _FSDP_PRE) | (kind == _FSDP_PREFETCH), depth=32)
+    outer = np.maximum(around, 0)
+    prefetched = (around >= 0) & ((kind[outer] == _FSDP_PREFETCH) | (unit[outer] != call_unit))
+    needed_at = np.full(n, -1, np.int64)
+    needed_at[gather] = _needed(events, parent, kind, unit, at[gather], launcher[gather])
+    labels = np.asarray([*units, None], dtype=object)
+    return {
+        S.UNIT: pa.array(labels[call_unit].tolist(), pa.string()),
+        S.PREFETCHED: pa.array(prefetched, pa.bool_(), mask=~gather),
+        S.NEEDED_NS: pa.array(needed_at, pa.int64(), mask=needed_at < 0),
+    }
+
+
+def _needed(
+    events: pa.Table,
+    parent: np.ndarray,
+    kind: np.ndarray,
+    unit: np.ndarray,
+    regions: np.ndarray,
+    launcher: np.ndarray,
+) -> np.ndarray:
+    """For gather calls inside the gather ``regions`` (rows; ``launcher``: each call's launching
+    row where it is a kernel), when their unit's next copy-out on the region's thread began, before the unit's next
+    gather there (-1: none); for a kernel, the start of the first kernel that copy-out launched."""
+    ts = ints(events.column(S.TS_NS), 0)
+    thread = np.unique(
+        np.stack([ints(events.column(S.PID), 0), ints(events.column(S.TID), 0)]),
+        axis=1, return_inverse=True,
+    )[1].ravel()  # fmt: skip
+    copies = np.flatnonzero(kind == _FSDP_COPY_OUT)
+    gathers = np.flatnonzero(kind == _FSDP_GATHER)
+    out = np.full(len(regions), -1, np.int64)
+    if len(copies) == 0:
+        return out
+    # the first kernel each copy-out launched (its device-side start)
+    first_kernel = np.full(events.num_rows, -1, np.int64)
+    device_codes, device_names = dictionary_codes(events.column(S.DEVICE))
+    on_device = device_codes != (
+        device_names.index(S.DEVICE_CPU) if S.DEVICE_CPU in device_names else -2
+    )
+    if (launcher >= 0).any() and on_device.any():
+        kernels = np.flatnonzero(on_device)
+        owner = _enclosing(parent, kernels, kind == _FSDP_COPY_OUT, depth=32)
+        under = owner >= 0
+        big = np.iinfo(np.int64).max
+        earliest = np.full(events.num_rows, big, np.int64)
+        np.minimum.at(earliest, owner[under], ts[kernels[under]])
+        first_kernel = np.where(earliest < big, earliest, -1)
+    key = thread * (int(unit.max()) + 1) + unit  # (thread, unit)
+    for k in np.unique(key[regions]):
+        here = copies[key[copies] == k]
+        if len(here) == 0:
+            continue
+        here = here[np.argsort(ts[here], kind="stable")]
+        mine = np.flatnonzero(key[regions] == k)
+        later = np.sort(ts[gathers[key[gathers] == k]])
+        begun = ts[regions[mine]]
+        nxt = np.searchsorted(ts[here], begun, side="right")
+        following = np.searchsorted(later, begun, side="right")
+        next_gather = np.append(later, np.iinfo(np.int64).max)[following]
+        ok = nxt < len(here)
+        copy = here[np.minimum(nxt, len(here) - 1)]
+        ok &= ts[copy] < next_gather
+        device = launcher[mine] >= 0
+        when = np.where(device, first_kernel[copy], ts[copy])
+        out[mine] = np.where(ok & (when >= 0), when, -1)
+    return out
+
+
 def _call_peers(
     events: pa.Table,
     rows: np.ndarray,
@@ -318,6 +442,9 @@ def _link_runs(calls: pa.Table) -> pa.Table:
         calls.column(S.SPLIT_IMBALANCE).to_numpy(zero_copy_only=False).astype(np.float64),
         nan=-1.0,
     )
+    unit = np.asarray(calls.column(S.UNIT).to_pylist(), dtype=object)
+    prefetched = np.asarray(calls.column(S.PREFETCHED).to_pylist(), dtype=object)
+    needed = ints(calls.column(S.NEEDED_NS), -1).copy()
     is_issue = ~is_run & on_cpu
     # the queue a call goes through: its collective's, except that gloo runs a reduce-scatter
     # as an all-reduce (FSDP's): those join the all-reduces' queue
@@ -376,6 +503,7 @@ def _link_runs(calls: pa.Table) -> pa.Table:
             kinds[linked] = kinds[by]  # the run is the collective the program asked for
             issued_in[linked] = issued_in[by]
             split[linked] = np.where(split[linked] < 0, split[by], split[linked])
+            unit[linked], prefetched[linked], needed[linked] = unit[by], prefetched[by], needed[by]
     names = np.asarray([*group_names, None], dtype=object)[group]
     out = calls.set_column(
         calls.schema.get_field_index(S.GROUP), S.GROUP, pa.array(names.tolist(), pa.string())
@@ -397,6 +525,12 @@ def _link_runs(calls: pa.Table) -> pa.Table:
         S.SPLIT_IMBALANCE,
         pa.array(split, pa.float64(), mask=split < 0),
     )
+    for name, column in (
+        (S.UNIT, pa.array(unit.tolist(), pa.string())),
+        (S.PREFETCHED, pa.array(prefetched.tolist(), pa.bool_())),
+        (S.NEEDED_NS, pa.array(needed, pa.int64(), mask=needed < 0)),
+    ):
+        out = out.set_column(out.schema.get_field_index(name), name, column)
     return out.append_column(S.ISSUED_NS, pa.array(issued, pa.int64(), mask=issued < 0))
 
 

@@ -360,12 +360,12 @@ class Arrivals:
     last: dict[int, int]
 
 
-_PAIR = 1 << 32  # (waiting rank, rank waited for) packed into one key
+PAIR = 1 << 32  # (waiting rank, rank waited for) packed into one key
 
 
-def _merged_exposed(keyed: pl.DataFrame, key: str, comm: pa.Table) -> pl.DataFrame:
+def merged_exposed(keyed: pl.DataFrame, key: str, comm: pa.Table) -> pl.DataFrame:
     """Intervals per (rank, ``key``), ``keyed`` packing both into its rank column (rank *
-    ``_PAIR`` + key): merged per (rank, key), each with the length of the rank's exposed
+    ``PAIR`` + key): merged per (rank, key), each with the length of the rank's exposed
     communication (``comm``) it covers (``exposed``)."""
     by_slot = _Slots(keyed)
     ms, me = merge_intervals(by_slot.times(keyed, S.START_NS), by_slot.times(keyed, S.END_NS))
@@ -375,8 +375,8 @@ def _merged_exposed(keyed: pl.DataFrame, key: str, comm: pa.Table) -> pl.DataFra
     shift = slot * by_slot.span - by_slot.origin
     merged = pl.DataFrame(
         {
-            S.RANK: (ident // _PAIR).astype(np.int32),
-            key: ident % _PAIR,
+            S.RANK: (ident // PAIR).astype(np.int32),
+            key: ident % PAIR,
             S.START_NS: ms - shift,
             S.END_NS: me - shift,
         }
@@ -413,11 +413,11 @@ def arrivals(matched: Matched, comm: pa.Table) -> Arrivals:
     # one slot per (waiting rank, rank waited for): merge there, then measure each merged wait
     # against the waiting rank's exposed communication, laid out in slots of its own
     pairs = waits.select(
-        (pl.col(S.RANK).cast(pl.Int64) * _PAIR + pl.col("last_rank")).alias(S.RANK),
+        (pl.col(S.RANK).cast(pl.Int64) * PAIR + pl.col("last_rank")).alias(S.RANK),
         pl.col(ISSUED).alias(S.START_NS),
         (pl.col(ISSUED) + pl.col("wait_ns")).alias(S.END_NS),
     )
-    merged = _merged_exposed(pairs, "last_rank", comm)
+    merged = merged_exposed(pairs, "last_rank", comm)
     caused = (
         merged.with_columns((pl.col(S.END_NS) - pl.col(S.START_NS)).alias("caused"))
         .group_by("last_rank")
@@ -654,7 +654,7 @@ def _collective_edges(calls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, 
         calls.filter(pl.col(S.RANK) != pl.col("a"))
         .join(ref, on=list(_KEY))
         .select(
-            (pl.col("a") * _PAIR + pl.col(S.RANK)).alias("_edge"),
+            (pl.col("a") * PAIR + pl.col(S.RANK)).alias("_edge"),
             (pl.col("ref_end") - t0).cast(pl.Float64).alias("x"),
             (pl.col(S.END_NS) - pl.col("ref_end")).cast(pl.Float64).alias("y"),
             # the offsets the call allows: [lo, hi]
@@ -720,8 +720,8 @@ def _collective_edges(calls: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, 
         (pl.col("y") - pl.col("_a")).abs().alias("residual")
     )
     edges = fit.select(
-        (pl.col("_edge") // _PAIR).alias("a"),
-        (pl.col("_edge") % _PAIR).alias("b"),
+        (pl.col("_edge") // PAIR).alias("a"),
+        (pl.col("_edge") % PAIR).alias("b"),
         pl.col("a").alias("offset"),
         pl.col("b").alias("drift"),
         "error",
@@ -915,11 +915,11 @@ def comm_by_group(
     ).with_columns(pl.struct(key).rank("dense").cast(pl.Int64).alias("_key"))
     # one slot per (rank, key): merge there, then measure each merged interval's exposed part
     slotted = calls.select(
-        (pl.col(S.RANK).cast(pl.Int64) * _PAIR + pl.col("_key")).alias(S.RANK),
+        (pl.col(S.RANK).cast(pl.Int64) * PAIR + pl.col("_key")).alias(S.RANK),
         pl.col(ISSUED).alias(S.START_NS),
         S.END_NS,
     )
-    merged = _merged_exposed(slotted, "_key", comm)
+    merged = merged_exposed(slotted, "_key", comm)
     spans = (
         merged.with_columns(
             (pl.col(S.END_NS) - pl.col(S.START_NS)).alias("_total"),

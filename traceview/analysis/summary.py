@@ -16,6 +16,7 @@ from typing import Any, cast, get_args
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview.analysis.critical_path import (
     NO_STEP,
@@ -37,6 +38,7 @@ from traceview.analysis.crossrank import (
     launch_views,
     match_collectives,
 )
+from traceview.analysis.fsdp import fsdp_gathers
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups, declared_groups
 from traceview.analysis.memory import memory_results
@@ -55,6 +57,7 @@ from traceview.model.results import (
     Breakdown,
     Clocks,
     CollectiveSummary,
+    FsdpGather,
     Hidden,
     HostBound,
     IncompleteStep,
@@ -431,6 +434,19 @@ def _kept_table(table: pa.Table, selection: Selection) -> pa.Table:
     df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     return kept_rows(df, selection).to_arrow()
+
+
+def _fsdp(
+    collectives: pa.Table | None, comm: pa.Table | None, selection: Selection | None, n_steps: int
+) -> list[FsdpGather]:
+    """FSDP's all-gathers over the counted steps (``fsdp.fsdp_gathers``)."""
+    if collectives is None or comm is None or collectives.num_rows == 0:
+        return []
+    if selection is not None:
+        collectives, comm = _kept_table(collectives, selection), _kept_table(comm, selection)
+    else:
+        collectives = collectives.filter(pc.is_valid(collectives.column(S.STEP)))
+    return fsdp_gathers(collectives, comm, n_steps)
 
 
 def _startup_ms(manifest: Manifest, ranks: list[int]) -> float | None:
@@ -1165,4 +1181,7 @@ def summarize(
         alltoall=alltoall_ranks(cross.matched, sum(1 for s in per_step if s.excluded is None))
         if cross is not None
         else [],
+        fsdp_gathers=_fsdp(
+            collectives, comm, selection, sum(1 for s in per_step if s.excluded is None)
+        ),
     )

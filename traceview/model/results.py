@@ -560,6 +560,25 @@ class CommByGroup(Result):
     queued_ms: float = 0.0  # the last member's own queue (wait + transfer + queued = total)
 
 
+class FsdpGather(Result):
+    """FSDP's all-gathers of one unit in one phase: prefetched or not, and how far ahead of its
+    use each finished (means per step over the ranks; times from the rank's own view of the
+    call: the kernel on a GPU, gloo's worker run on a CPU)."""
+
+    phase: str  # where they were issued: forward or backward
+    unit: str  # FSDP's unit: the module's name, as FSDP's regions give it (untrusted)
+    calls_per_step: float
+    prefetched: float  # the share issued ahead of the unit (a prefetch), 0 to 1
+    total_ms: float  # from issue to end, per step
+    exposed_ms: float  # of it, nothing else of the rank ran then
+    # from issue, and from the end, to when the unit first used what they gathered (its
+    # copy-out): medians over the calls whose use the trace shows (null: none). On a GPU a
+    # copy-out kernel cannot start before its all-gather ends, so 0 there means it waited.
+    issued_ahead_ms: float | None
+    ahead_ms: float | None
+    ahead_min_ms: float | None  # the least of them
+
+
 class AllToAllRank(Result):
     """One rank's matched all-to-alls in one group (expert parallelism), means per step."""
 
@@ -704,6 +723,7 @@ class RunReport(Result):
     critical_path: CriticalPath | None = None  # null: no segments (an older run directory)
     whatif: list[WhatIf] = []  # replays of the counted steps (the first: no change)
     alltoall: list[AllToAllRank] = []  # per rank and group, its all-to-alls (empty: none)
+    fsdp_gathers: list[FsdpGather] = []  # FSDP's all-gathers by phase and unit (empty: none)
 
     @property
     def straggler(self) -> RankSummary | None:

@@ -333,6 +333,17 @@ ISSUED_NS: Final = "issued_ns"
 #: the phase the program was in when it issued the call: that of the nearest region or operator
 #: around the call with a phase other than comm (forward, backward, update, io, h2d; other: none)
 ISSUED_IN: Final = "issued_in"
+#: FSDP's unit (the ``(i)`` of ``FSDP::all_gather (i)`` / ``FSDP::post_backward_reduce (i)``
+#: around the call): whose parameters an all-gather gathers or whose gradients a reduce-scatter
+#: reduces; null outside FSDP
+UNIT: Final = "unit"
+#: an FSDP all-gather issued ahead of its unit (inside ``FSDP::forward_prefetch`` /
+#: ``backward_prefetch``, or another unit's pre-forward/pre-backward); null outside FSDP
+PREFETCHED: Final = "prefetched"
+#: when the rank first used what an FSDP all-gather gathered: the start of its unit's next
+#: ``FSDP::all_gather_copy_out (i)`` on the issuing thread (for a kernel: of the first kernel that
+#: copy-out launched); null where the trace shows none
+NEEDED_NS: Final = "needed_ns"
 
 COLLECTIVES_SCHEMA: Final = pa.schema(
     [
@@ -354,6 +365,9 @@ COLLECTIVES_SCHEMA: Final = pa.schema(
         pa.field(PEER, pa.int32()),
         pa.field(ISSUED_IN, pa.string()),
         pa.field(SPLIT_IMBALANCE, pa.float64()),
+        pa.field(UNIT, pa.string()),
+        pa.field(PREFETCHED, pa.bool_()),
+        pa.field(NEEDED_NS, pa.int64()),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
