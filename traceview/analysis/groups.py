@@ -93,21 +93,43 @@ def declared_groups(declared: dict[int, list[dict[str, str]]], world: int | None
     disagree: set[str] = set()
     dissenters: set[int] = set()  # ranks whose declaration of a group differs from the first
     of_rank: dict[int, list[str]] = {}
+    previous: list[dict[str, str]] | None = None
+    pairs: list[tuple[str, frozenset[int]]] = []  # the declaration's groups, as first declared
+    dissent = False
+    names_of: dict[int, list[str]] | None = None  # rank -> its groups, for a repeated declaration
     for rank in sorted(declared):
+        entries = declared[rank]
+        if entries is previous or entries == previous:
+            # the same declaration as the rank before (every rank declaring every group): its
+            # groups once, and each rank's own from one inverted map
+            if names_of is None:
+                names_of = {}
+                for name, ranks in pairs:
+                    for r in ranks:
+                        names_of.setdefault(r, []).append(name)
+            if dissent:
+                dissenters.add(rank)
+            if rank in names_of:
+                of_rank[rank] = names_of[rank]
+            continue
+        previous, pairs, dissent, names_of = entries, [], False, None
         mine = []
-        for entry in declared[rank]:
+        for entry in entries:
             name, text = entry["name"], entry["ranks"]
             kept = first.get(name)
             if kept is None:
                 kept = first[name] = (entry["desc"], text)
             elif kept[1] != text:
                 disagree.add(name)
-                dissenters.add(rank)
+                dissent = True
             ranks = members.get(kept[1])
             if ranks is None:
                 ranks = members[kept[1]] = frozenset(decode_ranks(kept[1]))
+            pairs.append((name, ranks))
             if rank in ranks:
                 mine.append(name)
+        if dissent:
+            dissenters.add(rank)
         if mine:
             of_rank[rank] = mine
     found = []
