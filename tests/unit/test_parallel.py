@@ -77,6 +77,28 @@ def test_disagreeing_and_impossible_groups_are_one_warning_each() -> None:
     assert [g.ranks for g in groups.groups if g.name == "1"] == [[0, 1]]  # the first kept
 
 
+def test_a_declaration_every_rank_repeats_gives_each_rank_its_own_groups() -> None:
+    """Every rank declares every group (equal lists, read once): each rank is a member of its
+    own; ranks 2 and 3 repeat a declaration that disagrees with rank 0's: both are counted."""
+    every = [
+        _pg("0", "default_pg", [0, 1, 2, 3]),
+        _pg("1", "mesh_dp", [0, 2]),
+        _pg("2", "mesh_dp", [1, 3]),
+        _pg("3", "mesh_tp", [0, 1]),
+        _pg("4", "mesh_tp", [2, 3]),
+    ]
+    dissent = [*every[:4], _pg("4", "mesh_tp", [2, 3, 1])]
+    groups = declared_groups({0: every, 1: list(every), 2: dissent, 3: list(dissent)}, 4)
+    assert groups.of_rank == {
+        0: ["0", "1", "3"],
+        1: ["0", "2", "3"],
+        2: ["0", "1", "4"],
+        3: ["0", "2", "4"],
+    }
+    assert "2 rank(s) disagree" in groups.warnings[0]
+    assert [g.ranks for g in groups.groups if g.name == "4"] == [[2, 3]]
+
+
 def _calls(rows: list[tuple]) -> pa.Table:
     """Collective calls: (rank, name, collective, group, peer, step, issued, start, end), ns."""
     columns = list(zip(*rows, strict=True))
