@@ -285,3 +285,24 @@ def test_groups_of_the_same_members_are_one_for_matching() -> None:
     assert left == 0 and assigned.column(S.GROUP).to_pylist() == ["0", "0"]
     matched = match_collectives(assigned, groups)
     assert matched.calls.height == 2 and not matched.unmatched
+
+
+def test_pipelining_annotations_place_virtual_stages() -> None:
+    """torch.distributed.pipelining names each action PP:<stage><F|B|I|W><micro-batch>; its
+    communication actions (SEND_F, RECV_B...) and other regions say nothing of the placement."""
+    from traceview.analysis.pipeline import VirtualStages, annotated_stages
+
+    names = {
+        0: ["PP:0F0", "PP:0F1", "PP:2F0", "PP:2B1", "PP:0SEND_F0", "PP:0UNSHARD", "Forward 0"],
+        1: ["PP:1F0", "PP:3F1", "PP:3I0", "PP:1W1", "PP:3RECV_F0", "PP:12F1x"],
+        2: ["aten::mm"],
+    }
+    ops = pl.DataFrame(
+        [(rank, name) for rank, listed in names.items() for name in listed],
+        schema={S.RANK: pl.Int32, S.NAME: pl.String},
+        orient="row",
+    )
+    assert annotated_stages(ops) == {
+        0: VirtualStages((0, 2), 2, False),
+        1: VirtualStages((1, 3), 2, True),  # (I and W: the backward split in two)
+    }

@@ -163,7 +163,7 @@ def _parallel_highlights(runs: list[ComparedRun], rows: list[ComparedCommGroup])
                 out.append(
                     f"{run.label}'s pipeline bubble is {b.bubble_fraction:.0%} of the stages' time "
                     f"against {base.label}'s {a.bubble_fraction:.0%} (ideal "
-                    f"{b.ideal_bubble_fraction:.0%} and {a.ideal_bubble_fraction:.0%})"
+                    f"{_share(b.ideal_bubble_fraction)} and {_share(a.ideal_bubble_fraction)})"
                 )
         notable = []
         for row in rows:
@@ -278,3 +278,7 @@ def compare(
     return Comparison(
         runs=runs, phases=phases, ops=rows, highlights=highlights, comm_by_group=by_group
     )
+
+
+def _share(fraction: float | None) -> str:
+    return f"{fraction:.0%}" if fraction is not None else "n/a"

@@ -8,6 +8,16 @@ hands its activations on); stage k of the pipeline is the k-th rank of every pat
 per step: stage 0's sends to stage 1 per step. The schedule is GPipe when every stage finishes its
 forwards' messages before its first backward message, else 1F1B.
 
+Virtual stages. torch.distributed.pipelining's multi-stage schedules (interleaved 1F1B, looped
+BFS, the zero-bubble ones) put several stages on each rank and name every action they run
+(``PP:<stage><F|B|I|W><micro-batch>``). Where a rank holds more than one stage, the ranks
+(pipeline positions) are ordered by the lowest stage each holds, the micro-batches are the
+actions' own, and the messages (which go round a ring of ranks, or both ways between two) are
+not needed to find them. The schedule is "interleaved", or "zero-bubble" where the backward is
+split into input and weight gradients (I and W actions); the ideal bubble of an interleaved
+schedule with v stages per rank is (p - 1) / (v m + p - 1); a zero-bubble schedule's depends on
+the split, and is not given.
+
 Bubble. A stage's step is its compute (forward, backward, update), its data loading, its
 collectives (a data-parallel all-reduce across replicas), its other work (``zero_grad``, Python
 between phases), and the rest: time the stage is blocked
@@ -21,6 +31,8 @@ over their step time, beside the schedule's ideal for equal stages with free mes
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Literal
 
 import polars as pl
@@ -30,6 +42,42 @@ from traceview.model.results import Pipeline, PipelineStage, RankSummary, Stragg
 
 POINT_TO_POINT = ("send", "recv")
 _PHASES: tuple[StragglerPhase, ...] = ("forward", "backward")
+
+#: torch.distributed.pipelining's name for a computation it runs: stage, action, micro-batch
+_ACTION = re.compile(r"PP:(\d+)(F|B|I|W)(\d+)")
+
+
+@dataclass
+class VirtualStages:
+    """What a rank's pipelining annotations say: the stages it holds, the micro-batches, and
+    whether its backward is split (zero bubble)."""
+
+    stages: tuple[int, ...]
+    microbatches: int
+    split: bool
+
+
+def annotated_stages(ops: pl.DataFrame) -> dict[int, VirtualStages]:
+    """Per rank, the pipeline stages its ``PP:`` action regions name (the ops table's names)."""
+    if ops.height == 0:
+        return {}
+    actions = (
+        ops.select(S.RANK, pl.col(S.NAME).cast(pl.String))
+        .filter(pl.col(S.NAME).str.starts_with("PP:"))
+        .unique()
+        .with_columns(pl.col(S.NAME).str.extract_groups(_ACTION.pattern).alias("_a"))
+        .unnest("_a")
+        .filter(pl.col("1").is_not_null() & pl.col(S.NAME).str.contains(f"^{_ACTION.pattern}$"))
+    )
+    per_rank = actions.group_by(S.RANK).agg(
+        pl.col("1").cast(pl.Int64).unique().sort().alias("stages"),
+        pl.col("3").n_unique().alias("batches"),
+        pl.col("2").is_in(["I", "W"]).any().alias("split"),
+    )
+    return {
+        int(rank): VirtualStages(tuple(stages), int(batches), bool(split))
+        for rank, stages, batches, split in per_rank.iter_rows()
+    }
 
 
 def _chains(edges: set[tuple[int, int]]) -> list[list[int]] | None:
@@ -61,13 +109,17 @@ def _chains(edges: set[tuple[int, int]]) -> list[list[int]] | None:
 
 
 def detect_pipeline(
-    calls: pl.DataFrame, ranks: list[RankSummary], named: pl.DataFrame | None = None
+    calls: pl.DataFrame,
+    ranks: list[RankSummary],
+    named: pl.DataFrame | None = None,
+    annotated: dict[int, VirtualStages] | None = None,
 ) -> tuple[Pipeline | None, list[str]]:
     """The pipeline the matched point-to-point ``calls`` form (``Matched.calls`` with
     ``peer_rank``), with each stage's figures from the ranks' breakdowns (None without one), and
     a warning where stages are missing. ``named``: (rank, peer_rank) of every point-to-point
     call read, matched or not: a stage whose rank has no trace (or no steps) is known only from
-    the peers its neighbours name; the other stages are analysed without it."""
+    the peers its neighbours name; the other stages are analysed without it. ``annotated``:
+    the ranks' pipelining annotations (``annotated_stages``), which place virtual stages."""
     if calls.height == 0 or "peer_rank" not in calls.columns:
         return None, []
     p2p = calls.filter(
@@ -75,6 +127,8 @@ def detect_pipeline(
     )
     if p2p.height == 0:
         return None, []
+    if annotated and any(len(v.stages) > 1 for v in annotated.values()):
+        return _virtual_pipeline(p2p, calls, ranks, annotated)
     seen = p2p.select(S.RANK, "peer_rank")
     if named is not None:
         seen = pl.concat([seen, named.select(S.RANK, "peer_rank")], how="vertical_relaxed")
@@ -121,18 +175,7 @@ def detect_pipeline(
         & (pl.col("peer_rank") == second)
     )
     m = forward_sends.height / steps
-    # per rank and step: its messages' transfer (arriving), and its collectives' time
-    per_step = 1e-6 / steps
-    arriving = (
-        p2p.filter(pl.col(S.COLLECTIVE) == "recv").group_by(S.RANK).agg(pl.col("transfer_ns").sum())
-    )
-    moved = {r: t * per_step for r, t in arriving.iter_rows()}
-    others = (
-        calls.filter(~pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
-        .group_by(S.RANK)
-        .agg((pl.col(S.END_NS) - pl.col("issued")).sum())
-    )
-    collective = {r: t * per_step for r, t in others.iter_rows()}
+    moved, collective = _moved_and_collective(p2p, calls, steps)
     stages = []
     for k in range(p):
         members = [c[k] for c in chains if c[k] in by_rank]
@@ -154,6 +197,38 @@ def detect_pipeline(
         )
     if len(stages) < 2:
         return None, warnings
+    ideal = round((p - 1) / (m + p - 1), 6) if m > 0 else 0.0
+    return _pipeline(stages, by_rank, m, _schedule(p2p, chains), ideal, p), warnings
+
+
+def _moved_and_collective(
+    p2p: pl.DataFrame, calls: pl.DataFrame, steps: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Per rank, ms per step: its incoming messages' transfer, and its collectives' time."""
+    per_step = 1e-6 / steps
+    arriving = (
+        p2p.filter(pl.col(S.COLLECTIVE) == "recv").group_by(S.RANK).agg(pl.col("transfer_ns").sum())
+    )
+    others = (
+        calls.filter(~pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
+        .group_by(S.RANK)
+        .agg((pl.col(S.END_NS) - pl.col("issued")).sum())
+    )
+    return (
+        {r: t * per_step for r, t in arriving.iter_rows()},
+        {r: t * per_step for r, t in others.iter_rows()},
+    )
+
+
+def _pipeline(
+    stages: list[PipelineStage],
+    by_rank: dict[int, RankSummary],
+    m: float,
+    schedule: Schedule,
+    ideal: float | None,
+    depth: int,
+    virtual: int = 1,
+) -> Pipeline:
     slowest = max(stages, key=lambda s: s.compute_ms)
     slowest_phase, ratio = _slowest_phase(slowest, stages, by_rank)
     step_total = sum(by_rank[r].step_ms for s in stages for r in s.ranks)
@@ -161,14 +236,58 @@ def detect_pipeline(
     return Pipeline(
         stages=stages,
         microbatches=round(m, 3),
-        schedule=_schedule(p2p, chains),
+        schedule=schedule,
         bubble_fraction=round(bubble_total / step_total, 4) if step_total > 0 else 0.0,
-        ideal_bubble_fraction=round((p - 1) / (m + p - 1), 6) if m > 0 else 0.0,
+        ideal_bubble_fraction=ideal,
         slowest_stage=slowest.stage,
         slowest_phase=slowest_phase,
         slowest_phase_ratio=ratio,
-        stage_count=p,
-    ), warnings
+        stage_count=depth,
+        virtual_stages=virtual,
+    )
+
+
+def _virtual_pipeline(
+    p2p: pl.DataFrame,
+    calls: pl.DataFrame,
+    ranks: list[RankSummary],
+    annotated: dict[int, VirtualStages],
+) -> tuple[Pipeline | None, list[str]]:
+    """A pipeline with several stages per rank, placed by its annotations (module docstring):
+    pipeline position k holds the ranks whose lowest stage is k."""
+    by_rank = {r.rank: r for r in ranks}
+    virtual = max(len(v.stages) for v in annotated.values())
+    held = {rank: v for rank, v in annotated.items() if len(v.stages) == virtual}
+    positions = {rank: v.stages[0] for rank, v in held.items()}
+    depth = max(max(v.stages) for v in held.values()) + 1
+    p = depth // virtual if depth % virtual == 0 else len(set(positions.values()))
+    warnings = []
+    if len(held) < len(annotated):
+        warnings.append(
+            f"pipeline: {len(annotated) - len(held)} rank(s) hold fewer than the {virtual} "
+            "stages per rank the others hold: left out of the pipeline's stages"
+        )
+    missing = sorted(set(range(p)) - set(positions.values()))
+    if missing:
+        listed = ", ".join(f"position {k}" for k in missing[:10])
+        warnings.append(
+            f"pipeline: {len(missing)} of {p} pipeline position(s) have no trace ({listed}); "
+            "the other positions are analysed without them"
+        )
+    steps = max(p2p["step_key"].n_unique(), 1)
+    moved, collective = _moved_and_collective(p2p, calls, steps)
+    stages = []
+    for k in sorted(set(positions.values())):
+        members = sorted(r for r, at in positions.items() if at == k and r in by_rank)
+        if members:
+            stages.append(_stage(k, members, by_rank, moved, collective))
+    if len(stages) < 2:
+        return None, warnings
+    m = max(v.microbatches for v in held.values())
+    split = any(v.split for v in held.values())
+    schedule: Schedule = "zero-bubble" if split else "interleaved"
+    ideal = None if split else round((p - 1) / (virtual * m + p - 1), 6)
+    return _pipeline(stages, by_rank, m, schedule, ideal, p, virtual), warnings
 
 
 def _stage(
@@ -221,7 +340,10 @@ def _slowest_phase(
     return best[0], best[2]
 
 
-def _schedule(p2p: pl.DataFrame, chains: list[list[int]]) -> Literal["GPipe", "1F1B"]:
+Schedule = Literal["GPipe", "1F1B", "interleaved", "zero-bubble"]
+
+
+def _schedule(p2p: pl.DataFrame, chains: list[list[int]]) -> Schedule:
     """GPipe when, on every rank, no message of a backward (to the previous stage, or from the
     next) is issued in a step before the last of its forward messages, else 1F1B."""
     stage_of = {r: k for c in chains for k, r in enumerate(c)}

@@ -42,7 +42,7 @@ from traceview.analysis.fsdp import fsdp_gathers
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups, declared_groups
 from traceview.analysis.memory import memory_results
-from traceview.analysis.pipeline import POINT_TO_POINT, detect_pipeline
+from traceview.analysis.pipeline import POINT_TO_POINT, annotated_stages, detect_pipeline
 from traceview.analysis.selection import (
     WARMUP_FACTOR,
     Selection,
@@ -771,10 +771,12 @@ def _pipeline(
     collectives: pa.Table | None,
     ranks: list[RankSummary],
     groups: Groups,
+    ops: pa.Table | None = None,
 ) -> tuple[Pipeline | None, list[str]]:
     """The pipeline the point-to-point calls form, and its warnings. Where ranks are missing (no
     cross-rank pass), the pairs between the ranks read are matched on their own: a pair's wait
-    depends on its two sides only."""
+    depends on its two sides only. ``ops``: where the pipelining library names its actions,
+    the stages each rank holds."""
     table = cross.calls if cross is not None and cross.calls is not None else collectives
     if table is None or table.num_rows == 0:
         return None, []
@@ -792,7 +794,12 @@ def _pipeline(
         calls = cross.matched.calls
     else:
         calls = match_collectives(p2p.to_arrow(), groups).calls
-    return detect_pipeline(calls, ranks, named)
+    annotated = None
+    if ops is not None and ops.num_rows:
+        frame = pl.from_arrow(ops)
+        assert isinstance(frame, pl.DataFrame)
+        annotated = annotated_stages(frame)
+    return detect_pipeline(calls, ranks, named, annotated)
 
 
 def _no_peer(cross: CrossRank | None) -> list[str]:
@@ -1089,7 +1096,7 @@ def summarize(
     clocks = _clocks(manifest, len(ranks), cross, estimate)
     summary = _summary(ranks, ranks_df, cross)
     groups = cross.groups if cross is not None else groups_of(manifest)
-    pipeline, pipeline_warnings = _pipeline(cross, collectives, ranks, groups)
+    pipeline, pipeline_warnings = _pipeline(cross, collectives, ranks, groups, ops)
     if pipeline is not None:
         _pipeline_verdict(summary, ranks, pipeline)
     per_step, stats = _per_step(complete_df, selection)

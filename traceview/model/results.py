@@ -610,14 +610,19 @@ class Pipeline(Result):
     """A pipeline the run's point-to-point calls form: stages in order (stage 0 sends first)."""
 
     stages: list[PipelineStage]
-    microbatches: float  # sends from stage 0 to stage 1 per step
-    schedule: Literal["GPipe", "1F1B"]  # GPipe: every forward before any backward
+    microbatches: float  # sends from stage 0 to stage 1 per step (or the schedule's own)
+    # GPipe: every forward before any backward; interleaved: several stages per rank
+    # (torch.distributed.pipelining's annotations); zero-bubble: those, backward split in two
+    schedule: Literal["GPipe", "1F1B", "interleaved", "zero-bubble"]
     bubble_fraction: float  # the stages' bubble over their step time
-    ideal_bubble_fraction: float  # (p - 1) / (m + p - 1): equal stages, no transfer
+    # equal stages, no transfer: (p - 1) / (m + p - 1), interleaved (p - 1) / (v m + p - 1);
+    # null for a zero-bubble schedule (its ideal depends on how the backward splits)
+    ideal_bubble_fraction: float | None
     slowest_stage: int  # the most compute
     slowest_phase: StragglerPhase | None  # where it spends its extra time over the others
     slowest_phase_ratio: float | None  # that phase on the slowest stage over the others' median
     stage_count: int = 0  # the pipeline's stages, each with a trace or not (0: those listed)
+    virtual_stages: int = 1  # stages each rank holds (interleaved schedules: more than one)
 
     @property
     def depth(self) -> int:

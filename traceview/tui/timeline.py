@@ -50,6 +50,7 @@ from traceview.tui.render import (
     pipeline_cells,
     untrusted,
 )
+from traceview.views.style import ideal_share
 
 MAX_ZOOM = 4096.0
 
@@ -473,7 +474,7 @@ class Timeline(ScrollView, can_focus=True):
             text.append(
                 f" · pipeline {pipeline.schedule}, {pipeline.depth} stages × "
                 f"{pipeline.microbatches:g} micro-batches: bubble {pct(pipeline.bubble_fraction)}"
-                f" (ideal {pct(pipeline.ideal_bubble_fraction)}; p: ranks)"
+                f" (ideal {ideal_share(pipeline)}; p: ranks)"
             )
         elif pipeline is not None:
             text.append(" · p: pipeline stages")

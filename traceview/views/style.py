@@ -229,7 +229,7 @@ def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
     step = report.summary.step_ms
     text.append(
         f" is the bottleneck: {pct(pipeline.bubble_fraction)} of the stages' time "
-        f"(ideal for equal stages: {pct(pipeline.ideal_bubble_fraction)}); stage "
+        f"(ideal for equal stages: {ideal_share(pipeline)}); stage "
         f"{waiting.stage} is blocked {pct(waiting.bubble_ms / step if step else 0)} of the "
         f"{ms(step)} ms step"
     )
@@ -243,6 +243,12 @@ def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
     return text
 
 
+def ideal_share(pipeline: Pipeline) -> str:
+    """The schedule's ideal bubble share, or "n/a" where it has none (zero bubble)."""
+    ideal = pipeline.ideal_bubble_fraction
+    return pct(ideal) if ideal is not None else "n/a"
+
+
 def pipeline_text(pipeline: Pipeline) -> Text:
     """The stages, one line each."""
     p = len(pipeline.stages)
@@ -253,11 +259,12 @@ def pipeline_text(pipeline: Pipeline) -> Text:
         if untraced
         else ""
     )
+    per_rank = f", {pipeline.virtual_stages} stages per rank" if pipeline.virtual_stages > 1 else ""
     text = Text(
         f"pipeline: {pipeline.depth} stages{without} × {pipeline.microbatches:g} micro-batches "
-        f"({pipeline.schedule}); "
+        f"({pipeline.schedule}{per_rank}); "
         f"bubble {pct(pipeline.bubble_fraction)} of the stages' time, ideal for equal stages "
-        f"{pct(pipeline.ideal_bubble_fraction)}"
+        f"{ideal_share(pipeline)}"
     )
     for s in pipeline.stages[:16]:
         ranks = ", ".join(str(r) for r in s.ranks[:8]) + (" ..." if len(s.ranks) > 8 else "")

@@ -37,6 +37,7 @@ from traceview.views.style import (
     duration_us,
     gpu_verdict_text,
     host_bound_cell,
+    ideal_share,
     incomplete_text,
     kernel_cells,
     kernel_rank,
@@ -624,9 +625,7 @@ def _pipeline_rows(
     pipes = [run.pipeline for run in runs]
     share: list[Text | str] = [Text("bubble share (ideal)", style="bold")]
     for i, pipe in enumerate(pipes):
-        share.append(
-            f"{pct(pipe.bubble_fraction)} ({pct(pipe.ideal_bubble_fraction)})" if pipe else "-"
-        )
+        share.append(f"{pct(pipe.bubble_fraction)} ({ideal_share(pipe)})" if pipe else "-")
         if i:
             share.append("")
     rows = [share]

@@ -1,7 +1,12 @@
-"""A pipeline-parallel job (torch.distributed.pipelining), one stage per rank, CPU and gloo.
+"""A pipeline-parallel job (torch.distributed.pipelining), CPU and gloo: one stage per rank, or
+(--schedule interleaved: ScheduleInterleaved1F1B; zbv: ScheduleZBVZeroBubble) --virtual V stages
+per rank (interleaved: rank r holds stages r, r + P, ...; zbv: 2 stages, r and 2P - 1 - r).
 
-  torchrun --standalone --nproc-per-node P pipeline.py --schedule gpipe|1f1b --microbatches M
-      [--slow-stage S --slow-phase forward|backward --extra N] --truth DIR
+  torchrun --standalone --nproc-per-node P pipeline.py --schedule gpipe|1f1b|interleaved|zbv
+      --microbatches M [--virtual V] [--slow-stage S --slow-phase forward|backward --extra N]
+      --truth DIR
+
+With virtual stages, --slow-stage names a rank: each of its stages does the extra work.
 
 Each stage is Linear(256, 1024), Linear(1024, 1024), Linear(1024, 256), each with a ReLU; a micro-batch is 8 samples, so each activation
 or gradient sent between stages is 8 x 256 float32 = 8 KiB. Stage S (with --slow-stage) does N
@@ -26,7 +31,13 @@ import _common as C
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
 from torch.distributed.pipelining import schedules as S
 
 HIDDEN, WIDTH, MB_SIZE = 256, 1024, 8
@@ -65,7 +76,10 @@ class Stage(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe")
+    parser.add_argument(
+        "--schedule", choices=["gpipe", "1f1b", "interleaved", "zbv"], default="gpipe"
+    )
+    parser.add_argument("--virtual", type=int, default=2, help="stages per rank (interleaved)")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--slow-stage", type=int, default=-1)
@@ -75,10 +89,20 @@ def main() -> None:
     args = parser.parse_args()
     rank, world = C.start()
     slow = rank == args.slow_stage
-    module = Stage(
-        args.extra if slow and args.slow_phase == "forward" else 0,
-        args.extra if slow and args.slow_phase == "backward" else 0,
-    )
+    multi = args.schedule in ("interleaved", "zbv")
+    virtual = (2 if args.schedule == "zbv" else args.virtual) if multi else 1
+    if args.schedule == "zbv":
+        indices = [rank, 2 * world - 1 - rank]
+    else:
+        indices = [rank + v * world for v in range(virtual)]
+    modules = [
+        Stage(
+            args.extra if slow and args.slow_phase == "forward" else 0,
+            args.extra if slow and args.slow_phase == "backward" else 0,
+        )
+        for _ in indices
+    ]
+    module = modules[0]
     timers = C.Timers()
     mb_index = {"fwd": 0, "bwd": 0}
 
@@ -95,14 +119,23 @@ def main() -> None:
     def bpost(_m: nn.Module, _gi: Any, _go: Any) -> None:
         timers.add("module_backward", mb_index["bwd_t0"], time.perf_counter_ns())
 
-    module.register_forward_pre_hook(pre)
-    module.register_forward_hook(post)
-    module.register_full_backward_pre_hook(bpre)
-    module.register_full_backward_hook(bpost)
+    for m in modules:
+        m.register_forward_pre_hook(pre)
+        m.register_forward_hook(post)
+        m.register_full_backward_pre_hook(bpre)
+        m.register_full_backward_hook(bpost)
 
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[args.schedule]
-    schedule = kind(stage, args.microbatches, loss_fn=nn.functional.mse_loss)
+    n_stages = world * virtual
+    stages = [
+        PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(modules, indices)
+    ]
+    stage = stages[0]
+    if multi:
+        kind: Any = {"interleaved": ScheduleInterleaved1F1B, "zbv": ScheduleZBVZeroBubble}
+        schedule = kind[args.schedule](stages, args.microbatches, loss_fn=nn.functional.mse_loss)
+    else:
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[args.schedule]
+        schedule = kind(stage, args.microbatches, loss_fn=nn.functional.mse_loss)
 
     # the ground truth: time the schedule's own actions on this stage
     def wrap(obj: Any, attr: str, name: str) -> None:
@@ -118,8 +151,11 @@ def main() -> None:
 
         setattr(obj, attr, timed)
 
-    wrap(stage, "forward_one_chunk", "stage_forward")
-    wrap(stage, "backward_one_chunk", "stage_backward")
+    for st in stages:
+        wrap(st, "forward_one_chunk", "stage_forward")
+        wrap(st, "backward_one_chunk", "stage_backward")
+        if hasattr(st, "backward_weight_one_chunk"):  # (zero bubble: the weights' gradients)
+            wrap(st, "backward_weight_one_chunk", "stage_backward")
     inner_loss = schedule._maybe_compute_loss
 
     def loss(stage_: Any, output: Any, target_mbs: Any, mb: int, *rest: Any) -> Any:
@@ -140,7 +176,7 @@ def main() -> None:
 
     S._wait_batch_p2p = wait
 
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+    optimizer = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=0.01)
     batch = MB_SIZE * args.microbatches
     x = torch.randn(batch, HIDDEN)
     y = torch.randn(batch, HIDDEN)
@@ -149,9 +185,13 @@ def main() -> None:
         with timers.timed("step"):
             optimizer.zero_grad()
             with timers.timed("schedule"):
-                if stage.is_first:
+                first = any(st.is_first for st in stages)
+                last = any(st.is_last for st in stages)
+                if first and last:
+                    schedule.step(x, target=y)
+                elif first:
                     schedule.step(x)
-                elif stage.is_last:
+                elif last:
                     schedule.step(target=y)
                 else:
                     schedule.step()
@@ -168,6 +208,7 @@ def main() -> None:
         timers,
         stage=rank,
         stages=world,
+        stage_indices=indices,
         microbatches=args.microbatches,
         message_bytes=MB_SIZE * HIDDEN * 4,
     )
