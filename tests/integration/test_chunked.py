@@ -45,12 +45,9 @@ def test_chunked_ingest_equals_whole(
     counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
     manifest = R.read_manifest(tmp_path / "parts")
     steps = manifest.ranks[0].steps
-    if steps and manifest.ranks[0].meta.get("steps_from") != "markers":
-        # no markers, steps inferred where the loop repeats: that needs the whole rank, which
-        # the whole-rank path reads (on the events read once)
-        assert counts == [-1], counts
-    elif steps:
+    if steps:
         # one chunk per step: the chunked path ran, and in as many chunks as there are steps
+        # (steps inferred where the loop repeats, without markers, too: from what pass 1 kept)
         assert counts == [steps], f"{steps} steps but chunks {counts}"
         _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch)
     else:  # no step markers: one window, in chunks all the same (memory records or not)
@@ -74,11 +71,7 @@ def test_steps_cut_inside_equal_whole(
         sliced = _record_slices(m)  # per slice: the windows it went on with
         counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows, piece=300)
     rank = R.read_manifest(tmp_path / "parts").ranks[0]
-    assert len(counts) == 1
-    if rank.steps and rank.meta.get("steps_from") != "markers":  # inferred: the whole rank's
-        assert counts == [-1], counts
-        _assert_same_run(tmp_path / "whole", tmp_path / "parts")
-        return
+    assert len(counts) == 1  # (steps inferred where the trace marks none: chunked too)
     if rows == 1:  # a chunk per step at least
         assert counts[0] >= rank.steps, f"{rank.steps} steps, chunks {counts}"
     # (without step markers: the one window, cut in pieces where it has phase markers)

@@ -17,7 +17,7 @@ from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes
 from traceview.normalize.pipeline import Normalized, RankMeta, normalize
 from traceview.normalize.rules import rules_for
-from traceview.normalize.step_inference import STEP_THREAD
+from traceview.normalize.step_inference import STEP_THREAD, RepeatState
 from traceview.normalize.steps import STEP_INFERENCE, step_markers
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0 Compute"
@@ -168,3 +168,87 @@ def test_one_session_run_is_one_step_without_a_remark() -> None:
     normalized = _normalize(raw, "session_runs", {1: CPU})
     assert _markers(normalized) == [(0, 1, STEP_THREAD, 50, 100)]
     assert not any("Session.run" in r for r in normalized.notes.remarks)
+
+
+# --- repeats, a rank read a batch at a time (step_inference.RepeatState) -------------------------
+
+
+def _kept_in_batches(raw: pa.Table, size: int) -> pa.Table:
+    """What RepeatState keeps of ``raw`` read ``size`` rows at a time, as from_repeats reads it."""
+    state = RepeatState()
+    for start in range(0, raw.num_rows, size):
+        state.add(raw.slice(start, size))
+    return state.table()
+
+
+def _inferred(raw: pa.Table) -> tuple[list[tuple[int, int, int, int]], str, list[str]]:
+    notes = Notes()
+    found = step_markers(raw, "repeats", {}, notes)
+    assert found is not None
+    m = found.markers
+    rows = list(
+        zip(*(m.column(c).to_pylist() for c in (S.PID, S.TID, S.TS_NS, S.DUR_NS)), strict=True)
+    )
+    return rows, found.how, notes.remarks
+
+
+def _op(name: str, ts: int, dur: int, tid: int = 5, cat: str = "cpu_op") -> dict[str, Any]:
+    return _event(cat, name, ts, dur, **{S.TID: tid, S.KIND: S.KIND_OP})
+
+
+# Three loops of one trace each: the first step of an optimizer-cut loop starts at the loop's
+# first call that ends by the first boundary (here a call at 5 on the loop's thread, ended long
+# before the first optimizer step, beside a frame around the whole loop that must not count); a
+# data-loader-cut loop's last step ends at the last call on the loader's thread (at 950); an
+# annotated loop is cut at its annotation's calls.
+OPTIMIZER = [
+    _op("<module>", 0, 1000),  # a frame around the whole loop: ends after the first boundary
+    _op("aten::empty", 5, 1),
+    _op("aten::mm", 20, 30),
+    _op("Optimizer.step#SGD.step", 60, 20),
+    _op("aten::mm", 100, 30),
+    _op("Optimizer.step#SGD.step", 140, 20),
+    _op("aten::mm", 200, 30),
+    _op("Optimizer.step#SGD.step", 240, 20),
+    _op("aten::mm", 3, 2, tid=9),  # another thread, earlier: not the loop's
+]
+LOADER = [
+    _op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 100, 10),
+    _op("aten::mm", 120, 50),
+    _op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 300, 10),
+    _op("aten::mm", 320, 50),
+    _op("aten::add", 900, 50),  # the loader's thread's last call ends at 950
+]
+ANNOTATED = [
+    _op("train_step", 0, 90, cat="user_annotation"),
+    _op("aten::mm", 10, 50),
+    _op("train_step", 100, 90, cat="user_annotation"),
+    _op("aten::mm", 110, 50),
+    _op("train_step", 200, 95, cat="user_annotation"),
+]
+
+
+@pytest.mark.parametrize(
+    "rows", [OPTIMIZER, LOADER, ANNOTATED], ids=["optimizer", "loader", "annotated"]
+)
+@pytest.mark.parametrize("size", [1, 2, 3, 100])
+def test_repeats_inferred_from_what_a_batched_read_keeps(
+    rows: list[dict[str, Any]], size: int
+) -> None:
+    raw = _raw(rows)
+    whole = _inferred(raw)
+    assert len(whole[0]) >= 2, whole  # (the loop is found)
+    kept = _kept_in_batches(raw, size)
+    assert kept.num_rows < raw.num_rows or size >= raw.num_rows or rows is ANNOTATED
+    assert _inferred(kept) == whole
+
+
+def test_the_optimizer_loops_first_step_and_the_loaders_last_end_by_hand() -> None:
+    # optimizer: the first step from 5 (not the frame at 0, which ends after 80)
+    assert [(ts, ts + dur) for _, _, ts, dur in _inferred(_raw(OPTIMIZER))[0]] == [
+        (5, 80), (80, 160), (160, 260),
+    ]  # fmt: skip
+    # loader: from one __next__ to the next, the last to the thread's last end (950)
+    assert [(ts, ts + dur) for _, _, ts, dur in _inferred(_raw(LOADER))[0]] == [
+        (100, 300), (300, 950),
+    ]  # fmt: skip

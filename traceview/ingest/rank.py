@@ -235,6 +235,17 @@ def _ingest_chunked(
     notes = Notes()
     notes.extend(parsed.notes)
     notes.extend(done.notes)
+    found, threads = dict(parsed.meta), dict(parsed.threads)
+    inferred = done.inferred
+    if inferred is not None:
+        threads.update(inferred.threads)
+    found["steps_from"] = (
+        (inferred.how if inferred is not None and inferred.how else "markers")
+        if done.steps
+        else "one_window"
+    )
+    if inferred is not None and inferred.warmup and done.steps:
+        found["warmup_steps"] = inferred.warmup
     info = RankIngest(
         rank=trace.rank,
         source=str(trace.path),
@@ -248,14 +259,10 @@ def _ingest_chunked(
         skipped_records=dict(parsed.skipped),
         steps=done.steps,
         training_thread=list(done.training_thread) if done.training_thread else None,
-        threads=dict(parsed.threads),
+        threads=threads,
         clock_offset_ns=offset,
         clock=clock,
-        meta={
-            **parsed.meta,
-            "steps_from": "markers" if done.steps else "one_window",
-            **_startup(done.first_call_ns, tables.get("steps")),
-        },
+        meta={**found, **_startup(done.first_call_ns, tables.get("steps"))},
         seconds=round(time.perf_counter() - started, 3),
     )
     return RankPartial(info, tables, notes)

@@ -24,6 +24,7 @@ training thread and the steps").
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -340,3 +341,97 @@ def loop_calls(raw: pa.Table) -> int:
     user = np.array([c == "user_annotation" for c in cats] + [False], bool)[codes]
     user &= ~_names(raw.column(S.NAME), lambda n: n.startswith(_NOT_A_STEP))
     return int((user | _names(raw.column(S.NAME), _loop_call)).sum())
+
+
+def _repeat_name(name: str) -> bool:
+    """A name ``from_repeats`` may cut steps at (its optimizer, data-loader and backward tests)."""
+    return (
+        name.startswith("Optimizer.step#")
+        or ("DataLoader" in name and "__next__" in name)
+        or "run_backward" in name
+        or ("torch/autograd/__init__.py" in name and "backward" in name)
+    )
+
+
+#: The columns ``from_repeats`` reads.
+_REPEAT_COLUMNS = (S.KIND, S.CAT, S.NAME, S.PID, S.TID, S.TS_NS, S.DUR_NS)
+
+
+def _staircase(points: np.ndarray) -> np.ndarray:
+    """Of host calls (rows pid, tid, start, end), per thread those no other call both ends by
+    its end and starts before it (the least start among the calls that end by any time is one
+    of theirs), and the one that ends last."""
+    if points.shape[1] == 0:
+        return points
+    pid, tid, ts, end = points
+    order = np.lexsort((ts, end, tid, pid))
+    pid, tid, ts, end = pid[order], tid[order], ts[order], end[order]
+    thread = np.concatenate(([True], (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])))
+    # the least start so far in each thread (a running minimum per thread: threads are few)
+    running = np.empty_like(ts)
+    starts = np.flatnonzero(thread)
+    for a, b in zip(starts, [*starts[1:], len(ts)], strict=True):
+        running[a:b] = np.minimum.accumulate(ts[a:b])
+    previous = np.concatenate(([np.iinfo(np.int64).max], running[:-1]))
+    keep = thread | (ts < previous)
+    last = np.concatenate((thread[1:], [True]))  # each thread's latest end
+    keep |= last
+    return np.stack([pid, tid, ts, end])[:, keep]
+
+
+@dataclass
+class RepeatState:
+    """What ``from_repeats`` needs of a rank read a batch at a time (a large trace: its chunks),
+    without holding the rank: the rows it could cut steps at, and per thread its host calls as a
+    staircase (``_staircase``: what the first step's start and the loader's last end need).
+    ``table()`` is a raw table on which ``from_repeats`` finds what it finds on the whole rank."""
+
+    rows: list[pa.Table] = field(default_factory=list)
+    points: np.ndarray = field(default_factory=lambda: np.zeros((4, 0), np.int64))
+    pending: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, raw: pa.Table) -> None:
+        """Take a batch of raw events (kinds filled in by category)."""
+        if raw.num_rows == 0:
+            return
+        codes, cats = dictionary_codes(raw.column(S.CAT))
+        user = np.array([c == "user_annotation" for c in cats] + [False], bool)[codes]
+        keep = user | _names(raw.column(S.NAME), _repeat_name)
+        if keep.any():
+            self.rows.append(raw.select(list(_REPEAT_COLUMNS)).filter(pa.array(keep)))
+        host = np.flatnonzero(_host_calls(raw))
+        if len(host):
+            ts = ints(raw.column(S.TS_NS), 0)[host]
+            end = ts + ints(raw.column(S.DUR_NS), 0)[host]
+            pid, tid = ints(raw.column(S.PID), 0)[host], ints(raw.column(S.TID), 0)[host]
+            self.pending.append(_staircase(np.stack([pid, tid, ts, end])))
+            if sum(p.shape[1] for p in self.pending) > 1 << 16:
+                self._compact()
+
+    def then(self, later: RepeatState) -> None:
+        """Add the state of the rows that follow (a later part of the trace)."""
+        self.rows.extend(later.rows)
+        self.pending.extend([later.points, *later.pending])
+        self._compact()
+
+    def _compact(self) -> None:
+        self.points = _staircase(np.concatenate([self.points, *self.pending], axis=1))
+        self.pending = []
+
+    def table(self) -> pa.Table:
+        self._compact()
+        pid, tid, ts, end = self.points
+        n = len(ts)
+        spans = pa.table(
+            {
+                S.KIND: pa.array([S.KIND_OP] * n, pa.string()).dictionary_encode(),
+                S.CAT: pa.nulls(n, pa.string()).dictionary_encode(),
+                S.NAME: pa.array([""] * n, pa.string()).dictionary_encode(),
+                S.PID: pa.array(pid, pa.int64()),
+                S.TID: pa.array(tid, pa.int64()),
+                S.TS_NS: pa.array(ts, pa.int64()),
+                S.DUR_NS: pa.array(end - ts, pa.int64()),
+            }
+        )
+        parts = [S.conform(t, S.RAW_SCHEMA) for t in [*self.rows, spans]]
+        return pa.concat_tables(parts).unify_dictionaries().combine_chunks()

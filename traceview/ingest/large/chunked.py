@@ -30,11 +30,11 @@ slice at a time (``analysis.parts``). Each chunk's closed rows are appended to t
 file as it is done (``EventsWriter``): the file holds the rows the whole-rank path writes,
 by chunk (time) rather than by id. A trace with no step markers is one window (the span of
 its timed events) cut in pieces; its training thread, which takes the call trees, is guessed in
-pass 1 and checked in pass 3 (``_normalize_routed``). One with events whose times are corrupt
-(the ``stray_times`` pass needs the whole rank's median) takes the whole-rank path, and so
-does one without markers whose training loop repeats calls that step inference cuts steps at
-(``normalize.step_inference.from_repeats`` needs the whole rank; its memory is then the whole
-rank's).
+pass 1 and checked in pass 3 (``_normalize_routed``). One without markers whose training loop
+repeats calls that step inference cuts steps at has them inferred from what pass 1 kept
+(``normalize.step_inference.RepeatState``), its markers read as its last rows (``_inferred``).
+One with events whose times are corrupt (the ``stray_times`` pass needs the whole rank's median)
+takes the whole-rank path; its memory is then the whole rank's.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from traceview.ingest.large.plan import (
     Firsts,
     MemoRules,
     Plan,
+    Survey,
     ThreadTime,
     chunk_rows,
     make_plan,
@@ -67,7 +68,7 @@ from traceview.ingest.large.sinks import (
     free_core,
     in_worker,
 )
-from traceview.ingest.large.spill import FirstPass, first_pass, whole_table
+from traceview.ingest.large.spill import FirstPass, first_pass, spill_surveyed, whole_table
 from traceview.ingest.large.trim import release_memory
 from traceview.ingest.large.writer import EventsWriter, with_self
 from traceview.model import schema as S
@@ -80,7 +81,7 @@ from traceview.model.errors import Notes, cannot_write, no_room
 from traceview.normalize.classify import STRAY_NS
 from traceview.normalize.pipeline import ChunkContext, RankMeta, normalize_chunk
 from traceview.normalize.rules import RuleSet
-from traceview.normalize.steps import NO_STEP_MARKERS
+from traceview.normalize.steps import NO_STEP_MARKERS, InferredSteps, step_markers
 from traceview.parsers import ParsedTrace
 from traceview.store import rundir as R
 
@@ -119,6 +120,7 @@ class ChunkedRank:
     notes: Notes = field(default_factory=Notes)
     sink: ChunkSink | None = None  # the sink the chunks went to
     first_call_ns: int | None = None  # its first host call's start (``WORK``), as written
+    inferred: InferredSteps | None = None  # where the trace marks no steps: how they were found
 
 
 def normalize_chunked(
@@ -192,13 +194,14 @@ def _normalize_read(
     if meta.host is None:  # the trace may name its host after its events: known by now
         meta.host = parsed.host
     plan = None
+    inferred: tuple[InferredSteps, Notes] | None = None
     # the stray_times pass drops events by the whole rank's median: those take the whole path
     if survey.ts_max - survey.ts_min <= STRAY_NS and survey.dur_max <= STRAY_NS:
+        # no step markers, but calls that repeat: the steps inferred from what pass 1 kept
+        # (before the plan, which takes the survey's arrays)
+        if not survey.marker_ts and parsed.infer_steps and survey.loop_calls:
+            inferred = _inferred(parsed, survey, rules, spills, work)
         plan = make_plan(survey, chunk_rows())
-    # no step markers, but calls that repeat: step inference needs the whole rank (its
-    # boundaries and their threads), so the whole-rank path takes it
-    if plan is not None and plan.whole is not None and parsed.infer_steps and survey.loop_calls:
-        plan = None
     del survey
     if plan is None:  # the whole-rank path, on what was read
         parsed.events = whole_table(spills, base_ns)
@@ -222,9 +225,36 @@ def _normalize_read(
         except OSError:  # no process can start: a thread, then
             return InThread(sink)
 
-    return _normalize_routed(
+    done = _normalize_routed(
         spills, plan, work, shift, rules, meta, run, start_sink, parsed, first.helper
     )
+    if inferred is not None:
+        found, notes = inferred
+        notes.extend(done.notes)
+        done.notes, done.inferred = notes, found
+    return done
+
+
+def _inferred(
+    parsed: ParsedTrace, survey: Survey, rules: RuleSet, spills: list[tuple[Path, int]], work: Path
+) -> tuple[InferredSteps, Notes] | None:
+    """The steps of a rank without markers, inferred as the whole-rank path infers them, from
+    what pass 1 kept of the rows that could mark them (``step_inference.RepeatState``). The
+    markers are read as the trace's last rows (a spill of their own, numbered after the
+    trace's, as the whole-rank path appends them) and surveyed: the rank is then read as a
+    marked one. None: nothing repeats (one window)."""
+    notes = Notes()
+    found = step_markers(
+        survey.repeats.table(), parsed.infer_steps or "", parsed.process_names or {}, notes
+    )
+    if found is None:
+        return None
+    if found.markers.num_rows:
+        markers = S.conform(found.markers, S.RAW_SCHEMA).to_batches()
+        spill = work / "markers.arrows"
+        spill_surveyed(iter(markers), survey, rules, spill)  # (numbered from survey.rows)
+        spills.append((spill, 0))
+    return found, notes
 
 
 class _WrongGuess(Exception):

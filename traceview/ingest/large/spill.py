@@ -24,7 +24,9 @@ from traceview.parsers import ParsedTrace
 from traceview.parsers.chrome_stream import SplitMismatch
 
 
-def _spill(batches: Iterator[pa.RecordBatch], survey: Survey, rules: RuleSet, spill: Path) -> None:
+def spill_surveyed(
+    batches: Iterator[pa.RecordBatch], survey: Survey, rules: RuleSet, spill: Path
+) -> None:
     """Pass 1 over some of a trace's batches: survey them, write them to ``spill`` with their
     row numbers (from the survey's count) and kind codes."""
     writer: pa.ipc.RecordBatchStreamWriter | None = None
@@ -64,7 +66,7 @@ def first_pass(
     stream = parser.stream(path)
     survey = Survey()
     spill = work / "raw.arrows"
-    _spill(iter(stream), survey, rules, spill)
+    spill_surveyed(iter(stream), survey, rules, spill)
     return FirstPass(stream.result, stream.base_ns, survey, [(spill, 0)])
 
 
@@ -114,7 +116,7 @@ def _in_two_parts(
         stream = parser.stream(path, (0, boundary))
         survey = Survey()
         spill = work / "raw.arrows"
-        _spill(iter(stream), survey, rules, spill)
+        spill_surveyed(iter(stream), survey, rules, spill)
         try:
             done = helper.inbox.recv() == ("part",) and (later / PART_FILE).exists()
         except (EOFError, OSError):  # it died
@@ -147,7 +149,7 @@ def read_later_part(
     0), and its survey and the parser's part (also in ``out``/``PART_FILE``)."""
     stream = parser.stream(path, (boundary, None))
     survey = Survey()
-    _spill(iter(stream), survey, rules, out / "raw.arrows")
+    spill_surveyed(iter(stream), survey, rules, out / "raw.arrows")
     done = (survey, stream.part_read())
     tmp = out / (PART_FILE + ".tmp")
     with tmp.open("wb") as fh:
