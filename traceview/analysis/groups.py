@@ -104,8 +104,8 @@ def declared_groups(declared: dict[int, list[dict[str, str]]], world: int | None
             # groups once, and each rank's own from one inverted map
             if names_of is None:
                 names_of = {}
-                for name, ranks in pairs:
-                    for r in ranks:
+                for name, group in pairs:
+                    for r in group:
                         names_of.setdefault(r, []).append(name)
             if dissent:
                 dissenters.add(rank)
