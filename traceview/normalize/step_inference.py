@@ -258,11 +258,11 @@ def from_repeats(raw: pa.Table, process_names: dict[int, str], notes: Notes) -> 
         rows = _one_thread(np.flatnonzero(host & _names(name, test)), pid, tid)
         return _disjoint_by_time(rows, ts, end)
 
-    optimizer = calls(lambda n: n.startswith("Optimizer.step#"))
+    optimizer = calls(_optimizer_step)
     warmup: list[int] = []
     how, starts, ends, rows = "", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, int)
     annotated = _annotation_steps(raw, host, pid, tid, ts, end)
-    loader = calls(lambda n: "DataLoader" in n and "__next__" in n)
+    loader = calls(_loader_next)
     if annotated is not None:
         how, rows = "annotations", annotated
         starts, ends = ts[rows], end[rows]
@@ -288,9 +288,7 @@ def from_repeats(raw: pa.Table, process_names: dict[int, str], notes: Notes) -> 
                 starts, ends, rows = starts[held], ends[held], rows[held]
         what = "from one data-loader __next__ call to the next"
     else:
-        backward = calls(
-            lambda n: "run_backward" in n or ("torch/autograd/__init__.py" in n and "backward" in n)
-        )
+        backward = calls(_backward_call)
         for kind, found, said in (
             ("optimizer", optimizer, "an optimizer step"),
             ("backward", backward, "a backward pass"),
@@ -323,34 +321,21 @@ def from_repeats(raw: pa.Table, process_names: dict[int, str], notes: Notes) -> 
     return InferredSteps(markers, how=how, warmup=warmup if len(warmup) < len(starts) else [])
 
 
-def _loop_call(name: str) -> bool:
-    return (
-        name.startswith("Optimizer.step#")
-        or ("DataLoader" in name and "__next__" in name)
-        or "run_backward" in name
-    )
+def _optimizer_step(name: str) -> bool:
+    return name.startswith("Optimizer.step#")
 
 
-def loop_calls(raw: pa.Table) -> int:
-    """How many events ``from_repeats`` could cut steps at (optimizer steps, data-loader and
-    backward calls, user annotations): where a rank read in chunks has no step markers and
-    some of these, it takes the whole-rank path, which infers its steps."""
-    if raw.num_rows == 0:
-        return 0
-    codes, cats = dictionary_codes(raw.column(S.CAT))
-    user = np.array([c == "user_annotation" for c in cats] + [False], bool)[codes]
-    user &= ~_names(raw.column(S.NAME), lambda n: n.startswith(_NOT_A_STEP))
-    return int((user | _names(raw.column(S.NAME), _loop_call)).sum())
+def _loader_next(name: str) -> bool:
+    return "DataLoader" in name and "__next__" in name
+
+
+def _backward_call(name: str) -> bool:
+    return "run_backward" in name or ("torch/autograd/__init__.py" in name and "backward" in name)
 
 
 def _repeat_name(name: str) -> bool:
     """A name ``from_repeats`` may cut steps at (its optimizer, data-loader and backward tests)."""
-    return (
-        name.startswith("Optimizer.step#")
-        or ("DataLoader" in name and "__next__" in name)
-        or "run_backward" in name
-        or ("torch/autograd/__init__.py" in name and "backward" in name)
-    )
+    return _optimizer_step(name) or _loader_next(name) or _backward_call(name)
 
 
 #: The columns ``from_repeats`` reads.

@@ -199,7 +199,7 @@ def _normalize_read(
     if survey.ts_max - survey.ts_min <= STRAY_NS and survey.dur_max <= STRAY_NS:
         # no step markers, but calls that repeat: the steps inferred from what pass 1 kept
         # (before the plan, which takes the survey's arrays)
-        if not survey.marker_ts and parsed.infer_steps and survey.loop_calls:
+        if not survey.marker_ts and parsed.infer_steps and survey.repeats.rows:
             inferred = _inferred(parsed, survey, rules, spills, work)
         plan = make_plan(survey, chunk_rows())
     del survey

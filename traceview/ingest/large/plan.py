@@ -30,7 +30,7 @@ from traceview.model.columns import (
 from traceview.normalize.classify import KIND_CODES, classify, kinds_from_categories
 from traceview.normalize.phases import ANCHOR_PHASES
 from traceview.normalize.rules import RuleSet
-from traceview.normalize.step_inference import RepeatState, loop_calls
+from traceview.normalize.step_inference import RepeatState
 
 #: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
 #: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step).
@@ -191,9 +191,8 @@ class Survey:
     thread_time: ThreadTime = field(default_factory=ThreadTime)
     timed_start: int = 1 << 62
     timed_end: int = -(1 << 62)
-    # events step inference could cut steps at (normalize/step_inference.loop_calls), and what
-    # it needs to infer the steps of a rank without markers (``RepeatState``)
-    loop_calls: int = 0
+    # what step inference needs to infer the steps of a rank without markers (the rows it could
+    # cut steps at, the threads' spans: ``RepeatState``)
     repeats: RepeatState = field(default_factory=RepeatState)
 
     def then(self, later: Survey) -> None:
@@ -210,7 +209,6 @@ class Survey:
         self.thread_time.then(later.thread_time)
         self.timed_start = min(self.timed_start, later.timed_start)
         self.timed_end = max(self.timed_end, later.timed_end)
-        self.loop_calls += later.loop_calls
         self.repeats.then(later.repeats)
 
     def add(self, batch: pa.RecordBatch, rules: RuleSet) -> np.ndarray:
@@ -256,7 +254,6 @@ class Survey:
         self.anchor_phase.append(own[anchor].astype(np.int8))
         if not self.marker_ts:
             self._unmarked(batch, kind, own, ts, dur)
-            self.loop_calls += loop_calls(table)
             self.repeats.add(table)
         return kind.astype(np.int8)
 
