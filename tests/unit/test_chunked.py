@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import SHARED, for_unit
 from traceview.analysis import RANK_TABLES
 from traceview.analysis.parts import ChunkedAnalysis
-from traceview.ingest.large import chunked, sinks
+from traceview.ingest.large import chunked, sinks, spill
 from traceview.model import schema as S
 from traceview.store import rundir as R
 from traceview.store.analysed import ingest_run
@@ -287,6 +287,50 @@ def test_memory_records_without_markers_in_slices(
     # three communication calls): the gap across it takes its phase from neighbours two chunks
     # apart, as over the whole rank (it stayed idle when a slice looked one chunk ahead)
     _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=300)
+
+
+_DAY_US = 86_400 * 10**6
+
+
+@pytest.mark.parametrize("two_parts", [False, True], ids=["one-piece", "two-parts"])
+def test_events_with_corrupt_times_are_dropped_in_chunks(
+    two_parts: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace with corrupt times (an operator 40 days before the rest, another lasting 31
+    days, a third 45 days after) is read in chunks, not whole: the strays are found over the
+    whole rank by its median, as the whole-rank path finds them, and the rest numbered
+    without them; read in two parts at once too (both spills read again as one)."""
+    source = REPO / "sample_traces" / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz"
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e.get("ph") == "X"]
+    ops[5]["ts"] -= 40 * _DAY_US
+    ops[len(ops) // 2]["dur"] = 31 * _DAY_US
+    ops[-5]["ts"] += 45 * _DAY_US
+    path = tmp_path / "corrupt.pt.trace.json"
+    path.write_text(json.dumps(trace))
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    read: list[int] = []
+    with monkeypatch.context() as m:
+        if two_parts:
+            m.setenv("TRACEVIEW_SPLIT_MIN_BYTES", "0")
+            m.setenv("TRACEVIEW_SPLIT_AT", "0.5")
+            real = spill._in_two_parts
+
+            def in_two(*args, **kwargs):  # type: ignore[no-untyped-def]
+                done = real(*args, **kwargs)
+                read.append(len(done.spills))
+                return done
+
+            m.setattr(spill, "_in_two_parts", in_two)
+        else:
+            m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+        counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
+    assert read == ([2] if two_parts else [])
+    steps = R.read_manifest(tmp_path / "parts").ranks[0].steps
+    assert steps and counts == [steps], counts  # in chunks, one a step
+    notes = R.read_manifest(tmp_path / "parts").notes
+    assert any("3 event(s) more than 30 days away" in n for n in notes.warnings), notes
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
 def _helpers_left() -> list[str]:

@@ -215,24 +215,38 @@ def _constant(value: str | None, n: int) -> pa.DictionaryArray:
 STRAY_NS = 30 * 86_400 * 10**9
 
 
+def may_stray(ts_min: int, ts_max: int, dur_max: int) -> bool:
+    """Whether some event may carry a corrupt time (else, the usual case, no median is taken)."""
+    return ts_max - ts_min > STRAY_NS or dur_max > STRAY_NS
+
+
+def stray(ts: np.ndarray, dur: np.ndarray, median: float) -> np.ndarray:
+    """Which events are more than 30 days from the trace's median time, or last longer."""
+    return (np.abs(ts.astype(np.float64) - median) > STRAY_NS) | (dur > STRAY_NS)
+
+
+def strays_dropped(rank: int, count: int) -> str:
+    return (
+        f"rank {rank}: {count} event(s) more than 30 days away from the rest of its trace "
+        "(or lasting longer) were not read: their times are corrupt"
+    )
+
+
 def without_stray_times(raw: pa.Table, notes: Notes, rank: int) -> pa.Table:
     """The events, less those more than 30 days from the trace's median time (or lasting
-    longer): one corrupt record must not make the whole trace unreadable."""
+    longer): one corrupt record must not make the whole trace unreadable. (A rank read in
+    chunks: ``ingest.large.spill.without_strays``, the same rule.)"""
     if raw.num_rows == 0:
         return raw
     ts = ints(raw.column(S.TS_NS), 0)
     dur = ints(raw.column(S.DUR_NS), 0)
-    if int(ts.max()) - int(ts.min()) <= STRAY_NS and int(dur.max()) <= STRAY_NS:
+    if not may_stray(int(ts.min()), int(ts.max()), int(dur.max())):
         return raw  # the usual case: no copies, no median
-    ts_f = ts.astype(np.float64)
-    stray = (np.abs(ts_f - np.median(ts_f)) > STRAY_NS) | (dur > STRAY_NS)
-    if not stray.any():
+    dropped = stray(ts, dur, float(np.median(ts.astype(np.float64))))
+    if not dropped.any():
         return raw
-    notes.warn(
-        f"rank {rank}: {int(stray.sum())} event(s) more than 30 days away from the rest of its trace "
-        "(or lasting longer) were not read: their times are corrupt"
-    )
-    return raw.filter(pa.array(~stray))
+    notes.warn(strays_dropped(rank, int(dropped.sum())))
+    return raw.filter(pa.array(~dropped))
 
 
 def kinds_from_categories(raw: pa.Table, rules: RuleSet) -> pa.Table:

@@ -34,7 +34,8 @@ pass 1 and checked in pass 3 (``_normalize_routed``). One without markers whose 
 repeats calls that step inference cuts steps at has them inferred from what pass 1 kept
 (``normalize.step_inference.RepeatState``), its markers read as its last rows (``_inferred``).
 One with events whose times are corrupt (the ``stray_times`` pass needs the whole rank's median)
-takes the whole-rank path; its memory is then the whole rank's.
+has the median found over its spilled times and its other events spilled again
+(``spill.without_strays``). One with no host events takes the whole-rank path.
 """
 
 from __future__ import annotations
@@ -68,7 +69,13 @@ from traceview.ingest.large.sinks import (
     free_core,
     in_worker,
 )
-from traceview.ingest.large.spill import FirstPass, first_pass, spill_surveyed, whole_table
+from traceview.ingest.large.spill import (
+    FirstPass,
+    first_pass,
+    spill_surveyed,
+    whole_table,
+    without_strays,
+)
 from traceview.ingest.large.trim import release_memory
 from traceview.ingest.large.writer import EventsWriter, with_self
 from traceview.model import schema as S
@@ -78,7 +85,6 @@ from traceview.model.columns import (
     ints,
 )
 from traceview.model.errors import Notes, cannot_write, no_room
-from traceview.normalize.classify import STRAY_NS
 from traceview.normalize.pipeline import ChunkContext, RankMeta, normalize_chunk
 from traceview.normalize.rules import RuleSet
 from traceview.normalize.steps import NO_STEP_MARKERS, InferredSteps, step_markers
@@ -188,23 +194,23 @@ def _normalize_read(
     helper: bool,
 ) -> ChunkedRank | ParsedTrace:
     """Passes 2 and 3 on what pass 1 read (``_normalize_routed``), or the whole-rank path."""
+    notes = Notes()  # the passes' over the whole rank, before the chunks'
+    without_strays(first, rules, work, meta.rank, notes)
     parsed, base_ns, survey, spills = first.parsed, first.base_ns, first.survey, first.spills
     assert survey is not None
     first.survey = None
     if meta.host is None:  # the trace may name its host after its events: known by now
         meta.host = parsed.host
-    plan = None
-    inferred: tuple[InferredSteps, Notes] | None = None
-    # the stray_times pass drops events by the whole rank's median: those take the whole path
-    if survey.ts_max - survey.ts_min <= STRAY_NS and survey.dur_max <= STRAY_NS:
-        # no step markers, but calls that repeat: the steps inferred from what pass 1 kept
-        # (before the plan, which takes the survey's arrays)
-        if not survey.marker_ts and parsed.infer_steps and survey.repeats.rows:
-            inferred = _inferred(parsed, survey, rules, spills, work)
-        plan = make_plan(survey, chunk_rows())
+    # no step markers, but calls that repeat: the steps inferred from what pass 1 kept
+    # (before the plan, which takes the survey's arrays)
+    inferred = None
+    if not survey.marker_ts and parsed.infer_steps and survey.repeats.rows:
+        inferred = _inferred(parsed, survey, rules, spills, work, notes)
+    plan = make_plan(survey, chunk_rows())
     del survey
-    if plan is None:  # the whole-rank path, on what was read
+    if plan is None:  # no host events: the whole-rank path, on what was read
         parsed.events = whole_table(spills, base_ns)
+        parsed.notes.extend(notes)
         return parsed
     shift = base_ns + offset_ns
     whole = None if plan.whole is None else (plan.whole[0] + shift, plan.whole[1] + shift)
@@ -228,22 +234,24 @@ def _normalize_read(
     done = _normalize_routed(
         spills, plan, work, shift, rules, meta, run, start_sink, parsed, first.helper
     )
-    if inferred is not None:
-        found, notes = inferred
-        notes.extend(done.notes)
-        done.notes, done.inferred = notes, found
+    notes.extend(done.notes)
+    done.notes, done.inferred = notes, inferred
     return done
 
 
 def _inferred(
-    parsed: ParsedTrace, survey: Survey, rules: RuleSet, spills: list[tuple[Path, int]], work: Path
-) -> tuple[InferredSteps, Notes] | None:
+    parsed: ParsedTrace,
+    survey: Survey,
+    rules: RuleSet,
+    spills: list[tuple[Path, int]],
+    work: Path,
+    notes: Notes,
+) -> InferredSteps | None:
     """The steps of a rank without markers, inferred as the whole-rank path infers them, from
     what pass 1 kept of the rows that could mark them (``step_inference.RepeatState``). The
     markers are read as the trace's last rows (a spill of their own, numbered after the
     trace's, as the whole-rank path appends them) and surveyed: the rank is then read as a
     marked one. None: nothing repeats (one window)."""
-    notes = Notes()
     found = step_markers(
         survey.repeats.table(), parsed.infer_steps or "", parsed.process_names or {}, notes
     )
@@ -254,7 +262,7 @@ def _inferred(
         spill = work / "markers.arrows"
         spill_surveyed(iter(markers), survey, rules, spill)  # (numbered from survey.rows)
         spills.append((spill, 0))
-    return found, notes
+    return found
 
 
 class _WrongGuess(Exception):

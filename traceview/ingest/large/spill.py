@@ -19,6 +19,9 @@ import pyarrow.compute as pc
 from traceview.ingest.large.plan import Survey
 from traceview.ingest.large.sinks import WorkerProcess
 from traceview.model import schema as S
+from traceview.model.columns import ints
+from traceview.model.errors import Notes
+from traceview.normalize.classify import STRAY_NS, may_stray, stray, strays_dropped
 from traceview.normalize.rules import RuleSet
 from traceview.parsers import ParsedTrace
 from traceview.parsers.chrome_stream import SplitMismatch
@@ -158,6 +161,48 @@ def read_later_part(
     return done
 
 
+def without_strays(first: FirstPass, rules: RuleSet, work: Path, rank: int, notes: Notes) -> None:
+    """The ``stray_times`` pass on a rank read in chunks, where pass 1 saw times far enough
+    apart (rare: a corrupt record): the strays are found over the whole rank as the whole-rank
+    path finds them (the median of every event's time, read back from the spills: 8 bytes an
+    event), and the rest spilled again and surveyed afresh, numbered without them."""
+    survey = first.survey
+    assert survey is not None
+    if not may_stray(survey.ts_min, survey.ts_max, survey.dur_max):
+        return
+    # (as the whole-rank path takes them: times in ns with the base added, then as floats)
+    times = [
+        (ints(batch.column(S.TS_NS), 0) + first.base_ns).astype(np.float64)
+        for path, _ in first.spills
+        for batch in spill_batches(path, [S.TS_NS])
+    ]
+    ts = np.concatenate(times) if times else np.zeros(0)
+    del times
+    median = float(np.median(ts)) if len(ts) else 0.0
+    if survey.dur_max <= STRAY_NS and not (np.abs(ts - median) > STRAY_NS).any():
+        return
+    del ts
+    dropped = 0
+
+    def kept() -> Iterator[pa.RecordBatch]:
+        nonlocal dropped
+        for path, _ in first.spills:
+            for batch in spill_batches(path):
+                ts = ints(batch.column(S.TS_NS), 0) + first.base_ns
+                out = stray(ts, ints(batch.column(S.DUR_NS), 0), median)
+                dropped += int(out.sum())
+                yield batch.drop_columns(["_row", "_kind"]).filter(pa.array(~out))
+
+    again = Survey()
+    spill = work / "kept.arrows"
+    spill_surveyed(kept(), again, rules, spill)
+    for path, _ in first.spills:
+        path.unlink(missing_ok=True)
+    first.survey, first.spills = again, [(spill, 0)]
+    if dropped:
+        notes.warn(strays_dropped(rank, dropped))
+
+
 def whole_table(spills: list[tuple[Path, int]], base_ns: int) -> pa.Table:
     """The spilled batches as the one raw table ``parse`` gives (the trace is not read
     twice)."""
@@ -170,9 +215,14 @@ def whole_table(spills: list[tuple[Path, int]], base_ns: int) -> pa.Table:
     return S.conform(table, S.RAW_SCHEMA).unify_dictionaries()
 
 
-def spill_batches(path: Path) -> Iterator[pa.RecordBatch]:
+def spill_batches(path: Path, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """A spill's batches (``columns``: only those, the rest freed batch by batch)."""
     if not path.exists() or path.stat().st_size == 0:  # nothing was decoded
         return
     with pa.OSFile(str(path), "rb") as source:
         reader = pa.ipc.open_stream(source)
-        yield from reader
+        if columns is None:
+            yield from reader
+        else:
+            for batch in reader:
+                yield batch.select(columns)
