@@ -91,9 +91,11 @@ def _keep_critical_path(run: Path) -> None:
     """The run's default report once, so that its critical path (the part of a report that
     grows with the ranks) is kept in the run directory for the first `report` (PathFile). What
     fails here is the report's to say, when one is asked for."""
+    from traceview.ingest.large.trim import release_memory
     from traceview.model.errors import TraceviewError
     from traceview.store.analysed import open_run
 
+    release_memory(now=True)  # what the ingest freed, before the report's own
     try:
         with open_run([run]) as opened:
             opened.report()
