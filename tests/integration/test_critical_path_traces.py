@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from tests.conftest import beyond_unit, for_unit
 from tests.golden.cases import SAMPLE_CASES, shared_cases
+from traceview.analysis import critical_path as cp
 from traceview.analysis.critical_path import build_graph, critical_paths, replay
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
@@ -28,10 +30,14 @@ def _path(argv: str) -> Path:
     return path if path.is_absolute() else REPO / path
 
 
-@pytest.mark.parametrize(
-    "trace", [*for_unit(TRACES, lambda t: (_path(t),)), *beyond_unit(TRACES, lambda t: (_path(t),))]
-)
-def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
+EVERY_TRACE = [
+    *for_unit(TRACES, lambda t: (_path(t),)),
+    *beyond_unit(TRACES, lambda t: (_path(t),)),
+]
+
+
+def _inputs(trace: str) -> tuple[pa.Table, Matched, list[int | None]]:
+    """A run's segments (on the clock its calls were matched on), matched calls and steps."""
     with open_run([_path(trace)]) as run:
         cross = run.cross
         segments = run.tables["segments"]
@@ -40,9 +46,14 @@ def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
             assert isinstance(frame, pl.DataFrame)
             segments = cross.clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
         steps = sorted(set(run.steps.column(S.STEP).to_pylist()), key=lambda s: (s is None, s))
-        graph = build_graph(
-            segments, cross.matched if cross is not None else Matched(pl.DataFrame()), steps
-        )
+        matched = cross.matched if cross is not None else Matched(pl.DataFrame())
+    return segments, matched, steps
+
+
+@pytest.mark.parametrize("trace", EVERY_TRACE)
+def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
+    segments, matched, steps = _inputs(trace)
+    graph = build_graph(segments, matched, steps)
     assert graph is not None, "no segments"
     paths = critical_paths(graph)
     assert len(paths) == len(steps)
@@ -52,3 +63,22 @@ def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
         step = path.end_ns - path.start_ns
         assert sum(x.dur_ns for x in path.pieces) == pytest.approx(step, rel=0.01), path.step
         assert replayed.step_ns[path.step] == pytest.approx(step, rel=0.02), path.step
+
+
+@pytest.mark.parametrize("trace", EVERY_TRACE)
+def test_steps_in_batches_give_one_graphs_path_blame_and_what_ifs(
+    trace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for one step a graph (each step its own batch, but for steps tied by a call),
+    the path, blame, per-step paths, what-ifs and the exported path are one graph's."""
+    segments, matched, steps = _inputs(trace)
+    counted = steps[1:] or steps  # (the first step as warm-up, as a report may count them)
+    medians = {S.FORWARD: 1.0, S.BACKWARD: 2.0}
+    whole = cp.explain(segments, matched, steps, counted, medians, ["faster:comm:2"])
+    table = cp.path_table(segments, matched, steps)
+    monkeypatch.setattr(cp, "GRAPH_ROWS", 1)
+    source = cp._source(segments, matched, steps, None)
+    assert source is not None
+    assert len(steps) == 1 or len(cp._batches(source, source.steps)) > 1
+    assert cp.explain(segments, matched, steps, counted, medians, ["faster:comm:2"]) == whole
+    assert cp.path_table(segments, matched, steps).equals(table)

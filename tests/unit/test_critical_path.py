@@ -399,3 +399,78 @@ def test_the_collective_model_recovers_latency_and_bandwidth() -> None:
     assert fit.busbw_gbps == pytest.approx(16.0, rel=1e-3)  # Gb/s: 2 GB/s
     expected = 2 * 0.5 * 7 + 5_000_000 * 2 * 7 / 8 / 2e6
     assert _comm_at(run(4), [fit], 8) == pytest.approx(expected, rel=1e-3)
+
+
+def _three_steps() -> tuple[pa.Table, Matched]:
+    """Three steps of ``_two_ranks`` 100 ms apart (rank 1's forward slower each step), and one
+    more all-reduce, issued in step 1 (rank 1 in its forward, rank 0 last, in its wait), that
+    rank 0 waits for in step 2 before its second forward: steps 1 and 2 are tied (a faster
+    step 1 moves step 2), step 3 is not."""
+    tables, calls = [], []
+    for step in (1, 2, 3):
+        b = (step - 1) * 100
+        late = 25 + step
+        zero = [(0, b, b + 10, S.FORWARD, S.SEGMENT_COMPUTE, "linear")]
+        if step == 2:  # waits until the step-1 call ends at 115, computes again, then reduces
+            zero += [
+                (0, 110, 115, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                (0, 115, 125, S.FORWARD, S.SEGMENT_COMPUTE, "linear"),
+            ]
+        issue = 125 if step == 2 else b + 10
+        tables.append(
+            _segments(
+                [
+                    *zero,
+                    (0, issue, b + late + 5, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                    (1, b + 5, b + late, S.FORWARD, S.SEGMENT_COMPUTE, "conv"),
+                    (1, b + late, b + late + 5, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                ],
+                step=step,
+            )
+        )
+        for rank, issued in ((0, issue), (1, b + late)):
+            calls.append(
+                {"rank": rank, "start": issued, "end": b + late + 5, "issued": issued,
+                 "last": b + late, "last_rank": 1, "step": step}
+            )  # fmt: skip
+    for rank, issued in ((0, 28), (1, 24)):
+        calls.append(
+            {"rank": rank, "start": issued, "end": 115, "issued": issued, "last": 28,
+             "last_rank": 0, "step": 1, "position": 1}
+        )  # fmt: skip
+    frame = _calls(calls).calls.with_columns(
+        pl.Series(S.STEP, [c["step"] for c in calls], pl.Int64),
+        pl.Series("step_key", [c["step"] for c in calls], pl.Int64),
+    )
+    return pa.concat_tables(tables), Matched(frame)
+
+
+def test_steps_walked_and_replayed_in_batches_give_what_one_graph_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With room for one step a graph, the steps are taken in batches; a step that waits for a
+    call of the step before it shares its batch; path, blame, per-step paths, what-ifs and the
+    exported path equal one graph's."""
+    from traceview.analysis import critical_path as cp
+
+    segments, calls = _three_steps()
+    steps: list[int | None] = [1, 2, 3]
+    medians = {S.FORWARD: 10.0, S.BACKWARD: 20.0}
+    extra = ["faster:conv:2", "balance:rank=1"]
+    whole = cp.explain(segments, calls, steps, steps, medians, extra, 2)
+    whole_table = cp.path_table(segments, calls, steps)
+    source = cp._source(segments, calls, steps, 2)
+    assert source is not None and cp._batches(source, source.steps) == [[1, 2, 3]]
+    monkeypatch.setattr(cp, "GRAPH_ROWS", 1)
+    assert cp._batches(source, source.steps) == [[1, 2], [3]]
+    batched = cp.explain(segments, calls, steps, steps, medians, extra, 2)
+    assert whole.path is not None and whole.path.steps == 3
+    assert [w.change for w in whole.whatif][:2] == ["none", "balance"]
+    assert batched == whole
+    assert cp.path_table(segments, calls, steps).equals(whole_table)
+    # counted steps only (the what-ifs over them): step 3 alone, and steps 1-2 without 3
+    for counted in ([3], [1, 2]):
+        monkeypatch.setattr(cp, "GRAPH_ROWS", 1 << 18)
+        one = cp.explain(segments, calls, steps, counted, medians, extra, 2)  # type: ignore[arg-type]
+        monkeypatch.setattr(cp, "GRAPH_ROWS", 1)
+        assert cp.explain(segments, calls, steps, counted, medians, extra, 2) == one  # type: ignore[arg-type]

@@ -134,7 +134,54 @@ def build_graph(
     """The graph of ``steps`` (the counted steps; None: a window without step markers) from
     every rank's segments and the matched calls (crossrank.match_collectives, on one clock);
     ``world``: the job's world size, where known (a world of one has nothing to wait for)."""
-    seg = pl.from_arrow(segments)
+    source = _source(segments, matched, steps, world)
+    return None if source is None else _graph(source, source.steps)
+
+
+#: The most items (segments and waiting pieces) one graph holds: a run with more is walked and
+#: replayed in batches of whole steps (``_batches``), so that memory follows the batch, not the
+#: run. Each step's path, blame and replays are its own, so batches give what one graph gives.
+GRAPH_ROWS = 1 << 18
+
+
+@dataclass
+class _Source:
+    """What every graph of a run's steps is cut from, made once: the rank's own segments, the
+    exposed communication cut into waiting pieces, and the calls."""
+
+    rest: pl.DataFrame  # the segments not of exposed communication, sorted (rank, step, start)
+    pieces: pl.DataFrame  # exposed communication cut at call ends (``_waiting_pieces``)
+    calls: pl.DataFrame  # ``_calls``
+    steps: list[int]  # the wanted steps (NO_STEP: the one window), sorted
+    unmatched: dict[int, str]  # ``_unexplained``, over every step
+    rows: int  # items over every step: a graph of them all would hold this many
+
+    def windows(self) -> pl.DataFrame:
+        """Per rank and step, the span of its items."""
+        spans = [
+            f.group_by(S.RANK, S.STEP).agg(
+                pl.col(S.START_NS).min().alias("s"), pl.col(S.END_NS).max().alias("e")
+            )
+            for f in (self.rest, self.pieces)
+        ]
+        return pl.concat(spans).group_by(S.RANK, S.STEP).agg(pl.col("s").min(), pl.col("e").max())
+
+    def step_rows(self) -> dict[int, int]:
+        counts = pl.concat([f.group_by(S.STEP).len() for f in (self.rest, self.pieces)])
+        return dict(counts.group_by(S.STEP).agg(pl.col("len").sum()).iter_rows())
+
+
+def _source(
+    segments: pa.Table, matched: Matched, steps: list[int | None], world: int | None
+) -> _Source | None:
+    # (the labels as categories: a few bytes a row, not a string each, in every copy)
+    columns = {name: segments.column(name) for name in (S.RANK, S.STEP, S.START_NS, S.END_NS)}
+    for name in (S.PHASE, S.KIND, S.OP):
+        column = segments.column(name)
+        if not pa.types.is_dictionary(column.type):
+            column = column.dictionary_encode()
+        columns[name] = column
+    seg = pl.from_arrow(pa.table(columns))
     assert isinstance(seg, pl.DataFrame)
     wanted = [NO_STEP if s is None else s for s in steps]
     seg = seg.with_columns(pl.col(S.STEP).fill_null(NO_STEP)).filter(pl.col(S.STEP).is_in(wanted))
@@ -143,10 +190,25 @@ def build_graph(
     calls = _calls(matched.calls)
     seg = seg.sort(S.RANK, S.STEP, S.START_NS)
     comm = seg.filter(pl.col(S.KIND) == S.SEGMENT_COMM)
+    alone = max(world or 0, seg[S.RANK].n_unique()) <= 1
+    unmatched = _unexplained(seg, calls, matched, alone)
     rest = seg.filter(pl.col(S.KIND) != S.SEGMENT_COMM).with_columns(
         pl.lit(-1, pl.Int64).alias("call"), pl.lit(0, pl.Int64).alias("early")
     )
+    del seg
     pieces = _released_early(_waiting_pieces(comm, calls), calls)
+    rows = rest.height + pieces.height
+    return _Source(rest, pieces, calls, sorted(set(wanted)), unmatched, rows)
+
+
+def _graph(source: _Source, steps: list[int]) -> Graph | None:
+    """The graph of some of the source's ``steps`` (sorted)."""
+    rest, pieces = source.rest, source.pieces
+    if steps != source.steps:
+        rest = rest.filter(pl.col(S.STEP).is_in(steps))
+        pieces = pieces.filter(pl.col(S.STEP).is_in(steps))
+    if rest.height + pieces.height == 0:
+        return None
     items = (
         pl.concat([rest, pieces], how="diagonal_relaxed")
         .with_row_index("_o")
@@ -154,9 +216,83 @@ def build_graph(
         .drop("_o")
         .with_columns(pl.struct(S.RANK, S.STEP).rank("dense").cast(pl.Int64).sub(1).alias("group"))
     )
-    calls = _issue_points(calls, items)
-    alone = max(world or 0, seg[S.RANK].n_unique()) <= 1
-    return Graph(items, calls, sorted(set(wanted)), _unexplained(seg, calls, matched, alone))
+    calls = _issue_points(source.calls, items)
+    return Graph(items, calls, list(steps), source.unmatched)
+
+
+def _batches(source: _Source, steps: list[int]) -> list[list[int]]:
+    """``steps`` (sorted) in runs of whole steps of at most ``GRAPH_ROWS`` items each (a step
+    with more is a batch of its own), never cut between two steps that one waits on the other
+    through a call (``_tied``): each batch's graph then replays as the whole one does."""
+    if not steps:
+        return []
+    per_step = source.step_rows()
+    sizes = [per_step.get(s, 0) for s in steps]
+    if sum(sizes) <= GRAPH_ROWS:
+        return [list(steps)]
+    tied = _tied(source, steps)
+    batches: list[list[int]] = [[steps[0]]]
+    held = sizes[0]
+    for i in range(1, len(steps)):
+        if held + sizes[i] > GRAPH_ROWS and not tied[i - 1]:
+            batches.append([])
+            held = 0
+        batches[-1].append(steps[i])
+        held += sizes[i]
+    return batches
+
+
+def _tied(source: _Source, steps: list[int]) -> np.ndarray:
+    """Per boundary between two of ``steps`` (sorted), whether a batch may not end there: a
+    piece of one step waits for a call whose queue (in its step), or any member of whose
+    instance, was issued or counted in another, and every step between them."""
+    n = len(steps)
+    tied = np.zeros(max(n - 1, 0), bool)
+    calls, pieces = source.calls, source.pieces.filter(pl.col("call") >= 0)
+    if n < 2 or calls.height == 0 or pieces.height == 0:
+        return tied
+    order = np.asarray(steps, np.int64)
+
+    def position(step: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(order, step), 0, n - 1)
+
+    c_step = position(calls[S.STEP].fill_null(NO_STEP).to_numpy())
+    # the step whose window on the issuing rank holds each call's issue (else its own)
+    windows = source.windows().sort(S.RANK, "s")
+    w_rank, w_start, w_end = (windows[c].to_numpy() for c in (S.RANK, "s", "e"))
+    w_step = position(windows[S.STEP].to_numpy())
+    c_rank, issued = calls[S.RANK].to_numpy(), calls[ISSUED].to_numpy()
+    t0 = int(min(w_start.min(), issued.min()))
+    span = int(max(w_end.max(), issued.max()) - t0 + 1)
+    keys = _composite(w_rank, w_start, t0, span)
+    at = np.searchsorted(keys, _composite(c_rank, issued, t0, span), side="right") - 1
+    safe = np.maximum(at, 0)
+    inside = (at >= 0) & (w_rank[safe] == c_rank) & (issued <= w_end[safe])
+    issue_step = np.where(inside, w_step[safe], c_step)
+    frame = pl.DataFrame(
+        {
+            "lo": np.minimum(c_step, issue_step),
+            "hi": np.maximum(c_step, issue_step),
+            "instance": calls["instance"].to_numpy(),
+            "queue": calls["queue"].to_numpy(),
+            "step": c_step,
+        }
+    )
+    # an instance's members, then a queue's calls in one step, reach what any of them reaches
+    frame = frame.with_columns(
+        pl.col("lo").min().over("instance"), pl.col("hi").max().over("instance")
+    ).with_columns(
+        pl.col("lo").min().over("queue", "step"), pl.col("hi").max().over("queue", "step")
+    )
+    call = pieces["call"].to_numpy()
+    p_step = position(pieces[S.STEP].to_numpy())
+    lo = np.minimum(p_step, frame["lo"].to_numpy()[call])
+    hi = np.maximum(p_step, frame["hi"].to_numpy()[call])
+    # boundaries lo .. hi-1 of each such interval are tied
+    marks = np.zeros(n, np.int64)
+    np.add.at(marks, lo, 1)
+    np.add.at(marks, hi, -1)
+    return np.cumsum(marks)[:-1] > 0
 
 
 #: Why a step's path is incomplete where its communication is not all explained.
@@ -534,7 +670,7 @@ class _Labels:
         encoded = column.to_arrow().dictionary_encode()
         if isinstance(encoded, pa.ChunkedArray):
             encoded = encoded.combine_chunks()
-        self.codes = np.asarray(encoded.indices.fill_null(-1), np.int64)
+        self.codes = np.asarray(encoded.indices.cast(pa.int64()).fill_null(-1), np.int64)
         self.values = encoded.dictionary.to_pylist()
         # (by code, with None last: code -1 reads it)
         self.table = np.array([*self.values, None], dtype=object)
@@ -604,8 +740,10 @@ class _Pieces:
         )
 
 
-def critical_paths(graph: Graph) -> list[WalkedPath]:
-    """The critical path of every step of the graph, walked back from its end."""
+def critical_paths(graph: Graph, items_in_run: int | None = None) -> list[WalkedPath]:
+    """The critical path of every step of the graph, walked back from its end
+    (``items_in_run``: where the graph is a batch of the run's steps, the items of them all,
+    which bound a walk as the whole graph bounds it)."""
     items = graph.items
     start = items[S.START_NS].to_numpy()
     end = items[S.END_NS].to_numpy()
@@ -656,7 +794,7 @@ def critical_paths(graph: Graph) -> list[WalkedPath]:
         reason = graph.unmatched_steps.get(s)
         r, t = last_rank, job_end
         guard = 0
-        limit = 4 * (items.height + calls.height) + 16
+        limit = 4 * ((items_in_run or items.height) + calls.height) + 16
         while t > job_start:
             guard += 1
             if guard > limit:
@@ -934,6 +1072,17 @@ def _stretches(pieces: list[PathPiece], step_ns: int) -> list[PathPiece]:
     return out
 
 
+@dataclass
+class _StepWalk:
+    """What a step's walked path leaves once its pieces are counted (``explain``)."""
+
+    step: int
+    start_ns: int
+    end_ns: int
+    complete: bool
+    reason: str | None
+
+
 def explain(
     segments: pa.Table,
     matched: Matched,
@@ -945,26 +1094,39 @@ def explain(
 ) -> Explained:
     """The critical path of each of ``steps`` (every complete step, warm-up included); blame
     and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
-    for, as ``whatif`` takes them)."""
-    graph = build_graph(segments, matched, steps, world)
-    if graph is None:
+    for, as ``whatif`` takes them). The steps are walked and replayed in batches
+    (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
+    phase, kind and operator (integers: the sums are the whole graph's)."""
+    source = _source(segments, matched, steps, world)
+    if source is None:
         return Explained(None, {}, [], {})
-    walked = critical_paths(graph)
+    walked: list[_StepWalk] = []
+    rows: list[pl.DataFrame] = []
+    for batch in _batches(source, source.steps):
+        graph = _graph(source, batch)
+        if graph is None:
+            continue
+        walks = critical_paths(graph, source.rows)
+        walked += [_StepWalk(p.step, p.start_ns, p.end_ns, p.complete, p.reason) for p in walks]
+        rows.append(
+            _blame_rows(walks)
+            .group_by("step", "rank", "phase", "kind", "op")
+            .agg(pl.col("ns").sum())
+        )
+        del graph, walks
     wanted = {NO_STEP if s is None else s for s in counted}
     paths = [p for p in walked if p.step in wanted]
     if not paths:
         return Explained(None, {}, [], {})
-    if len(wanted) < len(graph.steps):
-        graph = build_graph(segments, matched, counted, world) or graph
     step_ns = {p.step: p.end_ns - p.start_ns for p in walked}
     ordered = sorted(paths, key=lambda p: (step_ns[p.step], p.step))
     median = ordered[(len(ordered) - 1) // 2]
-    df = _blame_rows(paths)
+    every = pl.concat(rows)
+    df = every.filter(pl.col("step").is_in(list(wanted)))
     n = len(paths)
     mean_step_ms = float(np.mean([step_ns[p.step] for p in paths])) / 1e6
     blame = _blame(df, n, mean_step_ms, median_phase_ms)
     per_step = {}
-    every = _blame_rows(walked)
     by_step = every.partition_by("step", as_dict=True)
     for p in walked:
         mine = by_step.get((p.step,), every.clear())
@@ -982,6 +1144,11 @@ def explain(
         .sort("ms", "op", descending=[True, False])
         .head(10)
     )
+    # the median step walked again, alone, for the stretches the report lists
+    graph = _graph(source, [median.step])
+    assert graph is not None
+    (again,) = critical_paths(graph, source.rows)
+    del graph
     segs = [
         PathSegment(
             rank=x.rank,
@@ -991,7 +1158,7 @@ def explain(
             start_ms=round((x.start_ns - median.start_ns) / 1e6, 4),
             ms=round(x.dur_ns / 1e6, 4),
         )
-        for x in _stretches(median.pieces, median.end_ns - median.start_ns)
+        for x in _stretches(again.pieces, median.end_ns - median.start_ns)
     ]
     own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
     rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}
@@ -1007,7 +1174,9 @@ def explain(
             for r in by_op.iter_rows(named=True)
         ],
     )
-    return Explained(path, per_step, _what_ifs(graph, blame, by_op, extra or []), rank_blame)
+    counted_steps = sorted(wanted & set(source.steps))
+    whatif = _what_ifs(source, counted_steps, blame, by_op, extra or [])
+    return Explained(path, per_step, whatif, rank_blame)
 
 
 def parse_change(graph: Graph, text: str) -> Change | None:
@@ -1037,58 +1206,90 @@ def parse_change(graph: Graph, text: str) -> Change | None:
     raise ValueError(text)
 
 
-def _what_ifs(
-    graph: Graph, blame: list[Blame], by_op: pl.DataFrame, extra: list[str]
-) -> list[WhatIf]:
-    changes = what_ifs(graph)
-    ranks = graph.items[S.RANK].n_unique()
+def _changes(
+    graph: Graph, ranks: int, blame: list[Blame], by_op: pl.DataFrame, extra: list[str]
+) -> list[Change | None]:
+    """The changes the report replays, in its order (None: nothing in ``graph`` it applies
+    to): none, balance, hide_comm, no_late_start, the rank with the most of its own time
+    balanced, the top phase, the top operator and the top collective 2x faster, then
+    ``extra``. Each slot names the same change in every batch of a run's steps."""
+    by_name = {c.name: c for c in what_ifs(graph)}
+    changes: list[Change | None] = [
+        by_name["none"],
+        by_name.get("balance"),
+        by_name.get("hide_comm"),
+        by_name.get("no_late_start"),
+    ]
     top_rank = next((b.rank for b in blame if b.kind in _OWN and b.kind != LATE_START), None)
-    if ranks > 1 and top_rank is not None:
-        one = balance_rank(graph, top_rank)
-        if one is not None:
-            changes.append(one)
+    changes.append(balance_rank(graph, top_rank) if ranks > 1 and top_rank is not None else None)
     top_phase = next(
         (b.phase for b in blame if b.kind in _OWN and b.phase not in (None, S.IDLE)), None
     )
-    if top_phase is not None:
-        changes.append(faster(graph, top_phase, 2.0))  # type: ignore[arg-type]
+    changes.append(faster(graph, top_phase, 2.0) if top_phase is not None else None)
     top_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] in _OWN), None)
-    if top_op is not None and top_op != top_phase:
-        changes.append(faster(graph, top_op, 2.0))  # type: ignore[arg-type]
+    wanted_op = top_op is not None and top_op != top_phase
+    changes.append(faster(graph, top_op, 2.0) if wanted_op else None)  # type: ignore[arg-type]
     comm_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] == TRANSFER), None)
-    if comm_op is not None:
-        changes.append(faster(graph, comm_op, 2.0))  # type: ignore[arg-type]
-    for text in extra:
-        changes.append(parse_change(graph, text))  # type: ignore[arg-type]
+    changes.append(faster(graph, comm_op, 2.0) if comm_op is not None else None)
+    changes += [parse_change(graph, text) for text in extra]
+    return changes
+
+
+def _what_ifs(
+    source: _Source, steps: list[int], blame: list[Blame], by_op: pl.DataFrame, extra: list[str]
+) -> list[WhatIf]:
+    """Each change replayed over ``steps`` (the counted ones), a batch at a time: a change
+    with nothing to apply to in a batch leaves its steps as replayed with none. A change is
+    reported where it applies to some batch, in its first slot's place (``_changes``)."""
+    windows = source.windows().filter(pl.col(S.STEP).is_in(steps))
+    ranks = windows[S.RANK].n_unique()
+    slot_of: dict[str, int] = {}
+    per_batch: list[tuple[dict[int, int], dict[str, dict[int, int]]]] = []
+    for batch in _batches(source, steps):
+        graph = _graph(source, batch)
+        if graph is None:
+            continue
+        results: dict[str, dict[int, int]] = {}
+        for slot, change in enumerate(_changes(graph, ranks, blame, by_op, extra)):
+            if change is None or change.name in results:
+                continue
+            slot_of[change.name] = min(slot_of.get(change.name, slot), slot)
+            results[change.name] = replay(graph, change).step_ns
+        per_batch.append((results["none"], results))
+        del graph
     out: list[WhatIf] = []
     base: float | None = None
-    seen: set[str] = set()
-    for change in changes:
-        if change is None or change.name in seen:
-            continue
-        seen.add(change.name)
-        result = replay(graph, change)
-        ms = float(np.mean(list(result.step_ns.values()))) / 1e6 if result.step_ns else 0.0
+    for name in sorted(slot_of, key=slot_of.__getitem__):
+        step_ns: dict[int, int] = {}
+        for none, results in per_batch:
+            step_ns.update(results.get(name, none))
+        ms = float(np.mean(sorted(step_ns.values()))) / 1e6 if step_ns else 0.0
         if base is None:
             base = ms
         out.append(
             WhatIf(
-                change=change.name,
-                step_ms=round(ms, 3),
-                speedup=round(base / ms, 3) if ms > 0 else 0.0,
+                change=name, step_ms=round(ms, 3), speedup=round(base / ms, 3) if ms > 0 else 0.0
             )
         )
     return out
 
 
 def path_table(segments: pa.Table, matched: Matched, steps: list[int | None]) -> pa.Table:
-    """Every piece of the critical path of each of ``steps`` (schema.CRITICAL_PATH_SCHEMA)."""
-    graph = build_graph(segments, matched, steps)
-    paths = critical_paths(graph) if graph is not None else []
-    table = _pieces_of(paths).select(S.CRITICAL_PATH_SCHEMA.names).to_arrow()
+    """Every piece of the critical path of each of ``steps`` (schema.CRITICAL_PATH_SCHEMA),
+    walked in batches of steps (``_batches``)."""
+    source = _source(segments, matched, steps, None)
+    parts: list[pa.Table] = []
+    for batch in _batches(source, source.steps) if source is not None else []:
+        assert source is not None
+        graph = _graph(source, batch)
+        paths = critical_paths(graph, source.rows) if graph is not None else []
+        parts.append(_pieces_of(paths).select(S.CRITICAL_PATH_SCHEMA.names).to_arrow())
     return pa.table(
         {
-            name: table.column(name).cast(S.CRITICAL_PATH_SCHEMA.field(name).type)
+            name: pa.chunked_array(
+                [t.column(name).cast(S.CRITICAL_PATH_SCHEMA.field(name).type) for t in parts],
+                S.CRITICAL_PATH_SCHEMA.field(name).type,
+            )
             for name in S.CRITICAL_PATH_SCHEMA.names
         },
         schema=S.CRITICAL_PATH_SCHEMA,
