@@ -7,8 +7,9 @@ writes them) unless it is there already. Then, each in a fresh process measured 
 _measure.py (peak RSS, interpreter and imports included: the process's own, or the sum over it
 and its helper process where that is larger; wall seconds):
 
-  typed      the typed-decode limit: msgspec typed decode of the whole file into a 4-column
-             Arrow table (_typed_decode.py)
+  typed      the typed-decode reference: msgspec typed decode of the whole file into an Arrow
+             table of the seven fields every analysis reads (name, ph, cat, pid, tid, ts, dur;
+             _typed_decode.py; before 2026-11-27 it read four: name, ph, ts, dur)
   ingest     `traceview ingest FILE -o RUN` of this tree (chunked: the trace is large)
   normalize  the same ingest without the per-rank analysis (traceview.ingest.run.ingest with no
              analyze): parse, normalize and write the events, the part that runs in chunks

@@ -454,6 +454,13 @@ def _codes_of(table: pa.Table, name: str) -> np.ndarray:
     )
 
 
+def _vocabulary_codes(column: pa.ChunkedArray, vocabulary: tuple[str, ...]) -> np.ndarray:
+    """Each value's position in ``vocabulary`` (every value is in it)."""
+    encoded = pc.dictionary_encode(column).combine_chunks()
+    lookup = np.array([vocabulary.index(v) for v in encoded.dictionary.to_pylist()], np.int64)
+    return lookup[np.asarray(encoded.indices, np.int64)]
+
+
 def _joined_segments(table: pa.Table) -> pa.Table:
     """The segments of a window's slices, a segment that runs on across a cut joined with its
     continuation (same phase, kind and operator)."""
@@ -464,12 +471,8 @@ def _joined_segments(table: pa.Table) -> pa.Table:
     ops = pc.dictionary_encode(table.column(S.OP)).combine_chunks()
     named = np.asarray(ops.indices.fill_null(-1), np.int64)
     # (a gap between two stretches of one operator, cut by the slices: as the whole rank's)
-    kind_codes = np.array(
-        [S.SEGMENT_KINDS.index(v) for v in table.column(S.KIND).to_pylist()], np.int64
-    )
-    phase_codes = np.array(
-        [S.BREAKDOWN_PHASES.index(v) for v in table.column(S.PHASE).to_pylist()], np.int64
-    )
+    kind_codes = _vocabulary_codes(table.column(S.KIND), S.SEGMENT_KINDS)
+    phase_codes = _vocabulary_codes(table.column(S.PHASE), S.BREAKDOWN_PHASES)
     named = gap_operators(named, phase_codes, kind_codes, step)
     new = np.ones(len(start), bool)
     new[1:] = (start[1:] != end[:-1]) | (named[1:] != named[:-1])
