@@ -517,6 +517,10 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     end = items[S.END_NS].to_numpy() - t0
     group = items["group"].to_numpy()
     call = items["call"].to_numpy()
+    # only the calls of the graph's steps and those its items wait for move its items (a batch
+    # holds every step its waits reach: ``_tied``); the others are left out
+    every_call = calls.height
+    calls, call, transfer_of = _calls_that_move(graph, calls, call, change.transfer)
     wait = call >= 0
     dur = (end - start).astype(np.float64)
     if change.item_factor is not None:
@@ -572,7 +576,7 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         prev_end = calls["prev_end"].to_numpy()
         prev_end = np.where(prev_end > NEVER, prev_end - t0, NEVER).astype(np.float64)
         transfer = (
-            change.transfer if change.transfer is not None else calls["transfer"].to_numpy()
+            transfer_of if transfer_of is not None else calls["transfer"].to_numpy()
         ).astype(np.float64)
         q_first = np.ones(m, bool)
         q_first[1:] = queue[1:] != queue[:-1]
@@ -623,7 +627,7 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         if np.array_equal(new_ready, ready):
             break
         ready = new_ready
-        if passes > m + 1:  # (a graph without cycles settles in one pass per call at most)
+        if passes > every_call + 1:  # (a graph without cycles settles in a pass a call)
             converged = False
             break
     tails = np.append(heads[1:] - 1, n - 1) if n else heads
@@ -638,6 +642,24 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         passes,
         converged,
     )
+
+
+def _calls_that_move(
+    graph: Graph, calls: pl.DataFrame, call: np.ndarray, transfer: np.ndarray | None
+) -> tuple[pl.DataFrame, np.ndarray, np.ndarray | None]:
+    """The calls of ``graph``'s steps and those its items wait for (``call``: each item's, -1
+    for none), renumbered, with the items' call ids and a change's transfers to match."""
+    if calls.height == 0:
+        return calls, call, transfer
+    keep = np.isin(calls[S.STEP].fill_null(NO_STEP).to_numpy(), graph.steps)
+    keep[call[call >= 0]] = True
+    if keep.all():
+        return calls, call, transfer
+    kept = np.flatnonzero(keep)
+    renumber = np.full(calls.height, -1, np.int64)
+    renumber[kept] = np.arange(len(kept))
+    call = np.where(call >= 0, renumber[np.maximum(call, 0)], -1)
+    return calls[kept], call, None if transfer is None else transfer[kept]
 
 
 def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
