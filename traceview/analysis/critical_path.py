@@ -184,11 +184,16 @@ def _source(
     seg = pl.from_arrow(pa.table(columns))
     assert isinstance(seg, pl.DataFrame)
     wanted = [NO_STEP if s is None else s for s in steps]
-    seg = seg.with_columns(pl.col(S.STEP).fill_null(NO_STEP)).filter(pl.col(S.STEP).is_in(wanted))
+    seg = seg.with_columns(pl.col(S.STEP).fill_null(NO_STEP))
+    keep = seg[S.STEP].is_in(wanted)
+    if not keep.all():  # (a copy only where some steps are left out)
+        seg = seg.filter(keep)
+    del keep
     if seg.height == 0:
         return None
     calls = _calls(matched.calls)
-    seg = seg.sort(S.RANK, S.STEP, S.START_NS)
+    if not _in_order(seg):  # (as the analysis writes them, they are: no copy then)
+        seg = seg.sort(S.RANK, S.STEP, S.START_NS)
     comm = seg.filter(pl.col(S.KIND) == S.SEGMENT_COMM)
     alone = max(world or 0, seg[S.RANK].n_unique()) <= 1
     unmatched = _unexplained(seg, calls, matched, alone)
@@ -199,6 +204,18 @@ def _source(
     pieces = _released_early(_waiting_pieces(comm, calls), calls)
     rows = rest.height + pieces.height
     return _Source(rest, pieces, calls, sorted(set(wanted)), unmatched, rows)
+
+
+def _in_order(seg: pl.DataFrame) -> bool:
+    """Whether the segments are in (rank, step, start) order with no two alike: sorting them
+    would change nothing."""
+    rank, step, start = (seg[c].to_numpy() for c in (S.RANK, S.STEP, S.START_NS))
+    same_rank = rank[1:] == rank[:-1]
+    same_step = step[1:] == step[:-1]
+    later = (rank[1:] > rank[:-1]) | (
+        same_rank & ((step[1:] > step[:-1]) | (same_step & (start[1:] > start[:-1])))
+    )
+    return bool(later.all())
 
 
 def _graph(source: _Source, steps: list[int]) -> Graph | None:

@@ -465,7 +465,16 @@ _TABLE_SCHEMAS = {
     "gpu": S.GPU_SCHEMA,
     "launches": S.LAUNCHES_SCHEMA,
     "memory_steps": S.MEMORY_STEPS_SCHEMA,
-    "segments": S.SEGMENTS_SCHEMA,
+    # (its labels as dictionaries: millions of segments name a few hundred phases, kinds and
+    # operators, which as strings were most of a large run's memory)
+    "segments": pa.schema(
+        [
+            f.with_type(pa.dictionary(pa.int32(), pa.string()))
+            if f.name in (S.PHASE, S.KIND, S.OP)
+            else f
+            for f in S.SEGMENTS_SCHEMA
+        ]
+    ),
 }
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 

@@ -215,14 +215,15 @@ def write_manifest(run: Path, manifest: Manifest) -> None:
     write_json(run / MANIFEST, manifest.to_builtins())
 
 
-def parquet_file(path: Path) -> pq.ParquetFile:
+def parquet_file(path: Path, dictionary: list[str] | None = None) -> pq.ParquetFile:
     """The Parquet file at ``path``, opened only where it is a regular file: a FIFO, socket or
     device in its place (a run directory is as untrusted as a trace) would block or never end.
-    FileNotFoundError where nothing is there; BadInput for anything else."""
+    FileNotFoundError where nothing is there; BadInput for anything else. ``dictionary``: text
+    columns read as dictionaries."""
     mode = path.stat().st_mode  # (links followed)
     if not stat.S_ISREG(mode):
         raise BadInput(f"{path}: {special_kind(mode)}, not a file traceview wrote; not opened")
-    return pq.ParquetFile(path)
+    return pq.ParquetFile(path, read_dictionary=dictionary)
 
 
 def special_kind(mode: int) -> str:
@@ -246,10 +247,14 @@ def read_table(
 ) -> pa.Table:
     """The table in ``path``; with ``schema``, one of that shape (cast where it can be), else
     bad input: a file in a run directory is as untrusted as a trace. ``check`` looks at the
-    opened file first (its metadata) and raises BadInput to refuse it unread."""
+    opened file first (its metadata) and raises BadInput to refuse it unread. The columns that
+    ``schema`` holds as dictionaries are read as such."""
+    dictionary = None
+    if schema is not None:
+        dictionary = [f.name for f in schema if pa.types.is_dictionary(f.type)] or None
     try:
         # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
-        with parquet_file(path) as file:
+        with parquet_file(path, dictionary) as file:
             if check is not None:
                 check(file)
             table = file.read()
