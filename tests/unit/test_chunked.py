@@ -333,6 +333,29 @@ def test_events_with_corrupt_times_are_dropped_in_chunks(
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
+@pytest.mark.parametrize("days", [[0, 29, 75, 75], [0, 0, 0, 90]])
+def test_strays_of_a_rank_without_host_events_are_dropped_once(
+    days: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank of kernels only (no host events: the whole-rank path after pass 1) with corrupt
+    times: the whole-rank path's stray pass runs on the rows as read, once (a second pass
+    over what the first left would take another median: day 29 dropped too)."""
+    events = [
+        {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7,
+         "ts": 1_000_000 + day * _DAY_US + i, "dur": 5,
+         "args": {"device": 0, "stream": 7, "correlation": 100 + i}}
+        for i, day in enumerate(days)
+    ]  # fmt: skip
+    path = tmp_path / "gpu.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    _ingest(path, tmp_path / "whole", False, monkeypatch, analysed_in_chunks=False)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch, analysed_in_chunks=False)
+    assert counts == [-1]  # (the whole-rank path, on the rows read once)
+    whole, parts = R.read_manifest(tmp_path / "whole"), R.read_manifest(tmp_path / "parts")
+    assert [r.events for r in parts.ranks] == [r.events for r in whole.ranks] == [3]
+    assert parts.notes == whole.notes
+
+
 def _helpers_left() -> list[str]:
     """Analysis threads and helper processes of this process still running."""
     import os

@@ -474,3 +474,50 @@ def test_steps_walked_and_replayed_in_batches_give_what_one_graph_gives(
         one = cp.explain(segments, calls, steps, counted, medians, extra, 2)  # type: ignore[arg-type]
         monkeypatch.setattr(cp, "GRAPH_ROWS", 1)
         assert cp.explain(segments, calls, steps, counted, medians, extra, 2) == one  # type: ignore[arg-type]
+
+
+def test_a_warm_up_step_left_out_keeps_the_calls_its_successor_waits_for() -> None:
+    """Step 2 waits for an all-reduce of step 1 on a queue of its own, issued last by rank 1;
+    with step 1 left out (warm-up), the replay keeps that call's other member and reproduces
+    step 2's 40 ms (it read 38 ms when only the calls waited for directly were kept)."""
+    tables, calls = [], []
+    for step in (1, 2, 3):
+        b, late = (step - 1) * 100, 25 + step
+        zero = [(0, b, b + 10, S.FORWARD, S.SEGMENT_COMPUTE, "linear")]
+        if step == 2:
+            zero += [
+                (0, 110, 115, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                (0, 115, 135, S.FORWARD, S.SEGMENT_COMPUTE, "linear"),
+            ]
+        issue = 135 if step == 2 else b + 10
+        end = 140 if step == 2 else b + late + 5
+        last_rank, last = (0, 135) if step == 2 else (1, b + late)
+        tables.append(
+            _segments(
+                [
+                    *zero,
+                    (0, issue, end, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                    (1, b + 5, b + late, S.FORWARD, S.SEGMENT_COMPUTE, "conv"),
+                    (1, b + late, end, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                ],
+                step=step,
+            )
+        )
+        for rank, issued in ((0, issue), (1, b + late)):
+            calls.append(
+                {"rank": rank, "start": issued, "end": end, "issued": issued, "last": last,
+                 "last_rank": last_rank, "step": step}
+            )  # fmt: skip
+    for rank, issued in ((0, 28), (1, 30)):
+        calls.append(
+            {"rank": rank, "start": issued, "end": 115, "issued": issued, "last": 30,
+             "last_rank": 1, "step": 1, "position": 1, "tid": 8}
+        )  # fmt: skip
+    frame = _calls(calls).calls.with_columns(
+        pl.Series(S.STEP, [c["step"] for c in calls], pl.Int64),
+        pl.Series("step_key", [c["step"] for c in calls], pl.Int64),
+    )
+    segments, matched = pa.concat_tables(tables), Matched(frame)
+    graph = build_graph(segments, matched, [2, 3], 2)
+    assert graph is not None
+    assert replay(graph).step_ns == {2: 40 * MS, 3: 33 * MS}

@@ -664,12 +664,13 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
 def _calls_that_move(
     graph: Graph, calls: pl.DataFrame, call: np.ndarray, transfer: np.ndarray | None
 ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray | None]:
-    """The calls of ``graph``'s steps and those its items wait for (``call``: each item's, -1
-    for none), renumbered, with the items' call ids and a change's transfers to match."""
+    """The calls of ``graph``'s steps and of the steps of the calls its items wait for
+    (``call``: each item's, -1 for none: an instance's members and a queue's calls in one step
+    share their step), renumbered, with the items' call ids and a change's transfers to match."""
     if calls.height == 0:
         return calls, call, transfer
-    keep = np.isin(calls[S.STEP].fill_null(NO_STEP).to_numpy(), graph.steps)
-    keep[call[call >= 0]] = True
+    label = calls[S.STEP].fill_null(NO_STEP).to_numpy()
+    keep = np.isin(label, np.union1d(graph.steps, label[call[call >= 0]]))
     if keep.all():
         return calls, call, transfer
     kept = np.flatnonzero(keep)
@@ -1180,7 +1181,7 @@ def explain(
         df.filter(pl.col("op").is_not_null())
         .group_by("op", "phase", "kind")
         .agg((pl.col("ns").sum() / n / 1e6).alias("ms"))
-        .sort("ms", "op", descending=[True, False])
+        .sort("ms", "op", "phase", "kind", descending=[True, False, False, False], nulls_last=True)
         .head(10)
     )
     # the median step walked again, alone, for the stretches the report lists

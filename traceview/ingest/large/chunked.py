@@ -85,6 +85,7 @@ from traceview.model.columns import (
     ints,
 )
 from traceview.model.errors import Notes, cannot_write, no_room
+from traceview.normalize.classify import strays_dropped
 from traceview.normalize.pipeline import ChunkContext, RankMeta, normalize_chunk
 from traceview.normalize.rules import RuleSet
 from traceview.normalize.steps import NO_STEP_MARKERS, InferredSteps, step_markers
@@ -195,8 +196,12 @@ def _normalize_read(
 ) -> ChunkedRank | ParsedTrace:
     """Passes 2 and 3 on what pass 1 read (``_normalize_routed``), or the whole-rank path."""
     notes = Notes()  # the passes' over the whole rank, before the chunks'
-    without_strays(first, rules, work, meta.rank, notes)
     parsed, base_ns, survey, spills = first.parsed, first.base_ns, first.survey, first.spills
+    read = list(spills)  # the rows as pass 1 read them (the whole-rank path's, if it comes to it)
+    kept = without_strays(first, rules, work)
+    if kept is not None:
+        survey, spills = kept.survey, kept.spills
+        notes.warn(strays_dropped(meta.rank, kept.dropped))
     assert survey is not None
     first.survey = None
     if meta.host is None:  # the trace may name its host after its events: known by now
@@ -208,10 +213,12 @@ def _normalize_read(
         inferred = _inferred(parsed, survey, rules, spills, work, notes)
     plan = make_plan(survey, chunk_rows())
     del survey
-    if plan is None:  # no host events: the whole-rank path, on what was read
-        parsed.events = whole_table(spills, base_ns)
-        parsed.notes.extend(notes)
+    if plan is None:  # no host events: the whole-rank path, on what was read (strays and all)
+        parsed.events = whole_table(read, base_ns)
         return parsed
+    if kept is not None:  # (the rows with their strays are not needed any more)
+        for path, _ in read:
+            path.unlink(missing_ok=True)
     shift = base_ns + offset_ns
     whole = None if plan.whole is None else (plan.whole[0] + shift, plan.whole[1] + shift)
 

@@ -20,8 +20,7 @@ from traceview.ingest.large.plan import Survey
 from traceview.ingest.large.sinks import WorkerProcess
 from traceview.model import schema as S
 from traceview.model.columns import ints
-from traceview.model.errors import Notes
-from traceview.normalize.classify import STRAY_NS, may_stray, stray, strays_dropped
+from traceview.normalize.classify import STRAY_NS, may_stray, stray
 from traceview.normalize.rules import RuleSet
 from traceview.parsers import ParsedTrace
 from traceview.parsers.chrome_stream import SplitMismatch
@@ -161,15 +160,26 @@ def read_later_part(
     return done
 
 
-def without_strays(first: FirstPass, rules: RuleSet, work: Path, rank: int, notes: Notes) -> None:
+@dataclass
+class Kept:
+    """A rank's rows less its strays (``without_strays``): surveyed afresh, in a spill of
+    their own (the rows pass 1 spilled stay, for the whole-rank path, until the plan is made)."""
+
+    survey: Survey
+    spills: list[tuple[Path, int]]
+    dropped: int
+
+
+def without_strays(first: FirstPass, rules: RuleSet, work: Path) -> Kept | None:
     """The ``stray_times`` pass on a rank read in chunks, where pass 1 saw times far enough
     apart (rare: a corrupt record): the strays are found over the whole rank as the whole-rank
     path finds them (the median of every event's time, read back from the spills: 8 bytes an
-    event), and the rest spilled again and surveyed afresh, numbered without them."""
+    event), and the rest spilled again and surveyed afresh, numbered without them. None: no
+    event is a stray."""
     survey = first.survey
     assert survey is not None
     if not may_stray(survey.ts_min, survey.ts_max, survey.dur_max):
-        return
+        return None
     # (as the whole-rank path takes them: times in ns with the base added, then as floats)
     times = [
         (ints(batch.column(S.TS_NS), 0) + first.base_ns).astype(np.float64)
@@ -180,7 +190,7 @@ def without_strays(first: FirstPass, rules: RuleSet, work: Path, rank: int, note
     del times
     median = float(np.median(ts)) if len(ts) else 0.0
     if survey.dur_max <= STRAY_NS and not (np.abs(ts - median) > STRAY_NS).any():
-        return
+        return None
     del ts
     dropped = 0
 
@@ -196,11 +206,10 @@ def without_strays(first: FirstPass, rules: RuleSet, work: Path, rank: int, note
     again = Survey()
     spill = work / "kept.arrows"
     spill_surveyed(kept(), again, rules, spill)
-    for path, _ in first.spills:
-        path.unlink(missing_ok=True)
-    first.survey, first.spills = again, [(spill, 0)]
-    if dropped:
-        notes.warn(strays_dropped(rank, dropped))
+    if not dropped:
+        spill.unlink()
+        return None
+    return Kept(again, [(spill, 0)], dropped)
 
 
 def whole_table(spills: list[tuple[Path, int]], base_ns: int) -> pa.Table:
