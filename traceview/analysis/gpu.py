@@ -60,6 +60,7 @@ from traceview.model.columns import (
     coded,
     ints,
     kind_table,
+    unique_inverse,
     window_index,
 )
 from traceview.model.results import GpuIdle, GpuPhase, GpuVerdict, KernelLaunches, RankGpu
@@ -243,13 +244,11 @@ def stream_free(ev: EventArrays, rows: np.ndarray, earlier: StreamWork | None = 
     pid, tid, ts, end = device_work(ev, earlier)
     if len(rows) == 0 or len(ts) == 0:
         return free
-    # one lane id per (device, stream), for the busy rows and the rows asked about alike
-    lanes, lane_of = np.unique(
-        np.stack([np.concatenate([pid, ev.pid[rows]]), np.concatenate([tid, ev.tid[rows]])], 1),
-        axis=0,
-        return_inverse=True,
-    )
-    lane_of = lane_of.reshape(-1)
+    # one lane id per (device, stream), for the busy rows and the rows asked about alike (each
+    # column coded on its own, then the pairs: sorting rows as pairs is several times slower)
+    _, device = np.unique(np.concatenate([pid, ev.pid[rows]]), return_inverse=True)
+    _, stream = np.unique(np.concatenate([tid, ev.tid[rows]]), return_inverse=True)
+    lanes, lane_of = unique_inverse(device.ravel() * (int(stream.max()) + 1) + stream.ravel())
     row_lane, lane_of = lane_of[len(ts) :], lane_of[: len(ts)]
     for lane in range(len(lanes)):  # a rank has a few streams: one pass each
         mine, at = lane_of == lane, np.flatnonzero(row_lane == lane)
