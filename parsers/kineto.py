@@ -297,9 +297,11 @@ def _dims(values: list[msgspec.Raw]) -> pa.Array:
     none or it is longer than a configuration can be."""
     if not any(values):
         return pa.nulls(len(values), _DICT)
-    return _dictionary(
-        [bytes(v).decode("utf-8", "replace") if 0 < len(v) <= _DIMS_BYTES else None for v in values]
-    )
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    text: list[str | None] = [None] * len(values)
+    for i in np.flatnonzero((lengths > 0) & (lengths <= _DIMS_BYTES)).tolist():
+        text[i] = bytes(values[i]).decode("utf-8", "replace")
+    return _dictionary(text)
 
 
 def _comm_bytes(args: _Args) -> int | None:
@@ -449,7 +451,8 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
     names = list(map(attrgetter("name"), events))
     args = list(map(attrgetter("args"), events))
     nbytes, wide = _sizes(list(map(attrgetter("nbytes"), args)))
-    comm_names = {n for n in set(names) if n and n.startswith(_COMM_PREFIXES)}
+    distinct = set(names)  # (once: the passes below ask what names there are)
+    comm_names = {n for n in distinct if n and n.startswith(_COMM_PREFIXES)}
     if comm_names:
         values = nbytes.to_pylist()
         for i in compress(range(len(names)), map(comm_names.__contains__, names)):
@@ -458,7 +461,7 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
         nbytes, more = _sizes(values)
         wide += more
     batch_sizes: Counter[int] = Counter()
-    if not _BATCH_OPS.isdisjoint(names):
+    if not _BATCH_OPS.isdisjoint(distinct):
         for i in compress(range(len(names)), map(_BATCH_OPS.__contains__, names)):
             size = _leading_size(args[i].input_dims)
             if size is not None:
@@ -480,7 +483,7 @@ def _columns(records: Sequence[Any], bad: int) -> _Chunk:
             S.EXTERNAL_ID: external,
             S.BYTES: nbytes,
             S.COLLECTIVE: _strings(list(map(attrgetter("collective"), args))),
-            **_groups_and_peers(names, args),
+            **_groups_and_peers(names, args, distinct),
             S.SPLIT_IMBALANCE: _split_imbalances(names, args, comm_names),
             S.GRID: _dims(list(map(attrgetter("grid"), args))),
             S.BLOCK: _dims(list(map(attrgetter("block"), args))),
@@ -505,21 +508,25 @@ _PEER_DECODER = msgspec.json.Decoder(list[str | int | float | None])
 GROUP_REGION = "traceview.pg:"
 
 
-def _groups_and_peers(names: list[str | None], args: list[_Args]) -> dict[str, pa.Array]:
+def _groups_and_peers(
+    names: list[str | None], args: list[_Args], distinct: set[str | None]
+) -> dict[str, pa.Array]:
     """Each event's process group and point-to-point peer: from its arguments (NCCL's
-    ``Process Group Name``, c10d's recorded scalars) or, for traceview's own region, its name."""
+    ``Process Group Name``, c10d's recorded scalars) or, for traceview's own region, its name
+    (``distinct``: the names there are)."""
     groups: list[str | None] = list(map(attrgetter("group"), args))
-    peers = _peers(names, args)
-    distinct = set(names)
+    peers = _peers(names, args, distinct)
     regions = {n for n in distinct if n and n.startswith(GROUP_REGION)}
     if regions:
+        peers = peers or [None] * len(names)
         parsed = {}
         for name in regions:
             group, _, peer = name[len(GROUP_REGION) :].partition(":")
             parsed[name] = (group or None, int(peer) if peer.isdigit() and len(peer) < 10 else None)
         for i in compress(range(len(names)), map(regions.__contains__, names)):
             groups[i], peers[i] = parsed[names[i]]  # type: ignore[index]
-    return {S.GROUP: _strings(groups), S.PEER: pa.array(peers, pa.int32())}
+    peer = pa.nulls(len(names), pa.int32()) if peers is None else pa.array(peers, pa.int32())
+    return {S.GROUP: _strings(groups), S.PEER: peer}
 
 
 #: All-to-alls whose recorded scalar arguments hold the split sizes, at these positions:
@@ -572,11 +579,14 @@ def _split_imbalances(names: list[str | None], args: list[_Args], comm_names: se
     return pa.array(out, pa.float64())
 
 
-def _peers(names: list[str | None], args: list[_Args]) -> list[int | None]:
-    """Each event's point-to-point peer, where its recorded arguments state it (else null)."""
+def _peers(
+    names: list[str | None], args: list[_Args], distinct: set[str | None]
+) -> list[int | None] | None:
+    """Each event's point-to-point peer, where its recorded arguments state it (else null;
+    None: no event is a call that could state one)."""
+    if not _PEER_ARGUMENT.keys() & distinct:
+        return None
     peers: list[int | None] = [None] * len(names)
-    if not _PEER_ARGUMENT.keys() & set(names):
-        return peers
     for i in compress(range(len(names)), map(_PEER_ARGUMENT.__contains__, names)):
         raw = args[i].concrete_inputs
         if not raw:
