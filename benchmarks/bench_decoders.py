@@ -33,12 +33,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
+
+# pid/tid folded as the reference decode folds them (as traceview's parser does)
+from _typed_decode import _ids, _label_id
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared" / "traces" / "pytorch"
@@ -84,29 +86,6 @@ def _parsed(parse: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return parse(*args, **kwargs)
     finally:
         _parse_s += time.process_time() - start
-
-
-def _label_id(value: Any) -> int | None:
-    """pid/tid as traceview's ``_thread_id`` makes them: numbers (also "7", "stream 7", "0x1f")
-    as they are, other labels as a stable negative id."""
-    if value is None or value.__class__ is int:
-        return value
-    text = str(value).strip()
-    text = text[7:] if text.startswith("stream ") else text
-    try:
-        return int(text, 0) if text.startswith(("0x", "0X")) else int(text)
-    except ValueError:
-        return -1 - zlib.crc32(str(value).encode())
-
-
-def _ids(values: list[Any]) -> Any:
-    import pyarrow as pa
-
-    try:
-        return pa.array(values, pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        mapping = {v: _label_id(v) for v in set(values)}
-        return pa.array(list(map(mapping.__getitem__, values)), pa.int64())
 
 
 def _table(columns: dict[str, list[Any]]) -> Any:

@@ -71,6 +71,7 @@ from traceview.model.columns import (
     STRUCTURAL,
     EventArrays,
     coded,
+    dictionary_codes,
     ints,
     parent_rows,
     unique_inverse,
@@ -456,9 +457,8 @@ def _codes_of(table: pa.Table, name: str) -> np.ndarray:
 
 def _vocabulary_codes(column: pa.ChunkedArray, vocabulary: tuple[str, ...]) -> np.ndarray:
     """Each value's position in ``vocabulary`` (every value is in it)."""
-    encoded = pc.dictionary_encode(column).combine_chunks()
-    lookup = np.array([vocabulary.index(v) for v in encoded.dictionary.to_pylist()], np.int64)
-    return lookup[np.asarray(encoded.indices, np.int64)]
+    codes, values = dictionary_codes(column)
+    return np.array([vocabulary.index(v) for v in values], np.int64)[codes]
 
 
 def _joined_segments(table: pa.Table) -> pa.Table:

@@ -175,7 +175,7 @@ def without_strays(first: FirstPass, rules: RuleSet, work: Path) -> Kept | None:
     apart (rare: a corrupt record): the strays are found over the whole rank as the whole-rank
     path finds them (the median of every event's time, read back from the spills: 8 bytes an
     event), and the rest spilled again and surveyed afresh, numbered without them. None: no
-    event is a stray."""
+    event is a stray (then nothing is read again)."""
     survey = first.survey
     assert survey is not None
     if not may_stray(survey.ts_min, survey.ts_max, survey.dur_max):
@@ -205,10 +205,7 @@ def without_strays(first: FirstPass, rules: RuleSet, work: Path) -> Kept | None:
 
     again = Survey()
     spill = work / "kept.arrows"
-    spill_surveyed(kept(), again, rules, spill)
-    if not dropped:
-        spill.unlink()
-        return None
+    spill_surveyed(kept(), again, rules, spill)  # (some are dropped: the test above says so)
     return Kept(again, [(spill, 0)], dropped)
 
 
