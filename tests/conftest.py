@@ -8,8 +8,11 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +157,53 @@ def run_cli(
         timeout=600,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+# What a launcher prints when a process of its job died of a signal or lost a peer before the
+# job ended: gloo or gRPC aborting in a rank of a real job on a loaded two-core machine, about
+# once in a full run, most often in the job's teardown (a rank's `terminate called`).
+JOB_DEATH = re.compile(
+    r"Signal \d+ \(SIG(?:ABRT|SEGV|BUS|KILL)\) received by PID"  # torchrun, of a child
+    r"|exited on signal \d+"  # mpirun
+    r"|terminate called"
+    r"|Connection (?:reset|closed) by peer"
+)
+# The lines of such a death worth keeping in a warning: what the process said as it died.
+_DEATH_LINES = re.compile(r"terminate called|what\(\)|SIG[A-Z]{3,}|signal \d+|by peer|Error")
+
+
+def job_death(result: Result) -> str | None:
+    """Where a failed job's stderr says one of its processes died (JOB_DEATH): the lines that
+    say how, else None (a success, or a failure of any other kind)."""
+    if result.code == 0 or not JOB_DEATH.search(result.err):
+        return None
+    lines = [line.strip() for line in result.err.splitlines() if _DEATH_LINES.search(line)]
+    return " | ".join(dict.fromkeys(lines))[:1500] or "no line says how"
+
+
+def run_job(run: Callable[[], Result], *fresh: Path) -> Result:
+    """``run()`` for a command that runs a real multi-process job; when a process of the job
+    died (job_death), the paths ``fresh`` are removed and the job is run once more, with the
+    first death kept as a warning. A death that repeats, and every other failure, is returned
+    as it is: the test then fails on it."""
+    result = run()
+    why = job_death(result)
+    if why is None:
+        return result
+    warnings.warn(f"a process of the job died ({why}); running the job once more", stacklevel=2)
+    for path in fresh:
+        shutil.rmtree(path, ignore_errors=True)
+    return run()
+
+
+def run_process(
+    argv: list[Any], *, env: dict[str, str] | None = None, timeout: int = 600
+) -> Result:
+    """``argv`` run to its end with its output captured, as a Result."""
+    done = subprocess.run(
+        list(map(str, argv)), capture_output=True, text=True, env=env, timeout=timeout
+    )
+    return Result(done.returncode, done.stdout, done.stderr)
 
 
 @pytest.fixture

@@ -5,13 +5,12 @@ of the splits, worked out from the job's own arguments."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_job, run_process
 
 pytestmark = [pytest.mark.torch]
 
@@ -25,11 +24,9 @@ def test_alltoall_bytes_and_split_imbalance_per_rank(tmp_path: Path) -> None:
     from alltoall import splits  # the job's own split sizes
 
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    done = subprocess.run(
-        [*launcher, "--nproc-per-node", str(RANKS), str(JOB), str(tmp_path), "--steps", str(STEPS)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    argv = [*launcher, "--nproc-per-node", RANKS, JOB, tmp_path, "--steps", STEPS]
+    done = run_job(lambda: run_process(argv, timeout=300), tmp_path)
+    assert done.code == 0, done.err[-2000:]
     result = run_cli("report", tmp_path, "--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Result, run_cli
+from tests.conftest import REPO, Result, job_death, run_cli
 
 WORKLOADS = REPO / "tests" / "workloads"
 pytestmark = pytest.mark.mpi
@@ -73,9 +73,12 @@ def collect_tensorflow(run: Path, *args: str | Path) -> Result:
                 pytest.fail(f"collect hung for {JOB_TIMEOUT_S} s, not in tf.profiler:\n{err}")
             what = "a worker hung in tf.profiler.experimental.stop()"
         else:
+            result = Result(proc.returncode, out, err)
+            # a worker that lost its peer's gRPC connection (job_death) is run again too
             crash = next((text for text in HEAP_CORRUPTION if text in err), None)
+            crash = crash or job_death(result)
             if proc.returncode == 0 or crash is None:
-                return Result(proc.returncode, out, err)
+                return result
             what = f"a worker aborted: {crash.strip()}"
         warnings.warn(
             f"attempt {attempt}: TensorFlow's profiler broke the job ({what})", stacklevel=2

@@ -42,7 +42,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_job
 from tests.live.test_parallel_jobs import Job, _launcher
 
 pytestmark = [pytest.mark.torch]
@@ -188,7 +188,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Any:
             "1", "--no-report", "--", *launcher, "--nproc-per-node", str(ranks),
             WORKLOADS / script, "--steps", str(recorded + 5), "--truth", out / "truth", *args,
         ]  # fmt: skip
-        result = run_cli(*cmd)
+        result = run_job(lambda: run_cli(*cmd), out / "run", out / "truth")
         assert result.code == 0, result.out[-2000:] + result.err[-2000:]
         made[name] = CriticalJob(name, out, ranks)
         return made[name]

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_job, run_process
 
 pytestmark = [pytest.mark.torch]
 
@@ -25,11 +24,10 @@ JOB = REPO / "tests" / "workloads" / "parallel" / "zero.py"
 def test_zero3_collectives_are_issued_in_their_phases(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed", reason="pip install deepspeed (DS_BUILD_OPS=0 is enough)")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    done = subprocess.run(
-        [*launcher, "--nproc-per-node", "2", str(JOB), str(tmp_path), "--stage", "3", "--steps", "3"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    argv = [*launcher, "--nproc-per-node", 2, JOB, tmp_path, "--stage", 3, "--steps", 3]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    done = run_job(lambda: run_process(argv, env=env, timeout=300), tmp_path)
+    assert done.code == 0, done.err[-3000:]
     result = run_cli("report", tmp_path, "--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)

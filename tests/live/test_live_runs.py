@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES, analysed
+from tests.conftest import SAMPLES, analysed, run_job, run_process
 from tests.unit.test_groundtruth import check_against_timers, steps_with_timers
 from traceview.analysis.summary import summarize
 from traceview.store import rundir as R
@@ -48,12 +47,10 @@ def live(
         scenario,
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
-        # seen once in ~10 full runs: a rank of the training script itself (no traceview in it)
-        # aborts in PyTorch's teardown after its profiler stopped; run the job once more
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # a rank of the training script itself (no traceview in it) was once seen to abort in
+    # PyTorch's teardown after its profiler stopped: run_job runs the job once more then
+    proc = run_job(lambda: run_process(cmd, env=env), out)
+    assert proc.code == 0, proc.out[-2000:] + proc.err[-2000:]
     return scenario, out, ingest_run([out], out / "run")
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_job
 
 pytestmark = [pytest.mark.torch]
 
@@ -197,7 +197,7 @@ def job_maker(tmp_path_factory: pytest.TempPathFactory) -> Any:
             "--no-report", "--", *launcher, "--nproc-per-node", str(ranks), WORKLOADS / script,
             "--steps", "10", "--truth", out / "truth", *args,
         ]  # fmt: skip
-        result = run_cli(*cmd)
+        result = run_job(lambda: run_cli(*cmd), out / "run", out / "truth")
         assert result.code == 0, result.out[-2000:] + result.err[-2000:]
         made[name] = Job(name, out, ranks)
         return made[name]
