@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_job
 from traceview.collectors import rankside
 from traceview.collectors.launch import pass_environment
 
@@ -44,10 +44,11 @@ def _manifest(run: Path) -> dict:
 
 def test_ddp_job_under_mpirun(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    result = run_cli(
+    cmd = [
         "collect", "-o", run, "--steps", "4", "--warmup", "1", "--skip", "1", "--",
         *_mpirun(), sys.executable, WORKLOADS / "ddp_train.py", "--steps", "12", "--port", "29661",
-    )  # fmt: skip
+    ]  # fmt: skip
+    result = run_job(lambda: run_cli(*cmd), run)
     assert result.code == 0, result.err
     assert "Per rank" in result.out and "communication: total" in result.out
     collect = _manifest(run)["collect"]
@@ -154,10 +155,11 @@ def test_torchrun(tmp_path: Path) -> None:
     if torchrun is None:
         pytest.skip("torchrun not installed")
     run = tmp_path / "run"
-    result = run_cli(
+    cmd = [
         "collect", "-o", run, "--steps", "3", "--warmup", "1", "--",
         torchrun, "--standalone", "--nproc-per-node", "2", WORKLOADS / "ddp_train.py", "--steps", "10",
-    )  # fmt: skip
+    ]  # fmt: skip
+    result = run_job(lambda: run_cli(*cmd), run)
     assert result.code == 0, result.err
     ranks = _manifest(run)["collect"]["ranks"]
     # the two workers, and not torchrun's own agent process (which imports torch too)
