@@ -34,7 +34,7 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -85,6 +85,60 @@ class Graph:
     #                      issue_item (-1: issued outside the counted windows), issue_offset
     steps: list[int]
     unmatched_steps: dict[int, str]  # steps whose communication is not all explained: why
+    _timed: _Timed | None = field(default=None, repr=False, compare=False)
+
+    def timed(self) -> _Timed:
+        """What every replay of the graph starts from (made once: a replay a change)."""
+        if self._timed is None:
+            self._timed = _Timed.of(self)
+        return self._timed
+
+
+@dataclass
+class _Timed:
+    """A graph's items as a replay takes them, whatever the change: times from the graph's
+    first instant (float64 holds them to the nanosecond), their groups (a rank's step) and
+    each group's head, and only the calls that can move them (``_calls_that_move``)."""
+
+    t0: int
+    span: np.ndarray  # each item's end - start, float64
+    group: np.ndarray
+    call: np.ndarray  # the call each item waits for (-1: none), in ``calls``' numbering
+    calls: pl.DataFrame
+    kept: np.ndarray | None  # which of the graph's calls ``calls`` are (None: all)
+    first: np.ndarray  # the first item of each group
+    heads: np.ndarray
+    g_start: np.ndarray  # each group's measured start
+    g_step: np.ndarray
+    step_first: np.ndarray  # per group, its step's earliest start over the ranks
+
+    @classmethod
+    def of(cls, graph: Graph) -> _Timed:
+        items = graph.items
+        n = items.height
+        t0 = int(items[S.START_NS].min()) if n else 0  # type: ignore[arg-type]
+        start = items[S.START_NS].to_numpy() - t0
+        end = items[S.END_NS].to_numpy() - t0
+        group = items["group"].to_numpy()
+        # only the calls of the graph's steps and those its items wait for move its items (a
+        # batch holds every step its waits reach: ``_tied``); the others are left out
+        calls, call, kept = _calls_that_move(graph, graph.calls, items["call"].to_numpy())
+        first = np.ones(n, bool)
+        first[1:] = group[1:] != group[:-1]
+        heads = np.flatnonzero(first)
+        g_start = start[first].astype(np.float64)
+        g_step = items[S.STEP].to_numpy()[first]
+        step_first = g_start
+        if len(heads):
+            job_start = (
+                pl.DataFrame({"s": g_step, "t": g_start}).group_by("s").agg(pl.col("t").min())
+            )
+            job_of = dict(zip(job_start["s"].to_list(), job_start["t"].to_list(), strict=True))
+            step_first = np.array([job_of[s] for s in g_step])
+        span = (end - start).astype(np.float64)
+        return cls(
+            t0, span, group, call, calls, kept, first, heads, g_start, g_step, step_first
+        )  # fmt: skip
 
 
 @dataclass
@@ -526,32 +580,21 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     the call it waits for): only the waits and the calls move from pass to pass, so a pass
     costs their number, not the items'."""
     change = change or Change("none")
-    items, calls = graph.items, graph.calls
+    items = graph.items
     n = items.height
-    # times from the graph's first instant (float64 holds them to the nanosecond)
-    t0 = int(items[S.START_NS].min()) if n else 0  # type: ignore[arg-type]
-    start = items[S.START_NS].to_numpy() - t0
-    end = items[S.END_NS].to_numpy() - t0
-    group = items["group"].to_numpy()
-    call = items["call"].to_numpy()
-    # only the calls of the graph's steps and those its items wait for move its items (a batch
-    # holds every step its waits reach: ``_tied``); the others are left out
-    every_call = calls.height
-    calls, call, transfer_of = _calls_that_move(graph, calls, call, change.transfer)
+    every_call = graph.calls.height
+    timed = graph.timed()
+    t0, group, call, calls = timed.t0, timed.group, timed.call, timed.calls
+    first, heads, g_step = timed.first, timed.heads, timed.g_step
+    transfer_of = change.transfer
+    if transfer_of is not None and timed.kept is not None:
+        transfer_of = transfer_of[timed.kept]
     wait = call >= 0
-    dur = (end - start).astype(np.float64)
+    dur = timed.span
     if change.item_factor is not None:
         dur = dur * change.item_factor
     dur = np.where(wait, 0.0, dur)
-    first = np.ones(n, bool)
-    first[1:] = group[1:] != group[:-1]
-    heads = np.flatnonzero(first)
-    g_start = start[first].astype(np.float64)  # each rank's measured step start
-    g_step = items[S.STEP].to_numpy()[first]
-    job_start = pl.DataFrame({"s": g_step, "t": g_start}).group_by("s").agg(pl.col("t").min())
-    job_of = dict(zip(job_start["s"].to_list(), job_start["t"].to_list(), strict=True))
-    step_first = np.array([job_of[s] for s in g_step]) if len(heads) else g_start
-    origin = step_first if change.no_late_start else g_start
+    origin = timed.step_first if change.no_late_start else timed.g_start
     # prefix sums of durations per group (each group from 0)
     csum = np.cumsum(dur)
     before = np.concatenate([[0.0], csum])[heads]
@@ -604,7 +647,7 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         shifted = np.where(q_first, 0.0, np.concatenate([[0.0], q_prefix[:-1]]))
         issued_on = c_item >= 0
         item = np.maximum(c_item, 0)
-        span = (end - start).astype(np.float64)[item]
+        span = timed.span[item]
         is_wait = wait[item]
         held_end = last_wait(item)
         held_start = np.where(first[item], -2, last_wait(item - 1))
@@ -662,22 +705,23 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
 
 
 def _calls_that_move(
-    graph: Graph, calls: pl.DataFrame, call: np.ndarray, transfer: np.ndarray | None
+    graph: Graph, calls: pl.DataFrame, call: np.ndarray
 ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray | None]:
     """The calls of ``graph``'s steps and of the steps of the calls its items wait for
     (``call``: each item's, -1 for none: an instance's members and a queue's calls in one step
-    share their step), renumbered, with the items' call ids and a change's transfers to match."""
+    share their step), renumbered, with the items' call ids to match and which calls they are
+    (None: all)."""
     if calls.height == 0:
-        return calls, call, transfer
+        return calls, call, None
     label = calls[S.STEP].fill_null(NO_STEP).to_numpy()
     keep = np.isin(label, np.union1d(graph.steps, label[call[call >= 0]]))
     if keep.all():
-        return calls, call, transfer
+        return calls, call, None
     kept = np.flatnonzero(keep)
     renumber = np.full(calls.height, -1, np.int64)
     renumber[kept] = np.arange(len(kept))
     call = np.where(call >= 0, renumber[np.maximum(call, 0)], -1)
-    return calls[kept], call, None if transfer is None else transfer[kept]
+    return calls[kept], call, kept
 
 
 def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -704,24 +748,35 @@ def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
 
 
 class _Labels:
-    """A string column read by position without turning every row into a Python string."""
+    """A string column read by position without turning every row into a Python string: its
+    dictionary codes (-1: null), and the dictionary, which ``code`` extends."""
 
     def __init__(self, column: pl.Series) -> None:
         encoded = column.to_arrow().dictionary_encode()
         if isinstance(encoded, pa.ChunkedArray):
             encoded = encoded.combine_chunks()
         self.codes = np.asarray(encoded.indices.cast(pa.int64()).fill_null(-1), np.int64)
-        self.values = encoded.dictionary.to_pylist()
-        # (by code, with None last: code -1 reads it)
-        self.table = np.array([*self.values, None], dtype=object)
+        self.values: list[str] = encoded.dictionary.to_pylist()
+        self._code_of = {value: code for code, value in enumerate(self.values)}
 
     def __getitem__(self, i: int) -> str | None:
         code = int(self.codes[i])
         return self.values[code] if code >= 0 else None
 
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        """The labels of ``rows``, as an object array."""
-        return self.table[self.codes[rows]]
+    def code(self, value: str | None) -> int:
+        """The code of ``value`` (-1: None), added to the dictionary where it is new."""
+        if value is None:
+            return -1
+        code = self._code_of.get(value)
+        if code is None:
+            code = self._code_of[value] = len(self.values)
+            self.values.append(value)
+        return code
+
+    def column(self, codes: np.ndarray) -> pa.Array:
+        """The strings of ``codes`` (-1: null), decoded by Arrow."""
+        dictionary = pa.array(self.values, pa.string())
+        return dictionary.take(pa.array(codes, mask=codes < 0))
 
 
 class _Pieces:
@@ -743,41 +798,43 @@ class _Pieces:
 
     def frame(self) -> pl.DataFrame:
         ranks, starts, durs, phases, ops, kinds = [], [], [], [], [], []
+        # a wait's kind reads as a transfer; a kind-less segment as "None", as str() writes it
+        comm, transfer = self.kind.code(S.SEGMENT_COMM), self.kind.code(TRANSFER)
+        no_kind = self.kind.code("None")
         for block in reversed(self.blocks):
             if isinstance(block, PathPiece):
                 ranks.append(np.array([block.rank], np.int64))
                 starts.append(np.array([block.start_ns], np.int64))
                 durs.append(np.array([block.dur_ns], np.int64))
-                phases.append(np.array([block.phase], dtype=object))
-                ops.append(np.array([block.op], dtype=object))
-                kinds.append(np.array([block.kind], dtype=object))
+                phases.append(np.array([self.phase.code(block.phase)], np.int64))
+                ops.append(np.array([self.op.code(block.op)], np.int64))
+                kinds.append(np.array([self.kind.code(block.kind)], np.int64))
                 continue
             rank, first, last, until = block
-            rows = np.arange(first, last + 1)
-            start = self.start[rows].astype(np.int64)
-            end = self.end[rows].astype(np.int64)
+            start = self.start[first : last + 1].astype(np.int64)
+            end = self.end[first : last + 1].astype(np.int64)
             end[-1] = until
-            kind = self.kind.take(rows)
-            kind = np.where(kind == S.SEGMENT_COMM, TRANSFER, kind)
-            ranks.append(np.full(len(rows), rank, np.int64))
+            kind = self.kind.codes[first : last + 1]
+            kind = np.where(kind == comm, transfer, np.where(kind < 0, no_kind, kind))
+            ranks.append(np.full(len(start), rank, np.int64))
             starts.append(start)
             durs.append(end - start)
-            phases.append(self.phase.take(rows))
-            ops.append(self.op.take(rows))
-            kinds.append(np.array([str(k) for k in kind], dtype=object) if None in kind else kind)
+            phases.append(self.phase.codes[first : last + 1])
+            ops.append(self.op.codes[first : last + 1])
+            kinds.append(kind)
         if not ranks:
             return pl.DataFrame(schema=PIECE_COLUMNS)
         columns = {
-            "rank": np.concatenate(ranks),
-            "phase": np.concatenate(phases).tolist(),
-            "op": np.concatenate(ops).tolist(),
-            "kind": np.concatenate(kinds).tolist(),
-            "start_ns": np.concatenate(starts),
-            "dur_ns": np.concatenate(durs),
+            S.RANK: pa.array(np.concatenate(ranks)),
+            S.PHASE: self.phase.column(np.concatenate(phases)),
+            S.OP: self.op.column(np.concatenate(ops)),
+            S.KIND: self.kind.column(np.concatenate(kinds)),
+            S.START_NS: pa.array(np.concatenate(starts)),
+            S.DUR_NS: pa.array(np.concatenate(durs)),
         }
-        return pl.DataFrame(
-            {name: pl.Series(name, columns[name], dtype) for name, dtype in PIECE_COLUMNS.items()}
-        )
+        frame = pl.from_arrow(pa.table(columns))
+        assert isinstance(frame, pl.DataFrame)
+        return frame.cast(PIECE_COLUMNS)  # type: ignore[arg-type]
 
 
 def critical_paths(graph: Graph, items_in_run: int | None = None) -> list[WalkedPath]:
