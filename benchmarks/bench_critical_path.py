@@ -160,12 +160,14 @@ def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
     from bench_crossrank import manifest_for, replicate  # type: ignore[import-not-found]
 
     from traceview.analysis.summary import cross_rank_of, summarize
+    from traceview.model.columns import TableOnDemand
     from traceview.store.analysed import PathFile, open_run
 
     names = ("steps", "ops", "collectives", "comm", "segments")
     bench_crossrank.TIMED = names
     with open_run([REPO / "sample_traces" / "pytorch" / "slowfwd"]) as run:
-        base = {name: run.tables[name] for name in names}
+        base = {name: run.tables[name] for name in names if name != "segments"}
+        base["segments"] = run.segments.read()
     tables = replicate(base, ranks)
     manifest = manifest_for(ranks, 1)
     cross = cross_rank_of(manifest, tables["collectives"], tables["comm"])
@@ -174,7 +176,8 @@ def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
         start = time.perf_counter()
         summarize(
             tables["steps"], tables["ops"], manifest, collectives=tables["collectives"],
-            cross=cross, segments=segments, path_cache=cache,
+            cross=cross, segments=None if segments is None else TableOnDemand.of(segments),
+            path_cache=cache,
         )  # fmt: skip
         return time.perf_counter() - start
 

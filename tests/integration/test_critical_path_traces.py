@@ -40,7 +40,7 @@ def _inputs(trace: str) -> tuple[pa.Table, Matched, list[int | None]]:
     """A run's segments (on the clock its calls were matched on), matched calls and steps."""
     with open_run([_path(trace)]) as run:
         cross = run.cross
-        segments = run.tables["segments"]
+        segments = run.segments.read()
         if cross is not None and cross.clocks is not None:
             frame = pl.from_arrow(segments)
             assert isinstance(frame, pl.DataFrame)

@@ -34,6 +34,7 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -251,9 +252,8 @@ def _source(
     comm = seg.filter(pl.col(S.KIND) == S.SEGMENT_COMM)
     alone = max(world or 0, seg[S.RANK].n_unique()) <= 1
     unmatched = _unexplained(seg, calls, matched, alone)
-    rest = seg.filter(pl.col(S.KIND) != S.SEGMENT_COMM).with_columns(
-        pl.lit(-1, pl.Int64).alias("call"), pl.lit(0, pl.Int64).alias("early")
-    )
+    # (the rest wait for no call: their call and lead are given per batch, in ``_graph``)
+    rest = seg.filter(pl.col(S.KIND) != S.SEGMENT_COMM)
     del seg
     pieces = _released_early(_waiting_pieces(comm, calls), calls)
     rows = rest.height + pieces.height
@@ -282,6 +282,7 @@ def _graph(source: _Source, steps: list[int]) -> Graph | None:
         return None
     items = (
         pl.concat([rest, pieces], how="diagonal_relaxed")
+        .with_columns(pl.col("call").fill_null(-1), pl.col("early").fill_null(0))
         .with_row_index("_o")
         .sort(S.RANK, S.STEP, S.START_NS, S.END_NS, "_o")
         .drop("_o")
@@ -1182,7 +1183,7 @@ class _StepWalk:
 
 
 def explain(
-    segments: pa.Table,
+    segments: pa.Table | Callable[[], pa.Table],
     matched: Matched,
     steps: list[int | None],
     counted: list[int | None],
@@ -1194,8 +1195,10 @@ def explain(
     and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
     for, as ``whatif`` takes them). The steps are walked and replayed in batches
     (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
-    phase, kind and operator (integers: the sums are the whole graph's)."""
-    source = _source(segments, matched, steps, world)
+    phase, kind and operator (integers: the sums are the whole graph's). ``segments``: the
+    table, or what reads it (then nothing holds it once the walk has its own pieces of it)."""
+    source = _source(segments() if callable(segments) else segments, matched, steps, world)
+    del segments
     if source is None:
         return Explained(None, {}, [], {})
     walked: list[_StepWalk] = []

@@ -51,6 +51,7 @@ from traceview.analysis.selection import (
     select_steps,
 )
 from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
 from traceview.model.manifest import Collected, Manifest
 from traceview.model.results import (
     BottleneckPhase,
@@ -954,7 +955,7 @@ def groups_of(manifest: Manifest) -> Groups:
 
 
 def _critical_path(
-    segments: pa.Table | None,
+    segments: TableOnDemand | None,
     cross: CrossRank | None,
     per_step: list[StepSummary],
     ranks: list[RankSummary],
@@ -971,7 +972,7 @@ def _critical_path(
     key = json.dumps([PATH_VERSION, every, counted, whatif, world])
     explained = cache.get(key) if cache is not None else None
     if explained is None:
-        explained = _explain(segments, cross, ranks, every, counted, whatif, world)
+        explained = _explain(segments.read, cross, ranks, every, counted, whatif, world)
         if cache is not None:
             cache.put(key, explained)
     for s in per_step:
@@ -980,7 +981,7 @@ def _critical_path(
 
 
 def _explain(
-    segments: pa.Table,
+    read: Callable[[], pa.Table],
     cross: CrossRank | None,
     ranks: list[RankSummary],
     every: list[int | None],
@@ -988,10 +989,17 @@ def _explain(
     whatif: list[str],
     world: int | None,
 ) -> Explained:
+    """``explain`` of the segments ``read`` gives, which nothing here holds: they are freed
+    once the walk has its own pieces of them."""
+    segments = read
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
-        frame = pl.from_arrow(segments)
-        assert isinstance(frame, pl.DataFrame)
-        segments = cross.clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
+        clocks = cross.clocks
+
+        def segments() -> pa.Table:
+            frame = pl.from_arrow(read())
+            assert isinstance(frame, pl.DataFrame)
+            return clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
+
     matched = cross.matched if cross is not None else Matched(pl.DataFrame())
     median_phase = {
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
@@ -1051,7 +1059,7 @@ def summarize(
     memory_steps: pa.Table | None = None,
     choice: StepChoice | None = None,
     comm: pa.Table | None = None,
-    segments: pa.Table | None = None,
+    segments: TableOnDemand | None = None,
     whatif: list[str] | None = None,
     path_cache: PathCache | None = None,
 ) -> RunReport:

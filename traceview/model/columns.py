@@ -4,6 +4,7 @@ imports nothing of traceview but the schema."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,21 @@ from traceview.model import schema as S
 
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
 PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
+
+
+@dataclass(frozen=True)
+class TableOnDemand:
+    """A table read where it is needed, not before: its rows counted at once, its contents
+    read afresh by each ``read`` (nothing holds them after: a report reads the segments, the
+    largest table, only where its critical path is not kept, and frees them once used)."""
+
+    num_rows: int
+    read: Callable[[], pa.Table]
+
+    @classmethod
+    def of(cls, table: pa.Table) -> TableOnDemand:
+        """A table already in memory."""
+        return cls(table.num_rows, lambda: table)
 
 
 def kind_table(kinds: tuple[str, ...] | list[str]) -> np.ndarray:

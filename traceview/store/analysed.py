@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
 from traceview.model.errors import BadInput, OutputError, UsageError, cannot_write
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
@@ -41,7 +42,8 @@ class Run:
     path: Path  # the run directory (temporary when read from traces)
     label: str  # how to name it to the user
     manifest: Manifest
-    tables: dict[str, pa.Table]  # the per-rank analysis tables of every rank (RANK_TABLES)
+    tables: dict[str, pa.Table]  # the per-rank analysis tables of every rank (RANK_TABLES) ...
+    segments: TableOnDemand  # ... but the segments, the largest, read only where needed
     temporary: bool
     # the steps --steps/--skip chose (None: leading warm-up steps left out): every report of
     # this run counts them, once decided (analysis/selection.py)
@@ -93,7 +95,7 @@ class Run:
             memory_steps=self.tables["memory_steps"] if self.has_memory else None,
             choice=self.choice,
             comm=self.tables["comm"],
-            segments=self.tables["segments"],
+            segments=self.segments,
             whatif=whatif,
             path_cache=(
                 None if self.temporary or self.cache_key is None
@@ -146,7 +148,7 @@ class Run:
         from traceview.analysis.critical_path import path_table
         from traceview.analysis.crossrank import Matched
 
-        segments, cross = self.tables["segments"], self.cross
+        segments, cross = self.segments.read(), self.cross
         if cross is not None and cross.clocks is not None:
             frame = pl.from_arrow(segments)
             assert isinstance(frame, pl.DataFrame)
@@ -380,7 +382,7 @@ def open_run(
         run = ingest_run(
             paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
         )
-        yield Run(run, label, R.read_manifest(run), _read_tables(run), True, choice)
+        yield Run(run, label, R.read_manifest(run), *_read_tables(run), True, choice)
 
 
 def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
@@ -391,12 +393,14 @@ def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
         seen = R.identities(run)  # (first: any change after this is seen at the end)
         manifest = R.read_manifest(run)
         try:
-            tables = _read_tables(run, _key(manifest, seen)) if _current(manifest, seen) else None
+            read = _read_tables(run, _key(manifest, seen)) if _current(manifest, seen) else None
         except BadInput:  # a damaged, stale or foreign cache: it is only a cache
-            tables = None
+            read = None
         try:
-            tables = tables or reanalyze(run, manifest, seen, progress)
-            return Run(run, label, manifest, tables, False, cache_key=_key(manifest, seen))
+            tables, segments = read or _segments_apart(reanalyze(run, manifest, seen, progress))
+            return Run(
+                run, label, manifest, tables, segments, False, cache_key=_key(manifest, seen)
+            )
         except RunReplaced:
             continue
     raise BadInput(
@@ -479,11 +483,12 @@ _TABLE_SCHEMAS = {
 assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 
 
-def _read_tables(run: Path, key: bytes | None = None) -> dict[str, pa.Table]:
-    """The cached analysis tables; with ``key``, each must record it (``R.CACHE_KEY``: this
-    run, this analysis, these inputs), else BadInput: a table of another run, or computed from
-    other events, is not read as this run's. A table behind a link out of the run directory is
-    refused alike (and replaced, not written through, when the cache is written again)."""
+def _read_tables(run: Path, key: bytes | None = None) -> tuple[dict[str, pa.Table], TableOnDemand]:
+    """The cached analysis tables, the segments apart (opened, read where needed); with
+    ``key``, each must record it (``R.CACHE_KEY``: this run, this analysis, these inputs), else
+    BadInput: a table of another run, or computed from other events, is not read as this run's.
+    A table behind a link out of the run directory is refused alike (and replaced, not written
+    through, when the cache is written again)."""
 
     def check(name: str) -> Callable[[pq.ParquetFile], None]:
         def mine(file: pq.ParquetFile) -> None:
@@ -493,12 +498,23 @@ def _read_tables(run: Path, key: bytes | None = None) -> dict[str, pa.Table]:
         return mine
 
     tables = {}
+    segments = None
     for name in RANK_TABLES:
         path = run / f"{name}.parquet"
         R.check_inside(run, path)
+        if name == "segments":
+            segments = R.table_on_demand(path, _TABLE_SCHEMAS[name], check(name) if key else None)
+            continue
         table = R.read_table(path, _TABLE_SCHEMAS[name], check(name) if key else None)
         tables[name] = R.without_cache_key(table)
-    return tables
+    assert segments is not None
+    return tables, segments
+
+
+def _segments_apart(tables: dict[str, pa.Table]) -> tuple[dict[str, pa.Table], TableOnDemand]:
+    """Tables just computed, the segments apart as Run holds them."""
+    rest = dict(tables)
+    return rest, TableOnDemand.of(rest.pop("segments"))
 
 
 @contextmanager

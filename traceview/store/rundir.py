@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
 from traceview.model.errors import BadInput, Notes, UsageError, cannot_write
 from traceview.model.escape import encodable, safe
 from traceview.model.manifest import Manifest, from_json
@@ -249,19 +250,59 @@ def read_table(
     bad input: a file in a run directory is as untrusted as a trace. ``check`` looks at the
     opened file first (its metadata) and raises BadInput to refuse it unread. The columns that
     ``schema`` holds as dictionaries are read as such."""
+    try:
+        # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
+        with _opened(path, schema, check) as file:
+            table = file.read()
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise BadInput(f"{path}: unreadable ({exc})") from None
+    return _shaped(path, table, schema)
+
+
+def table_on_demand(
+    path: Path, schema: pa.Schema, check: Callable[[pq.ParquetFile], None] | None = None
+) -> TableOnDemand:
+    """The table in ``path`` as ``read_table`` reads it, opened and checked now (its footer:
+    a missing, foreign or cut file is refused here) but read only where it is asked for,
+    through the file opened now: a run directory replaced meanwhile is read as it was, never a
+    mix of two. A file of another shape than ``schema`` is read now (and cast, or refused)."""
+    try:
+        file = _opened(path, schema, check)
+        if not file.schema_arrow.remove_metadata().equals(schema):
+            with file:
+                return TableOnDemand.of(without_cache_key(_shaped(path, file.read(), schema)))
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise BadInput(f"{path}: unreadable ({exc})") from None
+
+    def read() -> pa.Table:
+        try:
+            return without_cache_key(file.read())
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise BadInput(f"{path}: unreadable ({exc}); run `traceview ingest` again") from None
+
+    return TableOnDemand(file.metadata.num_rows, read)
+
+
+def _opened(
+    path: Path, schema: pa.Schema | None, check: Callable[[pq.ParquetFile], None] | None
+) -> pq.ParquetFile:
     dictionary = None
     if schema is not None:
         dictionary = [f.name for f in schema if pa.types.is_dictionary(f.type)] or None
     try:
-        # ParquetFile, not read_table: the latter imports pyarrow.dataset (~0.25 s) on first use
-        with parquet_file(path, dictionary) as file:
-            if check is not None:
-                check(file)
-            table = file.read()
+        file = parquet_file(path, dictionary)
     except FileNotFoundError:
         raise BadInput(f"{path}: missing (re-run `traceview ingest`)") from None
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        raise BadInput(f"{path}: unreadable ({exc})") from None
+    if check is not None:
+        try:
+            check(file)
+        except BaseException:
+            file.close()
+            raise
+    return file
+
+
+def _shaped(path: Path, table: pa.Table, schema: pa.Schema | None) -> pa.Table:
     if schema is None or table.schema.equals(schema):
         return table
     try:
