@@ -17,7 +17,7 @@ from tests.conftest import SAMPLES, run_cli
 from tests.unit.test_rundir import _copy
 from traceview.collectors.rankside import rank_dir
 from traceview.store import rundir as R
-from traceview.store.analysed import _TABLE_SCHEMAS, PATH_CACHE, ingest_run
+from traceview.store.analysed import _TABLE_SCHEMAS, PATH_CACHE, ingest_run, open_run
 
 
 @pytest.fixture(scope="module")
@@ -270,3 +270,24 @@ def test_a_reports_critical_path_is_kept_for_the_next_one(fresh: Path, tmp_path:
     again = run_cli("report", "--json", run).json()
     assert again["critical_path"] == first["critical_path"]
     assert json.loads(kept.read_bytes())[0] != key
+
+
+def test_segments_read_after_the_run_was_replaced_are_the_runs_as_it_was_opened(
+    fresh: Path, tmp_path: Path
+) -> None:
+    """A report reads the segments (the largest table) only where it computes the critical
+    path, after the other tables: through the file opened with them, so that an ingest that
+    replaces the run meanwhile (a new file renamed over the old) is not mixed into it."""
+    run = _copy(fresh, tmp_path)
+    (run / PATH_CACHE).unlink(missing_ok=True)
+    with open_run([run]) as opened:
+        expected = opened.report().critical_path
+    (run / PATH_CACHE).unlink()
+    segments = run / "segments.parquet"
+    table = pq.read_table(segments)
+    later = table.filter(pa.compute.equal(table.column("rank"), 0))  # another run's: one rank
+    with open_run([run]) as opened:
+        pq.write_table(later, tmp_path / "new.parquet")
+        os.replace(tmp_path / "new.parquet", segments)
+        path = opened.report().critical_path
+    assert expected is not None and path == expected
