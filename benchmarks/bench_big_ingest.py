@@ -23,7 +23,13 @@ deleted after each size otherwise). --single-step makes each trace one long step
 ProfilerStep over all the copies: make_big_trace.py --single-step); its results go to
 benchmarks/results/big_ingest_one_step.{json,md}. --no-markers makes traces with no step
 marker at all (a whole-run profile that never called prof.step(): one window); results in
-benchmarks/results/big_ingest_no_markers.{json,md}.
+benchmarks/results/big_ingest_no_markers.{json,md}. --kinds takes the trace kinds of
+bench_decoders.py instead (each its real source trace from ../shared/traces and its flags: CPU
+operators with shapes, GPU, no markers, one step, ROCm, the 2021 Kineto generation), every size
+of each; results in benchmarks/results/big_ingest_kinds.{json,md}.
+
+    python benchmarks/bench_big_ingest.py --kinds cpu_shapes gpu no_markers one_step rocm \
+        kineto2021 --sizes 0.1 1 --data /tmp/kinds
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_decoders import KINDS, SHARED  # type: ignore[import-not-found]  (one definition)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -81,9 +89,12 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any
     }
 
 
-def make_trace(size_gb: float, data: Path, source: Path | None, markers: str) -> Path:
+def make_trace(
+    size_gb: float, data: Path, source: Path | None, markers: str, kind: str | None = None
+) -> Path:
     """``markers``: "steps" (every step marked), "one-step" or "no-markers"."""
-    out = data / (f"kineto-{size_gb:g}gb" + ("" if markers == "steps" else f"-{markers}"))
+    name = f"kineto-{size_gb:g}gb" + ("" if markers == "steps" else f"-{markers}")
+    out = data / (name if kind is None else f"{kind}-{size_gb:g}gb")
     found = sorted(out.glob("rank0.pt.trace.json*"))
     if found:
         return found[0]
@@ -129,19 +140,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single-step", action="store_true", help="traces of one long step each")
     p.add_argument("--no-markers", action="store_true", help="traces with no step marker")
     p.add_argument("--out", type=Path, default=None, help="results (without the suffix)")
+    p.add_argument(
+        "--kinds", nargs="+", choices=list(KINDS), default=None,
+        help="bench_decoders.py's trace kinds (sources and flags) instead of --source",
+    )  # fmt: skip
     a = p.parse_args(argv)
     if a.single_step and a.no_markers:
         p.error("--single-step and --no-markers exclude each other")
     markers = "one-step" if a.single_step else "no-markers" if a.no_markers else "steps"
     names = {"steps": "big_ingest", "one-step": "big_ingest_one_step"}
-    a.out = a.out or HERE / "results" / names.get(markers, "big_ingest_no_markers")
+    a.out = a.out or HERE / "results" / (
+        "big_ingest_kinds" if a.kinds else names.get(markers, "big_ingest_no_markers")
+    )
+    jobs: list[tuple[str | None, Path | None, str, float]] = []
+    for kind in a.kinds or [None]:
+        source, flags = (
+            (a.source, []) if kind is None else (SHARED / KINDS[kind][0], KINDS[kind][1])
+        )
+        how = {"--single-step": "one-step", "--no-markers": "no-markers"}
+        jobs += [(kind, source, how[flags[0]] if flags else markers, size) for size in a.sizes]
     rows: list[dict[str, Any]] = []
-    for size in a.sizes:
-        trace = make_trace(size, a.data, a.source, markers)
+    for kind, source, markers, size in jobs:
+        trace = make_trace(size, a.data, source, markers, kind)
         nbytes = trace.stat().st_size
         with tempfile.TemporaryDirectory(dir=a.data) as work:
             run = Path(work) / "run"
-            row: dict[str, Any] = {"size_gb": size, "file_bytes": nbytes}
+            row: dict[str, Any] = {"kind": kind, "size_gb": size, "file_bytes": nbytes}
             row["typed"] = measure([sys.executable, str(TYPED), str(trace)])
             row["ingest"] = measure(traceview(sys.executable, trace, run))
             events = json.loads((run / "manifest.json").read_text())["ranks"][0]["events"]
@@ -174,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for r in rows:
         cells = [
-            f"{r['file_bytes'] / 1e9:.2f} GB",
+            f"{r['kind'] + ', ' if r.get('kind') else ''}{r['file_bytes'] / 1e9:.2f} GB",
             f"{r['events']:,}",
             f"{r['typed']['seconds']:.1f} s / {r['typed']['peak_rss_mb']:,.0f} MB",
             f"{r['ingest']['seconds']:.1f} s ({r['ingest'].get('cpu_s', 0):.1f} s CPU) / "

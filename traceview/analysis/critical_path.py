@@ -210,6 +210,33 @@ class _Source:
     steps: list[int]  # the wanted steps (NO_STEP: the one window), sorted
     unmatched: dict[int, str]  # ``_unexplained``, over every step
     rows: int  # items over every step: a graph of them all would hold this many
+    # the last graph made, and its walk where it is one step's: asked for again (a run of one
+    # batch, or of one long step, walks, replays and walks its median step again in the same
+    # graph), they are not made again; a new one replaces them before it is made
+    last: tuple[list[int], Graph | None, list[WalkedPath] | None] | None = None
+
+    def graph(self, steps: list[int]) -> Graph | None:
+        """The graph of ``steps`` (sorted; ``_graph``), the last one where it is the same."""
+        if self.last is not None and self.last[0] == steps:
+            return self.last[1]
+        self.last = None  # (freed before the next is made)
+        graph = _graph(self, steps)
+        self.last = (steps, graph, None)
+        return graph
+
+    def walks(self, steps: list[int]) -> list[WalkedPath]:
+        """``critical_paths`` of the graph of ``steps``, the last walk where it is the same
+        step's."""
+        graph = self.graph(steps)
+        if graph is None:
+            return []
+        assert self.last is not None
+        if self.last[2] is not None:
+            return self.last[2]
+        walks = critical_paths(graph, self.rows)
+        if len(steps) == 1:  # (one step's path: kept, a path is small beside its graph)
+            self.last = (steps, graph, walks)
+        return walks
 
     def windows(self) -> pl.DataFrame:
         """Per rank and step, the span of its items."""
@@ -1144,31 +1171,48 @@ def _blame(
 _STRETCH_MIN = 0.005
 
 
-def _stretches(pieces: list[PathPiece], step_ns: int) -> list[PathPiece]:
-    """The path's pieces joined into stretches of one rank and phase (what the report lists),
-    each named by the kind and operator of its longest piece; a stretch under _STRETCH_MIN of
-    the step joins the one before it on its rank. A late start joins nothing: it has no phase.
-    They still tile the step."""
-    out: list[PathPiece] = []
-    longest: list[int] = []
-    small = _STRETCH_MIN * step_ns
-    for x in pieces:
-        if x.dur_ns <= 0:
-            continue
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and last.rank == x.rank
-            and LATE_START not in (last.kind, x.kind)
-            and (last.phase == x.phase or x.dur_ns < small)
-        ):
-            if x.dur_ns > longest[-1]:
-                last.op, last.kind, longest[-1] = x.op, x.kind, x.dur_ns
-            last.dur_ns = x.start_ns + x.dur_ns - last.start_ns
-            continue
-        out.append(PathPiece(x.rank, x.phase, x.op, x.kind, x.start_ns, x.dur_ns))
-        longest.append(x.dur_ns)
-    return out
+def _stretches(pieces: pl.DataFrame | list[PathPiece], step_ns: int) -> list[PathPiece]:
+    """The path's pieces (PIECE_COLUMNS, in time order) joined into stretches of one rank and
+    phase (what the report lists), each named by the kind and operator of its longest piece
+    (the first of the longest); a stretch under _STRETCH_MIN of the step joins the one before
+    it on its rank. A late start joins nothing: it has no phase. They still tile the step.
+
+    Over columns: a piece begins a stretch where its rank changes, where it or the piece
+    before is a late start, or where it is not short and its phase is not that of the last
+    piece before it that is not short or began a run of its rank (the stretch's phase: a piece
+    that is not short either has it or begins the next stretch with its own)."""
+    if isinstance(pieces, list):
+        pieces = pl.DataFrame(
+            [(x.rank, x.phase, x.op, x.kind, x.start_ns, x.dur_ns) for x in pieces],
+            schema=PIECE_COLUMNS, orient="row",
+        )  # fmt: skip
+    pieces = pieces.filter(pl.col(S.DUR_NS) > 0)
+    n = pieces.height
+    if n == 0:
+        return []
+    rank = pieces[S.RANK].to_numpy()
+    start = pieces[S.START_NS].to_numpy()
+    dur = pieces[S.DUR_NS].to_numpy()
+    phase, kind, op = (_Labels(pieces[name]) for name in (S.PHASE, S.KIND, S.OP))
+    late = kind.codes == kind.code(LATE_START)
+    edge = np.ones(n, bool)
+    edge[1:] = (rank[1:] != rank[:-1]) | late[1:] | late[:-1]
+    long = dur >= _STRETCH_MIN * step_ns
+    index = np.arange(n)
+    marks = np.maximum.accumulate(np.where(long | edge, index, -1))
+    before = np.concatenate([[0], marks[:-1]])  # (a piece that is no edge has one in its run)
+    begins = edge | (long & (phase.codes != phase.codes[before]))
+    first = np.flatnonzero(begins)
+    last = np.append(first[1:] - 1, n - 1)
+    top = np.maximum.reduceat(dur, first)
+    which = np.cumsum(begins) - 1
+    named = np.minimum.reduceat(np.where(dur == top[which], index, n), first)
+    return [
+        PathPiece(int(r), phase[f], op[k], kind[k], int(s0), int(s1 + d1 - s0))  # type: ignore[arg-type]
+        for r, f, k, s0, s1, d1 in zip(
+            rank[first], first, named, start[first], start[last], dur[last], strict=True
+        )
+    ]
 
 
 @dataclass
@@ -1204,17 +1248,16 @@ def explain(
     walked: list[_StepWalk] = []
     rows: list[pl.DataFrame] = []
     for batch in _batches(source, source.steps):
-        graph = _graph(source, batch)
-        if graph is None:
+        walks = source.walks(batch)
+        if not walks:
             continue
-        walks = critical_paths(graph, source.rows)
         walked += [_StepWalk(p.step, p.start_ns, p.end_ns, p.complete, p.reason) for p in walks]
         rows.append(
             _blame_rows(walks)
             .group_by("step", "rank", "phase", "kind", "op")
             .agg(pl.col("ns").sum())
         )
-        del graph, walks
+        del walks
     wanted = {NO_STEP if s is None else s for s in counted}
     paths = [p for p in walked if p.step in wanted]
     if not paths:
@@ -1246,10 +1289,7 @@ def explain(
         .head(10)
     )
     # the median step walked again, alone, for the stretches the report lists
-    graph = _graph(source, [median.step])
-    assert graph is not None
-    (again,) = critical_paths(graph, source.rows)
-    del graph
+    (again,) = source.walks([median.step])
     segs = [
         PathSegment(
             rank=x.rank,
@@ -1259,7 +1299,7 @@ def explain(
             start_ms=round((x.start_ns - median.start_ns) / 1e6, 4),
             ms=round(x.dur_ns / 1e6, 4),
         )
-        for x in _stretches(again.pieces, median.end_ns - median.start_ns)
+        for x in _stretches(again.frame, median.end_ns - median.start_ns)
     ]
     own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
     rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}
@@ -1347,7 +1387,7 @@ def _what_ifs(
     slot_of: dict[str, int] = {}
     per_batch: list[tuple[dict[int, int], dict[str, dict[int, int]]]] = []
     for batch in _batches(source, steps):
-        graph = _graph(source, batch)
+        graph = source.graph(batch)
         if graph is None:
             continue
         results: dict[str, dict[int, int]] = {}
@@ -1403,13 +1443,9 @@ def path_stretches(table: pa.Table) -> dict[int | None, list[PathStretch]]:
     assert isinstance(frame, pl.DataFrame)
     out: dict[int | None, list[PathStretch]] = {}
     for (step,), part in frame.group_by(S.STEP, maintain_order=True):
-        pieces = [
-            PathPiece(r[S.RANK], r[S.PHASE], r[S.OP], r[S.KIND], r[S.START_NS], r[S.DUR_NS])
-            for r in part.iter_rows(named=True)
-        ]
-        span = sum(p.dur_ns for p in pieces)
+        span = int(part[S.DUR_NS].sum())
         out[step] = [
             PathStretch(x.rank, x.phase, x.op, x.kind, x.start_ns, x.dur_ns)
-            for x in _stretches(pieces, span)
+            for x in _stretches(part.select(list(PIECE_COLUMNS)), span)
         ]
     return out
