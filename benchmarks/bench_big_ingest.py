@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.single_step and a.no_markers:
         p.error("--single-step and --no-markers exclude each other")
+    if a.kinds and (a.source or a.single_step or a.no_markers):
+        p.error("--kinds brings each kind's source and markers: no --source or marker flag")
     markers = "one-step" if a.single_step else "no-markers" if a.no_markers else "steps"
     names = {"steps": "big_ingest", "one-step": "big_ingest_one_step"}
     a.out = a.out or HERE / "results" / (

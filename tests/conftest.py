@@ -164,20 +164,35 @@ def run_cli(
 # once in a full run, most often in the job's teardown (a rank's `terminate called`).
 JOB_DEATH = re.compile(
     r"Signal \d+ \(SIG(?:ABRT|SEGV|BUS|KILL)\) received by PID"  # torchrun, of a child
-    r"|exited on signal \d+"  # mpirun
+    r"|exited on signal (?:6|7|9|11)\b"  # mpirun: SIGABRT, SIGBUS, SIGKILL, SIGSEGV
     r"|terminate called"
     r"|Connection (?:reset|closed) by peer"
+)
+# A Python exception a process of the job raised of its own (the workload's, or that of
+# traceview's collector in it): a failure, never a death, even where its peers then lost it.
+_RAISED = re.compile(
+    r"^(?:\[[^\]\n]*\]:?[ \t]*)?((?:\w+\.)*\w*(?:Error|Exception|Interrupt))(?::|$)", re.M
+)
+# ... but not torchrun's own report of its children, nor one that says only that a peer went
+_NOT_RAISED = re.compile(
+    r"ChildFailedError|by peer|Connection reset|Broken pipe|timed out|Timeout", re.I
 )
 # The lines of such a death worth keeping in a warning: what the process said as it died.
 _DEATH_LINES = re.compile(r"terminate called|what\(\)|SIG[A-Z]{3,}|signal \d+|by peer|Error")
 
 
 def job_death(result: Result) -> str | None:
-    """Where a failed job's stderr says one of its processes died (JOB_DEATH): the lines that
-    say how, else None (a success, or a failure of any other kind)."""
-    if result.code == 0 or not JOB_DEATH.search(result.err):
+    """Where a failed job's stderr says one of its processes died (JOB_DEATH) and none raised
+    an exception of its own: the lines that say how, else None (a success, or a failure of
+    any other kind)."""
+    err = result.err
+    if result.code == 0 or not JOB_DEATH.search(err):
         return None
-    lines = [line.strip() for line in result.err.splitlines() if _DEATH_LINES.search(line)]
+    for raised in _RAISED.finditer(err):
+        line = err[raised.start() : err.find("\n", raised.start()) % (len(err) + 1)]
+        if not _NOT_RAISED.search(line):
+            return None
+    lines = [line.strip() for line in err.splitlines() if _DEATH_LINES.search(line)]
     return " | ".join(dict.fromkeys(lines))[:1500] or "no line says how"
 
 

@@ -1196,6 +1196,7 @@ def _rundir_cases() -> Iterator[Case]:
         "ops": "ops.parquet",
         "collectives": "collectives.parquet",
         "comm": "comm.parquet",
+        "segments": "segments.parquet",
         "events": "events/rank=0/part-0.parquet",
     }
     for label, rel in tables.items():

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import SAMPLES, run_cli
 from tests.unit.test_rundir import _copy
 from traceview.collectors.rankside import rank_dir
+from traceview.model.errors import BadInput
 from traceview.store import rundir as R
 from traceview.store.analysed import _TABLE_SCHEMAS, PATH_CACHE, ingest_run, open_run
 
@@ -291,3 +292,25 @@ def test_segments_read_after_the_run_was_replaced_are_the_runs_as_it_was_opened(
         os.replace(tmp_path / "new.parquet", segments)
         path = opened.report().critical_path
     assert expected is not None and path == expected
+
+
+def test_segments_whose_pages_are_damaged_are_computed_again_when_a_report_needs_them(
+    fresh: Path, tmp_path: Path
+) -> None:
+    """The segments are read only when a report computes the critical path: a file whose
+    footer is whole (it opens) but whose pages are damaged is then, as any damaged cache, only
+    a cache: the tables are computed again from the events, and the report is the run's."""
+    run = _copy(fresh, tmp_path)
+    (run / PATH_CACHE).unlink(missing_ok=True)
+    first = run_cli("report", "--json", run).json()
+    (run / PATH_CACHE).unlink()
+    segments = run / "segments.parquet"
+    data = bytearray(segments.read_bytes())
+    data[4 : len(data) // 2] = bytes(len(data) // 2 - 4)  # the first pages' headers, zeroed
+    segments.write_bytes(bytes(data))
+    with pytest.raises(BadInput):  # (the damage is in the pages: the file opens, reads fail)
+        R.read_table(segments)
+    result = run_cli("report", "--json", run)
+    assert result.code == 0, result.err
+    assert result.json()["critical_path"] == first["critical_path"]
+    assert R.read_table(segments).num_rows > 0  # the cache written again

@@ -34,6 +34,20 @@ def test_a_success_or_any_other_failure_is_not() -> None:
     assert job_death(Result(0, "", TORCHRUN)) is None  # a job that ended well
     sigterm_only = TORCHRUN.replace("Signal 6 (SIGABRT)", "Signal 15 (SIGTERM)")
     assert job_death(Result(1, "", sigterm_only)) is None  # stopped, not died: no rerun
+    assert job_death(Result(1, "", MPIRUN.replace("signal 6 (Aborted)", "signal 15"))) is None
+    # a rank that raised (the workload, or traceview's collector in it), which its peers then
+    # lost: the failure is the exception, and it fails the test at once
+    raised = (
+        'Traceback (most recent call last):\n  File "ddp_train.py", line 80, in <module>\n'
+        "[rank1]: RuntimeError: rank 1 fails on purpose at step 6\n"
+        "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer\n"
+        "terminate called after throwing an instance of 'gloo::IoException'\n"
+    )
+    assert job_death(Result(1, "", raised)) is None
+    assert job_death(Result(1, "", TORCHRUN + raised)) is None
+    # torchrun's own traceback of ChildFailedError, and a peer's lost connection, are not
+    lost = "RuntimeError: [pair.cc:534] Read error: Connection reset by peer\n"
+    assert job_death(Result(1, "", lost + TORCHRUN)) is not None
     for err in (
         "traceview: no such file: /tmp/x\n",
         "Traceback (most recent call last):\nAssertionError: step 3 timer missing\n",

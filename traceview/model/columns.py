@@ -21,15 +21,16 @@ PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
 @dataclass(frozen=True)
 class TableOnDemand:
     """A table read where it is needed, not before: its rows counted at once, its contents
-    read afresh by each ``read`` (nothing holds them after: a report reads the segments, the
-    largest table, only where its critical path is not kept, and frees them once used)."""
+    read afresh by each ``read`` (a report reads the segments, the largest table, only where
+    its critical path is not kept, and frees them once used)."""
 
     num_rows: int
     read: Callable[[], pa.Table]
+    close: Callable[[], None] = lambda: None  # (what it holds open, let go)
 
     @classmethod
     def of(cls, table: pa.Table) -> TableOnDemand:
-        """A table already in memory."""
+        """A table already in memory (held: nothing to read)."""
         return cls(table.num_rows, lambda: table)
 
 

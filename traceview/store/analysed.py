@@ -8,6 +8,7 @@ when an older (or newer) traceview wrote them.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -371,7 +372,10 @@ def open_run(
     if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
         opened = _open_dir(paths[0], label, progress)
         opened.choice = choice
-        yield opened
+        try:
+            yield opened
+        finally:
+            opened.segments.close()
         return
     try:
         scratch = tempfile.TemporaryDirectory(prefix="traceview-")
@@ -382,7 +386,11 @@ def open_run(
         run = ingest_run(
             paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
         )
-        yield Run(run, label, R.read_manifest(run), *_read_tables(run), True, choice)
+        opened = Run(run, label, R.read_manifest(run), *_read_tables(run), True, choice)
+        try:
+            yield opened
+        finally:
+            opened.segments.close()
 
 
 def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
@@ -397,7 +405,10 @@ def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
         except BadInput:  # a damaged, stale or foreign cache: it is only a cache
             read = None
         try:
-            tables, segments = read or _segments_apart(reanalyze(run, manifest, seen, progress))
+            if read is not None:
+                tables, segments = read[0], _or_recomputed(read[1], run, manifest, seen)
+            else:
+                tables, segments = _segments_apart(reanalyze(run, manifest, seen, progress))
             return Run(
                 run, label, manifest, tables, segments, False, cache_key=_key(manifest, seen)
             )
@@ -407,6 +418,30 @@ def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
         f"{run}: replaced while it was read, {READ_TRIES} times (an ingest into it is running?); "
         "run again when it ends"
     )
+
+
+def _or_recomputed(
+    segments: TableOnDemand, run: Path, manifest: Manifest, seen: dict[str, R.Identity]
+) -> TableOnDemand:
+    """The cached segments, opened with the other tables and read later; where they cannot be
+    read then (a damaged cache whose footer was whole: it is only a cache), the run's analysis
+    computed again from its events and the cache replaced, as at open, provided the run on
+    disk is still the one opened (else BadInput: one run, never a mix of two)."""
+
+    def read() -> pa.Table:
+        try:
+            return segments.read()
+        except BadInput:
+            try:
+                # (a copy: the run's manifest stays the one its other tables were read with)
+                return reanalyze(run, copy.deepcopy(manifest), seen)["segments"]
+            except RunReplaced:
+                raise BadInput(
+                    f"{run}: replaced while it was read (an ingest into it is running?); "
+                    "run again when it ends"
+                ) from None
+
+    return TableOnDemand(segments.num_rows, read, segments.close)
 
 
 #: The critical path a report took (analysis/critical_path.py's Explained), per choice of

@@ -224,7 +224,10 @@ def parquet_file(path: Path, dictionary: list[str] | None = None) -> pq.ParquetF
     mode = path.stat().st_mode  # (links followed)
     if not stat.S_ISREG(mode):
         raise BadInput(f"{path}: {special_kind(mode)}, not a file traceview wrote; not opened")
-    return pq.ParquetFile(path, read_dictionary=dictionary)
+    try:
+        return pq.ParquetFile(path, read_dictionary=dictionary)
+    except KeyError as exc:  # a column to read as a dictionary that the file does not have
+        raise BadInput(f"{path}: not a table traceview wrote (no column {safe(exc)})") from None
 
 
 def special_kind(mode: int) -> str:
@@ -280,7 +283,7 @@ def table_on_demand(
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise BadInput(f"{path}: unreadable ({exc}); run `traceview ingest` again") from None
 
-    return TableOnDemand(file.metadata.num_rows, read)
+    return TableOnDemand(file.metadata.num_rows, read, file.close)
 
 
 def _opened(
