@@ -123,7 +123,7 @@ class _Timed:
         group = items["group"].to_numpy()
         # only the calls of the graph's steps and those its items wait for move its items (a
         # batch holds every step its waits reach: ``_tied``); the others are left out
-        calls, call, kept = _calls_that_move(graph, graph.calls, items["call"].to_numpy())
+        calls, call, kept = _calls_that_move(graph, items["call"].to_numpy())
         first = np.ones(n, bool)
         first[1:] = group[1:] != group[:-1]
         heads = np.flatnonzero(first)
@@ -734,12 +734,13 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
 
 
 def _calls_that_move(
-    graph: Graph, calls: pl.DataFrame, call: np.ndarray
+    graph: Graph, call: np.ndarray
 ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray | None]:
     """The calls of ``graph``'s steps and of the steps of the calls its items wait for
     (``call``: each item's, -1 for none: an instance's members and a queue's calls in one step
     share their step), renumbered, with the items' call ids to match and which calls they are
     (None: all)."""
+    calls = graph.calls
     if calls.height == 0:
         return calls, call, None
     label = calls[S.STEP].fill_null(NO_STEP).to_numpy()

@@ -995,11 +995,12 @@ def _explain(
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
         clocks = cross.clocks
 
-        def segments() -> pa.Table:
+        def shifted() -> pa.Table:
             frame = pl.from_arrow(read())
             assert isinstance(frame, pl.DataFrame)
             return clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
 
+        segments = shifted
     matched = cross.matched if cross is not None else Matched(pl.DataFrame())
     median_phase = {
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
