@@ -31,7 +31,7 @@ def _parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:
     combined = combine(reversed(parts))  # as a pool returns them: in any order
     assert [r.rank for r in combined.ranks] == sorted(t.rank for t in traces)
     for name in RANK_TABLES:
-        assert combined.tables[name].equals(R.read_table(whole / f"{name}.parquet")), name
+        assert combined.table(name).equals(R.read_table(whole / f"{name}.parquet")), name
     manifest = R.read_manifest(whole)
     assert [r.events for r in combined.ranks] == [r.events for r in manifest.ranks]
 

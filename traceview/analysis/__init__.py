@@ -16,6 +16,7 @@ computed from those tables into ``traceview.model.results`` structs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -79,14 +80,15 @@ class RankTables:
         return _rank_tables(events, memory)
 
     def chunked(
-        self, memory: pa.Table | None
+        self, memory: pa.Table | None, spill: Path | None = None
     ) -> Callable[[tuple[int, int], bool, bool, tuple[int, int] | None], ChunkedAnalysis]:
+        """``spill``: where the segments are written as they are made (``ChunkedAnalysis``)."""
         from traceview.analysis.parts import ChunkedAnalysis
 
         def make(
             training: tuple[int, int], gpu: bool, elsewhere: bool, whole: tuple[int, int] | None
         ) -> ChunkedAnalysis:
-            return ChunkedAnalysis(memory, training, gpu, elsewhere, whole)
+            return ChunkedAnalysis(memory, training, gpu, elsewhere, whole, spill)
 
         return make
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -70,6 +71,8 @@ from traceview.model.columns import (
     KIND_CODE,
     STRUCTURAL,
     EventArrays,
+    SpilledTable,
+    TableSpill,
     coded,
     dictionary_codes,
     ints,
@@ -113,9 +116,13 @@ class ChunkedAnalysis:
         gpu: bool,
         backward_elsewhere: bool,
         whole: tuple[int, int] | None = None,
+        spill: Path | None = None,
     ):
         self.memory = memory
         self.whole = whole  # a rank without step markers: its one window (open to the end)
+        # where the segments (the largest table, a row per stretch of a step) are written as
+        # their windows end, rather than held to the end (``finish`` then names the file)
+        self.segments = TableSpill(spill, S.SEGMENTS_SCHEMA) if spill is not None else None
         self.training, self.gpu, self.elsewhere = training, gpu, backward_elsewhere
         self.seen_gpu = self.seen_elsewhere = False
         self.rank = 0
@@ -284,7 +291,10 @@ class ChunkedAnalysis:
             self.per_window["steps"].append(steps)
             self.per_window["gpu"].append(gpu)
             self.per_window["comm"].append(comm)
-            self.per_window["segments"].append(segments)
+            if self.segments is not None:
+                self.segments.add(segments)
+            else:
+                self.per_window["segments"].append(segments)
             self.after = int(ends[done - 1])
         self.open = _Open(
             (marker[done:], host_end[done:], numbers[done:]), ids[done:], device[done:]
@@ -305,9 +315,10 @@ class ChunkedAnalysis:
         self.before = before
         self.since = upto
 
-    def finish(self) -> dict[str, pa.Table] | None:
-        """The rank's tables (``rank_tables``); None where a fact given up front did not hold
-        (the rank is then analysed whole)."""
+    def finish(self) -> dict[str, pa.Table | SpilledTable] | None:
+        """The rank's tables (``rank_tables``), the segments as their file where they were
+        spilled; None where a fact given up front did not hold (the rank is then analysed
+        whole)."""
         self._drain(final=True)
         self.queue, self.before, self.running = [], None, None
         if self.seen_gpu != self.gpu or (self.gpu and self.seen_elsewhere != self.elsewhere):
@@ -337,7 +348,9 @@ class ChunkedAnalysis:
         if self.rows is not None:
             tables.update(self.rows.finish())
         tables["launches"] = combine_launches(self.kernels, self.rank)
-        return tables
+        if self.segments is None:
+            return dict(tables)
+        return {**tables, "segments": self.segments.close()}
 
 
 @dataclass

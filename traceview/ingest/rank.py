@@ -19,7 +19,7 @@ from traceview.ingest.discover import TraceFile, rank_status
 from traceview.ingest.large.chunked import helper_pays, normalize_chunked, wants_chunks
 from traceview.ingest.large.sinks import ChunkSink
 from traceview.model import schema as S
-from traceview.model.columns import WORK, first_start
+from traceview.model.columns import WORK, SpilledTable, first_start
 from traceview.model.errors import (
     BadInput,
     Notes,
@@ -48,7 +48,7 @@ class RankPartial:
     ranks' parts into the run's."""
 
     info: RankIngest
-    tables: dict[str, pa.Table]
+    tables: dict[str, pa.Table | SpilledTable]  # (spilled: a large rank's segments, in a file)
     notes: Notes = field(default_factory=Notes)
 
     @property
@@ -209,7 +209,8 @@ def _ingest_chunked(
         memory[:] = [rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)]
         if chunked is None:
             return None
-        return chunked(memory[0])(training, gpu, elsewhere, whole)
+        spill = R.spill_dir(run) / f"segments-{trace.rank}.arrows"
+        return chunked(memory[0], spill)(training, gpu, elsewhere, whole)
 
     try:
         preload = getattr(analyze, "modules", ())
@@ -224,7 +225,7 @@ def _ingest_chunked(
     host = trace.host or parsed.host
     if not memory:
         memory.append(rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset))
-    tables: dict[str, pa.Table] | None = None
+    tables: dict[str, pa.Table | SpilledTable] | None = None
     if done.sink is not None:
         tables = done.sink.finish()
     if tables is None and analyze is not None:  # analysed whole: read back

@@ -23,7 +23,9 @@ from functools import partial
 from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
+from typing import TypeAlias
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -32,6 +34,7 @@ from traceview.ingest.discover import TraceFile, assign_ranks, discover, number_
 from traceview.ingest.lifetime import die_with_parent
 from traceview.ingest.rank import RankAnalysis, RankPartial, ingest_rank
 from traceview.model import schema as S
+from traceview.model.columns import SpilledTable
 from traceview.model.errors import (
     BadInput,
     Notes,
@@ -56,11 +59,25 @@ PARALLEL_MIN_BYTES = 48 << 20
 PARALLEL_MIN_RANKS = 32
 
 
+#: A table of the run as ``combine`` gives it: in memory, or (where a rank spilled it as it was
+#: made: ``SpilledTable``) its parts in rank order, which are written a batch at a time.
+RunTable: TypeAlias = pa.Table | list[pa.Table | SpilledTable]
+
+
 @dataclass
 class Combined:
     ranks: list[RankIngest]  # by rank
-    tables: dict[str, pa.Table]  # each table: every rank's rows, by rank
+    tables: dict[str, RunTable]  # each table: every rank's rows, by rank
     notes: Notes
+
+    def table(self, name: str) -> pa.Table:
+        """One of ``tables`` whole in memory (its spilled parts read)."""
+        table = self.tables[name]
+        if isinstance(table, pa.Table):
+            return table
+        return pa.concat_tables(
+            [p.read() if isinstance(p, SpilledTable) else p for p in table]
+        ).cast(table[0].schema)
 
 
 #: Parts are folded into one table per name every this many ranks: 20,000 small ranks held as
@@ -72,11 +89,12 @@ def combine(parts: Iterable[RankPartial]) -> Combined:
     """The ranks' parts of one run as the run's: ordered by rank, whatever order they came in
     (a pool returns them as they finish), tables concatenated per name, notes in rank order.
     Parts are consumed as they come and folded as they accumulate, so memory follows the rows,
-    not the number of ranks."""
+    not the number of ranks; a table a rank spilled stays in its file (``RunTable``)."""
     infos: list[RankIngest] = []
     notes_of: list[tuple[int, Notes]] = []
     folded: dict[str, list[pa.Table]] = {}
     pending: list[dict[str, pa.Table]] = []
+    spilled: dict[str, list[tuple[int, SpilledTable]]] = {}
 
     def fold() -> None:
         for name in {name for tables in pending for name in tables}:
@@ -87,7 +105,13 @@ def combine(parts: Iterable[RankPartial]) -> Combined:
     for part in parts:
         infos.append(part.info)
         notes_of.append((part.rank, part.notes))
-        pending.append(part.tables)
+        in_memory = {}
+        for name, table in part.tables.items():
+            if isinstance(table, SpilledTable):
+                spilled.setdefault(name, []).append((part.rank, table))
+            else:
+                in_memory[name] = table
+        pending.append(in_memory)
         if len(pending) >= FOLD_PARTS:
             fold()
     fold()
@@ -95,8 +119,27 @@ def combine(parts: Iterable[RankPartial]) -> Combined:
     twice = sorted({a for a, b in pairwise(ranks) if a == b})
     if twice:
         raise BadInput(f"rank(s) {number_ranges(twice)} came twice: parts of different runs?")
-    tables = {name: _by_rank(pa.concat_tables(folded[name])) for name in sorted(folded)}
+    tables: dict[str, RunTable] = {
+        name: _by_rank(pa.concat_tables(folded[name])) for name in sorted(folded)
+    }
+    for name, files in sorted(spilled.items()):
+        held = tables.get(name)
+        tables[name] = _in_rank_order(held, files)
     return Combined(sorted(infos, key=lambda info: info.rank), tables, _named(notes_of))
+
+
+def _in_rank_order(
+    held: pa.Table | None, spilled: list[tuple[int, SpilledTable]]
+) -> list[pa.Table | SpilledTable]:
+    """The parts of a table some ranks spilled (``spilled``) and others held (``held``, by
+    rank), in rank order: each rank's held rows a slice of their own."""
+    parts: list[tuple[int, pa.Table | SpilledTable]] = list(spilled)
+    if held is not None and held.num_rows:
+        ranks = held.column(S.RANK).to_numpy()
+        cuts = [0, *(np.flatnonzero(ranks[1:] != ranks[:-1]) + 1).tolist(), len(ranks)]
+        parts += [(int(ranks[a]), held.slice(a, b - a)) for a, b in pairwise(cuts)]
+    parts.sort(key=lambda part: part[0])
+    return [part for _, part in parts]
 
 
 def _named(notes_of: list[tuple[int, Notes]]) -> Notes:
@@ -256,13 +299,19 @@ def ingest(
             notes.extend(run.notes)
             # the inputs first (events, then memory): the analysis tables record what they were
             # computed from, so that a reader knows them for this run's (analysed.open_run)
-            inputs = {n: t for n, t in run.tables.items() if n == R.MEMORY}
+            inputs = {n: run.table(n) for n in run.tables if n == R.MEMORY}
             for name, table in inputs.items():
                 R.write_parquet(staged / f"{name}.parquet", table)
             key = R.cache_key(run_id, analysis_version, R.inputs_key(R.identities(staged)))
             for name, table in run.tables.items():
-                if name not in inputs:
+                if name in inputs:
+                    continue
+                if isinstance(table, pa.Table):
                     R.write_parquet(staged / f"{name}.parquet", R.with_cache_key(table, key))
+                else:
+                    schema = R.with_cache_key(table[0].schema.empty_table(), key).schema
+                    R.write_parquet_parts(staged / f"{name}.parquet", table, schema)
+            shutil.rmtree(staged / R.SPILL, ignore_errors=True)  # (written: not the run's)
             frameworks = sorted({r.framework or "?" for r in run.ranks})
             if len(frameworks) > 1:
                 notes.warn(

@@ -4,8 +4,9 @@ imports nothing of traceview but the schema."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,60 @@ class TableOnDemand:
     def of(cls, table: pa.Table) -> TableOnDemand:
         """A table already in memory (held: nothing to read)."""
         return cls(table.num_rows, lambda: table)
+
+
+@dataclass(frozen=True)
+class SpilledTable:
+    """A table written to an Arrow IPC stream file as it was made, a piece at a time (a rank's
+    segments, the largest analysis table): never whole in memory where it is written on a batch
+    at a time (``batches``). Small to pickle: a worker process hands back its name."""
+
+    path: Path
+    num_rows: int
+    schema: pa.Schema
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Its rows, a batch (a piece as written) at a time, read rather than mapped: each is
+        freed once let go."""
+        with pa.OSFile(str(self.path)) as source:
+            yield from pa.ipc.open_stream(source)
+
+    def read(self) -> pa.Table:
+        return pa.Table.from_batches(list(self.batches()), self.schema)
+
+
+class TableSpill:
+    """Writes the pieces of a table to ``path`` as they come (``add``), holding none of them;
+    ``close``: the ``SpilledTable`` (the file is made at the first piece, or at the end where
+    none came, so that a spill that has not begun pickles as a path)."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path, self.schema = path, schema
+        self.rows = 0
+        self._sink: pa.NativeFile | None = None
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+
+    def add(self, table: pa.Table) -> None:
+        if self._writer is None:
+            self._sink = pa.OSFile(str(self.path), "wb")
+            self._writer = pa.ipc.new_stream(self._sink, self.schema)
+        if not table.schema.equals(self.schema):
+            table = table.cast(self.schema)
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
+    def close(self) -> SpilledTable:
+        if self._writer is None:
+            self.add(self.schema.empty_table())
+        assert self._writer is not None and self._sink is not None
+        self._writer.close()
+        self._sink.close()
+        return SpilledTable(self.path, self.rows, self.schema)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._writer is not None:
+            raise TypeError("a spill being written cannot be pickled")
+        return self.__dict__
 
 
 def kind_table(kinds: tuple[str, ...] | list[str]) -> np.ndarray:

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traceview.model import schema as S
-from traceview.model.columns import TableOnDemand
+from traceview.model.columns import SpilledTable, TableOnDemand
 from traceview.model.errors import BadInput, Notes, UsageError, cannot_write
 from traceview.model.escape import encodable, safe
 from traceview.model.manifest import Manifest, from_json
@@ -122,14 +122,54 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     return {"compression": "zstd", "use_dictionary": text, "write_statistics": others}
 
 
+#: Rows per row group of the Parquet files traceview writes.
+ROW_GROUP = 1 << 16
+
+
 def write_table(path: Path, table: pa.Table) -> None:
     """``table`` as Parquet at ``path`` as it is (``write_parquet`` writes beside and renames)."""
-    pq.write_table(table, path, row_group_size=1 << 16, **parquet_options(table.schema))
+    pq.write_table(table, path, row_group_size=ROW_GROUP, **parquet_options(table.schema))
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:
     with atomic_path(path) as tmp:
         write_table(tmp, table)
+
+
+def write_parquet_parts(
+    path: Path, parts: list[pa.Table | SpilledTable], schema: pa.Schema
+) -> None:
+    """``parts`` one after the other as one Parquet file (``schema``, its metadata
+    included), a row group at a time: a spilled part is read a batch at a time, never whole.
+    The file is the one ``write_parquet`` writes of the parts concatenated."""
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, **parquet_options(schema)) as out:
+        held: list[pa.RecordBatch] = []
+        rows = written = 0
+        for part in parts:
+            for batch in part.batches() if isinstance(part, SpilledTable) else part.to_batches():
+                if not batch.schema.equals(schema):
+                    batch = batch.cast(schema)
+                held.append(batch)
+                rows += batch.num_rows
+                if rows >= ROW_GROUP:
+                    table = pa.Table.from_batches(held, schema)
+                    whole = rows - rows % ROW_GROUP
+                    out.write_table(table.slice(0, whole), ROW_GROUP)
+                    held, rows, written = table.slice(whole).to_batches(), rows - whole, 1
+        if rows or not written:  # (an empty table is written as write_table writes it)
+            out.write_table(pa.Table.from_batches(held, schema), ROW_GROUP)
+
+
+#: The folder of a run being built where its ranks spill what is written on later.
+SPILL = ".spill"
+
+
+def spill_dir(run: Path) -> Path:
+    """Where an ingest spills what it writes on later (``SpilledTable``), in the run it
+    builds; removed once the run's tables are written."""
+    folder = run / SPILL
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 #: A cached analysis table's schema metadata: which run, analysis and inputs it was computed

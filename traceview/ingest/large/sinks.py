@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceview.ingest.large.trim import release_memory
+from traceview.model.columns import SpilledTable
 from traceview.parsers import ParsedTrace
 
 
@@ -30,7 +31,7 @@ class ChunkSink(Protocol):
         self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int
     ) -> None: ...
 
-    def finish(self) -> dict[str, pa.Table] | None: ...
+    def finish(self) -> dict[str, pa.Table | SpilledTable] | None: ...
 
 
 #: Makes the sink of a rank from what the first pass found: the parser's result (without
@@ -51,7 +52,7 @@ class InThread:
         self.sink = sink
         self.waiting: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=1)
         self.error: BaseException | None = None
-        self.result: dict[str, pa.Table] | None = None
+        self.result: dict[str, pa.Table | SpilledTable] | None = None
         self.closed = False
         self.thread = threading.Thread(target=self._work, name="traceview-analysis", daemon=True)
         self.thread.start()
@@ -83,7 +84,7 @@ class InThread:
             self.closed = True
             self.waiting.put(None)
 
-    def finish(self) -> dict[str, pa.Table] | None:
+    def finish(self) -> dict[str, pa.Table | SpilledTable] | None:
         self.close()
         self.thread.join()
         if self.error is not None:
@@ -219,7 +220,7 @@ class InWorker:
         self.closed = True
         self._end(kill=True)
 
-    def finish(self) -> dict[str, pa.Table] | None:
+    def finish(self) -> dict[str, pa.Table | SpilledTable] | None:
         self.close()
         self._answered_up_to(0)
         answer = None if self.lost else self._answer()
@@ -228,8 +229,11 @@ class InWorker:
                 raise self.error
             if answer is None or answer[1] is None:
                 return None
-            tables = {}
+            tables: dict[str, pa.Table | SpilledTable] = {}
             for name, file in answer[1].items():
+                if isinstance(file, SpilledTable):  # (its rows stay in its file)
+                    tables[name] = file
+                    continue
                 with pa.OSFile(file, "rb") as source:
                     tables[name] = pa.ipc.open_file(source).read_all()
             return tables
@@ -271,7 +275,7 @@ class HereAndThere:
     def abandon(self) -> None:
         self.there.abandon()
 
-    def finish(self) -> dict[str, pa.Table] | None:
+    def finish(self) -> dict[str, pa.Table | SpilledTable] | None:
         self.there.close()  # (the helper finishes its part while this one is combined)
         release_memory(now=True)  # (before the combining, the end's peak)
         try:

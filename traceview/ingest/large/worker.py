@@ -58,11 +58,13 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
     """Serve one rank's chunked analysis: ("chunk", arrow file, lo, hi) is added (the file holds
     the rows and, as columns _own and _counted, their roles)
     and answered ("ack",) or ("error", exception); ("finish", folder) writes the result tables
-    there and answers ("done", {name: file}) (None: analyse the rank whole) or the error."""
+    there and answers ("done", {name: file}) (a table spilled as it was made: its
+    ``SpilledTable``; None: analyse the rank whole) or the error."""
     import pyarrow as pa
 
     from traceview.ingest.large.route import route_later_part
     from traceview.ingest.large.trim import release_memory
+    from traceview.model.columns import SpilledTable
     from traceview.store import rundir as R
 
     try:
@@ -104,6 +106,9 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
                     if tables is not None:
                         result = {}
                         for name, table in tables.items():
+                            if isinstance(table, SpilledTable):  # (written already: its name)
+                                result[name] = table
+                                continue
                             file = Path(message[1]) / f"result-{name}.arrows"
                             with (
                                 pa.OSFile(str(file), "wb") as out,
