@@ -314,3 +314,34 @@ def test_segments_whose_pages_are_damaged_are_computed_again_when_a_report_needs
     assert result.code == 0, result.err
     assert result.json()["critical_path"] == first["critical_path"]
     assert R.read_table(segments).num_rows > 0  # the cache written again
+
+
+def test_segments_damaged_after_their_first_row_groups_are_read_then_computed_again(
+    fresh: Path, tmp_path: Path
+) -> None:
+    """The critical path reads the segments a row group at a time: where a later group's
+    pages are damaged, the groups read stand and the rest of the rows are computed again, so
+    the report is the run's (none lost, none twice)."""
+    run = _copy(fresh, tmp_path)
+    (run / PATH_CACHE).unlink(missing_ok=True)
+    first = run_cli("report", "--json", run).json()
+    (run / PATH_CACHE).unlink()
+    segments = run / "segments.parquet"
+    table = pq.read_table(segments)
+    assert table.num_rows >= 8
+    pq.write_table(table, segments, row_group_size=table.num_rows // 4)  # (its key kept)
+    meta = pq.ParquetFile(segments).metadata
+    assert meta.num_row_groups >= 4
+    column = meta.row_group(2).column(0)
+    start = min(o for o in (column.dictionary_page_offset, column.data_page_offset) if o)
+    footer = len(segments.read_bytes()) - 8 - meta.serialized_size
+    data = bytearray(segments.read_bytes())
+    data[start:footer] = bytes(footer - start)  # the third group on, zeroed
+    segments.write_bytes(bytes(data))
+    file = pq.ParquetFile(segments)
+    assert file.read_row_group(0).num_rows == table.num_rows // 4  # the first groups read ...
+    with pytest.raises(OSError):  # ... the third does not
+        file.read_row_group(2)
+    result = run_cli("report", "--json", run)
+    assert result.code == 0, result.err
+    assert result.json()["critical_path"] == first["critical_path"]

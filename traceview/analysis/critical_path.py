@@ -34,7 +34,7 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from traceview.analysis.crossrank import BUS_FACTOR, ISSUED, POINT_TO_POINT, Matched
 from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
 from traceview.model.results import (
     Blame,
     CriticalPath,
@@ -210,6 +211,7 @@ class _Source:
     steps: list[int]  # the wanted steps (NO_STEP: the one window), sorted
     unmatched: dict[int, str]  # ``_unexplained``, over every step
     rows: int  # items over every step: a graph of them all would hold this many
+    rest_spans: pl.DataFrame  # per rank and step, the span of the rest and its count (_spans)
     # the last graph made, and its walk where it is one step's: asked for again (a run of one
     # batch, or of one long step, walks, replays and walks its median step again in the same
     # graph), they are not made again; a new one replaces them before it is made
@@ -240,51 +242,96 @@ class _Source:
 
     def windows(self) -> pl.DataFrame:
         """Per rank and step, the span of its items."""
-        spans = [
-            f.group_by(S.RANK, S.STEP).agg(
-                pl.col(S.START_NS).min().alias("s"), pl.col(S.END_NS).max().alias("e")
-            )
-            for f in (self.rest, self.pieces)
-        ]
+        spans = [f.drop("len") for f in (self.rest_spans, _spans(self.pieces))]
         return pl.concat(spans).group_by(S.RANK, S.STEP).agg(pl.col("s").min(), pl.col("e").max())
 
     def step_rows(self) -> dict[int, int]:
-        counts = pl.concat([f.group_by(S.STEP).len() for f in (self.rest, self.pieces)])
+        counts = pl.concat([self.rest_spans, _spans(self.pieces)])
         return dict(counts.group_by(S.STEP).agg(pl.col("len").sum()).iter_rows())
 
 
+def _spans(items: pl.DataFrame) -> pl.DataFrame:
+    """Per rank and step of ``items``, their span (s, e) and their count (len)."""
+    return items.group_by(S.RANK, S.STEP).agg(
+        pl.col(S.START_NS).min().alias("s"),
+        pl.col(S.END_NS).max().alias("e"),
+        pl.len().cast(pl.Int64).alias("len"),
+    )
+
+
 def _source(
-    segments: pa.Table, matched: Matched, steps: list[int | None], world: int | None
+    segments: pa.Table | Iterable[pa.Table],
+    matched: Matched,
+    steps: list[int | None],
+    world: int | None,
 ) -> _Source | None:
-    # (the labels as categories: a few bytes a row, not a string each, in every copy)
-    columns = {name: segments.column(name) for name in (S.RANK, S.STEP, S.START_NS, S.END_NS)}
-    for name in (S.PHASE, S.KIND, S.OP):
-        column = segments.column(name)
-        if not pa.types.is_dictionary(column.type):
-            column = column.dictionary_encode()
-        columns[name] = column
-    seg = pl.from_arrow(pa.table(columns))
-    assert isinstance(seg, pl.DataFrame)
+    """The source of every graph of ``steps``, from the segments (a table, or its pieces in
+    order: each is made compact as it comes, so the segments are never whole in memory as
+    read)."""
     wanted = [NO_STEP if s is None else s for s in steps]
-    seg = seg.with_columns(pl.col(S.STEP).fill_null(NO_STEP))
-    keep = seg[S.STEP].is_in(wanted)
-    if not keep.all():  # (a copy only where some steps are left out)
-        seg = seg.filter(keep)
-    del keep
-    if seg.height == 0:
+    rest: list[pl.DataFrame] = []
+    comm: list[pl.DataFrame] = []
+    communicating: list[pl.DataFrame] = []  # (rank, step) that spent time communicating
+    spans: list[pl.DataFrame] = []  # of the rest, per piece (``_spans``)
+    ranks: set[int] = set()
+    in_order, last = True, None
+    for table in [segments] if isinstance(segments, pa.Table) else segments:
+        seg = _compact(table, wanted)
+        del table
+        if seg.height == 0:
+            continue
+        # (as the analysis writes them, they are in order: then never sorted, nor copied)
+        if in_order:
+            first = seg.row(0)[:3]
+            in_order = (last is None or first > last) and _in_order(seg)
+            last = seg.row(seg.height - 1)[:3]
+        ranks.update(seg[S.RANK].unique().to_list())
+        is_comm = pl.col(S.KIND) == S.SEGMENT_COMM
+        comm.append(seg.filter(is_comm))
+        communicating.append(
+            seg.filter(is_comm | (pl.col(S.PHASE) == S.COMM)).select(S.RANK, S.STEP).unique()
+        )
+        # (the rest wait for no call: their call and lead are given per batch, in ``_graph``)
+        rest.append(seg.filter(~is_comm))
+        spans.append(_spans(rest[-1]))
+        del seg
+    if not ranks:
         return None
     calls = _calls(matched.calls)
-    if not _in_order(seg):  # (as the analysis writes them, they are: no copy then)
-        seg = seg.sort(S.RANK, S.STEP, S.START_NS)
-    comm = seg.filter(pl.col(S.KIND) == S.SEGMENT_COMM)
-    alone = max(world or 0, seg[S.RANK].n_unique()) <= 1
-    unmatched = _unexplained(seg, calls, matched, alone)
-    # (the rest wait for no call: their call and lead are given per batch, in ``_graph``)
-    rest = seg.filter(pl.col(S.KIND) != S.SEGMENT_COMM)
-    del seg
-    pieces = _released_early(_waiting_pieces(comm, calls), calls)
-    rows = rest.height + pieces.height
-    return _Source(rest, pieces, calls, sorted(set(wanted)), unmatched, rows)
+    rest_frame = pl.concat(rest, rechunk=False)
+    comm_frame = pl.concat(comm)
+    del rest, comm
+    if not in_order:
+        rest_frame = rest_frame.sort(S.RANK, S.STEP, S.START_NS)
+        comm_frame = comm_frame.sort(S.RANK, S.STEP, S.START_NS)
+    alone = max(world or 0, len(ranks)) <= 1
+    unmatched = _unexplained(pl.concat(communicating).unique(), calls, matched, alone)
+    pieces = _released_early(_waiting_pieces(comm_frame, calls), calls)
+    rows = rest_frame.height + pieces.height
+    rest_spans = (
+        pl.concat(spans)
+        .group_by(S.RANK, S.STEP)
+        .agg(pl.col("s").min(), pl.col("e").max(), pl.col("len").sum())
+    )
+    return _Source(rest_frame, pieces, calls, sorted(set(wanted)), unmatched, rows, rest_spans)
+
+
+#: The columns of the segments a graph is made of.
+_SEGMENT_COLUMNS = (S.RANK, S.STEP, S.START_NS, S.END_NS, S.PHASE, S.KIND, S.OP)
+
+
+def _compact(segments: pa.Table, wanted: list[int]) -> pl.DataFrame:
+    """The rows of ``wanted`` steps (NO_STEP for a null one), the labels as categories: a few
+    bytes a row, not a string each, in every copy."""
+    columns = {name: segments.column(name) for name in _SEGMENT_COLUMNS}
+    for name in (S.PHASE, S.KIND, S.OP):
+        if not pa.types.is_dictionary(columns[name].type):
+            columns[name] = columns[name].dictionary_encode()
+    seg = pl.from_arrow(pa.table(columns))
+    assert isinstance(seg, pl.DataFrame)
+    seg = seg.with_columns(pl.col(S.STEP).fill_null(NO_STEP))
+    keep = seg[S.STEP].is_in(wanted)
+    return seg if keep.all() else seg.filter(keep)
 
 
 def _in_order(seg: pl.DataFrame) -> bool:
@@ -404,7 +451,7 @@ NO_CALL = (
 
 
 def _unexplained(
-    seg: pl.DataFrame, calls: pl.DataFrame, matched: Matched, alone: bool
+    communicating: pl.DataFrame, calls: pl.DataFrame, matched: Matched, alone: bool
 ) -> dict[int, str]:
     """Steps in which a call was left unmatched, or (in a world of more than one rank) a rank
     spent time communicating (exposed communication, communication kernels) without one
@@ -412,11 +459,6 @@ def _unexplained(
     out = {s: UNMATCHED_CALL for s in matched.unknown_steps[S.STEP].drop_nulls().to_list()}
     if alone:
         return out
-    communicating = (
-        seg.filter((pl.col(S.KIND) == S.SEGMENT_COMM) | (pl.col(S.PHASE) == S.COMM))
-        .select(S.RANK, S.STEP)
-        .unique()
-    )
     with_calls = calls.select(pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).fill_null(NO_STEP))
     without = communicating.with_columns(pl.col(S.RANK).cast(pl.Int32)).join(
         with_calls.unique(), on=[S.RANK, S.STEP], how="anti"
@@ -1228,7 +1270,7 @@ class _StepWalk:
 
 
 def explain(
-    segments: pa.Table | Callable[[], pa.Table],
+    segments: pa.Table | Callable[[], pa.Table] | TableOnDemand,
     matched: Matched,
     steps: list[int | None],
     counted: list[int | None],
@@ -1242,7 +1284,10 @@ def explain(
     (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
     phase, kind and operator (integers: the sums are the whole graph's). ``segments``: the
     table, or what reads it (then nothing holds it once the walk has its own pieces of it)."""
-    source = _source(segments() if callable(segments) else segments, matched, steps, world)
+    if isinstance(segments, TableOnDemand):
+        source = _source(segments.in_pieces(), matched, steps, world)
+    else:
+        source = _source(segments() if callable(segments) else segments, matched, steps, world)
     del segments
     if source is None:
         return Explained(None, {}, [], {})

@@ -972,7 +972,7 @@ def _critical_path(
     key = json.dumps([PATH_VERSION, every, counted, whatif, world])
     explained = cache.get(key) if cache is not None else None
     if explained is None:
-        explained = _explain(segments.read, cross, ranks, every, counted, whatif, world)
+        explained = _explain(segments, cross, ranks, every, counted, whatif, world)
         if cache is not None:
             cache.put(key, explained)
     for s in per_step:
@@ -981,7 +981,7 @@ def _critical_path(
 
 
 def _explain(
-    read: Callable[[], pa.Table],
+    segments: TableOnDemand,
     cross: CrossRank | None,
     ranks: list[RankSummary],
     every: list[int | None],
@@ -989,18 +989,16 @@ def _explain(
     whatif: list[str],
     world: int | None,
 ) -> Explained:
-    """``explain`` of the segments ``read`` gives, which nothing here holds: they are freed
-    once the walk has its own pieces of them."""
-    segments = read
+    """``explain`` of the segments, read a piece at a time: nothing here holds them whole."""
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
         clocks = cross.clocks
 
-        def shifted() -> pa.Table:
-            frame = pl.from_arrow(read())
+        def shifted(table: pa.Table) -> pa.Table:
+            frame = pl.from_arrow(table)
             assert isinstance(frame, pl.DataFrame)
             return clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
 
-        segments = shifted
+        segments = segments.mapped(shifted)
     matched = cross.matched if cross is not None else Matched(pl.DataFrame())
     median_phase = {
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])

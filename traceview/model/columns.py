@@ -28,11 +28,28 @@ class TableOnDemand:
     num_rows: int
     read: Callable[[], pa.Table]
     close: Callable[[], None] = lambda: None  # (what it holds open, let go)
+    # its rows in order, a piece (a row group) at a time: never whole (None: read whole)
+    pieces: Callable[[], Iterator[pa.Table]] | None = None
 
     @classmethod
     def of(cls, table: pa.Table) -> TableOnDemand:
         """A table already in memory (held: nothing to read)."""
         return cls(table.num_rows, lambda: table)
+
+    def in_pieces(self) -> Iterator[pa.Table]:
+        """Its rows, a piece at a time where it can be read so (else whole, one piece)."""
+        return self.pieces() if self.pieces is not None else iter([self.read()])
+
+    def mapped(self, change: Callable[[pa.Table], pa.Table]) -> TableOnDemand:
+        """The same table with ``change`` made to what each read gives (row by row: a piece
+        changed is the whole changed, in pieces)."""
+        pieces = self.pieces
+        return TableOnDemand(
+            self.num_rows,
+            lambda: change(self.read()),
+            self.close,
+            None if pieces is None else lambda: map(change, pieces()),
+        )
 
 
 @dataclass(frozen=True)

@@ -428,20 +428,34 @@ def _or_recomputed(
     computed again from its events and the cache replaced, as at open, provided the run on
     disk is still the one opened (else BadInput: one run, never a mix of two)."""
 
+    def recomputed() -> pa.Table:
+        try:
+            # (a copy: the run's manifest stays the one its other tables were read with)
+            return reanalyze(run, copy.deepcopy(manifest), seen)["segments"]
+        except RunReplaced:
+            raise BadInput(
+                f"{run}: replaced while it was read (an ingest into it is running?); "
+                "run again when it ends"
+            ) from None
+
     def read() -> pa.Table:
         try:
             return segments.read()
         except BadInput:
-            try:
-                # (a copy: the run's manifest stays the one its other tables were read with)
-                return reanalyze(run, copy.deepcopy(manifest), seen)["segments"]
-            except RunReplaced:
-                raise BadInput(
-                    f"{run}: replaced while it was read (an ingest into it is running?); "
-                    "run again when it ends"
-                ) from None
+            return recomputed()
 
-    return TableOnDemand(segments.num_rows, read, segments.close)
+    def pieces() -> Iterator[pa.Table]:
+        """The cached pieces; from the first that cannot be read, the rest of the rows
+        computed again (the same rows in the same order: the cache's key says so)."""
+        done = 0
+        try:
+            for piece in segments.in_pieces():
+                yield piece
+                done += piece.num_rows
+        except BadInput:
+            yield recomputed().slice(done)
+
+    return TableOnDemand(segments.num_rows, read, segments.close, pieces)
 
 
 #: The critical path a report took (analysis/critical_path.py's Explained), per choice of

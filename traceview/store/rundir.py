@@ -317,13 +317,24 @@ def table_on_demand(
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise BadInput(f"{path}: unreadable ({exc})") from None
 
+    def unreadable(exc: BaseException) -> BadInput:
+        return BadInput(f"{path}: unreadable ({exc}); run `traceview ingest` again")
+
     def read() -> pa.Table:
         try:
             return without_cache_key(file.read())
         except (OSError, pa.ArrowException, ValueError) as exc:
-            raise BadInput(f"{path}: unreadable ({exc}); run `traceview ingest` again") from None
+            raise unreadable(exc) from None
 
-    return TableOnDemand(file.metadata.num_rows, read, file.close)
+    def pieces() -> Iterator[pa.Table]:
+        for group in range(file.num_row_groups):
+            try:
+                piece = file.read_row_group(group)
+            except (OSError, pa.ArrowException, ValueError) as exc:
+                raise unreadable(exc) from None
+            yield without_cache_key(piece)
+
+    return TableOnDemand(file.metadata.num_rows, read, file.close, pieces)
 
 
 def _opened(
