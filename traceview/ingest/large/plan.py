@@ -33,8 +33,11 @@ from traceview.normalize.rules import RuleSet
 from traceview.normalize.step_inference import RepeatState
 
 #: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
-#: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step).
-CHUNK_ROWS = 200_000
+#: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step). Measured on the 1.02 GB
+#: trace (wall, peak RSS of both processes): 25,000 8.9 s / 434 MB; 50,000 7.7-8.2 s / 455-465
+#: MB; 100,000 7.8-8.0 s / 530-537 MB; 200,000 8.8-8.9 s / 677-696 MB (a chunk's working set,
+#: in the ingest and its helper at once, is most of the peak).
+CHUNK_ROWS = 50_000
 
 
 #: A stretch between two cuts (a long step, or what precedes or follows the steps) holding
