@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import beyond_unit, for_unit
@@ -17,6 +18,7 @@ from traceview.analysis import critical_path as cp
 from traceview.analysis.critical_path import build_graph, critical_paths, replay
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
+from traceview.store import rundir as R
 from traceview.store.analysed import open_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,10 +69,12 @@ def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
 
 @pytest.mark.parametrize("trace", EVERY_TRACE)
 def test_steps_in_batches_give_one_graphs_path_blame_and_what_ifs(
-    trace: str, monkeypatch: pytest.MonkeyPatch
+    trace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """With room for one step a graph (each step its own batch, but for steps tied by a call),
-    the path, blame, per-step paths, what-ifs and the exported path are one graph's."""
+    the path, blame, per-step paths, what-ifs and the exported path are one graph's; and so
+    are they where the segments are read from a file a row group at a time (each batch reads
+    only the groups its steps may lie in, by their statistics)."""
     segments, matched, steps = _inputs(trace)
     counted = steps[1:] or steps  # (the first step as warm-up, as a report may count them)
     medians = {S.FORWARD: 1.0, S.BACKWARD: 2.0}
@@ -82,3 +86,10 @@ def test_steps_in_batches_give_one_graphs_path_blame_and_what_ifs(
     assert len(steps) == 1 or len(cp._batches(source, source.steps)) > 1
     assert cp.explain(segments, matched, steps, counted, medians, ["faster:comm:2"]) == whole
     assert cp.path_table(segments, matched, steps).equals(table)
+    file = tmp_path / "segments.parquet"
+    pq.write_table(segments, file, row_group_size=max(1, segments.num_rows // 16))
+    on_disk = R.table_on_demand(file, segments.schema)
+    try:
+        assert cp.explain(on_disk, matched, steps, counted, medians, ["faster:comm:2"]) == whole
+    finally:
+        on_disk.close()

@@ -34,7 +34,7 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -205,13 +205,17 @@ class _Source:
     """What every graph of a run's steps is cut from, made once: the rank's own segments, the
     exposed communication cut into waiting pieces, and the calls."""
 
-    rest: pl.DataFrame  # the segments not of exposed communication, sorted (rank, step, start)
+    # the segments not of exposed communication, sorted (rank, step, start), where they fit
+    # one graph; else None: each batch reads its own (``rest_of``)
+    rest: pl.DataFrame | None
     pieces: pl.DataFrame  # exposed communication cut at call ends (``_waiting_pieces``)
     calls: pl.DataFrame  # ``_calls``
     steps: list[int]  # the wanted steps (NO_STEP: the one window), sorted
     unmatched: dict[int, str]  # ``_unexplained``, over every step
     rows: int  # items over every step: a graph of them all would hold this many
     rest_spans: pl.DataFrame  # per rank and step, the span of the rest and its count (_spans)
+    segments: TableOnDemand  # what they were read from (read again by ``rest_of``)
+    in_order: bool  # whether the segments were in (rank, step, start) order
     # the last graph made, and its walk where it is one step's: asked for again (a run of one
     # batch, or of one long step, walks, replays and walks its median step again in the same
     # graph), they are not made again; a new one replaces them before it is made
@@ -240,6 +244,20 @@ class _Source:
             self.last = (steps, graph, walks)
         return walks
 
+    def rest_of(self, steps: list[int]) -> pl.DataFrame:
+        """The rest of ``steps`` (sorted), sorted: where the rest is not held, read again,
+        only the pieces (row groups) that may hold those steps."""
+        if self.rest is not None:
+            if steps == self.steps:
+                return self.rest
+            return self.rest.filter(pl.col(S.STEP).is_in(steps))
+        parts = [
+            _compact(table, steps).filter(pl.col(S.KIND) != S.SEGMENT_COMM)
+            for table in self.segments.in_pieces((S.STEP, steps[0], steps[-1]))
+        ]
+        rest = pl.concat(parts, rechunk=False)
+        return rest if self.in_order else rest.sort(S.RANK, S.STEP, S.START_NS)
+
     def windows(self) -> pl.DataFrame:
         """Per rank and step, the span of its items."""
         spans = [f.drop("len") for f in (self.rest_spans, _spans(self.pieces))]
@@ -260,22 +278,26 @@ def _spans(items: pl.DataFrame) -> pl.DataFrame:
 
 
 def _source(
-    segments: pa.Table | Iterable[pa.Table],
+    segments: pa.Table | TableOnDemand,
     matched: Matched,
     steps: list[int | None],
     world: int | None,
 ) -> _Source | None:
-    """The source of every graph of ``steps``, from the segments (a table, or its pieces in
-    order: each is made compact as it comes, so the segments are never whole in memory as
-    read)."""
+    """The source of every graph of ``steps``, from the segments (a table, or what reads it a
+    piece at a time): each piece made compact as it comes, and the rest (the segments not of
+    exposed communication, most of them) held only while they fit one graph (``GRAPH_ROWS``),
+    else read again by each batch: the segments are never whole in memory."""
+    if isinstance(segments, pa.Table):
+        segments = TableOnDemand.of(segments)
     wanted = [NO_STEP if s is None else s for s in steps]
-    rest: list[pl.DataFrame] = []
+    rest: list[pl.DataFrame] | None = []
+    held = 0
     comm: list[pl.DataFrame] = []
     communicating: list[pl.DataFrame] = []  # (rank, step) that spent time communicating
     spans: list[pl.DataFrame] = []  # of the rest, per piece (``_spans``)
     ranks: set[int] = set()
     in_order, last = True, None
-    for table in [segments] if isinstance(segments, pa.Table) else segments:
+    for table in segments.in_pieces():
         seg = _compact(table, wanted)
         del table
         if seg.height == 0:
@@ -292,28 +314,36 @@ def _source(
             seg.filter(is_comm | (pl.col(S.PHASE) == S.COMM)).select(S.RANK, S.STEP).unique()
         )
         # (the rest wait for no call: their call and lead are given per batch, in ``_graph``)
-        rest.append(seg.filter(~is_comm))
-        spans.append(_spans(rest[-1]))
+        mine = seg.filter(~is_comm)
         del seg
+        spans.append(_spans(mine))
+        held += mine.height
+        if rest is not None and held <= GRAPH_ROWS:
+            rest.append(mine)
+        else:  # more than a graph holds: each batch reads its own
+            rest = None
     if not ranks:
         return None
     calls = _calls(matched.calls)
-    rest_frame = pl.concat(rest, rechunk=False)
+    rest_frame = None if rest is None else pl.concat(rest, rechunk=False)
     comm_frame = pl.concat(comm)
     del rest, comm
     if not in_order:
-        rest_frame = rest_frame.sort(S.RANK, S.STEP, S.START_NS)
+        if rest_frame is not None:
+            rest_frame = rest_frame.sort(S.RANK, S.STEP, S.START_NS)
         comm_frame = comm_frame.sort(S.RANK, S.STEP, S.START_NS)
     alone = max(world or 0, len(ranks)) <= 1
     unmatched = _unexplained(pl.concat(communicating).unique(), calls, matched, alone)
     pieces = _released_early(_waiting_pieces(comm_frame, calls), calls)
-    rows = rest_frame.height + pieces.height
     rest_spans = (
         pl.concat(spans)
         .group_by(S.RANK, S.STEP)
         .agg(pl.col("s").min(), pl.col("e").max(), pl.col("len").sum())
     )
-    return _Source(rest_frame, pieces, calls, sorted(set(wanted)), unmatched, rows, rest_spans)
+    return _Source(
+        rest_frame, pieces, calls, sorted(set(wanted)), unmatched, held + pieces.height,
+        rest_spans, segments, in_order,
+    )  # fmt: skip
 
 
 #: The columns of the segments a graph is made of.
@@ -348,9 +378,8 @@ def _in_order(seg: pl.DataFrame) -> bool:
 
 def _graph(source: _Source, steps: list[int]) -> Graph | None:
     """The graph of some of the source's ``steps`` (sorted)."""
-    rest, pieces = source.rest, source.pieces
+    rest, pieces = source.rest_of(steps), source.pieces
     if steps != source.steps:
-        rest = rest.filter(pl.col(S.STEP).is_in(steps))
         pieces = pieces.filter(pl.col(S.STEP).is_in(steps))
     if rest.height + pieces.height == 0:
         return None
@@ -1284,10 +1313,7 @@ def explain(
     (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
     phase, kind and operator (integers: the sums are the whole graph's). ``segments``: the
     table, or what reads it (then nothing holds it once the walk has its own pieces of it)."""
-    if isinstance(segments, TableOnDemand):
-        source = _source(segments.in_pieces(), matched, steps, world)
-    else:
-        source = _source(segments() if callable(segments) else segments, matched, steps, world)
+    source = _source(segments() if callable(segments) else segments, matched, steps, world)
     del segments
     if source is None:
         return Explained(None, {}, [], {})

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +17,11 @@ from traceview.model import schema as S
 
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(S.EVENT_KINDS)}
 PHASE_CODE: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
+
+
+#: Rows whose integer ``column`` lies in [lo, hi] or is null: a reader given one reads only the
+#: pieces that may hold such rows (each whole: the caller picks the rows).
+Within: TypeAlias = tuple[str, int, int]
 
 
 @dataclass(frozen=True)
@@ -29,26 +34,27 @@ class TableOnDemand:
     read: Callable[[], pa.Table]
     close: Callable[[], None] = lambda: None  # (what it holds open, let go)
     # its rows in order, a piece (a row group) at a time: never whole (None: read whole)
-    pieces: Callable[[], Iterator[pa.Table]] | None = None
+    pieces: Callable[[Within | None], Iterator[pa.Table]] | None = None
 
     @classmethod
     def of(cls, table: pa.Table) -> TableOnDemand:
         """A table already in memory (held: nothing to read)."""
         return cls(table.num_rows, lambda: table)
 
-    def in_pieces(self) -> Iterator[pa.Table]:
-        """Its rows, a piece at a time where it can be read so (else whole, one piece)."""
-        return self.pieces() if self.pieces is not None else iter([self.read()])
+    def in_pieces(self, within: Within | None = None) -> Iterator[pa.Table]:
+        """Its rows, a piece at a time where it can be read so (else whole, one piece);
+        ``within``: only pieces that may hold such rows are read (``Within``)."""
+        return self.pieces(within) if self.pieces is not None else iter([self.read()])
 
     def mapped(self, change: Callable[[pa.Table], pa.Table]) -> TableOnDemand:
         """The same table with ``change`` made to what each read gives (row by row: a piece
-        changed is the whole changed, in pieces)."""
+        changed is the whole changed, in pieces; ``within`` is of the rows as read)."""
         pieces = self.pieces
         return TableOnDemand(
             self.num_rows,
             lambda: change(self.read()),
             self.close,
-            None if pieces is None else lambda: map(change, pieces()),
+            None if pieces is None else lambda within: map(change, pieces(within)),
         )
 
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model import schema as S
-from traceview.model.columns import TableOnDemand
+from traceview.model.columns import TableOnDemand, Within
 from traceview.model.errors import BadInput, OutputError, UsageError, cannot_write
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
@@ -438,22 +438,28 @@ def _or_recomputed(
                 "run again when it ends"
             ) from None
 
+    again: list[pa.Table] = []  # the segments computed again, once they were
+
     def read() -> pa.Table:
+        if again:
+            return again[0]
         try:
             return segments.read()
         except BadInput:
-            return recomputed()
+            again.append(recomputed())
+            return again[0]
 
-    def pieces() -> Iterator[pa.Table]:
+    def pieces(within: Within | None) -> Iterator[pa.Table]:
         """The cached pieces; from the first that cannot be read, the rest of the rows
         computed again (the same rows in the same order: the cache's key says so)."""
-        done = 0
+        if again:
+            yield again[0]
+            return
         try:
-            for piece in segments.in_pieces():
-                yield piece
-                done += piece.num_rows
-        except BadInput:
-            yield recomputed().slice(done)
+            yield from segments.in_pieces(within)
+        except R.UnreadableRows as exc:
+            again.append(recomputed())
+            yield again[0].slice(exc.offset)
 
     return TableOnDemand(segments.num_rows, read, segments.close, pieces)
 

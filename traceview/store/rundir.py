@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traceview.model import schema as S
-from traceview.model.columns import SpilledTable, TableOnDemand
+from traceview.model.columns import SpilledTable, TableOnDemand, Within
 from traceview.model.errors import BadInput, Notes, UsageError, cannot_write
 from traceview.model.escape import encodable, safe
 from traceview.model.manifest import Manifest, from_json
@@ -326,15 +326,40 @@ def table_on_demand(
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise unreadable(exc) from None
 
-    def pieces() -> Iterator[pa.Table]:
-        for group in range(file.num_row_groups):
+    def pieces(within: Within | None) -> Iterator[pa.Table]:
+        meta = file.metadata
+        column = -1 if within is None else file.schema_arrow.get_field_index(within[0])
+        offset = 0  # (the first row of the group)
+        for group in range(meta.num_row_groups):
+            rows = meta.row_group(group).num_rows
+            if column >= 0 and within is not None and _outside(meta, group, column, within):
+                offset += rows
+                continue
             try:
                 piece = file.read_row_group(group)
             except (OSError, pa.ArrowException, ValueError) as exc:
-                raise unreadable(exc) from None
+                raise UnreadableRows(str(unreadable(exc)), offset) from None
             yield without_cache_key(piece)
+            offset += rows
 
     return TableOnDemand(file.metadata.num_rows, read, file.close, pieces)
+
+
+class UnreadableRows(BadInput):
+    """A piece of a table could not be read: the rows from ``offset`` on were not given."""
+
+    def __init__(self, message: str, offset: int):
+        super().__init__(message)
+        self.offset = offset
+
+
+def _outside(meta: pq.FileMetaData, group: int, column: int, within: Within) -> bool:
+    """Whether a row group's statistics say it holds no row ``within`` asks for."""
+    stats = meta.row_group(group).column(column).statistics
+    if stats is None or not stats.has_min_max or stats.null_count != 0:
+        return False
+    _, lo, hi = within
+    return bool(stats.max < lo or stats.min > hi)
 
 
 def _opened(
