@@ -3,10 +3,12 @@ said at the top of that file (shared traces, TensorFlow profiles, the CLI here).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -314,6 +316,39 @@ def test_segments_whose_pages_are_damaged_are_computed_again_when_a_report_needs
     assert result.code == 0, result.err
     assert result.json()["critical_path"] == first["critical_path"]
     assert R.read_table(segments).num_rows > 0  # the cache written again
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_a_recomputed_analysis_keeps_its_segments_in_a_file_and_leaves_none_behind(
+    fresh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writable: bool
+) -> None:
+    """A reader that computes the analysis again (here its segments are missing) spills each
+    rank's segments and reads them back a row group at a time: from the cache it writes, or,
+    where the run cannot be written, from a file of its own that it removes. The report is
+    the original run's, and nothing is left in the temporary folder."""
+    from tests.collect_faults import tmpfs
+
+    (fresh / PATH_CACHE).unlink(missing_ok=True)
+    first = run_cli("report", "--json", fresh).json()
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    with contextlib.ExitStack() as stack:
+        where = stack.enter_context(tmpfs(tmp_path / "fs", "64m")) if not writable else tmp_path
+        run = _copy(fresh, where)
+        (run / PATH_CACHE).unlink(missing_ok=True)
+        (run / "segments.parquet").unlink()
+        if not writable:  # (root writes into a folder whatever its mode: a read-only mount)
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        result = run_cli("report", "--json", run)
+        written = (run / "segments.parquet").read_bytes() if writable else None
+        assert writable or not (run / "segments.parquet").exists()
+    assert result.code == 0, result.err
+    assert result.json()["critical_path"] == first["critical_path"]
+    assert result.json()["per_step"] == first["per_step"]
+    assert list(temporary.iterdir()) == []
+    if writable:  # the cache written again, as the ingest wrote it
+        assert written == (fresh / "segments.parquet").read_bytes()
 
 
 def test_segments_damaged_after_their_first_row_groups_are_read_then_computed_again(

@@ -1487,7 +1487,9 @@ def _what_ifs(
     return out
 
 
-def path_table(segments: pa.Table, matched: Matched, steps: list[int | None]) -> pa.Table:
+def path_table(
+    segments: pa.Table | TableOnDemand, matched: Matched, steps: list[int | None]
+) -> pa.Table:
     """Every piece of the critical path of each of ``steps`` (schema.CRITICAL_PATH_SCHEMA),
     walked in batches of steps (``_batches``)."""
     source = _source(segments, matched, steps, None)

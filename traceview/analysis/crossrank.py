@@ -50,6 +50,7 @@ from traceview.analysis.attribution import merge_intervals
 from traceview.analysis.collectives import RUN_PREFIX
 from traceview.analysis.groups import Groups, assign_groups
 from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
 from traceview.model.results import AllToAllRank, CommByGroup, StepCollective
 
 #: Collectives that no rank can leave before every rank of the group arrived (not broadcast,
@@ -602,6 +603,16 @@ class ClockFit:
     calls: int  # matched synchronizing calls the fit used
     residual_ns: float  # p90 of how far a rank's ends lie from the reference's, once aligned
     unaligned: list[int] = field(default_factory=list)  # ranks with too few calls to fit
+
+    def shifted_segments(self, segments: TableOnDemand) -> TableOnDemand:
+        """A run's segments (read a piece at a time) on the reference clock."""
+
+        def shift(table: pa.Table) -> pa.Table:
+            frame = pl.from_arrow(table)
+            assert isinstance(frame, pl.DataFrame)
+            return self.shift(frame, S.START_NS, S.END_NS).to_arrow()
+
+        return segments.mapped(shift)
 
     def shift(self, df: pl.DataFrame, *columns: str) -> pl.DataFrame:
         """``df``'s time ``columns`` moved onto the reference clock."""

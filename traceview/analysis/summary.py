@@ -991,14 +991,7 @@ def _explain(
 ) -> Explained:
     """``explain`` of the segments, read a piece at a time: nothing here holds them whole."""
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
-        clocks = cross.clocks
-
-        def shifted(table: pa.Table) -> pa.Table:
-            frame = pl.from_arrow(table)
-            assert isinstance(frame, pl.DataFrame)
-            return clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
-
-        segments = segments.mapped(shifted)
+        segments = cross.clocks.shifted_segments(segments)
     matched = cross.matched if cross is not None else Matched(pl.DataFrame())
     median_phase = {
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model import schema as S
-from traceview.model.columns import TableOnDemand, Within
+from traceview.model.columns import SpilledTable, TableOnDemand, Within
 from traceview.model.errors import BadInput, OutputError, UsageError, cannot_write
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
@@ -149,11 +149,9 @@ class Run:
         from traceview.analysis.critical_path import path_table
         from traceview.analysis.crossrank import Matched
 
-        segments, cross = self.segments.read(), self.cross
+        segments, cross = self.segments, self.cross
         if cross is not None and cross.clocks is not None:
-            frame = pl.from_arrow(segments)
-            assert isinstance(frame, pl.DataFrame)
-            segments = cross.clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
+            segments = cross.clocks.shifted_segments(segments)
         steps = sorted(set(self.steps.column(S.STEP).to_pylist()), key=lambda s: (s is None, s))
         matched = cross.matched if cross is not None else Matched(pl.DataFrame())
         return path_table(segments, matched, steps)
@@ -255,6 +253,44 @@ def reanalyze(
     written by a newer traceview is left for it. Only the manifest's ``analysis_version``
     changes (its other keys, known here or not, stay as written). RunReplaced: the run changed
     while it was read (read it again)."""
+    with tempfile.TemporaryDirectory(prefix="traceview-reanalysis-") as work:
+        tables, segments, _ = _reanalysis(run, manifest, seen, progress, Path(work))
+        return {**tables, "segments": _whole(segments)}
+
+
+def _reanalyzed(
+    run: Path, manifest: Manifest, seen: dict[str, R.Identity], progress: Progress
+) -> tuple[dict[str, pa.Table], TableOnDemand]:
+    """``reanalyze`` for a reader, the segments apart as ``Run`` holds them: never whole in
+    memory (each rank's spilled as its analysis made them), read a row group at a time from
+    the cache just written, else (a cache not written) from a file of their own, opened and
+    then removed (read through the open file)."""
+    schema = _TABLE_SCHEMAS["segments"]
+    with tempfile.TemporaryDirectory(prefix="traceview-reanalysis-") as work:
+        tables, parts, cached = _reanalysis(run, manifest, seen, progress, Path(work))
+        if cached:
+            key = _key(manifest, seen)
+            with suppress(BadInput):  # (replaced since: the segments as computed, below)
+                path = run / "segments.parquet"
+                return tables, R.table_on_demand(path, schema, _cached_as(key, path))
+        file = Path(work) / "segments.parquet"
+        R.write_parquet_parts(file, parts, S.SEGMENTS_SCHEMA)
+        return tables, R.table_on_demand(file, schema)
+
+
+def _whole(parts: list[pa.Table | SpilledTable]) -> pa.Table:
+    return pa.concat_tables([p.read() if isinstance(p, SpilledTable) else p for p in parts])
+
+
+def _reanalysis(
+    run: Path,
+    manifest: Manifest,
+    seen: dict[str, R.Identity] | None,
+    progress: Progress,
+    work: Path,
+) -> tuple[dict[str, pa.Table], list[pa.Table | SpilledTable], bool]:
+    """``reanalyze``'s work: the tables but the segments, the segments' parts (a rank analysed
+    in chunks spills its own in ``work``), and whether they were cached."""
     if seen is None:
         seen = R.identities(run)
     per_rank, damaged = [], {}
@@ -270,7 +306,7 @@ def reanalyze(
         try:
             R.check_events(run, rank, manifest.run_id)
             memory = R.read_memory(run, [rank]) if memory_out is None else None
-            tables = _in_chunks(run, rank, memory)
+            tables = _in_chunks(run, rank, memory, work / f"segments-{rank}.arrows")
             per_rank.append(tables or rank_tables(R.read_events(run, [rank]), memory))
         except BadInput as exc:  # the other ranks are still reported (this time, uncached)
             damaged[rank] = exc
@@ -282,17 +318,29 @@ def reanalyze(
         more = f" (and {len(damaged) - 1} more rank(s))" if len(damaged) > 1 else ""
         raise BadInput(f"no rank left: rank {first} left out: {why}{more}")
     manifest.ranks = [r for r in manifest.ranks if r.rank not in damaged]
-    tables = {name: pa.concat_tables([t[name] for t in per_rank]) for name in RANK_TABLES}
+    tables = {
+        name: pa.concat_tables([t[name] for t in per_rank])
+        for name in RANK_TABLES
+        if name != "segments"
+    }
+    segments = [t["segments"] for t in per_rank]
     newer = _version(manifest.analysis_version) > _version(ANALYSIS_VERSION)
     if damaged or memory_out is not None or newer:
-        return tables  # not cached: a cache holds every rank
+        return tables, segments, False  # not cached: a cache holds every rank
     # read-only or damaged: uncached (RunReplaced goes on: the run is read again)
     with suppress(OutputError, OSError, ValueError, RecursionError):
-        _cache(run, tables, _key(manifest, seen), seen)
-    return tables
+        _cache(run, tables, segments, _key(manifest, seen), seen)
+        return tables, segments, True
+    return tables, segments, False
 
 
-def _cache(run: Path, tables: dict[str, pa.Table], key: bytes, seen: dict[str, R.Identity]) -> None:
+def _cache(
+    run: Path,
+    tables: dict[str, pa.Table],
+    segments: list[pa.Table | SpilledTable],
+    key: bytes,
+    seen: dict[str, R.Identity],
+) -> None:
     """Put ``tables`` in place as ``run``'s cache (each recording ``key``: its run, analysis
     and inputs), and the analysis version in its manifest, if the run on disk is still ``seen``
     once they are written beside it. Each is a temporary file made in the run directory and
@@ -309,15 +357,21 @@ def _cache(run: Path, tables: dict[str, pa.Table], key: bytes, seen: dict[str, R
         for name, table in tables.items():
             tmp = stack.enter_context(R.atomic_path(run / f"{name}.parquet", make_parent=False))
             R.write_table(tmp, R.with_cache_key(table, key))
+        tmp = stack.enter_context(R.atomic_path(run / "segments.parquet", make_parent=False))
+        schema = R.with_cache_key(S.SEGMENTS_SCHEMA.empty_table(), key).schema
+        R.write_table_parts(tmp, segments, schema)
         if R.identities(run) != seen:
             raise RunReplaced(str(run))  # (the temporary files go; nothing is renamed)
         # leaving the block renames the tables into place, then the manifest
 
 
-def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Table] | None:
+def _in_chunks(
+    run: Path, rank: int, memory: pa.Table | None, spill: Path | None = None
+) -> dict[str, pa.Table | SpilledTable] | None:
     """The analysis of a rank a chunk of steps at a time, as ingest runs it
-    (``analysis.parts``), without its events whole in memory; None for a file whose ids are
-    not its rows (read whole), or where ``readback.recompute_in_chunks`` says no."""
+    (``analysis.parts``), without its events whole in memory (``spill``: where its segments
+    are written as they are made); None for a file whose ids are not its rows (read whole),
+    or where ``readback.recompute_in_chunks`` says no."""
     from traceview.ingest.large.plan import chunk_rows
     from traceview.ingest.large.readback import events_in_chunks, recompute_in_chunks
     from traceview.ingest.large.trim import release_memory
@@ -338,7 +392,7 @@ def _in_chunks(run: Path, rank: int, memory: pa.Table | None) -> dict[str, pa.Ta
             raise BadInput(f"{path}: unreadable ({exc})") from None
         if found is None:
             return None
-        analysis = rank_tables.chunked(memory)(
+        analysis = rank_tables.chunked(memory, spill)(
             found.training, found.gpu, found.backward_elsewhere, found.whole
         )
         for chunk in found.chunks:
@@ -408,7 +462,7 @@ def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
             if read is not None:
                 tables, segments = read[0], _or_recomputed(read[1], run, manifest, seen)
             else:
-                tables, segments = _segments_apart(reanalyze(run, manifest, seen, progress))
+                tables, segments = _reanalyzed(run, manifest, seen, progress)
             return Run(
                 run, label, manifest, tables, segments, False, cache_key=_key(manifest, seen)
             )
@@ -545,31 +599,29 @@ def _read_tables(run: Path, key: bytes | None = None) -> tuple[dict[str, pa.Tabl
     A table behind a link out of the run directory is refused alike (and replaced, not written
     through, when the cache is written again)."""
 
-    def check(name: str) -> Callable[[pq.ParquetFile], None]:
-        def mine(file: pq.ParquetFile) -> None:
-            if (file.schema_arrow.metadata or {}).get(R.CACHE_KEY) != key:
-                raise BadInput(f"{run / name}.parquet: a stale cache, or another run's")
-
-        return mine
-
     tables = {}
     segments = None
     for name in RANK_TABLES:
         path = run / f"{name}.parquet"
         R.check_inside(run, path)
+        check = _cached_as(key, path) if key else None
         if name == "segments":
-            segments = R.table_on_demand(path, _TABLE_SCHEMAS[name], check(name) if key else None)
+            segments = R.table_on_demand(path, _TABLE_SCHEMAS[name], check)
             continue
-        table = R.read_table(path, _TABLE_SCHEMAS[name], check(name) if key else None)
+        table = R.read_table(path, _TABLE_SCHEMAS[name], check)
         tables[name] = R.without_cache_key(table)
     assert segments is not None
     return tables, segments
 
 
-def _segments_apart(tables: dict[str, pa.Table]) -> tuple[dict[str, pa.Table], TableOnDemand]:
-    """Tables just computed, the segments apart as Run holds them."""
-    rest = dict(tables)
-    return rest, TableOnDemand.of(rest.pop("segments"))
+def _cached_as(key: bytes, path: Path) -> Callable[[pq.ParquetFile], None]:
+    """A check that a cached table records ``key`` (else BadInput)."""
+
+    def mine(file: pq.ParquetFile) -> None:
+        if (file.schema_arrow.metadata or {}).get(R.CACHE_KEY) != key:
+            raise BadInput(f"{path}: a stale cache, or another run's")
+
+    return mine
 
 
 @contextmanager

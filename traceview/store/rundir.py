@@ -142,7 +142,13 @@ def write_parquet_parts(
     """``parts`` one after the other as one Parquet file (``schema``, its metadata
     included), a row group at a time: a spilled part is read a batch at a time, never whole.
     The file is the one ``write_parquet`` writes of the parts concatenated."""
-    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, **parquet_options(schema)) as out:
+    with atomic_path(path) as tmp:
+        write_table_parts(tmp, parts, schema)
+
+
+def write_table_parts(path: Path, parts: list[pa.Table | SpilledTable], schema: pa.Schema) -> None:
+    """``write_parquet_parts`` at ``path`` as it is (no temporary file)."""
+    with pq.ParquetWriter(path, schema, **parquet_options(schema)) as out:
         held: list[pa.RecordBatch] = []
         rows = written = 0
         for part in parts:
