@@ -288,9 +288,11 @@ def _source(
     """The source of every graph of ``steps``, from the segments (a table, or what reads it a
     piece at a time): each piece made compact as it comes, and the rest (the segments not of
     exposed communication, most of them) held only while they fit one graph (``GRAPH_ROWS``),
-    else read again by each batch: the segments are never whole in memory."""
+    else read again by each batch: the segments are never whole in memory (a table given
+    whole is held whole: it is in memory already)."""
     if isinstance(segments, pa.Table):
         segments = TableOnDemand.of(segments)
+    held_whole = segments.pieces is None  # (in memory already: what is compact is kept)
     wanted = [NO_STEP if s is None else s for s in steps]
     rest: list[pl.DataFrame] | None = []
     held = 0
@@ -320,7 +322,7 @@ def _source(
         del seg
         spans.append(_spans(mine))
         held += mine.height
-        if rest is not None and held <= GRAPH_ROWS:
+        if rest is not None and (held <= GRAPH_ROWS or held_whole):
             rest.append(mine)
         else:  # more than a graph holds: each batch reads its own
             rest = None
