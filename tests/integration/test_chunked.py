@@ -324,7 +324,6 @@ def _in_two_parts(monkeypatch: pytest.MonkeyPatch, at: float) -> list[str]:
     """Read every chunked trace in two parts, the later from ``at`` of the file; returns how
     each first pass went: "helper" (the helper process read the later part), "here" (the
     helper failed: read in this process), "one piece" (no event starts at the cut)."""
-    monkeypatch.setenv("TRACEVIEW_SPLIT_MIN_BYTES", "0")
     monkeypatch.setenv("TRACEVIEW_SPLIT_AT", str(at))
     how: list[str] = []
     real_two, real_later = spill._in_two_parts, spill.read_later_part

@@ -312,7 +312,6 @@ def test_events_with_corrupt_times_are_dropped_in_chunks(
     read: list[int] = []
     with monkeypatch.context() as m:
         if two_parts:
-            m.setenv("TRACEVIEW_SPLIT_MIN_BYTES", "0")
             m.setenv("TRACEVIEW_SPLIT_AT", "0.5")
             real = spill._in_two_parts
 

@@ -72,11 +72,6 @@ def first_pass(
     return FirstPass(stream.result, stream.base_ns, survey, [(spill, 0)])
 
 
-#: Traces at least this large (plain, not gzip) are read in two parts at once where a helper
-#: process may run. ``TRACEVIEW_SPLIT_MIN_BYTES`` overrides it (tests: 0).
-SPLIT_MIN_BYTES = 64 << 20
-
-
 #: Where the later part starts, as a share of the file: the helper starts later (a Python
 #: process and its imports), so the first part is the larger. ``TRACEVIEW_SPLIT_AT``.
 SPLIT_AT = 0.45
@@ -84,12 +79,11 @@ SPLIT_AT = 0.45
 
 def _split_boundary(parser: Any, path: Path) -> int | None:
     """Where the later part of a trace read in two parts starts (None: read in one piece:
-    a single core, a gzip trace, a small one, a format that cannot be split)."""
+    a gzip trace, a format that cannot be split). A trace with a helper process (large
+    enough to pay for one: ``chunked.helper_pays``) is read in two parts wherever it can be."""
     if not hasattr(parser, "split_point"):
         return None
     size = path.stat().st_size
-    if size < int(os.environ.get("TRACEVIEW_SPLIT_MIN_BYTES", SPLIT_MIN_BYTES)):
-        return None
     near = int(size * float(os.environ.get("TRACEVIEW_SPLIT_AT", SPLIT_AT)))
     return parser.split_point(path, near)
 
