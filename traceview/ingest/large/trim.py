@@ -10,8 +10,14 @@ from typing import Any
 #: Memory freed by chunks and kept by glibc (the process's RSS above what it was after the last
 #: hand-back) that is handed back to the system. Handing it back after every chunk kept the peak
 #: 70-100 MB lower, but the next chunk faulted the same pages in again: 0.7 s of a 1 GB trace's
-#: 7.3 s, 5 s of a 4 GB trace's 29 s.
-TRIM_SLACK = 128 << 20
+#: 7.3 s, 5 s of a 4 GB trace's 29 s (200,000-event chunks). The ingest's process hands back at
+#: 32 MB, its helper (``worker``) at ``HELPER_TRIM_SLACK``: the helper's analysis paces a large
+#: rank, so its faults are the rank's time, while the ingest waits for it anyway. On the 1.02 GB
+#: trace, both at 128 MB: 8.9-9.1 s, 466-467 MB; the ingest at 32 MB: 8.9 s, 420-426 MB; the
+#: helper at 32 MB too: 10.0-10.2 s, 425-434 MB (the 108.5 MB and 4.1 GB traces: the same time
+#: and peak either way).
+TRIM_SLACK = 32 << 20
+HELPER_TRIM_SLACK = 128 << 20
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -34,6 +34,9 @@ def main(argv: list[str]) -> int:
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())  # as the ingest's own process
+    from traceview.ingest.large import trim
+
+    trim.TRIM_SLACK = trim.HELPER_TRIM_SLACK
     if argv[0] not in ("read-part", "analyse"):
         print(f"traceview.ingest.large.worker: unknown command {argv[0]!r}", file=sys.stderr)
         return 2
