@@ -80,4 +80,57 @@ def test_the_ranks_notes_are_said_once_each_with_the_ranks_they_came_from() -> N
         "rank 5: 60 of 320 device activities have no launching call",
     ]
     assert combined.notes.warnings == ["ranks 7-9: truncated"]
-    assert combined.tables["t"].column("x").to_pylist() == list(range(ranks))  # in rank order
+    assert combined.table("t").column("x").to_pylist() == list(range(ranks))  # in rank order
+
+
+def test_a_table_some_ranks_spilled_is_written_in_rank_order_as_if_held_whole(
+    tmp_path: Path,
+) -> None:
+    """Ranks whose segments were spilled to a file as they were made (a rank read in chunks)
+    and ranks that hold theirs (read whole), coming in any order and folded past FOLD_PARTS:
+    the run's table is every rank's rows in rank order, and the Parquet file written from the
+    parts a row group at a time is byte for byte the one written from the table whole."""
+    import numpy as np
+    import pyarrow as pa
+
+    from traceview.ingest.rank import RankPartial
+    from traceview.ingest.run import FOLD_PARTS
+    from traceview.model import schema as S
+    from traceview.model.columns import TableSpill
+    from traceview.model.manifest import RankIngest
+
+    rng = np.random.default_rng(7)
+
+    def segments(rank: int, rows: int) -> pa.Table:
+        return pa.table(
+            {
+                S.RANK: pa.array([rank] * rows, pa.int32()),
+                S.STEP: pa.array(rng.integers(0, 4, rows)),
+                S.START_NS: pa.array(np.arange(rows) * 10 + rank),
+                S.END_NS: pa.array(np.arange(rows) * 10 + rank + 5),
+                S.PHASE: pa.array(rng.choice(["forward", "backward"], rows)),
+                S.KIND: pa.array(["compute"] * rows),
+                S.OP: pa.array(rng.choice(np.array(["aten::mm", "aten::add", None], object), rows)),
+            },
+            schema=S.SEGMENTS_SCHEMA,
+        )
+
+    ranks = FOLD_PARTS + 4
+    whole = {r: segments(r, int(rng.integers(0, 3000 if r % 50 else 70_000))) for r in range(ranks)}
+    parts = []
+    for rank, table in whole.items():
+        value: pa.Table | object = table
+        if rank % 3 == 0:  # spilled, in pieces as windows end
+            spill = TableSpill(tmp_path / f"segments-{rank}.arrows", S.SEGMENTS_SCHEMA)
+            for piece in table.to_batches(max_chunksize=997):
+                spill.add(pa.Table.from_batches([piece]))
+            value = spill.close()
+        parts.append(RankPartial(RankIngest(rank=rank), {"segments": value}, Notes()))
+    rng.shuffle(parts)
+    combined = combine(parts)
+    expected = pa.concat_tables([whole[r] for r in range(ranks)])
+    assert isinstance(combined.tables["segments"], list)  # (kept as parts: written in pieces)
+    assert combined.table("segments").equals(expected)
+    R.write_parquet(tmp_path / "whole.parquet", expected)
+    R.write_parquet_parts(tmp_path / "parts.parquet", combined.tables["segments"], expected.schema)
+    assert (tmp_path / "parts.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
