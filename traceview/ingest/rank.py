@@ -6,6 +6,7 @@ rank's part of the run (``RankPartial``). A large trace goes through ``ingest.la
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -198,6 +199,7 @@ def _ingest_chunked(
     # records come with the parser's result, after the first pass)
     memory: list[pa.Table] = []
     chunked = getattr(analyze, "chunked", None)
+    sinks = itertools.count()
 
     def sink(
         parsed: ParsedTrace,
@@ -209,7 +211,9 @@ def _ingest_chunked(
         memory[:] = [rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)]
         if chunked is None:
             return None
-        spill = R.spill_dir(run) / f"segments-{trace.rank}.arrows"
+        # (a file of its own: a sink started again, its guess of the training thread wrong,
+        # never writes where the abandoned one may still be writing)
+        spill = R.spill_dir(run) / f"segments-{trace.rank}-{next(sinks)}.arrows"
         return chunked(memory[0], spill)(training, gpu, elsewhere, whole)
 
     try:
