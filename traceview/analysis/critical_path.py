@@ -34,7 +34,6 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -1303,7 +1302,7 @@ class _StepWalk:
 
 
 def explain(
-    segments: pa.Table | Callable[[], pa.Table] | TableOnDemand,
+    segments: pa.Table | TableOnDemand,
     matched: Matched,
     steps: list[int | None],
     counted: list[int | None],
@@ -1316,8 +1315,8 @@ def explain(
     for, as ``whatif`` takes them). The steps are walked and replayed in batches
     (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
     phase, kind and operator (integers: the sums are the whole graph's). ``segments``: the
-    table, or what reads it (then nothing holds it once the walk has its own pieces of it)."""
-    source = _source(segments() if callable(segments) else segments, matched, steps, world)
+    table, or what reads it a piece at a time (``_source``)."""
+    source = _source(segments, matched, steps, world)
     del segments
     if source is None:
         return Explained(None, {}, [], {})

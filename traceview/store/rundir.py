@@ -150,7 +150,7 @@ def write_table_parts(path: Path, parts: list[pa.Table | SpilledTable], schema: 
     """``write_parquet_parts`` at ``path`` as it is (no temporary file)."""
     with pq.ParquetWriter(path, schema, **parquet_options(schema)) as out:
         held: list[pa.RecordBatch] = []
-        rows = written = 0
+        rows, written = 0, False
         for part in parts:
             for batch in part.batches() if isinstance(part, SpilledTable) else part.to_batches():
                 if not batch.schema.equals(schema):
@@ -161,7 +161,7 @@ def write_table_parts(path: Path, parts: list[pa.Table | SpilledTable], schema: 
                     table = pa.Table.from_batches(held, schema)
                     whole = rows - rows % ROW_GROUP
                     out.write_table(table.slice(0, whole), ROW_GROUP)
-                    held, rows, written = table.slice(whole).to_batches(), rows - whole, 1
+                    held, rows, written = table.slice(whole).to_batches(), rows - whole, True
         if rows or not written:  # (an empty table is written as write_table writes it)
             out.write_table(pa.Table.from_batches(held, schema), ROW_GROUP)
 
@@ -338,7 +338,7 @@ def table_on_demand(
         offset = 0  # (the first row of the group)
         for group in range(meta.num_row_groups):
             rows = meta.row_group(group).num_rows
-            if column >= 0 and within is not None and _outside(meta, group, column, within):
+            if within is not None and column >= 0 and _outside(meta, group, column, within):
                 offset += rows
                 continue
             try:
