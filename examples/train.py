@@ -82,6 +82,10 @@ def main() -> None:
         optimizer.step()
     print(f"rank {rank} of {world}: {args.steps} steps, loss {loss.item():.3f}")
     if world > 1:
+        # Free DDP's pending work (it holds tensors) while the interpreter is whole, and let
+        # every rank finish before the group goes: gloo torn down at exit can abort (SIGABRT)
+        del model, optimizer
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -80,6 +80,9 @@ def main() -> None:
         loss.backward()
         optimizer.step()
     if distributed:
+        # as examples/train.py ends: gloo torn down at exit, DDP's work still held, can abort
+        del model, optimizer
+        dist.barrier()
         dist.destroy_process_group()
     print(f"rank {rank}: done, loss {loss.item():.3f}")
 
