@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
 
@@ -41,6 +42,7 @@ from traceview.parsers import (
     us_to_ns,
 )
 from traceview.parsers.chrome_stream import (
+    CHUNK_BYTES,
     MAX_US,
     ChromeTraceReader,
     corrupt_times,
@@ -129,15 +131,53 @@ class TimelineParser:
         return TraceIdentity(rank=rank_from_filename(path))
 
     def parse(self, path: Path) -> ParsedTrace:
-        reader = ChromeTraceReader(path, _decode_chunk)
-        ops: list[_Op] = []
+        """The whole trace as one table: ``stream`` with its batches concatenated."""
+        stream = self.stream(path)
+        batches = list(stream)
+        parsed = stream.result
+        parsed.events = pa.Table.from_batches(batches, S.RAW_SCHEMA).unify_dictionaries()
+        return parsed
+
+    def stream(self, path: Path) -> TimelineStream:
+        """The Timeline's raw events as record batches (``schema.RAW_SCHEMA``), a chunk of the
+        file at a time; after the last, ``result`` holds the rest, as ``parse`` returns it."""
+        return TimelineStream(self, path)
+
+
+class TimelineStream:
+    """One pass over a Timeline: iterate for raw batches, then read ``result``.
+
+    An op's category comes from its process's name (``_category``). A Timeline names its
+    processes before their ops; an op whose process is not named yet holds itself and the ops
+    after it back until it is (or the file ends), so the rows keep the file's order."""
+
+    base_ns = 0  # the times are Unix microseconds: nothing to add
+    chunk_bytes = CHUNK_BYTES  # of the file, decoded at a time
+
+    def __init__(self, parser: TimelineParser, path: Path):
+        self.parser = parser
+        self.path = path
+        self._result: ParsedTrace | None = None
+
+    @property
+    def result(self) -> ParsedTrace:
+        if self._result is None:
+            raise RuntimeError("TimelineStream.result read before the stream was exhausted")
+        return self._result
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        path = self.path
+        reader = ChromeTraceReader(path, _decode_chunk, self.chunk_bytes)
+        held: list[_Op] = []  # in file order, the first one's process not named yet
         processes: dict[int, str] = {}
-        other = wrong = 0
+        categories: dict[int, str | None] = {}  # per process, from its name as the ops came
+        skipped: Counter[str] = Counter()
+        other = wrong = ops = kept = 0
         for chunk, bad in reader:
             wrong += bad
             for record in chunk:
                 if isinstance(record, _Op):
-                    ops.append(record)
+                    held.append(record)
                 elif isinstance(record, _Meta):
                     if (
                         record.name == "process_name"
@@ -147,23 +187,44 @@ class TimelineParser:
                         processes[record.pid] = record.args.name
                 else:
                     other += 1
+            ready = next(
+                (i for i, op in enumerate(held) if op.pid is not None and op.pid not in processes),
+                len(held),
+            )
+            if ready:
+                ops += ready
+                batch = _events(held[:ready], processes, categories, skipped)
+                del held[:ready]
+                if batch is not None:
+                    kept += batch.num_rows
+                    yield batch
+        ops += len(held)
+        batch = _events(held, processes, categories, skipped)  # (the file's end: named or not)
+        held.clear()
+        if batch is not None:
+            kept += batch.num_rows
+            yield batch
         info = reader.info
         notes = Notes()
-        if damage := info.damage_warning(path, len(ops)):
+        if damage := info.damage_warning(path, ops):
             notes.warn(damage)
         if wrong:
             notes.warn(
                 f"{path.name}: {wrong} record(s) with a field of the wrong type (or a number "
                 "out of range) not read"
             )
-        events, skipped = _events(ops, processes, notes, path)
-        skipped["flow_and_other"] = other
+        if skipped["corrupt_time"]:
+            notes.warn(corrupt_times(path.name, skipped["corrupt_time"]))
+        if not kept:
+            raise BadInput(f"{path}: the TensorFlow Timeline holds no op events")
+        found = dict(skipped)
+        found["flow_and_other"] = other
         if wrong:
-            skipped["wrong_type"] = wrong
-        return ParsedTrace(
+            found["wrong_type"] = wrong
+        self._result = ParsedTrace(
             path=path,
-            framework=self.framework,
-            events=events,
+            framework=self.parser.framework,
+            events=S.RAW_SCHEMA.empty_table(),
             rank=rank_from_filename(path),
             meta={"devices": sorted(set(processes.values()))},
             threads={},
@@ -172,7 +233,7 @@ class TimelineParser:
             notes=notes,
             bytes_read=info.stream.bytes_read,
             lost_bytes=info.lost_bytes,
-            skipped=skipped,
+            skipped=found,
         )
 
 
@@ -189,10 +250,13 @@ def _category(process: str) -> str | None:
 
 
 def _events(
-    ops: list[_Op], processes: dict[int, str], notes: Notes, path: Path
-) -> tuple[pa.Table, dict[str, int]]:
-    skipped: Counter[str] = Counter()
-    category = {pid: _category(name) for pid, name in processes.items()}
+    ops: list[_Op],
+    processes: dict[int, str],
+    categories: dict[int, str | None],
+    skipped: Counter[str],
+) -> pa.RecordBatch | None:
+    """Ops as raw events (None: none kept), each process's category taken from its name the
+    first time one of its ops comes; what is left out counted in ``skipped``."""
     cat: list[str] = []
     name: list[str] = []
     pid: list[int] = []
@@ -201,7 +265,11 @@ def _events(
     dur: list[float] = []
     scope: list[str | None] = []
     for op in ops:
-        kind = category.get(op.pid) if op.pid is not None else None
+        kind = None
+        if op.pid is not None:
+            if op.pid not in categories and op.pid in processes:
+                categories[op.pid] = _category(processes[op.pid])
+            kind = categories.get(op.pid)
         if kind is None or op.ts is None:
             skipped["not_timed" if op.ts is not None else "no_timestamp"] += 1
             continue
@@ -222,12 +290,10 @@ def _events(
         ts.append(op.ts)
         dur.append(op.dur or 0.0)
         scope.append(own_scope)
-    if skipped["corrupt_time"]:
-        notes.warn(corrupt_times(path.name, skipped["corrupt_time"]))
     if not cat:
-        raise BadInput(f"{path}: the TensorFlow Timeline holds no op events")
+        return None
     ts_ns = us_to_ns(np.asarray(ts, np.float64))
     dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
     scopes = pa.array(scope, pa.string()).dictionary_encode()
     table = raw_events(cat, name, pid, tid, ts_ns, dur_ns, **{S.SCOPE: scopes})
-    return table, dict(skipped)
+    return table.combine_chunks().to_batches()[0]

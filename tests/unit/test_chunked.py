@@ -30,7 +30,11 @@ from traceview.views.text import to_json
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / "sample_traces" / "pytorch").rglob("*.pt.trace.json.gz"))
 SHARED_KINETO = sorted((SHARED / "pytorch").rglob("*.json.gz")) if SHARED.exists() else []
-TRACES = [*SAMPLES, *SHARED_KINETO]
+# TF1 Timelines, streamed too (no step markers: a step per Session.run, inferred in pass 1)
+SHARED_TIMELINES = (
+    sorted((SHARED / "tensorflow").glob("tf1_timeline_*/*.json.gz")) if SHARED.exists() else []
+)
+TRACES = [*SAMPLES, *SHARED_KINETO, *SHARED_TIMELINES]
 
 
 def _ingest(
@@ -238,6 +242,62 @@ def _without_markers(source: Path, out: Path, extra: list[dict] | None = None) -
     ] + (extra or [])
     out.write_text(json.dumps(trace))
     return out
+
+
+def _timeline(out: Path, names_last: bool, runs: int = 3) -> Path:
+    """A TF1 Timeline of ``runs`` Session.runs on the CPU (each from its ``_SOURCE`` node to
+    the next), its processes named before the ops as TensorFlow writes them, or after."""
+    device = "/job:localhost/replica:0/task:0/device:CPU:0"
+    names = [
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"{device} {what}"}}
+        for pid, what in ((1, "Compute"), (2, "Tensors"))
+    ]
+    graph = [
+        ("_SOURCE", "NoOp", 5),
+        ("layer/MatMul", "MatMul", 300),
+        ("loss/SoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits", 80),
+        ("gradients/layer/MatMul_grad/MatMul", "MatMul", 400),
+        ("GradientDescent/update_layer/ApplyGradientDescent", "ApplyGradientDescent", 60),
+    ]
+    ops, ts = [], 1_490_280_005_000_000
+    for _ in range(runs):
+        for name, op, dur in graph:
+            args = {"name": name, "op": op}
+            ops.append({"ph": "X", "cat": "Op", "name": op, "pid": 1, "tid": 0, "ts": ts,
+                        "dur": dur, "args": args})  # fmt: skip
+            ts += dur + 10
+        ts += 1000
+    # (last: the op's process named in the file's last record, a chunk of its own)
+    out.write_text(json.dumps({"traceEvents": ops + names[::-1] if names_last else names + ops}))
+    return out
+
+
+@pytest.mark.parametrize("names_last", [False, True], ids=["names-first", "names-last"])
+def test_a_timeline_streams_in_chunks_whatever_its_names_order(
+    names_last: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TF1 Timeline is streamed (decoded a few ops at a time here): its steps, one per
+    Session.run, inferred in pass 1, a chunk each, equal to the whole-rank path. Ops whose
+    process is named only later in the file are held back until it is, not dropped, and keep
+    the file's order (the run equals the one whose names come first)."""
+    from traceview.parsers import tf_timeline
+    from traceview.parsers.chrome_stream import ChromeTraceReader
+    from traceview.parsers.tf_timeline import TimelineStream
+
+    monkeypatch.setattr(TimelineStream, "chunk_bytes", 600)
+    path = _timeline(tmp_path / "timeline.json", names_last)
+    reader = ChromeTraceReader(path, tf_timeline._decode_chunk, TimelineStream.chunk_bytes)
+    assert len(list(reader)) > 1  # the ops decoded before their process's name, if it is last
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
+    rank = R.read_manifest(tmp_path / "parts").ranks[0]
+    assert (rank.steps, rank.events, counts) == (3, 15 + 3, [3])  # (the ops and 3 markers)
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    first = _ingest(
+        _timeline(tmp_path / "first.json", False), tmp_path / "first", True, monkeypatch
+    )
+    assert first == counts
+    _assert_same_run(tmp_path / "first", tmp_path / "parts")
 
 
 def test_a_trace_without_markers_is_one_window_in_chunks(

@@ -221,7 +221,9 @@ def _ingest_chunked(
         done = normalize_chunked(
             parser, trace.path, rules, meta, run, offset, sink, helper, preload
         )
-    except BadInput as exc:
+    except BadInput as exc:  # (the parser's own errors name the file already)
+        if str(exc).startswith(f"{trace.path}:"):
+            raise
         raise BadInput(f"{trace.path}: {exc}") from exc
     if isinstance(done, ParsedTrace):
         return done

@@ -156,6 +156,61 @@ def from_session_runs(raw: pa.Table, process_names: dict[int, str], notes: Notes
     )
 
 
+#: The columns ``from_session_runs`` reads.
+_SESSION_COLUMNS = (S.KIND, S.NAME, S.SCOPE, S.PID, S.TS_NS, S.DUR_NS)
+
+
+@dataclass
+class SessionRunState:
+    """What ``from_session_runs`` needs of a rank read a batch at a time (its chunks), without
+    holding the rank: its ``_SOURCE`` rows, its first host row (else its first row: the markers'
+    process) and the row that ends last (the last step's end). ``table()`` is a raw table on
+    which ``from_session_runs`` finds what it finds on the whole rank."""
+
+    rows: list[pa.Table] = field(default_factory=list)
+    first: pa.Table | None = None  # the first host row, else the first row
+    first_is_host: bool = False
+    last: pa.Table | None = None
+    end: int = -(1 << 63)
+
+    def add(self, raw: pa.Table) -> None:
+        """Take a batch of raw events (kinds filled in by category)."""
+        if raw.num_rows == 0:
+            return
+        columns = raw.select([c for c in _SESSION_COLUMNS if c in raw.column_names])
+        source = _is_source(raw.column(S.NAME))
+        if S.SCOPE in raw.column_names:
+            source |= _is_source(raw.column(S.SCOPE))
+        if source.any():
+            self.rows.append(columns.filter(pa.array(source)))
+        if not self.first_is_host:
+            host = np.flatnonzero(_host(raw))
+            if len(host):
+                self.first, self.first_is_host = columns.slice(int(host[0]), 1), True
+            elif self.first is None:
+                self.first = columns.slice(0, 1)
+        ends = ints(raw.column(S.TS_NS), 0) + np.maximum(ints(raw.column(S.DUR_NS), 0), 0)
+        last = int(np.argmax(ends))
+        if ends[last] > self.end:
+            self.end, self.last = int(ends[last]), columns.slice(last, 1)
+
+    def then(self, later: SessionRunState) -> None:
+        """Add the state of the rows that follow (a later part of the trace)."""
+        self.rows.extend(later.rows)
+        if not self.first_is_host and (later.first_is_host or self.first is None):
+            self.first, self.first_is_host = later.first, later.first_is_host
+        if later.end > self.end:
+            self.end, self.last = later.end, later.last
+
+    def table(self) -> pa.Table | None:
+        """None: no ``_SOURCE`` node (nothing to cut steps at)."""
+        if not self.rows:
+            return None
+        parts = [t for t in (self.first, *self.rows, self.last) if t is not None]
+        tables = [S.conform(t, S.RAW_SCHEMA) for t in parts]
+        return pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+
+
 # --- PyTorch traces without ProfilerStep markers: where the training loop repeats ------------
 
 #: Categories of device activities and flows (not host calls a training loop makes).

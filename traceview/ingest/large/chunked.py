@@ -1,10 +1,12 @@
 """Bounded-memory ingest of one large trace: normalize a rank in chunks of whole steps (a long
 step in pieces).
 
-Every trace in a format that can be streamed (Kineto JSON) takes this path, whatever its size:
-a small trace is one chunk. A trace is never whole in memory. Three passes:
+Every trace in a format that can be streamed (Kineto JSON, TF1 Timeline JSON) takes this
+path, whatever its size: a small trace is one chunk. A trace is never whole in memory. Three
+passes:
 
-1. **Spill.** The parser's record batches (``KinetoParser.stream``) are written as they are
+1. **Spill.** The parser's record batches (``KinetoParser.stream``, ``TimelineParser.stream``)
+   are written as they are
    decoded to an Arrow IPC file in the run's staging folder, each row numbered (its event id,
    as the whole-rank path numbers it). Only small state is kept: the step markers, the phase
    markers (time and phase), and per runtime call its correlation and start (per operator with
@@ -85,7 +87,7 @@ from traceview.model.columns import (
     ints,
 )
 from traceview.model.errors import Notes, cannot_write, no_room
-from traceview.normalize.classify import strays_dropped
+from traceview.normalize.classify import has_scope, strays_dropped
 from traceview.normalize.pipeline import ChunkContext, RankMeta, normalize_chunk
 from traceview.normalize.rules import RuleSet
 from traceview.normalize.steps import NO_STEP_MARKERS, InferredSteps, step_markers
@@ -93,7 +95,7 @@ from traceview.parsers import ParsedTrace
 from traceview.store import rundir as R
 
 #: The parsers whose traces are streamed, at every size (a small trace is one chunk).
-STREAMING_PARSERS = ("kineto",)
+STREAMING_PARSERS = ("kineto", "tf_timeline")
 
 
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) may use a
@@ -209,8 +211,9 @@ def _normalize_read(
     # no step markers, but calls that repeat: the steps inferred from what pass 1 kept
     # (before the plan, which takes the survey's arrays)
     inferred = None
-    if not survey.marker_ts and parsed.infer_steps and survey.repeats.rows:
-        inferred = _inferred(parsed, survey, rules, spills, work, notes)
+    rows = survey.inference_table(parsed.infer_steps) if parsed.infer_steps else None
+    if not survey.marker_ts and rows is not None:
+        inferred = _inferred(parsed, survey, rows, rules, spills, work, notes)
     plan = make_plan(survey, chunk_rows())
     del survey
     if plan is None:  # no host events: the whole-rank path, on what was read (strays and all)
@@ -249,19 +252,18 @@ def _normalize_read(
 def _inferred(
     parsed: ParsedTrace,
     survey: Survey,
+    rows: pa.Table,
     rules: RuleSet,
     spills: list[tuple[Path, int]],
     work: Path,
     notes: Notes,
 ) -> InferredSteps | None:
     """The steps of a rank without markers, inferred as the whole-rank path infers them, from
-    what pass 1 kept of the rows that could mark them (``step_inference.RepeatState``). The
+    what pass 1 kept of the rows that could mark them (``rows``: ``Survey.inference_table``). The
     markers are read as the trace's last rows (a spill of their own, numbered after the
     trace's, as the whole-rank path appends them) and surveyed: the rank is then read as a
     marked one. None: nothing repeats (one window)."""
-    found = step_markers(
-        survey.repeats.table(), parsed.infer_steps or "", parsed.process_names or {}, notes
-    )
+    found = step_markers(rows, parsed.infer_steps or "", parsed.process_names or {}, notes)
     if found is None:
         return None
     if found.markers.num_rows:
@@ -352,12 +354,14 @@ def _normalize_chunks(
     out: EventsWriter,
 ) -> tuple[int, int, tuple[int, int], int | None]:
     """Pass 3: each routed chunk normalized, its closed rows written to ``out`` and handed to
-    ``sink``; the device activities seen, how many of them have no launching call, the
+    ``sink``; the device activities seen, how many of them have no launching call (none
+    counted where the rank names scopes, as ``normalize.devices.link_devices`` has it), the
     training thread (without step markers: the one the call trees name, as
     ``normalize.find_steps`` finds it; the chunks' files are then kept, should it not be the
     guessed one), and the start of the first host call (``WORK``)."""
     chunks = len(plan.bounds) + 1
     devices = unlinked = 0
+    scoped = False  # the rank names scopes: no activity is said to lack a launch
     first_call: int | None = None
     thread_time = ThreadTime() if plan.whole is not None else None
 
@@ -388,6 +392,7 @@ def _normalize_chunks(
             carried=carried,
             carried_positional=carry_positional,
         )
+        scoped = scoped or has_scope(raw)
         result = normalize_chunk(raw, rules, meta, ctx, notes)
         devices += result.devices
         unlinked += result.unlinked
@@ -468,7 +473,7 @@ def _normalize_chunks(
     if sink is not None:
         sink.close()  # its last windows are analysed while the events file is finished
     training = thread_time.training() if thread_time is not None else None
-    return devices, unlinked, training or plan.training, first_call
+    return devices, 0 if scoped else unlinked, training or plan.training, first_call
 
 
 def _unique_notes(notes: Notes) -> Notes:

@@ -30,7 +30,7 @@ from traceview.model.columns import (
 from traceview.normalize.classify import KIND_CODES, classify, kinds_from_categories
 from traceview.normalize.phases import ANCHOR_PHASES
 from traceview.normalize.rules import RuleSet
-from traceview.normalize.step_inference import RepeatState
+from traceview.normalize.step_inference import RepeatState, SessionRunState
 
 #: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
 #: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step). Measured on the 1.02 GB
@@ -197,6 +197,7 @@ class Survey:
     # what step inference needs to infer the steps of a rank without markers (the rows it could
     # cut steps at, the threads' spans: ``RepeatState``)
     repeats: RepeatState = field(default_factory=RepeatState)
+    sessions: SessionRunState = field(default_factory=SessionRunState)  # (TF1 Timelines')
 
     def then(self, later: Survey) -> None:
         """Add the survey of the rows that follow (a later part of the trace)."""
@@ -213,6 +214,16 @@ class Survey:
         self.timed_start = min(self.timed_start, later.timed_start)
         self.timed_end = max(self.timed_end, later.timed_end)
         self.repeats.then(later.repeats)
+        self.sessions.then(later.sessions)
+
+    def inference_table(self, method: str) -> pa.Table | None:
+        """The rows on which step inference ``method`` finds the steps it finds over the whole
+        rank (None: nothing to cut steps at, or a method that needs the whole rank)."""
+        if method == "repeats":
+            return self.repeats.table() if self.repeats.rows else None
+        if method == "session_runs":
+            return self.sessions.table()
+        return None
 
     def add(self, batch: pa.RecordBatch, rules: RuleSet) -> np.ndarray:
         """Survey one raw batch; its kind codes."""
@@ -258,6 +269,7 @@ class Survey:
         if not self.marker_ts:
             self._unmarked(batch, kind, own, ts, dur)
             self.repeats.add(table)
+            self.sessions.add(table)
         return kind.astype(np.int8)
 
     def _unmarked(
