@@ -35,7 +35,7 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
@@ -1214,30 +1214,49 @@ def _blame(
     if df.height == 0 or n_steps == 0:
         return []
     agg = df.group_by("rank", "phase", "kind").agg((pl.col("ns").sum() / n_steps / 1e6).alias("ms"))
-    out = []
     order = agg.sort(
         "ms", "rank", "phase", "kind", descending=[True, False, False, False], nulls_last=True
     )
+    return [_blamed(row, step_ms, median_phase) for row in order.iter_rows(named=True)]
+
+
+def _blame_per_step(
+    df: pl.DataFrame, step_ms: dict[int, float], median_phase: dict[str, float]
+) -> dict[int, list[Blame]]:
+    """``_blame`` of each step's rows alone (one step each), in one pass over every step's."""
+    if df.height == 0:
+        return {}
+    agg = df.group_by("step", "rank", "phase", "kind").agg(
+        (pl.col("ns").sum() / 1 / 1e6).alias("ms")
+    )
+    order = agg.sort(
+        "step", "ms", "rank", "phase", "kind",
+        descending=[False, True, False, False, False], nulls_last=True,
+    )  # fmt: skip
+    out: dict[int, list[Blame]] = {}
     for row in order.iter_rows(named=True):
-        ms = float(row["ms"])
-        kind, phase = row["kind"], row["phase"]
-        if kind == LATE_START:
-            excess: float | None = ms
-        elif kind in (TRANSFER, S.SEGMENT_IDLE) or phase is None:
-            excess = None
-        else:
-            excess = ms - median_phase.get(phase, 0.0)
-        out.append(
-            Blame(
-                rank=int(row["rank"]),
-                phase=phase,
-                kind=kind,
-                ms=round(ms, 3),
-                share=round(ms / step_ms, 4) if step_ms > 0 else 0.0,
-                excess_ms=round(excess, 3) if excess is not None else None,
-            )
-        )
+        step = int(row["step"])
+        out.setdefault(step, []).append(_blamed(row, step_ms[step], median_phase))
     return out
+
+
+def _blamed(row: dict[str, Any], step_ms: float, median_phase: dict[str, float]) -> Blame:
+    ms = float(row["ms"])
+    kind, phase = row["kind"], row["phase"]
+    if kind == LATE_START:
+        excess: float | None = ms
+    elif kind in (TRANSFER, S.SEGMENT_IDLE) or phase is None:
+        excess = None
+    else:
+        excess = ms - median_phase.get(phase, 0.0)
+    return Blame(
+        rank=int(row["rank"]),
+        phase=phase,
+        kind=kind,
+        ms=round(ms, 3),
+        share=round(ms / step_ms, 4) if step_ms > 0 else 0.0,
+        excess_ms=round(excess, 3) if excess is not None else None,
+    )
 
 
 #: A stretch of the path shorter than this share of the step joins the stretch before it on
@@ -1346,15 +1365,14 @@ def explain(
     mean_step_ms = float(np.mean([step_ns[p.step] for p in paths])) / 1e6
     blame = _blame(df, n, mean_step_ms, median_phase_ms)
     per_step = {}
-    by_step = every.partition_by("step", as_dict=True)
+    step_ms = {p.step: step_ns[p.step] / 1e6 for p in walked}
+    blames = _blame_per_step(every, step_ms, median_phase_ms)
     for p in walked:
-        mine = by_step.get((p.step,), every.clear())
-        ms = step_ns[p.step] / 1e6
         per_step[p.step] = StepPath(
-            step_ms=round(ms, 3),
+            step_ms=round(step_ms[p.step], 3),
             complete=p.complete,
             reason=p.reason,
-            blame=_blame(mine, 1, ms, median_phase_ms),
+            blame=blames.get(p.step, []),
         )
     by_op = (
         df.filter(pl.col("op").is_not_null())
