@@ -35,6 +35,7 @@ longest chain of calls that wait on each other); the walk loops over the path's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Protocol
 
 import numpy as np
@@ -900,7 +901,9 @@ class _Pieces:
         """Items ``first``..``last`` of ``rank``, the last one cut at ``until``."""
         self.blocks.append((rank, first, last, until))
 
-    def frame(self) -> pl.DataFrame:
+    def columns(self) -> list[np.ndarray]:
+        """The pieces in time order as code columns: rank, phase, op, kind (``_Labels``
+        codes), start, duration (``_frames`` makes them PIECE_COLUMNS)."""
         ranks, starts, durs, phases, ops, kinds = [], [], [], [], [], []
         # a wait's kind reads as a transfer; a kind-less segment as "None", as str() writes it
         comm, transfer = self.kind.code(S.SEGMENT_COMM), self.kind.code(TRANSFER)
@@ -926,19 +929,34 @@ class _Pieces:
             phases.append(self.phase.codes[first : last + 1])
             ops.append(self.op.codes[first : last + 1])
             kinds.append(kind)
-        if not ranks:
-            return pl.DataFrame(schema=PIECE_COLUMNS)
-        columns = {
-            S.RANK: pa.array(np.concatenate(ranks)),
-            S.PHASE: self.phase.column(np.concatenate(phases)),
-            S.OP: self.op.column(np.concatenate(ops)),
-            S.KIND: self.kind.column(np.concatenate(kinds)),
-            S.START_NS: pa.array(np.concatenate(starts)),
-            S.DUR_NS: pa.array(np.concatenate(durs)),
+        parts = (ranks, phases, ops, kinds, starts, durs)
+        return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
+
+
+def _frames(columns: list[list[np.ndarray]], labels: tuple[_Labels, ...]) -> list[pl.DataFrame]:
+    """Each path's pieces (``_Pieces.columns``) as PIECE_COLUMNS: one frame made for them all
+    (a run of thousands of short steps), a slice of it each."""
+    if not columns:
+        return []
+    phase, kind, op = labels
+    ranks, phases, ops, kinds, starts, durs = (
+        np.concatenate([path[i] for path in columns]) for i in range(6)
+    )
+    table = pa.table(
+        {
+            S.RANK: pa.array(ranks, pa.int64()),
+            S.PHASE: phase.column(phases),
+            S.OP: op.column(ops),
+            S.KIND: kind.column(kinds),
+            S.START_NS: pa.array(starts, pa.int64()),
+            S.DUR_NS: pa.array(durs, pa.int64()),
         }
-        frame = pl.from_arrow(pa.table(columns))
-        assert isinstance(frame, pl.DataFrame)
-        return frame.cast(PIECE_COLUMNS)  # type: ignore[arg-type]
+    )
+    whole = pl.from_arrow(table)
+    assert isinstance(whole, pl.DataFrame)
+    whole = whole.cast(PIECE_COLUMNS)  # type: ignore[arg-type]
+    offsets = np.cumsum([0, *(len(path[0]) for path in columns)]).tolist()
+    return [whole.slice(a, b - a) for a, b in pairwise(offsets)]
 
 
 def critical_paths(graph: Graph, items_in_run: int | None = None) -> list[WalkedPath]:
@@ -986,7 +1004,8 @@ def critical_paths(graph: Graph, items_in_run: int | None = None) -> list[Walked
         )
     )
     job_of = {row[0]: row[1:] for row in jobs.iter_rows()}
-    paths = []
+    walked: list[tuple[int, int, int, str | None]] = []
+    columns: list[list[np.ndarray]] = []
     for s in graph.steps:
         if s not in job_of:
             continue
@@ -1025,8 +1044,13 @@ def critical_paths(graph: Graph, items_in_run: int | None = None) -> list[Walked
             t, r, done = _through_call(k, c, c_op, r, t, int(start[i]), pieces, phase[i])
             if done:
                 continue
-        paths.append(WalkedPath(s, job_start, job_end, pieces.frame(), reason is None, reason))
-    return paths
+        walked.append((s, job_start, job_end, reason))
+        columns.append(pieces.columns())
+    frames = _frames(columns, (phase, kind, op))
+    return [
+        WalkedPath(s, job_start, job_end, frame, reason is None, reason)
+        for (s, job_start, job_end, reason), frame in zip(walked, frames, strict=True)
+    ]
 
 
 def _through_call(
