@@ -139,7 +139,7 @@ def main() -> None:
         args.truth, f"dp-{args.mode}", rank, world, args, groups, timers,
         slow_rank=args.slow_rank % world,
     )  # fmt: skip
-    dist.destroy_process_group()
+    C.finish()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,14 @@ def start() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def finish() -> None:
+    """Every rank at a barrier, then the group destroyed: a rank that tears gloo down while a
+    peer still works (writing its truth) can make that peer abort at exit (SIGABRT,
+    "terminate called without an active exception"), about once in a full test run."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def group_entry(group: Any, dim: str | None) -> dict[str, Any]:
     """One process group as the job built it: its name, description and ranks from torch."""
     return {

@@ -55,6 +55,7 @@ def main() -> None:
             optimizer.step()
             optimizer.zero_grad()
             prof.step()
+    dist.barrier()  # (as _common.finish: no rank tears gloo down while a peer works)
     dist.destroy_process_group()
 
 

@@ -52,7 +52,7 @@ def main() -> None:
                 optimizer.step()
     groups = [C.group_entry(dist.group.WORLD, None)]
     C.write_truth(args.truth, "arrival", rank, world, args, groups, timers, slow_rank=slow)
-    dist.destroy_process_group()
+    C.finish()
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def main() -> None:
                 optimizer.step()
     groups = [C.group_entry(dist.group.WORLD, None), C.group_entry(mesh.get_group("dp"), "dp")]
     C.write_truth(args.truth, "fsdp", rank, world, args, groups, timers)
-    dist.destroy_process_group()
+    C.finish()
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def main() -> None:
         mesh={"shape": list(mesh.shape), "dims": list(mesh.mesh_dim_names or ()),
               "coordinate": mesh.get_coordinate(), "mesh": mesh.mesh.tolist()},
     )  # fmt: skip
-    dist.destroy_process_group()
+    C.finish()
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def main() -> None:
         microbatches=args.microbatches,
         message_bytes=MB_SIZE * HIDDEN * 4,
     )
-    dist.destroy_process_group()
+    C.finish()
 
 
 if __name__ == "__main__":
