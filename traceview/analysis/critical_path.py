@@ -1365,7 +1365,9 @@ def explain(
         return Explained(None, {}, [], {})
     walked: list[_StepWalk] = []
     rows: list[pl.DataFrame] = []
-    for batch in _batches(source, source.steps):
+    batches = _batches(source, source.steps)
+    kept: list[WalkedPath] = []  # one batch: its paths (the median's is one of them)
+    for batch in batches:
         walks = source.walks(batch)
         if not walks:
             continue
@@ -1375,6 +1377,8 @@ def explain(
             .group_by("step", "rank", "phase", "kind", "op")
             .agg(pl.col("ns").sum())
         )
+        if len(batches) == 1:
+            kept = walks
         del walks
     wanted = {NO_STEP if s is None else s for s in counted}
     paths = [p for p in walked if p.step in wanted]
@@ -1405,8 +1409,12 @@ def explain(
         .sort("ms", "op", "phase", "kind", descending=[True, False, False, False], nulls_last=True)
         .head(10)
     )
-    # the median step walked again, alone, for the stretches the report lists
-    (again,) = source.walks([median.step])
+    # the median step's path, for the stretches the report lists: walked again, alone, unless
+    # the run was one batch (a step's path is its own, in a batch or alone)
+    again = next((p for p in kept if p.step == median.step), None)
+    if again is None:
+        (again,) = source.walks([median.step])
+    del kept
     segs = [
         PathSegment(
             rank=x.rank,

@@ -185,14 +185,15 @@ class SessionRunState:
             self.rows.append(columns.filter(pa.array(source)))
         if not self.first_is_host:
             host = np.flatnonzero(_host(raw))
+            # (rows taken, not sliced: a slice would hold the whole batch)
             if len(host):
-                self.first, self.first_is_host = columns.slice(int(host[0]), 1), True
+                self.first, self.first_is_host = columns.take([int(host[0])]), True
             elif self.first is None:
-                self.first = columns.slice(0, 1)
+                self.first = columns.take([0])
         ends = ints(raw.column(S.TS_NS), 0) + np.maximum(ints(raw.column(S.DUR_NS), 0), 0)
         last = int(np.argmax(ends))
         if ends[last] > self.end:
-            self.end, self.last = int(ends[last]), columns.slice(last, 1)
+            self.end, self.last = int(ends[last]), columns.take([last])
 
     def then(self, later: SessionRunState) -> None:
         """Add the state of the rows that follow (a later part of the trace)."""
