@@ -311,28 +311,44 @@ def _comm_rounds(
     names = np.array([str(n) == STEP_CALL for n in ev.names] + [False])[ev.name]
     calls = np.flatnonzero(names & ~engine & (ev.kind == _KIND_CODE[S.KIND_ANNOTATION]))
     solid = timeline & (ev.kind == _KIND_CODE[S.KIND_OP]) & ~_bookkeeping(ev)
+    end = ev.end
+    asked_at, done_at, solid_at = (_ByStart(ev.ts, np.flatnonzero(m)) for m in (asked, done, solid))
     rounds: list[tuple[int, int, int]] = []
     for w_start, w_end in windows.tolist():
-        a = np.flatnonzero(asked & (ev.ts >= w_start) & (ev.ts < w_end))
-        d = np.flatnonzero(done & (ev.ts >= w_start) & (ev.ts < w_end))
+        a = asked_at.between(w_start, w_end)
+        d = done_at.between(w_start, w_end)
         if len(a) == 0 or len(d) == 0:
             continue
         start = int(ev.ts[a].min())
-        around = calls[
-            (ev.ts[calls] <= start) & (ev.end[calls] > start) & (ev.ts[calls] >= w_start)
-        ]
+        around = calls[(ev.ts[calls] <= start) & (end[calls] > start) & (ev.ts[calls] >= w_start)]
         if len(around):
             start = int(ev.ts[around].min())
         # ... but only over time in which the engine waited: pushes asked for while backward
         # still computes wait for their gradients, not for the network.
         first_op = int(ev.ts[d].min())
-        busy_before = ev.end[solid & (ev.end <= first_op) & (ev.ts >= w_start)]
+        busy = solid_at.between(w_start, first_op + 1)  # (an end by first_op: a start too)
+        busy_before = end[busy][end[busy] <= first_op]
         start = max(start, int(busy_before.max()) if len(busy_before) else start)
         start = min(start, first_op)
-        stop = min(max(int(ev.end[d].max()), int(ev.end[a].max())), w_end)
+        stop = min(max(int(end[d].max()), int(end[a].max())), w_end)
         if stop > start:
             rounds.append((start, stop, int(ev.pid[d[0]])))
     return rounds
+
+
+class _ByStart:
+    """Some rows of the rank (``rows``, ascending), found by their start: a step window's rows
+    are then looked up, not masked out of the whole rank's (a mask per window made the layout
+    grow with the square of the trace)."""
+
+    def __init__(self, ts: np.ndarray, rows: np.ndarray):
+        order = np.argsort(ts[rows], kind="stable")
+        self.rows, self.ts = rows[order], ts[rows][order]
+
+    def between(self, start: int, end: int) -> np.ndarray:
+        """The rows that start in [start, end), ascending."""
+        lo, hi = np.searchsorted(self.ts, [start, end], side="left")
+        return np.sort(self.rows[lo:hi])
 
 
 def _fits_between(
@@ -489,7 +505,7 @@ def _bulk(ev: _Events) -> np.ndarray:
 
 def _backward_bulks(
     ev: _Events,
-    inside: np.ndarray,
+    inside: np.ndarray,  # the window's timeline operators (rows, ascending)
     bulk: np.ndarray,
     forward_op: np.ndarray,
     backward: np.ndarray,
@@ -506,7 +522,7 @@ def _backward_bulks(
     forward segment can still start after the call: _backward_start leaves it to forward only
     when the forward operators after it outlast it.
     """  # fmt: skip
-    rows = np.flatnonzero(inside & bulk)
+    rows = inside[bulk[inside]]
     if len(rows) == 0:
         return rows
     asked = (
@@ -516,8 +532,9 @@ def _backward_bulks(
     )
     if len(asked):
         return rows[ev.ts[rows] >= int(asked.min())]
-    forward = np.flatnonzero(inside & forward_op & ~bulk)
-    after = ev.ts[rows] >= (int(ev.end[forward].max()) if len(forward) else w_end)
+    forward = inside[forward_op[inside] & ~bulk[inside]]
+    last = ev.ts[forward] + ev.dur[forward]  # (not ev.end: the whole rank's)
+    after = ev.ts[rows] >= (int(last.max()) if len(forward) else w_end)
     if len(backward):
         after |= ev.ts[rows] >= int(ev.ts[backward].min())
     return rows[after]
@@ -562,10 +579,11 @@ def _bookkeeping(ev: _Events) -> np.ndarray:
     return np.array([bool(_BOOKKEEPING.match(str(n))) for n in ev.names] + [True])[ev.name]
 
 
-def _in_window(ev: _Events, timeline: np.ndarray, start: int, end: int) -> np.ndarray:
-    """Timeline operators that run entirely inside [start, end)."""
-    is_op = timeline & (ev.kind == _KIND_CODE[S.KIND_OP])
-    return is_op & (ev.ts >= start) & (ev.ts < end) & (ev.end <= end)
+def _in_window(ops: _ByStart, end: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The timeline operators (``ops``) that run entirely inside [start, stop) (rows,
+    ascending)."""
+    rows = ops.between(start, stop)
+    return rows[end[rows] <= stop]
 
 
 def _backward_start(ev: _Events, backward: np.ndarray, forward: np.ndarray) -> int:
@@ -576,7 +594,7 @@ def _backward_start(ev: _Events, backward: np.ndarray, forward: np.ndarray) -> i
     starts at the backward operator after which there is the most backward and the least
     forward time.
     """
-    rows = np.concatenate([backward, np.flatnonzero(forward)])
+    rows = np.concatenate([backward, forward])  # (forward: rows, ascending)
     rows = rows[np.argsort(ev.ts[rows], kind="stable")]
     is_backward = np.isin(rows, backward)
     weight = np.where(is_backward, ev.dur[rows], -ev.dur[rows])
@@ -616,36 +634,39 @@ def _spans(
         io_start, io_end = io_start[order], np.maximum.accumulate(io_end[order])
         forward_op &= window_index(io_start, io_end, ev.ts, with_start=False) < 0
         forward_op &= ~np.isin(ev.ts, io_start)
-    solid = mine & (ev.kind == _KIND_CODE[S.KIND_OP]) & ~_bookkeeping(ev)
+    solid = ~_bookkeeping(ev)
+    end = ev.end
+    ops = _ByStart(ev.ts, np.flatnonzero(mine & (ev.kind == _KIND_CODE[S.KIND_OP])))
     for w_start, w_end in windows.tolist():
-        inside = _in_window(ev, mine, w_start, w_end)
-        backward = np.flatnonzero(inside & (own == _PHASE_CODES[S.BACKWARD]))
+        inside = _in_window(ops, end, w_start, w_end)
+        backward = inside[own[inside] == _PHASE_CODES[S.BACKWARD]]
         bulks = _backward_bulks(
             ev, inside, bulk, forward_op, backward, backward_calls, w_start, w_end
         )
         if len(bulks):
             backward = np.union1d(backward, bulks)
-        in_forward = inside & forward_op
-        in_forward[bulks] = False
+        in_forward = inside[forward_op[inside]]
+        if len(bulks):
+            in_forward = in_forward[~np.isin(in_forward, bulks)]
         if fills is not None:  # not one the engine ran before forward work of this thread
-            last = ev.ts[in_forward].max() if in_forward.any() else w_start
-            backward = np.union1d(backward, np.flatnonzero(inside & fills & (ev.ts > last)))
+            last = ev.ts[in_forward].max() if len(in_forward) else w_start
+            backward = np.union1d(backward, inside[fills[inside] & (ev.ts[inside] > last)])
         found: dict[str, list[int]] = {}
         b_end = w_start
         if len(backward):
-            b_end = int(ev.end[backward].max())
+            b_end = int(end[backward].max())
             found[S.BACKWARD] = [_backward_start(ev, backward, in_forward), b_end]
-        update = np.flatnonzero(inside & (own == _PHASE_CODES[S.UPDATE]) & (ev.ts >= b_end))
+        update = inside[(own[inside] == _PHASE_CODES[S.UPDATE]) & (ev.ts[inside] >= b_end)]
         if len(update):
-            found[S.UPDATE] = [int(ev.ts[update].min()), int(ev.end[update].max())]
+            found[S.UPDATE] = [int(ev.ts[update].min()), int(end[update].max())]
         if io is not None and S.BACKWARD in found:
             b_start = found[S.BACKWARD][0]
-            forward = np.flatnonzero(in_forward & (ev.ts < b_start))
+            forward = in_forward[ev.ts[in_forward] < b_start]
             if len(forward):
                 found[S.FORWARD] = [int(ev.ts[forward].min()), b_start]
         if calls is not None:
             ends = np.concatenate(
-                [ev.end[solid & inside], io_end[(io_end > w_start) & (io_end <= w_end)]]
+                [end[inside[solid[inside]]], io_end[(io_end > w_start) & (io_end <= w_end)]]
             )
             for phase in (S.FORWARD, S.BACKWARD, S.UPDATE):
                 if phase not in found:
