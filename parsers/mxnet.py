@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -58,31 +58,21 @@ _END = {"E": 0, "e": 1, ")": 2}
 _INSTANT = frozenset(("i", "I", "n"))
 
 
-#: The storage counters MXNet's profiler writes with profile_memory (``Memory: gpu/0``...): a
-#: counter's value is under its own name, so each device it can name is a field of _Args.
+#: The devices MXNet's storage counters (written with profile_memory) can name: a counter
+#: ``Memory: gpu/0`` holds its value under its own name.
 _STORAGE_DEVICES = tuple(
     f"{kind}/{i}" for kind in ("cpu", "gpu", "cpu_pinned", "cpu_shared") for i in range(16)
 )
 _STORAGE = "Device Storage"
-if TYPE_CHECKING:
 
-    class _Args(msgspec.Struct, frozen=True, gc=False):
-        name: str | None = None  # a metadata record's name; memory0... (below) by getattr
 
-else:
-    _Args = msgspec.defstruct(
-        "_Args",
-        [
-            ("name", str | None, None),
-            *(
-                (f"memory{i}", int | float | None, msgspec.field(default=None, name=f"Memory: {d}"))
-                for i, d in enumerate(_STORAGE_DEVICES)
-            ),
-        ],
-        frozen=True,
-        gc=False,
-    )
-_NO_ARGS = _Args()
+class _NameArgs(msgspec.Struct, frozen=True, gc=False):
+    name: str | None = None  # a metadata record's name
+
+
+_NAME_ARGS = msgspec.json.Decoder(_NameArgs)
+_ARGS = msgspec.json.Decoder(dict[str, Any])
+_NO_ARGS = msgspec.Raw(b"{}")
 
 
 class _Record(msgspec.Struct, gc=False):
@@ -94,7 +84,9 @@ class _Record(msgspec.Struct, gc=False):
     id: int | str | None = None
     ts: float | None = None
     dur: float | None = None
-    args: _Args = _NO_ARGS
+    # left undecoded: only metadata and storage counters are read (most records of a trace
+    # are counters, whose arguments a struct per record made a third of the decode)
+    args: msgspec.Raw = _NO_ARGS
 
 
 _DECODER = msgspec.json.Decoder(list[_Record])
@@ -114,7 +106,6 @@ def _coerce(raw: Any) -> _Record | None:
         )
 
     args = raw.get("args")
-    name = args.get("name") if isinstance(args, dict) else None
     return _Record(
         ph=str(raw.get("ph", "")),
         name=None if raw.get("name") is None else str(raw.get("name")),
@@ -124,7 +115,7 @@ def _coerce(raw: Any) -> _Record | None:
         id=ident(raw.get("id")),
         ts=number(raw.get("ts")),
         dur=number(raw.get("dur")),
-        args=_Args(name=name if isinstance(name, str) else None),
+        args=_raw(args),
     )
 
 
@@ -157,7 +148,34 @@ class _Chunk:
     memory: list[tuple[str, Any, Any, float | None, Any]] | None = None  # storage counters
 
 
+def _raw(args: Any) -> msgspec.Raw:
+    """Arguments decoded without a schema, raw again (the slow path)."""
+    try:
+        return msgspec.Raw(msgspec.json.encode(args)) if isinstance(args, dict) else _NO_ARGS
+    except (TypeError, ValueError, OverflowError):
+        return _NO_ARGS
+
+
+def _arguments(raw: msgspec.Raw) -> dict[str, Any]:
+    """A record's arguments ({} where they are not an object)."""
+    try:
+        return _ARGS.decode(raw)
+    except msgspec.MsgspecError:
+        return {}
+
+
+def _meta_name(raw: msgspec.Raw) -> str | None:
+    """A metadata record's name (None where it has none, or not a string)."""
+    try:
+        return _NAME_ARGS.decode(raw).name
+    except msgspec.MsgspecError:
+        return None
+
+
 def _decode_chunk(data: Any) -> _Chunk:
+    # (the records' raw arguments point into what is decoded: a copy, which they may outlive,
+    # as in kineto._decode_chunk; the reader's buffer is reused)
+    data = bytes(data)
     bad = 0
     try:
         records: list[_Record] = _DECODER.decode(data)
@@ -170,7 +188,7 @@ def _decode_chunk(data: Any) -> _Chunk:
     thread_names: dict[tuple[int, int], str] = {}
     if "M" in counts:
         for meta in compress(records, (p == "M" for p in phs)):
-            label = meta.args.name
+            label = _meta_name(meta.args)
             if not label:
                 continue
             pid = int(_ids([meta.pid])[0])
@@ -185,8 +203,7 @@ def _decode_chunk(data: Any) -> _Chunk:
             if record.cat != _STORAGE or not record.name or not record.name.startswith("Memory: "):
                 continue
             device = record.name[8:]
-            field = _STORAGE_DEVICES.index(device) if device in _STORAGE_DEVICES else -1
-            value = getattr(record.args, f"memory{field}") if field >= 0 else None
+            value = _arguments(record.args).get(record.name) if device in _STORAGE_DEVICES else None
             memory.append((device, record.pid, record.tid, record.ts, value))
     # Counters and metadata are counted, not kept.
     timed = [p not in ("C", "M") for p in phs]

@@ -265,6 +265,25 @@ def test_mxnet_storage_counters_give_each_devices_peak() -> None:
         assert memory["reserved_peak_mb"] is None  # MXNet states no reserve
 
 
+def test_mxnet_storage_counters_survive_a_record_the_typed_decode_rejects(
+    tmp_path: Path,
+) -> None:
+    """One operator with a string time sends its part of the file down the slow path: the
+    storage counters there are still read (they were lost with the part's arguments)."""
+    source = SAMPLES / "mxnet" / "dist_overlap" / "rank-0.mxnet.json.gz"
+    peaks = _mxnet_storage(source)
+    with gzip.open(source) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    bad = next(e for e in events if e.get("ph") == "B" and e.get("cat") == "operator")
+    bad["ts"] = str(bad["ts"])
+    target = tmp_path / "rank-0.mxnet.json.gz"
+    with gzip.open(target, "wt") as f:
+        json.dump(data, f)
+    memory = report(target)["ranks"][0]["memory"]
+    assert memory["peak_mb"] == round(peaks["Memory: cpu/0"] / MIB, 3)
+
+
 def test_mxnet_gpu_storage_counter_is_the_main_device() -> None:
     folder = shared_traces("mxnet/mxnet_profiler_demo_mnist_cnn")
     peaks = _mxnet_storage(next(folder.glob("*.json.gz")))

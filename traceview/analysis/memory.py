@@ -243,7 +243,9 @@ class MemoryLookups:
             self.pending -= now
 
     def at(self, ts: int, pid: int, tid: int) -> tuple[str | None, str | None]:
-        return self.found[(ts, pid, tid)]
+        """The phase and operator at an instant; none where no slice held it (a rank whose
+        events are all unreadable has memory records but no slices)."""
+        return self.found.get((ts, pid, tid), (None, None))
 
 
 def memory_steps(
