@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""Ingest benchmark for MXNet traces: traceview against plain json.loads, side by side.
+"""Ingest benchmark for MXNet and Chainer traces (Chrome JSON whose begin and end records are
+paired over the whole file): traceview against plain json.loads, side by side.
 
-No other tool reads ``mx.profiler`` traces into tables (MXNet's own answer is chrome://tracing
-or its aggregate-stats table), so the comparison is the floor every Python reader pays:
-``json.loads`` of the decompressed bytes. The data set replicates the steps of the bundled
-``sample_traces/mxnet/local`` run (timestamps shifted, ``step#N`` renumbered) to about
---target-mb of uncompressed JSON.
+No other tool reads ``mx.profiler`` traces, or the Chainer traces traceview's collector writes,
+into tables (MXNet's own answer is chrome://tracing or its aggregate-stats table), so the
+comparison is the floor every Python reader pays: ``json.loads`` of the decompressed bytes.
+The data set replicates the steps of a bundled run (``sample_traces/mxnet/local``,
+``sample_traces/chainer/mlp``; timestamps shifted, ``step#N`` renumbered) to about
+--target-mb of uncompressed JSON. ``--whole`` adds traceview with every rank read whole
+(``TRACEVIEW_WHOLE_RANK=1``: how a Chainer trace was ingested before it was chunked).
 
 Each measurement runs in a fresh process under _measure.py (wall time, peak RSS of the
 command alone). Seconds are the command's wall time minus that of the same command on a tiny
 trace (interpreter start and imports); data RSS is the peak minus that tiny run's peak.
 
     .venv/bin/python benchmarks/bench_ingest_mxnet.py --repeat 3
+    .venv/bin/python benchmarks/bench_ingest_mxnet.py --format chainer --target-mb 1000 --whole
 """
 
 from __future__ import annotations
@@ -31,8 +35,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MEASURE = HERE / "_measure.py"
-SOURCE = REPO / "sample_traces" / "mxnet" / "local" / "rank-0.mxnet.json.gz"
-DATA = REPO / "bench-data" / "mxnet"
+#: Per format: the run replicated, and the trace's file suffix.
+SOURCES = {
+    "mxnet": (REPO / "sample_traces" / "mxnet" / "local" / "rank-0.mxnet.json.gz", ".mxnet.json"),
+    "chainer": (
+        REPO / "sample_traces" / "chainer" / "mlp" / "rank-0.chainer.json.gz",
+        ".chainer.json",
+    ),
+}
 MB = 1 << 20
 STEP = re.compile(r"^step#(\d+)$")
 
@@ -75,7 +85,7 @@ def measure(argv: list[str], work: Path) -> dict[str, Any]:
     return data
 
 
-def loaders(traceview: list[str], work: Path) -> dict[str, Any]:
+def loaders(traceview: list[str], work: Path, whole: bool = False) -> dict[str, Any]:
     def json_loads(path: Path) -> list[str]:
         return [sys.executable, "-c", f"import json; json.loads(open({str(path)!r}, 'rb').read())"]
 
@@ -84,29 +94,40 @@ def loaders(traceview: list[str], work: Path) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
         return [*traceview, "ingest", str(path), "-o", str(out)]
 
-    return {"json.loads": json_loads, "traceview ingest": ingest}
+    def ingest_whole(path: Path) -> list[str]:
+        return ["env", "TRACEVIEW_WHOLE_RANK=1", *ingest(path)]
+
+    found = {"json.loads": json_loads, "traceview ingest": ingest}
+    if whole:
+        found["traceview ingest, read whole"] = ingest_whole
+    return found
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--format", choices=sorted(SOURCES), default="mxnet")
     parser.add_argument("--target-mb", type=float, default=100.0)
+    parser.add_argument("--whole", action="store_true", help="also traceview with ranks read whole")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "ingest_mxnet")
+    parser.add_argument("--out", type=Path, help="results/ingest_FORMAT by default")
     args = parser.parse_args()
+    source, suffix = SOURCES[args.format]
+    data = REPO / "bench-data" / args.format
+    args.out = args.out or HERE / "results" / f"ingest_{args.format}"
 
     traceview = [str(Path(sys.executable).with_name("traceview"))]
-    tiny = DATA / "tiny" / "rank-0.mxnet.json"
+    tiny = data / "tiny" / f"rank-0{suffix}"
     if not tiny.exists():
-        replicate(SOURCE, tiny, 1)
+        replicate(source, tiny, 1)
     copies = max(1, round(args.target_mb * MB / tiny.stat().st_size))
-    big = DATA / f"mxnet-{copies}x-1rank" / "rank-0.mxnet.json"
+    big = data / f"{args.format}-{copies}x-1rank" / f"rank-0{suffix}"
     if not big.exists():
-        replicate(SOURCE, big, copies)
+        replicate(source, big, copies)
     size = big.stat().st_size
     rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-mxnet-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"bench-{args.format}-") as tmp:
         work = Path(tmp)
-        for name, command in loaders(traceview, work).items():
+        for name, command in loaders(traceview, work, args.whole).items():
             base = [measure(command(tiny), work) for _ in range(args.repeat)]
             runs = [measure(command(big), work) for _ in range(args.repeat)]
             base_s = statistics.median(r["proc_s"] for r in base)
@@ -127,7 +148,8 @@ def main() -> int:
                 }
             )
     table = [
-        f"MXNet trace: {size / MB:.1f} MB ({copies} copies of sample_traces/mxnet/local), "
+        f"{args.format} trace: {size / MB:.1f} MB ({copies} copies of "
+        f"{source.parent.relative_to(REPO)}), "
         f"median of {args.repeat}",
         "",
         "| loader | seconds | MB/s | peak RSS | data RSS | data RSS ÷ file |",

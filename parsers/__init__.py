@@ -17,6 +17,7 @@ import functools
 import importlib
 import re
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -49,6 +50,36 @@ class ParsedTrace:
     process_names: dict[int, str] = field(default_factory=dict)  # pid -> name, as the trace says
     # the trace's memory records (schema.MEMORY_RAW_SCHEMA); None: the format or trace has none
     memory: pa.Table | None = None
+
+
+class WholeRead:
+    """The stream (as ``KinetoStream``: iterate for raw batches, then read ``result``) of a
+    trace its parser reads whole: Chrome JSON whose begin and end records are paired over the
+    file, its rows sorted by start (``mxnet.read_events``). Only its raw events are held, a
+    few columns a row; the rank is then normalized and analysed a chunk at a time, as a
+    streamed trace is (``traceview.ingest.large.chunked``)."""
+
+    base_ns = 0  # the times are absolute already
+    BATCH_ROWS = 1 << 16
+
+    def __init__(self, parse: Callable[[], ParsedTrace]):
+        self._parse = parse
+        self._result: ParsedTrace | None = None
+
+    @property
+    def result(self) -> ParsedTrace:
+        if self._result is None:
+            raise RuntimeError("WholeRead.result read before the stream was exhausted")
+        return self._result
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        parsed = self._parse()
+        events, parsed.events = parsed.events, S.RAW_SCHEMA.empty_table()
+        for batch in events.to_batches(max_chunksize=self.BATCH_ROWS):
+            if batch.num_rows:
+                yield batch
+        del events
+        self._result = parsed
 
 
 @dataclass

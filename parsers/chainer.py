@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from traceview.parsers import ParsedTrace, TraceIdentity
+from traceview.parsers import ParsedTrace, TraceIdentity, WholeRead
 from traceview.parsers.chrome_stream import read_header
 from traceview.parsers.mxnet import read_events
 
@@ -67,3 +67,7 @@ class ChainerParser:
             host=_str(header.get("host")),
             meta={k: v for k, v in meta.items() if v is not None},
         )
+
+    def stream(self, path: Path) -> WholeRead:
+        """The trace read whole, its events handed on a batch at a time (``WholeRead``)."""
+        return WholeRead(lambda: self.parse(path))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traceview.parsers import ParsedTrace, TraceIdentity, rank_from_filename
+from traceview.parsers import ParsedTrace, TraceIdentity, WholeRead, rank_from_filename
 from traceview.parsers.mxnet import read_events
 
 
@@ -40,3 +40,7 @@ class ChromeParser:
 
     def parse(self, path: Path) -> ParsedTrace:
         return read_events(path).parsed(path, self.framework, rank=rank_from_filename(path))
+
+    def stream(self, path: Path) -> WholeRead:
+        """The trace read whole, its events handed on a batch at a time (``WholeRead``)."""
+        return WholeRead(lambda: self.parse(path))

@@ -56,6 +56,21 @@ def test_chunked_ingest_equals_whole(
     _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
+def test_a_chrome_trace_read_with_rules_in_chunks_equals_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Chrome trace of a framework traceview has no parser for (JAX on CPU, read with the
+    README's rules) is read whole (begin and end records paired over the file), then
+    normalized and analysed a step at a time: equal to the whole-rank path."""
+    trace = REPO / "examples" / "jax" / "perfetto_trace.json.gz"
+    rules = REPO / "examples" / "rules" / "jax.toml"
+    assert _ingest(trace, tmp_path / "whole", False, monkeypatch, rules=rules) == []
+    counts = _ingest(trace, tmp_path / "parts", True, monkeypatch, rules=rules)
+    steps = R.read_manifest(tmp_path / "parts").ranks[0].steps
+    assert steps and counts == [steps], (steps, counts)
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+
+
 @pytest.mark.parametrize("rows", [1, 1 << 30], ids=["step-ends", "no-step-ends"])
 @pytest.mark.parametrize("path", beyond_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_steps_cut_inside_equal_whole(

@@ -34,7 +34,9 @@ SHARED_KINETO = sorted((SHARED / "pytorch").rglob("*.json.gz")) if SHARED.exists
 SHARED_TIMELINES = (
     sorted((SHARED / "tensorflow").glob("tf1_timeline_*/*.json.gz")) if SHARED.exists() else []
 )
-TRACES = [*SAMPLES, *SHARED_KINETO, *SHARED_TIMELINES]
+# Chainer's, read whole (begin and end records paired over the file), then chunked
+CHAINER = sorted((REPO / "sample_traces" / "chainer").rglob("*.chainer.json.gz"))
+TRACES = [*SAMPLES, *SHARED_KINETO, *SHARED_TIMELINES, *CHAINER]
 
 
 def _ingest(
@@ -45,10 +47,11 @@ def _ingest(
     rows: int = 1,
     analysed_in_chunks: bool = True,
     piece: int | None = None,
+    rules: Path | None = None,
 ) -> list[int]:
-    """Ingest one trace; the number of chunks each chunked rank was normalized in. Fails
-    where the analysis was not done a chunk at a time, unless ``analysed_in_chunks`` is
-    False."""
+    """Ingest one trace (``rules``: with that rules file); the number of chunks each chunked
+    rank was normalized in. Fails where the analysis was not done a chunk at a time, unless
+    ``analysed_in_chunks`` is False."""
     counts: list[int] = []
     real = chunked.normalize_chunk
 
@@ -93,7 +96,7 @@ def _ingest(
         m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
         if piece is not None:
             m.setenv("TRACEVIEW_PIECE_ROWS", str(piece))
-        ingest_run([path], out, jobs=1)
+        ingest_run([path], out, jobs=1, rules_path=rules)
     return counts
 
 

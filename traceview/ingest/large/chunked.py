@@ -2,11 +2,12 @@
 step in pieces).
 
 Every trace in a format that can be streamed (Kineto JSON, TF1 Timeline JSON) takes this
-path, whatever its size: a small trace is one chunk. A trace is never whole in memory. Three
-passes:
+path, whatever its size: a small trace is one chunk. A trace is never whole in memory. So does
+one whose parser pairs begin and end records over the whole file (Chainer's, Chrome JSON read
+with rules: ``parsers.WholeRead``), its raw events alone held whole. Three passes:
 
-1. **Spill.** The parser's record batches (``KinetoParser.stream``, ``TimelineParser.stream``)
-   are written as they are
+1. **Spill.** The parser's record batches (``KinetoParser.stream``, ``TimelineParser.stream``,
+   ``WholeRead``) are written as they are
    decoded to an Arrow IPC file in the run's staging folder, each row numbered (its event id,
    as the whole-rank path numbers it). Only small state is kept: the step markers, the phase
    markers (time and phase), and per runtime call its correlation and start (per operator with
@@ -94,8 +95,11 @@ from traceview.normalize.steps import NO_STEP_MARKERS, InferredSteps, step_marke
 from traceview.parsers import ParsedTrace
 from traceview.store import rundir as R
 
-#: The parsers whose traces are streamed, at every size (a small trace is one chunk).
-STREAMING_PARSERS = ("kineto", "tf_timeline")
+#: The parsers whose traces take this path, at every size (a small trace is one chunk):
+#: streamed (Kineto, TF1 Timelines), or read whole and handed on a batch at a time
+#: (``parsers.WholeRead``: Chainer's and any Chrome JSON read with rules, whose begin and end
+#: records are paired over the whole file; only their raw events are held whole).
+STREAMING_PARSERS = ("kineto", "tf_timeline", "chainer", "chrome")
 
 
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) may use a
