@@ -56,8 +56,9 @@ class WholeRead:
     """The stream (as ``KinetoStream``: iterate for raw batches, then read ``result``) of a
     trace its parser reads whole: Chrome JSON whose begin and end records are paired over the
     file, its rows sorted by start (``mxnet.read_events``). Only its raw events are held, a
-    few columns a row; the rank is then normalized and analysed a chunk at a time, as a
-    streamed trace is (``traceview.ingest.large.chunked``)."""
+    few columns a row (and, where the format names a layout pass, what that pass holds); the
+    rank is then normalized and analysed a chunk at a time, as a streamed trace is
+    (``traceview.ingest.large.chunked``)."""
 
     base_ns = 0  # the times are absolute already
     BATCH_ROWS = 1 << 16
@@ -65,6 +66,9 @@ class WholeRead:
     def __init__(self, parse: Callable[[], ParsedTrace]):
         self._parse = parse
         self._result: ParsedTrace | None = None
+        #: set by the core: what it does to the whole events before they are handed on (the
+        #: layout pass a format names: ``layout``), given the parser's result
+        self.prepare: Callable[[ParsedTrace, pa.Table], pa.Table] | None = None
 
     @property
     def result(self) -> ParsedTrace:
@@ -75,6 +79,8 @@ class WholeRead:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         parsed = self._parse()
         events, parsed.events = parsed.events, S.RAW_SCHEMA.empty_table()
+        if self.prepare is not None:
+            events = self.prepare(parsed, events)
         for batch in events.to_batches(max_chunksize=self.BATCH_ROWS):
             if batch.num_rows:
                 yield batch

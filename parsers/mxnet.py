@@ -37,6 +37,7 @@ from traceview.model.errors import Notes
 from traceview.parsers import (
     ParsedTrace,
     TraceIdentity,
+    WholeRead,
     group_ids,
     int64_id,
     us_durations_to_ns,
@@ -368,6 +369,11 @@ class MXNetParser:
 
     def identify(self, path: Path) -> TraceIdentity:
         return TraceIdentity()  # MXNet traces do not say who wrote them
+
+    def stream(self, path: Path) -> WholeRead:
+        """The trace read whole, its events handed on a batch at a time (``WholeRead``; the
+        core lays them out first)."""
+        return WholeRead(lambda: self.parse(path))
 
     def parse(self, path: Path) -> ParsedTrace:
         read = read_events(path)

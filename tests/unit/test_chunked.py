@@ -34,9 +34,12 @@ SHARED_KINETO = sorted((SHARED / "pytorch").rglob("*.json.gz")) if SHARED.exists
 SHARED_TIMELINES = (
     sorted((SHARED / "tensorflow").glob("tf1_timeline_*/*.json.gz")) if SHARED.exists() else []
 )
-# Chainer's, read whole (begin and end records paired over the file), then chunked
+# Chainer's and MXNet's, read whole (begin and end records paired over the file; MXNet's laid
+# out on its engine's timeline), then chunked
 CHAINER = sorted((REPO / "sample_traces" / "chainer").rglob("*.chainer.json.gz"))
-TRACES = [*SAMPLES, *SHARED_KINETO, *SHARED_TIMELINES, *CHAINER]
+MXNET = sorted((REPO / "sample_traces" / "mxnet").rglob("rank-0.mxnet.json.gz"))
+SHARED_MXNET = sorted((SHARED / "mxnet").rglob("*.json.gz")) if SHARED.exists() else []
+TRACES = [*SAMPLES, *SHARED_KINETO, *SHARED_TIMELINES, *CHAINER, *MXNET, *SHARED_MXNET]
 
 
 def _ingest(

@@ -3,8 +3,9 @@ step in pieces).
 
 Every trace in a format that can be streamed (Kineto JSON, TF1 Timeline JSON) takes this
 path, whatever its size: a small trace is one chunk. A trace is never whole in memory. So does
-one whose parser pairs begin and end records over the whole file (Chainer's, Chrome JSON read
-with rules: ``parsers.WholeRead``), its raw events alone held whole. Three passes:
+one whose parser pairs begin and end records over the whole file (MXNet's, Chainer's, Chrome
+JSON read with rules: ``parsers.WholeRead``), its raw events alone held whole (MXNet's laid out
+on its engine's timeline first: ``spill.laid_out``). Three passes:
 
 1. **Spill.** The parser's record batches (``KinetoParser.stream``, ``TimelineParser.stream``,
    ``WholeRead``) are written as they are
@@ -97,9 +98,9 @@ from traceview.store import rundir as R
 
 #: The parsers whose traces take this path, at every size (a small trace is one chunk):
 #: streamed (Kineto, TF1 Timelines), or read whole and handed on a batch at a time
-#: (``parsers.WholeRead``: Chainer's and any Chrome JSON read with rules, whose begin and end
-#: records are paired over the whole file; only their raw events are held whole).
-STREAMING_PARSERS = ("kineto", "tf_timeline", "chainer", "chrome")
+#: (``parsers.WholeRead``: MXNet's, Chainer's and any Chrome JSON read with rules, whose begin
+#: and end records are paired over the whole file; only their raw events are held whole).
+STREAMING_PARSERS = ("kineto", "tf_timeline", "chainer", "chrome", "mxnet")
 
 
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) may use a

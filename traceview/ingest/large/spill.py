@@ -20,9 +20,11 @@ from traceview.ingest.large.plan import Survey
 from traceview.ingest.large.sinks import WorkerProcess
 from traceview.model import schema as S
 from traceview.model.columns import ints
-from traceview.normalize.classify import STRAY_NS, may_stray, stray
+from traceview.model.errors import Notes
+from traceview.normalize.classify import STRAY_NS, kinds_from_categories, may_stray, stray
 from traceview.normalize.rules import RuleSet
-from traceview.parsers import ParsedTrace
+from traceview.normalize.steps import lay_out
+from traceview.parsers import ParsedTrace, WholeRead
 from traceview.parsers.chrome_stream import SplitMismatch
 
 
@@ -66,10 +68,33 @@ def first_pass(
         except SplitMismatch:  # no event starts there after all: read it in one piece
             pass
     stream = parser.stream(path)
+    if isinstance(stream, WholeRead):
+        stream.prepare = lambda parsed, events: laid_out(parsed, events, rules)
     survey = Survey()
     spill = work / "raw.arrows"
     spill_surveyed(iter(stream), survey, rules, spill)
     return FirstPass(stream.result, stream.base_ns, survey, [(spill, 0)])
+
+
+def laid_out(parsed: ParsedTrace, events: pa.Table, rules: RuleSet) -> pa.Table:
+    """A whole rank's raw events (read whole: ``WholeRead``) through the layout pass its
+    format names (MXNet's engine timeline), if any: the rank is then read as one that needs
+    none. What the pass says of the rank (metadata, thread labels, skipped records, notes)
+    goes to the parser's result, as the whole-rank path adds it."""
+    if parsed.layout is None:
+        return events
+    notes = Notes()
+    found = lay_out(
+        kinds_from_categories(events, rules), rules, parsed.layout, parsed.process_names, notes
+    )
+    del events
+    parsed.layout = None
+    parsed.meta.update(found.meta)
+    for key, label in found.threads.items():
+        parsed.threads.setdefault(key, label)
+    parsed.skipped.update(found.skipped)
+    parsed.notes.extend(notes)
+    return found.events
 
 
 #: Where the later part starts, as a share of the file: the helper starts later (a Python
