@@ -1211,14 +1211,16 @@ _OWN = (*_COMPUTING, LATE_START)
 
 
 def _pieces_of(paths: list[WalkedPath]) -> pl.DataFrame:
-    """Every piece of ``paths`` that lasts, with its path's step (null: the one window)."""
-    frames = [
-        p.frame.with_columns(pl.lit(None if p.step == NO_STEP else p.step, pl.Int64).alias("step"))
-        for p in paths
-    ]
-    if not frames:
+    """Every piece of ``paths`` that lasts, with its path's step (null: the one window): the
+    paths' frames one after the other, their steps repeated (one column for all of them, not
+    one per path: a run of thousands of short steps)."""
+    if not paths:
         return pl.DataFrame(schema={**PIECE_COLUMNS, "step": pl.Int64})
-    return pl.concat(frames).filter(pl.col("dur_ns") > 0)
+    steps = np.array([p.step for p in paths], np.int64)
+    step = np.repeat(steps, [p.frame.height for p in paths])
+    column = pl.Series("step", pa.array(step, pa.int64(), mask=step == NO_STEP))
+    whole = pl.concat([p.frame for p in paths], rechunk=False)
+    return whole.with_columns(column).filter(pl.col("dur_ns") > 0)
 
 
 def _blame_rows(paths: list[WalkedPath]) -> pl.DataFrame:
