@@ -38,6 +38,7 @@ from traceview.model.errors import BadInput, Notes
 from traceview.parsers import (
     ParsedTrace,
     TraceIdentity,
+    WholeRead,
     int64_id,
     rank_from_filename,
     raw_events,
@@ -161,6 +162,11 @@ class XPlaneParser:
 
     def identify(self, path: Path) -> TraceIdentity:
         return TraceIdentity(rank=rank_from_path(path), host=path.name[: -len(SUFFIX)] or None)
+
+    def stream(self, path: Path) -> WholeRead:
+        """The profile read whole (a protobuf cannot be streamed), its events handed on a
+        batch at a time (``WholeRead``; the core infers its steps first)."""
+        return WholeRead(lambda: self.parse(path))
 
     def parse(self, path: Path) -> ParsedTrace:
         tools = _require_xprof()

@@ -39,7 +39,19 @@ SHARED_TIMELINES = (
 CHAINER = sorted((REPO / "sample_traces" / "chainer").rglob("*.chainer.json.gz"))
 MXNET = sorted((REPO / "sample_traces" / "mxnet").rglob("rank-0.mxnet.json.gz"))
 SHARED_MXNET = sorted((SHARED / "mxnet").rglob("*.json.gz")) if SHARED.exists() else []
-TRACES = [*SAMPLES, *SHARED_KINETO, *SHARED_TIMELINES, *CHAINER, *MXNET, *SHARED_MXNET]
+# TensorFlow's profiles, read whole too (a protobuf), their steps inferred from the step groups
+XPLANE = sorted((REPO / "sample_traces" / "tensorflow").rglob("rank-0.xplane.pb"))
+SHARED_XPLANE = sorted((SHARED / "tensorflow").rglob("*.xplane.pb")) if SHARED.exists() else []
+TRACES = [
+    *SAMPLES,
+    *SHARED_KINETO,
+    *SHARED_TIMELINES,
+    *CHAINER,
+    *MXNET,
+    *SHARED_MXNET,
+    *XPLANE,
+    *SHARED_XPLANE,
+]
 
 
 def _ingest(

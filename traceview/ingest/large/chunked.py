@@ -3,9 +3,10 @@ step in pieces).
 
 Every trace in a format that can be streamed (Kineto JSON, TF1 Timeline JSON) takes this
 path, whatever its size: a small trace is one chunk. A trace is never whole in memory. So does
-one whose parser pairs begin and end records over the whole file (MXNet's, Chainer's, Chrome
-JSON read with rules: ``parsers.WholeRead``), its raw events alone held whole (MXNet's laid out
-on its engine's timeline first: ``spill.laid_out``). Three passes:
+one whose parser reads it whole (``parsers.WholeRead``: MXNet's, Chainer's and Chrome JSON
+read with rules pair begin and end records over the whole file; TensorFlow's XSpace is a
+protobuf), its raw events alone held whole (MXNet's laid out on its engine's timeline and an
+XSpace's steps inferred first: ``spill.WholeRankPasses``). Three passes:
 
 1. **Spill.** The parser's record batches (``KinetoParser.stream``, ``TimelineParser.stream``,
    ``WholeRead``) are written as they are
@@ -99,8 +100,9 @@ from traceview.store import rundir as R
 #: The parsers whose traces take this path, at every size (a small trace is one chunk):
 #: streamed (Kineto, TF1 Timelines), or read whole and handed on a batch at a time
 #: (``parsers.WholeRead``: MXNet's, Chainer's and any Chrome JSON read with rules, whose begin
-#: and end records are paired over the whole file; only their raw events are held whole).
-STREAMING_PARSERS = ("kineto", "tf_timeline", "chainer", "chrome", "mxnet")
+#: and end records are paired over the whole file, and TensorFlow's XSpace, a protobuf; only
+#: their raw events are held whole). Every built-in parser: a plugin's traces are read whole.
+STREAMING_PARSERS = ("kineto", "tf_timeline", "chainer", "chrome", "mxnet", "xplane")
 
 
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) may use a
@@ -183,7 +185,7 @@ def _normalize_chunked(
     helper: bool = False,
     preload: tuple[str, ...] = (),
 ) -> ChunkedRank | ParsedTrace:
-    first = first_pass(parser, path, rules, work, helper, preload)
+    first = first_pass(parser, path, rules, work, helper, preload, meta.rank)
     try:
         return _normalize_read(first, rules, meta, run, offset_ns, work, make_sink, helper)
     finally:
@@ -215,7 +217,7 @@ def _normalize_read(
         meta.host = parsed.host
     # no step markers, but calls that repeat: the steps inferred from what pass 1 kept
     # (before the plan, which takes the survey's arrays)
-    inferred = None
+    inferred = first.inferred  # (a rank read whole: inferred before pass 1)
     rows = survey.inference_table(parsed.infer_steps) if parsed.infer_steps else None
     if not survey.marker_ts and rows is not None:
         inferred = _inferred(parsed, survey, rows, rules, spills, work, notes)

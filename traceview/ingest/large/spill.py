@@ -21,9 +21,15 @@ from traceview.ingest.large.sinks import WorkerProcess
 from traceview.model import schema as S
 from traceview.model.columns import ints
 from traceview.model.errors import Notes
-from traceview.normalize.classify import STRAY_NS, kinds_from_categories, may_stray, stray
+from traceview.normalize.classify import (
+    STRAY_NS,
+    kinds_from_categories,
+    may_stray,
+    stray,
+    without_stray_times,
+)
 from traceview.normalize.rules import RuleSet
-from traceview.normalize.steps import lay_out
+from traceview.normalize.steps import InferredSteps, lay_out, step_markers, with_markers
 from traceview.parsers import ParsedTrace, WholeRead
 from traceview.parsers.chrome_stream import SplitMismatch
 
@@ -54,13 +60,22 @@ class FirstPass:
     survey: Survey | None  # (None once taken: its arrays are freed as the plan is made)
     spills: list[tuple[Path, int]]  # the spilled rows: files, each with its first row's number
     helper: WorkerProcess | None = None  # the helper that read the later part, now waiting
+    inferred: InferredSteps | None = None  # steps inferred over the whole rank read whole
 
 
 def first_pass(
-    parser: Any, path: Path, rules: RuleSet, work: Path, helper: bool, preload: tuple[str, ...] = ()
+    parser: Any,
+    path: Path,
+    rules: RuleSet,
+    work: Path,
+    helper: bool,
+    preload: tuple[str, ...] = (),
+    rank: int = 0,
 ) -> FirstPass:
     """Pass 1 (module doc). With ``helper``, a plain trace large enough is read in two parts
-    at once: the later part by a process of its own (``read_later_part``) on another core."""
+    at once: the later part by a process of its own (``read_later_part``) on another core. A
+    trace read whole (``WholeRead``) first goes through the passes that need the whole rank
+    (``WholeRankPasses``; ``rank``: the rank's number, for their notes)."""
     boundary = _split_boundary(parser, path) if helper else None
     if boundary is not None:
         try:
@@ -68,33 +83,49 @@ def first_pass(
         except SplitMismatch:  # no event starts there after all: read it in one piece
             pass
     stream = parser.stream(path)
+    whole = WholeRankPasses(rules, rank)
     if isinstance(stream, WholeRead):
-        stream.prepare = lambda parsed, events: laid_out(parsed, events, rules)
+        stream.prepare = whole
     survey = Survey()
     spill = work / "raw.arrows"
     spill_surveyed(iter(stream), survey, rules, spill)
-    return FirstPass(stream.result, stream.base_ns, survey, [(spill, 0)])
+    return FirstPass(stream.result, stream.base_ns, survey, [(spill, 0)], inferred=whole.inferred)
 
 
-def laid_out(parsed: ParsedTrace, events: pa.Table, rules: RuleSet) -> pa.Table:
-    """A whole rank's raw events (read whole: ``WholeRead``) through the layout pass its
-    format names (MXNet's engine timeline), if any: the rank is then read as one that needs
-    none. What the pass says of the rank (metadata, thread labels, skipped records, notes)
-    goes to the parser's result, as the whole-rank path adds it."""
-    if parsed.layout is None:
+@dataclass
+class WholeRankPasses:
+    """The passes of the whole-rank path that need the whole rank, run on a trace read whole
+    (``WholeRead``) before pass 1, in ``normalize``'s order: the layout pass its format names
+    (MXNet's engine timeline), then, where the format says how steps are found and the trace
+    marks none, the events with corrupt times dropped and the steps inferred (TensorFlow's step
+    groups). The rank is then read as one that needs neither: what the passes say of it goes to
+    the parser's result (metadata, thread labels, skipped records, notes), and the inferred
+    steps to ``inferred``."""
+
+    rules: RuleSet
+    rank: int
+    inferred: InferredSteps | None = None
+
+    def __call__(self, parsed: ParsedTrace, events: pa.Table) -> pa.Table:
+        if parsed.layout is None and parsed.infer_steps is None:
+            return events
+        notes = Notes()
+        events = kinds_from_categories(events, self.rules)
+        if parsed.layout is not None:
+            found = lay_out(events, self.rules, parsed.layout, parsed.process_names, notes)
+            events = found.events
+            parsed.layout = None
+            parsed.meta.update(found.meta)
+            for key, label in found.threads.items():
+                parsed.threads.setdefault(key, label)
+            parsed.skipped.update(found.skipped)
+        if parsed.infer_steps is not None:
+            events = without_stray_times(events, notes, self.rank)
+            self.inferred = step_markers(events, parsed.infer_steps, parsed.process_names, notes)
+            events = with_markers(events, self.inferred)
+            parsed.infer_steps = None
+        parsed.notes.extend(notes)
         return events
-    notes = Notes()
-    found = lay_out(
-        kinds_from_categories(events, rules), rules, parsed.layout, parsed.process_names, notes
-    )
-    del events
-    parsed.layout = None
-    parsed.meta.update(found.meta)
-    for key, label in found.threads.items():
-        parsed.threads.setdefault(key, label)
-    parsed.skipped.update(found.skipped)
-    parsed.notes.extend(notes)
-    return found.events
 
 
 #: Where the later part starts, as a share of the file: the helper starts later (a Python
