@@ -243,15 +243,20 @@ def _pair(group: np.ndarray, ts: np.ndarray, begin: np.ndarray) -> tuple[np.ndar
         return empty, empty
     order = np.lexsort((np.arange(n), ts, group))
     g, b = group[order], begin[order]
-    step = np.where(b, 1, -1)
-    before = np.concatenate(([0], np.cumsum(step)[:-1]))
+    # the depth before each record (its group's running begins less ends)
+    before = np.cumsum(np.where(b, 1, -1), dtype=np.int64)
+    before -= np.where(b, 1, -1)
     first = np.concatenate(([True], g[1:] != g[:-1]))
     offset = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    depth = before - before[offset]
-    level = np.where(b, depth + 1, depth)
+    del first
+    level = before - before[offset]  # the depth within the group ...
+    del before, offset
+    level += b  # ... a begin opening the level above it
     by_level = np.lexsort((np.arange(n), level, g))
     gl, ll, bl = g[by_level], level[by_level], b[by_level]
+    del g, level, b
     matched = bl[:-1] & ~bl[1:] & (gl[:-1] == gl[1:]) & (ll[:-1] == ll[1:])
+    del gl, ll, bl
     starts = order[by_level[:-1][matched]]
     ends = order[by_level[1:][matched]]
     return starts, ends
@@ -330,9 +335,9 @@ def read_events(path: Path) -> ChromeEvents:
     if bad:
         notes.warn(out_of_range(path.name, bad))
     info.require_events(path, sum(b.num_rows for b in batches), counts)
-    table = pa.Table.from_batches(batches).unify_dictionaries()
+    tables = [pa.Table.from_batches(batches).unify_dictionaries()]
     del batches
-    raw, unmatched, no_ts, operators, corrupt = _intervals(table)
+    raw, unmatched, no_ts, operators, corrupt = _intervals(tables)  # (freed there)
     if corrupt:
         notes.warn(corrupt_times(path.name, corrupt))
     return ChromeEvents(
@@ -465,53 +470,64 @@ def _memory(
     return S.conform(table, S.MEMORY_RAW_SCHEMA)
 
 
-def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
+def _intervals(tables: list[pa.Table]) -> tuple[pa.Table, int, int, bool, int]:
     """Begin/end pairs and complete events as intervals; instants as zero-length rows, sorted
-    by start.
+    by start. ``tables``: the records (one table, taken out and freed once its columns are
+    read: the file's every timed record, the largest thing held).
 
     Returns (raw events, unmatched begin/end records, records without a timestamp, whether any
-    operator of the ``operator`` domain is there, records with an absurd time or duration). Kinds are left to the core (from the
-    categories), except instants'.
+    operator of the ``operator`` domain is there, records with an absurd time or duration). Kinds
+    are left to the core (from the categories), except instants'.
     """
+    table = tables.pop()
     ph_codes, ph_values = dictionary_codes(table.column("ph"))
+
+    begin_family, end_family = (
+        np.array([m.get(str(v), -1) for v in ph_values] + [-1], np.int8)[ph_codes]
+        for m in (_BEGIN, _END)
+    )
+    instant = np.array([str(v) in _INSTANT for v in ph_values] + [False])[ph_codes]
+    complete = np.array([str(v) == "X" for v in ph_values] + [False])[ph_codes]
+    del ph_codes
     ts_us = table.column("ts_us").to_numpy(zero_copy_only=False)
     has_ts = np.abs(ts_us) < MAX_US  # NaN (none) and absurd times (beyond the year 2112) fail
+    absurd = ~has_ts & ~np.isnan(ts_us)
     dur_us = table.column("dur_us").to_numpy(zero_copy_only=False)
-    corrupt = int((~has_ts & ~np.isnan(ts_us)).sum()) + int(
-        (has_ts & (np.abs(dur_us) >= MAX_US)).sum()
-    )
-    no_ts = int((~has_ts).sum()) - int((~has_ts & ~np.isnan(ts_us)).sum())
+    corrupt = int(absurd.sum()) + int((has_ts & (np.abs(dur_us) >= MAX_US)).sum())
+    no_ts = int((~has_ts).sum()) - int(absurd.sum())
+    del absurd
     ts = np.zeros(len(ts_us), np.int64)
     ts[has_ts] = us_to_ns(ts_us[has_ts])
+    del ts_us
     dur_us = np.where(np.abs(dur_us) < MAX_US, dur_us, 0.0)
     pid = table.column("pid").to_numpy()
     tid = table.column("tid").to_numpy()
-    ident = np.where(
-        table.column("has_id").to_numpy(zero_copy_only=False), table.column("id").to_numpy(), tid
-    )
+    edge = np.flatnonzero(((begin_family >= 0) | (end_family >= 0)) & has_ts)
+    has_id = table.column("has_id").to_numpy(zero_copy_only=False)[edge]
+    ident = np.where(has_id, table.column("id").to_numpy()[edge], tid[edge])
+    del has_id
     cat, cats = dictionary_codes(table.column("cat"))
     name, names = dictionary_codes(table.column("name"))
-
-    def lut(mapping: dict[str, int]) -> np.ndarray:
-        return np.array([mapping.get(str(v), -1) for v in ph_values] + [-1], np.int64)[ph_codes]
-
-    begin_family, end_family = lut(_BEGIN), lut(_END)
-    instant = np.array([str(v) in _INSTANT for v in ph_values] + [False])[ph_codes]
-    complete = np.array([str(v) == "X" for v in ph_values] + [False])[ph_codes]
+    cat, name = cat.astype(np.int32), name.astype(np.int32)
+    del table
 
     # Begin/end records pair within (family, process, thread); async ones within (process, id,
     # name): MXNet gives every async event of a thread the same id, and a step's Task can end
     # inside another Task of the thread.
-    edge = np.flatnonzero(((begin_family >= 0) | (end_family >= 0)) & has_ts)
     family = np.maximum(begin_family, end_family)[edge]
     is_async = family == 1
-    key = np.where(is_async, ident[edge], tid[edge])
+    key = np.where(is_async, ident, tid[edge])
+    del ident
     group = group_ids(family, pid[edge], key, np.where(is_async, name[edge], -1))
+    del family, is_async, key
     first, last = _pair(group, ts[edge], begin_family[edge] >= 0)
+    del group
     starts, ends = edge[first], edge[last]
     unmatched = len(edge) - 2 * len(starts)
+    del edge, first, last
 
     single = np.flatnonzero((complete | instant) & has_ts)
+    del complete, has_ts
     rows = np.concatenate([starts, single])
     dur = np.concatenate(
         [
@@ -519,8 +535,10 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
             np.where(instant[single], 0, us_durations_to_ns(dur_us[single])),
         ]
     )
+    del dur_us, ends
     # The operator domain repeats every device operator as an async pair: keep the device's.
     is_async = np.concatenate([begin_family[starts] == 1, np.zeros(len(single), bool)])
+    del begin_family, end_family, starts, single
     cat_names = [str(c) if c is not None else "" for c in cats]
     operator_cat = cat_names.index("operator") if "operator" in cat_names else -2
     op_rows = cat[rows] == operator_cat
@@ -529,6 +547,7 @@ def _intervals(table: pa.Table) -> tuple[pa.Table, int, int, bool, int]:
         rows, dur, is_async = rows[keep], dur[keep], is_async[keep]
     order = np.argsort(ts[rows], kind="stable")
     rows, dur = rows[order], dur[order]
+    del order, is_async
     kind = np.where(instant[rows], 0, -1)
     raw = pa.table(
         {
