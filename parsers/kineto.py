@@ -248,7 +248,7 @@ def _int_array(values: list[Any], convert: Callable[[Any], int | None] = _size) 
     """Integers (ids, sizes) as int64; floats are truncated, numeric strings parsed, numbers
     wider than 64 bits made to fit by ``convert``."""
     if values.count(None) == len(values):
-        return pa.nulls(len(values), pa.int64())  # (pyarrow is very slow on all-null lists)
+        return S.all_null(len(values), pa.int64())  # (pyarrow is very slow on all-null lists)
     try:
         return pa.array(values, pa.int64())  # the common case: ints and nulls
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):

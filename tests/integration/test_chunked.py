@@ -20,6 +20,7 @@ from tests.unit.test_chunked import (
     REPO,
     SAMPLES,
     SHARED_KINETO,
+    SHARED_TIMELINES,
     TRACES,
     _assert_recomputed_in_chunks,
     _assert_same_run,
@@ -118,7 +119,7 @@ def test_the_samples_cross_chunks() -> None:
     from traceview.parsers.kineto import KinetoParser
 
     late_kernels = spanning = 0
-    for path in TRACES:
+    for path in [*SAMPLES, *SHARED_KINETO, *SHARED_TIMELINES]:  # (complete events, as Kineto's)
         parsed = KinetoParser().parse(path)
         events = normalize(
             parsed.events, rules_for("pytorch", None), RankMeta("x", 0, "pytorch")

@@ -207,7 +207,7 @@ def scope_classes(
 
 def _constant(value: str | None, n: int) -> pa.DictionaryArray:
     if value is None:
-        return pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
+        return S.all_null(n, pa.dictionary(pa.int32(), pa.string()))
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
 
 
