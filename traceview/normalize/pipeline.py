@@ -225,20 +225,9 @@ def normalize(
     """
     look: Inspector = inspect or (lambda name, result: None)
     notes = Notes()
-    raw = kinds_from_categories(raw, rules)
-    look("kinds", raw)
-    found: LayoutResult | None = None
-    if layout is not None:
-        found = lay_out(raw, rules, layout, process_names or {}, notes)
-        raw = found.events
-    look("layout", found)
-    raw = without_stray_times(raw, notes, meta.rank)
-    look("stray_times", raw)
-    inferred: InferredSteps | None = None
-    if infer_steps is not None:
-        inferred = step_markers(raw, infer_steps, process_names or {}, notes)
-        raw = with_markers(raw, inferred)
-    look("infer_steps", inferred)
+    raw, found, inferred = whole_rank_passes(
+        raw, rules, meta.rank, layout, infer_steps, process_names or {}, notes, look
+    )
     classes = classify(raw, rules, notes, meta.source or f"rank {meta.rank}")
     look("classify", classes)
     columns = RankColumns.of(raw)
@@ -263,6 +252,37 @@ def normalize(
             inferred.markers.slice(0, 0), inferred.threads, inferred.how, inferred.warmup
         )
     return Normalized(table, steps.training, len(steps.markers), notes, found, inferred)
+
+
+def whole_rank_passes(
+    raw: pa.Table,
+    rules: RuleSet,
+    rank: int,
+    layout: str | None,
+    infer_steps: str | None,
+    process_names: dict[int, str],
+    notes: Notes,
+    look: Inspector = lambda name, result: None,
+) -> tuple[pa.Table, LayoutResult | None, InferredSteps | None]:
+    """The passes before classification, which look at the whole rank: kinds from the
+    categories, the layout pass the format names, the events with corrupt times dropped, and
+    the steps inferred where the format says how and the trace marks none (``normalize``; a
+    rank read in chunks runs them on a trace read whole: ``spill.WholeRankPasses``)."""
+    raw = kinds_from_categories(raw, rules)
+    look("kinds", raw)
+    found: LayoutResult | None = None
+    if layout is not None:
+        found = lay_out(raw, rules, layout, process_names, notes)
+        raw = found.events
+    look("layout", found)
+    raw = without_stray_times(raw, notes, rank)
+    look("stray_times", raw)
+    inferred: InferredSteps | None = None
+    if infer_steps is not None:
+        inferred = step_markers(raw, infer_steps, process_names, notes)
+        raw = with_markers(raw, inferred)
+    look("infer_steps", inferred)
+    return raw, found, inferred
 
 
 @dataclass

@@ -21,15 +21,10 @@ from traceview.ingest.large.sinks import WorkerProcess
 from traceview.model import schema as S
 from traceview.model.columns import ints
 from traceview.model.errors import Notes
-from traceview.normalize.classify import (
-    STRAY_NS,
-    kinds_from_categories,
-    may_stray,
-    stray,
-    without_stray_times,
-)
+from traceview.normalize.classify import STRAY_NS, may_stray, stray
+from traceview.normalize.pipeline import whole_rank_passes
 from traceview.normalize.rules import RuleSet
-from traceview.normalize.steps import InferredSteps, lay_out, step_markers, with_markers
+from traceview.normalize.steps import InferredSteps
 from traceview.parsers import ParsedTrace, WholeRead
 from traceview.parsers.chrome_stream import SplitMismatch
 
@@ -108,22 +103,19 @@ class WholeRankPasses:
 
     def __call__(self, parsed: ParsedTrace, events: pa.Table) -> pa.Table:
         if parsed.layout is None and parsed.infer_steps is None:
-            return events
+            return events  # (its corrupt times: dropped after pass 1, ``without_strays``)
         notes = Notes()
-        events = kinds_from_categories(events, self.rules)
-        if parsed.layout is not None:
-            found = lay_out(events, self.rules, parsed.layout, parsed.process_names, notes)
-            events = found.events
-            parsed.layout = None
+        events, found, self.inferred = whole_rank_passes(
+            events, self.rules, self.rank, parsed.layout, parsed.infer_steps,
+            parsed.process_names, notes,
+        )  # fmt: skip
+        parsed.layout = parsed.infer_steps = None
+        if found is not None:
             parsed.meta.update(found.meta)
             for key, label in found.threads.items():
                 parsed.threads.setdefault(key, label)
             parsed.skipped.update(found.skipped)
-        if parsed.infer_steps is not None:
-            events = without_stray_times(events, notes, self.rank)
-            self.inferred = step_markers(events, parsed.infer_steps, parsed.process_names, notes)
-            events = with_markers(events, self.inferred)
-            parsed.infer_steps = None
+            found.events = found.events.slice(0, 0)  # (``events`` holds them)
         parsed.notes.extend(notes)
         return events
 
