@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 
 from traceview.model.errors import BadInput
+from traceview.parsers.json_fault import Fault, locate
 
 T = TypeVar("T")
 
@@ -46,7 +47,6 @@ _DEPTH_LIMIT = 256
 _GZIP_MAGIC = b"\x1f\x8b"
 _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BYTE_POSITION = re.compile(r"\(byte (\d+)\)")
 _RECOVERY_TRIES = 64
 # What may follow the events array: more top-level keys, or the end of the document.
 _TRAILER = re.compile(rb"\s*(,\s*\"|\}\s*\Z)")
@@ -245,11 +245,6 @@ def _inflated(
         state.ended_early = "the gzip stream ends before its end marker"
 
 
-def _error_byte(exc: Exception) -> int | None:
-    match = _BYTE_POSITION.search(str(exc))
-    return int(match.group(1)) if match else None
-
-
 def _deep_position(data: Any) -> int:
     """Where brackets first nest past ``_DEPTH_LIMIT`` in ``data`` (strings not told apart:
     only used to place damage already found)."""
@@ -267,28 +262,43 @@ def _deep_position(data: Any) -> int:
     return 0
 
 
-def _utf8_checked(decode: Callable[[Any], T]) -> Callable[[Any], T]:
-    """``decode``, with invalid UTF-8 and nesting too deep for the decoder reported as malformed
-    JSON at their byte (msgspec raises UnicodeDecodeError, whose position counts from the
-    string, not the buffer, and RecursionError, without a position)."""
+class _TooDeep(msgspec.DecodeError):
+    """JSON nested past the decoder's recursion, at ``position`` (the first bracket past
+    ``_DEPTH_LIMIT``)."""
+
+    def __init__(self, position: int):
+        super().__init__(f"JSON nested more than {_DEPTH_LIMIT} deep")
+        self.position = position
+
+
+def _checked(decode: Callable[[Any], T]) -> Callable[[Any], T]:
+    """``decode``, with invalid UTF-8 and nesting too deep for the decoder raised as
+    ``msgspec.DecodeError`` (decoders raise UnicodeDecodeError or RecursionError for them, or
+    DecodeError, by release); where the fault lies is found by ``_fault``, never read from an
+    error's message."""
 
     def checked(data: Any) -> T:
         try:
             return decode(data)
         except RecursionError:
-            position = _deep_position(data)
-            raise msgspec.DecodeError(
-                f"JSON nested more than {_DEPTH_LIMIT} deep (byte {position})"
-            ) from None
+            raise _TooDeep(_deep_position(data)) from None
         except UnicodeDecodeError as exc:
-            try:
-                bytes(data).decode("utf-8")
-                position = 0
-            except UnicodeDecodeError as where:
-                position = where.start
-            raise msgspec.DecodeError(f"invalid UTF-8: {exc.reason} (byte {position})") from exc
+            raise msgspec.DecodeError("invalid UTF-8") from exc
 
     return checked
+
+
+def _fault(exc: msgspec.DecodeError, data: Any) -> Fault:
+    """Where and how ``data``, which the decoder refused with ``exc``, is malformed."""
+    if isinstance(exc, _TooDeep):
+        return Fault("malformed", exc.position, f"JSON nested more than {_DEPTH_LIMIT} deep")
+    try:
+        fault = locate(data)
+    except RecursionError:  # deeper than Python's own reader goes
+        return Fault(
+            "malformed", _deep_position(data), f"JSON nested more than {_DEPTH_LIMIT} deep"
+        )
+    return fault or Fault("malformed", None, "not readable by the decoder")
 
 
 def _after_array(buf: bytearray, position: int | None) -> int:
@@ -301,6 +311,8 @@ def _decode_object(text: bytes) -> dict[str, Any]:
         value = msgspec.json.decode(text)
     except RecursionError:
         raise msgspec.DecodeError(f"JSON nested more than {_DEPTH_LIMIT} deep") from None
+    except UnicodeDecodeError as exc:
+        raise msgspec.DecodeError("invalid UTF-8") from exc
     return value if isinstance(value, dict) else {}
 
 
@@ -346,7 +358,7 @@ class ChromeTraceReader(Generic[T]):
         part: tuple[int, int | None] | None = None,
     ):
         self.path = path
-        self.decode = _utf8_checked(decode)
+        self.decode = _checked(decode)
         self.chunk_bytes = chunk_bytes
         self.info = ChromeTraceInfo()
         # (start, stop): only the events in these bytes of a plain file (``split_point``); the
@@ -368,6 +380,16 @@ class ChromeTraceReader(Generic[T]):
         try:
             with memoryview(buf) as view, view[: end + 1] as piece:
                 return self.decode(piece)
+        finally:
+            buf[end] = saved
+
+    def _fault_in_place(self, buf: bytearray, end: int, exc: msgspec.DecodeError) -> Fault:
+        """``_fault`` of buf[0:end] as an array, as ``_decode_in_place`` decoded it."""
+        saved = buf[end]
+        buf[end] = 0x5D  # "]"
+        try:
+            with memoryview(buf) as view, view[: end + 1] as piece:
+                return _fault(exc, piece)
         finally:
             buf[end] = saved
 
@@ -439,10 +461,9 @@ class ChromeTraceReader(Generic[T]):
             try:
                 chunk = self._decode_in_place(buf, end)
             except msgspec.DecodeError as exc:
-                position = _error_byte(exc)
-                if "trailing characters" in str(exc) and _TRAILER.match(
-                    buf, _after_array(buf, position)
-                ):
+                fault = self._fault_in_place(buf, end, exc)
+                position = fault.position
+                if fault.kind == "trailing" and _TRAILER.match(buf, _after_array(buf, position)):
                     if stop is not None:  # the cut is past the events, in the keys after them
                         raise SplitMismatch(f"{self.path}: the events end before the cut") from None
                     # the events end in this piece: finish with the whole rest (the keys after
@@ -462,7 +483,7 @@ class ChromeTraceReader(Generic[T]):
                         return
                 elif position is not None and position < end - 1:
                     # Malformed JSON before the cut: real damage, not a cut in the wrong place.
-                    yield from self._skip_damage(buf, position, str(exc))
+                    yield from self._skip_damage(buf, position, fault.detail)
                     search_from, misses = self.chunk_bytes, 0
                 elif exhausted:
                     if (yield from self._tail(buf)):
@@ -533,7 +554,7 @@ class ChromeTraceReader(Generic[T]):
                         self.info.header = _decode_object(head + b"}") if head != b"{" else {}
                     except msgspec.DecodeError as exc:
                         self.info.header = {}
-                        self.info.header_damage = str(exc)
+                        self.info.header_damage = _fault(exc, head + b"}").detail
                     return match.end()
                 searched = len(buf)
             if len(buf) > EVENT_LIMIT or not fill():
@@ -567,9 +588,10 @@ class ChromeTraceReader(Generic[T]):
             buf.clear()
             return True
         except msgspec.DecodeError as exc:
-            message = str(exc)
-            position = _error_byte(exc)
-        if "trailing characters" in message and position is not None:
+            with memoryview(buf) as view:
+                fault = _fault(exc, view)
+            position = fault.position
+        if fault.kind == "trailing" and position is not None:
             end = _after_array(buf, position)
             trailer = bytes(buf[end:]).strip().lstrip(b",").strip()
             keys: dict[str, Any] | None = {}
@@ -586,14 +608,14 @@ class ChromeTraceReader(Generic[T]):
                 self.info.trailer = keys
                 buf.clear()
                 return True
-            yield from self._skip_damage(buf, position, message)
+            yield from self._skip_damage(buf, position, fault.detail)
             return False
         if (
             position is not None
-            and "truncated" not in message
+            and fault.kind == "malformed"
             and _SEPARATOR.search(buf, position) is not None
         ):
-            yield from self._skip_damage(buf, position, message)  # damage with events after it
+            yield from self._skip_damage(buf, position, fault.detail)  # damage with events after it
             return False
         # The file ends inside the events array: keep every complete event.
         kept = yield from self._decode_prefix(buf, len(buf))
@@ -655,8 +677,7 @@ class ChromeTraceReader(Generic[T]):
                 break
         self.info.lost_bytes += cut - kept
         where = self._filled - len(buf) + position
-        detail = _BYTE_POSITION.sub("", reason).strip().rstrip(",")
-        self.info.damage = f"malformed JSON near byte {where:,}" + (f": {detail}" if detail else "")
+        self.info.damage = f"malformed JSON near byte {where:,}" + (f": {reason}" if reason else "")
         if cut >= len(buf):
             buf[:] = b"["
         else:

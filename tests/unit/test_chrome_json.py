@@ -152,3 +152,67 @@ def test_unreadable_input_is_bad_input(tmp_path: Path, content: bytes, message: 
     path.write_bytes(content)
     with pytest.raises(BadInput, match=message):
         events_of(path, 1024)
+
+
+# --- where a decode failed: found in the bytes, not read from a decoder's message --------------
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "position"),
+    [
+        (b'[{"a": 1}, {"b": 2}], "x": 1}', "trailing", 20),
+        (b'[{"a": 1}]\n  }', "trailing", 13),
+        (b'[{"a": 1}, {"b":', "truncated", None),
+        (b'[{"a": 1}, {"b": "unterminated', "truncated", None),
+        (b'[{"a": 1}, {"b": 2 "c"}, {"d": 3}]', "malformed", 19),
+        (b'[{"a": "x\xff\xfey"}, {"b": 2}]', "malformed", 9),
+        (b'[{"a": NaN}]', "malformed", 7),
+        (b'[{"a": "l\xc3\xa4nge", "b": 2 x}]', "malformed", 24),  # a byte offset, not a character's
+        (b'["tab\tinside"]', "malformed", 5),
+        (b"[1, 2]  ", None, None),
+    ],
+)
+def test_a_fault_is_placed_by_reading_the_bytes(
+    text: bytes, kind: str | None, position: int | None
+) -> None:
+    from traceview.parsers.json_fault import locate
+
+    fault = locate(text)
+    assert (fault.kind, fault.position) == (kind, position) if fault else kind is None
+
+
+def test_damage_before_invalid_utf8_is_the_first_fault() -> None:
+    from traceview.parsers.json_fault import locate
+
+    fault = locate(b'[{"a": 1 2}, {"b": "\xff"}]')
+    assert fault is not None and (fault.kind, fault.position) == ("malformed", 9)
+
+
+@pytest.mark.parametrize("raises", [UnicodeDecodeError, msgspec.DecodeError])
+def test_invalid_utf8_loses_one_event_however_the_decoder_reports_it(
+    tmp_path: Path, raises: type[Exception]
+) -> None:
+    """msgspec up to 0.22 raised UnicodeDecodeError for invalid UTF-8 in a string, 0.23 a
+    DecodeError with no position: either way one event is lost, found at its byte."""
+
+    def decode(data: object) -> list[dict]:
+        raw = bytes(data)  # type: ignore[call-overload]
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if raises is UnicodeDecodeError:
+                raise
+            raise msgspec.DecodeError("Invalid UTF-8 encoded string") from exc
+        return msgspec.json.decode(raw)
+
+    doc = kineto_like(100)
+    text = json.dumps(doc, indent=2).encode()
+    at = text.index(b'"External id": 50,')
+    at = text.rindex(b'"name": "', 0, at) + len(b'"name": "')
+    path = tmp_path / "t.json"
+    path.write_bytes(text[:at] + b"\xff\xfe" + text[at + 2 :])
+    reader = ChromeTraceReader(path, decode, chunk_bytes=512)
+    ids = [e["args"]["External id"] for chunk in reader for e in chunk]
+    assert ids == [i for i in range(100) if i != 50]
+    assert reader.info.damage and "invalid UTF-8" in reader.info.damage
+    assert f"near byte {at:,}" in reader.info.damage

@@ -940,7 +940,7 @@ JSON_RESULTS: dict[str, type[Result]] = {
 
 def json_schema(command: str) -> dict[str, Any]:
     """The JSON Schema of ``traceview COMMAND --json`` (docs/schema/COMMAND.schema.json)."""
-    schema: dict[str, Any] = msgspec.json.schema(JSON_RESULTS[command])
+    schema: dict[str, Any] = _clean_descriptions(msgspec.json.schema(JSON_RESULTS[command]))
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": f"traceview {command} --json",
@@ -949,3 +949,21 @@ def json_schema(command: str) -> dict[str, Any]:
         "does not have is null.",
         **schema,
     }
+
+
+def _clean_descriptions(node: Any) -> Any:
+    """Every ``description`` (a docstring) without the indentation its source gave it, as
+    ``inspect.cleandoc`` leaves it, whichever release of msgspec wrote the schema (0.23 strips
+    it, earlier ones kept it)."""
+    import inspect
+
+    if isinstance(node, dict):
+        return {
+            key: inspect.cleandoc(value)
+            if key == "description" and isinstance(value, str)
+            else _clean_descriptions(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_clean_descriptions(value) for value in node]
+    return node

@@ -10,10 +10,13 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import mxnet, traceview.c
     echo "$VENV: mxnet $("$VENV/bin/python" -c 'import mxnet; print(mxnet.__version__)') already there"
     exit 0
 fi
+# at the versions in constraints/mxnet.txt (TRACEVIEW_UNPINNED=1: the newest allowed)
+PIN=(-c constraints/mxnet.txt)
+[ -z "${TRACEVIEW_UNPINNED:-}" ] || PIN=()
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet "mxnet==1.9.1" "numpy<1.24"
+"$VENV/bin/python" -m pip install --quiet "${PIN[@]}" "mxnet==1.9.1" "numpy<1.24"
 # traceview too, for scripts that mark their own steps (import traceview.collectors, standard
 # library only). Its command line needs pyarrow, which wants NumPy 2: run it from .venv.
-"$VENV/bin/python" -m pip install --quiet -e . "numpy<1.24"
+"$VENV/bin/python" -m pip install --quiet "${PIN[@]}" -e . "numpy<1.24"
 echo "$VENV: mxnet $("$VENV/bin/python" -c 'import mxnet; print(mxnet.__version__)') installed"
