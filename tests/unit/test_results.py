@@ -70,15 +70,19 @@ def schema_breaks(published: dict[str, Any], current: dict[str, Any]) -> list[st
 
 
 def _by_meaning(node: Any) -> Any:
-    """A schema with every description's whitespace collapsed: how a generator lays out a
-    docstring is not part of the contract; keys, types, requiredness and words are."""
+    """A schema with every description's whitespace collapsed and the options of an ``anyOf`` in
+    one order: how a generator lays out a docstring or lists a union is not part of the contract;
+    keys, types, requiredness and words are."""
     if isinstance(node, dict):
-        return {
+        meant = {
             key: " ".join(value.split())
             if key == "description" and isinstance(value, str)
             else _by_meaning(value)
             for key, value in node.items()
         }
+        if isinstance(meant.get("anyOf"), list):
+            meant["anyOf"] = sorted(meant["anyOf"], key=lambda o: json.dumps(o, sort_keys=True))
+        return meant
     if isinstance(node, list):
         return [_by_meaning(value) for value in node]
     return node

@@ -1,0 +1,229 @@
+"""The report's parts that other analyses compute: collectives, FSDP gathers, the pipeline, the
+cross-rank pass, the critical path and its explanation, the top operators."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traceview.analysis.critical_path import NO_STEP, PATH_VERSION, Explained, PathCache, explain
+from traceview.analysis.crossrank import (
+    CrossRank,
+    Matched,
+    bus_bandwidth_gbps,
+    collective_rows,
+    cross_rank,
+    global_peer,
+    launch_views,
+    match_collectives,
+)
+from traceview.analysis.fsdp import fsdp_gathers
+from traceview.analysis.groups import Groups, declared_groups
+from traceview.analysis.pipeline import POINT_TO_POINT, annotated_stages, detect_pipeline
+from traceview.analysis.selection import Selection
+from traceview.analysis.summary.notes import _needs_clock_estimate
+from traceview.analysis.summary.steps import _kept_table
+from traceview.analysis.summary.units import _exact_ms, _median, _ms, _round
+from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
+from traceview.model.manifest import Manifest
+from traceview.model.results import (
+    CollectiveSummary,
+    FsdpGather,
+    Pipeline,
+    RankSummary,
+    StepSummary,
+    TopOp,
+)
+
+
+def _fsdp(
+    collectives: pa.Table | None, comm: pa.Table | None, selection: Selection | None, n_steps: int
+) -> list[FsdpGather]:
+    """FSDP's all-gathers over the counted steps (``fsdp.fsdp_gathers``)."""
+    if collectives is None or comm is None or collectives.num_rows == 0:
+        return []
+    if selection is not None:
+        collectives, comm = _kept_table(collectives, selection), _kept_table(comm, selection)
+    else:
+        collectives = collectives.filter(pc.is_valid(collectives.column(S.STEP)))
+    return fsdp_gathers(collectives, comm, n_steps)
+
+
+def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopOp]:
+    ops_df = pl.from_arrow(ops)
+    assert isinstance(ops_df, pl.DataFrame)
+    if not ops_df.height:
+        return []
+    n_steps = max(n_steps, 1)
+    # Operators and device activities; regions (annotations) hold waits, not work.
+    operators = ops_df.filter(pl.col(S.KIND).is_in([S.KIND_OP, *S.DEVICE_ACTIVITY_KINDS]))
+    agg = (
+        operators.group_by(S.DEVICE, S.PHASE, S.OP, maintain_order=True)
+        .agg(
+            pl.col(S.NAME).first(),
+            pl.col(S.COUNT).sum(),
+            pl.col(S.TOTAL_NS).sum(),
+            pl.col(S.SELF_NS).sum(),
+            pl.col(S.P95_NS).max(),
+        )
+        # (ties in self time: in the ops table's order, the same in every report)
+        .sort(S.SELF_NS, descending=True, maintain_order=True)
+        .head(top)
+    )
+    top_ops = []
+    for row in agg.iter_rows(named=True):
+        calls = round(row[S.COUNT] / n_steps, 2)
+        total = _ms(row[S.TOTAL_NS] / n_steps)
+        self_ms = _ms(row[S.SELF_NS] / n_steps)
+        top_ops.append(
+            TopOp(
+                op=row[S.OP],
+                name=row[S.NAME],
+                device=row[S.DEVICE],
+                phase=row[S.PHASE],
+                calls_per_step=calls,
+                self_ms_per_step=self_ms,
+                total_ms_per_step=total,
+                p95_ms=_ms(row[S.P95_NS]),
+                mean_ms=_ms(row[S.TOTAL_NS] / row[S.COUNT]) if row[S.COUNT] else 0.0,
+                share=round(self_ms / step_ms, 4) if step_ms > 0 else 0.0,
+            )
+        )
+    return top_ops
+
+
+def _collectives(cross: CrossRank | None, n_steps: int) -> list[CollectiveSummary]:
+    if cross is None or not cross.available:
+        return []
+    ranks_of = cross.groups.ranks_of
+    return [
+        CollectiveSummary(
+            op=row[S.COLLECTIVE],
+            name=row[S.NAME],
+            group=row[S.GROUP],
+            position=row["position"],
+            calls_per_step=round(row["calls_per_step"], 3),
+            ranks=row["ranks"],
+            bytes=row[S.BYTES],
+            transfer_ms=_exact_ms(row["transfer_ns"]),
+            wait_ms=_exact_ms(row["wait_ns"]),
+            skew_ms=_exact_ms(row["skew_ns"]),
+            last_rank=row["last_rank"],
+            algorithm=row["algorithm"],
+            busbw_gbps=_round(
+                bus_bandwidth_gbps(
+                    row[S.COLLECTIVE], row["ranks"], row[S.BYTES], row["transfer_ns"]
+                )
+            ),
+            group_ranks=ranks_of.get(row[S.GROUP]) if row[S.GROUP] is not None else None,
+            queued_ms=_exact_ms(row["queued_ns"]),
+        )
+        for row in collective_rows(cross.matched, n_steps).iter_rows(named=True)
+    ]
+
+
+def _pipeline(
+    cross: CrossRank | None,
+    collectives: pa.Table | None,
+    ranks: list[RankSummary],
+    groups: Groups,
+    ops: pa.Table | None = None,
+) -> tuple[Pipeline | None, list[str]]:
+    """The pipeline the point-to-point calls form, and its warnings. Where ranks are missing (no
+    cross-rank pass), the pairs between the ranks read are matched on their own: a pair's wait
+    depends on its two sides only. ``ops``: where the pipelining library names its actions,
+    the stages each rank holds."""
+    table = cross.calls if cross is not None and cross.calls is not None else collectives
+    if table is None or table.num_rows == 0:
+        return None, []
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    p2p = df.filter(pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
+    if p2p.height == 0:
+        return None, []
+    # each call once: where it runs, not where it was launched (c10d::send and gloo:send)
+    p2p = p2p.join(launch_views(p2p), on=[S.NAME, S.COLLECTIVE], how="anti")
+    named = global_peer(p2p.filter(pl.col(S.PEER).is_not_null()), groups).select(
+        S.RANK, pl.col("_peer").alias("peer_rank")
+    )
+    if cross is not None:
+        calls = cross.matched.calls
+    else:
+        calls = match_collectives(p2p.to_arrow(), groups).calls
+    annotated = None
+    if ops is not None and ops.num_rows:
+        frame = pl.from_arrow(ops)
+        assert isinstance(frame, pl.DataFrame)
+        annotated = annotated_stages(frame)
+    return detect_pipeline(calls, ranks, named, annotated)
+
+
+def cross_rank_of(
+    manifest: Manifest, collectives: pa.Table | None, comm: pa.Table | None
+) -> CrossRank | None:
+    """The cross-rank pass over a run's per-rank tables, its clocks estimated where they may
+    differ; None where a rank is missing (the last to arrive may be the one not read)."""
+    if collectives is None or comm is None or manifest.missing_ranks:
+        return None
+    return cross_rank(
+        collectives,
+        comm,
+        align_clocks=_needs_clock_estimate(manifest),
+        groups=groups_of(manifest),
+    )
+
+
+def groups_of(manifest: Manifest) -> Groups:
+    """The process groups the run's ranks declare."""
+    declared = {r.rank: list(r.meta.get("process_groups") or []) for r in manifest.ranks}
+    return declared_groups(declared, manifest.world_size)
+
+
+def _critical_path(
+    segments: TableOnDemand | None,
+    cross: CrossRank | None,
+    per_step: list[StepSummary],
+    ranks: list[RankSummary],
+    whatif: list[str],
+    world: int | None,
+    cache: PathCache | None,
+) -> Explained | None:
+    """The critical path of the counted steps (analysis/critical_path.py), each step's set on
+    ``per_step``; ``cache``: where an earlier report of this run kept it."""
+    counted = [s.step for s in per_step if s.excluded is None]
+    every = [s.step for s in per_step]
+    if segments is None or segments.num_rows == 0 or not counted or not ranks:
+        return None
+    key = json.dumps([PATH_VERSION, every, counted, whatif, world])
+    explained = cache.get(key) if cache is not None else None
+    if explained is None:
+        explained = _explain(segments, cross, ranks, every, counted, whatif, world)
+        if cache is not None:
+            cache.put(key, explained)
+    for s in per_step:
+        s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
+    return explained
+
+
+def _explain(
+    segments: TableOnDemand,
+    cross: CrossRank | None,
+    ranks: list[RankSummary],
+    every: list[int | None],
+    counted: list[int | None],
+    whatif: list[str],
+    world: int | None,
+) -> Explained:
+    """``explain`` of the segments, read a piece at a time: nothing here holds them whole."""
+    if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
+        segments = cross.clocks.shifted_segments(segments)
+    matched = cross.matched if cross is not None else Matched(pl.DataFrame())
+    median_phase = {
+        phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
+        for phase in S.BREAKDOWN_PHASES
+    }
+    return explain(segments, matched, every, counted, median_phase, whatif, world)

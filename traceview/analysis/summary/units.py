@@ -1,0 +1,66 @@
+"""Small conversions the report's figures share: ns to ms, rounding, means, splits, host-bound
+parts."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from traceview.model import schema as S
+from traceview.model.results import HostBound
+
+
+def _ms(ns: float | int | None) -> float:
+    return round(float(ns or 0) / 1e6, 3)
+
+
+def _hidden(total: float, exposed: float) -> float:
+    return round(1.0 - exposed / total, 4) if total > 0 else 0.0
+
+
+def _exact_ms(ns: float) -> float:
+    """ns as ms to the ns (6 decimals): figures views round again are not rounded twice."""
+    return round(float(ns) / 1e6, 6)
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _split(part_ns: float | None, whole_ms: float) -> tuple[float | None, float | None]:
+    """(part, whole - part) in ms; (None, None) where the part is not known."""
+    if part_ns is None:
+        return None, None
+    part = min(_ms(part_ns), whole_ms)
+    return part, round(whole_ms - part, 3)
+
+
+def _host_bound(row: dict[str, Any], to_ms: Callable[[float], float]) -> HostBound | None:
+    """A row's host-bound parts (means, ns) in ms; null where the row has none (CPU)."""
+    values = [row[S.host_bound_ns(p)] for p in S.GPU_HOST_BOUND_PHASES]
+    if any(v is None for v in values):
+        return None
+    return HostBound(**{p: to_ms(v) for p, v in zip(S.GPU_HOST_BOUND_PHASES, values, strict=True)})
+
+
+def _mean_host_bound(values: list[HostBound | None]) -> HostBound | None:
+    """The mean over ranks of their host-bound parts (a CPU rank's phases have none: 0); null
+    where no rank has any."""
+    if all(v is None for v in values):
+        return None
+    return HostBound(
+        **{
+            p: round(sum(v[p] for v in values if v is not None) / len(values), 3)
+            for p in S.GPU_HOST_BOUND_PHASES
+        }
+    )
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(values), 3) if known and len(known) == len(values) else None
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return round(value, digits) if value is not None else None

@@ -1,0 +1,218 @@
+"""The verdicts: hidden communication, the bottleneck, the straggler and its phase, the pipeline's
+and the critical path's, each decided once from the figures."""
+
+from __future__ import annotations
+
+from typing import cast, get_args
+
+import polars as pl
+
+from traceview.analysis.critical_path import Explained
+from traceview.analysis.crossrank import CrossRank
+from traceview.analysis.summary.units import _hidden, _mean, _mean_host_bound, _median
+from traceview.model import schema as S
+from traceview.model.results import (
+    BottleneckPhase,
+    Breakdown,
+    Hidden,
+    Pipeline,
+    RankSummary,
+    StragglerPhase,
+    Summary,
+)
+
+HIDDEN_YES = 0.9  # at least this fraction of communication overlaps compute: "hidden: yes"
+
+
+HIDDEN_NO = 0.1  # at most this: "hidden: no"
+
+
+STRAGGLER_MIN_WAIT = 0.05  # a straggler: the others wait for it at least 5% of the step
+
+
+def hidden_verdict(comm_total_ns: float, hidden_fraction: float) -> Hidden:
+    if comm_total_ns <= 0:
+        return "n/a"
+    if hidden_fraction >= HIDDEN_YES:
+        return "yes"
+    if hidden_fraction <= HIDDEN_NO:
+        return "no"
+    return "partly"
+
+
+def bottleneck_of(breakdown_ms: Breakdown) -> BottleneckPhase | None:
+    shares = {p: breakdown_ms[p] for p in S.BOTTLENECK_PHASES}
+    best = max(shares, key=lambda p: shares[p])
+    return cast(BottleneckPhase, best) if shares[best] > 0 else None
+
+
+_STRAGGLER_PHASES: tuple[StragglerPhase, ...] = (
+    "io",
+    "h2d",
+    "forward",
+    "backward",
+    "update",
+    "other",
+)
+
+
+def _straggler_phase(
+    straggler: RankSummary, ranks: list[RankSummary]
+) -> tuple[StragglerPhase, float, float] | None:
+    """The phase in which the straggler spends the most time over the median of the other ranks
+    (its own work, not communication or idle): (phase, its ms, the others' median ms)."""
+    best: tuple[StragglerPhase, float, float] | None = None
+    others = [r for r in ranks if r is not straggler]
+    for phase in _STRAGGLER_PHASES:
+        median = _median([r.breakdown_ms[phase] for r in others])
+        own = straggler.breakdown_ms[phase]
+        if own - median > 0 and (best is None or own - median > best[1] - best[2]):
+            best = (phase, own, round(median, 3))
+    return best
+
+
+def _summary(ranks: list[RankSummary], ranks_df: pl.DataFrame, cross: CrossRank | None) -> Summary:
+    if not ranks:
+        return Summary(
+            breakdown_ms=Breakdown(), step_ms=0.0, comm_total_ms=0.0, comm_exposed_ms=0.0,
+            comm_hidden_fraction=0.0, hidden="n/a", bottleneck=None, bottleneck_share=0.0,
+            straggler_rank=None, straggler_excess=0.0, straggler_significant=None, blocked_ms=0.0,
+        )  # fmt: skip
+    n = len(ranks)
+    breakdown = Breakdown(
+        **{p: round(sum(r.breakdown_ms[p] for r in ranks) / n, 3) for p in S.BREAKDOWN_PHASES}
+    )
+    total = float(ranks_df["comm_total_sum"].sum())
+    exposed = float(ranks_df["comm_exposed_sum"].sum())
+    hidden = _hidden(total, exposed)
+    bottleneck: BottleneckPhase | None = bottleneck_of(breakdown)
+    step_ms = round(sum(r.step_ms for r in ranks) / n, 3)
+    straggler_rank, excess, significant = None, 0.0, None
+    waited_for: float | None = None
+    phase: tuple[StragglerPhase, float, float] | None = None
+    if n > 1:
+        median = _median([r.busy_ms for r in ranks])
+        matched = [r for r in ranks if r.caused_wait_ms is not None]
+        if matched and any(r.caused_wait_ms for r in matched):
+            # the rank the others wait for: the most wait caused; on a tie, the least own wait
+            slowest = max(matched, key=lambda r: (r.caused_wait_ms, -(r.comm_wait_total_ms or 0)))
+            waited_for = round((slowest.caused_wait_ms or 0.0) / (n - 1), 3)
+            significant = step_ms > 0 and waited_for >= STRAGGLER_MIN_WAIT * step_ms
+        else:  # nobody waits (balanced), or nothing matched (not known): the busiest rank
+            slowest = max(ranks, key=lambda r: r.busy_ms)
+            significant = False if matched else None
+        excess = (slowest.busy_ms - median) / median if median > 0 else 0.0
+        straggler_rank = slowest.rank
+        slowest.straggler = bool(significant)
+        if significant:
+            phase = _straggler_phase(slowest, ranks)
+    comm_wait = _mean([r.comm_wait_ms for r in ranks])
+    comm_exposed = round(sum(r.comm_exposed_ms for r in ranks) / n, 3)
+    if bottleneck == S.COMM and comm_wait is not None and comm_wait > comm_exposed - comm_wait:
+        bottleneck = "imbalance"  # most of the exposed communication is waiting for a rank
+    share = comm_wait if bottleneck == "imbalance" else (breakdown[bottleneck] if bottleneck else 0)
+    return Summary(
+        breakdown_ms=breakdown,
+        step_ms=step_ms,
+        comm_total_ms=round(sum(r.comm_total_ms for r in ranks) / n, 3),
+        comm_exposed_ms=comm_exposed,
+        comm_hidden_fraction=hidden,
+        hidden=hidden_verdict(total, hidden),
+        bottleneck=bottleneck,
+        bottleneck_share=round((share or 0) / step_ms, 4) if bottleneck and step_ms else 0.0,
+        straggler_rank=straggler_rank,
+        straggler_excess=round(excess, 4),
+        straggler_significant=significant,
+        blocked_ms=round(sum(r.blocked_ms for r in ranks) / n, 3),
+        comm_wait_ms=comm_wait,
+        comm_transfer_ms=_mean([r.comm_transfer_ms for r in ranks]),
+        comm_wait_total_ms=_mean([r.comm_wait_total_ms for r in ranks]),
+        comm_transfer_total_ms=_mean([r.comm_transfer_total_ms for r in ranks]),
+        straggler_wait_ms=waited_for,
+        straggler_phase=phase[0] if phase else None,
+        straggler_phase_ms=phase[1] if phase else None,
+        straggler_phase_median_ms=phase[2] if phase else None,
+        host_bound_ms=_mean_host_bound([r.host_bound_ms for r in ranks]),
+    )
+
+
+#: A pipeline's bubble is the bottleneck from this share of the stages' time (what the stages lose
+#: to each other, whatever phase is the largest); its slowest stage is the straggler from this much
+#: more compute than the median stage.
+PIPELINE_BUBBLE_MIN = 0.2
+
+
+PIPELINE_SLOW_STAGE = 0.2
+
+
+PIPELINE_SLOW_PHASE = 1.5  # ... or one phase this many times the other stages' median
+
+
+def _pipeline_verdict(summary: Summary, ranks: list[RankSummary], pipeline: Pipeline) -> None:
+    """A pipeline's ranks wait on their neighbours by design: the bubble, not the ranks'
+    imbalance, is what the step loses, and the straggler is the slowest stage."""
+    bubble = pipeline.bubble_fraction
+    if bubble >= PIPELINE_BUBBLE_MIN:
+        summary.bottleneck = "pipeline"
+        summary.bottleneck_share = bubble
+    slowest = next(s for s in pipeline.stages if s.stage == pipeline.slowest_stage)
+    median = _median([s.compute_ms for s in pipeline.stages if s is not slowest])
+    ratio = pipeline.slowest_phase_ratio or 0.0
+    significant = median > 0 and (
+        (slowest.compute_ms - median) / median >= PIPELINE_SLOW_STAGE
+        or ratio >= PIPELINE_SLOW_PHASE
+    )
+    for r in ranks:
+        r.straggler = significant and r.rank in slowest.ranks
+    summary.straggler_rank = slowest.ranks[0]
+    summary.straggler_significant = significant
+    summary.straggler_excess = round((slowest.compute_ms - median) / median, 4) if median else 0.0
+    if significant and pipeline.slowest_phase is not None:
+        phase = pipeline.slowest_phase
+        mine = [r.breakdown_ms[phase] for r in ranks if r.rank in slowest.ranks]
+        rest = [r.breakdown_ms[phase] for r in ranks if r.rank not in slowest.ranks]
+        summary.straggler_phase = phase
+        summary.straggler_phase_ms = round(sum(mine) / len(mine), 3)
+        summary.straggler_phase_median_ms = round(_median(rest), 3) if rest else None
+    else:
+        summary.straggler_phase = summary.straggler_phase_ms = None
+        summary.straggler_phase_median_ms = None
+
+
+#: The critical path names the straggler where one rank holds at least this share of the ranks'
+#: own time on it (and 1.5 / ranks, so that two even ranks do not name one) ...
+BLAME_SHARE = 0.5
+
+
+#: ... and spends at least this much of the step over the median rank in one of its phases
+BLAME_EXCESS = 0.05
+
+
+def _blame_verdict(summary: Summary, ranks: list[RankSummary], explained: Explained) -> None:
+    """The straggler from blame where it is decisive: the rank holding most of the ranks' own
+    time on the critical path, in the phase where that time most exceeds the median rank's.
+    Elsewhere the comparison against the median rank stands; both are kept under their own
+    names (``straggler_*_by_median``)."""
+    summary.straggler_rank_by_median = summary.straggler_rank
+    summary.straggler_phase_by_median = summary.straggler_phase
+    blame = explained.rank_blame
+    path = explained.path
+    if len(ranks) < 2 or not blame or path is None:
+        return
+    top = min(blame, key=lambda r: (-blame[r], r))
+    share = blame[top] / (sum(blame.values()) or 1.0)
+    excess = [
+        b for b in path.blame
+        if b.rank == top and b.excess_ms is not None and b.phase in get_args(StragglerPhase)
+    ]  # fmt: skip
+    worst = max(excess, key=lambda b: b.excess_ms or 0.0, default=None)
+    if (
+        share < max(BLAME_SHARE, 1.5 / len(ranks))
+        or worst is None
+        or (worst.excess_ms or 0.0) < BLAME_EXCESS * path.step_ms
+    ):
+        return
+    summary.straggler_rank = top
+    summary.straggler_phase = worst.phase  # type: ignore[assignment]
+    if summary.bottleneck == "imbalance":  # the wait is explained: by the straggler's phase
+        summary.bottleneck = worst.phase  # type: ignore[assignment]
