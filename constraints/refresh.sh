@@ -14,7 +14,7 @@ freeze() {  # VENV DESCRIPTION [EXTRA...]: the venv's exact versions, traceview 
     shift 2
     echo "# $description"
     echo "# Written by constraints/refresh.sh from an environment whose whole suite passed; never edit by hand."
-    { "$venv/bin/python" -m pip freeze 2>/dev/null | grep -v '^-e \|^traceview\|@ file' \
+    { "$venv/bin/python" -m pip freeze 2>/dev/null | grep -v '^-e \|^traceview\|@ file\|^# Editable' \
         | sed 's/^\(torch==[0-9.]*\)+cpu$/\1/'
       for extra in "$@"; do "$venv/bin/python" -m pip freeze --all 2>/dev/null | grep -i "^$extra=="; done
     } | LC_ALL=C sort -f

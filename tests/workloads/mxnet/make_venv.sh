@@ -16,7 +16,8 @@ PIN=(-c constraints/mxnet.txt)
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "${PIN[@]}" "mxnet==1.9.1" "numpy<1.24"
-# traceview too, for scripts that mark their own steps (import traceview.collectors, standard
-# library only). Its command line needs pyarrow, which wants NumPy 2: run it from .venv.
-"$VENV/bin/python" -m pip install --quiet "${PIN[@]}" -e . "numpy<1.24"
+# traceview too, without its dependencies, for scripts that mark their own steps (import
+# traceview.collectors: the standard library only). Its command line needs pyarrow and
+# NumPy >= 1.26, which MXNet cannot import beside: run it from .venv.
+"$VENV/bin/python" -m pip install --quiet --no-deps -e .
 echo "$VENV: mxnet $("$VENV/bin/python" -c 'import mxnet; print(mxnet.__version__)') installed"
