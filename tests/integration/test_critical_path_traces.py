@@ -80,7 +80,7 @@ def test_steps_in_batches_give_one_graphs_path_blame_and_what_ifs(
     medians = {S.FORWARD: 1.0, S.BACKWARD: 2.0}
     whole = cp.explain(segments, matched, steps, counted, medians, ["faster:comm:2"])
     table = cp.path_table(segments, matched, steps)
-    monkeypatch.setattr(cp, "GRAPH_ROWS", 1)
+    monkeypatch.setattr(cp.source, "GRAPH_ROWS", 1)
     source = cp._source(segments, matched, steps, None)
     assert source is not None
     assert len(steps) == 1 or len(cp._batches(source, source.steps)) > 1

@@ -510,7 +510,7 @@ def test_steps_walked_and_replayed_in_batches_give_what_one_graph_gives(
     whole_table = cp.path_table(segments, calls, steps)
     source = cp._source(segments, calls, steps, 2)
     assert source is not None and cp._batches(source, source.steps) == [[1, 2, 3]]
-    monkeypatch.setattr(cp, "GRAPH_ROWS", 1)
+    monkeypatch.setattr(cp.source, "GRAPH_ROWS", 1)
     assert cp._batches(source, source.steps) == [[1, 2], [3]]
     batched = cp.explain(segments, calls, steps, steps, medians, extra, 2)
     assert whole.path is not None and whole.path.steps == 3
@@ -519,9 +519,9 @@ def test_steps_walked_and_replayed_in_batches_give_what_one_graph_gives(
     assert cp.path_table(segments, calls, steps).equals(whole_table)
     # counted steps only (the what-ifs over them): step 3 alone, and steps 1-2 without 3
     for counted in ([3], [1, 2]):
-        monkeypatch.setattr(cp, "GRAPH_ROWS", 1 << 18)
+        monkeypatch.setattr(cp.source, "GRAPH_ROWS", 1 << 18)
         one = cp.explain(segments, calls, steps, counted, medians, extra, 2)  # type: ignore[arg-type]
-        monkeypatch.setattr(cp, "GRAPH_ROWS", 1)
+        monkeypatch.setattr(cp.source, "GRAPH_ROWS", 1)
         assert cp.explain(segments, calls, steps, counted, medians, extra, 2) == one  # type: ignore[arg-type]
 
 

@@ -391,7 +391,7 @@ class RankSummary(Result):
     host_bound_ms: HostBound | None = None  # part of breakdown_ms; null on a CPU timeline
 
 
-#: What a critical path segment is (analysis/critical_path.py): a rank's own work (CPU compute,
+#: What a critical path segment is (analysis/critical_path/): a rank's own work (CPU compute,
 #: a device kernel, the device waiting for the host's launches: host_bound), communication the
 #: path cannot lay on another rank (transfer), a rank that began the step after the first one
 #: (late_start: carried in from before the window), or nothing running (idle).
@@ -453,7 +453,7 @@ class StepPath(Result):
 
 
 class CriticalPath(Result):
-    """Why the step takes as long as it does (analysis/critical_path.py): the critical path of
+    """Why the step takes as long as it does (analysis/critical_path/): the critical path of
     the median counted step across ranks, and blame over every counted step."""
 
     step_ms: float  # the median step's job step: first rank's start to last rank's end
@@ -466,7 +466,7 @@ class CriticalPath(Result):
 
 
 class WhatIf(Result):
-    """A replay of the counted steps with one change (analysis/critical_path.py): ``none``,
+    """A replay of the counted steps with one change (analysis/critical_path/whatif.py): ``none``,
     ``balance``, ``balance:rank=N``, ``faster:NAME:K``, ``bandwidth:OP:GBPS``, ``hide_comm``,
     ``no_late_start``."""
 

@@ -506,7 +506,7 @@ SEGMENT_KINDS: Final = (
 #: kept in time order, not summed): a segment per stretch of one phase, kind and operator (the
 #: canonical op of the event that holds the time; null for a region's uncovered time and idle).
 #: Per window the segments tile the window; their phases add up to the steps table's row. What
-#: the critical path across ranks is built from (analysis/critical_path.py).
+#: the critical path across ranks is built from (analysis/critical_path/).
 SEGMENTS_SCHEMA: Final = pa.schema(
     [
         pa.field(RANK, pa.int32(), nullable=False),
@@ -521,7 +521,7 @@ SEGMENTS_SCHEMA: Final = pa.schema(
 )
 
 
-#: One row per stretch of a step's critical path across ranks (analysis/critical_path.py), in
+#: One row per stretch of a step's critical path across ranks (analysis/critical_path/), in
 #: time order per step: ``export`` writes it as critical_path.parquet. Per step the rows tile
 #: the job's step (first rank's start to last rank's end); kind adds transfer and late_start to
 #: the segment kinds (a late start has no phase).

@@ -518,7 +518,7 @@ def _or_recomputed(
     return TableOnDemand(segments.num_rows, read, segments.close, pieces)
 
 
-#: The critical path a report took (analysis/critical_path.py's Explained), per choice of
+#: The critical path a report took (analysis/critical_path/report.py's Explained), per choice of
 #: steps and changes, for the next report of the run: at 1,024 ranks it is most of the time
 #: `report` takes.
 PATH_CACHE = "critical_path.cache.json"
@@ -526,7 +526,7 @@ _PATH_CACHE_ENTRIES = 8
 
 
 class PathFile:
-    """The run directory's PATH_CACHE (analysis/critical_path.py's PathCache): its entries
+    """The run directory's PATH_CACHE (analysis/critical_path/report.py's PathCache): its entries
     count only where they record the key the run's tables were read with. A damaged, foreign
     or unwritable file is only a cache: read as empty, left as it is."""
 

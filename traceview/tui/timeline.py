@@ -10,7 +10,7 @@ one sees whether communication runs under backward or after it. Lanes are cut by
 marks each rank's arrival at it on the rank's row: ▼ where the last rank arrived, ▽ elsewhere;
 the gap between the marks is what the others waited.
 
-``x`` draws the step's critical path across ranks (analysis/critical_path.py): the stretches of
+``x`` draws the step's critical path across ranks (analysis/critical_path/): the stretches of
 each rank's row that lie on it are underlined; ``.`` and ``,`` step through its segments, the
 chosen one marked and described in the header.
 

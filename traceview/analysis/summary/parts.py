@@ -192,7 +192,7 @@ def _critical_path(
     world: int | None,
     cache: PathCache | None,
 ) -> Explained | None:
-    """The critical path of the counted steps (analysis/critical_path.py), each step's set on
+    """The critical path of the counted steps (analysis/critical_path/), each step's set on
     ``per_step``; ``cache``: where an earlier report of this run kept it."""
     counted = [s.step for s in per_step if s.excluded is None]
     every = [s.step for s in per_step]

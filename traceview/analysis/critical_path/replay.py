@@ -1,0 +1,184 @@
+"""Replay: a graph re-timed from its edges alone, with or without a change (``Change``,
+``replay``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from traceview.analysis.critical_path.graph import NEVER, Graph
+from traceview.analysis.crossrank import ISSUED
+from traceview.model import schema as S
+
+
+@dataclass
+class Change:
+    """A what-if: per-item duration factors, per-call transfer, and how steps start."""
+
+    name: str
+    item_factor: np.ndarray | None = None  # multiplies each item's duration
+    transfer: np.ndarray | None = None  # each call's transfer (ns)
+    hide_comm: bool = False  # every wait is over at once (the collective edges dropped)
+    no_late_start: bool = False  # every rank starts the step with the first
+    no_queue: bool = False  # calls on one queue do not wait for each other (tests drop it)
+
+
+@dataclass
+class Replay:
+    step_ns: dict[int, int]  # the job's step per step
+    passes: int
+    converged: bool
+
+
+def replay(graph: Graph, change: Change | None = None) -> Replay:
+    """Re-time the graph from its edges alone (the docstring of ``graph``).
+
+    A rank's item ends at E_i = P_i + max(origin, max over its waits j <= i of (C_j - P_j)),
+    P the sum of its durations so far (a wait lasts nothing of its own; C_j the completion of
+    the call it waits for): only the waits and the calls move from pass to pass, so a pass
+    costs their number, not the items'."""
+    change = change or Change("none")
+    items = graph.items
+    n = items.height
+    every_call = graph.calls.height
+    timed = graph.timed()
+    t0, group, call, calls = timed.t0, timed.group, timed.call, timed.calls
+    first, heads, g_step = timed.first, timed.heads, timed.g_step
+    transfer_of = change.transfer
+    if transfer_of is not None and timed.kept is not None:
+        transfer_of = transfer_of[timed.kept]
+    wait = call >= 0
+    dur = timed.span
+    if change.item_factor is not None:
+        dur = dur * change.item_factor
+    dur = np.where(wait, 0.0, dur)
+    origin = timed.step_first if change.no_late_start else timed.g_start
+    # prefix sums of durations per group (each group from 0)
+    csum = np.cumsum(dur)
+    before = np.concatenate([[0.0], csum])[heads]
+    prefix = csum - np.repeat(before, np.diff(np.append(heads, n)))  # P_i, i included
+    waits = np.flatnonzero(wait)
+    w_group = group[waits]
+    w_prefix = prefix[waits]
+
+    def last_wait(at: np.ndarray) -> np.ndarray:
+        """Per item index, the position in ``waits`` of its group's last wait at or before it
+        (-1: none)."""
+        if len(waits) == 0:
+            return np.full(len(at), -1)
+        pos = np.searchsorted(waits, at, side="right") - 1
+        ok = (pos >= 0) & (w_group[np.maximum(pos, 0)] == group[np.maximum(at, 0)])
+        return np.where(ok & (at >= 0), pos, -1)
+
+    def ends_at(at: np.ndarray, held: np.ndarray, reach: np.ndarray) -> np.ndarray:
+        """E' of items ``at`` given each one's last wait (``held``) and the waits' running
+        maxima (``reach``)."""
+        if len(reach) == 0:
+            return prefix[at] + origin[group[at]]
+        term = np.where(held >= 0, reach[np.maximum(held, 0)], float(NEVER))
+        return prefix[at] + np.maximum(origin[group[at]], term)
+
+    m = calls.height
+    ready = np.full(m, float(NEVER))  # each call's completion, replayed
+    reach = np.full(len(waits), float(NEVER))
+    passes, converged = 0, True
+    if m:
+        c_issued = (calls[ISSUED].to_numpy() - t0).astype(np.float64)
+        c_item = calls["issue_item"].to_numpy()
+        c_off = calls["issue_offset"].to_numpy().astype(np.float64)
+        inst = calls["instance"].to_numpy() - 1
+        # the queue's calls of one step replay in order; the first waits for the call before
+        # it as measured (a step's replay never moves the next one's calls)
+        queue = calls["queue"].to_numpy() * (1 << 24) + calls[S.STEP].fill_null(-1).to_numpy()
+        uses_all = calls["uses_all"].to_numpy()
+        prev_end = calls["prev_end"].to_numpy()
+        prev_end = np.where(prev_end > NEVER, prev_end - t0, NEVER).astype(np.float64)
+        transfer = (
+            transfer_of if transfer_of is not None else calls["transfer"].to_numpy()
+        ).astype(np.float64)
+        q_first = np.ones(m, bool)
+        q_first[1:] = queue[1:] != queue[:-1]
+        q_csum = np.cumsum(transfer)
+        q_heads = np.flatnonzero(q_first)
+        q_before = np.concatenate([[0.0], q_csum])[q_heads]
+        q_prefix = q_csum - np.repeat(q_before, np.diff(np.append(q_heads, m)))
+        shifted = np.where(q_first, 0.0, np.concatenate([[0.0], q_prefix[:-1]]))
+        issued_on = c_item >= 0
+        item = np.maximum(c_item, 0)
+        span = timed.span[item]
+        is_wait = wait[item]
+        held_end = last_wait(item)
+        held_start = np.where(first[item], -2, last_wait(item - 1))
+        w_call = call[waits]
+        # a wait released before its call's span closed keeps that lead, scaled with the
+        # call's transfer (_released_early)
+        t_measured = calls["transfer"].to_numpy().astype(np.float64)[w_call]
+        w_early = items["early"].to_numpy()[waits].astype(np.float64)
+        w_early *= np.where(t_measured > 0, transfer[w_call] / np.maximum(t_measured, 1), 1.0)
+    while True:
+        passes += 1
+        r = np.full(len(waits), float(NEVER))
+        if m and not change.hide_comm:
+            r = ready[w_call] - w_early
+        reach = _group_cummax(r - w_prefix, w_group)
+        if m == 0:
+            break
+        # where each call is issued now: its item's replayed start plus how far into it
+        e_item = ends_at(item, held_end, reach)
+        s_item = np.where(
+            held_start == -2,
+            origin[group[item]],
+            ends_at(np.maximum(item - 1, 0), np.maximum(held_start, -1), reach),
+        )
+        now_span = e_item - s_item
+        scaled = np.where(span > 0, c_off * now_span / np.where(span > 0, span, 1), 0.0)
+        into = np.where(is_wait, np.minimum(c_off, now_span), scaled)
+        issue = np.where(issued_on, s_item + into, c_issued)
+        last = np.full(int(inst.max()) + 1, float(NEVER))
+        np.maximum.at(last, inst, issue)
+        arrival = np.where(uses_all, last[inst], issue)
+        arrival = np.where(q_first, np.maximum(arrival, prev_end), arrival)
+        if change.no_queue:
+            new_ready = arrival + transfer
+        else:  # on a queue: C_c = max(A_c, C_prev) + T_c, a cumulative maximum
+            new_ready = q_prefix + _group_cummax(arrival - shifted, queue)
+        if np.array_equal(new_ready, ready):
+            break
+        ready = new_ready
+        if passes > every_call + 1:  # (a graph without cycles settles in a pass a call)
+            converged = False
+            break
+    tails = np.append(heads[1:] - 1, n - 1) if n else heads
+    g_end = ends_at(tails, last_wait(tails), reach) if n else np.zeros(0)
+    out = (
+        pl.DataFrame({"s": g_step, "b": origin, "e": g_end})
+        .group_by("s")
+        .agg((pl.col("e").max() - pl.col("b").min()).alias("d"))
+    )
+    return Replay(
+        dict(zip(out["s"].to_list(), [round(v) for v in out["d"].to_list()], strict=True)),
+        passes,
+        converged,
+    )
+
+
+def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Cumulative maximum restarting at each group (``group`` sorted; values in ns, NEVER for
+    none): one ``np.maximum.accumulate`` over integers lifted by group."""
+    if len(values) == 0:
+        return values
+    none = values <= NEVER / 2
+    if none.all():
+        return values
+    lowest = float(values[~none].min()) - 1.0
+    lifted = np.round(np.where(none, lowest, values) - lowest).astype(np.int64)
+    span = int(lifted.max()) + 1
+    rank = np.concatenate([[0], np.cumsum(group[1:] != group[:-1])])  # dense, from 0
+    if int(rank[-1]) * span >= 1 << 62:  # (groups times span beyond int64: polars)
+        frame = pl.DataFrame({"v": values, "g": group})
+        return frame.select(pl.col("v").cum_max().over("g")).to_series().to_numpy()
+    base = rank.astype(np.int64) * span
+    out = (np.maximum.accumulate(lifted + base) - base).astype(np.float64) + lowest
+    return np.where(out <= lowest, float(NEVER), out)

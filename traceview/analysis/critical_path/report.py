@@ -1,0 +1,157 @@
+"""What a report takes from the critical path (``explain``, ``Explained``), and how it is kept
+for the next report of the run (``PathCache``, ``PATH_VERSION``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from traceview.analysis.critical_path.blame import _OWN, _blame, _blame_per_step, _blame_rows
+from traceview.analysis.critical_path.graph import NO_STEP
+from traceview.analysis.critical_path.source import _batches, _source
+from traceview.analysis.critical_path.tables import _stretches
+from traceview.analysis.critical_path.walk import WalkedPath
+from traceview.analysis.critical_path.whatif import _what_ifs
+from traceview.analysis.crossrank import Matched
+from traceview.model.columns import TableOnDemand
+from traceview.model.results import CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
+
+#: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
+#: then computed again.
+PATH_VERSION = 1
+
+
+@dataclass
+class Explained:
+    """What the report takes from the critical path."""
+
+    path: CriticalPath | None
+    per_step: dict[int, StepPath]
+    whatif: list[WhatIf]
+    rank_blame: dict[int, float]  # per rank, its own time on the path (not transfer), ms/step
+
+
+class PathCache(Protocol):
+    """Where a report keeps what it took from the critical path, per choice of steps and
+    changes (``key``), for the next report of the same run (store/analysed.py: in the run
+    directory, beside the tables it was computed from)."""
+
+    def get(self, key: str) -> Explained | None: ...
+
+    def put(self, key: str, explained: Explained) -> None: ...
+
+
+@dataclass
+class _StepWalk:
+    """What a step's walked path leaves once its pieces are counted (``explain``)."""
+
+    step: int
+    start_ns: int
+    end_ns: int
+    complete: bool
+    reason: str | None
+
+
+def explain(
+    segments: pa.Table | TableOnDemand,
+    matched: Matched,
+    steps: list[int | None],
+    counted: list[int | None],
+    median_phase_ms: dict[str, float],
+    extra: list[str] | None = None,
+    world: int | None = None,
+) -> Explained:
+    """The critical path of each of ``steps`` (every complete step, warm-up included); blame
+    and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
+    for, as ``whatif`` takes them). The steps are walked and replayed in batches
+    (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
+    phase, kind and operator (integers: the sums are the whole graph's). ``segments``: the
+    table, or what reads it a piece at a time (``_source``)."""
+    source = _source(segments, matched, steps, world)
+    del segments
+    if source is None:
+        return Explained(None, {}, [], {})
+    walked: list[_StepWalk] = []
+    rows: list[pl.DataFrame] = []
+    batches = _batches(source, source.steps)
+    kept: list[WalkedPath] = []  # one batch: its paths (the median's is one of them)
+    for batch in batches:
+        walks = source.walks(batch)
+        if not walks:
+            continue
+        walked += [_StepWalk(p.step, p.start_ns, p.end_ns, p.complete, p.reason) for p in walks]
+        rows.append(
+            _blame_rows(walks)
+            .group_by("step", "rank", "phase", "kind", "op")
+            .agg(pl.col("ns").sum())
+        )
+        if len(batches) == 1:
+            kept = walks
+        del walks
+    wanted = {NO_STEP if s is None else s for s in counted}
+    paths = [p for p in walked if p.step in wanted]
+    if not paths:
+        return Explained(None, {}, [], {})
+    step_ns = {p.step: p.end_ns - p.start_ns for p in walked}
+    ordered = sorted(paths, key=lambda p: (step_ns[p.step], p.step))
+    median = ordered[(len(ordered) - 1) // 2]
+    every = pl.concat(rows)
+    df = every.filter(pl.col("step").is_in(list(wanted)))
+    n = len(paths)
+    mean_step_ms = float(np.mean([step_ns[p.step] for p in paths])) / 1e6
+    blame = _blame(df, n, mean_step_ms, median_phase_ms)
+    per_step = {}
+    step_ms = {p.step: step_ns[p.step] / 1e6 for p in walked}
+    blames = _blame_per_step(every, step_ms, median_phase_ms)
+    for p in walked:
+        per_step[p.step] = StepPath(
+            step_ms=round(step_ms[p.step], 3),
+            complete=p.complete,
+            reason=p.reason,
+            blame=blames.get(p.step, []),
+        )
+    by_op = (
+        df.filter(pl.col("op").is_not_null())
+        .group_by("op", "phase", "kind")
+        .agg((pl.col("ns").sum() / n / 1e6).alias("ms"))
+        .sort("ms", "op", "phase", "kind", descending=[True, False, False, False], nulls_last=True)
+        .head(10)
+    )
+    # the median step's path, for the stretches the report lists: walked again, alone, unless
+    # the run was one batch (a step's path is its own, in a batch or alone)
+    again = next((p for p in kept if p.step == median.step), None)
+    if again is None:
+        (again,) = source.walks([median.step])
+    del kept
+    segs = [
+        PathSegment(
+            rank=x.rank,
+            phase=x.phase,  # type: ignore[arg-type]
+            op=x.op,
+            kind=x.kind,  # type: ignore[arg-type]
+            start_ms=round((x.start_ns - median.start_ns) / 1e6, 4),
+            ms=round(x.dur_ns / 1e6, 4),
+        )
+        for x in _stretches(again.frame, median.end_ns - median.start_ns)
+    ]
+    own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
+    rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}
+    path = CriticalPath(
+        step_ms=round(step_ns[median.step] / 1e6, 3),
+        step=median.step,
+        steps=n,
+        complete_steps=sum(p.complete for p in paths),
+        segments=segs,
+        blame=blame,
+        by_op=[
+            OpBlame(op=r["op"], phase=r["phase"], kind=r["kind"], ms=round(r["ms"], 3))
+            for r in by_op.iter_rows(named=True)
+        ],
+    )
+    counted_steps = sorted(wanted & set(source.steps))
+    whatif = _what_ifs(source, counted_steps, blame, by_op, extra or [])
+    return Explained(path, per_step, whatif, rank_blame)

@@ -1,0 +1,316 @@
+"""What every graph of a run's steps is cut from, read once with bounded memory (``_Source``,
+``_source``), the graphs cut from it (``build_graph``, ``_graph``) and the steps taken in
+batches of at most ``GRAPH_ROWS`` items (``_batches``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from traceview.analysis.critical_path.graph import NO_STEP, Graph
+from traceview.analysis.critical_path.waits import (
+    _calls,
+    _composite,
+    _issue_points,
+    _released_early,
+    _unexplained,
+    _waiting_pieces,
+)
+from traceview.analysis.critical_path.walk import WalkedPath, critical_paths
+from traceview.analysis.crossrank import ISSUED, Matched
+from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
+
+
+def build_graph(
+    segments: pa.Table, matched: Matched, steps: list[int | None], world: int | None = None
+) -> Graph | None:
+    """The graph of ``steps`` (the counted steps; None: a window without step markers) from
+    every rank's segments and the matched calls (crossrank.match_collectives, on one clock);
+    ``world``: the job's world size, where known (a world of one has nothing to wait for)."""
+    source = _source(segments, matched, steps, world)
+    return None if source is None else _graph(source, source.steps)
+
+
+#: The most items (segments and waiting pieces) one graph holds: a run with more is walked and
+#: replayed in batches of whole steps (``_batches``), so that memory follows the batch, not the
+#: run. Each step's path, blame and replays are its own, so batches give what one graph gives.
+#: A fresh report of the 1.02 GB run: 2^18 2.18 s / 313 MB, 2^17 2.21 s / 250 MB, 2^16 2.57 s /
+#: 223 MB.
+GRAPH_ROWS = 1 << 17
+
+
+@dataclass
+class _Source:
+    """What every graph of a run's steps is cut from, made once: the rank's own segments, the
+    exposed communication cut into waiting pieces, and the calls."""
+
+    # the segments not of exposed communication, sorted (rank, step, start), where they fit
+    # one graph; else None: each batch reads its own (``rest_of``)
+    rest: pl.DataFrame | None
+    pieces: pl.DataFrame  # exposed communication cut at call ends (``_waiting_pieces``)
+    calls: pl.DataFrame  # ``_calls``
+    steps: list[int]  # the wanted steps (NO_STEP: the one window), sorted
+    unmatched: dict[int, str]  # ``_unexplained``, over every step
+    rows: int  # items over every step: a graph of them all would hold this many
+    rest_spans: pl.DataFrame  # per rank and step, the span of the rest and its count (_spans)
+    segments: TableOnDemand  # what they were read from (read again by ``rest_of``)
+    in_order: bool  # whether the segments were in (rank, step, start) order
+    # the last graph made, and its walk where it is one step's: asked for again (a run of one
+    # batch, or of one long step, walks, replays and walks its median step again in the same
+    # graph), they are not made again; a new one replaces them before it is made
+    last: tuple[list[int], Graph | None, list[WalkedPath] | None] | None = None
+
+    def graph(self, steps: list[int]) -> Graph | None:
+        """The graph of ``steps`` (sorted; ``_graph``), the last one where it is the same."""
+        if self.last is not None and self.last[0] == steps:
+            return self.last[1]
+        self.last = None  # (freed before the next is made)
+        graph = _graph(self, steps)
+        self.last = (steps, graph, None)
+        return graph
+
+    def walks(self, steps: list[int]) -> list[WalkedPath]:
+        """``critical_paths`` of the graph of ``steps``, the last walk where it is the same
+        step's."""
+        graph = self.graph(steps)
+        if graph is None:
+            return []
+        assert self.last is not None
+        if self.last[2] is not None:
+            return self.last[2]
+        walks = critical_paths(graph, self.rows)
+        if len(steps) == 1:  # (one step's path: kept, a path is small beside its graph)
+            self.last = (steps, graph, walks)
+        return walks
+
+    def rest_of(self, steps: list[int]) -> pl.DataFrame:
+        """The rest of ``steps`` (sorted), sorted: where the rest is not held, read again,
+        only the pieces (row groups) that may hold those steps."""
+        if self.rest is not None:
+            if steps == self.steps:
+                return self.rest
+            return self.rest.filter(pl.col(S.STEP).is_in(steps))
+        parts = [
+            _compact(table, steps).filter(pl.col(S.KIND) != S.SEGMENT_COMM)
+            for table in self.segments.in_pieces((S.STEP, steps[0], steps[-1]))
+        ]
+        rest = pl.concat(parts, rechunk=False)
+        return rest if self.in_order else rest.sort(S.RANK, S.STEP, S.START_NS)
+
+    def windows(self) -> pl.DataFrame:
+        """Per rank and step, the span of its items."""
+        spans = [f.drop("len") for f in (self.rest_spans, _spans(self.pieces))]
+        return pl.concat(spans).group_by(S.RANK, S.STEP).agg(pl.col("s").min(), pl.col("e").max())
+
+    def step_rows(self) -> dict[int, int]:
+        counts = pl.concat([self.rest_spans, _spans(self.pieces)])
+        return dict(counts.group_by(S.STEP).agg(pl.col("len").sum()).iter_rows())
+
+
+def _spans(items: pl.DataFrame) -> pl.DataFrame:
+    """Per rank and step of ``items``, their span (s, e) and their count (len)."""
+    return items.group_by(S.RANK, S.STEP).agg(
+        pl.col(S.START_NS).min().alias("s"),
+        pl.col(S.END_NS).max().alias("e"),
+        pl.len().cast(pl.Int64).alias("len"),
+    )
+
+
+def _source(
+    segments: pa.Table | TableOnDemand,
+    matched: Matched,
+    steps: list[int | None],
+    world: int | None,
+) -> _Source | None:
+    """The source of every graph of ``steps``, from the segments (a table, or what reads it a
+    piece at a time): each piece made compact as it comes, and the rest (the segments not of
+    exposed communication, most of them) held only while they fit one graph (``GRAPH_ROWS``),
+    else read again by each batch: the segments are never whole in memory (a table given
+    whole is held whole: it is in memory already)."""
+    if isinstance(segments, pa.Table):
+        segments = TableOnDemand.of(segments)
+    held_whole = segments.pieces is None  # (in memory already: what is compact is kept)
+    wanted = [NO_STEP if s is None else s for s in steps]
+    rest: list[pl.DataFrame] | None = []
+    held = 0
+    comm: list[pl.DataFrame] = []
+    communicating: list[pl.DataFrame] = []  # (rank, step) that spent time communicating
+    spans: list[pl.DataFrame] = []  # of the rest, per piece (``_spans``)
+    ranks: set[int] = set()
+    in_order, last = True, None
+    for table in segments.in_pieces():
+        seg = _compact(table, wanted)
+        del table
+        if seg.height == 0:
+            continue
+        # (as the analysis writes them, they are in order: then never sorted, nor copied)
+        if in_order:
+            first = seg.row(0)[:3]
+            in_order = (last is None or first > last) and _in_order(seg)
+            last = seg.row(seg.height - 1)[:3]
+        ranks.update(seg[S.RANK].unique().to_list())
+        is_comm = pl.col(S.KIND) == S.SEGMENT_COMM
+        comm.append(seg.filter(is_comm))
+        communicating.append(
+            seg.filter(is_comm | (pl.col(S.PHASE) == S.COMM)).select(S.RANK, S.STEP).unique()
+        )
+        # (the rest wait for no call: their call and lead are given per batch, in ``_graph``)
+        mine = seg.filter(~is_comm)
+        del seg
+        spans.append(_spans(mine))
+        held += mine.height
+        if rest is not None and (held <= GRAPH_ROWS or held_whole):
+            rest.append(mine)
+        else:  # more than a graph holds: each batch reads its own
+            rest = None
+    if not ranks:
+        return None
+    calls = _calls(matched.calls)
+    rest_frame = None if rest is None else pl.concat(rest, rechunk=False)
+    comm_frame = pl.concat(comm)
+    del rest, comm
+    if not in_order:
+        if rest_frame is not None:
+            rest_frame = rest_frame.sort(S.RANK, S.STEP, S.START_NS)
+        comm_frame = comm_frame.sort(S.RANK, S.STEP, S.START_NS)
+    alone = max(world or 0, len(ranks)) <= 1
+    unmatched = _unexplained(pl.concat(communicating).unique(), calls, matched, alone)
+    pieces = _released_early(_waiting_pieces(comm_frame, calls), calls)
+    rest_spans = (
+        pl.concat(spans)
+        .group_by(S.RANK, S.STEP)
+        .agg(pl.col("s").min(), pl.col("e").max(), pl.col("len").sum())
+    )
+    return _Source(
+        rest_frame, pieces, calls, sorted(set(wanted)), unmatched, held + pieces.height,
+        rest_spans, segments, in_order,
+    )  # fmt: skip
+
+
+#: The columns of the segments a graph is made of.
+_SEGMENT_COLUMNS = (S.RANK, S.STEP, S.START_NS, S.END_NS, S.PHASE, S.KIND, S.OP)
+
+
+def _compact(segments: pa.Table, wanted: list[int]) -> pl.DataFrame:
+    """The rows of ``wanted`` steps (NO_STEP for a null one), the labels as categories: a few
+    bytes a row, not a string each, in every copy."""
+    columns = {name: segments.column(name) for name in _SEGMENT_COLUMNS}
+    for name in (S.PHASE, S.KIND, S.OP):
+        if not pa.types.is_dictionary(columns[name].type):
+            columns[name] = columns[name].dictionary_encode()
+    seg = pl.from_arrow(pa.table(columns))
+    assert isinstance(seg, pl.DataFrame)
+    seg = seg.with_columns(pl.col(S.STEP).fill_null(NO_STEP))
+    keep = seg[S.STEP].is_in(wanted)
+    return seg if keep.all() else seg.filter(keep)
+
+
+def _in_order(seg: pl.DataFrame) -> bool:
+    """Whether the segments are in (rank, step, start) order with no two alike: sorting them
+    would change nothing."""
+    rank, step, start = (seg[c].to_numpy() for c in (S.RANK, S.STEP, S.START_NS))
+    same_rank = rank[1:] == rank[:-1]
+    same_step = step[1:] == step[:-1]
+    later = (rank[1:] > rank[:-1]) | (
+        same_rank & ((step[1:] > step[:-1]) | (same_step & (start[1:] > start[:-1])))
+    )
+    return bool(later.all())
+
+
+def _graph(source: _Source, steps: list[int]) -> Graph | None:
+    """The graph of some of the source's ``steps`` (sorted)."""
+    rest, pieces = source.rest_of(steps), source.pieces
+    if steps != source.steps:
+        pieces = pieces.filter(pl.col(S.STEP).is_in(steps))
+    if rest.height + pieces.height == 0:
+        return None
+    items = (
+        pl.concat([rest, pieces], how="diagonal_relaxed")
+        .with_columns(pl.col("call").fill_null(-1), pl.col("early").fill_null(0))
+        .with_row_index("_o")
+        .sort(S.RANK, S.STEP, S.START_NS, S.END_NS, "_o")
+        .drop("_o")
+        # (sorted by rank and step: a run of one (rank, step) is its group, numbered from 0)
+        .with_columns(pl.struct(S.RANK, S.STEP).rle_id().cast(pl.Int64).alias("group"))
+    )
+    calls = _issue_points(source.calls, items)
+    return Graph(items, calls, list(steps), source.unmatched)
+
+
+def _batches(source: _Source, steps: list[int]) -> list[list[int]]:
+    """``steps`` (sorted) in runs of whole steps of at most ``GRAPH_ROWS`` items each (a step
+    with more is a batch of its own), never cut between two steps that one waits on the other
+    through a call (``_tied``): each batch's graph then replays as the whole one does."""
+    if not steps:
+        return []
+    per_step = source.step_rows()
+    sizes = [per_step.get(s, 0) for s in steps]
+    if sum(sizes) <= GRAPH_ROWS:
+        return [list(steps)]
+    tied = _tied(source, steps)
+    batches: list[list[int]] = [[steps[0]]]
+    held = sizes[0]
+    for i in range(1, len(steps)):
+        if held + sizes[i] > GRAPH_ROWS and not tied[i - 1]:
+            batches.append([])
+            held = 0
+        batches[-1].append(steps[i])
+        held += sizes[i]
+    return batches
+
+
+def _tied(source: _Source, steps: list[int]) -> np.ndarray:
+    """Per boundary between two of ``steps`` (sorted), whether a batch may not end there: a
+    piece of one step waits for a call whose queue (in its step), or any member of whose
+    instance, was issued or counted in another, and every step between them."""
+    n = len(steps)
+    tied = np.zeros(max(n - 1, 0), bool)
+    calls, pieces = source.calls, source.pieces.filter(pl.col("call") >= 0)
+    if n < 2 or calls.height == 0 or pieces.height == 0:
+        return tied
+    order = np.asarray(steps, np.int64)
+
+    def position(step: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(order, step), 0, n - 1)
+
+    c_step = position(calls[S.STEP].fill_null(NO_STEP).to_numpy())
+    # the step whose window on the issuing rank holds each call's issue (else its own)
+    windows = source.windows().sort(S.RANK, "s")
+    w_rank, w_start, w_end = (windows[c].to_numpy() for c in (S.RANK, "s", "e"))
+    w_step = position(windows[S.STEP].to_numpy())
+    c_rank, issued = calls[S.RANK].to_numpy(), calls[ISSUED].to_numpy()
+    t0 = int(min(w_start.min(), issued.min()))
+    span = int(max(w_end.max(), issued.max()) - t0 + 1)
+    keys = _composite(w_rank, w_start, t0, span)
+    at = np.searchsorted(keys, _composite(c_rank, issued, t0, span), side="right") - 1
+    safe = np.maximum(at, 0)
+    inside = (at >= 0) & (w_rank[safe] == c_rank) & (issued <= w_end[safe])
+    issue_step = np.where(inside, w_step[safe], c_step)
+    frame = pl.DataFrame(
+        {
+            "lo": np.minimum(c_step, issue_step),
+            "hi": np.maximum(c_step, issue_step),
+            "instance": calls["instance"].to_numpy(),
+            "queue": calls["queue"].to_numpy(),
+            "step": c_step,
+        }
+    )
+    # an instance's members, then a queue's calls in one step, reach what any of them reaches
+    frame = frame.with_columns(
+        pl.col("lo").min().over("instance"), pl.col("hi").max().over("instance")
+    ).with_columns(
+        pl.col("lo").min().over("queue", "step"), pl.col("hi").max().over("queue", "step")
+    )
+    call = pieces["call"].to_numpy()
+    p_step = position(pieces[S.STEP].to_numpy())
+    lo = np.minimum(p_step, frame["lo"].to_numpy()[call])
+    hi = np.maximum(p_step, frame["hi"].to_numpy()[call])
+    # boundaries lo .. hi-1 of each such interval are tied
+    marks = np.zeros(n, np.int64)
+    np.add.at(marks, lo, 1)
+    np.add.at(marks, hi, -1)
+    return np.cumsum(marks)[:-1] > 0

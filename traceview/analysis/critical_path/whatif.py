@@ -1,0 +1,205 @@
+"""The what-ifs: the changes worth replaying on a graph, the changes named as the report and
+``whatif`` name them (``parse_change``), and each replayed over a run's steps in batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from traceview.analysis.critical_path.blame import _OWN
+from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, TRANSFER, Graph
+from traceview.analysis.critical_path.replay import Change, replay
+from traceview.analysis.critical_path.source import _batches, _Source
+from traceview.analysis.crossrank import BUS_FACTOR
+from traceview.model import schema as S
+from traceview.model.results import Blame, WhatIf
+
+
+def what_ifs(graph: Graph, ranks_phase_ms: pl.DataFrame | None = None) -> list[Change]:
+    """The changes worth replaying on this graph: none (the check), each rank balanced where
+    ranks differ, every rank balanced, hidden communication, no late starts, the largest phase
+    and the largest operator 2x faster."""
+    changes = [Change("none")]
+    items = graph.items
+    if items.height == 0:
+        return changes
+    dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
+    computing = items[S.KIND].is_in(_COMPUTING)
+    frame = items.select(S.RANK, S.STEP, S.PHASE, S.OP).with_columns(
+        dur.alias("d"), computing.alias("c")
+    )
+    per = frame.filter(pl.col("c")).group_by(S.STEP, S.RANK, S.PHASE).agg(pl.col("d").sum())
+    med = per.group_by(S.STEP, S.PHASE).agg(pl.col("d").median().alias("m"))
+    factor = (
+        per.join(med, on=[S.STEP, S.PHASE])
+        .with_columns((pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f"))
+        .select(S.STEP, S.RANK, S.PHASE, "f")
+    )
+    joined = frame.with_row_index("_i").join(factor, on=[S.STEP, S.RANK, S.PHASE], how="left")
+    joined = joined.sort("_i")
+    f = np.where(joined["c"].to_numpy(), joined["f"].fill_null(1.0).to_numpy(), 1.0)
+    if (f < 1.0).any():
+        changes.append(Change("balance", item_factor=f))
+    if graph.calls.height:
+        changes.append(Change("hide_comm", hide_comm=True))
+    changes.append(Change("no_late_start", no_late_start=True))
+    return changes
+
+
+def faster(graph: Graph, name: str, k: float) -> Change | None:
+    """A phase, an operator or a collective ``k`` times faster (None: the graph has no such)."""
+    items, calls = graph.items, graph.calls
+    label = f"faster:{name}:{k:g}"
+    if name in S.BREAKDOWN_PHASES and name != S.COMM:
+        hit = (items[S.PHASE] == name).to_numpy() & (items["call"] < 0).to_numpy()
+    else:
+        hit = ((items[S.OP] == name).fill_null(False) & (items["call"] < 0)).to_numpy()
+    hit_calls = (
+        (calls[S.COLLECTIVE] == name).to_numpy() | (name == S.COMM)
+        if calls.height
+        else np.zeros(0, bool)
+    )
+    if not hit.any() and not hit_calls.any():
+        return None
+    factor = np.where(hit, 1.0 / k, 1.0)
+    transfer = calls["transfer"].to_numpy().astype(np.float64) if calls.height else None
+    if transfer is not None:
+        transfer = np.where(hit_calls, transfer / k, transfer)
+    return Change(label, item_factor=factor, transfer=transfer)
+
+
+def balance_rank(graph: Graph, rank: int) -> Change | None:
+    """One rank's compute phases at the median of the other ranks' (per step and phase)."""
+    items = graph.items
+    dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
+    computing = items[S.KIND].is_in(_COMPUTING)
+    frame = items.select(S.RANK, S.STEP, S.PHASE).with_columns(dur.alias("d"), computing.alias("c"))
+    per = frame.filter(pl.col("c")).group_by(S.STEP, S.RANK, S.PHASE).agg(pl.col("d").sum())
+    others = (
+        per.filter(pl.col(S.RANK) != rank)
+        .group_by(S.STEP, S.PHASE)
+        .agg(pl.col("d").median().alias("m"))
+    )
+    mine = per.filter(pl.col(S.RANK) == rank).join(others, on=[S.STEP, S.PHASE])
+    if mine.height == 0:
+        return None
+    factor = mine.with_columns((pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f")).select(
+        S.STEP, pl.col(S.RANK), S.PHASE, "f"
+    )
+    joined = frame.with_row_index("_i").join(factor, on=[S.STEP, S.RANK, S.PHASE], how="left")
+    f = np.where(
+        joined.sort("_i")["c"].to_numpy(), joined.sort("_i")["f"].fill_null(1.0).to_numpy(), 1.0
+    )
+    return Change(f"balance:rank={rank}", item_factor=f)
+
+
+def at_bandwidth(graph: Graph, op: str, gbps: float) -> Change | None:
+    """Calls of collective ``op`` at a bus bandwidth of ``gbps`` Gb/s (bits, as the report's
+    busbw_gbps): transfer = bus bytes / bandwidth."""
+    calls = graph.calls
+    if calls.height == 0:
+        return None
+    hit = (calls[S.COLLECTIVE] == op).to_numpy() & calls[S.BYTES].is_not_null().to_numpy()
+    if not hit.any():
+        return None
+    n = calls["participants"].fill_null(2).to_numpy().astype(np.float64)
+    factor = np.array([BUS_FACTOR[op](v) for v in n]) if op in BUS_FACTOR else np.ones(len(n))
+    bus = calls[S.BYTES].fill_null(0).to_numpy().astype(np.float64) * factor
+    transfer = calls["transfer"].to_numpy().astype(np.float64)
+    transfer = np.where(hit, bus * 8 / gbps, transfer)  # bits over Gb/s: ns
+    return Change(f"bandwidth:{op}:{gbps:g}", transfer=transfer)
+
+
+def parse_change(graph: Graph, text: str) -> Change | None:
+    """A change as the report and ``whatif`` name it (WhatIf.change); None where the graph has
+    nothing it applies to. Raises ValueError for a change that is not well formed."""
+    name, _, rest = text.partition(":")
+    if name == "none":
+        return Change("none")
+    if name == "balance" and not rest:
+        return next((c for c in what_ifs(graph) if c.name == "balance"), None)
+    if name == "balance" and rest.startswith("rank="):
+        return balance_rank(graph, int(rest.removeprefix("rank=")))
+    if name == "faster":
+        what, _, k = rest.rpartition(":")
+        if not what or float(k) <= 0:
+            raise ValueError(text)
+        return faster(graph, what, float(k))
+    if name == "bandwidth":
+        op, _, gbps = rest.rpartition(":")
+        if not op or float(gbps) <= 0:
+            raise ValueError(text)
+        return at_bandwidth(graph, op, float(gbps))
+    if name == "hide_comm" and not rest:
+        return Change("hide_comm", hide_comm=True)
+    if name == "no_late_start" and not rest:
+        return Change("no_late_start", no_late_start=True)
+    raise ValueError(text)
+
+
+def _changes(
+    graph: Graph, ranks: int, blame: list[Blame], by_op: pl.DataFrame, extra: list[str]
+) -> list[Change | None]:
+    """The changes the report replays, in its order (None: nothing in ``graph`` it applies
+    to): none, balance, hide_comm, no_late_start, the rank with the most of its own time
+    balanced, the top phase, the top operator and the top collective 2x faster, then
+    ``extra``. Each slot names the same change in every batch of a run's steps."""
+    by_name = {c.name: c for c in what_ifs(graph)}
+    changes: list[Change | None] = [
+        by_name["none"],
+        by_name.get("balance"),
+        by_name.get("hide_comm"),
+        by_name.get("no_late_start"),
+    ]
+    top_rank = next((b.rank for b in blame if b.kind in _OWN and b.kind != LATE_START), None)
+    changes.append(balance_rank(graph, top_rank) if ranks > 1 and top_rank is not None else None)
+    top_phase = next(
+        (b.phase for b in blame if b.kind in _OWN and b.phase not in (None, S.IDLE)), None
+    )
+    changes.append(faster(graph, top_phase, 2.0) if top_phase is not None else None)
+    top_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] in _OWN), None)
+    wanted_op = top_op is not None and top_op != top_phase
+    changes.append(faster(graph, top_op, 2.0) if wanted_op else None)  # type: ignore[arg-type]
+    comm_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] == TRANSFER), None)
+    changes.append(faster(graph, comm_op, 2.0) if comm_op is not None else None)
+    changes += [parse_change(graph, text) for text in extra]
+    return changes
+
+
+def _what_ifs(
+    source: _Source, steps: list[int], blame: list[Blame], by_op: pl.DataFrame, extra: list[str]
+) -> list[WhatIf]:
+    """Each change replayed over ``steps`` (the counted ones), a batch at a time: a change
+    with nothing to apply to in a batch leaves its steps as replayed with none. A change is
+    reported where it applies to some batch, in its first slot's place (``_changes``)."""
+    windows = source.windows().filter(pl.col(S.STEP).is_in(steps))
+    ranks = windows[S.RANK].n_unique()
+    slot_of: dict[str, int] = {}
+    per_batch: list[tuple[dict[int, int], dict[str, dict[int, int]]]] = []
+    for batch in _batches(source, steps):
+        graph = source.graph(batch)
+        if graph is None:
+            continue
+        results: dict[str, dict[int, int]] = {}
+        for slot, change in enumerate(_changes(graph, ranks, blame, by_op, extra)):
+            if change is None or change.name in results:
+                continue
+            slot_of[change.name] = min(slot_of.get(change.name, slot), slot)
+            results[change.name] = replay(graph, change).step_ns
+        per_batch.append((results["none"], results))
+        del graph
+    out: list[WhatIf] = []
+    base: float | None = None
+    for name in sorted(slot_of, key=slot_of.__getitem__):
+        step_ns: dict[int, int] = {}
+        for none, results in per_batch:
+            step_ns.update(results.get(name, none))
+        ms = float(np.mean(sorted(step_ns.values()))) / 1e6 if step_ns else 0.0
+        if base is None:
+            base = ms
+        out.append(
+            WhatIf(
+                change=name, step_ms=round(ms, 3), speedup=round(base / ms, 3) if ms > 0 else 0.0
+            )
+        )
+    return out
