@@ -17,7 +17,7 @@ With ``--replicate N[,N...]`` it times what the critical path adds to the whole 
 the per-rank tables of ``sample_traces/pytorch/slowfwd`` (3 CPU ranks, gloo, 8 all-reduces per
 step, 5 steps) replicated to N ranks, times shifted by up to a millisecond (as
 ``bench_crossrank.py`` does), summarized in one process without the segments table, with it,
-and with it and the path a report before kept (store/analysed.py's PathFile, in a scratch
+and with it and the path a report before kept (runs/'s PathFile, in a scratch
 folder): what ``report`` costs on a run directory after ``traceview ingest``.
 """
 
@@ -161,7 +161,7 @@ def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
 
     from traceview.analysis.summary import cross_rank_of, summarize
     from traceview.model.columns import TableOnDemand
-    from traceview.store.analysed import PathFile, open_run
+    from traceview.runs import PathFile, open_run
 
     names = ("steps", "ops", "collectives", "comm", "segments")
     bench_crossrank.TIMED = names

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 from traceview.analysis.summary import cross_rank_of, summarize  # noqa: E402
 from traceview.model import schema as S  # noqa: E402
 from traceview.model.manifest import Manifest, RankIngest  # noqa: E402
+from traceview.runs import open_run  # noqa: E402
 from traceview.store import rundir as R  # noqa: E402
-from traceview.store.analysed import open_run  # noqa: E402
 
 SAMPLE = REPO / "sample_traces" / "pytorch" / "slowfwd"
 TIMED = ("steps", "ops", "collectives", "comm")

@@ -31,7 +31,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def child(run: str, step: int, mode: str) -> None:
     from traceview.analysis.lanes import rank_lanes, window_read_span, windows_by_step
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     t0 = time.perf_counter()
     with open_run([Path(run)]) as opened:
@@ -98,7 +98,7 @@ def main() -> None:
         return
     run = args.run or make_run(args.target_mb)
     from traceview.analysis.lanes import windows_by_step
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     with open_run([run]) as opened:
         steps = sorted(s for s in windows_by_step(opened.steps) if s is not None)

@@ -23,7 +23,7 @@ import pytest
 
 if TYPE_CHECKING:
     from traceview.parsers import Parser
-    from traceview.store.analysed import Run
+    from traceview.runs import Run
 
 T = TypeVar("T")
 
@@ -229,7 +229,7 @@ def cli():
 def analysed(run: Path) -> Run:
     """A run directory's per-rank analysis tables (``.steps``, ``.ops``...) as every command
     reads them (``open_run``: the cached tables where current, recomputed where not)."""
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     with open_run([run]) as opened:
         return opened
@@ -282,7 +282,7 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def ddp(runs_root: Path) -> Iterator[Any]:
     from tests.tui_helpers import sample_run
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     with open_run([sample_run("ddp", runs_root)]) as run:
         yield run
@@ -291,7 +291,7 @@ def ddp(runs_root: Path) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def explicit(runs_root: Path) -> Iterator[Any]:
     from tests.tui_helpers import sample_run
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     with open_run([sample_run("explicit", runs_root)]) as run:
         yield run

@@ -35,8 +35,8 @@ import pytest
 
 from tests.conftest import SAMPLES, Result, run_cli
 from traceview.analysis import RANK_TABLES
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 DDP = SAMPLES / "pytorch" / "ddp"
 
@@ -333,7 +333,7 @@ def check_recompute_of_a_replaced_run(runs: Runs, tmp_path: Path) -> None:
     """The race above, made certain in one process: a recompute of run a, whose run directory an
     ingest replaced (by run b) after it was first looked at, writes no cache (RunReplaced) and
     the run directory is run b's alone; opening it again reads b."""
-    from traceview.store.analysed import RunReplaced, open_run, reanalyze
+    from traceview.runs import RunReplaced, open_run, reanalyze
 
     run = tmp_path / "run"
     shutil.copytree(runs.a, run)

@@ -11,7 +11,7 @@ from typing import Any
 from textual.pilot import Pilot
 
 from tests.conftest import SAMPLES
-from traceview.store.analysed import ingest_run
+from traceview.runs import ingest_run
 
 #: A name no terminal should ever act on: an OSC title change, a screen clear, Rich markup and a
 #: right-to-left override, as an event and a thread could be named in someone's trace.

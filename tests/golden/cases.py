@@ -85,7 +85,7 @@ def _scrub(value: Any) -> Any:
 
 def steps_table(argv: list[str]) -> dict[str, list[Any]]:
     """The exact steps table (ns) of a report case's run: finer than the report's rounded ms."""
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     cwd = os.getcwd()
     os.chdir(REPO)

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.unit.test_chainer import MLP
-from traceview.store.analysed import ingest_run
+from traceview.runs import ingest_run
 
 
 @pytest.fixture(scope="module")

@@ -34,8 +34,8 @@ from traceview.analysis import RANK_TABLES
 from traceview.ingest.large import chunked, sinks, spill
 from traceview.ingest.large import route as route_module
 from traceview.model import schema as S
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -507,7 +507,7 @@ def test_a_readers_recompute_in_chunks_equals_the_ingests_tables(
     chunk of steps at a time (``analysed._in_chunks``), for runs of every framework and format
     (TensorFlow, MXNet and Chainer traces are read whole at ingest): the tables must be the
     ones the ingest wrote, rank by rank."""
-    from traceview.store.analysed import _in_chunks
+    from traceview.runs import _in_chunks
 
     run = tmp_path / "run"
     with monkeypatch.context() as m:

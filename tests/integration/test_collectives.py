@@ -25,7 +25,7 @@ def test_every_rank_numbers_its_calls_the_same_way(sample: str) -> None:
 
 def test_collectives_table_is_in_the_export(tmp_path: Path) -> None:
     from tests.conftest import run_cli
-    from traceview.store.analysed import ingest_run
+    from traceview.runs import ingest_run
 
     run = ingest_run([SAMPLES / "pytorch" / "ddp"], tmp_path / "run")
     result = run_cli("export", run, "--format", "parquet", "-o", tmp_path / "out")

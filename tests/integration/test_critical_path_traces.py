@@ -18,8 +18,8 @@ from traceview.analysis import critical_path as cp
 from traceview.analysis.critical_path import build_graph, critical_paths, replay
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
+from traceview.runs import open_run
 from traceview.store import rundir as R
-from traceview.store.analysed import open_run
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = sorted(

@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import analysed, shared_traces
 from traceview.analysis.summary import summarize
 from traceview.model import schema as S
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 HTA_TRACES = [
     "hta_nccl_parser_config",

@@ -24,7 +24,7 @@ def test_estimated_offsets_put_the_export_on_one_clock(tmp_path: Path) -> None:
     import gzip
 
     from tests.conftest import run_cli
-    from traceview.store.analysed import ingest_run
+    from traceview.runs import ingest_run
 
     job = Job(ranks=4, steps=6, forward_ms={3: 25.0}, **SHIFTED)  # type: ignore[arg-type]
     run = ingest_run([write(job, tmp_path / "job")], tmp_path / "run")

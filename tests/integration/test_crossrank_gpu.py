@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import shared_traces
 from traceview.analysis.crossrank import cross_rank, match_collectives
-from traceview.store.analysed import open_run
+from traceview.runs import open_run
 
 DELAY_SHARE = 0.4  # of each of the straggler's NCCL kernels: how late it arrives
 SETS = {

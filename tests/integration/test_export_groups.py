@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from tests.conftest import SAMPLES
 from traceview.model import schema as S
-from traceview.store.analysed import Run
+from traceview.runs import Run
 from traceview.views import export
 
 

@@ -37,8 +37,8 @@ import pytest
 from tests.conftest import analysed, shared_traces
 from traceview.analysis.gpu import launch_stats
 from traceview.model import schema as S
+from traceview.runs import ingest_run, open_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run, open_run
 
 LAUNCH_TRACES = [
     "kineto_resnet50_num_workers_0",

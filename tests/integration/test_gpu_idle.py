@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import SAMPLES, beyond_unit
 from tests.unit.test_gpu_idle import RUNS, _host_bound_holds, report
 from traceview.model import schema as S
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from tests.unit.test_hostbound_groundtruth import (
     kineto_truth,
 )
 from traceview.model import schema as S
-from traceview.store.analysed import ingest_run
+from traceview.runs import ingest_run
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "pytorch"
 

@@ -56,7 +56,7 @@ def _trace(relative: str) -> Path:
 
 def _traceview_names(trace: Path) -> tuple[dict[int, str], dict[str, str]]:
     """How traceview's events name each event: kernel correlation id -> op, CPU name -> op."""
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     with open_run([trace]) as run:
         events = pl.from_arrow(run.events())

@@ -116,7 +116,7 @@ def _drive(run: Path, scenario: Callable[[Any, Any], Awaitable[None]]) -> None:
     import asyncio
 
     from tests.tui_helpers import loaded
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
     from traceview.tui.app import TraceviewApp
 
     with open_run([run]) as opened:
@@ -195,7 +195,7 @@ def test_the_ranks_filter_picks_ranks_by_number_range_and_straggler(run: Path) -
 
 
 def test_the_ranks_filter_reads_hosts_and_open_ranges(run: Path) -> None:
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
     from traceview.tui.model import filter_ranks
 
     with open_run([run]) as opened:

@@ -396,8 +396,8 @@ def test_what_runs_at_an_instant_is_the_innermost_covering_event(tmp_path: Path)
     import numpy as np
 
     from traceview.analysis.memory import _HostEvents
+    from traceview.runs import ingest_run
     from traceview.store import rundir as R
-    from traceview.store.analysed import ingest_run
 
     run = ingest_run([shared_traces("pytorch/hta_df_index_resolver")], tmp_path / "run")
     rank = R.event_ranks(run)[0]

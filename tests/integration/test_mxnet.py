@@ -16,8 +16,8 @@ from tests.conftest import run_cli, shared_traces
 from tests.unit.test_mxnet import MX_SAMPLES, SAMPLED, steps_with_timers
 from traceview.model import schema as S
 from traceview.parsers.mxnet import MXNetParser
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 
 @pytest.fixture(scope="module")

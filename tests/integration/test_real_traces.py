@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import analysed, run_cli, shared_pytorch_files, shared_traces
 from traceview.analysis.summary import summarize
 from traceview.model import schema as S
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 FILES = shared_pytorch_files()
 

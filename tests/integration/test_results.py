@@ -21,7 +21,7 @@ from tests.unit.test_results import SAMPLE_RUNS, _text_report, _tui_screens
     ],
 )
 def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -> None:
-    from traceview.store.analysed import ingest_run, open_run
+    from traceview.runs import ingest_run, open_run
 
     run_dir = ingest_run([SAMPLES / sample], tmp_path / "run")
     with open_run([run_dir]) as run:

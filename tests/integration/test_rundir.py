@@ -19,8 +19,8 @@ from tests.conftest import SAMPLES, run_cli
 from tests.unit.test_rundir import _copy
 from traceview.collectors.rankside import rank_dir
 from traceview.model.errors import BadInput
+from traceview.runs import _TABLE_SCHEMAS, PATH_CACHE, ingest_run, open_run
 from traceview.store import rundir as R
-from traceview.store.analysed import _TABLE_SCHEMAS, PATH_CACHE, ingest_run, open_run
 
 
 @pytest.fixture(scope="module")

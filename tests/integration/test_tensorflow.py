@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import SAMPLES, run_cli, shared_traces
 from traceview.analysis.attribution import attribution, rank_timeline
-from traceview.store.analysed import Run, open_run
+from traceview.runs import Run, open_run
 
 pytest.importorskip("xprof", reason="reading .xplane.pb needs xprof: pip install '.[tensorflow]'")
 

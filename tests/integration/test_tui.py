@@ -24,7 +24,7 @@ from traceview.commands.tui import run_groups
 from traceview.model import schema as S
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
-from traceview.store.analysed import Run, open_run, open_runs
+from traceview.runs import Run, open_run, open_runs
 from traceview.tui.app import TraceviewApp
 from traceview.tui.help import HelpScreen
 from traceview.tui.model import build_view
@@ -650,7 +650,7 @@ def test_headless_modules_never_import_textual() -> None:
         "import sys\n"
         "import traceview.analysis, traceview.analysis.attribution, traceview.ingest.run\n"
         "import traceview.views.text, traceview.model.results\n"
-        "import traceview.store.analysed, traceview.cli, traceview.tui.model\n"
+        "import traceview.runs, traceview.cli, traceview.tui.model\n"
         "from traceview.cli import build_parser; build_parser()\n"
         "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.')))\n"
     )
@@ -684,7 +684,7 @@ def test_timeline_marks_each_ranks_arrival_at_a_collective(runs_root: Path) -> N
     """On the slow-forward sample, c marks the step's most skewed all-reduce: rank 1 (whose
     forward is three times the others') arrives last, its mark right of the others'."""
     from tests.tui_helpers import sample_run
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     marks: dict[int, int] = {}
     header: list[str] = []
@@ -713,7 +713,7 @@ def test_timeline_draws_the_critical_path(runs_root: Path) -> None:
     rank 1 (whose forward is three times the others'), its underlined cells add up to about the
     step, and . chooses a segment, described in the header."""
     from tests.tui_helpers import sample_run
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     underlined: dict[int, int] = {}
     header: list[str] = []
@@ -749,7 +749,7 @@ def test_timeline_puts_ranks_from_several_hosts_on_one_clock(tmp_path: Path) -> 
     """Four hosts whose clocks are up to 250 ms apart (their offsets estimated from the
     collectives): on the run clock every rank's step starts in the same column, as it did."""
     from tests.synthetic_jobs import Job, write
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     job = Job(
         ranks=4, steps=4, forward_ms={3: 25.0},

@@ -24,7 +24,7 @@ from tests.tui_models import (
     pipeline_view,
     straggler_view,
 )
-from traceview.store.analysed import Run
+from traceview.runs import Run
 from traceview.tui.app import TraceviewApp
 from traceview.tui.timeline import Timeline
 

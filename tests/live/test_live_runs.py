@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import SAMPLES, analysed, run_job, run_process
 from tests.unit.test_groundtruth import check_against_timers, steps_with_timers
 from traceview.analysis.summary import summarize
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 pytestmark = pytest.mark.mpi
 

@@ -115,7 +115,7 @@ def test_export_pipeline_stages_bubble_matches_the_stage_timers(
 
 def _tui(job: Job, scenario: Any, size: tuple[int, int] = (160, 40)) -> None:
     from tests.tui_helpers import play
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
     from traceview.tui.app import TraceviewApp
 
     with open_run([job.run]) as run:

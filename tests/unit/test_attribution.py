@@ -230,8 +230,8 @@ def test_timeline_segments_add_up_to_the_breakdown(tmp_path) -> None:
 
     from tests.conftest import SAMPLES, analysed
     from traceview.analysis.lanes import step_lanes
+    from traceview.runs import ingest_run
     from traceview.store import rundir as R
-    from traceview.store.analysed import ingest_run
 
     for name in ("ddp", "gpu_sync"):
         run = ingest_run([SAMPLES / "pytorch" / name], Path(tmp_path) / name)

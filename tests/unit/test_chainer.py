@@ -36,8 +36,8 @@ from tests.conftest import steps_with_timers as timed_steps
 from traceview.model import schema as S
 from traceview.normalize.rules import rules_for
 from traceview.parsers.chainer import ChainerParser
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 MLP = SAMPLES / "chainer" / "mlp"
 PAIRS = {

@@ -23,8 +23,8 @@ from traceview.analysis import RANK_TABLES
 from traceview.analysis.parts import ChunkedAnalysis
 from traceview.ingest.large import chunked, sinks, spill
 from traceview.model import schema as S
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 from traceview.views.text import to_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,7 +168,7 @@ def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, row
     """A reader's recompute of the analysis (``open_run.reanalyze``) of a written rank, a chunk of
     one step at a time (without step markers: of about ``rows`` rows) read back from its events
     file, gives the tables ingest wrote."""
-    from traceview.store.analysed import _in_chunks
+    from traceview.runs import _in_chunks
 
     (rank,) = R.event_ranks(run)
     with monkeypatch.context() as m:

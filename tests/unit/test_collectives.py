@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import SAMPLES, for_unit
 from traceview.model import schema as S
-from traceview.store.analysed import open_run
+from traceview.runs import open_run
 
 
 def _calls(sample: str) -> tuple[pl.DataFrame, dict]:

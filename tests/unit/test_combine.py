@@ -15,8 +15,8 @@ from traceview.ingest.discover import assign_ranks, discover
 from traceview.ingest.rank import ingest_rank
 from traceview.ingest.run import combine
 from traceview.model.errors import BadInput, Notes
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 
 def _parts_combine_into_the_whole_run(sample: str, tmp_path: Path) -> None:

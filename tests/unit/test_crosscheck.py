@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from traceview.model import schema as S
-from traceview.store.analysed import ingest_run
+from traceview.runs import ingest_run
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tests.conftest import SAMPLES, for_unit
 from tests.synthetic_jobs import Job, write
 from traceview.analysis.crossrank import cross_rank, estimate_clocks, match_collectives
 from traceview.model.results import RunReport
-from traceview.store.analysed import open_run
+from traceview.runs import open_run
 
 MULTI_RANK = [
     "pytorch/ddp", "pytorch/explicit", "pytorch/slowio", "pytorch/slowfwd", "pytorch/slowdata",

@@ -22,8 +22,8 @@ import pytest
 from tests.conftest import SAMPLES, analysed
 from traceview.model import schema as S
 from traceview.model.results import RunReport
+from traceview.runs import ingest_run, open_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run, open_run
 
 RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 SYNCHRONIZED = ("gpu_sync", "gpu_ddp_nccl", "gpu_explicit_nccl")

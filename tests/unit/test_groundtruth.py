@@ -25,8 +25,8 @@ from tests.conftest import SAMPLES, analysed
 from tests.conftest import steps_with_timers as timed_steps
 from traceview.analysis.summary import summarize
 from traceview.model import schema as S
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 SCENARIOS = ("ddp", "explicit", "slowio")
 

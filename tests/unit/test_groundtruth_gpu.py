@@ -23,8 +23,8 @@ from tests.unit.test_groundtruth import steps_with_timers
 from traceview.analysis.summary import summarize
 from traceview.model import schema as S
 from traceview.model.manifest import Manifest
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 RUNS = ("gpu_sync", "gpu_async", "gpu_ddp_nccl", "gpu_explicit_nccl")
 

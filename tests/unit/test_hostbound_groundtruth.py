@@ -34,8 +34,8 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from traceview.model import schema as S
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")

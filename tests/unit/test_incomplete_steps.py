@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from tests.conftest import SAMPLES
-from traceview.store.analysed import open_run
+from traceview.runs import open_run
 
 
 def test_the_last_step_of_a_trace_cut_short_is_left_out(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The walls between the stages, read off the source (ast), so a stray import fails here rather
 than in review. The flow, one way:
 
-  collect -> parsers -> normalize -> ingest -> store -> analysis -> views / tui -> commands, cli
+  collect -> parsers -> normalize -> store -> ingest, analysis -> runs -> views / tui -> commands, cli
 
 Every module of the package belongs to one layer below (the longest prefix that names it) and
 imports of traceview only what its layer allows; an import inside a function or under
@@ -13,8 +13,9 @@ package is given its wall when it is made. And no import cycle among product mod
 - normalize classifies and nests events: the model, the rules and the parsers' shared types;
 - ingest reads traces into a run directory; its large-trace path (``ingest.large``) runs the
   per-rank analysis it is handed, never importing one;
-- the run directory imports only the model; ``store.analysed`` is where ingest and the
-  analysis meet (a run as commands read it);
+- the run directory (``store``) imports only the model: persistence, never a stage;
+- ``runs`` is where ingest and the analysis meet (a run as commands read it: opened, its cache
+  checked, re-analysed);
 - the analysis imports the model only: it draws nothing and reads no files;
 - views and the TUI render results: of the analysis only its public entry points, no numpy or
   polars (the export writes the events table in other formats with Arrow and polars, and
@@ -126,11 +127,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "traceview.ingest.large": INGEST,
     "traceview.store": RUNDIR,
     "traceview.store.rundir": RUNDIR,
-    "traceview.store.analysed": (*INGEST, *ANALYSIS, "traceview.store"),
+    "traceview.runs": (*INGEST, *ANALYSIS, "traceview.store", "traceview.runs"),
     "traceview.analysis": ANALYSIS,
     "traceview.views": RENDER,
     "traceview.views.export": (*MODEL, "traceview.views", "traceview.store.rundir"),
-    "traceview.tui": (*RENDER, "traceview.tui", "traceview.store.analysed"),
+    "traceview.tui": (*RENDER, "traceview.tui", "traceview.runs"),
     "traceview.commands": ("traceview",),  # the commands wire every stage together
     "traceview.cli": ("traceview",),
     # the launcher, in traceview's process; the rank side is checked below (standard library)
@@ -165,7 +166,9 @@ def test_the_layers_hold_what_they_say() -> None:
     forbidden = {
         "traceview.model": ("traceview.parsers", "traceview.normalize", "traceview.ingest",
                             "traceview.store", "traceview.analysis", "traceview.views"),
-        "traceview.ingest.large": ("traceview.analysis", "traceview.store.analysed"),
+        "traceview.ingest.large": ("traceview.analysis", "traceview.runs"),
+        "traceview.ingest": ("traceview.runs",),
+        "traceview.store": ("traceview.ingest", "traceview.analysis", "traceview.runs"),
         "traceview.analysis": ("rich", "textual", "traceview.views", "traceview.tui",
                                "traceview.store", "traceview.ingest", "traceview.commands"),
         "traceview.parsers": ("traceview.normalize", "traceview.ingest", "traceview.store"),
@@ -282,7 +285,7 @@ def test_an_ingest_and_its_analysis_never_import_pandas_yet_to_pandas_works() ->
     code = """
 import sys, tempfile
 from pathlib import Path
-from traceview.store.analysed import ingest_run
+from traceview.runs import ingest_run
 trace = Path("sample_traces/pytorch/ddp/rank-0.pt.trace.json.gz")
 with tempfile.TemporaryDirectory() as out:
     ingest_run([trace], Path(out) / "run", jobs=1)

@@ -33,8 +33,8 @@ from traceview.normalize.classify import kinds_from_categories
 from traceview.normalize.rules import rules_for
 from traceview.normalize.steps import LayoutResult, lay_out
 from traceview.parsers.mxnet import MXNetParser
+from traceview.runs import ingest_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run
 
 MX_SAMPLES = SAMPLES / "mxnet"
 # Bulk execution on (MXNet's default): backward, and some of the hybridized forward in

@@ -225,7 +225,7 @@ def test_a_rank_without_steps_is_named_not_silently_left_out(tmp_path: Path) -> 
     says so instead of showing one rank as if it were the whole run."""
     import gzip
 
-    from traceview.store.analysed import ingest_run, open_run
+    from traceview.runs import ingest_run, open_run
 
     folder = tmp_path / "traces"
     folder.mkdir()

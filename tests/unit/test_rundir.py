@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import SAMPLES
 from traceview.analysis import ANALYSIS_VERSION
+from traceview.runs import ingest_run, open_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run, open_run
 
 #: Two of the analysis tables a run directory caches (docs/design.md, section 4)
 STEPS, OPS = "steps.parquet", "ops.parquet"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import SAMPLES
 from traceview.analysis.attribution import CommSchedule, comm_schedule, layerwise_exposed
-from traceview.store.analysed import open_run
+from traceview.runs import open_run
 
 
 def test_comm_schedule_tells_overlapped_from_exposed_collectives() -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import SAMPLES, for_unit
 from traceview.analysis.lanes import rank_lanes, window_read_span, windows_by_step
+from traceview.runs import ingest_run, open_run
 from traceview.store import rundir as R
-from traceview.store.analysed import ingest_run, open_run
 
 SAMPLE_RUNS = sorted(
     str(p.relative_to(SAMPLES))

@@ -8,7 +8,7 @@ steps.parquet, ops.parquet, collectives.parquet, comm.parquet (a rank's communic
 exposed and hidden intervals), gpu.parquet and launches.parquet (GPU runs: the device's busy
 and idle time per step, kernel-launch statistics; ``gpu``) and memory_steps.parquet, stamped
 with ``ANALYSIS_VERSION``; a reader that
-finds another version recomputes them from the events (``traceview.store.analysed``), so a change of the
+finds another version recomputes them from the events (``traceview.runs``), so a change of the
 analysis never needs a re-ingest. Run-wide results (``summary``, ``compare``, ``scaling``) are
 computed from those tables into ``traceview.model.results`` structs.
 """

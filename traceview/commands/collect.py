@@ -214,7 +214,7 @@ class CollectCommand:
             )
             return code
         from traceview.model.errors import OutputError, TraceviewError
-        from traceview.store.analysed import ingest_run
+        from traceview.runs import ingest_run
 
         try:
             ingest_run([run], run, command=sys.argv)

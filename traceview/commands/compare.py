@@ -36,7 +36,7 @@ class CompareCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
-        from traceview.store.analysed import open_runs
+        from traceview.runs import open_runs
         from traceview.views.progress import TerminalProgress
         from traceview.views.text import render_comparison_to_console, to_json
 

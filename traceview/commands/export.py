@@ -49,8 +49,8 @@ class ExportCommand:
         add_step_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        from traceview.runs import open_run
         from traceview.store import outputs
-        from traceview.store.analysed import open_run
         from traceview.views import export
         from traceview.views.progress import TerminalProgress
 

@@ -57,8 +57,8 @@ class IngestCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.ingest.cluster import scheduler_from
+        from traceview.runs import ingest_run
         from traceview.store import outputs
-        from traceview.store.analysed import ingest_run
         from traceview.views.progress import TerminalProgress
 
         outputs.run_directory(args.output)
@@ -93,7 +93,7 @@ def _keep_critical_path(run: Path) -> None:
     fails here is the report's to say, when one is asked for."""
     from traceview.ingest.large.trim import release_memory
     from traceview.model.errors import TraceviewError
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
 
     release_memory(now=True)  # what the ingest freed, before the report's own
     try:

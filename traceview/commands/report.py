@@ -23,7 +23,7 @@ def load_report(
     choice: StepChoice | None = None,
 ) -> RunReport:
     """The report object for a run directory, or for traces read into a temporary run."""
-    from traceview.store.analysed import open_run
+    from traceview.runs import open_run
     from traceview.views.progress import TerminalProgress
 
     with TerminalProgress() as progress, open_run(paths, rules, progress, choice) as run:

@@ -62,7 +62,7 @@ class ScalingCommand:
         from traceview.analysis.attribution import comm_schedule
         from traceview.analysis.scaling import partial_run, scaling, traced_batch_size
         from traceview.model.escape import safe
-        from traceview.store.analysed import open_runs
+        from traceview.runs import open_runs
         from traceview.views.progress import TerminalProgress
         from traceview.views.text import render_scaling_to_console, to_json
 

@@ -75,7 +75,7 @@ class WhatIfCommand:
 
         from traceview.model.escape import safe
         from traceview.model.results import WhatIfs
-        from traceview.store.analysed import open_run
+        from traceview.runs import open_run
         from traceview.views.progress import TerminalProgress
         from traceview.views.style import change_words, ms
         from traceview.views.text import _console, to_json

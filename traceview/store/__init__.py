@@ -1,3 +1,2 @@
-"""The run directory, the boundary between the stages (``rundir``: its layout, atomic writes,
-reading tables back), and a run as the commands read it, ingested and analysed
-(``analysed``: ``open_run``, ``ingest_run``, the cached tables recomputed when stale)."""
+"""Persistence only: the run directory's layout, atomic writes and reading tables back (``rundir``),
+and where outputs go (``outputs``); it imports no stage (a run as commands read it: ``runs``)."""

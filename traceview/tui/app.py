@@ -23,7 +23,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from traceview.model.errors import TraceviewError
 from traceview.model.escape import safe
 from traceview.model.results import Comparison
-from traceview.store.analysed import Run, open_runs
+from traceview.runs import Run, open_runs
 from traceview.tui.comparison import ComparePane
 from traceview.tui.help import HelpScreen
 from traceview.tui.model import RunView, build_comparison, build_view

@@ -25,7 +25,7 @@ from traceview.model.results import (
     StepSummary,
     TopOp,
 )
-from traceview.store.analysed import Run
+from traceview.runs import Run
 
 #: Every operator of the run, not only the report's top ten.
 ALL_OPS = 1_000_000

@@ -39,7 +39,7 @@ from textual.worker import get_current_worker
 
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
 from traceview.model.results import PathStretch, StepCollective
-from traceview.store.analysed import Run
+from traceview.runs import Run
 from traceview.tui.model import RunView, nice_ticks
 from traceview.tui.render import (
     BUBBLE,

@@ -37,7 +37,7 @@ class Explained:
 
 class PathCache(Protocol):
     """Where a report keeps what it took from the critical path, per choice of steps and
-    changes (``key``), for the next report of the same run (store/analysed.py: in the run
+    changes (``key``), for the next report of the same run (runs/: in the run
     directory, beside the tables it was computed from)."""
 
     def get(self, key: str) -> Explained | None: ...

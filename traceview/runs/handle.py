@@ -1,0 +1,192 @@
+"""``Run``: an open run's manifest and tables, its analysis read or computed when first asked for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand
+from traceview.model.errors import UsageError
+from traceview.model.escape import safe
+from traceview.model.manifest import Manifest
+from traceview.model.results import PathStretch, RunReport, StepCollective
+from traceview.runs.cache import PathFile
+from traceview.store import rundir as R
+
+if TYPE_CHECKING:
+    from traceview.analysis.crossrank import CrossRank
+    from traceview.model.choice import StepChoice
+
+
+@dataclass
+class Run:
+    path: Path  # the run directory (temporary when read from traces)
+    label: str  # how to name it to the user
+    manifest: Manifest
+    tables: dict[str, pa.Table]  # the per-rank analysis tables of every rank (RANK_TABLES) ...
+    segments: TableOnDemand  # ... but the segments, the largest, read only where needed
+    temporary: bool
+    # the steps --steps/--skip chose (None: leading warm-up steps left out): every report of
+    # this run counts them, once decided (analysis/selection.py)
+    choice: StepChoice | None = None
+    # the key its tables were read with (a run directory's current cache): what a report
+    # keeps in the run directory records it too (None: nothing is kept)
+    cache_key: bytes | None = None
+
+    @property
+    def steps(self) -> pa.Table:
+        return self.tables["steps"]
+
+    @property
+    def ops(self) -> pa.Table:
+        return self.tables["ops"]
+
+    @property
+    def collectives(self) -> pa.Table:
+        return self.tables["collectives"]
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether ingest read memory records (memory.parquet; some runs predate it), and they
+        are inside the run directory (a link out of it is not followed: ``reanalyze`` says so)."""
+        path = self.path / f"{R.MEMORY}.parquet"
+        return path.is_file() and R.leads_out(self.path, path) is None
+
+    def report(self, top: int = 10, whatif: list[str] | None = None) -> RunReport:
+
+        path = None if self.temporary else str(self.path)
+        try:
+            return self._summarize(top, path, whatif)
+        except UsageError as exc:  # a step choice this run has no steps for: say which run
+            raise UsageError(f"{safe(self.label)}: {exc}") from None
+
+    def _summarize(self, top: int, path: str | None, whatif: list[str] | None) -> RunReport:
+        from traceview.analysis.summary import summarize
+
+        return summarize(
+            self.steps,
+            self.ops,
+            self.manifest,
+            top,
+            path=path,
+            collectives=self.collectives,
+            cross=self.cross,
+            gpu=self.tables["gpu"],
+            launches=self.tables["launches"],
+            memory_steps=self.tables["memory_steps"] if self.has_memory else None,
+            choice=self.choice,
+            comm=self.tables["comm"],
+            segments=self.segments,
+            whatif=whatif,
+            path_cache=(
+                None if self.temporary or self.cache_key is None
+                else PathFile(self.path, self.cache_key)
+            ),
+        )  # fmt: skip
+
+    @cached_property
+    def cross(self) -> CrossRank | None:
+        """The cross-rank pass over this run's tables (None where ranks are missing), once."""
+        from traceview.analysis.summary import cross_rank_of
+
+        return cross_rank_of(self.manifest, self.collectives, self.tables["comm"])
+
+    def export_tables(self) -> dict[str, pa.Table]:
+        """The tables ``export`` writes beside the events: steps, ops, the collective calls
+        with what matching them across ranks found (``view``: host or device) and their group's
+        dimension and ranks (schema.EXPORT_COLLECTIVES_SCHEMA), and on GPU runs
+        the gpu table and the launches tables, one grain each (``launch_grains``)."""
+        from traceview.analysis.crossrank import matched_table
+        from traceview.analysis.gpu import collective_views, launch_grains
+        from traceview.analysis.groups import with_group_columns
+        from traceview.analysis.summary import complete_flag, groups_of
+
+        groups = self.cross.groups if self.cross is not None else groups_of(self.manifest)
+        calls = with_group_columns(matched_table(self.collectives, self.cross), groups)
+        tables = {
+            "steps": complete_flag(self.steps, self.manifest, self.choice),
+            "ops": self.ops,
+            "collectives": collective_views(calls),
+        }
+        if self.tables["gpu"].num_rows:
+            tables["gpu"] = self.tables["gpu"]
+        if self.tables["launches"].num_rows:
+            tables.update(launch_grains(self.tables["launches"]))
+        path = self.critical_path()
+        if path.num_rows:
+            tables["critical_path"] = path
+        memory = R.read_memory(self.path) if self.has_memory else None
+        if memory is not None and memory.num_rows:  # runs without memory records: none
+            tables["memory"] = memory
+            tables["memory_steps"] = self.tables["memory_steps"]
+        return tables
+
+    def critical_path(self) -> pa.Table:
+        """The critical path of every step across ranks, a row per piece
+        (schema.CRITICAL_PATH_SCHEMA), on the clock the collectives were matched on."""
+        import polars as pl
+
+        from traceview.analysis.critical_path import path_table
+        from traceview.analysis.crossrank import Matched
+
+        segments, cross = self.segments, self.cross
+        if cross is not None and cross.clocks is not None:
+            segments = cross.clocks.shifted_segments(segments)
+        steps = sorted(set(self.steps.column(S.STEP).to_pylist()), key=lambda s: (s is None, s))
+        matched = cross.matched if cross is not None else Matched(pl.DataFrame())
+        return path_table(segments, matched, steps)
+
+    def critical_path_stretches(self) -> dict[int | None, list[PathStretch]]:
+        """Every step's critical path as the stretches the report lists (what the TUI draws)."""
+        from traceview.analysis.critical_path import path_stretches
+
+        return path_stretches(self.critical_path())
+
+    def clock_offsets(self) -> dict[int, int]:
+        """ns to subtract from each rank's times to put it on the run's clock, where they were
+        estimated from collectives (traces from several hosts); empty otherwise."""
+        fit = self.cross.clocks if self.cross is not None else None
+        return {r: round(o) for r, o in fit.offset_ns.items()} if fit is not None else {}
+
+    def step_collectives(self) -> dict[int | None, list[StepCollective]]:
+        """Per step, its collective calls matched across ranks, the most skewed first."""
+        from traceview.analysis.crossrank import matched_table, step_collectives
+
+        return step_collectives(matched_table(self.collectives, self.cross))
+
+    def collective_spans(self) -> dict[tuple[int, int | None], list[tuple[int, int]]]:
+        """Per (rank, step), the [start, end) of each collective call that is not
+        point-to-point, on the rank's own clock (as its events are): what a pipeline view
+        draws as communication rather than bubble."""
+        import polars as pl
+
+        from traceview.analysis.crossrank import POINT_TO_POINT
+
+        calls = pl.from_arrow(self.collectives)
+        assert isinstance(calls, pl.DataFrame)
+        calls = calls.filter(~pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT))
+        spans: dict[tuple[int, int | None], list[tuple[int, int]]] = {}
+        for rank, step, start, end in calls.select(
+            S.RANK, S.STEP, S.START_NS, S.END_NS
+        ).iter_rows():
+            spans.setdefault((rank, step), []).append((start, end))
+        return spans
+
+    def events(self, ranks: list[int] | None = None) -> pa.Table:
+        """The events of ``ranks`` (all when None); a rank refused when the run was opened
+        (its events unreadable, another run's, or behind a link out of the run directory) is
+        left out, as the analysis left it out."""
+        return R.read_events(self.path, ranks, {}, self.manifest.run_id)
+
+    def window_events(self, rank: int, start_ns: int, end_ns: int) -> pa.Table:
+        """The events of ``rank`` that overlap [start_ns, end_ns): only their row groups."""
+        return R.read_window(self.path, rank, start_ns, end_ns, self.manifest.run_id)
+
+    def memory(self, ranks: list[int] | None = None) -> pa.Table | None:
+        """The memory records of ``ranks`` (None: the run has no memory table)."""
+        return R.read_memory(self.path, ranks) if self.has_memory else None

@@ -1,0 +1,193 @@
+"""Opening what the user points at as a run: traces ingested into a temporary run directory, a
+run directory read as it is (its cache checked), several runs with labels of their own."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from traceview.analysis import ANALYSIS_VERSION, rank_tables
+from traceview.model.columns import TableOnDemand, Within
+from traceview.model.errors import BadInput, UsageError, cannot_write
+from traceview.model.escape import safe
+from traceview.model.manifest import Manifest
+from traceview.model.progress import Progress, quiet
+from traceview.runs.cache import RunReplaced, _current, _key, _read_tables
+from traceview.runs.handle import Run
+from traceview.runs.reanalysis import _reanalyzed, reanalyze
+from traceview.store import rundir as R
+
+if TYPE_CHECKING:
+    from traceview.model.choice import StepChoice
+
+
+def _label(paths: list[Path]) -> str:
+    # (not resolve(): a loop of links is for reading it to say, not for naming it)
+    path = Path(os.path.abspath(paths[0]))
+    try:
+        name = path.name if path.is_dir() else path.parent.name
+    except OSError:  # not ours to look into: reading it will say so
+        name = path.name
+    return name + (f" (+{len(paths) - 1})" if len(paths) > 1 else "")
+
+
+def ingest_run(paths: list[Path], out: Path, **options: Any) -> Path:
+    """``ingest.ingest`` with the per-rank analysis: the events and the analysis tables."""
+    from traceview.ingest.run import ingest
+
+    return ingest(paths, out, analyze=rank_tables, analysis_version=ANALYSIS_VERSION, **options)
+
+
+#: How often a run directory that an ingest keeps replacing is read again before giving up.
+READ_TRIES = 3
+
+
+@contextmanager
+def open_run(
+    paths: list[Path],
+    rules: Path | None = None,
+    progress: Progress = quiet,
+    choice: StepChoice | None = None,
+) -> Iterator[Run]:
+    """The run at ``paths``; traces are read into a temporary run directory. ``choice``: the
+    steps its reports count (--steps/--skip; the analysis tables hold every step, so a cached
+    analysis serves any choice)."""
+    label = _label(paths)
+    if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
+        opened = _open_dir(paths[0], label, progress)
+        opened.choice = choice
+        try:
+            yield opened
+        finally:
+            opened.segments.close()
+        return
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="traceview-")
+    except OSError as exc:
+        where = tempfile.gettempdir()
+        raise cannot_write(where, exc) from None  # TMPDIR chooses another place
+    with scratch as tmp:
+        run = ingest_run(
+            paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
+        )
+        opened = Run(run, label, R.read_manifest(run), *_read_tables(run), True, choice)
+        try:
+            yield opened
+        finally:
+            opened.segments.close()
+
+
+def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:
+    """A run directory: its cached analysis where the cache is this run's and current, else
+    recomputed from the events. Read again (up to READ_TRIES times) where an ingest replaced it
+    while it was read, so what is shown is one run, never a mix of two."""
+    for _ in range(READ_TRIES):
+        seen = R.identities(run)  # (first: any change after this is seen at the end)
+        manifest = R.read_manifest(run)
+        try:
+            read = _read_tables(run, _key(manifest, seen)) if _current(manifest, seen) else None
+        except BadInput:  # a damaged, stale or foreign cache: it is only a cache
+            read = None
+        try:
+            if read is not None:
+                tables, segments = read[0], _or_recomputed(read[1], run, manifest, seen)
+            else:
+                tables, segments = _reanalyzed(run, manifest, seen, progress)
+            return Run(
+                run, label, manifest, tables, segments, False, cache_key=_key(manifest, seen)
+            )
+        except RunReplaced:
+            continue
+    raise BadInput(
+        f"{run}: replaced while it was read, {READ_TRIES} times (an ingest into it is running?); "
+        "run again when it ends"
+    )
+
+
+def _or_recomputed(
+    segments: TableOnDemand, run: Path, manifest: Manifest, seen: dict[str, R.Identity]
+) -> TableOnDemand:
+    """The cached segments, opened with the other tables and read later; where they cannot be
+    read then (a damaged cache whose footer was whole: it is only a cache), the run's analysis
+    computed again from its events and the cache replaced, as at open, provided the run on
+    disk is still the one opened (else BadInput: one run, never a mix of two)."""
+
+    def recomputed() -> pa.Table:
+        try:
+            # (a copy: the run's manifest stays the one its other tables were read with)
+            return reanalyze(run, copy.deepcopy(manifest), seen)["segments"]
+        except RunReplaced:
+            raise BadInput(
+                f"{run}: replaced while it was read (an ingest into it is running?); "
+                "run again when it ends"
+            ) from None
+
+    again: list[pa.Table] = []  # the segments computed again, once they were
+
+    def read() -> pa.Table:
+        if again:
+            return again[0]
+        try:
+            return segments.read()
+        except BadInput:
+            again.append(recomputed())
+            return again[0]
+
+    def pieces(within: Within | None) -> Iterator[pa.Table]:
+        """The cached pieces; from the first that cannot be read, the rest of the rows
+        computed again (the same rows in the same order: the cache's key says so)."""
+        if again:
+            yield again[0]
+            return
+        try:
+            yield from segments.in_pieces(within)
+        except R.UnreadableRows as exc:
+            again.append(recomputed())
+            yield again[0].slice(exc.offset)
+
+    return TableOnDemand(segments.num_rows, read, segments.close, pieces)
+
+
+@contextmanager
+def open_runs(
+    groups: list[list[Path]],
+    rules: Path | None = None,
+    progress: Progress = quiet,
+    labels: list[str] | None = None,
+    choice: StepChoice | None = None,
+) -> Iterator[list[Run]]:
+    """Several runs at once (compare, scaling); labels made unique, or the ``labels`` given
+    (one per run, all different)."""
+    if labels:
+        if len(labels) != len(groups):
+            raise UsageError(f"{len(labels)} --label for {len(groups)} runs: give one per run")
+        if len(set(labels)) < len(labels):
+            twice = next(label for label in labels if labels.count(label) > 1)
+            raise UsageError(f"--label {safe(twice)!r} given twice: each run needs its own")
+    with ExitStack() as stack:
+        runs = [stack.enter_context(open_run(paths, rules, progress, choice)) for paths in groups]
+        # Same folder name in different frameworks' trees (pytorch/explicit, tensorflow/explicit):
+        # prefix the framework; otherwise number the repeats.
+        names = [run.label for run in runs]
+        frameworks = [run.manifest.framework for run in runs]
+        for run, framework in zip(runs, frameworks, strict=True):
+            same = [f for name, f in zip(names, frameworks, strict=True) if name == run.label]
+            if len(same) > 1 and framework and len(set(same)) > 1:
+                run.label = f"{framework}/{run.label}"
+        seen: dict[str, int] = {}
+        for run in runs:
+            count = seen.get(run.label, 0)
+            seen[run.label] = count + 1
+            if count:
+                run.label = f"{run.label} #{count + 1}"
+        for run, label in zip(runs, labels or [], strict=False):
+            run.label = label
+        yield runs

@@ -1,0 +1,166 @@
+"""Re-analysing a run whose cache is missing, stale or damaged: from its events, a chunk of steps
+at a time where they are large."""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
+from traceview.model import schema as S
+from traceview.model.columns import SpilledTable, TableOnDemand
+from traceview.model.errors import BadInput, OutputError
+from traceview.model.manifest import Manifest
+from traceview.model.progress import Progress, quiet
+from traceview.runs.cache import (
+    _TABLE_SCHEMAS,
+    RunReplaced,
+    _cache,
+    _cached_as,
+    _key,
+    _version,
+    _written_by_traceview,
+)
+from traceview.store import rundir as R
+
+if TYPE_CHECKING:
+    pass
+
+
+def reanalyze(
+    run: Path,
+    manifest: Manifest,
+    seen: dict[str, R.Identity] | None = None,
+    progress: Progress = quiet,
+) -> dict[str, pa.Table]:
+    """The analysis tables of ``run`` computed afresh from its events, one rank at a time.
+
+    A rank whose events cannot be read, belong to another run (their ``run_id`` is not the
+    manifest's) or lie behind a link out of the run directory is left out with a warning; the
+    memory table behind such a link too. The tables replace the cache when it is stale (or
+    missing), where the run directory can be written, and only if the run on disk is still the
+    one read (``seen``, its identities before anything was read; see ``_cache``). A cache
+    written by a newer traceview is left for it. Only the manifest's ``analysis_version``
+    changes (its other keys, known here or not, stay as written). RunReplaced: the run changed
+    while it was read (read it again)."""
+    with tempfile.TemporaryDirectory(prefix="traceview-reanalysis-") as work:
+        tables, segments, _ = _reanalysis(run, manifest, seen, progress, Path(work))
+        return {**tables, "segments": _whole(segments)}
+
+
+def _reanalyzed(
+    run: Path, manifest: Manifest, seen: dict[str, R.Identity], progress: Progress
+) -> tuple[dict[str, pa.Table], TableOnDemand]:
+    """``reanalyze`` for a reader, the segments apart as ``Run`` holds them: never whole in
+    memory (each rank's spilled as its analysis made them), read a row group at a time from
+    the cache just written, else (a cache not written) from a file of their own, opened and
+    then removed (read through the open file)."""
+    schema = _TABLE_SCHEMAS["segments"]
+    with tempfile.TemporaryDirectory(prefix="traceview-reanalysis-") as work:
+        tables, parts, cached = _reanalysis(run, manifest, seen, progress, Path(work))
+        if cached:
+            key = _key(manifest, seen)
+            with suppress(BadInput):  # (replaced since: the segments as computed, below)
+                path = run / "segments.parquet"
+                return tables, R.table_on_demand(path, schema, _cached_as(key, path))
+        file = Path(work) / "segments.parquet"
+        R.write_parquet_parts(file, parts, S.SEGMENTS_SCHEMA)
+        return tables, R.table_on_demand(file, schema)
+
+
+def _whole(parts: list[pa.Table | SpilledTable]) -> pa.Table:
+    return pa.concat_tables([p.read() if isinstance(p, SpilledTable) else p for p in parts])
+
+
+def _reanalysis(
+    run: Path,
+    manifest: Manifest,
+    seen: dict[str, R.Identity] | None,
+    progress: Progress,
+    work: Path,
+) -> tuple[dict[str, pa.Table], list[pa.Table | SpilledTable], bool]:
+    """``reanalyze``'s work: the tables but the segments, the segments' parts (a rank analysed
+    in chunks spills its own in ``work``), and whether they were cached."""
+    if seen is None:
+        seen = R.identities(run)
+    per_rank, damaged = [], {}
+    memory_out = R.leads_out(run, run / f"{R.MEMORY}.parquet")
+    if memory_out is not None:
+        manifest.notes.warnings.append(
+            f"memory records left out: {run / R.MEMORY}.parquet is a symbolic link out of the "
+            f"run directory (to {memory_out}); not followed"
+        )
+    ranks = R.event_ranks(run)
+    for done, rank in enumerate(ranks):
+        progress("analysing ranks", done, len(ranks))
+        try:
+            R.check_events(run, rank, manifest.run_id)
+            memory = R.read_memory(run, [rank]) if memory_out is None else None
+            tables = _in_chunks(run, rank, memory, work / f"segments-{rank}.arrows")
+            per_rank.append(tables or rank_tables(R.read_events(run, [rank]), memory))
+        except BadInput as exc:  # the other ranks are still reported (this time, uncached)
+            damaged[rank] = exc
+            manifest.notes.warnings.append(f"rank {rank} left out: {exc}")
+    if R.identities(run) != seen:
+        raise RunReplaced(str(run))
+    if not per_rank:  # one line: the first rank's reason, and how many more
+        first, why = next(iter(damaged.items()))
+        more = f" (and {len(damaged) - 1} more rank(s))" if len(damaged) > 1 else ""
+        raise BadInput(f"no rank left: rank {first} left out: {why}{more}")
+    manifest.ranks = [r for r in manifest.ranks if r.rank not in damaged]
+    tables = {
+        name: pa.concat_tables([t[name] for t in per_rank])
+        for name in RANK_TABLES
+        if name != "segments"
+    }
+    segments = [t["segments"] for t in per_rank]
+    newer = _version(manifest.analysis_version) > _version(ANALYSIS_VERSION)
+    if damaged or memory_out is not None or newer:
+        return tables, segments, False  # not cached: a cache holds every rank
+    # read-only or damaged: uncached (RunReplaced goes on: the run is read again)
+    with suppress(OutputError, OSError, ValueError, RecursionError):
+        _cache(run, tables, segments, _key(manifest, seen), seen)
+        return tables, segments, True
+    return tables, segments, False
+
+    # leaving the block renames the tables into place, then the manifest
+
+
+def _in_chunks(
+    run: Path, rank: int, memory: pa.Table | None, spill: Path | None = None
+) -> dict[str, pa.Table | SpilledTable] | None:
+    """The analysis of a rank a chunk of steps at a time, as ingest runs it
+    (``analysis.parts``), without its events whole in memory (``spill``: where its segments
+    are written as they are made); None for a file whose ids are not its rows (read whole),
+    or where ``readback.recompute_in_chunks`` says no."""
+    from traceview.ingest.large.plan import chunk_rows
+    from traceview.ingest.large.readback import events_in_chunks, recompute_in_chunks
+    from traceview.ingest.large.trim import release_memory
+
+    path = R.events_path(run, rank)
+    if not recompute_in_chunks():
+        return None
+    try:
+        schema = R.parquet_file(path).schema_arrow
+    except (OSError, pa.ArrowException, BadInput):
+        return None  # read whole, which says what is wrong with it
+    if not _written_by_traceview(schema):
+        return None  # (likewise)
+    with tempfile.TemporaryDirectory(prefix="traceview-chunks-") as work:
+        try:
+            found = events_in_chunks(path, rank, Path(work), chunk_rows())
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise BadInput(f"{path}: unreadable ({exc})") from None
+        if found is None:
+            return None
+        analysis = rank_tables.chunked(memory, spill)(
+            found.training, found.gpu, found.backward_elsewhere, found.whole
+        )
+        for chunk in found.chunks:
+            analysis.add(*chunk)
+            release_memory()
+        return analysis.finish()
