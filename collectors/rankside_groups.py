@@ -16,7 +16,7 @@ import functools
 import inspect
 from typing import Any
 
-#: The region's name prefix (parsers/kineto.py reads it).
+#: The region's name prefix (parsers/kineto/comm.py reads it).
 PREFIX = "traceview.pg:"
 
 #: torch.distributed's functions that make one call in one group (``group``), and the argument

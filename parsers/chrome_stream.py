@@ -326,7 +326,7 @@ def decode_records(data: Any) -> tuple[list[Any], int]:
     except msgspec.ValidationError:  # "Number out of range": that record only
         pass
     records, bad = [], 0
-    # (from a copy: the Raw pieces must not pin the caller's buffer, see kineto._decode_chunk)
+    # (from a copy: the Raw pieces must not pin the caller's buffer, see kineto.chunk._decode_chunk)
     for piece in msgspec.json.decode(bytes(data), type=list[msgspec.Raw]):
         try:
             records.append(msgspec.json.decode(piece))
@@ -371,7 +371,7 @@ class ChromeTraceReader(Generic[T]):
     # The buffer always starts with "[" followed by the next undecoded event, so a chunk is
     # decoded in place: the byte after its last "}" (a comma or a space) becomes "]" for the
     # duration of the call. No copies of the text are made here (a decoder whose results point
-    # into the text copies it first: kineto._decode_chunk).
+    # into the text copies it first: kineto.chunk._decode_chunk).
 
     def _decode_in_place(self, buf: bytearray, end: int) -> T:
         """Decode buf[0:end] as an array; buf[end] is borrowed for the closing bracket."""

@@ -175,7 +175,7 @@ def _meta_name(raw: msgspec.Raw) -> str | None:
 
 def _decode_chunk(data: Any) -> _Chunk:
     # (the records' raw arguments point into what is decoded: a copy, which they may outlive,
-    # as in kineto._decode_chunk; the reader's buffer is reused)
+    # as in kineto.chunk._decode_chunk; the reader's buffer is reused)
     data = bytes(data)
     bad = 0
     try:

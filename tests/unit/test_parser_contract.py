@@ -91,7 +91,7 @@ def test_a_kineto_decode_error_is_not_hidden_by_the_buffer(
     def failing(*args: object) -> None:
         raise RuntimeError("failed while building the batch sizes")
 
-    monkeypatch.setattr(kineto, "_leading_size", failing)
+    monkeypatch.setattr(kineto.chunk, "_leading_size", failing)
     with pytest.raises(RuntimeError, match="batch sizes"):
         kineto.KinetoParser().parse(path)
 
