@@ -1,0 +1,109 @@
+"""The results of the analysis: typed, serialisable structs that every view renders.
+
+The analysis (``traceview.analysis``) computes every figure and every verdict once into these
+structs; the text report, ``--json`` and the TUI only render them. ``report --json`` is
+``to_json(RunReport)``: its keys are a contract (docs/design.md, docs/schema/), so a
+field is never removed or retyped once added, and data a run does not have is ``null``.
+
+This module holds what every result shares: the ``Result`` base (JSON in and out), the
+enumerated strings of the JSON, and the per-phase ``Breakdown``. Nothing here imports numpy,
+polars or a UI library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from traceview.model import schema as S
+from traceview.model.escape import encodable
+
+#: The version of the result model (``schema_version`` of ``report --json``); bumped when a
+#: field changes meaning. Adding a field does not bump it.
+RESULTS_VERSION = "1"
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """Base of every result: JSON in and out."""
+
+    def to_json(self) -> bytes:
+        try:
+            return msgspec.json.encode(self)
+        except UnicodeEncodeError:  # a file name that is not UTF-8: its bytes escaped
+            return msgspec.json.encode(encodable(msgspec.to_builtins(self)))
+
+    def to_builtins(self) -> Any:
+        return msgspec.to_builtins(self)
+
+
+R = TypeVar("R", bound=Result)
+
+#: What the JSON's enumerated strings can be (a schema test keeps old values valid).
+Phase = Literal["io", "h2d", "forward", "backward", "update", "comm", "other", "idle"]
+#: "imbalance": communication is the largest share, but most of it is waiting for a straggler
+BottleneckPhase = Literal[
+    "io", "h2d", "forward", "backward", "update", "comm", "imbalance", "pipeline"
+]
+#: How the ranks' times were put on one clock: measured by ``collect``, shared by one host,
+#: estimated from matched collectives, or not at all (several hosts, nothing to estimate from).
+ClockSource = Literal["collect", "one host", "collectives", "unaligned"]
+StragglerPhase = Literal["io", "h2d", "forward", "backward", "update", "other"]
+Hidden = Literal["yes", "partly", "no", "n/a"]
+Timeline = Literal["cpu", "gpu"]
+StepMark = Literal["first", "warm-up", "slow", ""]
+#: Why a step is left out of the headline figures (analysis/selection.py): a leading step well
+#: above the median of the steps after it, or not among the steps --steps/--skip chose.
+StepExclusion = Literal["warm-up", "selection"]
+#: Where the steps come from: the trace's own markers, inferred from what repeats (how), or none
+#: (the whole trace is one window).
+StepsFrom = Literal[
+    "markers",
+    "step_groups",
+    "session_runs",
+    "annotations",
+    "optimizer",
+    "dataloader",
+    "backward",
+    "one_window",
+]
+
+
+def from_json(data: bytes | str, kind: type[R]) -> R:
+    """A result read back from its JSON (``kind`` is the struct it was written from)."""
+    return msgspec.json.decode(data, type=kind)
+
+
+class Breakdown(Result):
+    """Exclusive time per phase (ms): the phases of a step, each instant counted once."""
+
+    io: float = 0.0
+    h2d: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    update: float = 0.0
+    comm: float = 0.0
+    other: float = 0.0
+    idle: float = 0.0
+
+    def __getitem__(self, phase: str) -> float:
+        if phase not in S.BREAKDOWN_PHASES:
+            raise KeyError(phase)
+        return float(getattr(self, phase))
+
+    def items(self) -> Iterator[tuple[str, float]]:
+        for phase in S.BREAKDOWN_PHASES:
+            yield phase, self[phase]
+
+    def total(self) -> float:
+        return sum(value for _, value in self.items())
+
+    @classmethod
+    def of(cls, values: dict[str, float]) -> Breakdown:
+        return cls(**{p: float(values.get(p, 0.0)) for p in S.BREAKDOWN_PHASES})
+
+
+# The breakdown's fields are the phases, in report order: renaming or reordering one of them
+# without the other would silently mislabel every figure.
+assert Breakdown.__struct_fields__ == S.BREAKDOWN_PHASES, "Breakdown fields != BREAKDOWN_PHASES"

@@ -1,0 +1,98 @@
+"""Why the step takes as long as it does: the critical path, its blame, and what-if replays."""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from traceview.model.results.base import Phase, Result
+
+#: What a critical path segment is (analysis/critical_path/): a rank's own work (CPU compute,
+#: a device kernel, the device waiting for the host's launches: host_bound), communication the
+#: path cannot lay on another rank (transfer), a rank that began the step after the first one
+#: (late_start: carried in from before the window), or nothing running (idle).
+PathKind = Literal["compute", "kernel", "launch", "transfer", "late_start", "host_bound", "idle"]
+
+
+class PathSegment(Result):
+    """One stretch of a step's critical path: on ``rank``, from ``start_ms`` after the job's step
+    began (the first rank's start), for ``ms``."""
+
+    rank: int
+    phase: Phase | None  # null for a late start
+    op: str | None  # the operator (or collective) holding the time, where one does (untrusted)
+    kind: PathKind
+    start_ms: float
+    ms: float
+
+
+class Blame(Result):
+    """Time on the critical path of one rank in one phase and kind (ms per step)."""
+
+    rank: int
+    phase: Phase | None
+    kind: PathKind
+    ms: float
+    share: float  # of the job's step
+    # over what the median rank spends in that phase per step (the cause, where one rank is
+    # slower); null for transfer and idle
+    excess_ms: float | None = None
+
+
+class OpBlame(Result):
+    """Time on the critical path of one operator (or collective), all ranks (ms per step)."""
+
+    op: str  # (untrusted)
+    phase: Phase | None
+    kind: PathKind
+    ms: float
+
+
+class PathStretch(NamedTuple):
+    """A stretch of a step's critical path on the run's clock (what a timeline draws)."""
+
+    rank: int
+    phase: str | None
+    op: str | None
+    kind: str
+    start_ns: int
+    dur_ns: int
+
+
+class StepPath(Result):
+    """One step's critical path in brief: the job's step and who holds it."""
+
+    step_ms: float  # first rank's start to last rank's end
+    complete: bool  # every wait on the path explained (else ``reason``)
+    reason: str | None
+    blame: list[Blame]
+
+
+class CriticalPath(Result):
+    """Why the step takes as long as it does (analysis/critical_path/): the critical path of
+    the median counted step across ranks, and blame over every counted step."""
+
+    step_ms: float  # the median step's job step: first rank's start to last rank's end
+    step: int | None  # which step that is
+    steps: int  # counted steps with a path
+    complete_steps: int  # of them, every wait explained
+    segments: list[PathSegment]  # the median step's path, in time order
+    blame: list[Blame]  # mean per counted step, largest first
+    by_op: list[OpBlame]  # the operators on the path, largest first (up to 10)
+
+
+class WhatIf(Result):
+    """A replay of the counted steps with one change (analysis/critical_path/whatif.py): ``none``,
+    ``balance``, ``balance:rank=N``, ``faster:NAME:K``, ``bandwidth:OP:GBPS``, ``hide_comm``,
+    ``no_late_start``."""
+
+    change: str
+    step_ms: float  # mean replayed job step
+    speedup: float  # the replay with no change over this one
+
+
+class WhatIfs(Result):
+    """``traceview whatif --json``: the replays asked for (the first: no change)."""
+
+    steps: int  # counted steps replayed
+    whatif: list[WhatIf]
+    not_applicable: list[str] = []  # changes asked for that nothing in the run matches

@@ -1,0 +1,61 @@
+"""Per rank: each rank's summary, and the ranks as a distribution for runs too large to read
+rank by rank."""
+
+from __future__ import annotations
+
+from traceview.model.results.base import BottleneckPhase, Breakdown, Result, Timeline
+from traceview.model.results.gpu import HostBound, RankGpu
+from traceview.model.results.memory import RankMemory
+
+
+class RankSummary(Result):
+    rank: int
+    steps: int
+    step_ms: float
+    breakdown_ms: Breakdown
+    comm_total_ms: float
+    comm_exposed_ms: float
+    comm_hidden_fraction: float
+    busy_ms: float  # step - exposed comm - idle: the rank's own work
+    bottleneck: BottleneckPhase | None
+    timeline: Timeline
+    blocked_ms: float  # exposed comm + idle: waiting for the others (or the network)
+    imbalance: float  # busy time against the median rank's (0.05: 5% busier)
+    straggler: bool  # this rank is the straggler and it is significant
+    clock_offset_us: float | None = None  # estimated from collectives (Clocks), else null
+    comm_wait_ms: float | None = None  # per step, as in Summary
+    comm_transfer_ms: float | None = None
+    comm_wait_total_ms: float | None = None
+    comm_transfer_total_ms: float | None = None
+    # the others' exposed wait per step at the calls it arrived last to (summed over them)
+    caused_wait_ms: float | None = None
+    last_arrivals: int | None = None  # matched calls it arrived last to (where anyone waited)
+    gpu: RankGpu | None = None  # device time explained (null on CPU runs)
+    memory: RankMemory | None = None  # null: the rank's trace has no memory records
+    host_bound_ms: HostBound | None = None  # part of breakdown_ms; null on a CPU timeline
+
+
+class Spread(Result):
+    """One figure across ranks (ms per step): its percentiles and extremes."""
+
+    p50: float
+    p90: float
+    max: float
+    max_rank: int
+    min: float
+    min_rank: int
+
+
+class RankSpread(Result):
+    """The ranks as a distribution, for runs too large to read rank by rank."""
+
+    ranks: int
+    step_ms: Spread
+    breakdown_ms: dict[str, Spread]  # by phase, as in Breakdown
+    busy_ms: Spread  # the rank's own work: step - exposed comm - idle
+    blocked_ms: Spread
+    comm_wait_ms: Spread | None  # null where collectives were not matched across ranks
+    # by own work (busy_ms; in synchronous training every rank's step lasts as long as the
+    # slowest rank's), up to 5 each: the slowest first, the fastest first
+    slowest_ranks: list[int]
+    fastest_ranks: list[int]
