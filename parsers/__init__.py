@@ -55,7 +55,7 @@ class ParsedTrace:
 class WholeRead:
     """The stream (as ``KinetoStream``: iterate for raw batches, then read ``result``) of a
     trace its parser reads whole: Chrome JSON whose begin and end records are paired over the
-    file, its rows sorted by start (``mxnet.read_events``). Only its raw events are held, a
+    file, its rows sorted by start (``chrome_events.read_events``). Only its raw events are held, a
     few columns a row (and, where the format names a layout pass, what that pass holds); the
     rank is then normalized and analysed a chunk at a time, as a streamed trace is
     (``traceview.ingest.large.chunked``)."""
@@ -97,9 +97,32 @@ class TraceIdentity:
     host: str | None = None
 
 
+class TraceStream(Protocol):
+    """A trace read a batch of raw events at a time (``Parser.stream``): iterate for the
+    batches (``schema.RAW_SCHEMA``), then ``result`` holds what the file says about itself (its
+    ``events`` empty). ``base_ns``: what the batches' times are relative to."""
+
+    base_ns: int
+
+    @property
+    def result(self) -> ParsedTrace: ...
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]: ...
+
+
 class Parser(Protocol):
+    """A trace format. ``streams``: whether ``stream`` reads it a batch at a time for the chunked
+    path, which every built-in parser does (a parser that does not, or that predates the
+    attribute, is read whole by ``parse`` and normalized as one table: ``streams_of``).
+    ``rules_file``: the parser's own rules (TOML, as ``--rules``) for a framework traceview ships
+    none for, or that extend the built-in ones (None: the built-in rules of ``framework`` alone;
+    ``rules_file_of``). A parser may also read a trace in two parts at once (``split_point``
+    and ``stream(path, part)``: ``kineto``)."""
+
     name: str
     framework: str
+    streams: bool
+    rules_file: Path | None
 
     def sniff(self, path: Path, head: bytes) -> bool:
         """Whether ``path`` (whose first decompressed bytes are ``head``) is this format."""
@@ -110,6 +133,39 @@ class Parser(Protocol):
         ...
 
     def parse(self, path: Path) -> ParsedTrace: ...
+
+    def stream(self, path: Path) -> TraceStream: ...
+
+
+class PartStream(TraceStream, Protocol):
+    """A stream of one part of a trace (``SplittableParser``): what it read is handed to the
+    part before it (``then``), from another process (``part_read``, picklable)."""
+
+    def part_read(self) -> Any: ...
+
+    def then(self, later: Any) -> None: ...
+
+
+class SplittableParser(Parser, Protocol):
+    """A parser that can read one trace in two parts at once, each in a process of its own:
+    ``split_point`` says where an event starts near a byte (None: not there, or not this
+    file), ``stream(path, part)`` reads the bytes [start, stop) of it."""
+
+    def split_point(self, path: Path, near: int) -> int | None: ...
+
+    def stream(self, path: Path, part: tuple[int, int | None] | None = None) -> PartStream: ...
+
+
+def streams_of(parser: Parser) -> bool:
+    """Whether ``parser`` streams (``Parser.streams``; a plugin written before the attribute
+    existed does not)."""
+    return getattr(parser, "streams", False) is True and callable(getattr(parser, "stream", None))
+
+
+def rules_file_of(parser: Parser) -> Path | None:
+    """The rules ``parser`` ships (``Parser.rules_file``; None where it ships none)."""
+    own = getattr(parser, "rules_file", None)
+    return Path(own) if own is not None else None
 
 
 def int64_id(value: int) -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from traceview.parsers import ParsedTrace, TraceIdentity, WholeRead
+from traceview.parsers.chrome_events import read_events
 from traceview.parsers.chrome_stream import read_header
-from traceview.parsers.mxnet import read_events
 
 HEADER_KEY = "traceviewChainer"
 _MARKER = b'"' + HEADER_KEY.encode() + b'"'
@@ -37,6 +37,8 @@ def _str(value: Any) -> str | None:
 class ChainerParser:
     name = "chainer"
     framework = "chainer"
+    streams = True  # read a batch at a time (stream)
+    rules_file: Path | None = None  # the built-in rules of its framework alone
 
     def sniff(self, path: Path, head: bytes) -> bool:
         return head.lstrip()[:1] == b"{" and _MARKER in head[:4096]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from traceview.parsers import ParsedTrace, TraceIdentity, WholeRead, rank_from_filename
-from traceview.parsers.mxnet import read_events
+from traceview.parsers.chrome_events import read_events
 
 
 def looks_like_chrome_trace(head: bytes) -> bool:
@@ -31,6 +31,8 @@ def looks_like_chrome_trace(head: bytes) -> bool:
 class ChromeParser:
     name = "chrome"
     framework = "chrome"
+    streams = True  # read a batch at a time (stream)
+    rules_file: Path | None = None  # the built-in rules of its framework alone
 
     def sniff(self, path: Path, head: bytes) -> bool:
         return False  # a fallback only, when the user gives rules (see the module docstring)

@@ -156,6 +156,8 @@ def rank_from_path(path: Path) -> int | None:
 class XPlaneParser:
     name = "xplane"
     framework = "tensorflow"
+    streams = True  # read a batch at a time (stream)
+    rules_file: Path | None = None  # the built-in rules of its framework alone
 
     def sniff(self, path: Path, head: bytes) -> bool:
         return path.name.endswith(SUFFIX)

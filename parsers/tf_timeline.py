@@ -123,6 +123,8 @@ def sniff_text(head: bytes) -> bool:
 class TimelineParser:
     name = "tf_timeline"
     framework = "tensorflow"
+    streams = True  # read a batch at a time (stream)
+    rules_file: Path | None = None  # the built-in rules of its framework alone
 
     def sniff(self, path: Path, head: bytes) -> bool:
         return head.lstrip()[:1] in (b"{", b"[") and sniff_text(head)

@@ -39,6 +39,8 @@ from traceview.parsers.kineto.records import _DECODER, _as_int, _str_or_none
 class KinetoParser:
     name = "kineto"
     framework = "pytorch"
+    streams = True  # read a batch at a time (stream)
+    rules_file: Path | None = None  # the built-in rules of its framework alone
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if b'"traceEvents"' not in head and not head.lstrip().startswith(b"["):

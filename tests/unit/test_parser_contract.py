@@ -120,3 +120,72 @@ def test_a_profiler_that_keeps_frames_does_not_break_kineto_parsing() -> None:
         sys.setprofile(None)
     assert kept, "the hook saw no chunk being built"
     assert profiled.equals(plain)
+
+
+# --- what a parser can do is part of the protocol, not a list of names in the core ------------
+
+
+def test_every_built_in_parser_states_what_it_can_do() -> None:
+    from traceview.parsers import generic, registered, rules_file_of, streams_of
+
+    for parser in (*registered(), generic()):
+        assert streams_of(parser) and callable(parser.stream), parser.name
+        assert rules_file_of(parser) is None, parser.name
+
+
+class _PluginParser:
+    """A third-party parser as one was written before streaming: name, framework, sniff,
+    identify and parse only."""
+
+    name = "someones-format"
+    framework = "pytorch"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return False
+
+    def parse(self, path: Path) -> object:
+        raise AssertionError("not called")
+
+
+def test_a_parser_that_does_not_say_it_streams_is_read_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from traceview.ingest.large.chunked import wants_chunks
+    from traceview.parsers import streams_of
+
+    old = _PluginParser()
+    assert not streams_of(old)  # type: ignore[arg-type]
+    assert not wants_chunks(old)  # type: ignore[arg-type]
+    says_so = _PluginParser()
+    says_so.streams = True  # type: ignore[attr-defined]
+    assert not streams_of(says_so), "streams without a stream() to read with"  # type: ignore[arg-type]
+    says_so.stream = lambda path: iter(())  # type: ignore[attr-defined]
+    assert wants_chunks(says_so)  # type: ignore[arg-type]
+    monkeypatch.setenv("TRACEVIEW_WHOLE_RANK", "1")
+    assert not wants_chunks(says_so)  # type: ignore[arg-type]
+
+
+def test_a_parser_may_ship_the_rules_of_a_framework_traceview_does_not_know(
+    tmp_path: Path,
+) -> None:
+    from traceview.model.errors import UsageError
+    from traceview.normalize.rules import rules_for
+
+    own = tmp_path / "myfw.toml"
+    own.write_text(
+        "framework = \"myfw\"\n[step]\npattern = '^iteration (\\d+)$'\n"
+        '[[rule]]\nmatch = "^fwd_"\nphase = "forward"\n'
+    )
+    with pytest.raises(UsageError, match="no built-in rules for framework 'myfw'"):
+        rules_for("myfw")
+    rules = rules_for("myfw", own=own)
+    assert rules.step_number("iteration 12") == 12
+    assert rules.classify("op", None, "fwd_conv").phase == "forward"
+    # the generic path's defaults still apply beneath them (chrome.toml: the phases' own regions)
+    assert rules.classify("python", None, "backward").phase == "backward"
+    # on a framework traceview ships rules for, a parser's own extend the built-in ones (as
+    # --rules does: its step pattern replaces theirs, the rest adds to them)
+    pytorch = rules_for("pytorch", own=own)
+    assert pytorch.step_number("iteration 3") == 3
+    assert pytorch.classify("op", None, "fwd_conv").phase == "forward"
+    assert pytorch.default_op("aten::mm") == rules_for("pytorch").default_op("aten::mm") == "mm"

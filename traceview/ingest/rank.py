@@ -30,10 +30,7 @@ from traceview.model.manifest import (
 )
 from traceview.normalize.pipeline import RankMeta, normalize
 from traceview.normalize.rules import RuleSet, rules_for
-from traceview.parsers import (
-    ParsedTrace,
-    Parser,
-)
+from traceview.parsers import ParsedTrace, Parser, rules_file_of
 from traceview.store import rundir as R
 
 #: A per-rank analysis: one rank's events and memory records (schema.MEMORY_SCHEMA) in, named
@@ -93,10 +90,10 @@ def ingest_rank(
         pa.set_memory_pool(pa.system_memory_pool())
     started = time.perf_counter()
     parser = parser_named(trace.parser)
-    rules = rules_for(parser.framework, rules_path)
+    rules = rules_for(parser.framework, rules_path, rules_file_of(parser))
     clock = trace.clock  # read once, when the trace was identified
     offset = clock.offset_ns
-    if wants_chunks(trace.parser):
+    if wants_chunks(parser):
         helper = helper and helper_pays(trace.path, trace.size)
         part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started, helper)
         if isinstance(part, RankPartial):

@@ -301,6 +301,25 @@ def builtin_rules(framework: str) -> RuleSet:
     return _BUILTIN[framework]
 
 
-def rules_for(framework: str, extra: Path | None = None) -> RuleSet:
-    rules = builtin_rules(framework)
+def rules_for(framework: str, extra: Path | None = None, own: Path | None = None) -> RuleSet:
+    """The rules a rank is read with: the built-in ones of ``framework``, extended by the
+    parser's ``own`` (``Parser.rules_file``), then by the user's ``extra`` (``--rules``). A
+    parser with rules of its own may name a framework traceview ships none for: its rules then
+    extend the generic path's defaults (``chrome``)."""
+    if own is not None and framework not in _BUILTIN and not _ships(framework):
+        rules = builtin_rules("chrome").extended(load_rules_file(own))
+    else:
+        rules = builtin_rules(framework)
+        if own is not None:
+            rules = rules.extended(load_rules_file(own))
     return rules.extended(load_rules_file(extra)) if extra is not None else rules
+
+
+def _ships(framework: str) -> bool:
+    """Whether traceview ships rules for ``framework``."""
+    return (
+        resources.files("traceview.parsers")
+        .joinpath("rules")
+        .joinpath(f"{framework}.toml")
+        .is_file()
+    )

@@ -94,16 +94,8 @@ from traceview.normalize.classify import has_scope, strays_dropped
 from traceview.normalize.pipeline import ChunkContext, RankMeta, normalize_chunk
 from traceview.normalize.rules import RuleSet
 from traceview.normalize.steps import NO_STEP_MARKERS, InferredSteps, step_markers
-from traceview.parsers import ParsedTrace
+from traceview.parsers import ParsedTrace, Parser, streams_of
 from traceview.store import rundir as R
-
-#: The parsers whose traces take this path, at every size (a small trace is one chunk):
-#: streamed (Kineto, TF1 Timelines), or read whole and handed on a batch at a time
-#: (``parsers.WholeRead``: MXNet's, Chainer's and any Chrome JSON read with rules, whose begin
-#: and end records are paired over the whole file, and TensorFlow's XSpace, a protobuf; only
-#: their raw events are held whole). Every built-in parser: a plugin's traces are read whole.
-STREAMING_PARSERS = ("kineto", "tf_timeline", "chainer", "chrome", "mxnet", "xplane")
-
 
 #: Traces at least this large (bytes on disk; a gzip file counts 8 times its size) may use a
 #: helper process (reading the later part of the file, then analysing the chunks): it costs an
@@ -111,11 +103,16 @@ STREAMING_PARSERS = ("kineto", "tf_timeline", "chainer", "chrome", "mxnet", "xpl
 HELPER_MIN_BYTES = 256 << 20
 
 
-def wants_chunks(parser: str) -> bool:
-    """Whether a trace is streamed in chunks: its format can be. ``TRACEVIEW_WHOLE_RANK=1``
-    reads every trace whole, as formats that cannot be streamed are: the tests' reference for
-    the chunks."""
-    return parser in STREAMING_PARSERS and os.environ.get("TRACEVIEW_WHOLE_RANK", "0") != "1"
+def wants_chunks(parser: Parser) -> bool:
+    """Whether a trace takes this path, at every size (a small trace is one chunk): its parser
+    streams (``Parser.streams``): read a batch at a time (Kineto, TF1 Timelines), or read whole
+    and handed on a batch at a time (``parsers.WholeRead``: MXNet's, Chainer's and any Chrome
+    JSON read with rules, whose begin and end records are paired over the whole file, and
+    TensorFlow's XSpace, a protobuf; only their raw events are held whole). Every built-in
+    parser does; a plugin's traces are read whole unless it says it streams.
+    ``TRACEVIEW_WHOLE_RANK=1`` reads every trace whole, as a parser that cannot stream is: the
+    tests' reference for the chunks."""
+    return streams_of(parser) and os.environ.get("TRACEVIEW_WHOLE_RANK", "0") != "1"
 
 
 def helper_pays(path: Path, size: int) -> bool:

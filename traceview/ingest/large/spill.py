@@ -10,7 +10,7 @@ import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +25,7 @@ from traceview.normalize.classify import STRAY_NS, may_stray, stray
 from traceview.normalize.pipeline import whole_rank_passes
 from traceview.normalize.rules import RuleSet
 from traceview.normalize.steps import InferredSteps
-from traceview.parsers import ParsedTrace, WholeRead
+from traceview.parsers import ParsedTrace, Parser, SplittableParser, WholeRead
 from traceview.parsers.chrome_stream import SplitMismatch
 
 
@@ -59,7 +59,7 @@ class FirstPass:
 
 
 def first_pass(
-    parser: Any,
+    parser: Parser,
     path: Path,
     rules: RuleSet,
     work: Path,
@@ -74,7 +74,9 @@ def first_pass(
     boundary = _split_boundary(parser, path) if helper else None
     if boundary is not None:
         try:
-            return _in_two_parts(parser, path, rules, work, boundary, preload)
+            return _in_two_parts(
+                cast(SplittableParser, parser), path, rules, work, boundary, preload
+            )
         except SplitMismatch:  # no event starts there after all: read it in one piece
             pass
     stream = parser.stream(path)
@@ -125,19 +127,19 @@ class WholeRankPasses:
 SPLIT_AT = 0.45
 
 
-def _split_boundary(parser: Any, path: Path) -> int | None:
+def _split_boundary(parser: Parser, path: Path) -> int | None:
     """Where the later part of a trace read in two parts starts (None: read in one piece:
     a gzip trace, a format that cannot be split). A trace with a helper process (large
     enough to pay for one: ``chunked.helper_pays``) is read in two parts wherever it can be."""
-    if not hasattr(parser, "split_point"):
+    if not hasattr(parser, "split_point"):  # not a SplittableParser
         return None
     size = path.stat().st_size
     near = int(size * float(os.environ.get("TRACEVIEW_SPLIT_AT", SPLIT_AT)))
-    return parser.split_point(path, near)
+    return cast(SplittableParser, parser).split_point(path, near)
 
 
 def _in_two_parts(
-    parser: Any,
+    parser: SplittableParser,
     path: Path,
     rules: RuleSet,
     work: Path,
@@ -186,7 +188,7 @@ PART_FILE = "part.pickle"
 
 
 def read_later_part(
-    parser: Any, path: Path, boundary: int, rules: RuleSet, out: Path
+    parser: SplittableParser, path: Path, boundary: int, rules: RuleSet, out: Path
 ) -> tuple[Survey, Any]:
     """Pass 1 over the part of ``path`` from ``boundary`` to its end (``traceview.ingest.large.worker``
     runs it in a process of its own): its rows spilled to ``out``/raw.arrows (numbered from

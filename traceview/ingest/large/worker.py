@@ -24,7 +24,7 @@ import pickle
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from traceview.ingest.lifetime import die_with_parent
 
@@ -44,12 +44,13 @@ def main(argv: list[str]) -> int:
     outbox = Connection(int(argv[-2]), readable=False)
     if argv[0] == "read-part":
         from traceview.ingest.large.spill import read_later_part
-        from traceview.parsers import parser_named
+        from traceview.parsers import SplittableParser, parser_named
 
         name, path, boundary, rules_file, out, preload = argv[1:7]
         with Path(rules_file).open("rb") as fh:
             rules = pickle.load(fh)
-        read_later_part(parser_named(name), Path(path), int(boundary), rules, Path(out))
+        parser = cast(SplittableParser, parser_named(name))  # (the parent split with it)
+        read_later_part(parser, Path(path), int(boundary), rules, Path(out))
         outbox.send(("part",))
         for module in filter(None, preload.split(",")):  # (imported while the ingest plans)
             importlib.import_module(module)
