@@ -96,7 +96,7 @@ class Summary(Result):
     # collective matched: nobody is known to wait for it)
     straggler_significant: bool | None
     blocked_ms: float  # mean over ranks of exposed comm + idle: time not on the rank's own work
-    # Across ranks (analysis/crossrank.py), means over ranks; null where no collective was
+    # Across ranks (analysis/crossrank/), means over ranks; null where no collective was
     # matched across ranks (one rank, no communication). wait + transfer = comm_exposed_ms;
     # the totals split comm_total_ms (hidden communication included).
     comm_wait_ms: float | None = None
