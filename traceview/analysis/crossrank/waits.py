@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from traceview.analysis.attribution import merge_intervals
+from traceview.analysis.attribution.intervals import merge_intervals
 from traceview.analysis.crossrank.matching import _KEY, _VIEW, ISSUED, Matched
 from traceview.model import schema as S
 
