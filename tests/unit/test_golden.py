@@ -1,7 +1,10 @@
 """The safety net of refactoring: every golden case's output holds exactly (floats to 1e-9).
 
 A change that alters an output on purpose regenerates its golden file in the same commit
-(``python -m tests.golden.cases NAME``) and says why in the commit message.
+(``python -m tests.golden.cases NAME``) and says why in the commit message. Goldens grow: a key
+the golden file lacks whose value is null (or an empty list or object) is a field added since
+it was written, holding nothing for that run, and no difference; a value that changed, a key
+that went missing, or a new key that holds something is one.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from tests.golden.cases import SAMPLE_CASES, golden_path, run_case
 def _diff(got: Any, want: Any, where: str = "$") -> list[str]:
     if isinstance(want, dict) and isinstance(got, dict):
         out = [f"{where}.{k}: missing" for k in want if k not in got]
-        out += [f"{where}.{k}: unexpected" for k in got if k not in want]
+        out += [f"{where}.{k}: unexpected" for k in got if k not in want and not _empty(got[k])]
         for k in want.keys() & got.keys():
             out += _diff(got[k], want[k], f"{where}.{k}")
         return out
@@ -38,6 +41,25 @@ def _diff(got: Any, want: Any, where: str = "$") -> list[str]:
     elif got == want and type(got) is type(want):
         return []
     return [f"{where}: {got!r}, golden {want!r}"]
+
+
+def _empty(value: Any) -> bool:
+    """A new field's value that says nothing about this run: null, [] or {}."""
+    return value is None or value == [] or value == {}
+
+
+def test_a_new_field_that_holds_nothing_is_no_difference_but_a_change_is() -> None:
+    golden = {"summary": {"step_ms": 10.0, "ranks": [{"rank": 0}]}}
+    grown = {"summary": {"step_ms": 10.0, "cause": None, "ranks": [{"rank": 0, "extra": []}]}}
+    assert _diff(grown, golden) == []
+    assert _diff({"summary": {"step_ms": 10.0, "cause": {"rank": 2}, "ranks": [{"rank": 0}]}},
+                 golden) == ["$.summary.cause: unexpected"]  # fmt: skip
+    assert _diff({"summary": {"step_ms": 11.0, "ranks": [{"rank": 0}]}}, golden) == [
+        "$.summary.step_ms: 11.0, golden 10.0"
+    ]
+    assert _diff({"summary": {"ranks": [{"rank": 0}]}}, golden) == ["$.summary.step_ms: missing"]
+    # null where the golden holds a value is a change, not a new field
+    assert _diff({"summary": {"step_ms": None, "ranks": [{"rank": 0}]}}, golden) != []
 
 
 def _check(name: str, argv: list[str]) -> None:
