@@ -30,12 +30,13 @@ measured exposed wait as it is (``comm_wait_ms``; the what-if ``balanced`` takes
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from traceview.analysis.attribution import CommSchedule, layerwise_exposed
+from traceview.analysis.attribution import CommSchedule, comm_schedule, layerwise_exposed
 from traceview.analysis.crossrank import BUS_FACTOR
 from traceview.model import schema as S
 from traceview.model.manifest import Manifest
@@ -125,6 +126,29 @@ def what_if(
     if wait_exposed is not None:
         scenarios["balanced_ms"] = round(step_ms - wait, 3)
     return scenarios
+
+
+#: Ranks whose collectives the overlap model replays (their pattern repeats across ranks).
+REPLAY_RANKS = 4
+
+
+def sample_ranks(manifest: Manifest) -> list[int]:
+    """Up to REPLAY_RANKS ranks spread over the run."""
+    ranks = sorted(manifest.ranks_present or [r.rank for r in manifest.ranks])
+    if len(ranks) <= REPLAY_RANKS:
+        return ranks
+    picks = {round(i * (len(ranks) - 1) / (REPLAY_RANKS - 1)) for i in range(REPLAY_RANKS)}
+    return [ranks[i] for i in sorted(picks)]
+
+
+def counted_schedules(report: RunReport, events: Iterable[pa.Table]) -> list[CommSchedule]:
+    """The collectives the layer-wise model replays (``comm_schedule``) of each rank's
+    ``events`` (``sample_ranks``), in the steps every rank completed and the report counts:
+    warm-up steps and those --steps/--skip left out are not these."""
+    left_out = {u.step for u in report.incomplete_steps} | {
+        s.step for s in report.per_step if s.excluded is not None
+    }
+    return [s for rank in events for s in comm_schedule(rank) if s.step not in left_out]
 
 
 def partial_run(report: RunReport) -> str | None:

@@ -16,19 +16,6 @@ from pathlib import Path
 
 from traceview.commands.arguments import add_runs_argument, add_step_arguments, step_choice_of
 from traceview.model.errors import UsageError
-from traceview.model.manifest import Manifest
-
-#: Ranks whose collectives the overlap model replays (their pattern repeats across ranks).
-REPLAY_RANKS = 4
-
-
-def sample_ranks(manifest: Manifest) -> list[int]:
-    """Up to REPLAY_RANKS ranks spread over the run."""
-    ranks = sorted(manifest.ranks_present or [r.rank for r in manifest.ranks])
-    if len(ranks) <= REPLAY_RANKS:
-        return ranks
-    picks = {round(i * (len(ranks) - 1) / (REPLAY_RANKS - 1)) for i in range(REPLAY_RANKS)}
-    return [ranks[i] for i in sorted(picks)]
 
 
 class ScalingCommand:
@@ -59,7 +46,6 @@ class ScalingCommand:
         add_step_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.analysis.attribution import comm_schedule
         from traceview.analysis.scaling import partial_run, scaling, traced_batch_size
         from traceview.model.escape import safe
         from traceview.runs import open_runs
@@ -88,22 +74,7 @@ class ScalingCommand:
             counts = [r.run.ranks for r in reports]
             if len(set(counts)) < len(counts):
                 raise UsageError(f"two runs have the same number of ranks ({sorted(counts)})")
-            # the collectives the layer-wise model replays, of the steps every rank completed
-            # and the report counts (warm-up and steps --steps/--skip left out: not these)
-            left_out = [
-                {u.step for u in report.incomplete_steps}
-                | {s.step for s in report.per_step if s.excluded is not None}
-                for report in reports
-            ]
-            schedules = [
-                [
-                    s
-                    for rank in sample_ranks(r.manifest)
-                    for s in comm_schedule(r.events([rank]))
-                    if s.step not in dropped
-                ]
-                for r, dropped in zip(runs, left_out, strict=True)
-            ]
+            schedules = [r.comm_schedules(report) for r, report in zip(runs, reports, strict=True)]
             result = scaling(
                 reports, [r.ops for r in runs], [r.label for r in runs],
                 batch_size=args.batch_size,

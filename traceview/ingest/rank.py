@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,9 +35,26 @@ from traceview.parsers import ParsedTrace, Parser, rules_file_of
 from traceview.store import rundir as R
 
 #: A per-rank analysis: one rank's events and memory records (schema.MEMORY_SCHEMA) in, named
-#: result tables out (written as NAME.parquet). It must be a module-level function: worker
-#: processes receive it by reference.
+#: result tables out (written as NAME.parquet). It must be a module-level function or object:
+#: worker processes receive it by reference.
 RankAnalysis = Callable[[pa.Table, pa.Table], dict[str, pa.Table]]
+
+
+@runtime_checkable
+class RankAnalysisInChunks(Protocol):
+    """A per-rank analysis that also takes a rank a chunk at a time, as it is normalized
+    (``analysis.rank_tables``): ``chunked(memory, spill)`` makes, from what the whole rank
+    holds (training thread, device activities, backward elsewhere, its one window), the sink
+    each chunk goes to; ``modules``: what a process that runs it imports ahead. Ingest asks
+    for nothing else of an analysis; one that is a plain function is fed the whole rank."""
+
+    modules: tuple[str, ...]
+
+    def __call__(self, events: pa.Table, memory: pa.Table) -> dict[str, pa.Table]: ...
+
+    def chunked(
+        self, memory: pa.Table | None, spill: Path | None = None
+    ) -> Callable[[tuple[int, int], bool, bool, tuple[int, int] | None], ChunkSink]: ...
 
 
 @dataclass
@@ -195,7 +213,7 @@ def _ingest_chunked(
     # the per-rank analysis takes each chunk as it is normalized, where it can (memory
     # records come with the parser's result, after the first pass)
     memory: list[pa.Table] = []
-    chunked = getattr(analyze, "chunked", None)
+    chunked = analyze.chunked if isinstance(analyze, RankAnalysisInChunks) else None
     sinks = itertools.count()
 
     def sink(
@@ -214,7 +232,7 @@ def _ingest_chunked(
         return chunked(memory[0], spill)(training, gpu, elsewhere, whole)
 
     try:
-        preload = getattr(analyze, "modules", ())
+        preload = analyze.modules if isinstance(analyze, RankAnalysisInChunks) else ()
         done = normalize_chunked(
             parser, trace.path, rules, meta, run, offset, sink, helper, preload
         )

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,9 +18,6 @@ from traceview.model.columns import SpilledTable, TableOnDemand
 from traceview.model.errors import BadInput, OutputError
 from traceview.model.manifest import Manifest
 from traceview.store import rundir as R
-
-if TYPE_CHECKING:
-    pass
 
 
 class RunReplaced(Exception):

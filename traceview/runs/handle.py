@@ -19,6 +19,7 @@ from traceview.runs.cache import PathFile
 from traceview.store import rundir as R
 
 if TYPE_CHECKING:
+    from traceview.analysis.attribution import CommSchedule
     from traceview.analysis.crossrank import CrossRank
     from traceview.model.choice import StepChoice
 
@@ -182,6 +183,15 @@ class Run:
         (its events unreadable, another run's, or behind a link out of the run directory) is
         left out, as the analysis left it out."""
         return R.read_events(self.path, ranks, {}, self.manifest.run_id)
+
+    def comm_schedules(self, report: RunReport) -> list[CommSchedule]:
+        """The collectives ``scaling``'s layer-wise model replays, of a few ranks spread over
+        the run (``sample_ranks``: their pattern repeats across ranks), read one at a time, in
+        the steps ``report`` counts (``counted_schedules``)."""
+        from traceview.analysis.scaling import counted_schedules, sample_ranks
+
+        ranks = sample_ranks(self.manifest)
+        return counted_schedules(report, (self.events([rank]) for rank in ranks))
 
     def window_events(self, rank: int, start_ns: int, end_ns: int) -> pa.Table:
         """The events of ``rank`` that overlap [start_ns, end_ns): only their row groups."""

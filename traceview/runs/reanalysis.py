@@ -6,7 +6,6 @@ from __future__ import annotations
 import tempfile
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -26,9 +25,6 @@ from traceview.runs.cache import (
     _written_by_traceview,
 )
 from traceview.store import rundir as R
-
-if TYPE_CHECKING:
-    pass
 
 
 def reanalyze(
