@@ -26,6 +26,7 @@ from traceview.parsers import (
     ParsedTrace,
     Parser,
     TraceIdentity,
+    TraceStream,
     generic,
     rank_from_filename,
     registered,
@@ -153,6 +154,7 @@ class _Fallback:
     def __init__(self, parser: Parser):
         self.parser = parser
         self.name, self.framework = parser.name, parser.framework
+        self.streams, self.rules_file = parser.streams, parser.rules_file
 
     def sniff(self, path: Path, head: bytes) -> bool:
         from traceview.parsers.generic_chrome import looks_like_chrome_trace
@@ -164,6 +166,9 @@ class _Fallback:
 
     def parse(self, path: Path) -> ParsedTrace:
         return self.parser.parse(path)
+
+    def stream(self, path: Path) -> TraceStream:
+        return self.parser.stream(path)
 
 
 def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | None:

@@ -137,7 +137,7 @@ class ChunkedRank:
 
 
 def normalize_chunked(
-    parser: object,
+    parser: Parser,
     path: Path,
     rules: RuleSet,
     meta: RankMeta,
@@ -171,7 +171,7 @@ def normalize_chunked(
 
 
 def _normalize_chunked(
-    parser: object,
+    parser: Parser,
     path: Path,
     rules: RuleSet,
     meta: RankMeta,
