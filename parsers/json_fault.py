@@ -48,6 +48,9 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 # NaN or Infinity where a value stands (after "[", ":" or ",")
 _CONSTANT = re.compile(r"[\[:,]\s*(-?Infinity|NaN)\b")
 _INVALID = "\ufffd"
+# a \u escape of a UTF-16 surrogate, and of the low half that must follow a high one
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LOW_ESCAPE = re.compile(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
 
 def _byte_offset(text: str, index: int) -> int:
@@ -71,12 +74,41 @@ def locate(data: Any) -> Fault | None:
     bad_utf8 = _first_invalid_utf8(raw)
     # invalid bytes kept as lone surrogates, so that the structure around them is still read
     text = raw.decode("utf-8", "surrogateescape")
-    fault = _structural(text)
-    if bad_utf8 is not None and (
-        fault is None or fault.position is None or bad_utf8[0] < fault.position
-    ):
-        return Fault("malformed", bad_utf8[0], f"invalid UTF-8: {bad_utf8[1]}")
-    return fault
+    faults = [_structural(text)]
+    if bad_utf8 is not None:
+        faults.append(Fault("malformed", bad_utf8[0], f"invalid UTF-8: {bad_utf8[1]}"))
+    lone = _lone_surrogate(text)
+    if lone is not None:
+        faults.append(
+            Fault(
+                "malformed", _byte_offset(text, lone), "a UTF-16 surrogate escape without its pair"
+            )
+        )
+    found = [f for f in faults if f is not None]
+    if not found:
+        return None
+    # the first in the text (a fault without a position, the text cut short, comes last)
+    return min(found, key=lambda f: len(raw) if f.position is None else f.position)
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where the first ``\\uD800``-style escape of a surrogate without its other half stands
+    (strict decoders refuse it; Python's reader takes it); None where there is none."""
+    taken = 0  # past the low half of the last pair
+    for match in _SURROGATE_ESCAPE.finditer(text):
+        at = match.start()
+        if at < taken:
+            continue
+        before = at
+        while before > 0 and text[before - 1] == "\\":
+            before -= 1
+        if (at - before) % 2:  # the backslash is itself escaped: "\\\\ud800" is text
+            continue
+        if text[at + 3] in "89abAB" and _LOW_ESCAPE.match(text, at + 6):
+            taken = at + 12
+            continue
+        return at
+    return None
 
 
 def _structural(text: str) -> Fault | None:

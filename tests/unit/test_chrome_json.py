@@ -169,6 +169,10 @@ def test_unreadable_input_is_bad_input(tmp_path: Path, content: bytes, message: 
         (b'[{"a": NaN}]', "malformed", 7),
         (b'[{"a": "l\xc3\xa4nge", "b": 2 x}]', "malformed", 24),  # a byte offset, not a character's
         (b'["tab\tinside"]', "malformed", 5),
+        # a surrogate escape without its other half: Python reads it, strict decoders do not
+        (b'[{"a": "x\\ud800y"}], "k": 1}', "malformed", 9),
+        (b'["\\udc00"]', "malformed", 2),
+        (b'["\\ud83d\\ude00", "\\\\ud800"]', None, None),  # a pair; an escaped backslash
         (b"[1, 2]  ", None, None),
     ],
 )
