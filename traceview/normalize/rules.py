@@ -306,7 +306,7 @@ def rules_for(framework: str, extra: Path | None = None, own: Path | None = None
     parser's ``own`` (``Parser.rules_file``), then by the user's ``extra`` (``--rules``). A
     parser with rules of its own may name a framework traceview ships none for: its rules then
     extend the generic path's defaults (``chrome``)."""
-    if own is not None and framework not in _BUILTIN and not _ships(framework):
+    if own is not None and not _ships(framework):
         rules = builtin_rules("chrome").extended(load_rules_file(own))
     else:
         rules = builtin_rules(framework)
