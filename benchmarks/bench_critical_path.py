@@ -159,7 +159,7 @@ def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
     import bench_crossrank
     from bench_crossrank import manifest_for, replicate  # type: ignore[import-not-found]
 
-    from traceview.analysis.summary import cross_rank_of, summarize
+    from traceview.analysis.summary import RunInputs, cross_rank_of, summarize
     from traceview.model.columns import TableOnDemand
     from traceview.runs import PathFile, open_run
 
@@ -175,9 +175,11 @@ def added_to_report(ranks: int, repeat: int = 3) -> dict[str, float | int]:
     def once(segments: pa.Table | None, cache: PathFile | None = None) -> float:
         start = time.perf_counter()
         summarize(
-            tables["steps"], tables["ops"], manifest, collectives=tables["collectives"],
-            cross=cross, segments=None if segments is None else TableOnDemand.of(segments),
-            path_cache=cache,
+            RunInputs(
+                manifest, {n: tables[n] for n in ("steps", "ops", "collectives")}, cross=cross,
+                segments=None if segments is None else TableOnDemand.of(segments),
+                path_cache=cache,
+            )
         )  # fmt: skip
         return time.perf_counter() - start
 

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from traceview.analysis.summary import cross_rank_of, summarize  # noqa: E402
+from traceview.analysis.summary import RunInputs, cross_rank_of, summarize  # noqa: E402
 from traceview.model import schema as S  # noqa: E402
 from traceview.model.manifest import Manifest, RankIngest  # noqa: E402
 from traceview.runs import open_run  # noqa: E402
@@ -158,19 +158,21 @@ def main(argv: list[str] | None = None) -> int:
 
             def plain(manifest: Manifest = manifest) -> None:
                 steps, ops = read("steps", "ops")
-                summarize(steps, ops, manifest)
+                summarize(RunInputs(manifest, {"steps": steps, "ops": ops}))
 
             def crossed(manifest: Manifest = manifest) -> None:
                 steps, ops, collectives, comm = read(*TIMED)
                 cross = cross_rank_of(manifest, collectives, comm)
-                summarize(steps, ops, manifest, collectives=collectives, cross=cross)
+                tables = {"steps": steps, "ops": ops, "collectives": collectives}
+                summarize(RunInputs(manifest, tables, cross=cross))
 
             without = best_of(args.repeat, plain)
             with_cross = best_of(args.repeat, crossed)
             report = summarize(
-                tables["steps"], tables["ops"], manifest,
-                collectives=tables["collectives"],
-                cross=cross_rank_of(manifest, tables["collectives"], tables["comm"]),
+                RunInputs(
+                    manifest, {n: tables[n] for n in ("steps", "ops", "collectives")},
+                    cross=cross_rank_of(manifest, tables["collectives"], tables["comm"]),
+                )
             )  # fmt: skip
             rows.append(
                 {

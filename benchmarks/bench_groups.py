@@ -43,7 +43,7 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from traceview.analysis.summary import cross_rank_of, summarize  # noqa: E402
+from traceview.analysis.summary import RunInputs, cross_rank_of, summarize  # noqa: E402
 from traceview.model import schema as S  # noqa: E402
 from traceview.model.columns import encode_ranks  # noqa: E402
 from traceview.model.manifest import Manifest, RankIngest  # noqa: E402
@@ -310,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     def report(where: Path, manifest: Manifest):  # type: ignore[no-untyped-def]
         steps, ops, collectives, comm = (R.read_table(where / f"{t}.parquet") for t in TABLES)
         cross = cross_rank_of(manifest, collectives, comm)
-        return summarize(steps, ops, manifest, collectives=collectives, cross=cross, comm=comm)
+        tables = {"steps": steps, "ops": ops, "collectives": collectives, "comm": comm}
+        return summarize(RunInputs(manifest, tables, cross=cross))
 
     rows = []
     plain_manifest = manifest_for(mesh, False, False)

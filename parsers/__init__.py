@@ -48,8 +48,9 @@ class ParsedTrace:
     # a core pass that finds steps where the trace marks none (normalize.STEP_INFERENCE)
     infer_steps: str | None = None
     process_names: dict[int, str] = field(default_factory=dict)  # pid -> name, as the trace says
-    # the trace's memory records (schema.MEMORY_RAW_SCHEMA); None: the format or trace has none
-    memory: pa.Table | None = None
+    # what the trace holds beside its events, by side input (schema.SIDE_INPUTS: "memory", its
+    # memory records as schema.MEMORY_RAW_SCHEMA); an input the format or trace lacks is absent
+    side: dict[str, pa.Table] = field(default_factory=dict)
 
 
 class WholeRead:

@@ -105,7 +105,7 @@ class MXNetParser:
             path=path,
             framework=self.framework,
             events=raw,
-            memory=memory,
+            side={"memory": memory} if memory is not None else {},
             meta={k: v for k, v in meta.items() if v not in (None, [], "")},
             threads=threads,
             notes=notes,

@@ -196,7 +196,7 @@ class XPlaneParser:
             raise BadInput(f"{path}: the TensorFlow profile holds no events")
         memory = _memory_profile(path, records, start_ns or 0, notes)
         return ParsedTrace(
-            memory=memory,
+            side={"memory": memory} if memory is not None else {},
             path=path,
             framework=self.framework,
             events=events,

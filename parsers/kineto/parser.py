@@ -277,7 +277,7 @@ class KinetoStream:
             bytes_read=info.stream.bytes_read,
             lost_bytes=info.lost_bytes,
             skipped=skipped,
-            memory=memory_records,
+            side={"memory": memory_records} if memory_records is not None else {},
             # no ProfilerStep markers (the autograd profiler API, a hand-placed profile): steps
             # where the training loop repeats (normalize/step_inference.py: from_repeats)
             infer_steps="repeats",

@@ -504,10 +504,11 @@ def test_a_readers_recompute_in_chunks_equals_the_ingests_tables(
     inputs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After an analysis change a reader recomputes each rank's tables from its events file a
-    chunk of steps at a time (``analysed._in_chunks``), for runs of every framework and format
+    chunk of steps at a time (``readback.analyse_written``), for runs of every framework and format
     (TensorFlow, MXNet and Chainer traces are read whole at ingest): the tables must be the
     ones the ingest wrote, rank by rank."""
-    from traceview.runs import _in_chunks
+    from traceview.analysis import rank_tables
+    from traceview.ingest.large.readback import analyse_written
 
     run = tmp_path / "run"
     with monkeypatch.context() as m:
@@ -516,7 +517,8 @@ def test_a_readers_recompute_in_chunks_equals_the_ingests_tables(
     ranks = R.event_ranks(run)
     assert ranks
     for rank in ranks:
-        tables = _in_chunks(run, rank, R.read_memory(run, [rank]))
+        side = {"memory": R.read_side(run, "memory", [rank])}
+        tables = analyse_written(run, rank, rank_tables, side)
         assert tables is not None, f"rank {rank} not recomputed in chunks"
         for name in RANK_TABLES:
             written = R.read_table(run / f"{name}.parquet").filter(

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import analysed, shared_traces
-from traceview.analysis.summary import summarize
+from traceview.analysis.summary import RunInputs, summarize
 from traceview.model import schema as S
 from traceview.runs import ingest_run
 from traceview.store import rundir as R
@@ -74,5 +74,7 @@ def test_hta_agrees_on_communication_overlap(name: str, tmp_path: Path) -> None:
     iterations = [int(i) for i in analysis.t.get_iterations(rank) if int(i) >= 0]
     same_kernels = events.filter(pl.col(S.STEP).is_in(iterations) & pl.col(S.PARENT).is_not_null())
     assert 100 * _device_overlap(same_kernels) == pytest.approx(hta_pct, abs=1.0)
-    report = summarize(analysed(run).steps, analysed(run).ops, R.read_manifest(run))
+    report = summarize(
+        RunInputs(R.read_manifest(run), {"steps": analysed(run).steps, "ops": analysed(run).ops})
+    )
     assert 100 * report.summary.comm_hidden_fraction == pytest.approx(hta_pct, abs=6.0)

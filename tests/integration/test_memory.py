@@ -402,7 +402,7 @@ def test_what_runs_at_an_instant_is_the_innermost_covering_event(tmp_path: Path)
     run = ingest_run([shared_traces("pytorch/hta_df_index_resolver")], tmp_path / "run")
     rank = R.event_ranks(run)[0]
     host = _HostEvents.of(R.read_events(run, [rank]))
-    records = R.read_memory(run, [rank])
+    records = R.read_side(run, "memory", [rank])
     assert records is not None and records.num_rows > 1000
     other = host.phases.index(S.OTHER) if S.OTHER in host.phases else -2
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import analysed, run_cli, shared_pytorch_files, shared_traces
-from traceview.analysis.summary import summarize
+from traceview.analysis.summary import RunInputs, summarize
 from traceview.model import schema as S
 from traceview.runs import ingest_run
 from traceview.store import rundir as R
@@ -82,7 +82,9 @@ def test_rank_and_world_size_come_from_distributed_info(tmp_path: Path) -> None:
     assert [r.rank for r in manifest.ranks] == [34]
     assert manifest.world_size == 300
     assert "missing rank(s) 0-33, 35-299" in manifest.notes.warnings[0]
-    report = summarize(analysed(run).steps, analysed(run).ops, manifest)
+    report = summarize(
+        RunInputs(manifest, {"steps": analysed(run).steps, "ops": analysed(run).ops})
+    )
     # a CPU-only gloo job: all it recorded is gloo:all_reduce on the training thread
     assert report.summary.comm_total_ms > 0
     assert report.summary.bottleneck == S.COMM
@@ -153,7 +155,9 @@ def test_two_ranks_of_one_job(tmp_path: Path) -> None:
     manifest = R.read_manifest(run)
     assert [r.rank for r in manifest.ranks] == [0, 1]
     assert manifest.world_size == 128
-    report = summarize(analysed(run).steps, analysed(run).ops, manifest)
+    report = summarize(
+        RunInputs(manifest, {"steps": analysed(run).steps, "ops": analysed(run).ops})
+    )
     assert report.run.ranks == 2
     assert report.summary.straggler_rank in (0, 1)
 

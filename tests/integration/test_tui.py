@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Input, Static, TabbedContent
 from tests.conftest import REPO, run_cli
 from tests.tui_helpers import EVIL, evil_run, play, sample_run, settle
 from traceview.analysis.compare import compare
-from traceview.analysis.summary import summarize
+from traceview.analysis.summary import RunInputs, summarize
 from traceview.commands.tui import run_groups
 from traceview.model import schema as S
 from traceview.model.escape import safe
@@ -406,7 +406,11 @@ def test_warm_up_steps_are_marked_from_their_time() -> None:
 
     marks = [
         r.mark
-        for r in summarize(table([80, 50, 10, 10, 10, 30, 10]), pa.table({}), Manifest()).per_step
+        for r in summarize(
+            RunInputs(
+                Manifest(), {"steps": table([80, 50, 10, 10, 10, 30, 10]), "ops": pa.table({})}
+            )
+        ).per_step
     ]
     assert marks == ["warm-up", "warm-up", "", "", "", "slow", ""]
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed, run_job, run_process
 from tests.unit.test_groundtruth import check_against_timers, steps_with_timers
-from traceview.analysis.summary import summarize
+from traceview.analysis.summary import RunInputs, summarize
 from traceview.runs import ingest_run
 from traceview.store import rundir as R
 
@@ -73,7 +73,9 @@ def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
 
 def test_fresh_run_hidden_verdict(live: tuple[str, Path, Path]) -> None:
     scenario, _, run = live
-    summary = summarize(analysed(run).steps, analysed(run).ops, R.read_manifest(run)).summary
+    summary = summarize(
+        RunInputs(R.read_manifest(run), {"steps": analysed(run).steps, "ops": analysed(run).ops})
+    ).summary
     if scenario == "explicit":
         assert summary.hidden == "no"
     else:

@@ -151,7 +151,7 @@ def _assert_same_run(whole: Path, parts: Path) -> None:
                 f"column {name}: {len(bad)} of {a.num_rows} events differ, first event id "
                 f"{ca[S.EVENT_ID][row]}: whole {ca[name][row]!r}, chunked {cb[name][row]!r}"
             )
-    for name in (*RANK_TABLES, R.MEMORY):
+    for name in (*RANK_TABLES, *S.SIDE_INPUTS):
         ta = R.read_table(whole / f"{name}.parquet")
         tb = R.read_table(parts / f"{name}.parquet")
         assert ta.column_names == tb.column_names, name
@@ -168,12 +168,15 @@ def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, row
     """A reader's recompute of the analysis (``open_run.reanalyze``) of a written rank, a chunk of
     one step at a time (without step markers: of about ``rows`` rows) read back from its events
     file, gives the tables ingest wrote."""
-    from traceview.runs import _in_chunks
+    from traceview.analysis import rank_tables
+    from traceview.ingest.large.readback import analyse_written
 
     (rank,) = R.event_ranks(run)
     with monkeypatch.context() as m:
         m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
-        tables = _in_chunks(run, rank, R.read_memory(run, [rank]))
+        tables = analyse_written(
+            run, rank, rank_tables, {"memory": R.read_side(run, "memory", [rank])}
+        )
     assert tables is not None, "not analysed in chunks"
     for name in RANK_TABLES:
         written = R.read_table(run / f"{name}.parquet")

@@ -23,8 +23,9 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from tests.conftest import steps_with_timers as timed_steps
-from traceview.analysis.summary import summarize
+from traceview.analysis.summary import RunInputs, summarize
 from traceview.model import schema as S
+from traceview.model.results import RunReport
 from traceview.runs import ingest_run
 from traceview.store import rundir as R
 
@@ -35,6 +36,12 @@ SCENARIOS = ("ddp", "explicit", "slowio")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("runs")
     return {s: ingest_run([SAMPLES / "pytorch" / s], out / s) for s in SCENARIOS}
+
+
+def _report(run: Path) -> RunReport:
+    """The report of ``run`` from its steps and ops alone (no cross-rank pass)."""
+    opened = analysed(run)
+    return summarize(RunInputs(R.read_manifest(run), {"steps": opened.steps, "ops": opened.ops}))
 
 
 def steps_with_timers(run: Path, truth_dir: Path) -> pl.DataFrame:
@@ -118,11 +125,7 @@ def test_explicit_allreduce_is_exposed_communication(runs: dict[str, Path]) -> N
     assert (error <= (0.1 * df["allreduce_ms"]).clip(lower_bound=0.5)).all(), df.select(
         "comm_exposed_tv", "allreduce_ms"
     )
-    report = summarize(
-        analysed(runs["explicit"]).steps,
-        analysed(runs["explicit"]).ops,
-        R.read_manifest(runs["explicit"]),
-    )
+    report = _report(runs["explicit"])
     assert report.summary.hidden == "no"
     assert report.summary.bottleneck == S.COMM
 
@@ -132,19 +135,13 @@ def test_ddp_hides_part_of_its_communication(runs: dict[str, Path]) -> None:
     # DDP's timer has no all-reduce of its own: the exposed part is inside loss.backward().
     assert (df["allreduce_ms"] == 0).all()
     assert (df["comm_exposed_tv"] > 0).all() and (df["comm_total_tv"] > df["comm_exposed_tv"]).all()
-    report = summarize(
-        analysed(runs["ddp"]).steps, analysed(runs["ddp"]).ops, R.read_manifest(runs["ddp"])
-    )
+    report = _report(runs["ddp"])
     assert report.summary.hidden == "partly"
     assert 0.3 < report.summary.comm_hidden_fraction < 0.95
 
 
 def test_slow_data_loader_is_the_bottleneck(runs: dict[str, Path]) -> None:
-    report = summarize(
-        analysed(runs["slowio"]).steps,
-        analysed(runs["slowio"]).ops,
-        R.read_manifest(runs["slowio"]),
-    )
+    report = _report(runs["slowio"])
     summary = report.summary
     assert summary.bottleneck == S.IO
     truth = json.loads((SAMPLES / "pytorch" / "slowio" / "groundtruth.json").read_text())

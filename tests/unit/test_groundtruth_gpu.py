@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from tests.unit.test_groundtruth import steps_with_timers
-from traceview.analysis.summary import summarize
+from traceview.analysis.summary import RunInputs, summarize
 from traceview.model import schema as S
 from traceview.model.manifest import Manifest
 from traceview.runs import ingest_run
@@ -133,11 +133,8 @@ def test_explicit_allreduce_with_one_nccl_rank(runs: dict[str, Path]) -> None:
     df = joined(runs["gpu_explicit_nccl"], "gpu_explicit_nccl")
     assert ((df["comm_total_tv"] - df["allreduce_ms"]).abs() <= 0.2 * df["allreduce_ms"]).all()
     assert (df["comm_hidden_fraction"] < 0.05).all()
-    report = summarize(
-        analysed(runs["gpu_explicit_nccl"]).steps,
-        analysed(runs["gpu_explicit_nccl"]).ops,
-        Manifest(),
-    )
+    run = analysed(runs["gpu_explicit_nccl"])
+    report = summarize(RunInputs(Manifest(), {"steps": run.steps, "ops": run.ops}))
     assert report.summary.hidden == "no"
 
 

@@ -15,7 +15,7 @@ computed from those tables into ``traceview.model.results`` structs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +44,9 @@ RANK_TABLES = (
 )  # fmt: skip
 
 
-def _rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
+def _rank_tables(
+    events: pa.Table, side: Mapping[str, pa.Table] | None = None
+) -> dict[str, pa.Table]:
     """The whole rank as one part of ``analysis.parts``: the same code a rank read in chunks
     takes, its facts found over the whole rank (so they hold)."""
     import numpy as np
@@ -53,7 +55,7 @@ def _rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, 
     from traceview.analysis.parts import EVERYWHERE, ChunkedAnalysis
 
     training, gpu, elsewhere, whole = whole_rank_part(events)
-    analysis = ChunkedAnalysis(memory, training, gpu, elsewhere, whole)
+    analysis = ChunkedAnalysis(side or {}, training, gpu, elsewhere, whole)
     every = np.ones(events.num_rows, bool)
     analysis.add(events, every, every, -EVERYWHERE, EVERYWHERE)
     tables = analysis.finish()
@@ -63,24 +65,27 @@ def _rank_tables(events: pa.Table, memory: pa.Table | None = None) -> dict[str, 
 
 
 class RankTables:
-    """``rank_tables(events, memory)``: the per-rank analysis of one rank's events and memory
-    records (schema.MEMORY_SCHEMA): {"steps", "ops", "collectives", "comm", "gpu", "launches",
-    "memory_steps"} (gpu and launches empty on CPU runs, memory_steps without memory records).
+    """``rank_tables(events, side)``: the per-rank analysis of one rank's events and side inputs
+    (by name, schema.SIDE_INPUTS: its memory records): {"steps", "ops", "collectives", "comm",
+    "gpu", "launches", "memory_steps", "segments"} (gpu and launches empty on CPU runs,
+    memory_steps without memory records).
 
-    ``rank_tables.chunked(memory)``: the same for a rank normalized in chunks, fed a chunk at a
+    ``rank_tables.chunked(side)``: the same for a rank normalized in chunks, fed a chunk at a
     time (``analysis.parts``): a maker of the analysis from what the whole rank holds (its
     training thread, whether it has device activities, whether another thread runs backward,
     and its one window where it has no step markers).
     """
 
     #: What a process that runs the analysis in chunks imports (ahead, while it waits).
-    modules = ("traceview.analysis.parts",)
+    modules: tuple[str, ...] = ("traceview.analysis.parts",)
 
-    def __call__(self, events: pa.Table, memory: pa.Table | None = None) -> dict[str, pa.Table]:
-        return _rank_tables(events, memory)
+    def __call__(
+        self, events: pa.Table, side: Mapping[str, pa.Table] | None = None
+    ) -> dict[str, pa.Table]:
+        return _rank_tables(events, side)
 
     def chunked(
-        self, memory: pa.Table | None, spill: Path | None = None
+        self, side: Mapping[str, pa.Table], spill: Path | None = None
     ) -> Callable[[tuple[int, int], bool, bool, tuple[int, int] | None], ChunkedAnalysis]:
         """``spill``: where the segments are written as they are made (``ChunkedAnalysis``)."""
         from traceview.analysis.parts import ChunkedAnalysis
@@ -88,7 +93,7 @@ class RankTables:
         def make(
             training: tuple[int, int], gpu: bool, elsewhere: bool, whole: tuple[int, int] | None
         ) -> ChunkedAnalysis:
-            return ChunkedAnalysis(memory, training, gpu, elsewhere, whole, spill)
+            return ChunkedAnalysis(side, training, gpu, elsewhere, whole, spill)
 
         return make
 

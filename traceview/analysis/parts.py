@@ -34,6 +34,7 @@ caller analyses the rank whole instead.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -111,13 +112,14 @@ class ChunkedAnalysis:
 
     def __init__(
         self,
-        memory: pa.Table | None,
+        side: Mapping[str, pa.Table],
         training: tuple[int, int] | None,
         gpu: bool,
         backward_elsewhere: bool,
         whole: tuple[int, int] | None = None,
         spill: Path | None = None,
     ):
+        memory = side.get("memory")  # (the rank's memory records: its memory_steps rows)
         self.memory = memory
         self.whole = whole  # a rank without step markers: its one window (open to the end)
         # where the segments (the largest table, a row per stretch of a step) are written as

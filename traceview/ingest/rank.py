@@ -8,53 +8,40 @@ from __future__ import annotations
 import inspect
 import itertools
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.ingest.discover import TraceFile, rank_status
 from traceview.ingest.large.chunked import helper_pays, normalize_chunked, wants_chunks
-from traceview.ingest.large.sinks import ChunkSink
+from traceview.ingest.large.readback import analyse_written
+from traceview.ingest.large.sinks import (
+    ChunkSink,
+    RankAnalysis,
+    RankAnalysisInChunks,
+    SideTables,
+)
 from traceview.model import schema as S
 from traceview.model.columns import WORK, SpilledTable, first_start
-from traceview.model.errors import (
-    BadInput,
-    Notes,
-)
-from traceview.model.manifest import (
-    RankIngest,
-)
+from traceview.model.errors import BadInput, Notes
+from traceview.model.manifest import RankIngest
 from traceview.normalize.pipeline import RankMeta, normalize
 from traceview.normalize.rules import RuleSet, rules_for
 from traceview.parsers import ParsedTrace, Parser, rules_file_of
 from traceview.store import rundir as R
 
-#: A per-rank analysis: one rank's events and memory records (schema.MEMORY_SCHEMA) in, named
-#: result tables out (written as NAME.parquet). It must be a module-level function or object:
-#: worker processes receive it by reference.
-RankAnalysis = Callable[[pa.Table, pa.Table], dict[str, pa.Table]]
-
-
-@runtime_checkable
-class RankAnalysisInChunks(Protocol):
-    """A per-rank analysis that also takes a rank a chunk at a time, as it is normalized
-    (``analysis.rank_tables``): ``chunked(memory, spill)`` makes, from what the whole rank
-    holds (training thread, device activities, backward elsewhere, its one window), the sink
-    each chunk goes to; ``modules``: what a process that runs it imports ahead. Ingest asks
-    for nothing else of an analysis; one that is a plain function is fed the whole rank."""
-
-    modules: tuple[str, ...]
-
-    def __call__(self, events: pa.Table, memory: pa.Table) -> dict[str, pa.Table]: ...
-
-    def chunked(
-        self, memory: pa.Table | None, spill: Path | None = None
-    ) -> Callable[[tuple[int, int], bool, bool, tuple[int, int] | None], ChunkSink]: ...
+__all__ = [
+    "RankAnalysis",
+    "RankAnalysisInChunks",
+    "RankPartial",
+    "ingest_rank",
+    "parse_with",
+    "side_rows",
+]
 
 
 @dataclass
@@ -119,7 +106,6 @@ def ingest_rank(
         parsed = part  # the whole trace, for the whole-rank path: read once
     else:
         parsed = parse_with(parser, trace.path)
-    notes = Notes()
     if offset:  # onto the launcher's clock, which all ranks share
         shifted = pc.add(parsed.events.column(S.TS_NS), pa.scalar(offset, pa.int64()))
         parsed.events = parsed.events.set_column(
@@ -145,15 +131,14 @@ def ingest_rank(
     except BadInput as exc:
         raise BadInput(f"{trace.path}: {exc}") from exc
     del parsed.events
-    memory = rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)
+    side = side_rows(parsed, trace, offset)
     # Parquet encoding runs outside the GIL: write while the analysis runs.
     with ThreadPoolExecutor(max_workers=1) as writer:
         written = writer.submit(R.write_events, run, trace.rank, normalized.events)
-        tables = analyze(normalized.events, memory) if analyze is not None else {}
+        tables: dict[str, pa.Table | SpilledTable] = (
+            dict(analyze(normalized.events, side)) if analyze is not None else {}
+        )
         written.result()
-    tables[R.MEMORY] = memory  # every rank's, empty or not: memory.parquet says it was read
-    notes.extend(parsed.notes)
-    notes.extend(normalized.notes)
     found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
     if normalized.layout is not None:
         found.update(normalized.layout.meta)
@@ -166,6 +151,46 @@ def ingest_rank(
     if normalized.inferred is not None and normalized.inferred.warmup and normalized.steps:
         found["warmup_steps"] = normalized.inferred.warmup
     found.update(_startup(first_start(normalized.events, WORK), tables.get("steps")))
+    return _partial(
+        trace,
+        parser,
+        parsed,
+        side,
+        tables,
+        [parsed.notes, normalized.notes],
+        events=normalized.events.num_rows,
+        steps=normalized.steps,
+        training_thread=normalized.training_thread,
+        threads=threads,
+        skipped=skipped,
+        meta=found,
+        started=started,
+        host=host,
+    )
+
+
+def _partial(
+    trace: TraceFile,
+    parser: Parser,
+    parsed: ParsedTrace,
+    side: SideTables,
+    tables: dict[str, pa.Table | SpilledTable],
+    notes: list[Notes],
+    *,
+    events: int,
+    steps: int,
+    training_thread: tuple[int, int] | None,
+    threads: dict[str, str],
+    skipped: dict[str, int],
+    meta: dict[str, Any],
+    started: float,
+    host: str | None,
+) -> RankPartial:
+    """The rank's part: its manifest entry (what was read, found and how long it took), its
+    analysis tables and its side inputs (every input's file, empty or not: it says the input
+    was read), and its notes, whichever path read it."""
+    for name, rows in side.items():
+        tables[name] = rows
     info = RankIngest(
         rank=trace.rank,
         source=str(trace.path),
@@ -173,19 +198,22 @@ def ingest_rank(
         framework=parser.framework,
         host=host,
         status="truncated" if parsed.lost_bytes else "ok",
-        events=normalized.events.num_rows,
+        events=events,
         bytes_read=parsed.bytes_read,
         lost_bytes=parsed.lost_bytes,
         skipped_records=skipped,
-        steps=normalized.steps,
-        training_thread=list(normalized.training_thread) if normalized.training_thread else None,
+        steps=steps,
+        training_thread=list(training_thread) if training_thread else None,
         threads=threads,
-        clock_offset_ns=offset,
-        clock=clock,
-        meta=found,
+        clock_offset_ns=trace.clock.offset_ns,
+        clock=trace.clock,
+        meta=meta,
         seconds=round(time.perf_counter() - started, 3),
     )
-    return RankPartial(info, tables, notes)
+    merged = Notes()
+    for part in notes:
+        merged.extend(part)
+    return RankPartial(info, tables, merged)
 
 
 def _ingest_chunked(
@@ -210,9 +238,9 @@ def _ingest_chunked(
         host=trace.host,
         source=trace.path.name,
     )
-    # the per-rank analysis takes each chunk as it is normalized, where it can (memory
-    # records come with the parser's result, after the first pass)
-    memory: list[pa.Table] = []
+    # the per-rank analysis takes each chunk as it is normalized, where it can (side inputs
+    # come with the parser's result, after the first pass)
+    side: dict[str, pa.Table] = {}
     chunked = analyze.chunked if isinstance(analyze, RankAnalysisInChunks) else None
     sinks = itertools.count()
 
@@ -223,13 +251,14 @@ def _ingest_chunked(
         elsewhere: bool,
         whole: tuple[int, int] | None,
     ) -> ChunkSink | None:
-        memory[:] = [rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset)]
+        side.clear()
+        side.update(side_rows(parsed, trace, offset))
         if chunked is None:
             return None
         # (a file of its own: a sink started again, its guess of the training thread wrong,
         # never writes where the abandoned one may still be writing)
         spill = R.spill_dir(run) / f"segments-{trace.rank}-{next(sinks)}.arrows"
-        return chunked(memory[0], spill)(training, gpu, elsewhere, whole)
+        return chunked(side, spill)(training, gpu, elsewhere, whole)
 
     try:
         preload = analyze.modules if isinstance(analyze, RankAnalysisInChunks) else ()
@@ -243,20 +272,18 @@ def _ingest_chunked(
     if isinstance(done, ParsedTrace):
         return done
     parsed = done.parsed
-    host = trace.host or parsed.host
-    if not memory:
-        memory.append(rank_memory(_with_rss(parsed.memory, trace.path), trace.rank, offset))
-    tables: dict[str, pa.Table | SpilledTable] | None = None
-    if done.sink is not None:
-        tables = done.sink.finish()
-    if tables is None and analyze is not None:  # analysed whole: read back
-        tables = analyze(R.read_events(run, [trace.rank]), memory[0])
+    if not side:
+        side.update(side_rows(parsed, trace, offset))
+    tables = done.sink.finish() if done.sink is not None else None
+    if tables is None and analyze is not None:
+        # a fact taken up front did not hold (or the analysis takes whole ranks): the rank as
+        # written, read back in chunks where the analysis takes them, else whole
+        if isinstance(analyze, RankAnalysisInChunks):
+            spill = R.spill_dir(run) / f"segments-{trace.rank}-{next(sinks)}.arrows"
+            tables = analyse_written(run, trace.rank, analyze, side, spill)
+        if tables is None:
+            tables = dict(analyze(R.read_events(run, [trace.rank]), side))
     tables = tables or {}
-    memory_table = memory[0]
-    tables[R.MEMORY] = memory_table
-    notes = Notes()
-    notes.extend(parsed.notes)
-    notes.extend(done.notes)
     found, threads = dict(parsed.meta), dict(parsed.threads)
     inferred = done.inferred
     if inferred is not None:
@@ -268,31 +295,27 @@ def _ingest_chunked(
     )
     if inferred is not None and inferred.warmup and done.steps:
         found["warmup_steps"] = inferred.warmup
-    info = RankIngest(
-        rank=trace.rank,
-        source=str(trace.path),
-        format=parser.name,
-        framework=parser.framework,
-        host=host,
-        status="truncated" if parsed.lost_bytes else "ok",
+    return _partial(
+        trace,
+        parser,
+        parsed,
+        side,
+        tables,
+        [parsed.notes, done.notes],
         events=done.events,
-        bytes_read=parsed.bytes_read,
-        lost_bytes=parsed.lost_bytes,
-        skipped_records=dict(parsed.skipped),
         steps=done.steps,
-        training_thread=list(done.training_thread) if done.training_thread else None,
+        training_thread=done.training_thread,
         threads=threads,
-        clock_offset_ns=offset,
-        clock=clock,
+        skipped=dict(parsed.skipped),
         meta={**found, **_startup(done.first_call_ns, tables.get("steps"))},
-        seconds=round(time.perf_counter() - started, 3),
+        started=started,
+        host=trace.host or parsed.host,
     )
-    return RankPartial(info, tables, notes)
 
 
-def _with_rss(records: pa.Table | None, trace: Path) -> pa.Table | None:
-    """The parser's memory records and the process's resident memory that collect sampled at
-    step boundaries (status.json beside the trace; device ``rss``)."""
+def _collected(trace: Path) -> dict[str, pa.Table]:
+    """The side inputs collect recorded beside the trace (status.json), by name: the process's
+    resident memory it sampled at step boundaries (memory records of device ``rss``)."""
     status = rank_status(trace)
     # what a status claims is bounded before it is believed: a time in int64, a size to 1 PiB
     samples = [
@@ -301,7 +324,7 @@ def _with_rss(records: pa.Table | None, trace: Path) -> pa.Table | None:
         if len(s) == 2 and 0 <= s[0] < 1 << 63 and 0 <= s[1] <= 1 << 50
     ]
     if not samples:
-        return records
+        return {}
     rss = S.conform(
         pa.table(
             {
@@ -313,19 +336,29 @@ def _with_rss(records: pa.Table | None, trace: Path) -> pa.Table | None:
         ),
         S.MEMORY_RAW_SCHEMA,
     )
-    return rss if records is None else pa.concat_tables([records, rss])
+    return {"memory": rss}
 
 
-def rank_memory(records: pa.Table | None, rank: int, offset_ns: int) -> pa.Table:
-    """A parser's memory records (schema.MEMORY_RAW_SCHEMA) as the rank's rows of memory.parquet,
-    on the run's clock (empty where the trace has none)."""
-    if records is None or records.num_rows == 0:
-        return S.MEMORY_SCHEMA.empty_table()
-    if offset_ns:
-        shifted = pc.add(records.column(S.TS_NS), pa.scalar(offset_ns, pa.int64()))
-        records = records.set_column(records.schema.get_field_index(S.TS_NS), S.TS_NS, shifted)
-    records = records.append_column(S.RANK, pa.array([rank] * records.num_rows, pa.int32()))
-    return S.conform(records, S.MEMORY_SCHEMA)
+def side_rows(parsed: ParsedTrace, trace: TraceFile, offset_ns: int) -> dict[str, pa.Table]:
+    """The rank's side inputs (schema.SIDE_INPUTS), every one, as its rows of the run's
+    ``<name>.parquet``: the parser's and what collect recorded beside the trace (``_collected``),
+    on the run's clock, with the rank (empty where the trace has none)."""
+    collected = _collected(trace.path)
+    side = {}
+    for name, spec in S.SIDE_INPUTS.items():
+        parts = [t for t in (parsed.side.get(name), collected.get(name)) if t is not None]
+        rows = pa.concat_tables([S.conform(t, spec.raw) for t in parts]) if parts else None
+        if rows is None or rows.num_rows == 0:
+            side[name] = spec.stored.empty_table()
+            continue
+        if offset_ns:
+            for column in spec.times:
+                at = rows.schema.get_field_index(column)
+                shifted = pc.add(rows.column(at), pa.scalar(offset_ns, pa.int64()))
+                rows = rows.set_column(at, column, shifted)
+        ranks = pa.array([trace.rank] * rows.num_rows, pa.int32())
+        side[name] = S.conform(rows.append_column(S.RANK, ranks), spec.stored)
+    return side
 
 
 def _startup(first_call: int | None, steps: pa.Table | None) -> dict[str, int]:

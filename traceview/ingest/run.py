@@ -297,9 +297,9 @@ def ingest(
                 )
             )
             notes.extend(run.notes)
-            # the inputs first (events, then memory): the analysis tables record what they were
-            # computed from, so that a reader knows them for this run's (analysed.open_run)
-            inputs = {n: run.table(n) for n in run.tables if n == R.MEMORY}
+            # the inputs first (events, then side inputs): the analysis tables record what they
+            # were computed from, so that a reader knows them for this run's (runs.open_run)
+            inputs = {n: run.table(n) for n in run.tables if n in S.SIDE_INPUTS}
             for name, table in inputs.items():
                 R.write_parquet(staged / f"{name}.parquet", table)
             key = R.cache_key(run_id, analysis_version, R.inputs_key(R.identities(staged)))

@@ -7,7 +7,7 @@ so a rename happens here and nowhere else. Units are part of the names (``ts_ns`
 from __future__ import annotations
 
 import sys
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -645,6 +645,31 @@ MEMORY_SCHEMA: Final = pa.schema(
     [pa.field(RANK, pa.int32(), nullable=False), *MEMORY_RAW_SCHEMA],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
+
+# --- side inputs: what a rank's trace holds beside its events --------------------------------------
+
+
+class SideInput(NamedTuple):
+    """A per-rank input beside the events (memory records today): a parser hands its rows over
+    as ``raw`` (``ParsedTrace.side[name]``); ingest puts them on the run's clock (``times``),
+    adds the rank and writes every rank's rows to ``<name>.parquet`` (``stored``), which the
+    per-rank analysis and the report's sections read by ``name``. A run ingested before the
+    input existed has no such file: its rows are unknown, not empty. ``what``: how a warning
+    names the rows."""
+
+    name: str
+    raw: pa.Schema
+    stored: pa.Schema
+    times: tuple[str, ...]
+    what: str
+
+
+#: Every side input, by name: adding one is a schema and an entry here, nothing in ingest, the
+#: run directory or the run layer.
+SIDE_INPUTS: Final = {
+    side.name: side
+    for side in (SideInput("memory", MEMORY_RAW_SCHEMA, MEMORY_SCHEMA, (TS_NS,), "memory records"),)
+}
 
 # --- memory_steps: per rank, device and step window, the memory figures ---------------------------
 

@@ -4,7 +4,7 @@ run, validating and refreshing its cached analysis, labels; above ``ingest`` and
 from traceview.runs.cache import _TABLE_SCHEMAS, PATH_CACHE, PathFile, RunReplaced
 from traceview.runs.handle import Run
 from traceview.runs.opening import READ_TRIES, ingest_run, open_run, open_runs
-from traceview.runs.reanalysis import _in_chunks, reanalyze
+from traceview.runs.reanalysis import reanalyze
 
 __all__ = [
     "PATH_CACHE",
@@ -13,7 +13,6 @@ __all__ = [
     "PathFile",
     "Run",
     "RunReplaced",
-    "_in_chunks",
     "ingest_run",
     "open_run",
     "open_runs",

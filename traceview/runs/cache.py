@@ -63,13 +63,6 @@ def _cache(
             raise RunReplaced(str(run))  # (the temporary files go; nothing is renamed)
 
 
-def _written_by_traceview(schema: pa.Schema) -> bool:
-    """Whether an events file holds exactly the columns traceview writes, of the same types: the
-    chunks read back take it as it is (a reader whole conforms it, or says what is wrong)."""
-    wanted = {f.name: f.type for f in S.EVENTS_SCHEMA if f.name != S.RANK}
-    return {f.name: f.type for f in schema} == wanted
-
-
 #: The critical path a report took (analysis/critical_path/report.py's Explained), per choice of
 #: steps and changes, for the next report of the run: at 1,024 ranks it is most of the time
 #: `report` takes.

@@ -21,6 +21,7 @@ from traceview.store import rundir as R
 if TYPE_CHECKING:
     from traceview.analysis.attribution import CommSchedule
     from traceview.analysis.crossrank import CrossRank
+    from traceview.analysis.summary import RunInputs
     from traceview.model.choice import StepChoice
 
 
@@ -51,39 +52,45 @@ class Run:
     def collectives(self) -> pa.Table:
         return self.tables["collectives"]
 
-    @property
-    def has_memory(self) -> bool:
-        """Whether ingest read memory records (memory.parquet; some runs predate it), and they
-        are inside the run directory (a link out of it is not followed: ``reanalyze`` says so)."""
-        path = self.path / f"{R.MEMORY}.parquet"
-        return path.is_file() and R.leads_out(self.path, path) is None
+    @cached_property
+    def side_inputs(self) -> tuple[str, ...]:
+        """The side inputs ingest read (schema.SIDE_INPUTS; some runs predate one: theirs are
+        unknown), whose files are inside the run directory (a link out of it is not followed:
+        ``reanalyze`` says so)."""
+        return tuple(
+            name
+            for name in S.SIDE_INPUTS
+            if (path := R.side_path(self.path, name)).is_file()
+            and R.leads_out(self.path, path) is None
+        )
+
+    def side(self, name: str, ranks: list[int] | None = None) -> pa.Table | None:
+        """The rows of side input ``name`` of ``ranks`` (all when None); None where the run has
+        none (``side_inputs``)."""
+        return R.read_side(self.path, name, ranks) if name in self.side_inputs else None
 
     def report(self, top: int = 10, whatif: list[str] | None = None) -> RunReport:
+        from traceview.analysis.summary import ReportOptions, summarize
 
-        path = None if self.temporary else str(self.path)
+        options = ReportOptions(top=top, choice=self.choice, whatif=whatif or [])
         try:
-            return self._summarize(top, path, whatif)
+            return summarize(self.report_inputs(), options)
         except UsageError as exc:  # a step choice this run has no steps for: say which run
             raise UsageError(f"{safe(self.label)}: {exc}") from None
 
-    def _summarize(self, top: int, path: str | None, whatif: list[str] | None) -> RunReport:
-        from traceview.analysis.summary import summarize
+    def report_inputs(self) -> RunInputs:
+        """What a report of this run is computed from (``analysis.summary.sections``)."""
+        from functools import partial
 
-        return summarize(
-            self.steps,
-            self.ops,
+        from traceview.analysis.summary import RunInputs
+
+        return RunInputs(
             self.manifest,
-            top,
-            path=path,
-            collectives=self.collectives,
-            cross=self.cross,
-            gpu=self.tables["gpu"],
-            launches=self.tables["launches"],
-            memory_steps=self.tables["memory_steps"] if self.has_memory else None,
-            choice=self.choice,
-            comm=self.tables["comm"],
+            self.tables,
             segments=self.segments,
-            whatif=whatif,
+            cross=self.cross,
+            side={name: partial(self.side, name) for name in self.side_inputs},
+            path=None if self.temporary else str(self.path),
             path_cache=(
                 None if self.temporary or self.cache_key is None
                 else PathFile(self.path, self.cache_key)
@@ -121,7 +128,7 @@ class Run:
         path = self.critical_path()
         if path.num_rows:
             tables["critical_path"] = path
-        memory = R.read_memory(self.path) if self.has_memory else None
+        memory = self.side("memory")
         if memory is not None and memory.num_rows:  # runs without memory records: none
             tables["memory"] = memory
             tables["memory_steps"] = self.tables["memory_steps"]
@@ -196,7 +203,3 @@ class Run:
     def window_events(self, rank: int, start_ns: int, end_ns: int) -> pa.Table:
         """The events of ``rank`` that overlap [start_ns, end_ns): only their row groups."""
         return R.read_window(self.path, rank, start_ns, end_ns, self.manifest.run_id)
-
-    def memory(self, ranks: list[int] | None = None) -> pa.Table | None:
-        """The memory records of ``ranks`` (None: the run has no memory table)."""
-        return R.read_memory(self.path, ranks) if self.has_memory else None

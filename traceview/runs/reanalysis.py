@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
+from traceview.ingest.large.readback import analyse_written
 from traceview.model import schema as S
 from traceview.model.columns import SpilledTable, TableOnDemand
 from traceview.model.errors import BadInput, OutputError
@@ -22,7 +23,6 @@ from traceview.runs.cache import (
     _cached_as,
     _key,
     _version,
-    _written_by_traceview,
 )
 from traceview.store import rundir as R
 
@@ -84,20 +84,20 @@ def _reanalysis(
     if seen is None:
         seen = R.identities(run)
     per_rank, damaged = [], {}
-    memory_out = R.leads_out(run, run / f"{R.MEMORY}.parquet")
-    if memory_out is not None:
-        manifest.notes.warnings.append(
-            f"memory records left out: {run / R.MEMORY}.parquet is a symbolic link out of the "
-            f"run directory (to {memory_out}); not followed"
-        )
+    refused = _side_links_out(run, manifest)
     ranks = R.event_ranks(run)
     for done, rank in enumerate(ranks):
         progress("analysing ranks", done, len(ranks))
         try:
             R.check_events(run, rank, manifest.run_id)
-            memory = R.read_memory(run, [rank]) if memory_out is None else None
-            tables = _in_chunks(run, rank, memory, work / f"segments-{rank}.arrows")
-            per_rank.append(tables or rank_tables(R.read_events(run, [rank]), memory))
+            side = {
+                name: rows
+                for name in S.SIDE_INPUTS
+                if name not in refused and (rows := R.read_side(run, name, [rank])) is not None
+            }
+            spill = work / f"segments-{rank}.arrows"
+            tables = analyse_written(run, rank, rank_tables, side, spill)
+            per_rank.append(tables or rank_tables(R.read_events(run, [rank]), side))
         except BadInput as exc:  # the other ranks are still reported (this time, uncached)
             damaged[rank] = exc
             manifest.notes.warnings.append(f"rank {rank} left out: {exc}")
@@ -115,7 +115,7 @@ def _reanalysis(
     }
     segments = [t["segments"] for t in per_rank]
     newer = _version(manifest.analysis_version) > _version(ANALYSIS_VERSION)
-    if damaged or memory_out is not None or newer:
+    if damaged or refused or newer:
         return tables, segments, False  # not cached: a cache holds every rank
     # read-only or damaged: uncached (RunReplaced goes on: the run is read again)
     with suppress(OutputError, OSError, ValueError, RecursionError):
@@ -126,37 +126,17 @@ def _reanalysis(
     # leaving the block renames the tables into place, then the manifest
 
 
-def _in_chunks(
-    run: Path, rank: int, memory: pa.Table | None, spill: Path | None = None
-) -> dict[str, pa.Table | SpilledTable] | None:
-    """The analysis of a rank a chunk of steps at a time, as ingest runs it
-    (``analysis.parts``), without its events whole in memory (``spill``: where its segments
-    are written as they are made); None for a file whose ids are not its rows (read whole),
-    or where ``readback.recompute_in_chunks`` says no."""
-    from traceview.ingest.large.plan import chunk_rows
-    from traceview.ingest.large.readback import events_in_chunks, recompute_in_chunks
-    from traceview.ingest.large.trim import release_memory
-
-    path = R.events_path(run, rank)
-    if not recompute_in_chunks():
-        return None
-    try:
-        schema = R.parquet_file(path).schema_arrow
-    except (OSError, pa.ArrowException, BadInput):
-        return None  # read whole, which says what is wrong with it
-    if not _written_by_traceview(schema):
-        return None  # (likewise)
-    with tempfile.TemporaryDirectory(prefix="traceview-chunks-") as work:
-        try:
-            found = events_in_chunks(path, rank, Path(work), chunk_rows())
-        except (OSError, pa.ArrowException, ValueError) as exc:
-            raise BadInput(f"{path}: unreadable ({exc})") from None
-        if found is None:
-            return None
-        analysis = rank_tables.chunked(memory, spill)(
-            found.training, found.gpu, found.backward_elsewhere, found.whole
-        )
-        for chunk in found.chunks:
-            analysis.add(*chunk)
-            release_memory()
-        return analysis.finish()
+def _side_links_out(run: Path, manifest: Manifest) -> set[str]:
+    """The side inputs whose file is a link out of the run directory: not followed, with a
+    warning (the rest of the run is still analysed, uncached)."""
+    refused = set()
+    for name, spec in S.SIDE_INPUTS.items():
+        path = R.side_path(run, name)
+        out = R.leads_out(run, path)
+        if out is not None:
+            refused.add(name)
+            manifest.notes.warnings.append(
+                f"{spec.what} left out: {path} is a symbolic link out of the run directory "
+                f"(to {out}); not followed"
+            )
+    return refused

@@ -43,9 +43,6 @@ from traceview.model.manifest import Manifest, from_json
 MANIFEST = "manifest.json"
 EVENTS = "events"
 RAW = "raw"
-#: every rank's memory records (schema.MEMORY_SCHEMA); absent in runs ingested before traceview
-#: read memory (their memory is unknown, not empty)
-MEMORY = "memory"
 
 
 def _process_umask() -> int:
@@ -396,14 +393,20 @@ def _shaped(path: Path, table: pa.Table, schema: pa.Schema | None) -> pa.Table:
         raise BadInput(f"{path}: not a table traceview wrote ({exc})") from None
 
 
-def read_memory(run: Path, ranks: list[int] | None = None) -> pa.Table | None:
-    """The memory records of ``ranks`` (all when None); None where the run has no memory table
-    (ingested before traceview read memory)."""
-    path = run / f"{MEMORY}.parquet"
+def side_path(run: Path, name: str) -> Path:
+    """Where every rank's rows of the side input ``name`` (schema.SIDE_INPUTS) are kept: ingest
+    writes the file from the traces (not a cache: there is nothing to recompute it from)."""
+    return run / f"{S.SIDE_INPUTS[name].name}.parquet"
+
+
+def read_side(run: Path, name: str, ranks: list[int] | None = None) -> pa.Table | None:
+    """The rows of side input ``name`` of ``ranks`` (all when None); None where the run has no
+    such file (ingested before traceview read that input: its rows are unknown, not empty)."""
+    path = side_path(run, name)
     if not path.is_file():
         return None
     check_inside(run, path)
-    table = read_table(path, S.MEMORY_SCHEMA)
+    table = read_table(path, S.SIDE_INPUTS[name].stored)
     if ranks is not None:
         table = table.filter(pc.is_in(table.column(S.RANK), pa.array(ranks, pa.int32())))
     return table
@@ -507,20 +510,21 @@ def _identity(run: Path, path: Path) -> Identity:
 
 
 def identities(run: Path) -> dict[str, Identity]:
-    """The identity of the run on disk: its manifest, every rank's events file and the memory
-    table. Two looks that differ saw different runs (an ingest replaced it between them) or a
+    """The identity of the run on disk: its manifest, every rank's events file and its side
+    inputs' files. Two looks that differ saw different runs (an ingest replaced it between them) or a
     file changed; a few stat calls per rank, nothing read."""
     found = {MANIFEST: _identity(run, run / MANIFEST)}
     for rank, path in _rank_parts(run):
         found[f"{EVENTS}/rank={rank}/{path.name}"] = _identity(run, path)
-    memory = run / f"{MEMORY}.parquet"
-    if memory.is_symlink() or memory.exists():
-        found[memory.name] = _identity(run, memory)
+    for name in S.SIDE_INPUTS:
+        side = side_path(run, name)
+        if side.is_symlink() or side.exists():
+            found[side.name] = _identity(run, side)
     return found
 
 
 def inputs_key(seen: dict[str, Identity]) -> str:
-    """The analysis's inputs among ``seen`` (events and memory, not the manifest) as a short
+    """The analysis's inputs among ``seen`` (events and side inputs, not the manifest) as a short
     key a cached table records: sizes and modification times, not inode numbers, so that a
     copy that keeps times (``cp -p``, ``rsync -a``) keeps its cache."""
     import hashlib

@@ -194,7 +194,7 @@ class Timeline(ScrollView, can_focus=True):
                 span = window_read_span(all_windows, step, rank) if step is not None else None
                 events = run.window_events(rank, *span) if span else run.events([rank])
                 result = rank_lanes(
-                    events, rank, step, threads.get(rank, {}), run.memory([rank]), window
+                    events, rank, step, threads.get(rank, {}), run.side("memory", [rank]), window
                 )
             except Exception as exc:  # one bad rank must not take the view down
                 result = RankLanes(

@@ -1,10 +1,18 @@
 """The run report: per-rank, per-step and run-wide figures and every verdict, computed once into
-``results.RunReport`` (``summarize``), which the text report, ``report --json`` and the TUI render."""
+``results.RunReport`` section by section (``summarize``, ``sections``), which the text report,
+``report --json`` and the TUI render."""
 
-from traceview.analysis.summary.assemble import summarize
+from traceview.analysis.summary.assemble import SECTIONS, summarize
 from traceview.analysis.summary.notes import _no_peer
 from traceview.analysis.summary.parts import cross_rank_of, groups_of
 from traceview.analysis.summary.ranks import rank_spread
+from traceview.analysis.summary.sections import (
+    Context,
+    Draft,
+    ReportOptions,
+    RunInputs,
+    Section,
+)
 from traceview.analysis.summary.steps import (
     SLOW_FACTOR,
     complete_flag,
@@ -33,8 +41,14 @@ __all__ = [
     "PIPELINE_BUBBLE_MIN",
     "PIPELINE_SLOW_PHASE",
     "PIPELINE_SLOW_STAGE",
+    "SECTIONS",
     "SLOW_FACTOR",
     "STRAGGLER_MIN_WAIT",
+    "Context",
+    "Draft",
+    "ReportOptions",
+    "RunInputs",
+    "Section",
     "_no_peer",
     "bottleneck_of",
     "complete_flag",

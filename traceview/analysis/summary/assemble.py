@@ -1,15 +1,22 @@
-"""``summarize``: the run report assembled from its parts, in the order the verdicts need them."""
+"""``summarize``: the run report, section by section (``sections``). ``SECTIONS`` lists them in
+the order the report places them: its warnings and remarks come in that order, and a section
+that settles a verdict another refines (the pipeline's straggler, then the critical path's)
+comes first. Each computes its result once, when first asked for, from the run's inputs and
+the sections it asks for."""
 
 from __future__ import annotations
 
-import polars as pl
-import pyarrow as pa
+from dataclasses import dataclass
+from typing import Any
 
-from traceview.analysis.critical_path import PathCache
+import polars as pl
+
+from traceview.analysis.critical_path import NO_STEP, Explained
 from traceview.analysis.crossrank import CrossRank, alltoall_ranks, comm_by_group
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
-from traceview.analysis.memory import memory_results
-from traceview.analysis.selection import StepChoice, kept_rows, select_steps
+from traceview.analysis.groups import Groups
+from traceview.analysis.memory import MemoryResults, memory_results
+from traceview.analysis.selection import Selection, kept_rows, select_steps
 from traceview.analysis.summary.notes import (
     _clock_warning,
     _clocks,
@@ -35,6 +42,13 @@ from traceview.analysis.summary.ranks import (
     _ranks_without_steps,
     rank_spread,
 )
+from traceview.analysis.summary.sections import (
+    Context,
+    Draft,
+    ReportOptions,
+    RunInputs,
+    Section,
+)
 from traceview.analysis.summary.steps import (
     _incomplete,
     _inferred_disagree,
@@ -48,55 +62,89 @@ from traceview.analysis.summary.steps import (
 )
 from traceview.analysis.summary.verdicts import _blame_verdict, _pipeline_verdict, _summary
 from traceview.model import schema as S
-from traceview.model.columns import TableOnDemand
-from traceview.model.manifest import Manifest
-from traceview.model.results import RunInfo, RunReport
+from traceview.model.results import (
+    Clocks,
+    FsdpGather,
+    GpuVerdict,
+    Pipeline,
+    RankGpu,
+    RankSummary,
+    RunInfo,
+    RunReport,
+    StepStats,
+    StepSummary,
+    Summary,
+    TopOp,
+)
+
+# --- steps: which steps count, and each step across ranks ----------------------------------------
 
 
-def summarize(
-    steps: pa.Table,
-    ops: pa.Table,
-    manifest: Manifest,
-    top: int = 10,
-    *,
-    path: str | None = None,
-    collectives: pa.Table | None = None,
-    cross: CrossRank | None = None,
-    gpu: pa.Table | None = None,
-    launches: pa.Table | None = None,
-    memory_steps: pa.Table | None = None,
-    choice: StepChoice | None = None,
-    comm: pa.Table | None = None,
-    segments: TableOnDemand | None = None,
-    whatif: list[str] | None = None,
-    path_cache: PathCache | None = None,
-) -> RunReport:
-    """The report of a run (``report --json``, docs/design.md) from its per-rank tables;
-    ``path``: the run directory, where it is not a temporary one; ``cross``: the cross-rank pass
-    (``cross_rank_of``; without it wait and transfer are null), ``collectives``: the calls it
-    was made from (to say why there is none); ``gpu``, ``launches``: the GPU tables
-    (analysis/gpu.py; without them ``ranks[].gpu`` is null); ``memory_steps``: the per-rank
-    memory figures (None: the run has no memory table); ``choice``: the steps --steps/--skip
-    chose (None: leading warm-up steps left out, ``selection``); ``comm``: the run's comm table,
-    for the cross-rank pass over the selected steps where some are left out (without it,
-    ``cross`` is used as it is); ``segments``: the ranks' timelines as segments, for the
-    critical path (None: an older run directory; no critical path, no what-ifs); ``whatif``:
-    changes to replay besides the report's own (WhatIf.change); ``path_cache``: where the
-    critical path of an earlier report of the same run and steps is kept."""
-    df = pl.from_arrow(steps)
+@dataclass
+class Steps:
+    every: pl.DataFrame  # every step row of every rank
+    incomplete: pl.DataFrame  # the steps some rank did not complete (incomplete_steps)
+    complete: pl.DataFrame  # the rows of the steps every rank completed (else every row)
+    selection: Selection | None  # the steps the headline figures count (None: every one)
+    counted: pl.DataFrame  # the rows of those steps
+    per_step: list[StepSummary]
+    stats: StepStats | None
+
+    @property
+    def n_counted(self) -> int:
+        return sum(1 for s in self.per_step if s.excluded is None)
+
+
+def _steps(ctx: Context) -> Steps:
+    steps = ctx.inputs.table("steps")
+    df = pl.from_arrow(steps) if steps is not None else pl.DataFrame()
     assert isinstance(df, pl.DataFrame)
-    all_steps = df
+    every = df
     # Steps that did not complete on every rank are left out of every figure (they are listed
     # apart), unless that would leave nothing.
-    incomplete = incomplete_steps(df, manifest)
+    incomplete = incomplete_steps(df, ctx.manifest)
     if incomplete.height:
         kept = df.filter(~pl.col(S.STEP).is_in(incomplete[S.STEP].unique().to_list()))
         df = kept if kept.height else df
     # The steps every headline figure counts, decided once over the run (every rank alike).
-    selection = select_steps(df, choice, named_warmup(manifest))
-    complete_df = df
-    df = kept_rows(df, selection)
-    every_step_cross = cross  # (the critical path of each complete step, warm-up included)
+    selection = select_steps(df, ctx.options.choice, named_warmup(ctx.manifest))
+    per_step, stats = _per_step(df, selection)
+    return Steps(every, incomplete, df, selection, kept_rows(df, selection), per_step, stats)
+
+
+def _place_steps(steps: Steps, draft: Draft) -> None:
+    draft.fields.update(
+        per_step=steps.per_step,
+        step_stats=steps.stats,
+        incomplete_steps=_incomplete(
+            steps.every, steps.incomplete, sorted(set(steps.every[S.RANK].to_list()))
+        )
+        if steps.incomplete.height
+        else [],
+    )
+    draft.remarks += [
+        *(steps.selection.remarks if steps.selection is not None else []),
+        *_slow_remarks(steps.per_step),
+    ]
+
+
+STEPS = Section("steps", _steps, _place_steps)
+
+# --- cross: the collectives matched across ranks, over the counted steps -------------------------
+
+
+@dataclass
+class Cross:
+    counted: CrossRank | None  # the pass over the counted steps (None: not made)
+    every: CrossRank | None  # over every complete step, warm-up included: the critical path's
+    groups: Groups
+    not_matched: list[str]  # why there is no pass (remarks)
+
+
+def _cross(ctx: Context) -> Cross:
+    every = cross = ctx.inputs.cross
+    selection = ctx.get(STEPS).selection
+    collectives, comm = ctx.inputs.table("collectives"), ctx.inputs.table("comm")
     if (
         selection is not None
         and selection.excluded
@@ -104,107 +152,285 @@ def summarize(
         and comm is not None
     ):
         cross = cross_rank_of(
-            manifest, _kept_table(collectives, selection), _kept_table(comm, selection)
+            ctx.manifest, _kept_table(collectives, selection), _kept_table(comm, selection)
         )
-    estimate = _needs_clock_estimate(manifest)
-    ranks_df = _rank_rows(df, cross) if df.height else pl.DataFrame()
-    ranks = _ranks(ranks_df, cross)
-    clocks = _clocks(manifest, len(ranks), cross, estimate)
-    summary = _summary(ranks, ranks_df, cross)
-    groups = cross.groups if cross is not None else groups_of(manifest)
-    pipeline, pipeline_warnings = _pipeline(cross, collectives, ranks, groups, ops)
-    if pipeline is not None:
-        _pipeline_verdict(summary, ranks, pipeline)
-    per_step, stats = _per_step(complete_df, selection)
-    explained = _critical_path(
-        segments, every_step_cross, per_step, ranks, whatif or [], manifest.world_size, path_cache
-    )
-    if explained is not None:
-        _blame_verdict(summary, ranks, explained)
-    verdict = None
-    if gpu is not None and launches is not None and df.height:
-        on_gpu = rank_gpu(gpu, launches, df)
-        for r in ranks:
-            r.gpu = on_gpu.get(r.rank)
-        verdict = gpu_verdict(
-            on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches)
-        )
-    # memory: every complete step, warm-up included (its peaks and growth are memory's own
-    # story: allocator growth is what warm-up is), whatever the selection counts
-    complete = set(complete_df[S.STEP].to_list()) if complete_df.height else None
-    since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in manifest.ranks}
-    memory = memory_results(
-        memory_steps, [r.rank for r in ranks], complete, since, manifest.framework
-    )
-    for rank in ranks:
-        rank.memory = memory.ranks.get(rank.rank)
-    summary.memory = memory.run
-    summary.startup_ms = _startup_ms(manifest, [r.rank for r in ranks])
-    steps_from = manifest_steps_from(manifest)
-    if steps_from == "one_window":
-        verdict = None  # one window holds the one-time costs: no per-step advice built on them
-    return RunReport(
-        run=RunInfo(
-            framework=manifest.framework,
-            ranks=len(ranks),
-            steps=int(complete_df[S.STEP].n_unique())
-            if complete_df.height and complete_df[S.STEP].null_count() == 0
-            else 0,
-            world_size=manifest.world_size,
-            missing_ranks=manifest.missing_ranks,
-            timeline=ranks[0].timeline if ranks else None,
-            path=path,
-            run_id=manifest.run_id,
-            job=_job(manifest.collect),
-            clocks=clocks,
-            steps_from=steps_from,
-            step_choice=choice.describe() if choice is not None else None,
-        ),
-        summary=summary,
-        ranks=ranks,
-        rank_spread=rank_spread(ranks),
-        per_step=per_step,
-        step_stats=stats,
-        top_ops=_top_ops(ops, int(all_steps.height), summary.step_ms, top),
-        warnings=[
-            *manifest.notes.warnings,
-            *_ranks_without_steps(manifest, ranks),
-            *groups.warnings,
-            *_ungrouped(cross),
-            *_inferred_disagree(manifest),
-            *_unmatched(cross),
-            *_no_peer(cross),
-            *pipeline_warnings,
-            *_clock_warning(clocks),
-            *memory.warnings,
-        ],
-        remarks=[
-            *manifest.notes.remarks,
-            *(selection.remarks if selection is not None else []),
-            *_slow_remarks(per_step),
-            *_not_matched(manifest, collectives),
-            *memory.remarks,
-        ],
-        collectives=_collectives(cross, sum(1 for s in per_step if s.excluded is None)),
-        incomplete_steps=_incomplete(
-            all_steps, incomplete, sorted(set(all_steps[S.RANK].to_list()))
-        )
-        if incomplete.height
-        else [],
-        gpu_verdict=verdict,
-        groups=groups.groups,
-        pipeline=pipeline,
-        comm_by_group=comm_by_group(
-            cross.matched, cross.comm, groups, sum(1 for s in per_step if s.excluded is None)
-        )
+    groups = cross.groups if cross is not None else groups_of(ctx.manifest)
+    return Cross(cross, every, groups, _not_matched(ctx.manifest, collectives))
+
+
+def _place_cross(found: Cross, draft: Draft) -> None:
+    cross = found.counted
+    draft.fields["groups"] = found.groups.groups
+    draft.warnings += [
+        *found.groups.warnings,
+        *_ungrouped(cross),
+        *_unmatched(cross),
+        *_no_peer(cross),
+    ]
+    draft.remarks += found.not_matched
+
+
+def _collective_fields(ctx: Context) -> dict[str, object]:
+    """The report's per-collective, per-group and all-to-all figures over the counted steps."""
+    cross, n_steps = ctx.get(CROSS).counted, ctx.get(STEPS).n_counted
+    groups = ctx.get(CROSS).groups
+    return {
+        "collectives": _collectives(cross, n_steps),
+        "comm_by_group": comm_by_group(cross.matched, cross.comm, groups, n_steps)
         if cross is not None and cross.comm is not None
         else [],
+        "alltoall": alltoall_ranks(cross.matched, n_steps) if cross is not None else [],
+    }
+
+
+def _place_collective_fields(found: dict[str, object], draft: Draft) -> None:
+    draft.fields.update(found)
+
+
+CROSS = Section("cross", _cross, _place_cross)
+COLLECTIVES = Section("collectives", _collective_fields, _place_collective_fields)
+
+# --- ranks: each rank's figures over the counted steps, and the run's -----------------------------
+
+
+@dataclass
+class Ranks:
+    ranks: list[RankSummary]
+    summary: Summary
+
+
+def _ranks_section(ctx: Context) -> Ranks:
+    counted, cross = ctx.get(STEPS).counted, ctx.get(CROSS).counted
+    ranks_df = _rank_rows(counted, cross) if counted.height else pl.DataFrame()
+    ranks = _ranks(ranks_df, cross)
+    return Ranks(ranks, _summary(ranks, ranks_df, cross))
+
+
+def _place_ranks(found: Ranks, draft: Draft) -> None:
+    draft.fields.update(ranks=found.ranks, summary=found.summary)
+
+
+RANKS = Section("ranks", _ranks_section, _place_ranks)
+
+
+def _rank_warnings(ctx: Context) -> list[str]:
+    return [
+        *_ranks_without_steps(ctx.manifest, ctx.get(RANKS).ranks),
+        *_inferred_disagree(ctx.manifest),
+    ]
+
+
+def _place_warnings(found: list[str], draft: Draft) -> None:
+    draft.warnings += found
+
+
+RANK_NOTES = Section("rank notes", _rank_warnings, _place_warnings)
+
+
+def _clocks_section(ctx: Context) -> Clocks | None:
+    estimate = _needs_clock_estimate(ctx.manifest)
+    return _clocks(ctx.manifest, len(ctx.get(RANKS).ranks), ctx.get(CROSS).counted, estimate)
+
+
+def _place_clocks(clocks: Clocks | None, draft: Draft) -> None:
+    draft.warnings += _clock_warning(clocks)
+
+
+CLOCKS = Section("clocks", _clocks_section, _place_clocks)
+
+# --- the pipeline, the critical path and the verdicts they settle --------------------------------
+
+
+def _pipeline_section(ctx: Context) -> tuple[Pipeline | None, list[str]]:
+    return _pipeline(
+        ctx.get(CROSS).counted,
+        ctx.inputs.table("collectives"),
+        ctx.get(RANKS).ranks,
+        ctx.get(CROSS).groups,
+        ctx.inputs.table("ops"),
+    )
+
+
+def _place_pipeline(found: tuple[Pipeline | None, list[str]], draft: Draft) -> None:
+    pipeline, warnings = found
+    if pipeline is not None:
+        _pipeline_verdict(draft.fields["summary"], draft.fields["ranks"], pipeline)
+    draft.fields["pipeline"] = pipeline
+    draft.warnings += warnings
+
+
+PIPELINE = Section("pipeline", _pipeline_section, _place_pipeline)
+
+
+def _critical_path_section(ctx: Context) -> Explained | None:
+    return _critical_path(
+        ctx.inputs.segments,
+        ctx.get(CROSS).every,
+        ctx.get(STEPS).per_step,
+        ctx.get(RANKS).ranks,
+        ctx.options.whatif,
+        ctx.manifest.world_size,
+        ctx.inputs.path_cache,
+    )
+
+
+def _place_critical_path(explained: Explained | None, draft: Draft) -> None:
+    if explained is not None:
+        for s in draft.fields["per_step"]:
+            s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
+        _blame_verdict(draft.fields["summary"], draft.fields["ranks"], explained)
+    draft.fields.update(
         critical_path=explained.path if explained is not None else None,
         whatif=explained.whatif if explained is not None else [],
-        alltoall=alltoall_ranks(cross.matched, sum(1 for s in per_step if s.excluded is None))
-        if cross is not None
-        else [],
-        fsdp_gathers=_fsdp(
-            collectives, comm, selection, sum(1 for s in per_step if s.excluded is None)
-        ),
+    )
+
+
+CRITICAL_PATH = Section("critical path", _critical_path_section, _place_critical_path)
+
+# --- the GPU, memory and one-time costs -----------------------------------------------------------
+
+
+@dataclass
+class Gpu:
+    ranks: dict[int, RankGpu]
+    verdict: GpuVerdict | None
+
+
+def _gpu_section(ctx: Context) -> Gpu | None:
+    gpu, launches = ctx.inputs.table("gpu"), ctx.inputs.table("launches")
+    counted, ranks = ctx.get(STEPS).counted, ctx.get(RANKS).ranks
+    if gpu is None or launches is None or not counted.height:
+        return None
+    on_gpu = rank_gpu(gpu, launches, counted)
+    verdict = gpu_verdict(on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches))
+    if manifest_steps_from(ctx.manifest) == "one_window":
+        verdict = None  # one window holds the one-time costs: no per-step advice built on them
+    return Gpu(dict(on_gpu), verdict)
+
+
+def _place_gpu(found: Gpu | None, draft: Draft) -> None:
+    if found is None:
+        return
+    for r in draft.fields["ranks"]:
+        r.gpu = found.ranks.get(r.rank)
+    draft.fields["gpu_verdict"] = found.verdict
+
+
+GPU = Section("gpu", _gpu_section, _place_gpu)
+
+
+def _memory_section(ctx: Context) -> MemoryResults:
+    # every complete step, warm-up included (its peaks and growth are memory's own story:
+    # allocator growth is what warm-up is), whatever the selection counts
+    complete = ctx.get(STEPS).complete
+    counted = set(complete[S.STEP].to_list()) if complete.height else None
+    since = {r.rank: list(r.meta.get("memory_since_start") or []) for r in ctx.manifest.ranks}
+    table = ctx.inputs.table("memory_steps") if "memory" in ctx.inputs.side else None
+    ranks = [r.rank for r in ctx.get(RANKS).ranks]
+    return memory_results(table, ranks, counted, since, ctx.manifest.framework)
+
+
+def _place_memory(memory: MemoryResults, draft: Draft) -> None:
+    for rank in draft.fields["ranks"]:
+        rank.memory = memory.ranks.get(rank.rank)
+    draft.fields["summary"].memory = memory.run
+    draft.warnings += memory.warnings
+    draft.remarks += memory.remarks
+
+
+MEMORY = Section("memory", _memory_section, _place_memory)
+
+
+def _startup_section(ctx: Context) -> float | None:
+    return _startup_ms(ctx.manifest, [r.rank for r in ctx.get(RANKS).ranks])
+
+
+def _place_startup(startup_ms: float | None, draft: Draft) -> None:
+    draft.fields["summary"].startup_ms = startup_ms
+
+
+STARTUP = Section("startup", _startup_section, _place_startup)
+
+# --- operators, FSDP, and the run as a whole -----------------------------------------------------
+
+
+def _top_ops_section(ctx: Context) -> list[TopOp]:
+    ops = ctx.inputs.table("ops")
+    if ops is None:
+        return []
+    every, summary = ctx.get(STEPS).every, ctx.get(RANKS).summary
+    return _top_ops(ops, int(every.height), summary.step_ms, ctx.options.top)
+
+
+TOP_OPS = Section(
+    "top operators", _top_ops_section, lambda top, draft: draft.fields.update(top_ops=top)
+)
+
+
+def _fsdp_section(ctx: Context) -> list[FsdpGather]:
+    steps = ctx.get(STEPS)
+    collectives, comm = ctx.inputs.table("collectives"), ctx.inputs.table("comm")
+    return _fsdp(collectives, comm, steps.selection, steps.n_counted)
+
+
+FSDP = Section("fsdp", _fsdp_section, lambda found, draft: draft.fields.update(fsdp_gathers=found))
+
+
+def _run_info(ctx: Context) -> RunInfo:
+    manifest, complete = ctx.manifest, ctx.get(STEPS).complete
+    ranks = ctx.get(RANKS).ranks
+    choice = ctx.options.choice
+    return RunInfo(
+        framework=manifest.framework,
+        ranks=len(ranks),
+        steps=int(complete[S.STEP].n_unique())
+        if complete.height and complete[S.STEP].null_count() == 0
+        else 0,
+        world_size=manifest.world_size,
+        missing_ranks=manifest.missing_ranks,
+        timeline=ranks[0].timeline if ranks else None,
+        path=ctx.inputs.path,
+        run_id=manifest.run_id,
+        job=_job(manifest.collect),
+        clocks=ctx.get(CLOCKS),
+        steps_from=manifest_steps_from(manifest),
+        step_choice=choice.describe() if choice is not None else None,
+    )
+
+
+RUN = Section("run", _run_info, lambda run, draft: draft.fields.update(run=run))
+
+#: The report's sections in the order it places them. The rank spread comes last: it is of the
+#: ranks as the verdicts before it left them.
+SECTIONS: tuple[Section[Any], ...] = (
+    STEPS,
+    RANKS,
+    RANK_NOTES,
+    CROSS,
+    PIPELINE,
+    CLOCKS,
+    CRITICAL_PATH,
+    GPU,
+    MEMORY,
+    STARTUP,
+    TOP_OPS,
+    COLLECTIVES,
+    FSDP,
+    RUN,
+)
+
+
+def summarize(inputs: RunInputs, options: ReportOptions | None = None) -> RunReport:
+    """The report of a run (``report --json``, docs/design.md): each section computed from
+    ``inputs`` and placed, in ``SECTIONS``' order."""
+    context = Context(inputs, options or ReportOptions())
+    draft = Draft(warnings=list(inputs.manifest.notes.warnings))
+    draft.remarks += inputs.manifest.notes.remarks
+    for section in SECTIONS:
+        section.place(context.get(section), draft)
+    return RunReport(
+        **draft.fields,
+        rank_spread=rank_spread(draft.fields["ranks"]),
+        warnings=draft.warnings,
+        remarks=draft.remarks,
     )

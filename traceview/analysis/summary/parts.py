@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traceview.analysis.critical_path import NO_STEP, PATH_VERSION, Explained, PathCache, explain
+from traceview.analysis.critical_path import PATH_VERSION, Explained, PathCache, explain
 from traceview.analysis.crossrank import (
     CrossRank,
     Matched,
@@ -192,8 +192,7 @@ def _critical_path(
     world: int | None,
     cache: PathCache | None,
 ) -> Explained | None:
-    """The critical path of the counted steps (analysis/critical_path/), each step's set on
-    ``per_step``; ``cache``: where an earlier report of this run kept it."""
+    """The critical path of the counted steps (analysis/critical_path/); ``cache``: where an earlier report of this run kept it."""
     counted = [s.step for s in per_step if s.excluded is None]
     every = [s.step for s in per_step]
     if segments is None or segments.num_rows == 0 or not counted or not ranks:
@@ -204,8 +203,6 @@ def _critical_path(
         explained = _explain(segments, cross, ranks, every, counted, whatif, world)
         if cache is not None:
             cache.put(key, explained)
-    for s in per_step:
-        s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
     return explained
 
 

@@ -1,10 +1,13 @@
-"""A written rank's events read back in chunks of whole steps, as ingest cut them, for a
-reader's recompute of its analysis without the events whole in memory.
+"""A written rank's events read back in chunks of whole steps, as ingest cut them, and fed to
+the per-rank analysis (``analyse_written``): the one way a rank is analysed again without its
+events whole in memory, for a reader's recompute (after an analysis change) and for an ingest
+whose chunked analysis found a fact it took up front wrong.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +21,14 @@ from traceview.ingest.large.plan import (
     SAMPLE_EVERY,
     Firsts,
     ThreadTime,
+    chunk_rows,
     inside_steps,
     steps_and_chunks,
 )
 from traceview.ingest.large.route import ChunkFiles
+from traceview.ingest.large.sinks import RankAnalysisInChunks, SideTables
 from traceview.ingest.large.spill import spill_batches
+from traceview.ingest.large.trim import release_memory
 from traceview.model import schema as S
 from traceview.model.columns import (
     DEVICE,
@@ -30,9 +36,11 @@ from traceview.model.columns import (
     KIND_CODE,
     OPERATOR,
     STRUCTURAL,
+    SpilledTable,
     ints,
     unique_pairs,
 )
+from traceview.model.errors import BadInput
 from traceview.normalize.phases import ANCHOR_PHASES
 from traceview.store import rundir as R
 
@@ -44,6 +52,50 @@ def recompute_in_chunks() -> bool:
     events a chunk at a time, as ingest analyses them: always, unless ``TRACEVIEW_WHOLE_RANK=1``
     (the tests' reference: read whole)."""
     return os.environ.get("TRACEVIEW_WHOLE_RANK", "0") != "1"
+
+
+def written_by_traceview(schema: pa.Schema) -> bool:
+    """Whether an events file holds exactly the columns traceview writes, of the same types: the
+    chunks read back take it as it is (a reader whole conforms it, or says what is wrong)."""
+    wanted = {f.name: f.type for f in S.EVENTS_SCHEMA if f.name != S.RANK}
+    return {f.name: f.type for f in schema} == wanted
+
+
+def analyse_written(
+    run: Path,
+    rank: int,
+    analysis: RankAnalysisInChunks,
+    side: SideTables,
+    spill: Path | None = None,
+) -> dict[str, pa.Table | SpilledTable] | None:
+    """The analysis of a written rank, its events read back a chunk of steps at a time as
+    ingest cut them (``spill``: where the analysis may write its segments as it makes them);
+    None for a file whose ids are not its rows or whose columns traceview did not write (read
+    it whole, which says what is wrong with it), where the analysis found a fact of the whole
+    rank wrong, or where ``recompute_in_chunks`` says no."""
+    path = R.events_path(run, rank)
+    if not recompute_in_chunks():
+        return None
+    try:
+        schema = R.parquet_file(path).schema_arrow
+    except (OSError, pa.ArrowException, BadInput):
+        return None
+    if not written_by_traceview(schema):
+        return None
+    with tempfile.TemporaryDirectory(prefix="traceview-chunks-") as work:
+        try:
+            found = events_in_chunks(path, rank, Path(work), chunk_rows())
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise BadInput(f"{path}: unreadable ({exc})") from None
+        if found is None:
+            return None
+        sink = analysis.chunked(side, spill)(
+            found.training, found.gpu, found.backward_elsewhere, found.whole
+        )
+        for chunk in found.chunks:
+            sink.add(*chunk)
+            release_memory()
+        return sink.finish()
 
 
 @dataclass

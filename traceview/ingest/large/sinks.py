@@ -10,9 +10,9 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,35 @@ class ChunkSink(Protocol):
     ) -> None: ...
 
     def finish(self) -> dict[str, pa.Table | SpilledTable] | None: ...
+
+
+#: A rank's side inputs by name (schema.SIDE_INPUTS, each as its ``stored`` schema: the rank's
+#: rows on the run's clock); an input the run has no file for is absent.
+SideTables = Mapping[str, pa.Table]
+
+#: A per-rank analysis: one rank's events and side inputs in, named result tables out (written
+#: as NAME.parquet). It must be a module-level function or object: worker processes receive it
+#: by reference.
+RankAnalysis = Callable[[pa.Table, SideTables], dict[str, pa.Table]]
+
+#: What the chunked analysis of a rank is made from: the training thread, whether the rank has
+#: device activities, whether another thread runs backward, and its one window (no markers).
+SinkMaker = Callable[[tuple[int, int], bool, bool, tuple[int, int] | None], ChunkSink]
+
+
+@runtime_checkable
+class RankAnalysisInChunks(Protocol):
+    """A per-rank analysis that also takes a rank a chunk at a time, as it is normalized or
+    read back (``analysis.rank_tables``): ``chunked(side, spill)`` makes, from what the whole
+    rank holds, the sink each chunk goes to (``spill``: where it may write its segments as it
+    makes them); ``modules``: what a process that runs it imports ahead. Ingest asks for
+    nothing else of an analysis; one that is a plain function is fed the whole rank."""
+
+    modules: tuple[str, ...]
+
+    def __call__(self, events: pa.Table, side: SideTables) -> dict[str, pa.Table]: ...
+
+    def chunked(self, side: SideTables, spill: Path | None = None) -> SinkMaker: ...
 
 
 #: Makes the sink of a rank from what the first pass found: the parser's result (without
