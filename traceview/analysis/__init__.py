@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from traceview.model import schema as S
+
 if TYPE_CHECKING:
     from traceview.analysis.parts import ChunkedAnalysis
 
@@ -38,10 +40,18 @@ if TYPE_CHECKING:
 #: 17: the collectives table gains unit, prefetched and needed_ns (FSDP)
 ANALYSIS_VERSION = "17"
 
-#: The per-rank tables, by the file name (without .parquet) they are cached under.
-RANK_TABLES = (
-    "steps", "ops", "collectives", "comm", "gpu", "launches", "memory_steps", "segments",
-)  # fmt: skip
+#: The per-rank tables, by the file name (without .parquet) they are cached under, and their
+#: shape (a cached table of another shape is damaged, and recomputed).
+RANK_TABLES: dict[str, pa.Schema] = {
+    "steps": S.STEPS_SCHEMA,
+    "ops": S.OPS_SCHEMA,
+    "collectives": S.COLLECTIVES_SCHEMA,
+    "comm": S.COMM_SCHEMA,
+    "gpu": S.GPU_SCHEMA,
+    "launches": S.LAUNCHES_SCHEMA,
+    "memory_steps": S.MEMORY_STEPS_SCHEMA,
+    "segments": S.SEGMENTS_SCHEMA,
+}
 
 
 def _rank_tables(

@@ -116,28 +116,20 @@ def _current(manifest: Manifest, seen: dict[str, R.Identity]) -> bool:
     )
 
 
-#: The shape of each cached table: one of another shape is damaged, and recomputed.
+#: The shape of each cached table (RANK_TABLES'): one of another shape is damaged, and
+#: recomputed. The segments' labels are kept as dictionaries: millions of segments name a few
+#: hundred phases, kinds and operators, which as strings were most of a large run's memory.
 _TABLE_SCHEMAS = {
-    "steps": S.STEPS_SCHEMA,
-    "ops": S.OPS_SCHEMA,
-    "collectives": S.COLLECTIVES_SCHEMA,
-    "comm": S.COMM_SCHEMA,
-    "gpu": S.GPU_SCHEMA,
-    "launches": S.LAUNCHES_SCHEMA,
-    "memory_steps": S.MEMORY_STEPS_SCHEMA,
-    # (its labels as dictionaries: millions of segments name a few hundred phases, kinds and
-    # operators, which as strings were most of a large run's memory)
+    **RANK_TABLES,
     "segments": pa.schema(
         [
             f.with_type(pa.dictionary(pa.int32(), pa.string()))
             if f.name in (S.PHASE, S.KIND, S.OP)
             else f
-            for f in S.SEGMENTS_SCHEMA
+            for f in RANK_TABLES["segments"]
         ]
     ),
 }
-
-assert tuple(_TABLE_SCHEMAS) == RANK_TABLES
 
 
 def _read_tables(run: Path, key: bytes | None = None) -> tuple[dict[str, pa.Table], TableOnDemand]:

@@ -128,9 +128,11 @@ class Run:
         path = self.critical_path()
         if path.num_rows:
             tables["critical_path"] = path
-        memory = self.side("memory")
-        if memory is not None and memory.num_rows:  # runs without memory records: none
-            tables["memory"] = memory
+        for name in self.side_inputs:  # (runs without such rows: none)
+            rows = self.side(name)
+            if rows is not None and rows.num_rows:
+                tables[name] = rows
+        if "memory" in tables:
             tables["memory_steps"] = self.tables["memory_steps"]
         return tables
 

@@ -25,13 +25,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from traceview.model import schema as S
 from traceview.model.errors import OutputError, UsageError, cannot_write
 from traceview.model.escape import safe
 from traceview.store import rundir as R
 
 #: What an export folder may already hold: the files a previous export wrote.
 EXPORT_TABLES = (
-    "events", "steps", "ops", "collectives", "gpu", "launches", "memory", "memory_steps",
+    "events", "steps", "ops", "collectives", "gpu", "launches", *S.SIDE_INPUTS, "memory_steps",
     "critical_path", "comm_by_group", "pipeline_stages", "launches_by_phase", "launches_by_rank",
 )  # fmt: skip
 EXPORT_FORMATS = ("parquet", "csv")

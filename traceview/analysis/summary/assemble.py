@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
+import pyarrow.compute as pc
 
 from traceview.analysis.critical_path import NO_STEP, Explained
 from traceview.analysis.crossrank import CrossRank, alltoall_ranks, comm_by_group
+from traceview.analysis.fsdp import fsdp_gathers
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups
 from traceview.analysis.memory import MemoryResults, memory_results
@@ -29,7 +31,6 @@ from traceview.analysis.summary.notes import (
 from traceview.analysis.summary.parts import (
     _collectives,
     _critical_path,
-    _fsdp,
     _pipeline,
     _top_ops,
     cross_rank_of,
@@ -368,9 +369,17 @@ TOP_OPS = Section(
 
 
 def _fsdp_section(ctx: Context) -> list[FsdpGather]:
+    """FSDP's all-gathers over the counted steps (``fsdp.fsdp_gathers``)."""
     steps = ctx.get(STEPS)
     collectives, comm = ctx.inputs.table("collectives"), ctx.inputs.table("comm")
-    return _fsdp(collectives, comm, steps.selection, steps.n_counted)
+    if collectives is None or comm is None or collectives.num_rows == 0:
+        return []
+    if steps.selection is not None:
+        collectives = _kept_table(collectives, steps.selection)
+        comm = _kept_table(comm, steps.selection)
+    else:
+        collectives = collectives.filter(pc.is_valid(collectives.column(S.STEP)))
+    return fsdp_gathers(collectives, comm, steps.n_counted)
 
 
 FSDP = Section("fsdp", _fsdp_section, lambda found, draft: draft.fields.update(fsdp_gathers=found))

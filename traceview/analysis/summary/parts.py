@@ -7,7 +7,6 @@ import json
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceview.analysis.critical_path import PATH_VERSION, Explained, PathCache, explain
 from traceview.analysis.crossrank import (
@@ -20,37 +19,20 @@ from traceview.analysis.crossrank import (
     launch_views,
     match_collectives,
 )
-from traceview.analysis.fsdp import fsdp_gathers
 from traceview.analysis.groups import Groups, declared_groups
 from traceview.analysis.pipeline import POINT_TO_POINT, annotated_stages, detect_pipeline
-from traceview.analysis.selection import Selection
 from traceview.analysis.summary.notes import _needs_clock_estimate
-from traceview.analysis.summary.steps import _kept_table
 from traceview.analysis.summary.units import _exact_ms, _median, _ms, _round
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
 from traceview.model.manifest import Manifest
 from traceview.model.results import (
     CollectiveSummary,
-    FsdpGather,
     Pipeline,
     RankSummary,
     StepSummary,
     TopOp,
 )
-
-
-def _fsdp(
-    collectives: pa.Table | None, comm: pa.Table | None, selection: Selection | None, n_steps: int
-) -> list[FsdpGather]:
-    """FSDP's all-gathers over the counted steps (``fsdp.fsdp_gathers``)."""
-    if collectives is None or comm is None or collectives.num_rows == 0:
-        return []
-    if selection is not None:
-        collectives, comm = _kept_table(collectives, selection), _kept_table(comm, selection)
-    else:
-        collectives = collectives.filter(pc.is_valid(collectives.column(S.STEP)))
-    return fsdp_gathers(collectives, comm, n_steps)
 
 
 def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopOp]:
