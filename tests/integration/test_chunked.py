@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -277,19 +278,22 @@ def test_a_killed_helper_process_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The helper process that analyses the chunks is killed (SIGKILL, for real) at its first
-    chunk: the ingest goes on, and the rank is analysed from its events file instead."""
+    chunk: the ingest goes on, and the rank is analysed from its events file instead (read back
+    in chunks, ``readback.analyse_written``)."""
+    from traceview.ingest import rank as rank_module
+
     path = SAMPLES[0]
     _ingest(path, tmp_path / "whole", False, monkeypatch)
     monkeypatch.setenv("TRACEVIEW_FAULT", "helper:analyse")
     read_back: list[int] = []
-    real_read = R.read_events
+    real_read = rank_module.analyse_written
 
-    def reading(run: Path, ranks: list[int] | None = None) -> pa.Table:
-        read_back.append(1)
-        return real_read(run, ranks)
+    def reading(run: Path, rank: int, *rest: Any) -> Any:
+        read_back.append(rank)
+        return real_read(run, rank, *rest)
 
     with monkeypatch.context() as m:
-        m.setattr(R, "read_events", reading)
+        m.setattr(rank_module, "analyse_written", reading)
         counts = _ingest(path, tmp_path / "parts", True, monkeypatch, analysed_in_chunks=False)
     assert counts and counts[0] > 1
     assert read_back  # analysed from the events file
