@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -115,6 +116,38 @@ def run_case(argv: list[str]) -> Any:
     if argv[0] == "report":
         return {"json": result, "steps_table": steps_table(argv)}
     return {"json": result}
+
+
+def golden_diff(got: Any, want: Any, where: str = "$") -> list[str]:
+    """Where ``got`` differs from the golden ``want`` (floats to 1e-9): a changed value, a
+    missing key, a new key holding something. A new key holding nothing (``_empty``) is a field
+    added since the golden was written: no difference (goldens grow)."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = [f"{where}.{k}: missing" for k in want if k not in got]
+        out += [f"{where}.{k}: unexpected" for k in got if k not in want and not _empty(got[k])]
+        for k in want.keys() & got.keys():
+            out += golden_diff(got[k], want[k], f"{where}.{k}")
+        return out
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{where}: {len(got)} items, golden {len(want)}"]
+        return [
+            d
+            for i, (g, w) in enumerate(zip(got, want, strict=True))
+            for d in golden_diff(g, w, f"{where}[{i}]")
+        ]
+    if isinstance(want, float) or isinstance(got, float):
+        numbers = isinstance(want, int | float) and isinstance(got, int | float)
+        if numbers and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9):
+            return []
+    elif got == want and type(got) is type(want):
+        return []
+    return [f"{where}: {got!r}, golden {want!r}"]
+
+
+def _empty(value: Any) -> bool:
+    """A new field's value that says nothing about this run: null, [] or {}."""
+    return value is None or value == [] or value == {}
 
 
 def golden_path(name: str) -> Path:

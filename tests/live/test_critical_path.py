@@ -15,6 +15,9 @@ tests/workloads/critical/dp.py):
   (the balanced runs). 20 recorded steps.
 - gpipe2-slow: 2 pipeline stages (GPipe, 4 micro-batches); stage 1 does 40 extra 192x192
   matmuls in each micro-batch's forward.
+- idle3: dp3 (explicit) where rank 2 sleeps 30 ms after every optimizer step: at the top of each
+  step (the collector begins the next profiler step in the optimizer's post-step hook), before
+  any operator, while the others block in the all-reduce (issue 48's late starter).
 
 Where the truth comes from: the job's own timers (time.perf_counter_ns, one CLOCK_MONOTONIC for
 all ranks of the machine) and the raw trace JSON (a ProfilerStep#N marker's start is
@@ -64,9 +67,18 @@ JOBS: dict[str, tuple[int, str, list[str], int]] = {
     "gpipe2-slow": (2, "parallel/pipeline.py", ["--schedule", "gpipe", "--microbatches", "4",
                                                 "--slow-stage", "1", "--slow-phase", "forward",
                                                 "--extra", "40"], 8),
+    "idle3": (3, "critical/dp.py", ["--mode", "explicit", "--slow-rank", "2",
+                                    "--idle-every-ms", "30"], 20),
 }  # fmt: skip
 SLOW_DP = ["dp3-slow", "ddp3-slow"]
 BALANCED = {"dp3-slow": "dp3-balanced", "ddp3-slow": "ddp3-balanced"}
+#: issue 48: the cause each job's headline must name first (kind, rank, phase, the change that
+#: removes it), the timer of the injection, and the job that is the run without it
+CAUSES: dict[str, tuple[tuple[str, int, str | None, str], str, str]] = {
+    "dp3-slow": (("compute", 2, "backward", "balance:rank=2"), "extra", "dp3-balanced"),
+    "ddp3-slow": (("compute", 2, "backward", "balance:rank=2"), "extra", "ddp3-balanced"),
+    "idle3": (("idle", 2, None, "without:idle"), "idle", "dp3-balanced"),
+}
 FIRST_RECORDED = 4  # the first job step `collect --skip 1 --warmup 2` records (checked below)
 
 
@@ -234,6 +246,10 @@ def test_job_runs_traced_and_timed(jobs: Any, name: str) -> None:
         assert idle["tstep"].to_list() != [None]
         for timed, ms in ((late, args["late_ms"]), (idle, args["idle_ms"])):
             assert ms <= timed["ms"].item() < 1.5 * ms, timed
+    if args.get("idle_every_ms", 0) > 0:
+        idle = t.filter(pl.col("name") == "idle")
+        assert set(idle["rank"]) == {args["slow_rank"]} and idle.height == recorded + 5, idle
+        assert (idle["ms"] >= args["idle_every_ms"]).all(), idle
     if args.get("extra_ms", 0) > 0:
         extra = t.filter(pl.col("name") == "extra", pl.col("tstep").is_not_null())
         assert set(extra["rank"]) == {args["slow_rank"]}
@@ -538,3 +554,59 @@ def test_whatif_command(jobs: Any) -> None:
     bad = run_cli("whatif", job.run, "--balance-rank", "7")
     assert bad.code == 2 and "Traceback" not in bad.err, bad.err
     assert len(bad.err.strip().splitlines()) == 1, bad.err
+
+
+# ---------------------------------------------------------------- issue 48: one story
+
+
+def _bound(slow: CriticalJob, balanced: CriticalJob) -> float:
+    """How close a what-if must predict the run without the cause: 10%, or where the machine
+    has fewer cores than ranks + 1, 25% or the run's own interquartile range over its median
+    (``test_balance_predicts_the_balanced_run`` says why)."""
+    steps = [balanced.measured()[s] for s in balanced.counted()]
+    q1, median, q3 = statistics.quantiles(steps, n=4)
+    return 0.10 if (os.cpu_count() or 1) > slow.ranks else max(0.25, (q3 - q1) / median)
+
+
+@pytest.mark.parametrize("name", list(CAUSES))
+def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
+    """The report's cause (summary.cause) names the injection first: its kind, rank and phase,
+    and the change that removes it; what it costs per step (the replay without it against the
+    replay with none) is the injected time within 15% (the injection's own timer: the sleep,
+    mean over the counted steps); its what-if predicts the same job run without the injection
+    (the balanced job's mean job step, ``_bound``); the straggler and the bottleneck follow it,
+    and the text report opens with it."""
+    (want, timer, balanced_name) = CAUSES[name]
+    job, balanced = jobs(name), jobs(balanced_name)
+    report = job.report()
+    cause = report["summary"]["cause"]
+    assert cause is not None, report["summary"]
+    print(f"{name}: {cause['text']}")
+    assert (cause["kind"], cause["rank"], cause["phase"], cause["change"]) == want, cause
+    injected = job.recorded(timer).filter(pl.col("tstep").is_in(job.counted()))["ms"].mean()
+    assert cause["ms"] == pytest.approx(injected, rel=0.15), (cause, injected)
+    assert cause["step_ms"] == pytest.approx(_whatif(report, cause["change"])["step_ms"])
+    truth = statistics.fmean(balanced.measured()[s] for s in balanced.counted())
+    assert cause["step_ms"] == pytest.approx(truth, rel=_bound(job, balanced)), (cause, truth)
+    summary = report["summary"]
+    assert summary["straggler_rank"] == want[1] and summary["straggler_significant"] is True
+    assert summary["straggler_phase"] == want[2]
+    assert summary["bottleneck"] == (want[2] or "imbalance")
+    text = run_cli("report", job.run)
+    assert text.code == 0, text.err
+    assert "cause: " in text.out.splitlines()[1], text.out[:400]
+
+
+@pytest.mark.parametrize("name", list(BALANCED.values()))
+def test_a_balanced_run_names_no_cause_of_a_rank(jobs: Any, name: str) -> None:
+    """No injection: no cause a rank holds alone (at most one of the whole run, as exposed
+    communication), no straggler named, in the JSON and the text alike."""
+    report = jobs(name).report()
+    summary = report["summary"]
+    cause = summary["cause"]
+    print(f"{name}: {cause and cause['text']}")
+    assert cause is None or cause["rank"] is None, cause
+    assert summary["straggler_significant"] is False
+    assert not any(r["straggler"] for r in report["ranks"])
+    text = run_cli("report", jobs(name).run)
+    assert "straggler: rank" not in text.out or "ranks are balanced" in text.out, text.out

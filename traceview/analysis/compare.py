@@ -212,6 +212,7 @@ def compare(
             straggler_phase=report.summary.straggler_phase,
             host_bound_ms=report.summary.host_bound_ms,
             pipeline=report.pipeline,
+            cause=report.summary.cause,
         )
         for label, report in zip(labels, reports, strict=True)
     ]
@@ -259,6 +260,9 @@ def compare(
                 )
     # the operators that cost the most time, not the largest ratios of small numbers
     highlights += [text for _, text in sorted(notable_ops, key=lambda x: -x[0])[:MAX_OP_HIGHLIGHTS]]
+    for run in runs:  # each run's cause, as its report states it
+        if run.cause is not None:
+            highlights.append(f"{run.label}: {run.cause.text}")
     for run in runs:
         if run.straggler_rank is not None and run.comm_wait_ms:
             phase = f" (its {run.straggler_phase})" if run.straggler_phase else ""

@@ -1,13 +1,15 @@
 """What would make the step faster: the counted steps replayed across ranks with a change.
 
-  traceview whatif PATH [--balance] [--balance-rank N] [--faster NAME:K] [--bandwidth OP:GBPS]
-                        [--hide-comm] [--no-late-start] [--json]
+  traceview whatif PATH [--balance] [--balance-rank N] [--faster NAME:K] [--without NAME]
+                        [--bandwidth OP:GBPS] [--hide-comm] [--no-late-start] [--json]
 
 The run's steps are re-timed from their critical-path graph (each rank's segments, the
 collective and point-to-point edges, late starts): with no change it reproduces the measured
 steps, and with each change asked for it predicts the step. NAME is a phase (forward,
 backward, update, io, h2d, comm) or an operator or collective (fully_connected, allreduce); K a factor
-(2: twice as fast). Without a change, the report's own what-ifs are printed.
+(2: twice as fast); --without NAME takes it away altogether (NAME may also be host_bound, launch
+or idle: that time on every rank). Without a change, the report's own what-ifs are printed (the
+report's cause among them: ``summary.cause.change``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def _factor(text: str, flag: str) -> str:
     return f"{match['name']}:{float(match['k']):g}"
 
 
+def _named(text: str) -> str:
+    if not text or ":" in text:
+        raise UsageError(f"--without takes a phase, operator or collective name, not {text!r}")
+    return text
+
+
 class WhatIfCommand:
     name = "whatif"
     help = __doc__ or ""
@@ -45,6 +53,11 @@ class WhatIfCommand:
         parser.add_argument(
             "--faster", action="append", metavar="NAME:K",
             help="a phase, operator or collective K times faster (repeatable)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--without", action="append", metavar="NAME",
+            help="a phase, operator or collective (or host_bound, launch, idle) taking no time "
+            "(repeatable)",
         )  # fmt: skip
         parser.add_argument(
             "--bandwidth", action="append", metavar="OP:GBPS",
@@ -66,6 +79,7 @@ class WhatIfCommand:
         asked = ["balance"] if args.balance else []
         asked += [f"balance:rank={n}" for n in args.balance_rank or []]
         asked += [f"faster:{_factor(t, '--faster')}" for t in args.faster or []]
+        asked += [f"without:{_named(t)}" for t in args.without or []]
         asked += [f"bandwidth:{_factor(t, '--bandwidth')}" for t in args.bandwidth or []]
         asked += ["hide_comm"] * args.hide_comm + ["no_late_start"] * args.no_late_start
         return asked

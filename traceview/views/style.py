@@ -182,9 +182,10 @@ def verdict_text(report: RunReport) -> Text:
             f"{ms(summary.step_ms)} ms traced, one-time startup costs included"
         )
         return text
+    text.append_text(cause_text(report))
     pipeline = report.pipeline
     if bottleneck == "pipeline" and pipeline is not None:
-        return pipeline_verdict(report, pipeline)
+        return text.append_text(pipeline_verdict(report, pipeline))
     text.append(bottleneck, style=f"bold {PHASE_STYLE[bottleneck]}")
     if bottleneck == "imbalance":
         text.append(
@@ -218,6 +219,24 @@ def verdict_text(report: RunReport) -> Text:
         else:
             text.append(" for other ranks")
     return text
+
+
+def cause_text(report: RunReport) -> Text:
+    """The cause the critical path and its replays find (``summary.cause``), as the headline's
+    first line; where there is none on a run of several ranks with a critical path, that the run
+    is balanced. Empty where the run has no critical path."""
+    cause = report.summary.cause
+    if cause is not None:
+        text = Text("cause: ", style="bold")
+        text.append(safe(cause.text))  # (made in the analysis, trace names already safe)
+        return text.append("\n")
+    if report.critical_path is None or report.run.ranks < 2:
+        return Text()
+    return Text(
+        "balanced: nothing on the critical path saves more than the steps' own variation when "
+        "replayed without it\n",
+        style="bright_black",
+    )
 
 
 def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
@@ -293,6 +312,8 @@ def change_words(change: str) -> str:
     if name == "bandwidth":
         op, _, gbps = rest.rpartition(":")
         return f"{safe(op)} at {gbps} Gb/s"
+    if name == "without" and rest:
+        return f"without {safe(rest)}"
     return {"hide_comm": "communication hidden", "no_late_start": "no late starts"}.get(
         name, safe(change)
     )

@@ -2,7 +2,8 @@
 idles inside a step, a rank with extra backward work (CPU, gloo, torchrun).
 
   torchrun --standalone --nproc-per-node N dp.py --mode explicit|ddp [--slow-rank R]
-      [--extra-ms Y] [--late-ms S --late-step K] [--idle-ms S2 --idle-step J] --truth DIR
+      [--extra-ms Y] [--late-ms S --late-step K] [--idle-every-ms S3] [--idle-ms S2 --idle-step J]
+      --truth DIR
 
 The model: Linear(256, 512), ReLU, Linear(512, 512), ReLU, Linear(512, 10) on a batch of 64;
 between the two ReLUs an autograd function `Extra` whose backward sleeps --extra-ms on the slow
@@ -25,6 +26,8 @@ Injections on the slow rank (each timed by the timer of its own name, see _commo
 - "idle": --idle-ms, at the top of job step J, before zero_grad: inside the step, outside
   every operator.
 - "extra": --extra-ms, inside the backward pass (every step).
+- "idle" too: --idle-every-ms, after every optimizer.step(): after the optimizer's post-step hook
+  that begins the next profiler step, so at the top of every step, before any operator.
 Timers per rank: "step" (the loop body), "forward", "backward", "allreduce" (explicit: the
 call, "bytes" its size), "bucket" (ddp, above), "update" (optimizer.step(), which also holds the
 profiler's step hook: the trace export on the last recorded step), and the injections above.
@@ -88,6 +91,7 @@ def main() -> None:
     parser.add_argument("--extra-ms", type=float, default=0.0)
     parser.add_argument("--late-ms", type=float, default=0.0)
     parser.add_argument("--late-step", type=int, default=4)
+    parser.add_argument("--idle-every-ms", type=float, default=0.0)
     parser.add_argument("--idle-ms", type=float, default=0.0)
     parser.add_argument("--idle-step", type=int, default=7)
     parser.add_argument("--truth", required=True)
@@ -134,6 +138,9 @@ def main() -> None:
                     time.sleep(args.late_ms / 1000)
             with timers.timed("update"):
                 optimizer.step()
+            if slow and args.idle_every_ms > 0:
+                with timers.timed("idle"):
+                    time.sleep(args.idle_every_ms / 1000)
     groups = [C.group_entry(dist.group.WORLD, None)]
     C.write_truth(
         args.truth, f"dp-{args.mode}", rank, world, args, groups, timers,

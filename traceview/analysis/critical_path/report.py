@@ -11,6 +11,7 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.critical_path.blame import _OWN, _blame, _blame_per_step, _blame_rows
+from traceview.analysis.critical_path.cause import candidates, pick
 from traceview.analysis.critical_path.graph import NO_STEP
 from traceview.analysis.critical_path.source import _batches, _source
 from traceview.analysis.critical_path.tables import _stretches
@@ -18,11 +19,11 @@ from traceview.analysis.critical_path.walk import WalkedPath
 from traceview.analysis.critical_path.whatif import _what_ifs
 from traceview.analysis.crossrank import Matched
 from traceview.model.columns import TableOnDemand
-from traceview.model.results import CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
+from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 1
+PATH_VERSION = 2
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Explained:
     per_step: dict[int, StepPath]
     whatif: list[WhatIf]
     rank_blame: dict[int, float]  # per rank, its own time on the path (not transfer), ms/step
+    cause: Cause | None = None  # what the step loses most to (cause.py)
+    straggler: Cause | None = None  # the cause a rank holds alone that saves the most
 
 
 class PathCache(Protocol):
@@ -64,13 +67,15 @@ def explain(
     median_phase_ms: dict[str, float],
     extra: list[str] | None = None,
     world: int | None = None,
+    clock_ms: float = 0.0,
 ) -> Explained:
     """The critical path of each of ``steps`` (every complete step, warm-up included); blame
     and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
     for, as ``whatif`` takes them). The steps are walked and replayed in batches
     (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
     phase, kind and operator (integers: the sums are the whole graph's). ``segments``: the
-    table, or what reads it a piece at a time (``_source``)."""
+    table, or what reads it a piece at a time (``_source``); ``clock_ms``: how far the ranks'
+    clocks may be off (estimated from collectives), within which a late start is no cause."""
     source = _source(segments, matched, steps, world)
     del segments
     if source is None:
@@ -153,5 +158,9 @@ def explain(
         ],
     )
     counted_steps = sorted(wanted & set(source.steps))
-    whatif = _what_ifs(source, counted_steps, blame, by_op, extra or [])
-    return Explained(path, per_step, whatif, rank_blame)
+    ranks = source.windows().filter(pl.col("step").is_in(counted_steps))["rank"].n_unique()
+    found = candidates(df, n, blame, ranks, clock_ms)
+    tried = [*(extra or []), *(c.change for c in found)]
+    whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
+    picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths])
+    return Explained(path, per_step, whatif, rank_blame, picked.cause, picked.straggler)

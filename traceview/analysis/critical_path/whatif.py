@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 
@@ -68,6 +70,22 @@ def faster(graph: Graph, name: str, k: float) -> Change | None:
     return Change(label, item_factor=factor, transfer=transfer)
 
 
+#: The kinds of path time ``without`` can take away (beside phases, operators and collectives).
+WITHOUT_KINDS = (S.SEGMENT_HOST_BOUND, S.SEGMENT_LAUNCH, S.SEGMENT_IDLE)
+
+
+def without(graph: Graph, name: str) -> Change | None:
+    """A phase, an operator or a collective (its transfer), or a kind of path time (host-bound,
+    launch, idle: ``WITHOUT_KINDS``) taking no time at all (None: the graph has no such)."""
+    label = f"without:{name}"
+    if name in WITHOUT_KINDS:
+        items = graph.items
+        hit = (items[S.KIND] == name).to_numpy() & (items["call"] < 0).to_numpy()
+        return Change(label, item_factor=np.where(hit, 0.0, 1.0)) if hit.any() else None
+    change = faster(graph, name, math.inf)
+    return Change(label, change.item_factor, change.transfer) if change is not None else None
+
+
 def balance_rank(graph: Graph, rank: int) -> Change | None:
     """One rank's compute phases at the median of the other ranks' (per step and phase)."""
     items = graph.items
@@ -130,6 +148,8 @@ def parse_change(graph: Graph, text: str) -> Change | None:
         if not op or float(gbps) <= 0:
             raise ValueError(text)
         return at_bandwidth(graph, op, float(gbps))
+    if name == "without" and rest:
+        return without(graph, rest)
     if name == "hide_comm" and not rest:
         return Change("hide_comm", hide_comm=True)
     if name == "no_late_start" and not rest:

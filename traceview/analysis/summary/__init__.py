@@ -21,8 +21,6 @@ from traceview.analysis.summary.steps import (
     named_warmup,
 )
 from traceview.analysis.summary.verdicts import (
-    BLAME_EXCESS,
-    BLAME_SHARE,
     HIDDEN_NO,
     HIDDEN_YES,
     PIPELINE_BUBBLE_MIN,
@@ -34,8 +32,6 @@ from traceview.analysis.summary.verdicts import (
 )
 
 __all__ = [
-    "BLAME_EXCESS",
-    "BLAME_SHARE",
     "HIDDEN_NO",
     "HIDDEN_YES",
     "PIPELINE_BUBBLE_MIN",

@@ -6,6 +6,7 @@ the sections it asks for."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ from traceview.analysis.summary.steps import (
     manifest_steps_from,
     named_warmup,
 )
-from traceview.analysis.summary.verdicts import _blame_verdict, _pipeline_verdict, _summary
+from traceview.analysis.summary.verdicts import _cause_verdict, _pipeline_verdict, _summary
 from traceview.model import schema as S
 from traceview.model.results import (
     Clocks,
@@ -264,7 +265,7 @@ PIPELINE = Section("pipeline", _pipeline_section, _place_pipeline)
 
 
 def _critical_path_section(ctx: Context) -> Explained | None:
-    return _critical_path(
+    explained = _critical_path(
         ctx.inputs.segments,
         ctx.get(CROSS).every,
         ctx.get(STEPS).per_step,
@@ -273,13 +274,18 @@ def _critical_path_section(ctx: Context) -> Explained | None:
         ctx.manifest.world_size,
         ctx.inputs.path_cache,
     )
+    if explained is not None and manifest_steps_from(ctx.manifest) == "one_window":
+        # one window holds the one-time costs: no cause of a step is read off it
+        explained = dataclasses.replace(explained, cause=None, straggler=None)
+    return explained
 
 
 def _place_critical_path(explained: Explained | None, draft: Draft) -> None:
     if explained is not None:
         for s in draft.fields["per_step"]:
             s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
-        _blame_verdict(draft.fields["summary"], draft.fields["ranks"], explained)
+        summary, ranks = draft.fields["summary"], draft.fields["ranks"]
+        _cause_verdict(summary, ranks, explained, draft.fields["pipeline"])
     draft.fields.update(
         critical_path=explained.path if explained is not None else None,
         whatif=explained.whatif if explained is not None else [],

@@ -174,15 +174,18 @@ def _critical_path(
     world: int | None,
     cache: PathCache | None,
 ) -> Explained | None:
-    """The critical path of the counted steps (analysis/critical_path/); ``cache``: where an earlier report of this run kept it."""
+    """The critical path of the counted steps (analysis/critical_path/); ``cache``: where an
+    earlier report of this run kept it."""
     counted = [s.step for s in per_step if s.excluded is None]
     every = [s.step for s in per_step]
     if segments is None or segments.num_rows == 0 or not counted or not ranks:
         return None
-    key = json.dumps([PATH_VERSION, every, counted, whatif, world])
+    # late starts within the clocks' uncertainty (estimated from collectives) are not a cause
+    clock_ms = cross.clocks.residual_ns / 1e6 if cross is not None and cross.clocks else 0.0
+    key = json.dumps([PATH_VERSION, every, counted, whatif, world, clock_ms])
     explained = cache.get(key) if cache is not None else None
     if explained is None:
-        explained = _explain(segments, cross, ranks, every, counted, whatif, world)
+        explained = _explain(segments, cross, ranks, every, counted, whatif, world, clock_ms)
         if cache is not None:
             cache.put(key, explained)
     return explained
@@ -196,6 +199,7 @@ def _explain(
     counted: list[int | None],
     whatif: list[str],
     world: int | None,
+    clock_ms: float = 0.0,
 ) -> Explained:
     """``explain`` of the segments, read a piece at a time: nothing here holds them whole."""
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
@@ -205,4 +209,4 @@ def _explain(
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
         for phase in S.BREAKDOWN_PHASES
     }
-    return explain(segments, matched, every, counted, median_phase, whatif, world)
+    return explain(segments, matched, every, counted, median_phase, whatif, world, clock_ms)

@@ -7,13 +7,15 @@ from typing import cast, get_args
 
 import polars as pl
 
-from traceview.analysis.critical_path import Explained
+from traceview.analysis.critical_path import LATE_START, TRANSFER, Explained
+from traceview.analysis.critical_path.cause import cause_words
 from traceview.analysis.crossrank import CrossRank
 from traceview.analysis.summary.units import _hidden, _mean, _mean_host_bound, _median
 from traceview.model import schema as S
 from traceview.model.results import (
     BottleneckPhase,
     Breakdown,
+    Cause,
     Hidden,
     Pipeline,
     RankSummary,
@@ -179,40 +181,79 @@ def _pipeline_verdict(summary: Summary, ranks: list[RankSummary], pipeline: Pipe
         summary.straggler_phase_median_ms = None
 
 
-#: The critical path names the straggler where one rank holds at least this share of the ranks'
-#: own time on it (and 1.5 / ranks, so that two even ranks do not name one) ...
-BLAME_SHARE = 0.5
-
-
-#: ... and spends at least this much of the step over the median rank in one of its phases
-BLAME_EXCESS = 0.05
-
-
-def _blame_verdict(summary: Summary, ranks: list[RankSummary], explained: Explained) -> None:
-    """The straggler from blame where it is decisive: the rank holding most of the ranks' own
-    time on the critical path, in the phase where that time most exceeds the median rank's.
-    Elsewhere the comparison against the median rank stands; both are kept under their own
-    names (``straggler_*_by_median``)."""
+def _cause_verdict(
+    summary: Summary, ranks: list[RankSummary], explained: Explained, pipeline: Pipeline | None
+) -> None:
+    """The verdicts from the critical path's causes (``critical_path.cause``): the cause is what
+    the step loses most to; the straggler is the cause a rank holds alone (its own work beyond
+    the others', a late start, idling) that saves the most, the cause itself or a lesser one
+    beside a cause of the whole run (communication, data loading); the bottleneck follows the
+    cause, and with no cause (nothing saves more than the noise: a balanced run) it is the
+    largest phase and no rank is named. The comparison against the median rank stays under its
+    own names (``*_by_median``)."""
     summary.straggler_rank_by_median = summary.straggler_rank
     summary.straggler_phase_by_median = summary.straggler_phase
-    blame = explained.rank_blame
-    path = explained.path
-    if len(ranks) < 2 or not blame or path is None:
+    summary.bottleneck_by_median = summary.bottleneck
+    if explained.path is None or not ranks:
         return
-    top = min(blame, key=lambda r: (-blame[r], r))
-    share = blame[top] / (sum(blame.values()) or 1.0)
-    excess = [
-        b for b in path.blame
-        if b.rank == top and b.excess_ms is not None and b.phase in get_args(StragglerPhase)
-    ]  # fmt: skip
-    worst = max(excess, key=lambda b: b.excess_ms or 0.0, default=None)
-    if (
-        share < max(BLAME_SHARE, 1.5 / len(ranks))
-        or worst is None
-        or (worst.excess_ms or 0.0) < BLAME_EXCESS * path.step_ms
-    ):
+    cause, straggler = explained.cause, explained.straggler
+    for found in {id(c): c for c in (cause, straggler) if c is not None}.values():
+        stage = _stage_of(found.rank, pipeline)
+        if stage is not None:
+            found.stage = stage
+            found.text = cause_words(found, found.step_ms * found.speedup)
+    summary.cause = cause
+    if len(ranks) > 1:
+        _straggler(summary, ranks, straggler)
+    if cause is None:
+        largest = bottleneck_of(summary.breakdown_ms)
+        if summary.bottleneck != "pipeline" or largest is None:
+            summary.bottleneck = largest
+            summary.bottleneck_share = (
+                round(summary.breakdown_ms[largest] / summary.step_ms, 4)
+                if largest and summary.step_ms
+                else 0.0
+            )
         return
-    summary.straggler_rank = top
-    summary.straggler_phase = worst.phase  # type: ignore[assignment]
-    if summary.bottleneck == "imbalance":  # the wait is explained: by the straggler's phase
-        summary.bottleneck = worst.phase  # type: ignore[assignment]
+    if cause.kind == TRANSFER:
+        bottleneck: BottleneckPhase | None = "comm"
+    elif cause.kind in (LATE_START, S.SEGMENT_IDLE):
+        # ranks waiting for one that is not working (one rank idling: its largest phase)
+        bottleneck = "imbalance" if len(ranks) > 1 else summary.bottleneck
+    elif cause.phase in S.BOTTLENECK_PHASES:
+        bottleneck = cause.phase
+    else:
+        bottleneck = summary.bottleneck
+    summary.bottleneck = bottleneck
+    summary.bottleneck_share = round(cause.ms / summary.step_ms, 4) if summary.step_ms else 0.0
+
+
+def _stage_of(rank: int | None, pipeline: Pipeline | None) -> int | None:
+    if rank is None or pipeline is None:
+        return None
+    return next((s.stage for s in pipeline.stages if rank in s.ranks), None)
+
+
+def _straggler(summary: Summary, ranks: list[RankSummary], straggler: Cause | None) -> None:
+    """The straggler named (or none: ``straggler_significant`` false) from the critical path."""
+    for r in ranks:
+        r.straggler = straggler is not None and r.rank == straggler.rank
+    summary.straggler_significant = straggler is not None
+    summary.straggler_phase = summary.straggler_phase_ms = None
+    summary.straggler_phase_median_ms = None
+    if straggler is None or straggler.rank is None:
+        return
+    summary.straggler_rank = straggler.rank
+    mine = next((r for r in ranks if r.rank == straggler.rank), None)
+    if mine is None:
+        return
+    median = _median([r.busy_ms for r in ranks])
+    summary.straggler_excess = round((mine.busy_ms - median) / median, 4) if median else 0.0
+    if mine.caused_wait_ms is not None:  # the others' wait at the calls it arrived last to
+        summary.straggler_wait_ms = round(mine.caused_wait_ms / (len(ranks) - 1), 3)
+    phase = straggler.phase
+    if phase in get_args(StragglerPhase):
+        others = [r.breakdown_ms[phase] for r in ranks if r is not mine]  # type: ignore[index]
+        summary.straggler_phase = phase  # type: ignore[assignment]
+        summary.straggler_phase_ms = round(mine.breakdown_ms[phase], 3)  # type: ignore[index]
+        summary.straggler_phase_median_ms = round(_median(others), 3) if others else None

@@ -39,6 +39,8 @@ from traceview.model.results.compare import (
 )
 from traceview.model.results.critical_path import (
     Blame,
+    Cause,
+    CauseKind,
     CriticalPath,
     OpBlame,
     PathKind,
@@ -83,6 +85,8 @@ __all__ = [
     "Blame",
     "BottleneckPhase",
     "Breakdown",
+    "Cause",
+    "CauseKind",
     "ClockSource",
     "Clocks",
     "CollectiveFit",

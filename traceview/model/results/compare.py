@@ -13,6 +13,7 @@ from traceview.model.results.base import (
     Timeline,
 )
 from traceview.model.results.comm import Pipeline
+from traceview.model.results.critical_path import Cause
 from traceview.model.results.gpu import HostBound
 
 
@@ -45,6 +46,7 @@ class ComparedRun(Result):
     host_bound_ms: HostBound | None = None
     # the pipeline its point-to-point calls form (RunReport.pipeline); null: none
     pipeline: Pipeline | None = None
+    cause: Cause | None = None  # what its step loses most to (Summary.cause)
 
 
 class ComparedValues(Result):

@@ -80,6 +80,42 @@ class CriticalPath(Result):
     by_op: list[OpBlame]  # the operators on the path, largest first (up to 10)
 
 
+#: What a cause is (``Cause.kind``): a rank's own work (``compute`` in a phase, a device
+#: ``kernel``, ``launch``: the device waiting for kernel launches, ``host_bound``: for other host
+#: work), data loading (``io``), communication the path cannot lay on a rank (``transfer``), a
+#: rank beginning the step after the first one (``late_start``), a rank doing nothing inside the
+#: step (``idle``), a pipeline's ``bubble``.
+CauseKind = Literal[
+    "compute", "kernel", "launch", "host_bound", "io", "transfer", "wait", "late_start", "idle",
+    "bubble",
+]  # fmt: skip
+
+
+class Cause(Result):
+    """What the step loses most to (analysis/critical_path/cause.py): of what the critical path
+    blames, the cause whose removal the replay says saves the most, where that is more than
+    the run's step-to-step noise. Who (``rank``: the rank that sets the step where several
+    share the cause, null for a cause of the whole run; ``stage``: its pipeline stage; ``group``:
+    the process group of a collective), what (``kind``, ``phase``, ``op``), what it costs (``ms``
+    per step: the replayed step without it, ``step_ms``, against the replay with no change),
+    the blamed time that is the evidence, the ``change`` that removes it (as ``whatif`` names
+    it) and ``text``: all of it in words."""
+
+    kind: CauseKind
+    rank: int | None
+    phase: Phase | None
+    op: str | None  # (untrusted)
+    ms: float  # what it costs per step (the replay without it saves this)
+    blamed_ms: float  # its time on the critical path per step
+    change: str  # the whatif change that removes it
+    step_ms: float  # the replayed step without it
+    speedup: float
+    text: str  # (names from the trace in it are untrusted)
+    stage: int | None = None
+    group: str | None = None  # (untrusted)
+    others: list[int] = []  # other ranks that share the cause (late starts: those also late)
+
+
 class WhatIf(Result):
     """A replay of the counted steps with one change (analysis/critical_path/whatif.py): ``none``,
     ``balance``, ``balance:rank=N``, ``faster:NAME:K``, ``bandwidth:OP:GBPS``, ``hide_comm``,

@@ -21,7 +21,7 @@ from traceview.model.results.comm import (
     Pipeline,
     ProcessGroup,
 )
-from traceview.model.results.critical_path import CriticalPath, WhatIf
+from traceview.model.results.critical_path import Cause, CriticalPath, WhatIf
 from traceview.model.results.gpu import GpuVerdict, HostBound
 from traceview.model.results.memory import RunMemory
 from traceview.model.results.ranks import RankSpread, RankSummary
@@ -112,6 +112,7 @@ class Summary(Result):
     # the ones above (the same values where it does not)
     straggler_rank_by_median: int | None = None
     straggler_phase_by_median: StragglerPhase | None = None
+    bottleneck_by_median: BottleneckPhase | None = None
     memory: RunMemory | None = None  # null: no rank has memory records
     # the host-bound part of breakdown_ms's phases, mean of ranks (a CPU rank's phases have
     # none); null where no rank has a GPU timeline
@@ -119,6 +120,10 @@ class Summary(Result):
     # one-time startup before the first step (mean of ranks; CUDA context creation, first
     # allocations, autotuning, lazy initialization): outside every figure above; null: none known
     startup_ms: float | None = None
+    # what the step loses most to, from the critical path and its replays (null: nothing saves
+    # more than the step-to-step noise, or no critical path); bottleneck and straggler_* follow
+    # it where it is found, and keep their median-based values under *_by_median
+    cause: Cause | None = None
 
 
 class RunReport(Result):

@@ -1,0 +1,271 @@
+"""The one cause (``Cause``): of what the critical path blames, the thing whose removal the replay
+says saves the most. ``candidates`` reads each candidate off the blame with the change that
+removes it; they are replayed with the report's other what-ifs; ``pick`` keeps the one that saves
+the most, where that is more than the run's step-to-step noise (else: no cause, a balanced run).
+
+The candidates, each a change ``whatif`` knows:
+
+- late starts: every rank starting each step with the first (``no_late_start``), named for the
+  rank that starts last (it sets the step; the others late too are counted beside it);
+- a rank's own work beyond the median rank's: that rank at the median of the others
+  (``balance:rank=N``), for the few ranks with the most excess on the path, named for the phase
+  of its largest excess and that phase's top operator on the path;
+- what is not the model's own work, on every rank: data loading and copies to the device
+  (``without:io``, ``without:h2d``), host-bound time and kernel launches (``without:host_bound``,
+  ``without:launch``), idle time inside a step (``without:idle``), the transfer of communication
+  the path cannot lay on a rank (``without:comm``), each named for the rank with the most of it
+  on the path (none for transfer).
+
+The model's own compute on balanced ranks is never a cause: it is what the step is for.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import polars as pl
+
+from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, TRANSFER
+from traceview.model import schema as S
+from traceview.model.escape import safe
+from traceview.model.results import Blame, Cause, WhatIf
+
+#: How many ranks with the most excess on the path are each tried balanced.
+RANKS_TRIED = 3
+
+#: Phases that are not the model's own work: a cause even where every rank spends them alike.
+OVERHEAD_PHASES = (S.IO, S.H2D)
+
+#: A cause a rank holds alone (its own work beyond the others', a late start, idling) stands out
+#: where it saves this share of the step (as much as the straggler's others wait for it,
+#: summary.STRAGGLER_MIN_WAIT) and more than the steps' own spread; a cost of the whole run
+#: (communication, data loading, launches on every rank: paid by design in part, as a last
+#: gradient bucket's all-reduce) where it saves twice that.
+RANK_FLOOR = 0.05
+RUN_FLOOR = 0.10
+
+#: A cause one rank holds is named over a cause of the whole run in the same phase where it
+#: saves this share of what that one saves (one rank's slow data loading, not every rank's).
+SPECIFIC = 0.8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str
+    rank: int | None
+    phase: str | None
+    op: str | None
+    blamed_ms: float  # its time on the critical path, ms per step
+    change: str
+    others: tuple[int, ...] = ()
+
+    @property
+    def alone(self) -> bool:
+        """Whether one rank holds it (its removal is that rank's: a straggler)."""
+        return self.rank is not None and (
+            self.change.startswith("balance:") or self.kind in (LATE_START, S.SEGMENT_IDLE)
+        )
+
+
+def _kind(kind: str, phase: str | None) -> str:
+    return "io" if phase == S.IO and kind in _COMPUTING else kind
+
+
+def _most(rows: pl.DataFrame, by: str, n_steps: int) -> tuple[object | None, float]:
+    """Of ``rows`` (step, rank, phase, kind, op, ns), the ``by`` value with the most path time,
+    and that time in ms per step (None where no row has one)."""
+    rows = rows.filter(pl.col(by).is_not_null())
+    if rows.height == 0:
+        return None, 0.0
+    totals = rows.group_by(by).agg(pl.col("ns").sum()).sort(["ns", by], descending=[True, False])
+    return totals[by][0], float(totals["ns"][0]) / n_steps / 1e6
+
+
+def candidates(
+    rows: pl.DataFrame, n_steps: int, blame: list[Blame], ranks: int, clock_ms: float = 0.0
+) -> list[Candidate]:
+    """The causes worth replaying (module docstring), from the counted steps' path ``rows``
+    (step, rank, phase, kind, op, ns: every piece of every path) and their ``blame``. A late
+    start within twice ``clock_ms`` (how far the ranks' clocks may be off) is none."""
+    out: list[Candidate] = []
+    late = [b for b in blame if b.kind == LATE_START and b.ms > 2 * clock_ms]
+    if late:
+        last = max(late, key=lambda b: (b.ms, -b.rank))
+        others = tuple(sorted(b.rank for b in late if b is not last))
+        out.append(Candidate(LATE_START, last.rank, None, None, last.ms, "no_late_start", others))
+    if ranks > 1:
+        worst: dict[int, Blame] = {}  # per rank, its blame row of the largest excess
+        for b in blame:
+            own = b.kind in _COMPUTING and b.phase not in (None, S.IDLE, S.COMM)
+            excess = b.excess_ms or 0.0
+            if (
+                own
+                and excess > 0
+                and (b.rank not in worst or excess > (worst[b.rank].excess_ms or 0.0))
+            ):
+                worst[b.rank] = b
+        tried = sorted(worst.values(), key=lambda b: (-(b.excess_ms or 0.0), b.rank))
+        for b in tried[:RANKS_TRIED]:
+            mine = rows.filter(
+                (pl.col("rank") == b.rank) & (pl.col("phase") == b.phase)
+                & pl.col("kind").is_in(_COMPUTING)
+            )  # fmt: skip
+            op, op_ms = _most(mine, "op", n_steps)
+            if op_ms < 0.5 * float(mine["ns"].sum()) / n_steps / 1e6:
+                op = None  # (no operator holds most of it: time outside operators)
+            out.append(
+                Candidate(
+                    _kind(b.kind, b.phase), b.rank, b.phase, None if op is None else str(op), b.ms,
+                    f"balance:rank={b.rank}",
+                )
+            )  # fmt: skip
+    for phase in OVERHEAD_PHASES:
+        mine = rows.filter((pl.col("phase") == phase) & pl.col("kind").is_in(_COMPUTING))
+        kind, _ = _most(mine, "kind", n_steps)
+        if kind is not None:
+            rank, _ = _most(mine, "rank", n_steps)
+            total = float(mine["ns"].sum()) / n_steps / 1e6
+            out.append(
+                Candidate(
+                    _kind(str(kind), phase), _int(rank), phase, None, total, f"without:{phase}"
+                )
+            )
+    for kind in (S.SEGMENT_HOST_BOUND, S.SEGMENT_LAUNCH, S.SEGMENT_IDLE):
+        mine = rows.filter(pl.col("kind") == kind)
+        if mine.height == 0:
+            continue
+        rank, _ = _most(mine, "rank", n_steps)
+        top_phase, _ = _most(mine, "phase", n_steps)
+        total = float(mine["ns"].sum()) / n_steps / 1e6
+        others = tuple(sorted(set(mine["rank"].to_list()) - {rank}))
+        out.append(
+            Candidate(
+                kind, _int(rank), None if kind == S.SEGMENT_IDLE or top_phase is None else str(top_phase), None, total,
+                f"without:{kind}", others if kind == S.SEGMENT_IDLE else (),
+            )
+        )  # fmt: skip
+    moving = rows.filter(pl.col("kind") == TRANSFER)
+    if moving.height:
+        op, _ = _most(moving, "op", n_steps)
+        total = float(moving["ns"].sum()) / n_steps / 1e6
+        out.append(
+            Candidate(
+                TRANSFER, None, S.COMM, None if op is None else str(op), total, "without:comm"
+            )
+        )
+    return out
+
+
+def _int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+def noise_ms(step_ms: list[float]) -> float:
+    """The steps' own spread: 1.4826 times their median absolute deviation (the standard
+    deviation, where the steps vary normally, undisturbed by a few outliers)."""
+    if len(step_ms) < 2:
+        return 0.0
+    middle = statistics.median(step_ms)
+    return 1.4826 * statistics.median(abs(s - middle) for s in step_ms)
+
+
+@dataclass(frozen=True)
+class Picked:
+    """``pick``'s verdicts: the cause (the candidate that saves the most), and the straggler (the
+    one a rank holds alone that saves the most: the cause itself, or a lesser one beside a cause
+    of the whole run); either None where nothing stands out."""
+
+    cause: Cause | None
+    straggler: Cause | None
+
+
+def pick(found: list[Candidate], whatif: list[WhatIf], step_ms: list[float]) -> Picked:
+    """Of the candidates whose replay saves more than their floor (``RANK_FLOOR`` or
+    ``RUN_FLOOR`` of the step, and ``noise_ms`` of the counted steps: ``step_ms``, their measured
+    job steps), the one that saves the most (on a tie, the one with more time on the path)."""
+    replayed = {w.change: w for w in whatif}
+    base = replayed.get("none")
+    if base is None or base.step_ms <= 0:
+        return Picked(None, None)
+    noise = noise_ms(step_ms)
+    standing: list[tuple[float, float, Candidate, WhatIf]] = []
+    for c in found:
+        w = replayed.get(c.change)
+        if w is None:
+            continue
+        saves = base.step_ms - w.step_ms
+        if saves > max(noise, (RANK_FLOOR if c.alone else RUN_FLOOR) * base.step_ms):
+            standing.append((saves, c.blamed_ms, c, w))
+    best = max(standing, key=lambda x: x[:2], default=None)
+    alone = max((x for x in standing if x[2].alone), key=lambda x: x[:2], default=None)
+    if (
+        best is not None
+        and alone is not None
+        and alone[2].phase == best[2].phase
+        and alone[0] >= SPECIFIC * best[0]
+    ):
+        best = alone  # (one rank's data loading explains the run's: name the rank's)
+    return Picked(
+        _cause(*best, base.step_ms) if best is not None else None,
+        _cause(*alone, base.step_ms) if alone is not None else None,
+    )
+
+
+def _cause(saves: float, blamed: float, c: Candidate, w: WhatIf, base_ms: float) -> Cause:
+    cause = Cause(
+        kind=c.kind,  # type: ignore[arg-type]
+        rank=c.rank,
+        phase=c.phase,  # type: ignore[arg-type]
+        op=c.op,
+        ms=round(saves, 3),
+        blamed_ms=round(blamed, 3),
+        change=c.change,
+        step_ms=w.step_ms,
+        speedup=round(base_ms / w.step_ms, 3) if w.step_ms > 0 else 0.0,
+        text="",
+        others=list(c.others),
+    )
+    cause.text = cause_words(cause, base_ms)
+    return cause
+
+
+#: How the words name a phase that is not the model's own work.
+_PHASE_WORDS = {S.IO: "data loading (io)", S.H2D: "copies to the device (h2d)"}
+
+
+def cause_words(cause: Cause, step_ms: float) -> str:
+    """The cause in words, as the report's headline states it (names from the trace made safe
+    to print): who, what, its time on the critical path per step, and the replay without it."""
+    who = f"rank {cause.rank}" if cause.rank is not None else "every rank"
+    if cause.stage is not None:
+        who = f"stage {cause.stage} (rank {cause.rank})"
+    blamed = f"{cause.blamed_ms:.3g} ms per step"
+    op = f", most of it in {safe(cause.op, 60)}" if cause.op else ""
+    phase = _PHASE_WORDS.get(cause.phase or "", cause.phase)
+    verb = "start" if len(cause.others) > 1 else "starts"
+    if cause.kind == LATE_START:
+        more = f"; {count_ranks(cause.others)} {verb} late too, for less" if cause.others else ""
+        what = f"{who} starts its steps late: {blamed} after the first rank{more}"
+    elif cause.change.startswith("balance:"):
+        what = f"{who}'s {phase} holds the step: {blamed} on the critical path{op}"
+    elif cause.kind == TRANSFER:
+        what = f"communication is exposed: {blamed} of transfer on the critical path{op}"
+    elif cause.kind == S.SEGMENT_IDLE:
+        more = f" ({count_ranks(cause.others)} too, for less)" if cause.others else ""
+        what = f"{who} idles inside its steps: {blamed} on the critical path{more}"
+    elif cause.kind == S.SEGMENT_HOST_BOUND:
+        what = f"the device waits for the host: {blamed} on the critical path ({who} most)"
+    elif cause.kind == S.SEGMENT_LAUNCH:
+        what = f"the device waits for kernel launches: {blamed} on the critical path ({who} most)"
+    else:  # a phase that is not the model's own work, on every rank
+        what = f"{phase} holds {blamed} of the critical path ({who} most)"
+    return (
+        f"{what}. Replayed without it, the job's step would take {cause.step_ms:.3g} ms "
+        f"instead of {step_ms:.3g} ms ({cause.speedup:.2f}x)"
+    )
+
+
+def count_ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:5])) + (" ..." if len(ranks) > 5 else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
