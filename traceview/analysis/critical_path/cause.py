@@ -83,11 +83,26 @@ def _most(rows: pl.DataFrame, by: str, n_steps: int) -> tuple[object | None, flo
 
 
 def candidates(
-    rows: pl.DataFrame, n_steps: int, blame: list[Blame], ranks: int, clock_ms: float = 0.0
+    rows: pl.DataFrame,
+    n_steps: int,
+    blame: list[Blame],
+    ranks: int,
+    clock_ms: float = 0.0,
+    step_ms: float = 0.0,
 ) -> list[Candidate]:
     """The causes worth replaying (module docstring), from the counted steps' path ``rows``
     (step, rank, phase, kind, op, ns: every piece of every path) and their ``blame``. A late
-    start within twice ``clock_ms`` (how far the ranks' clocks may be off) is none."""
+    start within twice ``clock_ms`` (how far the ranks' clocks may be off) is none. Where
+    ``step_ms`` (the mean job step) is given, a candidate with less time on the path than its
+    floor of it is not replayed: removing it could hardly save that much (each replay of a
+    large run costs seconds)."""
+    found = _candidates(rows, n_steps, blame, ranks, clock_ms)
+    return [c for c in found if c.blamed_ms >= (RANK_FLOOR if c.alone else RUN_FLOOR) * step_ms]
+
+
+def _candidates(
+    rows: pl.DataFrame, n_steps: int, blame: list[Blame], ranks: int, clock_ms: float
+) -> list[Candidate]:
     out: list[Candidate] = []
     late = [b for b in blame if b.kind == LATE_START and b.ms > 2 * clock_ms]
     if late:

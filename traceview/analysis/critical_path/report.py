@@ -159,7 +159,7 @@ def explain(
     )
     counted_steps = sorted(wanted & set(source.steps))
     ranks = source.windows().filter(pl.col("step").is_in(counted_steps))["rank"].n_unique()
-    found = candidates(df, n, blame, ranks, clock_ms)
+    found = candidates(df, n, blame, ranks, clock_ms, mean_step_ms)
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
     picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths])
