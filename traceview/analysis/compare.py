@@ -17,6 +17,7 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
+from traceview.analysis.critical_path.cause import cause_brief
 from traceview.model import schema as S
 from traceview.model.results import (
     ComparedCommGroup,
@@ -262,7 +263,7 @@ def compare(
     highlights += [text for _, text in sorted(notable_ops, key=lambda x: -x[0])[:MAX_OP_HIGHLIGHTS]]
     for run in runs:  # each run's cause, as its report states it
         if run.cause is not None:
-            highlights.append(f"{run.label}: {run.cause.text}")
+            highlights.append(f"{run.label}: {cause_brief(run.cause)}")
     for run in runs:
         if run.straggler_rank is not None and run.comm_wait_ms:
             phase = f" (its {run.straggler_phase})" if run.straggler_phase else ""

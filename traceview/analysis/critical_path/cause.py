@@ -195,7 +195,9 @@ class Picked:
     straggler: Cause | None
 
 
-def pick(found: list[Candidate], whatif: list[WhatIf], step_ms: list[float]) -> Picked:
+def pick(
+    found: list[Candidate], whatif: list[WhatIf], step_ms: list[float], ranks: int = 2
+) -> Picked:
     """Of the candidates whose replay saves more than their floor (``RANK_FLOOR`` or
     ``RUN_FLOOR`` of the step, and ``noise_ms`` of the counted steps: ``step_ms``, their measured
     job steps), the one that saves the most (on a tie, the one with more time on the path)."""
@@ -222,12 +224,14 @@ def pick(found: list[Candidate], whatif: list[WhatIf], step_ms: list[float]) -> 
     ):
         best = alone  # (one rank's data loading explains the run's: name the rank's)
     return Picked(
-        _cause(*best, base.step_ms) if best is not None else None,
-        _cause(*alone, base.step_ms) if alone is not None else None,
+        _cause(*best, base.step_ms, ranks) if best is not None else None,
+        _cause(*alone, base.step_ms, ranks) if alone is not None else None,
     )
 
 
-def _cause(saves: float, blamed: float, c: Candidate, w: WhatIf, base_ms: float) -> Cause:
+def _cause(
+    saves: float, blamed: float, c: Candidate, w: WhatIf, base_ms: float, ranks: int
+) -> Cause:
     cause = Cause(
         kind=c.kind,  # type: ignore[arg-type]
         rank=c.rank,
@@ -241,7 +245,7 @@ def _cause(saves: float, blamed: float, c: Candidate, w: WhatIf, base_ms: float)
         text="",
         others=list(c.others),
     )
-    cause.text = cause_words(cause, base_ms)
+    cause.text = cause_words(cause, base_ms, ranks)
     return cause
 
 
@@ -249,10 +253,12 @@ def _cause(saves: float, blamed: float, c: Candidate, w: WhatIf, base_ms: float)
 _PHASE_WORDS = {S.IO: "data loading (io)", S.H2D: "copies to the device (h2d)"}
 
 
-def cause_words(cause: Cause, step_ms: float) -> str:
+def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
     """The cause in words, as the report's headline states it (names from the trace made safe
-    to print): who, what, its time on the critical path per step, and the replay without it."""
+    to print): who (with one rank: nobody), what, its time on the critical path per step, and
+    the replay without it."""
     who = f"rank {cause.rank}" if cause.rank is not None else "every rank"
+    most = f" ({who} most)" if ranks > 1 else ""
     if cause.stage is not None:
         who = f"stage {cause.stage} (rank {cause.rank})"
     blamed = f"{cause.blamed_ms:.3g} ms per step"
@@ -270,15 +276,29 @@ def cause_words(cause: Cause, step_ms: float) -> str:
         more = f" ({count_ranks(cause.others)} too, for less)" if cause.others else ""
         what = f"{who} idles inside its steps: {blamed} on the critical path{more}"
     elif cause.kind == S.SEGMENT_HOST_BOUND:
-        what = f"the device waits for the host: {blamed} on the critical path ({who} most)"
+        what = f"the device waits for the host: {blamed} on the critical path{most}"
     elif cause.kind == S.SEGMENT_LAUNCH:
-        what = f"the device waits for kernel launches: {blamed} on the critical path ({who} most)"
+        what = f"the device waits for kernel launches: {blamed} on the critical path{most}"
     else:  # a phase that is not the model's own work, on every rank
-        what = f"{phase} holds {blamed} of the critical path ({who} most)"
+        what = f"{phase} holds {blamed} of the critical path{most}"
     return (
         f"{what}. Replayed without it, the job's step would take {cause.step_ms:.3g} ms "
         f"instead of {step_ms:.3g} ms ({cause.speedup:.2f}x)"
     )
+
+
+def cause_brief(cause: Cause) -> str:
+    """The cause in one short line (what ``compare`` lists per run): what, who, what it costs."""
+    who = f"rank {cause.rank}" if cause.rank is not None else "every rank"
+    phase = _PHASE_WORDS.get(cause.phase or "", cause.phase)
+    what = {
+        LATE_START: f"{who}'s late starts",
+        S.SEGMENT_IDLE: f"{who}'s idling",
+        TRANSFER: "exposed communication",
+        S.SEGMENT_HOST_BOUND: "the device waiting for the host",
+        S.SEGMENT_LAUNCH: "the device waiting for kernel launches",
+    }.get(cause.kind, f"{who}'s {phase}" if cause.change.startswith("balance:") else str(phase))
+    return f"{what} cost {cause.ms:.3g} ms per step ({cause.speedup:.2f}x without)"
 
 
 def count_ranks(ranks: list[int]) -> str:

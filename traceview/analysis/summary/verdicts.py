@@ -201,7 +201,7 @@ def _cause_verdict(
         stage = _stage_of(found.rank, pipeline)
         if stage is not None:
             found.stage = stage
-            found.text = cause_words(found, found.step_ms * found.speedup)
+            found.text = cause_words(found, found.step_ms * found.speedup, len(ranks))
     summary.cause = cause
     if len(ranks) > 1:
         _straggler(summary, ranks, straggler)
