@@ -233,9 +233,7 @@ def cause_text(report: RunReport) -> Text:
     if report.critical_path is None or report.run.ranks < 2:
         return Text()
     return Text(
-        "balanced: no cause stands out (replayed without it, nothing on the critical path "
-        "saves 5% of the step, 10% for a cost of every rank, and more than the steps' own "
-        "spread)\n",
+        "balanced: nothing on the critical path saves 5% of the step, replayed without it\n",
         style="bright_black",
     )
 
