@@ -74,7 +74,10 @@ def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) ->
         seen["title"] = plain(app.query_one("#title", Static))
 
     drive([ddp], look)
-    assert seen["verdict"].startswith(
+    # the cause first (DDP over gloo: none stands out), then the bottleneck
+    first, verdict = seen["verdict"].split("\n", 1)
+    assert summary.cause is None and first.startswith("balanced: "), seen["verdict"]
+    assert verdict.startswith(
         f"backward is the bottleneck: {pct(summary.bottleneck_share)} of the "
         f"{ms(summary.step_ms)} ms step"
     ), seen["verdict"]
