@@ -93,3 +93,24 @@ def test_steps_in_batches_give_one_graphs_path_blame_and_what_ifs(
         assert cp.explain(on_disk, matched, steps, counted, medians, ["faster:comm:2"]) == whole
     finally:
         on_disk.close()
+
+
+@pytest.mark.parametrize("trace", EVERY_TRACE)
+def test_the_cause_saves_no_more_than_its_time_on_the_path(trace: str) -> None:
+    """Issue 48: the report's cause agrees with its path. Its change only shortens what it
+    removes, so every chain of the graph loses at most its own share of that, and the step
+    replayed without the cause is at least the measured path less the cause's time on it: the
+    cause saves (``ms``) at most its blamed time (``blamed_ms``), step by step and so on the
+    mean. It is one of the report's replayed what-ifs, with the speedup its step gives."""
+    with open_run([_path(trace)]) as run:
+        report = run.report()
+    found = [c for c in (report.summary.cause,) if c is not None]
+    whatif = {w.change: w for w in report.whatif}
+    for cause in found:
+        assert cause.ms <= cause.blamed_ms * 1.01 + 0.01, cause
+        assert cause.change in whatif, (cause.change, sorted(whatif))
+        assert cause.step_ms == whatif[cause.change].step_ms
+        base = whatif["none"].step_ms
+        assert cause.ms == pytest.approx(base - cause.step_ms, abs=2e-3)
+        assert cause.speedup == pytest.approx(base / cause.step_ms, abs=2e-3)
+        assert cause.text  # the words the headline prints

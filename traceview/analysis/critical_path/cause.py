@@ -105,10 +105,11 @@ def _candidates(
 ) -> list[Candidate]:
     out: list[Candidate] = []
     late = [b for b in blame if b.kind == LATE_START and b.ms > 2 * clock_ms]
-    if late:
+    if late:  # (the change removes every late start: its evidence is all of theirs)
         last = max(late, key=lambda b: (b.ms, -b.rank))
         others = tuple(sorted(b.rank for b in late if b is not last))
-        out.append(Candidate(LATE_START, last.rank, None, None, last.ms, "no_late_start", others))
+        total = sum(b.ms for b in late)
+        out.append(Candidate(LATE_START, last.rank, None, None, total, "no_late_start", others))
     if ranks > 1:
         worst: dict[int, Blame] = {}  # per rank, its blame row of the largest excess
         for b in blame:
@@ -266,8 +267,8 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
     phase = _PHASE_WORDS.get(cause.phase or "", cause.phase)
     verb = "start" if len(cause.others) > 1 else "starts"
     if cause.kind == LATE_START:
-        more = f"; {count_ranks(cause.others)} {verb} late too, for less" if cause.others else ""
-        what = f"{who} starts its steps late: {blamed} after the first rank{more}"
+        more = f" ({count_ranks(cause.others)} {verb} late too)" if cause.others else ""
+        what = f"{who} starts its steps late{more}: {blamed} on the critical path"
     elif cause.change.startswith("balance:"):
         what = f"{who}'s {phase} holds the step: {blamed} on the critical path{op}"
     elif cause.kind == TRANSFER:
@@ -281,8 +282,13 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
         what = f"the device waits for kernel launches: {blamed} on the critical path{most}"
     else:  # a phase that is not the model's own work, on every rank
         what = f"{phase} holds {blamed} of the critical path{most}"
+    how = (
+        f"with rank {cause.rank} at the others' median"
+        if cause.change.startswith("balance:")
+        else "without it"
+    )
     return (
-        f"{what}. Replayed without it, the job's step would take {cause.step_ms:.3g} ms "
+        f"{what}. Replayed {how}, the job's step would take {cause.step_ms:.3g} ms "
         f"instead of {step_ms:.3g} ms ({cause.speedup:.2f}x)"
     )
 
