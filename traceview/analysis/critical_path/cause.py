@@ -49,6 +49,11 @@ RUN_FLOOR = 0.10
 #: saves this share of what that one saves (one rank's slow data loading, not every rank's).
 SPECIFIC = 0.8
 
+#: One rank holds a cause where it has this share of it: of the late starts or idling on the
+#: path; of what balancing every rank saves, balancing it alone. Below, the ranks take turns
+#: (a loaded machine's scheduling, step-to-step jitter): a cost of the whole run, no straggler.
+HOLDS = 0.5
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -109,7 +114,8 @@ def _candidates(
         last = max(late, key=lambda b: (b.ms, -b.rank))
         others = tuple(sorted(b.rank for b in late if b is not last))
         total = sum(b.ms for b in late)
-        out.append(Candidate(LATE_START, last.rank, None, None, total, "no_late_start", others))
+        named = last.rank if last.ms >= HOLDS * total else None  # (else: ranks in turn)
+        out.append(Candidate(LATE_START, named, None, None, total, "no_late_start", others))
     if ranks > 1:
         worst: dict[int, Blame] = {}  # per rank, its blame row of the largest excess
         for b in blame:
@@ -151,10 +157,12 @@ def _candidates(
         mine = rows.filter(pl.col("kind") == kind)
         if mine.height == 0:
             continue
-        rank, _ = _most(mine, "rank", n_steps)
+        rank, rank_ms = _most(mine, "rank", n_steps)
         top_phase, _ = _most(mine, "phase", n_steps)
         total = float(mine["ns"].sum()) / n_steps / 1e6
         others = tuple(sorted(set(mine["rank"].to_list()) - {rank}))
+        if kind == S.SEGMENT_IDLE and rank_ms < HOLDS * total:
+            rank = None  # (ranks idle in turn: a cost of the whole run)
         out.append(
             Candidate(
                 kind, _int(rank), None if kind == S.SEGMENT_IDLE or top_phase is None else str(top_phase), None, total,
@@ -207,12 +215,16 @@ def pick(
     if base is None or base.step_ms <= 0:
         return Picked(None, None)
     noise = noise_ms(step_ms)
+    balanced = replayed.get("balance")
+    every_rank = base.step_ms - balanced.step_ms if balanced is not None else 0.0
     standing: list[tuple[float, float, Candidate, WhatIf]] = []
     for c in found:
         w = replayed.get(c.change)
         if w is None:
             continue
         saves = base.step_ms - w.step_ms
+        if c.change.startswith("balance:") and saves < HOLDS * every_rank:
+            continue  # (the ranks take turns being slow: no one rank holds it)
         if saves > max(noise, (RANK_FLOOR if c.alone else RUN_FLOOR) * base.step_ms):
             standing.append((saves, c.blamed_ms, c, w))
     best = max(standing, key=lambda x: x[:2], default=None)
@@ -266,13 +278,17 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
     op = f", most of it in {safe(cause.op, 60)}" if cause.op else ""
     phase = _PHASE_WORDS.get(cause.phase or "", cause.phase)
     verb = "start" if len(cause.others) > 1 else "starts"
-    if cause.kind == LATE_START:
+    if cause.kind == LATE_START and cause.rank is None:
+        what = f"the ranks start their steps late in turn: {blamed} on the critical path"
+    elif cause.kind == LATE_START:
         more = f" ({count_ranks(cause.others)} {verb} late too)" if cause.others else ""
         what = f"{who} starts its steps late{more}: {blamed} on the critical path"
     elif cause.change.startswith("balance:"):
         what = f"{who}'s {phase} holds the step: {blamed} on the critical path{op}"
     elif cause.kind == TRANSFER:
         what = f"communication is exposed: {blamed} of transfer on the critical path{op}"
+    elif cause.kind == S.SEGMENT_IDLE and cause.rank is None:
+        what = f"the ranks idle inside their steps in turn: {blamed} on the critical path"
     elif cause.kind == S.SEGMENT_IDLE:
         more = f" ({count_ranks(cause.others)} too, for less)" if cause.others else ""
         what = f"{who} idles inside its steps: {blamed} on the critical path{more}"
