@@ -54,6 +54,10 @@ SPECIFIC = 0.8
 #: (a loaded machine's scheduling, step-to-step jitter): a cost of the whole run, no straggler.
 HOLDS = 0.5
 
+#: ... and where it is on the path in this share of the counted steps: a straggler is slow step
+#: after step, while a loaded machine delays one rank now and another then.
+PERSISTS = 0.75
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -114,7 +118,8 @@ def _candidates(
         last = max(late, key=lambda b: (b.ms, -b.rank))
         others = tuple(sorted(b.rank for b in late if b is not last))
         total = sum(b.ms for b in late)
-        named = last.rank if last.ms >= HOLDS * total else None  # (else: ranks in turn)
+        held = last.ms >= HOLDS * total and _persists(rows, n_steps, last.rank, LATE_START)
+        named = last.rank if held else None  # (else: ranks in turn)
         out.append(Candidate(LATE_START, named, None, None, total, "no_late_start", others))
     if ranks > 1:
         worst: dict[int, Blame] = {}  # per rank, its blame row of the largest excess
@@ -128,6 +133,7 @@ def _candidates(
             ):
                 worst[b.rank] = b
         tried = sorted(worst.values(), key=lambda b: (-(b.excess_ms or 0.0), b.rank))
+        tried = [b for b in tried if _persists(rows, n_steps, b.rank, None, b.phase)]
         for b in tried[:RANKS_TRIED]:
             mine = rows.filter(
                 (pl.col("rank") == b.rank) & (pl.col("phase") == b.phase)
@@ -161,7 +167,9 @@ def _candidates(
         top_phase, _ = _most(mine, "phase", n_steps)
         total = float(mine["ns"].sum()) / n_steps / 1e6
         others = tuple(sorted(set(mine["rank"].to_list()) - {rank}))
-        if kind == S.SEGMENT_IDLE and rank_ms < HOLDS * total:
+        if kind == S.SEGMENT_IDLE and (
+            rank_ms < HOLDS * total or not _persists(rows, n_steps, rank, kind)
+        ):
             rank = None  # (ranks idle in turn: a cost of the whole run)
         out.append(
             Candidate(
@@ -179,6 +187,20 @@ def _candidates(
             )
         )
     return out
+
+
+def _persists(
+    rows: pl.DataFrame, n_steps: int, rank: object, kind: str | None, phase: str | None = None
+) -> bool:
+    """Whether ``rank`` has time of ``kind`` (None: its own work) in ``phase`` (None: any) on
+    the path in ``PERSISTS`` of the counted steps."""
+    mine = rows.filter(pl.col("rank") == rank)
+    mine = mine.filter(
+        pl.col("kind") == kind if kind is not None else pl.col("kind").is_in(_COMPUTING)
+    )
+    if phase is not None:
+        mine = mine.filter(pl.col("phase") == phase)
+    return mine["step"].n_unique() >= PERSISTS * n_steps
 
 
 def _int(value: object) -> int | None:
