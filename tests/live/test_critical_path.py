@@ -77,7 +77,7 @@ BALANCED = {"dp3-slow": "dp3-balanced", "ddp3-slow": "ddp3-balanced"}
 CAUSES: dict[str, tuple[tuple[str, int, str | None, str], str, str]] = {
     "dp3-slow": (("compute", 2, "backward", "balance:rank=2"), "extra", "dp3-balanced"),
     "ddp3-slow": (("compute", 2, "backward", "balance:rank=2"), "extra", "ddp3-balanced"),
-    "idle3": (("idle", 2, None, "without:idle"), "idle", "dp3-balanced"),
+    "idle3": (("idle", 2, None, "without:idle:rank=2"), "idle", "dp3-balanced"),
 }
 FIRST_RECORDED = 4  # the first job step `collect --skip 1 --warmup 2` records (checked below)
 

@@ -1,7 +1,8 @@
 """What would make the step faster: the counted steps replayed across ranks with a change.
 
   traceview whatif PATH [--balance] [--balance-rank N] [--faster NAME:K] [--without NAME]
-                        [--bandwidth OP:GBPS] [--hide-comm] [--no-late-start] [--json]
+                        [--bandwidth OP:GBPS] [--hide-comm] [--no-late-start]
+                        [--no-late-start-rank N] [--json]
 
 The run's steps are re-timed from their critical-path graph (each rank's segments, the
 collective and point-to-point edges, late starts): with no change it reproduces the measured
@@ -32,8 +33,11 @@ def _factor(text: str, flag: str) -> str:
 
 
 def _named(text: str) -> str:
-    if not text or ":" in text:
-        raise UsageError(f"--without takes a phase, operator or collective name, not {text!r}")
+    name, _, rank = text.partition(":rank=")
+    if not name or ":" in name or (rank and not rank.isdigit()) or (":" in text and not rank):
+        raise UsageError(
+            f"--without takes a phase, operator or collective name (or idle:rank=N), not {text!r}"
+        )
     return text
 
 
@@ -69,6 +73,10 @@ class WhatIfCommand:
         parser.add_argument(
             "--no-late-start", action="store_true", help="every rank starts each step at once"
         )
+        parser.add_argument(
+            "--no-late-start-rank", type=int, action="append", metavar="N",
+            help="rank N starts each step with the first rank (repeatable)",
+        )  # fmt: skip
         parser.add_argument("--json", action="store_true", help="print the what-ifs as JSON")
         parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
@@ -82,6 +90,7 @@ class WhatIfCommand:
         asked += [f"without:{_named(t)}" for t in args.without or []]
         asked += [f"bandwidth:{_factor(t, '--bandwidth')}" for t in args.bandwidth or []]
         asked += ["hide_comm"] * args.hide_comm + ["no_late_start"] * args.no_late_start
+        asked += [f"no_late_start:rank={n}" for n in args.no_late_start_rank or []]
         return asked
 
     def run(self, args: argparse.Namespace) -> int:
@@ -100,10 +109,15 @@ class WhatIfCommand:
             open_run(args.paths, args.rules, progress, step_choice_of(args)) as run,
         ):
             ranks = set(run.manifest.ranks_present or [r.rank for r in run.manifest.ranks])
-            unknown = sorted(set(args.balance_rank or []) - ranks)
+            named = {
+                *(args.balance_rank or []),
+                *(args.no_late_start_rank or []),
+                *(int(t.partition(":rank=")[2]) for t in args.without or [] if ":rank=" in t),
+            }
+            unknown = sorted(named - ranks)
             if unknown:
                 raise UsageError(
-                    f"--balance-rank {unknown[0]}: the run has no such rank "
+                    f"rank {unknown[0]}: the run has no such rank "
                     f"(ranks {min(ranks, default=0)}-{max(ranks, default=0)})"
                 )
             report = run.report(whatif=["none", *asked])

@@ -312,7 +312,10 @@ def change_words(change: str) -> str:
         op, _, gbps = rest.rpartition(":")
         return f"{safe(op)} at {gbps} Gb/s"
     if name == "without" and rest:
-        return f"without {safe(rest)}"
+        what, _, rank = rest.partition(":rank=")
+        return f"without rank {rank}'s {safe(what)}" if rank else f"without {safe(what)}"
+    if name == "no_late_start" and rest:
+        return f"rank {rest.removeprefix('rank=')} starting each step with the first"
     return {"hide_comm": "communication hidden", "no_late_start": "no late starts"}.get(
         name, safe(change)
     )

@@ -5,14 +5,16 @@ the most, where that is more than the run's step-to-step noise (else: no cause, 
 
 The candidates, each a change ``whatif`` knows:
 
-- late starts: every rank starting each step with the first (``no_late_start``), named for the
-  rank that starts last (it sets the step; the others late too are counted beside it);
+- late starts: the rank that starts last starting each step with the first
+  (``no_late_start:rank=N``) where it holds them (``HOLDS``, ``PERSISTS``; the others late too
+  are counted beside it), else every rank (``no_late_start``): the ranks late in turn;
 - a rank's own work beyond the median rank's: that rank at the median of the others
   (``balance:rank=N``), for the few ranks with the most excess on the path, named for the phase
   of its largest excess and that phase's top operator on the path;
 - what is not the model's own work, on every rank: data loading and copies to the device
   (``without:io``, ``without:h2d``), host-bound time and kernel launches (``without:host_bound``,
-  ``without:launch``), idle time inside a step (``without:idle``), the transfer of communication
+  ``without:launch``), idle time inside a step (``without:idle``; ``without:idle:rank=N`` where
+  one rank holds it), the transfer of communication
   the path cannot lay on a rank (``without:comm``), each named for the rank with the most of it
   on the path (none for transfer).
 
@@ -119,8 +121,15 @@ def _candidates(
         others = tuple(sorted(b.rank for b in late if b is not last))
         total = sum(b.ms for b in late)
         held = last.ms >= HOLDS * total and _persists(rows, n_steps, last.rank, LATE_START)
-        named = last.rank if held else None  # (else: ranks in turn)
-        out.append(Candidate(LATE_START, named, None, None, total, "no_late_start", others))
+        if held:  # (its own late starts: what the change removes)
+            out.append(
+                Candidate(
+                    LATE_START, last.rank, None, None, last.ms,
+                    f"no_late_start:rank={last.rank}", others,
+                )
+            )  # fmt: skip
+        else:  # (the ranks in turn: every late start)
+            out.append(Candidate(LATE_START, None, None, None, total, "no_late_start", others))
     if ranks > 1:
         worst: dict[int, Blame] = {}  # per rank, its blame row of the largest excess
         for b in blame:
@@ -167,14 +176,16 @@ def _candidates(
         top_phase, _ = _most(mine, "phase", n_steps)
         total = float(mine["ns"].sum()) / n_steps / 1e6
         others = tuple(sorted(set(mine["rank"].to_list()) - {rank}))
-        if kind == S.SEGMENT_IDLE and (
-            rank_ms < HOLDS * total or not _persists(rows, n_steps, rank, kind)
-        ):
-            rank = None  # (ranks idle in turn: a cost of the whole run)
+        change = f"without:{kind}"
+        if kind == S.SEGMENT_IDLE and ranks > 1:
+            if rank_ms >= HOLDS * total and _persists(rows, n_steps, rank, kind):
+                change, total = f"without:{kind}:rank={rank}", rank_ms  # (its own idling)
+            else:
+                rank = None  # (ranks idle in turn: a cost of the whole run)
         out.append(
             Candidate(
                 kind, _int(rank), None if kind == S.SEGMENT_IDLE or top_phase is None else str(top_phase), None, total,
-                f"without:{kind}", others if kind == S.SEGMENT_IDLE else (),
+                change, others if kind == S.SEGMENT_IDLE else (),
             )
         )  # fmt: skip
     moving = rows.filter(pl.col("kind") == TRANSFER)

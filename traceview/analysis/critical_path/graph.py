@@ -97,6 +97,7 @@ class _Timed:
     g_start: np.ndarray  # each group's measured start
     g_step: np.ndarray
     step_first: np.ndarray  # per group, its step's earliest start over the ranks
+    g_rank: np.ndarray  # per group, its rank
 
     @classmethod
     def of(cls, graph: Graph) -> _Timed:
@@ -122,8 +123,9 @@ class _Timed:
             job_of = dict(zip(job_start["s"].to_list(), job_start["t"].to_list(), strict=True))
             step_first = np.array([job_of[s] for s in g_step])
         span = (end - start).astype(np.float64)
+        g_rank = items[S.RANK].to_numpy()[first]
         return cls(
-            t0, span, group, call, calls, kept, first, heads, g_start, g_step, step_first
+            t0, span, group, call, calls, kept, first, heads, g_start, g_step, step_first, g_rank
         )  # fmt: skip
 
 

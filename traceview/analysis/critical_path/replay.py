@@ -22,6 +22,7 @@ class Change:
     transfer: np.ndarray | None = None  # each call's transfer (ns)
     hide_comm: bool = False  # every wait is over at once (the collective edges dropped)
     no_late_start: bool = False  # every rank starts the step with the first
+    late_ranks: frozenset[int] | None = None  # ... only these ranks do (None: every rank)
     no_queue: bool = False  # calls on one queue do not wait for each other (tests drop it)
 
 
@@ -54,7 +55,14 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     if change.item_factor is not None:
         dur = dur * change.item_factor
     dur = np.where(wait, 0.0, dur)
-    origin = timed.step_first if change.no_late_start else timed.g_start
+    origin = timed.g_start
+    if change.no_late_start:
+        on_time = (
+            np.isin(timed.g_rank, list(change.late_ranks))
+            if change.late_ranks is not None
+            else np.ones(len(origin), bool)
+        )
+        origin = np.where(on_time, timed.step_first, timed.g_start)
     # prefix sums of durations per group (each group from 0)
     csum = np.cumsum(dur)
     before = np.concatenate([[0.0], csum])[heads]

@@ -74,14 +74,19 @@ def faster(graph: Graph, name: str, k: float) -> Change | None:
 WITHOUT_KINDS = (S.SEGMENT_HOST_BOUND, S.SEGMENT_LAUNCH, S.SEGMENT_IDLE)
 
 
-def without(graph: Graph, name: str) -> Change | None:
+def without(graph: Graph, name: str, rank: int | None = None) -> Change | None:
     """A phase, an operator or a collective (its transfer), or a kind of path time (host-bound,
-    launch, idle: ``WITHOUT_KINDS``) taking no time at all (None: the graph has no such)."""
-    label = f"without:{name}"
+    launch, idle: ``WITHOUT_KINDS``; ``rank``: only that rank's) taking no time at all (None:
+    the graph has no such)."""
+    label = f"without:{name}" + (f":rank={rank}" if rank is not None else "")
     if name in WITHOUT_KINDS:
         items = graph.items
         hit = (items[S.KIND] == name).to_numpy() & (items["call"] < 0).to_numpy()
+        if rank is not None:
+            hit &= (items[S.RANK] == rank).to_numpy()
         return Change(label, item_factor=np.where(hit, 0.0, 1.0)) if hit.any() else None
+    if rank is not None:
+        raise ValueError(label)  # (a phase or an operator on one rank: balance:rank=N)
     change = faster(graph, name, math.inf)
     return Change(label, change.item_factor, change.transfer) if change is not None else None
 
@@ -149,11 +154,15 @@ def parse_change(graph: Graph, text: str) -> Change | None:
             raise ValueError(text)
         return at_bandwidth(graph, op, float(gbps))
     if name == "without" and rest:
-        return without(graph, rest)
+        what, _, which = rest.partition(":rank=")
+        return without(graph, what, int(which) if which else None)
     if name == "hide_comm" and not rest:
         return Change("hide_comm", hide_comm=True)
     if name == "no_late_start" and not rest:
         return Change("no_late_start", no_late_start=True)
+    if name == "no_late_start" and rest.startswith("rank="):
+        late = int(rest.removeprefix("rank="))
+        return Change(text, no_late_start=True, late_ranks=frozenset([late]))
     raise ValueError(text)
 
 
