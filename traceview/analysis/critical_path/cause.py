@@ -237,12 +237,31 @@ class Picked:
     straggler: Cause | None
 
 
+#: The causes a rank's own timeline tells, whether or not its communication is explained (an
+#: incomplete path: unmatched calls, ranks missing): the device waiting for the host or for
+#: launches, time doing nothing, data loading and copies to the device.
+OWN_TIMELINE = (S.SEGMENT_HOST_BOUND, S.SEGMENT_LAUNCH, S.SEGMENT_IDLE)
+
+
+def across_ranks(c: Candidate) -> bool:
+    """Whether the candidate is read across ranks (a late start, one rank against the others,
+    exposed transfer): only where the path's communication is explained."""
+    overhead = c.change.startswith("without:") and c.phase in OVERHEAD_PHASES
+    return not (c.kind in OWN_TIMELINE or overhead)
+
+
 def pick(
-    found: list[Candidate], whatif: list[WhatIf], step_ms: list[float], ranks: int = 2
+    found: list[Candidate],
+    whatif: list[WhatIf],
+    step_ms: list[float],
+    ranks: int = 2,
+    explained: bool = True,
 ) -> Picked:
     """Of the candidates whose replay saves more than their floor (``RANK_FLOOR`` or
     ``RUN_FLOOR`` of the step, and ``noise_ms`` of the counted steps: ``step_ms``, their measured
-    job steps), the one that saves the most (on a tie, the one with more time on the path)."""
+    job steps), the one that saves the most (on a tie, the one with more time on the path).
+    ``explained``: whether most counted steps' paths are complete; where not, only causes a
+    rank's own timeline tells stand (``across_ranks``)."""
     replayed = {w.change: w for w in whatif}
     base = replayed.get("none")
     if base is None or base.step_ms <= 0:
@@ -253,7 +272,7 @@ def pick(
     standing: list[tuple[float, float, Candidate, WhatIf]] = []
     for c in found:
         w = replayed.get(c.change)
-        if w is None:
+        if w is None or (not explained and across_ranks(c)):
             continue
         saves = base.step_ms - w.step_ms
         if c.change.startswith("balance:") and saves < HOLDS * every_rank:

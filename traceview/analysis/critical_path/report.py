@@ -162,5 +162,6 @@ def explain(
     found = candidates(df, n, blame, ranks, clock_ms, mean_step_ms)
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
-    picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks)
+    explained = 2 * sum(p.complete for p in paths) >= len(paths)
+    picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained)
     return Explained(path, per_step, whatif, rank_blame, picked.cause, picked.straggler)

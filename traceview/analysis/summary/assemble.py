@@ -286,6 +286,14 @@ def _place_critical_path(explained: Explained | None, draft: Draft) -> None:
             s.critical_path = explained.per_step.get(NO_STEP if s.step is None else s.step)
         summary, ranks = draft.fields["summary"], draft.fields["ranks"]
         _cause_verdict(summary, ranks, explained, draft.fields["pipeline"])
+        path = explained.path
+        if path is not None and 2 * path.complete_steps < path.steps:
+            draft.remarks.append(
+                f"cause: {path.steps - path.complete_steps} of {path.steps} counted steps' "
+                "critical paths are incomplete (their communication is not all matched): "
+                "only what a rank's own timeline tells is named (the device waiting for the "
+                "host, launches, idling, data loading), no late start, straggler or transfer"
+            )
     draft.fields.update(
         critical_path=explained.path if explained is not None else None,
         whatif=explained.whatif if explained is not None else [],

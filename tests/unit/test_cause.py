@@ -1,0 +1,86 @@
+"""The cause's rules (analysis/critical_path/cause.py) on hand-made blame and replays: what stands
+out, who holds it, what a path that is not explained allows. The live jobs with injected causes
+are in tests/live/test_critical_path.py."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from traceview.analysis.critical_path.cause import Candidate, candidates, noise_ms, pick
+from traceview.model.results import Blame, WhatIf
+
+
+def _whatifs(base: float, **replayed: float) -> list[WhatIf]:
+    out = [WhatIf(change="none", step_ms=base, speedup=1.0)]
+    for change, ms in replayed.items():
+        out.append(WhatIf(change=change.replace("__", ":"), step_ms=ms, speedup=base / ms))
+    return out
+
+
+STEPS = [100.0, 101.0, 99.0, 100.5, 99.5]  # (a spread of about 1 ms)
+
+
+def test_the_cause_is_what_saves_the_most_beyond_its_floor() -> None:
+    slow = Candidate("compute", 2, "backward", None, 30.0, "balance:rank=2")
+    comm = Candidate("transfer", None, "comm", "allreduce", 12.0, "without:comm")
+    whatif = _whatifs(100.0, **{"balance": 72.0, "balance__rank=2": 72.0, "without__comm": 91.0})
+    picked = pick([slow, comm], whatif, STEPS, ranks=3)
+    assert picked.cause is not None and picked.cause.change == "balance:rank=2"
+    assert picked.cause.ms == 28.0 and picked.cause.speedup == round(100 / 72, 3)
+    assert picked.straggler is not None and picked.straggler.rank == 2
+    # a cost of the whole run needs 10% of the step: 9 ms is not enough, alone or not
+    assert pick([comm], whatif, STEPS, ranks=3).cause is None
+
+
+def test_a_rank_that_holds_little_of_what_balancing_saves_is_no_straggler() -> None:
+    """Balancing rank 1 alone saves 6 of the 18 ms balancing every rank saves: the ranks take
+    turns being slow (a third each), nobody holds it."""
+    turn = Candidate("compute", 1, "forward", None, 20.0, "balance:rank=1")
+    whatif = _whatifs(100.0, **{"balance": 82.0, "balance__rank=1": 94.0})
+    assert pick([turn], whatif, STEPS, ranks=3) == pick([], whatif, STEPS, ranks=3)
+    assert pick([turn], whatif, STEPS, ranks=3).straggler is None
+
+
+def test_nothing_stands_out_within_the_steps_own_spread() -> None:
+    noisy = [60.0, 140.0, 100.0, 70.0, 130.0]
+    assert noise_ms(noisy) > 20
+    late = Candidate("late_start", 1, None, None, 15.0, "no_late_start:rank=1")
+    whatif = _whatifs(100.0, **{"no_late_start__rank=1": 88.0})
+    assert pick([late], whatif, STEPS, ranks=2).cause is not None  # 12 ms over a 1 ms spread
+    assert pick([late], whatif, noisy, ranks=2).cause is None  # within a 30 ms spread
+
+
+def test_one_ranks_data_loading_is_named_over_every_ranks() -> None:
+    everyone = Candidate("io", 1, "io", None, 16.0, "without:io")
+    rank = Candidate("io", 1, "io", None, 16.0, "balance:rank=1")
+    whatif = _whatifs(100.0, **{"balance": 85.0, "without__io": 84.0, "balance__rank=1": 85.0})
+    cause = pick([everyone, rank], whatif, STEPS, ranks=2).cause
+    assert cause is not None and cause.change == "balance:rank=1"
+
+
+def test_an_unexplained_path_names_only_what_a_ranks_own_timeline_tells() -> None:
+    late = Candidate("late_start", 1, None, None, 30.0, "no_late_start:rank=1")
+    host = Candidate("host_bound", 0, "forward", None, 12.0, "without:host_bound")
+    whatif = _whatifs(100.0, **{"no_late_start__rank=1": 70.0, "without__host_bound": 88.0})
+    assert pick([late, host], whatif, STEPS, ranks=2).cause.kind == "late_start"  # type: ignore[union-attr]
+    cause = pick([late, host], whatif, STEPS, ranks=2, explained=False).cause
+    assert cause is not None and cause.kind == "host_bound"
+
+
+def _rows(*rows: tuple[int, int, str | None, str, str | None, int]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=["step", "rank", "phase", "kind", "op", "ns"], orient="row")
+
+
+def test_a_late_start_held_step_after_step_is_its_ranks_and_in_turn_everyones() -> None:
+    ms = 10_000_000  # 10 ms
+    held = _rows(*[(s, 1, None, "late_start", None, 2 * ms) for s in range(4)])
+    blame = [Blame(rank=1, phase=None, kind="late_start", ms=20.0, share=0.2)]
+    (c,) = candidates(held, 4, blame, ranks=2)
+    assert (c.rank, c.change, c.blamed_ms) == (1, "no_late_start:rank=1", 20.0)
+    # within twice the clocks' residual (ranks on several hosts), a late start is none
+    assert candidates(held, 4, blame, ranks=2, clock_ms=11.0) == []
+    # ranks 0 and 1 late in turn, each in half of the steps: nobody holds it
+    turns = _rows(*[(s, s % 2, None, "late_start", None, 2 * ms) for s in range(4)])
+    blame = [Blame(rank=r, phase=None, kind="late_start", ms=10.0, share=0.1) for r in (0, 1)]
+    (c,) = candidates(turns, 4, blame, ranks=2)
+    assert (c.rank, c.change, c.blamed_ms) == (None, "no_late_start", 20.0)
