@@ -18,7 +18,7 @@ from traceview.analysis.attribution import (
     rank_timeline,
 )
 from traceview.model import schema as S
-from traceview.model.columns import DEVICE, HOST_TREE, STRUCTURAL, ints
+from traceview.model.columns import DEVICE, HOST_TREE, KIND_CODE, STRUCTURAL, ints
 from traceview.model.escape import safe
 
 
@@ -63,6 +63,29 @@ def window_read_span(windows: StepWindows, step: int, rank: int) -> tuple[int, i
         if s is not None and rank in w and w[rank][0] < window[0]
     ]
     return (max(before) if before else window[0], window[1])
+
+
+#: What an unnamed thread is called by what it spends most of its time on.
+_ROLES = {S.COMM: "communication", S.BACKWARD: "backward", S.IO: "data loading"}
+
+
+def _unnamed(
+    tid: int, phases: list[str], runtime: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> str:
+    """A thread the trace gives no name: by what it does most (communication, backward, data
+    loading; runtime calls, as a communication library's watchdog polling the device), its id
+    shortened where it is a 64-bit one (``thread …411422 (communication)``)."""
+    short = str(tid) if tid < 10**7 else f"…{str(tid)[-6:]}"
+    dur = end - start
+    spent: dict[str, float] = {}
+    for phase, d in zip(phases, dur.tolist(), strict=True):
+        spent[phase] = spent.get(phase, 0.0) + d
+    busy = {p: v for p, v in spent.items() if p != S.IDLE}
+    top = max(busy, key=busy.__getitem__, default=None)
+    role = _ROLES.get(top) if top is not None else None
+    if role is None and dur.sum() > 0 and dur[runtime].sum() * 2 > dur.sum():
+        role = "runtime calls"
+    return f"thread {short} ({role})" if role else f"thread {short}"
 
 
 def step_lanes(
@@ -121,7 +144,10 @@ def step_lanes(
         role = (
             "training thread"
             if tl.training == (pid, tid)
-            else names.get(f"{pid}/{tid}", f"thread {tid}")
+            else names.get(f"{pid}/{tid}")
+            or _unnamed(
+                tid, phases, ev.kind[owner[keep]] == KIND_CODE[S.KIND_RUNTIME], s[keep], e[keep]
+            )
         )
         lanes.append(
             Lane(
