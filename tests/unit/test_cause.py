@@ -84,20 +84,3 @@ def test_a_late_start_held_step_after_step_is_its_ranks_and_in_turn_everyones() 
     blame = [Blame(rank=r, phase=None, kind="late_start", ms=10.0, share=0.1) for r in (0, 1)]
     (c,) = candidates(turns, 4, blame, ranks=2)
     assert (c.rank, c.change, c.blamed_ms) == (None, "no_late_start", 20.0)
-
-
-def test_an_unnamed_thread_is_named_by_what_it_does() -> None:
-    """Issue 48: a lane reads what a thread does, not a 64-bit id ("thread 4611686018427411422")."""
-    import numpy as np
-
-    from traceview.analysis.lanes import _unnamed
-
-    start, end = np.array([0, 10, 40]), np.array([10, 40, 100])
-    no = np.zeros(3, bool)
-    gloo = 4611686018427411422
-    assert _unnamed(gloo, ["comm", "comm", "idle"], no, start, end) == (
-        "thread …411422 (communication)"
-    )
-    assert _unnamed(77, ["io", "backward", "backward"], no, start, end) == "thread 77 (backward)"
-    assert _unnamed(77, ["other"] * 3, np.ones(3, bool), start, end) == "thread 77 (runtime calls)"
-    assert _unnamed(77, ["other"] * 3, no, start, end) == "thread 77"

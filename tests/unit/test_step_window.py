@@ -78,3 +78,20 @@ def test_a_window_skips_row_groups_that_start_after_it(tmp_path: Path) -> None:
     window = R.read_window(run_dir, 0, start, end)
     assert window.num_rows == expected
     assert set(window.column("rank").to_pylist()) == {0}
+
+
+def test_an_unnamed_thread_is_named_by_what_it_does() -> None:
+    """Issue 48: a lane reads what a thread does, not a 64-bit id ("thread 4611686018427411422")."""
+    import numpy as np
+
+    from traceview.analysis.lanes import _unnamed
+
+    start, end = np.array([0, 10, 40]), np.array([10, 40, 100])
+    no = np.zeros(3, bool)
+    gloo = 4611686018427411422
+    assert _unnamed(gloo, ["comm", "comm", "idle"], no, start, end) == (
+        "thread …411422 (communication)"
+    )
+    assert _unnamed(77, ["io", "backward", "backward"], no, start, end) == "thread 77 (backward)"
+    assert _unnamed(77, ["other"] * 3, np.ones(3, bool), start, end) == "thread 77 (runtime calls)"
+    assert _unnamed(77, ["other"] * 3, no, start, end) == "thread 77"
