@@ -16,6 +16,7 @@ from traceview.model.escape import safe
 from traceview.model.results import (
     Blame,
     Breakdown,
+    Cause,
     HostBound,
     KernelLaunches,
     Pipeline,
@@ -229,6 +230,10 @@ def cause_text(report: RunReport) -> Text:
     if cause is not None:
         text = Text("cause: ", style="bold")
         text.append(safe(cause.text))  # (made in the analysis, trace names already safe)
+        advice = cause_advice(cause)
+        if advice:
+            text.append("\ntry: ", style="bold")
+            text.append(advice)
         return text.append("\n")
     if report.critical_path is None or report.run.ranks < 2:
         return Text()
@@ -236,6 +241,45 @@ def cause_text(report: RunReport) -> Text:
         "balanced: nothing on the critical path saves 5% of the step, replayed without it\n",
         style="bright_black",
     )
+
+
+def cause_advice(cause: Cause) -> str | None:
+    """What to look at or try for the cause, by its kind (and phase)."""
+    rank = f"rank {cause.rank}" if cause.rank is not None else "the ranks"
+    if cause.kind == "late_start":
+        return (
+            f"look at what {rank} does between its steps (data loading outside the loop body, "
+            "checkpoints, logging, garbage collection, a host synchronize): the Timeline of "
+            "`traceview tui` shows it"
+        )
+    if cause.kind == "idle":
+        return (
+            f"look at what keeps {rank} waiting inside its steps outside every operator (a "
+            "sleep, a barrier or synchronize, another process on its cores)"
+        )
+    if cause.kind == "transfer":
+        return (
+            "overlap communication with backward (DDP's gradient buckets, bucket_cap_mb), "
+            "fewer and larger calls, or a faster link (`traceview scaling --link-gbps`)"
+        )
+    if cause.kind in ("host_bound", "launch"):
+        return GPU_ADVICE.get(cause.phase or "", GPU_ADVICE[S.FORWARD])
+    if cause.kind == "io" or cause.phase == S.IO:
+        return (
+            "use more DataLoader workers (num_workers), or prefetch the next batch while the "
+            "step computes"
+            + (f"; find why {rank} loads slower than the others" if cause.rank is not None
+               and cause.change.startswith("balance:") else "")
+        )  # fmt: skip
+    if cause.phase == S.H2D:
+        return GPU_ADVICE[S.H2D]
+    if cause.change.startswith("balance:"):
+        op = f" ({safe(cause.op, 40)} the most)" if cause.op else ""
+        return (
+            f"find why {rank}'s {cause.phase}{op} takes longer than the others': more data or "
+            "longer sequences on it, uneven expert routing, a slower device or a busier host"
+        )
+    return None
 
 
 def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
