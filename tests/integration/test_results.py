@@ -32,7 +32,16 @@ def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -
     summary = as_json["summary"]
     bottleneck = summary["bottleneck"]
     verdict = f"{bottleneck} is the bottleneck: {100 * summary['bottleneck_share']:.0f}% of the"
-    assert verdict in text and tui["verdict"].startswith(verdict), (text, tui["verdict"])
+    # the cause first (or that the run is balanced), then the bottleneck, in both
+    after_cause = tui["verdict"].split("\n")[-3:]
+    assert verdict in text and any(line.startswith(verdict) for line in after_cause), (
+        text,
+        tui["verdict"],
+    )
+    cause = summary["cause"]
+    if cause is not None:
+        words = " ".join(cause["text"].split()[:6])
+        assert tui["verdict"].startswith("cause: ") and words in " ".join(text.split())
     if summary["comm_total_ms"] > 0:
         hidden = f"(hidden: {summary['hidden']})"
         assert hidden in text.replace("\n", " ") and hidden in tui["verdict"]

@@ -138,9 +138,9 @@ def main() -> None:
                     time.sleep(args.late_ms / 1000)
             with timers.timed("update"):
                 optimizer.step()
-            if slow and args.idle_every_ms > 0:
-                with timers.timed("idle"):
-                    time.sleep(args.idle_every_ms / 1000)
+        if slow and args.idle_every_ms > 0:  # (outside the job step's timer: the next step's)
+            with timers.timed("idle"):
+                time.sleep(args.idle_every_ms / 1000)
     groups = [C.group_entry(dist.group.WORLD, None)]
     C.write_truth(
         args.truth, f"dp-{args.mode}", rank, world, args, groups, timers,

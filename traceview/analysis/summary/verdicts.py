@@ -203,8 +203,9 @@ def _cause_verdict(
             found.stage = stage
             found.text = cause_words(found, found.step_ms * found.speedup, len(ranks))
     summary.cause = cause
-    if len(ranks) > 1:
-        _straggler(summary, ranks, straggler)
+    path = explained.path
+    if len(ranks) > 1 and 2 * path.complete_steps >= path.steps:
+        _straggler(summary, ranks, straggler)  # (else: the ranks' waits are not explained)
     if cause is None:
         largest = bottleneck_of(summary.breakdown_ms)
         if summary.bottleneck != "pipeline" or largest is None:
