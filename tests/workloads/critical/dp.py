@@ -26,8 +26,9 @@ Injections on the slow rank (each timed by the timer of its own name, see _commo
 - "idle": --idle-ms, at the top of job step J, before zero_grad: inside the step, outside
   every operator.
 - "extra": --extra-ms, inside the backward pass (every step).
-- "idle" too: --idle-every-ms, after every optimizer.step(): after the optimizer's post-step hook
-  that begins the next profiler step, so at the top of every step, before any operator.
+- "idle" too: --idle-every-ms, at the top of every job step (the profiler's step begins in the
+  optimizer's post-step hook just before it), before any operator: what a sleep after each
+  update is under the collector.
 Timers per rank: "step" (the loop body), "forward", "backward", "allreduce" (explicit: the
 call, "bytes" its size), "bucket" (ddp, above), "update" (optimizer.step(), which also holds the
 profiler's step hook: the trace export on the last recorded step), and the injections above.
@@ -120,6 +121,9 @@ def main() -> None:
             if slow and step == args.idle_step and args.idle_ms > 0:
                 with timers.timed("idle"):
                     time.sleep(args.idle_ms / 1000)
+            if slow and args.idle_every_ms > 0:
+                with timers.timed("idle"):
+                    time.sleep(args.idle_every_ms / 1000)
             optimizer.zero_grad()
             with timers.timed("forward"):
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -138,9 +142,6 @@ def main() -> None:
                     time.sleep(args.late_ms / 1000)
             with timers.timed("update"):
                 optimizer.step()
-        if slow and args.idle_every_ms > 0:  # (outside the job step's timer: the next step's)
-            with timers.timed("idle"):
-                time.sleep(args.idle_every_ms / 1000)
     groups = [C.group_entry(dist.group.WORLD, None)]
     C.write_truth(
         args.truth, f"dp-{args.mode}", rank, world, args, groups, timers,
