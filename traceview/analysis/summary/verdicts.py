@@ -204,8 +204,12 @@ def _cause_verdict(
             found.text = cause_words(found, found.step_ms * found.speedup, len(ranks))
     summary.cause = cause
     path = explained.path
-    if len(ranks) > 1 and 2 * path.complete_steps >= path.steps:
-        _straggler(summary, ranks, straggler)  # (else: the ranks' waits are not explained)
+    # (where the paths are not explained, the ranks' waits are not known: the wait-based rule
+    # stands; where they name no straggler, a pipeline's slowest stage, its own rule, stands)
+    stage_named = pipeline is not None and bool(summary.straggler_significant)
+    explained_paths = 2 * path.complete_steps >= path.steps
+    if len(ranks) > 1 and explained_paths and (straggler is not None or not stage_named):
+        _straggler(summary, ranks, straggler)
     if cause is None:
         largest = bottleneck_of(summary.breakdown_ms)
         if summary.bottleneck != "pipeline" or largest is None:
