@@ -202,3 +202,41 @@ def test_no_straggler_claim_where_no_collective_could_be_matched() -> None:
     text = run_cli("report", path, env={"COLUMNS": "200"}).out
     line = next(line for line in text.splitlines() if line.startswith("straggler:"))
     assert "not known" in line and "wait for it" not in line, line
+
+
+def test_top_operators_count_the_counted_steps_and_set_up_apart(tmp_path: Path) -> None:
+    """PARAM's ResNet (one rank, 30 inferred steps, the first a warm-up in which cuDNN searches
+    its convolution algorithms: seconds of aten::conv2d). Whole-trace totals over the counted
+    steps made convolution several times the step; per counted step it is what the events
+    inside the counted steps' windows add up to, and the warm-up's is listed apart."""
+    folder = shared_traces() / "pytorch" / "param_resnet"
+    run = _ingest(sorted(folder.glob("*.json*")), tmp_path)
+    report = run_cli("report", run, "--json", "--top", "40").json()
+    counted = [s["step"] for s in report["per_step"] if s["excluded"] is None]
+    assert 0 not in counted and len(counted) >= 20  # the warm-up is left out
+    steps = pl.from_arrow(analysed(run).steps)
+    assert isinstance(steps, pl.DataFrame)
+    events = pl.from_arrow(R.read_events(run))
+    assert isinstance(events, pl.DataFrame)
+    conv = events.filter(
+        (pl.col(S.OP).cast(pl.String) == "convolution")
+        & (pl.col(S.DEVICE).cast(pl.String) == "cpu")
+    )
+    parents = events.select(pl.col(S.EVENT_ID).alias(S.PARENT), pl.col(S.OP).alias("parent_op"))
+    outer = conv.join(parents, on=S.PARENT, how="left").filter(
+        pl.col("parent_op").cast(pl.String).fill_null("") != "convolution"
+    )
+    windows = steps.filter(pl.col(S.STEP).is_in(counted)).select(S.START_NS, S.END_NS)
+    inside = outer.join_where(
+        windows, pl.col(S.TS_NS) >= pl.col(S.START_NS), pl.col(S.TS_NS) < pl.col(S.END_NS)
+    )
+    truth_ms = inside[S.DUR_NS].sum() / 1e6 / len(counted)
+    ours = next(o for o in report["top_ops"] if o["op"] == "convolution" and o["device"] == "cpu")
+    assert ours["total_ms_per_step"] == pytest.approx(truth_ms, rel=0.01)
+    assert ours["total_ms_per_step"] < report["summary"]["step_ms"]
+    set_up = next(
+        o for o in report["outside_ops"] if o["op"] == "convolution" and o["device"] == "cpu"
+    )
+    outside_ms = (outer[S.DUR_NS].sum() - inside[S.DUR_NS].sum()) / 1e6
+    assert set_up["total_ms"] == pytest.approx(outside_ms, rel=0.01)
+    assert set_up["total_ms"] > 5 * report["summary"]["step_ms"]  # the algorithm search

@@ -33,6 +33,7 @@ import pytest
 
 from tests.conftest import SAMPLES, analysed
 from tests.conftest import steps_with_timers as timed_steps
+from traceview.analysis.ops import over_steps
 from traceview.model import schema as S
 from traceview.normalize.rules import rules_for
 from traceview.parsers.chainer import ChainerParser
@@ -189,7 +190,7 @@ def test_backward_is_the_backward_call_and_not_counted_twice(mlp_run: Path) -> N
 
 
 def test_operators_get_the_canonical_names_of_the_other_frameworks(mlp_run: Path) -> None:
-    ops = {(o["rank"], o["op"]): o for o in analysed(mlp_run).ops.to_pylist()}
+    ops = {(o["rank"], o["op"]): o for o in over_steps(analysed(mlp_run).ops).to_pylist()}
     for rank in (0, 1):
         expect = {
             "fully_connected": (S.FORWARD, 20),  # 4 layers x 5 steps

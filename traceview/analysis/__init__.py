@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 #: segments table (each window's exclusive segments in time order: the critical path's input);
 #: 14: a region inside an operator keeps the operator's level; 15: the collectives table gains
 #: split_imbalance; 16: segments where the device waits for a kernel launch are ``launch``;
-#: 17: the collectives table gains unit, prefetched and needed_ns (FSDP)
-ANALYSIS_VERSION = "17"
+#: 17: the collectives table gains unit, prefetched and needed_ns (FSDP); 18: the ops table is
+#: per step (null: outside every step)
+ANALYSIS_VERSION = "18"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under, and their
 #: shape (a cached table of another shape is damaged, and recomputed).

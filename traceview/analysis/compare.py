@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.critical_path.cause import cause_brief
+from traceview.analysis.ops import in_steps
 from traceview.model import schema as S
 from traceview.model.results import (
     ComparedCommGroup,
@@ -44,8 +45,9 @@ def _ratio(value: float, base: float) -> float | None:
 
 
 def op_times(ops: pa.Table, report: RunReport) -> dict[str, float]:
-    """Milliseconds per step (mean over ranks) of each canonical operator of one run."""
-    df = pl.from_arrow(ops)
+    """Milliseconds per counted step (mean over ranks) of each canonical operator of one run."""
+    counted = [s.step for s in report.per_step if s.excluded is None and s.step is not None]
+    df = pl.from_arrow(in_steps(ops, counted))
     assert isinstance(df, pl.DataFrame)
     if df.height == 0:
         return {}

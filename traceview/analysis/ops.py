@@ -1,4 +1,6 @@
-"""The ops table: per rank, device, kind, phase and canonical operator, how often and how long.
+"""The ops table: per rank, step, device, kind, phase and canonical operator, how often and how
+long. A step of null holds what ran outside every step (set-up before the first, teardown after
+the last); a report counts the rows of its counted steps (``summary``'s top operators).
 
 ``count``/``total``/percentiles count an operator once where it nests inside itself (aten::conv2d
 around aten::convolution are both "convolution"); ``self`` adds the time of every event mapped to
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -20,8 +23,9 @@ from traceview.model.columns import ints, parent_rows, unique_inverse
 _COUNTED_KINDS = (S.KIND_OP, S.KIND_ANNOTATION, *S.DEVICE_ACTIVITY_KINDS)
 
 
-_KEYS = (S.DEVICE, S.KIND, S.PHASE, S.OP)
-_NAMED = (*_KEYS, S.NAME)
+_NAMED_KEYS = (S.DEVICE, S.KIND, S.PHASE, S.OP)
+_KEYS = (S.STEP, *_NAMED_KEYS)
+_NAMED = (*_NAMED_KEYS, S.NAME)
 
 
 @dataclass
@@ -30,8 +34,8 @@ class OpsPart:
     rows ``combine_ops`` into the table the rank's events give in one piece."""
 
     rank: int
-    # per group (a distinct device, kind, phase, op): each key's value (None: null)...
-    keys: dict[str, list[str | None]]
+    # per group (a distinct step, device, kind, phase, op): each key's value (None: null)...
+    keys: dict[str, list]
     # ...how many outermost events, their total, the self time, the bytes (and whether any is
     # known)
     count: np.ndarray
@@ -89,6 +93,9 @@ def ops_part(
     first_seen = {
         name: _first_seen(codes[rows], values, ids[rows]) for name, (codes, values) in coded.items()
     }
+    step = ints(events.column(S.STEP), -1)
+    steps = np.unique(step[rows]).tolist()
+    coded[S.STEP] = (np.searchsorted(np.asarray(steps, np.int64), step), steps)
     op, _ = coded[S.OP]
     kind, kinds = coded[S.KIND]
     if parent is None:
@@ -119,6 +126,7 @@ def ops_part(
         k: [coded[k][1][c - 1] if c > 0 else None for c in codes.tolist()]
         for k, codes in zip(_KEYS, np.unravel_index(keys, sizes), strict=True)
     }
+    key_values[S.STEP] = [None if v is None or v < 0 else v for v in key_values[S.STEP]]
     outer_group, outer_dur = group[is_outer], dur[is_outer]
     order = np.lexsort((outer_dur, outer_group))
     name_codes, names = coded[S.NAME]
@@ -154,10 +162,12 @@ def _places(parts: list[OpsPart]) -> dict[str, dict[str, int]]:
                 if event < first.get(value, event + 1):
                     first[value] = event
         places[column] = {v: i for i, v in enumerate(sorted(first, key=first.__getitem__))}
+    steps = sorted({v for part in parts for v in part.keys[S.STEP] if v is not None})
+    places[S.STEP] = {v: i for i, v in enumerate(steps)}  # in step order (a null first)
     return places
 
 
-def _placed(values: list[str | None], place: dict[str, int]) -> np.ndarray:
+def _placed(values: list, place: dict) -> np.ndarray:
     """Each value's place (a null's: -1, before every value)."""
     return np.array([-1 if v is None else place[v] for v in values], np.int64)
 
@@ -168,7 +178,7 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     if not parts:
         return S.OPS_SCHEMA.empty_table()
     rank = parts[0].rank
-    places = _places(parts)
+    places: dict[str, dict] = _places(parts)
     # each part's groups as rows of their keys' places; the merged groups are the distinct rows,
     # in the order of the places (a null first)
     placed = np.concatenate(
@@ -225,9 +235,14 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     table = pa.table(
         {
             S.RANK: pa.array(np.full(n, rank, np.int32)),
+            S.STEP: pa.array(
+                [key_names[S.STEP][c] if c >= 0 else None for c in merged_keys[:, 0].tolist()],
+                pa.int64(),
+            ),
             **{
                 k: [key_names[k][c] if c >= 0 else "" for c in merged_keys[:, j].tolist()]
                 for j, k in enumerate(_KEYS)
+                if k != S.STEP
             },
             S.NAME: [(top[i][2] if i in top else None) or "" for i in range(n)],
             S.COUNT: count,
@@ -241,3 +256,35 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     )  # fmt: skip
     table = table.sort_by([(S.SELF_NS, "descending")])
     return S.conform(table, S.OPS_SCHEMA)
+
+
+def in_steps(ops: pa.Table, steps: list[int]) -> pa.Table:
+    """The rows of ``steps`` (a report's counted steps); every row where no operator carries a
+    step (a rank without step markers: its one window is its step)."""
+    if ops.num_rows == 0 or ops.column(S.STEP).null_count == ops.num_rows:
+        return ops
+    step = ops.column(S.STEP)
+    return ops.filter(pc.is_in(step, pa.array(steps, pa.int64())))
+
+
+def over_steps(ops: pa.Table, steps: list[int] | None = None) -> pa.Table:
+    """The ops table summed over its steps (``steps``: only those; default: every row, outside
+    the steps included), a row per rank, device, kind, phase and operator with a null step.
+    p50 is the count-weighted mean of the steps' medians, p95 the largest step's."""
+    df = pl.from_arrow(ops if steps is None else in_steps(ops, steps))
+    assert isinstance(df, pl.DataFrame)
+    weight = pl.col(S.COUNT) / pl.col(S.COUNT).sum().clip(lower_bound=1)
+    summed = df.group_by(S.RANK, *_NAMED_KEYS, maintain_order=True).agg(
+        pl.col(S.NAME).first(),
+        pl.col(S.COUNT, S.TOTAL_NS, S.SELF_NS).sum(),
+        (pl.col(S.P50_NS) * weight).sum(),
+        pl.col(S.P95_NS).max(),
+        pl.col(S.BYTES).sum().alias("_bytes"),
+        pl.col(S.BYTES).is_not_null().any().alias("_known"),
+    )
+    summed = summed.with_columns(
+        pl.lit(None, pl.Int64).alias(S.STEP),
+        (pl.col(S.TOTAL_NS) / pl.col(S.COUNT).clip(lower_bound=1)).alias(S.MEAN_NS),
+        pl.when(pl.col("_known")).then(pl.col("_bytes")).alias(S.BYTES),
+    ).sort(S.SELF_NS, descending=True, maintain_order=True)
+    return S.conform(summed.drop("_bytes", "_known").to_arrow(), S.OPS_SCHEMA)

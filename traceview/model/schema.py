@@ -307,6 +307,7 @@ P95_NS: Final = "p95_ns"
 OPS_SCHEMA: Final = pa.schema(
     [
         pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),  # null: outside every step (set-up, teardown)
         pa.field(DEVICE, pa.string(), nullable=False),
         pa.field(KIND, pa.string(), nullable=False),  # op, annotation (a region), kernel, memcpy...
         pa.field(PHASE, pa.string(), nullable=False),

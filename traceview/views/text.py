@@ -76,6 +76,8 @@ def _console() -> Console:
 
 #: Above this many ranks the text report shows them as a distribution (--all-ranks: every one).
 RANK_ROWS = 16
+#: rows of the operators outside the steps in the text (the JSON has --top of them)
+OUTSIDE_ROWS = 5
 
 
 def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: bool = False) -> None:
@@ -211,7 +213,7 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         _fsdp_gathers(report, console, top)
 
     if report.top_ops:
-        ops = _table("Top operators (per step)")
+        ops = _table("Top operators (per counted step)")
         ops.add_column("op", no_wrap=True, overflow="ellipsis", max_width=24)
         ops.add_column("phase", no_wrap=True)
         ops.add_column("on", no_wrap=True)
@@ -232,11 +234,36 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
             )
         console.print(ops)
         console.print()
+    if report.outside_ops:
+        _outside_ops(report, console, min(top, OUTSIDE_ROWS))
 
     for warning in shown_notes(report.warnings):
         console.print(Text("warning: " + safe(warning), style="yellow"))
     for remark in shown_notes(report.remarks, "note"):
         console.print(Text("note: " + safe(remark), style="bright_black"))
+
+
+def _outside_ops(report: RunReport, console: Console, top: int) -> None:
+    """What ran outside the counted steps (model set-up, warm-up steps, teardown): apart from
+    the per-step figures, which it would otherwise swell."""
+    table = _table("Outside the counted steps (set-up, warm-up, teardown; ms in all)")
+    table.add_column("op", no_wrap=True, overflow="ellipsis", max_width=24)
+    table.add_column("on", no_wrap=True)
+    for name in ("calls", "self ms", "total ms"):
+        table.add_column(name, justify="right", no_wrap=True)
+    name_width = max(console.width - 58, 12)
+    table.add_column("name in the trace", no_wrap=True, overflow="ellipsis", max_width=name_width)
+    for op in report.outside_ops[:top]:
+        table.add_row(
+            Text(safe(op.op, 60)),
+            op.device,
+            f"{op.calls:g}",
+            ms(op.self_ms),
+            ms(op.total_ms),
+            Text(safe(op.name, 200)),
+        )
+    console.print(table)
+    console.print()
 
 
 def _gpu_tables(report: RunReport, console: Console, top: int) -> None:

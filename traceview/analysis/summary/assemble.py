@@ -32,6 +32,7 @@ from traceview.analysis.summary.notes import (
 from traceview.analysis.summary.parts import (
     _collectives,
     _critical_path,
+    _outside_ops,
     _pipeline,
     _top_ops,
     cross_rank_of,
@@ -68,6 +69,7 @@ from traceview.model.results import (
     Clocks,
     FsdpGather,
     GpuVerdict,
+    OutsideOp,
     Pipeline,
     RankGpu,
     RankSummary,
@@ -369,17 +371,28 @@ STARTUP = Section("startup", _startup_section, _place_startup)
 # --- operators, FSDP, and the run as a whole -----------------------------------------------------
 
 
-def _top_ops_section(ctx: Context) -> list[TopOp]:
+@dataclass
+class Operators:
+    top: list[TopOp]  # per counted step
+    outside: list[OutsideOp]  # outside the counted steps
+
+
+def _top_ops_section(ctx: Context) -> Operators:
     ops = ctx.inputs.table("ops")
-    if ops is None:
-        return []
-    every, summary = ctx.get(STEPS).every, ctx.get(RANKS).summary
-    return _top_ops(ops, int(every.height), summary.step_ms, ctx.options.top)
+    if ops is None or ops.num_rows == 0:
+        return Operators([], [])
+    counted, summary = ctx.get(STEPS).counted, ctx.get(RANKS).summary
+    steps, top = counted[S.STEP].drop_nulls().unique().to_list(), ctx.options.top
+    return Operators(
+        _top_ops(ops, steps, counted.height, summary.step_ms, top), _outside_ops(ops, steps, top)
+    )
 
 
-TOP_OPS = Section(
-    "top operators", _top_ops_section, lambda top, draft: draft.fields.update(top_ops=top)
-)
+def _place_top_ops(operators: Operators, draft: Draft) -> None:
+    draft.fields.update(top_ops=operators.top, outside_ops=operators.outside)
+
+
+TOP_OPS = Section("top operators", _top_ops_section, _place_top_ops)
 
 
 def _fsdp_section(ctx: Context) -> list[FsdpGather]:

@@ -7,6 +7,7 @@ import json
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview.analysis.critical_path import PATH_VERSION, Explained, PathCache, explain
 from traceview.analysis.crossrank import (
@@ -20,6 +21,7 @@ from traceview.analysis.crossrank import (
     match_collectives,
 )
 from traceview.analysis.groups import Groups, declared_groups
+from traceview.analysis.ops import in_steps
 from traceview.analysis.pipeline import POINT_TO_POINT, annotated_stages, detect_pipeline
 from traceview.analysis.summary.notes import _needs_clock_estimate
 from traceview.analysis.summary.units import _exact_ms, _median, _ms, _round
@@ -28,6 +30,7 @@ from traceview.model.columns import TableOnDemand
 from traceview.model.manifest import Manifest
 from traceview.model.results import (
     CollectiveSummary,
+    OutsideOp,
     Pipeline,
     RankSummary,
     StepSummary,
@@ -35,16 +38,16 @@ from traceview.model.results import (
 )
 
 
-def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopOp]:
-    ops_df = pl.from_arrow(ops)
-    assert isinstance(ops_df, pl.DataFrame)
-    if not ops_df.height:
-        return []
-    n_steps = max(n_steps, 1)
-    # Operators and device activities; regions (annotations) hold waits, not work.
-    operators = ops_df.filter(pl.col(S.KIND).is_in([S.KIND_OP, *S.DEVICE_ACTIVITY_KINDS]))
-    agg = (
-        operators.group_by(S.DEVICE, S.PHASE, S.OP, maintain_order=True)
+def _operators(ops: pa.Table) -> pl.DataFrame:
+    """The rows of operators and device activities (regions hold waits, not work)."""
+    df = pl.from_arrow(ops)
+    assert isinstance(df, pl.DataFrame)
+    return df.filter(pl.col(S.KIND).is_in([S.KIND_OP, *S.DEVICE_ACTIVITY_KINDS]))
+
+
+def _by_operator(rows: pl.DataFrame, top: int) -> pl.DataFrame:
+    return (
+        rows.group_by(S.DEVICE, S.PHASE, S.OP, maintain_order=True)
         .agg(
             pl.col(S.NAME).first(),
             pl.col(S.COUNT).sum(),
@@ -56,8 +59,18 @@ def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopO
         .sort(S.SELF_NS, descending=True, maintain_order=True)
         .head(top)
     )
+
+
+def _top_ops(
+    ops: pa.Table, counted: list[int], rank_steps: int, step_ms: float, top: int
+) -> list[TopOp]:
+    """The operators of the counted steps, per rank and step (``rank_steps``: the counted
+    steps' rows in the steps table, a row per rank and step). A run whose operators carry no
+    step (one window) counts them all over its one window per rank."""
+    operators = _operators(in_steps(ops, counted))
+    n_steps = max(rank_steps, 1)
     top_ops = []
-    for row in agg.iter_rows(named=True):
+    for row in _by_operator(operators, top).iter_rows(named=True):
         calls = round(row[S.COUNT] / n_steps, 2)
         total = _ms(row[S.TOTAL_NS] / n_steps)
         self_ms = _ms(row[S.SELF_NS] / n_steps)
@@ -76,6 +89,32 @@ def _top_ops(ops: pa.Table, n_steps: int, step_ms: float, top: int) -> list[TopO
             )
         )
     return top_ops
+
+
+def _outside_ops(ops: pa.Table, counted: list[int], top: int) -> list[OutsideOp]:
+    """The operators outside the counted steps (set-up before the first step, the warm-up
+    steps, teardown), mean of the ranks; none where no operator carries a step (one window:
+    everything is its step)."""
+    step = ops.column(S.STEP)
+    if step.null_count == ops.num_rows:
+        return []
+    ranks = max(pc.count_distinct(ops.column(S.RANK)).as_py(), 1)
+    outside = ops.filter(
+        pc.invert(pc.fill_null(pc.is_in(step, pa.array(counted, pa.int64())), False))
+    )
+    outside = _operators(outside)
+    return [
+        OutsideOp(
+            op=row[S.OP],
+            name=row[S.NAME],
+            device=row[S.DEVICE],
+            phase=row[S.PHASE],
+            calls=round(row[S.COUNT] / ranks, 2),
+            self_ms=_ms(row[S.SELF_NS] / ranks),
+            total_ms=_ms(row[S.TOTAL_NS] / ranks),
+        )
+        for row in _by_operator(outside, top).iter_rows(named=True)
+    ]
 
 
 def _collectives(cross: CrossRank | None, n_steps: int) -> list[CollectiveSummary]:

@@ -75,7 +75,13 @@ from traceview.model.results.scaling import (
     ScalingBase,
 )
 from traceview.model.results.schemas import JSON_RESULTS, json_schema
-from traceview.model.results.steps import IncompleteStep, StepStats, StepSummary, TopOp
+from traceview.model.results.steps import (
+    IncompleteStep,
+    OutsideOp,
+    StepStats,
+    StepSummary,
+    TopOp,
+)
 
 __all__ = [
     "JSON_RESULTS",
@@ -115,6 +121,7 @@ __all__ = [
     "KernelLaunches",
     "ModelFit",
     "OpBlame",
+    "OutsideOp",
     "OwnPrediction",
     "PathKind",
     "PathSegment",

@@ -25,7 +25,7 @@ from traceview.model.results.critical_path import Cause, CriticalPath, WhatIf
 from traceview.model.results.gpu import GpuVerdict, HostBound
 from traceview.model.results.memory import RunMemory
 from traceview.model.results.ranks import RankSpread, RankSummary
-from traceview.model.results.steps import IncompleteStep, StepStats, StepSummary, TopOp
+from traceview.model.results.steps import IncompleteStep, OutsideOp, StepStats, StepSummary, TopOp
 
 
 class JobInfo(Result):
@@ -151,6 +151,8 @@ class RunReport(Result):
     whatif: list[WhatIf] = []  # replays of the counted steps (the first: no change)
     alltoall: list[AllToAllRank] = []  # per rank and group, its all-to-alls (empty: none)
     fsdp_gathers: list[FsdpGather] = []  # FSDP's all-gathers by phase and unit (empty: none)
+    # operators outside every step (set-up, teardown), apart from top_ops' counted steps
+    outside_ops: list[OutsideOp] = []
 
     @property
     def straggler(self) -> RankSummary | None:

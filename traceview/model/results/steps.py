@@ -59,9 +59,23 @@ class TopOp(Result):
     calls_per_step: float
     self_ms_per_step: float
     total_ms_per_step: float
-    p95_ms: float  # per call, the largest of the ranks' p95
+    p95_ms: float  # per call, the largest of the ranks' (and counted steps') p95
     mean_ms: float  # per call
     share: float  # self time as a fraction of the step
+
+
+class OutsideOp(Result):
+    """An operator's time outside the counted steps (set-up before the first step, warm-up and
+    other steps left out, teardown after the last): reported apart from the per-step figures,
+    in all, mean of the ranks."""
+
+    op: str  # canonical name (untrusted)
+    name: str  # the most frequent name in the trace (untrusted)
+    device: Timeline
+    phase: Phase
+    calls: float
+    self_ms: float
+    total_ms: float
 
 
 class IncompleteStep(Result):
