@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 #: 14: a region inside an operator keeps the operator's level; 15: the collectives table gains
 #: split_imbalance; 16: segments where the device waits for a kernel launch are ``launch``;
 #: 17: the collectives table gains unit, prefetched and needed_ns (FSDP); 18: the ops table is
-#: per step (null: outside every step)
-ANALYSIS_VERSION = "18"
+#: per step (null: outside every step); 19: a communication region inside an operator is
+#: communication (a collective called inside an autograd Function)
+ANALYSIS_VERSION = "19"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under, and their
 #: shape (a cached table of another shape is damaged, and recomputed).

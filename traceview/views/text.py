@@ -211,6 +211,8 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         _comm_by_group(report, console, top)
     if report.fsdp_gathers:
         _fsdp_gathers(report, console, top)
+    if any(a.split_imbalance is not None for a in report.alltoall):
+        _alltoall(report, console, top)
 
     if report.top_ops:
         ops = _table("Top operators (per counted step)")
@@ -462,6 +464,27 @@ def _fsdp_gathers(report: RunReport, console: Console, top: int) -> None:
         ]
         if shown:
             console.print(Text("    most exposed: unit " + ", unit ".join(shown)))
+    console.print()
+
+
+def _alltoall(report: RunReport, console: Console, top: int) -> None:
+    """All-to-alls with recorded split sizes (expert parallelism): how uneven each rank's
+    splits are and what that costs, the costliest ranks first."""
+    rows = sorted(report.alltoall, key=lambda a: -(a.imbalance_ms or 0.0))[: max(top, 4)]
+    console.print(Text("All-to-all splits (ms per step; imbalance: largest split over the mean)"))
+    for a in rows:
+        if a.split_imbalance is None:
+            continue
+        sent = f", {a.bytes_per_step:,} bytes" if a.bytes_per_step is not None else ""
+        console.print(
+            Text(
+                f"  rank {a.rank} (group {safe(a.group, 40)}): {a.calls_per_step:g} calls{sent}, "
+                f"transfer {ms(a.transfer_ms)} ms, imbalance {a.split_imbalance:.2f}x"
+                f" (an even split would save {ms(a.imbalance_ms or 0.0)} ms)"
+            )
+        )
+    if len(report.alltoall) > len(rows):
+        console.print(Text(f"  ({len(report.alltoall) - len(rows)} more in report --json)"))
     console.print()
 
 

@@ -64,6 +64,9 @@ def _thread_segments(
     return starts[keep], ends[keep], owner[keep]
 
 
+_COMM_PHASE = S.EVENT_PHASES.index(S.COMM)
+
+
 def _training_levels(
     ev: EventArrays, owner: np.ndarray, unowned: np.ndarray | None = None
 ) -> np.ndarray:
@@ -77,8 +80,11 @@ def _training_levels(
     level[has] = np.where(structural, _REGION[phase], _EXPLICIT[phase])
     if structural.any():
         # a region inside an operator (a user's record_function in a custom backward) is still
-        # that operator's time: the thread is inside the operator
-        inner = np.flatnonzero(has)[structural]
+        # that operator's time: the thread is inside the operator. Not a communication region
+        # (collect's ``traceview.pg:`` around a collective call, a backend's ``gloo:``): a
+        # thread blocked in a collective it called is communicating, inside an autograd
+        # Function's forward or backward (an expert all-to-all) as anywhere
+        inner = np.flatnonzero(has)[structural & (phase != _COMM_PHASE)]
         around = _enclosing_operator(ev, owner[inner])
         enclosed = around >= 0
         op_level = _EXPLICIT[ev.phase[around[enclosed]]]
