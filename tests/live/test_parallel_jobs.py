@@ -64,11 +64,15 @@ JOBS: dict[str, tuple[int, str, list[str]]] = {
                                              "--slow-stage", "1", "--slow-phase", "forward"]),
     "interleaved4-balanced": (4, "pipeline.py", ["--schedule", "interleaved", "--microbatches",
                                                  "4"]),
+    # one virtual stage slow (stage 2, on rank 0 beside stage 0)
+    "interleaved2-slowvirtual": (2, "pipeline.py", ["--schedule", "interleaved",
+                                                    "--microbatches", "4", "--slow-virtual", "2",
+                                                    "--slow-phase", "forward"]),
     "arrival3": (3, "arrival.py", ["--slow-rank", "2"]),
     "arrival4": (4, "arrival.py", ["--slow-rank", "3"]),  # more ranks than the 2 cores
 }  # fmt: skip
 PIPELINES = [j for j in JOBS if JOBS[j][1] == "pipeline.py"]
-SLOW_PIPELINES = [j for j in PIPELINES if "slow" in j]
+SLOW_PIPELINES = [j for j in PIPELINES if "slow" in j and "virtual" not in j]
 BALANCED_PIPELINES = [j for j in PIPELINES if "balanced" in j and "interleaved" not in j]
 ARRIVAL = ["arrival3", "arrival4"]
 MESH_JOBS = ["fsdp2", "fsdp2-prefetch", "mesh2d"]
@@ -502,12 +506,23 @@ def test_pipeline_stages_and_bubble_match_the_timers(jobs: Any, name: str) -> No
     p, m, v = job.ranks, job.truth[0]["microbatches"], _virtual(job)
     assert pipe["schedule"].lower() == job.truth[0]["args"]["schedule"].lower()
     assert pipe["microbatches"] == m
-    assert (pipe["virtual_stages"], pipe["stage_count"]) == (v, p)
+    # virtual stages are stages, numbered as the schedule numbers them (rank r holds r, r + p)
+    assert (pipe["virtual_stages"], pipe["stage_count"]) == (v, v * p)
     # interleaved with v stages per rank: (p - 1) / (v m + p - 1)
     assert pipe["ideal_bubble_fraction"] == pytest.approx((p - 1) / (v * m + p - 1))
     truth = stage_truth(job)
-    stages = sorted(pipe["stages"], key=lambda s: s["stage"])
-    assert [(s["stage"], s["ranks"]) for s in stages] == [(r, [r]) for r in range(p)]
+    listed = sorted(pipe["stages"], key=lambda s: s["stage"])
+    assert [(s["stage"], s["ranks"]) for s in listed] == [(k, [k % p]) for k in range(v * p)]
+    # a rank's stages together: their compute adds up to the rank's, their bubble is the rank's
+    stages = [
+        {
+            "stage": r,
+            "ranks": [r],
+            "compute_ms": sum(s["compute_ms"] for s in listed if s["ranks"] == [r]),
+            "bubble_ms": listed[r]["bubble_ms"],
+        }
+        for r in range(p)
+    ]
     for s, t in zip(stages, truth.iter_rows(named=True), strict=True):
         print(f"stage {s['stage']}: bubble {s['bubble_ms']:.2f} ms, timers {t['bubble']:.2f} ms; "
               f"compute {s['compute_ms']:.2f} / {t['compute']:.2f} ms; "
@@ -681,3 +696,39 @@ def test_a_stage_missing_from_the_set_is_one_warning_and_the_rest_is_analysed(
     whole = {s["stage"]: s for s in job.report()["pipeline"]["stages"]}
     for s in pipe["stages"]:
         assert s["compute_ms"] == pytest.approx(whole[s["stage"]]["compute_ms"], rel=0.05)
+
+
+def test_a_slow_virtual_stage_is_named_as_a_stage(jobs: Any) -> None:
+    """Interleaved 1F1B, 2 ranks x 2 stages, stage 2 (rank 0, beside stage 0) does 40 extra
+    matmuls a micro-batch in its forward: the slowest stage is stage 2, in its forward; each
+    stage's compute is its own actions' work, within 15% of its timers (the schedule's
+    forward_one_chunk and backward_one_chunk on that stage, which on rank 1 also wait for their
+    inputs: the report leaves the wait out, so it is held from above there); the verdict does
+    not say a stage waits for another stage of its own rank."""
+    job = jobs("interleaved2-slowvirtual")
+    report = job.report()
+    pipe = report["pipeline"]
+    assert (pipe["slowest_stage"], pipe["slowest_phase"]) == (2, "forward"), pipe
+    counted = {s["step"] for s in report["per_step"] if s["excluded"] is None}
+    last = pipe["stage_count"] - 1  # (the loss: inside the last stage's forward action)
+    rows = []
+    for r, t in enumerate(job.truth):
+        mapping = job.recorded_steps(r)
+        for row in t["timers"]:
+            named = row["name"] in ("stage_forward", "stage_backward", "loss")
+            if named and mapping.get(row["step"]) in counted:
+                stage = last if row["name"] == "loss" else row["stage"]
+                rows.append((stage, (row["t1_ns"] - row["t0_ns"]) / 1e6))
+    timed = pl.DataFrame(rows, schema=["stage", "ms"], orient="row")
+    timed = timed.group_by("stage").agg(pl.col("ms").sum() / len(counted)).sort("stage")
+    ours = {s["stage"]: s for s in pipe["stages"]}
+    for stage, ms in timed.iter_rows():
+        got = ours[stage]["compute_ms"]
+        print(f"stage {stage}: compute {got:.2f} ms, timers {ms:.2f} ms")
+        assert got <= ms * 1.15 + 1.0, (stage, got, ms)
+        if stage % job.ranks == 0:  # (rank 0's actions hardly wait: stage 0 runs first)
+            assert got == pytest.approx(ms, rel=0.15, abs=1.0), (stage, got, ms)
+    assert ours[2]["compute_ms"] > 1.5 * max(ours[k]["compute_ms"] for k in (0, 1, 3))
+    text = run_cli("report", job.run)
+    assert text.code == 0, text.err
+    assert "waiting for stage 0" not in text.out, text.out[:800]

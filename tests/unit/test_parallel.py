@@ -297,12 +297,54 @@ def test_pipelining_annotations_place_virtual_stages() -> None:
         1: ["PP:1F0", "PP:3F1", "PP:3I0", "PP:1W1", "PP:3RECV_F0", "PP:12F1x"],
         2: ["aten::mm"],
     }
+    # each name once in each of two steps, 1 ms and 3 ms: 2 ms per step
     ops = pl.DataFrame(
-        [(rank, name) for rank, listed in names.items() for name in listed],
-        schema={S.RANK: pl.Int32, S.NAME: pl.String},
+        [
+            (rank, step, name, ns)
+            for rank, listed in names.items()
+            for name in listed
+            for step, ns in ((4, 1_000_000), (5, 3_000_000))
+        ],
+        schema={S.RANK: pl.Int32, S.STEP: pl.Int64, S.NAME: pl.String, S.TOTAL_NS: pl.Int64},
         orient="row",
     )
-    assert annotated_stages(ops) == {
-        0: VirtualStages((0, 2), 2, False),
-        1: VirtualStages((1, 3), 2, True),  # (I and W: the backward split in two)
+    found = annotated_stages(ops)
+    assert found == {
+        0: VirtualStages((0, 2), 2, False, {0: (4.0, 0.0), 2: (2.0, 2.0)}),
+        # (I and W: the backward split in two)
+        1: VirtualStages((1, 3), 2, True, {1: (2.0, 2.0), 3: (2.0, 2.0)}),
     }
+
+
+def test_a_virtual_stage_works_only_where_its_action_computes() -> None:
+    """A stage's own work is the compute inside its actions: stage 2's forward action holds a
+    4 ms wait for its input (a recv, no compute) before 6 ms of compute; stage 0's 3 ms of
+    compute; a compute segment outside every action (the update) is no stage's."""
+    from traceview.analysis.pipeline import stage_work
+    from traceview.model.columns import TableOnDemand
+
+    ms = 1_000_000
+    actions = pa.table(
+        {
+            S.RANK: pa.array([0, 0], pa.int32()),
+            S.STEP: pa.array([7, 7], pa.int64()),
+            S.STAGE: pa.array([0, 2], pa.int32()),
+            S.ACTION: ["F", "F"],
+            S.MICROBATCH: pa.array([0, 0], pa.int32()),
+            S.START_NS: [0, 10 * ms],
+            S.END_NS: [3 * ms, 20 * ms],
+        }
+    )
+    segments = pa.table(
+        {
+            S.RANK: pa.array([0, 0, 0, 0], pa.int32()),
+            S.STEP: pa.array([7, 7, 7, 7], pa.int64()),
+            S.START_NS: [0, 10 * ms, 14 * ms, 20 * ms],
+            S.END_NS: [3 * ms, 14 * ms, 20 * ms, 22 * ms],
+            S.PHASE: ["forward", "comm", "forward", "update"],
+            S.KIND: ["compute", "comm", "compute", "compute"],
+            S.OP: [None, None, None, None],
+        }
+    )
+    work = stage_work(actions, TableOnDemand.of(segments), [7])
+    assert work == {(0, 0): (3.0, 0.0), (0, 2): (6.0, 0.0)}

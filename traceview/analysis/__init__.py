@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 #: split_imbalance; 16: segments where the device waits for a kernel launch are ``launch``;
 #: 17: the collectives table gains unit, prefetched and needed_ns (FSDP); 18: the ops table is
 #: per step (null: outside every step); 19: a communication region inside an operator is
-#: communication (a collective called inside an autograd Function)
-ANALYSIS_VERSION = "19"
+#: communication (a collective called inside an autograd Function); 20: the actions table
+#: (pipeline actions: what names a virtual stage's own work)
+ANALYSIS_VERSION = "20"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under, and their
 #: shape (a cached table of another shape is damaged, and recomputed).
@@ -53,6 +54,7 @@ RANK_TABLES: dict[str, pa.Schema] = {
     "launches": S.LAUNCHES_SCHEMA,
     "memory_steps": S.MEMORY_STEPS_SCHEMA,
     "segments": S.SEGMENTS_SCHEMA,
+    "actions": S.ACTIONS_SCHEMA,
 }
 
 

@@ -65,6 +65,7 @@ from traceview.analysis.gpu import (
 )
 from traceview.analysis.memory import MemoryLookups, memory_steps
 from traceview.analysis.ops import OpsPart, combine_ops, ops_part
+from traceview.analysis.pipeline import actions_part
 from traceview.model import schema as S
 from traceview.model.columns import (
     DEVICE,
@@ -96,15 +97,21 @@ class RowParts:
     def __init__(self) -> None:
         self.ops: list[OpsPart] = []
         self.calls: list[pa.Table] = []
+        self.actions: list[pa.Table] = []
 
     def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
         if events.num_rows:
             parent = parent_rows(events)  # (once, for both)
             self.ops.append(ops_part(events, counted, parent))
             self.calls.append(collectives_part(events, counted, parent))
+            self.actions.append(actions_part(events, counted))
 
     def finish(self) -> dict[str, pa.Table]:
-        return {"ops": combine_ops(self.ops), "collectives": combine_collectives(self.calls)}
+        return {
+            "ops": combine_ops(self.ops),
+            "collectives": combine_collectives(self.calls),
+            "actions": pa.concat_tables([S.ACTIONS_SCHEMA.empty_table(), *self.actions]),
+        }
 
 
 class ChunkedAnalysis:

@@ -32,12 +32,16 @@ over their step time, beside the schedule's ideal for equal stages with free mes
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from traceview.model import schema as S
+from traceview.model.columns import TableOnDemand, dictionary_codes, ints
 from traceview.model.results import Pipeline, PipelineStage, RankSummary, StragglerPhase
 
 POINT_TO_POINT = ("send", "recv")
@@ -55,29 +59,131 @@ class VirtualStages:
     stages: tuple[int, ...]
     microbatches: int
     split: bool
+    # per stage it holds: its actions' time per step in ms, forward (F) and backward (B, I, W)
+    work_ms: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+
+def actions_part(events: pa.Table, counted: np.ndarray | None = None) -> pa.Table:
+    """The pipeline actions (schema.ACTIONS_SCHEMA) among the rows of ``events`` where
+    ``counted`` (default: all): their ``PP:`` regions, read off the names' dictionary."""
+    if events.num_rows == 0:
+        return S.ACTIONS_SCHEMA.empty_table()
+    codes, names = dictionary_codes(events.column(S.NAME))
+    parsed = [_ACTION.fullmatch(str(n)) if n is not None else None for n in names]
+    known = np.array([m is not None for m in parsed] + [False])
+    mine = known[codes]
+    if counted is not None:
+        mine &= counted
+    rows = np.flatnonzero(mine)
+    if not len(rows):
+        return S.ACTIONS_SCHEMA.empty_table()
+    found = [parsed[c] for c in codes[rows].tolist()]
+    start = ints(events.column(S.TS_NS), 0)[rows]
+    return S.conform(
+        pa.table(
+            {
+                S.RANK: events.column(S.RANK).take(pa.array(rows)),
+                S.STEP: events.column(S.STEP).take(pa.array(rows)),
+                S.STAGE: pa.array([int(m[1]) for m in found if m], pa.int32()),
+                S.ACTION: pa.array([m[2] for m in found if m], pa.string()),
+                S.MICROBATCH: pa.array([int(m[3]) for m in found if m], pa.int32()),
+                S.START_NS: start,
+                S.END_NS: start + ints(events.column(S.DUR_NS), 0)[rows],
+            }
+        ),
+        S.ACTIONS_SCHEMA,
+    )
+
+
+#: The segments that are a stage's own work: the host computing (CPU timelines), the device
+#: running kernels, or waiting while the host launches them (GPU timelines).
+_WORK_KINDS = (S.SEGMENT_COMPUTE, S.SEGMENT_KERNEL, S.SEGMENT_HOST_BOUND, S.SEGMENT_LAUNCH)
+
+
+def stage_work(
+    actions: pa.Table, segments: TableOnDemand, steps: list[int]
+) -> dict[tuple[int, int], tuple[float, float]]:
+    """(rank, stage) -> the stage's own work per step in ms, forward and backward: the rank's
+    work segments (``_WORK_KINDS``) inside the stage's actions, over ``steps``. A region of an
+    action also holds its waits (the schedule waits for a micro-batch's input inside its
+    forward action): those are not the stage's work. On GPU timelines a kernel counts where it
+    runs, which may be after the action that launched it."""
+    acts = pl.from_arrow(actions)
+    assert isinstance(acts, pl.DataFrame)
+    if acts[S.STEP].null_count() < acts.height:  # (else one window: its one step)
+        acts = acts.filter(pl.col(S.STEP).is_in(steps))
+    if acts.height == 0:
+        return {}
+    n_steps = dict(acts.group_by(S.RANK).agg(pl.col(S.STEP).n_unique()).iter_rows())
+    acts = acts.select(
+        S.RANK,
+        pl.col(S.START_NS).alias("_at"),
+        pl.col(S.END_NS).alias("_until"),
+        S.STAGE,
+        (pl.col(S.ACTION) == "F").alias("_forward"),
+    ).sort(S.RANK, "_at")
+    ranks = acts[S.RANK].unique().to_list()
+    totals: list[pl.DataFrame] = []
+    for piece in segments.in_pieces():
+        df = pl.from_arrow(piece)
+        assert isinstance(df, pl.DataFrame)
+        df = df.filter(
+            pl.col(S.KIND).cast(pl.String).is_in(_WORK_KINDS) & pl.col(S.RANK).is_in(ranks)
+        ).sort(S.RANK, S.START_NS)
+        if df.height == 0:
+            continue
+        inside = df.join_asof(
+            acts, left_on=S.START_NS, right_on="_at", by=S.RANK, check_sortedness=False
+        )
+        overlap = (
+            pl.min_horizontal(S.END_NS, "_until") - pl.max_horizontal(S.START_NS, "_at")
+        ).clip(lower_bound=0)
+        totals.append(
+            inside.filter(pl.col(S.STAGE).is_not_null())
+            .group_by(S.RANK, S.STAGE, "_forward")
+            .agg(overlap.sum().alias("_ns"))
+        )
+    if not totals:
+        return {}
+    summed = pl.concat(totals).group_by(S.RANK, S.STAGE, "_forward").agg(pl.col("_ns").sum())
+    out: dict[tuple[int, int], tuple[float, float]] = {}
+    for rank, stage, forward, ns in summed.iter_rows():
+        f, b = out.get((rank, stage), (0.0, 0.0))
+        ms = ns / 1e6 / n_steps[rank]
+        out[(int(rank), int(stage))] = (f + ms, b) if forward else (f, b + ms)
+    return out
 
 
 def annotated_stages(ops: pl.DataFrame) -> dict[int, VirtualStages]:
-    """Per rank, the pipeline stages its ``PP:`` action regions name (the ops table's names)."""
+    """Per rank, the pipeline stages its ``PP:`` action regions name (the ops table's names,
+    over the steps it holds: a report's counted ones), and each stage's own work per step."""
     if ops.height == 0:
         return {}
     actions = (
-        ops.select(S.RANK, pl.col(S.NAME).cast(pl.String))
+        ops.select(S.RANK, S.STEP, pl.col(S.NAME).cast(pl.String), S.TOTAL_NS)
         .filter(pl.col(S.NAME).str.starts_with("PP:"))
-        .unique()
         .with_columns(pl.col(S.NAME).str.extract_groups(_ACTION.pattern).alias("_a"))
         .unnest("_a")
         .filter(pl.col("1").is_not_null() & pl.col(S.NAME).str.contains(f"^{_ACTION.pattern}$"))
+        .with_columns(pl.col("1").cast(pl.Int64).alias("_stage"))
     )
     per_rank = actions.group_by(S.RANK).agg(
-        pl.col("1").cast(pl.Int64).unique().sort().alias("stages"),
+        pl.col("_stage").unique().sort().alias("stages"),
         pl.col("3").n_unique().alias("batches"),
         pl.col("2").is_in(["I", "W"]).any().alias("split"),
+        pl.col(S.STEP).n_unique().alias("steps"),  # (a null: one window, one step)
     )
-    return {
-        int(rank): VirtualStages(tuple(stages), int(batches), bool(split))
-        for rank, stages, batches, split in per_rank.iter_rows()
-    }
+    work = actions.group_by(S.RANK, "_stage").agg(
+        pl.col(S.TOTAL_NS).filter(pl.col("2") == "F").sum().alias("f"),
+        pl.col(S.TOTAL_NS).filter(pl.col("2") != "F").sum().alias("b"),
+    )
+    out = {}
+    for rank, stages, batches, split, steps in per_rank.iter_rows():
+        mine = work.filter(pl.col(S.RANK) == rank)
+        per_step = 1e-6 / max(int(steps), 1)
+        held = {int(k): (f * per_step, b * per_step) for _, k, f, b in mine.iter_rows()}
+        out[int(rank)] = VirtualStages(tuple(stages), int(batches), bool(split), held)
+    return out
 
 
 def _chains(edges: set[tuple[int, int]]) -> list[list[int]] | None:
@@ -276,18 +382,76 @@ def _virtual_pipeline(
         )
     steps = max(p2p["step_key"].n_unique(), 1)
     moved, collective = _moved_and_collective(p2p, calls, steps)
-    stages = []
+    positions_of = []  # each pipeline position (a rank's place in the ring), as a stage would be
     for k in sorted(set(positions.values())):
         members = sorted(r for r, at in positions.items() if at == k and r in by_rank)
         if members:
-            stages.append(_stage(k, members, by_rank, moved, collective))
-    if len(stages) < 2:
+            positions_of.append(_stage(k, members, by_rank, moved, collective))
+    if len(positions_of) < 2:
         return None, warnings
     m = max(v.microbatches for v in held.values())
     split = any(v.split for v in held.values())
     schedule: Schedule = "zero-bubble" if split else "interleaved"
     ideal = None if split else round((p - 1) / (virtual * m + p - 1), 6)
-    return _pipeline(stages, by_rank, m, schedule, ideal, p, virtual), warnings
+    stages, work = _virtual_stages(held, positions_of, by_rank)
+    pipeline = _pipeline(positions_of, by_rank, m, schedule, ideal, depth, virtual)
+    slowest = max(stages, key=lambda s: s.compute_ms)
+    phase, ratio = _slowest_of(slowest.stage, work)
+    pipeline.stages, pipeline.slowest_stage = stages, slowest.stage
+    pipeline.slowest_phase, pipeline.slowest_phase_ratio = phase, ratio
+    return pipeline, warnings
+
+
+def _virtual_stages(
+    held: dict[int, VirtualStages],
+    positions: list[PipelineStage],
+    by_rank: dict[int, RankSummary],
+) -> tuple[list[PipelineStage], dict[int, dict[str, float]]]:
+    """Each virtual stage as a stage of its own, numbered as the schedule numbers them: its
+    compute is its own actions' time (forward; backward, its I and W included) and its share
+    of its rank's update (the update is per rank); its bubble and transfer are its rank's (the
+    stages a rank holds wait together). Also each stage's forward and backward, per step."""
+    position_of = {r: s for s in positions for r in s.ranks}
+    members: dict[int, list[int]] = {}
+    for rank, v in held.items():
+        if rank in position_of:
+            for k in v.stages:
+                members.setdefault(k, []).append(rank)
+    stages, work = [], {}
+    for k in sorted(members):
+        ranks = sorted(members[k])
+        forward = sum(held[r].work_ms.get(k, (0.0, 0.0))[0] for r in ranks) / len(ranks)
+        backward = sum(held[r].work_ms.get(k, (0.0, 0.0))[1] for r in ranks) / len(ranks)
+        update = sum(by_rank[r].breakdown_ms["update"] / len(held[r].stages) for r in ranks)
+        rank_of = position_of[ranks[0]]
+        stages.append(
+            PipelineStage(
+                stage=k,
+                ranks=ranks,
+                compute_ms=round(forward + backward + update / len(ranks), 3),
+                bubble_ms=rank_of.bubble_ms,
+                transfer_ms=rank_of.transfer_ms,
+            )
+        )
+        work[k] = {"forward": forward, "backward": backward}
+    return stages, work
+
+
+def _slowest_of(
+    slowest: int, work: dict[int, dict[str, float]]
+) -> tuple[StragglerPhase | None, float | None]:
+    """The phase in which virtual stage ``slowest`` spends the most over the other stages'
+    median, and that phase's ratio to the median."""
+    others = [w for k, w in work.items() if k != slowest]
+    if not others:
+        return None, None
+    best: tuple[StragglerPhase | None, float, float | None] = (None, 0.0, None)
+    for phase in _PHASES:
+        mine = work[slowest][phase]
+        median = statistics.median(w[phase] for w in others)
+        if mine - median > best[1]:
+            best = (phase, mine - median, round(mine / median, 2) if median > 0 else None)
+    return best[0], best[2]
 
 
 def _stage(

@@ -461,6 +461,27 @@ PIPELINE_STAGES_SCHEMA: Final = pa.schema(
 )
 
 
+# --- actions: per rank, the pipeline actions it ran ----------------------------------------------
+
+ACTION: Final = "action"  # F (forward), B (backward), I and W (its input and weight halves)
+MICROBATCH: Final = "microbatch"
+
+#: torch.distributed.pipelining's actions (its ``PP:<stage><F|B|I|W><micro-batch>`` regions) on a
+#: rank: which of the stages it holds ran when (what names a virtual stage's own work).
+ACTIONS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),
+        pa.field(STAGE, pa.int32(), nullable=False),
+        pa.field(ACTION, pa.string(), nullable=False),
+        pa.field(MICROBATCH, pa.int32(), nullable=False),
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(END_NS, pa.int64(), nullable=False),
+    ],
+    metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
+)
+
+
 # --- comm: per rank, its communication time as intervals, exposed or hidden -----------------------
 
 EXPOSED: Final = "exposed"

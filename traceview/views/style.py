@@ -20,6 +20,7 @@ from traceview.model.results import (
     HostBound,
     KernelLaunches,
     Pipeline,
+    PipelineStage,
     RankGpu,
     RunReport,
     WhatIf,
@@ -289,14 +290,27 @@ def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
     waiting = max(pipeline.stages, key=lambda s: s.bubble_ms)
     slow = next(s for s in pipeline.stages if s.stage == pipeline.slowest_stage)
     step = report.summary.step_ms
+
+    def named(stage: PipelineStage) -> str:
+        """A stage, and where a rank holds several (virtual stages), its rank."""
+        if pipeline.virtual_stages <= 1:
+            return f"stage {stage.stage}"
+        return (
+            f"stage {stage.stage} (rank{'s' if len(stage.ranks) > 1 else ''} "
+            + ", ".join(map(str, stage.ranks[:4]))
+            + (" ..." if len(stage.ranks) > 4 else "")
+            + ")"
+        )
+
+    # (the stages of one rank wait together: the rank is blocked, not one of its stages)
+    blocked = "rank " + str(waiting.ranks[0]) if pipeline.virtual_stages > 1 else named(waiting)
     text.append(
         f" is the bottleneck: {pct(pipeline.bubble_fraction)} of the stages' time "
-        f"(ideal for equal stages: {ideal_share(pipeline)}); stage "
-        f"{waiting.stage} is blocked {pct(waiting.bubble_ms / step if step else 0)} of the "
-        f"{ms(step)} ms step"
+        f"(ideal for equal stages: {ideal_share(pipeline)}); {blocked} is blocked "
+        f"{pct(waiting.bubble_ms / step if step else 0)} of the {ms(step)} ms step"
     )
-    if slow is not waiting and report.summary.straggler_significant:
-        text.append(f" waiting for stage {slow.stage}")
+    if slow.ranks != waiting.ranks and report.summary.straggler_significant:
+        text.append(f" waiting for {named(slow)}")
         if pipeline.slowest_phase is not None and pipeline.slowest_phase_ratio:
             text.append(
                 f", whose {pipeline.slowest_phase} takes {pipeline.slowest_phase_ratio:g}× "
@@ -327,6 +341,7 @@ def pipeline_text(pipeline: Pipeline) -> Text:
         f"({pipeline.schedule}{per_rank}); "
         f"bubble {pct(pipeline.bubble_fraction)} of the stages' time, ideal for equal stages "
         f"{ideal_share(pipeline)}"
+        + ("; a stage's bubble is its rank's" if pipeline.virtual_stages > 1 else "")
     )
     for s in pipeline.stages[:16]:
         ranks = ", ".join(str(r) for r in s.ranks[:8]) + (" ..." if len(s.ranks) > 8 else "")

@@ -8,7 +8,8 @@ stage_backward_input.)
       --microbatches M [--virtual V] [--slow-stage S --slow-phase forward|backward --extra N]
       --truth DIR
 
-With virtual stages, --slow-stage names a rank: each of its stages does the extra work.
+With virtual stages, --slow-stage names a rank: each of its stages does the extra work;
+--slow-virtual names one stage (its index in the schedule) that alone does it.
 
 Each stage is Linear(256, 1024), Linear(1024, 1024), Linear(1024, 256), each with a ReLU; a micro-batch is 8 samples, so each activation
 or gradient sent between stages is 8 x 256 float32 = 8 KiB. Stage S (with --slow-stage) does N
@@ -16,7 +17,7 @@ extra 192x192 matmuls per micro-batch in its forward (inside the module's forwar
 backward (an autograd function whose backward does them).
 
 Timers per rank (see _common): "step", "schedule" (schedule.step), "update" (optimizer.step);
-per micro-batch "stage_forward" (PipelineStage.forward_one_chunk), "loss" (last stage: the
+per micro-batch "stage_forward" (PipelineStage.forward_one_chunk; "stage": its stage index), "loss" (last stage: the
 schedule's loss), "stage_backward" (PipelineStage.backward_one_chunk, which also covers the
 first stage, whose input needs no gradient); "p2p_wait" (each schedules._wait_batch_p2p: time
 blocked on the sends/recvs); and the checks "module_forward" (forward hooks on the stage module)
@@ -82,6 +83,12 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--slow-stage", type=int, default=-1)
+    parser.add_argument(
+        "--slow-virtual",
+        type=int,
+        default=-1,
+        help="(interleaved) the one stage index that is slow",
+    )
     parser.add_argument("--slow-phase", choices=["forward", "backward"], default="forward")
     parser.add_argument("--extra", type=int, default=40, help="matmuls per micro-batch")
     parser.add_argument("--truth", required=True)
@@ -93,10 +100,10 @@ def main() -> None:
     indices = [rank + v * world for v in range(virtual)]
     modules = [
         Stage(
-            args.extra if slow and args.slow_phase == "forward" else 0,
-            args.extra if slow and args.slow_phase == "backward" else 0,
+            args.extra if (slow or i == args.slow_virtual) and args.slow_phase == "forward" else 0,
+            args.extra if (slow or i == args.slow_virtual) and args.slow_phase == "backward" else 0,
         )
-        for _ in indices
+        for i in indices
     ]
     timers = C.Timers()
     mb_index = {"fwd": 0, "bwd": 0}
@@ -144,7 +151,7 @@ def main() -> None:
                 return inner(*a, **k)
             finally:
                 mb = a[0] if a and isinstance(a[0], int) else None
-                timers.add(name, t0, time.perf_counter_ns(), mb)
+                timers.add(name, t0, time.perf_counter_ns(), mb, stage=obj.stage_index)
 
         setattr(obj, attr, timed)
 

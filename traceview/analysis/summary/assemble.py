@@ -19,6 +19,8 @@ from traceview.analysis.fsdp import fsdp_gathers
 from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups
 from traceview.analysis.memory import MemoryResults, memory_results
+from traceview.analysis.ops import in_steps
+from traceview.analysis.pipeline import stage_work
 from traceview.analysis.selection import Selection, kept_rows, select_steps
 from traceview.analysis.summary.notes import (
     _clock_warning,
@@ -246,12 +248,23 @@ CLOCKS = Section("clocks", _clocks_section, _place_clocks)
 
 
 def _pipeline_section(ctx: Context) -> tuple[Pipeline | None, list[str]]:
+    counted = ctx.get(STEPS).counted[S.STEP].drop_nulls().unique().to_list()
+    ops, actions = ctx.inputs.table("ops"), ctx.inputs.table("actions")
+    if ops is not None:  # (the stages each rank holds: over the counted steps)
+        ops = in_steps(ops, counted)
+
+    def work() -> dict[tuple[int, int], tuple[float, float]]:
+        if actions is None or ctx.inputs.segments is None:
+            return {}
+        return stage_work(actions, ctx.inputs.segments, counted)
+
     return _pipeline(
         ctx.get(CROSS).counted,
         ctx.inputs.table("collectives"),
         ctx.get(RANKS).ranks,
         ctx.get(CROSS).groups,
-        ctx.inputs.table("ops"),
+        ops,
+        work,
     )
 
 

@@ -4,6 +4,7 @@ cross-rank pass, the critical path and its explanation, the top operators."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import polars as pl
 import pyarrow as pa
@@ -153,11 +154,13 @@ def _pipeline(
     ranks: list[RankSummary],
     groups: Groups,
     ops: pa.Table | None = None,
+    work: Callable[[], dict[tuple[int, int], tuple[float, float]]] | None = None,
 ) -> tuple[Pipeline | None, list[str]]:
     """The pipeline the point-to-point calls form, and its warnings. Where ranks are missing (no
     cross-rank pass), the pairs between the ranks read are matched on their own: a pair's wait
     depends on its two sides only. ``ops``: where the pipelining library names its actions,
-    the stages each rank holds."""
+    the stages each rank holds; ``work``: where a rank holds several, each stage's own work
+    (``pipeline.stage_work``), asked for only then."""
     table = cross.calls if cross is not None and cross.calls is not None else collectives
     if table is None or table.num_rows == 0:
         return None, []
@@ -180,6 +183,10 @@ def _pipeline(
         frame = pl.from_arrow(ops)
         assert isinstance(frame, pl.DataFrame)
         annotated = annotated_stages(frame)
+        if work is not None and any(len(v.stages) > 1 for v in annotated.values()):
+            own = work()
+            for rank, held in annotated.items():
+                held.work_ms = {k: own.get((rank, k), (0.0, 0.0)) for k in held.stages}
     return detect_pipeline(calls, ranks, named, annotated)
 
 

@@ -236,7 +236,9 @@ def _cause_verdict(
 def _stage_of(rank: int | None, pipeline: Pipeline | None) -> int | None:
     if rank is None or pipeline is None:
         return None
-    return next((s.stage for s in pipeline.stages if rank in s.ranks), None)
+    # (a rank holding several virtual stages: the one with the most compute)
+    held = [s for s in pipeline.stages if rank in s.ranks]
+    return max(held, key=lambda s: s.compute_ms).stage if held else None
 
 
 def _straggler(summary: Summary, ranks: list[RankSummary], straggler: Cause | None) -> None:
