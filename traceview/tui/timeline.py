@@ -270,7 +270,12 @@ class Timeline(ScrollView, can_focus=True):
         pipeline = self.view.report.pipeline if self.view else None
         if pipeline is None:
             return []
-        return [(s.stage, rank) for s in pipeline.stages for rank in s.ranks]
+        # (a rank holding several virtual stages: one row, at its first stage)
+        first = {}
+        for s in pipeline.stages:
+            for rank in s.ranks:
+                first.setdefault(rank, s.stage)
+        return [(stage, rank) for rank, stage in first.items()]
 
     def _update_rows(self) -> None:
         rows: list[Row] = []
@@ -403,16 +408,16 @@ class Timeline(ScrollView, can_focus=True):
     def _stage_label(self, rank: int, selected: bool) -> Text:
         """A pipeline row's label: its stage, rank and the stage's bubble share of its step."""
         pipeline = self.view.report.pipeline if self.view else None
-        stage = next((s for s in pipeline.stages if rank in s.ranks), None) if pipeline else None
-        if stage is None:
+        held = [s for s in pipeline.stages if rank in s.ranks] if pipeline else []
+        if pipeline is None or not held:
             return Text(f"rank {rank}", style="bold reverse" if selected else "bold")
-        step = stage.compute_ms + stage.bubble_ms
-        share = f" {BUBBLE}{pct(stage.bubble_ms / step)}" if step > 0 else ""
-        slowest = "*" if pipeline is not None and stage.stage == pipeline.slowest_stage else ""
-        return Text(
-            f"stage {stage.stage}{slowest} r{rank}{share}",
-            style="bold reverse" if selected else "bold",
+        # its stages (virtual stages: several), their compute together, the rank's bubble
+        step = sum(s.compute_ms for s in held) + held[0].bubble_ms
+        share = f" {BUBBLE}{pct(held[0].bubble_ms / step)}" if step > 0 else ""
+        names = "+".join(
+            f"{s.stage}{'*' if s.stage == pipeline.slowest_stage else ''}" for s in held[:4]
         )
+        return Text(f"stage {names} r{rank}{share}", style="bold reverse" if selected else "bold")
 
     def _memory_bar(self, lanes: RankLanes, lo: int, hi: int, width: int) -> Text:
         """Allocated memory over the step as a sparkline from 0 to the step's peak, the peak's
