@@ -84,3 +84,18 @@ def test_a_late_start_held_step_after_step_is_its_ranks_and_in_turn_everyones() 
     blame = [Blame(rank=r, phase=None, kind="late_start", ms=10.0, share=0.1) for r in (0, 1)]
     (c,) = candidates(turns, 4, blame, ranks=2)
     assert (c.rank, c.change, c.blamed_ms) == (None, "no_late_start", 20.0)
+
+
+def test_where_another_chain_takes_over_the_words_name_who_then_ends_the_step() -> None:
+    """Rank 3 starts 30 ms late on the path, but without its late start the step is only 8 ms
+    shorter: rank 5 then ends the replayed steps last. Where a cause saves most of its blame
+    no rank is named."""
+    late = Candidate("late_start", 3, None, None, 30.0, "no_late_start:rank=3")
+    whatif = _whatifs(100.0, **{"no_late_start__rank=3": 92.0})
+    whatif[1].last_rank = 5
+    cause = pick([late], whatif, STEPS, ranks=6).cause
+    assert cause is not None and cause.then_rank == 5
+    assert cause.text.endswith("rank 5 then ends the step last (the others wait for it)")
+    whatif[1].step_ms = 75.0  # (saves 25 of its 30 ms)
+    cause = pick([late], whatif, STEPS, ranks=6).cause
+    assert cause is not None and cause.then_rank is None and "ends the step" not in cause.text

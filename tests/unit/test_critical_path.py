@@ -106,7 +106,10 @@ def test_replay_reproduces_the_step_and_answers_what_ifs_by_hand() -> None:
     # rank 1 on time: it issues at 20, the call ends 5 ms later, rank 0 waits until 25
     assert replay(graph, Change("no_late_start", no_late_start=True)).step_ns == {1: 25 * MS}
     # no waiting for communication: rank 0 ends at 10, rank 1 at 25
-    assert replay(graph, Change("hide_comm", hide_comm=True)).step_ns == {1: 25 * MS}
+    hidden = replay(graph, Change("hide_comm", hide_comm=True))
+    assert hidden.step_ns == {1: 25 * MS} and hidden.last_rank == {1: 1}
+    # both ranks end at 30 as measured: the tie goes to the lower rank
+    assert replay(graph).last_rank == {1: 0}
     # backward twice as fast: rank 1 issues at 15, done at 20
     change = faster(graph, S.BACKWARD, 2.0)
     assert change is not None and replay(graph, change).step_ns == {1: 20 * MS}

@@ -247,9 +247,10 @@ def cause_text(report: RunReport) -> Text:
 def cause_advice(cause: Cause) -> str | None:
     """What to look at or try for the cause, by its kind (and phase)."""
     rank = f"rank {cause.rank}" if cause.rank is not None else "the ranks"
+    does, its = ("does", "its") if cause.rank is not None else ("do", "their")
     if cause.kind == "late_start":
         return (
-            f"look at what {rank} does between its steps (data loading outside the loop body, "
+            f"look at what {rank} {does} between {its} steps (data loading outside the loop body, "
             "checkpoints, logging, garbage collection, a host synchronize): the Timeline of "
             "`traceview tui` shows it"
         )

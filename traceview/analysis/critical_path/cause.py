@@ -309,9 +309,15 @@ def _cause(
         speedup=round(base_ms / w.step_ms, 3) if w.step_ms > 0 else 0.0,
         text="",
         others=list(c.others),
+        then_rank=w.last_rank if ranks > 1 and saves < TAKES_OVER * blamed else None,
     )
     cause.text = cause_words(cause, base_ms, ranks)
     return cause
+
+
+#: Removing a cause that saves less than this share of its blamed time: another chain of the
+#: step takes over, and the words say which rank then ends the step.
+TAKES_OVER = 0.5
 
 
 #: How the words name a phase that is not the model's own work.
@@ -355,9 +361,16 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
         if cause.change.startswith("balance:")
         else "without it"
     )
+    then = ""
+    if cause.then_rank is not None:
+        then = (
+            f"; rank {cause.then_rank} still ends the step last"
+            if cause.then_rank == cause.rank
+            else f"; rank {cause.then_rank} then ends the step last (the others wait for it)"
+        )
     return (
         f"{what}. Replayed {how}, the job's step would take {cause.step_ms:.3g} ms "
-        f"instead of {step_ms:.3g} ms ({cause.speedup:.2f}x)"
+        f"instead of {step_ms:.3g} ms ({cause.speedup:.2f}x){then}"
     )
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -31,6 +31,7 @@ class Replay:
     step_ns: dict[int, int]  # the job's step per step
     passes: int
     converged: bool
+    last_rank: dict[int, int] = field(default_factory=dict)  # per step, the rank that ends it
 
 
 def replay(graph: Graph, change: Change | None = None) -> Replay:
@@ -161,14 +162,19 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     tails = np.append(heads[1:] - 1, n - 1) if n else heads
     g_end = ends_at(tails, last_wait(tails), reach) if n else np.zeros(0)
     out = (
-        pl.DataFrame({"s": g_step, "b": origin, "e": g_end})
+        pl.DataFrame({"s": g_step, "b": origin, "e": g_end, "r": timed.g_rank})
         .group_by("s")
-        .agg((pl.col("e").max() - pl.col("b").min()).alias("d"))
+        .agg(
+            (pl.col("e").max() - pl.col("b").min()).alias("d"),
+            pl.col("r").sort_by("e", "r", descending=[True, False]).first().alias("last"),
+        )
     )
+    steps = out["s"].to_list()
     return Replay(
-        dict(zip(out["s"].to_list(), [round(v) for v in out["d"].to_list()], strict=True)),
+        dict(zip(steps, [round(v) for v in out["d"].to_list()], strict=True)),
         passes,
         converged,
+        dict(zip(steps, out["last"].to_list(), strict=True)),
     )
 
 

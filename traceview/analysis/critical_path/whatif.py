@@ -205,6 +205,7 @@ def _what_ifs(
     ranks = windows[S.RANK].n_unique()
     slot_of: dict[str, int] = {}
     per_batch: list[tuple[dict[int, int], dict[str, dict[int, int]]]] = []
+    last: dict[str, list[int]] = {}  # per change, each replayed step's last rank
     for batch in _batches(source, steps):
         graph = source.graph(batch)
         if graph is None:
@@ -214,7 +215,9 @@ def _what_ifs(
             if change is None or change.name in results:
                 continue
             slot_of[change.name] = min(slot_of.get(change.name, slot), slot)
-            results[change.name] = replay(graph, change).step_ns
+            replayed = replay(graph, change)
+            results[change.name] = replayed.step_ns
+            last.setdefault(change.name, []).extend(replayed.last_rank.values())
         per_batch.append((results["none"], results))
         del graph
     out: list[WhatIf] = []
@@ -226,9 +229,14 @@ def _what_ifs(
         ms = float(np.mean(sorted(step_ns.values()))) / 1e6 if step_ns else 0.0
         if base is None:
             base = ms
+        ends = last.get(name, [])
         out.append(
             WhatIf(
-                change=name, step_ms=round(ms, 3), speedup=round(base / ms, 3) if ms > 0 else 0.0
+                change=name,
+                step_ms=round(ms, 3),
+                speedup=round(base / ms, 3) if ms > 0 else 0.0,
+                # (the most often last; a tie: the lowest rank)
+                last_rank=min(set(ends), key=lambda r: (-ends.count(r), r)) if ends else None,
             )
         )
     return out

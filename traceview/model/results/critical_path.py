@@ -114,6 +114,9 @@ class Cause(Result):
     stage: int | None = None
     group: str | None = None  # (untrusted)
     others: list[int] = []  # other ranks that share the cause (late starts: those also late)
+    # where removing it saves less than half its blamed time (another chain takes over): the
+    # rank that then ends the step, most often (null: it saves most of its blame)
+    then_rank: int | None = None
 
 
 class WhatIf(Result):
@@ -124,6 +127,9 @@ class WhatIf(Result):
     change: str
     step_ms: float  # mean replayed job step
     speedup: float  # the replay with no change over this one
+    # the rank that ends the replayed steps last, most often (null: the steps' own last rank
+    # is not kept, a run without ranks)
+    last_rank: int | None = None
 
 
 class WhatIfs(Result):
