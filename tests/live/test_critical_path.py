@@ -564,13 +564,6 @@ def test_whatif_command(jobs: Any) -> None:
 # ---------------------------------------------------------------- issue 48: one story
 
 
-def _compute_ms(job: CriticalJob, but: int) -> float:
-    """The mean compute (forward, backward, update) per step of every rank but ``but``."""
-    ranks = [r for r in job.report()["ranks"] if r["rank"] != but]
-    phases = ("forward", "backward", "update")
-    return statistics.fmean(sum(r["breakdown_ms"][p] for p in phases) for r in ranks)
-
-
 def _bound(slow: CriticalJob, balanced: CriticalJob) -> float:
     """How close a what-if must predict the run without the cause: 10%, or where the machine
     has fewer cores than ranks + 1, 25% or the run's own interquartile range over its median
@@ -598,12 +591,8 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
     injected = job.recorded(timer).filter(pl.col("tstep").is_in(job.counted()))["ms"].mean()
     assert cause["ms"] == pytest.approx(injected, rel=0.15), (cause, injected)
     assert cause["step_ms"] == pytest.approx(_whatif(report, cause["change"])["step_ms"])
-    # the replay keeps the others' compute as this run timed it: where they share cores with
-    # the injected rank they compute faster here than in the balanced run (its sleep frees a
-    # core; 27% once under a loaded full run), so the balanced run is read at this run's pace
-    pace = _compute_ms(job, want[1]) / _compute_ms(balanced, want[1])
-    truth = statistics.fmean(balanced.measured()[s] for s in balanced.counted()) * pace
-    assert cause["step_ms"] == pytest.approx(truth, rel=_bound(job, balanced)), (cause, truth, pace)
+    truth = statistics.fmean(balanced.measured()[s] for s in balanced.counted())
+    assert cause["step_ms"] == pytest.approx(truth, rel=_bound(job, balanced)), (cause, truth)
     summary = report["summary"]
     assert summary["straggler_rank"] == want[1] and summary["straggler_significant"] is True
     assert summary["straggler_phase"] == want[2]

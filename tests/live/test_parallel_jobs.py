@@ -553,6 +553,10 @@ def test_slow_stage_and_its_phase_are_named(jobs: Any, name: str) -> None:
     cause = summary["cause"]
     if cause is not None and cause["rank"] == args["slow_stage"]:
         assert (cause["phase"], summary["bottleneck"]) == (args["slow_phase"],) * 2, cause
+    elif cause is not None and cause["kind"] == "transfer":
+        # (more ranks than cores: messages wait for a core to move, and exposed transfer can
+        # cost more than the slow stage; the bottleneck follows the cause)
+        assert summary["bottleneck"] == "comm", cause
     else:
         assert summary["bottleneck"] == "pipeline", cause
     assert summary["straggler_rank"] == args["slow_stage"]
