@@ -99,3 +99,21 @@ def test_where_another_chain_takes_over_the_words_name_who_then_ends_the_step() 
     whatif[1].step_ms = 75.0  # (saves 25 of its 30 ms)
     cause = pick([late], whatif, STEPS, ranks=6).cause
     assert cause is not None and cause.then_rank is None and "ends the step" not in cause.text
+
+
+def test_host_work_that_is_no_launch_gets_its_own_advice() -> None:
+    """The device waiting while the host is in the allocator (cudaMalloc, hipFree) or in another
+    runtime call is no launch problem: fewer, larger kernels would not help."""
+    from traceview.model.results import Cause
+    from traceview.views.style import cause_advice
+
+    def advice(kind: str, op: str | None) -> str:
+        cause = Cause(kind=kind, rank=None, phase="forward", op=op, ms=10.0, blamed_ms=12.0,
+                      change=f"without:{kind}", step_ms=90.0, speedup=1.11, text="")  # fmt: skip
+        return cause_advice(cause) or ""
+
+    for allocator in ("cudaMalloc", "cudaFree", "hipMalloc", "cudaHostAlloc"):
+        assert "allocator" in advice("host_bound", allocator), allocator
+    assert "cudaStreamCreateWithFlags" in advice("host_bound", "cudaStreamCreateWithFlags")
+    for launch_bound in (advice("launch", "convolution"), advice("host_bound", "convolution")):
+        assert "fewer, larger kernels" in launch_bound

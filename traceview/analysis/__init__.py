@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 #: 17: the collectives table gains unit, prefetched and needed_ns (FSDP); 18: the ops table is
 #: per step (null: outside every step); 19: a communication region inside an operator is
 #: communication (a collective called inside an autograd Function); 20: the actions table
-#: (pipeline actions: what names a virtual stage's own work)
-ANALYSIS_VERSION = "20"
+#: (pipeline actions: what names a virtual stage's own work); 21: host-bound time inside a
+#: runtime call that launches nothing (cudaMalloc) is host-bound, named by the call, not launch
+ANALYSIS_VERSION = "21"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under, and their
 #: shape (a cached table of another shape is damaged, and recomputed).

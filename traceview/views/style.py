@@ -7,6 +7,7 @@ are shown literally and no control character reaches the terminal.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from rich.text import Text
@@ -244,6 +245,12 @@ def cause_text(report: RunReport) -> Text:
     )
 
 
+#: A runtime call of the device's allocator, and a runtime call at all (the names segments of
+#: host work that is not a launch carry: analysis/attribution/segments.py).
+ALLOCATOR = re.compile(r"(?i)^(cuda|hip|cu)\w*(Malloc|Free|Alloc)")
+RUNTIME_CALL = re.compile(r"^(cuda|hip|cu)[A-Z]")
+
+
 def cause_advice(cause: Cause) -> str | None:
     """What to look at or try for the cause, by its kind (and phase)."""
     rank = f"rank {cause.rank}" if cause.rank is not None else "the ranks"
@@ -263,6 +270,17 @@ def cause_advice(cause: Cause) -> str | None:
         return (
             "overlap communication with backward (DDP's gradient buckets, bucket_cap_mb), "
             "fewer and larger calls, or a faster link (`traceview scaling --link-gbps`)"
+        )
+    if cause.kind == "host_bound" and cause.op and ALLOCATOR.search(cause.op):
+        return (
+            f"the caching allocator calls the driver ({safe(cause.op, 40)}) inside the step: "
+            "keep tensor shapes steady from step to step, drop torch.cuda.empty_cache() from "
+            "the loop, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        )
+    if cause.kind == "host_bound" and cause.op and RUNTIME_CALL.match(cause.op):
+        return (
+            f"the host is inside {safe(cause.op, 40)}, not launching work: find what calls it "
+            "every step (the Timeline of `traceview tui` shows where)"
         )
     if cause.kind in ("host_bound", "launch"):
         return GPU_ADVICE.get(cause.phase or "", GPU_ADVICE[S.FORWARD])

@@ -75,21 +75,38 @@ def gap_operators(
 _HOST_BOUND, _LAUNCH = (S.SEGMENT_KINDS.index(k) for k in (S.SEGMENT_HOST_BOUND, S.SEGMENT_LAUNCH))
 
 
-def _launching(events: pa.Table, ev: EventArrays, kind: np.ndarray, at: np.ndarray) -> np.ndarray:
+#: The runtime calls that launch device work (a kernel, a graph, an asynchronous copy or
+#: memset): CUDA's and HIP's runtime and driver APIs.
+LAUNCH_PATTERN = (
+    r"(?i)^(cuda|hip|cu|hipExt)\w*(Launch|MemcpyAsync|Memcpy\w*Async|MemsetAsync|Memset\w*Async)"
+)
+
+
+def _launching(
+    events: pa.Table, ev: EventArrays, kind: np.ndarray, at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Host-bound instants (the device idle, the host inside an operator) at which the host is
-    inside a runtime call that launches work (a kernel launch, an async copy: any runtime call
-    but a synchronize) are ``launch``: the device waits for the launch itself."""
+    inside a runtime call that launches work (``LAUNCH_PATTERN``) are ``launch``: the device
+    waits for the launch itself. Inside another runtime call (the allocator's cudaMalloc and
+    cudaFree, a cudaMemcpy that is not asynchronous; a synchronize is no host work at all) they
+    stay host-bound, and that call (its row: the second array, -1 elsewhere) names them."""
+    inner = np.full(len(kind), -1, np.int64)
     bound = np.flatnonzero(kind == _HOST_BOUND)
     if len(bound) == 0:
-        return kind
+        return kind, inner
     runtime = (ev.kind == KIND_CODE[S.KIND_RUNTIME]) & ~name_mask(events, DEVICE_WAIT_PATTERN)
     rows = np.flatnonzero(runtime & (ev.end > ev.ts))
     if len(rows) == 0:
-        return kind
-    inside = _holders(ev.ts[rows], ev.end[rows], at[bound]) >= 0
+        return kind, inner
+    launches = name_mask(events, LAUNCH_PATTERN)[rows]
+    held = _holders(ev.ts[rows], ev.end[rows], at[bound])
+    inside = held >= 0
+    launching = inside & launches[np.maximum(held, 0)]
     kind = kind.copy()
-    kind[bound[inside]] = _LAUNCH
-    return kind
+    kind[bound[launching]] = _LAUNCH
+    other = inside & ~launching
+    inner[bound[other]] = rows[held[other]]
+    return kind, inner
 
 
 def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
@@ -132,10 +149,12 @@ def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Ta
     if tl.gpu:
         kernel = held & on_device[np.maximum(holder, 0)]
         kind = np.where(kernel, S.SEGMENT_KINDS.index(S.SEGMENT_KERNEL), kind)
-        kind = _launching(events, tl.ev, kind, mids)
+        kind, in_runtime = _launching(events, tl.ev, kind, mids)
     row = np.where(held, rows[np.maximum(holder, 0)], -1)
     comm = winner == _COMM_LEVEL  # (named by the call itself, not the operator issuing it)
     row = np.where(comm, row, _outermost_operator(tl.ev, row))
+    if tl.gpu:  # (host work that is not a launch: named by its runtime call, cudaMalloc)
+        row = np.where(in_runtime >= 0, in_runtime, row)
     ops = pc.dictionary_encode(events.column(S.OP)).combine_chunks()
     op_codes = np.asarray(ops.indices.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
     named = (row >= 0) & (comm | ~STRUCTURAL[tl.ev.kind[np.maximum(row, 0)]])
