@@ -582,11 +582,13 @@ def gpu_verdict_text(report: RunReport) -> Text | None:
     text.append(f"GPU idle {pct(verdict.idle_fraction)} of the step", style="bold")
     if len(report.ranks) > 1:
         text.append(f" on rank {verdict.rank}")
+    # (where the cause is the same wait, its advice is said once, under the cause)
+    cause = report.summary.cause
+    advised = cause is not None and cause_advice(cause) is not None
     if verdict.wait == "data":
-        text.append(
-            f", waiting for the data loader ({pct(verdict.wait_fraction)} of the step): "
-            f"{GPU_ADVICE['data']}"
-        )
+        text.append(f", waiting for the data loader ({pct(verdict.wait_fraction)} of the step)")
+        if not (advised and cause is not None and (cause.kind == "io" or cause.phase == S.IO)):
+            text.append(f": {GPU_ADVICE['data']}")
         return text
     phase = verdict.phase or S.OTHER
     text.append(f", waiting for the host ({pct(verdict.wait_fraction)} of the step): ")
@@ -598,7 +600,8 @@ def gpu_verdict_text(report: RunReport) -> Text | None:
         )
     else:
         text.append(" is host-bound")
-    if phase in GPU_ADVICE:
+    host_cause = advised and cause is not None and cause.kind in ("host_bound", "launch")
+    if phase in GPU_ADVICE and not host_cause:
         text.append(f" ({GPU_ADVICE[phase]})")
     return text
 
