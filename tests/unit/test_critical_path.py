@@ -573,3 +573,46 @@ def test_a_warm_up_step_left_out_keeps_the_calls_its_successor_waits_for() -> No
     graph = build_graph(segments, matched, [2, 3], 2)
     assert graph is not None
     assert replay(graph).step_ns == {2: 40 * MS, 3: 33 * MS}
+
+
+def test_the_cause_is_read_off_the_steps_whose_paths_are_complete() -> None:
+    """Steps 1-3: rank 1 starts 5 ms late, then the two ranks meet in an all-reduce (matched:
+    complete paths). Step 4: rank 1 starts 50 ms late, but its all-reduce matched nothing (a
+    rank's trace cut short): its path is incomplete, so its late start is no evidence; the
+    cause is the late start the complete steps show, 5 ms per step."""
+    from traceview.analysis import critical_path as cp
+
+    tables, calls = [], []
+    for step in (1, 2, 3, 4):
+        b, late = (step - 1) * 100, 50 if step == 4 else 5
+        tables.append(
+            _segments(
+                [
+                    (0, b, b + 10, S.FORWARD, S.SEGMENT_COMPUTE, "linear"),
+                    (0, b + 10, b + late + 25, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                    (1, b + late, b + late + 20, S.BACKWARD, S.SEGMENT_COMPUTE, "conv"),
+                    (1, b + late + 20, b + late + 25, S.COMM, S.SEGMENT_COMM, "allreduce"),
+                ],
+                step=step,
+            )
+        )
+        if step < 4:
+            for rank, issued in ((0, b + 10), (1, b + late + 20)):
+                calls.append(
+                    {"rank": rank, "start": issued, "end": b + late + 25, "issued": issued,
+                     "last": b + late + 20, "last_rank": 1, "step": step}
+                )  # fmt: skip
+    frame = _calls(calls).calls.with_columns(
+        pl.Series(S.STEP, [c["step"] for c in calls], pl.Int64),
+        pl.Series("step_key", [c["step"] for c in calls], pl.Int64),
+    )
+    segments, matched = pa.concat_tables(tables), Matched(frame)
+    medians = {S.FORWARD: 10.0, S.BACKWARD: 20.0}
+    steps: list[int | None] = [1, 2, 3, 4]
+    every = cp.explain(segments, matched, steps, steps, medians, None, 2)
+    complete = cp.explain(segments, matched, steps, [1, 2, 3], medians, None, 2)
+    assert every.path is not None and (every.path.steps, every.path.complete_steps) == (4, 3)
+    assert complete.cause is not None and complete.cause.kind == "late_start"
+    assert every.cause is not None and every.cause.kind == "late_start"
+    assert every.cause.rank == complete.cause.rank == 1
+    assert every.cause.blamed_ms == complete.cause.blamed_ms == pytest.approx(5.0)

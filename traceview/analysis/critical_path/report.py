@@ -23,7 +23,7 @@ from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, S
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 3
+PATH_VERSION = 4
 
 
 @dataclass
@@ -159,9 +159,18 @@ def explain(
     )
     counted_steps = sorted(wanted & set(source.steps))
     ranks = source.windows().filter(pl.col("step").is_in(counted_steps))["rank"].n_unique()
-    found = candidates(df, n, blame, ranks, clock_ms, mean_step_ms)
+    explained = 2 * sum(p.complete for p in paths) >= len(paths)
+    # where most steps' paths are complete, the causes are read off those alone (an incomplete
+    # path lays an unmatched call's wait on its own rank: no cause of a step is read off it)
+    whole = [p for p in paths if p.complete] if explained else paths
+    if len(whole) < len(paths):
+        df_whole = df.filter(pl.col("step").is_in([p.step for p in whole]))
+        mean_whole = float(np.mean([step_ns[p.step] for p in whole])) / 1e6
+        blame_whole = _blame(df_whole, len(whole), mean_whole, median_phase_ms)
+        found = candidates(df_whole, len(whole), blame_whole, ranks, clock_ms, mean_whole)
+    else:
+        found = candidates(df, n, blame, ranks, clock_ms, mean_step_ms)
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
-    explained = 2 * sum(p.complete for p in paths) >= len(paths)
     picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained)
     return Explained(path, per_step, whatif, rank_blame, picked.cause, picked.straggler)

@@ -309,6 +309,12 @@ def _place_critical_path(explained: Explained | None, draft: Draft) -> None:
                 "only what a rank's own timeline tells is named (the device waiting for the "
                 "host, launches, idling, data loading), no late start, straggler or transfer"
             )
+        elif path is not None and path.complete_steps < path.steps:
+            draft.remarks.append(
+                f"cause: {path.steps - path.complete_steps} of {path.steps} counted steps' "
+                "critical paths are incomplete (their communication is not all matched): the "
+                f"cause is read off the other {path.complete_steps}"
+            )
     draft.fields.update(
         critical_path=explained.path if explained is not None else None,
         whatif=explained.whatif if explained is not None else [],
