@@ -271,7 +271,7 @@ class Timeline(ScrollView, can_focus=True):
         if pipeline is None:
             return []
         # (a rank holding several virtual stages: one row, at its first stage)
-        first = {}
+        first: dict[int, int] = {}
         for s in pipeline.stages:
             for rank in s.ranks:
                 first.setdefault(rank, s.stage)
