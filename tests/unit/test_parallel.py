@@ -348,3 +348,33 @@ def test_a_virtual_stage_works_only_where_its_action_computes() -> None:
     )
     work = stage_work(actions, TableOnDemand.of(segments), [7])
     assert work == {(0, 0): (3.0, 0.0), (0, 2): (6.0, 0.0)}
+
+
+def test_a_groups_call_is_marked_on_its_own_ranks_only() -> None:
+    """Two tensor-parallel pairs ({0, 1}, {2, 3}) each all-reduce "tp" at the same place in the
+    step: two calls, each with its own pair's arrivals and last rank, not one call of four."""
+    from traceview.analysis.crossrank.aggregate import step_collectives
+
+    rows = [  # rank, group, arrival, last rank, skew
+        (0, "tp0", 100, 1, 30), (1, "tp0", 130, 1, 30),
+        (2, "tp1", 105, 2, 5), (3, "tp1", 100, 2, 5),
+    ]  # fmt: skip
+    table = pa.table(
+        {
+            S.STEP: pa.array([4] * 4, pa.int64()),
+            S.GROUP: [g for _, g, *_ in rows],
+            S.NAME: ["gloo:all_reduce"] * 4,
+            S.COLLECTIVE: ["allreduce"] * 4,
+            "position": [0] * 4,
+            "matched": [True] * 4,
+            "skew_ns": [s for *_, s in rows],
+            "last_rank": pa.array([r for *_, r, _ in rows], pa.int32()),
+            S.RANK: pa.array([r for r, *_ in rows], pa.int32()),
+            "arrival_ns": [a for _, _, a, *_ in rows],
+        }
+    )
+    calls = step_collectives(table)[4]
+    assert [(c.group, c.last_rank, c.arrivals) for c in calls] == [
+        ("tp0", 1, {0: 100, 1: 130}),  # (the most skewed first)
+        ("tp1", 2, {2: 105, 3: 100}),
+    ]

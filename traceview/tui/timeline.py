@@ -509,6 +509,9 @@ class Timeline(ScrollView, can_focus=True):
             calls = len((self._collectives or {}).get(self.step, []))
             text.append(f"\n{call.collective} #{call.position} ", style="bold")
             text.append_text(untrusted(call.name, 40))
+            if call.group is not None:
+                text.append(" in group ")
+                text.append_text(untrusted(call.group, 30))
             text.append(
                 f" ({(self.collective_index or 0) + 1} of {calls}, c: next): arrivals "
                 f"{ms(call.skew_ns / 1e6)} ms apart, rank {call.last_rank} last ▼"

@@ -110,7 +110,9 @@ def step_collectives(table: pa.Table) -> dict[int | None, list[StepCollective]]:
     df = df.filter(pl.col("matched"))
     if df.height == 0:
         return {}
-    key = [S.STEP, S.NAME, S.COLLECTIVE, "position"]
+    # (one call is one group's: two tensor-parallel pairs' all-reduces of one name and place
+    # are two calls, each marked on its own pair)
+    key = [S.STEP, S.GROUP, S.NAME, S.COLLECTIVE, "position"]
     calls = (
         df.group_by(key)
         .agg(
@@ -119,7 +121,11 @@ def step_collectives(table: pa.Table) -> dict[int | None, list[StepCollective]]:
             pl.col(S.RANK),
             pl.col("arrival_ns"),
         )
-        .sort([S.STEP, "skew_ns", "position", S.NAME], descending=[False, True, False, False])
+        .sort(
+            [S.STEP, "skew_ns", "position", S.NAME, S.GROUP],
+            descending=[False, True, False, False, False],
+            nulls_last=True,
+        )
     )
     out: dict[int | None, list[StepCollective]] = {}
     for row in calls.iter_rows(named=True):
@@ -131,6 +137,7 @@ def step_collectives(table: pa.Table) -> dict[int | None, list[StepCollective]]:
                 skew_ns=row["skew_ns"],
                 last_rank=row["last_rank"],
                 arrivals=dict(zip(row[S.RANK], row["arrival_ns"], strict=True)),
+                group=row[S.GROUP],
             )
         )
     return out

@@ -142,3 +142,4 @@ class StepCollective(Result):
     skew_ns: int  # last arrival minus first
     last_rank: int
     arrivals: dict[int, int]  # rank -> start_ns on the rank's own clock (as its events are)
+    group: str | None = None  # its process group (untrusted; null: not known)
