@@ -736,3 +736,28 @@ def test_a_slow_virtual_stage_is_named_as_a_stage(jobs: Any) -> None:
     text = run_cli("report", job.run)
     assert text.code == 0, text.err
     assert "waiting for stage 0" not in text.out, text.out[:800]
+
+
+def test_the_tuis_overview_tells_fsdps_gathers_as_the_report_does(jobs: Any) -> None:
+    """The TUI's overview lists FSDP's all-gathers per phase, the same words as `report`."""
+    from textual.widgets import Static
+
+    from tests.integration.test_tui import drive, plain
+    from traceview.runs import open_run
+
+    job = jobs("fsdp2-prefetch")
+    text = run_cli("report", job.run)
+    assert text.code == 0, text.err
+    lines = text.out.splitlines()
+    first = lines.index("FSDP all-gathers (ms per step, mean of the ranks)")
+    seen: dict[str, str] = {}
+
+    async def look(app: Any, pilot: Any) -> None:
+        seen["notes"] = plain(app.query_one("#notes", Static))
+
+    with open_run([job.run]) as run:
+        drive([run], look)
+    end = lines.index("", first)
+    said = " ".join(" ".join(lines[first:end]).split())  # (the text report wraps its lines)
+    assert said.startswith("FSDP all-gathers") and "in forward: 4 unit(s)" in said, said
+    assert said in " ".join(seen["notes"].split()), (said, seen["notes"])

@@ -15,6 +15,7 @@ from traceview.tui.render import (
     PHASE_LETTER,
     PHASE_STYLE,
     communication_text,
+    fsdp_text,
     gpu_rank_text,
     gpu_verdict_text,
     host_bound_text,
@@ -159,6 +160,9 @@ class OverviewPane(VerticalScroll):
             assert row.gpu is not None
             notes.append("\n")
             notes.append_text(gpu_rank_text(row.rank, row.gpu))
+        if view.report.fsdp_gathers:
+            notes.append("\n")
+            notes.append_text(fsdp_text(view.report))
         if view.report.incomplete_steps:
             notes.append("\n")
             notes.append_text(incomplete_text(view.report))

@@ -18,6 +18,7 @@ from traceview.model.results import (
     Blame,
     Breakdown,
     Cause,
+    FsdpGather,
     HostBound,
     KernelLaunches,
     Pipeline,
@@ -707,3 +708,33 @@ def kernel_cells(k: KernelLaunches) -> list[Text]:
             )
         ),
     ]
+
+
+def fsdp_text(report: RunReport, top: int = 3) -> Text:
+    """FSDP's all-gathers per phase in words (ms per step, mean of the ranks): how many units,
+    how many prefetched, how much exposed, how long before their use they were done; then the
+    units whose gathers are most exposed (``top`` of them at most, 3 at most)."""
+    text = Text("FSDP all-gathers (ms per step, mean of the ranks)")
+    phases: dict[str, list[FsdpGather]] = {}
+    for g in report.fsdp_gathers:
+        phases.setdefault(g.phase, []).append(g)
+    for phase, units in phases.items():
+        total = sum(g.total_ms for g in units)
+        exposed = sum(g.exposed_ms for g in units)
+        prefetched = sum(1 for g in units if g.prefetched >= 0.5)
+        ahead = [g.ahead_ms for g in units if g.ahead_ms is not None]
+        finished = f"; done {ms(min(ahead))}-{ms(max(ahead))} ms before use" if ahead else ""
+        text.append(
+            f"\n  in {phase}: {len(units)} unit(s) ({prefetched} prefetched), {ms(total)} ms, "
+            f"{pct(exposed / total if total else 0.0)} exposed{finished}"
+        )
+        worst = sorted((g for g in units if g.exposed_ms > 0), key=lambda g: -g.exposed_ms)
+        shown = [
+            f"{safe(g.unit, 40)} {ms(g.exposed_ms)} ms "
+            f"({'prefetched' if g.prefetched >= 0.5 else 'not prefetched'}"
+            + (f", {ms(g.ahead_ms)} ms ahead)" if g.ahead_ms is not None else ")")
+            for g in worst[: max(1, min(top, 3))]
+        ]
+        if shown:
+            text.append("\n    most exposed: unit " + ", unit ".join(shown))
+    return text

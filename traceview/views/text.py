@@ -16,7 +16,6 @@ from traceview.model.escape import json_safe, safe
 from traceview.model.results import (
     ComparedRun,
     Comparison,
-    FsdpGather,
     RankSpread,
     Result,
     RunReport,
@@ -35,6 +34,7 @@ from traceview.views.style import (
     count,
     critical_path_text,
     duration_us,
+    fsdp_text,
     gpu_verdict_text,
     host_bound_cell,
     ideal_share,
@@ -439,31 +439,7 @@ def _several_dimensions(report: RunReport) -> bool:
 
 def _fsdp_gathers(report: RunReport, console: Console, top: int) -> None:
     """FSDP's all-gathers per phase in words, then the units whose gathers are most exposed."""
-    console.print(Text("FSDP all-gathers (ms per step, mean of the ranks)"))
-    phases: dict[str, list[FsdpGather]] = {}
-    for g in report.fsdp_gathers:
-        phases.setdefault(g.phase, []).append(g)
-    for phase, units in phases.items():
-        total = sum(g.total_ms for g in units)
-        exposed = sum(g.exposed_ms for g in units)
-        prefetched = sum(1 for g in units if g.prefetched >= 0.5)
-        ahead = [g.ahead_ms for g in units if g.ahead_ms is not None]
-        finished = f"; done {ms(min(ahead))}-{ms(max(ahead))} ms before use" if ahead else ""
-        console.print(
-            Text(
-                f"  in {phase}: {len(units)} unit(s) ({prefetched} prefetched), {ms(total)} ms, "
-                f"{pct(exposed / total if total else 0.0)} exposed{finished}"
-            )
-        )
-        worst = sorted((g for g in units if g.exposed_ms > 0), key=lambda g: -g.exposed_ms)
-        shown = [
-            f"{safe(g.unit, 40)} {ms(g.exposed_ms)} ms "
-            f"({'prefetched' if g.prefetched >= 0.5 else 'not prefetched'}"
-            + (f", {ms(g.ahead_ms)} ms ahead)" if g.ahead_ms is not None else ")")
-            for g in worst[: max(1, min(top, 3))]
-        ]
-        if shown:
-            console.print(Text("    most exposed: unit " + ", unit ".join(shown)))
+    console.print(fsdp_text(report, top))
     console.print()
 
 
