@@ -39,6 +39,7 @@ from typing import Literal
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand, dictionary_codes, ints
@@ -69,8 +70,13 @@ def actions_part(events: pa.Table, counted: np.ndarray | None = None) -> pa.Tabl
     if events.num_rows == 0:
         return S.ACTIONS_SCHEMA.empty_table()
     codes, names = dictionary_codes(events.column(S.NAME))
-    parsed = [_ACTION.fullmatch(str(n)) if n is not None else None for n in names]
-    known = np.array([m is not None for m in parsed] + [False])
+    # (every chunk of every rank comes here: only the names that may be actions are parsed)
+    maybe = pc.fill_null(pc.starts_with(pa.array(names, pa.string()), "PP:"), False)
+    parsed: list[re.Match[str] | None] = [None] * len(names)
+    known = np.zeros(len(names) + 1, bool)  # (the last: a null name's code, -1)
+    for i in np.flatnonzero(np.asarray(maybe, bool)).tolist():
+        parsed[i] = _ACTION.fullmatch(str(names[i]))
+        known[i] = parsed[i] is not None
     mine = known[codes]
     if counted is not None:
         mine &= counted

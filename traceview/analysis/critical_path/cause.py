@@ -182,9 +182,12 @@ def _candidates(
                 change, total = f"without:{kind}:rank={rank}", rank_ms  # (its own idling)
             else:
                 rank = None  # (ranks idle in turn: a cost of the whole run)
+        # (the call or operator that holds most of the host's time: cudaFree is no launch)
+        op, op_ms = _most(mine, "op", n_steps) if kind != S.SEGMENT_IDLE else (None, 0.0)
+        named = str(op) if op is not None and op_ms >= 0.5 * total else None
         out.append(
             Candidate(
-                kind, _int(rank), None if kind == S.SEGMENT_IDLE or top_phase is None else str(top_phase), None, total,
+                kind, _int(rank), None if kind == S.SEGMENT_IDLE or top_phase is None else str(top_phase), named, total,
                 change, others if kind == S.SEGMENT_IDLE else (),
             )
         )  # fmt: skip
@@ -351,9 +354,9 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
         more = f" ({count_ranks(cause.others)} too, for less)" if cause.others else ""
         what = f"{who} idles inside its steps: {blamed} on the critical path{more}"
     elif cause.kind == S.SEGMENT_HOST_BOUND:
-        what = f"the device waits for the host: {blamed} on the critical path{most}"
+        what = f"the device waits for the host: {blamed} on the critical path{most}{op}"
     elif cause.kind == S.SEGMENT_LAUNCH:
-        what = f"the device waits for kernel launches: {blamed} on the critical path{most}"
+        what = f"the device waits for kernel launches: {blamed} on the critical path{most}{op}"
     else:  # a phase that is not the model's own work, on every rank
         what = f"{phase} holds {blamed} of the critical path{most}"
     how = (
