@@ -14,8 +14,8 @@ tests/workloads/critical/dp.py):
   operator of the trace, every step); dp3-balanced / ddp3-balanced: the same jobs without it
   (the balanced runs). 20 recorded steps.
 - moe4-hot: 4 ranks, one expert each, tokens exchanged by all_to_all_single inside a custom
-  autograd Function (forward and backward); expert 3 receives 3x the tokens of the others, so
-  it computes 3x their work and the others wait for it inside the all-to-alls
+  autograd Function (forward and backward); expert 3 receives 5x the tokens of the others, so
+  it computes 5x their work and the others wait for it inside the all-to-alls
   (tests/workloads/parallel/moe.py).
 - gpipe2-slow: 2 pipeline stages (GPipe, 4 micro-batches); stage 1 does 40 extra 192x192
   matmuls in each micro-batch's forward.
@@ -73,7 +73,7 @@ JOBS: dict[str, tuple[int, str, list[str], int]] = {
                                                 "--extra", "40"], 8),
     "idle3": (3, "critical/dp.py", ["--mode", "explicit", "--slow-rank", "2",
                                     "--idle-every-ms", "30"], 20),
-    "moe4-hot": (4, "parallel/moe.py", ["--hot", "3", "--skew", "3"], 20),
+    "moe4-hot": (4, "parallel/moe.py", ["--hot", "3", "--skew", "5"], 20),
 }  # fmt: skip
 SLOW_DP = ["dp3-slow", "ddp3-slow"]
 BALANCED = {"dp3-slow": "dp3-balanced", "ddp3-slow": "ddp3-balanced"}
@@ -627,7 +627,7 @@ def test_an_overloaded_expert_is_the_cause_and_its_all_to_alls_are_exposed(jobs:
     expert's forward and backward over the median rank's, as the job timed them). (Its what-if
     is not held against a run with even routing: with 4 ranks on 2 cores, two runs minutes
     apart differed 2x in step time.) The all-to-alls' split sizes
-    (every rank sends [64, 64, 64, 192] rows) give an imbalance of 192 / 96 = 2.0."""
+    (every rank sends [64, 64, 64, 320] rows) give an imbalance of 320 / 128 = 2.5."""
     job = jobs("moe4-hot")
     report = job.report()
     counted = job.counted()

@@ -1,7 +1,8 @@
 """The one cause (``Cause``): of what the critical path blames, the thing whose removal the replay
 says saves the most. ``candidates`` reads each candidate off the blame with the change that
 removes it; they are replayed with the report's other what-ifs; ``pick`` keeps the one that saves
-the most, where that is more than the run's step-to-step noise (else: no cause, a balanced run).
+the most, where that is more than the run's step-to-step noise could make of the mean step (else:
+no cause, a balanced run).
 
 The candidates, each a change ``whatif`` knows:
 
@@ -9,8 +10,9 @@ The candidates, each a change ``whatif`` knows:
   (``no_late_start:rank=N``) where it holds them (``HOLDS``, ``PERSISTS``; the others late too
   are counted beside it), else every rank (``no_late_start``): the ranks late in turn;
 - a rank's own work beyond the median rank's: that rank at the median of the others
-  (``balance:rank=N``), for the few ranks with the most excess on the path, named for the phase
-  of its largest excess and that phase's top operator on the path;
+  (``balance:rank=N``), for the few ranks with the most excess on the path (where none has any,
+  the most own time on it), on the path in ``PERSISTS`` of the steps, named for the phase of its
+  largest excess and that phase's top operator on the path;
 - what is not the model's own work, on every rank: data loading and copies to the device
   (``without:io``, ``without:h2d``), host-bound time and kernel launches (``without:host_bound``,
   ``without:launch``), idle time inside a step (``without:idle``; ``without:idle:rank=N`` where
@@ -23,6 +25,7 @@ The model's own compute on balanced ranks is never a cause: it is what the step 
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -131,18 +134,16 @@ def _candidates(
         else:  # (the ranks in turn: every late start)
             out.append(Candidate(LATE_START, None, None, None, total, "no_late_start", others))
     if ranks > 1:
-        worst: dict[int, Blame] = {}  # per rank, its blame row of the largest excess
+        # per rank, its blame row of the largest excess; where none exceeds the median rank's
+        # (the others' phases stretched by sharing cores while it computes alone), its row with
+        # the most time on the path: the replay says whether balancing it saves anything
+        worst: dict[int, Blame] = {}
         for b in blame:
             own = b.kind in _COMPUTING and b.phase not in (None, S.IDLE, S.COMM)
-            excess = b.excess_ms or 0.0
-            if (
-                own
-                and excess > 0
-                and (b.rank not in worst or excess > (worst[b.rank].excess_ms or 0.0))
-            ):
+            if own and (b.rank not in worst or _weight(b) > _weight(worst[b.rank])):
                 worst[b.rank] = b
-        tried = sorted(worst.values(), key=lambda b: (-(b.excess_ms or 0.0), b.rank))
-        tried = [b for b in tried if _persists(rows, n_steps, b.rank, None, b.phase)]
+        tried = sorted(worst.values(), key=lambda b: (*(-w for w in _weight(b)), b.rank))
+        tried = [b for b in tried if _persists(rows, n_steps, b.rank, None)]
         for b in tried[:RANKS_TRIED]:
             mine = rows.filter(
                 (pl.col("rank") == b.rank) & (pl.col("phase") == b.phase)
@@ -203,6 +204,13 @@ def _candidates(
     return out
 
 
+def _weight(b: Blame) -> tuple[float, float]:
+    """How strongly a rank's own blame row marks it as slow: its excess over the median rank
+    where positive, else its time on the path."""
+    excess = b.excess_ms or 0.0
+    return (excess, b.ms) if excess > 0 else (0.0, b.ms)
+
+
 def _persists(
     rows: pl.DataFrame, n_steps: int, rank: object, kind: str | None, phase: str | None = None
 ) -> bool:
@@ -222,12 +230,17 @@ def _int(value: object) -> int | None:
 
 
 def noise_ms(step_ms: list[float]) -> float:
-    """The steps' own spread: 1.4826 times their median absolute deviation (the standard
-    deviation, where the steps vary normally, undisturbed by a few outliers)."""
+    """How far the counted steps' mean could be off by their own spread: twice its standard
+    error, with the spread taken as 1.4826 times the steps' median absolute deviation (the
+    standard deviation where the steps vary normally, undisturbed by a few outliers). A cause
+    whose replay saves less is within what another window of the same run could show; a saving
+    the steps repeat stands out of a noisy run (four ranks on two cores: steps from 170 to
+    440 ms, one rank 47 ms slower each)."""
     if len(step_ms) < 2:
         return 0.0
     middle = statistics.median(step_ms)
-    return 1.4826 * statistics.median(abs(s - middle) for s in step_ms)
+    spread = 1.4826 * statistics.median(abs(s - middle) for s in step_ms)
+    return 2 * spread / math.sqrt(len(step_ms))
 
 
 @dataclass(frozen=True)
