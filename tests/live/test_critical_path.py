@@ -22,6 +22,9 @@ tests/workloads/critical/dp.py):
 - idle3: dp3 (explicit) where rank 2 sleeps 30 ms after every optimizer step: at the top of each
   step (the collector begins the next profiler step in the optimizer's post-step hook), before
   any operator, while the others block in the all-reduce (issue 48's late starter).
+- late3: dp3 (explicit) where rank 2 sleeps 30 ms in every job step after its all-reduce and
+  before its optimizer step: it starts every profiler step that late, having idled at the end
+  of the one before, while the others block in the next all-reduce.
 
 Where the truth comes from: the job's own timers (time.perf_counter_ns, one CLOCK_MONOTONIC for
 all ranks of the machine) and the raw trace JSON (a ProfilerStep#N marker's start is
@@ -74,6 +77,8 @@ JOBS: dict[str, tuple[int, str, list[str], int]] = {
     "idle3": (3, "critical/dp.py", ["--mode", "explicit", "--slow-rank", "2",
                                     "--idle-every-ms", "30"], 20),
     "moe4-hot": (4, "parallel/moe.py", ["--hot", "3", "--skew", "5"], 20),
+    "late3": (3, "critical/dp.py", ["--mode", "explicit", "--slow-rank", "2",
+                                    "--late-every-ms", "30"], 20),
 }  # fmt: skip
 SLOW_DP = ["dp3-slow", "ddp3-slow"]
 BALANCED = {"dp3-slow": "dp3-balanced", "ddp3-slow": "ddp3-balanced"}
@@ -83,6 +88,7 @@ CAUSES: dict[str, tuple[tuple[str, int, str | None, str], str, str]] = {
     "dp3-slow": (("compute", 2, "backward", "balance:rank=2"), "extra", "dp3-balanced"),
     "ddp3-slow": (("compute", 2, "backward", "balance:rank=2"), "extra", "ddp3-balanced"),
     "idle3": (("idle", 2, None, "without:idle:rank=2"), "idle", "dp3-balanced"),
+    "late3": (("late_start", 2, None, "no_late_start:rank=2"), "late", "dp3-balanced"),
 }
 FIRST_RECORDED = 4  # the first job step `collect --skip 1 --warmup 2` records (checked below)
 
@@ -579,8 +585,9 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
     and the change that removes it; what it costs per step (the replay without it against the
     replay with none) is the injected time within 15% (the injection's own timer: the sleep,
     mean over the counted steps); its what-if predicts the same job run without the injection
-    (the balanced job's mean job step, ``_bound``); the straggler and the bottleneck follow it,
-    and the text report opens with it."""
+    (the balanced job's mean job step within 10%; where ranks outnumber cores, this run's mean
+    job step less the injection within 15%, and no slower than the balanced run); the straggler
+    and the bottleneck follow it, and the text report opens with it."""
     (want, timer, balanced_name) = CAUSES[name]
     job, balanced = jobs(name), jobs(balanced_name)
     report = job.report()
@@ -589,10 +596,24 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
     print(f"{name}: {cause['text']}")
     assert (cause["kind"], cause["rank"], cause["phase"], cause["change"]) == want, cause
     injected = job.recorded(timer).filter(pl.col("tstep").is_in(job.counted()))["ms"].mean()
-    assert cause["ms"] == pytest.approx(injected, rel=0.15), (cause, injected)
+    # a rank late every step ends every step late too (its sleep after the last all-reduce is
+    # the next step's late start): the job's step, first rank's start to last rank's end, holds
+    # the sleep twice, and removing it saves both
+    cost = 2 * injected if want[0] == "late_start" else injected
+    assert cause["ms"] == pytest.approx(cost, rel=0.15), (cause, cost)
     assert cause["step_ms"] == pytest.approx(_whatif(report, cause["change"])["step_ms"])
     truth = statistics.fmean(balanced.measured()[s] for s in balanced.counted())
-    assert cause["step_ms"] == pytest.approx(truth, rel=_bound(job, balanced)), (cause, truth)
+    if (os.cpu_count() or 1) > job.ranks:
+        assert cause["step_ms"] == pytest.approx(truth, rel=0.10), (cause, truth)
+    else:
+        # more ranks than cores: the balanced run is another machine (its three ranks share two
+        # cores, while in this run the sleeping rank leaves its core to the others: 26 ms
+        # balanced steps against 17 ms in this run less its sleep). The what-if predicts this
+        # run less its injection as timed, and no slower than the balanced run (sharing cores
+        # only slows that one)
+        own = statistics.fmean(job.measured()[s] for s in job.counted()) - cost
+        assert cause["step_ms"] == pytest.approx(own, rel=0.15), (cause, own)
+        assert cause["step_ms"] <= truth * (1 + _bound(job, balanced)), (cause, truth)
     summary = report["summary"]
     assert summary["straggler_rank"] == want[1] and summary["straggler_significant"] is True
     assert summary["straggler_phase"] == want[2]
@@ -602,6 +623,14 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
     lines = text.out.splitlines()
     first = next(i for i, line in enumerate(lines) if "is the bottleneck" in line)
     assert any(line.startswith("cause: ") for line in lines[:first]), text.out[:600]
+    if want[0] == "late_start":
+        # where the late rank was meanwhile: idling at the end of its previous step (the sleep,
+        # outside every operator), that time within 15% of the sleep's timer; the advice says so
+        spent = cause["before"][0]
+        assert spent["kind"] == "idle", cause["before"]
+        assert spent["ms"] == pytest.approx(injected, rel=0.15), (cause["before"], injected)
+        assert "idle outside every operator" in cause["text"], cause["text"]
+        assert "idles outside every operator" in text.out, text.out[:1200]
 
 
 @pytest.mark.parametrize("name", list(BALANCED.values()))

@@ -5,9 +5,18 @@ are in tests/live/test_critical_path.py."""
 from __future__ import annotations
 
 import polars as pl
+import pyarrow as pa
 
-from traceview.analysis.critical_path.cause import Candidate, candidates, noise_ms, pick
-from traceview.model.results import Blame, WhatIf
+from traceview.analysis.critical_path.cause import (
+    Candidate,
+    candidates,
+    cause_words,
+    noise_ms,
+    pick,
+)
+from traceview.analysis.critical_path.late import before
+from traceview.model.columns import TableOnDemand
+from traceview.model.results import Blame, Cause, WhatIf
 
 
 def _whatifs(base: float, **replayed: float) -> list[WhatIf]:
@@ -117,3 +126,46 @@ def test_host_work_that_is_no_launch_gets_its_own_advice() -> None:
     assert "cudaStreamCreateWithFlags" in advice("host_bound", "cudaStreamCreateWithFlags")
     for launch_bound in (advice("launch", "convolution"), advice("host_bound", "convolution")):
         assert "fewer, larger kernels" in launch_bound
+
+
+def test_where_a_late_rank_was_is_its_previous_steps_end_and_the_time_between_steps() -> None:
+    """Rank 1 starts step 2 20 ms after rank 0: from 100 to 120 ms it idled (100-110), ran its
+    update (110-115, one operator), then nothing of its steps (115-120: between its steps)."""
+    ms = 1_000_000
+    segments = pa.table(
+        {
+            "rank": pa.array([0, 0, 1, 1, 1, 1], pa.int32()),
+            "step": pa.array([1, 2, 1, 1, 1, 2], pa.int64()),
+            "start_ns": [0, 100 * ms, 0, 60 * ms, 110 * ms, 120 * ms],
+            "end_ns": [100 * ms, 150 * ms, 60 * ms, 110 * ms, 115 * ms, 150 * ms],
+            "phase": ["forward", "forward", "forward", "idle", "update", "forward"],
+            "kind": ["compute", "compute", "compute", "idle", "compute", "compute"],
+            "op": [None, None, None, None, "aten::add_", None],
+        }
+    )
+    windows = pl.DataFrame(
+        {
+            "rank": [0, 0, 1, 1],
+            "step": [1, 2, 1, 2],
+            "s": [0, 100, 0, 120],
+            "e": [100, 150, 115, 150],
+        }
+    ).with_columns(pl.col("s", "e") * ms)
+    spent = before(TableOnDemand.of(segments), windows, 1, [2])
+    got = [(s.kind, s.phase, s.op, s.ms) for s in spent]
+    assert got == [
+        ("idle", "idle", None, 10.0),
+        ("compute", "update", "aten::add_", 5.0),
+        ("between_steps", None, None, 5.0),
+    ]
+    # on time in step 2: nothing to say
+    assert before(TableOnDemand.of(segments), windows, 0, [2]) == []
+    cause = Cause(
+        kind="late_start", rank=1, phase=None, op=None, ms=20.0, blamed_ms=20.0,
+        change="no_late_start:rank=1", step_ms=130.0, speedup=1.15, text="", before=spent,
+    )  # fmt: skip
+    words = cause_words(cause, 150.0)
+    assert (
+        "meanwhile it was ending its previous step: idle outside every operator 10 ms, update "
+        "5 ms (most in aten::add_); between its steps (outside every step marker) 5 ms" in words
+    ), words

@@ -191,10 +191,21 @@ def verdict_text(report: RunReport) -> Text:
     if bottleneck == "pipeline" and pipeline is not None:
         return text.append_text(pipeline_verdict(report, pipeline))
     text.append(bottleneck, style=f"bold {PHASE_STYLE[bottleneck]}")
-    if bottleneck == "imbalance":
+    if bottleneck == "imbalance" and summary.cause is not None:
+        job_step = summary.cause.step_ms + summary.cause.ms  # (the replay's, with no change)
+        text.append(
+            f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job "
+            "step (first rank's start to last rank's end) is lost to waiting for another rank"
+        )
+    elif bottleneck == "imbalance":
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the "
             f"{ms(summary.step_ms)} ms step is waiting in communication for another rank"
+        )
+    elif summary.cause is not None:  # (its share: of the job's step the replay starts from)
+        job_step = summary.cause.step_ms + summary.cause.ms
+        text.append(
+            f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job step"
         )
     else:
         text.append(
@@ -257,11 +268,7 @@ def cause_advice(cause: Cause) -> str | None:
     rank = f"rank {cause.rank}" if cause.rank is not None else "the ranks"
     does, its = ("does", "its") if cause.rank is not None else ("do", "their")
     if cause.kind == "late_start":
-        return (
-            f"look at what {rank} {does} between {its} steps (data loading outside the loop body, "
-            "checkpoints, logging, garbage collection, a host synchronize): the Timeline of "
-            "`traceview tui` shows it"
-        )
+        return late_start_advice(cause, rank, does, its)
     if cause.kind == "idle":
         return (
             f"look at what keeps {rank} waiting inside its steps outside every operator (a "
@@ -301,6 +308,35 @@ def cause_advice(cause: Cause) -> str | None:
             "longer sequences on it, uneven expert routing, a slower device or a busier host"
         )
     return None
+
+
+def late_start_advice(cause: Cause, rank: str, does: str, its: str) -> str:
+    """What to look at for a late start, by where the late rank was meanwhile (its largest
+    piece, ``Cause.before``): idling, data loading, its update or communication ending its
+    previous step, or time outside every step marker."""
+    timeline = "the Timeline of `traceview tui` shows it"
+    first = cause.before[0] if cause.before else None
+    if first is None or first.kind == "between_steps":
+        return (
+            f"look at what {rank} {does} between {its} steps, outside every step marker (data "
+            "loading outside the loop body, checkpoints, logging, garbage collection, a host "
+            f"synchronize): {timeline}"
+        )
+    if first.kind == "idle":
+        return (
+            f"{rank} idles outside every operator before {its} next step (a sleep, a barrier or "
+            f"synchronize, logging, garbage collection, another process on its cores): {timeline}"
+        )
+    if first.phase == S.IO:
+        return (
+            f"{rank} is still loading data when the others start: use more DataLoader workers "
+            "(num_workers), or prefetch the next batch while the step computes"
+        )
+    op = f" ({safe(first.op, 40)} the most)" if first.op else ""
+    return (
+        f"{rank} is still in {its} previous step's {first.phase}{op} when the others start: "
+        f"find why it takes longer there than on the others; {timeline}"
+    )
 
 
 def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:

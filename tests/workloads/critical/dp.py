@@ -2,8 +2,8 @@
 idles inside a step, a rank with extra backward work (CPU, gloo, torchrun).
 
   torchrun --standalone --nproc-per-node N dp.py --mode explicit|ddp [--slow-rank R]
-      [--extra-ms Y] [--late-ms S --late-step K] [--idle-every-ms S3] [--idle-ms S2 --idle-step J]
-      --truth DIR
+      [--extra-ms Y] [--late-ms S --late-step K] [--late-every-ms S4] [--idle-every-ms S3]
+      [--idle-ms S2 --idle-step J] --truth DIR
 
 The model: Linear(256, 512), ReLU, Linear(512, 512), ReLU, Linear(512, 10) on a batch of 64;
 between the two ReLUs an autograd function `Extra` whose backward sleeps --extra-ms on the slow
@@ -23,6 +23,8 @@ Injections on the slow rank (each timed by the timer of its own name, see _commo
   the rank's profiler step K (which begins in the optimizer's post-step hook) starts that late
   while the other ranks start on time and block in step K's first collective. With
   `traceview collect --skip 1 --warmup 2`, K = 4 is the first recorded step.
+- "late" too: --late-every-ms, in every job step at the same place: the rank starts every
+  profiler step that late, having idled at the end of the one before (outside every operator).
 - "idle": --idle-ms, at the top of job step J, before zero_grad: inside the step, outside
   every operator.
 - "extra": --extra-ms, inside the backward pass (every step).
@@ -92,6 +94,7 @@ def main() -> None:
     parser.add_argument("--extra-ms", type=float, default=0.0)
     parser.add_argument("--late-ms", type=float, default=0.0)
     parser.add_argument("--late-step", type=int, default=4)
+    parser.add_argument("--late-every-ms", type=float, default=0.0)
     parser.add_argument("--idle-every-ms", type=float, default=0.0)
     parser.add_argument("--idle-ms", type=float, default=0.0)
     parser.add_argument("--idle-step", type=int, default=7)
@@ -140,6 +143,9 @@ def main() -> None:
             if slow and step == args.late_step - 1 and args.late_ms > 0:
                 with timers.timed("late"):
                     time.sleep(args.late_ms / 1000)
+            if slow and args.late_every_ms > 0:
+                with timers.timed("late"):
+                    time.sleep(args.late_every_ms / 1000)
             with timers.timed("update"):
                 optimizer.step()
     groups = [C.group_entry(dist.group.WORLD, None)]

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 import polars as pl
 
 from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, TRANSFER
+from traceview.analysis.critical_path.late import BETWEEN_STEPS
 from traceview.model import schema as S
 from traceview.model.escape import safe
-from traceview.model.results import Blame, Cause, WhatIf
+from traceview.model.results import Blame, Cause, Spent, WhatIf
 
 #: How many ranks with the most excess on the path are each tried balanced.
 RANKS_TRIED = 3
@@ -357,6 +358,8 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
     elif cause.kind == LATE_START:
         more = f" ({count_ranks(cause.others)} {verb} late too)" if cause.others else ""
         what = f"{who} starts its steps late{more}: {blamed} on the critical path"
+        if cause.before:
+            what += "; meanwhile it was " + before_words(cause.before[:3])
     elif cause.change.startswith("balance:"):
         what = f"{who}'s {phase} holds the step: {blamed} on the critical path{op}"
     elif cause.kind == TRANSFER:
@@ -388,6 +391,34 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
         f"{what}. Replayed {how}, the job's step would take {cause.step_ms:.3g} ms "
         f"instead of {step_ms:.3g} ms ({cause.speedup:.2f}x){then}"
     )
+
+
+def before_words(before: list[Spent]) -> str:
+    """Where a late rank was (``Cause.before``) in words, ms per step: the pieces of its
+    previous step's end together, the time between its steps apart, the larger first."""
+    ending = [spent_words(p) for p in before if p.kind != BETWEEN_STEPS]
+    parts = {p.kind: p for p in before}
+    between = parts.get(BETWEEN_STEPS)
+    said = ["ending its previous step: " + ", ".join(ending)] if ending else []
+    if between is not None:
+        outside = f"between its steps (outside every step marker) {between.ms:.3g} ms"
+        first = before[0].kind == BETWEEN_STEPS
+        said.insert(0 if first else len(said), outside)
+    return "; ".join(said)
+
+
+def spent_words(spent: Spent) -> str:
+    """One piece of a late rank's previous step, in words with its ms per step."""
+    op = f" (most in {safe(spent.op, 40)})" if spent.op else ""
+    if spent.kind == S.SEGMENT_IDLE:
+        where = "idle outside every operator"
+    elif spent.kind == S.SEGMENT_COMM or spent.phase == S.COMM:
+        where = "communicating"
+    else:
+        where = str(_PHASE_WORDS.get(spent.phase or "", spent.phase))
+        if spent.kind != S.SEGMENT_COMPUTE:
+            where += f" ({spent.kind})"
+    return f"{where} {spent.ms:.3g} ms{op}"
 
 
 def cause_brief(cause: Cause) -> str:

@@ -21,7 +21,8 @@ class Change:
     item_factor: np.ndarray | None = None  # multiplies each item's duration
     transfer: np.ndarray | None = None  # each call's transfer (ns)
     hide_comm: bool = False  # every wait is over at once (the collective edges dropped)
-    no_late_start: bool = False  # every rank starts the step with the first
+    # every rank starts the step with the first (and idles no more after its last wait)
+    no_late_start: bool = False
     late_ranks: frozenset[int] | None = None  # ... only these ranks do (None: every rank)
     no_queue: bool = False  # calls on one queue do not wait for each other (tests drop it)
 
@@ -32,6 +33,24 @@ class Replay:
     passes: int
     converged: bool
     last_rank: dict[int, int] = field(default_factory=dict)  # per step, the rank that ends it
+
+
+def _idle_tails(
+    items: pl.DataFrame, group: np.ndarray, wait: np.ndarray, on_time: np.ndarray
+) -> np.ndarray:
+    """Which items are idling that ends a step of a rank started on time (``on_time``, per
+    group), after its last wait in that step: nothing in the step waits for it, it only makes
+    the rank start its next step late (a sleep after the last collective), so it goes with the
+    late start it causes."""
+    n = len(group)
+    if n == 0:
+        return np.zeros(0, bool)
+    last = np.full(int(group.max()) + 1, -1)
+    waits = np.flatnonzero(wait)
+    np.maximum.at(last, group[waits], waits)
+    idle = (items[S.KIND] == S.SEGMENT_IDLE).to_numpy()
+    after = (np.arange(n) > last[group]) & (last[group] >= 0)
+    return idle & after & on_time[group]
 
 
 def replay(graph: Graph, change: Change | None = None) -> Replay:
@@ -64,6 +83,7 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
             else np.ones(len(origin), bool)
         )
         origin = np.where(on_time, timed.step_first, timed.g_start)
+        dur = np.where(_idle_tails(items, group, wait, on_time), 0.0, dur)
     # prefix sums of durations per group (each group from 0)
     csum = np.cumsum(dur)
     before = np.concatenate([[0.0], csum])[heads]

@@ -11,8 +11,9 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.critical_path.blame import _OWN, _blame, _blame_per_step, _blame_rows
-from traceview.analysis.critical_path.cause import candidates, pick
-from traceview.analysis.critical_path.graph import NO_STEP
+from traceview.analysis.critical_path.cause import candidates, cause_words, pick
+from traceview.analysis.critical_path.graph import LATE_START, NO_STEP
+from traceview.analysis.critical_path.late import before
 from traceview.analysis.critical_path.source import _batches, _source
 from traceview.analysis.critical_path.tables import _stretches
 from traceview.analysis.critical_path.walk import WalkedPath
@@ -23,7 +24,7 @@ from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, S
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 6
+PATH_VERSION = 7
 
 
 @dataclass
@@ -173,4 +174,11 @@ def explain(
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
     picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained)
+    base_ms = next((w.step_ms for w in whatif if w.change == "none"), 0.0)
+    for cause in (picked.cause, picked.straggler):  # (a late start: where its rank was)
+        if cause is not None and cause.kind == LATE_START and cause.rank is not None:
+            cause.before = before(
+                source.segments, source.windows(), cause.rank, [p.step for p in whole]
+            )
+            cause.text = cause_words(cause, base_ms, ranks)
     return Explained(path, per_step, whatif, rank_blame, picked.cause, picked.straggler)

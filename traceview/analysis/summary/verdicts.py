@@ -230,7 +230,9 @@ def _cause_verdict(
     else:
         bottleneck = summary.bottleneck
     summary.bottleneck = bottleneck
-    summary.bottleneck_share = round(cause.ms / summary.step_ms, 4) if summary.step_ms else 0.0
+    # (of the job's step the replay starts from: what the cause's saving is a part of)
+    job_step = cause.step_ms + cause.ms
+    summary.bottleneck_share = round(cause.ms / job_step, 4) if job_step > 0 else 0.0
 
 
 def _stage_of(rank: int | None, pipeline: Pipeline | None) -> int | None:

@@ -91,6 +91,17 @@ CauseKind = Literal[
 ]  # fmt: skip
 
 
+class Spent(Result):
+    """Where a late rank was while the others had begun the step (``Cause.before``): ms per step
+    in one (phase, kind) of its previous step, or between its steps (kind ``between_steps``:
+    outside every step marker; phase null)."""
+
+    phase: Phase | None
+    kind: str  # a segment kind (compute, kernel, idle, comm, ...) or between_steps
+    op: str | None  # the operator holding most of it, where one does (untrusted)
+    ms: float
+
+
 class Cause(Result):
     """What the step loses most to (analysis/critical_path/cause.py): of what the critical path
     blames, the cause whose removal the replay says saves the most, where that is more than
@@ -117,6 +128,8 @@ class Cause(Result):
     # where removing it saves less than half its blamed time (another chain takes over): the
     # rank that then ends the step, most often (null: it saves most of its blame)
     then_rank: int | None = None
+    # a late start's: where its rank was while the others had begun the step, largest first
+    before: list[Spent] = []
 
 
 class WhatIf(Result):
