@@ -82,19 +82,22 @@ def test_parquet_tables_one_grain_in_polars_pandas_duckdb(tmp_path: Path) -> Non
     # one grain per table: each launches table counts every kernel once
     assert kernels["launches"] == kernels["launches_by_phase"] == kernels["launches_by_rank"]
     by_rank = pl.read_parquet(out / "launches_by_rank.parquet")
-    assert by_rank.select("rank").is_unique().all()
+    assert by_rank.select("rank", "step").is_unique().all()
     by_phase = pl.read_parquet(out / "launches_by_phase.parquet")
-    assert by_phase.select("rank", "phase").is_unique().all()
+    assert by_phase.select("rank", "step", "phase").is_unique().all()
     detail = pl.read_parquet(out / "launches.parquet")
     assert detail["phase"].null_count() == detail["op"].null_count() == 0
+    assert detail.select("rank", "step", "phase", "op").is_unique().all()
 
-    # against the report: kernels per step times the rank's step windows (gpu table rows)
+    # against the report: kernels per counted step (the steps it does not exclude)
     report = run_cli("report", run, "--json")
     assert report.code == 0, report.err
-    windows = dict(pl.read_parquet(out / "gpu.parquet").group_by("rank").len().rows())
+    counted = [s["step"] for s in report.json()["per_step"] if not s["excluded"]]
+    mine = by_rank.filter(pl.col("step").is_in(counted))
+    assert counted and mine["step"].n_unique() == len(counted)
     for rank in report.json()["ranks"]:
-        n = kernels["launches_by_rank"][rank["rank"]]
-        assert rank["gpu"]["launches"] == pytest.approx(n / windows[rank["rank"]], abs=0.05)
+        n = mine.filter(pl.col("rank") == rank["rank"])["kernels"].sum()
+        assert rank["gpu"]["launches"] == pytest.approx(n / len(counted), abs=0.05)
 
     # against the raw JSON: the kernels each rank's runtime calls launched inside its steps
     for rank, trace in enumerate(sorted(SAMPLED.glob("*.json.gz"))):

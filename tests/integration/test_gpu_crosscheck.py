@@ -92,21 +92,29 @@ def test_launch_statistics_agree_with_hta(name: str, tmp_path: Path) -> None:
     same = table.filter(pa.compute.invert(pa.compute.is_in(table[S.EVENT_ID], drop.to_arrow())))
     mine = pl.from_arrow(launch_stats(same))
     assert isinstance(mine, pl.DataFrame)
-    total = mine.filter(pl.col(S.PHASE).is_null()).row(0, named=True)
-    theirs = hta[hta.correlation.isin(both)]
-    assert total[S.KERNELS] == len(theirs)
-    latency = (theirs.launch_delay + theirs.cpu_duration).to_numpy(np.float64)
-    duration = theirs.gpu_duration.to_numpy(np.float64)
-    # HTA's launch delay is the whole wait (queueing + launch latency): their sum here
-    assert total[S.DELAY_TOTAL_NS] / 1e3 == pytest.approx(latency.sum(), rel=0.01)
-    assert 0 <= total[S.QUEUE_TOTAL_NS] <= total[S.DELAY_TOTAL_NS]
-    for ns, us in (
-        (total[S.DURATION_P50_NS], np.percentile(duration, 50)),
-        (total[S.DURATION_P95_NS], np.percentile(duration, 95)),
-    ):
-        assert ns / 1e3 == pytest.approx(us, abs=2.0 + 0.01 * abs(us))
-    short = float((theirs.gpu_duration < theirs.cpu_duration).mean())
-    assert total[S.SHORT_KERNELS] / total[S.KERNELS] == pytest.approx(short, abs=0.02)
+    totals = mine.filter(pl.col(S.PHASE).is_null())  # (one row per step: its own kernels)
+    theirs = hta[hta.correlation.isin(both)].copy()
+    assert totals[S.KERNELS].sum() == len(theirs)
+    # each of HTA's kernels in the step traceview puts it in (by its correlation id)
+    step_of = dict(zip(kernels[S.CORRELATION].to_list(), kernels[S.STEP].to_list(), strict=True))
+    theirs["step"] = theirs.correlation.map(step_of)
+    for total in totals.iter_rows(named=True):
+        part = theirs if total[S.STEP] is None else theirs[theirs.step == total[S.STEP]]
+        assert total[S.KERNELS] == len(part), total[S.STEP]
+        latency = (part.launch_delay + part.cpu_duration).to_numpy(np.float64)
+        duration = part.gpu_duration.to_numpy(np.float64)
+        # HTA's launch delay is the whole wait (queueing + launch latency): their sum here
+        assert total[S.DELAY_TOTAL_NS] / 1e3 == pytest.approx(latency.sum(), rel=0.01)
+        assert 0 <= total[S.QUEUE_TOTAL_NS] <= total[S.DELAY_TOTAL_NS]
+        for ns, us in (
+            (total[S.DURATION_P50_NS], np.percentile(duration, 50)),
+            (total[S.DURATION_P95_NS], np.percentile(duration, 95)),
+        ):
+            assert ns / 1e3 == pytest.approx(us, abs=2.0 + 0.01 * abs(us))
+        # (HTA's durations are whole µs: kernels as long as their call, to the µs, are ties
+        # there and not here; one step of 900 kernels holds 19 more short ones than HTA counts)
+        short = float((part.gpu_duration < part.cpu_duration).mean())
+        assert total[S.SHORT_KERNELS] / total[S.KERNELS] == pytest.approx(short, abs=0.03)
 
 
 @pytest.mark.parametrize("name", ONE_STREAM)

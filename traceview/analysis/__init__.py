@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 #: communication (a collective called inside an autograd Function); 20: the actions table
 #: (pipeline actions: what names a virtual stage's own work); 21: host-bound time inside a
 #: runtime call that launches nothing (cudaMalloc) is host-bound, named by the call, not launch
-ANALYSIS_VERSION = "21"
+ANALYSIS_VERSION = "22"
 
 #: The per-rank tables, by the file name (without .parquet) they are cached under, and their
 #: shape (a cached table of another shape is damaged, and recomputed).

@@ -262,8 +262,8 @@ def stream_free(ev: EventArrays, rows: np.ndarray, earlier: StreamWork | None = 
 
 
 def launch_stats(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
-    """The launches table (schema.LAUNCHES_SCHEMA) of one rank: per (phase, op) of the kernels
-    launched inside its steps (op "": unknown), per phase (op null), and one row for all of
+    """The launches table (schema.LAUNCHES_SCHEMA) of one rank: per step, per (phase, op) of the
+    kernels launched inside it (op "": unknown), per phase (op null), and one row for all of
     them (phase and op null)."""
     tl = tl or rank_timeline(events)
     rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
@@ -283,14 +283,18 @@ def kernel_launches(
         window = np.searchsorted(tl.w_start, ev.ts[kernels], side="right") - 1
         inside = (window >= 0) & (ev.ts[kernels] < tl.w_end[np.maximum(window, 0)])
         kernels, launcher = kernels[inside], launcher[inside]
+        # the kernel's step as the events give it (its launch's), else the window it ran in
+        step = np.where(ev.step[kernels] >= 0, ev.step[kernels], tl.numbers[window[inside]])
     else:
         kernels, launcher = kernels[:0], launcher[:0]
+        step = np.zeros(0, np.int64)
     ops = events.column(S.OP).take(pa.array(kernels, pa.int64())).cast(pa.string())
     delay = ev.ts[kernels] - ev.ts[launcher]
     free = stream_free(ev, kernels, earlier)
     queue = np.clip(free - ev.ts[launcher], 0, np.maximum(delay, 0))
     return pl.DataFrame(
         {
+            S.STEP: pa.array(step, pa.int64(), mask=step < 0),
             S.PHASE: np.array(S.EVENT_PHASES)[ev.phase[kernels]],
             S.OP: pl.from_arrow(ops),
             "latency": delay - queue,
@@ -300,6 +304,7 @@ def kernel_launches(
             "overhead": ev.end[launcher] - ev.ts[launcher],
         },
         schema={
+            S.STEP: pl.Int64,
             S.PHASE: pl.Categorical,
             S.OP: pl.Categorical,
             "latency": pl.Int64,
@@ -332,16 +337,20 @@ def combine_launches(parts: list[pl.DataFrame], rank: int) -> pa.Table:
     ]
     df = df.with_columns(pl.col(S.OP).fill_null(""))
     named = pl.col(S.PHASE, S.OP).cast(pl.String)  # (sorted by name, not by category)
-    groups = df.group_by(S.PHASE, S.OP).agg(aggs).with_columns(named).sort(S.PHASE, S.OP)
+    by = (S.STEP, S.PHASE, S.OP)
+    groups = df.group_by(*by).agg(aggs).with_columns(named).sort(*by, nulls_last=True)
     by_phase = (
-        df.group_by(S.PHASE)
+        df.group_by(S.STEP, S.PHASE)
         .agg(aggs)
         .with_columns(pl.col(S.PHASE).cast(pl.String))
-        .sort(S.PHASE)
+        .sort(S.STEP, S.PHASE, nulls_last=True)
         .with_columns(pl.lit(None, pl.String).alias(S.OP))
     )
-    total = df.select(aggs).with_columns(
-        pl.lit(None, pl.String).alias(S.PHASE), pl.lit(None, pl.String).alias(S.OP)
+    total = (
+        df.group_by(S.STEP)
+        .agg(aggs)
+        .sort(S.STEP, nulls_last=True)
+        .with_columns(pl.lit(None, pl.String).alias(S.PHASE), pl.lit(None, pl.String).alias(S.OP))
     )
     out = pl.concat(
         [f.select(groups.columns) for f in (total, by_phase, groups)], how="vertical_relaxed"
@@ -397,6 +406,32 @@ def _us(ns: float | None) -> float:
     return round(float(ns or 0.0) / 1e3, 3)
 
 
+#: How the launches table's per-step rows combine over the counted steps: counts and totals
+#: add up; a median is the steps' medians weighted by their kernels; a 95th percentile is the
+#: highest step's (what a step can reach).
+_SUMMED = (S.KERNELS, S.DELAY_TOTAL_NS, S.QUEUE_TOTAL_NS, S.TOTAL_NS, S.SHORT_KERNELS)
+_MEDIANS = (S.LATENCY_P50_NS, S.QUEUE_P50_NS, S.DURATION_P50_NS, S.OVERHEAD_P50_NS)
+_HIGHEST = (S.LATENCY_P95_NS, S.QUEUE_P95_NS, S.DURATION_P95_NS)
+
+
+def over_steps(launches: pl.DataFrame, keep: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, int]]:
+    """The launches table's rows of the steps in ``keep`` (rank, step: the report's counted
+    steps) combined per (rank, phase, op) (``_SUMMED``, ``_MEDIANS``, ``_HIGHEST``), and per
+    rank how many of those steps it has: launch statistics per counted step, set-up and warm-up
+    left out."""
+    kept = launches.join(
+        keep.select(S.RANK, S.STEP).unique(), on=[S.RANK, S.STEP], how="semi", nulls_equal=True
+    )
+    steps = dict(keep.select(S.RANK, S.STEP).unique().group_by(S.RANK).len().iter_rows())
+    weight = pl.col(S.KERNELS).cast(pl.Float64)
+    combined = kept.group_by(S.RANK, S.PHASE, S.OP).agg(
+        *(pl.col(c).sum() for c in _SUMMED),
+        *((pl.col(c) * weight).sum() / weight.sum().clip(1) for c in _MEDIANS),
+        *(pl.col(c).max() for c in _HIGHEST),
+    )
+    return combined, {int(r): int(n) for r, n in steps.items()}
+
+
 def _launch_row(row: dict[str, Any], steps: int) -> KernelLaunches:
     kernels, delay = int(row[S.KERNELS]), int(row[S.DELAY_TOTAL_NS])
     return KernelLaunches(
@@ -417,19 +452,19 @@ def _launch_row(row: dict[str, Any], steps: int) -> KernelLaunches:
 
 def rank_gpu(gpu: pa.Table, launches: pa.Table, keep: pl.DataFrame) -> dict[int, RankGpu]:
     """Per GPU rank, its device time explained: means over the steps in ``keep`` (rank, step:
-    the report's complete steps) of the gpu table; the launches table's statistics (over all
-    of the rank's steps) per step."""
+    the report's counted steps) of the gpu table, and the launches table's statistics per step
+    over the same steps (``over_steps``)."""
     every = pl.from_arrow(gpu)
-    launched = pl.from_arrow(launches)
-    assert isinstance(every, pl.DataFrame) and isinstance(launched, pl.DataFrame)
-    windows = dict(every.group_by(S.RANK).len().iter_rows())
+    per_step = pl.from_arrow(launches)
+    assert isinstance(every, pl.DataFrame) and isinstance(per_step, pl.DataFrame)
+    launched, windows = over_steps(per_step, keep)
     kept = every.join(
         keep.select(S.RANK, S.STEP).unique(), on=[S.RANK, S.STEP], how="semi", nulls_equal=True
     )
     out: dict[int, RankGpu] = {}
     for (rank,), df in kept.group_by(S.RANK, maintain_order=True):
         mean = {c: float(df[c].cast(pl.Float64).mean() or 0.0) for c in df.columns[2:]}
-        wall, steps = mean[S.WALL_NS], windows[rank]
+        wall, steps = mean[S.WALL_NS], windows.get(rank, 1)
         bound = sum(mean[S.host_bound_ns(p)] for p in S.GPU_HOST_BOUND_PHASES)
         phases = []
         for p in (S.H2D, S.FORWARD, S.BACKWARD, S.UPDATE, S.COMM, S.OTHER):
@@ -474,12 +509,12 @@ def rank_gpu(gpu: pa.Table, launches: pa.Table, keep: pl.DataFrame) -> dict[int,
     return out
 
 
-def phase_launches(gpu: pa.Table, launches: pa.Table) -> dict[tuple[int, str], KernelLaunches]:
-    """(rank, phase) -> the statistics of all kernels the phase launched, per step."""
-    every = pl.from_arrow(gpu)
-    rows = pl.from_arrow(launches)
-    assert isinstance(every, pl.DataFrame) and isinstance(rows, pl.DataFrame)
-    windows = dict(every.group_by(S.RANK).len().iter_rows())
+def phase_launches(launches: pa.Table, keep: pl.DataFrame) -> dict[tuple[int, str], KernelLaunches]:
+    """(rank, phase) -> the statistics of all kernels the phase launched, per step of ``keep``
+    (rank, step: the counted steps)."""
+    per_step = pl.from_arrow(launches)
+    assert isinstance(per_step, pl.DataFrame)
+    rows, windows = over_steps(per_step, keep)
     rows = rows.filter(pl.col(S.PHASE).is_not_null() & pl.col(S.OP).is_null())
     return {
         (int(r[S.RANK]), str(r[S.PHASE])): _launch_row(r, windows.get(r[S.RANK], 1))

@@ -616,11 +616,14 @@ DURATION_P95_NS: Final = "duration_p95_ns"
 OVERHEAD_P50_NS: Final = "overhead_p50_ns"  # the launch call's own duration
 SHORT_KERNELS: Final = "short_kernels"  # kernels shorter than their launch call
 
-#: Kernels launched by a runtime call inside the rank's steps: one row per (phase, op) (op "":
-#: unknown), one per phase (op null) and one for all of them (phase and op null).
+#: Kernels launched by a runtime call inside the rank's steps, per step (null: the one window of
+#: a trace without step markers): one row per (step, phase, op) (op "": unknown), one per (step,
+#: phase) (op null) and one for all of the step's (phase and op null). A report reads the counted
+#: steps' rows (``analysis.gpu.over_steps``).
 LAUNCHES_SCHEMA: Final = pa.schema(
     [
         pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64()),
         pa.field(PHASE, pa.string()),
         pa.field(OP, pa.string()),
         pa.field(KERNELS, pa.int64(), nullable=False),

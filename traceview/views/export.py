@@ -6,10 +6,10 @@ Each table has one grain: ``events`` (one row per trace event), ``steps`` (rank,
 out; sum durations over one view; the match columns are filled on the view that matching
 across ranks used; ``dim`` and ``group_ranks`` name the call's group), ``comm_by_group`` (group,
 phase, op) and ``pipeline_stages`` (stage) where the run has them (the report's figures, ms per
-step), and on GPU runs ``gpu`` (rank, step), ``launches`` (rank, phase, op),
-``launches_by_phase`` (rank, phase) and ``launches_by_rank`` (rank): percentiles do not add
-up, so each level of the launch statistics is a table of its own, and each counts every kernel
-once.
+step), and on GPU runs ``gpu`` (rank, step), ``launches`` (rank, step, phase, op),
+``launches_by_phase`` (rank, step, phase) and ``launches_by_rank`` (rank, step): percentiles do
+not add up, so each level of the launch statistics is a table of its own, and each counts every
+kernel once.
 
 The Chrome trace puts each rank in its own process (named ``rank N (host)``), its host threads
 and device streams as threads (named as the trace names them, or by what they hold), and the

@@ -338,7 +338,9 @@ def _gpu_section(ctx: Context) -> Gpu | None:
     if gpu is None or launches is None or not counted.height:
         return None
     on_gpu = rank_gpu(gpu, launches, counted)
-    verdict = gpu_verdict(on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(gpu, launches))
+    verdict = gpu_verdict(
+        on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(launches, counted)
+    )
     if manifest_steps_from(ctx.manifest) == "one_window":
         verdict = None  # one window holds the one-time costs: no per-step advice built on them
     return Gpu(dict(on_gpu), verdict)
