@@ -169,3 +169,18 @@ def test_where_a_late_rank_was_is_its_previous_steps_end_and_the_time_between_st
         "meanwhile it was ending its previous step: idle outside every operator 10 ms, update "
         "5 ms (most in aten::add_); between its steps (outside every step marker) 5 ms" in words
     ), words
+
+
+def test_the_rank_that_takes_over_is_named_with_its_phase() -> None:
+    """Removing rank 3's late start saves 1 ms of its 10 on the path: rank 5 then ends the step,
+    and the words say what the others then wait for."""
+    cause = Cause(
+        kind="late_start", rank=3, phase=None, op=None, ms=1.0, blamed_ms=10.0,
+        change="no_late_start:rank=3", step_ms=99.0, speedup=1.01, text="", then_rank=5,
+        then_phase="backward",
+    )  # fmt: skip
+    assert "; rank 5 then ends the step last (the others wait for its backward)" in cause_words(
+        cause, 100.0
+    )
+    cause.then_phase = None
+    assert "; rank 5 then ends the step last (the others wait for it)" in cause_words(cause, 100.0)

@@ -385,7 +385,8 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
         then = (
             f"; rank {cause.then_rank} still ends the step last"
             if cause.then_rank == cause.rank
-            else f"; rank {cause.then_rank} then ends the step last (the others wait for it)"
+            else f"; rank {cause.then_rank} then ends the step last (the others wait for "
+            + (f"its {cause.then_phase})" if cause.then_phase else "it)")
         )
     return (
         f"{what}. Replayed {how}, the job's step would take {cause.step_ms:.3g} ms "

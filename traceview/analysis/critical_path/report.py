@@ -12,19 +12,20 @@ import pyarrow as pa
 
 from traceview.analysis.critical_path.blame import _OWN, _blame, _blame_per_step, _blame_rows
 from traceview.analysis.critical_path.cause import candidates, cause_words, pick
-from traceview.analysis.critical_path.graph import LATE_START, NO_STEP
+from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, NO_STEP
 from traceview.analysis.critical_path.late import before
 from traceview.analysis.critical_path.source import _batches, _source
 from traceview.analysis.critical_path.tables import _stretches
 from traceview.analysis.critical_path.walk import WalkedPath
 from traceview.analysis.critical_path.whatif import _what_ifs
 from traceview.analysis.crossrank import Matched
+from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
 from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 7
+PATH_VERSION = 8
 
 
 @dataclass
@@ -175,10 +176,33 @@ def explain(
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
     picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained)
     base_ms = next((w.step_ms for w in whatif if w.change == "none"), 0.0)
-    for cause in (picked.cause, picked.straggler):  # (a late start: where its rank was)
-        if cause is not None and cause.kind == LATE_START and cause.rank is not None:
+    for cause in (picked.cause, picked.straggler):
+        if cause is None:
+            continue
+        if cause.kind == LATE_START and cause.rank is not None:  # (where its rank was)
             cause.before = before(
                 source.segments, source.windows(), cause.rank, [p.step for p in whole]
             )
-            cause.text = cause_words(cause, base_ms, ranks)
+        if cause.then_rank is not None and cause.then_rank != cause.rank:
+            cause.then_phase = _own_phase(df, cause.then_rank)  # (what the others then wait for)
+        cause.text = cause_words(cause, base_ms, ranks)
     return Explained(path, per_step, whatif, rank_blame, picked.cause, picked.straggler)
+
+
+def _own_phase(rows: pl.DataFrame, rank: int) -> str | None:
+    """The phase of ``rank``'s own work with the most time on the paths ``rows`` (None: it
+    has none there)."""
+    mine = rows.filter(
+        (pl.col("rank") == rank)
+        & pl.col("kind").is_in(_COMPUTING)
+        & ~pl.col("phase").is_in([S.IDLE, S.COMM])
+        & pl.col("phase").is_not_null()
+    )
+    if mine.height == 0:
+        return None
+    by = (
+        mine.group_by("phase")
+        .agg(pl.col("ns").sum())
+        .sort(["ns", "phase"], descending=[True, False])
+    )
+    return str(by["phase"][0])

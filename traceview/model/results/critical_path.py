@@ -128,6 +128,7 @@ class Cause(Result):
     # where removing it saves less than half its blamed time (another chain takes over): the
     # rank that then ends the step, most often (null: it saves most of its blame)
     then_rank: int | None = None
+    then_phase: Phase | None = None  # that rank's phase with the most own time on the path
     # a late start's: where its rank was while the others had begun the step, largest first
     before: list[Spent] = []
 
