@@ -601,6 +601,7 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
     # the sleep twice, and removing it saves both
     cost = 2 * injected if want[0] == "late_start" else injected
     assert cause["ms"] == pytest.approx(cost, rel=0.15), (cause, cost)
+    assert cause["ms"] <= cause["blamed_ms"] * 1.01, cause  # (it saves no more than its blame)
     assert cause["step_ms"] == pytest.approx(_whatif(report, cause["change"])["step_ms"])
     truth = statistics.fmean(balanced.measured()[s] for s in balanced.counted())
     if (os.cpu_count() or 1) > job.ranks:

@@ -74,6 +74,7 @@ class Candidate:
     blamed_ms: float  # its time on the critical path, ms per step
     change: str
     others: tuple[int, ...] = ()
+    idle_ms: float = 0.0  # a late start's: its rank's idling on the path, in blamed_ms
 
     @property
     def alone(self) -> bool:
@@ -125,15 +126,23 @@ def _candidates(
         others = tuple(sorted(b.rank for b in late if b is not last))
         total = sum(b.ms for b in late)
         held = last.ms >= HOLDS * total and _persists(rows, n_steps, last.rank, LATE_START)
+        # (the change also removes the idling that ends a late rank's steps after its last
+        # wait, what makes it late: its idling on the path is evidence too, at most)
+        idle = [b for b in blame if b.kind == S.SEGMENT_IDLE and (not held or b.rank == last.rank)]
+        idle_ms = sum(b.ms for b in idle)
         if held:  # (its own late starts: what the change removes)
             out.append(
                 Candidate(
-                    LATE_START, last.rank, None, None, last.ms,
-                    f"no_late_start:rank={last.rank}", others,
+                    LATE_START, last.rank, None, None, last.ms + idle_ms,
+                    f"no_late_start:rank={last.rank}", others, idle_ms,
                 )
             )  # fmt: skip
         else:  # (the ranks in turn: every late start)
-            out.append(Candidate(LATE_START, None, None, None, total, "no_late_start", others))
+            out.append(
+                Candidate(
+                    LATE_START, None, None, None, total + idle_ms, "no_late_start", others, idle_ms
+                )
+            )
     if ranks > 1:
         # per rank, its blame row of the largest excess; where none exceeds the median rank's
         # (the others' phases stretched by sharing cores while it computes alone), its row with
@@ -327,6 +336,7 @@ def _cause(
         text="",
         others=list(c.others),
         then_rank=w.last_rank if ranks > 1 and saves < TAKES_OVER * blamed else None,
+        idle_ms=round(c.idle_ms, 3) if c.kind == LATE_START and c.idle_ms > 0 else None,
     )
     cause.text = cause_words(cause, base_ms, ranks)
     return cause
@@ -353,11 +363,18 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
     op = f", most of it in {safe(cause.op, 60)}" if cause.op else ""
     phase = _PHASE_WORDS.get(cause.phase or "", cause.phase)
     verb = "start" if len(cause.others) > 1 else "starts"
+    late = f"{blamed} on the critical path"
+    # (the idling that makes it late, apart, where it is a tenth of the blame or more)
+    if cause.kind == LATE_START and (cause.idle_ms or 0.0) >= 0.1 * cause.blamed_ms > 0:
+        late = (
+            f"{cause.blamed_ms - cause.idle_ms:.3g} ms per step on the critical path, and "
+            f"{cause.idle_ms:.3g} ms idling there"
+        )
     if cause.kind == LATE_START and cause.rank is None:
-        what = f"the ranks start their steps late in turn: {blamed} on the critical path"
+        what = f"the ranks start their steps late in turn: {late}"
     elif cause.kind == LATE_START:
         more = f" ({count_ranks(cause.others)} {verb} late too)" if cause.others else ""
-        what = f"{who} starts its steps late{more}: {blamed} on the critical path"
+        what = f"{who} starts its steps late{more}: {late}"
         if cause.before:
             what += "; meanwhile it was " + before_words(cause.before[:3])
     elif cause.change.startswith("balance:"):

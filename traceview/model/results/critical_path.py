@@ -129,6 +129,9 @@ class Cause(Result):
     # rank that then ends the step, most often (null: it saves most of its blame)
     then_rank: int | None = None
     then_phase: Phase | None = None  # that rank's phase with the most own time on the path
+    # a late start's: its rank's idling on the path (in ``blamed_ms``): the change removes the
+    # idling that ends its steps after its last wait with the late start it makes
+    idle_ms: float | None = None
     # a late start's: where its rank was while the others had begun the step, largest first
     before: list[Spent] = []
 
