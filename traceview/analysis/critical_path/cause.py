@@ -365,10 +365,11 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
     verb = "start" if len(cause.others) > 1 else "starts"
     late = f"{blamed} on the critical path"
     # (the idling that makes it late, apart, where it is a tenth of the blame or more)
-    if cause.kind == LATE_START and (cause.idle_ms or 0.0) >= 0.1 * cause.blamed_ms > 0:
+    idle_ms = cause.idle_ms or 0.0
+    if cause.kind == LATE_START and idle_ms >= 0.1 * cause.blamed_ms > 0:
         late = (
-            f"{cause.blamed_ms - cause.idle_ms:.3g} ms per step on the critical path, and "
-            f"{cause.idle_ms:.3g} ms idling there"
+            f"{cause.blamed_ms - idle_ms:.3g} ms per step on the critical path, and "
+            f"{idle_ms:.3g} ms idling there"
         )
     if cause.kind == LATE_START and cause.rank is None:
         what = f"the ranks start their steps late in turn: {late}"

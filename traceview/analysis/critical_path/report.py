@@ -184,7 +184,8 @@ def explain(
                 source.segments, source.windows(), cause.rank, [p.step for p in whole]
             )
         if cause.then_rank is not None and cause.then_rank != cause.rank:
-            cause.then_phase = _own_phase(df, cause.then_rank)  # (what the others then wait for)
+            # (what the others then wait for)
+            cause.then_phase = _own_phase(df, cause.then_rank)  # type: ignore[assignment]
         cause.text = cause_words(cause, base_ms, ranks)
     return Explained(path, per_step, whatif, rank_blame, picked.cause, picked.straggler)
 
