@@ -736,6 +736,11 @@ def test_a_slow_virtual_stage_is_named_as_a_stage(jobs: Any) -> None:
     text = run_cli("report", job.run)
     assert text.code == 0, text.err
     assert "waiting for stage 0" not in text.out, text.out[:800]
+    # the headline names the stage (the cause, or with none, the pipeline's own rule), never a
+    # balanced run beside a slow stage
+    assert "balanced:" not in text.out and "waiting for stage 2 (rank 0)" in text.out, text.out[
+        :800
+    ]
 
 
 def test_the_tuis_overview_tells_fsdps_gathers_as_the_report_does(jobs: Any) -> None:

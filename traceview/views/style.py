@@ -251,6 +251,12 @@ def cause_text(report: RunReport) -> Text:
         return text.append("\n")
     if report.critical_path is None or report.run.ranks < 2:
         return Text()
+    if report.summary.bottleneck == "pipeline":  # (the stages' own rule names the slow one)
+        return Text(
+            "no cause stands out on the critical path: nothing saves 5% of the step, replayed "
+            "without it; the pipeline's stages below\n",
+            style="bright_black",
+        )
     return Text(
         "balanced: nothing on the critical path saves 5% of the step, replayed without it\n",
         style="bright_black",
