@@ -41,15 +41,15 @@ def before(
     if late.height == 0:
         return []
     lo, hi = int(late["previous"].min()), int(late["previous"].max())  # type: ignore[arg-type]
-    parts = [
-        pl.from_arrow(table.select([S.RANK, S.STEP, S.START_NS, S.END_NS, S.PHASE, S.KIND, S.OP]))
-        for table in segments.in_pieces((S.STEP, lo, hi))
-    ]
-    frames = [
-        p.filter((pl.col(S.RANK) == rank) & pl.col(S.STEP).is_between(lo, hi))
-        for p in parts
-        if isinstance(p, pl.DataFrame)
-    ]
+    # (each piece filtered as it comes: the segments are never whole in memory)
+    frames: list[pl.DataFrame] = []
+    for table in segments.in_pieces((S.STEP, lo, hi)):
+        piece = pl.from_arrow(
+            table.select([S.RANK, S.STEP, S.START_NS, S.END_NS, S.PHASE, S.KIND, S.OP])
+        )
+        assert isinstance(piece, pl.DataFrame)
+        frames.append(piece.filter((pl.col(S.RANK) == rank) & pl.col(S.STEP).is_between(lo, hi)))
+        del table, piece
     mine = pl.concat(frames) if frames else pl.DataFrame()
     span_ns = int((late["b"] - late["a"]).sum())
     pieces = pl.DataFrame()
