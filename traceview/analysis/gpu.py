@@ -33,6 +33,7 @@ host launching them one by one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -414,12 +415,23 @@ _MEDIANS = (S.LATENCY_P50_NS, S.QUEUE_P50_NS, S.DURATION_P50_NS, S.OVERHEAD_P50_
 _HIGHEST = (S.LATENCY_P95_NS, S.QUEUE_P95_NS, S.DURATION_P95_NS)
 
 
-def over_steps(launches: pl.DataFrame, keep: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, int]]:
+@dataclass(frozen=True)
+class CountedLaunches:
+    """The launches table over the counted steps (``counted_launches``): its rows combined per
+    (rank, phase, op), and per rank how many counted steps it has."""
+
+    rows: pl.DataFrame
+    steps: dict[int, int]
+
+
+def counted_launches(launches: pa.Table, keep: pl.DataFrame) -> CountedLaunches:
     """The launches table's rows of the steps in ``keep`` (rank, step: the report's counted
     steps) combined per (rank, phase, op) (``_SUMMED``, ``_MEDIANS``, ``_HIGHEST``), and per
     rank how many of those steps it has: launch statistics per counted step, set-up and warm-up
-    left out."""
-    kept = launches.join(
+    left out (made once per report: ``rank_gpu`` and ``phase_launches`` read it)."""
+    per_step = pl.from_arrow(launches)
+    assert isinstance(per_step, pl.DataFrame)
+    kept = per_step.join(
         keep.select(S.RANK, S.STEP).unique(), on=[S.RANK, S.STEP], how="semi", nulls_equal=True
     )
     steps = dict(keep.select(S.RANK, S.STEP).unique().group_by(S.RANK).len().iter_rows())
@@ -429,7 +441,7 @@ def over_steps(launches: pl.DataFrame, keep: pl.DataFrame) -> tuple[pl.DataFrame
         *((pl.col(c) * weight).sum() / weight.sum().clip(1) for c in _MEDIANS),
         *(pl.col(c).max() for c in _HIGHEST),
     )
-    return combined, {int(r): int(n) for r, n in steps.items()}
+    return CountedLaunches(combined, {int(r): int(n) for r, n in steps.items()})
 
 
 def _launch_row(row: dict[str, Any], steps: int) -> KernelLaunches:
@@ -450,14 +462,13 @@ def _launch_row(row: dict[str, Any], steps: int) -> KernelLaunches:
     )
 
 
-def rank_gpu(gpu: pa.Table, launches: pa.Table, keep: pl.DataFrame) -> dict[int, RankGpu]:
+def rank_gpu(gpu: pa.Table, counted: CountedLaunches, keep: pl.DataFrame) -> dict[int, RankGpu]:
     """Per GPU rank, its device time explained: means over the steps in ``keep`` (rank, step:
-    the report's counted steps) of the gpu table, and the launches table's statistics per step
-    over the same steps (``over_steps``)."""
+    the report's counted steps) of the gpu table, and the launch statistics per step over the
+    same steps (``counted``)."""
     every = pl.from_arrow(gpu)
-    per_step = pl.from_arrow(launches)
-    assert isinstance(every, pl.DataFrame) and isinstance(per_step, pl.DataFrame)
-    launched, windows = over_steps(per_step, keep)
+    assert isinstance(every, pl.DataFrame)
+    launched, windows = counted.rows, counted.steps
     kept = every.join(
         keep.select(S.RANK, S.STEP).unique(), on=[S.RANK, S.STEP], how="semi", nulls_equal=True
     )
@@ -509,13 +520,10 @@ def rank_gpu(gpu: pa.Table, launches: pa.Table, keep: pl.DataFrame) -> dict[int,
     return out
 
 
-def phase_launches(launches: pa.Table, keep: pl.DataFrame) -> dict[tuple[int, str], KernelLaunches]:
-    """(rank, phase) -> the statistics of all kernels the phase launched, per step of ``keep``
-    (rank, step: the counted steps)."""
-    per_step = pl.from_arrow(launches)
-    assert isinstance(per_step, pl.DataFrame)
-    rows, windows = over_steps(per_step, keep)
-    rows = rows.filter(pl.col(S.PHASE).is_not_null() & pl.col(S.OP).is_null())
+def phase_launches(counted: CountedLaunches) -> dict[tuple[int, str], KernelLaunches]:
+    """(rank, phase) -> the statistics of all kernels the phase launched, per counted step."""
+    windows = counted.steps
+    rows = counted.rows.filter(pl.col(S.PHASE).is_not_null() & pl.col(S.OP).is_null())
     return {
         (int(r[S.RANK]), str(r[S.PHASE])): _launch_row(r, windows.get(r[S.RANK], 1))
         for r in rows.iter_rows(named=True)

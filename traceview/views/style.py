@@ -191,8 +191,9 @@ def verdict_text(report: RunReport) -> Text:
     if bottleneck == "pipeline" and pipeline is not None:
         return text.append_text(pipeline_verdict(report, pipeline))
     text.append(bottleneck, style=f"bold {PHASE_STYLE[bottleneck]}")
+    # (with a cause, its share is of the job's step its replay starts from)
+    job_step = summary.cause.step_ms + summary.cause.ms if summary.cause is not None else 0.0
     if bottleneck == "imbalance" and summary.cause is not None:
-        job_step = summary.cause.step_ms + summary.cause.ms  # (the replay's, with no change)
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job "
             "step (first rank's start to last rank's end) is lost to waiting for another rank"
@@ -202,8 +203,7 @@ def verdict_text(report: RunReport) -> Text:
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the "
             f"{ms(summary.step_ms)} ms step is waiting in communication for another rank"
         )
-    elif summary.cause is not None:  # (its share: of the job's step the replay starts from)
-        job_step = summary.cause.step_ms + summary.cause.ms
+    elif summary.cause is not None:
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job step"
         )

@@ -221,17 +221,13 @@ def _weight(b: Blame) -> tuple[float, float]:
     return (excess, b.ms) if excess > 0 else (0.0, b.ms)
 
 
-def _persists(
-    rows: pl.DataFrame, n_steps: int, rank: object, kind: str | None, phase: str | None = None
-) -> bool:
-    """Whether ``rank`` has time of ``kind`` (None: its own work) in ``phase`` (None: any) on
-    the path in ``PERSISTS`` of the counted steps."""
+def _persists(rows: pl.DataFrame, n_steps: int, rank: object, kind: str | None) -> bool:
+    """Whether ``rank`` has time of ``kind`` (None: its own work, in any phase) on the path in
+    ``PERSISTS`` of the counted steps."""
     mine = rows.filter(pl.col("rank") == rank)
     mine = mine.filter(
         pl.col("kind") == kind if kind is not None else pl.col("kind").is_in(_COMPUTING)
     )
-    if phase is not None:
-        mine = mine.filter(pl.col("phase") == phase)
     return mine["step"].n_unique() >= PERSISTS * n_steps
 
 
@@ -336,7 +332,7 @@ def _cause(
         text="",
         others=list(c.others),
         then_rank=w.last_rank if ranks > 1 and saves < TAKES_OVER * blamed else None,
-        idle_ms=round(c.idle_ms, 3) if c.kind == LATE_START and c.idle_ms > 0 else None,
+        idle_ms=round(c.idle_ms, 3) if c.idle_ms > 0 else None,  # (a late start's)
     )
     cause.text = cause_words(cause, base_ms, ranks)
     return cause

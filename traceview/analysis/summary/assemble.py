@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from traceview.analysis.critical_path import NO_STEP, Explained
 from traceview.analysis.crossrank import CrossRank, alltoall_ranks, comm_by_group
 from traceview.analysis.fsdp import fsdp_gathers
-from traceview.analysis.gpu import gpu_verdict, phase_launches, rank_gpu
+from traceview.analysis.gpu import counted_launches, gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups
 from traceview.analysis.memory import MemoryResults, memory_results
 from traceview.analysis.ops import in_steps
@@ -337,10 +337,9 @@ def _gpu_section(ctx: Context) -> Gpu | None:
     counted, ranks = ctx.get(STEPS).counted, ctx.get(RANKS).ranks
     if gpu is None or launches is None or not counted.height:
         return None
-    on_gpu = rank_gpu(gpu, launches, counted)
-    verdict = gpu_verdict(
-        on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(launches, counted)
-    )
+    launched = counted_launches(launches, counted)
+    on_gpu = rank_gpu(gpu, launched, counted)
+    verdict = gpu_verdict(on_gpu, {r.rank: r.step_ms for r in ranks}, phase_launches(launched))
     if manifest_steps_from(ctx.manifest) == "one_window":
         verdict = None  # one window holds the one-time costs: no per-step advice built on them
     return Gpu(dict(on_gpu), verdict)
