@@ -476,7 +476,8 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
     balanced run's own mean step varies from run to run (DDP, five pairs of runs: 17.1-23.5 ms;
     the predictions 17.7-22.9 ms, from 19% low to 8% high; a later balanced run's steps spread
     from 15.6 to 58.6 ms, quartiles 18.4-26.9). There the bound is 25%, or the balanced run's
-    own interquartile range over its median where that is wider, and the prediction must still
+    own interquartile range over its median where that is wider, held against the slow run less
+    its injection as timed (and no slower than the balanced run), and the prediction must still
     be a speedup. The balanced run must count at least half its 20 recorded steps (a noisy
     machine's leading slow steps are left out as warm-up: 16 were counted once). (Before gloo's late-closing worker spans were read as
     waits, DDP's balanced step was predicted up to 50% high: a rank's wait that its call's span
@@ -496,6 +497,13 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
           f"median {median:.1f} ms, quartiles {q1:.1f}-{q3:.1f} ms")  # fmt: skip
     spare = (os.cpu_count() or 1) > slow.ranks
     bound = 0.10 if spare else max(0.25, (q3 - q1) / median)
+    if not spare:
+        # (as test_the_cause_is_the_injected_one: the balanced run shares cores the slow run's
+        # sleeping rank leaves to the others, so it is held from above, and the prediction
+        # against this run less its injection as timed)
+        extra = slow.recorded("extra").filter(pl.col("tstep").is_in(slow.counted()))["ms"].mean()
+        truth, above = before - extra, truth
+        assert predicted["step_ms"] <= above * (1 + bound), (predicted, above)
     assert predicted["step_ms"] == pytest.approx(truth, rel=bound), (predicted, truth)
     assert rank["step_ms"] == pytest.approx(truth, rel=bound), (rank, truth)
     assert predicted["step_ms"] < before and rank["step_ms"] < before
