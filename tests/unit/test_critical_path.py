@@ -194,6 +194,115 @@ def test_point_to_point_waits_for_the_send() -> None:
     assert change is not None and replay(graph, change).step_ns == {1: 8 * MS}
 
 
+def _p2p(rows: list[dict]) -> Matched:
+    """Point-to-point calls (``peer``: the other rank) as match_collectives gives them."""
+    frame = _calls([{"name": f"gloo:{r['op']}", **r} for r in rows]).calls.with_columns(
+        pl.Series("peer_rank", [r["peer"] for r in rows], pl.Int32)
+    )
+    return Matched(frame)
+
+
+def test_a_receive_waited_for_late_moves_when_its_rank_waits() -> None:
+    """Rank 1 posts a receive at 0, computes its forward until 10, then waits 1 ms for the
+    message rank 0 sent at 2 (gloo completes it once the rank waits), and computes its
+    backward until 25. The message moves once both are in it: 1 ms from rank 1's wait, not
+    9 ms from the send. With rank 1's forward twice as fast it waits at 5 and the message is
+    there at 6: the step ends at 20 (rank 1), where a transfer from the send would hold it at
+    25."""
+    segments = _segments(
+        [
+            (0, 0, 2, S.FORWARD, S.SEGMENT_COMPUTE, "a"),
+            (0, 2, 20, S.BACKWARD, S.SEGMENT_COMPUTE, "b"),
+            (1, 0, 10, S.FORWARD, S.SEGMENT_COMPUTE, "c"),
+            (1, 10, 11, S.COMM, S.SEGMENT_COMM, "recv"),
+            (1, 11, 25, S.BACKWARD, S.SEGMENT_COMPUTE, "d"),
+        ]
+    )
+    calls = _p2p(
+        [
+            {"rank": 0, "op": "send", "peer": 1, "start": 2, "end": 2, "issued": 2, "last": 2,
+             "last_rank": 0},
+            {"rank": 1, "op": "recv", "peer": 0, "start": 0, "end": 11, "issued": 0, "last": 2,
+             "last_rank": 0, "tid": 8},
+        ]
+    )  # fmt: skip
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 25 * MS}
+    faster_forward = Change("x", item_factor=(graph.items[S.OP] == "c").to_numpy() * -0.5 + 1)
+    assert replay(graph, faster_forward).step_ns == {1: 20 * MS}
+    assert _walk(segments, calls) == [
+        (1, S.FORWARD, S.SEGMENT_COMPUTE, 10.0),
+        (1, S.COMM, "transfer", 1.0),
+        (1, S.BACKWARD, S.SEGMENT_COMPUTE, 14.0),
+    ]
+
+
+def test_a_send_is_done_when_its_receive_is() -> None:
+    """Rank 0 sends at 2 and waits for its send only at the end of the step (28-30: gloo's
+    schedule waits for its sends last), while rank 1 had the message at 3. The send's transfer
+    ends at 3: with rank 0's backward twice as fast, the step ends at 17, not held at 30."""
+    segments = _segments(
+        [
+            (0, 0, 2, S.FORWARD, S.SEGMENT_COMPUTE, "a"),
+            (0, 2, 28, S.BACKWARD, S.SEGMENT_COMPUTE, "b"),
+            (0, 28, 30, S.COMM, S.SEGMENT_COMM, "send"),
+            (1, 0, 3, S.COMM, S.SEGMENT_COMM, "recv"),
+            (1, 3, 10, S.FORWARD, S.SEGMENT_COMPUTE, "c"),
+        ]
+    )
+    calls = _p2p(
+        [
+            {"rank": 0, "op": "send", "peer": 1, "start": 2, "end": 30, "issued": 2, "last": 2,
+             "last_rank": 0},
+            {"rank": 1, "op": "recv", "peer": 0, "start": 0, "end": 3, "issued": 0, "last": 2,
+             "last_rank": 0, "tid": 8},
+        ]
+    )  # fmt: skip
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 30 * MS}
+    change = faster(graph, S.BACKWARD, 2.0)
+    assert change is not None and replay(graph, change).step_ns == {1: 17 * MS}
+
+
+def test_calls_that_overlap_on_one_thread_are_no_queue() -> None:
+    """gloo names the threads of its asynchronous work by ids it reuses: rank 0's receive (1-20)
+    and send (2-12) share one, the send ending first. Read as a queue, the send would wait for
+    the receive, which waits for rank 0 to reach its wait at 18, after the send's own wait at
+    10: a cycle the replay never settles. They are two queues, and the replay reproduces the
+    step (22 ms, rank 1)."""
+    segments = _segments(
+        [
+            (0, 0, 10, S.FORWARD, S.SEGMENT_COMPUTE, "a"),
+            (0, 10, 12, S.COMM, S.SEGMENT_COMM, "send"),
+            (0, 12, 18, S.BACKWARD, S.SEGMENT_COMPUTE, "b"),
+            (0, 18, 20, S.COMM, S.SEGMENT_COMM, "recv"),
+            (1, 0, 11, S.FORWARD, S.SEGMENT_COMPUTE, "c"),
+            (1, 11, 12, S.COMM, S.SEGMENT_COMM, "recv"),
+            (1, 12, 22, S.BACKWARD, S.SEGMENT_COMPUTE, "d"),
+        ]
+    )
+    calls = _p2p(
+        [
+            {"rank": 0, "op": "recv", "peer": 1, "start": 1, "end": 20, "issued": 1, "last": 15,
+             "last_rank": 1, "tid": 9},
+            {"rank": 0, "op": "send", "peer": 1, "start": 2, "end": 12, "issued": 2, "last": 2,
+             "last_rank": 0, "tid": 9},
+            {"rank": 1, "op": "recv", "peer": 0, "start": 0, "end": 12, "issued": 0, "last": 2,
+             "last_rank": 0, "tid": 9},
+            {"rank": 1, "op": "send", "peer": 0, "start": 15, "end": 16, "issued": 15,
+             "last": 15, "last_rank": 1, "tid": 8},
+        ]
+    )  # fmt: skip
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    on_rank_0 = graph.calls.filter(pl.col(S.RANK) == 0)
+    assert on_rank_0["queue"].n_unique() == 2
+    replayed = replay(graph)
+    assert replayed.converged and replayed.step_ns == {1: 22 * MS}
+
+
 def test_balance_brings_a_slow_rank_to_the_median_and_never_slows_one() -> None:
     """Three ranks compute 10, 10 and 30 ms before an all-reduce of 2 ms: balanced, 12 ms."""
     rows = []

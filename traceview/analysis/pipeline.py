@@ -23,7 +23,8 @@ collectives (a data-parallel all-reduce across replicas), its other work (``zero
 between phases), and the rest: time the stage is blocked
 on its neighbours (in a receive, or a send not yet taken), which is bubble, never the stage's own
 work. ``transfer_ms`` is the part of the bubble in which the stage's incoming messages were moving
-(from when both sides had issued them until they arrived): on one host, small messages move in
+(from when both sides had issued them until they arrived, and no more than the time the stage
+was blocked after both had: its exposed transfer): on one host, small messages move in
 well under a millisecond, and the bubble is waiting. The bubble fraction is the stages' bubble
 over their step time, beside the schedule's ideal for equal stages with free messages:
 (p - 1) / (m + p - 1) for GPipe and 1F1B alike.
@@ -476,7 +477,10 @@ def _stage(
         blocked = max(r.step_ms - work - b["io"] - b["h2d"] - b["other"] - others, 0.0)
         compute.append(work)
         bubble.append(blocked)
-        transfer.append(min(moved.get(rank, 0.0), blocked))
+        # (moving while the stage was blocked: no more than its exposed transfer, as a
+        # message waited for late had arrived while the stage was computing)
+        exposed = r.comm_transfer_ms if r.comm_transfer_ms is not None else blocked
+        transfer.append(min(moved.get(rank, 0.0), exposed, blocked))
     return PipelineStage(
         stage=k,
         ranks=members,

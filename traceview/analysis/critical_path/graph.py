@@ -10,9 +10,10 @@ call**. The edges:
   step start (a rank that starts later than the first rank of the step is a **late start**,
   carried in from before the window);
 - a call completes ``transfer`` after the later of its group's **last arrival** (when the last
-  member's program issued it; for point-to-point, the later of the send and the receive) and
-  the completion of the call before it on the same queue (gloo's worker thread, the NCCL
-  stream): calls on a queue run one after the other;
+  member's program issued it; for point-to-point, the later of the send's issue and the moment
+  the receiver began waiting for it, and a send is done when its receive is) and the completion
+  of the call before it on the same queue (gloo's worker thread, the NCCL stream): calls on a
+  queue run one after the other (where one ended before the one begun before it, a new queue);
 - a waiting piece ends when its call completes (or at once, where it completed already);
 - an arrival is where the issuing rank's timeline stood: its own segment's start plus how far
   into it the call was issued.

@@ -25,7 +25,7 @@ from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, S
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 9
+PATH_VERSION = 10
 
 
 @dataclass

@@ -15,6 +15,7 @@ from traceview.analysis.critical_path.waits import (
     _calls,
     _composite,
     _issue_points,
+    _received_when_waited,
     _released_early,
     _unexplained,
     _waiting_pieces,
@@ -180,6 +181,7 @@ def _source(
     alone = max(world or 0, len(ranks)) <= 1
     unmatched = _unexplained(pl.concat(communicating).unique(), calls, matched, alone)
     pieces = _released_early(_waiting_pieces(comm_frame, calls), calls)
+    calls = _received_when_waited(calls, pieces)
     rest_spans = (
         pl.concat(spans)
         .group_by(S.RANK, S.STEP)

@@ -75,17 +75,33 @@ def _calls(matched: pl.DataFrame) -> pl.DataFrame:
         .alias("instance"),
         pl.struct(S.RANK, S.PID, S.TID).rank("dense").cast(pl.Int64).alias("queue"),
     )
-    df = df.sort("queue", S.START_NS, S.END_NS).with_row_index("_id")
+    # a send is done when its receive is (where that came after the send was issued: not a
+    # pair matched out of place): what its span lasts beyond that is the runtime getting round
+    # to its completion (gloo waits for its sends at the end of a schedule)
+    received = pl.col(S.END_NS).filter(pl.col(S.COLLECTIVE) == "recv").max().over("instance")
     df = df.with_columns(
-        pl.col("_id").shift(1).over("queue").cast(pl.Int64).fill_null(-1).alias("prev"),
-        pl.col(S.END_NS).shift(1).over("queue").fill_null(NEVER).alias("prev_end"),
-        (pl.col(S.END_NS) >= pl.col("last_arrival_ns")).alias("uses_all"),
+        pl.when(send & (received >= pl.col(ISSUED)))
+        .then(pl.min_horizontal(S.END_NS, received))
+        .otherwise(S.END_NS)
+        .alias(S.END_NS)
     )
-    driver = pl.max_horizontal(
-        pl.when(pl.col("uses_all")).then(pl.col("last_arrival_ns")).otherwise(pl.col(ISSUED)),
-        pl.col("prev_end"),
+    # a queue runs its calls one after the other: where a call ended before the one begun
+    # before it, the thread is no queue there (gloo names the threads of its asynchronous
+    # work by ids it reuses): a new queue starts with that call
+    df = df.sort("queue", S.START_NS, S.END_NS)
+    out_of_order = pl.col(S.END_NS) < pl.col(S.END_NS).shift(1).over("queue")
+    df = df.with_columns(
+        pl.struct("queue", out_of_order.fill_null(False).cum_sum().over("queue"))
+        .rank("dense")
+        .cast(pl.Int64)
+        .alias("queue")
+    ).with_row_index("_id")
+    df = _timing(
+        df.with_columns(
+            pl.col("_id").shift(1).over("queue").cast(pl.Int64).fill_null(-1).alias("prev"),
+            pl.col(S.END_NS).shift(1).over("queue").fill_null(NEVER).alias("prev_end"),
+        )
     )
-    df = df.with_columns((pl.col(S.END_NS) - driver).clip(lower_bound=0).alias("transfer"))
     if S.BYTES not in df.columns:
         df = df.with_columns(pl.lit(None, pl.Int64).alias(S.BYTES))
     return df.select(
@@ -95,6 +111,51 @@ def _calls(matched: pl.DataFrame) -> pl.DataFrame:
         "instance", "queue", "prev", pl.col("prev_end").cast(pl.Int64), "transfer", "uses_all",
         pl.col(S.BYTES).cast(pl.Int64), pl.col("participants").cast(pl.Int64),
     )  # fmt: skip
+
+
+def _timing(calls: pl.DataFrame) -> pl.DataFrame:
+    """Whether each call waits for every member (its end is past the last arrival) and its
+    transfer: from the later of what drove it (the last arrival, or its own issue where it
+    ended before that) and the call before it on its queue, to its end."""
+    uses_all = pl.col(S.END_NS) >= pl.col("last_arrival_ns")
+    driver = pl.max_horizontal(
+        pl.when(uses_all).then(pl.col("last_arrival_ns")).otherwise(pl.col(ISSUED)),
+        pl.col("prev_end"),
+    )
+    return calls.with_columns(
+        uses_all.alias("uses_all"), (pl.col(S.END_NS) - driver).clip(lower_bound=0).alias("transfer")
+    )
+
+
+def _received_when_waited(calls: pl.DataFrame, pieces: pl.DataFrame) -> pl.DataFrame:
+    """A receive whose rank began waiting for it after both sides had issued it arrives when
+    that wait began (its issue moved there): a message moves once both sides are in it (NCCL's
+    kernels meet; gloo's receiving thread, on a loaded machine, completes it only once its rank
+    waits), so its transfer is the wait, never the time its rank spent on other work before
+    asking. Without this, a replay that speeds the receiver up keeps it waiting for a message
+    that had long been sent."""
+    recv = (calls[S.COLLECTIVE] == "recv").to_numpy()
+    waited = pieces.filter(pl.col("call") >= 0)
+    if not recv.any() or waited.height == 0:
+        return calls
+    first = waited.group_by("call").agg(pl.col(S.START_NS).min())
+    began = np.full(calls.height, NEVER, np.int64)
+    began[first["call"].to_numpy()] = first[S.START_NS].to_numpy()
+    issued = calls[ISSUED].to_numpy()
+    later = recv & (began > issued)
+    if not later.any():
+        return calls
+    moved = calls.with_columns(pl.Series(ISSUED, np.where(later, began, issued), pl.Int64))
+    p2p = pl.col(S.COLLECTIVE).is_in(POINT_TO_POINT)
+    last = pl.col(ISSUED).max().over("instance")
+    moved = moved.with_columns(
+        pl.when(p2p).then(last).otherwise(pl.col("last_arrival_ns")).alias("last_arrival_ns"),
+        pl.when(p2p)
+        .then(pl.col(S.RANK).sort_by(ISSUED).last().over("instance"))
+        .otherwise(pl.col("last_rank"))
+        .alias("last_rank"),
+    )
+    return _timing(moved)
 
 
 def _released_early(pieces: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
