@@ -123,7 +123,8 @@ def _timing(calls: pl.DataFrame) -> pl.DataFrame:
         pl.col("prev_end"),
     )
     return calls.with_columns(
-        uses_all.alias("uses_all"), (pl.col(S.END_NS) - driver).clip(lower_bound=0).alias("transfer")
+        uses_all.alias("uses_all"),
+        (pl.col(S.END_NS) - driver).clip(lower_bound=0).alias("transfer"),
     )
 
 
