@@ -152,3 +152,29 @@ def test_a_stages_collective_is_drawn_as_communication_not_bubble() -> None:
     assert letter != BUBBLE
     assert drawn == "F" + letter * 2 + BUBBLE * 2
     assert pipeline_cells(cells).plain == "F" + BUBBLE * 4  # without calls: as before
+
+
+def test_an_fsdp_units_gathers_are_drawn_in_flight_ready_and_waited_for() -> None:
+    """The FSDP view's cells, 1 ms each over 20 ms: a prefetched gather issued at 0 and done at
+    4, used at 8 (in flight g, then ready ·); a gather on demand issued at 10, used at 11 and
+    done at 12 (in flight G, then its unit waiting !); a 0.1 ms gather at 15.5 still takes a
+    cell; one outside the window draws nothing."""
+    from traceview.model.results import GatherSpan
+    from traceview.tui.render import gather_cells
+
+    ms = 1_000_000
+
+    def span(issued: float, end: float, needed: float | None, prefetched: bool) -> GatherSpan:
+        return GatherSpan(
+            unit="u", phase=S.FORWARD, prefetched=prefetched, issued_ns=round(issued * ms),
+            end_ns=round(end * ms), needed_ns=None if needed is None else round(needed * ms),
+        )  # fmt: skip
+
+    spans = [
+        span(0, 4, 8, True),
+        span(10, 12, 11, False),
+        span(15.5, 15.6, None, True),
+        span(30, 32, 33, True),
+    ]
+    drawn = gather_cells(spans, 0, 20 * ms, 20).plain
+    assert drawn == "gggg····  G!   g    ", drawn

@@ -781,3 +781,66 @@ def test_the_tuis_overview_tells_fsdps_gathers_as_the_report_does(jobs: Any) -> 
     said = " ".join(" ".join(lines[first:end]).split())  # (the text report wraps its lines)
     assert said.startswith("FSDP all-gathers") and "in forward: 4 unit(s)" in said, said
     assert said in " ".join(seen["notes"].split()), (said, seen["notes"])
+
+
+def test_the_tuis_fsdp_view_draws_each_units_gathers_where_the_job_timed_them(jobs: Any) -> None:
+    """The timeline's FSDP view (f): under rank 0's row, a row per FSDP unit in the order their
+    gathers were issued (units 0, 2, 4, 6), each saying how many of its step's gathers were
+    prefetched as the job set it up (forward: every unit but the first; backward: FSDP2's
+    default, every unit but the first one backward, unit 6); and each gather drawn where the
+    job's timers put it: in flight (g or G) from FSDP's unshard call to its return (on CPU the
+    gather is done then), within a cell either side, and, where a gather was done two cells or
+    more before FSDP waited for it, ready (·) in between."""
+    from tests.integration.test_tui import drive
+    from traceview.runs import open_run
+    from traceview.tui.timeline import Timeline
+
+    job = jobs("fsdp2-prefetch")
+    seen: dict[str, Any] = {}
+
+    async def look(app: Any, pilot: Any) -> None:
+        await pilot.press("2")
+        await pilot.pause()
+        timeline = app.query_one(Timeline)
+        await pilot.press("f")
+        await pilot.pause()
+        width = timeline.bar_width()
+        seen["step"], seen["range"], seen["width"] = timeline.step, timeline.range_of(0), width
+        seen["rows"] = [
+            (row.unit, timeline._label(row).plain, timeline._bar(row, width).plain)
+            for row in timeline.rows
+        ]
+
+    with open_run([job.run]) as run:
+        drive([run], look)
+    units = [(unit, label, bar) for unit, label, bar in seen["rows"] if unit is not None]
+    assert seen["rows"][0][0] is None and "rank 0" in seen["rows"][0][1], seen["rows"]
+    assert [u for u, _, _ in units] == ["0", "2", "4", "6"], seen["rows"]
+    prefetched = {"0": "1/2p", "2": "2/2p", "4": "2/2p", "6": "1/2p"}
+    for unit, label, _ in units:
+        assert label.split()[-1] == prefetched[unit], label
+    # the job's timers of rank 0 in the step drawn, on the trace's clock
+    truth = job.truth[0]
+    to_epoch = truth["clock"]["time_ns"] - truth["clock"]["perf_counter_ns"]
+    timers = job.timers.filter(pl.col("rank") == 0, pl.col("tstep") == seen["step"])
+    (lo, hi), width = seen["range"], seen["width"]
+
+    def column(t: int) -> int:
+        return int((t + to_epoch - lo) / (hi - lo) * width)
+
+    bars = {unit: bar for unit, _, bar in units}
+    checked = 0
+    for unit, phase, t0, t1 in (
+        timers.filter(pl.col("name") == "unshard").select("unit", "phase", "t0_ns", "t1_ns")
+    ).iter_rows():
+        bar = bars[unit]
+        a, b = max(column(t0) - 1, 0), min(column(t1) + 2, width)
+        assert set(bar[a:b]) & {"g", "G"}, (unit, phase, a, b, bar)
+        needed = timers.filter(
+            pl.col("name") == "needed", pl.col("unit") == unit, pl.col("t0_ns") >= t1
+        )["t0_ns"].min()
+        if needed is not None and column(needed) - column(t1) >= 2:
+            c, d = column(t1) + 1, column(needed)
+            assert "·" in bar[c - 1 : d + 1], (unit, phase, c, d, bar)
+            checked += 1
+    assert checked >= 1, seen["rows"]  # (backward's prefetches are done milliseconds ahead)

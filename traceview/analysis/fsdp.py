@@ -13,25 +13,51 @@ import pyarrow as pa
 
 from traceview.analysis.crossrank import PAIR, launch_views, merged_exposed
 from traceview.model import schema as S
-from traceview.model.results import FsdpGather
+from traceview.model.results import FsdpGather, GatherSpan
 
 #: the phases in the order a step runs them
 _ORDER = {S.FORWARD: 0, S.BACKWARD: 1}
+
+
+def _gathers(collectives: pa.Table) -> pl.DataFrame:
+    """FSDP's all-gathers, each on its rank's own view of the call, with ``_issued``."""
+    df = pl.from_arrow(collectives)
+    assert isinstance(df, pl.DataFrame)
+    df = df.filter(pl.col(S.UNIT).is_not_null() & (pl.col(S.COLLECTIVE) == "allgather"))
+    return df.join(launch_views(df), on=[S.NAME, S.COLLECTIVE], how="anti").with_columns(
+        pl.col(S.ISSUED_IN).fill_null(S.OTHER),
+        pl.coalesce(S.ISSUED_NS, S.START_NS).alias("_issued"),
+    )
+
+
+def gather_spans(collectives: pa.Table) -> dict[tuple[int, int | None], list[GatherSpan]]:
+    """Per (rank, step), FSDP's all-gathers in the order they were issued."""
+    df = _gathers(collectives).sort(S.RANK, S.STEP, "_issued")
+    out: dict[tuple[int, int | None], list[GatherSpan]] = {}
+    for rank, step, unit, phase, prefetched, issued, end, needed in df.select(
+        S.RANK, S.STEP, S.UNIT, S.ISSUED_IN, pl.col(S.PREFETCHED).fill_null(False), "_issued",
+        S.END_NS, S.NEEDED_NS,
+    ).iter_rows():  # fmt: skip
+        out.setdefault((rank, step), []).append(
+            GatherSpan(
+                unit=unit,
+                phase=phase,
+                prefetched=prefetched,
+                issued_ns=issued,
+                end_ns=end,
+                needed_ns=needed,
+            )
+        )
+    return out
 
 
 def fsdp_gathers(collectives: pa.Table, comm: pa.Table, n_steps: int) -> list[FsdpGather]:
     """Per (issuing phase, unit): the all-gathers' calls, the share prefetched, their time from
     issue to end and its exposed part (means per step over the ranks that make them), and the
     medians of how long before its use each was issued and finished."""
-    df = pl.from_arrow(collectives)
-    assert isinstance(df, pl.DataFrame)
-    df = df.filter(pl.col(S.UNIT).is_not_null() & (pl.col(S.COLLECTIVE) == "allgather"))
+    df = _gathers(collectives)
     if df.height == 0:
         return []
-    df = df.join(launch_views(df), on=[S.NAME, S.COLLECTIVE], how="anti").with_columns(
-        pl.col(S.ISSUED_IN).fill_null(S.OTHER),
-        pl.coalesce(S.ISSUED_NS, S.START_NS).alias("_issued"),
-    )
     df = df.with_columns(pl.struct(S.ISSUED_IN, S.UNIT).rank("dense").cast(pl.Int64).alias("_key"))
     # each rank's calls of a key merged (overlapping calls once), then their exposed part
     merged = merged_exposed(

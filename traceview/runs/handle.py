@@ -14,7 +14,7 @@ from traceview.model.columns import TableOnDemand
 from traceview.model.errors import UsageError
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
-from traceview.model.results import PathStretch, RunReport, StepCollective
+from traceview.model.results import GatherSpan, PathStretch, RunReport, StepCollective
 from traceview.runs.cache import PathFile
 from traceview.store import rundir as R
 
@@ -186,6 +186,12 @@ class Run:
         ).iter_rows():
             spans.setdefault((rank, step), []).append((start, end))
         return spans
+
+    def gather_spans(self) -> dict[tuple[int, int | None], list[GatherSpan]]:
+        """Per (rank, step), FSDP's all-gathers on the rank's own clock (the TUI's FSDP view)."""
+        from traceview.analysis.fsdp import gather_spans
+
+        return gather_spans(self.collectives)
 
     def events(self, ranks: list[int] | None = None) -> pa.Table:
         """The events of ``ranks`` (all when None); a rank refused when the run was opened

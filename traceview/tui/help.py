@@ -28,6 +28,7 @@ KEYS = (
     ("a", "align ranks at their step start / the run's clock"),
     ("c", "mark each rank's arrival at a collective (next, most skewed first; ▼ last)"),
     ("p", "pipeline: a row per stage, its compute against its bubble ░ (pipeline runs)"),
+    ("f", "FSDP: a row per unit, its all-gathers in flight g G, ready ·, waited for ! (FSDP runs)"),
     ("x  . ,", "the step's critical path across ranks, underlined; step through its segments"),
     ("Operators", ""),
     ("/", "filter by operator or trace name (enter or esc: back to the table)"),

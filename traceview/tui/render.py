@@ -9,6 +9,7 @@ from rich.text import Text
 
 from traceview.analysis.lanes import Cell
 from traceview.model import schema as S
+from traceview.model.results import GatherSpan
 from traceview.views.style import (
     KERNEL_COLUMNS,
     KERNEL_NOTE,
@@ -39,6 +40,7 @@ from traceview.views.style import (
 
 __all__ = [
     "BUBBLE",
+    "GATHER_MARKS",
     "KERNEL_COLUMNS",
     "KERNEL_NOTE",
     "PHASE_LETTER",
@@ -47,6 +49,7 @@ __all__ = [
     "communication_text",
     "dimension_comm_text",
     "fsdp_text",
+    "gather_cells",
     "gpu_rank_text",
     "gpu_verdict_text",
     "host_bound_text",
@@ -117,4 +120,55 @@ def pipeline_cells(cells: list[Cell], collective: list[bool] | None = None) -> T
             text.append(BUBBLE * length, style="red")
         else:
             text.append_text(lane_cells([cell] * length))
+    return text
+
+
+#: How the FSDP view draws an all-gather's cells: in flight (prefetched, or gathered on
+#: demand), its unit waiting for it (exposed), done before its unit used it (ready).
+GATHER_MARKS = {
+    "exposed": ("!", "bold white on red"),
+    "prefetched": ("g", "cyan"),
+    "on_demand": ("G", "yellow"),
+    "ready": ("·", "green"),
+}
+
+
+def gather_cells(spans: list[GatherSpan], lo: int, hi: int, width: int) -> Text:
+    """One FSDP unit's all-gathers over [lo, hi) in ``width`` cells: a cell shows the most
+    telling thing that touches it: its unit waiting for a gather (from the use to the gather's
+    end), a gather in flight (issue to end), or a gather done before its use (end to use)."""
+    text = Text(no_wrap=True)
+    if hi <= lo or width <= 0:
+        return text
+    step = (hi - lo) / width
+    marks: list[str | None] = [None] * width
+    order = list(GATHER_MARKS)
+
+    def mark(kind: str, a: int, b: int) -> None:
+        if b < lo or a >= hi:
+            return
+        first = max(int((a - lo) // step), 0)
+        last = min(max(int(-((lo - b) // step)), first + 1), width)  # (a short one: a cell)
+        for i in range(first, last):
+            held = marks[i]
+            if held is None or order.index(kind) < order.index(held):
+                marks[i] = kind
+
+    for g in spans:
+        needed = g.needed_ns
+        flight = "prefetched" if g.prefetched else "on_demand"
+        if needed is not None and needed < g.end_ns:
+            mark("exposed", max(needed, g.issued_ns), g.end_ns)
+            mark(flight, g.issued_ns, max(needed, g.issued_ns))
+        else:
+            mark(flight, g.issued_ns, g.end_ns)
+            if needed is not None:
+                mark("ready", g.end_ns, needed)
+    for kind, run in groupby(marks):
+        length = sum(1 for _ in run)
+        if kind is None:
+            text.append(" " * length)
+        else:
+            letter, style = GATHER_MARKS[kind]
+            text.append(letter * length, style=style)
     return text

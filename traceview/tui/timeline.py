@@ -18,6 +18,10 @@ chosen one marked and described in the header.
 stage and rank, in stage order, its every-instant lane drawn as compute (the phase's letter)
 against bubble (░: blocked or idle, waiting on a neighbour), each row labelled with the stage's
 bubble share of its step (analysis/pipeline.py).
+
+``f`` (a run with FSDP's all-gathers) shows the selected rank's row and under it a row per FSDP
+unit: its all-gathers along the step, in flight (g prefetched, G gathered on demand), its unit
+waiting for one (!: exposed) and done before its use (·: ready ahead) (analysis/fsdp.py).
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
-from traceview.model.results import PathStretch, StepCollective
+from traceview.model.results import GatherSpan, PathStretch, StepCollective
 from traceview.runs import Run
 from traceview.tui.model import RunView, nice_ticks
 from traceview.tui.render import (
     BUBBLE,
+    GATHER_MARKS,
+    gather_cells,
     lane_cells,
     legend_text,
     ms,
@@ -59,10 +65,13 @@ MAX_ZOOM = 4096.0
 class Row:
     rank: int
     lane: int | None  # index into the rank's lanes; None: lanes not ready (or none); MEMORY
+    unit: str | None = None  # the FSDP view's row of this unit's all-gathers (lane GATHERS)
 
 
 #: Row.lane of a rank's memory lane (under its critical path, where it has memory records)
 MEMORY = -1
+#: Row.lane of an FSDP unit's all-gathers (the FSDP view)
+GATHERS = -2
 SPARKS = " ▁▂▃▄▅▆▇█"
 
 
@@ -98,6 +107,7 @@ class Timeline(ScrollView, can_focus=True):
         Binding("a", "align", "Align", show=False),
         Binding("c", "collective", "Collective"),
         Binding("p", "pipeline", "Pipeline", show=False),
+        Binding("f", "fsdp", "FSDP", show=False),
         Binding("x", "path", "Critical path"),
         Binding("full_stop", "segment(1)", "Segment", key_display=".,", show=False),
         Binding("comma", "segment(-1)", "Previous segment", show=False),
@@ -122,6 +132,7 @@ class Timeline(ScrollView, can_focus=True):
         self.expand_all = False
         self.aligned = False  # False: the run's clock; True: each rank from its own step start
         self.pipeline = False  # the pipeline's stages (p), not the ranks
+        self.fsdp = False  # the selected rank's FSDP all-gathers, a row per unit (f)
         self.cache: dict[tuple[int, int | None], RankLanes] = {}
         self.rows: list[Row] = []
         self._cells: dict[tuple[object, ...], Text] = {}
@@ -135,6 +146,8 @@ class Timeline(ScrollView, can_focus=True):
         self.segment_index: int | None = None
         # the pipeline view's collective calls per (rank, step): [start, end) on the rank's clock
         self._spans: dict[tuple[int, int | None], list[tuple[int, int]]] | None = None
+        # the FSDP view's all-gathers per (rank, step) (read on first use)
+        self._gathers: dict[tuple[int, int | None], list[GatherSpan]] | None = None
 
     # --- data -------------------------------------------------------------------------------
 
@@ -142,7 +155,7 @@ class Timeline(ScrollView, can_focus=True):
         self.run, self.view = run, view
         self._collectives, self.collective_index = None, None
         self._paths, self.segment_index = None, None
-        self._spans = None
+        self._spans = self._gathers = None
         # Start on a typical step: the first one not marked first, warm-up or slow.
         typical = [i for i, row in enumerate(view.steps) if not row.mark]
         self.step_index = typical[0] if typical else 0
@@ -277,13 +290,25 @@ class Timeline(ScrollView, can_focus=True):
                 first.setdefault(rank, s.stage)
         return [(stage, rank) for rank, stage in first.items()]
 
+    def gathers(self, rank: int) -> list[GatherSpan]:
+        """``rank``'s FSDP all-gathers in this step, in the order they were issued."""
+        if self._gathers is None:
+            self._gathers = self.run.gather_spans() if self.run is not None else {}
+        return self._gathers.get((rank, self.step), [])
+
     def _update_rows(self) -> None:
         rows: list[Row] = []
-        if self.pipeline:
+        if self.fsdp and self.ranks:
+            rank = self.ranks[self.selected]
+            lanes = self.cache.get((rank, self.step))
+            rows.append(Row(rank, 0 if lanes is not None and lanes.lanes else None))
+            units = dict.fromkeys(g.unit for g in self.gathers(rank))  # (in order of issue)
+            rows.extend(Row(rank, GATHERS, unit) for unit in units)
+        elif self.pipeline:
             for _, rank in self.stages():
                 lanes = self.cache.get((rank, self.step))
                 rows.append(Row(rank, 0 if lanes is not None and lanes.lanes else None))
-        for rank in self.ranks if not self.pipeline else []:
+        for rank in self.ranks if not (self.pipeline or self.fsdp) else []:
             lanes = self.cache.get((rank, self.step))
             if lanes is None or not lanes.lanes:
                 rows.append(Row(rank, None))
@@ -318,6 +343,13 @@ class Timeline(ScrollView, can_focus=True):
         lanes = self.cache.get((rank, self.step))
         if self.pipeline:
             return self._stage_label(rank, selected)
+        if row.lane == GATHERS and row.unit is not None:
+            spans = [g for g in self.gathers(rank) if g.unit == row.unit]
+            named = Text("  unit ")
+            named.append_text(untrusted(row.unit, 16))
+            prefetched = sum(g.prefetched for g in spans)
+            named.append(f" {prefetched}/{len(spans)}p", style="bright_black")
+            return named
         if row.lane == MEMORY and lanes is not None and lanes.memory is not None:
             peak = lanes.memory.peak_bytes / (1 << 20)
             return Text(
@@ -357,6 +389,9 @@ class Timeline(ScrollView, can_focus=True):
         lo, hi = self.range_of(row.rank)
         if row.lane == MEMORY:
             return self._memory_bar(lanes, lo, hi, width)
+        if row.lane == GATHERS:
+            spans = [g for g in self.gathers(row.rank) if g.unit == row.unit]
+            return gather_cells(spans, lo, hi, width)
         key = (row.rank, self.step, row.lane, lo, hi, width, self.pipeline)
         if key not in self._cells:
             binned = bin_lane(lanes.lanes[row.lane], lo, hi, width)
@@ -483,6 +518,10 @@ class Timeline(ScrollView, can_focus=True):
             )
         elif pipeline is not None:
             text.append(" · p: pipeline stages")
+        if self.fsdp and self.ranks:
+            text.append(f" · FSDP all-gathers of rank {self.ranks[self.selected]} (f: ranks)")
+        elif self.view.report.fsdp_gathers:
+            text.append(" · f: FSDP all-gathers")
         if self.aligned:
             text.append(" · ranks aligned at their step start")
         elif self.view is not None and self.view.clock_offsets:
@@ -598,7 +637,16 @@ class Timeline(ScrollView, can_focus=True):
             self.pipeline = False
             self.app.notify("no pipeline in this run: its point-to-point calls form no stages")
             return
-        self.pipeline = not self.pipeline
+        self.pipeline, self.fsdp = not self.pipeline, False
+        self._update_rows()
+
+    def action_fsdp(self) -> None:
+        """Show the selected rank's FSDP all-gathers, a row per unit, or the ranks again."""
+        if self.view is None or not self.view.report.fsdp_gathers:
+            self.fsdp = False
+            self.app.notify("no FSDP all-gathers in this run")
+            return
+        self.fsdp, self.pipeline = not self.fsdp, False
         self._update_rows()
 
     def action_path(self) -> None:
@@ -634,9 +682,23 @@ class Timeline(ScrollView, can_focus=True):
         self._moved()
 
 
-def timeline_legend(pipeline: bool = False) -> Text:
-    """The key under the lanes: of the ranks' lanes, or of the pipeline's stages."""
+def timeline_legend(pipeline: bool = False, fsdp: bool = False) -> Text:
+    """The key under the lanes: of the ranks' lanes, of the pipeline's stages, or of FSDP's
+    all-gathers."""
     legend = legend_text()
+    if fsdp:
+        words = {
+            "prefetched": "prefetched gather in flight",
+            "on_demand": "gathered on demand",
+            "exposed": "its unit waits for it",
+            "ready": "done before its use",
+        }
+        legend.append("\n")
+        for kind, (letter, style) in GATHER_MARKS.items():
+            legend.append(letter, style=style)
+            legend.append(f" {words[kind]}  ")
+        legend.append("\nunit U k/np: k of its n all-gathers in this step prefetched.")
+        return legend
     if pipeline:
         legend.append("  ")
         legend.append(BUBBLE, style="red")
@@ -651,7 +713,7 @@ def timeline_legend(pipeline: bool = False) -> Text:
 
 
 class TimelinePane(Vertical):
-    _pipeline = False  # the legend drawn is the pipeline's
+    _legend = (False, False)  # the legend drawn: the pipeline's, FSDP's
 
     def compose(self) -> ComposeResult:
         yield Static(id="timeline-header", markup=False)
@@ -663,6 +725,6 @@ class TimelinePane(Vertical):
         timeline = self.query_one(Timeline)
         self.query_one("#timeline-header", Static).update(timeline.header_text())
         self.query_one("#timeline-axis", Static).update(timeline.axis_text())
-        if timeline.pipeline != self._pipeline:
-            self._pipeline = timeline.pipeline
-            self.query_one("#timeline-legend", Static).update(timeline_legend(self._pipeline))
+        if (timeline.pipeline, timeline.fsdp) != self._legend:
+            self._legend = (timeline.pipeline, timeline.fsdp)
+            self.query_one("#timeline-legend", Static).update(timeline_legend(*self._legend))

@@ -55,6 +55,18 @@ class FsdpGather(Result):
     ahead_min_ms: float | None  # the least of them
 
 
+class GatherSpan(Result):
+    """One of FSDP's all-gathers on one rank in one step, as the TUI's FSDP view draws it: from
+    issue to end, and when its unit first used what it gathered (ns, the rank's own clock)."""
+
+    unit: str  # (untrusted)
+    phase: str  # where it was issued: forward or backward
+    prefetched: bool
+    issued_ns: int
+    end_ns: int
+    needed_ns: int | None  # null: its use is not in the trace
+
+
 class AllToAllRank(Result):
     """One rank's matched all-to-alls in one group (expert parallelism), means per step."""
 
