@@ -709,7 +709,8 @@ def test_a_slow_virtual_stage_is_named_as_a_stage(jobs: Any) -> None:
     forward_one_chunk and backward_one_chunk on that stage, which on rank 1 also wait for their
     inputs: the report leaves the wait out, so it is held from above there); the verdict does
     not say a stage waits for another stage of its own rank; the report's cause is stage 2's
-    forward, and removing it saves time (5% of the step or more, no more than its blame)."""
+    forward, its change stage 2 balanced alone (balance:stage=2, as `whatif --balance-stage 2`
+    replays it), and removing it saves time (5% of the step or more, no more than its blame)."""
     job = jobs("interleaved2-slowvirtual")
     report = job.report()
     pipe = report["pipeline"]
@@ -746,16 +747,21 @@ def test_a_slow_virtual_stage_is_named_as_a_stage(jobs: Any) -> None:
     # schedule waits for its sends at the end: the replay then saved 1%)
     cause = report["summary"]["cause"]
     assert cause is not None, report["summary"]
-    assert (cause["kind"], cause["rank"], cause["stage"], cause["phase"]) == (
-        "compute",
-        0,
-        2,
-        "forward",
-    ), cause
+    want = ("compute", 0, 2, "forward", "balance:stage=2")
+    got = tuple(cause[k] for k in ("kind", "rank", "stage", "phase", "change"))
+    assert got == want, cause
     assert cause["ms"] >= 0.05 * (cause["step_ms"] + cause["ms"]), cause
     assert cause["ms"] <= cause["blamed_ms"] * 1.01, cause
     headline = next(line for line in text.out.splitlines() if line.startswith("cause: "))
     assert headline.startswith("cause: stage 2 (rank 0)'s forward"), text.out[:600]
+    # balancing stage 2 alone leaves stage 0 (on the same rank) as it was: it saves no more
+    # than balancing rank 0 whole, which also shrinks stage 0's forward
+    whole = next(w for w in report["whatif"] if w["change"] == "balance:rank=0")
+    assert cause["step_ms"] >= whole["step_ms"] * 0.99, (cause, whole)
+    asked = run_cli("whatif", job.run, "--balance-stage", "2", "--json")
+    assert asked.code == 0, asked.err
+    (stage,) = [w for w in json.loads(asked.out)["whatif"] if w["change"] == "balance:stage=2"]
+    assert stage["step_ms"] == pytest.approx(cause["step_ms"], rel=0.01), (stage, cause)
 
 
 def test_the_tuis_overview_tells_fsdps_gathers_as_the_report_does(jobs: Any) -> None:

@@ -725,3 +725,42 @@ def test_the_cause_is_read_off_the_steps_whose_paths_are_complete() -> None:
     assert every.cause is not None and every.cause.kind == "late_start"
     assert every.cause.rank == complete.cause.rank == 1
     assert every.cause.blamed_ms == complete.cause.blamed_ms == pytest.approx(5.0)
+
+
+def test_one_pipeline_stage_balanced_leaves_its_ranks_other_stage_alone() -> None:
+    """Interleaved: rank 0 holds stages 0 and 2 (forward 3 ms and 8 ms), rank 1 stages 1 and 3
+    (2 ms each); rank 0 updates for 1 ms after, outside every action (no stage's work). Stage 2
+    at the other stages' median (2 ms): rank 0 ends at 3 + 2 + 1 = 6 ms; rank 0 as a whole at
+    rank 1's forward (4 ms) would shrink stage 0 too, and end at 5."""
+    segments = _segments(
+        [
+            (0, 0, 3, S.FORWARD, S.SEGMENT_COMPUTE, "a"),
+            (0, 3, 11, S.FORWARD, S.SEGMENT_COMPUTE, "b"),
+            (0, 11, 12, S.UPDATE, S.SEGMENT_COMPUTE, "sgd"),
+            (1, 0, 2, S.FORWARD, S.SEGMENT_COMPUTE, "c"),
+            (1, 2, 4, S.FORWARD, S.SEGMENT_COMPUTE, "d"),
+        ]
+    )
+    actions = pa.table(
+        {
+            S.RANK: pa.array([0, 0, 1, 1], pa.int32()),
+            S.STEP: pa.array([1] * 4, pa.int64()),
+            S.STAGE: pa.array([0, 2, 1, 3], pa.int32()),
+            S.ACTION: ["F"] * 4,
+            S.MICROBATCH: pa.array([0] * 4, pa.int32()),
+            S.START_NS: pa.array([0, 3 * MS, 0, 2 * MS], pa.int64()),
+            S.END_NS: pa.array([3 * MS, 11 * MS, 2 * MS, 4 * MS], pa.int64()),
+        },
+        schema=S.ACTIONS_SCHEMA,
+    )
+    graph = build_graph(segments, Matched(pl.DataFrame()), [1], actions=actions)
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 12 * MS}
+    stage = parse_change(graph, "balance:stage=2")
+    assert stage is not None and replay(graph, stage).step_ns == {1: 6 * MS}
+    rank = balance_rank(graph, 0)
+    assert rank is not None and replay(graph, rank).step_ns == {1: 5 * MS}
+    assert parse_change(graph, "balance:stage=7") is None  # (no such stage)
+    assert (
+        parse_change(build_graph(segments, Matched(pl.DataFrame()), [1]), "balance:stage=2") is None
+    )

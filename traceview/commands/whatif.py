@@ -55,6 +55,10 @@ class WhatIfCommand:
             help="rank N's phases at the median of the others' (repeatable)",
         )  # fmt: skip
         parser.add_argument(
+            "--balance-stage", type=int, action="append", metavar="K",
+            help="pipeline stage K's work at the median of the other stages' (repeatable)",
+        )  # fmt: skip
+        parser.add_argument(
             "--faster", action="append", metavar="NAME:K",
             help="a phase, operator or collective K times faster (repeatable)",
         )  # fmt: skip
@@ -86,6 +90,7 @@ class WhatIfCommand:
     def changes(self, args: argparse.Namespace) -> list[str]:
         asked = ["balance"] if args.balance else []
         asked += [f"balance:rank={n}" for n in args.balance_rank or []]
+        asked += [f"balance:stage={k}" for k in args.balance_stage or []]
         asked += [f"faster:{_factor(t, '--faster')}" for t in args.faster or []]
         asked += [f"without:{_named(t)}" for t in args.without or []]
         asked += [f"bandwidth:{_factor(t, '--bandwidth')}" for t in args.bandwidth or []]

@@ -307,8 +307,14 @@ def cause_advice(cause: Cause) -> str | None:
         )  # fmt: skip
     if cause.phase == S.H2D:
         return GPU_ADVICE[S.H2D]
+    op = f" ({safe(cause.op, 40)} the most)" if cause.op else ""
+    if cause.stage is not None and cause.change.startswith("balance:"):
+        return (
+            f"stage {cause.stage}'s {cause.phase}{op} takes longer than the other stages': "
+            f"move layers from stage {cause.stage} to its neighbours so that the stages take "
+            "alike (more micro-batches shrink the bubble they wait in, not the stage)"
+        )
     if cause.change.startswith("balance:"):
-        op = f" ({safe(cause.op, 40)} the most)" if cause.op else ""
         return (
             f"find why {rank}'s {cause.phase}{op} takes longer than the others': more data or "
             "longer sequences on it, uneven expert routing, a slower device or a busier host"
@@ -420,6 +426,8 @@ def pipeline_text(pipeline: Pipeline) -> Text:
 def change_words(change: str) -> str:
     """A what-if's change (WhatIf.change) in words."""
     name, _, rest = change.partition(":")
+    if name == "balance" and rest.startswith("stage="):
+        return f"stage {rest.removeprefix('stage=')} at the median of the other stages"
     if name == "balance":
         return (
             f"rank {rest.removeprefix('rank=')} at the median of the others"

@@ -75,6 +75,7 @@ class Candidate:
     change: str
     others: tuple[int, ...] = ()
     idle_ms: float = 0.0  # a late start's: its rank's idling on the path, in blamed_ms
+    stage: int | None = None  # a pipeline stage's own work (``balance:stage=K``)
 
     @property
     def alone(self) -> bool:
@@ -333,6 +334,7 @@ def _cause(
         others=list(c.others),
         then_rank=w.last_rank if ranks > 1 and saves < TAKES_OVER * blamed else None,
         idle_ms=round(c.idle_ms, 3) if c.idle_ms > 0 else None,  # (a late start's)
+        stage=c.stage,
     )
     cause.text = cause_words(cause, base_ms, ranks)
     return cause
@@ -389,11 +391,11 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
         what = f"the device waits for kernel launches: {blamed} on the critical path{most}{op}"
     else:  # a phase that is not the model's own work, on every rank
         what = f"{phase} holds {blamed} of the critical path{most}"
-    how = (
-        f"with rank {cause.rank} at the others' median"
-        if cause.change.startswith("balance:")
-        else "without it"
-    )
+    how = "without it"
+    if cause.change.startswith("balance:stage="):
+        how = f"with stage {cause.stage} at the other stages' median"
+    elif cause.change.startswith("balance:"):
+        how = f"with rank {cause.rank} at the others' median"
     then = ""
     if cause.then_rank is not None:
         then = (

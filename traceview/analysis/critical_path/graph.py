@@ -72,6 +72,9 @@ class Graph:
     #                      issue_item (-1: issued outside the counted windows), issue_offset
     steps: list[int]
     unmatched_steps: dict[int, str]  # steps whose communication is not all explained: why
+    # a pipeline's actions in these steps (rank, step, stage, start, end; on the items' clock):
+    # which stage an item's work is (None: no pipeline named its actions)
+    actions: pl.DataFrame | None = None
     _timed: _Timed | None = field(default=None, repr=False, compare=False)
 
     def timed(self) -> _Timed:

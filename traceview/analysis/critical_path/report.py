@@ -3,6 +3,7 @@ for the next report of the run (``PathCache``, ``PATH_VERSION``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -11,13 +12,13 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.critical_path.blame import _OWN, _blame, _blame_per_step, _blame_rows
-from traceview.analysis.critical_path.cause import candidates, cause_words, pick
+from traceview.analysis.critical_path.cause import Candidate, candidates, cause_words, pick
 from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, NO_STEP
 from traceview.analysis.critical_path.late import before
-from traceview.analysis.critical_path.source import _batches, _source
+from traceview.analysis.critical_path.source import _batches, _Source, _source
 from traceview.analysis.critical_path.tables import _stretches
 from traceview.analysis.critical_path.walk import WalkedPath
-from traceview.analysis.critical_path.whatif import _what_ifs
+from traceview.analysis.critical_path.whatif import _what_ifs, stage_work
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
@@ -25,7 +26,7 @@ from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, S
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 10
+PATH_VERSION = 11
 
 
 @dataclass
@@ -70,6 +71,7 @@ def explain(
     extra: list[str] | None = None,
     world: int | None = None,
     clock_ms: float = 0.0,
+    actions: pa.Table | None = None,
 ) -> Explained:
     """The critical path of each of ``steps`` (every complete step, warm-up included); blame
     and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
@@ -77,8 +79,10 @@ def explain(
     (``_batches``); what is kept of a walked path is its blame rows, summed per step, rank,
     phase, kind and operator (integers: the sums are the whole graph's). ``segments``: the
     table, or what reads it a piece at a time (``_source``); ``clock_ms``: how far the ranks'
-    clocks may be off (estimated from collectives), within which a late start is no cause."""
-    source = _source(segments, matched, steps, world)
+    clocks may be off (estimated from collectives), within which a late start is no cause;
+    ``actions``: a pipeline's, on the segments' clock (a cause on a rank holding several
+    stages is its slowest stage's)."""
+    source = _source(segments, matched, steps, world, actions)
     del segments
     if source is None:
         return Explained(None, {}, [], {})
@@ -172,6 +176,7 @@ def explain(
         found = candidates(df_whole, len(whole), blame_whole, ranks, clock_ms, mean_whole)
     else:
         found = candidates(df, n, blame, ranks, clock_ms, mean_step_ms)
+    found = _by_stage(found, source, counted_steps)
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
     picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained)
@@ -188,6 +193,42 @@ def explain(
             cause.then_phase = _own_phase(df, cause.then_rank)  # type: ignore[assignment]
         cause.text = cause_words(cause, base_ms, ranks)
     return Explained(path, per_step, whatif, rank_blame, picked.cause, picked.straggler)
+
+
+def _by_stage(found: list[Candidate], source: _Source, steps: list[int]) -> list[Candidate]:
+    """A rank's own work on a rank that holds several pipeline stages (an interleaved schedule)
+    is its slowest stage's: in the candidate's phase, the stage whose work is furthest above the
+    other stages' median, balanced alone (``balance:stage=K``). Where none is above it, the
+    rank's candidate stands."""
+    mine = [c for c in found if c.change.startswith("balance:rank=")]
+    if source.actions is None or not mine:
+        return found
+    held = source.actions.group_by(S.RANK).agg(pl.col(S.STAGE).n_unique().alias("n"))
+    several = set(held.filter(pl.col("n") > 1)[S.RANK].to_list())
+    if not any(c.rank in several for c in mine):
+        return found
+    parts = []
+    for batch in _batches(source, steps):
+        graph = source.graph(batch)
+        work = stage_work(graph) if graph is not None else None
+        if work is not None:
+            parts.append(work)
+    if not parts:
+        return found
+    per = pl.concat(parts).group_by(S.RANK, S.STAGE, S.PHASE).agg(pl.col("d").sum())
+    out = []
+    for c in found:
+        if c in mine and c.rank in several:
+            phase = per.filter(pl.col(S.PHASE) == c.phase)
+            median = phase["d"].median()
+            own = phase.filter(pl.col(S.RANK) == c.rank).sort(
+                "d", S.STAGE, descending=[True, False]
+            )
+            if own.height and median is not None and own["d"][0] > median:
+                stage = int(own[S.STAGE][0])
+                c = dataclasses.replace(c, stage=stage, change=f"balance:stage={stage}")
+        out.append(c)
+    return out
 
 
 def _own_phase(rows: pl.DataFrame, rank: int) -> str | None:

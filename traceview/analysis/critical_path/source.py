@@ -27,12 +27,17 @@ from traceview.model.columns import TableOnDemand
 
 
 def build_graph(
-    segments: pa.Table, matched: Matched, steps: list[int | None], world: int | None = None
+    segments: pa.Table,
+    matched: Matched,
+    steps: list[int | None],
+    world: int | None = None,
+    actions: pa.Table | None = None,
 ) -> Graph | None:
     """The graph of ``steps`` (the counted steps; None: a window without step markers) from
     every rank's segments and the matched calls (crossrank.match_collectives, on one clock);
-    ``world``: the job's world size, where known (a world of one has nothing to wait for)."""
-    source = _source(segments, matched, steps, world)
+    ``world``: the job's world size, where known (a world of one has nothing to wait for);
+    ``actions``: a pipeline's, on the same clock."""
+    source = _source(segments, matched, steps, world, actions)
     return None if source is None else _graph(source, source.steps)
 
 
@@ -60,6 +65,7 @@ class _Source:
     rest_spans: pl.DataFrame  # per rank and step, the span of the rest and its count (_spans)
     segments: TableOnDemand  # what they were read from (read again by ``rest_of``)
     in_order: bool  # whether the segments were in (rank, step, start) order
+    actions: pl.DataFrame | None  # a pipeline's (``_actions``), None without one
     # the last graph made, and its walk where it is one step's: asked for again (a run of one
     # batch, or of one long step, walks, replays and walks its median step again in the same
     # graph), they are not made again; a new one replaces them before it is made
@@ -126,6 +132,7 @@ def _source(
     matched: Matched,
     steps: list[int | None],
     world: int | None,
+    actions: pa.Table | None = None,
 ) -> _Source | None:
     """The source of every graph of ``steps``, from the segments (a table, or what reads it a
     piece at a time): each piece made compact as it comes, and the rest (the segments not of
@@ -189,8 +196,23 @@ def _source(
     )
     return _Source(
         rest_frame, pieces, calls, sorted(set(wanted)), unmatched, held + pieces.height,
-        rest_spans, segments, in_order,
+        rest_spans, segments, in_order, _actions(actions, wanted),
     )  # fmt: skip
+
+
+def _actions(actions: pa.Table | None, wanted: list[int]) -> pl.DataFrame | None:
+    """A pipeline's actions in the ``wanted`` steps (rank, step, stage, start, end), sorted by
+    rank and start; None where there are none."""
+    if actions is None or actions.num_rows == 0:
+        return None
+    frame = pl.from_arrow(actions)
+    assert isinstance(frame, pl.DataFrame)
+    frame = frame.select(
+        pl.col(S.RANK).cast(pl.Int32), pl.col(S.STEP).fill_null(NO_STEP).cast(pl.Int64),
+        pl.col(S.STAGE).cast(pl.Int32), pl.col(S.START_NS).cast(pl.Int64),
+        pl.col(S.END_NS).cast(pl.Int64),
+    ).filter(pl.col(S.STEP).is_in(wanted))  # fmt: skip
+    return frame.sort(S.RANK, S.START_NS) if frame.height else None
 
 
 #: The columns of the segments a graph is made of.
@@ -240,7 +262,10 @@ def _graph(source: _Source, steps: list[int]) -> Graph | None:
         .with_columns(pl.struct(S.RANK, S.STEP).rle_id().cast(pl.Int64).alias("group"))
     )
     calls = _issue_points(source.calls, items)
-    return Graph(items, calls, list(steps), source.unmatched)
+    actions = source.actions
+    if actions is not None:
+        actions = actions.filter(pl.col(S.STEP).is_in(steps))
+    return Graph(items, calls, list(steps), source.unmatched, actions)
 
 
 def _batches(source: _Source, steps: list[int]) -> list[list[int]]:

@@ -116,6 +116,84 @@ def balance_rank(graph: Graph, rank: int) -> Change | None:
     return Change(f"balance:rank={rank}", item_factor=f)
 
 
+def item_stages(graph: Graph) -> np.ndarray | None:
+    """Per item of ``graph``, the pipeline stage whose action holds its start (-1: none; None:
+    the graph has no actions). An action's region also holds the schedule's waits for its
+    input: only the rank's own work in it is the stage's."""
+    actions = graph.actions
+    if actions is None or actions.height == 0:
+        return None
+    items = graph.items.select(S.RANK, S.START_NS).with_row_index("_i")
+    held = (
+        items.sort(S.RANK, S.START_NS)
+        .join_asof(
+            actions.select(
+                S.RANK, pl.col(S.START_NS).alias("_at"), pl.col(S.END_NS).alias("_until"), S.STAGE
+            ),
+            left_on=S.START_NS,
+            right_on="_at",
+            by=S.RANK,
+            check_sortedness=False,
+        )
+        .with_columns(
+            pl.when(pl.col(S.START_NS) < pl.col("_until")).then(pl.col(S.STAGE)).otherwise(-1)
+        )
+        .sort("_i")
+    )
+    return held[S.STAGE].fill_null(-1).to_numpy()
+
+
+def stage_work(graph: Graph) -> pl.DataFrame | None:
+    """Per step, rank, stage and phase, the stage's own work in the graph (ns, ``d``); None
+    without a pipeline's actions."""
+    stages = item_stages(graph)
+    if stages is None:
+        return None
+    items = graph.items
+    return (
+        items.select(S.RANK, S.STEP, S.PHASE)
+        .with_columns(
+            pl.Series(S.STAGE, stages, pl.Int32),
+            (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64).alias("d"),
+            items[S.KIND].is_in(_COMPUTING).alias("c"),
+        )
+        .filter(pl.col("c") & (pl.col(S.STAGE) >= 0))
+        .group_by(S.STEP, S.RANK, S.STAGE, S.PHASE)
+        .agg(pl.col("d").sum())
+    )
+
+
+def balance_stage(graph: Graph, stage: int) -> Change | None:
+    """One pipeline stage's work at the median of the other stages' (per step and phase): the
+    rank's other stages as they were (a rank holds several stages in an interleaved
+    schedule)."""
+    stages = item_stages(graph)
+    per = stage_work(graph)
+    if stages is None or per is None:
+        return None
+    others = (
+        per.filter(pl.col(S.STAGE) != stage)
+        .group_by(S.STEP, S.PHASE)
+        .agg(pl.col("d").median().alias("m"))
+    )
+    mine = per.filter(pl.col(S.STAGE) == stage).join(others, on=[S.STEP, S.PHASE])
+    if mine.height == 0:
+        return None
+    factor = mine.select(
+        S.STEP, S.PHASE, (pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f")
+    )
+    items = graph.items
+    joined = (
+        items.select(S.STEP, S.PHASE)
+        .with_row_index("_i")
+        .join(factor, on=[S.STEP, S.PHASE], how="left")
+        .sort("_i")
+    )
+    hit = items[S.KIND].is_in(_COMPUTING).to_numpy() & (stages == stage)
+    f = np.where(hit, joined["f"].fill_null(1.0).to_numpy(), 1.0)
+    return Change(f"balance:stage={stage}", item_factor=f)
+
+
 def at_bandwidth(graph: Graph, op: str, gbps: float) -> Change | None:
     """Calls of collective ``op`` at a bus bandwidth of ``gbps`` Gb/s (bits, as the report's
     busbw_gbps): transfer = bus bytes / bandwidth."""
@@ -143,6 +221,8 @@ def parse_change(graph: Graph, text: str) -> Change | None:
         return next((c for c in what_ifs(graph) if c.name == "balance"), None)
     if name == "balance" and rest.startswith("rank="):
         return balance_rank(graph, int(rest.removeprefix("rank=")))
+    if name == "balance" and rest.startswith("stage="):
+        return balance_stage(graph, int(rest.removeprefix("stage=")))
     if name == "faster":
         what, _, k = rest.rpartition(":")
         if not what or float(k) <= 0:

@@ -288,6 +288,7 @@ def _critical_path_section(ctx: Context) -> Explained | None:
         ctx.options.whatif,
         ctx.manifest.world_size,
         ctx.inputs.path_cache,
+        ctx.inputs.table("actions"),
     )
     if explained is not None and manifest_steps_from(ctx.manifest) == "one_window":
         # one window holds the one-time costs: no cause of a step is read off it

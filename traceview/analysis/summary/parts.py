@@ -219,9 +219,10 @@ def _critical_path(
     whatif: list[str],
     world: int | None,
     cache: PathCache | None,
+    actions: pa.Table | None = None,
 ) -> Explained | None:
     """The critical path of the counted steps (analysis/critical_path/); ``cache``: where an
-    earlier report of this run kept it."""
+    earlier report of this run kept it; ``actions``: a pipeline's."""
     counted = [s.step for s in per_step if s.excluded is None]
     every = [s.step for s in per_step]
     if segments is None or segments.num_rows == 0 or not counted or not ranks:
@@ -231,7 +232,9 @@ def _critical_path(
     key = json.dumps([PATH_VERSION, every, counted, whatif, world, clock_ms])
     explained = cache.get(key) if cache is not None else None
     if explained is None:
-        explained = _explain(segments, cross, ranks, every, counted, whatif, world, clock_ms)
+        explained = _explain(
+            segments, cross, ranks, every, counted, whatif, world, clock_ms, actions
+        )
         if cache is not None:
             cache.put(key, explained)
     return explained
@@ -246,13 +249,20 @@ def _explain(
     whatif: list[str],
     world: int | None,
     clock_ms: float = 0.0,
+    actions: pa.Table | None = None,
 ) -> Explained:
     """``explain`` of the segments, read a piece at a time: nothing here holds them whole."""
     if cross is not None and cross.clocks is not None:  # on the clock the calls were matched on
         segments = cross.clocks.shifted_segments(segments)
+        if actions is not None:
+            frame = pl.from_arrow(actions)
+            assert isinstance(frame, pl.DataFrame)
+            actions = cross.clocks.shift(frame, S.START_NS, S.END_NS).to_arrow()
     matched = cross.matched if cross is not None else Matched(pl.DataFrame())
     median_phase = {
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
         for phase in S.BREAKDOWN_PHASES
     }
-    return explain(segments, matched, every, counted, median_phase, whatif, world, clock_ms)
+    return explain(
+        segments, matched, every, counted, median_phase, whatif, world, clock_ms, actions
+    )

@@ -198,8 +198,8 @@ def _cause_verdict(
         return
     cause, straggler = explained.cause, explained.straggler
     for found in {id(c): c for c in (cause, straggler) if c is not None}.values():
-        stage = _stage_of(found.rank, pipeline)
-        if stage is not None:
+        stage = _stage_of(found.rank, pipeline) if found.stage is None else None
+        if stage is not None:  # (a stage of its own: the critical path's, from the actions)
             found.stage = stage
             found.text = cause_words(found, found.step_ms * found.speedup, len(ranks))
     summary.cause = cause
