@@ -764,3 +764,36 @@ def test_one_pipeline_stage_balanced_leaves_its_ranks_other_stage_alone() -> Non
     assert (
         parse_change(build_graph(segments, Matched(pl.DataFrame()), [1]), "balance:stage=2") is None
     )
+
+
+def test_an_nccl_kernel_on_an_early_rank_waits_for_the_last_one() -> None:
+    """Two GPUs: rank 0's backward kernels end at 5 and its all-reduce kernel runs 5-20, waiting
+    for rank 1, whose backward runs until 17 (its all-reduce kernel: 17-20). The early rank's
+    kernel holds 12 ms of waiting and 3 of transfer: with rank 1 balanced (its backward at rank
+    0's 5 ms) both kernels end at 8, where a kernel kept as measured would hold the step at 20;
+    the path is rank 1's backward, then the transfer."""
+    segments = _segments(
+        [
+            (0, 0, 5, S.BACKWARD, S.SEGMENT_KERNEL, "gemm"),
+            (0, 5, 20, S.COMM, S.SEGMENT_KERNEL, "ncclKernel_AllReduce"),
+            (1, 0, 17, S.BACKWARD, S.SEGMENT_KERNEL, "gemm"),
+            (1, 17, 20, S.COMM, S.SEGMENT_KERNEL, "ncclKernel_AllReduce"),
+        ]
+    )
+    calls = _calls(
+        [
+            {"rank": 0, "name": "ncclKernel_AllReduce", "start": 5, "end": 20, "issued": 5,
+             "last": 17, "last_rank": 1},
+            {"rank": 1, "name": "ncclKernel_AllReduce", "start": 17, "end": 20, "issued": 17,
+             "last": 17, "last_rank": 1},
+        ]
+    )  # fmt: skip
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 20 * MS}
+    change = balance_rank(graph, 1)
+    assert change is not None and replay(graph, change).step_ns == {1: 8 * MS}
+    assert _walk(segments, calls) == [
+        (1, S.BACKWARD, S.SEGMENT_KERNEL, 17.0),
+        (1, S.COMM, "transfer", 3.0),
+    ]

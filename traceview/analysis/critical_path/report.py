@@ -26,7 +26,7 @@ from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, S
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 11
+PATH_VERSION = 12
 
 
 @dataclass

@@ -102,7 +102,7 @@ class _Source:
                 return self.rest
             return self.rest.filter(pl.col(S.STEP).is_in(steps))
         parts = [
-            _compact(table, steps).filter(pl.col(S.KIND) != S.SEGMENT_COMM)
+            _compact(table, steps).filter(~_waiting())
             for table in self.segments.in_pieces((S.STEP, steps[0], steps[-1]))
         ]
         rest = pl.concat(parts, rechunk=False)
@@ -116,6 +116,14 @@ class _Source:
     def step_rows(self) -> dict[int, int]:
         counts = pl.concat([self.rest_spans, _spans(self.pieces)])
         return dict(counts.group_by(S.STEP).agg(pl.col("len").sum()).iter_rows())
+
+
+def _waiting() -> pl.Expr:
+    """The segments that may wait for a call: exposed communication, and a collective's kernel
+    on a GPU (NCCL's kernel runs from when its stream reaches it until every member's has: it
+    holds the wait for the last member as well as the transfer)."""
+    kind = pl.col(S.KIND)
+    return (kind == S.SEGMENT_COMM) | ((kind == S.SEGMENT_KERNEL) & (pl.col(S.PHASE) == S.COMM))
 
 
 def _spans(items: pl.DataFrame) -> pl.DataFrame:
@@ -161,7 +169,7 @@ def _source(
             in_order = (last is None or first > last) and _in_order(seg)
             last = seg.row(seg.height - 1)[:3]
         ranks.update(seg[S.RANK].unique().to_list())
-        is_comm = pl.col(S.KIND) == S.SEGMENT_COMM
+        is_comm = _waiting()
         comm.append(seg.filter(is_comm))
         communicating.append(
             seg.filter(is_comm | (pl.col(S.PHASE) == S.COMM)).select(S.RANK, S.STEP).unique()
