@@ -25,6 +25,10 @@ tests/workloads/critical/dp.py):
 - late3: dp3 (explicit) where rank 2 sleeps 30 ms in every job step after its all-reduce and
   before its optimizer step: it starts every profiler step that late, having idled at the end
   of the one before, while the others block in the next all-reduce.
+- mesh4-slow: a dp 2 x tp 2 mesh (tensor parallel inside FSDP2, tests/workloads/parallel/
+  mesh2d.py) where rank 3 sleeps 30 ms in its first block's backward: its tp peer waits for it
+  in the block's all-reduce, its dp peer in FSDP's reduce-scatter; mesh4-balanced: the same
+  without it.
 
 Where the truth comes from: the job's own timers (time.perf_counter_ns, one CLOCK_MONOTONIC for
 all ranks of the machine) and the raw trace JSON (a ProfilerStep#N marker's start is
@@ -79,6 +83,8 @@ JOBS: dict[str, tuple[int, str, list[str], int]] = {
     "moe4-hot": (4, "parallel/moe.py", ["--hot", "3", "--skew", "5"], 20),
     "late3": (3, "critical/dp.py", ["--mode", "explicit", "--slow-rank", "2",
                                     "--late-every-ms", "30"], 20),
+    "mesh4-slow": (4, "parallel/mesh2d.py", ["--slow-rank", "3", "--extra-ms", "30"], 20),
+    "mesh4-balanced": (4, "parallel/mesh2d.py", [], 20),
 }  # fmt: skip
 SLOW_DP = ["dp3-slow", "ddp3-slow"]
 BALANCED = {"dp3-slow": "dp3-balanced", "ddp3-slow": "ddp3-balanced"}
@@ -89,6 +95,7 @@ CAUSES: dict[str, tuple[tuple[str, int, str | None, str], str, str]] = {
     "ddp3-slow": (("compute", 2, "backward", "balance:rank=2"), "extra", "ddp3-balanced"),
     "idle3": (("idle", 2, None, "without:idle:rank=2"), "idle", "dp3-balanced"),
     "late3": (("late_start", 2, None, "no_late_start:rank=2"), "late", "dp3-balanced"),
+    "mesh4-slow": (("compute", 3, "backward", "balance:rank=3"), "extra", "mesh4-balanced"),
 }
 FIRST_RECORDED = 4  # the first job step `collect --skip 1 --warmup 2` records (checked below)
 

@@ -446,9 +446,9 @@ def test_fsdp_gathers_prefetched_and_ready_as_the_job_timed_them(jobs: Any, name
     each unit to prefetch the next (--prefetch: every unit but the first); in backward FSDP2's
     own default, every unit but the first one backward. How far ahead of its use each was done:
     the job's timers, from the return of FSDP's unshard (on CPU its all-gather is done then) to
-    FSDP's wait for the gathered parameters, median over the counted steps, within 0.5 ms + 25%
+    FSDP's wait for the gathered parameters, median over the counted steps, within 25% or 1 ms
     (the trace ends the gather when gloo's worker ends it, before the call returns: 0.17 ms
-    later on an idle 2-core machine, more when loaded). A gather that is not prefetched is
+    later on an idle 2-core machine, more when loaded: 0.70 ms once under the whole suite). A gather that is not prefetched is
     waited for at once: about 0.1-0.3 ms; a prefetched one in backward, milliseconds. (Ending
     each gather where the host call that queued it returns reads 0.6 ms for the first unit's.)"""
     job = jobs(name)
@@ -479,7 +479,7 @@ def test_fsdp_gathers_prefetched_and_ready_as_the_job_timed_them(jobs: Any, name
     for phase, unit, ahead in truth.iter_rows():
         got = gathers[(phase, unit)]["ahead_ms"]
         print(f"{name} {phase} unit {unit}: ahead {got} ms, timers {ahead:.3f} ms")
-        assert got == pytest.approx(ahead, rel=0.25, abs=0.5), (phase, unit, got, ahead)
+        assert got == pytest.approx(ahead, rel=0.25, abs=1.0), (phase, unit, got, ahead)
         assert got >= ahead - 0.1, (phase, unit, got, ahead)  # (the worker ends first)
 
 

@@ -57,22 +57,6 @@ from torch.nn.parallel import DistributedDataParallel
 TIMERS = C.Timers()
 
 
-class Extra(torch.autograd.Function):
-    """Identity forward; a backward that first sleeps `ms` (timed as "extra")."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ms: float) -> torch.Tensor:
-        ctx.ms = ms
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        if ctx.ms > 0:
-            with torch.profiler.record_function("extra_backward"), TIMERS.timed("extra"):
-                time.sleep(ctx.ms / 1000)
-        return grad, None
-
-
 class Model(nn.Module):
     def __init__(self, extra_ms: float) -> None:
         super().__init__()
@@ -82,7 +66,7 @@ class Model(nn.Module):
         self.extra_ms = extra_ms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = Extra.apply(torch.relu(self.a(x)), self.extra_ms)
+        x = C.SleepInBackward.apply(torch.relu(self.a(x)), self.extra_ms, TIMERS)
         return self.c(torch.relu(self.b(x)))
 
 

@@ -151,6 +151,24 @@ def write_truth(
     tmp.replace(out / f"rank{rank}.json")
 
 
+class SleepInBackward(torch.autograd.Function):
+    """Identity forward; a backward that first sleeps ``ms`` inside
+    record_function("extra_backward") (an operator of the backward pass in the trace), timed as
+    "extra" on ``timers``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, ms: float, timers: Timers) -> torch.Tensor:
+        ctx.ms, ctx.timers = ms, timers
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.ms > 0:
+            with torch.profiler.record_function("extra_backward"), ctx.timers.timed("extra"):
+                time.sleep(ctx.ms / 1000)
+        return grad, None, None
+
+
 def busy(n: int, size: int = 192) -> None:
     """Known extra work: n matmuls of two size x size matrices, outside autograd."""
     with torch.no_grad():

@@ -1,12 +1,16 @@
 """A 2-D mesh job on 4 ranks: dp=2 x tp=2, tensor parallel (DTensor) inside FSDP2, CPU and gloo.
 
   torchrun --standalone --nproc-per-node 4 mesh2d.py --steps 10 --truth DIR
+      [--slow-rank R --extra-ms S]
 
 init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")); an MLP block
 (up: ColwiseParallel, down: RowwiseParallel) twice over tp, then fully_shard over dp. The ranks of
 one tp group read the same batch (seeded by their dp coordinate). Timers per rank (see _common):
 "step", "forward", "backward", "update", and "call" rows for each
-collective issued (C.record_collectives: op, group, bytes, phase).
+collective issued (C.record_collectives: op, group, bytes, phase). With --slow-rank R, rank R's
+first block sleeps --extra-ms in its backward, between its two halves (an autograd function
+whose backward sleeps inside record_function("extra_backward"), timed as "extra"): its tp peer
+waits for it in the block's tensor-parallel all-reduce, its dp peer in FSDP's reduce-scatter.
 """
 
 from __future__ import annotations
@@ -25,25 +29,33 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+TIMERS = C.Timers()
+
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, extra_ms: float = 0.0) -> None:
         super().__init__()
         self.up = nn.Linear(256, 1024)
         self.down = nn.Linear(1024, 256)
+        self.extra_ms = extra_ms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
+        hidden = torch.relu(self.up(x))
+        if self.extra_ms > 0:
+            hidden = C.SleepInBackward.apply(hidden, self.extra_ms, TIMERS)
+        return x + self.down(hidden)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--truth", required=True)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--extra-ms", type=float, default=0.0)
     args = parser.parse_args()
     rank, world = C.start()
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    model = nn.Sequential(Block(), Block())
+    model = nn.Sequential(Block(args.extra_ms if rank == args.slow_rank else 0.0), Block())
     for block in model:
         parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
         fully_shard(block, mesh=mesh["dp"])
@@ -52,7 +64,7 @@ def main() -> None:
     dp = mesh.get_coordinate()[0]  # type: ignore[index]
     torch.manual_seed(100 + dp)
     x, y = torch.randn(32, 256), torch.randn(32, 256)
-    timers = C.Timers()
+    timers = TIMERS
     C.record_collectives(timers)
     for step in range(args.steps):
         timers.step = step
@@ -73,6 +85,7 @@ def main() -> None:
         args.truth, "mesh2d", rank, world, args, groups, timers,
         mesh={"shape": list(mesh.shape), "dims": list(mesh.mesh_dim_names or ()),
               "coordinate": mesh.get_coordinate(), "mesh": mesh.mesh.tolist()},
+        slow_rank=args.slow_rank,
     )  # fmt: skip
     C.finish()
 

@@ -379,7 +379,8 @@ def cause_words(cause: Cause, step_ms: float, ranks: int = 2) -> str:
     elif cause.change.startswith("balance:"):
         what = f"{who}'s {phase} holds the step: {blamed} on the critical path{op}"
     elif cause.kind == TRANSFER:
-        what = f"communication is exposed: {blamed} of transfer on the critical path{op}"
+        group = f" (group {safe(cause.group, 40)})" if cause.group else ""
+        what = f"communication is exposed: {blamed} of transfer on the critical path{op}{group}"
     elif cause.kind == S.SEGMENT_IDLE and cause.rank is None:
         what = f"the ranks idle inside their steps in turn: {blamed} on the critical path"
     elif cause.kind == S.SEGMENT_IDLE:

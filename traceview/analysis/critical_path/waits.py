@@ -129,12 +129,12 @@ def _timing(calls: pl.DataFrame) -> pl.DataFrame:
 
 
 def _received_when_waited(calls: pl.DataFrame, pieces: pl.DataFrame) -> pl.DataFrame:
-    """A receive whose rank began waiting for it after both sides had issued it arrives when
-    that wait began (its issue moved there): a message moves once both sides are in it (NCCL's
-    kernels meet; gloo's receiving thread, on a loaded machine, completes it only once its rank
-    waits), so its transfer is the wait, never the time its rank spent on other work before
-    asking. Without this, a replay that speeds the receiver up keeps it waiting for a message
-    that had long been sent."""
+    """A receive posted before its rank began waiting for it is issued, as the graph takes it,
+    when that wait began: a message moves once both sides are in it (NCCL's kernels meet;
+    gloo's receiving thread, on a loaded machine, completes it only once its rank waits), so
+    where the send came first its transfer is the wait, never the time its rank spent on other
+    work before asking (where the send came later, it still drives the receive). Without this,
+    a replay that speeds the receiver up keeps it waiting for a message long sent."""
     recv = (calls[S.COLLECTIVE] == "recv").to_numpy()
     waited = pieces.filter(pl.col("call") >= 0)
     if not recv.any() or waited.height == 0:

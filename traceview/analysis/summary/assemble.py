@@ -65,7 +65,12 @@ from traceview.analysis.summary.steps import (
     manifest_steps_from,
     named_warmup,
 )
-from traceview.analysis.summary.verdicts import _cause_verdict, _pipeline_verdict, _summary
+from traceview.analysis.summary.verdicts import (
+    _cause_verdict,
+    _pipeline_verdict,
+    _summary,
+    _transfer_group,
+)
 from traceview.model import schema as S
 from traceview.model.results import (
     Clocks,
@@ -290,6 +295,9 @@ def _critical_path_section(ctx: Context) -> Explained | None:
         ctx.inputs.path_cache,
         ctx.inputs.table("actions"),
     )
+    if explained is not None:  # (exposed transfer: in the group that exposes most of its op)
+        by_group = ctx.get(COLLECTIVES)["comm_by_group"]
+        _transfer_group(explained, by_group, len(ctx.get(RANKS).ranks))  # type: ignore[arg-type]
     if explained is not None and manifest_steps_from(ctx.manifest) == "one_window":
         # one window holds the one-time costs: no cause of a step is read off it
         explained = dataclasses.replace(explained, cause=None, straggler=None)

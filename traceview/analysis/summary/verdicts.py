@@ -16,6 +16,7 @@ from traceview.model.results import (
     BottleneckPhase,
     Breakdown,
     Cause,
+    CommByGroup,
     Hidden,
     Pipeline,
     RankSummary,
@@ -233,6 +234,18 @@ def _cause_verdict(
     # (of the job's step the replay starts from: what the cause's saving is a part of)
     job_step = cause.step_ms + cause.ms
     summary.bottleneck_share = round(cause.ms / job_step, 4) if job_step > 0 else 0.0
+
+
+def _transfer_group(explained: Explained, by_group: list[CommByGroup], ranks: int) -> None:
+    """A cause of exposed transfer is in the process group whose calls of its collective are
+    exposed the most (where the run's groups are known), and says so."""
+    for found in (explained.cause, explained.straggler):
+        if found is None or found.kind != TRANSFER or found.op is None or found.group:
+            continue
+        mine = [g for g in by_group if g.op == found.op and g.group is not None]
+        if mine:
+            found.group = max(mine, key=lambda g: (g.exposed_ms, g.total_ms)).group
+            found.text = cause_words(found, found.step_ms * found.speedup, ranks)
 
 
 def _stage_of(rank: int | None, pipeline: Pipeline | None) -> int | None:
