@@ -126,10 +126,10 @@ def pipeline_cells(cells: list[Cell], collective: list[bool] | None = None) -> T
 #: How the FSDP view draws an all-gather's cells: in flight (prefetched, or gathered on
 #: demand), its unit waiting for it (exposed), done before its unit used it (ready).
 GATHER_MARKS = {
-    "exposed": ("!", "bold white on red"),
-    "prefetched": ("g", "cyan"),
-    "on_demand": ("G", "yellow"),
-    "ready": ("·", "green"),
+    "exposed": ("!", "bold white on red", "its unit waits for it"),
+    "prefetched": ("g", "cyan", "prefetched gather in flight"),
+    "on_demand": ("G", "yellow", "gathered on demand"),
+    "ready": ("·", "green", "done before its use"),
 }
 
 
@@ -169,6 +169,6 @@ def gather_cells(spans: list[GatherSpan], lo: int, hi: int, width: int) -> Text:
         if kind is None:
             text.append(" " * length)
         else:
-            letter, style = GATHER_MARKS[kind]
+            letter, style, _ = GATHER_MARKS[kind]
             text.append(letter * length, style=style)
     return text

@@ -687,16 +687,10 @@ def timeline_legend(pipeline: bool = False, fsdp: bool = False) -> Text:
     all-gathers."""
     legend = legend_text()
     if fsdp:
-        words = {
-            "prefetched": "prefetched gather in flight",
-            "on_demand": "gathered on demand",
-            "exposed": "its unit waits for it",
-            "ready": "done before its use",
-        }
         legend.append("\n")
-        for kind, (letter, style) in GATHER_MARKS.items():
+        for letter, style, words in GATHER_MARKS.values():
             legend.append(letter, style=style)
-            legend.append(f" {words[kind]}  ")
+            legend.append(f" {words}  ")
         legend.append("\nunit U k/np: k of its n all-gathers in this step prefetched.")
         return legend
     if pipeline:

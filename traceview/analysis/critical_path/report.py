@@ -18,7 +18,7 @@ from traceview.analysis.critical_path.late import before
 from traceview.analysis.critical_path.source import _batches, _Source, _source
 from traceview.analysis.critical_path.tables import _stretches
 from traceview.analysis.critical_path.walk import WalkedPath
-from traceview.analysis.critical_path.whatif import _what_ifs, stage_work
+from traceview.analysis.critical_path.whatif import _what_ifs, work_by_stage
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
@@ -197,9 +197,9 @@ def explain(
 
 def _by_stage(found: list[Candidate], source: _Source, steps: list[int]) -> list[Candidate]:
     """A rank's own work on a rank that holds several pipeline stages (an interleaved schedule)
-    is its slowest stage's: in the candidate's phase, the stage whose work is furthest above the
-    other stages' median, balanced alone (``balance:stage=K``). Where none is above it, the
-    rank's candidate stands."""
+    is its slowest stage's: in the candidate's phase, its stage with the most work, where that
+    is above the median of every stage's, balanced alone (``balance:stage=K``). Else the rank's
+    candidate stands."""
     mine = [c for c in found if c.change.startswith("balance:rank=")]
     if source.actions is None or not mine:
         return found
@@ -210,7 +210,7 @@ def _by_stage(found: list[Candidate], source: _Source, steps: list[int]) -> list
     parts = []
     for batch in _batches(source, steps):
         graph = source.graph(batch)
-        work = stage_work(graph) if graph is not None else None
+        work = work_by_stage(graph) if graph is not None else None
         if work is not None:
             parts.append(work)
     if not parts:

@@ -143,10 +143,10 @@ def item_stages(graph: Graph) -> np.ndarray | None:
     return held[S.STAGE].fill_null(-1).to_numpy()
 
 
-def stage_work(graph: Graph) -> pl.DataFrame | None:
+def work_by_stage(graph: Graph, stages: np.ndarray | None = None) -> pl.DataFrame | None:
     """Per step, rank, stage and phase, the stage's own work in the graph (ns, ``d``); None
-    without a pipeline's actions."""
-    stages = item_stages(graph)
+    without a pipeline's actions. ``stages``: ``item_stages`` of the graph, where made."""
+    stages = item_stages(graph) if stages is None else stages
     if stages is None:
         return None
     items = graph.items
@@ -168,7 +168,7 @@ def balance_stage(graph: Graph, stage: int) -> Change | None:
     rank's other stages as they were (a rank holds several stages in an interleaved
     schedule)."""
     stages = item_stages(graph)
-    per = stage_work(graph)
+    per = work_by_stage(graph, stages)
     if stages is None or per is None:
         return None
     others = (
