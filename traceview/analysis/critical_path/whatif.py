@@ -27,9 +27,7 @@ def what_ifs(graph: Graph, ranks_phase_ms: pl.DataFrame | None = None) -> list[C
         return changes
     dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
     computing = items[S.KIND].is_in(_COMPUTING)
-    frame = items.select(S.RANK, S.STEP, S.PHASE, S.OP).with_columns(
-        dur.alias("d"), computing.alias("c")
-    )
+    frame = items.select(S.RANK, S.STEP, S.PHASE).with_columns(dur.alias("d"), computing.alias("c"))
     per = frame.filter(pl.col("c")).group_by(S.STEP, S.RANK, S.PHASE).agg(pl.col("d").sum())
     med = per.group_by(S.STEP, S.PHASE).agg(pl.col("d").median().alias("m"))
     factor = (
@@ -37,9 +35,7 @@ def what_ifs(graph: Graph, ranks_phase_ms: pl.DataFrame | None = None) -> list[C
         .with_columns((pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f"))
         .select(S.STEP, S.RANK, S.PHASE, "f")
     )
-    joined = frame.with_row_index("_i").join(factor, on=[S.STEP, S.RANK, S.PHASE], how="left")
-    joined = joined.sort("_i")
-    f = np.where(joined["c"].to_numpy(), joined["f"].fill_null(1.0).to_numpy(), 1.0)
+    f = _item_factors(graph, factor, [S.STEP, S.RANK, S.PHASE], computing.to_numpy())
     if (f < 1.0).any():
         changes.append(Change("balance", item_factor=f))
     if graph.calls.height:
@@ -109,11 +105,14 @@ def balance_rank(graph: Graph, rank: int) -> Change | None:
     factor = mine.with_columns((pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f")).select(
         S.STEP, pl.col(S.RANK), S.PHASE, "f"
     )
-    joined = frame.with_row_index("_i").join(factor, on=[S.STEP, S.RANK, S.PHASE], how="left")
-    f = np.where(
-        joined.sort("_i")["c"].to_numpy(), joined.sort("_i")["f"].fill_null(1.0).to_numpy(), 1.0
-    )
+    f = _item_factors(graph, factor, [S.STEP, S.RANK, S.PHASE], computing.to_numpy())
     return Change(f"balance:rank={rank}", item_factor=f)
+
+
+def _item_factors(graph: Graph, factor: pl.DataFrame, on: list[str], hit: np.ndarray) -> np.ndarray:
+    """Per item of ``graph``, its ``factor`` row's ``f`` (joined on ``on``) where ``hit``, else 1."""
+    joined = graph.items.select(on).with_row_index("_i").join(factor, on=on, how="left").sort("_i")
+    return np.where(hit, joined["f"].fill_null(1.0).to_numpy(), 1.0)
 
 
 def item_stages(graph: Graph) -> np.ndarray | None:
@@ -182,15 +181,8 @@ def balance_stage(graph: Graph, stage: int) -> Change | None:
     factor = mine.select(
         S.STEP, S.PHASE, (pl.col("m") / pl.col("d")).clip(upper_bound=1.0).alias("f")
     )
-    items = graph.items
-    joined = (
-        items.select(S.STEP, S.PHASE)
-        .with_row_index("_i")
-        .join(factor, on=[S.STEP, S.PHASE], how="left")
-        .sort("_i")
-    )
-    hit = items[S.KIND].is_in(_COMPUTING).to_numpy() & (stages == stage)
-    f = np.where(hit, joined["f"].fill_null(1.0).to_numpy(), 1.0)
+    hit = graph.items[S.KIND].is_in(_COMPUTING).to_numpy() & (stages == stage)
+    f = _item_factors(graph, factor, [S.STEP, S.PHASE], hit)
     return Change(f"balance:stage={stage}", item_factor=f)
 
 
