@@ -94,6 +94,7 @@ class CollectSettings:
     # bytes a rank's memory may grow by while it profiles; 0: no cap
     max_memory: int = rankside.DEFAULT_MAX_MEMORY
     profile_memory: bool = True  # the framework's memory records (--memory / --no-memory)
+    stall_s: float = rankside.DEFAULT_STALL_S  # a rank this long without progress: its stacks
 
 
 @dataclass
@@ -223,7 +224,15 @@ def job_environment(
     env[rankside.ENV_NVTX] = settings.nvtx
     env[rankside.ENV_MAX_MEMORY] = str(settings.max_memory)
     env[rankside.ENV_PROFILE_MEMORY] = "on" if settings.profile_memory else "off"
+    env[rankside.ENV_STALL] = str(settings.stall_s)
+    # PyTorch's Flight Recorder (its last collectives, gloo's too), dumped by the step record
+    # when a rank stalls or ends badly; a job's own setting is kept
+    env.setdefault(FLIGHT_RECORDER, str(FLIGHT_RECORDER_ENTRIES))
     return env
+
+
+FLIGHT_RECORDER = "TORCH_FR_BUFFER_SIZE"
+FLIGHT_RECORDER_ENTRIES = 2000
 
 
 PASSED_VARIABLES = (
@@ -236,6 +245,8 @@ PASSED_VARIABLES = (
     rankside.ENV_NVTX,
     rankside.ENV_MAX_MEMORY,
     rankside.ENV_PROFILE_MEMORY,
+    rankside.ENV_STALL,
+    FLIGHT_RECORDER,
 )
 
 

@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .rankside_record import DEFAULT_STALL_S
+
 ENV_RUN_DIR = "TRACEVIEW_RUN_DIR"
 ENV_STEPS = "TRACEVIEW_STEPS"
 ENV_WARMUP = "TRACEVIEW_WARMUP"
@@ -51,6 +53,7 @@ ENV_NVTX = "TRACEVIEW_NVTX"  # "on", "off", or "auto": on when an NVTX tool (Nsi
 ENV_PROFILE_MEMORY = "TRACEVIEW_PROFILE_MEMORY"
 #: bytes the process's resident memory may grow by while it profiles; "0": no cap
 ENV_MAX_MEMORY = "TRACEVIEW_MAX_PROFILE_MEMORY"
+ENV_STALL = "TRACEVIEW_STALL_S"  # seconds without progress before a rank's stacks are written
 DEFAULT_MAX_MEMORY = 2 << 30  # stopping needs several times more again: see README
 NVTX_TOOL_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
 
@@ -185,6 +188,7 @@ class Config:
     clock: str | None = None
     max_memory: int = DEFAULT_MAX_MEMORY  # 0: no cap
     profile_memory: bool = True  # torch.profiler's profile_memory: the allocator's records
+    stall_s: float = DEFAULT_STALL_S  # no progress this long: the step record's stacks
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config | None:
@@ -201,7 +205,16 @@ class Config:
             if env.get(ENV_MAX_MEMORY)
             else DEFAULT_MAX_MEMORY,
             profile_memory=env.get(ENV_PROFILE_MEMORY, "on") not in ("off", "0"),
+            stall_s=_seconds(env.get(ENV_STALL)) or DEFAULT_STALL_S,
         )
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        seconds = float(value) if value else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds < 1e7 else None
 
 
 def _nvtx_wanted(env: Mapping[str, str]) -> bool:
@@ -566,7 +579,20 @@ def install_exit_handlers(collector: Finishing) -> None:
     writing = [0]  # finishes in progress on the main thread
     deferred = [False]  # a SIGTERM that arrived during one
 
+    def record(state: str, detail: str | None, frame: Any = None, tb: Any = None) -> None:
+        """The step record's stacks (not for a clean exit) and how the process ends."""
+        made = getattr(collector, "_step_record", None)
+        if made is None:
+            return
+        with contextlib.suppress(Exception):
+            if state != "ok":
+                made.dump(state, frame=frame, tb=tb)
+            made.end(state, detail)
+
     def terminate() -> None:
+        made = getattr(collector, "_step_record", None)
+        if made is not None:
+            made.end("signal", "terminated (SIGTERM)")
         original("signal", "terminated (SIGTERM)")  # keeps the state of a finish before it
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -584,10 +610,16 @@ def install_exit_handlers(collector: Finishing) -> None:
 
     with contextlib.suppress(AttributeError, TypeError):
         collector.finish = finish  # type: ignore[method-assign]  # its own calls too
-    atexit.register(finish, "ok")
+
+    def at_exit() -> None:
+        record("ok", None)
+        finish("ok")
+
+    atexit.register(at_exit)
     previous_hook = sys.excepthook
 
     def excepthook(kind: Any, value: Any, tb: Any) -> None:
+        record("exception", f"{kind.__name__}: {value}", tb=tb)
         finish("exception", f"{kind.__name__}: {value}")
         previous_hook(kind, value, tb)
 
@@ -597,6 +629,9 @@ def install_exit_handlers(collector: Finishing) -> None:
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
                 # A job killed by its launcher (another rank failed) still writes its trace.
                 def on_term(signum: int, frame: Any) -> None:
+                    made = getattr(collector, "_step_record", None)
+                    if made is not None:  # (where the main thread is as the launcher ends it)
+                        made.dump("signal", frame=frame)
                     if writing[0]:  # this handler interrupted the write: let it end first
                         deferred[0] = True
                         return

@@ -42,9 +42,11 @@ from .rankside import (
     detect_rank,
     install_exit_handlers,
     probe_clock,
+    rank_dir,
     register,
     warn,
 )
+from .rankside_record import StepRecord, Taken
 
 
 class Collector(abc.ABC):
@@ -61,6 +63,28 @@ class Collector(abc.ABC):
         self.status: Status | None = None  # from the profile's start on
         self.finished = False  # the job is left alone from now on
         self.cap = self._memory_cap()
+        self._step_record: StepRecord | None = None
+        self._step_record_failed = False
+
+    def record(self) -> StepRecord | None:
+        """The rank's step record (rankside_record), made on first use: by then the process
+        is a rank of the job (a launcher or agent that imports the framework makes no call).
+        None where it cannot be made (said once)."""
+        if self._step_record is not None or self._step_record_failed:
+            return self._step_record
+        with self.lock:
+            if self._step_record is None and not self._step_record_failed:
+                try:
+                    info = self._rank()
+                    folder = rank_dir(self.config.run_dir, info.rank)
+                    self._step_record = StepRecord(folder, self.config.stall_s)
+                    self._step_record.watch()
+                except Taken:  # (a process the rank started: the rank keeps the record)
+                    self._step_record_failed = True
+                except Exception as exc:  # never break the job
+                    self._step_record_failed = True
+                    warn(f"step record not kept ({type(exc).__name__}: {exc})")
+        return self._step_record
 
     # what each framework does --------------------------------------------------------------
 

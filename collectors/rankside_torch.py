@@ -30,7 +30,8 @@ from .rankside import (
     warn,
     write_gzip,
 )
-from .rankside_lifecycle import Collector
+from .rankside_lifecycle import Collector, replace
+from .rankside_record import CHECKPOINT_PHASE, IO_PHASE
 
 
 def _trace_only(torch: Any) -> dict[str, Any]:
@@ -87,23 +88,57 @@ class TorchCollector(Collector):
 
         self.hook = register_optimizer_step_post_hook(self._after_optimizer_step)
         self._watch_user_profilers()
-        try:
-            rankside_groups.install(self.torch)  # name each collective call's process group
+        try:  # name each collective call's process group; each call in the step record
+            rankside_groups.install(self.torch, self.record)
         except Exception as exc:  # never break the job
             warn(f"process groups not recorded: {exc}")
+        try:
+            self._mark_data_loading()
+        except Exception as exc:  # never break the job
+            warn(f"data loading not recorded: {exc}")
         if self.config.nvtx:
             self.nvtx = NvtxPhases.install(self.torch)
 
+    def _mark_data_loading(self) -> None:
+        """In the step record: each batch a DataLoader hands over is data loading (``io``),
+        each ``torch.save`` a checkpoint."""
+        from torch.utils.data import dataloader
+
+        self._mark(dataloader._BaseDataLoaderIter, "__next__", IO_PHASE)
+        self._mark(self.torch, "save", CHECKPOINT_PHASE)
+
+    def _mark(self, owner: Any, name: str, phase: int) -> None:
+        original = getattr(owner, name)
+
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            record = self.record()
+            if record is None:
+                return original(*args, **kwargs)
+            left = record.phase(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                record.restore(left)
+
+        replace(owner, name, marked, original)
+
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.manual or self.finished:
+        if self.manual:
             return
         if self.stepping_optimizer is None:
             self.stepping_optimizer = id(optimizer)
         if id(optimizer) == self.stepping_optimizer:  # several optimizers: the first paces
-            self.step()
+            record = self.record()
+            if record is not None:
+                record.step_end()
+            if not self.finished:
+                self.step()
 
     def manual_step(self) -> None:
         self.manual = True  # from now on optimizer steps no longer count
+        record = self.record()
+        if record is not None:
+            record.step_end()
         self.step()
 
     @contextlib.contextmanager

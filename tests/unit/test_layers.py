@@ -122,6 +122,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "traceview.model.errors": ("traceview.model.schema",),
     "traceview.model.columns": ("traceview.model.schema",),
     "traceview.parsers": PARSERS,
+    # the step record's reader reads the format where the ranks write it (standard library)
+    "traceview.parsers.record": (*PARSERS, "traceview.collectors.rankside_record"),
     "traceview.normalize": NORMALIZE,
     "traceview.ingest": ("traceview", *INGEST),
     "traceview.ingest.large": INGEST,

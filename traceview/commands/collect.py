@@ -11,6 +11,11 @@ a gluon Trainer step, a Chainer optimizer update, or the script's own
 traceview.collectors.step()); each rank's trace and status land in RUN/raw/, and the run is
 then read and reported. The exit code is the job's. A rank whose profile grows its memory by more
 than --max-profile-memory (default 2G) stops profiling, writes what it has and runs on.
+
+Under PyTorch every rank also keeps a step record of the whole run, profiled or not: each step's
+start and end, each collective it calls, and, when it stalls for --stall seconds, is ended by the
+launcher or raises, every thread's Python stack and PyTorch's Flight Recorder. A job that hangs,
+desynchronizes or dies is reported as such: which rank, which step, which call.
 """
 
 from __future__ import annotations
@@ -99,6 +104,14 @@ class CollectCommand:
             "keeps the steps it recorded and runs on (default 2G; 0 or none: no cap)",
         )
         parser.add_argument(
+            "--stall",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="a rank that ends no step and makes no collective call for SECONDS writes "
+            "every thread's Python stack to its step record (default 20)",
+        )
+        parser.add_argument(
             "--no-report", action="store_true", help="ingest, but do not print the report"
         )
         parser.add_argument(
@@ -129,6 +142,8 @@ class CollectCommand:
             )
         if min(args.steps, 1) < 1 or args.warmup < 0 or args.skip < 0:
             raise UsageError("--steps must be at least 1, --warmup and --skip at least 0")
+        if args.stall is not None and not 0 < args.stall < 1e7:
+            raise UsageError("--stall must be a number of seconds above 0")
         from traceview.store import outputs
 
         run = outputs.run_directory(args.output or default_run_dir(), empty=True)
@@ -141,6 +156,8 @@ class CollectCommand:
         )
         if args.max_profile_memory is not None:
             settings.max_memory = args.max_profile_memory
+        if args.stall is not None:
+            settings.stall_s = args.stall
         existed = run.exists()
         bootstrap = prepare_run(run)  # (what cannot be written there ends here, job unstarted)
         print(f"traceview: profiling every rank into {run}", file=sys.stderr, flush=True)

@@ -760,3 +760,67 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
             raise ValueError(f"table lacks the required column {field.name!r}")
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+# --- the step record: every step of the run and each rank's last calls (issue 49) ---------------
+# (the format the ranks write: collectors/rankside_record.py; read by parsers/record.py)
+
+CALLS: Final = "calls"  # calls the rank made in the step (collective and point-to-point)
+IO_NS: Final = "io_ns"  # of the step, in data loading
+SOURCE: Final = "source"  # a call's: "record" (traceview's wrapper) or "flight" (Flight Recorder)
+FLAGS: Final = "flags"  # a call's: 1 it returned a handle (async), 2 it raised
+STEP_NOW: Final = "step_now"
+PHASE_NOW: Final = "phase_now"  # where the rank was: step, io, comm, checkpoint
+PHASE_SINCE_NS: Final = "phase_since_ns"
+PROGRESS_NS: Final = "progress_ns"  # its last step ended or call made or returned
+CALLS_LOST: Final = "calls_lost"  # calls its ring no longer holds
+END_STATE: Final = "end_state"  # ok, exception, signal; null: it never reached its exit handlers
+END_DETAIL: Final = "end_detail"
+END_NS: Final = "end_ns"
+STACK: Final = (
+    "stack"  # JSON: its main thread's frames when it stopped [{file, line, function, code}]
+)
+STACK_REASON: Final = "stack_reason"  # stall, signal, exception
+GROUP_NAMES: Final = "group_names"  # JSON: {number: name} of the groups its calls carry
+
+RECORD_STEPS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(STEP, pa.int64(), nullable=False),
+        pa.field(CALLS, pa.int64(), nullable=False),
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(END_NS, pa.int64(), nullable=False),
+        pa.field(IO_NS, pa.int64(), nullable=False),
+    ]
+)
+RECORD_CALLS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(SOURCE, pa.string(), nullable=False),
+        pa.field(GROUP, pa.string()),
+        pa.field(SEQ, pa.int64(), nullable=False),  # the group's (0: point-to-point)
+        pa.field(OP, pa.string(), nullable=False),
+        pa.field(BYTES, pa.int64()),
+        pa.field(STEP, pa.int64()),  # the rank's step when it began (null: not known)
+        pa.field(START_NS, pa.int64(), nullable=False),
+        pa.field(END_NS, pa.int64()),  # null: it had not returned
+        pa.field(FLAGS, pa.int32(), nullable=False),
+    ]
+)
+RECORD_RANKS_SCHEMA: Final = pa.schema(
+    [
+        pa.field(RANK, pa.int32(), nullable=False),
+        pa.field(PID, pa.int64()),
+        pa.field(STEP_NOW, pa.int64()),
+        pa.field(PHASE_NOW, pa.string()),
+        pa.field(PHASE_SINCE_NS, pa.int64()),
+        pa.field(PROGRESS_NS, pa.int64()),
+        pa.field(CALLS_LOST, pa.int64(), nullable=False),
+        pa.field(END_STATE, pa.string()),
+        pa.field(END_DETAIL, pa.string()),
+        pa.field(END_NS, pa.int64()),
+        pa.field(STACK_REASON, pa.string()),
+        pa.field(STACK, pa.string()),
+        pa.field(GROUP_NAMES, pa.string()),
+    ]
+)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from traceview.analysis.attribution import CommSchedule
     from traceview.analysis.crossrank import CrossRank
     from traceview.analysis.summary import RunInputs
+    from traceview.analysis.summary.sections import RecordTables
     from traceview.model.choice import StepChoice
 
 
@@ -90,12 +91,27 @@ class Run:
             segments=self.segments,
             cross=self.cross,
             side={name: partial(self.side, name) for name in self.side_inputs},
+            record=self.step_record,
             path=None if self.temporary else str(self.path),
             path_cache=(
                 None if self.temporary or self.cache_key is None
                 else PathFile(self.path, self.cache_key)
             ),
         )  # fmt: skip
+
+    def step_record(self) -> RecordTables | None:
+        """The step record the ranks kept under collect (RUN/raw), as tables; None: none."""
+        from traceview.parsers.record import read_run_record
+
+        raw = self.path / "raw"
+        if self.temporary:  # (a report of raw traces: their folder's record, if it is a run's)
+            raw = next(
+                (Path(p) / "raw" for p in self.manifest.inputs if (Path(p) / "raw").is_dir()), raw
+            )
+        found = read_run_record(raw)
+        if found is None:
+            return None
+        return found.steps, found.calls, found.ranks, found.warnings
 
     @cached_property
     def cross(self) -> CrossRank | None:

@@ -108,6 +108,8 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
             f"ppm), residual ±{duration_us(clocks.residual_us or 0)}",
             style="bright_black",
         )
+    if report.failure is not None or any(r.state != "finished" for r in report.ranks_at_end):
+        _failure(report, console, all_ranks)
     console.print(verdict_text(report))
     gpu_line = gpu_verdict_text(report)
     if gpu_line is not None:
@@ -243,6 +245,47 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         console.print(Text("warning: " + safe(warning), style="yellow"))
     for remark in shown_notes(report.remarks, "note"):
         console.print(Text("note: " + safe(remark), style="bright_black"))
+
+
+#: Ranks listed one per line at the end of a failed job (more: counted by state, the rest named
+#: with --all-ranks).
+FAILED_RANKS_SHOWN = 16
+
+
+def _failure(report: RunReport, console: Console, all_ranks: bool) -> None:
+    """What went wrong first, where the rank stood (its script's innermost frames), and where
+    every rank was when the job ended; then the profiled window's report follows."""
+    failure = report.failure
+    if failure is not None:
+        console.print(Text(f"{failure.kind}: {safe(failure.detail, 600)}", style="bold red"))
+        for f in failure.stack[-4:]:
+            where = f"{safe(f.file.rsplit('/', 1)[-1], 80)}:{f.line} in {safe(f.function, 80)}"
+            code = f"   {safe(f.code, 120)}" if f.code else ""
+            console.print(f"    {where}{code}", style="bright_black")
+        if failure.evidence:
+            console.print(f"  (from {safe(failure.evidence, 400)})", style="bright_black")
+    ends = report.ranks_at_end
+    if not ends:
+        return
+    shown = ends if all_ranks or len(ends) <= FAILED_RANKS_SHOWN else [
+        r for r in ends if r.state != "finished"
+    ][:FAILED_RANKS_SHOWN]  # fmt: skip
+    table = _table("Where each rank was when the job ended")
+    for column in ("rank", "step", "state", "in", "since"):
+        table.add_column(column, justify="right" if column in ("rank", "step", "since") else "left")
+    for r in shown:
+        table.add_row(
+            str(r.rank), "" if r.last_step is None else str(r.last_step), r.state,
+            safe(r.in_ or "", 80), "" if r.since_s is None else f"{r.since_s:.1f} s",
+        )  # fmt: skip
+    console.print(table)
+    if len(shown) < len(ends):
+        counts: dict[str, int] = {}
+        for r in ends:
+            counts[r.state] = counts.get(r.state, 0) + 1
+        words = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        console.print(f"  {len(ends)} ranks: {words} (--all-ranks lists each)", style="bright_black")
+    console.print("the profiled window, before it:", style="bright_black")
 
 
 def _outside_ops(report: RunReport, console: Console, top: int) -> None:

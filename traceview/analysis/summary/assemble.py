@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from traceview.analysis.critical_path import NO_STEP, Explained
 from traceview.analysis.crossrank import CrossRank, alltoall_ranks, comm_by_group
+from traceview.analysis.failure import FailureResult, analyse_failure
 from traceview.analysis.fsdp import fsdp_gathers
 from traceview.analysis.gpu import counted_launches, gpu_verdict, phase_launches, rank_gpu
 from traceview.analysis.groups import Groups
@@ -465,9 +466,30 @@ def _run_info(ctx: Context) -> RunInfo:
 
 RUN = Section("run", _run_info, lambda run, draft: draft.fields.update(run=run))
 
+
+def _failure_section(ctx: Context) -> tuple[FailureResult | None, list[str]]:
+    read = ctx.inputs.record() if ctx.inputs.record is not None else None
+    if read is None:
+        return None, []
+    steps, calls, ranks, warnings = read
+    collect = ctx.manifest.collect
+    failed = collect is not None and collect.exit_code not in (None, 0)
+    return analyse_failure(steps, calls, ranks, job_failed=failed), warnings
+
+
+def _place_failure(found: tuple[FailureResult | None, list[str]], draft: Draft) -> None:
+    result, warnings = found
+    draft.warnings += warnings
+    if result is not None:
+        draft.fields.update(failure=result.failure, ranks_at_end=result.ranks_at_end)
+
+
+FAILURE = Section("failure", _failure_section, _place_failure)
+
 #: The report's sections in the order it places them. The rank spread comes last: it is of the
 #: ranks as the verdicts before it left them.
 SECTIONS: tuple[Section[Any], ...] = (
+    FAILURE,
     STEPS,
     RANKS,
     RANK_NOTES,

@@ -23,6 +23,8 @@ T = TypeVar("T")
 
 #: A side input's rows of some ranks (all when None), read when a section asks for them.
 SideReader = Callable[[list[int] | None], pa.Table]
+#: The step record's steps, calls and ranks (schema.RECORD_*), and what reading it set aside.
+RecordTables = tuple[pa.Table, pa.Table, pa.Table, list[str]]
 
 
 @dataclass
@@ -42,6 +44,9 @@ class RunInputs:
     side: Mapping[str, SideReader] = field(default_factory=dict)
     path: str | None = None
     path_cache: PathCache | None = None
+    # the step record the ranks kept under collect (schema.RECORD_STEPS, _CALLS, _RANKS, and
+    # what reading it set aside), read when asked; None: the run has none
+    record: Callable[[], RecordTables | None] | None = None
 
     def table(self, name: str) -> pa.Table | None:
         return self.tables.get(name)

@@ -52,6 +52,7 @@ from traceview.model.results.critical_path import (
     WhatIf,
     WhatIfs,
 )
+from traceview.model.results.failure import Failure, RankAtEnd, StackFrame
 from traceview.model.results.gpu import (
     GpuIdle,
     GpuPhase,
@@ -110,6 +111,7 @@ __all__ = [
     "DeviceMemory",
     "Extrapolation",
     "ExtrapolationCheck",
+    "Failure",
     "FsdpGather",
     "GatherSpan",
     "GpuIdle",
@@ -135,6 +137,7 @@ __all__ = [
     "Prediction",
     "ProcessGroup",
     "R",
+    "RankAtEnd",
     "RankGpu",
     "RankMemory",
     "RankSpread",
@@ -148,6 +151,7 @@ __all__ = [
     "ScalingBase",
     "Spent",
     "Spread",
+    "StackFrame",
     "StepCollective",
     "StepExclusion",
     "StepMark",

@@ -22,6 +22,7 @@ from traceview.model.results.comm import (
     ProcessGroup,
 )
 from traceview.model.results.critical_path import Cause, CriticalPath, WhatIf
+from traceview.model.results.failure import Failure, RankAtEnd
 from traceview.model.results.gpu import GpuVerdict, HostBound
 from traceview.model.results.memory import RunMemory
 from traceview.model.results.ranks import RankSpread, RankSummary
@@ -153,6 +154,10 @@ class RunReport(Result):
     fsdp_gathers: list[FsdpGather] = []  # FSDP's all-gathers by phase and unit (empty: none)
     # operators outside every step (set-up, teardown), apart from top_ops' counted steps
     outside_ops: list[OutsideOp] = []
+    # a job that hung, desynchronized or died: what went wrong first (null: it did not, or
+    # no step record was kept); where each rank was when it ended (empty: no step record)
+    failure: Failure | None = None
+    ranks_at_end: list[RankAtEnd] = []
 
     @property
     def straggler(self) -> RankSummary | None:

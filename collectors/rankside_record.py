@@ -1,0 +1,328 @@
+"""The step record: every step of the run on every rank, profiled or not, and what the rank was
+doing when it stopped (standard library only).
+
+Under ``traceview collect`` each rank keeps, in its folder ``raw/rank-NNNNN/``:
+
+- ``steps.bin``: one 40-byte row per step the job ran (the first is step 0), appended as the step
+  ends with one ``os.write``: the row is in the kernel at once, so it survives a killed process;
+- ``calls.bin``: a memory-mapped ring of the last ``CALLS`` collective and point-to-point calls
+  the script made through ``torch.distributed`` (op, process group, the group's sequence number
+  of the call, bytes, start, end: 0 while the call runs), and a header saying where the rank is
+  now (its step, its phase, since when). A mapped page belongs to the kernel's page cache: what
+  was written survives SIGKILL;
+- ``groups.json``: the process groups' names by the number the calls carry;
+- ``stacks.json``: every thread's Python stack (and ``fr.json``: PyTorch's Flight Recorder,
+  where it is on) when the rank stalls (no step ended and no call made or finished for
+  ``stall_s``), when the launcher ends it (SIGTERM, SIGINT) and when it raises.
+
+Writing a call costs two ``struct.pack_into`` on the map (about 1 us); a step, one write.
+Readers (``traceview/ingest/record.py``) treat every byte as untrusted. All times are UNIX ns
+(``time.time_ns``), the status's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+MAGIC_STEPS = b"TVSTEP01"
+MAGIC_CALLS = b"TVCALL01"
+#: steps.bin: magic, then rows of (step, calls, start_ns, end_ns, io_ns, pad)
+STEP_ROW = struct.Struct("<IIqqqq")
+#: calls.bin's header: magic, capacity, pid, calls written ever, step now, phase now (an index
+#: into PHASES), the phase's start, the last progress (a step, a call begun or ended)
+CALLS_HEAD = struct.Struct("<8sIIqIIqq")
+HEAD_SIZE = 64
+#: a call: start_ns, end_ns (0: running), bytes, group sequence number, step, group, op, flags
+CALL_ROW = struct.Struct("<qqqIIHBBi")
+CALLS = 8192
+
+#: The ops a call carries, by index (one not here is "other").
+OPS = (
+    "other", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+    "gather", "scatter", "barrier", "send", "recv", "all_reduce_coalesced",
+    "all_gather_coalesced",
+)  # fmt: skip
+#: Where a rank is (the header's phase): running its step, loading data, in a call.
+PHASES = ("step", "io", "comm", "checkpoint")
+IO_PHASE, CHECKPOINT_PHASE = PHASES.index("io"), PHASES.index("checkpoint")
+#: flags: the call returned a handle (async_op, isend/irecv): its end is the return, not the
+#: transfer's end; the call raised (a timeout, a peer gone)
+ASYNC = 1
+FAILED = 2
+#: the byte offsets of a call's end and flags in its row
+END_AT, FLAGS_AT = 8, 35
+
+#: A rank that makes no progress for this long (seconds) has stalled: its stacks are written.
+DEFAULT_STALL_S = 20.0
+
+
+_SUFFIXES = ("_autograd", "_single", "_into_tensor", "_tensor")
+
+
+def op_index(name: str) -> int:
+    """The index in OPS of a torch.distributed function's name (``all_to_all_single_autograd``
+    is an all_to_all)."""
+    base, before = name, ""
+    while base != before:
+        before = base
+        for suffix in _SUFFIXES:
+            base = base.removesuffix(suffix)
+    base = {"isend": "send", "irecv": "recv"}.get(base, base)
+    return OPS.index(base) if base in OPS else 0
+
+
+class Taken(Exception):
+    """Another live process keeps this rank's record (a process the rank started, with its
+    environment): this one keeps none."""
+
+
+def _owner(calls: Path) -> int | None:
+    """The pid in an existing calls.bin's header, where it is a live process's."""
+    try:
+        with open(calls, "rb") as f:
+            head = f.read(CALLS_HEAD.size)
+        magic, _, pid, *_ = CALLS_HEAD.unpack(head)
+        if magic != MAGIC_CALLS or pid == os.getpid():
+            return None
+        os.kill(pid, 0)
+        return int(pid)
+    except (OSError, struct.error, ValueError):
+        return None
+
+
+class StepRecord:
+    """One rank's record (module docstring). Methods are cheap and never raise; in a process
+    forked from the rank (a data-loader worker) they do nothing."""
+
+    def __init__(self, folder: Path, stall_s: float = DEFAULT_STALL_S) -> None:
+        self.folder = folder
+        self.pid = os.getpid()
+        self.stall_s = stall_s
+        folder.mkdir(parents=True, exist_ok=True)
+        if _owner(folder / "calls.bin") is not None:
+            raise Taken(str(folder))
+        self.steps_fd = os.open(
+            folder / "steps.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
+        )
+        os.write(self.steps_fd, MAGIC_STEPS)
+        size = HEAD_SIZE + CALLS * CALL_ROW.size
+        with open(folder / "calls.bin", "w+b") as f:
+            f.truncate(size)
+            self.map = mmap.mmap(f.fileno(), size)
+        self.step = 0
+        self.step_start = 0  # the step's start (0: nothing seen yet)
+        self.step_calls = 0
+        self.io_ns = 0
+        self.written = 0  # calls written ever
+        self.seq: dict[int, int] = {}  # group -> its calls so far
+        self.groups: dict[str, int] = {}
+        self.phase_now, self.phase_since = 0, time.time_ns()
+        self.progress = self.phase_since
+        self.lock = threading.Lock()
+        self.dumped_stall = False
+        self.ended = False
+        self._head()
+
+    def mine(self) -> bool:
+        return os.getpid() == self.pid
+
+    def _head(self) -> None:
+        CALLS_HEAD.pack_into(
+            self.map, 0, MAGIC_CALLS, CALLS, self.pid, self.written, self.step, self.phase_now,
+            self.phase_since, self.progress,
+        )  # fmt: skip
+
+    def _begin(self, now: int) -> None:
+        if not self.step_start:
+            self.step_start = now
+
+    # --- what the hooks call ------------------------------------------------------------------
+
+    def step_end(self) -> None:
+        """The step ended (the optimizer's step returned, or the script's ``step()``)."""
+        if not self.mine():
+            return
+        now = time.time_ns()
+        with self.lock:
+            self._begin(now)
+            row = STEP_ROW.pack(self.step, self.step_calls, self.step_start, now, self.io_ns, 0)
+            with contextlib.suppress(OSError):
+                os.write(self.steps_fd, row)
+            self.step += 1
+            self.step_start, self.step_calls, self.io_ns = now, 0, 0
+            self.progress = now
+            self.dumped_stall = False
+            self._head()
+
+    def group(self, name: str) -> int:
+        """The number calls in the group ``name`` carry (groups.json written anew on a new one)."""
+        found = self.groups.get(name)
+        if found is None:
+            found = self.groups[name] = len(self.groups)
+            _write_json(self.folder / "groups.json", self.groups)
+        return found
+
+    def call_begin(self, op: int, group: int, nbytes: int, p2p: bool = False) -> int:
+        """A call starts: returns its slot for ``call_end``. A collective carries its group's
+        sequence number (from 1); a point-to-point call 0."""
+        if not self.mine():
+            return -1
+        now = time.time_ns()
+        with self.lock:
+            self._begin(now)
+            seq = 0
+            if not p2p:
+                seq = self.seq[group] = self.seq.get(group, 0) + 1
+            slot = self.written % CALLS
+            CALL_ROW.pack_into(
+                self.map, HEAD_SIZE + slot * CALL_ROW.size, now, 0, nbytes, seq, self.step,
+                group, op, 0, 0,
+            )  # fmt: skip
+            self.written += 1
+            self.step_calls += 1
+            self.progress = now
+            self.dumped_stall = False
+            self._head()
+            return slot
+
+    def call_end(self, slot: int, flags: int) -> None:
+        """The call in ``slot`` returned (``flags``: ASYNC, FAILED)."""
+        if slot < 0 or not self.mine():
+            return
+        now = time.time_ns()
+        at = HEAD_SIZE + slot * CALL_ROW.size
+        with self.lock:
+            struct.pack_into("<q", self.map, at + END_AT, now)
+            if flags:
+                struct.pack_into("<B", self.map, at + FLAGS_AT, flags)
+            self.progress = now
+            CALLS_HEAD.pack_into(
+                self.map, 0, MAGIC_CALLS, CALLS, self.pid, self.written, self.step,
+                self.phase_now, self.phase_since, self.progress,
+            )  # fmt: skip
+
+    def phase(self, index: int) -> int:
+        """The rank enters phase ``index`` (PHASES); returns the phase it left, for ``restore``."""
+        if not self.mine():
+            return 0
+        now = time.time_ns()
+        with self.lock:
+            self._begin(now)
+            left = self.phase_now
+            self.phase_now, self.phase_since = index, now
+            self._head()
+            return left
+
+    def restore(self, index: int) -> None:
+        """The phase entered with ``phase`` ends: back to ``index``."""
+        if not self.mine():
+            return
+        now = time.time_ns()
+        with self.lock:
+            if self.phase_now == 1:  # (data loading: its time counts in the step's row)
+                self.io_ns += now - self.phase_since
+            self.phase_now, self.phase_since = index, now
+            self.progress = now
+            self._head()
+
+    # --- when the rank stops ----------------------------------------------------------------
+
+    def end(self, state: str, detail: str | None) -> None:
+        """How the process ends (ok, exception, signal): ``end.json``, the first said (an
+        exception's exit handlers run after it), with the step it was in."""
+        if not self.mine() or self.ended:
+            return
+        self.ended = True
+        _write_json(
+            self.folder / "end.json",
+            {"state": state, "detail": detail, "t_ns": time.time_ns(), "step": self.step,
+             "pid": self.pid},
+        )  # fmt: skip
+
+    def dump(self, reason: str, frame: Any = None, tb: Any = None) -> None:
+        """Every thread's Python stack (``frame``: the main thread's, where a signal handler
+        has it; ``tb``: where an exception was raised, for the main thread), and the Flight
+        Recorder's entries where PyTorch records them. Never raises."""
+        if not self.mine():
+            return
+        with contextlib.suppress(Exception):
+            threads = {t.ident: t for t in threading.enumerate()}
+            frames = sys._current_frames()
+            main = threading.main_thread().ident
+            if frame is not None and main is not None:
+                frames[main] = frame
+            me = threading.get_ident()
+            stacks = []
+            for ident, top in frames.items():
+                if ident == me and frame is None and reason == "stall":
+                    continue  # (the watchdog itself)
+                thread = threads.get(ident)
+                summary = traceback.extract_stack(top)
+                if tb is not None and ident == main:
+                    summary = traceback.extract_tb(tb)
+                stacks.append(
+                    {
+                        "thread": thread.name if thread is not None else str(ident),
+                        "main": ident == main,
+                        "frames": [
+                            {"file": f.filename, "line": f.lineno, "function": f.name,
+                             "code": f.line or ""}
+                            for f in summary[-40:]
+                        ],
+                    }
+                )  # fmt: skip
+            _write_json(
+                self.folder / "stacks.json",
+                {"reason": reason, "t_ns": time.time_ns(), "pid": self.pid, "step": self.step,
+                 "threads": stacks},
+            )  # fmt: skip
+        with contextlib.suppress(Exception):
+            self._dump_flight_recorder()
+
+    def _dump_flight_recorder(self) -> None:
+        if not os.environ.get("TORCH_FR_BUFFER_SIZE") or "torch" not in sys.modules:
+            return
+        c10d = sys.modules["torch"]._C._distributed_c10d
+        dump = getattr(c10d, "_dump_fr_trace_json", None)
+        if dump is not None:
+            text = dump(True, True)
+            _write_bytes(self.folder / "fr.json", text.encode() if isinstance(text, str) else text)
+
+    def watch(self) -> None:
+        """Start the watchdog: a daemon thread that dumps the stacks once per stall."""
+        thread = threading.Thread(target=self._watch, name="traceview-watchdog", daemon=True)
+        thread.start()
+
+    def _watch(self) -> None:
+        tick = min(1.0, self.stall_s / 4)
+        while True:
+            time.sleep(tick)
+            if not self.mine():
+                return
+            if not self.dumped_stall and time.time_ns() - self.progress > self.stall_s * 1e9:
+                self.dumped_stall = True
+                self.dump("stall")
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    _write_bytes(path, json.dumps(data).encode())

@@ -1,0 +1,516 @@
+"""How a job that failed failed: which rank, which step, which call, and why (issue 49).
+
+Read from the step record every rank keeps under `collect` (schema.RECORD_*: each step, the
+rank's last collective calls, where it was when it stopped, its stacks). The rank named is the one
+that diverged or stopped first, not the first to time out:
+
+- desync: a rank leaves out a collective or makes one more. Each rank's calls per step are its
+  own steady count (a pipeline's stages differ, and every rank changes together where the job
+  does, as an evaluation step); the first step where a minority of ranks leave theirs names them,
+  and where that step's calls part from their own previous step, the call. A desync that ends in
+  a hang is a desync, at the step where the sequences part;
+- mismatch: at one sequence number of a group, ranks call different ops or sizes (sizes where
+  every rank must pass the same: all-reduce, all-gather, reduce-scatter, broadcast); the rank
+  named is the one whose call is not the call it made at that place of its previous step (a
+  skipped call shows as the next one: a desync);
+- crash: a rank that raised (not a collective's failure: a timeout or a peer gone is the others'
+  waiting) or that ended without its exit handlers (SIGKILL, a crash in native code), first;
+- hang: a rank that stopped making progress outside a collective (data loading, a checkpoint, a
+  loop) while the others waited in one; or, everyone waiting, the rank that never reached the
+  call the others wait in.
+
+Times are UNIX ns of one host's clock (the record's); steps are the job's own numbers (its first
+step is 0).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from traceview.model import schema as S
+from traceview.model.results.failure import Failure, RankAtEnd, StackFrame
+
+#: A rank's end in these words is a collective failing under it: it was waiting, not the cause.
+_COMM_FAILURE = re.compile(
+    r"timed out|timeout|connection (closed|reset|refused)|broken pipe|peer|nccl|gloo|"
+    r"processgroup|distbackenderror|watchdog",
+    re.IGNORECASE,
+)
+_TIMEOUT_MS = re.compile(r"(?:waiting|timeout[^0-9]{0,20})\s*(\d+)\s*ms", re.IGNORECASE)
+#: Calls whose sizes must agree across a group's ranks (others may differ: all-to-all splits,
+#: a gather's root).
+SAME_SIZE = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_reduce_coalesced")
+#: A rank ended by a signal after this long without progress was stuck, not merely ended.
+STUCK_S = 1.0
+ASYNC, FAILED = 1, 2
+
+
+@dataclass(frozen=True)
+class FailureResult:
+    failure: Failure | None
+    ranks_at_end: list[RankAtEnd]
+
+
+def analyse_failure(
+    steps: pa.Table, calls: pa.Table, ranks: pa.Table, job_failed: bool = False
+) -> FailureResult:
+    """The failure of a run from its step record (``steps``, ``calls``, ``ranks``: schema
+    RECORD_*); ``job_failed``: the launcher said the job failed (its exit code). A run whose
+    every rank finished, and whose job did not fail, has none."""
+    step_rows = pl.from_arrow(steps)
+    call_rows = _collectives(pl.from_arrow(calls))
+    rank_rows = pl.from_arrow(ranks)
+    assert isinstance(step_rows, pl.DataFrame) and isinstance(rank_rows, pl.DataFrame)
+    median_step_s = _median_step_s(step_rows)
+    at_end = [_at_end(r, call_rows, median_step_s) for r in rank_rows.iter_rows(named=True)]
+    states = {a.rank: a for a in at_end}
+    if all(a.state == "finished" for a in at_end) and not job_failed:
+        return FailureResult(None, at_end)
+    found = _diverged(step_rows, call_rows, rank_rows, states) or _stopped(
+        call_rows, rank_rows, states
+    )
+    return FailureResult(found, at_end)
+
+
+# --- the calls ---------------------------------------------------------------------------------
+
+
+def _collectives(calls: Any) -> pl.DataFrame:
+    """The collectives (a group's sequence number) of traceview's record, or where a rank has
+    none of those, its Flight Recorder's."""
+    assert isinstance(calls, pl.DataFrame)
+    calls = calls.filter(pl.col(S.SEQ) > 0)
+    own = calls.filter(pl.col(S.SOURCE) == "record")
+    has_own = own[S.RANK].unique().to_list()
+    flight = calls.filter((pl.col(S.SOURCE) == "flight") & ~pl.col(S.RANK).is_in(has_own))
+    return pl.concat([own, flight]).sort(S.RANK, S.START_NS)
+
+
+def _median_step_s(steps: pl.DataFrame) -> float:
+    if steps.height == 0:
+        return 0.0
+    return float((steps[S.END_NS] - steps[S.START_NS]).median() or 0.0) / 1e9
+
+
+# --- where each rank was -------------------------------------------------------------------------
+
+
+def _at_end(rank: dict[str, Any], calls: pl.DataFrame, median_step_s: float) -> RankAtEnd:
+    r = rank[S.RANK]
+    mine = calls.filter(pl.col(S.RANK) == r)
+    last = mine.row(-1, named=True) if mine.height else None
+    state_said, detail = rank[S.END_STATE], rank[S.END_DETAIL]
+    ended = rank[S.END_NS] or _alive(rank)
+    last_seq = int(last[S.SEQ]) if last is not None else None
+    common = dict(rank=r, last_step=rank[S.STEP_NOW], last_seq=last_seq, detail=detail)
+    in_call = last is not None and (
+        (last[S.END_NS] is None and not last[S.FLAGS] & ASYNC) or last[S.FLAGS] & FAILED
+    )
+    if state_said == "ok" and not (last is not None and last[S.FLAGS] & FAILED):
+        return RankAtEnd(state="finished", **common)
+    if in_call and last is not None:
+        since = (ended - last[S.START_NS]) / 1e9 if ended else None
+        return RankAtEnd(state="blocked", in_=_call_words(last), since_s=_s(since), **common)
+    if state_said is None:
+        return RankAtEnd(state="killed", in_=_phase_words(rank[S.PHASE_NOW]), **common)
+    if state_said == "exception" and not _COMM_FAILURE.search(detail or ""):
+        return RankAtEnd(state="crashed", in_=_phase_words(rank[S.PHASE_NOW]), **common)
+    still = (ended - rank[S.PROGRESS_NS]) / 1e9 if ended and rank[S.PROGRESS_NS] else None
+    stuck = still is not None and still > max(STUCK_S, 5 * median_step_s)
+    return RankAtEnd(
+        state="stuck" if stuck else "killed",
+        in_=_phase_words(rank[S.PHASE_NOW]),
+        since_s=_s(still) if stuck else None,
+        **common,
+    )
+
+
+def _alive(rank: dict[str, Any]) -> int | None:
+    """The last sign of life of a rank that left no end: its last progress or phase change."""
+    times = [t for t in (rank[S.PROGRESS_NS], rank[S.PHASE_SINCE_NS]) if t]
+    return max(times) if times else None
+
+
+def _s(seconds: float | None) -> float | None:
+    return None if seconds is None else round(max(seconds, 0.0), 3)
+
+
+def _call_words(call: dict[str, Any]) -> str:
+    return f"{call[S.OP]} #{call[S.SEQ]} (group {call[S.GROUP]})"
+
+
+_PHASE_WORDS = {
+    "io": "data loading",
+    "checkpoint": "a checkpoint (torch.save)",
+    "comm": "a collective",
+    "step": "its step, outside any collective",
+}
+
+
+def _phase_words(phase: str | None) -> str | None:
+    return _PHASE_WORDS.get(phase or "")
+
+
+# --- desync and mismatch -------------------------------------------------------------------------
+
+
+def _diverged(
+    steps: pl.DataFrame, calls: pl.DataFrame, ranks: pl.DataFrame, states: dict[int, RankAtEnd]
+) -> Failure | None:
+    by_count = _count_divergence(steps, calls, ranks)
+    by_call = _call_divergence(calls, ranks)
+    found = [f for f in (by_count, by_call) if f is not None]
+    if not found:
+        return None
+    first = min(found, key=lambda f: f.step if f.step is not None else 1 << 62)
+    waiting = [a.rank for a in states.values() if a.state == "blocked" and a.rank != first.rank]
+    return _with(first, waiting=waiting, evidence=_evidence(first, states))
+
+
+def _count_divergence(
+    steps: pl.DataFrame, calls: pl.DataFrame, ranks: pl.DataFrame
+) -> Failure | None:
+    """The first step where a minority of ranks make another number of calls than their own
+    usual (their most frequent count), while the rest keep theirs."""
+    if steps.height == 0 or steps[S.RANK].n_unique() < 2:
+        return None
+    usual = steps.group_by(S.RANK).agg(pl.col(S.CALLS).mode().min().alias("usual"))
+    marked = steps.join(usual, on=S.RANK).with_columns(off=pl.col(S.CALLS) != pl.col("usual"))
+    per_step = (
+        marked.group_by(S.STEP)
+        .agg(pl.col("off").sum().alias("off"), pl.len().alias("n"))
+        .filter((pl.col("off") > 0) & (pl.col("off") * 2 < pl.col("n")) & (pl.col("n") >= 2))
+        .sort(S.STEP)
+    )
+    if per_step.height == 0:
+        return None
+    step = int(per_step[S.STEP][0])
+    off = marked.filter((pl.col(S.STEP) == step) & pl.col("off")).sort(S.RANK).row(0, named=True)
+    rank, made, usual_n = int(off[S.RANK]), int(off[S.CALLS]), int(off["usual"])
+    where = _parting_call(calls, rank, step)
+    fewer = made < usual_n
+    n = abs(usual_n - made)
+    verb = "left out" if fewer else "made one more"
+    if where is not None:
+        words, call = where
+        what = f"{verb} {words}"
+    else:
+        what = f"made {made} calls where it makes {usual_n}"
+    detail = (
+        f"the job desynchronized at step {step}: rank {rank} {what}, and ran "
+        f"{n} collective{'s' if n > 1 else ''} {'ahead of' if fewer else 'behind'} the others "
+        "from there on (calls with equal shapes pair silently with the wrong ones)"
+    )
+    return Failure(
+        kind="desync", rank=rank, step=step, detail=detail,
+        seq=int(where[1][S.SEQ]) if where else None,
+        op=str(where[1][S.OP]) if where else None,
+        group=str(where[1][S.GROUP]) if where else None,
+        phase="comm",
+        stack=_stack(ranks, rank),
+    )  # fmt: skip
+
+
+def _parting_call(
+    calls: pl.DataFrame, rank: int, step: int
+) -> tuple[str, dict[str, Any]] | None:
+    """Where ``rank``'s collectives of ``step`` part from those of its step before: in words
+    (the call and its place in the step, or the places equal calls leave open) and the call of
+    the step before that it left out, or its own extra one."""
+    mine = calls.filter(pl.col(S.RANK) == rank)
+    now = mine.filter(pl.col(S.STEP) == step).sort(S.START_NS)
+    before = mine.filter(pl.col(S.STEP) == step - 1).sort(S.START_NS)
+    if before.height == 0:
+        return None
+    a = list(zip(now[S.OP], now[S.GROUP], now[S.BYTES], strict=True))
+    b = list(zip(before[S.OP], before[S.GROUP], before[S.BYTES], strict=True))
+    longer, shorter, table = (b, a, before) if len(b) > len(a) else (a, b, now)
+    if len(longer) != len(shorter) + 1:
+        return None
+    # the places whose removal from the longer list leaves the shorter one (prefix, suffix)
+    places = [i for i in range(len(longer)) if longer[:i] + longer[i + 1 :] == shorter]
+    if not places:
+        return None
+    row = table.row(places[0], named=True)
+    if len(longer) is len(b):  # (left out: its sequence number is the one it used instead)
+        seq_now = now.row(places[0], named=True)[S.SEQ] if places[0] < len(a) else None
+        row = {**row, S.SEQ: seq_now if seq_now is not None else row[S.SEQ]}
+    first, last = places[0] + 1, places[-1] + 1
+    if first == last:
+        return f"{row[S.OP]} #{first} of the step (call {row[S.SEQ]} of group {row[S.GROUP]})", row
+    return (
+        f"one of its equal {row[S.OP]} calls #{first}-#{last} of the step (which one, the "
+        f"record cannot tell; the sequences part from call {row[S.SEQ]} of group "
+        f"{row[S.GROUP]})",
+        row,
+    )
+
+
+def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None:
+    """The first (group, sequence number) whose calls differ across ranks in op, or in size
+    where sizes must agree."""
+    if calls.height == 0 or calls[S.RANK].n_unique() < 2:
+        return None
+    keyed = calls.with_columns(
+        key=pl.when(pl.col(S.OP).is_in(SAME_SIZE))
+        .then(pl.col(S.OP) + ":" + pl.col(S.BYTES).cast(pl.String).fill_null("?"))
+        .otherwise(pl.col(S.OP))
+    )
+    # (only sequence numbers every rank of the group holds in its record)
+    differ = (
+        keyed.group_by(S.GROUP, S.SEQ)
+        .agg(pl.col("key").n_unique().alias("kinds"), pl.col(S.START_NS).min().alias("t"))
+        .filter(pl.col("kinds") > 1)
+        .sort("t")
+    )
+    if differ.height == 0:
+        return None
+    group, seq = differ.row(0)[:2]
+    here = keyed.filter((pl.col(S.GROUP) == group) & (pl.col(S.SEQ) == seq))
+    counts = here.group_by("key").agg(pl.col(S.RANK).sort().alias("ranks"), pl.len().alias("n"))
+    own = {r: _own_place(keyed, r, group, seq) for r in here[S.RANK].to_list()}
+    # the rank whose call is not the one it made at that place of its previous step; else the
+    # minority's first rank
+    strays = [r for r, (was, _) in own.items() if was is not None and was != _key(here, r)]
+    if len(strays) == 1:
+        rank = strays[0]
+    else:
+        smallest = counts.sort("n", descending=False).row(0, named=True)
+        rank = int(smallest["ranks"][0])
+    row = here.filter(pl.col(S.RANK) == rank).row(0, named=True)
+    others = here.filter(pl.col("key") != row["key"])
+    other = others.row(0, named=True) if others.height else row
+    _, following = own.get(rank, (None, None))
+    step = row[S.STEP]
+    position = _position(keyed, rank, group, seq)
+    at = f"call {seq} of group {group}" + (
+        f", #{position} of step {step}" if position is not None and step is not None else ""
+    )
+    if following is not None and following == row["key"]:
+        kind = "desync"
+        detail = (
+            f"the job desynchronized at step {step}: rank {rank} left out "
+            f"{other[S.OP]} ({_bytes(other[S.BYTES])}) and called the next collective "
+            f"{row[S.OP]} ({_bytes(row[S.BYTES])}) in its place ({at})"
+        )
+    else:
+        kind = "mismatch"
+        detail = (
+            f"collectives mismatched at step {step}: rank {rank} called {row[S.OP]} "
+            f"({_bytes(row[S.BYTES])}) where the others called {other[S.OP]} "
+            f"({_bytes(other[S.BYTES])}) ({at})"
+        )
+    return Failure(
+        kind=kind, rank=rank, step=step, detail=detail, seq=int(seq), op=str(row[S.OP]),
+        group=str(group), phase="comm", stack=_stack(ranks, rank),
+    )  # fmt: skip
+
+
+def _key(rows: pl.DataFrame, rank: int) -> str:
+    return str(rows.filter(pl.col(S.RANK) == rank)["key"][0])
+
+
+def _position(keyed: pl.DataFrame, rank: int, group: str, seq: int) -> int | None:
+    mine = keyed.filter((pl.col(S.RANK) == rank) & (pl.col(S.GROUP) == group))
+    row = mine.filter(pl.col(S.SEQ) == seq)
+    if row.height == 0 or row[S.STEP][0] is None:
+        return None
+    step = row[S.STEP][0]
+    first = mine.filter(pl.col(S.STEP) == step)[S.SEQ].min()
+    return int(seq - first + 1) if first is not None else None  # type: ignore[operator]
+
+
+def _own_place(
+    keyed: pl.DataFrame, rank: int, group: str, seq: int
+) -> tuple[str | None, str | None]:
+    """The calls ``rank`` made, in its previous step, at the place in the step of its call
+    ``seq`` and at the place after it (None where not recorded)."""
+    position = _position(keyed, rank, group, seq)
+    mine = keyed.filter((pl.col(S.RANK) == rank) & (pl.col(S.GROUP) == group))
+    step = mine.filter(pl.col(S.SEQ) == seq)[S.STEP]
+    if position is None or step.is_empty() or step[0] is None:
+        return None, None
+    before = mine.filter(pl.col(S.STEP) == step[0] - 1).sort(S.SEQ)["key"].to_list()
+    at = before[position - 1] if position - 1 < len(before) else None
+    after = before[position] if position < len(before) else None
+    return at, after
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "? bytes"
+    return f"{value / 1024:.0f} KiB" if value >= 1024 else f"{value} bytes"
+
+
+# --- hangs and crashes -------------------------------------------------------------------------
+
+
+def _stopped(
+    calls: pl.DataFrame, ranks: pl.DataFrame, states: dict[int, RankAtEnd]
+) -> Failure | None:
+    rows = {r[S.RANK]: r for r in ranks.iter_rows(named=True)}
+    waiting = sorted(a.rank for a in states.values() if a.state == "blocked")
+    waited_in = _waited_call(calls, waiting)
+    candidates = []
+    for a in states.values():
+        row = rows[a.rank]
+        if a.state in ("crashed", "killed") and (a.state == "crashed" or row[S.END_STATE] is None):
+            candidates.append((row[S.END_NS] or _alive(row) or 0, a))
+        elif a.state == "stuck":
+            candidates.append((row[S.PROGRESS_NS] or 0, a))
+    if not candidates and waiting and waited_in is not None:
+        # everyone waits: the rank that never reached the call the others wait in
+        group, seq = waited_in[S.GROUP], waited_in[S.SEQ]
+        behind = [
+            a for a in states.values()
+            if a.rank not in _ranks_in(calls, group, seq)
+        ]  # fmt: skip
+        candidates = [(rows[a.rank][S.PROGRESS_NS] or 0, a) for a in behind]
+    if not candidates:
+        return None
+    _, root = min(candidates, key=lambda c: (c[0], c[1].rank))
+    row = rows[root.rank]
+    others = [w for w in waiting if w != root.rank]
+    stack = _stack(ranks, root.rank)
+    where = _frame_words(stack)
+    call = ""
+    if waited_in is not None and others:
+        position, their_step = waited_in.get("position"), waited_in.get(S.STEP)
+        of = "that step" if their_step == root.last_step else f"step {their_step}"
+        nth = f" #{position} of {of}" if position and their_step is not None else ""
+        call = (
+            f"; {_ranks_words(others)} waited for it in {waited_in[S.OP]}{nth} (call "
+            f"{waited_in[S.SEQ]} of group {waited_in[S.GROUP]})" + _until(states, others)
+        )
+    step = root.last_step
+    if root.state == "stuck":
+        kind = "hang"
+        since = f" {root.since_s:.1f} s" if root.since_s else ""
+        detail = f"the job hung at step {step}: rank {root.rank} was stuck{since} in {root.in_ or 'its step'}{where}{call}"
+    else:
+        kind = "crash"
+        if root.state == "crashed" and root.detail:
+            detail = f"rank {root.rank} raised at step {step}: {root.detail}{where}{call}"
+        else:
+            detail = (
+                f"rank {root.rank} was killed at step {step} (it ended without running its exit "
+                f"handlers: SIGKILL, the out-of-memory killer, a crash in native code){where}{call}"
+            )
+    failure = Failure(
+        kind=kind, rank=root.rank, step=step, detail=detail,
+        seq=int(waited_in[S.SEQ]) if waited_in is not None and others else None,
+        op=str(waited_in[S.OP]) if waited_in is not None and others else None,
+        group=str(waited_in[S.GROUP]) if waited_in is not None and others else None,
+        phase=_phase_of(row[S.PHASE_NOW]), stack=stack, waiting=others,
+    )  # fmt: skip
+    return _with(failure, evidence=_evidence(failure, states))
+
+
+def _waited_call(calls: pl.DataFrame, waiting: list[int]) -> dict[str, Any] | None:
+    """The call most waiting ranks were blocked in (their last), with its place in the step."""
+    if not waiting:
+        return None
+    last = (
+        calls.filter(pl.col(S.RANK).is_in(waiting))
+        .group_by(S.RANK).agg(pl.all().sort_by(S.START_NS).last())
+    )  # fmt: skip
+    if last.height == 0:
+        return None
+    top = (
+        last.group_by(S.GROUP, S.SEQ, S.OP).agg(pl.len().alias("n"), pl.col(S.RANK).min())
+        .sort(["n", S.SEQ], descending=[True, False]).row(0, named=True)
+    )  # fmt: skip
+    one = last.filter(pl.col(S.RANK) == top[S.RANK]).row(0, named=True)
+    top[S.STEP] = one[S.STEP]
+    top["position"] = _position(
+        calls.with_columns(key=pl.col(S.OP)), one[S.RANK], one[S.GROUP], one[S.SEQ]
+    )
+    return top
+
+
+def _ranks_in(calls: pl.DataFrame, group: str, seq: int) -> set[int]:
+    return set(calls.filter((pl.col(S.GROUP) == group) & (pl.col(S.SEQ) >= seq))[S.RANK].to_list())
+
+
+def _until(states: dict[int, RankAtEnd], waiting: list[int]) -> str:
+    """`` until the N s timeout`` where a waiting rank's end names its timeout."""
+    for w in waiting:
+        found = _TIMEOUT_MS.search(states[w].detail or "")
+        if found:
+            return f" until the {int(found.group(1)) / 1000:g} s timeout"
+    return ""
+
+
+def _ranks_words(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) <= 6:
+        return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+    return f"{len(ranks)} ranks"
+
+
+def _phase_of(phase: str | None) -> Any:
+    return {"io": S.IO, "comm": S.COMM, "checkpoint": S.OTHER}.get(phase or "")
+
+
+def _stack(ranks: pl.DataFrame, rank: int) -> list[StackFrame]:
+    """The rank's main thread when it stopped, innermost last (at most 12 frames)."""
+    text = ranks.filter(pl.col(S.RANK) == rank)[S.STACK]
+    if text.is_empty() or text[0] is None:
+        return []
+    try:
+        frames = json.loads(text[0])
+    except ValueError:
+        return []
+    out = []
+    for f in frames if isinstance(frames, list) else []:
+        if not isinstance(f, dict) or _OURS.search(str(f.get("file", ""))):
+            continue  # (traceview's own wrappers: not where the script stands)
+        line = f.get("line")
+        out.append(
+            StackFrame(
+                file=str(f.get("file", "?")), line=line if isinstance(line, int) else None,
+                function=str(f.get("function", "?")), code=str(f.get("code", "")),
+            )
+        )  # fmt: skip
+    return out[-12:]
+
+
+#: Frames of these are the library's, not where the script stands.
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python3")
+_OURS = re.compile(r"_traceview_rankside|collectors/rankside")
+
+
+def _frame_words(stack: list[StackFrame]) -> str:
+    """`` (train.py:12 in batch: time.sleep(60))``: the innermost frame of the script's own."""
+    own = [f for f in stack if not _LIBRARY.search(f.file)]
+    if not own:
+        return ""
+    f = own[-1]
+    name = f.file.rsplit("/", 1)[-1]
+    code = f": {f.code}" if f.code else ""
+    return f" ({name}:{f.line} in {f.function}{code})"
+
+
+def _evidence(failure: Failure, states: dict[int, RankAtEnd]) -> str:
+    said = "the step record of every rank (steps, calls, where each stopped, stacks)"
+    ended = [a for a in states.values() if a.state in ("blocked",) and a.detail]
+    if ended and failure.rank is not None and all(a.rank != failure.rank for a in ended):
+        first = ended[0]
+        said += (
+            f"; a launcher sees rank {first.rank} fail first ({first.detail[:120]}), "
+            f"but it was waiting for rank {failure.rank}"
+        )
+    return said
+
+
+def _with(failure: Failure, **changes: Any) -> Failure:
+    import msgspec
+
+    return msgspec.structs.replace(failure, **changes)
