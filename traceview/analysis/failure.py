@@ -34,7 +34,7 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.model import schema as S
-from traceview.model.results.failure import Failure, RankAtEnd, StackFrame
+from traceview.model.results.failure import Failure, FailureKind, RankAtEnd, StackFrame
 
 #: A rank's end in these words is a collective failing under it: it was waiting, not the cause.
 _COMM_FAILURE = re.compile(
@@ -185,7 +185,11 @@ def _count_divergence(
     per_step = (
         marked.group_by(S.STEP)
         .agg(pl.col("off").sum().alias("off"), pl.len().alias("n"))
-        .filter((pl.col("off") > 0) & (pl.col("off") * 2 < pl.col("n")) & (pl.col("n") >= 2))
+        # (a minority leaves its count; of two ranks, the one that left its own)
+        .filter(
+            (pl.col("off") > 0)
+            & ((pl.col("off") * 2 < pl.col("n")) | ((pl.col("n") == 2) & (pl.col("off") == 1)))
+        )
         .sort(S.STEP)
     )
     if per_step.height == 0:
@@ -196,10 +200,8 @@ def _count_divergence(
     where = _parting_call(calls, rank, step)
     fewer = made < usual_n
     n = abs(usual_n - made)
-    verb = "left out" if fewer else "made one more"
     if where is not None:
-        words, call = where
-        what = f"{verb} {words}"
+        what, _ = where
     else:
         what = f"made {made} calls where it makes {usual_n}"
     detail = (
@@ -217,9 +219,7 @@ def _count_divergence(
     )  # fmt: skip
 
 
-def _parting_call(
-    calls: pl.DataFrame, rank: int, step: int
-) -> tuple[str, dict[str, Any]] | None:
+def _parting_call(calls: pl.DataFrame, rank: int, step: int) -> tuple[str, dict[str, Any]] | None:
     """Where ``rank``'s collectives of ``step`` part from those of its step before: in words
     (the call and its place in the step, or the places equal calls leave open) and the call of
     the step before that it left out, or its own extra one."""
@@ -238,16 +238,23 @@ def _parting_call(
     if not places:
         return None
     row = table.row(places[0], named=True)
-    if len(longer) is len(b):  # (left out: its sequence number is the one it used instead)
+    if len(longer) == len(b):  # (left out: its sequence number is the one it used instead)
         seq_now = now.row(places[0], named=True)[S.SEQ] if places[0] < len(a) else None
         row = {**row, S.SEQ: seq_now if seq_now is not None else row[S.SEQ]}
     first, last = places[0] + 1, places[-1] + 1
+    op, call = row[S.OP], f"call {row[S.SEQ]} of group {row[S.GROUP]}"
+    left_out = len(longer) == len(b)
     if first == last:
-        return f"{row[S.OP]} #{first} of the step (call {row[S.SEQ]} of group {row[S.GROUP]})", row
+        what = f"left out {op} #{first}" if left_out else f"made an extra {op}, #{first}"
+        return f"{what} of the step ({call})", row
+    what = (
+        f"left out one of its equal {op} calls"
+        if left_out
+        else f"made an extra {op} among its equal calls"
+    )
     return (
-        f"one of its equal {row[S.OP]} calls #{first}-#{last} of the step (which one, the "
-        f"record cannot tell; the sequences part from call {row[S.SEQ]} of group "
-        f"{row[S.GROUP]})",
+        f"{what} #{first}-#{last} of the step (which one, the record cannot tell; the "
+        f"sequences part from {call})",
         row,
     )
 
@@ -293,7 +300,7 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
         f", #{position} of step {step}" if position is not None and step is not None else ""
     )
     if following is not None and following == row["key"]:
-        kind = "desync"
+        kind: FailureKind = "desync"
         detail = (
             f"the job desynchronized at step {step}: rank {rank} left out "
             f"{other[S.OP]} ({_bytes(other[S.BYTES])}) and called the next collective "
@@ -390,7 +397,7 @@ def _stopped(
         )
     step = root.last_step
     if root.state == "stuck":
-        kind = "hang"
+        kind: FailureKind = "hang"
         since = f" {root.since_s:.1f} s" if root.since_s else ""
         detail = f"the job hung at step {step}: rank {root.rank} was stuck{since} in {root.in_ or 'its step'}{where}{call}"
     else:
@@ -504,7 +511,7 @@ def _evidence(failure: Failure, states: dict[int, RankAtEnd]) -> str:
     if ended and failure.rank is not None and all(a.rank != failure.rank for a in ended):
         first = ended[0]
         said += (
-            f"; a launcher sees rank {first.rank} fail first ({first.detail[:120]}), "
+            f"; a launcher sees rank {first.rank} fail first ({(first.detail or '')[:120]}), "
             f"but it was waiting for rank {failure.rank}"
         )
     return said

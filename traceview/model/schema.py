@@ -776,10 +776,9 @@ PROGRESS_NS: Final = "progress_ns"  # its last step ended or call made or return
 CALLS_LOST: Final = "calls_lost"  # calls its ring no longer holds
 END_STATE: Final = "end_state"  # ok, exception, signal; null: it never reached its exit handlers
 END_DETAIL: Final = "end_detail"
-END_NS: Final = "end_ns"
-STACK: Final = (
-    "stack"  # JSON: its main thread's frames when it stopped [{file, line, function, code}]
-)
+#: (a rank's end: END_NS, as a step's and a call's)
+#: JSON: its main thread's frames when it stopped [{file, line, function, code}]
+STACK: Final = "stack"
 STACK_REASON: Final = "stack_reason"  # stall, signal, exception
 GROUP_NAMES: Final = "group_names"  # JSON: {number: name} of the groups its calls carry
 

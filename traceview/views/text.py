@@ -284,7 +284,9 @@ def _failure(report: RunReport, console: Console, all_ranks: bool) -> None:
         for r in ends:
             counts[r.state] = counts.get(r.state, 0) + 1
         words = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        console.print(f"  {len(ends)} ranks: {words} (--all-ranks lists each)", style="bright_black")
+        console.print(
+            f"  {len(ends)} ranks: {words} (--all-ranks lists each)", style="bright_black"
+        )
     console.print("the profiled window, before it:", style="bright_black")
 
 

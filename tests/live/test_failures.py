@@ -1,0 +1,170 @@
+"""Issue 49's ground truth: jobs that hang, desynchronize or die on purpose (3 ranks, gloo, a 6 s
+timeout, under `traceview collect`; tests/workloads/failures/faulty.py), each fault on a known
+rank at a known step and call (the job writes what it injected to truth/fault.json). The report
+must name the right kind, rank, step and call, not the rank the launcher blames (the first to
+time out), and read the run with exit code 0.
+
+Each step of the job makes three all-reduces (calls 3K+1..3K+3 of the default group at step K:
+the group's sequence numbers start at 1), so the call a fault hits is known from the step.
+Run times on the shared 2-core machine: 12-20 s a job (the hangs wait for the 6 s timeout).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tests.live.test_parallel_jobs import _launcher
+
+pytestmark = [pytest.mark.torch]
+
+SCRIPT = REPO / "tests" / "workloads" / "failures" / "faulty.py"
+CALLS_PER_STEP = 3
+
+#: name: the job's arguments (the fault, its rank and step)
+JOBS: dict[str, list[str]] = {
+    "hang-io": ["--fault", "hang-io", "--rank", "1", "--step", "8"],
+    "hang-checkpoint": ["--fault", "hang-checkpoint", "--rank", "2", "--step", "9"],
+    "hang-loop": ["--fault", "hang-loop", "--rank", "0", "--step", "3"],
+    "skip": ["--fault", "skip", "--rank", "2", "--step", "6"],
+    "skip-differ": ["--fault", "skip", "--shapes", "differ", "--rank", "1", "--step", "8"],
+    "other-op": ["--fault", "other-op", "--rank", "1", "--step", "10"],
+    "raise": ["--fault", "raise", "--rank", "2", "--step", "4"],
+    "kill": ["--fault", "kill", "--rank", "1", "--step", "9"],
+    "none": ["--fault", "none"],
+}
+
+
+class FaultyJob:
+    def __init__(self, out: Path) -> None:
+        self.out, self.run = out, out / "run"
+        self.truth = json.loads((out / "truth" / "fault.json").read_text())
+        self._report: dict[str, Any] | None = None
+
+    def report(self) -> dict[str, Any]:
+        if self._report is None:
+            result = run_cli("report", self.run, "--json")
+            assert result.code == 0, result.err
+            self._report = json.loads(result.out)
+        return self._report
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    made: dict[str, FaultyJob] = {}
+
+    def job(name: str) -> FaultyJob:
+        if name not in made:
+            out = tmp_path_factory.mktemp(name)
+            cmd = [
+                "collect", "-o", out / "run", "--stall", "3", "--no-report", "--", *_launcher(),
+                "--nproc-per-node", "3", SCRIPT, "--truth", out / "truth", *JOBS[name],
+            ]  # fmt: skip
+            result = run_cli(*cmd)
+            failed = name != "none"
+            assert (result.code != 0) == failed, result.err[-3000:]
+            made[name] = FaultyJob(out)
+        return made[name]
+
+    return job
+
+
+def _others(job: FaultyJob) -> list[int]:
+    return [r for r in range(job.truth["world"]) if r != job.truth["rank"]]
+
+
+@pytest.mark.parametrize("name", ["hang-io", "hang-checkpoint", "hang-loop"])
+def test_a_stuck_rank_is_the_hang_and_the_others_waited_for_it(jobs: Any, name: str) -> None:
+    """The rank that stopped outside a collective is named, at the step it stopped in, with
+    where it stood (data loading: the `io` phase; a checkpoint; a loop: its own frame); the
+    others waited in the call it never made, the first of their next step or this one."""
+    job = jobs(name)
+    report = job.report()
+    f = report["failure"]
+    truth = job.truth
+    assert f is not None, report["ranks_at_end"]
+    assert (f["kind"], f["rank"], f["step"]) == ("hang", truth["rank"], truth["step"]), f
+    assert f["op"] == "all_reduce" and f["group"] is not None
+    assert sorted(f["waiting"]) == _others(job)
+    functions = [frame["function"] for frame in f["stack"]]
+    if name == "hang-io":
+        # (the batch of the step: before its all-reduces, the step's first call)
+        assert f["phase"] == "io" and "__getitem__" in functions
+        assert f["seq"] == CALLS_PER_STEP * truth["step"] + 1
+        assert "in data loading" in f["detail"]
+    elif name == "hang-checkpoint":
+        # (after the step's all-reduces: the others wait in the next step's first)
+        assert "save_checkpoint" in functions and "a checkpoint (torch.save)" in f["detail"]
+        assert f["seq"] == CALLS_PER_STEP * (truth["step"] + 1) + 1
+    else:
+        assert "spin" in functions and f["seq"] == CALLS_PER_STEP * (truth["step"] + 1) + 1
+    assert "until the 6 s timeout" in f["detail"], f["detail"]
+    ends = {r["rank"]: r for r in report["ranks_at_end"]}
+    assert ends[truth["rank"]]["state"] == "stuck"
+    assert all(ends[r]["state"] == "blocked" for r in _others(job)), ends
+
+
+@pytest.mark.parametrize("name", ["skip", "skip-differ"])
+def test_a_skipped_collective_is_a_desync_at_the_step_it_was_skipped(jobs: Any, name: str) -> None:
+    """Equal shapes: gloo pairs the wrong calls silently and the job hangs at its end; the
+    desync is named at the step where the sequences part. Another size: the call after the
+    skipped one stands in its place."""
+    job = jobs(name)
+    f = job.report()["failure"]
+    truth = job.truth
+    assert f is not None
+    assert (f["kind"], f["rank"], f["step"]) == ("desync", truth["rank"], truth["step"]), f
+    if name == "skip-differ":  # (call 2 of the step, whose place call 3 took)
+        assert f["seq"] == CALLS_PER_STEP * truth["step"] + 2
+        assert "left out all_reduce" in f["detail"]
+
+
+def test_another_op_at_the_same_call_is_a_mismatch(jobs: Any) -> None:
+    job = jobs("other-op")
+    f = job.report()["failure"]
+    truth = job.truth
+    assert f is not None
+    assert (f["kind"], f["rank"], f["step"], f["op"]) == (
+        "mismatch", truth["rank"], truth["step"], "broadcast"
+    ), f  # fmt: skip
+    assert f["seq"] == CALLS_PER_STEP * truth["step"] + 2
+
+
+@pytest.mark.parametrize("name", ["raise", "kill"])
+def test_a_rank_that_dies_is_the_crash(jobs: Any, name: str) -> None:
+    """A rank that raises (inside the profiled window: its trace is written) or is killed
+    with SIGKILL (its exit handlers never run) is the crash; the others waited for it in the
+    step's first all-reduce."""
+    job = jobs(name)
+    report = job.report()
+    f = report["failure"]
+    truth = job.truth
+    assert f is not None
+    assert (f["kind"], f["rank"], f["step"]) == ("crash", truth["rank"], truth["step"]), f
+    assert f["seq"] == CALLS_PER_STEP * truth["step"] + 1 and sorted(f["waiting"]) == _others(job)
+    words = "injected failure" if name == "raise" else "was killed"
+    assert words in f["detail"]
+    ends = {r["rank"]: r["state"] for r in report["ranks_at_end"]}
+    assert ends[truth["rank"]] == ("crashed" if name == "raise" else "killed")
+
+
+def test_a_clean_run_has_no_failure_and_every_rank_finished(jobs: Any) -> None:
+    report = jobs("none").report()
+    assert report["failure"] is None
+    assert [r["state"] for r in report["ranks_at_end"]] == ["finished"] * 3
+    assert {r["last_step"] for r in report["ranks_at_end"]} == {14}  # (--steps 14: 0..13 ended)
+
+
+def test_the_text_report_opens_with_the_failure(jobs: Any) -> None:
+    job = jobs("hang-io")
+    text = run_cli("report", job.run)
+    assert text.code == 0, text.err
+    lines = text.out.splitlines()
+    first_failure = next(i for i, line in enumerate(lines) if line.startswith("hang: "))
+    verdict = next(i for i, line in enumerate(lines) if "is the bottleneck" in line)
+    assert first_failure < verdict, text.out[:1500]
+    assert "Where each rank was when the job ended" in text.out

@@ -1,0 +1,311 @@
+"""Issue 49: the step record, written by the rank side's own writer (collectors/rankside_record.py,
+in this process, one folder per rank) and read back (parsers/record.py), and the failure read
+from it (analysis/failure.py): which rank, which step, which call. The jobs are played call by
+call in lockstep, as gloo pairs them; the live jobs (tests/live/test_failures.py) do it for real.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from traceview.analysis.failure import analyse_failure
+from traceview.collectors import rankside_record as W
+from traceview.parsers.record import read_run_record
+from traceview.views import text
+
+ALL_REDUCE, BROADCAST, SEND = W.op_index("all_reduce"), W.op_index("broadcast"), W.op_index("send")
+KIB16 = 16 * 1024
+
+
+class Job:
+    """``ranks`` records under RUN/raw; ``step`` plays one step on every rank: ``calls`` per
+    rank (op, bytes), each collective begun on every rank, then ended on every rank that is
+    not ``waiting`` (those are left inside it, as a rank blocked in a collective)."""
+
+    def __init__(self, tmp: Path, ranks: int) -> None:
+        self.raw = tmp / "raw"
+        self.records = [W.StepRecord(self.raw / f"rank-{r:05d}") for r in range(ranks)]
+        self.groups = [rec.group("0") for rec in self.records]
+
+    def step(self, calls: list[list[tuple[int, int]]], end_step: bool = True) -> None:
+        for r, rec in enumerate(self.records):
+            rec.restore(rec.phase(W.IO_PHASE))  # (its batch)
+            for op, nbytes in calls[r]:
+                rec.call_end(rec.call_begin(op, self.groups[r], nbytes, p2p=op == SEND), 0)
+            if end_step:
+                rec.step_end()
+
+    def steady(self, n: int, ranks: int | None = None) -> None:
+        for _ in range(n):
+            self.step([[(ALL_REDUCE, KIB16)] * 3 for _ in self.records])
+
+    def wait_in(self, rank: int, op: int = ALL_REDUCE, nbytes: int = KIB16) -> None:
+        """``rank`` begins a collective that never returns."""
+        self.records[rank].call_begin(op, self.groups[rank], nbytes)
+
+    def end(self, rank: int, state: str | None, detail: str | None = None, later_s: float = 0.0):
+        """How ``rank`` ended, ``later_s`` after its last progress (None: it never did)."""
+        rec = self.records[rank]
+        if state is None:
+            return
+        t = rec.progress + int(later_s * 1e9)
+        end = {"state": state, "detail": detail, "t_ns": t, "step": rec.step, "pid": rec.pid}
+        (rec.folder / "end.json").write_text(json.dumps(end))
+
+    def stack(self, rank: int, frames: list[tuple[str, int, str, str]], reason: str = "signal"):
+        threads = [{"thread": "MainThread", "main": True, "frames": [
+            {"file": f, "line": n, "function": fn, "code": c} for f, n, fn, c in frames
+        ]}]  # fmt: skip
+        (self.records[rank].folder / "stacks.json").write_text(
+            json.dumps({"reason": reason, "threads": threads})
+        )
+
+    def failure(self, job_failed: bool = True):
+        record = read_run_record(self.raw)
+        assert record is not None
+        assert not record.warnings, record.warnings
+        return analyse_failure(record.steps, record.calls, record.ranks, job_failed=job_failed)
+
+
+TIMEOUT = "RuntimeError: [gloo/unbound_buffer.cc:78] Timed out waiting 6000ms for recv operation"
+
+
+def test_a_clean_run_has_no_failure(tmp_path: Path) -> None:
+    job = Job(tmp_path, 3)
+    job.steady(5)
+    for r in range(3):
+        job.end(r, "ok")
+    found = job.failure(job_failed=False)
+    assert found.failure is None
+    assert [(a.state, a.last_step, a.last_seq) for a in found.ranks_at_end] == [
+        ("finished", 5, 15)
+    ] * 3
+
+
+def test_a_rank_stuck_in_data_loading_is_the_hang_not_the_ranks_that_timed_out(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, 3)
+    job.steady(8)
+    stuck = job.records[1]
+    stuck.phase(W.IO_PHASE)  # step 8: its batch never comes
+    for r in (0, 2):
+        job.records[r].restore(job.records[r].phase(W.IO_PHASE))
+        job.wait_in(r)
+        job.end(r, "exception", TIMEOUT, later_s=6.0)
+    job.stack(1, [("/job/train.py", 30, "main", "x = next(it)"),
+                  ("/venv/site-packages/torch/utils/data/dataloader.py", 725, "__next__", ""),
+                  ("/job/train.py", 12, "batch", "time.sleep(60)")])  # fmt: skip
+    job.end(1, "signal", "terminated (SIGTERM)", later_s=7.0)
+    found = job.failure()
+    f = found.failure
+    assert f is not None
+    assert (f.kind, f.rank, f.step, f.phase, f.op, f.seq, f.group) == (
+        "hang",
+        1,
+        8,
+        "io",
+        "all_reduce",
+        25,
+        "0",
+    )
+    assert f.waiting == [0, 2]
+    assert (
+        "rank 1 was stuck 7.0 s in data loading (train.py:12 in batch: time.sleep(60))" in f.detail
+    )
+    assert (
+        "ranks 0 and 2 waited for it in all_reduce #1 of that step (call 25 of group 0)" in f.detail
+    )
+    assert "until the 6 s timeout" in f.detail
+    states = {a.rank: (a.state, a.in_) for a in found.ranks_at_end}
+    assert states == {
+        0: ("blocked", "all_reduce #25 (group 0)"),
+        1: ("stuck", "data loading"),
+        2: ("blocked", "all_reduce #25 (group 0)"),
+    }
+
+
+def test_a_skipped_call_of_equal_shape_is_a_desync_at_the_step_it_happened(tmp_path: Path) -> None:
+    """Rank 1 leaves out one all-reduce at step 4; gloo pairs the rest silently, so rank 1 runs
+    a call ahead until the others wait for a call it never makes: a desync, at step 4, not a
+    hang at the end."""
+    job = Job(tmp_path, 3)
+    job.steady(4)
+    three, two = [(ALL_REDUCE, KIB16)] * 3, [(ALL_REDUCE, KIB16)] * 2
+    job.step([three, two, three])
+    job.steady(3)
+    for r in (0, 2):
+        job.wait_in(r)
+        job.end(r, "exception", TIMEOUT, later_s=6.0)
+    job.end(1, "ok")  # (it ended its loop a call early, and left)
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank, f.step) == ("desync", 1, 4), f
+    assert "left out one of its equal all_reduce calls #1-#3 of the step" in f.detail
+    assert "1 collective ahead" in f.detail
+
+
+def test_of_two_ranks_the_one_that_left_its_own_count_desynchronized(tmp_path: Path) -> None:
+    job = Job(tmp_path, 2)
+    job.steady(3)
+    job.step([[(ALL_REDUCE, KIB16)] * 3, [(ALL_REDUCE, KIB16)] * 4])  # (rank 1: one more)
+    job.steady(2)
+    job.end(0, "exception", TIMEOUT, later_s=6.0)
+    job.end(1, "exception", TIMEOUT, later_s=6.0)
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank, f.step) == ("desync", 1, 3), f
+    assert (
+        "made an extra all_reduce among its equal calls #1-#4 of the step" in f.detail
+        and "behind" in f.detail
+    )
+
+
+def test_a_skipped_call_of_another_size_is_a_desync_named_at_its_call(tmp_path: Path) -> None:
+    """Sizes 8, 8 and 16 KiB: rank 1 leaves out the second and calls the 16 KiB one in its
+    place; the call content parts at call 2 of step 3."""
+    job = Job(tmp_path, 3)
+    sizes = [(ALL_REDUCE, 8192), (ALL_REDUCE, 8192 * 2), (ALL_REDUCE, KIB16 * 4)]
+    for _ in range(3):
+        job.step([sizes] * 3)
+    job.step([sizes[:1], [sizes[0], sizes[2]], sizes[:1]], end_step=False)
+    for r in (0, 2):
+        job.wait_in(r, ALL_REDUCE, sizes[1][1])
+    found = job.failure()
+    f = found.failure
+    assert f is not None and (f.kind, f.rank, f.step, f.seq) == ("desync", 1, 3, 11), f
+    assert (
+        "left out all_reduce (16 KiB) and called the next collective all_reduce (64 KiB)"
+        in f.detail
+    )
+
+
+def test_another_op_at_the_same_sequence_number_is_a_mismatch(tmp_path: Path) -> None:
+    job = Job(tmp_path, 3)
+    job.steady(2)
+    ok = [(ALL_REDUCE, KIB16)] * 3
+    job.step([ok, [(ALL_REDUCE, KIB16), (BROADCAST, KIB16), (ALL_REDUCE, KIB16)], ok])
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank, f.step, f.seq, f.op) == (
+        "mismatch",
+        1,
+        2,
+        8,
+        "broadcast",
+    )
+    assert (
+        "rank 1 called broadcast (16 KiB) where the others called all_reduce (16 KiB)" in f.detail
+    )
+
+
+@pytest.mark.parametrize("how", ["raised", "killed"])
+def test_a_rank_that_dies_is_the_crash_and_the_others_waited(tmp_path: Path, how: str) -> None:
+    job = Job(tmp_path, 3)
+    job.steady(6)
+    for r in (0, 2):
+        job.wait_in(r)
+        job.end(r, "exception", "RuntimeError: Connection closed by peer [127.0.0.1]:4000", 1.0)
+    if how == "raised":
+        job.end(1, "exception", "ValueError: bad batch")
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank, f.step, f.op, f.seq) == (
+        "crash",
+        1,
+        6,
+        "all_reduce",
+        19,
+    )
+    assert f.waiting == [0, 2]
+    words = "raised at step 6: ValueError: bad batch" if how == "raised" else "was killed at step 6"
+    assert words in f.detail, f.detail
+
+
+def test_steps_every_rank_changes_together_and_stages_that_differ_are_no_desync(
+    tmp_path: Path,
+) -> None:
+    """A pipeline's stages make different numbers of calls each step, and an evaluation step
+    adds calls on every rank: neither is a desync. The job then dies of a crash on rank 2."""
+    job = Job(tmp_path, 3)
+    ar = (ALL_REDUCE, KIB16)
+    stage = [[ar, (SEND, 4096)], [ar, (SEND, 4096), (SEND, 4096)], [ar]]
+    for i in range(6):
+        job.step([c + [ar] * 2 if i == 3 else c for c in stage])
+    for r in (0, 1):
+        job.wait_in(r)
+        job.end(r, "exception", TIMEOUT, later_s=6.0)
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank) == ("crash", 2), f
+
+
+# --- the record as untrusted input ---------------------------------------------------------------
+
+
+def test_a_record_cut_short_keeps_its_whole_rows(tmp_path: Path) -> None:
+    job = Job(tmp_path, 2)
+    job.steady(4)
+    steps = job.raw / "rank-00001" / "steps.bin"
+    steps.write_bytes(steps.read_bytes()[:-7])  # (the last row cut)
+    record = read_run_record(job.raw)
+    assert record is not None
+    per_rank = record.steps.group_by("rank").aggregate([("step", "count")]).to_pylist()
+    assert sorted((r["rank"], r["step_count"]) for r in per_rank) == [(0, 4), (1, 3)]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["garbage steps", "garbage calls", "huge header", "backwards steps", "bad json", "empty"],
+)
+def test_a_damaged_record_is_set_aside_with_a_warning_never_raised(
+    tmp_path: Path, damage: str
+) -> None:
+    job = Job(tmp_path, 2)
+    job.steady(3)
+    folder = job.raw / "rank-00001"
+    if damage == "garbage steps":
+        (folder / "steps.bin").write_bytes(b"\x00\xff" * 100)
+    elif damage == "garbage calls":
+        (folder / "calls.bin").write_bytes(b"not a record at all")
+    elif damage == "huge header":
+        data = bytearray((folder / "calls.bin").read_bytes())
+        struct.pack_into("<I", data, 8, 0xFFFFFFFF)  # (capacity)
+        (folder / "calls.bin").write_bytes(bytes(data))
+    elif damage == "backwards steps":
+        rows = W.STEP_ROW.pack(9, 1, 10, 20, 0, 0) + W.STEP_ROW.pack(2, 1, 30, 40, 0, 0)
+        (folder / "steps.bin").write_bytes(W.MAGIC_STEPS + rows)
+    elif damage == "bad json":
+        for name in ("end.json", "stacks.json", "groups.json", "fr.json"):
+            (folder / name).write_text('{"threads": [1, {"main": true, "frames": 5}], "state": ')
+    elif damage == "empty":
+        (folder / "steps.bin").write_bytes(b"")
+        (folder / "calls.bin").write_bytes(b"")
+    record = read_run_record(job.raw)
+    assert record is not None
+    if damage != "bad json":
+        assert record.warnings and all(w.startswith("rank 1:") for w in record.warnings), (
+            record.warnings
+        )
+    found = analyse_failure(record.steps, record.calls, record.ranks, job_failed=True)
+    assert len(found.ranks_at_end) == 2
+
+
+def test_hostile_names_in_a_stack_stay_text(tmp_path: Path) -> None:
+    job = Job(tmp_path, 2)
+    job.steady(2)
+    job.records[1].phase(W.IO_PHASE)
+    job.wait_in(0)
+    job.end(0, "exception", TIMEOUT, later_s=6.0)
+    job.stack(1, [("/job/\x1b[31mevil[/red].py", 1, "[bold]f\x07", "\x1b]0;title\x07")])
+    job.end(1, "signal", "terminated (SIGTERM)", later_s=7.0)
+    found = job.failure()
+    f = found.failure
+    assert f is not None and f.kind == "hang"
+    assert f.stack[-1].function == "[bold]f\x07"  # (kept as written; views escape it)
+    console = Console(record=True, width=200, color_system=None)
+    text._failure(SimpleNamespace(failure=f, ranks_at_end=found.ranks_at_end), console, False)
+    shown = console.export_text()
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "[bold]f" in shown  # (markup shown as text, not applied)
