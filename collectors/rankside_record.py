@@ -59,8 +59,9 @@ IO_PHASE, CHECKPOINT_PHASE = PHASES.index("io"), PHASES.index("checkpoint")
 #: transfer's end; the call raised (a timeout, a peer gone)
 ASYNC = 1
 FAILED = 2
-#: the byte offsets of a call's end and flags in its row
-END_AT, FLAGS_AT = 8, 35
+#: the byte offsets of a call's end and flags in its row, and of the header's count of calls
+END_AT, FLAGS_AT, WRITTEN_AT = 8, 35, 16
+_COUNT = struct.Struct("<q")
 
 #: A rank that makes no progress for this long (seconds) has stalled: its stacks are written.
 DEFAULT_STALL_S = 20.0
@@ -131,10 +132,16 @@ class StepRecord:
         self.lock = threading.Lock()
         self.dumped_stall = False
         self.ended = False
+        self.owned = True
+        with contextlib.suppress(AttributeError):
+            os.register_at_fork(after_in_child=self._forked)
         self._head()
 
     def mine(self) -> bool:
-        return os.getpid() == self.pid
+        return self.owned
+
+    def _forked(self) -> None:
+        self.owned = False  # (a process forked from the rank: a data-loader worker)
 
     def _head(self) -> None:
         CALLS_HEAD.pack_into(
@@ -189,10 +196,11 @@ class StepRecord:
                 group, op, 0, 0,
             )  # fmt: skip
             self.written += 1
+            # (the header's count only: a reader takes the last progress from the rows too)
+            _COUNT.pack_into(self.map, WRITTEN_AT, self.written)
             self.step_calls += 1
             self.progress = now
             self.dumped_stall = False
-            self._head()
             return slot
 
     def call_end(self, slot: int, flags: int) -> None:
@@ -201,15 +209,10 @@ class StepRecord:
             return
         now = time.time_ns()
         at = HEAD_SIZE + slot * CALL_ROW.size
-        with self.lock:
-            struct.pack_into("<q", self.map, at + END_AT, now)
-            if flags:
-                struct.pack_into("<B", self.map, at + FLAGS_AT, flags)
-            self.progress = now
-            CALLS_HEAD.pack_into(
-                self.map, 0, MAGIC_CALLS, CALLS, self.pid, self.written, self.step,
-                self.phase_now, self.phase_since, self.progress,
-            )  # fmt: skip
+        _COUNT.pack_into(self.map, at + END_AT, now)
+        if flags:
+            struct.pack_into("<B", self.map, at + FLAGS_AT, flags)
+        self.progress = now
 
     def phase(self, index: int) -> int:
         """The rank enters phase ``index`` (PHASES); returns the phase it left, for ``restore``."""

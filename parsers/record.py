@@ -274,6 +274,9 @@ def _read_calls(folder: Path, record: RankRecord, warnings: list[str]) -> None:
             "left out"
         )
     record.calls = rows[ok]
+    if len(record.calls):  # (the header's progress is kept at steps; calls only in their rows)
+        last = int(max(record.calls["start_ns"].max(), record.calls["end_ns"].max()))
+        record.progress_ns = max(record.progress_ns or 0, last) or None
 
 
 def _bytes(path: Path) -> bytes | None:

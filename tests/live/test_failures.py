@@ -36,6 +36,8 @@ JOBS: dict[str, list[str]] = {
     "raise": ["--fault", "raise", "--rank", "2", "--step", "4"],
     "kill": ["--fault", "kill", "--rank", "1", "--step", "9"],
     "none": ["--fault", "none"],
+    "hang-io-ddp": ["--fault", "hang-io", "--ddp", "--rank", "2", "--step", "7"],
+    "kill-ddp": ["--fault", "kill", "--ddp", "--rank", "0", "--step", "6"],
 }
 
 
@@ -150,6 +152,25 @@ def test_a_rank_that_dies_is_the_crash(jobs: Any, name: str) -> None:
     assert words in f["detail"]
     ends = {r["rank"]: r["state"] for r in report["ranks_at_end"]}
     assert ends[truth["rank"]] == ("crashed" if name == "raise" else "killed")
+
+
+@pytest.mark.parametrize("name", ["hang-io-ddp", "kill-ddp"])
+def test_ddp_calls_made_from_cpp_are_read_from_the_flight_recorder(jobs: Any, name: str) -> None:
+    """DistributedDataParallel's all-reduces are made by its reducer in C++, past traceview's
+    wrapper: the Flight Recorder's dump (each rank writes it as it ends) holds them, and the
+    others are seen waiting in one."""
+    job = jobs(name)
+    report = job.report()
+    f = report["failure"]
+    truth = job.truth
+    kind = "hang" if name.startswith("hang") else "crash"
+    assert f is not None
+    assert (f["kind"], f["rank"], f["step"], f["op"]) == (
+        kind, truth["rank"], truth["step"], "all_reduce"
+    ), f  # fmt: skip
+    assert sorted(f["waiting"]) == _others(job)
+    ends = {r["rank"]: r["state"] for r in report["ranks_at_end"]}
+    assert all(ends[r] == "blocked" for r in _others(job)), ends
 
 
 def test_a_clean_run_has_no_failure_and_every_rank_finished(jobs: Any) -> None:

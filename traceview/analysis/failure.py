@@ -64,9 +64,9 @@ def analyse_failure(
     RECORD_*); ``job_failed``: the launcher said the job failed (its exit code). A run whose
     every rank finished, and whose job did not fail, has none."""
     step_rows = pl.from_arrow(steps)
-    call_rows = _collectives(pl.from_arrow(calls))
     rank_rows = pl.from_arrow(ranks)
     assert isinstance(step_rows, pl.DataFrame) and isinstance(rank_rows, pl.DataFrame)
+    call_rows = _collectives(pl.from_arrow(calls), step_rows)
     median_step_s = _median_step_s(step_rows)
     at_end = [_at_end(r, call_rows, median_step_s) for r in rank_rows.iter_rows(named=True)]
     states = {a.rank: a for a in at_end}
@@ -81,14 +81,27 @@ def analyse_failure(
 # --- the calls ---------------------------------------------------------------------------------
 
 
-def _collectives(calls: Any) -> pl.DataFrame:
+def _collectives(calls: Any, steps: pl.DataFrame) -> pl.DataFrame:
     """The collectives (a group's sequence number) of traceview's record, or where a rank has
-    none of those, its Flight Recorder's."""
+    none of those (DDP's, made from C++), its Flight Recorder's, each given the step it began
+    in by its time (the step after the last one ended before it)."""
     assert isinstance(calls, pl.DataFrame)
     calls = calls.filter(pl.col(S.SEQ) > 0)
     own = calls.filter(pl.col(S.SOURCE) == "record")
     has_own = own[S.RANK].unique().to_list()
     flight = calls.filter((pl.col(S.SOURCE) == "flight") & ~pl.col(S.RANK).is_in(has_own))
+    if flight.height:
+        ended = steps.select(
+            S.RANK, pl.col(S.END_NS).alias("ended"), (pl.col(S.STEP) + 1).alias("after")
+        ).sort("ended")
+        flight = (
+            flight.sort(S.START_NS)
+            .join_asof(
+                ended, left_on=S.START_NS, right_on="ended", by=S.RANK, check_sortedness=False
+            )
+            .with_columns(pl.col("after").fill_null(0).alias(S.STEP))
+            .select(calls.columns)
+        )
     return pl.concat([own, flight]).sort(S.RANK, S.START_NS)
 
 
@@ -109,8 +122,14 @@ def _at_end(rank: dict[str, Any], calls: pl.DataFrame, median_step_s: float) -> 
     ended = rank[S.END_NS] or _alive(rank)
     last_seq = int(last[S.SEQ]) if last is not None else None
     common = dict(rank=r, last_step=rank[S.STEP_NOW], last_seq=last_seq, detail=detail)
+    # (inside its last collective: it had not returned, or raised; or the rank ended on a
+    # collective's failure, which an async call's wait or the Flight Recorder's retired entry
+    # does not show as open)
+    comm_failed = state_said == "exception" and bool(_COMM_FAILURE.search(detail or ""))
     in_call = last is not None and (
-        (last[S.END_NS] is None and not last[S.FLAGS] & ASYNC) or last[S.FLAGS] & FAILED
+        (last[S.END_NS] is None and not last[S.FLAGS] & ASYNC)
+        or bool(last[S.FLAGS] & FAILED)
+        or comm_failed
     )
     if state_said == "ok" and not (last is not None and last[S.FLAGS] & FAILED):
         return RankAtEnd(state="finished", **common)
@@ -170,7 +189,7 @@ def _diverged(
         return None
     first = min(found, key=lambda f: f.step if f.step is not None else 1 << 62)
     waiting = [a.rank for a in states.values() if a.state == "blocked" and a.rank != first.rank]
-    return _with(first, waiting=waiting, evidence=_evidence(first, states))
+    return _with(first, waiting=waiting, evidence=_evidence(first, states, _ends(ranks)))
 
 
 def _count_divergence(
@@ -215,7 +234,6 @@ def _count_divergence(
         op=str(where[1][S.OP]) if where else None,
         group=str(where[1][S.GROUP]) if where else None,
         phase="comm",
-        stack=_stack(ranks, rank),
     )  # fmt: skip
 
 
@@ -315,7 +333,7 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
         )
     return Failure(
         kind=kind, rank=rank, step=step, detail=detail, seq=int(seq), op=str(row[S.OP]),
-        group=str(group), phase="comm", stack=_stack(ranks, rank),
+        group=str(group), phase="comm",
     )  # fmt: skip
 
 
@@ -416,7 +434,7 @@ def _stopped(
         group=str(waited_in[S.GROUP]) if waited_in is not None and others else None,
         phase=_phase_of(row[S.PHASE_NOW]), stack=stack, waiting=others,
     )  # fmt: skip
-    return _with(failure, evidence=_evidence(failure, states))
+    return _with(failure, evidence=_evidence(failure, states, _ends(ranks)))
 
 
 def _waited_call(calls: pl.DataFrame, waiting: list[int]) -> dict[str, Any] | None:
@@ -505,16 +523,31 @@ def _frame_words(stack: list[StackFrame]) -> str:
     return f" ({name}:{f.line} in {f.function}{code})"
 
 
-def _evidence(failure: Failure, states: dict[int, RankAtEnd]) -> str:
+def _evidence(failure: Failure, states: dict[int, RankAtEnd], ends: dict[int, int | None]) -> str:
+    """Which evidence the verdict followed, and where a launcher's own view (the first rank to
+    fail: ``ends``, each rank's end) differs from it."""
     said = "the step record of every rank (steps, calls, where each stopped, stacks)"
-    ended = [a for a in states.values() if a.state in ("blocked",) and a.detail]
-    if ended and failure.rank is not None and all(a.rank != failure.rank for a in ended):
-        first = ended[0]
+    failed = [
+        a for a in states.values()
+        if a.state == "blocked" and a.detail and ends.get(a.rank) is not None
+    ]  # fmt: skip
+    if failed and failure.rank is not None and all(a.rank != failure.rank for a in failed):
+        first = min(failed, key=lambda a: (ends[a.rank], a.rank))
         said += (
-            f"; a launcher sees rank {first.rank} fail first ({(first.detail or '')[:120]}), "
-            f"but it was waiting for rank {failure.rank}"
+            f"; a launcher sees rank {first.rank} fail first ({_short(first.detail)}), but it "
+            f"was waiting for rank {failure.rank}"
         )
     return said
+
+
+def _short(detail: str | None, width: int = 100) -> str:
+    """An exception's words without the source paths gloo and NCCL put in front of them."""
+    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|py):\d+\]\s*", "", detail or "")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _ends(ranks: pl.DataFrame) -> dict[int, int | None]:
+    return dict(zip(ranks[S.RANK].to_list(), ranks[S.END_NS].to_list(), strict=True))
 
 
 def _with(failure: Failure, **changes: Any) -> Failure:

@@ -8,6 +8,8 @@ runs is step 0), and the job writes what it injected to TRUTH/fault.json before 
 Each step: a batch from a DataLoader (in the main process), forward and backward of three
 bias-free Linear(64, 64) layers (every gradient the same shape; --shapes differ: 64x64, 64x32,
 32x64), then one dist.all_reduce per gradient (call 1, 2, 3 of the step), then the update.
+--ddp: the model in DistributedDataParallel instead, whose all-reduces C++ makes in backward
+(seen by the Flight Recorder, not by traceview's wrapper).
 Faults (KIND):
 - hang-io: the rank's batch takes --hang-s (default 600) in the dataset's __getitem__;
 - hang-checkpoint: the rank's torch.save writes to a file that does not answer for --hang-s;
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=6.0)
     parser.add_argument("--hang-s", type=float, default=600.0)
     parser.add_argument("--shapes", choices=["equal", "differ"], default="equal")
+    parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel's own all-reduces")
     parser.add_argument("--truth", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -100,7 +103,9 @@ def main() -> None:
     dims = (
         [(64, 64), (64, 64), (64, 64)] if args.shapes == "equal" else [(64, 32), (32, 64), (64, 64)]
     )
-    model = nn.Sequential(*(nn.Linear(i, o, bias=False) for i, o in dims))
+    model: nn.Module = nn.Sequential(*(nn.Linear(i, o, bias=False) for i, o in dims))
+    if args.ddp:
+        model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     hang_at = args.step if faulty and args.fault == "hang-io" else -1
     loader = iter(DataLoader(Batches(args.steps, hang_at, args.hang_s), batch_size=None))
@@ -113,7 +118,7 @@ def main() -> None:
         if here and args.fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         loss.backward()
-        for call, p in enumerate(model.parameters(), start=1):
+        for call, p in enumerate([] if args.ddp else model.parameters(), start=1):
             if here and call == 2 and args.fault == "skip":
                 continue
             if here and call == 2 and args.fault == "other-op":

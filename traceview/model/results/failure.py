@@ -39,7 +39,9 @@ class Failure(Result):
     op: str | None = None
     group: str | None = None
     phase: Phase | None = None
-    stack: list[StackFrame] = []  # the rank's main thread then, innermost last
+    # the rank's main thread when it stopped, innermost last (a hang or crash; empty for a
+    # desync or mismatch: the record keeps no stack of the moment the sequences parted)
+    stack: list[StackFrame] = []
     waiting: list[int] = []  # ranks that waited for it
     evidence: str = ""  # which evidence it followed, and where the launcher's view differs
 
