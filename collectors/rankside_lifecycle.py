@@ -81,6 +81,8 @@ class Collector(abc.ABC):
                     self._step_record.watch()
                 except Taken:  # (a process the rank started: the rank keeps the record)
                     self._step_record_failed = True
+                except OSError:  # (a run directory it cannot write: the profile says so)
+                    self._step_record_failed = True
                 except Exception as exc:  # never break the job
                     self._step_record_failed = True
                     warn(f"step record not kept ({type(exc).__name__}: {exc})")

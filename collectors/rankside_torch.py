@@ -77,6 +77,7 @@ class TorchCollector(Collector):
         self.busy = 0  # inside step() or finish() on some thread (a stop must wait for them)
         self.extra_step = 0  # a step the profiler has not counted: it ended at the stop
         self.thread: int | None = None  # the thread that started the profiler
+        self.first_step = 0  # the job's step the profiler started in (its first: 0)
 
     def _framework_version(self) -> str:
         return str(self.torch.__version__)
@@ -178,7 +179,8 @@ class TorchCollector(Collector):
                         return
                     self._sample_memory()
                     self.profiler.step()
-                    if self.profiler.step_num >= self.config.warmup + self.config.active:
+                    done = self.profiler.step_num - self.first_step
+                    if done >= self.config.warmup + self.config.active:
                         self.finish()
             except Exception as exc:
                 self._failed(exc)
@@ -220,9 +222,16 @@ class TorchCollector(Collector):
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        schedule = torch.profiler.schedule(
+        window = torch.profiler.schedule(
             wait=0, warmup=self.config.warmup, active=self.config.active, repeat=1
         )
+        # Steps carry the job's own numbers (its first step is 0, as in the step record): the
+        # profiler counts from the step in progress, its schedule from the window's start.
+        first = self.first_step = self.steps_seen
+
+        def schedule(step: int) -> Any:
+            return window(max(step - first, 0))
+
         self.profiler = torch.profiler.profile(
             activities=activities,
             schedule=schedule,
@@ -231,6 +240,7 @@ class TorchCollector(Collector):
             profile_memory=self.config.profile_memory,
             **_trace_only(torch),
         )
+        self.profiler.step_num = first
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
         self.thread = threading.get_ident()
@@ -265,7 +275,7 @@ class TorchCollector(Collector):
                 plain.unlink()
         self.status.trace_files = [path.name]
         self.status.profiled_steps = max(
-            profiler.step_num + self.extra_step - self.config.warmup, 0
+            profiler.step_num - self.first_step + self.extra_step - self.config.warmup, 0
         )
 
     def _end_profile(self, at_exit: bool) -> None:

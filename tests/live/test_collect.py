@@ -38,6 +38,11 @@ def _mpirun() -> list[str]:
     return [mpirun, *flags, "-np", "2"]
 
 
+#: With --skip 0 the profiler starts with the job's step 1 (it sees step 0 end first); steps
+#: carry the job's own numbers.
+FIRST = 1
+
+
 def _manifest(run: Path) -> dict:
     return json.loads((run / "manifest.json").read_text())
 
@@ -67,9 +72,10 @@ def test_ddp_job_under_mpirun(tmp_path: Path) -> None:
         assert abs(clock["offset_ns"]) <= clock["uncertainty_ns"] + 100_000
         assert clock["uncertainty_ns"] < 5_000_000
     steps = pq.read_table(run / "steps.parquet").to_pylist()
-    # after --skip 1 the profiler starts: its step 0 is the warm-up, steps 1-4 are recorded
+    # steps carry the job's own numbers (its first step is 0): the collector sees step 0 end,
+    # lets --skip 1 more pass, starts the profiler with step 2 (the warm-up); 3-6 are recorded
     assert sorted((s["rank"], s["step"]) for s in steps) == [
-        (r, s) for r in (0, 1) for s in range(1, 5)
+        (r, s) for r in (0, 1) for s in range(3, 7)
     ]
     report = run_cli("report", run, "--json").json()
     assert report["summary"]["comm_total_ms"] > 0 and report["run"]["ranks"] == 2
@@ -551,7 +557,7 @@ def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_p
     status = _status(run)
     stop = status["stop_step"]
     assert status["state"] == "ok" and status["stop_reason"] == "memory cap 150 MiB reached"
-    assert 2 <= stop < 12
+    assert FIRST + 2 <= stop < 12
     (rank,) = _manifest(run)["collect"]["ranks"]
     assert rank["trace"] and rank["stop_step"] == stop
     line = f"rank 0: profile stopped at step {stop}: memory cap 150 MiB reached"
@@ -559,13 +565,14 @@ def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_p
     report = run_cli("report", run, "--json").json()
     assert report["warnings"].count(line) == 1
     kept = [s["step"] for s in report["per_step"]]
-    # steps 1 .. stop-1 after the warm-up step 0, and the step it stopped in, if it ended
+    # steps 2 .. stop-1 after the warm-up step 1, and the step it stopped in, if it ended
     if status["stop_mid_step"]:  # interrupted inside the step: cut short, left out
-        assert rank["stop_mid_step"] and status["profiled_steps"] == stop - 1
-        assert kept == list(range(1, stop))
+        assert rank["stop_mid_step"] and status["profiled_steps"] == stop - FIRST - 1
+        assert kept == list(range(FIRST + 1, stop))
         assert [s["step"] for s in report["incomplete_steps"]] == [stop]
     else:  # the step's optimizer step came first: stopped there, the step is complete
-        assert status["profiled_steps"] == stop and kept == list(range(1, stop + 1))
+        assert status["profiled_steps"] == stop - FIRST
+        assert kept == list(range(FIRST + 1, stop + 1))
         assert report["incomplete_steps"] == []
 
 
@@ -584,10 +591,11 @@ def test_a_step_that_never_ends_is_stopped_at_the_cap(tmp_path: Path) -> None:
     assert "done" in result.out
     status = _status(run)
     assert status["stop_reason"] == "memory cap 100 MiB reached"
-    assert status["stop_step"] == 1 and status["stop_mid_step"] and status["profiled_steps"] == 1
-    assert "rank 0: profile stopped at step 1: memory cap 100 MiB reached" in result.out
+    assert status["stop_step"] == FIRST + 1 and status["stop_mid_step"]
+    assert status["profiled_steps"] == 1
+    assert "rank 0: profile stopped at step 2: memory cap 100 MiB reached" in result.out
     steps = pq.read_table(run / "steps.parquet").to_pylist()
-    tail = next(s for s in steps if s["step"] == 1)
+    tail = next(s for s in steps if s["step"] == FIRST + 1)
     assert tail["wall_ns"] < 10e9, "the profile went on recording the tail"
 
 
@@ -614,9 +622,9 @@ def test_a_training_thread_past_the_cap_stops_at_its_next_step(tmp_path: Path) -
     status = _status(run)
     stop = status["stop_step"]
     assert status["stop_reason"] == "memory cap 150 MiB reached" and not status["stop_mid_step"]
-    assert status["profiled_steps"] == stop  # steps 1 .. stop, all complete
+    assert status["profiled_steps"] == stop - FIRST  # steps 2 .. stop, all complete
     report = run_cli("report", run, "--json").json()
-    assert [s["step"] for s in report["per_step"]] == list(range(1, stop + 1))
+    assert [s["step"] for s in report["per_step"]] == list(range(FIRST + 1, stop + 1))
     assert report["incomplete_steps"] == []
     assert (
         f"rank 0: profile stopped at step {stop}: memory cap 150 MiB reached" in report["warnings"]
@@ -658,7 +666,7 @@ def test_a_training_thread_that_ends_inside_the_profile_still_writes_it(tmp_path
     assert (
         status["stop_reason"] == "memory cap 50 MiB reached, stopped only at the end of its thread"
     )
-    assert status["stop_step"] == 1 and status["stop_mid_step"]
+    assert status["stop_step"] == FIRST + 1 and status["stop_mid_step"]
     (rank,) = _manifest(run)["collect"]["ranks"]
     assert rank["trace"]
 
