@@ -15,6 +15,7 @@ from traceview.tui.render import (
     PHASE_LETTER,
     PHASE_STYLE,
     communication_text,
+    failure_text,
     fsdp_text,
     gpu_rank_text,
     gpu_verdict_text,
@@ -144,6 +145,9 @@ class OverviewPane(VerticalScroll):
 
     def show(self, view: RunView) -> None:
         verdict = verdict_text(view.report)
+        failed = failure_text(view.report)
+        if failed is not None:  # (a job that failed: what went wrong first, above the window's)
+            verdict = Text.assemble(failed, "\n", verdict)
         gpu_verdict = gpu_verdict_text(view.report)
         if gpu_verdict is not None:
             verdict.append("\n")

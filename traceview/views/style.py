@@ -552,6 +552,23 @@ def communication_text(report: RunReport) -> Text:
     return text
 
 
+def failure_text(report: RunReport, frames: int = 4) -> Text | None:
+    """What went wrong first in a job that failed (``report.failure``): its sentence, the
+    failing rank's innermost ``frames``, and the evidence followed; None for a run that did not
+    fail. Every name in it comes from the job: escaped, never read as markup (it wraps)."""
+    failure = report.failure
+    if failure is None:
+        return None
+    text = Text(f"{failure.kind}: {safe(failure.detail, 800)}", style="bold red")
+    for f in failure.stack[-frames:]:
+        where = f"{safe(f.file.rsplit('/', 1)[-1], 80)}:{f.line} in {safe(f.function, 80)}"
+        code = f"   {safe(f.code, 120)}" if f.code else ""
+        text.append(f"\n    {where}{code}", style="bright_black")
+    if failure.evidence:
+        text.append(f"\n  (from {safe(failure.evidence, 400)})", style="bright_black")
+    return text
+
+
 def incomplete_text(report: RunReport, limit: int = 5) -> Text:
     """The steps that did not complete on every rank, which every figure leaves out."""
     text = Text()

@@ -34,6 +34,7 @@ from traceview.views.style import (
     count,
     critical_path_text,
     duration_us,
+    failure_text,
     fsdp_text,
     gpu_verdict_text,
     host_bound_cell,
@@ -255,15 +256,9 @@ FAILED_RANKS_SHOWN = 16
 def _failure(report: RunReport, console: Console, all_ranks: bool) -> None:
     """What went wrong first, where the rank stood (its script's innermost frames), and where
     every rank was when the job ended; then the profiled window's report follows."""
-    failure = report.failure
-    if failure is not None:
-        console.print(Text(f"{failure.kind}: {safe(failure.detail, 600)}", style="bold red"))
-        for f in failure.stack[-4:]:
-            where = f"{safe(f.file.rsplit('/', 1)[-1], 80)}:{f.line} in {safe(f.function, 80)}"
-            code = f"   {safe(f.code, 120)}" if f.code else ""
-            console.print(f"    {where}{code}", style="bright_black")
-        if failure.evidence:
-            console.print(f"  (from {safe(failure.evidence, 400)})", style="bright_black")
+    said = failure_text(report)
+    if said is not None:
+        console.print(said)
     ends = report.ranks_at_end
     if not ends:
         return
