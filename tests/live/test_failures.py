@@ -38,6 +38,7 @@ JOBS: dict[str, list[str]] = {
     "none": ["--fault", "none"],
     "hang-io-ddp": ["--fault", "hang-io", "--ddp", "--rank", "2", "--step", "7"],
     "kill-ddp": ["--fault", "kill", "--ddp", "--rank", "0", "--step", "6"],
+    "kill-early": ["--fault", "kill", "--rank", "1", "--step", "1"],
 }
 
 
@@ -171,6 +172,22 @@ def test_ddp_calls_made_from_cpp_are_read_from_the_flight_recorder(jobs: Any, na
     assert sorted(f["waiting"]) == _others(job)
     ends = {r["rank"]: r["state"] for r in report["ranks_at_end"]}
     assert all(ends[r] == "blocked" for r in _others(job)), ends
+
+
+def test_a_job_that_dies_before_its_profiled_window_is_reported_from_its_record(jobs: Any) -> None:
+    """Killed at step 1 (the window starts at step 2): no rank wrote a trace, and the report is
+    the step record's account: the crash named, exit code 0, no profiled figures."""
+    job = jobs("kill-early")
+    report = job.report()
+    f = report["failure"]
+    assert f is not None and (f["kind"], f["rank"], f["step"]) == ("crash", 1, 1), f
+    assert report["run"]["ranks"] == 0 and report["per_step"] == []
+    text = run_cli("report", job.run)
+    assert text.code == 0, text.err
+    first = next(line for line in text.out.splitlines() if line.startswith("crash: "))
+    assert first.startswith("crash: rank 1 was killed at step 1"), text.out
+    assert "Per step" not in text.out  # (no profiled window to break down)
+    assert "what follows is its step record's account only" in text.out.replace("\n", " ")
 
 
 def test_a_clean_run_has_no_failure_and_every_rank_finished(jobs: Any) -> None:

@@ -440,6 +440,8 @@ def memory_results(
     ``since_start``: per rank, the devices whose figures count only from the profiler's start,
     as the parser found (PyTorch's CPU allocator; totals summed from the records' sizes)."""
     out = MemoryResults()
+    if table is None and not ranks:  # (no rank traced: nothing to say of memory)
+        return out
     if table is None:
         out.remarks.append(
             "memory: unknown (the run was ingested before traceview read memory records: "

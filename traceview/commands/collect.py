@@ -176,6 +176,23 @@ class CollectCommand:
             more = f" (and {len(result.warnings) - 1} more)" if len(result.warnings) > 1 else ""
             print(f"traceview: warning: {safe(result.warnings[0], 300)}{more}", file=sys.stderr)
         full = _full(run)
+        traced = any(s.get("trace_present") for s in result.statuses)
+        if not traced and any((run / R.RAW).glob("rank-*/steps.bin")):
+            # the ranks ran steps and kept their step record, but wrote no profile (the job
+            # ended before the window): the record's account is the report
+            self._write_manifest(run, result, settings, quiet=False)
+            print(
+                f"traceview: the job exited with code {code} before any rank wrote a profile; "
+                "its step record says what happened",
+                file=sys.stderr,
+            )
+            if not args.no_report:
+                from traceview.commands.report import load_report
+                from traceview.views.text import render_to_console
+
+                render_to_console(load_report([run]))
+            print(f"traceview: run directory {run} (job exit code {code})", file=sys.stderr)
+            return code
         if not result.statuses:
             if result.interrupted:
                 why = (

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from traceview.analysis import ANALYSIS_VERSION, rank_tables
+from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.model.columns import TableOnDemand, Within
 from traceview.model.errors import BadInput, UsageError, cannot_write
 from traceview.model.escape import safe
@@ -61,6 +61,11 @@ def open_run(
     steps its reports count (--steps/--skip; the analysis tables hold every step, so a cached
     analysis serves any choice)."""
     label = _label(paths)
+    if len(paths) == 1 and _record_only(paths[0]):
+        opened = _open_record_only(paths[0], label)
+        opened.choice = choice
+        yield opened
+        return
     if len(paths) == 1 and R.is_run_dir(paths[0]) and R.event_ranks(paths[0]) and rules is None:
         opened = _open_dir(paths[0], label, progress)
         opened.choice = choice
@@ -83,6 +88,38 @@ def open_run(
             yield opened
         finally:
             opened.segments.close()
+
+
+def _record_only(path: Path) -> bool:
+    """Whether ``path`` is a run directory `collect` made whose ranks wrote no trace but kept a
+    step record (a job that died before its profiled window): its report is the record's."""
+    if not R.is_run_dir(path) or R.event_ranks(path):
+        return False
+    raw = path / R.RAW
+    try:
+        recorded = any(raw.glob("rank-*/steps.bin"))
+        traced = any(raw.glob("rank-*/*.json*")) and any(
+            p.name.endswith((".pt.trace.json", ".pt.trace.json.gz", ".json.gz", ".xplane.pb"))
+            for p in raw.glob("rank-*/*")
+        )
+    except OSError:
+        return False
+    return recorded and not traced
+
+
+def _open_record_only(run: Path, label: str) -> Run:
+    """A run of no trace, only its step record: empty analysis tables, its manifest as
+    `collect` wrote it."""
+    manifest = R.read_manifest(run)
+    if not manifest.notes.remarks or "no rank wrote a trace" not in manifest.notes.remarks[0]:
+        manifest.notes.remarks.insert(
+            0,
+            "no rank wrote a trace (the job ended before its profiled window): what follows is "
+            "its step record's account only",
+        )
+    tables = {name: schema.empty_table() for name, schema in RANK_TABLES.items()}
+    segments = TableOnDemand.of(RANK_TABLES["segments"].empty_table())
+    return Run(run, label, manifest, tables, segments, False)
 
 
 def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:

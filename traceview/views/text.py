@@ -111,6 +111,9 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
         )
     if report.failure is not None or any(r.state != "finished" for r in report.ranks_at_end):
         _failure(report, console, all_ranks)
+        if not ranks:  # (no rank wrote a trace: the step record's account is all there is)
+            _notes(report, console)
+            return
     console.print(verdict_text(report))
     gpu_line = gpu_verdict_text(report)
     if gpu_line is not None:
@@ -242,6 +245,10 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
     if report.outside_ops:
         _outside_ops(report, console, min(top, OUTSIDE_ROWS))
 
+    _notes(report, console)
+
+
+def _notes(report: RunReport, console: Console) -> None:
     for warning in shown_notes(report.warnings):
         console.print(Text("warning: " + safe(warning), style="yellow"))
     for remark in shown_notes(report.remarks, "note"):
@@ -282,7 +289,8 @@ def _failure(report: RunReport, console: Console, all_ranks: bool) -> None:
         console.print(
             f"  {len(ends)} ranks: {words} (--all-ranks lists each)", style="bright_black"
         )
-    console.print("the profiled window, before it:", style="bright_black")
+    if report.ranks:
+        console.print("the profiled window, before it:", style="bright_black")
 
 
 def _outside_ops(report: RunReport, console: Console, top: int) -> None:
