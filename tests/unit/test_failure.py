@@ -305,7 +305,7 @@ def test_hostile_names_in_a_stack_stay_text(tmp_path: Path) -> None:
     assert f is not None and f.kind == "hang"
     assert f.stack[-1].function == "[bold]f\x07"  # (kept as written; views escape it)
     console = Console(record=True, width=200, color_system=None)
-    text._failure(SimpleNamespace(failure=f, ranks_at_end=found.ranks_at_end), console, False)
+    text._failure(SimpleNamespace(failure=f, ranks_at_end=found.ranks_at_end, ranks=[]), console, False)
     shown = console.export_text()
     assert "\x1b" not in shown and "\x07" not in shown
     assert "[bold]f" in shown  # (markup shown as text, not applied)
