@@ -181,11 +181,22 @@ class CollectCommand:
             # the ranks ran steps and kept their step record, but wrote no profile (the job
             # ended before the window): the record's account is the report
             self._write_manifest(run, result, settings, quiet=False)
+            killed = [
+                str(s.get("rank")) for s in result.statuses
+                if s.get("state") in ("profiling", "stopping")
+            ]  # fmt: skip
+            why = (
+                f"rank(s) {', '.join(killed[:10])} were killed while profiling (their status "
+                "says so) before writing a trace"
+                if killed
+                else "no rank wrote a profile"
+            )
             print(
-                f"traceview: the job exited with code {code} before any rank wrote a profile; "
-                "its step record says what happened",
+                f"traceview: the job exited with code {code} and left nothing to profile: "
+                f"{why}{last}",
                 file=sys.stderr,
             )
+            print("traceview: its step record says what happened", file=sys.stderr)
             if not args.no_report:
                 from traceview.commands.report import load_report
                 from traceview.views.text import render_to_console
