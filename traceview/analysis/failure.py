@@ -68,7 +68,12 @@ def analyse_failure(
     assert isinstance(step_rows, pl.DataFrame) and isinstance(rank_rows, pl.DataFrame)
     call_rows = _collectives(pl.from_arrow(calls), step_rows)
     median_step_s = _median_step_s(step_rows)
-    at_end = [_at_end(r, call_rows, median_step_s) for r in rank_rows.iter_rows(named=True)]
+    # each rank's last collective, once (not a filter per rank: 1,024 ranks' rings)
+    last_calls = call_rows.group_by(S.RANK).agg(pl.all().sort_by(S.START_NS).last())
+    last_of = {row[S.RANK]: row for row in last_calls.iter_rows(named=True)}
+    at_end = [
+        _at_end(r, last_of.get(r[S.RANK]), median_step_s) for r in rank_rows.iter_rows(named=True)
+    ]
     states = {a.rank: a for a in at_end}
     if all(a.state == "finished" for a in at_end) and not job_failed:
         return FailureResult(None, at_end)
@@ -114,10 +119,8 @@ def _median_step_s(steps: pl.DataFrame) -> float:
 # --- where each rank was -------------------------------------------------------------------------
 
 
-def _at_end(rank: dict[str, Any], calls: pl.DataFrame, median_step_s: float) -> RankAtEnd:
+def _at_end(rank: dict[str, Any], last: dict[str, Any] | None, median_step_s: float) -> RankAtEnd:
     r = rank[S.RANK]
-    mine = calls.filter(pl.col(S.RANK) == r)
-    last = mine.row(-1, named=True) if mine.height else None
     state_said, detail = rank[S.END_STATE], rank[S.END_DETAIL]
     ended = rank[S.END_NS] or _alive(rank)
     last_seq = int(last[S.SEQ]) if last is not None else None
