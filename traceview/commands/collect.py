@@ -177,10 +177,13 @@ class CollectCommand:
             print(f"traceview: warning: {safe(result.warnings[0], 300)}{more}", file=sys.stderr)
         full = _full(run)
         traced = any(s.get("trace_present") for s in result.statuses)
-        if not traced and any((run / R.RAW).glob("rank-*/steps.bin")):
+        if (
+            not traced
+            and _recorded_steps(run)
+            and self._write_manifest(run, result, settings, quiet=True)
+        ):
             # the ranks ran steps and kept their step record, but wrote no profile (the job
             # ended before the window): the record's account is the report
-            self._write_manifest(run, result, settings, quiet=False)
             killed = [
                 str(s.get("rank")) for s in result.statuses
                 if s.get("state") in ("profiling", "stopping")
@@ -338,3 +341,11 @@ class CollectCommand:
             file=sys.stderr,
         )
         return True
+
+
+def _recorded_steps(run: Path) -> bool:
+    """Whether a rank's step record holds a step (not a file a full disk left empty)."""
+    try:
+        return any(p.stat().st_size > 8 for p in (run / R.RAW).glob("rank-*/steps.bin"))
+    except OSError:
+        return False

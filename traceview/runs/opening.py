@@ -97,7 +97,7 @@ def _record_only(path: Path) -> bool:
         return False
     raw = path / R.RAW
     try:
-        recorded = any(raw.glob("rank-*/steps.bin"))
+        recorded = any(p.stat().st_size > 8 for p in raw.glob("rank-*/steps.bin"))
         traced = any(raw.glob("rank-*/*.json*")) and any(
             p.name.endswith((".pt.trace.json", ".pt.trace.json.gz", ".json.gz", ".xplane.pb"))
             for p in raw.glob("rank-*/*")
