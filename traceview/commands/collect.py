@@ -184,10 +184,7 @@ class CollectCommand:
         ):
             # the ranks ran steps and kept their step record, but wrote no profile (the job
             # ended before the window): the record's account is the report
-            killed = [
-                str(s.get("rank")) for s in result.statuses
-                if s.get("state") in ("profiling", "stopping")
-            ]  # fmt: skip
+            killed = _killed_while_profiling(result.statuses)
             why = (
                 f"rank(s) {', '.join(killed[:10])} were killed while profiling (their status "
                 "says so) before writing a trace"
@@ -238,13 +235,9 @@ class CollectCommand:
                 file=sys.stderr,
             )
         if not any(s.get("trace_present") for s in result.statuses):
-            killed = [
-                s.get("rank")
-                for s in result.statuses
-                if s.get("state") in ("profiling", "stopping")
-            ]
+            killed = _killed_while_profiling(result.statuses)
             if killed:
-                which = ", ".join(str(r) for r in killed[:10])
+                which = ", ".join(killed[:10])
                 why = (
                     f"rank(s) {which} were killed while profiling (their status says so) before "
                     "writing a trace"
@@ -341,6 +334,11 @@ class CollectCommand:
             file=sys.stderr,
         )
         return True
+
+
+def _killed_while_profiling(statuses: list[dict]) -> list[str]:
+    """The ranks whose last status says they were inside the profiling window."""
+    return [str(s.get("rank")) for s in statuses if s.get("state") in ("profiling", "stopping")]
 
 
 def _recorded_steps(run: Path) -> bool:
