@@ -46,6 +46,13 @@ class TraceFile:
     host: str | None = None
     size: int = 0
     clock: Clock = field(default_factory=Clock)  # from the status beside it (collect's runs)
+    # the rank's other files, where it wrote one per profiler cycle or step (one process's
+    # windows: ingest reads them as one trace, in time order)
+    more: list[Path] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path, *self.more]
 
 
 #: What `traceview collect` writes beside each rank's trace.
@@ -209,6 +216,25 @@ def _believed(
     return None
 
 
+def _windows_of_one_process(first: TraceFile, other: TraceFile) -> bool:
+    """Whether two traces of one rank can be windows of one process: the same format, and the
+    same host and world size wherever both state them (their times are checked when read)."""
+    return not _differ(first, other)
+
+
+def _differ(first: TraceFile, other: TraceFile) -> str:
+    """What tells two traces of one rank apart as different processes ("" where nothing)."""
+    if first.parser != other.parser:
+        return f"one {first.parser}, the other {other.parser}"
+    for what, a, b in (
+        ("host", first.host, other.host),
+        ("world size", first.world_size, other.world_size),
+    ):
+        if a is not None and b is not None and a != b:
+            return f"of {what} {a!r} and {b!r}"
+    return ""
+
+
 def number_ranges(numbers: list[int]) -> str:
     """[1, 2, 3, 7] -> "1-3, 7"."""
     out: list[str] = []
@@ -229,7 +255,10 @@ def number_ranges(numbers: list[int]) -> str:
 def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
     """Fix each trace's rank: what the trace says, else its file name, else its order.
 
-    Returns the world size (the largest any trace states) and warns about missing ranks.
+    Several traces that say they are one rank, of one host and format, are that rank's windows
+    (a profiler that wrote one file per cycle or per step): they become one ``TraceFile``, its
+    other files in ``more``, and leave ``traces``. Returns the world size (the largest any trace
+    states) and warns about missing ranks.
     """
     by_rank: dict[int, TraceFile] = {}
     for trace in traces:
@@ -237,12 +266,38 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
             continue
         if trace.claimed_rank in by_rank:
             other = by_rank[trace.claimed_rank]
-            raise BadInput(
-                f"two traces say they are rank {trace.claimed_rank}: {other.path} and {trace.path} "
-                "(traces of different runs? ingest one run at a time)"
-            )
+            if not _windows_of_one_process(other, trace):
+                raise BadInput(
+                    f"two traces say they are rank {trace.claimed_rank}: {other.path} and "
+                    f"{trace.path}, {_differ(other, trace)} (traces of different runs? ingest one "
+                    "run at a time)"
+                )
+            other.more.append(trace.path)
+            other.size += trace.size
+            continue
         by_rank[trace.claimed_rank] = trace
         trace.rank = trace.claimed_rank
+    traces[:] = [t for t in traces if t.claimed_rank is None or by_rank[t.claimed_rank] is t]
+    several = sorted(r for r, t in by_rank.items() if t.more)
+    if several:
+        low, high = (
+            min(len(by_rank[r].files) for r in several),
+            max(len(by_rank[r].files) for r in several),
+        )
+        counts = str(low) if low == high else f"{low}-{high}"
+        notes.remark(
+            f"rank(s) {number_ranges(several)}: {counts} trace files each (one per profiler cycle "
+            "or step), read as one trace per rank, in time order"
+        )
+        most = max(len(t.files) for t in by_rank.values())
+        fewer = sorted(r for r, t in by_rank.items() if len(t.files) < most)
+        if fewer:
+            notes.warn(
+                f"rank(s) {number_ranges(fewer)} have fewer trace files than the {most} of rank(s) "
+                f"{number_ranges(sorted(set(by_rank) - set(fewer)))} (they stopped early, or "
+                "files are missing): each is analysed up to where its traces stop, and a step "
+                "missing from some ranks is left out of every figure"
+            )
     unclaimed = [t for t in traces if t.claimed_rank is None]
     # File names are used only when they number every remaining trace without collisions.
     named = {t.path: rank_from_filename(t.path) for t in unclaimed}

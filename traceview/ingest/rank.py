@@ -25,6 +25,7 @@ from traceview.ingest.large.sinks import (
     RankAnalysisInChunks,
     SideTables,
 )
+from traceview.ingest.windows import parse_windows
 from traceview.model import schema as S
 from traceview.model.columns import WORK, SpilledTable, first_start
 from traceview.model.errors import BadInput, Notes
@@ -98,7 +99,9 @@ def ingest_rank(
     rules = rules_for(parser.framework, rules_path, rules_file_of(parser))
     clock = trace.clock  # read once, when the trace was identified
     offset = clock.offset_ns
-    if wants_chunks(parser):
+    if trace.more:  # a file per profiler cycle or step: read whole, as one trace
+        parsed = parse_windows(trace.files, trace.rank, lambda path: parse_with(parser, path))
+    elif wants_chunks(parser):
         helper = helper and helper_pays(trace.path, trace.size)
         part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started, helper)
         if isinstance(part, RankPartial):
@@ -205,6 +208,7 @@ def _partial(
         steps=steps,
         training_thread=list(training_thread) if training_thread else None,
         threads=threads,
+        trace_files=[str(path) for path in trace.files] if trace.more else [],
         clock_offset_ns=trace.clock.offset_ns,
         clock=trace.clock,
         meta=meta,

@@ -33,6 +33,7 @@ from traceview import __version__
 from traceview.ingest.discover import TraceFile, assign_ranks, discover, number_ranges
 from traceview.ingest.lifetime import die_with_parent
 from traceview.ingest.rank import RankAnalysis, RankPartial, ingest_rank
+from traceview.ingest.windows import NotOneRun
 from traceview.model import schema as S
 from traceview.model.columns import SpilledTable
 from traceview.model.errors import (
@@ -189,6 +190,8 @@ def _run_all(
         done += 1
         try:
             return [work()]
+        except NotOneRun:
+            raise
         except BadInput as exc:
             failed.append(exc)
             R.events_path(staged, trace.rank).unlink(missing_ok=True)

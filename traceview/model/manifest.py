@@ -245,6 +245,8 @@ class RankIngest(Record):
 
     rank: int
     source: str | None = None
+    # every file of a rank that wrote several (one per profiler cycle or step), in time order
+    trace_files: list[str] = []
     format: str | None = None
     framework: str | None = None
     host: str | None = None

@@ -569,6 +569,11 @@ def failure_text(report: RunReport, frames: int = 4) -> Text | None:
     return text
 
 
+def _ranks_named(ranks: list[int]) -> str:
+    more = " ..." if len(ranks) > 8 else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:8]))}{more}"
+
+
 def incomplete_text(report: RunReport, limit: int = 5) -> Text:
     """The steps that did not complete on every rank, which every figure leaves out."""
     text = Text()
@@ -576,12 +581,14 @@ def incomplete_text(report: RunReport, limit: int = 5) -> Text:
     for i, step in enumerate(steps[:limit]):
         if i:
             text.append("\n")
-        where = ", ".join(map(str, step.unfinished_ranks[:8]))
-        more = " ..." if len(step.unfinished_ranks) > 8 else ""
-        plural = "s" if len(step.unfinished_ranks) > 1 else ""
-        text.append(
-            f"step {step.step} did not finish on rank{plural} {where}{more}", style="yellow"
-        )
+        untraced = set(step.untraced_ranks)
+        cut = [r for r in step.unfinished_ranks if r not in untraced]
+        said = []
+        if cut:
+            said.append(f"did not finish on {_ranks_named(cut)}")
+        if untraced:
+            said.append(f"is not in the traces of {_ranks_named(sorted(untraced))}")
+        text.append(f"step {step.step} {' and '.join(said)}", style="yellow")
         if step.waited_rank is not None:
             text.append(
                 f": rank {step.waited_rank} was blocked {ms(step.waited_ms)} ms in it "

@@ -266,7 +266,8 @@ def _incomplete(
         rows = incomplete.filter(pl.col(S.STEP) == step)
         has = set(rows[S.RANK].to_list())
         unfinished = set(rows.filter(pl.col("unfinished"))[S.RANK].to_list())
-        unfinished |= {r for r in all_ranks if r not in has}  # no window: not finished there
+        untraced = {r for r in all_ranks if r not in has}
+        unfinished |= untraced  # no window: not finished there
         # who was blocked longest in it: usually a rank waiting in a collective for the one
         # that died (it may have died of that wait itself)
         others = steps.filter(pl.col(S.STEP) == step).with_columns(
@@ -277,6 +278,7 @@ def _incomplete(
             IncompleteStep(
                 step=step,
                 unfinished_ranks=sorted(unfinished),
+                untraced_ranks=sorted(untraced),
                 waited_ms=_ms(waited["blocked"][0]) if waited.height else 0.0,
                 waited_rank=int(waited[S.RANK][0]) if waited.height else None,
             )

@@ -86,3 +86,5 @@ class IncompleteStep(Result):
     #                              it) or has no window on
     waited_ms: float  # the most time a rank spent in it blocked (exposed comm + idle)
     waited_rank: int | None  # that rank
+    untraced_ranks: list[int] = []  # of unfinished_ranks, those whose traces hold no window
+    #                                 of it (their traces stop before it, or skip it)
