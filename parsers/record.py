@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from traceview.collectors import rankside_record as R
 from traceview.model import schema as S
+from traceview.parsers.flight import flight_rows
 
 STEP_DTYPE = np.dtype(
     [("step", "<u4"), ("calls", "<u4"), ("start_ns", "<i8"), ("end_ns", "<i8"),
@@ -126,50 +127,8 @@ def _calls_table(read: list[RankRecord]) -> pa.Table:
                 )
             )
         if r.flight:
-            parts.append(_flight_rows(r))
+            parts.append(flight_rows(r.rank, r.flight))
     return pa.concat_tables(parts) if parts else S.RECORD_CALLS_SCHEMA.empty_table()
-
-
-#: bytes of an element, by the Flight Recorder's dtype names
-_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
-                "Short": 2, "Char": 1, "Byte": 1, "Bool": 1}  # fmt: skip
-
-
-def _flight_rows(r: RankRecord) -> pa.Table:
-    """The Flight Recorder's entries of one rank: its collectives (not retired: still running,
-    end null; retired: ended, when is not said, end = start)."""
-    rows: dict[str, list[Any]] = {name: [] for name in S.RECORD_CALLS_SCHEMA.names}
-    for e in r.flight:
-        seq, created = e.get("collective_seq_id"), e.get("time_created_ns")
-        name = e.get("profiling_name")
-        if not isinstance(seq, int) or not isinstance(created, int) or not isinstance(name, str):
-            continue
-        pg = e.get("process_group")
-        group = str(pg[0]) if isinstance(pg, list) and pg else None
-        rows[S.RANK].append(r.rank)
-        rows[S.SOURCE].append("flight")
-        rows[S.GROUP].append(group)
-        rows[S.SEQ].append(0 if e.get("is_p2p") else seq)
-        rows[S.OP].append(name.rpartition(":")[2] or "other")
-        rows[S.BYTES].append(_flight_bytes(e))
-        rows[S.STEP].append(None)
-        rows[S.START_NS].append(created)
-        rows[S.END_NS].append(created if e.get("retired") is True else None)
-        rows[S.FLAGS].append(0)
-    return pa.table(rows, schema=S.RECORD_CALLS_SCHEMA)
-
-
-def _flight_bytes(entry: dict[str, Any]) -> int | None:
-    try:
-        total = 0
-        for shape, dtype in zip(entry["input_sizes"], entry["input_dtypes"], strict=False):
-            n = 1
-            for d in shape:
-                n *= int(d)
-            total += n * _DTYPE_BYTES.get(str(dtype), 4)
-        return total
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _ranks_table(read: list[RankRecord]) -> pa.Table:

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import polars as pl
 import pyarrow as pa
 
@@ -49,6 +50,8 @@ SAME_SIZE = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_red
 #: A rank ended by a signal after this long without progress was stuck, not merely ended.
 STUCK_S = 1.0
 ASYNC, FAILED = 1, 2
+#: the end state of a rank known only from its Flight Recorder dump (parsers.flight)
+DUMPED = "dumped"
 
 
 @dataclass(frozen=True)
@@ -68,12 +71,19 @@ def analyse_failure(
     assert isinstance(step_rows, pl.DataFrame) and isinstance(rank_rows, pl.DataFrame)
     call_rows = _collectives(pl.from_arrow(calls), step_rows)
     median_step_s = _median_step_s(step_rows)
-    # each rank's last collective, once (not a filter per rank: 1,024 ranks' rings)
-    last_calls = call_rows.group_by(S.RANK).agg(pl.all().sort_by(S.START_NS).last())
-    last_of = {row[S.RANK]: row for row in last_calls.iter_rows(named=True)}
+    # the call each rank stood in, once (not a filter per rank: 1,024 ranks' rings)
+    last_of = {row[S.RANK]: row for row in _standing_in(call_rows).iter_rows(named=True)}
     at_end = [
         _at_end(r, last_of.get(r[S.RANK]), median_step_s) for r in rank_rows.iter_rows(named=True)
     ]
+    if (
+        at_end
+        and all(a.detail == DUMPED for a in at_end)
+        and all(a.state != "blocked" for a in at_end)
+    ):  # dumps of ranks none of which waited: a hang they do not show; a mismatch they may
+        at_end = [msgspec.structs.replace(a, state="running") for a in at_end]
+        states = {a.rank: a for a in at_end}
+        return FailureResult(_diverged(step_rows, call_rows, rank_rows, states), at_end)
     states = {a.rank: a for a in at_end}
     if all(a.state == "finished" for a in at_end) and not job_failed:
         return FailureResult(None, at_end)
@@ -95,7 +105,7 @@ def _collectives(calls: Any, steps: pl.DataFrame) -> pl.DataFrame:
     own = calls.filter(pl.col(S.SOURCE) == "record")
     has_own = own[S.RANK].unique().to_list()
     flight = calls.filter((pl.col(S.SOURCE) == "flight") & ~pl.col(S.RANK).is_in(has_own))
-    if flight.height:
+    if flight.height and steps.height:  # (a dump alone: no steps, its calls' steps unknown)
         ended = steps.select(
             S.RANK, pl.col(S.END_NS).alias("ended"), (pl.col(S.STEP) + 1).alias("after")
         ).sort("ended")
@@ -108,6 +118,24 @@ def _collectives(calls: Any, steps: pl.DataFrame) -> pl.DataFrame:
             .select(calls.columns)
         )
     return pl.concat([own, flight]).sort(S.RANK, S.START_NS)
+
+
+def _standing_in(calls: pl.DataFrame) -> pl.DataFrame:
+    """Each rank's call where it stood at the end: its last, or in a Flight Recorder's entries
+    its first that had not ended (a group runs its calls in order: a rank that issued more
+    asynchronously is held in the first)."""
+    ordered = calls.sort(S.RANK, S.START_NS)
+    last = ordered.group_by(S.RANK, maintain_order=True).last()
+    open_flight = (
+        ordered.filter((pl.col(S.SOURCE) == "flight") & pl.col(S.END_NS).is_null())
+        .group_by(S.RANK, maintain_order=True)
+        .first()
+    )
+    if open_flight.height == 0:
+        return last
+    return pl.concat(
+        [last.filter(~pl.col(S.RANK).is_in(open_flight[S.RANK].to_list())), open_flight]
+    ).sort(S.RANK)
 
 
 def _median_step_s(steps: pl.DataFrame) -> float:
@@ -136,6 +164,11 @@ def _at_end(rank: dict[str, Any], last: dict[str, Any] | None, median_step_s: fl
     )
     if state_said == "ok" and not (last is not None and last[S.FLAGS] & FAILED):
         return RankAtEnd(state="finished", **common)
+    if state_said == DUMPED:  # a Flight Recorder dump: where it stood, not since when
+        common["detail"] = DUMPED
+        if in_call and last is not None:
+            return RankAtEnd(state="blocked", in_=_call_words(last), **common)
+        return RankAtEnd(state="stuck", **common)
     if in_call and last is not None:
         since = (ended - last[S.START_NS]) / 1e9 if ended else None
         return RankAtEnd(state="blocked", in_=_call_words(last), since_s=_s(since), **common)
@@ -323,14 +356,14 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
     if following is not None and following == row["key"]:
         kind: FailureKind = "desync"
         detail = (
-            f"the job desynchronized at step {step}: rank {rank} left out "
+            f"the job desynchronized{_at(step)}: rank {rank} left out "
             f"{other[S.OP]} ({_bytes(other[S.BYTES])}) and called the next collective "
             f"{row[S.OP]} ({_bytes(row[S.BYTES])}) in its place ({at})"
         )
     else:
         kind = "mismatch"
         detail = (
-            f"collectives mismatched at step {step}: rank {rank} called {row[S.OP]} "
+            f"collectives mismatched{_at(step)}: rank {rank} called {row[S.OP]} "
             f"({_bytes(row[S.BYTES])}) where the others called {other[S.OP]} "
             f"({_bytes(other[S.BYTES])}) ({at})"
         )
@@ -420,14 +453,14 @@ def _stopped(
     if root.state == "stuck":
         kind: FailureKind = "hang"
         since = f" {root.since_s:.1f} s" if root.since_s else ""
-        detail = f"the job hung at step {step}: rank {root.rank} was stuck{since} in {root.in_ or 'its step'}{where}{call}"
+        detail = f"the job hung{_at(step)}: rank {root.rank} was stuck{since} {_outside(root)}{where}{call}"
     else:
         kind = "crash"
         if root.state == "crashed" and root.detail:
-            detail = f"rank {root.rank} raised at step {step}: {root.detail}{where}{call}"
+            detail = f"rank {root.rank} raised{_at(step)}: {root.detail}{where}{call}"
         else:
             detail = (
-                f"rank {root.rank} was killed at step {step} (it ended without running its exit "
+                f"rank {root.rank} was killed{_at(step)} (it ended without running its exit "
                 f"handlers: SIGKILL, the out-of-memory killer, a crash in native code){where}{call}"
             )
     failure = Failure(
@@ -440,14 +473,23 @@ def _stopped(
     return _with(failure, evidence=_evidence(failure, states, _ends(ranks)))
 
 
+def _at(step: int | None) -> str:
+    return f" at step {step}" if step is not None else ""
+
+
+def _outside(rank: RankAtEnd) -> str:
+    if rank.in_:
+        return f"in {rank.in_}"
+    if rank.detail == DUMPED:
+        return "outside any collective (its Flight Recorder dump says no more)"
+    return "in its step"
+
+
 def _waited_call(calls: pl.DataFrame, waiting: list[int]) -> dict[str, Any] | None:
     """The call most waiting ranks were blocked in (their last), with its place in the step."""
     if not waiting:
         return None
-    last = (
-        calls.filter(pl.col(S.RANK).is_in(waiting))
-        .group_by(S.RANK).agg(pl.all().sort_by(S.START_NS).last())
-    )  # fmt: skip
+    last = _standing_in(calls.filter(pl.col(S.RANK).is_in(waiting)))
     if last.height == 0:
         return None
     top = (
@@ -529,7 +571,13 @@ def _frame_words(stack: list[StackFrame]) -> str:
 def _evidence(failure: Failure, states: dict[int, RankAtEnd], ends: dict[int, int | None]) -> str:
     """Which evidence the verdict followed, and where a launcher's own view (the first rank to
     fail: ``ends``, each rank's end) differs from it."""
-    said = "the step record of every rank (steps, calls, where each stopped, stacks)"
+    if states and all(a.detail == DUMPED for a in states.values()):
+        said = (
+            "the Flight Recorder dumps of every rank (each rank's last collectives, by process "
+            "group and sequence number; no steps: a dump does not number them)"
+        )
+    else:
+        said = "the step record of every rank (steps, calls, where each stopped, stacks)"
     failed = [
         a for a in states.values()
         if a.state == "blocked" and a.detail and ends.get(a.rank) is not None

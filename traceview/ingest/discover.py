@@ -35,6 +35,10 @@ from traceview.parsers.chrome_stream import read_head
 from traceview.store import rundir as R
 
 
+class NoTraces(BadInput):
+    """A folder that holds no trace (it may hold other things a report reads: dumps)."""
+
+
 @dataclass
 class TraceFile:
     path: Path
@@ -135,7 +139,7 @@ def discover(
             if not found:
                 reason = f" ({damaged[0]}{' …' if len(damaged) > 1 else ''})" if damaged else ""
                 what = "no readable traces" if damaged else "no traces"
-                raise BadInput(f"{path}: {what} found in this folder{reason}")
+                raise NoTraces(f"{path}: {what} found in this folder{reason}")
         else:
             trace = _identify(path, parsers, notes)
             if trace is None:

@@ -24,6 +24,32 @@ if TYPE_CHECKING:
     from traceview.analysis.summary import RunInputs
     from traceview.analysis.summary.sections import RecordTables
     from traceview.model.choice import StepChoice
+    from traceview.parsers.flight import DumpRecord
+
+
+#: file names that are traces or tables, never a Flight Recorder dump (not opened to tell)
+_NOT_DUMPS = (".gz", ".pb", ".pt.trace.json", ".parquet", ".bin", ".zst")
+
+
+def flight_dumps(paths: list[Path]) -> DumpRecord | None:
+    """The Flight Recorder dumps among ``paths`` (files, and folders' files), read; None where
+    there are none."""
+    from traceview.parsers.flight import find_dumps
+
+    files: list[Path] = []
+    for path in paths:
+        try:
+            if path.is_dir():
+                files += sorted(
+                    p for p in path.rglob("*")
+                    if not p.name.startswith(".") and not p.name.endswith(_NOT_DUMPS)
+                    and p.is_file()
+                )  # fmt: skip
+            elif path.is_file():
+                files.append(path)
+        except OSError:
+            continue
+    return find_dumps(files)
 
 
 @dataclass
@@ -109,9 +135,12 @@ class Run:
                 (Path(p) / "raw" for p in self.manifest.inputs if (Path(p) / "raw").is_dir()), raw
             )
         found = read_run_record(raw)
-        if found is None:
+        if found is not None:
+            return found.steps, found.calls, found.ranks, found.warnings
+        dumps = flight_dumps([Path(p) for p in self.manifest.inputs])
+        if dumps is None:
             return None
-        return found.steps, found.calls, found.ranks, found.warnings
+        return dumps.steps, dumps.calls, dumps.ranks, dumps.warnings
 
     @cached_property
     def cross(self) -> CrossRank | None:

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
+from traceview.ingest.discover import NoTraces
 from traceview.model.columns import TableOnDemand, Within
 from traceview.model.errors import BadInput, UsageError, cannot_write
 from traceview.model.escape import safe
-from traceview.model.manifest import Manifest
+from traceview.model.manifest import Manifest, ManifestNotes
 from traceview.model.progress import Progress, quiet
 from traceview.runs.cache import RunReplaced, _current, _key, _read_tables
-from traceview.runs.handle import Run
+from traceview.runs.handle import Run, flight_dumps
 from traceview.runs.reanalysis import _reanalyzed, reanalyze
 from traceview.store import rundir as R
 
@@ -80,9 +81,18 @@ def open_run(
         where = tempfile.gettempdir()
         raise cannot_write(where, exc) from None  # TMPDIR chooses another place
     with scratch as tmp:
-        run = ingest_run(
-            paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
-        )
+        try:
+            run = ingest_run(
+                paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
+            )
+        except NoTraces:
+            dumps = flight_dumps(paths)
+            if dumps is None or not dumps.dumps:
+                raise
+            opened = _dumps_only(paths, label, len(dumps.dumps))
+            opened.choice = choice
+            yield opened
+            return
         opened = Run(run, label, R.read_manifest(run), *_read_tables(run), True, choice)
         try:
             yield opened
@@ -120,6 +130,24 @@ def _open_record_only(run: Path, label: str) -> Run:
     tables = {name: schema.empty_table() for name, schema in RANK_TABLES.items()}
     segments = TableOnDemand.of(RANK_TABLES["segments"].empty_table())
     return Run(run, label, manifest, tables, segments, False)
+
+
+def _dumps_only(paths: list[Path], label: str, ranks: int) -> Run:
+    """Flight Recorder dumps with no trace beside them: a run of no rank's events, whose report
+    is the dumps' account (``Run.step_record`` reads them from ``inputs``)."""
+    manifest = Manifest(
+        command=sys.argv,
+        inputs=[str(p) for p in paths],
+        notes=ManifestNotes(
+            remarks=[
+                f"no traces, {ranks} rank(s)' Flight Recorder dumps: what follows is their "
+                "account only (each rank's last collectives)"
+            ]
+        ),
+    )
+    tables = {name: schema.empty_table() for name, schema in RANK_TABLES.items()}
+    segments = TableOnDemand.of(RANK_TABLES["segments"].empty_table())
+    return Run(paths[0], label, manifest, tables, segments, True)
 
 
 def _open_dir(run: Path, label: str, progress: Progress = quiet) -> Run:

@@ -14,8 +14,9 @@ from traceview.model.results.base import Phase, Result
 #: mismatch: at the same sequence number, another op or size; crash: a rank raised or was killed
 FailureKind = Literal["hang", "desync", "mismatch", "crash"]
 #: finished: ended normally; blocked: inside a collective; stuck: outside one, making no
-#: progress; crashed: raised (not a collective's failure); killed: ended by a signal
-RankState = Literal["finished", "blocked", "stuck", "crashed", "killed"]
+#: progress; crashed: raised (not a collective's failure); killed: ended by a signal; running:
+#: known only from a Flight Recorder dump taken while it ran, every call it made complete
+RankState = Literal["finished", "blocked", "stuck", "crashed", "killed", "running"]
 
 
 class StackFrame(Result):

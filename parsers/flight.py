@@ -1,0 +1,257 @@
+"""PyTorch Flight Recorder dumps: each rank's last collectives, as the process group wrote them
+(``torch._C._distributed_c10d._dump_fr_trace`` / ``_dump_fr_trace_json``; NCCL's on a watchdog
+timeout, to ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank; gloo's when asked).
+
+A dump is a pickle or JSON of one object: ``version``, ``pg_config``, ``pg_status`` and
+``entries``, one per collective (``collective_seq_id``, ``process_group`` [name, desc],
+``profiling_name`` "backend:op", ``input_sizes``/``input_dtypes``, ``time_created_ns``,
+``state`` scheduled | started | completed, ``retired``, ``frames``...). Dumps are recognised by
+content, whatever their names; the rank is the dump's own ``rank`` where it has one, else the
+number that ends its file name (PyTorch's own naming), else a ``rank`` in the name.
+
+Every byte is untrusted. Pickles are read by an unpickler that builds only plain containers
+and scalars: a pickle that names any class or function (what a pickle runs code with) is
+refused, never executed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from traceview.model import schema as S
+from traceview.parsers import rank_from_filename
+
+#: the most of a dump read (NCCL's default ring is 2,000 entries: a few MB)
+DUMP_LIMIT = 256 << 20
+#: bytes of an element, by the Flight Recorder's dtype names
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
+                "Short": 2, "Char": 1, "Byte": 1, "Bool": 1}  # fmt: skip
+_KEYS = (b"pg_config", b"pg_status", b"entries", b"nccl_comm_state", b"comm_lib_version")
+_TRAILING_NUMBER = re.compile(r"(\d{1,7})$")
+
+
+class NotADump(ValueError):
+    """A file that looked like a dump and is not one that can be read (the reason)."""
+
+
+@dataclass
+class FlightDump:
+    path: Path
+    form: str  # pickle | json
+    rank: int | None
+    version: str | None
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    pg_status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def record_ids(self) -> tuple[Any, ...]:
+        return tuple(e.get("record_id") for e in self.entries)
+
+
+def dump_form(head: bytes) -> str | None:
+    """``pickle`` or ``json`` where a file's first bytes look like a Flight Recorder dump."""
+    if head[:1] == b"\x80" and sum(key in head for key in _KEYS) >= 2:
+        return "pickle"
+    if head.lstrip()[:1] == b"{" and sum(b'"' + key + b'"' in head for key in _KEYS) >= 2:
+        return "json"
+    return None
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings, numbers, booleans and None; any class, function
+    or persistent id (the ways a pickle runs code) ends the read."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise NotADump(f"a pickle that names {module[:40]}.{name[:40]}: refused, not executed")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise NotADump("a pickle with persistent ids: refused, not executed")
+
+
+def read_dump(path: Path, form: str) -> FlightDump:
+    """One dump; ``NotADump`` says why a file cannot be read as one."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(DUMP_LIMIT + 1)
+    except OSError as exc:
+        raise NotADump(f"cannot read ({exc.strerror or exc})") from None
+    if len(data) > DUMP_LIMIT:
+        raise NotADump(f"over {DUMP_LIMIT >> 20} MB: not a Flight Recorder dump")
+    try:
+        read = (
+            _PlainUnpickler(io.BytesIO(data)).load if form == "pickle" else lambda: json.loads(data)
+        )
+        content = read()
+    except NotADump:
+        raise
+    except RecursionError:
+        raise NotADump("nested too deep") from None
+    except Exception as exc:  # a truncated or damaged pickle raises many kinds
+        raise NotADump(f"does not read as a {form} dump ({type(exc).__name__})") from None
+    if not isinstance(content, dict) or not isinstance(content.get("entries"), list):
+        raise NotADump(f"a {form} file without a Flight Recorder's entries")
+    rank = content.get("rank")
+    status = content.get("pg_status")
+    version = content.get("version")
+    return FlightDump(
+        path=path,
+        form=form,
+        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        version=str(version)[:40] if isinstance(version, str | int | float) else None,
+        entries=[e for e in content["entries"] if isinstance(e, dict)],
+        pg_status=status if isinstance(status, dict) else {},
+    )
+
+
+def rank_of_dump(dump: FlightDump) -> int | None:
+    """The dump's own rank, else the number ending its file name (``nccl_trace_rank_3``,
+    ``fr_7.json``), else a rank its name states."""
+    if dump.rank is not None:
+        return dump.rank
+    stem = dump.path.name
+    for suffix in (".json", ".pkl", ".pickle"):
+        stem = stem.removesuffix(suffix)
+    match = _TRAILING_NUMBER.search(stem)
+    return int(match.group(1)) if match else rank_from_filename(dump.path)
+
+
+def flight_rows(rank: int, entries: list[dict[str, Any]]) -> pa.Table:
+    """A rank's Flight Recorder entries as calls (schema.RECORD_CALLS_SCHEMA, source
+    "flight"): ended where the recorder says so (NCCL's ``completed``, or ``retired``: when
+    is not said, end = its discovery or its start), else still running (end null)."""
+    rows: dict[str, list[Any]] = {name: [] for name in S.RECORD_CALLS_SCHEMA.names}
+    for e in entries:
+        seq, created = e.get("collective_seq_id"), e.get("time_created_ns")
+        name = e.get("profiling_name")
+        if not _is_int(seq) or not isinstance(created, int) or not _is_int(created):
+            continue
+        if not isinstance(name, str):
+            continue
+        pg = e.get("process_group")
+        group = str(pg[0])[:200] if isinstance(pg, list | tuple) and pg else None
+        completed = e.get("time_discovered_completed_ns")
+        ended = e.get("state") == "completed" or e.get("retired") is True
+        rows[S.RANK].append(rank)
+        rows[S.SOURCE].append("flight")
+        rows[S.GROUP].append(group)
+        rows[S.SEQ].append(0 if e.get("is_p2p") else seq)
+        rows[S.OP].append(name.rpartition(":")[2][:80] or "other")
+        rows[S.BYTES].append(_bytes(e))
+        rows[S.STEP].append(None)
+        rows[S.START_NS].append(created)
+        rows[S.END_NS].append(
+            (
+                completed
+                if isinstance(completed, int) and _is_int(completed) and completed >= created
+                else created
+            )
+            if ended
+            else None
+        )
+        rows[S.FLAGS].append(0)
+    return pa.table(rows, schema=S.RECORD_CALLS_SCHEMA)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
+
+
+def _bytes(entry: dict[str, Any]) -> int | None:
+    try:
+        total = 0
+        for shape, dtype in zip(entry["input_sizes"], entry["input_dtypes"], strict=False):
+            n = 1
+            for d in shape:
+                n *= int(d)
+            total += n * _DTYPE_BYTES.get(str(dtype), 4)
+        return total if 0 <= total < 1 << 62 else None
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+@dataclass
+class DumpRecord:
+    """The dumps of a folder as step-record tables (schema.RECORD_*: no steps; each rank's
+    calls; each rank "dumped" where it stood), the dumps read, and what was set aside."""
+
+    steps: pa.Table
+    calls: pa.Table
+    ranks: pa.Table
+    warnings: list[str]
+    dumps: dict[int, FlightDump]
+
+
+#: the first bytes of a file looked at to tell a dump
+HEAD_BYTES = 4096
+
+
+def find_dumps(files: list[Path]) -> DumpRecord | None:
+    """The Flight Recorder dumps among ``files`` (None: none is one). A rank's pickle and JSON
+    of one dump are one; two different dumps of a rank: the later kept, with a warning."""
+    warnings: list[str] = []
+    by_rank: dict[int, FlightDump] = {}
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(HEAD_BYTES)
+        except OSError:
+            continue
+        form = dump_form(head)
+        if form is None:
+            continue
+        try:
+            dump = read_dump(path, form)
+        except NotADump as exc:
+            warnings.append(f"{path}: {exc}; set aside")
+            continue
+        rank = rank_of_dump(dump)
+        if rank is None:
+            warnings.append(f"{path}: a Flight Recorder dump that names no rank; set aside")
+            continue
+        held = by_rank.get(rank)
+        if held is not None and held.record_ids != dump.record_ids:
+            later = max((held, dump), key=_last_time)
+            warnings.append(
+                f"rank {rank}: two different Flight Recorder dumps ({held.path.name} and "
+                f"{dump.path.name}); the later, {later.path.name}, is read"
+            )
+            dump = later
+        by_rank[rank] = dump if held is None or dump is not held else held
+    if not by_rank:
+        return None if not warnings else _tables({}, warnings)
+    return _tables(by_rank, warnings)
+
+
+def _last_time(dump: FlightDump) -> int:
+    times = [e.get("time_created_ns") for e in dump.entries]
+    return max((t for t in times if isinstance(t, int) and _is_int(t)), default=0)
+
+
+def _tables(dumps: dict[int, FlightDump], warnings: list[str]) -> DumpRecord:
+    ranks = sorted(dumps)
+    parts = [flight_rows(rank, dumps[rank].entries) for rank in ranks]
+    calls = pa.concat_tables(parts) if parts else S.RECORD_CALLS_SCHEMA.empty_table()
+    progress = []
+    for part in parts:
+        times = [t for t in (*part.column(S.START_NS).to_pylist(),
+                             *part.column(S.END_NS).to_pylist()) if t]  # fmt: skip
+        progress.append(max(times) if times else None)
+    n = len(ranks)
+    table = pa.table(
+        {
+            S.RANK: ranks, S.PID: [None] * n, S.STEP_NOW: [None] * n, S.PHASE_NOW: [None] * n,
+            S.PHASE_SINCE_NS: [None] * n, S.PROGRESS_NS: progress, S.CALLS_LOST: [0] * n,
+            S.END_STATE: ["dumped"] * n, S.END_DETAIL: [None] * n, S.END_NS: [None] * n,
+            S.STACK_REASON: [None] * n, S.STACK: [None] * n, S.GROUP_NAMES: ["{}"] * n,
+        },
+        schema=S.RECORD_RANKS_SCHEMA,
+    )  # fmt: skip
+    return DumpRecord(S.RECORD_STEPS_SCHEMA.empty_table(), calls, table, warnings, dumps)

@@ -1,0 +1,139 @@
+"""Flight Recorder dumps as NCCL writes them (no GPU here: built from the dump format PyTorch
+documents: ``version``, ``pg_config``, ``pg_status``, ``entries`` with ``state`` scheduled,
+started or completed; pickles named ``nccl_trace_rank_N``), and hostile ones: a pickle that
+tries to run code, one cut short, two different dumps of one rank, names with escapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import run_cli
+from traceview.analysis.failure import analyse_failure
+from traceview.parsers.flight import find_dumps
+
+T0 = 1_790_000_000_000_000_000
+
+
+def _entry(seq: int, state: str = "completed", size: int = 1 << 20, op: str = "all_reduce",
+           name: str = "nccl") -> dict[str, Any]:  # fmt: skip
+    created = T0 + seq * 1_000_000
+    return {
+        "record_id": seq - 1, "pg_id": 0, "process_group": ("0", "default_pg"),
+        "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
+        "profiling_name": f"{name}:{op}", "time_created_ns": created,
+        "input_sizes": [[size]], "input_dtypes": ["Float"],
+        "output_sizes": [[size]], "output_dtypes": ["Float"], "state": state,
+        "time_discovered_started_ns": created + 1000 if state != "scheduled" else None,
+        "time_discovered_completed_ns": created + 500_000 if state == "completed" else None,
+        "retired": state == "completed", "timeout_ms": 600000, "is_p2p": False,
+        "frames": [{"name": "train_step", "filename": "train.py", "line": 42}],
+    }  # fmt: skip
+
+
+def _dump(entries: list[dict[str, Any]], world: int = 4) -> dict[str, Any]:
+    return {
+        "version": "2.4",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}},
+        "pg_status": {"0": {"last_enqueued_collective": entries[-1]["collective_seq_id"]}},
+        "entries": entries,
+        "nccl_comm_state": {},
+        "comm_lib_version": "2.21.5",
+    }
+
+
+def _write(folder: Path, rank: int, dump: dict[str, Any], form: str = "pickle") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    if form == "pickle":
+        path = folder / f"nccl_trace_rank_{rank}"
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+    else:
+        path = folder / f"dump_{rank}.json"
+        path.write_text(json.dumps(dump))
+    return path
+
+
+def _analysed(folder: Path) -> Any:
+    found = find_dumps(sorted(folder.iterdir()))
+    assert found is not None
+    return found, analyse_failure(found.steps, found.calls, found.ranks)
+
+
+def test_an_nccl_hang_names_the_rank_that_never_made_the_call(tmp_path: Path) -> None:
+    done = [_entry(s) for s in range(1, 11)]
+    for rank in (0, 1, 3):  # in call 11, started, never completed
+        _write(tmp_path, rank, _dump([*done, _entry(11, "started"), _entry(12, "scheduled")]))
+    _write(tmp_path, 2, _dump(done))
+    _, result = _analysed(tmp_path)
+    f = result.failure
+    assert (f.kind, f.rank, f.seq, f.op, f.group) == ("hang", 2, 11, "all_reduce", "0")
+    assert f.waiting == [0, 1, 3]
+    states = {a.rank: (a.state, a.last_seq) for a in result.ranks_at_end}
+    assert states == {0: ("blocked", 11), 1: ("blocked", 11), 2: ("stuck", 10), 3: ("blocked", 11)}
+
+
+def test_an_nccl_size_mismatch_names_the_rank_whose_call_differs(tmp_path: Path) -> None:
+    done = [_entry(s) for s in range(1, 7)]
+    for rank in range(4):
+        size = (1 << 20) + (256 if rank == 3 else 0)
+        _write(tmp_path, rank, _dump([*done, _entry(7, "started", size=size)]), form="json")
+    _, result = _analysed(tmp_path)
+    f = result.failure
+    assert (f.kind, f.rank, f.seq) == ("mismatch", 3, 7)
+    # (2**20 + 256 floats: 4,195,328 bytes, against 4,194,304)
+    assert "all_reduce (4097 KiB) where the others called all_reduce (4096 KiB)" in f.detail
+
+
+def test_a_pickle_that_would_run_code_is_refused_and_never_run(tmp_path: Path) -> None:
+    mark = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> Any:
+            return (os.system, (f"touch {mark}",))
+
+    dumps = tmp_path / "dumps"
+    done = [_entry(s) for s in range(1, 4)]
+    for rank in (0, 1):
+        _write(dumps, rank, _dump(done, world=3))
+    evil = _dump(done, world=3)
+    evil["nccl_comm_state"] = Payload()
+    (dumps / "nccl_trace_rank_2").write_bytes(pickle.dumps(evil, protocol=2))
+    found, _ = _analysed(dumps)
+    assert not mark.exists()
+    assert sorted(found.dumps) == [0, 1]
+    assert any("nccl_trace_rank_2" in w and "refused, not executed" in w for w in found.warnings)
+    result = run_cli("report", dumps)
+    assert result.code == 0 and not mark.exists()
+    assert "refused, not executed" in result.out + result.err
+
+
+def test_damaged_and_contradicting_dumps_are_set_aside_with_a_warning(tmp_path: Path) -> None:
+    done = [_entry(s) for s in range(1, 6)]
+    whole = pickle.dumps(_dump(done), protocol=2)
+    (tmp_path / "nccl_trace_rank_0").write_bytes(whole[: len(whole) // 2])  # cut short
+    _write(tmp_path, 1, _dump(done))
+    _write(tmp_path, 1, _dump([*done, _entry(6)]), form="json")  # a later, different dump
+    bad = _dump(done)
+    bad["entries"] = [*done, {"collective_seq_id": "x", "profiling_name": 5}, "not an entry"]
+    _write(tmp_path, 2, bad)
+    found, result = _analysed(tmp_path)
+    assert sorted(found.dumps) == [1, 2]
+    said = " ".join(found.warnings)
+    assert "nccl_trace_rank_0" in said and "set aside" in said
+    assert "rank 1: two different Flight Recorder dumps" in said and "dump_1.json" in said
+    assert found.dumps[1].path.name == "dump_1.json"
+    assert found.calls.num_rows == 6 + 5  # (rank 2's odd entries left out)
+    assert {a.rank for a in result.ranks_at_end} == {1, 2}
+
+
+def test_names_in_a_dump_are_shown_escaped(tmp_path: Path) -> None:
+    done = [_entry(s) for s in range(1, 4)]
+    for rank in (0, 1):
+        _write(tmp_path, rank, _dump([*done, _entry(4, "started", op="all\x1b[2Jreduce")], 3))
+    _write(tmp_path, 2, _dump(done, 3))
+    result = run_cli("report", tmp_path)
+    assert result.code == 0, result.err
+    assert "\x1b[2J" not in result.out and "rank 2 was stuck" in result.out
