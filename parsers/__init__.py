@@ -96,6 +96,9 @@ class TraceIdentity:
     rank: int | None = None
     world_size: int | None = None
     host: str | None = None
+    # the OS process that wrote it, where the trace says so cheaply: a rank's several files
+    # (one per profiler cycle or step) are one process's
+    process: int | None = None
 
 
 class TraceStream(Protocol):

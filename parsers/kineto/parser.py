@@ -3,6 +3,7 @@ batches a chunk at a time, then the rest of what the trace says (metadata, notes
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from traceview.parsers.chrome_stream import (
     absurd_times,
     corrupt_times,
     out_of_range,
+    read_head,
     read_header,
     split_point,
 )
@@ -56,6 +58,7 @@ class KinetoParser:
             rank=_as_int(distributed.get("rank")),
             world_size=_as_int(distributed.get("world_size")),
             host=_str_or_none(header.get("host_name")),
+            process=_first_process(path),
         )
 
     def parse(self, path: Path) -> ParsedTrace:
@@ -351,3 +354,22 @@ def _base_time(value: Any, path: Path, notes: Notes) -> int:
         "absurd size): not used, times are the trace's own"
     )
     return 0
+
+
+#: Below this a "pid" may be a device's number (Kineto's GPU rows) or a container's first
+#: processes: not told apart, so not taken for the process
+SURE_PID = 1024
+_PID = re.compile(rb'"pid"\s*:\s*(\d{1,10})\b')
+
+
+def _first_process(path: Path) -> int | None:
+    """The process most of the trace's first events are in (Kineto writes each process's and
+    thread's names first), where that is surely an OS pid; None where the head says none."""
+    try:
+        head = read_head(path)
+    except (OSError, BadInput):
+        return None
+    events = head.find(b'"traceEvents"')
+    pids = [int(m.group(1)) for m in _PID.finditer(head, max(events, 0))]
+    pids = [p for p in pids if p >= SURE_PID]
+    return Counter(pids).most_common(1)[0][0] if pids else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,4 +136,17 @@ def test_two_runs_in_one_folder_are_refused(windows: dict[str, Path], tmp_path: 
     result = run_cli("report", folder)
     assert result.code == 2, result.err
     assert "two traces say they are rank" in result.err
-    assert "different processes wrote them" in result.err
+    assert "different processes" in result.err
+
+
+def test_one_process_without_a_process_group_is_one_rank(tmp_path: Path) -> None:
+    """Its traces state no rank and its file names none either (the handler's own
+    host_pid.time names): one process's files are one rank, not three."""
+    argv = [sys.executable, SCRIPT, "--out", tmp_path, "--per", "cycle", "--single"]
+    result = run_process(argv)
+    assert result.code == 0, result.err[-3000:]
+    assert len(list(tmp_path.glob("*.pt.trace.json"))) == 3
+    report = _report(tmp_path)
+    assert report["run"]["ranks"] == 1
+    assert [row["step"] for row in report["per_step"]] == CYCLE_STEPS
+    _agree_with_the_job(report, tmp_path)

@@ -6,7 +6,8 @@ every step itself (its work, inside the span the profiler calls ``ProfilerStep#N
 ends at ``prof.step()``) into ``timings-RANK.json``, the ground truth.
 
 Run under torchrun: ``python -m torch.distributed.run --nproc-per-node 2 windowed_profile.py
---out DIR --per cycle``.
+--out DIR --per cycle``; ``--single``: one process without a process group (its traces state no
+rank).
 """
 
 from __future__ import annotations
@@ -29,19 +30,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--per", choices=("cycle", "step"), default="cycle")
     parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--single", action="store_true", help="one process, no process group")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    if not args.single:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if not args.single else 0
     torch.set_num_threads(1)
     torch.manual_seed(rank)
-    model = DistributedDataParallel(
-        nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
-    )
+    model: nn.Module = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    if not args.single:
+        model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.per == "cycle":  # steps 2-3, 6-7, 10-11: three files a rank
         schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=3)
-        ready = torch.profiler.tensorboard_trace_handler(str(args.out), worker_name=f"rank{rank}")
+        # (alone: the handler's own names, host_pid.time.pt.trace.json)
+        worker = None if args.single else f"rank{rank}"
+        ready = torch.profiler.tensorboard_trace_handler(str(args.out), worker_name=worker)
     else:  # every step a cycle of its own: a file each
         schedule = torch.profiler.schedule(wait=0, warmup=0, active=1)
         exported = itertools.count()
@@ -64,8 +69,9 @@ def main() -> None:
             prof.step()  # (ends ProfilerStep#step; exports a finished cycle's trace)
     timings = {str(i): (end - begin) / 1e6 for i, (begin, end) in enumerate(spans)}
     (args.out / f"timings-{rank}.json").write_text(json.dumps(timings))
-    dist.barrier()
-    dist.destroy_process_group()
+    if not args.single:
+        dist.barrier()
+        dist.destroy_process_group()
     print(f"rank {rank} pid {os.getpid()} done", flush=True)
 
 

@@ -53,6 +53,7 @@ class TraceFile:
     # the rank's other files, where it wrote one per profiler cycle or step (one process's
     # windows: ingest reads them as one trace, in time order)
     more: list[Path] = field(default_factory=list)
+    process: int | None = None  # the OS process that wrote it, where the trace says cheaply
 
     @property
     def files(self) -> list[Path]:
@@ -205,6 +206,7 @@ def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | No
         host=identity.host or status.host,
         size=path.stat().st_size,
         clock=status.clock,
+        process=getattr(identity, "process", None),  # (a plugin's identity may predate it)
     )
 
 
@@ -218,6 +220,26 @@ def _believed(
     shown = str(value) if len(str(value)) <= 24 else f"{str(value)[:21]}..."
     notes.warn(f"{path}: the {what} the trace states ({shown}) is outside {least}-{most}: ignored")
     return None
+
+
+def _one_process_one_trace(traces: list[TraceFile]) -> None:
+    """Traces that state no rank, of one format, host and process (a job without a process
+    group that wrote a file per profiler cycle or step): one trace, its other files in
+    ``more``, the rest leave ``traces``."""
+    first: dict[tuple[str, str | None, int], TraceFile] = {}
+    kept = []
+    for trace in traces:
+        if trace.claimed_rank is not None or trace.process is None:
+            kept.append(trace)
+            continue
+        key = (trace.parser, trace.host, trace.process)
+        if key in first:
+            first[key].more.append(trace.path)
+            first[key].size += trace.size
+            continue
+        first[key] = trace
+        kept.append(trace)
+    traces[:] = kept
 
 
 def _windows_of_one_process(first: TraceFile, other: TraceFile) -> bool:
@@ -236,6 +258,8 @@ def _differ(first: TraceFile, other: TraceFile) -> str:
     ):
         if a is not None and b is not None and a != b:
             return f"of {what} {a!r} and {b!r}"
+    if first.process is not None and other.process is not None and first.process != other.process:
+        return f"written by different processes (pid {first.process} and pid {other.process})"
     return ""
 
 
@@ -282,26 +306,7 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
         by_rank[trace.claimed_rank] = trace
         trace.rank = trace.claimed_rank
     traces[:] = [t for t in traces if t.claimed_rank is None or by_rank[t.claimed_rank] is t]
-    several = sorted(r for r, t in by_rank.items() if t.more)
-    if several:
-        low, high = (
-            min(len(by_rank[r].files) for r in several),
-            max(len(by_rank[r].files) for r in several),
-        )
-        counts = str(low) if low == high else f"{low}-{high}"
-        notes.remark(
-            f"rank(s) {number_ranges(several)}: {counts} trace files each (one per profiler cycle "
-            "or step), read as one trace per rank, in time order"
-        )
-        most = max(len(t.files) for t in by_rank.values())
-        fewer = sorted(r for r, t in by_rank.items() if len(t.files) < most)
-        if fewer:
-            notes.warn(
-                f"rank(s) {number_ranges(fewer)} have fewer trace files than the {most} of rank(s) "
-                f"{number_ranges(sorted(set(by_rank) - set(fewer)))} (they stopped early, or "
-                "files are missing): each is analysed up to where its traces stop, and a step "
-                "missing from some ranks is left out of every figure"
-            )
+    _one_process_one_trace(traces)
     unclaimed = [t for t in traces if t.claimed_rank is None]
     # File names are used only when they number every remaining trace without collisions.
     named = {t.path: rank_from_filename(t.path) for t in unclaimed}
@@ -323,6 +328,26 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
         by_rank[next_rank] = trace
     if unclaimed and len(traces) > 1:
         notes.remark("ranks numbered in file order (neither the traces nor their names state them)")
+    several = sorted(r for r, t in by_rank.items() if t.more)
+    if several:
+        low, high = (
+            min(len(by_rank[r].files) for r in several),
+            max(len(by_rank[r].files) for r in several),
+        )
+        counts = str(low) if low == high else f"{low}-{high}"
+        notes.remark(
+            f"rank(s) {number_ranges(several)}: {counts} trace files each (one per profiler cycle "
+            "or step), read as one trace per rank, in time order"
+        )
+        most = max(len(t.files) for t in by_rank.values())
+        fewer = sorted(r for r, t in by_rank.items() if len(t.files) < most)
+        if fewer:
+            notes.warn(
+                f"rank(s) {number_ranges(fewer)} have fewer trace files than the {most} of rank(s) "
+                f"{number_ranges(sorted(set(by_rank) - set(fewer)))} (they stopped early, or "
+                "files are missing): each is analysed up to where its traces stop, and a step "
+                "missing from some ranks is left out of every figure"
+            )
     worlds = [t.world_size for t in traces if t.world_size]
     world = max(worlds) if worlds else None
     present = sorted(by_rank)
