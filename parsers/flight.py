@@ -157,7 +157,28 @@ def flight_rows(rank: int, entries: list[dict[str, Any]]) -> pa.Table:
             else None
         )
         rows[S.FLAGS].append(0)
+        rows[S.SITE].append(_site(e.get("frames")))
     return pa.table(rows, schema=S.RECORD_CALLS_SCHEMA)
+
+
+#: frames of PyTorch's own code, passed over to find where the job made a call
+_LIBRARY = re.compile(r"[/\\](torch|site-packages|dist-packages)[/\\]")
+
+
+def _site(frames: Any) -> str | None:
+    """Where the job made a call: the innermost frame outside PyTorch's own code, as
+    "file:line in function" (None where the entry has no frames)."""
+    if not isinstance(frames, list):
+        return None
+    for frame in frames:
+        if not isinstance(frame, dict):
+            continue
+        filename, line, name = frame.get("filename"), frame.get("line"), frame.get("name")
+        if not isinstance(filename, str) or _LIBRARY.search(filename):
+            continue
+        where = f"{Path(filename[-300:]).name}:{line if _is_int(line) else '?'}"
+        return f"{where} in {str(name)[:80]}" if isinstance(name, str) else where
+    return None
 
 
 def _is_int(value: Any) -> bool:

@@ -122,6 +122,7 @@ def _calls_table(read: list[RankRecord]) -> pa.Table:
                         S.START_NS: c["start_ns"],
                         S.END_NS: pa.array(ends, mask=ends == 0),
                         S.FLAGS: c["flags"].astype(np.int32),
+                        S.SITE: pa.nulls(len(c), pa.string()),
                     },
                     schema=S.RECORD_CALLS_SCHEMA,
                 )

@@ -87,6 +87,37 @@ def test_an_nccl_size_mismatch_names_the_rank_whose_call_differs(tmp_path: Path)
     assert "all_reduce (4097 KiB) where the others called all_reduce (4096 KiB)" in f.detail
 
 
+def test_a_skipped_call_of_equal_shape_is_a_desync_where_the_call_sites_part(
+    tmp_path: Path,
+) -> None:
+    """Each step makes two all-reduces of one size from two places (gradients at train.py:40,
+    a metric at train.py:50); rank 2 leaves out the metric of call 6 and runs one call ahead:
+    NCCL pairs the wrong calls silently, then the others wait in a call it never makes. Its
+    dump alone looks like a hang; the call sites show where the sequences part."""
+
+    def call(seq: int, state: str = "completed") -> dict[str, Any]:
+        line = 40 if seq % 2 else 50
+        entry = _entry(seq, state)
+        entry["frames"] = [
+            {"name": "all_reduce", "filename": "/x/site-packages/torch/distributed/c10d.py",
+             "line": 2500},
+            {"name": "train_step", "filename": "/job/train.py", "line": line},
+        ]  # fmt: skip
+        return entry
+
+    others = [call(s) for s in range(1, 11)] + [call(11, "started")]
+    skipped = [call(s) for s in (*range(1, 6), *range(7, 12))]  # its seq 6 is their 7th call
+    for seq, entry in enumerate(skipped, start=1):
+        entry["collective_seq_id"] = seq
+    for rank in (0, 1, 3):
+        _write(tmp_path, rank, _dump(others))
+    _write(tmp_path, 2, _dump(skipped))
+    _, result = _analysed(tmp_path)
+    f = result.failure
+    assert (f.kind, f.rank, f.seq) == ("desync", 2, 6), f.detail
+    assert "at train.py:50 in train_step" in f.detail and "at train.py:40" in f.detail
+
+
 def test_a_pickle_that_would_run_code_is_refused_and_never_run(tmp_path: Path) -> None:
     mark = tmp_path / "ran"
 

@@ -322,6 +322,9 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
         key=pl.when(pl.col(S.OP).is_in(SAME_SIZE))
         .then(pl.col(S.OP) + ":" + pl.col(S.BYTES).cast(pl.String).fill_null("?"))
         .otherwise(pl.col(S.OP))
+        # (where the Flight Recorder says where the job made every call: two calls of one op
+        # and size from two places in the code are two different calls)
+        + (("@" + pl.col(S.SITE)) if calls[S.SITE].null_count() == 0 else pl.lit(""))
     )
     # (only sequence numbers every rank of the group holds in its record)
     differ = (
@@ -348,6 +351,8 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
     others = here.filter(pl.col("key") != row["key"])
     other = others.row(0, named=True) if others.height else row
     _, following = own.get(rank, (None, None))
+    if following is None:  # (no steps: the others' next call, where it stands in this one's place)
+        following = _others_next(keyed, rank, group, seq, row["key"])
     step = row[S.STEP]
     position = _position(keyed, rank, group, seq)
     at = f"call {seq} of group {group}" + (
@@ -357,20 +362,38 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
         kind: FailureKind = "desync"
         detail = (
             f"the job desynchronized{_at(step)}: rank {rank} left out "
-            f"{other[S.OP]} ({_bytes(other[S.BYTES])}) and called the next collective "
-            f"{row[S.OP]} ({_bytes(row[S.BYTES])}) in its place ({at})"
+            f"{other[S.OP]} ({_bytes(other[S.BYTES])}{_made_at(other)}) and called the next "
+            f"collective {row[S.OP]} ({_bytes(row[S.BYTES])}{_made_at(row)}) in its place ({at})"
         )
     else:
         kind = "mismatch"
+        same_place = row.get(S.SITE) == other.get(S.SITE)
+        sites = ("", "") if same_place else (_made_at(row), _made_at(other))
         detail = (
             f"collectives mismatched{_at(step)}: rank {rank} called {row[S.OP]} "
-            f"({_bytes(row[S.BYTES])}) where the others called {other[S.OP]} "
-            f"({_bytes(other[S.BYTES])}) ({at})"
+            f"({_bytes(row[S.BYTES])}{sites[0]}) where the others called {other[S.OP]} "
+            f"({_bytes(other[S.BYTES])}{sites[1]}) ({at})"
         )
     return Failure(
         kind=kind, rank=rank, step=step, detail=detail, seq=int(seq), op=str(row[S.OP]),
         group=str(group), phase="comm",
     )  # fmt: skip
+
+
+def _others_next(keyed: pl.DataFrame, rank: int, group: str, seq: int, key: str) -> str | None:
+    """``key`` where the other ranks' call after ``seq`` (most of them agree on it) is this
+    one: the rank made that call in the place of the one it left out; else None."""
+    following = keyed.filter(
+        (pl.col(S.GROUP) == group) & (pl.col(S.SEQ) == seq + 1) & (pl.col(S.RANK) != rank)
+    )["key"]
+    if following.is_empty():
+        return None
+    most = following.mode().sort()[0]
+    return key if most == key else None
+
+
+def _made_at(call: dict[str, Any]) -> str:
+    return f", at {call[S.SITE]}" if call.get(S.SITE) else ""
 
 
 def _key(rows: pl.DataFrame, rank: int) -> str:

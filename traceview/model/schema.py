@@ -782,6 +782,8 @@ STACK: Final = "stack"
 STACK_REASON: Final = "stack_reason"  # stall, signal, exception
 GROUP_NAMES: Final = "group_names"  # JSON: {number: name} of the groups its calls carry
 
+SITE: Final = "site"  # a call's place in the job's own code (a Flight Recorder entry's frames)
+
 RECORD_STEPS_SCHEMA: Final = pa.schema(
     [
         pa.field(RANK, pa.int32(), nullable=False),
@@ -804,6 +806,7 @@ RECORD_CALLS_SCHEMA: Final = pa.schema(
         pa.field(START_NS, pa.int64(), nullable=False),
         pa.field(END_NS, pa.int64()),  # null: it had not returned
         pa.field(FLAGS, pa.int32(), nullable=False),
+        pa.field(SITE, pa.string()),  # where the job made it, "file:line in function" (null: not said)
     ]
 )
 RECORD_RANKS_SCHEMA: Final = pa.schema(
