@@ -206,3 +206,22 @@ def test_the_text_report_opens_with_the_failure(jobs: Any) -> None:
     verdict = next(i for i, line in enumerate(lines) if "is the bottleneck" in line)
     assert first_failure < verdict, text.out[:1500]
     assert "Where each rank was when the job ended" in text.out
+
+
+def test_the_timeline_draws_how_each_rank_ended(jobs: Any) -> None:
+    """The TUI's view of a hang: each rank's last steps from its record (the job's numbers,
+    up to the step before the one it stopped in), the stuck rank drawn stuck to its end."""
+    from traceview.runs import open_run
+    from traceview.tui.ending import ending_text
+    from traceview.tui.model import build_view
+
+    job = jobs("hang-io")
+    with open_run([job.run]) as run:
+        view = build_view(run)
+    stuck = job.truth["rank"]
+    tails = {t.rank: t for t in view.tails}
+    assert sorted(tails) == list(range(job.truth["world"]))
+    assert tails[stuck].steps[-1].step == job.truth["step"] - 1
+    text = ending_text(view.tails, view.report.ranks_at_end, view.report.failure, 120).plain
+    row = next(line for line in text.splitlines() if line.startswith(f"rank {stuck} "))
+    assert "!" in row and "stuck in data loading" in row

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from traceview.analysis.failure import analyse_failure
 from traceview.collectors import rankside_record as W
+from traceview.model.results import RankTail
 from traceview.parsers.record import read_run_record
 from traceview.views import text
 
@@ -305,7 +306,71 @@ def test_hostile_names_in_a_stack_stay_text(tmp_path: Path) -> None:
     assert f is not None and f.kind == "hang"
     assert f.stack[-1].function == "[bold]f\x07"  # (kept as written; views escape it)
     console = Console(record=True, width=200, color_system=None)
-    text._failure(SimpleNamespace(failure=f, ranks_at_end=found.ranks_at_end, ranks=[]), console, False)
+    text._failure(
+        SimpleNamespace(failure=f, ranks_at_end=found.ranks_at_end, ranks=[]), console, False
+    )
     shown = console.export_text()
     assert "\x1b" not in shown and "\x07" not in shown
     assert "[bold]f" in shown  # (markup shown as text, not applied)
+
+
+# --- the TUI's drawing of how a failed job ended ------------------------------------------------
+
+
+def _tail(rank: int, steps: list[tuple[int, int, int]], end_ms: int) -> RankTail:
+    from traceview.model.results import StepSpan
+
+    ms = 1_000_000
+    return RankTail(
+        rank=rank,
+        steps=[StepSpan(step=n, start_ns=a * ms, end_ns=b * ms) for n, a, b in steps],
+        end_ns=end_ms * ms,
+    )
+
+
+def test_the_ending_draws_each_ranks_last_steps_then_its_state() -> None:
+    """Two ranks step together for 40 ms; rank 1 then sits stuck for 8 s while rank 0 waits
+    in a collective from 2 s on; rank 2 is killed 1 s after its last step."""
+    from traceview.model.results import Failure, RankAtEnd
+    from traceview.tui.ending import ending_text
+
+    tails = [
+        _tail(0, [(4, 0, 10), (5, 10, 20), (6, 20, 30), (7, 30, 40)], 8040),
+        _tail(1, [(4, 0, 10), (5, 10, 20), (6, 20, 30), (7, 30, 40)], 8040),
+        _tail(2, [(4, 0, 10), (5, 10, 20)], 1020),
+    ]
+    at_end = [
+        RankAtEnd(rank=0, last_step=8, last_seq=25, state="blocked", in_="all_reduce #25", since_s=6.0),
+        RankAtEnd(rank=1, last_step=8, last_seq=24, state="stuck", in_="data loading", since_s=8.0),
+        RankAtEnd(rank=2, last_step=6, last_seq=18, state="killed"),
+    ]  # fmt: skip
+    failure = Failure(kind="hang", rank=1, step=8, detail="", waiting=[0])
+    lines = ending_text(tails, at_end, failure, width=120).plain.splitlines()
+    rows = {int(line.split()[1]): line for line in lines if line.startswith("rank ")}
+    assert sorted(rows) == [0, 1, 2]
+    bar = {r: line[20 : 120 - 44] for r, line in rows.items()}
+    cut = bar[0].index("┆")
+    assert all(b.index("┆") == cut for b in bar.values())
+    # left of the cut: steps 4-7 fill ranks 0 and 1 to the cut, rank 2 only its half
+    assert set(bar[0][:cut]) <= {"█", "▓"} and set(bar[1][:cut]) <= {"█", "▓"}
+    assert bar[2][: cut // 2 - 1].strip("█▓") == "" and bar[2][cut // 2 + 2 : cut].strip() == ""
+    # right of it: rank 1 stuck to the end, rank 0 blocked to the end, rank 2's ✗ early
+    assert set(bar[1][cut + 1 :].rstrip()) == {"!"} and len(bar[1][cut + 1 :].rstrip()) > 20
+    assert set(bar[0][cut + 1 :].rstrip()) == {"░"}
+    killed = bar[2][cut + 1 :].rstrip()
+    assert killed.endswith("✗") and len(killed) < len(bar[1][cut + 1 :].rstrip()) / 4
+    assert rows[1].endswith("stuck in data loading 8.0 s") and "4-7" in rows[1]
+    assert "blocked in all_reduce #25 6.0 s" in rows[0]
+
+
+def test_the_ending_shows_the_failing_rank_among_many() -> None:
+    from traceview.model.results import Failure, RankAtEnd
+    from traceview.tui.ending import SHOWN_RANKS, ending_text
+
+    tails = [_tail(r, [(0, 0, 10)], 20) for r in range(1024)]
+    at_end = [RankAtEnd(rank=r, last_step=0, last_seq=1, state="blocked") for r in range(1024)]
+    failure = Failure(kind="hang", rank=700, step=0, detail="", waiting=[3])
+    text = ending_text(tails, at_end, failure, width=100).plain
+    shown = [int(line.split()[1]) for line in text.splitlines() if line.startswith("rank ")]
+    assert len(shown) == SHOWN_RANKS and 700 in shown and 3 in shown
+    assert f"… and {1024 - SHOWN_RANKS} more ranks" in text

@@ -35,7 +35,14 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.model import schema as S
-from traceview.model.results.failure import Failure, FailureKind, RankAtEnd, StackFrame
+from traceview.model.results.failure import (
+    Failure,
+    FailureKind,
+    RankAtEnd,
+    RankTail,
+    StackFrame,
+    StepSpan,
+)
 
 #: A rank's end in these words is a collective failing under it: it was waiting, not the cause.
 _COMM_FAILURE = re.compile(
@@ -91,6 +98,32 @@ def analyse_failure(
         call_rows, rank_rows, states
     )
     return FailureResult(found, at_end)
+
+
+def rank_tails(steps: pa.Table, ranks: pa.Table, keep: int = 6) -> list[RankTail]:
+    """Each rank's last ``keep`` steps of its step record and its last sign of life (its end,
+    else its last progress), by rank: what the TUI draws of how a failed job ended."""
+    step_rows = pl.from_arrow(steps)
+    rank_rows = pl.from_arrow(ranks)
+    assert isinstance(step_rows, pl.DataFrame) and isinstance(rank_rows, pl.DataFrame)
+    last = (
+        step_rows.sort(S.RANK, S.STEP)
+        .group_by(S.RANK, maintain_order=True)
+        .tail(keep)
+        .group_by(S.RANK, maintain_order=True)
+        .agg(S.STEP, S.START_NS, S.END_NS)
+    )
+    spans = {
+        row[S.RANK]: [
+            StepSpan(step=int(n), start_ns=int(a), end_ns=int(b))
+            for n, a, b in zip(row[S.STEP], row[S.START_NS], row[S.END_NS], strict=True)
+        ]
+        for row in last.iter_rows(named=True)
+    }
+    return [
+        RankTail(rank=r[S.RANK], steps=spans.get(r[S.RANK], []), end_ns=r[S.END_NS] or _alive(r))
+        for r in rank_rows.sort(S.RANK).iter_rows(named=True)
+    ]
 
 
 # --- the calls ---------------------------------------------------------------------------------

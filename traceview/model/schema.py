@@ -806,7 +806,9 @@ RECORD_CALLS_SCHEMA: Final = pa.schema(
         pa.field(START_NS, pa.int64(), nullable=False),
         pa.field(END_NS, pa.int64()),  # null: it had not returned
         pa.field(FLAGS, pa.int32(), nullable=False),
-        pa.field(SITE, pa.string()),  # where the job made it, "file:line in function" (null: not said)
+        pa.field(
+            SITE, pa.string()
+        ),  # where the job made it, "file:line in function" (null: not said)
     ]
 )
 RECORD_RANKS_SCHEMA: Final = pa.schema(

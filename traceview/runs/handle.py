@@ -14,7 +14,13 @@ from traceview.model.columns import TableOnDemand
 from traceview.model.errors import UsageError
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
-from traceview.model.results import GatherSpan, PathStretch, RunReport, StepCollective
+from traceview.model.results import (
+    GatherSpan,
+    PathStretch,
+    RankTail,
+    RunReport,
+    StepCollective,
+)
 from traceview.runs.cache import PathFile
 from traceview.store import rundir as R
 
@@ -141,6 +147,14 @@ class Run:
         if dumps is None:
             return None
         return dumps.steps, dumps.calls, dumps.ranks, dumps.warnings
+
+    def rank_tails(self) -> list[RankTail]:
+        """Each rank's last steps of its step record and its last sign of life (empty: no
+        record): how a failed job ended, as the TUI draws it."""
+        from traceview.analysis.failure import rank_tails
+
+        record = self.step_record()
+        return rank_tails(record[0], record[2]) if record is not None else []
 
     @cached_property
     def cross(self) -> CrossRank | None:

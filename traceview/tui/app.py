@@ -72,6 +72,7 @@ class TraceviewApp(App[None]):
     TabPane > * { height: 1fr; }
     TimelinePane #timeline-header { height: auto; max-height: 2; }
     TimelinePane #timeline-axis { height: 1; }
+    TimelinePane #timeline-ending { height: auto; max-height: 20; margin: 0 0 1 0; }
     TimelinePane #timeline-legend { height: auto; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -162,6 +163,7 @@ class TraceviewApp(App[None]):
         self.query_one("#title", Static).update(title_text(view.report, view.label))
         self.query_one(OverviewPane).show(view)
         self.query_one(Timeline).load(runs[0] if runs else None, view)
+        self.query_one(TimelinePane).show_ending(view)
         self.query_one(OperatorsPane).show(view)
         self.query_one(RanksPane).show(view)
         self.query_one(StepsPane).show(view)

@@ -20,6 +20,7 @@ from traceview.model.results import (
     Comparison,
     KernelLaunches,
     RankSummary,
+    RankTail,
     RunReport,
     StepStats,
     StepSummary,
@@ -44,6 +45,8 @@ class RunView:
     # ns to subtract from each rank's times to put it on the run's clock (``Run.clock_offsets``:
     # estimated from collectives for traces from several hosts; empty otherwise)
     clock_offsets: dict[int, int] = field(default_factory=dict)
+    # a failed run's ranks' last steps from the step record (empty: it did not fail, or none)
+    tails: list[RankTail] = field(default_factory=list)
 
     @property
     def ranks(self) -> list[RankSummary]:
@@ -80,9 +83,11 @@ class RunView:
 
 def build_view(run: Run) -> RunView:
     """The rows of every screen for ``run`` (tens of milliseconds: call it from a worker)."""
+    report = run.report(ALL_OPS)
     return RunView(
         label=run.label,
-        report=run.report(ALL_OPS),
+        report=report,
+        tails=run.rank_tails() if report.failure is not None else [],
         windows=windows_by_step(run.steps),
         threads=run.manifest.threads(),
         hosts={r.rank: r.host for r in run.manifest.ranks if r.host},

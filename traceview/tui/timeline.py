@@ -44,6 +44,7 @@ from textual.worker import get_current_worker
 from traceview.analysis.lanes import RankLanes, bin_lane, bin_memory, rank_lanes, window_read_span
 from traceview.model.results import GatherSpan, PathStretch, StepCollective
 from traceview.runs import Run
+from traceview.tui.ending import EndingView
 from traceview.tui.model import RunView, nice_ticks
 from traceview.tui.render import (
     BUBBLE,
@@ -710,10 +711,16 @@ class TimelinePane(Vertical):
     _legend = (False, False)  # the legend drawn: the pipeline's, FSDP's
 
     def compose(self) -> ComposeResult:
+        yield EndingView(id="timeline-ending")
         yield Static(id="timeline-header", markup=False)
         yield Timeline(id="timeline")
         yield Static(id="timeline-axis", markup=False)
         yield Static(timeline_legend(), id="timeline-legend", markup=False)
+
+    def show_ending(self, view: RunView) -> None:
+        """A failed run: how each rank ended, above the step drawn."""
+        report = view.report
+        self.query_one(EndingView).show(view.tails, report.ranks_at_end, report.failure)
 
     def on_timeline_changed(self, message: Timeline.Changed) -> None:
         timeline = self.query_one(Timeline)

@@ -52,7 +52,7 @@ from traceview.model.results.critical_path import (
     WhatIf,
     WhatIfs,
 )
-from traceview.model.results.failure import Failure, RankAtEnd, StackFrame
+from traceview.model.results.failure import Failure, RankAtEnd, RankTail, StackFrame, StepSpan
 from traceview.model.results.gpu import (
     GpuIdle,
     GpuPhase,
@@ -142,6 +142,7 @@ __all__ = [
     "RankMemory",
     "RankSpread",
     "RankSummary",
+    "RankTail",
     "Result",
     "RunInfo",
     "RunMemory",
@@ -157,6 +158,7 @@ __all__ = [
     "StepMark",
     "StepMemory",
     "StepPath",
+    "StepSpan",
     "StepStats",
     "StepSummary",
     "StepsFrom",

@@ -57,3 +57,20 @@ class RankAtEnd(Result):
     in_: str | None = msgspec.field(name="in", default=None)  # the call or phase it was in
     since_s: float | None = None  # in it since, seconds before it ended
     detail: str | None = None  # how the process ended (its exception or signal)
+
+
+class StepSpan(Result):
+    """One step of a rank's step record: the job's number, its start and end (UNIX ns)."""
+
+    step: int
+    start_ns: int
+    end_ns: int
+
+
+class RankTail(Result):
+    """A rank's last steps from its step record, and when it last showed a sign of life (its
+    end, else its last progress: UNIX ns; None: not known): the TUI draws them along time."""
+
+    rank: int
+    steps: list[StepSpan]
+    end_ns: int | None
