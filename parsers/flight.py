@@ -50,6 +50,7 @@ class FlightDump:
     version: str | None
     entries: list[dict[str, Any]] = field(default_factory=list)
     pg_status: dict[str, Any] = field(default_factory=dict)
+    group_ranks: set[int] = field(default_factory=set)  # every rank its process groups name
 
     @property
     def record_ids(self) -> tuple[Any, ...]:
@@ -108,7 +109,29 @@ def read_dump(path: Path, form: str) -> FlightDump:
         version=str(version)[:40] if isinstance(version, str | int | float) else None,
         entries=[e for e in content["entries"] if isinstance(e, dict)],
         pg_status=status if isinstance(status, dict) else {},
+        group_ranks=_group_ranks(content.get("pg_config")),
     )
+
+
+#: the most ranks a dump's process groups are believed to name (a larger claim is ignored)
+MAX_RANKS = 1 << 18
+
+
+def _group_ranks(config: Any) -> set[int]:
+    """The ranks a dump's ``pg_config`` names ({group: {"ranks": "[0, 1]" or [0, 1]}})."""
+    ranks: set[int] = set()
+    if not isinstance(config, dict):
+        return ranks
+    for group in list(config.values())[:10_000]:
+        listed = group.get("ranks") if isinstance(group, dict) else None
+        if isinstance(listed, str) and len(listed) < 8 << 20:
+            try:
+                listed = json.loads(listed)
+            except ValueError:
+                continue
+        if isinstance(listed, list):
+            ranks.update(r for r in listed if _is_int(r) and r < MAX_RANKS)
+    return ranks
 
 
 def rank_of_dump(dump: FlightDump) -> int | None:
@@ -257,6 +280,14 @@ def _last_time(dump: FlightDump) -> int:
 
 
 def _tables(dumps: dict[int, FlightDump], warnings: list[str]) -> DumpRecord:
+    named = set().union(*(d.group_ranks for d in dumps.values()))
+    missing = sorted(named - set(dumps))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        warnings.append(
+            f"no Flight Recorder dump of rank(s) {shown}, which the dumps' process groups name "
+            "(a rank that died, or hung where it could not dump?)"
+        )
     ranks = sorted(dumps)
     parts = [flight_rows(rank, dumps[rank].entries) for rank in ranks]
     calls = pa.concat_tables(parts) if parts else S.RECORD_CALLS_SCHEMA.empty_table()
@@ -265,12 +296,14 @@ def _tables(dumps: dict[int, FlightDump], warnings: list[str]) -> DumpRecord:
         times = [t for t in (*part.column(S.START_NS).to_pylist(),
                              *part.column(S.END_NS).to_pylist()) if t]  # fmt: skip
         progress.append(max(times) if times else None)
+    ranks, progress = ranks + missing, progress + [None] * len(missing)
+    states = ["dumped"] * len(dumps) + ["undumped"] * len(missing)
     n = len(ranks)
     table = pa.table(
         {
             S.RANK: ranks, S.PID: [None] * n, S.STEP_NOW: [None] * n, S.PHASE_NOW: [None] * n,
             S.PHASE_SINCE_NS: [None] * n, S.PROGRESS_NS: progress, S.CALLS_LOST: [0] * n,
-            S.END_STATE: ["dumped"] * n, S.END_DETAIL: [None] * n, S.END_NS: [None] * n,
+            S.END_STATE: states, S.END_DETAIL: [None] * n, S.END_NS: [None] * n,
             S.STACK_REASON: [None] * n, S.STACK: [None] * n, S.GROUP_NAMES: ["{}"] * n,
         },
         schema=S.RECORD_RANKS_SCHEMA,

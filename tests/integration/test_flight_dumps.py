@@ -157,7 +157,24 @@ def test_damaged_and_contradicting_dumps_are_set_aside_with_a_warning(tmp_path: 
     assert "rank 1: two different Flight Recorder dumps" in said and "dump_1.json" in said
     assert found.dumps[1].path.name == "dump_1.json"
     assert found.calls.num_rows == 6 + 5  # (rank 2's odd entries left out)
-    assert {a.rank for a in result.ranks_at_end} == {1, 2}
+    # (the groups name ranks 0-3: those without a readable dump are named, their state unknown)
+    assert "no Flight Recorder dump of rank(s) 0, 3" in said
+    states = {a.rank: a.state for a in result.ranks_at_end}
+    assert states == {0: "unknown", 1: "running", 2: "running", 3: "unknown"}
+    assert result.failure is None  # (no rank waited in a call: nothing the dumps show)
+
+
+def test_a_rank_without_a_dump_is_named_when_the_others_wait_for_it(tmp_path: Path) -> None:
+    """NCCL's watchdog dumps every rank it can; rank 2 died hard and left none: the others
+    wait in call 11, which none of them is behind in."""
+    done = [_entry(s) for s in range(1, 11)]
+    for rank in (0, 1, 3):
+        _write(tmp_path, rank, _dump([*done, _entry(11, "started")]))
+    found, result = _analysed(tmp_path)
+    assert any("no Flight Recorder dump of rank(s) 2" in w for w in found.warnings)
+    f = result.failure
+    assert (f.kind, f.rank, f.seq, f.waiting) == ("hang", 2, 11, [0, 1, 3])
+    assert "rank 2 left no Flight Recorder dump" in f.detail
 
 
 def test_names_in_a_dump_are_shown_escaped(tmp_path: Path) -> None:

@@ -57,8 +57,9 @@ SAME_SIZE = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_red
 #: A rank ended by a signal after this long without progress was stuck, not merely ended.
 STUCK_S = 1.0
 ASYNC, FAILED = 1, 2
-#: the end state of a rank known only from its Flight Recorder dump (parsers.flight)
-DUMPED = "dumped"
+#: the end state of a rank known only from its Flight Recorder dump (parsers.flight); of one
+#: whose dump is missing where the others' process groups name it
+DUMPED, UNDUMPED = "dumped", "undumped"
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,12 @@ def analyse_failure(
     ]
     if (
         at_end
-        and all(a.detail == DUMPED for a in at_end)
+        and all(a.detail in (DUMPED, UNDUMPED) for a in at_end)
         and all(a.state != "blocked" for a in at_end)
     ):  # dumps of ranks none of which waited: a hang they do not show; a mismatch they may
-        at_end = [msgspec.structs.replace(a, state="running") for a in at_end]
+        at_end = [
+            msgspec.structs.replace(a, state="running") if a.detail == DUMPED else a for a in at_end
+        ]
         states = {a.rank: a for a in at_end}
         return FailureResult(_diverged(step_rows, call_rows, rank_rows, states), at_end)
     states = {a.rank: a for a in at_end}
@@ -197,6 +200,8 @@ def _at_end(rank: dict[str, Any], last: dict[str, Any] | None, median_step_s: fl
     )
     if state_said == "ok" and not (last is not None and last[S.FLAGS] & FAILED):
         return RankAtEnd(state="finished", **common)
+    if state_said == UNDUMPED:
+        return RankAtEnd(state="unknown", **{**common, "detail": UNDUMPED})
     if state_said == DUMPED:  # a Flight Recorder dump: where it stood, not since when
         common["detail"] = DUMPED
         if in_call and last is not None:
@@ -506,8 +511,14 @@ def _stopped(
             f"{waited_in[S.SEQ]} of group {waited_in[S.GROUP]})" + _until(states, others)
         )
     step = root.last_step
-    if root.state == "stuck":
+    if root.state == "unknown":
         kind: FailureKind = "hang"
+        detail = (
+            f"the job hung{_at(step)}: rank {root.rank} left no Flight Recorder dump (it died, "
+            f"or hung where it could not dump){call}"
+        )
+    elif root.state == "stuck":
+        kind = "hang"
         since = f" {root.since_s:.1f} s" if root.since_s else ""
         detail = f"the job hung{_at(step)}: rank {root.rank} was stuck{since} {_outside(root)}{where}{call}"
     else:
@@ -627,7 +638,7 @@ def _frame_words(stack: list[StackFrame]) -> str:
 def _evidence(failure: Failure, states: dict[int, RankAtEnd], ends: dict[int, int | None]) -> str:
     """Which evidence the verdict followed, and where a launcher's own view (the first rank to
     fail: ``ends``, each rank's end) differs from it."""
-    if states and all(a.detail == DUMPED for a in states.values()):
+    if states and all(a.detail in (DUMPED, UNDUMPED) for a in states.values()):
         said = (
             "the Flight Recorder dumps of every rank (each rank's last collectives, by process "
             "group and sequence number; no steps: a dump does not number them)"

@@ -15,8 +15,9 @@ from traceview.model.results.base import Phase, Result
 FailureKind = Literal["hang", "desync", "mismatch", "crash"]
 #: finished: ended normally; blocked: inside a collective; stuck: outside one, making no
 #: progress; crashed: raised (not a collective's failure); killed: ended by a signal; running:
-#: known only from a Flight Recorder dump taken while it ran, every call it made complete
-RankState = Literal["finished", "blocked", "stuck", "crashed", "killed", "running"]
+#: known only from a Flight Recorder dump taken while it ran, every call it made complete;
+#: unknown: no record or dump of it (the other ranks' dumps name it)
+RankState = Literal["finished", "blocked", "stuck", "crashed", "killed", "running", "unknown"]
 
 
 class StackFrame(Result):
