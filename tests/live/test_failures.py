@@ -225,3 +225,26 @@ def test_the_timeline_draws_how_each_rank_ended(jobs: Any) -> None:
     text = ending_text(view.tails, view.report.ranks_at_end, view.report.failure, 120).plain
     row = next(line for line in text.splitlines() if line.startswith(f"rank {stuck} "))
     assert "!" in row and "stuck in data loading" in row
+
+
+def test_export_carries_the_step_record_of_the_whole_run(jobs: Any, tmp_path: Path) -> None:
+    """Every step each rank ended, profiled or not, as Parquet: the stuck rank's last is the
+    step before the one it stopped in; each step's three all-reduces are calls 3K+1..3K+3."""
+    import polars as pl
+
+    job = jobs("hang-io")
+    done = run_cli("export", job.run, "--format", "parquet", "-o", tmp_path / "out")
+    assert done.code == 0, done.err
+    steps = pl.read_parquet(tmp_path / "out" / "record_steps.parquet")
+    calls = pl.read_parquet(tmp_path / "out" / "record_calls.parquet")
+    ranks = pl.read_parquet(tmp_path / "out" / "record_ranks.parquet")
+    stuck, step = job.truth["rank"], job.truth["step"]
+    last = dict(steps.group_by("rank").agg(pl.col("step").max()).iter_rows())
+    assert last[stuck] == step - 1
+    assert all(last[r] >= step - 1 for r in _others(job))
+    assert steps.filter(pl.col("rank") == stuck)["step"].to_list() == list(range(step))
+    own = calls.filter((pl.col("source") == "record") & (pl.col("step") < step))
+    per_step = own.group_by("rank", "step").agg(pl.col("seq").sort())
+    for rank_, n, seqs in per_step.iter_rows():
+        assert seqs == [CALLS_PER_STEP * n + i for i in (1, 2, 3)], (rank_, n, seqs)
+    assert sorted(ranks["rank"].to_list()) == list(range(job.truth["world"]))

@@ -97,4 +97,7 @@ def test_dumps_beside_traces_join_their_report(dumps: dict[str, Path], tmp_path:
     shutil.copytree(dumps["hang"], folder / "dumps")
     report = _report(folder)
     assert report["run"]["ranks"] == 3 and report["run"]["steps"] > 0
+    said = " ".join(report["remarks"])
+    assert "6 Flight Recorder dump(s) beside the traces" in said, said  # (3 pickles, 3 JSON)
+    assert not any("not traces" in r and "nccl_trace_rank" in r for r in report["remarks"])
     _hang_is_named(report, json.loads((folder / "dumps" / "truth.json").read_text()))

@@ -112,6 +112,7 @@ def discover(
         parsers = [*parsers, _Fallback(generic())]
     found: list[TraceFile] = []
     skipped: list[str] = []
+    dumps: list[str] = []  # (not traces: Flight Recorder dumps, read by the report)
     damaged: list[str] = []
     for path in paths:
         try:
@@ -134,7 +135,8 @@ def discover(
                     damaged.append(str(exc))
                     continue
                 if trace is None:
-                    skipped.append(str(candidate.relative_to(folder)))
+                    name = str(candidate.relative_to(folder))
+                    (dumps if _is_dump(candidate) else skipped).append(name)
                 else:
                     found.append(trace)
             if not found:
@@ -153,11 +155,29 @@ def discover(
     for problem in damaged:
         notes.warn(f"{problem}: left out")
     if skipped:
-        shown = ", ".join(skipped[:5]) + (
-            f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        notes.remark(f"skipped {len(skipped)} file(s) that are not traces: {_some(skipped)}")
+    if dumps and found:
+        notes.remark(
+            f"{len(dumps)} Flight Recorder dump(s) beside the traces, read for how the job "
+            f"ended: {_some(dumps)}"
         )
-        notes.remark(f"skipped {len(skipped)} file(s) that are not traces: {shown}")
     return found
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _is_dump(path: Path) -> bool:
+    """Whether a file that is no trace is a Flight Recorder dump (its head says so)."""
+    from traceview.parsers.flight import HEAD_BYTES, dump_form
+
+    try:
+        with open(path, "rb") as f:
+            return dump_form(f.read(HEAD_BYTES)) is not None
+    except OSError:
+        return False
 
 
 class _Fallback:

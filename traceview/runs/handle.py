@@ -166,8 +166,9 @@ class Run:
     def export_tables(self) -> dict[str, pa.Table]:
         """The tables ``export`` writes beside the events: steps, ops, the collective calls
         with what matching them across ranks found (``view``: host or device) and their group's
-        dimension and ranks (schema.EXPORT_COLLECTIVES_SCHEMA), and on GPU runs
-        the gpu table and the launches tables, one grain each (``launch_grains``)."""
+        dimension and ranks (schema.EXPORT_COLLECTIVES_SCHEMA), on GPU runs the gpu table and
+        the launches tables, one grain each (``launch_grains``), and where the ranks kept a step
+        record or left Flight Recorder dumps, its tables (schema.RECORD_*)."""
         from traceview.analysis.crossrank import matched_table
         from traceview.analysis.gpu import collective_views, launch_grains
         from traceview.analysis.groups import with_group_columns
@@ -193,6 +194,13 @@ class Run:
                 tables[name] = rows
         if "memory" in tables:
             tables["memory_steps"] = self.tables["memory_steps"]
+        record = self.step_record()  # (the whole run's steps and calls, profiled or not)
+        if record is not None:
+            steps, calls, ranks, _ = record
+            for name, rows in (("record_steps", steps), ("record_calls", calls)):
+                if rows.num_rows:
+                    tables[name] = rows
+            tables["record_ranks"] = ranks
         return tables
 
     def critical_path(self) -> pa.Table:
