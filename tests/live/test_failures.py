@@ -148,11 +148,16 @@ def test_a_rank_that_dies_is_the_crash(jobs: Any, name: str) -> None:
     truth = job.truth
     assert f is not None
     assert (f["kind"], f["rank"], f["step"]) == ("crash", truth["rank"], truth["step"]), f
-    assert f["seq"] == CALLS_PER_STEP * truth["step"] + 1 and sorted(f["waiting"]) == _others(job)
+    assert f["seq"] == CALLS_PER_STEP * truth["step"] + 1
     words = "injected failure" if name == "raise" else "was killed"
     assert words in f["detail"]
-    ends = {r["rank"]: r["state"] for r in report["ranks_at_end"]}
-    assert ends[truth["rank"]] == ("crashed" if name == "raise" else "killed")
+    ends = {r["rank"]: r for r in report["ranks_at_end"]}
+    assert ends[truth["rank"]]["state"] == ("crashed" if name == "raise" else "killed")
+    # the others waited in that call; one still computing its step when the launcher ended the
+    # job (a loaded machine) never reached it, and is not said to have waited
+    assert f["waiting"] and set(f["waiting"]) <= set(_others(job))
+    for rank in set(_others(job)) - set(f["waiting"]):
+        assert ends[rank]["state"] != "blocked" and ends[rank]["last_seq"] < f["seq"], ends[rank]
 
 
 @pytest.mark.parametrize("name", ["hang-io-ddp", "kill-ddp"])
