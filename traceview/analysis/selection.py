@@ -1,8 +1,9 @@
 """Which steps the headline figures count: decided once per run, for every rank alike.
 
 By default, leading steps well above the median of the steps after them (allocator growth,
-cuDNN autotuning, lazy initialization) are left out as warm-up; a later outlier is named and
-kept. ``--steps A-B`` (the trace's own step numbers) and ``--skip N`` (the first N steps) choose
+cuDNN autotuning, lazy initialization) are left out as warm-up, and a last step of a tenth of
+the median or less (the profiler's window after the job's last ``step()``) as trailing; a later
+outlier is named and kept. ``--steps A-B`` (the trace's own step numbers) and ``--skip N`` (the first N steps) choose
 instead, and then nothing is left out as warm-up. The decision is over the run's per-step
 means across ranks (never per rank), so every figure of every rank counts the same steps.
 """
@@ -25,6 +26,10 @@ __all__ = ["MIN_COUNTED", "WARMUP_FACTOR", "Selection", "StepChoice", "kept_rows
 WARMUP_FACTOR = 1.3
 #: Warm-up is only left out where at least this many steps remain to count.
 MIN_COUNTED = 2
+#: A last step under this share of the median of the steps before it is no step of the job: the
+#: window a profiler opens at the job's last ``step()`` and closes when it stops (a per-step
+#: export's last file, a profile without a schedule), holding little or none of its work.
+TRAILING_SHARE = 0.1
 
 
 @dataclass
@@ -41,7 +46,7 @@ class Selection:
 
 
 def _ms(value: float) -> str:
-    return f"{value:,.1f} ms"
+    return f"{value:,.1f} ms" if value >= 1 else f"{value:.2f} ms"
 
 
 def _range(numbers: list[int]) -> str:
@@ -92,6 +97,17 @@ def select_steps(
                 f"step {numbers_left[i]} left out as warm-up: {why} (a leading step over "
                 f"{WARMUP_FACTOR}x; traceview report --skip 0 keeps it, --steps A-B chooses)"
             )
+        left = [(n, m) for n, m in zip(numbers, means, strict=True) if n not in excluded]
+        if len(left) > MIN_COUNTED:
+            (last, mean), median = left[-1], statistics.median(m for _, m in left[:-1])
+            if median > 0 and mean < median * TRAILING_SHARE:
+                why = f"{_ms(mean)} against a median of {_ms(median)} of the steps before it"
+                excluded[last] = ("trailing", why)
+                remarks.append(
+                    f"step {last} left out: {why}, the window a profiler opens at the job's "
+                    f"last step() and closes when it stops (a last step under "
+                    f"{TRAILING_SHARE:.0%} of the median; traceview report --skip 0 keeps it)"
+                )
     else:
         chosen = numbers
         if choice.first is not None and choice.last is not None:

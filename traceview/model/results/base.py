@@ -54,8 +54,9 @@ Hidden = Literal["yes", "partly", "no", "n/a"]
 Timeline = Literal["cpu", "gpu"]
 StepMark = Literal["first", "warm-up", "slow", ""]
 #: Why a step is left out of the headline figures (analysis/selection.py): a leading step well
-#: above the median of the steps after it, or not among the steps --steps/--skip chose.
-StepExclusion = Literal["warm-up", "selection"]
+#: above the median of the steps after it, not among the steps --steps/--skip chose, or a last
+#: step of a tenth of the median or less (trailing: the profiler's window after the last step()).
+StepExclusion = Literal["warm-up", "selection", "trailing"]
 #: Where the steps come from: the trace's own markers, inferred from what repeats (how), or none
 #: (the whole trace is one window).
 StepsFrom = Literal[
