@@ -91,10 +91,10 @@ def test_one_file_per_step_is_one_run(windows: dict[str, Path]) -> None:
     assert steps[:ran] == list(range(ran))
     assert steps[ran:] == [ran]
     assert any(f"step {ran} left out" in r and "last step()" in r for r in report["remarks"])
-    _agree_with_the_job(
-        {"per_step": [r for r in report["per_step"] if r["step"] in _timings(folder)[0]]},
-        folder,
-    )
+    # (step 0's marker opens as the profiler starts, before the job's first timer: the
+    # profiler's own start-up is in it, up to a few ms on a loaded machine)
+    timed = [r for r in report["per_step"] if r["step"] in _timings(folder)[0] and r["step"] > 0]
+    _agree_with_the_job({"per_step": timed}, folder)
 
 
 def test_a_rank_whose_later_files_are_missing_is_analysed_up_to_where_it_stopped(
@@ -134,7 +134,10 @@ def test_two_runs_in_one_folder_are_refused(windows: dict[str, Path], tmp_path: 
     it is another process for each rank, not more windows of the first."""
     folder = tmp_path / "traces"
     shutil.copytree(windows["cycle"], folder)
-    pids = _profile(folder, "cycle")
+    # (run apart, then put beside the first: a job retried after a death starts afresh)
+    pids = _profile(tmp_path / "second", "cycle")
+    for path in (tmp_path / "second").glob("*.pt.trace.json"):
+        shutil.copy(path, folder / path.name)
     if min(pids, default=0) < 1024:
         pytest.skip(f"the job's pids ({pids}) are too low to be told from device numbers")
     result = run_cli("report", folder)
