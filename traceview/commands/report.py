@@ -1,6 +1,8 @@
 """Where each step's time goes: the per-step breakdown per rank and for the run.
 
-PATH is a run directory, a folder of traces, or trace files (read into a temporary run).
+PATH is a run directory, a folder of traces, or trace files (read into a temporary run). PyTorch
+Flight Recorder dumps in the folder (pickle or JSON, with or without traces) say how a failed
+job ended.
 """
 
 from __future__ import annotations
