@@ -185,3 +185,19 @@ def test_names_in_a_dump_are_shown_escaped(tmp_path: Path) -> None:
     result = run_cli("report", tmp_path)
     assert result.code == 0, result.err
     assert "\x1b[2J" not in result.out and "rank 2 was stuck" in result.out
+
+
+def test_a_folder_of_only_a_refused_pickle_says_so_in_one_line(tmp_path: Path) -> None:
+    mark = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> Any:
+            return (os.system, (f"touch {mark}",))
+
+    evil = _dump([_entry(1)], world=1)
+    evil["entries"] = [Payload()]
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(evil, protocol=2))
+    result = run_cli("report", tmp_path)
+    assert result.code == 2 and not mark.exists()
+    assert len(result.err.strip().splitlines()) == 1
+    assert "no traces found" in result.err and "refused, not executed" in result.err

@@ -85,10 +85,12 @@ def open_run(
             run = ingest_run(
                 paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
             )
-        except NoTraces:
+        except NoTraces as exc:
             dumps = flight_dumps(paths)
-            if dumps is None or not dumps.dumps:
+            if dumps is None:
                 raise
+            if not dumps.dumps:  # (only dumps set aside: say why, in the one line)
+                raise NoTraces(f"{exc}; {dumps.warnings[0]}") from None
             opened = _dumps_only(paths, label, len(dumps.dumps))
             opened.choice = choice
             yield opened
