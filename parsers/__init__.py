@@ -89,6 +89,11 @@ class WholeRead:
         self._result = parsed
 
 
+#: Below this a "pid" may be a device's number (Kineto's GPU rows) or one of a container's
+#: first processes: by size alone, not surely an OS process of its own
+SURE_PID = 1024
+
+
 @dataclass
 class TraceIdentity:
     """What a trace says about who wrote it, read cheaply before the full parse."""

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes
 from traceview.parsers import (
+    SURE_PID,
     ParsedTrace,
     TraceIdentity,
     us_durations_to_ns,
@@ -356,20 +357,25 @@ def _base_time(value: Any, path: Path, notes: Notes) -> int:
     return 0
 
 
-#: Below this a "pid" may be a device's number (Kineto's GPU rows) or a container's first
-#: processes: not told apart, so not taken for the process
-SURE_PID = 1024
 _PID = re.compile(rb'"pid"\s*:\s*(\d{1,10})\b')
+# Kineto labels the host process "CPU" (its devices "GPU0"...) in a metadata record of no
+# nested object but its args: the record, then its pid, whatever the key order.
+_LABELS = re.compile(rb'\{[^{}]*"process_labels"[^{}]*\{\s*"labels"\s*:\s*"CPU"\s*\}[^{}]*\}')
 
 
 def _first_process(path: Path) -> int | None:
-    """The process most of the trace's first events are in (Kineto writes each process's and
-    thread's names first), where that is surely an OS pid; None where the head says none."""
+    """The OS process the trace is of: the one Kineto labels "CPU" at its head, of any pid
+    (a container's processes are numbered from 1); else the process most of the first events
+    are in, where that is surely an OS pid; None where the head says neither."""
     try:
         head = read_head(path)
     except (OSError, BadInput):
         return None
     events = head.find(b'"traceEvents"')
+    labelled = _LABELS.search(head, max(events, 0))
+    pid = _PID.search(labelled.group(0)) if labelled else None
+    if pid:
+        return int(pid.group(1))
     pids = [int(m.group(1)) for m in _PID.finditer(head, max(events, 0))]
     pids = [p for p in pids if p >= SURE_PID]
     return Counter(pids).most_common(1)[0][0] if pids else None

@@ -10,7 +10,6 @@ step``: every step a cycle and a file of its own). ~10 s a job on the shared 2-c
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -27,12 +26,11 @@ SCRIPT = REPO / "tests" / "workloads" / "windowed_profile.py"
 CYCLE_STEPS = [2, 3, 6, 7, 10, 11]
 
 
-def _profile(out: Path, per: str) -> list[int]:
-    """Run the job into ``out``; the pids of its ranks."""
+def _profile(out: Path, per: str) -> None:
+    """Run the job into ``out``."""
     argv = [*_launcher(), "--nproc-per-node", "2", SCRIPT, "--out", out, "--per", per]
     result = run_job(lambda: run_process(argv), out)
     assert result.code == 0, result.err[-3000:]
-    return [int(pid) for pid in re.findall(r"rank \d+ pid (\d+) done", result.out)]
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +133,9 @@ def test_two_runs_in_one_folder_are_refused(windows: dict[str, Path], tmp_path: 
     folder = tmp_path / "traces"
     shutil.copytree(windows["cycle"], folder)
     # (run apart, then put beside the first: a job retried after a death starts afresh)
-    pids = _profile(tmp_path / "second", "cycle")
+    _profile(tmp_path / "second", "cycle")
     for path in (tmp_path / "second").glob("*.pt.trace.json"):
         shutil.copy(path, folder / path.name)
-    if min(pids, default=0) < 1024:
-        pytest.skip(f"the job's pids ({pids}) are too low to be told from device numbers")
     result = run_cli("report", folder)
     assert result.code == 2, result.err
     assert "two traces say they are rank" in result.err

@@ -14,6 +14,7 @@ from traceview.ingest.discover import RANK_STATUS
 from traceview.model import schema as S
 from traceview.normalize.step_inference import STEP_THREAD
 from traceview.normalize.steps import LAYOUTS, STEP_INFERENCE
+from traceview.parsers.kineto import KinetoParser
 
 
 def _traces() -> list[Path]:
@@ -189,3 +190,39 @@ def test_a_parser_may_ship_the_rules_of_a_framework_traceview_does_not_know(
     assert pytorch.step_number("iteration 3") == 3
     assert pytorch.classify("op", None, "fwd_conv").phase == "forward"
     assert pytorch.default_op("aten::mm") == rules_for("pytorch").default_op("aten::mm") == "mm"
+
+
+def _kineto_head(path: Path, records: list[str]) -> Path:
+    op = '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 1, "dur": 2}'
+    events = ",\n".join([*records, op])
+    path.write_text('{"schemaVersion": 1, "traceEvents": [\n' + events + "\n]}")
+    return path
+
+
+def test_kineto_names_the_process_it_labels_cpu_whatever_its_pid(tmp_path: Path) -> None:
+    """A container numbers its processes from 1, as Kineto numbers its GPUs from 0: the host
+    process is the one labelled "CPU", not the one with a large pid (GPU rows come first)."""
+    gpus = [
+        f'{{"ph": "M", "name": "process_labels", "pid": {d}, "tid": 0, '
+        f'"args": {{"labels": "GPU{d}"}}}}'
+        for d in range(8)
+    ]
+    cpu = '{"name": "process_labels", "args": {"labels": "CPU"}, "ph": "M", "pid": 7, "tid": 0}'
+    labelled = _kineto_head(tmp_path / "labelled.json", [*gpus, cpu])
+    assert KinetoParser().identify(labelled).process == 7
+    # unlabelled: only a pid no device could have is taken for the process
+    bare = _kineto_head(tmp_path / "bare.json", [])
+    assert KinetoParser().identify(bare).process is None
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason=f"shared traces not found at {SHARED}")
+@pytest.mark.parametrize(
+    ("trace", "pid"),
+    [  # the pid of the "CPU"-labelled process, read off each trace with zcat and grep
+        ("pytorch/hta_nccl_parser_config/nccl_data.json.gz", 2910249),
+        ("pytorch/kineto_resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz", 25738),
+        ("pytorch/hta_cpu_only_gloo/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 1074),
+    ],
+)
+def test_kineto_names_the_process_of_shared_traces(trace: str, pid: int) -> None:
+    assert KinetoParser().identify(SHARED / trace).process == pid

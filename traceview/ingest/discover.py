@@ -23,6 +23,7 @@ from traceview.model.manifest import (
 )
 from traceview.model.progress import Progress, quiet
 from traceview.parsers import (
+    SURE_PID,
     ParsedTrace,
     Parser,
     TraceIdentity,
@@ -245,11 +246,13 @@ def _believed(
 def _one_process_one_trace(traces: list[TraceFile]) -> None:
     """Traces that state no rank, of one format, host and process (a job without a process
     group that wrote a file per profiler cycle or step): one trace, its other files in
-    ``more``, the rest leave ``traces``."""
+    ``more``, the rest leave ``traces``. A small pid on no stated host is no identity: every
+    container's first process has it."""
     first: dict[tuple[str, str | None, int], TraceFile] = {}
     kept = []
     for trace in traces:
-        if trace.claimed_rank is not None or trace.process is None:
+        anonymous = trace.host is None and (trace.process or 0) < SURE_PID
+        if trace.claimed_rank is not None or trace.process is None or anonymous:
             kept.append(trace)
             continue
         key = (trace.parser, trace.host, trace.process)
@@ -260,12 +263,6 @@ def _one_process_one_trace(traces: list[TraceFile]) -> None:
         first[key] = trace
         kept.append(trace)
     traces[:] = kept
-
-
-def _windows_of_one_process(first: TraceFile, other: TraceFile) -> bool:
-    """Whether two traces of one rank can be windows of one process: the same format, and the
-    same host and world size wherever both state them (their times are checked when read)."""
-    return not _differ(first, other)
 
 
 def _differ(first: TraceFile, other: TraceFile) -> str:
@@ -314,10 +311,11 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
             continue
         if trace.claimed_rank in by_rank:
             other = by_rank[trace.claimed_rank]
-            if not _windows_of_one_process(other, trace):
+            why = _differ(other, trace)
+            if why:
                 raise BadInput(
                     f"two traces say they are rank {trace.claimed_rank}: {other.path} and "
-                    f"{trace.path}, {_differ(other, trace)} (traces of different runs? ingest one "
+                    f"{trace.path}, {why} (traces of different runs? ingest one "
                     "run at a time)"
                 )
             other.more.append(trace.path)

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from traceview.model import schema as S
 from traceview.model.errors import BadInput
-from traceview.parsers import ParsedTrace
+from traceview.parsers import SURE_PID, ParsedTrace
 
 
 class NotOneRun(BadInput):
@@ -88,18 +88,13 @@ def _not_windows(earlier: ParsedTrace, later: ParsedTrace) -> str:
     return ""
 
 
-#: Below this a "pid" may be a device's number (Kineto's GPU rows) or a container's first
-#: processes: not told apart, so not compared.
-_SURE_PID = 1024
-
-
 def _main_process(events: pa.Table) -> int | None:
     """The process most of a trace's events are in, where that is surely an OS process id
     (None: the trace states none)."""
     if not events.num_rows or S.PID not in events.column_names:
         return None
     pids = events.column(S.PID).drop_null().to_numpy()
-    pids = pids[pids >= _SURE_PID]
+    pids = pids[pids >= SURE_PID]
     if not len(pids):
         return None
     value, _ = Counter(pids.tolist()).most_common(1)[0]
