@@ -43,31 +43,33 @@ from typing import Any
 
 from .rankside import AfterImport, Config, MemoryCap, RankInfo, detect_rank, rank_dir, warn
 from .rankside_lifecycle import PacedCollector, every_subclass, mark_calls, replace
+from .rankside_record import IO_PHASE
 
 TRACE_SUFFIX = ".chainer.json.gz"
 #: Top-level key of the trace that says who wrote it (the parser sniffs it).
 HEADER_KEY = "traceviewChainer"
 HOOK_NAME = "traceview"
-#: ChainerMN communicator methods recorded as communication (the outermost call only).
-COMM_METHODS = (
-    "multi_node_mean_grad",
-    "allreduce_grad",
-    "bcast_data",
-    "broadcast_data",
-    "allreduce",
-    "allreduce_obj",
-    "bcast",
-    "bcast_obj",
-    "allgather",
-    "alltoall",
-    "gather",
-    "gather_obj",
-    "scatter",
-    "send",
-    "recv",
-    "send_obj",
-    "recv_obj",
-)
+#: ChainerMN communicator methods recorded as communication (the outermost call only), and
+#: the collective each is in the step record.
+COMM_METHODS = {
+    "multi_node_mean_grad": "all_reduce",
+    "allreduce_grad": "all_reduce",
+    "bcast_data": "broadcast",
+    "broadcast_data": "broadcast",
+    "allreduce": "all_reduce",
+    "allreduce_obj": "all_reduce",
+    "bcast": "broadcast",
+    "bcast_obj": "broadcast",
+    "allgather": "all_gather",
+    "alltoall": "all_to_all",
+    "gather": "gather",
+    "gather_obj": "gather",
+    "scatter": "scatter",
+    "send": "send",
+    "recv": "recv",
+    "send_obj": "send",
+    "recv_obj": "recv",
+}
 #: Past this many events (a runaway graph) the window ends with the step that passed it.
 MAX_EVENTS = 5_000_000
 #: The trace is written 1-2 of these seconds after the window's end, unless a step ends before
@@ -118,6 +120,8 @@ class ChainerCollector(PacedCollector):
         super().__init__(config)
         self.chainer = chainer
         self.communicator: Any = None
+        self.groups: dict[int, str] = {}  # id() of a communicator -> its group in the record
+        self.multi_node = threading.local()  # inside a ChainerMN multi-node optimizer's update
         self.recorded = 0
         self.recording = False
         self.write_pending = False  # the window is over, its trace not yet written
@@ -149,7 +153,8 @@ class ChainerCollector(PacedCollector):
             self._after(chainer.GradientMethod, "update", updating)
         self._region(chainer.Link, "__call__", "Link.forward", "python")
         self._region(chainer.Variable, "backward", "Variable.backward", "python")
-        self._iterators(chainer.dataset.Iterator)
+        loading = threading.local()  # the step record's io phase: iterators and converters
+        self._iterators(chainer.dataset.Iterator, loading)
         with contextlib.suppress(AttributeError):  # batches made by a converter (concat_examples)
             converting = threading.local()
 
@@ -157,6 +162,7 @@ class ChainerCollector(PacedCollector):
                 own = cls.__dict__.get("__call__")
                 if callable(own) and not hasattr(own, "__traceview__"):
                     self._region(cls, "__call__", "Converter", "io", depth=converting)
+                    self.mark_phase(cls, "__call__", IO_PHASE, loading)
 
             every_subclass(chainer.dataset.convert.Converter, mark_converter)
         for module_name in ("chainer.dataset.convert", "chainer.dataset"):
@@ -230,13 +236,55 @@ class ChainerCollector(PacedCollector):
         depth = threading.local()  # one for all: allreduce_grad calls multi_node_mean_grad
         collector = self
 
+        calling = threading.local()  # (the step record's: the outermost call, as above)
+
         def mark(cls: Any) -> None:
             for name in COMM_METHODS:
                 own = cls.__dict__.get(name)
                 if callable(own) and not hasattr(own, "__traceview__"):
                     replace(cls, name, collector._comm_call(own, name, depth), own)
+                    op = COMM_METHODS[name]
+                    collector.mark_collective(cls, name, op, collector._group, depth=calling)
 
         every_subclass(module.CommunicatorBase, mark)
+
+    def hook_optimizers(self, module: Any) -> None:
+        """A ChainerMN multi-node optimizer's update ends each step (``module``: chainermn's
+        ``optimizers``): its first update only broadcasts the parameters (the double-buffering
+        one's first two do not update either), so the actual optimizer's updates would leave
+        the job's first steps out of the count."""
+        for name in ("_MultiNodeOptimizer", "_DoubleBufferingOptimizer"):
+            cls = getattr(module, name, None)
+            if cls is not None and "update" in vars(cls):
+                replace(cls, "update", self._multi_node_update(cls.update), cls.update)
+
+    def _multi_node_update(self, original: Any) -> Any:
+        collector, inside = self, self.multi_node
+
+        def wrapped(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            inside.active = True  # (its actual optimizer's update is recorded, but paces not)
+            try:
+                result = original(optimizer, *args, **kwargs)
+            finally:
+                inside.active = False
+            try:
+                collector.after_step(optimizer)
+            except Exception as exc:  # never break the job
+                collector._failed(exc)
+            return result
+
+        return wrapped
+
+    def _group(self, communicator: Any) -> str:
+        """A communicator's process group in the step record: ``chainermn`` for the first one
+        the script calls, ``chainermn#2``... for the others, in the order of their first call
+        (the same on every rank of one script)."""
+        key = id(communicator)
+        name = self.groups.get(key)
+        if name is None:
+            number = len(self.groups) + 1
+            name = self.groups[key] = "chainermn" if number == 1 else f"chainermn#{number}"
+        return name
 
     def _comm_call(self, original: Any, method: str, depth: Any) -> Any:
         collector = self
@@ -258,10 +306,11 @@ class ChainerCollector(PacedCollector):
 
         return wrapped
 
-    def _iterators(self, base: Any) -> None:
+    def _iterators(self, base: Any, loading: Any) -> None:
         """Mark a dataset iterator's batches (``next(it)``, ``for batch in it``, ``it.next()``) as
-        ``Iterator.next``: every iterator class's own ``__next__``/``next``, those defined later
-        too; the outermost call only (``next`` is often ``__next__``)."""
+        ``Iterator.next``, and as data loading in the step record (``loading``: its depth):
+        every iterator class's own ``__next__``/``next``, those defined later too; the outermost
+        call only (``next`` is often ``__next__``)."""
         depth = threading.local()
 
         def mark(cls: Any) -> None:
@@ -269,6 +318,7 @@ class ChainerCollector(PacedCollector):
                 own = cls.__dict__.get(name)
                 if callable(own) and not hasattr(own, "__traceview__"):
                     self._region(cls, name, "Iterator.next", "io", depth=depth)
+                    self.mark_phase(cls, name, IO_PHASE, loading)
 
         every_subclass(base, mark)
 
@@ -290,6 +340,8 @@ class ChainerCollector(PacedCollector):
                 return result
             if start is not None:
                 collector._record("Optimizer.update", "update", start)
+            if getattr(collector.multi_node, "active", False):
+                return result  # (the multi-node optimizer around it ends the step)
             try:
                 collector.after_step(optimizer)
             except Exception as exc:  # never break the job
@@ -529,12 +581,15 @@ def start(config: Config, chainer: Any) -> None:
     global _collector
     _collector = ChainerCollector(config, chainer)
     _collector.install()
-    # (a submodule: chainermn may be the module being imported, chainer imported by it)
-    name = "chainermn.communicators.communicator_base"
-    if name in sys.modules:
-        _collector.hook_communicators(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, AfterImport(name, _collector.hook_communicators))
+    # (submodules: chainermn may be the module being imported, chainer imported by it)
+    for name, hook in (
+        ("chainermn.communicators.communicator_base", _collector.hook_communicators),
+        ("chainermn.optimizers", _collector.hook_optimizers),
+    ):
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, AfterImport(name, hook))
 
 
 def current() -> ChainerCollector | None:

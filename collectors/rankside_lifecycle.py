@@ -46,7 +46,7 @@ from .rankside import (
     register,
     warn,
 )
-from .rankside_record import StepRecord, Taken
+from .rankside_record import FAILED, StepRecord, Taken, op_index
 
 
 class Collector(abc.ABC):
@@ -87,6 +87,72 @@ class Collector(abc.ABC):
                     self._step_record_failed = True
                     warn(f"step record not kept ({type(exc).__name__}: {exc})")
         return self._step_record
+
+    def record_step_end(self) -> None:
+        """A step of the job ended: its row in the step record (every step, profiled or not)."""
+        record = self.record()
+        if record is not None:
+            record.step_end()
+
+    def mark_phase(self, owner: Any, name: str, phase: int, depth: local | None = None) -> None:
+        """In the step record: each call of ``owner.name`` is phase ``phase`` (``IO_PHASE``,
+        ``CHECKPOINT_PHASE``), always (not only in the profiled window); the outermost call only,
+        of it or of the methods sharing ``depth``. Nothing where ``owner`` has no ``name``."""
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        calls = depth if depth is not None else local()
+
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            record = self.record() if not getattr(calls, "level", 0) else None
+            if record is None:
+                return original(*args, **kwargs)
+            left = record.phase(phase)
+            calls.level = 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                calls.level = 0
+                record.restore(left)
+
+        replace(owner, name, marked, original)
+
+    def mark_collective(
+        self,
+        owner: Any,
+        name: str,
+        op: str,
+        group: Callable[[Any], str],
+        flags: int = 0,
+        depth: local | None = None,
+    ) -> None:
+        """In the step record: each call of ``owner.name`` (a method) is a call ``op`` in the
+        process group ``group(instance)`` names, always; ``flags``: ``ASYNC`` where the call
+        only enqueues the transfer. The outermost of nested calls only (of it, or of the methods
+        sharing ``depth``: an all-reduce of a model made of all-reduces of arrays)."""
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        index, p2p = op_index(op), op in ("send", "recv")
+        calls = depth if depth is not None else local()
+
+        def recorded(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            record = self.record() if not getattr(calls, "level", 0) else None
+            if record is None:
+                return original(instance, *args, **kwargs)
+            slot = record.call_begin(index, record.group(group(instance)), _nbytes(args), p2p)
+            calls.level = 1
+            try:
+                result = original(instance, *args, **kwargs)
+            except BaseException:
+                record.call_end(slot, flags | FAILED)
+                raise
+            finally:
+                calls.level = 0
+            record.call_end(slot, flags)
+            return result
+
+        replace(owner, name, recorded, original)
 
     # what each framework does --------------------------------------------------------------
 
@@ -227,15 +293,20 @@ class PacedCollector(Collector):
 
     def after_step(self, owner: Any) -> None:
         with self.lock:
-            if self.finished:
-                if id(owner) == self.pacer:
-                    self._step_after_window()
-                return
             if self.pacer is None:
                 self.pacer = id(owner)
             if id(owner) != self.pacer:  # several: the first one paces the steps
                 return
-            self._paced_step(owner)
+            self._paced_step_known(owner)
+            self.record_step_end()
+            if self.finished:
+                self._step_after_window()
+            else:
+                self._paced_step(owner)
+
+    def _paced_step_known(self, owner: Any) -> None:
+        """Under the lock, before the step record's row: what the pacer tells of the rank (an
+        MXNet trainer, its KVStore and so its rank)."""
 
 
 # --- hooking the framework's classes ------------------------------------------------------------
@@ -307,3 +378,9 @@ def every_subclass(base: Any, mark: Callable[[Any], None]) -> None:
             mark(cls)
 
     base.__init_subclass__ = classmethod(init_subclass)
+
+
+def _nbytes(args: tuple[Any, ...]) -> int:
+    """The bytes of a call's first argument, where it is an array (0 where not known)."""
+    value = getattr(args[0], "nbytes", 0) if args else 0
+    return value if isinstance(value, int) else 0

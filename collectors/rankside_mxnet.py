@@ -48,6 +48,7 @@ from .rankside import (
     write_gzip,
 )
 from .rankside_lifecycle import PacedCollector, every_subclass, mark_calls, replace
+from .rankside_record import ASYNC, IO_PHASE, StepRecord
 
 ROLE_VARIABLE = "DMLC_ROLE"
 SERVER_ROLES = ("scheduler", "server")
@@ -121,9 +122,13 @@ class _Timed:
 
     def __next__(self) -> Any:
         task = self.collector.task(self.name)
+        record = self.collector.record()
+        left = record.phase(IO_PHASE) if record is not None else 0
         try:
             return next(self.inner)
         finally:
+            if record is not None:
+                record.restore(left)
             if task is not None:
                 with contextlib.suppress(Exception):
                     task.stop()
@@ -197,6 +202,9 @@ class MXNetCollector(PacedCollector):
         self._region(trainer, "step", "Trainer.step")
         self._region(trainer, "_allreduce_grads", "Trainer.allreduce_grads")
         self._region(trainer, "_update", "Trainer.update")
+        # In the step record, always: the gradients' reduction (pushed and pulled through the
+        # KVStore: the call returns once the engine has them), a step's one collective call
+        self.mark_collective(trainer, "_allreduce_grads", "all_reduce", _kvstore_group, ASYNC)
         self._watch_user_profiler()
 
     def _mark_data_iterators(self, base: Any) -> None:
@@ -205,13 +213,17 @@ class MXNetCollector(PacedCollector):
         class's own ``next`` (those defined later too), the outermost call only."""
         depth = threading.local()
 
+        loading = threading.local()  # (the step record's io phase, its outermost call)
+
         def mark(cls: Any) -> None:
             own = cls.__dict__.get("next")
             if callable(own) and not hasattr(own, "__wrapped__"):
                 self._region(cls, "next", "DataIter.next", outermost=True, depth=depth)
+                self.mark_phase(cls, "next", IO_PHASE, loading)
 
         every_subclass(base, mark)
         self._region(base, "__next__", "DataIter.next", outermost=True, depth=depth)
+        self.mark_phase(base, "__next__", IO_PHASE, loading)
 
     # the user API (traceview.collectors.step / phase) ----------------------------------------
 
@@ -333,10 +345,19 @@ class MXNetCollector(PacedCollector):
         if self.stop_pending:
             self._stop_profiler()
 
-    def _paced_step(self, owner: Any) -> None:
-        """The pacer (a trainer or module, the first that steps) ended a step."""
+    def record(self) -> StepRecord | None:
+        """The step record (``Collector.record``); in a parameter-server job, from the first
+        step's end on: its rank is the KVStore's, which the trainer makes at its first step."""
+        if self.pacer is None and os.environ.get(ROLE_VARIABLE):
+            return None
+        return super().record()
+
+    def _paced_step_known(self, owner: Any) -> None:
         if owner is not None and self.kvstore is None:
             self._remember_kvstore(getattr(owner, "_kvstore", None))
+
+    def _paced_step(self, owner: Any) -> None:
+        """The pacer (a trainer or module, the first that steps) ended a step."""
         self.steps_seen += 1
         before = self.config.skip + self.config.warmup
         if self.steps_seen < before:
@@ -531,3 +552,8 @@ def start(config: Config, mxnet: Any) -> None:
 
 def current() -> MXNetCollector | None:
     return _collector
+
+
+def _kvstore_group(trainer: Any) -> str:
+    """The process group of a trainer's reduction: its KVStore's type (``dist_sync``...)."""
+    return f"kvstore:{getattr(getattr(trainer, '_kvstore', None), 'type', None) or 'local'}"

@@ -171,6 +171,14 @@ class StepRecord:
             self.dumped_stall = False
             self._head()
 
+    def step_begin(self) -> None:
+        """A step begins where the script says so (Keras' batch begin): the first step's start
+        (a later step starts where the one before it ended)."""
+        if not self.mine():
+            return
+        with self.lock:
+            self._begin(time.time_ns())
+
     def group(self, name: str) -> int:
         """The number calls in the group ``name`` carry (groups.json written anew on a new one)."""
         found = self.groups.get(name)

@@ -32,6 +32,7 @@ from typing import Any
 
 from .rankside import AfterImport, Config, RankInfo, detect_rank, rank_dir, sample_resident, warn
 from .rankside_lifecycle import Collector
+from .rankside_record import IO_PHASE
 
 # Who marks steps, by precedence: the script itself, Keras' batches, then iterator calls.
 _SOURCES = ("iterator", "keras", "manual")
@@ -66,6 +67,7 @@ class TensorFlowCollector(Collector):
         self.tf = tf
         self.source: str | None = None  # who marks the steps (see _SOURCES)
         self.begun = 0  # steps begun so far
+        self.stepping = False  # a step has begun and not ended (the step record's)
         self.marker: Any = None  # the open Trace("train", step_num=N) of the current step
         self.profiling = False
         self.logdir: Path | None = None
@@ -86,14 +88,19 @@ class TensorFlowCollector(Collector):
 
             def __next__(iterator: Any) -> Any:
                 outer = not getattr(collector.inside_next, "active", False)
+                record = None
                 if outer:  # a distributed iterator's next() calls the plain one: count once
                     collector.boundary("iterator")
                     collector.inside_next.active = True
+                    record = collector.record()
+                left = record.phase(IO_PHASE) if record is not None else 0
                 try:
                     return original(iterator)
                 finally:
                     if outer:
                         collector.inside_next.active = False
+                    if record is not None:
+                        record.restore(left)
 
             cls.__next__ = __next__
 
@@ -147,7 +154,15 @@ class TensorFlowCollector(Collector):
     def boundary(self, source: str) -> None:
         """A step begins (and the one before it ends)."""
         with self.lock:
-            if self.finished or not self._accepts(source):
+            if not self._accepts(source):
+                return
+            if self.stepping and source != "keras":  # (Keras' batch end ended it)
+                self.record_step_end()
+            self.stepping = True
+            record = self.record()
+            if record is not None:
+                record.step_begin()
+            if self.finished:
                 return
             self.busy += 1
             try:
@@ -196,6 +211,9 @@ class TensorFlowCollector(Collector):
     def end_step(self, source: str) -> None:
         """A step ends without the next one beginning yet (Keras' batch end)."""
         with self.lock:
+            if self.stepping and source == self.source:
+                self.record_step_end()
+                self.stepping = False
             if not self.finished and source == self.source:
                 self.busy += 1
                 try:

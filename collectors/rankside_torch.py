@@ -30,7 +30,7 @@ from .rankside import (
     warn,
     write_gzip,
 )
-from .rankside_lifecycle import Collector, replace
+from .rankside_lifecycle import Collector
 from .rankside_record import CHECKPOINT_PHASE, IO_PHASE
 
 
@@ -105,23 +105,8 @@ class TorchCollector(Collector):
         each ``torch.save`` a checkpoint."""
         from torch.utils.data import dataloader
 
-        self._mark(dataloader._BaseDataLoaderIter, "__next__", IO_PHASE)
-        self._mark(self.torch, "save", CHECKPOINT_PHASE)
-
-    def _mark(self, owner: Any, name: str, phase: int) -> None:
-        original = getattr(owner, name)
-
-        def marked(*args: Any, **kwargs: Any) -> Any:
-            record = self.record()
-            if record is None:
-                return original(*args, **kwargs)
-            left = record.phase(phase)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                record.restore(left)
-
-        replace(owner, name, marked, original)
+        self.mark_phase(dataloader._BaseDataLoaderIter, "__next__", IO_PHASE)
+        self.mark_phase(self.torch, "save", CHECKPOINT_PHASE)
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.manual:
@@ -129,17 +114,13 @@ class TorchCollector(Collector):
         if self.stepping_optimizer is None:
             self.stepping_optimizer = id(optimizer)
         if id(optimizer) == self.stepping_optimizer:  # several optimizers: the first paces
-            record = self.record()
-            if record is not None:
-                record.step_end()
+            self.record_step_end()
             if not self.finished:
                 self.step()
 
     def manual_step(self) -> None:
         self.manual = True  # from now on optimizer steps no longer count
-        record = self.record()
-        if record is not None:
-            record.step_end()
+        self.record_step_end()
         self.step()
 
     @contextlib.contextmanager

@@ -56,6 +56,8 @@ _TIMEOUT_MS = re.compile(r"(?:waiting|timeout[^0-9]{0,20})\s*(\d+)\s*ms", re.IGN
 SAME_SIZE = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_reduce_coalesced")
 #: A rank ended by a signal after this long without progress was stuck, not merely ended.
 STUCK_S = 1.0
+#: The end of a rank that had stalled and was then killed without its exit handlers.
+KILLED_STUCK = "killed after it stalled (no exit handler ran)"
 ASYNC, FAILED = 1, 2
 #: the end state of a rank known only from its Flight Recorder dump (parsers.flight); of one
 #: whose dump is missing where the others' process groups name it
@@ -69,11 +71,16 @@ class FailureResult:
 
 
 def analyse_failure(
-    steps: pa.Table, calls: pa.Table, ranks: pa.Table, job_failed: bool = False
+    steps: pa.Table,
+    calls: pa.Table,
+    ranks: pa.Table,
+    job_failed: bool = False,
+    job_end_ns: int | None = None,
 ) -> FailureResult:
     """The failure of a run from its step record (``steps``, ``calls``, ``ranks``: schema
-    RECORD_*); ``job_failed``: the launcher said the job failed (its exit code). A run whose
-    every rank finished, and whose job did not fail, has none."""
+    RECORD_*); ``job_failed``: the launcher said the job failed (its exit code); ``job_end_ns``:
+    when it said the job ended. A run whose every rank finished, and whose job did not fail,
+    has none."""
     step_rows = pl.from_arrow(steps)
     rank_rows = pl.from_arrow(ranks)
     assert isinstance(step_rows, pl.DataFrame) and isinstance(rank_rows, pl.DataFrame)
@@ -81,8 +88,13 @@ def analyse_failure(
     median_step_s = _median_step_s(step_rows)
     # the call each rank stood in, once (not a filter per rank: 1,024 ranks' rings)
     last_of = {row[S.RANK]: row for row in _standing_in(call_rows).iter_rows(named=True)}
+    # (a rank that left no end was alive until then at least: others ended after it stood)
+    latest = rank_rows[S.END_NS].max() if rank_rows.height else None
+    ends = [t for t in (latest, job_end_ns) if isinstance(t, int)]
+    job_end = max(ends) if ends else None
     at_end = [
-        _at_end(r, last_of.get(r[S.RANK]), median_step_s) for r in rank_rows.iter_rows(named=True)
+        _at_end(r, last_of.get(r[S.RANK]), median_step_s, job_end)
+        for r in rank_rows.iter_rows(named=True)
     ]
     if (
         at_end
@@ -183,10 +195,13 @@ def _median_step_s(steps: pl.DataFrame) -> float:
 # --- where each rank was -------------------------------------------------------------------------
 
 
-def _at_end(rank: dict[str, Any], last: dict[str, Any] | None, median_step_s: float) -> RankAtEnd:
+def _at_end(
+    rank: dict[str, Any], last: dict[str, Any] | None, median_step_s: float, job_end: int | None
+) -> RankAtEnd:
     r = rank[S.RANK]
     state_said, detail = rank[S.END_STATE], rank[S.END_DETAIL]
-    ended = rank[S.END_NS] or _alive(rank)
+    alive = [t for t in (_alive(rank), job_end) if t]
+    ended = rank[S.END_NS] or (max(alive) if alive else None)
     last_seq = int(last[S.SEQ]) if last is not None else None
     common = dict(rank=r, last_step=rank[S.STEP_NOW], last_seq=last_seq, detail=detail)
     # (inside its last collective: it had not returned, or raised; or the rank ended on a
@@ -211,6 +226,14 @@ def _at_end(rank: dict[str, Any], last: dict[str, Any] | None, median_step_s: fl
         since = (ended - last[S.START_NS]) / 1e9 if ended else None
         return RankAtEnd(state="blocked", in_=_call_words(last), since_s=_s(since), **common)
     if state_said is None:
+        # killed without its exit handlers; where it had stalled (its watchdog's stacks) and
+        # made no progress up to the job's end, it was stuck until killed: a hang's end
+        still = (job_end - rank[S.PROGRESS_NS]) / 1e9 if job_end and rank[S.PROGRESS_NS] else 0
+        if rank[S.STACK_REASON] == "stall" and still > max(STUCK_S, 5 * median_step_s):
+            common["detail"] = common["detail"] or KILLED_STUCK
+            return RankAtEnd(
+                state="stuck", in_=_phase_words(rank[S.PHASE_NOW]), since_s=_s(still), **common
+            )
         return RankAtEnd(state="killed", in_=_phase_words(rank[S.PHASE_NOW]), **common)
     if state_said == "exception" and not _COMM_FAILURE.search(detail or ""):
         return RankAtEnd(state="crashed", in_=_phase_words(rank[S.PHASE_NOW]), **common)
@@ -524,7 +547,9 @@ def _stopped(
     else:
         kind = "crash"
         if root.state == "crashed" and root.detail:
-            detail = f"rank {root.rank} raised{_at(step)}: {root.detail}{where}{call}"
+            detail = (
+                f"rank {root.rank} raised{_at(step)}: {_exception_words(root.detail)}{where}{call}"
+            )
         else:
             detail = (
                 f"rank {root.rank} was killed{_at(step)} (it ended without running its exit "
@@ -656,6 +681,24 @@ def _evidence(failure: Failure, states: dict[int, RankAtEnd], ends: dict[int, in
             f"was waiting for rank {failure.rank}"
         )
     return said
+
+
+#: A line of a message that names an exception (``RuntimeError: ...``), as a framework's error
+#: quotes the one it wraps: TensorFlow's a Python function's inside the graph, with its traceback.
+_RAISED_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*$", re.M)
+
+
+def _exception_words(detail: str, width: int = 240) -> str:
+    """An exception's message on one line: its first, and where it quotes another exception
+    further down (with a traceback), that one's line too."""
+    lines = [line.strip() for line in detail.strip().splitlines() if line.strip()]
+    if not lines:
+        return detail
+    said = lines[0]
+    inner = _RAISED_LINE.findall("\n".join(lines[1:]))
+    if inner and inner[-1] not in said:
+        said = f"{said} … {inner[-1]}"
+    return _short(said, width)
 
 
 def _short(detail: str | None, width: int = 100) -> str:

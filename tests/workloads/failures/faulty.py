@@ -87,7 +87,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=6.0)
     parser.add_argument("--hang-s", type=float, default=600.0)
     parser.add_argument("--shapes", choices=["equal", "differ"], default="equal")
-    parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel's own all-reduces")
+    parser.add_argument(
+        "--ddp", action="store_true", help="DistributedDataParallel's own all-reduces"
+    )
     parser.add_argument("--truth", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)

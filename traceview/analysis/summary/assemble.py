@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import polars as pl
@@ -474,7 +475,16 @@ def _failure_section(ctx: Context) -> tuple[FailureResult | None, list[str]]:
     steps, calls, ranks, warnings = read
     collect = ctx.manifest.collect
     failed = collect is not None and collect.exit_code not in (None, 0)
-    return analyse_failure(steps, calls, ranks, job_failed=failed), warnings
+    ended = _unix_ns(collect.end) if collect is not None else None
+    return analyse_failure(steps, calls, ranks, job_failed=failed, job_end_ns=ended), warnings
+
+
+def _unix_ns(stamp: str | None) -> int | None:
+    """A manifest's time (``2026-12-03T06:28:05+0000``) in UNIX ns; None where it does not read."""
+    try:
+        return int(datetime.strptime(stamp or "", "%Y-%m-%dT%H:%M:%S%z").timestamp()) * 10**9
+    except ValueError:
+        return None
 
 
 def _place_failure(found: tuple[FailureResult | None, list[str]], draft: Draft) -> None:
