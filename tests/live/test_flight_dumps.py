@@ -101,3 +101,19 @@ def test_dumps_beside_traces_join_their_report(dumps: dict[str, Path], tmp_path:
     assert "6 Flight Recorder dump(s) beside the traces" in said, said  # (3 pickles, 3 JSON)
     assert not any("not traces" in r and "nccl_trace_rank" in r for r in report["remarks"])
     _hang_is_named(report, json.loads((folder / "dumps" / "truth.json").read_text()))
+
+
+def test_an_ingested_run_keeps_the_dumps_it_found(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """`ingest` lists the dumps beside the traces in the manifest: its reports read those (not
+    every file of the inputs again), and still name the hang."""
+    folder = tmp_path / "both"
+    shutil.copytree(REPO / "sample_traces" / "pytorch" / "slowfwd", folder / "traces")
+    shutil.copytree(dumps["hang"], folder / "dumps")
+    run = tmp_path / "run"
+    result = run_cli("ingest", folder, "-o", run)
+    assert result.code == 0, result.err
+    listed = json.loads((run / "manifest.json").read_text())["flight_dumps"]
+    names = [Path(p).name for p in listed]  # (3 pickles, 3 JSON; not the ranks' logs)
+    assert len(names) == 6 and not any(n.endswith(".log") or n == "truth.json" for n in names)
+    report = _report(run)
+    _hang_is_named(report, json.loads((folder / "dumps" / "truth.json").read_text()))

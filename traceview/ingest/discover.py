@@ -102,12 +102,16 @@ def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
 
 
 def discover(
-    paths: list[Path], notes: Notes, rules_given: bool = False, progress: Progress = quiet
+    paths: list[Path],
+    notes: Notes,
+    rules_given: bool = False,
+    progress: Progress = quiet,
+    dumps_found: list[Path] | None = None,
 ) -> list[TraceFile]:
     """The traces among ``paths``; a named file that is not a trace is an error. With a rules
     file (``rules_given``), a Chrome trace that no parser claims is read by the generic one.
     Each file is looked at once (its head), so a folder of many files takes time in proportion,
-    told to ``progress``."""
+    told to ``progress``. The Flight Recorder dumps in the folders go to ``dumps_found``."""
     parsers = registered()
     if rules_given:
         parsers = [*parsers, _Fallback(generic())]
@@ -137,7 +141,12 @@ def discover(
                     continue
                 if trace is None:
                     name = str(candidate.relative_to(folder))
-                    (dumps if _is_dump(candidate) else skipped).append(name)
+                    if _is_dump(candidate):
+                        dumps.append(name)
+                        if dumps_found is not None:
+                            dumps_found.append(candidate.resolve())
+                    else:
+                        skipped.append(name)
                 else:
                     found.append(trace)
             if not found:

@@ -263,7 +263,8 @@ def ingest(
         R.recover(out.resolve(), notes)  # what an ingest killed while replacing it left
     except OSError as exc:
         raise cannot_write(out, exc) from None
-    traces = discover(paths, notes, rules_given=rules_path is not None, progress=progress)
+    dumps: list[Path] = []  # (Flight Recorder dumps beside the traces: the report reads them)
+    traces = discover(paths, notes, rules_path is not None, progress, dumps_found=dumps)
     world = assign_ranks(traces, notes)
     collected = R.read_manifest(out).collect if R.is_run_dir(out) else None
     if collected is not None:
@@ -329,6 +330,7 @@ def ingest(
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
                 command=command or [],
                 inputs=[str(p) for p in paths],
+                flight_dumps=[str(p) for p in dumps],
                 framework="+".join(frameworks),
                 world_size=world,
                 ranks_present=present,

@@ -279,6 +279,9 @@ class Manifest(Record):
     created: str | None = None
     command: list[str] = []
     inputs: list[str] = []
+    # the Flight Recorder dumps found among the inputs (read by the report for how the job
+    # ended); None: a run ingested before they were listed, whose inputs are looked through
+    flight_dumps: list[str] | None = None
     framework: str | None = None
     world_size: WorldSize | None = None
     ranks_present: list[int] = []

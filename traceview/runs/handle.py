@@ -132,7 +132,13 @@ class Run:
         )  # fmt: skip
 
     def step_record(self) -> RecordTables | None:
-        """The step record the ranks kept under collect (RUN/raw), as tables; None: none."""
+        """The step record the ranks kept under collect (RUN/raw), or the Flight Recorder
+        dumps found beside the traces, as tables; None: none. Read once."""
+        return self._step_record
+
+    @cached_property
+    def _step_record(self) -> RecordTables | None:
+        from traceview.parsers.flight import find_dumps
         from traceview.parsers.record import read_run_record
 
         raw = self.path / "raw"
@@ -143,7 +149,12 @@ class Run:
         found = read_run_record(raw)
         if found is not None:
             return found.steps, found.calls, found.ranks, found.warnings
-        dumps = flight_dumps([Path(p) for p in self.manifest.inputs])
+        listed = self.manifest.flight_dumps
+        dumps = (
+            find_dumps([Path(p) for p in listed])
+            if listed is not None
+            else flight_dumps([Path(p) for p in self.manifest.inputs])
+        )
         if dumps is None:
             return None
         return dumps.steps, dumps.calls, dumps.ranks, dumps.warnings
