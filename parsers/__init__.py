@@ -308,3 +308,20 @@ def group_ids(*columns: np.ndarray) -> np.ndarray:
         _, group = np.unique(group * (int(inverse.max()) + 1) + inverse, return_inverse=True)
         group = np.asarray(group, np.int64).ravel()
     return group
+
+
+def number_ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    out: list[str] = []
+    start = prev = None
+    for n in sorted(numbers):
+        if start is None:
+            start = prev = n
+        elif prev is not None and n == prev + 1:
+            prev = n
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = n
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(out)

@@ -27,13 +27,15 @@ from typing import Any
 import pyarrow as pa
 
 from traceview.model import schema as S
-from traceview.parsers import rank_from_filename
+from traceview.parsers import number_ranges, rank_from_filename
 
 #: the most of a dump read (NCCL's default ring is 2,000 entries: a few MB)
 DUMP_LIMIT = 256 << 20
 #: bytes of an element, by the Flight Recorder's dtype names
 _DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
-                "Short": 2, "Char": 1, "Byte": 1, "Bool": 1}  # fmt: skip
+                "Short": 2, "Char": 1, "Byte": 1, "Bool": 1,
+                "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8,
+                "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
 _KEYS = (b"pg_config", b"pg_status", b"entries", b"nccl_comm_state", b"comm_lib_version")
 _TRAILING_NUMBER = re.compile(r"(\d{1,7})$")
 
@@ -51,6 +53,9 @@ class FlightDump:
     entries: list[dict[str, Any]] = field(default_factory=list)
     pg_status: dict[str, Any] = field(default_factory=dict)
     group_ranks: set[int] = field(default_factory=set)  # every rank its process groups name
+    # a process group's name -> how its calls name it: the name, and its ranks where they are
+    # not all the dump's (two ranks' subgroups of one name are different groups)
+    group_labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def record_ids(self) -> tuple[Any, ...]:
@@ -110,6 +115,7 @@ def read_dump(path: Path, form: str) -> FlightDump:
         entries=[e for e in content["entries"] if isinstance(e, dict)],
         pg_status=status if isinstance(status, dict) else {},
         group_ranks=_group_ranks(content.get("pg_config")),
+        group_labels=_group_labels(content.get("pg_config")),
     )
 
 
@@ -117,12 +123,13 @@ def read_dump(path: Path, form: str) -> FlightDump:
 MAX_RANKS = 1 << 18
 
 
-def _group_ranks(config: Any) -> set[int]:
-    """The ranks a dump's ``pg_config`` names ({group: {"ranks": "[0, 1]" or [0, 1]}})."""
-    ranks: set[int] = set()
+def _members(config: Any) -> dict[str, set[int]]:
+    """Each process group's ranks, as a dump's ``pg_config`` names them ({group: {"ranks":
+    "[0, 1]" or [0, 1]}}; a group whose ranks do not read is left out)."""
+    members: dict[str, set[int]] = {}
     if not isinstance(config, dict):
-        return ranks
-    for group in list(config.values())[:10_000]:
+        return members
+    for name, group in list(config.items())[:10_000]:
         listed = group.get("ranks") if isinstance(group, dict) else None
         if isinstance(listed, str) and len(listed) < 8 << 20:
             try:
@@ -130,8 +137,23 @@ def _group_ranks(config: Any) -> set[int]:
             except ValueError:
                 continue
         if isinstance(listed, list):
-            ranks.update(r for r in listed if _is_int(r) and r < MAX_RANKS)
-    return ranks
+            members[str(name)[:200]] = {r for r in listed if _is_int(r) and r < MAX_RANKS}
+    return members
+
+
+def _group_ranks(config: Any) -> set[int]:
+    """Every rank a dump's ``pg_config`` names."""
+    return set().union(*_members(config).values())
+
+
+def _group_labels(config: Any) -> dict[str, str]:
+    members = _members(config)
+    everyone = set().union(*members.values())
+    return {
+        name: f"{name} (ranks {number_ranges(sorted(ranks))})"
+        for name, ranks in members.items()
+        if ranks and ranks != everyone
+    }
 
 
 def rank_of_dump(dump: FlightDump) -> int | None:
@@ -146,42 +168,71 @@ def rank_of_dump(dump: FlightDump) -> int | None:
     return int(match.group(1)) if match else rank_from_filename(dump.path)
 
 
-def flight_rows(rank: int, entries: list[dict[str, Any]]) -> pa.Table:
+def flight_rows(
+    rank: int, entries: list[dict[str, Any]], group_labels: dict[str, str] | None = None
+) -> pa.Table:
     """A rank's Flight Recorder entries as calls (schema.RECORD_CALLS_SCHEMA, source
     "flight"): ended where the recorder says so (NCCL's ``completed``, or ``retired``: when
-    is not said, end = its discovery or its start), else still running (end null)."""
+    is not said, end = its discovery or its start), else still running (end null). The entries
+    of one coalesced call (each op, then the ``coalesced`` one, all of one sequence number) are
+    one call: its bytes summed, its op the coalesced entry's. Sequence numbers and times may be
+    digit strings (as PyTorch's own analyser's test data writes them)."""
+    labels = group_labels or {}
     rows: dict[str, list[Any]] = {name: [] for name in S.RECORD_CALLS_SCHEMA.names}
+    at: dict[tuple[str | None, int], int] = {}  # (group, seq) -> its row
     for e in entries:
-        seq, created = e.get("collective_seq_id"), e.get("time_created_ns")
+        seq, created = _as_int(e.get("collective_seq_id")), _as_int(e.get("time_created_ns"))
         name = e.get("profiling_name")
-        if not _is_int(seq) or not isinstance(created, int) or not _is_int(created):
-            continue
-        if not isinstance(name, str):
+        if seq is None or created is None or not isinstance(name, str):
             continue
         pg = e.get("process_group")
         group = str(pg[0])[:200] if isinstance(pg, list | tuple) and pg else None
-        completed = e.get("time_discovered_completed_ns")
+        group = labels.get(group, group) if group is not None else None
+        completed = _as_int(e.get("time_discovered_completed_ns"))
         ended = e.get("state") == "completed" or e.get("retired") is True
+        end = completed if completed is not None and completed >= created else created
+        end = end if ended else None
+        op, nbytes, seq = name.rpartition(":")[2][:80] or "other", _bytes(e), seq
+        if e.get("is_p2p"):
+            seq = 0
+        elif seq and (group, seq) in at:
+            _coalesce(rows, at[(group, seq)], op, nbytes, created, end)
+            continue
+        if seq:
+            at[(group, seq)] = len(rows[S.RANK])
         rows[S.RANK].append(rank)
         rows[S.SOURCE].append("flight")
         rows[S.GROUP].append(group)
-        rows[S.SEQ].append(0 if e.get("is_p2p") else seq)
-        rows[S.OP].append(name.rpartition(":")[2][:80] or "other")
-        rows[S.BYTES].append(_bytes(e))
+        rows[S.SEQ].append(seq)
+        rows[S.OP].append(op)
+        rows[S.BYTES].append(nbytes)
         rows[S.STEP].append(None)
         rows[S.START_NS].append(created)
-        rows[S.END_NS].append(
-            (
-                completed
-                if isinstance(completed, int) and _is_int(completed) and completed >= created
-                else created
-            )
-            if ended
-            else None
-        )
+        rows[S.END_NS].append(end)
         rows[S.FLAGS].append(0)
         rows[S.SITE].append(_site(e.get("frames")))
     return pa.table(rows, schema=S.RECORD_CALLS_SCHEMA)
+
+
+def _coalesce(
+    rows: dict[str, list[Any]], i: int, op: str, nbytes: int | None, start: int, end: int | None
+) -> None:
+    """Another entry of the call in row ``i`` (one sequence number: a coalesced call)."""
+    if "coalesced" in op.lower():
+        rows[S.OP][i] = op
+    else:
+        held = rows[S.BYTES][i]
+        rows[S.BYTES][i] = None if held is None or nbytes is None else held + nbytes
+    rows[S.START_NS][i] = min(rows[S.START_NS][i], start)
+    held_end = rows[S.END_NS][i]
+    rows[S.END_NS][i] = None if held_end is None or end is None else max(held_end, end)
+
+
+def _as_int(value: Any) -> int | None:
+    """An entry's number, or its digits as a string; None where it is neither."""
+    if isinstance(value, str) and value.isdigit() and len(value) < 19:
+        value = int(value)
+    return value if _is_int(value) else None
 
 
 #: frames of PyTorch's own code, passed over to find where the job made a call
@@ -211,7 +262,10 @@ def _is_int(value: Any) -> bool:
 def _bytes(entry: dict[str, Any]) -> int | None:
     try:
         total = 0
-        for shape, dtype in zip(entry["input_sizes"], entry["input_dtypes"], strict=False):
+        dtypes = entry["input_dtypes"]
+        if isinstance(dtypes, str):  # (one for every input)
+            dtypes = [dtypes] * len(entry["input_sizes"])
+        for shape, dtype in zip(entry["input_sizes"], dtypes, strict=False):
             n = 1
             for d in shape:
                 n *= int(d)
@@ -289,7 +343,7 @@ def _tables(dumps: dict[int, FlightDump], warnings: list[str]) -> DumpRecord:
             "(a rank that died, or hung where it could not dump?)"
         )
     ranks = sorted(dumps)
-    parts = [flight_rows(rank, dumps[rank].entries) for rank in ranks]
+    parts = [flight_rows(rank, dumps[rank].entries, dumps[rank].group_labels) for rank in ranks]
     calls = pa.concat_tables(parts) if parts else S.RECORD_CALLS_SCHEMA.empty_table()
     progress = []
     for part in parts:

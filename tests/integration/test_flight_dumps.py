@@ -201,3 +201,72 @@ def test_a_folder_of_only_a_refused_pickle_says_so_in_one_line(tmp_path: Path) -
     assert result.code == 2 and not mark.exists()
     assert len(result.err.strip().splitlines()) == 1
     assert "no traces found" in result.err and "refused, not executed" in result.err
+
+
+# --- entries as PyTorch's own analyser's tests write them -----------------------------------
+# (torch.distributed.flight_recorder's test_fr_analysis.py: sequence numbers as strings, one
+# dtype string for all inputs, a subgroup named alike on every rank but holding only that rank,
+# and coalesced calls: each op, then a "coalesced" entry, all of one sequence number)
+
+
+def _fr_entry(record: int, op: str, sizes: list[list[int]], seq: int,
+              group: tuple[str, str] = ("0", "default_pg"), dtype: str = "float32",
+              state: str = "completed") -> dict[str, Any]:  # fmt: skip
+    return {
+        "record_id": record, "profiling_name": f"gloo:{op}", "state": state,
+        "process_group": group, "input_sizes": sizes, "output_sizes": sizes,
+        "input_dtypes": dtype, "output_dtypes": dtype, "collective_seq_id": str(seq),
+        "p2p_seq_id": "0", "time_created_ns": T0 + record * 1000, "frames": [],
+        "is_p2p": False,
+    }  # fmt: skip
+
+
+def _fr_dump(rank: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "version": "2.8",
+        "rank": rank,
+        "pg_config": {
+            "0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"},
+            "1": {"name": "1", "desc": "sub_pg", "ranks": f"[{rank}]"},
+        },
+        "entries": entries,
+    }
+
+
+def _fr_job(tmp_path: Path, second: dict[int, list[list[int]]]) -> Any:
+    """Two ranks: an all-reduce, an all-reduce of each rank's own subgroup, then a coalesced
+    broadcast of two tensors (sizes of the second: ``second[rank]``)."""
+    for rank in (0, 1):
+        entries = [
+            _fr_entry(0, "all_reduce", [[4, 4]], 1),
+            _fr_entry(1, "all_reduce", [[5, 5]], 1, group=("1", "sub_pg")),
+            _fr_entry(2, "_broadcast_oop", [[4, 4]], 2),
+            _fr_entry(3, "_broadcast_oop", second[rank], 2),
+            _fr_entry(4, "ALLGATHER_coalesced", [[]], 2),
+        ]
+        _write(tmp_path, rank, _fr_dump(rank, entries), form="json")
+    return _analysed(tmp_path)
+
+
+def test_pytorch_analyser_entries_that_match_are_no_failure(tmp_path: Path) -> None:
+    found, result = _fr_job(tmp_path, {0: [[4, 4]], 1: [[4, 4]]})
+    assert result.failure is None, result.failure
+    calls = found.calls.to_pylist()
+    # string sequence numbers read; the coalesced call is one call of both tensors' bytes
+    coalesced = [c for c in calls if c["seq"] == 2]
+    assert len(coalesced) == 2 and {c["op"] for c in coalesced} == {"ALLGATHER_coalesced"}
+    assert {c["bytes"] for c in coalesced} == {2 * 16 * 4}
+    # each rank's one-rank subgroup is its own group, not one group the other rank skipped
+    assert {c["group"] for c in calls if c["rank"] == 0} == {"0", "1 (ranks 0)"}
+    assert {c["group"] for c in calls if c["rank"] == 1} == {"0", "1 (ranks 1)"}
+
+
+def test_pytorch_analyser_entries_of_a_coalesced_call_that_differs_are_a_mismatch(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 broadcasts a 5x5 tensor where rank 1 broadcasts a 4x4 one, inside one coalesced
+    call (the analyser's "mis-matched uneven all-gather" case)."""
+    _, result = _fr_job(tmp_path, {0: [[5, 5]], 1: [[4, 4]]})
+    f = result.failure
+    assert f is not None and (f.kind, f.seq, f.group) == ("mismatch", 2, "0"), f
+    assert f.rank in (0, 1) and "ALLGATHER_coalesced" in f.detail, f.detail

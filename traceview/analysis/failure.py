@@ -379,8 +379,9 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
     where sizes must agree."""
     if calls.height == 0 or calls[S.RANK].n_unique() < 2:
         return None
+    same_size = [op for op in calls[S.OP].unique().to_list() if op and _sizes_agree(op)]
     keyed = calls.with_columns(
-        key=pl.when(pl.col(S.OP).is_in(SAME_SIZE))
+        key=pl.when(pl.col(S.OP).is_in(same_size))
         .then(pl.col(S.OP) + ":" + pl.col(S.BYTES).cast(pl.String).fill_null("?"))
         .otherwise(pl.col(S.OP))
         # (where the Flight Recorder says where the job made every call: two calls of one op
@@ -439,6 +440,20 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
         kind=kind, rank=rank, step=step, detail=detail, seq=int(seq), op=str(row[S.OP]),
         group=str(group), phase="comm",
     )  # fmt: skip
+
+
+#: Spellings of one collective in backends' and the Flight Recorder's names
+_SPELLED = {"allgather": "all_gather", "allreduce": "all_reduce", "reducescatter": "reduce_scatter"}
+
+
+def _sizes_agree(op: str) -> bool:
+    """Whether every rank's call of ``op`` moves as many bytes: its base collective is one of
+    SAME_SIZE, however spelled (``_broadcast_oop``, ``ALLGATHER_coalesced``,
+    ``_reduce_scatter_base``, ``all_gather_into_tensor_coalesced``)."""
+    base = op.lower().lstrip("_")
+    for part in ("_coalesced", "_oop", "_base", "_into_tensor", "_tensor"):
+        base = base.replace(part, "")
+    return _SPELLED.get(base, base) in SAME_SIZE
 
 
 def _others_next(keyed: pl.DataFrame, rank: int, group: str, seq: int, key: str) -> str | None:

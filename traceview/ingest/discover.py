@@ -29,6 +29,7 @@ from traceview.parsers import (
     TraceIdentity,
     TraceStream,
     generic,
+    number_ranges,
     rank_from_filename,
     registered,
 )
@@ -287,23 +288,6 @@ def _differ(first: TraceFile, other: TraceFile) -> str:
     if first.process is not None and other.process is not None and first.process != other.process:
         return f"written by different processes (pid {first.process} and pid {other.process})"
     return ""
-
-
-def number_ranges(numbers: list[int]) -> str:
-    """[1, 2, 3, 7] -> "1-3, 7"."""
-    out: list[str] = []
-    start = prev = None
-    for n in sorted(numbers):
-        if start is None:
-            start = prev = n
-        elif prev is not None and n == prev + 1:
-            prev = n
-        else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = n
-    if start is not None:
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ", ".join(out)
 
 
 def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:

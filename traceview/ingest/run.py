@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import __version__
-from traceview.ingest.discover import TraceFile, assign_ranks, discover, number_ranges
+from traceview.ingest.discover import TraceFile, assign_ranks, discover
 from traceview.ingest.lifetime import die_with_parent
 from traceview.ingest.rank import RankAnalysis, RankPartial, ingest_rank
 from traceview.ingest.windows import NotOneRun
@@ -50,6 +50,7 @@ from traceview.model.manifest import (
     RankIngest,
 )
 from traceview.model.progress import Progress, quiet
+from traceview.parsers import number_ranges
 from traceview.store import outputs
 from traceview.store import rundir as R
 
