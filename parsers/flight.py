@@ -179,7 +179,7 @@ def flight_rows(
     digit strings (as PyTorch's own analyser's test data writes them)."""
     labels = group_labels or {}
     rows: dict[str, list[Any]] = {name: [] for name in S.RECORD_CALLS_SCHEMA.names}
-    at: dict[tuple[str | None, int], int] = {}  # (group, seq) -> its row
+    last: dict[str | None, tuple[int, int]] = {}  # group -> its last call's (seq, row)
     for e in entries:
         seq, created = _as_int(e.get("collective_seq_id")), _as_int(e.get("time_created_ns"))
         name = e.get("profiling_name")
@@ -195,11 +195,11 @@ def flight_rows(
         op, nbytes, seq = name.rpartition(":")[2][:80] or "other", _bytes(e), seq
         if e.get("is_p2p"):
             seq = 0
-        elif seq and (group, seq) in at:
-            _coalesce(rows, at[(group, seq)], op, nbytes, created, end)
+        elif seq and last.get(group, (0, 0))[0] == seq:  # (entries of one call follow each other)
+            _coalesce(rows, last[group][1], op, nbytes, created, end)
             continue
         if seq:
-            at[(group, seq)] = len(rows[S.RANK])
+            last[group] = (seq, len(rows[S.RANK]))
         rows[S.RANK].append(rank)
         rows[S.SOURCE].append("flight")
         rows[S.GROUP].append(group)
@@ -212,6 +212,23 @@ def flight_rows(
         rows[S.FLAGS].append(0)
         rows[S.SITE].append(_site(e.get("frames")))
     return pa.table(rows, schema=S.RECORD_CALLS_SCHEMA)
+
+
+def in_order(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """A rank's entries without those whose sequence number goes back within their process
+    group (a ring holding two runs' calls?), and how many were set aside."""
+    kept, dropped = [], 0
+    highest: dict[str, int] = {}
+    for e in entries:
+        seq, pg = _as_int(e.get("collective_seq_id")), e.get("process_group")
+        group = str(pg[0])[:200] if isinstance(pg, list | tuple) and pg else ""
+        if seq and not e.get("is_p2p"):
+            if seq < highest.get(group, 0):
+                dropped += 1
+                continue
+            highest[group] = seq
+        kept.append(e)
+    return kept, dropped
 
 
 def _coalesce(
@@ -314,6 +331,12 @@ def find_dumps(files: list[Path]) -> DumpRecord | None:
         if rank is None:
             warnings.append(f"{path}: a Flight Recorder dump that names no rank; set aside")
             continue
+        dump.entries, backwards = in_order(dump.entries)
+        if backwards:
+            warnings.append(
+                f"{path}: {backwards} entr{'y' if backwards == 1 else 'ies'} whose sequence "
+                "number goes back in its process group (calls of another run?); set aside"
+            )
         held = by_rank.get(rank)
         if held is not None and held.record_ids != dump.record_ids:
             later = max((held, dump), key=_last_time)

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from traceview.collectors import rankside_record as R
 from traceview.model import schema as S
-from traceview.parsers.flight import flight_rows
+from traceview.parsers.flight import flight_rows, in_order
 
 STEP_DTYPE = np.dtype(
     [("step", "<u4"), ("calls", "<u4"), ("start_ns", "<i8"), ("end_ns", "<i8"),
@@ -197,7 +197,12 @@ def _read_rank(folder: Path, rank: int, warnings: list[str]) -> RankRecord:
         record.stacks = stacks
     flight = _json(folder / "fr.json")
     if isinstance(flight, dict) and isinstance(flight.get("entries"), list):
-        record.flight = [e for e in flight["entries"] if isinstance(e, dict)]
+        record.flight, backwards = in_order([e for e in flight["entries"] if isinstance(e, dict)])
+        if backwards:
+            warnings.append(
+                f"rank {rank}: {backwards} Flight Recorder entries whose sequence number goes "
+                "back (calls of another run?); set aside"
+            )
     return record
 
 

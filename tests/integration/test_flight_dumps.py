@@ -270,3 +270,17 @@ def test_pytorch_analyser_entries_of_a_coalesced_call_that_differs_are_a_mismatc
     f = result.failure
     assert f is not None and (f.kind, f.seq, f.group) == ("mismatch", 2, "0"), f
     assert f.rank in (0, 1) and "ALLGATHER_coalesced" in f.detail, f.detail
+
+
+def test_entries_whose_sequence_numbers_go_back_are_set_aside(tmp_path: Path) -> None:
+    """A ring holding calls of another run after this one's: the entries whose sequence number
+    goes back are set aside, named in one warning; the rest still shows the hang."""
+    done = [_entry(s) for s in range(1, 11)]
+    stale = [_entry(s) for s in (3, 4)]  # (not one call's entries: they do not follow it)
+    for rank in (0, 1, 3):
+        _write(tmp_path, rank, _dump([*done, _entry(11, "started"), *stale]))
+    _write(tmp_path, 2, _dump(done))
+    found, result = _analysed(tmp_path)
+    assert sum("sequence number goes back" in w for w in found.warnings) == 3, found.warnings
+    f = result.failure
+    assert (f.kind, f.rank, f.seq) == ("hang", 2, 11), f
