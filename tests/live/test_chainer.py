@@ -140,7 +140,7 @@ def test_a_job_that_never_steps_an_optimizer_says_so(tmp_path: Path) -> None:
     assert "left nothing to profile" in result.err and "Traceback" not in result.err
     verdict = [line for line in result.err.splitlines() if "left nothing to profile" in line]
     assert len(verdict) == 1 and "never stepped" not in verdict[0]  # said once, not quoted again
-    assert not (run / "raw").exists()
+    assert not (run / "raw").exists()  # (nor the rank's step record: of no step, a clean exit)
     # fewer updates than --skip + --warmup: nothing recorded either, and it says why
     result = run_cli("collect", "-o", run, "--", python, WORKLOAD, tmp_path / "out", "--steps", "2")
     assert result.code == 0 and "Traceback" not in result.err

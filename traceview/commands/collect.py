@@ -224,7 +224,8 @@ class CollectCommand:
                     f"imported PyTorch, TensorFlow, MXNet or Chainer and ran a training step{last}"
                 )
             print(f"traceview: {why}", file=sys.stderr)
-            if not self._remove_empty(run, existed, args.keep):
+            # (a clean job's record of no step says nothing: not kept for it)
+            if not self._remove_empty(run, existed, args.keep, empty_records=code == 0):
                 self._write_manifest(run, result, settings, quiet=True)
             return code  # collect exits with the job's exit code
         if not self._write_manifest(run, result, settings, quiet=False):
@@ -317,15 +318,19 @@ class CollectCommand:
         return True
 
     @staticmethod
-    def _remove_empty(run: Path, existed: bool, keep: bool) -> bool:
+    def _remove_empty(run: Path, existed: bool, keep: bool, empty_records: bool = False) -> bool:
         """Remove a run directory collect made that received nothing from the job (only its
-        bootstrap), unless ``keep``; says so. Whether it was removed."""
+        bootstrap; with ``empty_records``, ranks' step records of no step count as nothing),
+        unless ``keep``; says so. Whether it was removed."""
         import shutil
 
         from traceview.collectors.rankside import STARTED
 
         raw = run / R.RAW
-        received = raw.is_dir() and any(p.name != STARTED for p in raw.iterdir())
+        received = raw.is_dir() and any(
+            p.name != STARTED and not (empty_records and _no_step_recorded(p))
+            for p in raw.iterdir()
+        )
         if keep or existed or received or not run.is_dir():
             return False
         shutil.rmtree(run, ignore_errors=True)
@@ -339,6 +344,20 @@ class CollectCommand:
 def _killed_while_profiling(statuses: list[dict]) -> list[str]:
     """The ranks whose last status says they were inside the profiling window."""
     return [str(s.get("rank")) for s in statuses if s.get("state") in ("profiling", "stopping")]
+
+
+#: what a rank's step record holds, and nothing else (rankside_record)
+_RECORD_FILES = frozenset(("steps.bin", "calls.bin", "groups.json", "end.json", "stacks.json"))
+
+
+def _no_step_recorded(folder: Path) -> bool:
+    """Whether ``folder`` holds a rank's step record of no step and nothing else."""
+    try:
+        names = {p.name for p in folder.iterdir()}
+        steps = folder / "steps.bin"
+        return names <= _RECORD_FILES and (not steps.exists() or steps.stat().st_size <= 8)
+    except OSError:
+        return False
 
 
 def _recorded_steps(run: Path) -> bool:
