@@ -5,8 +5,8 @@ index, from 0); the job writes what it injected to TRUTH/fault.json before it st
   mpirun -np N python faulty_chainer.py --fault KIND [--rank R --step K] [--steps N] --truth DIR
 
 Each step: a batch from an iterator (``next``, then ``concat_examples``), forward and backward
-of a small MLP, then the multi-node optimizer's update: its first update broadcasts the
-parameters (``bcast_data``, call 1 of the communicator) and only that; every later one averages the gradients
+of a small MLP, then the multi-node optimizer's update: its first only broadcasts the
+parameters (``bcast_data``, call 1 of the communicator); every later one averages the gradients
 (``multi_node_mean_grad``, an MPI all-reduce: call K + 1 at step K, from step 1 on).
 Faults (KIND):
 - hang-io: the rank's iterator takes --hang-s (default 600) to hand over the batch of step K;
