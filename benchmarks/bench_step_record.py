@@ -11,20 +11,26 @@ Part 2, a real job: ``torchrun --nproc-per-node 2`` of a loop whose steps make -
 all-reduces and one small matmul, plain and under `traceview collect` (its steps after the
 profiled window: only the record runs), alternating, --repeat times; median step time.
 
+Part 3, the bundled example (examples/train.py: DDP, a DataLoader, steps of a few ms), 2 ranks
+under torchrun, plain and under collect, alternating, --repeat times: each step's end timed by
+a global optimizer-step hook the runner adds before it runs the script unchanged; median step
+time after the profiled window.
+
     python benchmarks/bench_step_record.py [--calls 1000] [--steps 30] [--repeat 3] [--n 20000]
+        [--example-steps 400]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -91,6 +97,61 @@ dist.destroy_process_group()
 """
 
 
+#: Runs a script unchanged, timing the end of each optimizer step (rank 0 writes them).
+RUNNER = r"""
+import json, os, runpy, sys, time
+from torch.optim.optimizer import register_optimizer_step_post_hook
+ends = []
+register_optimizer_step_post_hook(lambda *_: ends.append(time.perf_counter()))
+out, script = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[2:]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    if os.environ.get("RANK", "0") == "0":
+        json.dump([b - a for a, b in zip(ends, ends[1:])], open(out, "w"))
+"""
+
+
+def _median_steps(make: Any, repeat: int, after: int) -> dict[str, float]:
+    """Median step time (ms) of runs made by ``make(mode, out_json, index)``, modes taking
+    turns; the steps from ``after`` on."""
+    medians: dict[str, list[float]] = {"plain": [], "collect": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeat):
+            for mode in medians:
+                out = Path(tmp) / f"{mode}-{i}.json"
+                subprocess.run(make(Path(tmp), mode, out, i), check=True, capture_output=True)
+                times = json.loads(out.read_text())[after:]
+                medians[mode].append(statistics.median(times) * 1e3)
+    return {mode: statistics.median(v) for mode, v in medians.items()}
+
+
+def _under_collect(
+    tmp: Path, i: int, cmd: list[str], skip: int, warmup: int, active: int
+) -> list[str]:
+    return [
+        sys.executable, "-m", "traceview", "collect", "-o", str(tmp / f"run-{i}"), "--no-report",
+        "--skip", str(skip), "--warmup", str(warmup), "--steps", str(active), "--", *cmd,
+    ]  # fmt: skip
+
+
+def example(steps: int, repeat: int) -> dict[str, float]:
+    skip, warmup, active = 5, 1, 2
+    script = str(HERE.parent / "examples" / "train.py")
+
+    def make(tmp: Path, mode: str, out: Path, i: int) -> list[str]:
+        runner = tmp / "runner.py"
+        runner.write_text(RUNNER)
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", str(runner), str(out), script, "--steps", str(steps),
+        ]  # fmt: skip
+        return _under_collect(tmp, i, cmd, skip, warmup, active) if mode == "collect" else cmd
+
+    return _median_steps(make, repeat, after=skip + warmup + active + 3)
+
+
 def one_process(n: int) -> dict[str, dict[str, float]]:
     done = subprocess.run(
         [sys.executable, "-c", ONE_PROCESS, str(n)], check=True, capture_output=True, text=True
@@ -100,28 +161,18 @@ def one_process(n: int) -> dict[str, dict[str, float]]:
 
 def job(calls: int, steps: int, repeat: int) -> dict[str, float]:
     skip, warmup, active = 5, 1, 2
-    after = skip + warmup + active + 3  # (steps after the profiled window and its export)
-    medians: dict[str, list[float]] = {"plain": [], "collect": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "job.py"
+
+    def make(tmp: Path, mode: str, out: Path, i: int) -> list[str]:
+        script = tmp / "job.py"
         script.write_text(JOB)
-        for i in range(repeat):
-            for mode in ("plain", "collect"):
-                out = Path(tmp) / f"{mode}-{i}.json"
-                cmd = [
-                    sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", "2", str(script), str(calls), str(steps), str(out),
-                ]  # fmt: skip
-                if mode == "collect":
-                    cmd = [
-                        sys.executable, "-m", "traceview", "collect", "-o", str(Path(tmp) / f"run-{i}"),
-                        "--no-report", "--skip", str(skip), "--warmup", str(warmup),
-                        "--steps", str(active), "--", *cmd,
-                    ]  # fmt: skip
-                subprocess.run(cmd, check=True, capture_output=True, env={**os.environ})
-                times = json.loads(out.read_text())[after:]
-                medians[mode].append(statistics.median(times) * 1e3)
-    return {mode: statistics.median(v) for mode, v in medians.items()}
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", "2", str(script), str(calls), str(steps), str(out),
+        ]  # fmt: skip
+        return _under_collect(tmp, i, cmd, skip, warmup, active) if mode == "collect" else cmd
+
+    # (the steps after the profiled window and its export)
+    return _median_steps(make, repeat, after=skip + warmup + active + 3)
 
 
 def main() -> int:
@@ -132,6 +183,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000, help="all-reduces per step of the job")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--example-steps", type=int, default=400, help="steps of the example")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
     started = time.time()
@@ -150,10 +202,19 @@ def main() -> int:
         f"job, 2 ranks, {args.calls} all-reduces a step, median step after the window: "
         f"plain {steps['plain']:.2f} ms, under collect {steps['collect']:.2f} ms ({overhead:+.1f}%)"
     )
+    bundled = example(args.example_steps, args.repeat)
+    bundled_overhead = 100 * (bundled["collect"] / bundled["plain"] - 1)
+    print(
+        f"examples/train.py, 2 ranks (DDP), median step after the window: plain "
+        f"{bundled['plain']:.2f} ms, under collect {bundled['collect']:.2f} ms "
+        f"({bundled_overhead:+.1f}%)"
+    )
     if args.json:
         args.json.write_text(json.dumps(
             {"one_process": calls, "job": steps, "calls_per_step": args.calls,
-             "overhead_percent": overhead, "seconds": time.time() - started}, indent=1
+             "overhead_percent": overhead, "example": bundled,
+             "example_overhead_percent": bundled_overhead,
+             "seconds": time.time() - started}, indent=1
         ))  # fmt: skip
     return 0
 
