@@ -111,6 +111,11 @@ class Collector(abc.ABC):
             calls.level = 1
             try:
                 return original(*args, **kwargs)
+            except _ENDS:
+                raise
+            except BaseException:
+                record.raised_in(phase)
+                raise
             finally:
                 calls.level = 0
                 record.restore(left)
@@ -378,6 +383,10 @@ def every_subclass(base: Any, mark: Callable[[Any], None]) -> None:
             mark(cls)
 
     base.__init_subclass__ = classmethod(init_subclass)
+
+
+#: How an iterator ends (not a failure of the phase it was in)
+_ENDS = (StopIteration, StopAsyncIteration, GeneratorExit)
 
 
 def _nbytes(args: tuple[Any, ...]) -> int:

@@ -126,6 +126,12 @@ class _Timed:
         left = record.phase(IO_PHASE) if record is not None else 0
         try:
             return next(self.inner)
+        except StopIteration:
+            raise
+        except BaseException:
+            if record is not None:
+                record.raised_in(IO_PHASE)
+            raise
         finally:
             if record is not None:
                 record.restore(left)

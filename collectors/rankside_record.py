@@ -135,6 +135,7 @@ class StepRecord:
         self.owned = True
         with contextlib.suppress(AttributeError):
             os.register_at_fork(after_in_child=self._forked)
+        self.raised: tuple[int, int] | None = None  # (step, phase) an exception left
         self._head()
 
     def mine(self) -> bool:
@@ -234,6 +235,12 @@ class StepRecord:
             self._head()
             return left
 
+    def raised_in(self, index: int) -> None:
+        """An exception left phase ``index`` (before ``restore``): where a rank that dies of
+        it stood, for ``end``."""
+        if self.mine():
+            self.raised = (self.step, index)
+
     def restore(self, index: int) -> None:
         """The phase entered with ``phase`` ends: back to ``index``."""
         if not self.mine():
@@ -254,11 +261,11 @@ class StepRecord:
         if not self.mine() or self.ended:
             return
         self.ended = True
-        _write_json(
-            self.folder / "end.json",
-            {"state": state, "detail": detail, "t_ns": time.time_ns(), "step": self.step,
-             "pid": self.pid},
-        )  # fmt: skip
+        said = {"state": state, "detail": detail, "t_ns": time.time_ns(), "step": self.step,
+                "pid": self.pid}  # fmt: skip
+        if state == "exception" and self.raised is not None and self.raised[0] == self.step:
+            said["phase"] = PHASES[self.raised[1]]  # (the phase it raised in, since left)
+        _write_json(self.folder / "end.json", said)
 
     def dump(self, reason: str, frame: Any = None, tb: Any = None) -> None:
         """Every thread's Python stack (``frame``: the main thread's, where a signal handler

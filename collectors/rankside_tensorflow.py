@@ -96,6 +96,12 @@ class TensorFlowCollector(Collector):
                 left = record.phase(IO_PHASE) if record is not None else 0
                 try:
                     return original(iterator)
+                except StopIteration:
+                    raise
+                except BaseException:
+                    if record is not None:
+                        record.raised_in(IO_PHASE)
+                    raise
                 finally:
                     if outer:
                         collector.inside_next.active = False

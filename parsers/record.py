@@ -192,6 +192,8 @@ def _read_rank(folder: Path, rank: int, warnings: list[str]) -> RankRecord:
             "detail": end.get("detail") if isinstance(end.get("detail"), str) else None,
             "t_ns": end.get("t_ns") if isinstance(end.get("t_ns"), int) else None,
         }
+        if end.get("phase") in R.PHASES:  # (the phase it raised in: where it stood as it died)
+            record.phase_now = end["phase"]
     stacks = _json(folder / "stacks.json")
     if isinstance(stacks, dict) and isinstance(stacks.get("threads"), list):
         record.stacks = stacks

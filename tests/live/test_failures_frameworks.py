@@ -102,8 +102,8 @@ def test_a_rank_that_raises_loading_data_is_the_crash_at_its_step(
     tmp_path: Path, framework: str
 ) -> None:
     """The batch of step 5 raises in the framework's loader (inside TensorFlow's graph, which
-    wraps it in its own error): the crash is at step 5, in the script's words, not the
-    wrapper's traceback; steps 0-4 are recorded whole."""
+    wraps it in its own error): the crash is at step 5, in data loading, in the script's words,
+    not the wrapper's traceback; steps 0-4 are recorded whole."""
     python = _mxnet_python() if framework == "mxnet" else sys.executable
     if framework != "mxnet":
         _tensorflow()
@@ -112,6 +112,8 @@ def test_a_rank_that_raises_loading_data_is_the_crash_at_its_step(
     assert f is not None and (f["kind"], f["rank"], f["step"]) == ("crash", 0, truth["step"]), f
     assert "RuntimeError: injected fault loading the batch of step 5" in f["detail"]
     assert "Traceback" not in f["detail"] and "\n" not in f["detail"], f["detail"]
+    # where it raised: data loading, left as the exception unwound (Keras reads in the graph)
+    assert f["phase"] == (None if framework == "tf-fit" else "io"), f
     assert _recorded_steps(tmp_path / "run", 0, tmp_path) == list(range(truth["step"]))
 
 

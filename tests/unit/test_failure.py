@@ -374,3 +374,29 @@ def test_the_ending_shows_the_failing_rank_among_many() -> None:
     shown = [int(line.split()[1]) for line in text.splitlines() if line.startswith("rank ")]
     assert len(shown) == SHOWN_RANKS and 700 in shown and 3 in shown
     assert f"… and {1024 - SHOWN_RANKS} more ranks" in text
+
+
+def test_a_rank_that_raises_in_its_data_loading_crashed_there(tmp_path: Path) -> None:
+    """Rank 1's batch of step 3 raises: the exception leaves the data-loading phase as it
+    unwinds, but the rank's end says where it raised, so the crash is in `io`, not "its step"
+    (a caught StopIteration, an epoch's end, is no such place)."""
+    job = Job(tmp_path, 3)
+    job.steady(3)
+    rec = job.records[1]
+    left = rec.phase(W.IO_PHASE)
+    rec.raised_in(W.IO_PHASE)  # (what the phase mark does as the exception passes)
+    rec.restore(left)
+    rec.end("exception", "RuntimeError: a corrupt shard")
+    for r in (0, 2):
+        job.wait_in(r)
+        job.end(r, "exception", TIMEOUT, later_s=6.0)
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank, f.step, f.phase) == ("crash", 1, 3, "io"), f
+    # an exception of an earlier step, caught by the job, says nothing of where it died
+    other = Job(tmp_path / "other", 2)
+    other.records[1].raised_in(W.IO_PHASE)
+    other.steady(2)
+    other.records[1].end("exception", "RuntimeError: later, in its step")
+    other.wait_in(0)
+    other.end(0, "exception", TIMEOUT, later_s=6.0)
+    assert other.failure().failure.phase != "io"
