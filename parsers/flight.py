@@ -190,9 +190,10 @@ def flight_rows(
         group = labels.get(group, group) if group is not None else None
         completed = _as_int(e.get("time_discovered_completed_ns"))
         ended = e.get("state") == "completed" or e.get("retired") is True
-        end = completed if completed is not None and completed >= created else created
-        end = end if ended else None
-        op, nbytes, seq = name.rpartition(":")[2][:80] or "other", _bytes(e), seq
+        end: int | None = None
+        if ended:
+            end = completed if completed is not None and completed >= created else created
+        op, nbytes = name.rpartition(":")[2][:80] or "other", _bytes(e)
         if e.get("is_p2p"):
             seq = 0
         elif seq and last.get(group, (0, 0))[0] == seq:  # (entries of one call follow each other)
