@@ -12,9 +12,10 @@ traceview.collectors.step()); each rank's trace and status land in RUN/raw/, and
 then read and reported. The exit code is the job's. A rank whose profile grows its memory by more
 than --max-profile-memory (default 2G) stops profiling, writes what it has and runs on.
 
-Under PyTorch every rank also keeps a step record of the whole run, profiled or not: each step's
-start and end, each collective it calls, and, when it stalls for --stall seconds, is ended by the
-launcher or raises, every thread's Python stack and PyTorch's Flight Recorder. A job that hangs,
+Every rank (PyTorch, TensorFlow, MXNet, Chainer) also keeps a step record of the whole run,
+profiled or not: each step's start and end, its data loading, each collective it calls from
+Python, and, when it stalls for --stall seconds, is ended by the launcher or raises, every
+thread's Python stack (and PyTorch's Flight Recorder). A job that hangs,
 desynchronizes or dies is reported as such: which rank, which step, which call.
 """
 
