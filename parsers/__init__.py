@@ -104,6 +104,12 @@ class TraceIdentity:
     # the OS process that wrote it, where the trace says so cheaply: a rank's several files
     # (one per profiler cycle or step) are one process's
     process: int | None = None
+    # the framework, where one format is written by several (an XSpace: TensorFlow's or JAX's;
+    # None: the parser's own)
+    framework: str | None = None
+    # the devices one process drove, where it drove several: each is a rank of its own, read
+    # with ``parse(path, device)`` (None: the trace is one rank)
+    devices: list[str] | None = None
 
 
 class TraceStream(Protocol):

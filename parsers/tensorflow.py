@@ -21,6 +21,8 @@ Each event's ``group_id`` (TensorFlow's own grouping of events into steps) is ke
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import re
 import tempfile
@@ -45,6 +47,16 @@ from traceview.parsers import (
     us_durations_to_ns,
     us_to_ns,
 )
+from traceview.parsers.xplane_devices import (
+    CPU_DEVICE_PID,
+    Devices,
+    device_of_plane,
+    find_devices,
+    gpu_private,
+    one_device,
+    replica_of,
+)
+from traceview.parsers.xspace_hlo import NOTHING, HloFacts, hlo_facts
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
@@ -69,6 +81,10 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     level0: str | None = msgspec.field(default=None, name="level 0")
     annotation: str | None = None
     memcpy_details: str | None = None
+    device_ordinal: str | int | None = None  # an XLA op run on a host thread: for that device
+    hlo_op: str | None = None
+    hlo_module: str | None = None
+    instance_key: str | int | None = None  # a TensorFlow collective's: one per replica
     name: str | None = None  # of process_name / thread_name records
 
 
@@ -155,7 +171,7 @@ def rank_from_path(path: Path) -> int | None:
 
 class XPlaneParser:
     name = "xplane"
-    framework = "tensorflow"
+    framework = "tensorflow"  # or "jax", as each profile says (``identify``)
     streams = True  # read a batch at a time (stream)
     rules_file: Path | None = None  # the built-in rules of its framework alone
 
@@ -163,52 +179,122 @@ class XPlaneParser:
         return path.name.endswith(SUFFIX)
 
     def identify(self, path: Path) -> TraceIdentity:
-        return TraceIdentity(rank=rank_from_path(path), host=path.name[: -len(SUFFIX)] or None)
+        """Rank and host from the path; the framework and, where one process drove several
+        devices, the devices (each a rank: ``parse(path, device)``) from the profile itself,
+        read once here and kept for the parse that follows (``_whole``). A profile that does not
+        read is identified by its path alone (its parse says why)."""
+        identity = TraceIdentity(rank=rank_from_path(path), host=path.name[: -len(SUFFIX)] or None)
+        try:
+            whole = _whole(path)
+        except BadInput:
+            return identity
+        identity.framework = whole.parsed.framework
+        if whole.devices.several:
+            identity.devices = list(whole.devices.names)
+        return identity
 
-    def stream(self, path: Path) -> WholeRead:
+    def stream(self, path: Path, device: str | None = None) -> WholeRead:
         """The profile read whole (a protobuf cannot be streamed), its events handed on a
         batch at a time (``WholeRead``; the core infers its steps first)."""
-        return WholeRead(lambda: self.parse(path))
+        return WholeRead(lambda: self.parse(path, device))
 
-    def parse(self, path: Path) -> ParsedTrace:
-        tools = _require_xprof()
-        size = path.stat().st_size
-        if size == 0:
-            raise BadInput(f"{path}: empty file")
-        with _captured_stderr() as logged:
-            try:
-                result = tools.xspace_to_tool_data([str(path)], "trace_viewer", {})
-            except Exception as exc:
-                raise BadInput(f"{path}: not a readable XSpace: {exc}") from None
-        data = result[0] if isinstance(result, tuple) else result
-        if not data:
-            raise BadInput(
-                f"{path}: not a readable TensorFlow profile (xplane.pb): {_native_error(logged)}"
-            )
+    def parse(self, path: Path, device: str | None = None) -> ParsedTrace:
+        """The profile as one rank; with ``device``, that device's rank of a profile of several
+        (``xplane_devices``)."""
+        whole = _whole(path)
+        if device is None or not whole.devices.several:
+            return dataclasses.replace(whole.parsed, notes=_copy(whole.parsed.notes))
+        if device not in whole.devices.names:
+            raise BadInput(f"{path}: no device {device!r} in this profile")
+        parsed = one_device(whole.parsed, whole.devices, device, whole.host_pid)
+        parsed.notes = _copy(parsed.notes)
+        return parsed
+
+
+def _copy(notes: Notes) -> Notes:
+    copied = Notes()
+    copied.extend(notes)
+    return copied
+
+
+@dataclasses.dataclass
+class _Whole:
+    """A profile read whole: every event (``parsed``, as one rank), and its devices."""
+
+    parsed: ParsedTrace
+    devices: Devices
+    host_pid: int | None
+
+
+def _whole(path: Path) -> _Whole:
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return _read_whole(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
+    """The profile read and decoded once (the last one read is kept: a profile of several
+    devices is identified, then parsed once per device)."""
+    path = Path(name)
+    tools = _require_xprof()
+    if size == 0:
+        raise BadInput(f"{path}: empty file")
+    with _captured_stderr() as logged:
         try:
-            records = _DECODER.decode(data).traceEvents
-        except msgspec.DecodeError as exc:  # pragma: no cover - xprof writes valid JSON
-            raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
-        del data
-        start_ns = _start_time_ns(path)
-        events, meta, threads, skipped, notes = _events(records, start_ns, path)
-        if events.num_rows == 0:
-            raise BadInput(f"{path}: the TensorFlow profile holds no events")
-        memory = _memory_profile(path, records, start_ns or 0, notes)
-        return ParsedTrace(
-            side={"memory": memory} if memory is not None else {},
-            path=path,
-            framework=self.framework,
-            events=events,
-            rank=rank_from_path(path),
-            host=path.name[: -len(SUFFIX)] or None,
-            meta=meta,
-            threads=threads,
-            notes=notes,
-            bytes_read=size,
-            skipped=skipped,
-            infer_steps="step_groups",
+            result = tools.xspace_to_tool_data([str(path)], "trace_viewer", {})
+        except Exception as exc:
+            raise BadInput(f"{path}: not a readable XSpace: {exc}") from None
+    data = result[0] if isinstance(result, tuple) else result
+    if not data:
+        raise BadInput(
+            f"{path}: not a readable TensorFlow profile (xplane.pb): {_native_error(logged)}"
         )
+    try:
+        records = _DECODER.decode(data).traceEvents
+    except msgspec.DecodeError as exc:  # pragma: no cover - xprof writes valid JSON
+        raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
+    del data
+    start_ns = _start_time_ns(path)
+    facts = hlo_facts(path)
+    read = _events(records, start_ns, path, facts)
+    if read.events.num_rows == 0:
+        raise BadInput(f"{path}: the TensorFlow profile holds no events")
+    memory = _memory_profile(path, records, start_ns or 0, read.notes)
+    framework = "jax" if facts.stats.get("jax_version") else "tensorflow"
+    meta = read.meta
+    for key in ("jax_version", "jaxlib_version", "cpu_version"):
+        if facts.stats.get(key):
+            meta[key] = str(facts.stats[key])
+    if isinstance(facts.stats.get("process_id"), int):
+        meta["process_id"] = facts.stats["process_id"]
+    events = read.events
+    if not read.devices.several:  # one rank: xprof's per-device step lines repeat its markers
+        events = events.filter(pa.array(~read.devices.step_line))
+    elif read.devices.left_out:
+        shown = ", ".join(f"{d} ({n})" for d, n in sorted(read.devices.left_out.items()))
+        read.notes.warn(
+            f"{path.name}: device(s) with copies but no kernels or ops are not ranks; their "
+            f"events are not read: {shown}"
+        )
+    parsed = ParsedTrace(
+        side={"memory": memory} if memory is not None else {},
+        path=path,
+        framework=framework,
+        events=events,
+        rank=rank_from_path(path),
+        host=path.name[: -len(SUFFIX)] or None,
+        meta=meta,
+        threads=read.threads,
+        notes=read.notes,
+        bytes_read=size,
+        skipped=read.skipped,
+        infer_steps="step_groups",
+        process_names=read.process_names,
+    )
+    return _Whole(parsed, read.devices, read.host_pid)
 
 
 _GPU_ALLOCATOR = re.compile(r"^GPU_(\d+)_bfc$")
@@ -332,9 +418,23 @@ def _scope(args: _Args) -> str | None:
     return _SHAPE_SUFFIX.sub("", text) if text else None
 
 
+@dataclasses.dataclass
+class _Read:
+    """``_events``' result: the whole profile's events and what it says of itself."""
+
+    events: pa.Table
+    devices: Devices
+    meta: dict[str, Any]
+    threads: dict[str, str]
+    process_names: dict[int, str]
+    skipped: dict[str, int]
+    notes: Notes
+    host_pid: int | None
+
+
 def _events(
-    records: list[_Record], start_ns: int | None, path: Path
-) -> tuple[pa.Table, dict[str, Any], dict[str, str], dict[str, int], Notes]:
+    records: list[_Record], start_ns: int | None, path: Path, facts: HloFacts = NOTHING
+) -> _Read:
     notes = Notes()
     planes: dict[int, str] = {}
     lines: dict[tuple[int, int], str] = {}
@@ -346,6 +446,21 @@ def _events(
                 lines[(r.pid, r.tid)] = r.args.name
     host_pids = {pid for pid, name in planes.items() if name.startswith("/host:")}
     device_pids = {pid for pid, name in planes.items() if name.startswith("/device:")}
+    device_of = {pid: device_of_plane(planes[pid]) for pid in device_pids}
+    active = {r.pid for r in records if r.ph == "X" and r.pid in device_pids}
+    # a GPU's plane has streams, and xprof's lines derived from them; a TPU's has its ops on
+    # "XLA Ops" (and no streams)
+    streamed = {
+        pid for (pid, _), line in lines.items() if pid in active and line.startswith("Stream")
+    }
+    # no device plane at work: the devices are the host's (JAX's CPU devices; TensorFlow's
+    # logical CPU devices), known by their ops
+    host_devices = not active
+    replicas = host_devices and any(
+        r.args.long_name and replica_of(r.args.long_name) is not None
+        for r in records
+        if r.ph == "X" and r.pid in host_pids
+    )
 
     skipped: Counter[str] = Counter()
     cat: list[str] = []
@@ -358,6 +473,9 @@ def _events(
     nbytes: list[int | None] = []
     correlation: list[int | None] = []
     groups: list[int | None] = []
+    device: list[str | None] = []
+    hlo: list[tuple[str, str] | None] = []  # (module, op) of an XLA op: its scope, read after
+    collective_key: list[str | None] = []  # a TensorFlow collective's instance key
     for r in records:
         if r.ph != "X" or r.ts is None or r.pid is None or r.tid is None:
             skipped["metadata" if r.ph == "M" else "other"] += 1
@@ -366,18 +484,32 @@ def _events(
         args = r.args
         kernel_scope: str | None = None
         size: int | None = None
+        on: str | None = None
+        op_of: tuple[str, str] | None = None
+        key: str | None = None
         if r.pid in host_pids:
             label = r.name or ""
             if args.step_num is not None:
                 # "train 3": the step's name as TensorFlow shows it, ending in its number
                 kind, label = "tf_step", f"{(args.step_name or label).strip()} {args.step_num}"
                 label = label.removeprefix(f"{args.step_num} ")
+            elif host_devices and args.hlo_op and args.device_ordinal is not None:
+                # an XLA op a host thread ran for one of the host's devices
+                kind, on = "xla_op", f"CPU:{_int(args.device_ordinal) or 0}"
+                op_of = (args.hlo_module or "", args.hlo_op)
             elif label.startswith("ThreadpoolListener"):
                 kind = "tf_host"  # a pool's bookkeeping, whichever pool
             elif label.startswith("Iterator::") or line.startswith("tf_data"):
                 kind = "tf_data"
+                if replicas and label.startswith("GetNextFromShard") and label[16:].isdigit():
+                    on = f"CPU:{int(label[16:])}"
             elif args.long_name and ":" in args.long_name:
                 kind, label = "tf_op", args.long_name
+                if replicas:
+                    replica = replica_of(label)
+                    on = f"CPU:{replica or 0}"
+                    if "Collective" in label and args.instance_key is not None:
+                        key = str(args.instance_key)
             elif line.startswith("collective_ops"):
                 kind = "tf_collective"  # the collective executor's own work: communication
             else:
@@ -386,20 +518,30 @@ def _events(
                 match = _MEMCPY_SIZE.search(args.memcpy_details)
                 size = int(match.group(1)) if match else None
         elif r.pid in device_pids:
-            if line in DERIVED_LINES:
+            on = device_of.get(r.pid)
+            label = r.name or ""
+            if line == "Steps":  # xprof's steps of this device: read where a profile has several
+                if not label.strip().isdigit():
+                    skipped["derived"] += 1
+                    continue
+                kind, label = "tf_step", f"step {label.strip()}"
+            elif line in DERIVED_LINES and not (line == "XLA Ops" and r.pid not in streamed):
                 skipped["derived"] += 1
                 continue
-            label = r.name or ""
-            upper = label.upper()
-            if "MEMCPY" in upper:
-                kind = "tf_memcpy"
-                match = _MEMCPY_SIZE.search(args.memcpy_details or "")
-                size = int(match.group(1)) if match else None
-            elif "MEMSET" in upper:
-                kind = "tf_memset"
             else:
-                kind = "tf_kernel"
-            kernel_scope = _scope(args)
+                upper = label.upper()
+                if "MEMCPY" in upper:
+                    kind = "tf_memcpy"
+                    match = _MEMCPY_SIZE.search(args.memcpy_details or "")
+                    size = int(match.group(1)) if match else None
+                elif "MEMSET" in upper:
+                    kind = "tf_memset"
+                else:
+                    kind = "tf_kernel"
+                if args.hlo_op:
+                    op_of = (args.hlo_module or "", args.hlo_op)
+                else:
+                    kernel_scope = _scope(args)
         else:
             skipped["other"] += 1
             continue
@@ -413,7 +555,13 @@ def _events(
         nbytes.append(size)
         correlation.append(_int(args.correlation_id))
         groups.append(_int(args.group_id))
+        device.append(on)
+        hlo.append(op_of)
+        collective_key.append(key)
 
+    _xla_scopes(hlo, scope, facts)
+    if replicas:
+        _collectives_by_replica(name, collective_key, device)
     base = start_ns or 0
     if start_ns is None:
         notes.remark(
@@ -422,8 +570,39 @@ def _events(
         )
     ts_ns = us_to_ns(np.asarray(ts, np.float64), base)
     dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
+    pids = np.asarray(pid, np.int64)
+    tids = np.asarray(tid, np.int64)
+    if host_devices:
+        _inherit_device(device, pids, tids, ts_ns, dur_ns)
+    line_device = {
+        key: f"GPU:{n}" for key, line in lines.items() if (n := gpu_private(line)) is not None
+    }
+    corr = np.asarray([-1 if c is None else c for c in correlation], np.int64)
+    devices = find_devices(device, cat, line_device, pids, tids, corr)
+    host_pid = min(host_pids) if host_pids else None
+    process_names = {p: planes[p] for p in planes}
+    thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}
+    xla = np.fromiter((c == "xla_op" for c in cat), bool, len(cat))
+    if xla.any():  # a CPU device's ops: on a process of that device's own
+        ordinal = np.fromiter(
+            (
+                int(d.rpartition(":")[2]) if c == "xla_op" and d else 0
+                for c, d in zip(cat, device, strict=True)
+            ),
+            np.int64,
+            len(cat),
+        )
+        moved = CPU_DEVICE_PID + ordinal[xla]
+        for p, t, d in {
+            (int(a), int(b), f"CPU:{int(a) - CPU_DEVICE_PID}")
+            for a, b in zip(moved, tids[xla], strict=True)
+        }:
+            process_names[p] = f"/device:{d}"
+            source = next((n for (hp, ht), n in lines.items() if ht == t), str(t))
+            thread_names[f"{p}/{t}"] = f"XLA ops ({source})"
+        pids[xla] = moved
     table = raw_events(
-        cat, name, pid, tid, ts_ns, dur_ns,
+        cat, name, pids.tolist(), tids.tolist(), ts_ns, dur_ns,
         **{
             S.CORRELATION: pa.array(correlation, pa.int64()),
             S.BYTES: pa.array(nbytes, pa.int64()),
@@ -431,10 +610,82 @@ def _events(
             S.STEP_GROUP: pa.array(groups, pa.int64()),
         },
     )  # fmt: skip
-    thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}
     meta = {
         "planes": sorted(set(planes.values())),
         "devices": sorted(planes[p] for p in device_pids),
         "base_time_ns": start_ns,
     }
-    return table, meta, thread_names, dict(skipped), notes
+    return _Read(table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid)
+
+
+def _xla_scopes(
+    hlo: list[tuple[str, str] | None], scope: list[str | None], facts: HloFacts
+) -> None:
+    """Each XLA op's scope: the framework op its program says it comes from (JAX's
+    ``jit(step)/transpose(jvp(loss))/dot_general``), else its HLO name."""
+    ran: dict[str, set[str]] = {}
+    for pair in hlo:
+        if pair is not None:
+            ran.setdefault(pair[0], set()).add(pair[1])
+    names = {module: facts.op_names(module, ops) for module, ops in ran.items()}
+    for i, pair in enumerate(hlo):
+        if pair is not None:
+            scope[i] = names[pair[0]].get(pair[1]) or pair[1]
+
+
+def _collectives_by_replica(
+    name: list[str], key: list[str | None], device: list[str | None]
+) -> None:
+    """A mirrored strategy's collective ops on CPU devices, one per replica and instance: the
+    replicas' ops are made in replica order, so within an instance key the op named first
+    (``CollectiveReduceV2``, then ``_1``, ``_2``...) is replica 0's. Each is named as replica
+    0's (the name without the suffix that tells the replicas' ops apart): one call of the
+    replicas, matched across them as one."""
+    by_key: dict[str, set[str]] = {}
+    for n, k in zip(name, key, strict=True):
+        if k is not None:
+            by_key.setdefault(k, set()).add(n)
+    order = {
+        k: {n: i for i, n in enumerate(sorted(ns, key=_op_number))} for k, ns in by_key.items()
+    }
+    for i, k in enumerate(key):
+        if k is not None:
+            device[i] = f"CPU:{order[k][name[i]]}"
+            stem, kind = _op_number(name[i])[0], name[i].partition(":")[2]
+            name[i] = f"{stem}:{kind}" if kind else stem
+
+
+def _op_number(full: str) -> tuple[str, int]:
+    """``sgd/CollectiveReduceV2_2:CollectiveReduceV2`` -> ("sgd/CollectiveReduceV2", 2)."""
+    op = full.partition(":")[0]
+    stem, _, number = op.rpartition("_")
+    return (stem, int(number)) if number.isdigit() and stem else (op, 0)
+
+
+def _inherit_device(
+    device: list[str | None], pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray
+) -> None:
+    """An event of no device of its own, inside one of a device's on the same thread (an XLA
+    op's rendezvous, an op's executor calls), is that device's."""
+    labelled = np.fromiter((d is not None for d in device), bool, len(device))
+    if not labelled.any() or labelled.all():
+        return
+    _, thread = np.unique(pid * (1 << 32) + tid, return_inverse=True)
+    low = int(ts.min())
+    span = int(ts.max()) - low + 1
+    key = thread.astype(np.int64).ravel() * span + (ts - low)  # (thread, start) in one number
+    outer = np.flatnonzero(labelled)
+    outer = outer[np.argsort(key[outer], kind="stable")]
+    inner = np.flatnonzero(~labelled)
+    # the latest device event that starts at or before each free one: on its thread, and
+    # around it
+    k = np.searchsorted(key[outer], key[inner], side="right") - 1
+    found = k >= 0
+    o = outer[np.maximum(k, 0)]
+    inside = (
+        found
+        & (thread.ravel()[o] == thread.ravel()[inner])
+        & (ts[inner] + dur[inner] <= ts[o] + dur[o])
+    )
+    for i, j in zip(inner[inside].tolist(), o[inside].tolist(), strict=True):
+        device[i] = device[j]

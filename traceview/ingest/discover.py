@@ -5,6 +5,7 @@ any heavy work.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import stat
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ class TraceFile:
     # windows: ingest reads them as one trace, in time order)
     more: list[Path] = field(default_factory=list)
     process: int | None = None  # the OS process that wrote it, where the trace says cheaply
+    # the devices of a process that drove several, each a rank (``per_device``); ``device``:
+    # the one this rank is
+    devices: list[str] | None = None
+    device: str | None = None
 
     @property
     def files(self) -> list[Path]:
@@ -231,13 +236,14 @@ def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | No
     return TraceFile(
         path=path,
         parser=parser.name,
-        framework=parser.framework,
+        framework=getattr(identity, "framework", None) or parser.framework,
         claimed_rank=rank if rank is not None else status.rank,
         world_size=world or status.world_size,
         host=identity.host or status.host,
         size=path.stat().st_size,
         clock=status.clock,
         process=getattr(identity, "process", None),  # (a plugin's identity may predate it)
+        devices=getattr(identity, "devices", None),
     )
 
 
@@ -375,3 +381,32 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
             f"reporting rank(s) {number_ranges(present)} only"
         )
     return world
+
+
+def per_device(traces: list[TraceFile], world: int | None, notes: Notes) -> int | None:
+    """Each device of a process that drove several (a mirrored strategy, JAX) a rank of its
+    own, the others' ranks after them: a process's devices take consecutive ranks in the order
+    of the processes' ranks (``assign_ranks``), its devices in order. Returns the world size
+    in devices (the processes' world, where no process drove several)."""
+    if not any(t.devices for t in traces):
+        return world
+    expanded: list[TraceFile] = []
+    for trace in sorted(traces, key=lambda t: t.rank):
+        devices: list[str | None] = [*trace.devices] if trace.devices else [None]
+        for device in devices:
+            rank = len(expanded)
+            expanded.append(
+                dataclasses.replace(trace, rank=rank, device=device, more=list(trace.more))
+            )
+    several = [t for t in traces if t.devices]
+    shown = ", ".join(
+        f"{t.path.name} ({len(t.devices or [])}: {', '.join((t.devices or [])[:4])}"
+        f"{' ...' if len(t.devices or []) > 4 else ''})"
+        for t in several[:3]
+    )
+    notes.remark(
+        f"one process drove several devices: each device is a rank ({len(expanded)} in all): "
+        f"{shown}{' and more' if len(several) > 3 else ''}"
+    )
+    traces[:] = expanded
+    return len(expanded)

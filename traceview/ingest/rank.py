@@ -77,6 +77,40 @@ def parse_with(parser: Parser, path: Path) -> ParsedTrace:
     return parser.parse(path)
 
 
+class _OnDevice:
+    """A parser bound to one device of the traces it reads (``TraceFile.device``: a process
+    that drove several), and to the framework the trace named."""
+
+    def __init__(self, parser: Parser, trace: TraceFile):
+        self.parser, self.device = parser, trace.device
+        self.name, self.framework = parser.name, trace.framework or parser.framework
+        self.streams, self.rules_file = parser.streams, rules_file_of(parser)
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return self.parser.sniff(path, head)
+
+    def identify(self, path: Path) -> Any:
+        return self.parser.identify(path)
+
+    def parse(self, path: Path) -> ParsedTrace:
+        if self.device is None:
+            return self.parser.parse(path)
+        return self.parser.parse(path, self.device)  # type: ignore[call-arg]
+
+    def stream(self, path: Path) -> Any:
+        if self.device is None:
+            return self.parser.stream(path)
+        return self.parser.stream(path, self.device)  # type: ignore[call-arg]
+
+
+def on_device(parser: Parser, trace: TraceFile) -> Parser:
+    """``parser`` as ``trace`` is read: on its device, in its framework (the parser itself
+    where neither differs)."""
+    if trace.device is None and trace.framework in (None, parser.framework):
+        return parser
+    return _OnDevice(parser, trace)
+
+
 def ingest_rank(
     trace: TraceFile,
     run: Path,
@@ -95,7 +129,7 @@ def ingest_rank(
     if pa.default_memory_pool().backend_name != "system":  # a fresh worker process
         pa.set_memory_pool(pa.system_memory_pool())
     started = time.perf_counter()
-    parser = parser_named(trace.parser)
+    parser = on_device(parser_named(trace.parser), trace)
     rules = rules_for(parser.framework, rules_path, rules_file_of(parser))
     clock = trace.clock  # read once, when the trace was identified
     offset = clock.offset_ns

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import __version__
-from traceview.ingest.discover import TraceFile, assign_ranks, discover
+from traceview.ingest.discover import TraceFile, assign_ranks, discover, per_device
 from traceview.ingest.lifetime import die_with_parent
 from traceview.ingest.rank import RankAnalysis, RankPartial, ingest_rank
 from traceview.ingest.windows import NotOneRun
@@ -266,7 +266,7 @@ def ingest(
         raise cannot_write(out, exc) from None
     dumps: list[Path] = []  # (Flight Recorder dumps beside the traces: the report reads them)
     traces = discover(paths, notes, rules_path is not None, progress, dumps_found=dumps)
-    world = assign_ranks(traces, notes)
+    world = per_device(traces, assign_ranks(traces, notes), notes)
     collected = R.read_manifest(out).collect if R.is_run_dir(out) else None
     if collected is not None:
         _collect_notes(collected, notes)

@@ -302,8 +302,8 @@ def pick(
             continue  # (the ranks take turns being slow: no one rank holds it)
         if saves > max(noise, (RANK_FLOOR if c.alone else RUN_FLOOR) * base.step_ms):
             standing.append((saves, c.blamed_ms, c, w))
-    best = max(standing, key=lambda x: x[:2], default=None)
-    alone = max((x for x in standing if x[2].alone), key=lambda x: x[:2], default=None)
+    best = max(standing, key=_rank_of, default=None)
+    alone = max((x for x in standing if x[2].alone), key=_rank_of, default=None)
     if (
         best is not None
         and alone is not None
@@ -315,6 +315,13 @@ def pick(
         _cause(*best, base.step_ms, ranks) if best is not None else None,
         _cause(*alone, base.step_ms, ranks) if alone is not None else None,
     )
+
+
+def _rank_of(x: tuple[float, float, Candidate, WhatIf]) -> tuple[float, bool, float]:
+    """Candidates ordered by what they save; of two that save the same (one replay: a rank's
+    idling that its own excess work causes), its own work first; then by time on the path."""
+    saves, blamed, c, _ = x
+    return (saves, c.change.startswith("balance:"), blamed)
 
 
 def _cause(

@@ -206,6 +206,10 @@ COLLECTIVES = Section("collectives", _collective_fields, _place_collective_field
 # --- ranks: each rank's figures over the counted steps, and the run's -----------------------------
 
 
+#: The formats whose processes are the OS's (a TensorFlow profile's are the profiler's planes)
+OS_PIDS = ("kineto", "mxnet", "chainer")
+
+
 @dataclass
 class Ranks:
     ranks: list[RankSummary]
@@ -216,6 +220,15 @@ def _ranks_section(ctx: Context) -> Ranks:
     counted, cross = ctx.get(STEPS).counted, ctx.get(CROSS).counted
     ranks_df = _rank_rows(counted, cross) if counted.height else pl.DataFrame()
     ranks = _ranks(ranks_df, cross)
+    ingested = {r.rank: r for r in ctx.manifest.ranks}
+    for rank in ranks:
+        entry = ingested.get(rank.rank)
+        if entry is not None:
+            rank.host, rank.device = entry.host, entry.meta.get("device")
+            pid = entry.meta.get("process_id")
+            if pid is None and entry.format in OS_PIDS and entry.training_thread:
+                pid = entry.training_thread[0]
+            rank.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
     return Ranks(ranks, _summary(ranks, ranks_df, cross))
 
 

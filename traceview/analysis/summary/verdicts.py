@@ -13,6 +13,7 @@ from traceview.analysis.crossrank import CrossRank
 from traceview.analysis.summary.units import _hidden, _mean, _mean_host_bound, _median
 from traceview.model import schema as S
 from traceview.model.results import (
+    Blame,
     BottleneckPhase,
     Breakdown,
     Cause,
@@ -210,7 +211,7 @@ def _cause_verdict(
     stage_named = pipeline is not None and bool(summary.straggler_significant)
     explained_paths = 2 * path.complete_steps >= path.steps
     if len(ranks) > 1 and explained_paths and (straggler is not None or not stage_named):
-        _straggler(summary, ranks, straggler)
+        _straggler(summary, ranks, straggler, path.blame)
     if cause is None:
         largest = bottleneck_of(summary.breakdown_ms)
         if summary.bottleneck != "pipeline" or largest is None:
@@ -256,8 +257,12 @@ def _stage_of(rank: int | None, pipeline: Pipeline | None) -> int | None:
     return max(held, key=lambda s: s.compute_ms).stage if held else None
 
 
-def _straggler(summary: Summary, ranks: list[RankSummary], straggler: Cause | None) -> None:
-    """The straggler named (or none: ``straggler_significant`` false) from the critical path."""
+def _straggler(
+    summary: Summary, ranks: list[RankSummary], straggler: Cause | None, blame: list[Blame]
+) -> None:
+    """The straggler named (or none: ``straggler_significant`` false) from the critical path;
+    its phase is the cause's, or where the cause is its idling or late start, the phase of its
+    own work the path holds most over the median rank's (where it holds any more)."""
     for r in ranks:
         r.straggler = straggler is not None and r.rank == straggler.rank
     summary.straggler_significant = straggler is not None
@@ -274,6 +279,15 @@ def _straggler(summary: Summary, ranks: list[RankSummary], straggler: Cause | No
     if mine.caused_wait_ms is not None:  # the others' wait at the calls it arrived last to
         summary.straggler_wait_ms = round(mine.caused_wait_ms / (len(ranks) - 1), 3)
     phase = straggler.phase
+    if phase is None:
+        own = [
+            b
+            for b in blame
+            if b.rank == straggler.rank
+            and b.phase in get_args(StragglerPhase)
+            and (b.excess_ms or 0) > 0
+        ]
+        phase = max(own, key=lambda b: (b.excess_ms or 0, b.ms)).phase if own else None
     if phase in get_args(StragglerPhase):
         others = [r.breakdown_ms[phase] for r in ranks if r is not mine]  # type: ignore[index]
         summary.straggler_phase = phase  # type: ignore[assignment]

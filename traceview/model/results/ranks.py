@@ -33,6 +33,11 @@ class RankSummary(Result):
     gpu: RankGpu | None = None  # device time explained (null on CPU runs)
     memory: RankMemory | None = None  # null: the rank's trace has no memory records
     host_bound_ms: HostBound | None = None  # part of breakdown_ms; null on a CPU timeline
+    # where the rank ran: its host, the OS process (where its trace says), and the device of a
+    # process that drove several, each a rank (TensorFlow's mirrored strategies, JAX): GPU:4
+    host: str | None = None
+    pid: int | None = None
+    device: str | None = None
 
 
 class Spread(Result):
