@@ -106,6 +106,7 @@ def candidates(
     ranks: int,
     clock_ms: float = 0.0,
     step_ms: float = 0.0,
+    waited_for: dict[int, float] | None = None,
 ) -> list[Candidate]:
     """The causes worth replaying (module docstring), from the counted steps' path ``rows``
     (step, rank, phase, kind, op, ns: every piece of every path) and their ``blame``. A late
@@ -113,12 +114,22 @@ def candidates(
     ``step_ms`` (the mean job step) is given, a candidate with less time on the path than its
     floor of it is not replayed: removing it could hardly save that much (each replay of a
     large run costs seconds)."""
-    found = _candidates(rows, n_steps, blame, ranks, clock_ms)
+    waited = waited_for or {}
+    most = max(waited, key=lambda r: waited[r], default=None)
+    # (a rank the others wait for, a RANK_FLOOR of the step: slow step after step, whether or
+    # not its own work is on every step's path)
+    held = most if most is not None and waited[most] >= RANK_FLOOR * step_ms > 0 else None
+    found = _candidates(rows, n_steps, blame, ranks, clock_ms, held)
     return [c for c in found if c.blamed_ms >= (RANK_FLOOR if c.alone else RUN_FLOOR) * step_ms]
 
 
 def _candidates(
-    rows: pl.DataFrame, n_steps: int, blame: list[Blame], ranks: int, clock_ms: float
+    rows: pl.DataFrame,
+    n_steps: int,
+    blame: list[Blame],
+    ranks: int,
+    clock_ms: float,
+    waited_for: int | None = None,
 ) -> list[Candidate]:
     out: list[Candidate] = []
     late = [b for b in blame if b.kind == LATE_START and b.ms > 2 * clock_ms]
@@ -154,7 +165,7 @@ def _candidates(
             if own and (b.rank not in worst or _weight(b) > _weight(worst[b.rank])):
                 worst[b.rank] = b
         tried = sorted(worst.values(), key=lambda b: (*(-w for w in _weight(b)), b.rank))
-        tried = [b for b in tried if _persists(rows, n_steps, b.rank, None)]
+        tried = [b for b in tried if b.rank == waited_for or _persists(rows, n_steps, b.rank, None)]
         for b in tried[:RANKS_TRIED]:
             mine = rows.filter(
                 (pl.col("rank") == b.rank) & (pl.col("phase") == b.phase)
@@ -279,13 +290,21 @@ def pick(
     step_ms: list[float],
     ranks: int = 2,
     explained: bool = True,
+    waited_for: dict[int, float] | None = None,
 ) -> Picked:
     """Of the candidates whose replay saves more than their floor (``RANK_FLOOR`` or
     ``RUN_FLOOR`` of the step, and ``noise_ms`` of the counted steps: ``step_ms``, their measured
     job steps), the one that saves the most (on a tie, the one with more time on the path).
     ``explained``: whether most counted steps' paths are complete; where not, only causes a
-    rank's own timeline tells stand (``across_ranks``)."""
+    rank's own timeline tells stand (``across_ranks``). ``waited_for``: by rank, the others'
+    mean wait per step at the calls it arrived last to: the rank they wait for the most,
+    ``RUN_FLOOR`` of the step and more, with its own work on the path ``RANK_FLOOR`` of it,
+    holds that work's cause even where balancing every rank saves more than twice as much, and
+    where the steps' spread is wider than what its replay saves: the replay keeps the others'
+    idling, which may be its excess too (devices that share a host's cores)."""
     replayed = {w.change: w for w in whatif}
+    waited = waited_for or {}
+    most_waited = max(waited, key=lambda r: waited[r], default=None)
     base = replayed.get("none")
     if base is None or base.step_ms <= 0:
         return Picked(None, None)
@@ -298,9 +317,18 @@ def pick(
         if w is None or (not explained and across_ranks(c)):
             continue
         saves = base.step_ms - w.step_ms
-        if c.change.startswith("balance:") and saves < HOLDS * every_rank:
+        waited_for_it = (
+            c.rank is not None
+            and c.rank == most_waited
+            and waited[c.rank] >= RUN_FLOOR * base.step_ms
+            and c.blamed_ms >= RANK_FLOOR * base.step_ms
+        )
+        if c.change.startswith("balance:") and saves < HOLDS * every_rank and not waited_for_it:
             continue  # (the ranks take turns being slow: no one rank holds it)
-        if saves > max(noise, (RANK_FLOOR if c.alone else RUN_FLOOR) * base.step_ms):
+        floor = (RANK_FLOOR if c.alone else RUN_FLOOR) * base.step_ms
+        if not (waited_for_it and c.change.startswith("balance:")):
+            floor = max(noise, floor)
+        if saves > floor:
             standing.append((saves, c.blamed_ms, c, w))
     best = max(standing, key=_rank_of, default=None)
     alone = max((x for x in standing if x[2].alone), key=_rank_of, default=None)

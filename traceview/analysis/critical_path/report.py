@@ -26,7 +26,7 @@ from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, S
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
-PATH_VERSION = 12
+PATH_VERSION = 13
 
 
 @dataclass
@@ -72,6 +72,7 @@ def explain(
     world: int | None = None,
     clock_ms: float = 0.0,
     actions: pa.Table | None = None,
+    waited_for: dict[int, float] | None = None,
 ) -> Explained:
     """The critical path of each of ``steps`` (every complete step, warm-up included); blame
     and the what-ifs worth reporting over the ``counted`` ones (``extra``: more changes asked
@@ -81,7 +82,8 @@ def explain(
     table, or what reads it a piece at a time (``_source``); ``clock_ms``: how far the ranks'
     clocks may be off (estimated from collectives), within which a late start is no cause;
     ``actions``: a pipeline's, on the segments' clock (a cause on a rank holding several
-    stages is its slowest stage's)."""
+    stages is its slowest stage's); ``waited_for``: by rank, the others' mean exposed wait per
+    step at the calls it arrived last to (``cause.pick``)."""
     source = _source(segments, matched, steps, world, actions)
     del segments
     if source is None:
@@ -169,17 +171,18 @@ def explain(
     # where most steps' paths are complete, the causes are read off those alone (an incomplete
     # path lays an unmatched call's wait on its own rank: no cause of a step is read off it)
     whole = [p for p in paths if p.complete] if explained else paths
+    waits = waited_for or {}
     if len(whole) < len(paths):
         df_whole = df.filter(pl.col("step").is_in([p.step for p in whole]))
         mean_whole = float(np.mean([step_ns[p.step] for p in whole])) / 1e6
         blame_whole = _blame(df_whole, len(whole), mean_whole, median_phase_ms)
-        found = candidates(df_whole, len(whole), blame_whole, ranks, clock_ms, mean_whole)
+        found = candidates(df_whole, len(whole), blame_whole, ranks, clock_ms, mean_whole, waits)
     else:
-        found = candidates(df, n, blame, ranks, clock_ms, mean_step_ms)
+        found = candidates(df, n, blame, ranks, clock_ms, mean_step_ms, waits)
     found = _by_stage(found, source, counted_steps)
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
-    picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained)
+    picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained, waits)
     base_ms = next((w.step_ms for w in whatif if w.change == "none"), 0.0)
     for cause in (picked.cause, picked.straggler):
         if cause is None:

@@ -263,6 +263,9 @@ def _explain(
         phase: _median([getattr(r.breakdown_ms, phase) for r in ranks])
         for phase in S.BREAKDOWN_PHASES
     }
+    n = len(ranks)
+    waited_for = {r.rank: r.caused_wait_ms / (n - 1) for r in ranks if r.caused_wait_ms and n > 1}
     return explain(
-        segments, matched, every, counted, median_phase, whatif, world, clock_ms, actions
-    )
+        segments, matched, every, counted, median_phase, whatif, world, clock_ms, actions,
+        waited_for,
+    )  # fmt: skip
