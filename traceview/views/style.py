@@ -148,6 +148,21 @@ def duration_us(us: float) -> str:
     return f"{us / 1e3:.3g} ms" if abs(us) >= 1e3 else f"{us:.3g} µs"
 
 
+def device_kind(report: RunReport) -> str | None:
+    """The kind of device the ranks are, where each is a device of a process that drove
+    several and all are of one kind (CPU, TPU: not a GPU's device timeline); else None."""
+    kinds = {r.device.rpartition(":")[0] for r in report.ranks if r.device}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    return kind if kind and kind.upper() != "GPU" else None
+
+
+def timeline_words(report: RunReport) -> str:
+    """``gpu timeline``; the devices' kind where they are not GPUs (``CPU device timeline``)."""
+    timeline = report.run.timeline or "?"
+    kind = device_kind(report) if timeline == "gpu" else None
+    return f"{safe(kind)} device timeline" if kind else f"{timeline} timeline"
+
+
 def title_text(report: RunReport, label: str | None = None) -> Text:
     run = report.run
     text = Text("traceview", style="bold")
@@ -157,7 +172,7 @@ def title_text(report: RunReport, label: str | None = None) -> Text:
     of_world = f" of {run.world_size}" if run.world_size and run.world_size != run.ranks else ""
     text.append(
         f" · {safe(run.framework or '?')} · {count(run.ranks, 'rank')}{of_world}"
-        f" · {count(run.steps, 'step')}{_counted(report)} · {run.timeline or '?'} timeline"
+        f" · {count(run.steps, 'step')}{_counted(report)} · {timeline_words(report)}"
     )
     return text
 

@@ -33,6 +33,7 @@ from traceview.views.style import (
     communication_text,
     count,
     critical_path_text,
+    device_kind,
     duration_us,
     failure_text,
     fsdp_text,
@@ -319,7 +320,8 @@ def _outside_ops(report: RunReport, console: Console, top: int) -> None:
 def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
     """The device's time explained: per rank, then one rank's phases and kernel launches."""
     gpus = [(r.rank, r.gpu) for r in sorted(report.ranks, key=lambda r: r.rank) if r.gpu]
-    table = _table("GPU (ms per step): device busy, and idle by what the host does")
+    kind = device_kind(report) or "GPU"
+    table = _table(f"{kind} (ms per step): device busy, and idle by what the host does")
     for name in ("rank", "busy", "ms", "host-bound", "data", "other", "sync", "n"):
         table.add_column(name, justify="right")
     table.add_column("launch\np50/p95", justify="right")
