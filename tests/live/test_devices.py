@@ -128,3 +128,69 @@ def test_each_devices_wait_in_the_all_reduce_matches_its_timers(job: Any) -> Non
         print(f"device {device}: wait {rank['comm_wait_ms']} ms, timers {waits[device]:.2f} ms")
         assert rank["comm_wait_ms"] == pytest.approx(waits[device], rel=0.15, abs=1.0), rank
     assert waits[SLOW] < 0.25 * min(w for d, w in waits.items() if d != SLOW), waits
+
+
+# --- TensorFlow: MirroredStrategy over logical CPU devices ------------------------------------
+
+TF_WORKLOAD = REPO / "tests" / "workloads" / "devices" / "tf_mirrored.py"
+TF_SLOW = 1
+
+
+@pytest.fixture(scope="module")
+def tf_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    pytest.importorskip("tensorflow", reason="pip install tensorflow-cpu==2.21.0")
+    out = tmp_path_factory.mktemp("tf")
+    cmd = [
+        sys.executable, str(TF_WORKLOAD), "--replicas", "2", "--slow", str(TF_SLOW),
+        "--warmup", str(WARMUP), "--steps", "6", "--profile", str(out / "profile"),
+        "--truth", str(out / "truth.jsonl"),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = [json.loads(line) for line in (out / "truth.jsonl").read_text().splitlines()]
+    result = run_cli("report", out / "profile", "--json")
+    assert result.code == 0, result.err
+    return result.json(), truth
+
+
+def test_each_replica_of_a_mirrored_strategy_is_a_rank(tf_job: Any) -> None:
+    """One TensorFlow process, two replicas on logical CPU devices: two ranks, each its
+    replica's ops (``replica_1/...``; replica 0's unscoped), their all-reduce matched as one
+    call of both."""
+    report, _ = tf_job
+    assert report["run"]["framework"] == "tensorflow"
+    assert [r["device"] for r in report["ranks"]] == ["CPU:0", "CPU:1"]
+    (allreduce,) = [c for c in report["collectives"] if c["op"] == "allreduce"]
+    assert allreduce["ranks"] == 2 and allreduce["calls_per_step"] >= 1
+
+
+def test_each_replicas_steps_and_wait_agree_with_the_timers(tf_job: Any) -> None:
+    """Each replica's step within 10% of the host's timer; each one's wait in the all-reduce
+    within 15% (or 1 ms) of its timers (its arrival: a numpy_function run once its gradients
+    are computed)."""
+    report, truth = tf_job
+    counted = {s["step"] for s in report["per_step"] if s["excluded"] is None}
+    assert len(counted) >= 4, report["per_step"]
+    timed = [
+        (r["t1"] - r["t0"]) / 1e6 for r in truth if r["what"] == "step" and r["step"] in counted
+    ]
+    waits = _waits(truth, counted)
+    for rank in report["ranks"]:
+        assert rank["step_ms"] == pytest.approx(statistics.mean(timed), rel=0.10), rank
+        device = rank["rank"]
+        print(f"replica {device}: wait {rank['comm_wait_ms']} ms, timers {waits[device]:.2f} ms")
+        assert rank["comm_wait_ms"] == pytest.approx(waits[device], rel=0.15, abs=1.0), rank
+
+
+def test_the_slow_replica_is_the_straggler_in_its_forward(tf_job: Any) -> None:
+    """The slow replica is the straggler, its forward the phase it spends the most over the
+    other's. The replicas share the executor's threads on the host's cores: balancing the slow
+    one replays to a small saving (the other replica's ops wait for the same cores), so the
+    critical path may name no phase; the text then says the others wait for it, its forward
+    and that balancing it saves under 5%."""
+    report, _ = tf_job
+    summary = report["summary"]
+    assert summary["straggler_rank"] == TF_SLOW, summary
+    assert summary["straggler_phase"] in ("forward", None), summary
+    assert summary["straggler_phase_by_median"] == "forward", summary
+    assert summary["straggler_wait_ms"] >= 0.1 * summary["step_ms"], summary

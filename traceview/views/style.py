@@ -615,6 +615,11 @@ def incomplete_text(report: RunReport, limit: int = 5) -> Text:
     return text
 
 
+#: A rank the others wait for this share of the step is said to be waited for, even where no
+#: change to it replays to a saving (the critical path names no straggler)
+STRAGGLER_WAIT_SAID = 0.1
+
+
 def straggler_text(report: RunReport) -> Text:
     summary = report.summary
     rank = summary.straggler_rank
@@ -644,7 +649,19 @@ def straggler_text(report: RunReport) -> Text:
         )
     else:
         text.append(f"rank {rank}", style="bold")
-        if waited is not None:
+        step = summary.step_ms
+        if waited is not None and step > 0 and waited >= STRAGGLER_WAIT_SAID * step:
+            # (the others wait for it, but no change to it replays to a saving: say both)
+            text.append(f" (the others wait for it {ms(waited)} ms per step")
+            phase = summary.straggler_phase_by_median
+            mine = next((r for r in report.ranks if r.rank == rank), None)
+            if phase is not None and mine is not None:
+                text.append(f"; its {phase} takes {ms(mine.breakdown_ms[phase])} ms")
+            text.append(
+                ", but balancing it replays to a saving of under 5% of the step: the others "
+                "then wait for what they do themselves)"
+            )
+        elif waited is not None:
             text.append(
                 f" (waited for the most, but only {ms(waited)} ms per step: ranks are balanced)"
             )
