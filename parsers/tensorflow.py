@@ -142,22 +142,27 @@ def _require_xprof() -> Any:
     return raw_to_tool_data
 
 
-def _start_time_ns(path: Path) -> int | None:
-    """The session's profile_start_time (Unix ns), where the XSpace records it."""
+def _session(path: Path) -> tuple[int | None, dict[str, int]]:
+    """The session's profile_start_time (Unix ns), where the XSpace records it, and each plane's
+    number of lines (read by xprof's ProfileData: the planes as written, before xprof's trace
+    events leave out those it does not know)."""
     try:
         from xprof.profile_data import ProfileData
     except ImportError:  # pragma: no cover - shipped with xprof
-        return None
+        return None, {}
+    start: int | None = None
+    lines: dict[str, int] = {}
     with _captured_stderr():
         try:
             data = ProfileData.from_file(str(path))
             for plane in data.planes:
+                lines[plane.name] = sum(1 for _ in plane.lines)
                 for key, value in plane.stats:
-                    if key == "profile_start_time":
-                        return int(value)
+                    if key == "profile_start_time" and start is None:
+                        start = int(value)
         except Exception:
-            return None
-    return None
+            return start, lines
+    return start, lines
 
 
 def rank_from_path(path: Path) -> int | None:
@@ -211,6 +216,64 @@ class XPlaneParser:
         return parsed
 
 
+def _planes_left_out(census: dict[str, int], read: _Read, path: Path) -> None:
+    """Planes with lines that xprof's trace events leave out (a device of a kind it does not
+    know): named, their events are not read."""
+    converted = set(read.meta.get("planes") or [])
+    lost = sorted(
+        name
+        for name, lines in census.items()
+        if lines and name not in converted and name.startswith(("/device:", "/host:CPU"))
+    )
+    if lost:
+        read.notes.warn(
+            f"{path.name}: plane(s) of a kind xprof does not read, not read: {', '.join(lost)}"
+        )
+
+
+def _device_notes(read: _Read, path: Path) -> None:
+    """What a profile of several devices leaves unsaid, said once: devices that are no rank,
+    planes without events, devices whose steps are the host's markers where others have their
+    own, devices whose events lie outside the host's window (another clock)."""
+    devices, notes = read.devices, read.notes
+    if devices.left_out:
+        shown = ", ".join(f"{d} ({n})" for d, n in sorted(devices.left_out.items()))
+        notes.warn(
+            f"{path.name}: device(s) with copies but no kernels or ops are not ranks; their "
+            f"events are not read: {shown}"
+        )
+    named = {device_of_plane(p) for p in read.meta.get("devices") or []}
+    empty = sorted(d for d in named if d and d not in devices.names and d not in devices.left_out)
+    if empty:
+        notes.remark(f"{path.name}: device plane(s) without events: {', '.join(empty)}")
+    codes = devices.of_row
+    own = {devices.names[c] for c in np.unique(codes[devices.step_line]) if c >= 0}
+    if own and len(own) < len(devices.names):
+        rest = [d for d in devices.names if d not in own]
+        notes.warn(
+            f"{path.name}: {', '.join(rest)} without a step line of their own (xprof's Steps, "
+            f"which {', '.join(sorted(own))} have): their steps are the host's markers"
+        )
+    ts = read.events.column(S.TS_NS).to_numpy()
+    if not ((codes < 0) & ~devices.host_marker).any():
+        notes.remark(f"{path.name}: no host events: each device's rank holds its own work alone")
+    host = codes < 0  # (its step markers too)
+    if not host.any():
+        return
+    low, high = int(ts[host].min()), int(ts[host].max())
+    span = max(high - low, 1)
+    apart = []
+    for i, device in enumerate(devices.names):
+        mine = ts[(codes == i) & ~devices.step_line]
+        if len(mine) and (int(mine.min()) > high + span or int(mine.max()) < low - span):
+            apart.append(device)
+    if apart:
+        notes.warn(
+            f"{path.name}: the events of {', '.join(apart)} lie outside the host's profiled "
+            "window (a clock of their own?): read as they are, not aligned"
+        )
+
+
 def _copy(notes: Notes) -> Notes:
     copied = Notes()
     copied.extend(notes)
@@ -257,13 +320,14 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     except msgspec.DecodeError as exc:  # pragma: no cover - xprof writes valid JSON
         raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
     del data
-    start_ns = _start_time_ns(path)
+    start_ns, census = _session(path)
     facts = hlo_facts(path)
     read = _events(records, start_ns, path, facts)
+    _planes_left_out(census, read, path)
     if read.events.num_rows == 0:
         raise BadInput(f"{path}: the TensorFlow profile holds no events")
     memory = _memory_profile(path, records, start_ns or 0, read.notes)
-    framework = "jax" if facts.stats.get("jax_version") else "tensorflow"
+    framework = "jax" if facts.stats.get("jax_version") or read.jax_programs else "tensorflow"
     meta = read.meta
     for key in ("jax_version", "jaxlib_version", "cpu_version"):
         if facts.stats.get(key):
@@ -273,12 +337,8 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     events = read.events
     if not read.devices.several:  # one rank: xprof's per-device step lines repeat its markers
         events = events.filter(pa.array(~read.devices.step_line))
-    elif read.devices.left_out:
-        shown = ", ".join(f"{d} ({n})" for d, n in sorted(read.devices.left_out.items()))
-        read.notes.warn(
-            f"{path.name}: device(s) with copies but no kernels or ops are not ranks; their "
-            f"events are not read: {shown}"
-        )
+    else:
+        _device_notes(read, path)
     parsed = ParsedTrace(
         side={"memory": memory} if memory is not None else {},
         path=path,
@@ -430,6 +490,11 @@ class _Read:
     skipped: dict[str, int]
     notes: Notes
     host_pid: int | None
+    jax_programs: bool = False  # XLA programs named as JAX names them (jit_step, pmap_step)
+
+
+#: How JAX names the XLA programs it compiles (TensorFlow's are ``a_inference_...``)
+_JAX_MODULE = re.compile(r"^(jit|pjit|pmap|xmap|shard_map)_")
 
 
 def _events(
@@ -615,7 +680,10 @@ def _events(
         "devices": sorted(planes[p] for p in device_pids),
         "base_time_ns": start_ns,
     }
-    return _Read(table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid)
+    jax = any(pair is not None and _JAX_MODULE.match(pair[0]) for pair in hlo)
+    return _Read(
+        table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid, jax
+    )
 
 
 def _xla_scopes(

@@ -331,6 +331,8 @@ _NO_RECORDS = {
     "TF_CPU_ALLOCATOR_USE_BFC=true, which traceview does not set for the job)",
     "mxnet": "memory: the traces hold no memory records (MXNet writes its storage counters with "
     "profile_memory=True)",
+    "jax": "memory: the traces hold no memory records (a JAX profile's XSpace records no "
+    "allocations; jax.profiler.save_device_memory_profile writes them apart)",
 }
 
 

@@ -363,7 +363,7 @@ def _gpu_tables(report: RunReport, console: Console, top: int) -> None:
     focus = kernel_rank(report)
     assert focus is not None  # called for GPU runs only
     rank, gpu = focus
-    phases = _table(f"GPU phases, rank {rank} (ms per step)")
+    phases = _table(f"{device_kind(report) or 'GPU'} phases, rank {rank} (ms per step)")
     for name in ("phase", "device", "host-bound", "sum"):
         phases.add_column(name, justify="left" if name == "phase" else "right")
     for p in gpu.phases:
