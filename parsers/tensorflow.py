@@ -85,6 +85,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     hlo_op: str | None = None
     hlo_module: str | None = None
     instance_key: str | int | None = None  # a TensorFlow collective's: one per replica
+    run_id: str | int | None = None  # an XLA program's execution: its ops and the host's call
     name: str | None = None  # of process_name / thread_name records
 
 
@@ -541,6 +542,7 @@ def _events(
     device: list[str | None] = []
     hlo: list[tuple[str, str] | None] = []  # (module, op) of an XLA op: its scope, read after
     collective_key: list[str | None] = []  # a TensorFlow collective's instance key
+    run: list[int | None] = []  # the XLA program execution an op or a host call belongs to
     for r in records:
         if r.ph != "X" or r.ts is None or r.pid is None or r.tid is None:
             skipped["metadata" if r.ph == "M" else "other"] += 1
@@ -619,6 +621,7 @@ def _events(
         scope.append(kernel_scope)
         nbytes.append(size)
         correlation.append(_int(args.correlation_id))
+        run.append(_int(args.run_id))
         groups.append(_int(args.group_id))
         device.append(on)
         hlo.append(op_of)
@@ -644,6 +647,7 @@ def _events(
     }
     corr = np.asarray([-1 if c is None else c for c in correlation], np.int64)
     devices = find_devices(device, cat, line_device, pids, tids, corr)
+    devices.run = np.asarray([-1 if r is None else r for r in run], np.int64)
     host_pid = min(host_pids) if host_pids else None
     process_names = {p: planes[p] for p in planes}
     thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}

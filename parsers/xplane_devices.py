@@ -70,6 +70,9 @@ class Devices:
     host_marker: np.ndarray  # per event: a host step marker (every device gets a copy)
     step_line: np.ndarray  # per event: a device's own step (xprof's Steps line)
     left_out: dict[str, int]  # devices that are no rank (copies only): their events, by device
+    # per event: the XLA program execution it belongs to (-1: none): a host's call of the
+    # program and each device's ops of it share it
+    run: np.ndarray | None = None
 
     @property
     def several(self) -> bool:
@@ -148,6 +151,8 @@ def one_device(
     if first:  # the host's shared work, once
         work |= (devices.of_row < 0) & ~devices.host_marker & ~devices.step_line
     steps = events.filter(pa.array(markers))
+    if not own_steps.any():
+        steps = _stretched(steps, events, devices, mine)
     pid_value = host_pid if host_pid is not None else 0
     steps = steps.set_column(
         steps.schema.get_field_index(S.PID),
@@ -194,3 +199,34 @@ def one_device(
         process_names=dict(parsed.process_names),
         side=side,
     )
+
+
+def _stretched(steps: pa.Table, events: pa.Table, devices: Devices, mine: np.ndarray) -> pa.Table:
+    """The host's step markers, each stretched to the end of the device's work of that step:
+    its ops of the program executions the host called inside the marker (an XLA program runs
+    behind the host's call of it: JAX dispatches asynchronously), as a GPU's step ends with the
+    last kernel its step launched."""
+    run = devices.run
+    if run is None or steps.num_rows == 0:
+        return steps
+    ts = events.column(S.TS_NS).to_numpy()
+    end = ts + events.column(S.DUR_NS).to_numpy()
+    called = (devices.of_row < 0) & (run >= 0)  # the host's calls of a program
+    ran = mine & (run >= 0)
+    if not called.any() or not ran.any():
+        return steps
+    # each execution's last op on this device, and where the host called it
+    last: dict[int, int] = {}
+    for r, e in zip(run[ran].tolist(), end[ran].tolist(), strict=True):
+        last[r] = max(last.get(r, e), e)
+    calls = sorted(zip(ts[called].tolist(), run[called].tolist(), strict=True))
+    starts = steps.column(S.TS_NS).to_numpy()
+    durations = steps.column(S.DUR_NS).to_numpy().copy()
+    call_ts = np.asarray([c[0] for c in calls], np.int64)
+    for i, (start, dur) in enumerate(zip(starts.tolist(), durations.tolist(), strict=True)):
+        lo, hi = np.searchsorted(call_ts, [start, start + dur])
+        ends = [last[calls[k][1]] for k in range(int(lo), int(hi)) if calls[k][1] in last]
+        if ends and max(ends) > start + dur:
+            durations[i] = max(ends) - start
+    at = steps.schema.get_field_index(S.DUR_NS)
+    return steps.set_column(at, steps.schema.field(at), pa.array(durations, pa.int64()))
