@@ -8,7 +8,7 @@ imports it and calls ``install()``, and puts that folder first on the job's PYTH
 script being edited, and without traceview having to be importable in the job's environment.
 
 At start-up nothing happens but the installation of import hooks. When the process imports a
-framework (torch, tensorflow, mxnet, chainer), the hook starts that framework's collector
+framework (torch, tensorflow, mxnet, chainer, jax), the hook starts that framework's collector
 (``rankside_<module>.py``: a ``rankside_lifecycle.Collector``), which profiles a window of
 steps and writes the trace to ``RUN/raw/rank-NNNNN/`` when the window ends or the process exits.
 Processes that never step (a launcher's agent, data-loader workers) leave nothing behind.
@@ -674,7 +674,7 @@ def current() -> Collector | None:
 #: The frameworks profiled, by the top-level module the job imports: each by a sibling module
 #: of this one (``rankside_<module>``, standard library only too) that has
 #: ``start(config, module)``, called once the job has imported the framework.
-FRAMEWORKS: tuple[str, ...] = ("torch", "tensorflow", "mxnet", "chainer")
+FRAMEWORKS: tuple[str, ...] = ("torch", "tensorflow", "mxnet", "chainer", "jax")
 
 
 def _framework(name: str, config: Config) -> Callable[[Any], None] | None:

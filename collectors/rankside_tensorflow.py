@@ -30,7 +30,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .rankside import AfterImport, Config, RankInfo, detect_rank, rank_dir, sample_resident, warn
+from .rankside import (
+    AfterImport,
+    Config,
+    RankInfo,
+    _collectors,
+    detect_rank,
+    rank_dir,
+    sample_resident,
+    warn,
+)
 from .rankside_lifecycle import Collector
 from .rankside_record import IO_PHASE
 
@@ -315,7 +324,10 @@ class TensorFlowCollector(Collector):
 
 
 def start(config: Config, tf: Any) -> None:
-    """Called by the runtime once the job has imported tensorflow."""
+    """Called by the runtime once the job has imported tensorflow (unless JAX's collector
+    profiles the process: one profiler session per process)."""
+    if any(c.framework == "jax" for c in _collectors):
+        return
     collector = TensorFlowCollector(config, tf)
     collector.install()
     keras_hook = collector.hook_keras

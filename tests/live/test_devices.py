@@ -194,3 +194,43 @@ def test_the_slow_replica_is_the_straggler_in_its_forward(tf_job: Any) -> None:
     assert summary["straggler_phase"] in ("forward", None), summary
     assert summary["straggler_phase_by_median"] == "forward", summary
     assert summary["straggler_wait_ms"] >= 0.1 * summary["step_ms"], summary
+
+
+# --- collect: a JAX job profiled per device, the script untouched ------------------------------
+
+
+def test_collect_profiles_a_jax_job_per_device_without_touching_it(tmp_path: Path) -> None:
+    """``traceview collect -- python job.py`` on the JAX job (its own profiler off): the
+    collector finds its step function (pmap's, called once a step) and profiles a window of
+    steps; each device is a rank; each rank's mean step within 10% of the job's host timers
+    over its steps after warm-up (the collector's steps run from one call of the step function
+    to the next: the timers', plus the loop's few Python lines)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        f"--xla_force_host_platform_device_count={DEVICES} --xla_cpu_multi_thread_eigen=false"
+    )
+    truth_path = tmp_path / "truth.jsonl"
+    cmd = [
+        "collect", "-o", tmp_path / "run", "--steps", "4", "--warmup", "2", "--skip", "2",
+        "--no-report", "--", sys.executable, WORKLOAD, "--devices", str(DEVICES), "--slow",
+        str(SLOW), "--warmup", "0", "--steps", "12", "--width", "1024", "--batch", "256",
+        "--extra", "6", "--truth", truth_path,
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "traceview", *map(str, cmd)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = run_cli("report", tmp_path / "run", "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert report["run"]["framework"] == "jax"
+    assert [r["device"] for r in report["ranks"]] == [f"CPU:{d}" for d in range(DEVICES)]
+    assert report["run"]["steps_from"] == "markers"
+    counted = [s for s in report["per_step"] if s["excluded"] is None]
+    assert len(counted) == 4, report["per_step"]
+    truth = [json.loads(line) for line in truth_path.read_text().splitlines()]
+    timed = [(r["t1"] - r["t0"]) / 1e6 for r in truth if r["what"] == "step" and r["step"] >= 4]
+    for rank in report["ranks"]:
+        assert rank["step_ms"] == pytest.approx(statistics.mean(timed), rel=0.10), rank
+    assert report["summary"]["straggler_rank"] == SLOW, report["summary"]
