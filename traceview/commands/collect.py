@@ -4,12 +4,14 @@
 
 COMMAND is what you already run: `mpirun -np 4 python train.py`, `srun ...`, `torchrun ...`,
 `traceview-dmlc -n 2 -s 1 python train.py` (an MXNet parameter-server job), `python train.py`.
-In every process of the job, once it imports PyTorch, TensorFlow, MXNet or Chainer, the
+In every process of the job, once it imports PyTorch, TensorFlow, JAX, MXNet or Chainer, the
 framework's profiler (Chainer's: traceview's own function hooks) lets --skip steps pass, warms up
 for --warmup steps and records --steps (a step: an optimizer step, a tf.data batch or Keras batch,
-a gluon Trainer step, a Chainer optimizer update, or the script's own
+a call of a JAX job's step function (the first jit- or pmap-compiled function called twice), a
+gluon Trainer step, a Chainer optimizer update, or the script's own
 traceview.collectors.step()); each rank's trace and status land in RUN/raw/, and the run is
-then read and reported. The exit code is the job's. A rank whose profile grows its memory by more
+then read and reported. A process that drives several devices (JAX, TensorFlow's mirrored
+strategies) is one rank per device. The exit code is the job's. A rank whose profile grows its memory by more
 than --max-profile-memory (default 2G) stops profiling, writes what it has and runs on.
 
 Every rank (PyTorch, TensorFlow, MXNet, Chainer) also keeps a step record of the whole run,
@@ -222,7 +224,7 @@ class CollectCommand:
             else:
                 why = (
                     f"the job exited with code {code} and left nothing to profile: no process "
-                    f"imported PyTorch, TensorFlow, MXNet or Chainer and ran a training step{last}"
+                    f"imported PyTorch, TensorFlow, JAX, MXNet or Chainer and ran a training step{last}"
                 )
             print(f"traceview: {why}", file=sys.stderr)
             # (a clean job's record of no step says nothing: not kept for it)
@@ -249,7 +251,7 @@ class CollectCommand:
             elif result.interrupted:
                 why = "it was interrupted before any rank wrote a profile"
             else:
-                why = "no process imported PyTorch, TensorFlow, MXNet or Chainer and ran a training step"
+                why = "no process imported PyTorch, TensorFlow, JAX, MXNet or Chainer and ran a training step"
             print(
                 f"traceview: the job exited with code {code} and left nothing to profile: "
                 f"{why}{last}",
