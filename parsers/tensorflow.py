@@ -275,6 +275,49 @@ def _device_notes(read: _Read, path: Path) -> None:
         )
 
 
+def _executions_as_steps(read: _Read, path: Path) -> None:
+    """A JAX profile without step markers (no StepTraceAnnotation, no device step lines): each
+    host call of the XLA program it runs most is a step, from the call to the next one (a
+    device's step then stretches to the end of its ops of that execution: ``one_device``), as
+    a step marker on the calling thread. Compilation and the programs run once are outside."""
+    devices = read.devices
+    if devices.host_marker.any() or devices.step_line.any():
+        return
+    calls = [(i, p) for i, p in enumerate(read.programs) if p]
+    counts = Counter(p for _, p in calls)
+    if not counts:
+        return
+    main = max(counts, key=lambda p: (counts[p], p))
+    if counts[main] < 2:
+        return
+    events = read.events
+    rows = np.asarray([i for i, p in calls if p == main], np.int64)
+    ts = events.column(S.TS_NS).to_numpy()[rows]
+    rows = rows[np.argsort(ts, kind="stable")]
+    ts = events.column(S.TS_NS).to_numpy()[rows]
+    own = events.column(S.DUR_NS).to_numpy()[rows]
+    dur = np.append(np.diff(ts), own[-1]).astype(np.int64)
+    n = len(rows)
+    markers = raw_events(
+        ["tf_step"] * n,
+        [f"{main} {k}" for k in range(n)],
+        events.column(S.PID).to_numpy()[rows].tolist(),
+        events.column(S.TID).to_numpy()[rows].tolist(),
+        pa.array(ts, pa.int64()),
+        pa.array(dur, pa.int64()),
+    )
+    read.events = pa.concat_tables([events, S.conform(markers, events.schema)])
+    devices.of_row = np.append(devices.of_row, np.full(n, -1, np.int64))
+    devices.host_marker = np.append(devices.host_marker, np.ones(n, bool))
+    devices.step_line = np.append(devices.step_line, np.zeros(n, bool))
+    if devices.run is not None:
+        devices.run = np.append(devices.run, np.full(n, -1, np.int64))
+    read.notes.remark(
+        f"{path.name}: no step markers: each call of the XLA program {main} (the one run most, "
+        f"{n} times) is a step"
+    )
+
+
 def _copy(notes: Notes) -> Notes:
     copied = Notes()
     copied.extend(notes)
@@ -329,6 +372,8 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
         raise BadInput(f"{path}: the TensorFlow profile holds no events")
     memory = _memory_profile(path, records, start_ns or 0, read.notes)
     framework = "jax" if facts.stats.get("jax_version") or read.jax_programs else "tensorflow"
+    if framework == "jax":
+        _executions_as_steps(read, path)
     meta = read.meta
     for key in ("jax_version", "jaxlib_version", "cpu_version"):
         if facts.stats.get(key):
@@ -492,6 +537,7 @@ class _Read:
     notes: Notes
     host_pid: int | None
     jax_programs: bool = False  # XLA programs named as JAX names them (jit_step, pmap_step)
+    programs: list[str | None] = dataclasses.field(default_factory=list)  # per event (calls)
 
 
 #: How JAX names the XLA programs it compiles (TensorFlow's are ``a_inference_...``)
@@ -543,6 +589,7 @@ def _events(
     hlo: list[tuple[str, str] | None] = []  # (module, op) of an XLA op: its scope, read after
     collective_key: list[str | None] = []  # a TensorFlow collective's instance key
     run: list[int | None] = []  # the XLA program execution an op or a host call belongs to
+    program: list[str | None] = []  # a host's call of an XLA program: the program's name
     for r in records:
         if r.ph != "X" or r.ts is None or r.pid is None or r.tid is None:
             skipped["metadata" if r.ph == "M" else "other"] += 1
@@ -622,6 +669,8 @@ def _events(
         nbytes.append(size)
         correlation.append(_int(args.correlation_id))
         run.append(_int(args.run_id))
+        called = r.pid in host_pids and args.run_id is not None and "Execute" in label
+        program.append(args.name if called and args.name else None)
         groups.append(_int(args.group_id))
         device.append(on)
         hlo.append(op_of)
@@ -686,8 +735,9 @@ def _events(
     }
     jax = any(pair is not None and _JAX_MODULE.match(pair[0]) for pair in hlo)
     return _Read(
-        table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid, jax
-    )
+        table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid, jax,
+        program,
+    )  # fmt: skip
 
 
 def _xla_scopes(

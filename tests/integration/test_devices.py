@@ -165,3 +165,42 @@ def test_bad_device_shapes_are_read_as_far_as_they_go_and_named(synth: Any) -> N
         "events of TPU:3 lie outside the host's profiled window",
     ):
         assert sum(fragment in line for line in said) == 1, (fragment, said)
+
+
+def test_a_jax_profile_without_markers_has_a_step_per_execution_of_its_main_program(
+    synth: Any,
+) -> None:
+    """No StepTraceAnnotation and no step lines: each host call of the program run most
+    (jit_step, 5 calls; jit_init once) is a step, each device's stretched to the end of its ops
+    of that execution (the call returns at once: JAX dispatches asynchronously)."""
+    calls = [
+        ("CommonPjRtLoadedExecutable::Execute", 0.0, 50.0, {"run_id": 100, "name": "jit_init"}),
+        *[
+            ("CommonPjRtLoadedExecutable::Execute", 1000.0 + s * 10_000.0, 50.0,
+             {"run_id": s, "name": "jit_step"})
+            for s in range(5)
+        ],
+    ]  # fmt: skip
+
+    def device(slow: float) -> dict[str, list[Any]]:
+        ops = []
+        for s in range(5):
+            t = 1000.0 + s * 10_000.0 + 100
+            stats = {"hlo_op": "fusion.1", "hlo_module": "jit_step", "run_id": s}
+            ops.append(("fusion.1", t, 3000.0 * slow, stats))
+        return {"XLA Ops": ops}
+
+    path = synth(
+        {
+            "/host:CPU": {"python3": calls},
+            "/device:TPU:0": device(1.0),
+            "/device:TPU:1": device(2.0),
+        }
+    )
+    result = run_cli("report", path, "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert report["run"]["framework"] == "jax"
+    steps = {s["step"] for s in report["per_step"]}
+    assert steps == {0, 1, 2, 3, 4}, report["per_step"]
+    assert any("each call of the XLA program jit_step" in r for r in report["remarks"])

@@ -171,16 +171,19 @@ def _assert_recomputed_in_chunks(run: Path, monkeypatch: pytest.MonkeyPatch, row
     from traceview.analysis import rank_tables
     from traceview.ingest.large.readback import analyse_written
 
-    (rank,) = R.event_ranks(run)
-    with monkeypatch.context() as m:
-        m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
-        tables = analyse_written(
-            run, rank, rank_tables, {"memory": R.read_side(run, "memory", [rank])}
-        )
-    assert tables is not None, "not analysed in chunks"
+    analysed = []
+    for rank in R.event_ranks(run):  # (one, or a profile's devices: each)
+        with monkeypatch.context() as m:
+            m.setenv("TRACEVIEW_CHUNK_ROWS", str(rows))
+            tables = analyse_written(
+                run, rank, rank_tables, {"memory": R.read_side(run, "memory", [rank])}
+            )
+        assert tables is not None, "not analysed in chunks"
+        analysed.append(tables)
     for name in RANK_TABLES:
         written = R.read_table(run / f"{name}.parquet")
-        assert _columns(S.conform(tables[name], written.schema)) == _columns(written), name
+        whole = pa.concat_tables([S.conform(t[name], written.schema) for t in analysed])
+        assert _columns(whole) == _columns(written), name
 
 
 def _record_slices(m: pytest.MonkeyPatch) -> list[int]:
