@@ -209,7 +209,10 @@ class XPlaneParser:
         (``xplane_devices``)."""
         whole = _whole(path)
         if device is None or not whole.devices.several:
-            return dataclasses.replace(whole.parsed, notes=_copy(whole.parsed.notes))
+            parsed = dataclasses.replace(whole.parsed, notes=_copy(whole.parsed.notes))
+            if whole.devices.several:  # (as one rank: xprof's step lines repeat the markers)
+                parsed.events = parsed.events.filter(pa.array(~whole.devices.step_line))
+            return parsed
         if device not in whole.devices.names:
             raise BadInput(f"{path}: no device {device!r} in this profile")
         parsed = one_device(whole.parsed, whole.devices, device, whole.host_pid)
