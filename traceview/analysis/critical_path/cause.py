@@ -326,7 +326,9 @@ def pick(
         if c.change.startswith("balance:") and saves < HOLDS * every_rank and not waited_for_it:
             continue  # (the ranks take turns being slow: no one rank holds it)
         floor = (RANK_FLOOR if c.alone else RUN_FLOOR) * base.step_ms
-        if not (waited_for_it and c.change.startswith("balance:")):
+        # (where its replay saves what its own work on the path holds, no more: a saving beyond
+        # it is the replay's, not its work's)
+        if not (waited_for_it and c.change.startswith("balance:") and saves <= c.blamed_ms * 1.01):
             floor = max(noise, floor)
         if saves > floor:
             standing.append((saves, c.blamed_ms, c, w))
