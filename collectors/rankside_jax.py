@@ -13,14 +13,16 @@ TensorFlow collector's lifecycle with JAX's profiler (``jax.profiler.start_trace
 with ``StepTraceAnnotation("train", step_num=N)``): the same skip, warm-up and window, the
 XSpace moved to ``RUN/raw/rank-NNNNN/<host>.xplane.pb``.
 
-A process that imports both JAX and TensorFlow is profiled by whichever collector starts first
-(one profiler session per process).
+A process that imports TensorFlow is TensorFlow's (its collector profiles it; Keras 3 imports
+JAX itself where it is installed); a JAX job that imports TensorFlow later (tf.data) stays
+JAX's: one profiler session per process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -108,7 +110,9 @@ class JaxCollector(TensorFlowCollector):
 
 
 def start(config: Config, jax: Any) -> None:
-    """Called by the runtime once the job has imported jax."""
-    if any(c.framework == "tensorflow" for c in _collectors):
-        return  # (TensorFlow's collector profiles this process: one session per process)
+    """Called by the runtime once the job has imported jax; not in a process that imports
+    TensorFlow, whose collector profiles it (TensorFlow 2.21 with Keras 3 imports JAX itself
+    where it is installed: the job is TensorFlow's)."""
+    if "tensorflow" in sys.modules or any(c.framework == "tensorflow" for c in _collectors):
+        return  # (one profiler session per process)
     JaxCollector(config, jax).install()

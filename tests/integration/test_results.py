@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import SAMPLES, beyond_unit, for_unit
 from tests.unit.test_results import SAMPLE_RUNS, _text_report, _tui_screens
+from traceview.views.style import STRAGGLER_WAIT_SAID
 
 
 @pytest.mark.parametrize(
@@ -57,8 +58,8 @@ def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -
         assert marked == []
         assert "◀ straggler" not in tui["bars"] and "*" not in tui["ranks"]
         waited = summary["straggler_wait_ms"] or 0.0
-        # a rank the others wait for 10% of the step, no change to which replays to 5%: said so
-        replayed_small = significant is False and waited >= 0.1 * summary["step_ms"]
+        # a rank the others wait for 20% of the step, no change to which replays to 5%: said so
+        replayed_small = significant is False and waited >= STRAGGLER_WAIT_SAID * summary["step_ms"]
         claim = (
             "not known"
             if significant is None

@@ -261,8 +261,8 @@ def _straggler(
     summary: Summary, ranks: list[RankSummary], straggler: Cause | None, blame: list[Blame]
 ) -> None:
     """The straggler named (or none: ``straggler_significant`` false) from the critical path;
-    its phase is the cause's, or where the cause is its idling or late start, the phase of its
-    own work the path holds most over the median rank's (where it holds any more)."""
+    its phase is the cause's, or where the cause is its idling, the phase of its own work the
+    path holds most over the median rank's (where it holds any more; a late start names none)."""
     for r in ranks:
         r.straggler = straggler is not None and r.rank == straggler.rank
     summary.straggler_significant = straggler is not None
@@ -279,7 +279,7 @@ def _straggler(
     if mine.caused_wait_ms is not None:  # the others' wait at the calls it arrived last to
         summary.straggler_wait_ms = round(mine.caused_wait_ms / (len(ranks) - 1), 3)
     phase = straggler.phase
-    if phase is None:
+    if phase is None and straggler.kind == S.SEGMENT_IDLE:
         own = [
             b
             for b in blame
