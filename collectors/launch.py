@@ -312,6 +312,7 @@ def run_job(
         ) from None
     children.append(child)
     launcher_start = rankside.proc_start_time(child.pid)
+    live = write_live(run, settings, started, child.pid)
     tail = _StderrTail(child.stderr)
     tail.start()
     ended: list[int] = []
@@ -329,6 +330,9 @@ def run_job(
     tail.join(timeout=5)  # the job's own children may still hold the pipe: do not wait on them
     if code < 0:
         code = 128 - code  # killed by a signal: report it as a shell would
+    write_live(
+        run, settings, started, child.pid, {**live, "exit_code": code, "ended_ns": time.time_ns()}
+    )
     warnings: list[str] = []
     return JobResult(
         command=list(command),
@@ -347,6 +351,42 @@ def run_job(
 
 class JobNotStarted(Exception):
     pass
+
+
+#: RUN/live.json: the job collect runs (who runs it, where, since when, with which settings;
+#: its exit code once it ended), for ``traceview watch`` and ``traceview profile``
+LIVE = R.LIVE
+
+
+def write_live(
+    run: Path,
+    settings: CollectSettings,
+    started: float,
+    launcher_pid: int,
+    said: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write RUN/live.json (atomically, never raising): ``said``, or what collect knows as the
+    job starts."""
+    import socket
+
+    said = said or {
+        "collect_pid": os.getpid(),
+        "host": socket.gethostname(),
+        "launcher_pid": launcher_pid,
+        "started_ns": int(started * 1e9),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "stall_s": settings.stall_s,
+        "steps": settings.steps,
+        "warmup": settings.warmup,
+    }
+    tmp = run / f".{LIVE}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(said))
+        os.replace(tmp, run / LIVE)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return said
 
 
 # --- the job's processes left running once its launcher has ended -------------------------------

@@ -264,6 +264,10 @@ class Status:
     clock: dict[str, Any] = field(default_factory=dict)
     trace_files: list[str] = field(default_factory=list)
     profiled_steps: int = 0
+    # the profile window (0: the first; K: the K-th asked of the job, RUN/windows/K) and the
+    # job's number of its first recorded step (after its warm-up; null: not said)
+    window: int = 0
+    first_step: int | None = None
     user_profiler: bool = False
     notes: list[str] = field(default_factory=list)
     role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler

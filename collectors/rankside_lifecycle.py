@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict
+from pathlib import Path
 from threading import RLock, local
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -65,6 +66,48 @@ class Collector(abc.ABC):
         self.cap = self._memory_cap()
         self._step_record: StepRecord | None = None
         self._step_record_failed = False
+        self.window = 0  # the profile window (0: the first; then each one asked of the job)
+        # the window's warm-up and recorded steps (the first's: --warmup, --steps)
+        self.window_warmup, self.window_active = config.warmup, config.active
+
+    def window_dir(self) -> Path:
+        """Where the window's profile and status go: the run directory for the first window,
+        RUN/windows/K for the K-th asked of the job (``traceview profile``)."""
+        if not self.window:
+            return self.config.run_dir
+        return self.config.run_dir / "windows" / str(self.window)
+
+    def window_asked(self) -> dict[str, int] | None:
+        """At a step boundary after the profiled window: the window asked of the job whose
+        first step (less its warm-up) is reached; None: none, or not yet. A window whose steps
+        have all passed when it is read is said and dropped."""
+        record = self._step_record
+        while record is not None and record.asked:
+            asked = record.asked[0]
+            now = record.step  # the step about to begin (the job's number)
+            if now < asked["start_step"] - asked["warmup"]:
+                return None
+            record.take_request()
+            if now < asked["start_step"] + asked["steps"]:
+                return asked
+            warn(
+                f"profile window {asked['window']} not taken: its steps "
+                f"{asked['start_step']}-{asked['start_step'] + asked['steps'] - 1} had passed "
+                f"(step {now} now) when this rank read it"
+            )
+        return None
+
+    def open_window(self, asked: dict[str, int]) -> int:
+        """Under the lock: the window ``asked`` begins at this step boundary (its warm-up as
+        far as it still can); returns the step it begins at."""
+        assert self._step_record is not None
+        now = self._step_record.step
+        self.window = asked["window"]
+        self.window_warmup = max(min(asked["warmup"], asked["start_step"] - now), 0)
+        self.window_active = asked["steps"] - max(now - asked["start_step"], 0)
+        self.finished, self.status = False, None
+        self.cap = self._memory_cap()
+        return now
 
     def record(self) -> StepRecord | None:
         """The rank's step record (rankside_record), made on first use: by then the process
@@ -213,6 +256,7 @@ class Collector(abc.ABC):
         status = Status(info.rank, info.world_size, info.local_rank, info.source)
         status.framework, status.framework_version = self.framework, self._framework_version()
         status.clock = asdict(probe_clock(self.config.clock))
+        status.window = self.window
         return status
 
     def _stopped_early(self, step: int, mid_step: bool = False) -> None:
@@ -263,7 +307,7 @@ class Collector(abc.ABC):
         """Write the status, if any, never raising."""
         if self.status is not None:
             with contextlib.suppress(Exception):
-                self.status.write(self.config.run_dir)
+                self.status.write(self.window_dir())
 
 
 #: The pacer of the steps the script marks itself (traceview.collectors.step()).

@@ -26,6 +26,7 @@ import contextlib
 import json
 import mmap
 import os
+import re
 import struct
 import sys
 import threading
@@ -36,7 +37,8 @@ from typing import Any
 
 MAGIC_STEPS = b"TVSTEP01"
 MAGIC_CALLS = b"TVCALL01"
-#: steps.bin: magic, then rows of (step, calls, start_ns, end_ns, io_ns, pad)
+#: steps.bin: magic, then rows of (step, calls, start_ns, end_ns, io_ns, comm_ns): comm_ns is the
+#: step's time blocked in the calls it made (returned handles not counted)
 STEP_ROW = struct.Struct("<IIqqqq")
 #: calls.bin's header: magic, capacity, pid, calls written ever, step now, phase now (an index
 #: into PHASES), the phase's start, the last progress (a step, a call begun or ended)
@@ -124,6 +126,7 @@ class StepRecord:
         self.step_start = 0  # the step's start (0: nothing seen yet)
         self.step_calls = 0
         self.io_ns = 0
+        self.comm_ns = 0  # the step's time blocked in calls so far
         self.written = 0  # calls written ever
         self.seq: dict[int, int] = {}  # group -> its calls so far
         self.groups: dict[str, int] = {}
@@ -136,6 +139,12 @@ class StepRecord:
         with contextlib.suppress(AttributeError):
             os.register_at_fork(after_in_child=self._forked)
         self.raised: tuple[int, int] | None = None  # (step, phase) an exception left
+        # profile windows asked of the job (RUN/requests, ``traceview profile``), oldest first;
+        # the collector takes them at its step boundaries
+        self.asked: list[dict[str, int]] = []
+        self.requests = folder.parent.parent / REQUESTS
+        self._requests_seen: set[str] = set()
+        self._requests_mtime = 0
         self._head()
 
     def mine(self) -> bool:
@@ -163,11 +172,13 @@ class StepRecord:
         now = time.time_ns()
         with self.lock:
             self._begin(now)
-            row = STEP_ROW.pack(self.step, self.step_calls, self.step_start, now, self.io_ns, 0)
+            row = STEP_ROW.pack(
+                self.step, self.step_calls, self.step_start, now, self.io_ns, self.comm_ns
+            )
             with contextlib.suppress(OSError):
                 os.write(self.steps_fd, row)
             self.step += 1
-            self.step_start, self.step_calls, self.io_ns = now, 0, 0
+            self.step_start, self.step_calls, self.io_ns, self.comm_ns = now, 0, 0, 0
             self.progress = now
             self.dumped_stall = False
             self._head()
@@ -221,6 +232,9 @@ class StepRecord:
         _COUNT.pack_into(self.map, at + END_AT, now)
         if flags:
             struct.pack_into("<B", self.map, at + FLAGS_AT, flags)
+        if not flags & ASYNC:  # (blocked in it from its start: the step's comm)
+            with self.lock:
+                self.comm_ns += now - _COUNT.unpack_from(self.map, at)[0]
         self.progress = now
 
     def phase(self, index: int) -> int:
@@ -322,7 +336,7 @@ class StepRecord:
         thread.start()
 
     def _watch(self) -> None:
-        tick = min(1.0, self.stall_s / 4)
+        tick = min(ASK_TICK_S, self.stall_s / 4)
         while True:
             time.sleep(tick)
             if not self.mine():
@@ -330,6 +344,70 @@ class StepRecord:
             if not self.dumped_stall and time.time_ns() - self.progress > self.stall_s * 1e9:
                 self.dumped_stall = True
                 self.dump("stall")
+            with contextlib.suppress(Exception):
+                self._look_for_requests()
+
+    def _look_for_requests(self) -> None:
+        """New profile requests (RUN/requests/profile-K.json): each read once, checked (they
+        come from outside the job), queued in ``asked`` by window."""
+        try:
+            mtime = os.stat(self.requests).st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._requests_mtime:
+            return
+        self._requests_mtime = mtime
+        new = []
+        for name in sorted(os.listdir(self.requests))[:MAX_REQUESTS]:
+            if name in self._requests_seen or not REQUEST_NAME.fullmatch(name):
+                continue
+            self._requests_seen.add(name)
+            asked = _request(self.requests / name)
+            if asked is not None:
+                new.append(asked)
+        if new:
+            with self.lock:
+                taken = {a["window"] for a in self.asked}
+                self.asked += [a for a in new if a["window"] not in taken]
+                self.asked.sort(key=lambda a: a["window"])
+
+    def take_request(self) -> dict[str, int] | None:
+        """The oldest profile window asked and not yet taken (removed from the queue)."""
+        if not self.asked:  # (the common case: one attribute read)
+            return None
+        with self.lock:
+            return self.asked.pop(0) if self.asked else None
+
+
+#: RUN/requests: the profile windows asked of the running job (``traceview profile``)
+REQUESTS = "requests"
+REQUEST_NAME = re.compile(r"profile-(\d{1,6})\.json")
+#: the requests a rank reads at most (a flood of them costs it nothing more)
+MAX_REQUESTS = 1000
+#: how often a rank looks for requests (seconds; its watchdog's tick)
+ASK_TICK_S = 0.25
+#: a window's steps and warm-up at most
+MAX_WINDOW_STEPS, MAX_WINDOW_WARMUP = 1000, 100
+
+
+def _request(path: Path) -> dict[str, int] | None:
+    """A profile request as its file says it, where it reads and its numbers are in range."""
+    try:
+        with open(path, "rb") as f:
+            said = json.loads(f.read(4096))
+        asked = {k: said[k] for k in ("window", "start_step", "steps", "warmup")}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in asked.values()):
+        return None
+    if not (
+        1 <= asked["window"] < 10**6
+        and 0 <= asked["start_step"] < 2**31
+        and 1 <= asked["steps"] <= MAX_WINDOW_STEPS
+        and 0 <= asked["warmup"] <= MAX_WINDOW_WARMUP
+    ):
+        return None
+    return asked
 
 
 def _write_bytes(path: Path, data: bytes) -> None:

@@ -117,11 +117,36 @@ class TorchCollector(Collector):
             self.record_step_end()
             if not self.finished:
                 self.step()
+            else:
+                self._window_asked()
 
     def manual_step(self) -> None:
         self.manual = True  # from now on optimizer steps no longer count
         self.record_step_end()
-        self.step()
+        if not self.finished:
+            self.step()
+        else:
+            self._window_asked()
+
+    def _window_asked(self) -> None:
+        """After the window: one asked of the job (``traceview profile``) begins here once its
+        start is reached; the profile starts as the first window's did."""
+        asked = self.window_asked()
+        if asked is None or self.user_profilers or (self.status and self.status.user_profiler):
+            return  # (a script that profiles itself keeps its own windows)
+        with self.lock:
+            if not self.finished:
+                return
+            self.steps_seen = self.open_window(asked)
+            self.profiler, self.extra_step = None, 0
+            self.busy += 1
+            try:
+                self._start()
+                self._sample_memory()
+            except Exception as exc:
+                self._failed(exc)
+            finally:
+                self.busy -= 1
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -161,7 +186,7 @@ class TorchCollector(Collector):
                     self._sample_memory()
                     self.profiler.step()
                     done = self.profiler.step_num - self.first_step
-                    if done >= self.config.warmup + self.config.active:
+                    if done >= self.window_warmup + self.window_active:
                         self.finish()
             except Exception as exc:
                 self._failed(exc)
@@ -198,13 +223,13 @@ class TorchCollector(Collector):
             self.status.user_profiler = True
             self.status.notes.append("the script runs torch.profiler itself; its trace is kept")
             self.profiler = False
-            self.status.write(self.config.run_dir)
+            self.status.write(self.window_dir())
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         window = torch.profiler.schedule(
-            wait=0, warmup=self.config.warmup, active=self.config.active, repeat=1
+            wait=0, warmup=self.window_warmup, active=self.window_active, repeat=1
         )
         # Steps carry the job's own numbers (its first step is 0, as in the step record): the
         # profiler counts from the step in progress, its schedule from the window's start.
@@ -223,7 +248,8 @@ class TorchCollector(Collector):
         )
         self.profiler.step_num = first
         self.status.state = "profiling"
-        self.status.write(self.config.run_dir)
+        self.status.first_step = first + self.window_warmup
+        self.status.write(self.window_dir())
         self.thread = threading.get_ident()
         self.cap.start()  # its thread starts before the profile, not inside a step of it
         self.profiler.start()
@@ -242,7 +268,7 @@ class TorchCollector(Collector):
 
     def _export(self, profiler: Any) -> None:
         assert self.status is not None
-        folder = rank_dir(self.config.run_dir, self.status.rank)
+        folder = rank_dir(self.window_dir(), self.status.rank)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank-{self.status.rank}.pt.trace.json.gz"
         plain = folder / f".{path.name}.{os.getpid()}.tmp.json"
@@ -256,7 +282,7 @@ class TorchCollector(Collector):
                 plain.unlink()
         self.status.trace_files = [path.name]
         self.status.profiled_steps = max(
-            profiler.step_num - self.first_step + self.extra_step - self.config.warmup, 0
+            profiler.step_num - self.first_step + self.extra_step - self.window_warmup, 0
         )
 
     def _end_profile(self, at_exit: bool) -> None:

@@ -25,7 +25,7 @@ from traceview.parsers.flight import flight_rows, in_order
 
 STEP_DTYPE = np.dtype(
     [("step", "<u4"), ("calls", "<u4"), ("start_ns", "<i8"), ("end_ns", "<i8"),
-     ("io_ns", "<i8"), ("pad", "<i8")]
+     ("io_ns", "<i8"), ("comm_ns", "<i8")]
 )  # fmt: skip
 CALL_DTYPE = np.dtype(
     [("start_ns", "<i8"), ("end_ns", "<i8"), ("bytes", "<i8"), ("seq", "<u4"), ("step", "<u4"),
@@ -98,6 +98,7 @@ def _steps_table(read: list[RankRecord]) -> pa.Table:
             S.RANK: ranks, S.STEP: steps["step"].astype(np.int64),
             S.CALLS: steps["calls"].astype(np.int64), S.START_NS: steps["start_ns"],
             S.END_NS: steps["end_ns"], S.IO_NS: steps["io_ns"],
+            S.COMM_NS: np.clip(steps["comm_ns"], 0, steps["end_ns"] - steps["start_ns"]),
         },
         schema=S.RECORD_STEPS_SCHEMA,
     )  # fmt: skip

@@ -41,6 +41,8 @@ DOCS_PAGES: dict[str, str] = {
     "whatif": "docs/critical-path.md",
     "export": "docs/reference/run-directory.md",
     "tui": "docs/tui.md",
+    "watch": "docs/live.md",
+    "profile": "docs/live.md",
     "schema": "docs/reference/report-json.md",
 }
 DOCS_INDEX = "docs/index.md"

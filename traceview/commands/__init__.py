@@ -21,9 +21,11 @@ def all_commands() -> list[Command]:
     from traceview.commands.export import ExportCommand
     from traceview.commands.ingest import IngestCommand
     from traceview.commands.json_schema import SchemaCommand
+    from traceview.commands.profile import ProfileCommand
     from traceview.commands.report import ReportCommand
     from traceview.commands.scaling import ScalingCommand
     from traceview.commands.tui import TuiCommand
+    from traceview.commands.watch import WatchCommand
     from traceview.commands.whatif import WhatIfCommand
 
     return [
@@ -35,5 +37,7 @@ def all_commands() -> list[Command]:
         WhatIfCommand(),
         ExportCommand(),
         TuiCommand(),
+        WatchCommand(),
+        ProfileCommand(),
         SchemaCommand(),
     ]

@@ -46,3 +46,17 @@ def step_choice_of(args: argparse.Namespace) -> StepChoice | None:
     from traceview.model.choice import step_choice
 
     return step_choice(args.steps, args.skip)
+
+
+def add_window_argument(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """--window K: of a run collect made, which profile window (traceview profile asks for
+    more while the job runs)."""
+    parser.add_argument(
+        "--window",
+        type=int,
+        action="append" if several else "store",
+        metavar="K",
+        help="of a run collect made, its profile window K (0: the first; K: the K-th asked "
+        "with traceview profile); default: the newest complete one"
+        + ("; twice with one RUN: compare two windows of it" if several else ""),
+    )

@@ -1,6 +1,7 @@
 """Runs side by side: step time, phases, hidden communication and canonical operators, with ratios.
 
   traceview compare RUN_A RUN_B [RUN_C ...]
+  traceview compare RUN --window 1 --window 3     two profile windows of one run
 
 Each RUN is a run directory or a folder of traces (several files of one run: use a folder).
 The first is the baseline: every ratio is against it. Operators are compared by canonical name
@@ -13,7 +14,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview.commands.arguments import add_runs_argument, add_step_arguments, step_choice_of
+from traceview.commands.arguments import (
+    add_runs_argument,
+    add_step_arguments,
+    add_window_argument,
+    step_choice_of,
+)
 from traceview.model.errors import UsageError
 
 
@@ -33,6 +39,7 @@ class CompareCommand:
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
         add_step_arguments(parser)
+        add_window_argument(parser, several=True)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.analysis.compare import compare
@@ -40,13 +47,19 @@ class CompareCommand:
         from traceview.views.progress import TerminalProgress
         from traceview.views.text import render_comparison_to_console, to_json
 
-        if len(args.runs) < 2:
-            raise UsageError("compare needs at least two runs")
+        runs, windows = list(args.runs), args.window or []
+        if len(runs) == 1 and len(windows) >= 2:  # (windows of one run)
+            runs = runs * len(windows)
+        if len(runs) < 2:
+            raise UsageError("compare needs at least two runs (or one run and two --window)")
+        if windows and len(windows) not in (1, len(runs)):
+            raise UsageError(f"{len(windows)} --window for {len(runs)} runs: give one per run")
+        chosen = windows * len(runs) if len(windows) == 1 else windows or None
         choice = step_choice_of(args)
         with (
             TerminalProgress() as progress,
             open_runs(
-                [[path] for path in args.runs], args.rules, progress, args.label, choice
+                [[path] for path in runs], args.rules, progress, args.label, choice, chosen
             ) as runs,
         ):
             result = compare(

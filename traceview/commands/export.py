@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from traceview.commands.arguments import add_step_arguments, step_choice_of
+from traceview.commands.arguments import add_step_arguments, add_window_argument, step_choice_of
 from traceview.model.errors import Notes, UsageError
 from traceview.model.escape import safe
 from traceview.store import rundir as R
@@ -47,6 +47,7 @@ class ExportCommand:
             "chrome (default RUN/trace.json.gz; a device or named pipe is written in place)",
         )
         add_step_arguments(parser)
+        add_window_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.runs import open_run
@@ -74,7 +75,7 @@ class ExportCommand:
         with (
             TerminalProgress() as progress,
             # the analysis, recomputed if stale
-            open_run([args.run], progress=progress, choice=choice) as run,
+            open_run([args.run], progress=progress, choice=choice, window=args.window) as run,
         ):
             run_id = run.manifest.run_id  # (the events exported are this run's, or left out)
             if args.format == "chrome":

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from traceview.commands.arguments import add_step_arguments, step_choice_of
+from traceview.commands.arguments import add_step_arguments, add_window_argument, step_choice_of
 
 if TYPE_CHECKING:
     from traceview.model.choice import StepChoice
@@ -23,12 +23,14 @@ def load_report(
     rules: Path | None = None,
     top: int = 10,
     choice: StepChoice | None = None,
+    window: int | None = None,
 ) -> RunReport:
-    """The report object for a run directory, or for traces read into a temporary run."""
+    """The report object for a run directory, or for traces read into a temporary run
+    (``window``: of a run collect made, its profile window; None: the newest)."""
     from traceview.runs import open_run
     from traceview.views.progress import TerminalProgress
 
-    with TerminalProgress() as progress, open_run(paths, rules, progress, choice) as run:
+    with TerminalProgress() as progress, open_run(paths, rules, progress, choice, window) as run:
         return run.report(top)
 
 
@@ -52,11 +54,12 @@ class ReportCommand:
             "distribution: p50, p90, max, the ranks with most and least own work)",
         )
         add_step_arguments(parser)
+        add_window_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.views.text import render_to_console, to_json
 
-        report = load_report(args.paths, args.rules, args.top, step_choice_of(args))
+        report = load_report(args.paths, args.rules, args.top, step_choice_of(args), args.window)
         if args.json:
             print(to_json(report))
         else:

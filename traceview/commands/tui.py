@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceview.commands.arguments import add_step_arguments, step_choice_of
+from traceview.commands.arguments import add_step_arguments, add_window_argument, step_choice_of
 
 
 def run_groups(paths: list[Path], compare: list[Path] | None) -> list[list[Path]]:
@@ -43,6 +43,7 @@ class TuiCommand:
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
         add_step_arguments(parser)
+        add_window_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from traceview.model.errors import UsageError
@@ -58,7 +59,7 @@ class TuiCommand:
 
         # The app opens the runs in a worker (a loading line meanwhile) and keeps them open,
         # temporary run directories included, until it ends.
-        app = TraceviewApp(groups=groups, rules=args.rules, choice=choice)
+        app = TraceviewApp(groups=groups, rules=args.rules, choice=choice, window=args.window)
         try:
             app.run()
         finally:

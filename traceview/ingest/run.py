@@ -267,7 +267,8 @@ def ingest(
     dumps: list[Path] = []  # (Flight Recorder dumps beside the traces: the report reads them)
     traces = discover(paths, notes, rules_path is not None, progress, dumps_found=dumps)
     world = per_device(traces, assign_ranks(traces, notes), notes)
-    collected = R.read_manifest(out).collect if R.is_run_dir(out) else None
+    before = R.read_manifest(out) if R.is_run_dir(out) else None
+    collected = before.collect if before is not None else None
     if collected is not None:
         _collect_notes(collected, notes)
         world = world or collected.world_size
@@ -341,6 +342,7 @@ def ingest(
                 ingest_seconds=round(time.time() - started, 3),
                 analysis_version=analysis_version if analyze is not None else None,
                 collect=collected,
+                window=before.window if before is not None else None,
             )
             R.write_manifest(staged, manifest)
             R.fault_point("ingest:staged")

@@ -291,6 +291,9 @@ class Manifest(Record):
     ingest_seconds: float | None = None
     analysis_version: str | None = None  # of the cached analysis tables
     collect: Collected | None = None
+    # a profile window asked of a running job (RUN/windows/K: K; its step record is RUN's);
+    # null: the run's own (collect's first window)
+    window: int | None = None
 
     def threads(self) -> dict[int, dict[str, str]]:
         """Thread names of each rank."""

@@ -767,6 +767,7 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 CALLS: Final = "calls"  # calls the rank made in the step (collective and point-to-point)
 IO_NS: Final = "io_ns"  # of the step, in data loading
+COMM_NS: Final = "comm_ns"  # of the step, blocked in the collective calls it made (0: none seen)
 SOURCE: Final = "source"  # a call's: "record" (traceview's wrapper) or "flight" (Flight Recorder)
 FLAGS: Final = "flags"  # a call's: 1 it returned a handle (async), 2 it raised
 STEP_NOW: Final = "step_now"
@@ -792,6 +793,7 @@ RECORD_STEPS_SCHEMA: Final = pa.schema(
         pa.field(START_NS, pa.int64(), nullable=False),
         pa.field(END_NS, pa.int64(), nullable=False),
         pa.field(IO_NS, pa.int64(), nullable=False),
+        pa.field(COMM_NS, pa.int64(), nullable=False),
     ]
 )
 RECORD_CALLS_SCHEMA: Final = pa.schema(

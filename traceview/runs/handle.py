@@ -142,6 +142,8 @@ class Run:
         from traceview.parsers.record import read_run_record
 
         raw = self.path / "raw"
+        if self.manifest.window:  # (a profile window: the run's record, RUN/windows/K/../..)
+            raw = self.path.parent.parent / "raw"
         if self.temporary:  # (a report of raw traces: their folder's record, if it is a run's)
             raw = next(
                 (Path(p) / "raw" for p in self.manifest.inputs if (Path(p) / "raw").is_dir()), raw

@@ -24,6 +24,7 @@ from traceview.model.progress import Progress, quiet
 from traceview.runs.cache import RunReplaced, _current, _key, _read_tables
 from traceview.runs.handle import Run, flight_dumps
 from traceview.runs.reanalysis import _reanalyzed, reanalyze
+from traceview.runs.windows import choose_window
 from traceview.store import rundir as R
 
 if TYPE_CHECKING:
@@ -57,11 +58,19 @@ def open_run(
     rules: Path | None = None,
     progress: Progress = quiet,
     choice: StepChoice | None = None,
+    window: int | None = None,
 ) -> Iterator[Run]:
     """The run at ``paths``; traces are read into a temporary run directory. ``choice``: the
     steps its reports count (--steps/--skip; the analysis tables hold every step, so a cached
-    analysis serves any choice)."""
+    analysis serves any choice). ``window``: of a run collect made, its profile window (None:
+    the newest complete one; runs.windows)."""
     label = _label(paths)
+    if len(paths) == 1 and (window is not None or _has_windows(paths[0])):
+        chosen, which = choose_window(paths[0], window)
+        if which is not None and (window is not None or which.window):
+            steps = f" (steps {which.first_step}-{which.last_step})" if which.last_step else ""
+            label = f"{label} w{which.window}{steps}"
+        paths = [chosen]
     if len(paths) == 1 and _record_only(paths[0]):
         opened = _open_record_only(paths[0], label)
         opened.choice = choice
@@ -100,6 +109,13 @@ def open_run(
             yield opened
         finally:
             opened.segments.close()
+
+
+def _has_windows(path: Path) -> bool:
+    try:
+        return (path / R.WINDOWS).is_dir()
+    except OSError:
+        return False
 
 
 def _record_only(path: Path) -> bool:
@@ -230,9 +246,10 @@ def open_runs(
     progress: Progress = quiet,
     labels: list[str] | None = None,
     choice: StepChoice | None = None,
+    windows: list[int | None] | None = None,
 ) -> Iterator[list[Run]]:
     """Several runs at once (compare, scaling); labels made unique, or the ``labels`` given
-    (one per run, all different)."""
+    (one per run, all different). ``windows``: each run's profile window (open_run)."""
     if labels:
         if len(labels) != len(groups):
             raise UsageError(f"{len(labels)} --label for {len(groups)} runs: give one per run")
@@ -240,7 +257,11 @@ def open_runs(
             twice = next(label for label in labels if labels.count(label) > 1)
             raise UsageError(f"--label {safe(twice)!r} given twice: each run needs its own")
     with ExitStack() as stack:
-        runs = [stack.enter_context(open_run(paths, rules, progress, choice)) for paths in groups]
+        chosen = windows or [None] * len(groups)
+        runs = [
+            stack.enter_context(open_run(paths, rules, progress, choice, window))
+            for paths, window in zip(groups, chosen, strict=True)
+        ]
         # Same folder name in different frameworks' trees (pytorch/explicit, tensorflow/explicit):
         # prefix the framework; otherwise number the repeats.
         names = [run.label for run in runs]

@@ -745,8 +745,16 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+#: RUN/windows/K: the profile windows asked of a running job (each a run directory of its
+#: own); RUN/requests: the asks (``traceview profile``); RUN/live.json: the job collect runs
+WINDOWS, REQUESTS, LIVE = "windows", "requests", "live.json"
+#: what an ingest into a run directory keeps of the one it replaces
+KEPT = (RAW, WINDOWS, REQUESTS, LIVE)
+
+
 def replace_dir(staged: Path, target: Path) -> None:
-    """Put the finished directory ``staged`` at ``target``, keeping ``target``'s raw traces.
+    """Put the finished directory ``staged`` at ``target``, keeping ``target``'s raw traces
+    and profile windows (``KEPT``).
 
     The previous run stays whole at ``target`` until one atomic exchange puts the new one there
     (its raw traces are hard links to the previous run's, made first). Where the exchange is not
@@ -757,8 +765,15 @@ def replace_dir(staged: Path, target: Path) -> None:
         return
     if not target.is_dir():
         raise BadInput(f"{target}: exists and is a file, not a run directory")
-    if (target / RAW).is_dir() and not (staged / RAW).exists():
-        shutil.copytree(target / RAW, staged / RAW, symlinks=True, copy_function=_link_or_copy)
+    for name in KEPT:  # (what the job and collect wrote, and the profile windows)
+        if (staged / name).exists() or not (target / name).exists():
+            continue
+        if (target / name).is_dir():
+            shutil.copytree(
+                target / name, staged / name, symlinks=True, copy_function=_link_or_copy
+            )
+        else:
+            _link_or_copy(str(target / name), str(staged / name))
     fault_point("replace:linked")
     if _exchange(staged, target):
         fault_point("replace:exchanged")

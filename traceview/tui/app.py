@@ -92,6 +92,7 @@ class TraceviewApp(App[None]):
         views: list[RunView] | None = None,
         comparison: Comparison | None = None,
         choice: StepChoice | None = None,
+        window: int | None = None,
     ) -> None:
         """Show ``runs`` (open run directories), the runs at ``groups`` (opened here), or
         prepared ``views`` (and their ``comparison``), which need no run directory: the
@@ -103,6 +104,7 @@ class TraceviewApp(App[None]):
         self.groups = groups
         self.rules = rules
         self.choice = choice  # the steps --steps/--skip chose (None: warm-up left out)
+        self.window = window  # of a run collect made, its profile window (None: the newest)
         self.prepared = list(views or [])
         self.views: list[RunView] = []
         self.comparison: Comparison | None = comparison
@@ -147,7 +149,12 @@ class TraceviewApp(App[None]):
                 if not runs:
                     assert self.groups is not None
                     runs = stack.enter_context(
-                        open_runs(self.groups, self.rules, choice=self.choice)
+                        open_runs(
+                            self.groups,
+                            self.rules,
+                            choice=self.choice,
+                            windows=[self.window] * len(self.groups),
+                        )
                     )
                 views = [build_view(run) for run in runs]
                 comparison = build_comparison(runs, views)

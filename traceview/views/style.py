@@ -26,6 +26,7 @@ from traceview.model.results import (
     RankGpu,
     RunReport,
     WhatIf,
+    WholeRun,
 )
 
 PHASE_STYLE = {
@@ -581,6 +582,29 @@ def failure_text(report: RunReport, frames: int = 4) -> Text | None:
         text.append(f"\n    {where}{code}", style="bright_black")
     if failure.evidence:
         text.append(f"\n  (from {safe(failure.evidence, 400)})", style="bright_black")
+    return text
+
+
+def whole_run_text(run: WholeRun | None) -> Text | None:
+    """The whole run from the step record, in one line: its steps and step time, where the step
+    time moved, the slowest rank and the slow steps; None without a record."""
+    if run is None or not run.steps:
+        return None
+    span = f"steps {run.first_step}-{run.last_step}" if run.first_step is not None else ""
+    text = Text(f"whole run: {run.steps} steps ({span})", style="bright_black")
+    if run.step_ms_p50 is not None:
+        text.append(f", {run.step_ms_p50:.2f} ms median, p99 {run.step_ms_p99 or 0:.2f} ms")
+    for change in run.changes[:3]:
+        who = f" (rank {change.rank})" if change.rank is not None else ""
+        text.append(
+            f"; from step {change.step} {change.ms_before:.2f} → {change.ms_after:.2f} ms{who}"
+        )
+    if run.slowest_rank is not None:
+        text.append(f"; slowest rank {run.slowest_rank}")
+    if run.slow_steps:
+        some = ", ".join(f"{s.step} ({s.ms:.1f} ms)" for s in run.slow_steps[:4])
+        more = " ..." if len(run.slow_steps) > 4 else ""
+        text.append(f"; {len(run.slow_steps)} slow step(s): {some}{more}")
     return text
 
 

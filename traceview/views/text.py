@@ -52,6 +52,7 @@ from traceview.views.style import (
     straggler_text,
     title_text,
     verdict_text,
+    whole_run_text,
 )
 
 
@@ -96,6 +97,9 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
                 f" (largest offset {job.max_clock_offset_us or 0:g} µs)"
             )
         console.print(line, style="bright_black")
+    whole = whole_run_text(report.whole_run)
+    if whole is not None:
+        console.print(whole)
     clocks = run.clocks
     if clocks is not None and clocks.source == "collectives" and not clocks.max_offset_us:
         console.print(

@@ -73,6 +73,7 @@ from traceview.analysis.summary.verdicts import (
     _summary,
     _transfer_group,
 )
+from traceview.analysis.whole_run import whole_run
 from traceview.model import schema as S
 from traceview.model.results import (
     Clocks,
@@ -88,6 +89,7 @@ from traceview.model.results import (
     StepSummary,
     Summary,
     TopOp,
+    WholeRun,
 )
 
 # --- steps: which steps count, and each step across ranks ----------------------------------------
@@ -509,6 +511,16 @@ def _place_failure(found: tuple[FailureResult | None, list[str]], draft: Draft) 
 
 FAILURE = Section("failure", _failure_section, _place_failure)
 
+
+def _whole_run_section(ctx: Context) -> WholeRun | None:
+    read = ctx.inputs.record() if ctx.inputs.record is not None else None
+    return whole_run(read[0]) if read is not None else None
+
+
+WHOLE_RUN = Section(
+    "whole_run", _whole_run_section, lambda found, draft: draft.fields.update(whole_run=found)
+)
+
 #: The report's sections in the order it places them. The rank spread comes last: it is of the
 #: ranks as the verdicts before it left them.
 SECTIONS: tuple[Section[Any], ...] = (
@@ -526,6 +538,7 @@ SECTIONS: tuple[Section[Any], ...] = (
     TOP_OPS,
     COLLECTIVES,
     FSDP,
+    WHOLE_RUN,
     RUN,
 )
 

@@ -62,6 +62,17 @@ from traceview.model.results.gpu import (
     KernelLaunches,
     RankGpu,
 )
+from traceview.model.results.live import (
+    Alert,
+    LiveJob,
+    LiveRank,
+    LiveSnapshot,
+    LiveStepMs,
+    ProfileWindow,
+    SlowStep,
+    StepChange,
+    WholeRun,
+)
 from traceview.model.results.memory import DeviceMemory, Growth, RankMemory, RunMemory, StepMemory
 from traceview.model.results.ranks import RankSpread, RankSummary, Spread
 from traceview.model.results.report import Clocks, JobInfo, RunInfo, RunReport, Summary
@@ -89,6 +100,7 @@ from traceview.model.results.steps import (
 __all__ = [
     "JSON_RESULTS",
     "RESULTS_VERSION",
+    "Alert",
     "AllReduceRate",
     "AllToAllRank",
     "Blame",
@@ -124,6 +136,10 @@ __all__ = [
     "IncompleteStep",
     "JobInfo",
     "KernelLaunches",
+    "LiveJob",
+    "LiveRank",
+    "LiveSnapshot",
+    "LiveStepMs",
     "ModelFit",
     "OpBlame",
     "OutsideOp",
@@ -136,6 +152,7 @@ __all__ = [
     "PipelineStage",
     "Prediction",
     "ProcessGroup",
+    "ProfileWindow",
     "R",
     "RankAtEnd",
     "RankGpu",
@@ -150,9 +167,11 @@ __all__ = [
     "ScaledRun",
     "Scaling",
     "ScalingBase",
+    "SlowStep",
     "Spent",
     "Spread",
     "StackFrame",
+    "StepChange",
     "StepCollective",
     "StepExclusion",
     "StepMark",
@@ -168,6 +187,7 @@ __all__ = [
     "TopOp",
     "WhatIf",
     "WhatIfs",
+    "WholeRun",
     "from_json",
     "json_schema",
 ]

@@ -24,6 +24,7 @@ from traceview.model.results.comm import (
 from traceview.model.results.critical_path import Cause, CriticalPath, WhatIf
 from traceview.model.results.failure import Failure, RankAtEnd
 from traceview.model.results.gpu import GpuVerdict, HostBound
+from traceview.model.results.live import WholeRun
 from traceview.model.results.memory import RunMemory
 from traceview.model.results.ranks import RankSpread, RankSummary
 from traceview.model.results.steps import IncompleteStep, OutsideOp, StepStats, StepSummary, TopOp
@@ -158,6 +159,8 @@ class RunReport(Result):
     # no step record was kept); where each rank was when it ended (empty: no step record)
     failure: Failure | None = None
     ranks_at_end: list[RankAtEnd] = []
+    # every step of the run, profiled or not, from the step record (null: none was kept)
+    whole_run: WholeRun | None = None
 
     @property
     def straggler(self) -> RankSummary | None:

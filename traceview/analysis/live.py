@@ -1,0 +1,289 @@
+"""One look at a run while it trains (``traceview watch``): each rank's step and lag, the job's
+step time, the slowest rank (the most own work per step: the one the others wait for) and
+since when, throughput, and the alerts (a step-time regression, a rank that stopped finishing
+steps, a rank persistently last). Pure: computed from what ``runs.live.LiveRun`` read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from traceview.analysis.whole_run import MIN_SEGMENT, SLOWEST_MARGIN, step_changes_of
+from traceview.model.results.live import (
+    Alert,
+    LiveJob,
+    LiveRank,
+    LiveSnapshot,
+    LiveStepMs,
+    ProfileWindow,
+)
+
+#: the steps the recent figures (throughput, the slowest rank's streak) look at
+RECENT = 50
+#: the steps of the running median of the slowest rank's margin over the others
+STREAK = 9
+#: a rank is the slowest where its own work per step exceeds the median rank's by this share
+#: of the step (whole_run's rule)
+MARGIN = SLOWEST_MARGIN
+#: a rank the slowest for this many steps is persistently last (an alert)
+LAST_FOR = 20
+#: a regression: the step time rose by this share at a change and stayed there
+REGRESSION = 0.10
+#: the last steps a sparkline shows
+SPARK = 120
+#: A rank's end in these words is a collective failing under it (analysis/failure.py's rule).
+_COMM_FAILURE = re.compile(
+    r"timed out|timeout|connection (closed|reset|refused)|broken pipe|peer|nccl|gloo|"
+    r"processgroup|distbackenderror|watchdog",
+    re.IGNORECASE,
+)
+_PHASE_WORDS = {
+    "step": None,
+    "io": "data loading",
+    "comm": "a collective",
+    "checkpoint": "a checkpoint",
+}
+
+
+@dataclass
+class JobSaid:
+    """What collect says of the job: when it started, where, how it ended (``exit_code``:
+    None while it runs), whether its collect process lives (None: on another host), the
+    stall threshold its ranks use."""
+
+    started: str | None
+    host: str | None
+    exit_code: int | None
+    ended: bool
+    collect_alive: bool | None
+    stall_s: float
+
+
+@dataclass
+class RankNow:
+    """One rank as its record stands: steps finished, its last step, its recent own work (ms),
+    where it is (its phase since when, its last call) and its end, where it ended."""
+
+    rank: int
+    steps_done: int
+    last_step_ms: float | None
+    own_ms: float | None
+    last_end_ns: int | None
+    phase: str | None
+    phase_since_ns: int | None
+    progress_ns: int | None
+    call: dict[str, Any] | None
+    pid: int | None
+    end_state: str | None
+    end_detail: str | None
+    end_ns: int | None
+
+
+@dataclass
+class LiveInputs:
+    job: JobSaid
+    ranks: list[RankNow]
+    steps: np.ndarray  # the job's steps every rank finished, in order
+    step_ms: np.ndarray  # each one's slowest rank's duration
+    step_rank: np.ndarray  # each one's rank with the most own work
+    rows: dict[int, np.ndarray]  # each rank's newest step rows (parsers.record.STEP_DTYPE)
+    now_ns: int
+    warnings: list[str] = field(default_factory=list)
+    windows: list[ProfileWindow] = field(default_factory=list)
+
+
+def snapshot(inputs: LiveInputs) -> LiveSnapshot:
+    """The look (``LiveSnapshot``) at the job ``inputs`` describe."""
+    ms = inputs.step_ms
+    median = float(np.median(ms)) if len(ms) else None
+    stall_ns = max(inputs.job.stall_s, 5 * (median or 0) / 1e3) * 1e9
+    ranks = [_rank(r, inputs, stall_ns) for r in inputs.ranks]
+    furthest = max((r.step for r in ranks), default=0)
+    for r in ranks:
+        r.lag_steps = furthest - r.step
+    slowest, since = _slowest(inputs)
+    alerts = _alerts(inputs, ranks, slowest, since)
+    running = not inputs.job.ended and inputs.job.collect_alive is not False
+    state = "running" if running else ("finished" if inputs.job.exit_code == 0 else "failed")
+    return LiveSnapshot(
+        job=LiveJob(
+            state=state,
+            started=inputs.job.started,
+            steps=min((r.step for r in ranks), default=0),
+            host=inputs.job.host,
+            exit_code=inputs.job.exit_code,
+        ),
+        step_ms=LiveStepMs(
+            last=_ms(ms[-1]) if len(ms) else None,
+            p50=_ms(median) if median is not None else None,
+            p99=_ms(float(np.percentile(ms, 99))) if len(ms) else None,
+            over_steps=len(ms),
+        ),
+        slowest_rank=slowest,
+        slowest_since_step=since,
+        ranks=ranks,
+        throughput_steps_s=_throughput(inputs),
+        alerts=alerts,
+        windows=inputs.windows,
+        recent_ms=[_ms(v) or 0.0 for v in ms[-SPARK:]],
+        taken_ns=inputs.now_ns,
+        warnings=inputs.warnings,
+    )
+
+
+def _rank(r: RankNow, inputs: LiveInputs, stall_ns: float) -> LiveRank:
+    common = dict(
+        rank=r.rank,
+        step=r.steps_done,
+        step_ms=_ms(r.last_step_ms) if r.last_step_ms is not None else None,
+        lag_steps=0,
+        own_ms=_ms(r.own_ms) if r.own_ms is not None else None,
+    )
+    call = r.call
+    open_call = call is not None and call["end_ns"] == 0 and not call["flags"] & 1
+    call_words = (
+        f"{call['op']} #{call['seq']}"
+        if call is not None and call["seq"]
+        else (call["op"] if call is not None else None)
+    )
+    if r.end_state is not None:
+        when = r.end_ns or inputs.now_ns
+        if r.end_state == "ok":
+            return LiveRank(state="finished", **common)
+        if r.end_state == "exception" and _COMM_FAILURE.search(r.end_detail or ""):
+            return LiveRank(state="blocked", in_=call_words, **common)
+        if r.end_state == "exception":
+            return LiveRank(state="crashed", in_=_phase_words(r.phase), **common)
+        since = (when - (r.progress_ns or when)) / 1e9
+        return LiveRank(state="killed", in_=_phase_words(r.phase), since_s=_s(since), **common)
+    quiet_ns = inputs.now_ns - (r.progress_ns or r.phase_since_ns or inputs.now_ns)
+    if quiet_ns > stall_ns:
+        if open_call:
+            since = (inputs.now_ns - call["start_ns"]) / 1e9  # type: ignore[index]
+            return LiveRank(state="blocked", in_=call_words, since_s=_s(since), **common)
+        return LiveRank(
+            state="stuck", in_=_phase_words(r.phase), since_s=_s(quiet_ns / 1e9), **common
+        )
+    if inputs.job.ended or inputs.job.collect_alive is False:  # (it left no end: killed)
+        return LiveRank(state="killed", in_=_phase_words(r.phase), **common)
+    return LiveRank(state="running", **common)
+
+
+def _slowest(inputs: LiveInputs) -> tuple[int | None, int | None]:
+    """The rank with the most own work per step over the recent steps, where it stands out by
+    ``MARGIN`` of the step; and the step from which its own work has stood out so (its margin
+    over the median of the others, a running median of ``STREAK`` steps)."""
+    own = {r.rank: r.own_ms for r in inputs.ranks if r.own_ms is not None}
+    if len(own) < 2:
+        return None, None
+    values = np.array(list(own.values()))
+    top = int(np.argmax(values))
+    step_ms = float(np.median(inputs.step_ms[-RECENT:])) if len(inputs.step_ms) else 0.0
+    if values[top] - float(np.median(values)) <= MARGIN * step_ms:
+        return None, None
+    rank = list(own)[top]
+    numbers = inputs.steps
+    if not len(numbers) or rank not in inputs.rows:
+        return rank, None
+    aligned = np.full((len(inputs.rows), len(numbers)), np.nan)
+    order = list(inputs.rows)
+    for i, k in enumerate(order):
+        rows = inputs.rows[k]
+        at = np.searchsorted(numbers, rows["step"].astype(np.int64))
+        inside = at < len(numbers)
+        inside[inside] &= numbers[at[inside]] == rows["step"][inside]
+        dur = (rows["end_ns"] - rows["start_ns"]).astype(float)
+        aligned[i, at[inside]] = (dur - np.minimum(rows["comm_ns"], dur))[inside] / 1e6
+    mine = aligned[order.index(rank)]
+    others = np.delete(aligned, order.index(rank), axis=0)
+    with np.errstate(all="ignore"):
+        margin = mine - np.nanmedian(others, axis=0)
+    known = np.isfinite(margin)
+    if not known.any():
+        return rank, None
+    smooth = pl.Series(margin[known]).rolling_median(STREAK, center=True, min_samples=1).to_numpy()
+    behind = np.flatnonzero(smooth <= MARGIN * step_ms)
+    start = int(behind[-1]) + 1 if len(behind) else 0
+    if start >= len(smooth):
+        return rank, None
+    return rank, int(numbers[known][start])
+
+
+def _alerts(
+    inputs: LiveInputs, ranks: list[LiveRank], slowest: int | None, since: int | None
+) -> list[Alert]:
+    alerts = []
+    for r in ranks:
+        if r.state in ("stuck", "blocked") or (
+            r.state in ("crashed", "killed") and not inputs.job.ended
+        ):
+            where = f" in {r.in_}" if r.in_ else ""
+            long = f" for {r.since_s:.0f} s" if r.since_s is not None else ""
+            alerts.append(
+                Alert(
+                    kind="stopped",
+                    rank=r.rank,
+                    step=r.step,
+                    text=f"rank {r.rank} stopped finishing steps at step {r.step}: "
+                    f"{r.state}{where}{long}",
+                )
+            )
+    if len(inputs.step_ms) >= 2 * MIN_SEGMENT:
+        changes = step_changes_of(inputs.steps, inputs.step_ms, inputs.rows)
+        if changes:
+            last = changes[-1]
+            if last.ms_after > (1 + REGRESSION) * last.ms_before:
+                who = f", rank {last.rank}'s own work the most" if last.rank is not None else ""
+                alerts.append(
+                    Alert(
+                        kind="regression",
+                        rank=last.rank,
+                        step=last.step,
+                        text=f"step time up from step {last.step}: {last.ms_before:.2f} → "
+                        f"{last.ms_after:.2f} ms ({last.ms_after / last.ms_before:.2f}×){who}",
+                    )
+                )
+    if slowest is not None and since is not None and len(inputs.steps):
+        steps = int(inputs.steps[-1]) - since + 1
+        if steps >= LAST_FOR:
+            own = {r.rank: r.own_ms for r in ranks if r.own_ms is not None}
+            middle = float(np.median(list(own.values())))
+            alerts.append(
+                Alert(
+                    kind="last",
+                    rank=slowest,
+                    step=since,
+                    text=f"rank {slowest} the slowest for {steps} steps (since step {since}): "
+                    f"its own work {own[slowest]:.2f} ms a step, the median rank's {middle:.2f} ms",
+                )
+            )
+    return alerts
+
+
+def _throughput(inputs: LiveInputs) -> float | None:
+    """Steps per second over the recent steps, from the ranks' step ends."""
+    rates = []
+    for rows in inputs.rows.values():
+        recent = rows[-RECENT:]
+        if len(recent) >= 2:
+            span = (int(recent["end_ns"][-1]) - int(recent["end_ns"][0])) / 1e9
+            if span > 0:
+                rates.append((len(recent) - 1) / span)
+    return round(float(min(rates)), 3) if rates else None
+
+
+def _phase_words(phase: str | None) -> str | None:
+    return _PHASE_WORDS.get(phase or "step", phase) or "its step"
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None or not np.isfinite(value) else round(float(value), 3)
+
+
+def _s(seconds: float) -> float:
+    return round(max(seconds, 0.0), 1)

@@ -1,0 +1,341 @@
+"""Reading a run that `collect` is writing, or wrote: each rank's step record as it grows, read
+incrementally (the bytes appended since the last look), and what collect says of the job
+(RUN/live.json, then the manifest). Nothing here writes into the run.
+
+Every byte is untrusted (parsers/record.py's rules): rows cut short wait for the rest, a file
+that shrinks or vanishes (a rank restarted, a folder replaced) is read again from its start,
+a header that does not read leaves the rank's place unknown. ``LiveRun.look`` never raises on
+what it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from traceview.analysis.live import JobSaid, LiveInputs, RankNow, snapshot
+from traceview.collectors import rankside_record as R
+from traceview.model.errors import BadInput
+from traceview.model.results.live import LiveSnapshot
+from traceview.parsers.record import CALL_DTYPE, STEP_DTYPE, op_name
+from traceview.store import rundir as D
+
+LIVE = D.LIVE  #: the most step rows kept over all ranks (each rank keeps its share, its newest)
+ROW_BUDGET = 2_000_000
+#: a rank keeps at least this many of its newest rows
+MIN_ROWS = 256
+#: the most of a small JSON file read
+JSON_LIMIT = 1 << 20
+_RANK_DIR = re.compile(r"rank-(\d{1,7})$")
+
+
+def is_collect_run(run: Path) -> bool:
+    """Whether ``run`` is a folder `collect` made (its raw/ with a rank's record, or its
+    live.json)."""
+    try:
+        if (run / LIVE).is_file():
+            return True
+        return any((run / D.RAW).glob("rank-*/steps.bin"))
+    except OSError:
+        return False
+
+
+def check_run(run: Path) -> None:
+    """BadInput, in one line, where ``run`` is not a run `collect` writes or wrote."""
+    try:
+        is_dir = run.is_dir()
+    except OSError as exc:
+        raise BadInput(f"{run}: cannot read ({exc.strerror or exc})") from None
+    if not is_dir:
+        raise BadInput(f"{run}: no such run directory")
+    if not is_collect_run(run):
+        raise BadInput(
+            f"{run}: not a run traceview collect is writing or wrote (no step record, no "
+            "live.json): run the job under `traceview collect -o RUN -- ...`"
+        )
+
+
+@dataclass
+class _Rank:
+    rank: int
+    offset: int = 0  # bytes of steps.bin read
+    size_seen: int = 0
+    inode: int | None = None
+    rows: np.ndarray = field(default_factory=lambda: np.empty(0, STEP_DTYPE))
+    end: dict[str, Any] | None = None
+    warned: bool = False
+
+
+class LiveRun:
+    """The step records of ``run``'s ranks, read as they grow. ``look()`` reads what was
+    added since the last look and returns the inputs of ``analysis.live.snapshot``."""
+
+    def __init__(self, run: Path, row_budget: int = ROW_BUDGET):
+        self.run = run
+        self.row_budget = row_budget
+        self.ranks: dict[int, _Rank] = {}
+        self.warnings: list[str] = []
+        # the job's step history: per step number every rank finished, its slowest rank's
+        # duration (ms) and the rank with the most own work in it
+        self.history: dict[int, tuple[float, int]] = {}
+        self.done_through = -1
+
+    def snapshot(self, windows: bool = True) -> LiveSnapshot:
+        """One look at the job (``analysis.live.snapshot``); ``windows``: its profile windows
+        listed too (a status file per rank and window read)."""
+        from traceview.runs.windows import list_windows
+
+        inputs = self.look()
+        if windows:
+            inputs.windows = list_windows(
+                self.run, job_ended=inputs.job.ended, ranks=len(inputs.ranks) or None
+            )
+        return snapshot(inputs)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def look(self, now_ns: int | None = None) -> LiveInputs:
+        raw = self.run / D.RAW
+        try:
+            names = [e.name for e in os.scandir(raw) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            names = []
+        found = {}
+        for name in names:
+            match = _RANK_DIR.match(name)
+            if match:
+                found[int(match[1])] = raw / name
+        keep = max(MIN_ROWS, self.row_budget // max(len(found), 1))
+        now: list[RankNow] = []
+        for rank in sorted(found):
+            folder = found[rank]
+            state = self.ranks.setdefault(rank, _Rank(rank))
+            if not (folder / "steps.bin").exists() and not (folder / "calls.bin").exists():
+                continue
+            self._read_steps(folder, state, keep)
+            now.append(self._rank_now(folder, state))
+        self._extend_history([r.rank for r in now])
+        numbers = np.fromiter(self.history, np.int64, len(self.history))
+        order = np.argsort(numbers)
+        values = list(self.history.values())
+        ms = np.array([values[i][0] for i in order], float)
+        slowest = np.array([values[i][1] for i in order], np.int64)
+        return LiveInputs(
+            job=self._job(),
+            ranks=now,
+            steps=numbers[order],
+            step_ms=ms,
+            step_rank=slowest,
+            rows={r.rank: self.ranks[r.rank].rows for r in now},
+            now_ns=now_ns or time.time_ns(),
+            warnings=list(self.warnings),
+        )
+
+    def _read_steps(self, folder: Path, state: _Rank, keep: int) -> None:
+        path = folder / "steps.bin"
+        try:
+            with open(path, "rb") as f:
+                info = os.fstat(f.fileno())
+                if state.inode is not None and (
+                    info.st_ino != state.inode or info.st_size < state.size_seen
+                ):  # replaced or cut back (a rank started again): read from its start
+                    state.offset, state.rows = 0, np.empty(0, STEP_DTYPE)
+                state.inode, state.size_seen = info.st_ino, info.st_size
+                head = len(R.MAGIC_STEPS)
+                if state.offset == 0:
+                    if f.read(head) != R.MAGIC_STEPS:
+                        if info.st_size >= head and not state.warned:
+                            state.warned = True
+                            self.warnings.append(
+                                f"rank {state.rank}: its steps.bin does not read; set aside"
+                            )
+                        return
+                    whole = (info.st_size - head) // STEP_DTYPE.itemsize
+                    first = max(whole - keep, 0)  # (a long record: only its newest rows)
+                    state.offset = head + first * STEP_DTYPE.itemsize
+                f.seek(state.offset)
+                data = f.read(max(info.st_size - state.offset, 0))
+        except OSError:
+            return  # (vanished, or not yet there: the next look reads it)
+        whole = len(data) // STEP_DTYPE.itemsize  # (a row cut short waits for the rest)
+        if not whole:
+            return
+        rows = np.frombuffer(data[: whole * STEP_DTYPE.itemsize], STEP_DTYPE)
+        state.offset += whole * STEP_DTYPE.itemsize
+        ok = (rows["end_ns"] >= rows["start_ns"]) & (rows["start_ns"] > 0)
+        rows = rows[ok]
+        if len(state.rows) and len(rows):  # (in order after what was read)
+            rows = rows[rows["step"] > state.rows["step"][-1]]
+        state.rows = np.concatenate([state.rows, rows])[-keep:]
+
+    def _rank_now(self, folder: Path, state: _Rank) -> RankNow:
+        head = _calls_head(folder / "calls.bin")
+        if state.end is None:
+            state.end = _small_json(folder / "end.json")
+        rows = state.rows
+        last = rows[-1] if len(rows) else None
+        steps_done = int(last["step"]) + 1 if last is not None else 0
+        if head is not None:
+            steps_done = max(steps_done, head["step"])
+        recent = rows[-RECENT_ROWS:]
+        own = (
+            recent["end_ns"]
+            - recent["start_ns"]
+            - np.minimum(recent["comm_ns"], recent["end_ns"] - recent["start_ns"])
+        )
+        end = state.end if isinstance(state.end, dict) else None
+        return RankNow(
+            rank=state.rank,
+            steps_done=steps_done,
+            last_step_ms=float(last["end_ns"] - last["start_ns"]) / 1e6
+            if last is not None
+            else None,
+            own_ms=float(np.mean(own)) / 1e6 if len(own) else None,
+            last_end_ns=int(last["end_ns"]) if last is not None else None,
+            phase=head["phase"] if head else None,
+            phase_since_ns=head["since"] if head else None,
+            progress_ns=head["progress"] if head else None,
+            call=head["call"] if head else None,
+            pid=head["pid"] if head else None,
+            end_state=end.get("state") if end and isinstance(end.get("state"), str) else None,
+            end_detail=end.get("detail") if end and isinstance(end.get("detail"), str) else None,
+            end_ns=end.get("t_ns") if end and isinstance(end.get("t_ns"), int) else None,
+        )
+
+    def _extend_history(self, ranks: list[int]) -> None:
+        """The job's steps every rank (of ``ranks``) has finished since the last look."""
+        if not ranks:
+            return
+        held = [self.ranks[r].rows for r in ranks]
+        if any(not len(rows) for rows in held):
+            return
+        through = min(int(rows["step"][-1]) for rows in held)
+        if through <= self.done_through:
+            return
+        lo = max(self.done_through + 1, max(int(rows["step"][0]) for rows in held))
+        span = through - lo + 1
+        if span <= 0:
+            self.done_through = through
+            return
+        longest = np.full(span, -1.0)
+        most_own = np.full(span, -np.inf)
+        who = np.full(span, -1, np.int64)
+        seen = np.zeros(span, np.int64)
+        for rank, rows in zip(ranks, held, strict=True):
+            rows = rows[(rows["step"] >= lo) & (rows["step"] <= through)]
+            at = rows["step"].astype(np.int64) - lo
+            dur = (rows["end_ns"] - rows["start_ns"]).astype(float) / 1e6
+            own = dur - np.minimum(rows["comm_ns"], rows["end_ns"] - rows["start_ns"]) / 1e6
+            np.maximum.at(longest, at, dur)
+            better = own > most_own[at]
+            most_own[at[better]] = own[better]
+            who[at[better]] = rank
+            np.add.at(seen, at, 1)
+        for i in np.flatnonzero(seen == len(ranks)):
+            self.history[lo + int(i)] = (float(longest[i]), int(who[i]))
+        self.done_through = through
+
+    def _job(self) -> JobSaid:
+        said = _small_json(self.run / LIVE)
+        said = said if isinstance(said, dict) else {}
+        manifest = D.MANIFEST
+        ended_code: int | None = None
+        try:
+            has_manifest = (self.run / manifest).is_file()
+        except OSError:
+            has_manifest = False
+        if has_manifest:
+            with contextlib.suppress(Exception):
+                collect = D.read_manifest(self.run).collect
+                if collect is not None and isinstance(collect.exit_code, int):
+                    ended_code = collect.exit_code
+        code = said.get("exit_code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            ended_code = code
+        host = said.get("host") if isinstance(said.get("host"), str) else None
+        pid = said.get("collect_pid")
+        alive = None
+        if host == socket.gethostname() and isinstance(pid, int) and pid > 0:
+            alive = _alive(pid)
+        stall = said.get("stall_s")
+        return JobSaid(
+            started=said.get("started") if isinstance(said.get("started"), str) else None,
+            host=host,
+            exit_code=ended_code,
+            ended=ended_code is not None or has_manifest,
+            collect_alive=alive,
+            stall_s=float(stall)
+            if isinstance(stall, (int, float)) and 0 < stall < 1e7
+            else R.DEFAULT_STALL_S,
+        )
+
+
+#: a rank's own work per step is its mean over these last steps
+RECENT_ROWS = 20
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # (another user's: it exists)
+    return True
+
+
+def _small_json(path: Path) -> Any:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(JSON_LIMIT)
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _calls_head(path: Path) -> dict[str, Any] | None:
+    """calls.bin's header (where the rank is now) and its last call, where they read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(R.HEAD_SIZE)
+            magic, capacity, pid, written, step, phase, since, progress = R.CALLS_HEAD.unpack_from(
+                head, 0
+            )
+            if magic != R.MAGIC_CALLS or not 0 < capacity <= 1 << 24 or written < 0:
+                return None
+            call = None
+            if written > 0:
+                f.seek(R.HEAD_SIZE + ((written - 1) % capacity) * CALL_DTYPE.itemsize)
+                data = f.read(CALL_DTYPE.itemsize)
+                if len(data) == CALL_DTYPE.itemsize:
+                    row = np.frombuffer(data, CALL_DTYPE)[0]
+                    if row["start_ns"] > 0:
+                        call = {
+                            "op": op_name(int(row["op"])),
+                            "seq": int(row["seq"]),
+                            "start_ns": int(row["start_ns"]),
+                            "end_ns": int(row["end_ns"]),
+                            "flags": int(row["flags"]),
+                        }
+    except (OSError, ValueError, Exception):
+        return None
+    return {
+        "pid": int(pid),
+        "step": int(step),
+        "phase": R.PHASES[phase] if phase < len(R.PHASES) else None,
+        "since": int(since) or None,
+        "progress": max(
+            int(progress), call["start_ns"] if call else 0, call["end_ns"] if call else 0
+        )
+        or None,
+        "call": call,
+    }

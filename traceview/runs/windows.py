@@ -1,0 +1,232 @@
+"""The profile windows of a run `collect` made: window 0 is its own (RUN/raw), each window asked
+of the running job with ``traceview profile`` is RUN/windows/K (a run directory of its own, its
+traces in RUN/windows/K/raw, its step record RUN's), asked by RUN/requests/profile-K.json.
+
+Here: listing them, asking for one (the only thing traceview writes into a running job's
+directory, atomically), and choosing one for ``report``/``tui``/``export``/``compare``
+(``--window K``; the newest complete one by default), ingested into its folder when first read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from traceview.model.errors import BadInput, UsageError
+from traceview.model.manifest import Manifest
+from traceview.model.results.live import ProfileWindow
+from traceview.store import rundir as R
+
+_REQUEST = re.compile(r"profile-(\d{1,6})\.json$")
+_WINDOW = re.compile(r"(\d{1,6})$")
+#: a window asked starts this long after the ask at least (seconds): every rank reads the ask
+#: before its steps begin (ranks look for asks 4 times a second)
+LEAD_S = 1.5
+#: windows asked and not yet written, at most (a flood of asks is refused past it)
+MAX_PENDING = 4
+
+
+def window_path(run: Path, window: int) -> Path:
+    return run if window == 0 else run / R.WINDOWS / str(window)
+
+
+def _statuses(folder: Path) -> list[dict[str, Any]]:
+    """The ranks' status.json under ``folder``/raw (those that read)."""
+    found = []
+    try:
+        folders = list((folder / R.RAW).glob("rank-*"))
+    except OSError:
+        return []
+    for rank_folder in folders:
+        try:
+            with open(rank_folder / "status.json", "rb") as f:
+                said = json.loads(f.read(1 << 20))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(said, dict):
+            found.append(said)
+    return found
+
+
+def _requests(run: Path) -> dict[int, dict[str, Any]]:
+    asked = {}
+    try:
+        names = os.listdir(run / R.REQUESTS)
+    except OSError:
+        return {}
+    for name in names:
+        match = _REQUEST.fullmatch(name)
+        if not match:
+            continue
+        try:
+            with open(run / R.REQUESTS / name, "rb") as f:
+                said = json.loads(f.read(4096))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(said, dict):
+            asked[int(match[1])] = said
+    return asked
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def list_windows(
+    run: Path, job_ended: bool = False, ranks: int | None = None
+) -> list[ProfileWindow]:
+    """Every window of ``run``, by number: its steps (the job's numbers of its recorded
+    steps), and whether every rank (``ranks``: of the step record; else those that wrote
+    one) wrote it."""
+    found = []
+    asked = _requests(run)
+    numbers = {0, *asked}
+    with contextlib.suppress(OSError):
+        numbers |= {int(p.name) for p in (run / R.WINDOWS).iterdir() if _WINDOW.fullmatch(p.name)}
+    for k in sorted(numbers):
+        statuses = _statuses(window_path(run, k))
+        if k == 0 and not statuses:
+            continue
+        written = [s for s in statuses if s.get("trace_files") and s.get("state") != "profiling"]
+        firsts = [f for f in (_int(s.get("first_step")) for s in written) if f is not None]
+        counts = [c for c in (_int(s.get("profiled_steps")) for s in written) if c is not None]
+        request = asked.get(k, {})
+        first = min(firsts) if firsts else _int(request.get("start_step"))
+        steps = max(counts) if counts else _int(request.get("steps"))
+        last = first + steps - 1 if first is not None and steps else None
+        expected = ranks or len(statuses)
+        if written and len(written) >= expected:
+            state = "complete"
+        elif statuses or written:
+            state = "partial"
+        else:
+            state = "missed" if job_ended else "asked"
+        found.append(
+            ProfileWindow(
+                window=k, first_step=first, last_step=last, state=state, ranks=len(written)
+            )
+        )
+    return found
+
+
+def choose_window(run: Path, window: int | None) -> tuple[Path, ProfileWindow | None]:
+    """The folder of window ``window`` of ``run`` (None: the newest complete one, else the
+    run itself) and the window, ingested where it was not yet. UsageError where there is no
+    such window; BadInput where it is being written."""
+    if window is None and not (run / R.WINDOWS).is_dir():
+        return run, None
+    windows = {w.window: w for w in list_windows(run, job_ended=_ended(run))}
+    if window is None:
+        complete = [w.window for w in windows.values() if w.state == "complete" and w.window]
+        if not complete:
+            return run, windows.get(0)
+        window = max(complete)
+    if window == 0:
+        if 0 not in windows and not R.is_run_dir(run):
+            raise UsageError(f"{run}: no profile window 0 (not a run collect made)")
+        return run, windows.get(0)
+    found = windows.get(window)
+    if found is None:
+        have = ", ".join(str(k) for k in sorted(windows)) or "none"
+        raise UsageError(f"{run}: no profile window {window} (windows: {have})")
+    folder = window_path(run, window)
+    if found.state in ("asked", "missed"):
+        raise BadInput(
+            f"{run}: profile window {window} has no profile yet"
+            + (" (the job ended before its steps)" if found.state == "missed" else "")
+        )
+    if found.state == "partial" and not _ended(run):
+        raise BadInput(
+            f"{run}: profile window {window} is being written ({found.ranks} rank(s) so far); "
+            "read it once it is complete"
+        )
+    if not R.is_run_dir(folder) or not R.event_ranks(folder):
+        _ingest_window(run, folder, window)
+    return folder, found
+
+
+def _ended(run: Path) -> bool:
+    try:
+        if (run / R.MANIFEST).is_file():
+            return True
+        with open(run / R.LIVE, "rb") as f:
+            said = json.loads(f.read(1 << 16))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(said, dict) and "exit_code" in said
+
+
+def _ingest_window(run: Path, folder: Path, window: int) -> None:
+    """Window ``window``'s traces read into its folder (a manifest naming the window first,
+    with the run's collect section where the job has ended)."""
+    from traceview.runs.opening import ingest_run
+
+    collect = R.read_manifest(run).collect if R.is_run_dir(run) else None
+    R.write_manifest(
+        folder, Manifest(command=["traceview", "profile"], collect=collect, window=window)
+    )
+    ingest_run([folder], folder, command=["traceview", "profile", str(run)])
+
+
+def ask_window(run: Path, steps: int, warmup: int | None) -> tuple[int, int, int]:
+    """Ask every rank of the job running into ``run`` to profile ``steps`` steps (after
+    ``warmup``; None: collect's) at a step boundary: RUN/requests/profile-K.json, written
+    atomically. Returns (K, its first recorded step, the ranks asked). BadInput where the job
+    has ended or never ran under collect, or too many windows are pending."""
+    from traceview.runs.live import LiveRun, check_run
+
+    check_run(run)
+    look = LiveRun(run).look()
+    if look.job.ended or look.job.collect_alive is False:
+        raise BadInput(f"{run}: the job has ended; profile asks a running job for steps")
+    if not look.ranks:
+        raise BadInput(
+            f"{run}: no rank of the job has started its steps yet; ask again once it has"
+        )
+    said = _live(run)
+    warmup = warmup if warmup is not None else _int(said.get("warmup"))
+    warmup = 2 if warmup is None else warmup
+    windows = list_windows(run, ranks=len(look.ranks))
+    pending = [w for w in windows if w.window and w.state in ("asked", "partial")]
+    if len(pending) >= MAX_PENDING:
+        raise BadInput(
+            f"{run}: {len(pending)} profile windows asked and not yet written "
+            f"({', '.join(str(w.window) for w in pending)}); ask again once they are"
+        )
+    now = max(r.steps_done for r in look.ranks)
+    step_ms = float(np.median(look.step_ms[-50:])) if len(look.step_ms) else 1000.0
+    lead = int(np.ceil(LEAD_S * 1e3 / max(step_ms, 1e-3))) + 1
+    busy = max((w.last_step or 0) for w in windows) + 1 if windows else 0
+    start = max(now + lead + warmup, busy + warmup)
+    number = max((w.window for w in windows), default=0) + 1
+    request = {
+        "window": number,
+        "start_step": start,
+        "steps": steps,
+        "warmup": warmup,
+        "asked_ns": time.time_ns(),
+    }
+    R.write_json(run / R.REQUESTS / f"profile-{number}.json", request)
+    return number, start, len(look.ranks)
+
+
+def _live(run: Path) -> dict[str, Any]:
+    try:
+        with open(run / R.LIVE, "rb") as f:
+            said = json.loads(f.read(1 << 16))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def collect_steps(run: Path) -> int:
+    """The steps collect's first window recorded (its --steps; 5 where not said)."""
+    steps = _int(_live(run).get("steps"))
+    return steps if steps is not None and 1 <= steps <= 1000 else 5
