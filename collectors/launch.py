@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,13 +119,13 @@ class _StderrTail(threading.Thread):
     """Passes the job's stderr through to ours as it comes, keeping its last lines (to say
     why a launch failed)."""
 
-    def __init__(self, stream: Any, keep: int = 40) -> None:
+    def __init__(self, stream: Any, keep: int = 40, out: Any = None) -> None:
         super().__init__(daemon=True)
-        self.stream, self.keep = stream, keep
+        self.stream, self.keep, self.out = stream, keep, out
         self.lines: list[str] = []
 
     def run(self) -> None:
-        out = getattr(sys.stderr, "buffer", None)
+        out = self.out or getattr(sys.stderr, "buffer", None)
         for raw in iter(self.stream.readline, b""):
             if out is not None:
                 out.write(raw)
@@ -270,10 +271,17 @@ def prepare_run(run: Path) -> Path:
 
 
 def run_job(
-    command: list[str], run: Path, settings: CollectSettings, bootstrap: Path | None = None
+    command: list[str],
+    run: Path,
+    settings: CollectSettings,
+    bootstrap: Path | None = None,
+    output: Path | None = None,
+    started_job: Callable[[], None] | None = None,
 ) -> JobResult:
     """Run ``command`` with every rank profiled into ``run`` (``bootstrap``: what
-    ``prepare_run`` made, made here otherwise); returns how it went."""
+    ``prepare_run`` made, made here otherwise); returns how it went. ``output``: the job's
+    stdout and stderr go to this file instead of ours (collect --live); ``started_job``:
+    called once the job runs and RUN/live.json says so."""
     if bootstrap is None:
         bootstrap = prepare_run(run)
     stop_clock = threading.Event()
@@ -300,9 +308,16 @@ def run_job(
     # this process's children before the job: not the job's (collect has none; a caller may)
     ours = {p.pid for p in _processes().values() if p.ppid == os.getpid()}
     _subreaper(True)
+    log = None
     try:
-        child = subprocess.Popen(launched, env=env, start_new_session=True, stderr=subprocess.PIPE)
+        if output is not None:
+            log = open(output, "ab")  # noqa: SIM115 (closed once the job's output ends)
+        child = subprocess.Popen(
+            launched, env=env, start_new_session=True, stderr=subprocess.PIPE, stdout=log
+        )
     except OSError as exc:
+        if log is not None:
+            log.close()
         _subreaper(False)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -313,8 +328,10 @@ def run_job(
     children.append(child)
     launcher_start = rankside.proc_start_time(child.pid)
     live = write_live(run, settings, started, child.pid)
-    tail = _StderrTail(child.stderr)
+    tail = _StderrTail(child.stderr, out=log)
     tail.start()
+    if started_job is not None:
+        started_job()
     ended: list[int] = []
     left: list[int] = []
     try:
@@ -328,6 +345,8 @@ def run_job(
             signal.signal(sig, handler)
         stop_clock.set()
     tail.join(timeout=5)  # the job's own children may still hold the pipe: do not wait on them
+    if log is not None and not tail.is_alive():
+        log.close()
     if code < 0:
         code = 128 - code  # killed by a signal: report it as a shell would
     write_live(

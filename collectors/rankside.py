@@ -268,6 +268,7 @@ class Status:
     # job's number of its first recorded step (after its warm-up; null: not said)
     window: int = 0
     first_step: int | None = None
+    began_step: int | None = None  # the job's step its profile began in (warm-up included)
     user_profiler: bool = False
     notes: list[str] = field(default_factory=list)
     role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler

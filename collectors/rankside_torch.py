@@ -249,6 +249,7 @@ class TorchCollector(Collector):
         self.profiler.step_num = first
         self.status.state = "profiling"
         self.status.first_step = first + self.window_warmup
+        self.status.began_step = first
         self.status.write(self.window_dir())
         self.thread = threading.get_ident()
         self.cap.start()  # its thread starts before the profile, not inside a step of it

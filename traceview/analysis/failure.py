@@ -200,6 +200,8 @@ def _at_end(
 ) -> RankAtEnd:
     r = rank[S.RANK]
     state_said, detail = rank[S.END_STATE], rank[S.END_DETAIL]
+    if state_said == "exception" and (detail or "").startswith("KeyboardInterrupt"):
+        state_said = "signal"  # (the user's Ctrl-C ended it: not a crash of its own)
     alive = [t for t in (_alive(rank), job_end) if t]
     ended = rank[S.END_NS] or (max(alive) if alive else None)
     last_seq = int(last[S.SEQ]) if last is not None else None

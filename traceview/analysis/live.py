@@ -145,30 +145,36 @@ def _rank(r: RankNow, inputs: LiveInputs, stall_ns: float) -> LiveRank:
         own_ms=_ms(r.own_ms) if r.own_ms is not None else None,
     )
     call = r.call
-    open_call = call is not None and call["end_ns"] == 0 and not call["flags"] & 1
+    # (inside its last call: it had not returned, or it raised out of it)
+    open_call = call is not None and (
+        (call["end_ns"] == 0 and not call["flags"] & 1) or bool(call["flags"] & 2)
+    )
     call_words = (
         f"{call['op']} #{call['seq']}"
         if call is not None and call["seq"]
         else (call["op"] if call is not None else None)
     )
-    if r.end_state is not None:
-        when = r.end_ns or inputs.now_ns
-        if r.end_state == "ok":
-            return LiveRank(state="finished", **common)
-        if r.end_state == "exception" and _COMM_FAILURE.search(r.end_detail or ""):
-            return LiveRank(state="blocked", in_=call_words, **common)
-        if r.end_state == "exception":
-            return LiveRank(state="crashed", in_=_phase_words(r.phase), **common)
-        since = (when - (r.progress_ns or when)) / 1e9
-        return LiveRank(state="killed", in_=_phase_words(r.phase), since_s=_s(since), **common)
-    quiet_ns = inputs.now_ns - (r.progress_ns or r.phase_since_ns or inputs.now_ns)
+    state_said = r.end_state
+    if state_said == "exception" and (r.end_detail or "").startswith("KeyboardInterrupt"):
+        state_said = "signal"  # (the user's Ctrl-C: how it stood before it tells)
+    if state_said == "ok":
+        return LiveRank(state="finished", **common)
+    if state_said == "exception" and _COMM_FAILURE.search(r.end_detail or ""):
+        return LiveRank(state="blocked", in_=call_words, **common)
+    if state_said == "exception":
+        return LiveRank(state="crashed", in_=_phase_words(r.phase), **common)
+    # (running, or ended by a signal: stopped where it made no progress for the threshold)
+    now = r.end_ns or inputs.now_ns if state_said is not None else inputs.now_ns
+    quiet_ns = now - (r.progress_ns or r.phase_since_ns or now)
     if quiet_ns > stall_ns:
         if open_call:
-            since = (inputs.now_ns - call["start_ns"]) / 1e9  # type: ignore[index]
+            since = (now - call["start_ns"]) / 1e9  # type: ignore[index]
             return LiveRank(state="blocked", in_=call_words, since_s=_s(since), **common)
         return LiveRank(
             state="stuck", in_=_phase_words(r.phase), since_s=_s(quiet_ns / 1e9), **common
         )
+    if state_said is not None:
+        return LiveRank(state="killed", in_=_phase_words(r.phase), **common)
     if inputs.job.ended or inputs.job.collect_alive is False:  # (it left no end: killed)
         return LiveRank(state="killed", in_=_phase_words(r.phase), **common)
     return LiveRank(state="running", **common)
@@ -218,10 +224,10 @@ def _alerts(
     inputs: LiveInputs, ranks: list[LiveRank], slowest: int | None, since: int | None
 ) -> list[Alert]:
     alerts = []
+    # the ranks that stopped on their own first (stuck, crashed, killed), then those waiting
+    # in a collective, one line per call they wait in
     for r in ranks:
-        if r.state in ("stuck", "blocked") or (
-            r.state in ("crashed", "killed") and not inputs.job.ended
-        ):
+        if r.state == "stuck" or (r.state in ("crashed", "killed") and not inputs.job.ended):
             where = f" in {r.in_}" if r.in_ else ""
             long = f" for {r.since_s:.0f} s" if r.since_s is not None else ""
             alerts.append(
@@ -233,8 +239,29 @@ def _alerts(
                     f"{r.state}{where}{long}",
                 )
             )
+    waiting: dict[str, list[LiveRank]] = {}
+    for r in ranks:
+        if r.state == "blocked":
+            waiting.setdefault(r.in_ or "a collective", []).append(r)
+    for call, held in waiting.items():
+        names = ", ".join(str(r.rank) for r in held[:8]) + (" ..." if len(held) > 8 else "")
+        long = max((r.since_s or 0) for r in held)
+        alerts.append(
+            Alert(
+                kind="stopped",
+                rank=held[0].rank,
+                step=held[0].step,
+                text=f"rank{'s' if len(held) > 1 else ''} {names} blocked in {call} at step "
+                f"{held[0].step} for {long:.0f} s",
+            )
+        )
     if len(inputs.step_ms) >= 2 * MIN_SEGMENT:
-        changes = step_changes_of(inputs.steps, inputs.step_ms, inputs.rows)
+        spans = [
+            (w.window, w.began_step, w.last_step)
+            for w in inputs.windows
+            if w.began_step is not None and w.last_step is not None
+        ]
+        changes = step_changes_of(inputs.steps, inputs.step_ms, inputs.rows, spans)
         if changes:
             last = changes[-1]
             if last.ms_after > (1 + REGRESSION) * last.ms_before:
@@ -252,14 +279,14 @@ def _alerts(
         steps = int(inputs.steps[-1]) - since + 1
         if steps >= LAST_FOR:
             own = {r.rank: r.own_ms for r in ranks if r.own_ms is not None}
-            middle = float(np.median(list(own.values())))
+            middle = float(np.median([v for k, v in own.items() if k != slowest]))
             alerts.append(
                 Alert(
                     kind="last",
                     rank=slowest,
                     step=since,
                     text=f"rank {slowest} the slowest for {steps} steps (since step {since}): "
-                    f"its own work {own[slowest]:.2f} ms a step, the median rank's {middle:.2f} ms",
+                    f"its own work {own[slowest]:.2f} ms a step, the others' median {middle:.2f} ms",
                 )
             )
     return alerts

@@ -15,6 +15,7 @@ Pure functions over Arrow/Polars; vectorized over the steps (1,024 ranks, 100,00
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
@@ -63,8 +64,23 @@ def running_median(values: np.ndarray, window: int = RUNNING) -> np.ndarray:
     return series.rolling_median(window, min_samples=1).to_numpy()
 
 
-def whole_run(steps: pa.Table) -> WholeRun | None:
-    """The whole run's figures from the record's steps; None where it holds none."""
+#: A profile window's steps: (window, the step its profile began in, its last recorded step)
+Spans = Sequence[tuple[int, int, int]]
+
+
+def profiled(numbers: np.ndarray, windows: Spans) -> np.ndarray:
+    """Which step numbers a profile window holds, warm-up included, and the step after its
+    last (its trace is written as that one begins): -1 for none, else the window."""
+    found = np.full(len(numbers), -1, np.int64)
+    for window, began, last in windows:
+        found[(numbers >= began) & (numbers <= last + 1)] = window
+    return found
+
+
+def whole_run(steps: pa.Table, windows: Spans = ()) -> WholeRun | None:
+    """The whole run's figures from the record's steps; None where it holds none. A profile
+    window's steps (``windows``) count in the step time, are named as such among the slow
+    steps, and are left out of the level changes (a profiler's cost is not the job's)."""
     frame = pl.from_arrow(steps)
     assert isinstance(frame, pl.DataFrame)
     if frame.height == 0:
@@ -77,14 +93,15 @@ def whole_run(steps: pa.Table) -> WholeRun | None:
     ms = counted["ms"].to_numpy()
     numbers = counted[S.STEP].to_numpy()
     slowest, own = slowest_rank(frame, float(np.median(ms)))
+    inside = profiled(numbers, windows)
     return WholeRun(
         steps=int(counted.height),
         step_ms_p50=_ms(np.percentile(ms, 50)),
         step_ms_p99=_ms(np.percentile(ms, 99)),
-        slow_steps=slow_steps(numbers, ms, counted[S.RANK].to_numpy()),
+        slow_steps=slow_steps(numbers, ms, counted[S.RANK].to_numpy(), inside),
         slowest_rank=slowest,
         own_ms=own,
-        changes=step_changes(numbers, ms, frame),
+        changes=step_changes(numbers[inside < 0], ms[inside < 0], frame),
         first_step=int(numbers[0]),
         last_step=int(numbers[-1]),
     )
@@ -111,13 +128,23 @@ def slowest_rank(frame: pl.DataFrame, step_ms: float) -> tuple[int | None, list[
     return rank, [_ms(v) or 0.0 for v in values]
 
 
-def slow_steps(numbers: np.ndarray, ms: np.ndarray, ranks: np.ndarray) -> list[SlowStep]:
+def slow_steps(
+    numbers: np.ndarray, ms: np.ndarray, ranks: np.ndarray, inside: np.ndarray
+) -> list[SlowStep]:
     """The steps above ``SLOW_FACTOR`` times the running median before them (the slowest
-    ``MAX_SLOW``, in step order)."""
+    ``MAX_SLOW``, in step order), each with the profile window it lies in (``inside``)."""
     before = running_median(ms)
     slow = np.flatnonzero(ms > SLOW_FACTOR * np.nan_to_num(before, nan=np.inf))
     slow = np.sort(slow[np.argsort(-ms[slow], kind="stable")[:MAX_SLOW]])
-    return [SlowStep(step=int(numbers[i]), ms=_ms(ms[i]) or 0.0, rank=int(ranks[i])) for i in slow]
+    return [
+        SlowStep(
+            step=int(numbers[i]),
+            ms=_ms(ms[i]) or 0.0,
+            rank=int(ranks[i]),
+            window=int(inside[i]) if inside[i] >= 0 else None,
+        )
+        for i in slow
+    ]
 
 
 def step_changes(numbers: np.ndarray, ms: np.ndarray, frame: pl.DataFrame) -> list[StepChange]:
@@ -200,9 +227,12 @@ def _ms(value: float) -> float | None:
 
 
 def step_changes_of(
-    numbers: np.ndarray, ms: np.ndarray, rows: dict[int, np.ndarray]
+    numbers: np.ndarray, ms: np.ndarray, rows: dict[int, np.ndarray], windows: Spans = ()
 ) -> list[StepChange]:
-    """``step_changes`` where each rank's steps are record rows (parsers.record.STEP_DTYPE)."""
+    """``step_changes`` where each rank's steps are record rows (parsers.record.STEP_DTYPE),
+    the profile windows' steps left out."""
+    outside = profiled(numbers, windows) < 0
+    numbers, ms = numbers[outside], ms[outside]
     frame = (
         pl.DataFrame(
             {

@@ -118,6 +118,13 @@ class CollectCommand:
             "--no-report", action="store_true", help="ingest, but do not print the report"
         )
         parser.add_argument(
+            "--live",
+            action="store_true",
+            help="watch the run live in this terminal while it trains (traceview watch): the "
+            "job's own output goes to RUN/job.log, its last lines in a pane; q leaves the "
+            "screen, the job runs on",
+        )
+        parser.add_argument(
             "--keep",
             action="store_true",
             help="keep the run directory even when the job left nothing in it",
@@ -161,15 +168,28 @@ class CollectCommand:
             settings.max_memory = args.max_profile_memory
         if args.stall is not None:
             settings.stall_s = args.stall
+        if args.live and not (sys.stdout.isatty() and sys.stdin.isatty()):
+            raise UsageError("--live shows a screen: run it in a terminal (or watch RUN from one)")
         existed = run.exists()
         bootstrap = prepare_run(run)  # (what cannot be written there ends here, job unstarted)
         print(f"traceview: profiling every rank into {run}", file=sys.stderr, flush=True)
+        screen: list[Any] = []
         try:
-            result = run_job(command, run, settings, bootstrap)
+            result = run_job(
+                command,
+                run,
+                settings,
+                bootstrap,
+                output=run / "job.log" if args.live else None,
+                started_job=(lambda: screen.append(_open_screen(run))) if args.live else None,
+            )
         except JobNotStarted as exc:
             print(f"traceview: error: {safe(exc)}", file=sys.stderr)
             self._remove_empty(run, existed, args.keep)
             return 127
+        finally:
+            for watch in screen:  # (the user leaves it with q: the job's end does not)
+                watch.wait()
         code = result.exit_code
         said = result.stderr_tail
         # what the launcher said last (or the first line of the message Open MPI framed)
@@ -342,6 +362,14 @@ class CollectCommand:
             file=sys.stderr,
         )
         return True
+
+
+def _open_screen(run: Path) -> Any:
+    """The live screen (traceview watch RUN) in this terminal, as a process of its own: the
+    job's signals stay collect's to forward."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-m", "traceview", "watch", str(run)])
 
 
 def _killed_while_profiling(statuses: list[dict]) -> list[str]:

@@ -17,6 +17,7 @@ from traceview.model.manifest import Manifest
 from traceview.model.results import (
     GatherSpan,
     PathStretch,
+    ProfileWindow,
     RankTail,
     RunReport,
     StepCollective,
@@ -124,12 +125,23 @@ class Run:
             cross=self.cross,
             side={name: partial(self.side, name) for name in self.side_inputs},
             record=self.step_record,
+            windows=self.windows(),
             path=None if self.temporary else str(self.path),
             path_cache=(
                 None if self.temporary or self.cache_key is None
                 else PathFile(self.path, self.cache_key)
             ),
         )  # fmt: skip
+
+    def windows(self) -> list[ProfileWindow]:
+        """The profile windows of the run collect made that this run is (or is a window of):
+        their steps (empty: not a run collect made)."""
+        from traceview.runs.windows import list_windows
+
+        root = self.path.parent.parent if self.manifest.window else self.path
+        if self.temporary or (self.manifest.collect is None and not self.manifest.window):
+            return []
+        return list_windows(root, job_ended=True)
 
     def step_record(self) -> RecordTables | None:
         """The step record the ranks kept under collect (RUN/raw), or the Flight Recorder

@@ -99,6 +99,10 @@ def list_windows(
         counts = [c for c in (_int(s.get("profiled_steps")) for s in written) if c is not None]
         request = asked.get(k, {})
         first = min(firsts) if firsts else _int(request.get("start_step"))
+        began = [b for b in (_int(s.get("began_step")) for s in statuses) if b is not None]
+        warmup = _int(request.get("warmup")) if k else _int(_live(run).get("warmup"))
+        if not began and first is not None and warmup is not None:
+            began = [first - warmup]
         steps = max(counts) if counts else _int(request.get("steps"))
         last = first + steps - 1 if first is not None and steps else None
         expected = ranks or len(statuses)
@@ -110,7 +114,12 @@ def list_windows(
             state = "missed" if job_ended else "asked"
         found.append(
             ProfileWindow(
-                window=k, first_step=first, last_step=last, state=state, ranks=len(written)
+                window=k,
+                first_step=first,
+                last_step=last,
+                state=state,
+                ranks=len(written),
+                began_step=min(began) if began else first,
             )
         )
     return found

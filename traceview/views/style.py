@@ -602,7 +602,12 @@ def whole_run_text(run: WholeRun | None) -> Text | None:
     if run.slowest_rank is not None:
         text.append(f"; slowest rank {run.slowest_rank}")
     if run.slow_steps:
-        some = ", ".join(f"{s.step} ({s.ms:.1f} ms)" for s in run.slow_steps[:4])
+        some = ", ".join(
+            f"{s.step} ({s.ms:.1f} ms"
+            + (f", profile window {s.window}'s" if s.window is not None else "")
+            + ")"
+            for s in run.slow_steps[:4]
+        )
         more = " ..." if len(run.slow_steps) > 4 else ""
         text.append(f"; {len(run.slow_steps)} slow step(s): {some}{more}")
     return text

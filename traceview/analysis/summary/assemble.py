@@ -514,7 +514,14 @@ FAILURE = Section("failure", _failure_section, _place_failure)
 
 def _whole_run_section(ctx: Context) -> WholeRun | None:
     read = ctx.inputs.record() if ctx.inputs.record is not None else None
-    return whole_run(read[0]) if read is not None else None
+    if read is None:
+        return None
+    spans = [
+        (w.window, w.began_step, w.last_step)
+        for w in ctx.inputs.windows
+        if w.began_step is not None and w.last_step is not None
+    ]
+    return whole_run(read[0], spans)
 
 
 WHOLE_RUN = Section(

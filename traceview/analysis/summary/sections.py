@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import pyarrow as pa
 
 from traceview.model.manifest import Manifest
+from traceview.model.results.live import ProfileWindow
 
 if TYPE_CHECKING:
     from traceview.analysis.critical_path import PathCache
@@ -47,6 +48,8 @@ class RunInputs:
     # the step record the ranks kept under collect (schema.RECORD_STEPS, _CALLS, _RANKS, and
     # what reading it set aside), read when asked; None: the run has none
     record: Callable[[], RecordTables | None] | None = None
+    # the run's profile windows (runs.windows: collect's own and those asked of the job)
+    windows: list[ProfileWindow] = field(default_factory=list)
 
     def table(self, name: str) -> pa.Table | None:
         return self.tables.get(name)

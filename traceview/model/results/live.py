@@ -11,11 +11,13 @@ from traceview.model.results.failure import RankState
 
 class SlowStep(Result):
     """A step well above the running median of the steps before it (``ms``: the job's step,
-    its slowest rank's; ``rank``: the rank with the most own work in it)."""
+    its slowest rank's; ``rank``: the rank with the most own work in it; ``window``: the
+    profile window it ends or lies in, whose trace is written at its end)."""
 
     step: int
     ms: float
     rank: int | None
+    window: int | None = None
 
 
 class StepChange(Result):
@@ -102,6 +104,7 @@ class ProfileWindow(Result):
     last_step: int | None
     state: Literal["asked", "partial", "complete", "missed"]
     ranks: int = 0
+    began_step: int | None = None  # the step its profile began in (its warm-up's first)
 
 
 class LiveSnapshot(Result):
