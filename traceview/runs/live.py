@@ -333,8 +333,11 @@ def _calls_head(path: Path) -> dict[str, Any] | None:
         "step": int(step),
         "phase": R.PHASES[phase] if phase < len(R.PHASES) else None,
         "since": int(since) or None,
+        # (a call that raised did not progress: its end is the failure's moment)
         "progress": max(
-            int(progress), call["start_ns"] if call else 0, call["end_ns"] if call else 0
+            int(progress),
+            call["start_ns"] if call else 0,
+            call["end_ns"] if call and not call["flags"] & R.FAILED else 0,
         )
         or None,
         "call": call,
