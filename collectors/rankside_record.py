@@ -362,7 +362,7 @@ class StepRecord:
             if name in self._requests_seen or not REQUEST_NAME.fullmatch(name):
                 continue
             self._requests_seen.add(name)
-            asked = _request(self.requests / name)
+            asked = read_request(self.requests / name)
             if asked is not None:
                 new.append(asked)
         if new:
@@ -390,7 +390,7 @@ ASK_TICK_S = 0.25
 MAX_WINDOW_STEPS, MAX_WINDOW_WARMUP = 1000, 100
 
 
-def _request(path: Path) -> dict[str, int] | None:
+def read_request(path: Path) -> dict[str, int] | None:
     """A profile request as its file says it, where it reads and its numbers are in range."""
     try:
         with open(path, "rb") as f:

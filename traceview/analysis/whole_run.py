@@ -58,10 +58,15 @@ def job_steps(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+#: a step is compared with the running median once this many steps are before it
+HISTORY = 5
+
+
 def running_median(values: np.ndarray, window: int = RUNNING) -> np.ndarray:
-    """The median of the up-to ``window`` values before each one (NaN for the first)."""
-    series = pl.Series(values).shift(1)
-    return series.rolling_median(window, min_samples=1).to_numpy()
+    """The median of the up-to ``window`` values before each one (NaN for the first
+    ``HISTORY``)."""
+    series = pl.Series(values, dtype=pl.Float64).shift(1)
+    return series.rolling_median(window, min_samples=HISTORY).to_numpy()
 
 
 #: A profile window's steps: (window, the step its profile began in, its last recorded step)

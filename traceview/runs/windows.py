@@ -56,22 +56,19 @@ def _statuses(folder: Path) -> list[dict[str, Any]]:
 
 
 def _requests(run: Path) -> dict[int, dict[str, Any]]:
+    """The profile requests of ``run`` that read as the ranks read them, by window."""
+    from traceview.collectors.rankside_record import read_request
+
     asked = {}
     try:
         names = os.listdir(run / R.REQUESTS)
     except OSError:
         return {}
-    for name in names:
+    for name in names[: 10 * MAX_PENDING + 1000]:
         match = _REQUEST.fullmatch(name)
-        if not match:
-            continue
-        try:
-            with open(run / R.REQUESTS / name, "rb") as f:
-                said = json.loads(f.read(4096))
-        except (OSError, ValueError, RecursionError):
-            continue
-        if isinstance(said, dict):
-            asked[int(match[1])] = said
+        said = read_request(run / R.REQUESTS / name) if match else None
+        if match and said is not None and said["window"] == int(match[1]):
+            asked[said["window"]] = said
     return asked
 
 
