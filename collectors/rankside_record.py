@@ -3,8 +3,12 @@ doing when it stopped (standard library only).
 
 Under ``traceview collect`` each rank keeps, in its folder ``raw/rank-NNNNN/``:
 
-- ``steps.bin``: one 40-byte row per step the job ran (the first is step 0), appended as the step
-  ends with one ``os.write``: the row is in the kernel at once, so it survives a killed process;
+- ``steps.bin``: one 40-byte row per step the job ran (the first is step 0), written as the step
+  ends into a memory-mapped file grown ``STEP_CHUNK`` rows at a time (the rows not yet written
+  are zeros): a mapped page belongs to the kernel's page cache, so what was written survives a
+  killed process, and a step costs no system call; the watchdog thread writes the new rows back
+  every ``FLUSH_S`` (one write per rank and flush, however short the steps: 1,024 ranks do not
+  load a shared file system with a write per step);
 - ``calls.bin``: a memory-mapped ring of the last ``CALLS`` collective and point-to-point calls
   the script made through ``torch.distributed`` (op, process group, the group's sequence number
   of the call, bytes, start, end: 0 while the call runs), and a header saying where the rank is
@@ -36,6 +40,10 @@ from pathlib import Path
 from typing import Any
 
 MAGIC_STEPS = b"TVSTEP01"
+#: steps.bin grows by this many rows at a time (640 KiB)
+STEP_CHUNK = 16384
+#: how often the watchdog writes the new step rows back (seconds)
+FLUSH_S = 0.5
 MAGIC_CALLS = b"TVCALL01"
 #: steps.bin: magic, then rows of (step, calls, start_ns, end_ns, io_ns, comm_ns): comm_ns is the
 #: step's time blocked in the calls it made (returned handles not counted)
@@ -114,10 +122,12 @@ class StepRecord:
         folder.mkdir(parents=True, exist_ok=True)
         if _owner(folder / "calls.bin") is not None:
             raise Taken(str(folder))
-        self.steps_fd = os.open(
-            folder / "steps.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
-        )
-        os.write(self.steps_fd, MAGIC_STEPS)
+        with open(folder / "steps.bin", "w+b") as f:
+            f.write(MAGIC_STEPS)
+            f.truncate(len(MAGIC_STEPS) + STEP_CHUNK * STEP_ROW.size)
+            self.steps_map = mmap.mmap(f.fileno(), 0)
+        self.rows = 0  # step rows written
+        self.flushed = 0  # of them, written back
         size = HEAD_SIZE + CALLS * CALL_ROW.size
         with open(folder / "calls.bin", "w+b") as f:
             f.truncate(size)
@@ -172,11 +182,15 @@ class StepRecord:
         now = time.time_ns()
         with self.lock:
             self._begin(now)
-            row = STEP_ROW.pack(
-                self.step, self.step_calls, self.step_start, now, self.io_ns, self.comm_ns
-            )
-            with contextlib.suppress(OSError):
-                os.write(self.steps_fd, row)
+            at = len(MAGIC_STEPS) + self.rows * STEP_ROW.size
+            with contextlib.suppress(OSError, ValueError):
+                if at + STEP_ROW.size > len(self.steps_map):  # (grown a chunk: rarely)
+                    self.steps_map.resize(len(self.steps_map) + STEP_CHUNK * STEP_ROW.size)
+                STEP_ROW.pack_into(
+                    self.steps_map, at, self.step, self.step_calls, self.step_start, now,
+                    self.io_ns, self.comm_ns,
+                )  # fmt: skip
+                self.rows += 1
             self.step += 1
             self.step_start, self.step_calls, self.io_ns, self.comm_ns = now, 0, 0, 0
             self.progress = now
@@ -279,6 +293,7 @@ class StepRecord:
                 "pid": self.pid}  # fmt: skip
         if state == "exception" and self.raised is not None and self.raised[0] == self.step:
             said["phase"] = PHASES[self.raised[1]]  # (the phase it raised in, since left)
+        self.flush()
         _write_json(self.folder / "end.json", said)
 
     def dump(self, reason: str, frame: Any = None, tb: Any = None) -> None:
@@ -337,6 +352,7 @@ class StepRecord:
 
     def _watch(self) -> None:
         tick = min(ASK_TICK_S, self.stall_s / 4)
+        flushed_at = time.monotonic()
         while True:
             time.sleep(tick)
             if not self.mine():
@@ -346,6 +362,21 @@ class StepRecord:
                 self.dump("stall")
             with contextlib.suppress(Exception):
                 self._look_for_requests()
+            if time.monotonic() - flushed_at >= FLUSH_S:
+                flushed_at = time.monotonic()
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the step rows added since the last flush back to the file (for readers on
+        other hosts; this host's see them at once). Never raises."""
+        rows = self.rows
+        if rows == self.flushed:
+            return
+        start = (len(MAGIC_STEPS) + self.flushed * STEP_ROW.size) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = len(MAGIC_STEPS) + rows * STEP_ROW.size
+        with contextlib.suppress(OSError, ValueError):
+            self.steps_map.flush(start, end - start)
+            self.flushed = rows
 
     def _look_for_requests(self) -> None:
         """New profile requests (RUN/requests/profile-K.json): each read once, checked (they

@@ -22,16 +22,7 @@ import pyarrow as pa
 from traceview.collectors import rankside_record as R
 from traceview.model import schema as S
 from traceview.parsers.flight import flight_rows, in_order
-
-STEP_DTYPE = np.dtype(
-    [("step", "<u4"), ("calls", "<u4"), ("start_ns", "<i8"), ("end_ns", "<i8"),
-     ("io_ns", "<i8"), ("comm_ns", "<i8")]
-)  # fmt: skip
-CALL_DTYPE = np.dtype(
-    [("start_ns", "<i8"), ("end_ns", "<i8"), ("bytes", "<i8"), ("seq", "<u4"), ("step", "<u4"),
-     ("group", "<u2"), ("op", "u1"), ("flags", "u1"), ("peer", "<i4")]
-)  # fmt: skip
-assert STEP_DTYPE.itemsize == R.STEP_ROW.size and CALL_DTYPE.itemsize == R.CALL_ROW.size
+from traceview.collectors.record_rows import CALL_DTYPE, STEP_DTYPE, op_name, written_rows
 
 #: the most of a JSON file of the record read (stacks, groups, end, Flight Recorder)
 JSON_LIMIT = 64 << 20
@@ -170,9 +161,7 @@ def _read_rank(folder: Path, rank: int, warnings: list[str]) -> RankRecord:
         if steps[: len(R.MAGIC_STEPS)] != R.MAGIC_STEPS:
             warnings.append(f"rank {rank}: its step record's steps.bin does not read; set aside")
         else:
-            body = steps[len(R.MAGIC_STEPS) :]
-            whole = len(body) // STEP_DTYPE.itemsize
-            rows = np.frombuffer(body[: whole * STEP_DTYPE.itemsize], STEP_DTYPE)
+            rows = written_rows(steps[len(R.MAGIC_STEPS) :])
             ok = (rows["end_ns"] >= rows["start_ns"]) & (rows["start_ns"] > 0)
             if len(rows) > 1:  # (steps in order, each after the one before)
                 ok[1:] &= np.diff(rows["step"].astype(np.int64)) > 0
@@ -263,7 +252,3 @@ def _json(path: Path) -> Any:
         return json.loads(data)
     except (ValueError, RecursionError):
         return None
-
-
-def op_name(index: int) -> str:
-    return R.OPS[index] if 0 <= index < len(R.OPS) else "other"

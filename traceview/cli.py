@@ -93,21 +93,28 @@ def _discard_stdout() -> None:
         pass
 
 
+#: Commands that read no Arrow table (--help and these start without pyarrow: a look at a
+#: running job answers at once)
+NO_ARROW = frozenset(("watch", "profile"))
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        _return_memory_promptly()
-    except ImportError as exc:  # e.g. pyarrow built for NumPy 2 in an environment with NumPy 1
-        print(
-            f"traceview: error: this Python cannot import pyarrow ({safe(exc)}); run traceview "
-            "from an environment where it can (traceview.collectors alone needs nothing)",
-            file=sys.stderr,
-        )
-        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 2
+    if args.handler.name not in NO_ARROW:
+        try:
+            _return_memory_promptly()
+        except ImportError as exc:  # e.g. pyarrow built for NumPy 2 where NumPy 1 is
+            print(
+                f"traceview: error: this Python cannot import pyarrow ({safe(exc)}); run "
+                "traceview from an environment where it can (traceview.collectors alone needs "
+                "nothing)",
+                file=sys.stderr,
+            )
+            return 2
     try:
         code = int(args.handler.run(args))
         sys.stdout.flush()  # here, where a full disk behind a redirection is caught

@@ -100,7 +100,7 @@ PARSERS = (
 )  # fmt: skip
 NORMALIZE_BASE = (*MODEL, *PARSERS)
 NORMALIZE = (*NORMALIZE_BASE, "traceview.normalize")
-RUNDIR = (*MODEL, "traceview.store.rundir")
+RUNDIR = (*MODEL, "traceview.store.rundir", "traceview.store.names")
 INGEST = (*NORMALIZE, "traceview.store.rundir", "traceview.store.outputs", "traceview.ingest")
 ANALYSIS = (*MODEL, "traceview.analysis")
 #: What a view may call of the analysis: its public entry points for the views.
@@ -110,6 +110,10 @@ PUBLIC_ANALYSIS = (
     "traceview.analysis.lanes",
 )
 RENDER = (*MODEL, "traceview.views", *PUBLIC_ANALYSIS)
+
+#: The step record's format, where the ranks write it (rank side, standard library) and as numpy
+#: reads its rows (what watching a run needs, without pyarrow)
+RECORD = ("traceview.collectors.rankside_record", "traceview.collectors.record_rows")
 
 #: Layer (module prefix; the longest that names a module wins) -> what of traceview it may
 #: import. Packages' ``__init__`` modules count as their package.
@@ -123,13 +127,19 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "traceview.model.columns": ("traceview.model.schema",),
     "traceview.parsers": PARSERS,
     # the step record's reader reads the format where the ranks write it (standard library)
-    "traceview.parsers.record": (*PARSERS, "traceview.collectors.rankside_record"),
+    "traceview.parsers.record": (
+        *PARSERS,
+        "traceview.collectors.rankside_record",
+        "traceview.collectors.record_rows",
+    ),
     "traceview.normalize": NORMALIZE,
     "traceview.ingest": ("traceview", *INGEST),
     "traceview.ingest.large": INGEST,
     "traceview.store": RUNDIR,
     "traceview.store.rundir": RUNDIR,
-    "traceview.runs": (*INGEST, *ANALYSIS, "traceview.store", "traceview.runs"),
+    # the step record's rows as numpy reads them (what watching a run needs, without pyarrow)
+    "traceview.collectors.record_rows": (*MODEL, "traceview.collectors.rankside_record"),
+    "traceview.runs": (*INGEST, *ANALYSIS, "traceview.store", "traceview.runs", *RECORD),
     "traceview.analysis": ANALYSIS,
     "traceview.views": RENDER,
     "traceview.views.export": (*MODEL, "traceview.views", "traceview.store.rundir"),

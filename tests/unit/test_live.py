@@ -20,8 +20,8 @@ from traceview.analysis.whole_run import whole_run
 from traceview.collectors import rankside_record as W
 from traceview.model.errors import BadInput
 from traceview.parsers.record import read_run_record
-from traceview.runs.live import LiveRun
-from traceview.runs.windows import ask_window, list_windows
+from traceview.runs.live import LiveRun, ask_profile
+from traceview.runs.windows import list_windows
 
 MS = 1_000_000
 ALL_REDUCE = W.op_index("all_reduce")
@@ -143,16 +143,19 @@ def test_a_look_reads_only_what_was_added_and_waits_for_a_row_cut_short(
     offsets = [live.ranks[r].offset for r in (0, 1)]
     for _ in range(50):
         job.step([10.0, 12.0])
-    # a row cut short (a writer on another host, seen mid-write): read once it is whole
+    # a row cut short (seen mid-write, as a reader on another host may): read once it is whole
     steps0 = tmp_path / "raw" / "rank-00000" / "steps.bin"
     row = W.STEP_ROW.pack(150, 1, clock.now, clock.now + 13 * MS, 0, 3 * MS)
-    with open(steps0, "ab") as f:
+    at = len(W.MAGIC_STEPS) + 150 * W.STEP_ROW.size
+    with open(steps0, "r+b") as f:
+        f.seek(at)
         f.write(row[:17])
     second = snapshot(live.look(clock.now))
     assert [r.step for r in second.ranks] == [150, 150]
     assert live.ranks[0].offset == offsets[0] + 50 * W.STEP_ROW.size
     assert live.ranks[1].offset == offsets[1] + 50 * W.STEP_ROW.size
-    with open(steps0, "ab") as f:
+    with open(steps0, "r+b") as f:
+        f.seek(at + 17)
         f.write(row[17:])
     third = LiveRun(tmp_path).look(clock.now)
     assert third.ranks[0].steps_done == 151
@@ -214,7 +217,7 @@ def test_a_profile_request_reaches_the_ranks_at_its_step(tmp_path: Path, clock: 
     _live_json(tmp_path)
     for _ in range(30):
         job.step([10.0, 10.0])
-    window, start, ranks = ask_window(tmp_path, steps=3, warmup=1)
+    window, start, ranks = ask_profile(tmp_path, steps=3, warmup=1)
     assert (window, ranks) == (1, 2)
     # every rank reads it before its steps begin: 1.5 s of 11 ms steps ahead, and the warm-up
     assert start >= 30 + 1500 // 11
@@ -278,24 +281,24 @@ def test_asking_an_ended_job_or_a_folder_collect_did_not_make_is_refused(
     tmp_path: Path, clock: Clock
 ) -> None:
     with pytest.raises(BadInput, match="not a run traceview collect"):
-        ask_window(tmp_path, 3, None)
+        ask_profile(tmp_path, 3, None)
     job = Job(tmp_path, 1, clock)
     job.step([10.0])
     _live_json(tmp_path, exit_code=0)
     with pytest.raises(BadInput, match="the job has ended"):
-        ask_window(tmp_path, 3, None)
+        ask_profile(tmp_path, 3, None)
 
 
 def test_a_flood_of_requests_is_refused_past_the_pending_ones(tmp_path: Path, clock: Clock) -> None:
     job = Job(tmp_path, 1, clock)
     job.step([10.0])
     _live_json(tmp_path)
-    asked = [ask_window(tmp_path, 2, 0)[0] for _ in range(4)]
+    asked = [ask_profile(tmp_path, 2, 0)[0] for _ in range(4)]
     assert asked == [1, 2, 3, 4]
     firsts = [w.first_step for w in list_windows(tmp_path, ranks=1)]
     assert firsts == sorted(firsts) and len(set(firsts)) == 4  # (one after the other)
     with pytest.raises(BadInput, match="4 profile windows asked and not yet written"):
-        ask_window(tmp_path, 2, 0)
+        ask_profile(tmp_path, 2, 0)
 
 
 def test_inputs_of_no_rank_make_an_empty_look() -> None:

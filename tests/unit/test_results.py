@@ -132,6 +132,9 @@ def test_breakdown_fields_are_the_phases_in_report_order() -> None:
     from traceview.model import schema as S
 
     assert Breakdown.__struct_fields__ == S.BREAKDOWN_PHASES
+    from traceview.model.results import HostBound
+
+    assert HostBound.__struct_fields__ == S.GPU_HOST_BOUND_PHASES
     b = Breakdown(io=1.0, comm=2.0)
     assert b["comm"] == 2.0 and b.total() == 3.0
     with pytest.raises(KeyError):

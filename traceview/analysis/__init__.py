@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import pyarrow as pa
-
-from traceview.model import schema as S
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from traceview.analysis.parts import ChunkedAnalysis
 
 #: Bump when a change alters the tables computed from the same events (RANK_TABLES).
@@ -44,19 +42,29 @@ if TYPE_CHECKING:
 #: runtime call that launches nothing (cudaMalloc) is host-bound, named by the call, not launch
 ANALYSIS_VERSION = "22"
 
-#: The per-rank tables, by the file name (without .parquet) they are cached under, and their
-#: shape (a cached table of another shape is damaged, and recomputed).
-RANK_TABLES: dict[str, pa.Schema] = {
-    "steps": S.STEPS_SCHEMA,
-    "ops": S.OPS_SCHEMA,
-    "collectives": S.COLLECTIVES_SCHEMA,
-    "comm": S.COMM_SCHEMA,
-    "gpu": S.GPU_SCHEMA,
-    "launches": S.LAUNCHES_SCHEMA,
-    "memory_steps": S.MEMORY_STEPS_SCHEMA,
-    "segments": S.SEGMENTS_SCHEMA,
-    "actions": S.ACTIONS_SCHEMA,
-}
+
+def __getattr__(name: str) -> Any:
+    """``RANK_TABLES``, made when first asked for (the package imports no pyarrow: what only
+    looks at a running job, analysis.live, needs none)."""
+    if name != "RANK_TABLES":
+        raise AttributeError(f"module 'traceview.analysis' has no attribute {name!r}")
+    from traceview.model import schema as S
+
+    #: The per-rank tables, by the file name (without .parquet) they are cached under, and their
+    #: shape (a cached table of another shape is damaged, and recomputed).
+    tables: dict[str, pa.Schema] = {
+        "steps": S.STEPS_SCHEMA,
+        "ops": S.OPS_SCHEMA,
+        "collectives": S.COLLECTIVES_SCHEMA,
+        "comm": S.COMM_SCHEMA,
+        "gpu": S.GPU_SCHEMA,
+        "launches": S.LAUNCHES_SCHEMA,
+        "memory_steps": S.MEMORY_STEPS_SCHEMA,
+        "segments": S.SEGMENTS_SCHEMA,
+        "actions": S.ACTIONS_SCHEMA,
+    }
+    globals()["RANK_TABLES"] = tables
+    return tables
 
 
 def _rank_tables(

@@ -11,9 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import polars as pl
 
-from traceview.analysis.whole_run import MIN_SEGMENT, SLOWEST_MARGIN, step_changes_of
+from traceview.analysis.step_series import (
+    MIN_SEGMENT,
+    SLOWEST_MARGIN,
+    centred_median,
+    profiled,
+    step_changes,
+)
 from traceview.model.results.live import (
     Alert,
     LiveJob,
@@ -34,6 +39,8 @@ MARGIN = SLOWEST_MARGIN
 LAST_FOR = 20
 #: a regression: the step time rose by this share at a change and stayed there
 REGRESSION = 0.10
+#: the steps the regression alert looks back over (the newest)
+HISTORY_STEPS = 5000
 #: the last steps a sparkline shows
 SPARK = 120
 #: A rank's end in these words is a collective failing under it (analysis/failure.py's rule).
@@ -212,7 +219,7 @@ def _slowest(inputs: LiveInputs) -> tuple[int | None, int | None]:
     known = np.isfinite(margin)
     if not known.any():
         return rank, None
-    smooth = pl.Series(margin[known]).rolling_median(STREAK, center=True, min_samples=1).to_numpy()
+    smooth = centred_median(margin[known], STREAK)
     behind = np.flatnonzero(smooth <= MARGIN * step_ms)
     start = int(behind[-1]) + 1 if len(behind) else 0
     if start >= len(smooth):
@@ -261,7 +268,12 @@ def _alerts(
             for w in inputs.windows
             if w.began_step is not None and w.last_step is not None
         ]
-        changes = step_changes_of(inputs.steps, inputs.step_ms, inputs.rows, spans)
+        outside = profiled(inputs.steps, spans) < 0
+        changes = step_changes(
+            inputs.steps[outside][-HISTORY_STEPS:],
+            inputs.step_ms[outside][-HISTORY_STEPS:],
+            _own_by_rank(inputs.rows),
+        )
         if changes:
             last = changes[-1]
             if last.ms_after > (1 + REGRESSION) * last.ms_before:
@@ -290,6 +302,18 @@ def _alerts(
                 )
             )
     return alerts
+
+
+def _own_by_rank(rows: dict[int, np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each rank's own work per step (ms) from its record rows."""
+    found = {}
+    for rank, held in rows.items():
+        dur = (held["end_ns"] - held["start_ns"]).astype(float)
+        found[rank] = (
+            held["step"].astype(np.int64),
+            (dur - np.minimum(held["comm_ns"], dur)) / 1e6,
+        )
+    return found
 
 
 def _throughput(inputs: LiveInputs) -> float | None:

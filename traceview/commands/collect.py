@@ -32,7 +32,6 @@ from typing import Any
 from traceview.model.errors import UsageError
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest, collected
-from traceview.store import rundir as R
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -142,6 +141,7 @@ class CollectCommand:
             run_job,
         )
         from traceview.collectors.rankside import STARTED
+        from traceview.store import rundir as R
 
         command = list(args.command)
         if command and command[0] == "--":
@@ -327,6 +327,7 @@ class CollectCommand:
         disk), say so in one warning (unless ``quiet``) and return False."""
         from traceview.collectors.launch import collect_manifest
         from traceview.model.errors import OutputError
+        from traceview.store import rundir as R
 
         try:
             R.write_manifest(run, Manifest(collect=collected(collect_manifest(result, settings))))
@@ -348,6 +349,7 @@ class CollectCommand:
         import shutil
 
         from traceview.collectors.rankside import STARTED
+        from traceview.store import rundir as R
 
         raw = run / R.RAW
         received = raw.is_dir() and any(
@@ -385,8 +387,9 @@ def _no_step_recorded(folder: Path) -> bool:
     """Whether ``folder`` holds a rank's step record of no step and nothing else."""
     try:
         names = {p.name for p in folder.iterdir()}
-        steps = folder / "steps.bin"
-        return names <= _RECORD_FILES and (not steps.exists() or steps.stat().st_size <= 8)
+        from traceview.collectors.record_rows import has_steps
+
+        return names <= _RECORD_FILES and not has_steps(folder / "steps.bin")
     except OSError:
         return False
 
@@ -394,6 +397,9 @@ def _no_step_recorded(folder: Path) -> bool:
 def _recorded_steps(run: Path) -> bool:
     """Whether a rank's step record holds a step (not a file a full disk left empty)."""
     try:
-        return any(p.stat().st_size > 8 for p in (run / R.RAW).glob("rank-*/steps.bin"))
+        from traceview.collectors.record_rows import has_steps
+        from traceview.store import rundir as R
+
+        return any(has_steps(p) for p in (run / R.RAW).glob("rank-*/steps.bin"))
     except OSError:
         return False

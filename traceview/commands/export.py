@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, TextIO
 from traceview.commands.arguments import add_step_arguments, add_window_argument, step_choice_of
 from traceview.model.errors import Notes, UsageError
 from traceview.model.escape import safe
-from traceview.store import rundir as R
 
 if TYPE_CHECKING:
     from traceview.store.outputs import OutputFile
@@ -52,6 +51,7 @@ class ExportCommand:
     def run(self, args: argparse.Namespace) -> int:
         from traceview.runs import open_run
         from traceview.store import outputs
+        from traceview.store import rundir as R
         from traceview.views import export
         from traceview.views.progress import TerminalProgress
 

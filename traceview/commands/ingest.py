@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 
 from traceview.model.escape import safe
-from traceview.store import rundir as R
-from traceview.views.style import shown_notes
 
 
 class IngestCommand:
@@ -59,7 +57,9 @@ class IngestCommand:
         from traceview.ingest.cluster import scheduler_from
         from traceview.runs import ingest_run
         from traceview.store import outputs
+        from traceview.store import rundir as R
         from traceview.views.progress import TerminalProgress
+        from traceview.views.style import shown_notes
 
         outputs.run_directory(args.output)
 

@@ -1,4 +1,4 @@
-"""The JSON Schema of what `report`, `compare` or `scaling --json` prints.
+"""The JSON Schema of what `report`, `compare`, `scaling --json` or `watch --once --json` prints.
 
   traceview schema report > report.schema.json
 
@@ -21,7 +21,7 @@ class SchemaCommand:
             "command",
             nargs="?",
             default="report",
-            choices=["report", "compare", "scaling"],
+            choices=["report", "compare", "scaling", "watch"],
             help="whose --json output (default: report)",
         )
 

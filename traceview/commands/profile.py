@@ -49,13 +49,14 @@ class ProfileCommand:
     def run(self, args: argparse.Namespace) -> int:
         from traceview.collectors.rankside_record import MAX_WINDOW_STEPS, MAX_WINDOW_WARMUP
         from traceview.model.errors import BadInput, UsageError
-        from traceview.runs.windows import ask_window, list_windows
+        from traceview.runs.live import ask_profile
+        from traceview.runs.windows import list_windows
 
         if not 1 <= args.steps <= MAX_WINDOW_STEPS:
             raise UsageError(f"--steps must be between 1 and {MAX_WINDOW_STEPS}")
         if args.warmup is not None and not 0 <= args.warmup <= MAX_WINDOW_WARMUP:
             raise UsageError(f"--warmup must be between 0 and {MAX_WINDOW_WARMUP}")
-        window, start, ranks = ask_window(args.run, args.steps, args.warmup)
+        window, start, ranks = ask_profile(args.run, args.steps, args.warmup)
         last = start + args.steps - 1
         print(
             f"traceview: asked {ranks} rank(s) to profile steps {start}-{last} (window "

@@ -43,13 +43,12 @@ class WatchCommand:
             raise UsageError("--interval must be between 0.05 and 3600 seconds")
         check_run(args.run)
         if args.once:
-            from traceview.views.live import render_snapshot_to_console
-            from traceview.views.text import to_json
-
             look = LiveRun(args.run).snapshot()
             if args.json:
-                print(to_json(look))
+                print(look.to_json().decode())
             else:
+                from traceview.views.live import render_snapshot_to_console
+
                 render_snapshot_to_console(look, args.run)
             return 0
         from traceview.tui.live import LiveApp

@@ -90,6 +90,11 @@ class RankStatus(Record):
     clock: Clock = msgspec.field(default_factory=Clock)
     trace_files: list[str] = []
     profiled_steps: int = 0
+    # the profile window (0: collect's own; K: asked with traceview profile), the job's step
+    # of its first recorded step and the step its profile began in (null: not said)
+    window: int = 0
+    first_step: int | None = None
+    began_step: int | None = None
     user_profiler: bool = False
     notes: list[str] = []
     role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler

@@ -10,7 +10,6 @@ what it reads.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -24,10 +23,10 @@ import numpy as np
 
 from traceview.analysis.live import JobSaid, LiveInputs, RankNow, snapshot
 from traceview.collectors import rankside_record as R
+from traceview.collectors.record_rows import CALL_DTYPE, STEP_DTYPE, op_name, written_rows
 from traceview.model.errors import BadInput
 from traceview.model.results.live import LiveSnapshot
-from traceview.parsers.record import CALL_DTYPE, STEP_DTYPE, op_name
-from traceview.store import rundir as D
+from traceview.store import names as D
 
 LIVE = D.LIVE  #: the most step rows kept over all ranks (each rank keeps its share, its newest)
 ROW_BUDGET = 2_000_000
@@ -113,16 +112,17 @@ class LiveRun:
         for name in names:
             match = _RANK_DIR.match(name)
             if match:
-                found[int(match[1])] = raw / name
+                found[int(match[1])] = os.path.join(raw, name)  # (str: 1,024 ranks a look)
         keep = max(MIN_ROWS, self.row_budget // max(len(found), 1))
         now: list[RankNow] = []
         for rank in sorted(found):
             folder = found[rank]
             state = self.ranks.setdefault(rank, _Rank(rank))
-            if not (folder / "steps.bin").exists() and not (folder / "calls.bin").exists():
-                continue
-            self._read_steps(folder, state, keep)
-            now.append(self._rank_now(folder, state))
+            head = _calls_head(os.path.join(folder, "calls.bin"))
+            has_steps = self._read_steps(folder, state, keep, head["step"] if head else None)
+            if not has_steps and head is None:
+                continue  # (a rank folder of no record: an older run's, or one just made)
+            now.append(self._rank_now(folder, state, head))
         self._extend_history([r.rank for r in now])
         numbers = np.fromiter(self.history, np.int64, len(self.history))
         order = np.argsort(numbers)
@@ -140,10 +140,12 @@ class LiveRun:
             warnings=list(self.warnings),
         )
 
-    def _read_steps(self, folder: Path, state: _Rank, keep: int) -> None:
-        path = folder / "steps.bin"
+    def _read_steps(self, folder: str, state: _Rank, keep: int, hint: int | None) -> bool:
+        """The rows the rank wrote since the last look (``keep`` of its newest at most;
+        ``hint``: the steps its calls.bin says it ended, where the first look starts reading);
+        whether it has a steps.bin."""
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(folder, "steps.bin"), "rb", buffering=0) as f:
                 info = os.fstat(f.fileno())
                 if state.inode is not None and (
                     info.st_ino != state.inode or info.st_size < state.size_seen
@@ -158,29 +160,37 @@ class LiveRun:
                             self.warnings.append(
                                 f"rank {state.rank}: its steps.bin does not read; set aside"
                             )
-                        return
-                    whole = (info.st_size - head) // STEP_DTYPE.itemsize
+                        return True
+                    whole = _rows_in(f, info.st_size, hint)
                     first = max(whole - keep, 0)  # (a long record: only its newest rows)
                     state.offset = head + first * STEP_DTYPE.itemsize
-                f.seek(state.offset)
-                data = f.read(max(info.st_size - state.offset, 0))
+                pieces = []
+                while True:  # (in pieces: the file's unwritten tail is not read)
+                    f.seek(state.offset)
+                    # as far as the rank's count says (and a few rows more), else a piece
+                    done = (state.offset - head) // STEP_DTYPE.itemsize
+                    ahead = (hint - done + 16) * STEP_DTYPE.itemsize if hint is not None else 0
+                    size = READ_PIECE if ahead <= 0 else min(ahead, READ_PIECE)
+                    piece = f.read(min(max(info.st_size - state.offset, 0), size))
+                    rows = _whole_rows(piece)
+                    if len(rows):
+                        pieces.append(rows)
+                        state.offset += len(rows) * STEP_DTYPE.itemsize
+                    if len(rows) * STEP_DTYPE.itemsize < size:
+                        break
         except OSError:
-            return  # (vanished, or not yet there: the next look reads it)
-        whole = len(data) // STEP_DTYPE.itemsize  # (a row cut short waits for the rest)
-        if not whole:
-            return
-        rows = np.frombuffer(data[: whole * STEP_DTYPE.itemsize], STEP_DTYPE)
-        state.offset += whole * STEP_DTYPE.itemsize
-        ok = (rows["end_ns"] >= rows["start_ns"]) & (rows["start_ns"] > 0)
-        rows = rows[ok]
-        if len(state.rows) and len(rows):  # (in order after what was read)
+            return False  # (vanished, or not yet there: the next look reads it)
+        if not pieces:
+            return True
+        rows = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        if len(state.rows):  # (in order after what was read)
             rows = rows[rows["step"] > state.rows["step"][-1]]
         state.rows = np.concatenate([state.rows, rows])[-keep:]
+        return True
 
-    def _rank_now(self, folder: Path, state: _Rank) -> RankNow:
-        head = _calls_head(folder / "calls.bin")
+    def _rank_now(self, folder: str, state: _Rank, head: dict[str, Any] | None) -> RankNow:
         if state.end is None:
-            state.end = _small_json(folder / "end.json")
+            state.end = _small_json(os.path.join(folder, "end.json"))
         rows = state.rows
         last = rows[-1] if len(rows) else None
         steps_done = int(last["step"]) + 1 if last is not None else 0
@@ -253,11 +263,12 @@ class LiveRun:
             has_manifest = (self.run / manifest).is_file()
         except OSError:
             has_manifest = False
-        if has_manifest:
-            with contextlib.suppress(Exception):
-                collect = D.read_manifest(self.run).collect
-                if collect is not None and isinstance(collect.exit_code, int):
-                    ended_code = collect.exit_code
+        if has_manifest:  # (its collect section's exit code: read as plain JSON)
+            said_there = _small_json(self.run / manifest)
+            collect = said_there.get("collect") if isinstance(said_there, dict) else None
+            code = collect.get("exit_code") if isinstance(collect, dict) else None
+            if isinstance(code, int) and not isinstance(code, bool):
+                ended_code = code
         code = said.get("exit_code")
         if isinstance(code, int) and not isinstance(code, bool):
             ended_code = code
@@ -283,6 +294,47 @@ class LiveRun:
 RECENT_ROWS = 20
 
 
+#: the most of a record read at once (its new rows are read in pieces of this many bytes: a
+#: whole number of rows, about 64 KiB)
+READ_PIECE = STEP_DTYPE.itemsize * 1638
+
+
+def _whole_rows(data: bytes) -> np.ndarray:
+    """The rows of ``data`` written whole: up to the first unwritten one or one cut short (a
+    row being written: read again at the next look)."""
+    rows = written_rows(data)
+    whole = rows["end_ns"] >= rows["start_ns"]
+    return rows if whole.all() else rows[: int(np.argmin(whole))]
+
+
+def _rows_in(f: Any, size: int, hint: int | None = None) -> int:
+    """The step rows written in steps.bin (open as ``f``), found without reading it whole: the
+    rank's own count (``hint``) where the rows say so, else a binary search for the first
+    unwritten row (its start 0; the file grows in zeroed chunks)."""
+    head = len(R.MAGIC_STEPS)
+    lo, hi = 0, (size - head) // STEP_DTYPE.itemsize  # (rows < lo written; rows >= hi not)
+
+    def written(row: int) -> bool:
+        f.seek(head + row * STEP_DTYPE.itemsize + 16)  # (its start_ns)
+        start = f.read(8)
+        return len(start) == 8 and int.from_bytes(start, "little", signed=True) > 0
+
+    if (
+        hint is not None
+        and 0 <= hint <= hi
+        and (hint == 0 or written(hint - 1))
+        and (hint == hi or not written(hint))
+    ):
+        return hint
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if written(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -293,7 +345,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _small_json(path: Path) -> Any:
+def _small_json(path: str | Path) -> Any:
     try:
         with open(path, "rb") as f:
             data = f.read(JSON_LIMIT)
@@ -302,7 +354,7 @@ def _small_json(path: Path) -> Any:
         return None
 
 
-def _calls_head(path: Path) -> dict[str, Any] | None:
+def _calls_head(path: str) -> dict[str, Any] | None:
     """calls.bin's header (where the rank is now) and its last call, where they read."""
     try:
         with open(path, "rb") as f:
@@ -342,3 +394,12 @@ def _calls_head(path: Path) -> dict[str, Any] | None:
         or None,
         "call": call,
     }
+
+
+def ask_profile(run: Path, steps: int, warmup: int | None) -> tuple[int, int, int]:
+    """``windows.ask_window`` for the job running into ``run``, refused in one line
+    (BadInput) where ``run`` is no run collect writes or wrote: (window, first step, ranks)."""
+    from traceview.runs.windows import ask_window
+
+    check_run(run)
+    return ask_window(run, LiveRun(run).look(), steps, warmup)

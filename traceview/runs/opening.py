@@ -21,10 +21,11 @@ from traceview.model.errors import BadInput, UsageError, cannot_write
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest, ManifestNotes
 from traceview.model.progress import Progress, quiet
+from traceview.model.results.live import ProfileWindow
 from traceview.runs.cache import RunReplaced, _current, _key, _read_tables
 from traceview.runs.handle import Run, flight_dumps
 from traceview.runs.reanalysis import _reanalyzed, reanalyze
-from traceview.runs.windows import choose_window
+from traceview.runs.windows import job_ended, list_windows, window_path
 from traceview.store import rundir as R
 
 if TYPE_CHECKING:
@@ -111,6 +112,52 @@ def open_run(
             opened.segments.close()
 
 
+def choose_window(run: Path, window: int | None) -> tuple[Path, ProfileWindow | None]:
+    """The folder of window ``window`` of ``run`` (None: the newest complete one, else the
+    run itself) and the window, ingested where it was not yet. UsageError where there is no
+    such window; BadInput where it is being written."""
+    if window is None and not (run / R.WINDOWS).is_dir():
+        return run, None
+    windows = {w.window: w for w in list_windows(run, job_ended=job_ended(run))}
+    if window is None:
+        complete = [w.window for w in windows.values() if w.state == "complete" and w.window]
+        if not complete:
+            return run, windows.get(0)
+        window = max(complete)
+    if window == 0:
+        if 0 not in windows and not (run / R.MANIFEST).is_file():
+            raise UsageError(f"{run}: no profile window 0 (not a run collect made)")
+        return run, windows.get(0)
+    found = windows.get(window)
+    if found is None:
+        have = ", ".join(str(k) for k in sorted(windows)) or "none"
+        raise UsageError(f"{run}: no profile window {window} (windows: {have})")
+    folder = window_path(run, window)
+    if found.state in ("asked", "missed"):
+        raise BadInput(
+            f"{run}: profile window {window} has no profile yet"
+            + (" (the job ended before its steps)" if found.state == "missed" else "")
+        )
+    if found.state == "partial" and not job_ended(run):
+        raise BadInput(
+            f"{run}: profile window {window} is being written ({found.ranks} rank(s) so far); "
+            "read it once it is complete"
+        )
+    if not R.is_run_dir(folder) or not R.event_ranks(folder):
+        _ingest_window(run, folder, window)
+    return folder, found
+
+
+def _ingest_window(run: Path, folder: Path, window: int) -> None:
+    """Window ``window``'s traces read into its folder (a manifest naming the window first,
+    with the run's collect section where the job has ended)."""
+    collect = R.read_manifest(run).collect if R.is_run_dir(run) else None
+    R.write_manifest(
+        folder, Manifest(command=["traceview", "profile"], collect=collect, window=window)
+    )
+    ingest_run([folder], folder, command=["traceview", "profile", str(run)])
+
+
 def _has_windows(path: Path) -> bool:
     try:
         return (path / R.WINDOWS).is_dir()
@@ -125,7 +172,9 @@ def _record_only(path: Path) -> bool:
         return False
     raw = path / R.RAW
     try:
-        recorded = any(p.stat().st_size > 8 for p in raw.glob("rank-*/steps.bin"))
+        from traceview.collectors.record_rows import has_steps
+
+        recorded = any(has_steps(p) for p in raw.glob("rank-*/steps.bin"))
         traced = any(raw.glob("rank-*/*.json*")) and any(
             p.name.endswith((".pt.trace.json", ".pt.trace.json.gz", ".json.gz", ".xplane.pb"))
             for p in raw.glob("rank-*/*")

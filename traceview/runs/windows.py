@@ -15,14 +15,16 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from traceview.model.errors import BadInput, UsageError
-from traceview.model.manifest import Manifest
+from traceview.model.errors import BadInput
 from traceview.model.results.live import ProfileWindow
-from traceview.store import rundir as R
+
+if TYPE_CHECKING:
+    from traceview.analysis.live import LiveInputs
+from traceview.store import names as R
 
 _REQUEST = re.compile(r"profile-(\d{1,6})\.json$")
 _WINDOW = re.compile(r"(\d{1,6})$")
@@ -122,74 +124,11 @@ def list_windows(
     return found
 
 
-def choose_window(run: Path, window: int | None) -> tuple[Path, ProfileWindow | None]:
-    """The folder of window ``window`` of ``run`` (None: the newest complete one, else the
-    run itself) and the window, ingested where it was not yet. UsageError where there is no
-    such window; BadInput where it is being written."""
-    if window is None and not (run / R.WINDOWS).is_dir():
-        return run, None
-    windows = {w.window: w for w in list_windows(run, job_ended=_ended(run))}
-    if window is None:
-        complete = [w.window for w in windows.values() if w.state == "complete" and w.window]
-        if not complete:
-            return run, windows.get(0)
-        window = max(complete)
-    if window == 0:
-        if 0 not in windows and not R.is_run_dir(run):
-            raise UsageError(f"{run}: no profile window 0 (not a run collect made)")
-        return run, windows.get(0)
-    found = windows.get(window)
-    if found is None:
-        have = ", ".join(str(k) for k in sorted(windows)) or "none"
-        raise UsageError(f"{run}: no profile window {window} (windows: {have})")
-    folder = window_path(run, window)
-    if found.state in ("asked", "missed"):
-        raise BadInput(
-            f"{run}: profile window {window} has no profile yet"
-            + (" (the job ended before its steps)" if found.state == "missed" else "")
-        )
-    if found.state == "partial" and not _ended(run):
-        raise BadInput(
-            f"{run}: profile window {window} is being written ({found.ranks} rank(s) so far); "
-            "read it once it is complete"
-        )
-    if not R.is_run_dir(folder) or not R.event_ranks(folder):
-        _ingest_window(run, folder, window)
-    return folder, found
-
-
-def _ended(run: Path) -> bool:
-    try:
-        if (run / R.MANIFEST).is_file():
-            return True
-        with open(run / R.LIVE, "rb") as f:
-            said = json.loads(f.read(1 << 16))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(said, dict) and "exit_code" in said
-
-
-def _ingest_window(run: Path, folder: Path, window: int) -> None:
-    """Window ``window``'s traces read into its folder (a manifest naming the window first,
-    with the run's collect section where the job has ended)."""
-    from traceview.runs.opening import ingest_run
-
-    collect = R.read_manifest(run).collect if R.is_run_dir(run) else None
-    R.write_manifest(
-        folder, Manifest(command=["traceview", "profile"], collect=collect, window=window)
-    )
-    ingest_run([folder], folder, command=["traceview", "profile", str(run)])
-
-
-def ask_window(run: Path, steps: int, warmup: int | None) -> tuple[int, int, int]:
-    """Ask every rank of the job running into ``run`` to profile ``steps`` steps (after
-    ``warmup``; None: collect's) at a step boundary: RUN/requests/profile-K.json, written
-    atomically. Returns (K, its first recorded step, the ranks asked). BadInput where the job
-    has ended or never ran under collect, or too many windows are pending."""
-    from traceview.runs.live import LiveRun, check_run
-
-    check_run(run)
-    look = LiveRun(run).look()
+def ask_window(run: Path, look: LiveInputs, steps: int, warmup: int | None) -> tuple[int, int, int]:
+    """Ask every rank of the job running into ``run`` (``look``: a look at it, runs.live) to
+    profile ``steps`` steps (after ``warmup``; None: collect's) at a step boundary:
+    RUN/requests/profile-K.json, written atomically. Returns (K, its first recorded step, the
+    ranks asked). BadInput where the job has ended, or too many windows are pending."""
     if look.job.ended or look.job.collect_alive is False:
         raise BadInput(f"{run}: the job has ended; profile asks a running job for steps")
     if not look.ranks:
@@ -219,7 +158,9 @@ def ask_window(run: Path, steps: int, warmup: int | None) -> tuple[int, int, int
         "warmup": warmup,
         "asked_ns": time.time_ns(),
     }
-    R.write_json(run / R.REQUESTS / f"profile-{number}.json", request)
+    from traceview.store import rundir
+
+    rundir.write_json(run / R.REQUESTS / f"profile-{number}.json", request)
     return number, start, len(look.ranks)
 
 
@@ -230,6 +171,19 @@ def _live(run: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError):
         return {}
     return said if isinstance(said, dict) else {}
+
+
+def job_ended(run: Path) -> bool:
+    """Whether the job collect ran into ``run`` has ended (its manifest, or live.json's exit
+    code)."""
+    try:
+        if (run / R.MANIFEST).is_file():
+            return True
+        with open(run / R.LIVE, "rb") as f:
+            said = json.loads(f.read(1 << 16))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(said, dict) and "exit_code" in said
 
 
 def collect_steps(run: Path) -> int:

@@ -39,10 +39,7 @@ from traceview.model.columns import SpilledTable, TableOnDemand, Within
 from traceview.model.errors import BadInput, Notes, UsageError, cannot_write
 from traceview.model.escape import encodable, safe
 from traceview.model.manifest import Manifest, from_json
-
-MANIFEST = "manifest.json"
-EVENTS = "events"
-RAW = "raw"
+from traceview.store.names import EVENTS, LIVE, MANIFEST, RAW, REQUESTS, WINDOWS
 
 
 def _process_umask() -> int:
@@ -745,9 +742,6 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-#: RUN/windows/K: the profile windows asked of a running job (each a run directory of its
-#: own); RUN/requests: the asks (``traceview profile``); RUN/live.json: the job collect runs
-WINDOWS, REQUESTS, LIVE = "windows", "requests", "live.json"
 #: what an ingest into a run directory keeps of the one it replaces
 KEPT = (RAW, WINDOWS, REQUESTS, LIVE)
 

@@ -108,10 +108,11 @@ class LiveApp(App[None]):
 
     @work(thread=True, exclusive=True, group="ask")
     def _ask_profile(self) -> None:
-        from traceview.runs.windows import ask_window, collect_steps
+        from traceview.runs.live import ask_profile
+        from traceview.runs.windows import collect_steps
 
         try:
-            window, start, ranks = ask_window(self.run_dir, collect_steps(self.run_dir), None)
+            window, start, ranks = ask_profile(self.run_dir, collect_steps(self.run_dir), None)
         except TraceviewError as exc:
             self.call_from_thread(self.notify, safe(str(exc), 300), severity="error")
             return

@@ -17,7 +17,6 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from traceview.model import schema as S
 from traceview.model.escape import encodable
 
 #: The version of the result model (``schema_version`` of ``report --json``); bumped when a
@@ -89,12 +88,12 @@ class Breakdown(Result):
     idle: float = 0.0
 
     def __getitem__(self, phase: str) -> float:
-        if phase not in S.BREAKDOWN_PHASES:
+        if phase not in self.__struct_fields__:
             raise KeyError(phase)
         return float(getattr(self, phase))
 
     def items(self) -> Iterator[tuple[str, float]]:
-        for phase in S.BREAKDOWN_PHASES:
+        for phase in self.__struct_fields__:
             yield phase, self[phase]
 
     def total(self) -> float:
@@ -102,9 +101,8 @@ class Breakdown(Result):
 
     @classmethod
     def of(cls, values: dict[str, float]) -> Breakdown:
-        return cls(**{p: float(values.get(p, 0.0)) for p in S.BREAKDOWN_PHASES})
+        return cls(**{p: float(values.get(p, 0.0)) for p in cls.__struct_fields__})
 
 
-# The breakdown's fields are the phases, in report order: renaming or reordering one of them
-# without the other would silently mislabel every figure.
-assert Breakdown.__struct_fields__ == S.BREAKDOWN_PHASES, "Breakdown fields != BREAKDOWN_PHASES"
+# The breakdown's fields are the phases (schema.BREAKDOWN_PHASES), in report order: a test
+# (tests/unit/test_results.py) holds them equal; this module imports no schema (nor pyarrow).

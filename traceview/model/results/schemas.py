@@ -9,6 +9,7 @@ import msgspec
 
 from traceview.model.results.base import RESULTS_VERSION, Result
 from traceview.model.results.compare import Comparison
+from traceview.model.results.live import LiveSnapshot
 from traceview.model.results.report import RunReport
 from traceview.model.results.scaling import Scaling
 
@@ -17,6 +18,7 @@ JSON_RESULTS: dict[str, type[Result]] = {
     "report": RunReport,
     "compare": Comparison,
     "scaling": Scaling,
+    "watch": LiveSnapshot,  # (watch --once --json)
 }
 
 
