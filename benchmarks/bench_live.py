@@ -170,6 +170,8 @@ def main() -> int:
             f"{cost['writes_per_s_old_form']:.0f}/s"
         )
         (run / "live.json").write_text(json.dumps({"host": "elsewhere", "stall_s": 20}))
+        os.sync()  # (the writers' last rows written back: the reader measured alone)
+        time.sleep(2)
         costs = watch_costs(run)
         print(
             f"watch --once --json, {costs['ranks']} ranks of {costs['steps']} steps: "
