@@ -61,21 +61,28 @@ class ExportCommand:
                 f"{choice.describe()}: the Chrome trace holds every event; --steps and --skip "
                 "mark the steps of the parquet/csv tables (steps.excluded)"
             )
-        if not R.is_run_dir(args.run) or not R.event_ranks(args.run):
-            raise UsageError(f"{args.run}: not a run directory (make one with `traceview ingest`)")
+        source = args.run
+        if args.window is not None or (args.run / R.WINDOWS).is_dir():
+            from traceview.runs.opening import choose_window  # (of a run collect made)
+
+            source = choose_window(args.run, args.window)[0]
+        # (the run itself is its window 0: said, so that opening it does not pick the newest)
+        window = 0 if source == args.run and (args.run / R.WINDOWS).is_dir() else None
+        if not R.is_run_dir(source) or not R.event_ranks(source):
+            raise UsageError(f"{source}: not a run directory (make one with `traceview ingest`)")
         # where it goes is checked before any work (a place inside the run directory is never
         # followed out of it through a link)
         default = "trace.json.gz" if args.format == "chrome" else "export"
-        outputs.inside_run(args.output or args.run / default, args.run)
+        outputs.inside_run(args.output or source / default, source)
         if args.format == "chrome":
             given = args.output is not None
-            target = outputs.export_file(args.output or args.run / "trace.json.gz", follow=given)
+            target = outputs.export_file(args.output or source / "trace.json.gz", follow=given)
         else:
-            folder = outputs.export_directory(args.output or args.run / "export")
+            folder = outputs.export_directory(args.output or source / "export")
         with (
             TerminalProgress() as progress,
             # the analysis, recomputed if stale
-            open_run([args.run], progress=progress, choice=choice, window=args.window) as run,
+            open_run([source], progress=progress, choice=choice, window=window) as run,
         ):
             run_id = run.manifest.run_id  # (the events exported are this run's, or left out)
             if args.format == "chrome":
@@ -85,7 +92,7 @@ class ExportCommand:
         notes = Notes()
         if args.format == "chrome":
             count = export.chrome(
-                args.run,
+                source,
                 steps,
                 target.path,
                 offsets,
@@ -98,7 +105,7 @@ class ExportCommand:
                 f"{shown}: {count:,} events (open in https://ui.perfetto.dev)", file=_where(target)
             )
         else:
-            written = export.tables(args.run, analysis, folder, args.format, notes, run_id)
+            written = export.tables(source, analysis, folder, args.format, notes, run_id)
             for path in written:
                 print(safe(str(path)))
         for warning in notes.warnings:
