@@ -92,6 +92,12 @@ SKIPPED: dict[str, str] = {
         "interactive; test_tui_tmux.py drives the TUI in a real terminal"
     ),
     "traceview tui runs/np2": "interactive; test_tui_tmux.py drives the TUI in a real terminal",
+    "traceview watch runs/np2": "interactive, and meant for a job still running; "
+    "test_watch.py watches a running job in a real terminal (tmux)",
+    "traceview profile runs/np2 --steps 5": "asks a running job (runs/np2 has ended: refused, "
+    "exit 2); test_watch.py asks a running job for a window",
+    "traceview report runs/np2 --window 1": "window 1 exists once a running job was asked for "
+    "it; test_watch.py reports such a window",
     "traceview tui runs/ddp runs/explicit": "interactive; test_tui.py opens the compare screen",
     "traceview tui sample_traces/{pytorch,tensorflow}/explicit sample_traces/{mxnet,chainer}/mlp": (
         "interactive; test_tui.py opens the compare screen of these four runs"
