@@ -78,6 +78,7 @@ class TensorFlowCollector(Collector):
         self.begun = 0  # steps begun so far
         self.stepping = False  # a step has begun and not ended (the step record's)
         self.marker: Any = None  # the open Trace("train", step_num=N) of the current step
+        self.window_start = config.skip  # the job's step the window's profile begins in
         self.profiling = False
         self.logdir: Path | None = None
         self.inside_next = threading.local()
@@ -178,7 +179,12 @@ class TensorFlowCollector(Collector):
             if record is not None:
                 record.step_begin()
             if self.finished:
-                return
+                asked = self.window_asked()  # (a window asked of the job: traceview profile)
+                if asked is None or (self.status is not None and self.status.user_profiler):
+                    self.begun += 1
+                    return
+                self.window_start = self.open_window(asked)
+                self.begun = self.window_start  # (the record's count: the job's number)
             self.busy += 1
             try:
                 if self.profiling and self.cap.reached:  # the step that ended is kept
@@ -187,12 +193,12 @@ class TensorFlowCollector(Collector):
                 self._close_marker()
                 number = self.begun
                 self.begun += 1
-                first_marked = self.config.skip + self.config.warmup
-                if number == self.config.skip:
+                first_marked = self.window_start + self.window_warmup
+                if number == self.window_start:
                     self._start()
                 if self.profiling:
                     sample_resident(self.status, self.config)
-                if number >= first_marked + self.config.active:
+                if number >= first_marked + self.window_active:
                     self.finish()
                 elif self.profiling and number >= first_marked:
                     marker = self.tf.profiler.experimental.Trace("train", step_num=number, _r=1)
@@ -255,7 +261,9 @@ class TensorFlowCollector(Collector):
     def _start(self) -> None:
         tf = self.tf
         self.status = self._new_status()
-        self.logdir = rank_dir(self.config.run_dir, self.status.rank) / _LOGDIR
+        self.status.began_step = self.window_start
+        self.status.first_step = self.window_start + self.window_warmup
+        self.logdir = rank_dir(self.window_dir(), self.status.rank) / _LOGDIR
         self.cap.start()  # its thread starts before the profile, not inside a step of it
         try:
             tf.profiler.experimental.start(str(self.logdir))
@@ -263,12 +271,12 @@ class TensorFlowCollector(Collector):
             self.cap.close()
             self.status.user_profiler = True
             self.status.notes.append(f"tf.profiler not started ({type(exc).__name__}): {exc}")
-            self.status.write(self.config.run_dir)
+            self.status.write(self.window_dir())
             self.finished = True
             return
         self.profiling = True
         self.status.state = "profiling"
-        self.status.write(self.config.run_dir)
+        self.status.write(self.window_dir())
 
     def _stop_profiler(self) -> None:
         """Stop the profiler and move its XSpace next to the status."""
@@ -283,7 +291,7 @@ class TensorFlowCollector(Collector):
         state, self.status.state = self.status.state, STOPPING
         self.status.detail = "died inside tf.profiler.experimental.stop()"
         with contextlib.suppress(Exception):
-            self.status.write(self.config.run_dir)
+            self.status.write(self.window_dir())
         self.tf.profiler.experimental.stop()
         self.status.state, self.status.detail = state, None
         folder = self.logdir.parent

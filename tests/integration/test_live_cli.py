@@ -119,3 +119,45 @@ def test_collect_live_needs_a_terminal(tmp_path: Path) -> None:
     result = run_cli("collect", "--live", "-o", tmp_path / "run", "--", "true")
     _one_line_refusal(result, "--live shows a screen")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_live_screen_shows_the_ranks_and_p_asks_for_a_window(tmp_path: Path) -> None:
+    import asyncio
+
+    from rich.console import Console
+
+    from traceview.tui.live import LiveApp
+
+    run = _run(tmp_path, ranks=3, steps=40)
+    (run / "job.log").write_text("epoch 1 loss 0.5\n\x1b[2Jepoch 2 loss 0.4\n")
+    seen: dict[str, str] = {}
+
+    def text(app: LiveApp, widget: str) -> str:
+        console = Console(width=120, record=True)
+        console.print(app.query_one(widget).content)
+        return console.export_text()
+
+    async def drive() -> None:
+        app = LiveApp(run, interval=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if app.look is not None:
+                    break
+            seen["job"], seen["ranks"] = text(app, "#job"), text(app, "#ranks")
+            seen["log"] = text(app, "#log")
+            await pilot.press("p")
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if (run / "requests" / "profile-1.json").exists():
+                    break
+            await pilot.press("q")
+
+    asyncio.run(drive())
+    assert "running" in seen["job"] and "3 ranks" in seen["job"] and "step 40" in seen["job"]
+    assert [line.split()[:3] for line in seen["ranks"].splitlines()[1:4]] == [
+        ["0", "40", "0"], ["1", "40", "0"], ["2", "40", "0"],
+    ]  # fmt: skip
+    assert "epoch 2 loss 0.4" in seen["log"] and "\x1b" not in seen["log"]
+    asked = json.loads((run / "requests" / "profile-1.json").read_text())
+    assert asked["steps"] == 3  # (collect's --steps, from live.json)
