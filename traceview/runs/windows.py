@@ -31,6 +31,8 @@ _WINDOW = re.compile(r"(\d{1,6})$")
 #: a window asked starts this long after the ask at least (seconds): every rank reads the ask
 #: before its steps begin (ranks look for asks 4 times a second)
 LEAD_S = 1.5
+#: the frameworks whose ranks take a window asked of the job
+ON_DEMAND = frozenset(("pytorch", "tensorflow", "jax"))
 #: windows asked and not yet written, at most (a flood of asks is refused past it)
 MAX_PENDING = 4
 
@@ -129,6 +131,12 @@ def ask_window(run: Path, look: LiveInputs, steps: int, warmup: int | None) -> t
     profile ``steps`` steps (after ``warmup``; None: collect's) at a step boundary:
     RUN/requests/profile-K.json, written atomically. Returns (K, its first recorded step, the
     ranks asked). BadInput where the job has ended, or too many windows are pending."""
+    frameworks = {str(f) for f in (st.get("framework") for st in _statuses(run)) if f}
+    if frameworks and not frameworks & ON_DEMAND:
+        raise BadInput(
+            f"{run}: profile on demand needs PyTorch, TensorFlow or JAX ranks; this job's are "
+            f"{', '.join(sorted(frameworks))} (their step record is watched all the same)"
+        )
     if look.job.ended or look.job.collect_alive is False:
         raise BadInput(f"{run}: the job has ended; profile asks a running job for steps")
     if not look.ranks:

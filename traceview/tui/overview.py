@@ -27,6 +27,7 @@ from traceview.tui.render import (
     straggler_text,
     untrusted,
     verdict_text,
+    whole_run_text,
 )
 from traceview.views.style import shown_notes
 
@@ -170,6 +171,10 @@ class OverviewPane(VerticalScroll):
         if view.report.incomplete_steps:
             notes.append("\n")
             notes.append_text(incomplete_text(view.report))
+        whole = whole_run_text(view.report.whole_run)  # (every step, from the step record)
+        if whole is not None:
+            notes.append("\n")
+            notes.append_text(whole)
         for warning in shown_notes(view.report.warnings):
             notes.append("\n")
             notes.append_text(untrusted("warning: " + str(warning), style="yellow"))
