@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from traceview.collectors import rankside_record as R
+from traceview.collectors.record_rows import CALL_DTYPE, STEP_DTYPE, op_name, written_rows
 from traceview.model import schema as S
 from traceview.parsers.flight import flight_rows, in_order
-from traceview.collectors.record_rows import CALL_DTYPE, STEP_DTYPE, op_name, written_rows
 
 #: the most of a JSON file of the record read (stacks, groups, end, Flight Recorder)
 JSON_LIMIT = 64 << 20

@@ -21,8 +21,10 @@ from traceview.analysis.step_series import (
 )
 from traceview.model.results.live import (
     Alert,
+    JobState,
     LiveJob,
     LiveRank,
+    LiveRankState,
     LiveSnapshot,
     LiveStepMs,
     ProfileWindow,
@@ -116,7 +118,9 @@ def snapshot(inputs: LiveInputs) -> LiveSnapshot:
     slowest, since = _slowest(inputs)
     alerts = _alerts(inputs, ranks, slowest, since)
     running = not inputs.job.ended and inputs.job.collect_alive is not False
-    state = "running" if running else ("finished" if inputs.job.exit_code == 0 else "failed")
+    state: JobState = (
+        "running" if running else ("finished" if inputs.job.exit_code == 0 else "failed")
+    )
     return LiveSnapshot(
         job=LiveJob(
             state=state,
@@ -144,13 +148,20 @@ def snapshot(inputs: LiveInputs) -> LiveSnapshot:
 
 
 def _rank(r: RankNow, inputs: LiveInputs, stall_ns: float) -> LiveRank:
-    common = dict(
-        rank=r.rank,
-        step=r.steps_done,
-        step_ms=_ms(r.last_step_ms) if r.last_step_ms is not None else None,
-        lag_steps=0,
-        own_ms=_ms(r.own_ms) if r.own_ms is not None else None,
-    )
+    def rank(
+        state: LiveRankState, in_: str | None = None, since_s: float | None = None
+    ) -> LiveRank:
+        return LiveRank(
+            rank=r.rank,
+            step=r.steps_done,
+            step_ms=_ms(r.last_step_ms),
+            lag_steps=0,
+            own_ms=_ms(r.own_ms),
+            state=state,
+            in_=in_,
+            since_s=since_s,
+        )
+
     call = r.call
     # (inside its last call: it had not returned, or it raised out of it)
     open_call = call is not None and (
@@ -165,26 +176,24 @@ def _rank(r: RankNow, inputs: LiveInputs, stall_ns: float) -> LiveRank:
     if state_said == "exception" and (r.end_detail or "").startswith("KeyboardInterrupt"):
         state_said = "signal"  # (the user's Ctrl-C: how it stood before it tells)
     if state_said == "ok":
-        return LiveRank(state="finished", **common)
+        return rank("finished")
     if state_said == "exception" and _COMM_FAILURE.search(r.end_detail or ""):
-        return LiveRank(state="blocked", in_=call_words, **common)
+        return rank("blocked", call_words)
     if state_said == "exception":
-        return LiveRank(state="crashed", in_=_phase_words(r.phase), **common)
+        return rank("crashed", _phase_words(r.phase))
     # (running, or ended by a signal: stopped where it made no progress for the threshold)
     now = r.end_ns or inputs.now_ns if state_said is not None else inputs.now_ns
     quiet_ns = now - (r.progress_ns or r.phase_since_ns or now)
     if quiet_ns > stall_ns:
         if open_call:
             since = (now - call["start_ns"]) / 1e9  # type: ignore[index]
-            return LiveRank(state="blocked", in_=call_words, since_s=_s(since), **common)
-        return LiveRank(
-            state="stuck", in_=_phase_words(r.phase), since_s=_s(quiet_ns / 1e9), **common
-        )
+            return rank("blocked", call_words, _s(since))
+        return rank("stuck", _phase_words(r.phase), _s(quiet_ns / 1e9))
     if state_said is not None:
-        return LiveRank(state="killed", in_=_phase_words(r.phase), **common)
+        return rank("killed", _phase_words(r.phase))
     if inputs.job.ended or inputs.job.collect_alive is False:  # (it left no end: killed)
-        return LiveRank(state="killed", in_=_phase_words(r.phase), **common)
-    return LiveRank(state="running", **common)
+        return rank("killed", _phase_words(r.phase))
+    return rank("running")
 
 
 def _slowest(inputs: LiveInputs) -> tuple[int | None, int | None]:
@@ -252,14 +261,14 @@ def _alerts(
             waiting.setdefault(r.in_ or "a collective", []).append(r)
     for call, held in waiting.items():
         names = ", ".join(str(r.rank) for r in held[:8]) + (" ..." if len(held) > 8 else "")
-        long = max((r.since_s or 0) for r in held)
+        longest = max((r.since_s or 0.0) for r in held)
         alerts.append(
             Alert(
                 kind="stopped",
                 rank=held[0].rank,
                 step=held[0].step,
                 text=f"rank{'s' if len(held) > 1 else ''} {names} blocked in {call} at step "
-                f"{held[0].step} for {long:.0f} s",
+                f"{held[0].step} for {longest:.0f} s",
             )
         )
     if len(inputs.step_ms) >= 2 * MIN_SEGMENT:

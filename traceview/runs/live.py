@@ -364,7 +364,7 @@ def _calls_head(path: str) -> dict[str, Any] | None:
             )
             if magic != R.MAGIC_CALLS or not 0 < capacity <= 1 << 24 or written < 0:
                 return None
-            call = None
+            call: dict[str, Any] | None = None
             if written > 0:
                 f.seek(R.HEAD_SIZE + ((written - 1) % capacity) * CALL_DTYPE.itemsize)
                 data = f.read(CALL_DTYPE.itemsize)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from traceview.model.errors import BadInput
-from traceview.model.results.live import ProfileWindow
+from traceview.model.results.live import ProfileWindow, WindowState
 
 if TYPE_CHECKING:
     from traceview.analysis.live import LiveInputs
@@ -107,6 +107,7 @@ def list_windows(
         steps = max(counts) if counts else _int(request.get("steps"))
         last = first + steps - 1 if first is not None and steps else None
         expected = ranks or len(statuses)
+        state: WindowState
         if written and len(written) >= expected:
             state = "complete"
         elif statuses or written:

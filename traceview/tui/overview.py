@@ -27,9 +27,8 @@ from traceview.tui.render import (
     straggler_text,
     untrusted,
     verdict_text,
-    whole_run_text,
 )
-from traceview.views.style import shown_notes
+from traceview.views.style import shown_notes, whole_run_text
 
 LABEL = 9  # "rank 123 "
 NUMBER = 9  # " 1,234.5 "

@@ -94,6 +94,11 @@ class Alert(Result):
     step: int | None = None
 
 
+#: asked: no rank has written it yet; partial: some; complete: every rank; missed: the job ended
+#: before its steps
+WindowState = Literal["asked", "partial", "complete", "missed"]
+
+
 class ProfileWindow(Result):
     """A window of profiled steps in the run directory (0: collect's own; then each
     ``traceview profile`` request). ``state``: asked (no rank has written it yet), partial,
@@ -102,7 +107,7 @@ class ProfileWindow(Result):
     window: int
     first_step: int | None
     last_step: int | None
-    state: Literal["asked", "partial", "complete", "missed"]
+    state: WindowState
     ranks: int = 0
     began_step: int | None = None  # the step its profile began in (its warm-up's first)
 
