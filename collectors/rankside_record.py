@@ -27,10 +27,12 @@ Readers (``traceview/ingest/record.py``) treat every byte as untrusted. All time
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
 import re
+import stat
 import struct
 import sys
 import threading
@@ -100,7 +102,7 @@ class Taken(Exception):
 def _owner(calls: Path) -> int | None:
     """The pid in an existing calls.bin's header, where it is a live process's."""
     try:
-        with open(calls, "rb") as f:
+        with open_regular(calls) as f:
             head = f.read(CALLS_HEAD.size)
         magic, _, pid, *_ = CALLS_HEAD.unpack(head)
         if magic != MAGIC_CALLS or pid == os.getpid():
@@ -421,10 +423,24 @@ ASK_TICK_S = 0.25
 MAX_WINDOW_STEPS, MAX_WINDOW_WARMUP = 1000, 100
 
 
+def open_regular(path: str | Path, buffering: int = -1) -> Any:
+    """``path`` opened for reading where it is a regular file (a FIFO, socket or device is never
+    waited on: OSError, as for a file that is not there)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_request(path: Path) -> dict[str, int] | None:
     """A profile request as its file says it, where it reads and its numbers are in range."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             said = json.loads(f.read(4096))
         asked = {k: said[k] for k in ("window", "start_step", "steps", "warmup")}
     except (OSError, ValueError, KeyError, TypeError, RecursionError):

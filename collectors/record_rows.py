@@ -34,7 +34,7 @@ def written_rows(body: bytes) -> np.ndarray:
 def has_steps(path: Path) -> bool:
     """Whether a rank's steps.bin holds a step (its first row written)."""
     try:
-        with open(path, "rb") as f:
+        with R.open_regular(path) as f:
             head = f.read(len(R.MAGIC_STEPS) + STEP_DTYPE.itemsize)
     except OSError:
         return False

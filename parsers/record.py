@@ -202,7 +202,7 @@ def _read_calls(folder: Path, record: RankRecord, warnings: list[str]) -> None:
     """The ring's rows, oldest first (only the rows written are read: 1,024 ranks' rings are
     not read whole)."""
     try:
-        with open(folder / "calls.bin", "rb") as f:
+        with R.open_regular(folder / "calls.bin") as f:
             head = f.read(R.HEAD_SIZE)
             magic, capacity, pid, written, step, phase, since, progress = R.CALLS_HEAD.unpack_from(
                 head, 0
@@ -238,7 +238,7 @@ def _read_calls(folder: Path, record: RankRecord, warnings: list[str]) -> None:
 
 def _bytes(path: Path) -> bytes | None:
     try:
-        with open(path, "rb") as f:
+        with R.open_regular(path) as f:
             return f.read(JSON_LIMIT)
     except OSError:
         return None

@@ -95,6 +95,11 @@ def test_hostile_records_are_read_as_far_as_they_go(tmp_path: Path) -> None:
     )
     (raw / "rank-00009").mkdir()  # (a folder of no record)
     (raw / "rank-x").mkdir()
+    # FIFOs where files are read: never waited on
+    os.mkfifo(raw / "rank-00000" / "end.json")
+    os.mkfifo(raw / "rank-00000" / "status.json")
+    (run / "requests").mkdir()
+    os.mkfifo(run / "requests" / "profile-1.json")
     result = run_cli("watch", run, "--once")
     assert result.code == 0, result.err
     assert "\x1b" not in result.out and "pwned" not in result.out

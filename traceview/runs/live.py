@@ -145,7 +145,7 @@ class LiveRun:
         ``hint``: the steps its calls.bin says it ended, where the first look starts reading);
         whether it has a steps.bin."""
         try:
-            with open(os.path.join(folder, "steps.bin"), "rb", buffering=0) as f:
+            with R.open_regular(os.path.join(folder, "steps.bin"), buffering=0) as f:
                 info = os.fstat(f.fileno())
                 if state.inode is not None and (
                     info.st_ino != state.inode or info.st_size < state.size_seen
@@ -347,7 +347,7 @@ def _alive(pid: int) -> bool:
 
 def _small_json(path: str | Path) -> Any:
     try:
-        with open(path, "rb") as f:
+        with R.open_regular(path) as f:
             data = f.read(JSON_LIMIT)
         return json.loads(data)
     except (OSError, ValueError, RecursionError):
@@ -357,7 +357,7 @@ def _small_json(path: str | Path) -> Any:
 def _calls_head(path: str) -> dict[str, Any] | None:
     """calls.bin's header (where the rank is now) and its last call, where they read."""
     try:
-        with open(path, "rb") as f:
+        with R.open_regular(path) as f:
             head = f.read(R.HEAD_SIZE)
             magic, capacity, pid, written, step, phase, since, progress = R.CALLS_HEAD.unpack_from(
                 head, 0

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from traceview.collectors.rankside_record import open_regular
 from traceview.model.errors import BadInput
 from traceview.model.results.live import ProfileWindow, WindowState
 
@@ -50,7 +51,7 @@ def _statuses(folder: Path) -> list[dict[str, Any]]:
         return []
     for rank_folder in folders:
         try:
-            with open(rank_folder / "status.json", "rb") as f:
+            with open_regular(rank_folder / "status.json") as f:
                 said = json.loads(f.read(1 << 20))
         except (OSError, ValueError, RecursionError):
             continue
@@ -175,7 +176,7 @@ def ask_window(run: Path, look: LiveInputs, steps: int, warmup: int | None) -> t
 
 def _live(run: Path) -> dict[str, Any]:
     try:
-        with open(run / R.LIVE, "rb") as f:
+        with open_regular(run / R.LIVE) as f:
             said = json.loads(f.read(1 << 16))
     except (OSError, ValueError, RecursionError):
         return {}
@@ -188,7 +189,7 @@ def job_ended(run: Path) -> bool:
     try:
         if (run / R.MANIFEST).is_file():
             return True
-        with open(run / R.LIVE, "rb") as f:
+        with open_regular(run / R.LIVE) as f:
             said = json.loads(f.read(1 << 16))
     except (OSError, ValueError, RecursionError):
         return False
