@@ -222,12 +222,13 @@ class LiveRun:
         )
 
     def _extend_history(self, ranks: list[int]) -> None:
-        """The job's steps every rank (of ``ranks``) has finished since the last look."""
+        """The job's steps every rank (of ``ranks`` that runs steps: a process that keeps a
+        record but runs none, as a parameter server, is not waited for) has finished since the
+        last look."""
+        ranks = [r for r in ranks if len(self.ranks[r].rows)]
         if not ranks:
             return
         held = [self.ranks[r].rows for r in ranks]
-        if any(not len(rows) for rows in held):
-            return
         through = min(int(rows["step"][-1]) for rows in held)
         if through <= self.done_through:
             return
