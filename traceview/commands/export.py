@@ -62,12 +62,14 @@ class ExportCommand:
                 "mark the steps of the parquet/csv tables (steps.excluded)"
             )
         source = args.run
-        if args.window is not None or (args.run / R.WINDOWS).is_dir():
+        from traceview.runs.opening import has_windows
+
+        if args.window is not None or has_windows(args.run):
             from traceview.runs.opening import choose_window  # (of a run collect made)
 
             source = choose_window(args.run, args.window)[0]
         # (the run itself is its window 0: said, so that opening it does not pick the newest)
-        window = 0 if source == args.run and (args.run / R.WINDOWS).is_dir() else None
+        window = 0 if source == args.run and has_windows(args.run) else None
         if not R.is_run_dir(source) or not R.event_ranks(source):
             raise UsageError(f"{source}: not a run directory (make one with `traceview ingest`)")
         # where it goes is checked before any work (a place inside the run directory is never

@@ -66,7 +66,7 @@ def open_run(
     analysis serves any choice). ``window``: of a run collect made, its profile window (None:
     the newest complete one; runs.windows)."""
     label = _label(paths)
-    if len(paths) == 1 and (window is not None or _has_windows(paths[0])):
+    if len(paths) == 1 and (window is not None or has_windows(paths[0])):
         chosen, which = choose_window(paths[0], window)
         if which is not None and (window is not None or which.window):
             steps = f" (steps {which.first_step}-{which.last_step})" if which.last_step else ""
@@ -116,7 +116,7 @@ def choose_window(run: Path, window: int | None) -> tuple[Path, ProfileWindow | 
     """The folder of window ``window`` of ``run`` (None: the newest complete one, else the
     run itself) and the window, ingested where it was not yet. UsageError where there is no
     such window; BadInput where it is being written."""
-    if window is None and not (run / R.WINDOWS).is_dir():
+    if window is None and not has_windows(run):
         return run, None
     windows = {w.window: w for w in list_windows(run, job_ended=job_ended(run))}
     if window is None:
@@ -158,7 +158,9 @@ def _ingest_window(run: Path, folder: Path, window: int) -> None:
     ingest_run([folder], folder, command=["traceview", "profile", str(run)])
 
 
-def _has_windows(path: Path) -> bool:
+def has_windows(path: Path) -> bool:
+    """Whether ``path`` holds profile windows asked of its job (False where it cannot be
+    looked into: reading it says why)."""
     try:
         return (path / R.WINDOWS).is_dir()
     except OSError:
