@@ -209,7 +209,7 @@ def _slowest(inputs: LiveInputs) -> tuple[int | None, int | None]:
     if values[top] - float(np.median(values)) <= MARGIN * step_ms:
         return None, None
     rank = list(own)[top]
-    numbers = inputs.steps
+    numbers = inputs.steps[-HISTORY_STEPS:]  # (the recent steps: a look stays cheap)
     if not len(numbers) or rank not in inputs.rows:
         return rank, None
     aligned = np.full((len(inputs.rows), len(numbers)), np.nan)
@@ -281,7 +281,7 @@ def _alerts(
         changes = step_changes(
             inputs.steps[outside][-HISTORY_STEPS:],
             inputs.step_ms[outside][-HISTORY_STEPS:],
-            _own_by_rank(inputs.rows),
+            _own_by_rank(inputs.rows, HISTORY_STEPS),
         )
         if changes:
             last = changes[-1]
@@ -313,10 +313,13 @@ def _alerts(
     return alerts
 
 
-def _own_by_rank(rows: dict[int, np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Each rank's own work per step (ms) from its record rows."""
+def _own_by_rank(
+    rows: dict[int, np.ndarray], newest: int
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each rank's own work per step (ms) from its ``newest`` record rows."""
     found = {}
-    for rank, held in rows.items():
+    for rank, every in rows.items():
+        held = every[-newest:]
         dur = (held["end_ns"] - held["start_ns"]).astype(float)
         found[rank] = (
             held["step"].astype(np.int64),

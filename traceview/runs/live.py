@@ -30,6 +30,8 @@ from traceview.store import names as D
 
 LIVE = D.LIVE  #: the most step rows kept over all ranks (each rank keeps its share, its newest)
 ROW_BUDGET = 2_000_000
+#: the job's steps a watch keeps (their step time: the median and p99 over them)
+HISTORY_MAX = 1_000_000
 #: a rank keeps at least this many of its newest rows
 MIN_ROWS = 256
 #: the most of a small JSON file read
@@ -85,7 +87,10 @@ class LiveRun:
         self.warnings: list[str] = []
         # the job's step history: per step number every rank finished, its slowest rank's
         # duration (ms) and the rank with the most own work in it
-        self.history: dict[int, tuple[float, int]] = {}
+        # (arrays grown at each look; the newest HISTORY_MAX steps kept)
+        self.steps = np.empty(0, np.int64)
+        self.step_ms = np.empty(0)
+        self.step_rank = np.empty(0, np.int64)
         self.done_through = -1
 
     def snapshot(self, windows: bool = True) -> LiveSnapshot:
@@ -124,17 +129,12 @@ class LiveRun:
                 continue  # (a rank folder of no record: an older run's, or one just made)
             now.append(self._rank_now(folder, state, head))
         self._extend_history([r.rank for r in now])
-        numbers = np.fromiter(self.history, np.int64, len(self.history))
-        order = np.argsort(numbers)
-        values = list(self.history.values())
-        ms = np.array([values[i][0] for i in order], float)
-        slowest = np.array([values[i][1] for i in order], np.int64)
         return LiveInputs(
             job=self._job(),
             ranks=now,
-            steps=numbers[order],
-            step_ms=ms,
-            step_rank=slowest,
+            steps=self.steps,
+            step_ms=self.step_ms,
+            step_rank=self.step_rank,
             rows={r.rank: self.ranks[r.rank].rows for r in now},
             now_ns=now_ns or time.time_ns(),
             warnings=list(self.warnings),
@@ -251,8 +251,10 @@ class LiveRun:
             most_own[at[better]] = own[better]
             who[at[better]] = rank
             np.add.at(seen, at, 1)
-        for i in np.flatnonzero(seen == len(ranks)):
-            self.history[lo + int(i)] = (float(longest[i]), int(who[i]))
+        done = np.flatnonzero(seen == len(ranks))
+        self.steps = np.concatenate([self.steps, lo + done])[-HISTORY_MAX:]
+        self.step_ms = np.concatenate([self.step_ms, longest[done]])[-HISTORY_MAX:]
+        self.step_rank = np.concatenate([self.step_rank, who[done]])[-HISTORY_MAX:]
         self.done_through = through
 
     def _job(self) -> JobSaid:
