@@ -8,11 +8,12 @@ Profile a job, or point it at the profiler traces of a run (one file per rank, o
   traceview ingest TRACES... -o RUN     keep the normalized run (Parquet) for later
                                         (--scheduler ADDRESS: on a Dask cluster)
   traceview tui TRACES...|RUN           explore it in the terminal (q quits, ? helps)
+  traceview watch RUN                   a job collect runs, live; profile RUN: its next steps
   traceview compare RUN_A RUN_B ...     runs or frameworks side by side, with ratios
   traceview scaling RUN_1 RUN_2 RUN_4   speedup, efficiency, the model's predictions
   traceview whatif RUN --balance        the steps replayed across ranks with a change
   traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
-  traceview schema report               the JSON Schema of report/compare/scaling --json
+  traceview schema report               the JSON Schema of report/compare/scaling/watch --json
 
 Exit codes: 0 ok; 2 usage or bad input (one line on stderr); 1 internal error;
 collect exits with the job's code.
