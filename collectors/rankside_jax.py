@@ -105,8 +105,21 @@ class JaxCollector(TensorFlowCollector):
         calls = self.calls[function] = self.calls.get(function, 0) + 1
         if self.step_function is None and calls == 2:
             self.step_function = function
+            self._first_step_passed()
         if function == self.step_function:
             self.boundary("iterator")  # (the TensorFlow collector's automatic source)
+
+    def _first_step_passed(self) -> None:
+        """The step function is known at its second call: its first began the job's step 0,
+        unseen. Steps are counted from 1 on, so that they carry the job's own numbers (the
+        step record has no row of step 0)."""
+        with self.lock:
+            self.begun = max(self.begun, 1)
+            record = self.record()
+            if record is not None:
+                with record.lock:
+                    record.step = max(record.step, 1)
+                    record._head()
 
 
 def start(config: Config, jax: Any) -> None:
