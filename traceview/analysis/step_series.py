@@ -104,15 +104,32 @@ def step_changes(numbers: np.ndarray, ms: np.ndarray, own: OwnByRank) -> list[St
         a, b = float(np.median(left)), float(np.median(right))
         if abs(b - a) < MIN_SHIFT * min(a, b):
             continue
+        rank = moved_rank(own, numbers[bounds[i] : cut], numbers[cut : bounds[i + 2]], b > a)
+        step = int(numbers[cut])
+        if rank is not None:  # (its own work, without the others' noise, says where exactly)
+            step = _sharpened(own[rank], step)
         found.append(
             StepChange(
-                step=int(numbers[cut]),
-                ms_before=rounded(a) or 0.0,
-                ms_after=rounded(b) or 0.0,
-                rank=moved_rank(own, numbers[bounds[i] : cut], numbers[cut : bounds[i + 2]], b > a),
+                step=step, ms_before=rounded(a) or 0.0, ms_after=rounded(b) or 0.0, rank=rank
             )
         )
     return found
+
+
+def _sharpened(own: tuple[np.ndarray, np.ndarray], step: int) -> int:
+    """Where, within ``MIN_SEGMENT`` steps of ``step``, the rank's own work (``own``: its step
+    numbers and own work) moves most between the ``MIN_SEGMENT`` steps before and after."""
+    steps, values = own
+    at = int(np.searchsorted(steps, step))
+    lo, hi = at - MIN_SEGMENT, at + MIN_SEGMENT
+    if lo < MIN_SEGMENT or hi + MIN_SEGMENT > len(values):
+        return step
+    sums = np.concatenate([[0.0], np.cumsum(values)])
+    candidates = np.arange(lo, hi + 1)
+    before = (sums[candidates] - sums[candidates - MIN_SEGMENT]) / MIN_SEGMENT
+    after = (sums[candidates + MIN_SEGMENT] - sums[candidates]) / MIN_SEGMENT
+    best = int(candidates[int(np.argmax(np.abs(after - before)))])
+    return int(steps[best])
 
 
 def _segment(series: np.ndarray, start: int, end: int, noise: float, budget: int) -> list[int]:
