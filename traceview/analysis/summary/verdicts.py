@@ -60,6 +60,11 @@ _STRAGGLER_PHASES: tuple[StragglerPhase, ...] = (
 )
 
 
+#: a straggler whose cause is its idling is named with its own work's phase where that work
+#: exceeds the median rank's by this share of the step on the critical path
+IDLE_PHASE_FLOOR = 0.05
+
+
 def _straggler_phase(
     straggler: RankSummary, ranks: list[RankSummary]
 ) -> tuple[StragglerPhase, float, float] | None:
@@ -285,7 +290,9 @@ def _straggler(
             for b in blame
             if b.rank == straggler.rank
             and b.phase in get_args(StragglerPhase)
-            and (b.excess_ms or 0) > 0
+            # (its own work over the median rank's by a share of the step: not the noise of
+            # ranks sharing cores, where the idling is all the cause there is)
+            and (b.excess_ms or 0) >= IDLE_PHASE_FLOOR * summary.step_ms
         ]
         phase = max(own, key=lambda b: (b.excess_ms or 0, b.ms)).phase if own else None
     if phase in get_args(StragglerPhase):
