@@ -515,7 +515,9 @@ def test_pipeline_stages_and_bubble_match_the_timers(jobs: Any, name: str) -> No
     through most of the stage's Python: that time is communication by the attribution rule (no
     operator runs, a call is in flight), not idle, and the bubble reads 5-9 ms above the timers
     (24.5 -> 29.8, 15.8 -> 24.7 ms). There the bubble is held from below only: the report never
-    counts time a stage was blocked as its compute."""
+    counts time a stage was blocked as its compute, and its compute and bubble together are the
+    stage's wall time (the same Python read 8 ms a step below the timers' compute on idle cores,
+    20 ms with four ranks on two loaded cores)."""
     job = jobs(name)
     report = job.report()
     pipe = report["pipeline"]
@@ -546,13 +548,18 @@ def test_pipeline_stages_and_bubble_match_the_timers(jobs: Any, name: str) -> No
               f"ideal bubble fraction {pipe['ideal_bubble_fraction']:.3f}")  # fmt: skip
         unplaced = sum(idle[r] for r in s["ranks"]) / len(s["ranks"])
         slack = max(0.15 * t["bubble"], 1.0) + unplaced
+        compute_slack = max(0.15 * t["compute"], 1.0) + unplaced
         if v > 1:
+            # the stage's Python with a send in flight moves from compute to bubble, never back:
+            # compute held from above, the stage's whole wall time (compute + bubble) both ways
             assert s["bubble_ms"] >= t["bubble"] - slack, (s, t, unplaced)
+            assert s["compute_ms"] <= t["compute"] + compute_slack, (s, t, unplaced)
+            wall, timed = s["compute_ms"] + s["bubble_ms"], t["compute"] + t["bubble"]
+            assert abs(wall - timed) <= 0.15 * timed + unplaced, (s, t, unplaced)
+            assert s["compute_ms"] >= 0.5 * t["compute"], (s, t)  # not the sends' time as bubble
         else:
             assert abs(s["bubble_ms"] - t["bubble"]) <= slack, (s, t, unplaced)
-        assert abs(s["compute_ms"] - t["compute"]) <= max(0.15 * t["compute"], 1.0) + unplaced, (
-            s, t, unplaced,
-        )  # fmt: skip
+            assert abs(s["compute_ms"] - t["compute"]) <= compute_slack, (s, t, unplaced)
     measured = truth["bubble"].sum() / truth["schedule"].sum()
     if v == 1:
         assert pipe["bubble_fraction"] == pytest.approx(measured, rel=0.15, abs=0.02)
