@@ -54,3 +54,33 @@ def test_links_of_the_readme_and_contributing_lead_to_files() -> None:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if "://" not in target:
                 assert (page.parent / target).exists(), f"{page.name} links to {target}"
+
+
+def test_python_snippets_import_only_what_pip_install_installs() -> None:
+    """A reader runs the pages' Python after `pip install -e .`: a snippet that imports pandas
+    (only in the dev extra) fails for them with ModuleNotFoundError."""
+    import ast
+    import sys
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    installed = {re.split(r"[<>=!~;\[ ]", d)[0].lower() for d in project["dependencies"]}
+    allowed = installed | set(sys.stdlib_module_names) | {"traceview"}
+    wrong = []
+    for command in all_commands():
+        if command.kind != "python":
+            continue
+        for node in ast.walk(ast.parse(command.text)):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            wrong += [f"{command.where}: {n}" for n in names if n.split(".")[0] not in allowed]
+    assert not wrong, f"snippets import what `pip install -e .` does not install: {wrong}"
