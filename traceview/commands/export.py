@@ -1,4 +1,4 @@
-"""Export a run: Parquet or CSV tables, or one merged Chrome trace (one process per rank) for Perfetto."""
+"""Export a run: Parquet or CSV tables, one merged Chrome trace (one process per rank) for Perfetto, or the report as one HTML page."""
 
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ class ExportCommand:
         )
         parser.add_argument(
             "--format",
-            choices=("parquet", "csv", "chrome"),
+            choices=("parquet", "csv", "chrome", "html"),
             default="parquet",
             help="tables (events, steps, ops, collectives, critical_path; comm_by_group and "
             "pipeline_stages where the run has them; gpu, launches, launches_by_phase and launches_by_rank on "
-            "GPU runs) as Parquet or CSV, or one merged Chrome trace (default parquet)",
+            "GPU runs) as Parquet or CSV, one merged Chrome trace, or the report as one "
+            "self-contained HTML page (default parquet)",
         )
         parser.add_argument(
             "-o",
@@ -43,7 +44,8 @@ class ExportCommand:
             type=Path,
             metavar="PATH",
             help="folder for parquet/csv (default RUN/export: empty or a previous export), file for "
-            "chrome (default RUN/trace.json.gz; a device or named pipe is written in place)",
+            "chrome (default RUN/trace.json.gz; a device or named pipe is written in place) or "
+            "html (default RUN/report.html)",
         )
         add_step_arguments(parser)
         add_window_argument(parser)
@@ -74,11 +76,11 @@ class ExportCommand:
             raise UsageError(f"{source}: not a run directory (make one with `traceview ingest`)")
         # where it goes is checked before any work (a place inside the run directory is never
         # followed out of it through a link)
-        default = "trace.json.gz" if args.format == "chrome" else "export"
+        default = {"chrome": "trace.json.gz", "html": "report.html"}.get(args.format, "export")
         outputs.inside_run(args.output or source / default, source)
-        if args.format == "chrome":
+        if args.format in ("chrome", "html"):
             given = args.output is not None
-            target = outputs.export_file(args.output or source / "trace.json.gz", follow=given)
+            target = outputs.export_file(args.output or source / default, follow=given)
         else:
             folder = outputs.export_directory(args.output or source / "export")
         with (
@@ -87,21 +89,34 @@ class ExportCommand:
             open_run([source], progress=progress, choice=choice, window=window) as run,
         ):
             run_id = run.manifest.run_id  # (the events exported are this run's, or left out)
-            if args.format == "chrome":
-                steps, offsets = run.steps, run.clock_offsets()
+            notes = Notes()
+            if args.format == "chrome":  # (written while the run is open: its segments)
+                from traceview.analysis.crossrank import matched_table
+
+                count = export.chrome(
+                    source,
+                    run.steps,
+                    target.path,
+                    run.clock_offsets(),
+                    in_place=target.special,
+                    notes=notes,
+                    run_id=run_id,
+                    matched=matched_table(run.collectives, run.cross),
+                    segments=run.segments,
+                    path=run.critical_path(),
+                )
+            elif args.format == "html":
+                from traceview.analysis.heatmap import step_matrix
+
+                report = run.report()
+                matrix = step_matrix(run.steps) if run.steps.num_rows else None
             else:
                 analysis = {**run.export_tables(), **export.report_tables(run.report())}
-        notes = Notes()
-        if args.format == "chrome":
-            count = export.chrome(
-                source,
-                steps,
-                target.path,
-                offsets,
-                in_place=target.special,
-                notes=notes,
-                run_id=run_id,
-            )
+        if args.format == "html":
+            from traceview.commands.report import write_page
+
+            write_page(report, matrix, target, args.output or target.path)
+        elif args.format == "chrome":
             shown = safe(str(args.output or target.path))
             print(
                 f"{shown}: {count:,} events (open in https://ui.perfetto.dev)", file=_where(target)

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 from traceview.commands.arguments import add_step_arguments, add_window_argument, step_choice_of
 
 if TYPE_CHECKING:
+    from traceview.analysis.heatmap import StepMatrix
     from traceview.model.choice import StepChoice
     from traceview.model.results import RunReport
+    from traceview.store.outputs import OutputFile
 
 
 def load_report(
@@ -34,6 +36,42 @@ def load_report(
         return run.report(top)
 
 
+def load_page_inputs(
+    paths: list[Path],
+    rules: Path | None = None,
+    top: int = 10,
+    choice: StepChoice | None = None,
+    window: int | None = None,
+) -> tuple[RunReport, StepMatrix | None]:
+    """The report and its ranks × steps matrix: what the HTML page draws."""
+    from traceview.analysis.heatmap import step_matrix
+    from traceview.runs import open_run
+    from traceview.views.progress import TerminalProgress
+
+    with TerminalProgress() as progress, open_run(paths, rules, progress, choice, window) as run:
+        steps = run.steps
+        return run.report(top), step_matrix(steps) if steps.num_rows else None
+
+
+def write_page(
+    report: RunReport,
+    matrix: StepMatrix | None,
+    target: OutputFile,
+    shown: Path,
+    stdout_taken: bool = False,
+) -> None:
+    """The HTML page into ``target`` (checked before the work), and where it went: on stderr
+    where the page itself went to a stream, or stdout is taken (``--json``)."""
+    import sys
+
+    from traceview.model.escape import safe
+    from traceview.views.html import write_html
+
+    size = write_html(report, matrix, target.path, target.special)
+    print(f"{safe(str(shown))}: HTML report, {size / 1024:,.0f} KiB (open it in a browser)",
+          file=sys.stderr if target.special or stdout_taken else sys.stdout)  # fmt: skip
+
+
 class ReportCommand:
     name = "report"
     help = __doc__ or ""
@@ -42,6 +80,13 @@ class ReportCommand:
         parser.add_argument("paths", nargs="+", type=Path, metavar="PATH")
         parser.add_argument(
             "--json", action="store_true", help="print the report as one JSON object"
+        )
+        parser.add_argument(
+            "--html",
+            type=Path,
+            metavar="FILE",
+            help="also write the report as one self-contained HTML page with figures (opens "
+            "offline in any browser; to send or attach)",
         )
         parser.add_argument("--top", type=int, default=10, help="operators to list (default 10)")
         parser.add_argument(
@@ -59,7 +104,17 @@ class ReportCommand:
     def run(self, args: argparse.Namespace) -> int:
         from traceview.views.text import render_to_console, to_json
 
-        report = load_report(args.paths, args.rules, args.top, step_choice_of(args), args.window)
+        choice = step_choice_of(args)
+        if args.html is not None:
+            from traceview.store import outputs
+
+            target = outputs.export_file(args.html)  # (checked before the work)
+            report, matrix = load_page_inputs(args.paths, args.rules, args.top, choice, args.window)
+            write_page(report, matrix, target, args.html, stdout_taken=args.json)
+            if args.json:
+                print(to_json(report))
+            return 0
+        report = load_report(args.paths, args.rules, args.top, choice, args.window)
         if args.json:
             print(to_json(report))
         else:

@@ -26,7 +26,7 @@ import gzip
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import msgspec
 import polars as pl
@@ -38,9 +38,17 @@ from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes, cannot_write
 from traceview.model.results import RunReport
 from traceview.store import rundir as R
+from traceview.views.chrome_tracks import (
+    PHASES_TID,
+    STEPS_TID,
+    collective_flows,
+    lane_of,
+    path_track,
+    phase_slices,
+)
 
-_GPU_TID_BASE = 1 << 30  # device streams get tids of their own, apart from host threads
-_STEPS_TID = (1 << 31) - 1
+if TYPE_CHECKING:
+    from traceview.model.columns import TableOnDemand
 
 
 def tables(
@@ -154,6 +162,16 @@ def _target(out: Path, in_place: bool) -> Iterator[Path]:
         raise cannot_write(out, exc) from None
 
 
+def write_bytes(out: Path, data: bytes, in_place: bool = False) -> None:
+    """``data`` into ``out``: atomically, or written in place into a special file."""
+    with _target(out, in_place) as tmp:
+        try:
+            with tmp.open("wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise cannot_write(out, exc) from None
+
+
 def _open(path: Path, tmp: Path) -> IO[bytes]:
     if path.suffix == ".gz":
         return cast(IO[bytes], gzip.open(tmp, "wb", compresslevel=6))
@@ -168,8 +186,15 @@ def chrome(
     in_place: bool = False,
     notes: Notes | None = None,
     run_id: str | None = None,
+    *,
+    matched: pa.Table | None = None,
+    segments: TableOnDemand | None = None,
+    path: pa.Table | None = None,
 ) -> int:
     """Write the merged multi-rank trace; returns the number of trace events written.
+    What the analysis found goes with it where given: ``matched`` (the collectives with what
+    matching found: an arrow to each call's last arrival), ``segments`` (each rank's phases as a
+    track) and ``path`` (the critical path, a process of its own).
     ``clock_offsets``: ns to subtract from each rank's times to put it on the run's clock (the
     offsets estimated from collectives, for traces from several hosts); ``in_place``: ``out``
     is a special file (a device, a FIFO), written to rather than replaced. A rank whose events
@@ -229,8 +254,15 @@ def chrome(
                         "ph": "M",
                         "name": "thread_name",
                         "pid": rank,
-                        "tid": _STEPS_TID,
+                        "tid": STEPS_TID,
                         "args": {"name": "traceview steps"},
+                    },
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": rank,
+                        "tid": PHASES_TID,
+                        "args": {"name": "traceview phases"},
                     },
                 ]
             )
@@ -239,10 +271,7 @@ def chrome(
             df = df.filter(~pl.col(S.KIND).cast(pl.String).is_in([S.KIND_TRACE]))
             gpu = pl.col(S.DEVICE).cast(pl.String) == S.DEVICE_GPU
             df = df.with_columns(
-                pl.when(gpu)
-                .then(_GPU_TID_BASE + pl.col(S.PID) * 4096 + pl.col(S.TID))
-                .otherwise(pl.col(S.TID))
-                .alias("lane"),
+                lane_of(pl.col(S.DEVICE), pl.col(S.PID), pl.col(S.TID)).alias("lane"),
                 ((pl.col(S.TS_NS) - shift) / 1000).alias("ts_us"),
                 (pl.col(S.DUR_NS) / 1000).alias("dur_us"),
             )
@@ -330,13 +359,22 @@ def chrome(
                             else "trace",
                             "cat": "traceview",
                             "pid": rank,
-                            "tid": _STEPS_TID,
+                            "tid": STEPS_TID,
                             "ts": round((window[S.START_NS] - shift) / 1000, 3),
                             "dur": round(window[S.WALL_NS] / 1000, 3),
                             "args": {"breakdown_ms": args},
                         }
                     ]
                 )
+        shifts = {rank: origin + offsets.get(rank, 0) for rank in ranks}
+        kept = set(ranks)
+        if matched is not None:
+            emit(collective_flows(matched, shifts, kept, flow_ids))
+        if segments is not None:
+            for piece in phase_slices(segments.in_pieces(), shifts, kept):
+                emit(piece)
+        if path is not None and path.num_rows:
+            emit(path_track(path, origin))
         f.write(b"\n]}\n")
     return count
 
