@@ -206,3 +206,43 @@ def test_chrome_export_flows_details_and_named_tracks(tmp_path: Path) -> None:
     names = [e["args"]["name"] for e in trace if e.get("ph") == "M" and e["name"] == "thread_name"]
     assert not [n for n in names if re.fullmatch(r"thread -?\d+", n)], names
     assert len(names) == len(set(names)), Counter(names).most_common(3)
+
+
+def test_chrome_export_draws_the_last_arrival_the_phases_and_the_critical_path(
+    tmp_path: Path,
+) -> None:
+    """A job whose rank 2 runs its forward 15 ms longer than the others, on clocks 3 ms apart:
+    every arrow from a collective call ends on rank 2's call (it arrives last, every step),
+    each rank's phase track covers each of its steps end to end, and the critical path's track
+    holds rank 2's forward, 25 ms a step."""
+
+    from tests.synthetic_jobs import Job, write
+    from traceview.runs import ingest_run
+
+    job = Job(ranks=3, steps=8, forward_ms={2: 25.0}, offset_ms={1: 3.0})
+    run = tmp_path / "run"
+    ingest_run([write(job, tmp_path / "traces")], run)
+    out = tmp_path / "t.json"
+    made = run_cli("export", str(run), "--format", "chrome", "-o", str(out))
+    assert made.code == 0, made.err
+    events = json.loads(out.read_text())["traceEvents"]
+    starts = [e for e in events if e.get("cat") == "last arrival" and e["ph"] == "s"]
+    ends = {e["id"]: e for e in events if e.get("cat") == "last arrival" and e["ph"] == "f"}
+    assert starts and len(starts) == len(ends)
+    assert {e["pid"] for e in starts} == {0, 1}
+    assert {ends[e["id"]]["pid"] for e in starts} == {2}
+    for s in starts:  # rank r waited wait(r) ms for rank 2, as the job was made
+        assert s["args"]["wait_ms"] == pytest.approx(job.wait(s["pid"]), abs=0.05)
+        # the arrow ends where rank 2's call begins, on the run's one clock: after the start
+        assert ends[s["id"]]["ts"] >= s["ts"] - 1
+    # each rank's phases add up to each of its steps
+    steps = [e for e in events if e.get("cat") == "traceview" and e["name"].startswith("step ")]
+    phases = [e for e in events if e.get("cat") == "traceview phase"]
+    for step in steps:
+        inside = [p["dur"] for p in phases
+                  if p["pid"] == step["pid"] and p["args"]["step"] == int(step["name"][5:])]  # fmt: skip
+        assert sum(inside) == pytest.approx(step["dur"], rel=1e-3), step
+    path = [e for e in events if e.get("cat") == "critical path"]
+    forward = sum(e["dur"] for e in path if e["name"] == "rank 2: forward") / 1000
+    assert forward / len({e["args"]["step"] for e in path}) == pytest.approx(25.0, rel=0.02)
+    assert not any(e["name"] in ("rank 0: forward", "rank 1: forward") for e in path)

@@ -8,6 +8,7 @@ NaN where a rank has no such step), compact and readable without numpy by the vi
 from __future__ import annotations
 
 import math
+import warnings
 from array import array
 from dataclasses import dataclass
 
@@ -62,6 +63,34 @@ def step_matrix(steps: pa.Table) -> StepMatrix:
         low_ms=low,
         high_ms=high,
     )
+
+
+#: The rows a many-rank heatmap draws in place of every rank: percentiles over the ranks.
+BANDS: tuple[tuple[str, float], ...] = (("p50", 50.0), ("p90", 90.0), ("max", 100.0))
+
+
+def bands(matrix: StepMatrix, metric: str = "step") -> dict[str, list[float]]:
+    """Per step, ``metric``'s percentiles over the ranks (BANDS; NaN: no rank has the step)."""
+    grid = np.frombuffer(matrix.values_ms[metric], dtype=np.float64)
+    grid = grid.reshape(len(matrix.ranks), len(matrix.steps))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (a step no rank has: all NaN)
+        return {name: np.nanpercentile(grid, q, axis=0).tolist() for name, q in BANDS}
+
+
+def row_of(matrix: StepMatrix, rank: int, metric: str = "step") -> list[float]:
+    """One rank's values over the steps (NaN where it has no such step)."""
+    i, n = matrix.ranks.index(rank), len(matrix.steps)
+    return matrix.values_ms[metric][i * n : (i + 1) * n].tolist()
+
+
+def extremes(values: list[float]) -> tuple[float, float, float] | None:
+    """The least, the median and the largest of ``values`` (NaN left out); None: none."""
+    present = np.asarray(values, dtype=np.float64)
+    present = present[~np.isnan(present)]
+    if not present.size:
+        return None
+    return float(present.min()), float(np.median(present)), float(present.max())
 
 
 def level(value: float, low: float, high: float, levels: int) -> int | None:

@@ -64,10 +64,11 @@ def write_page(
     where the page itself went to a stream, or stdout is taken (``--json``)."""
     import sys
 
+    from traceview import __version__
     from traceview.model.escape import safe
     from traceview.views.html import write_html
 
-    size = write_html(report, matrix, target.path, target.special)
+    size = write_html(report, matrix, target.path, target.special, f"traceview {__version__}")
     print(f"{safe(str(shown))}: HTML report, {size / 1024:,.0f} KiB (open it in a browser)",
           file=sys.stderr if target.special or stdout_taken else sys.stdout)  # fmt: skip
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traceview import __version__
 from traceview.analysis.heatmap import StepMatrix
 from traceview.model.results import RunReport
 from traceview.views.html import sections as X
@@ -14,8 +13,11 @@ from traceview.views.html.page import page
 from traceview.views.style import title_text
 
 
-def render_html(report: RunReport, matrix: StepMatrix | None = None) -> str:
-    """The page for ``report`` (``matrix``: the ranks × steps heatmap's values)."""
+def render_html(
+    report: RunReport, matrix: StepMatrix | None = None, generator: str = "traceview"
+) -> str:
+    """The page for ``report`` (``matrix``: the ranks × steps heatmap's values; ``generator``:
+    what made it, with its version)."""
     drawn = [
         X.verdict(report),
         X.breakdown(report) if report.ranks else None,
@@ -31,14 +33,16 @@ def render_html(report: RunReport, matrix: StepMatrix | None = None) -> str:
     return page(
         title_text(report).plain,
         [s for s in drawn if s is not None],
-        generator=f"traceview {__version__}",
+        generator=generator,
     )
 
 
-def write_html(report: RunReport, matrix: StepMatrix | None, out: Path, in_place: bool) -> int:
+def write_html(
+    report: RunReport, matrix: StepMatrix | None, out: Path, in_place: bool, generator: str
+) -> int:
     """Write the page to ``out`` (atomically; a special file in place); returns its bytes."""
     from traceview.views.export import write_bytes
 
-    data = render_html(report, matrix).encode()
+    data = render_html(report, matrix, generator).encode()
     write_bytes(out, data, in_place)
     return len(data)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
-
-from traceview.analysis.heatmap import StepMatrix
+from traceview.analysis.heatmap import StepMatrix, bands, extremes, row_of
 from traceview.model.results import Breakdown, CommByGroup, PathSegment, RunReport
 from traceview.views.html.page import (
     Cell,
@@ -189,8 +187,10 @@ def _steps(report: RunReport) -> str:
         return ""
     shown = steps
     if len(steps) > DRAWN_STEPS:  # the slowest, then evenly spaced others, in step order
-        slow = set(np.argsort([-s.step_ms for s in steps])[: DRAWN_STEPS // 4].tolist())
-        even = set(np.linspace(0, len(steps) - 1, DRAWN_STEPS - len(slow)).astype(int).tolist())
+        by_time = sorted(range(len(steps)), key=lambda i: -steps[i].step_ms)
+        slow = set(by_time[: DRAWN_STEPS // 4])
+        count = DRAWN_STEPS - len(slow)
+        even = {round(k * (len(steps) - 1) / (count - 1)) for k in range(count)}
         shown = [steps[i] for i in sorted(slow | even)]
     rows = [
         Bar(f"step {s.step}" if s.step is not None else "window",
@@ -318,32 +318,25 @@ def communication(report: RunReport) -> Section | None:
 def heatmap_section(report: RunReport, matrix: StepMatrix | None) -> Section | None:
     if matrix is None or not matrix.steps or not matrix.ranks:
         return None
-    n_ranks, n_steps = len(matrix.ranks), len(matrix.steps)
-    grid = np.frombuffer(matrix.values_ms["step"], dtype=np.float64).reshape(n_ranks, n_steps)
     columns = ["" if s is None else str(s) for s in matrix.steps]
-    if n_ranks <= DRAWN_RANKS:
+    if len(matrix.ranks) <= DRAWN_RANKS:
         names = [f"rank {r}" for r in matrix.ranks]
-        values = grid.tolist()
+        values = [row_of(matrix, r) for r in matrix.ranks]
         note = "each cell: the rank's step time in that step"
     else:  # percentile rows over the ranks, then the slowest ranks by own work
-        with np.errstate(all="ignore"):
-            bands = [(name, np.nanpercentile(grid, q, axis=0))
-                     for name, q in (("p50", 50), ("p90", 90), ("max", 100))]  # fmt: skip
         spread = report.rank_spread
-        slowest = spread.slowest_ranks if spread is not None else []
-        row_of = {r: i for i, r in enumerate(matrix.ranks)}
-        names = [b[0] + " of ranks" for b in bands] + [f"rank {r} (slowest)" for r in slowest
-                                                       if r in row_of]  # fmt: skip
-        values = [b[1].tolist() for b in bands] + [grid[row_of[r]].tolist() for r in slowest
-                                                   if r in row_of]  # fmt: skip
-        note = (f"{n_ranks} ranks: per step, the p50, p90 and max of the ranks' step time, then "
-                "the ranks with the most own work")  # fmt: skip
+        slowest = [r for r in (spread.slowest_ranks if spread else []) if r in matrix.ranks]
+        drawn = bands(matrix)
+        names = [f"{b} of ranks" for b in drawn] + [f"rank {r} (slowest)" for r in slowest]
+        values = list(drawn.values()) + [row_of(matrix, r) for r in slowest]
+        note = (f"{len(matrix.ranks)} ranks: per step, the p50, p90 and max of the ranks' step "
+                "time, then the ranks with the most own work")  # fmt: skip
     svg = heatmap(names, columns, values, low=matrix.low_ms["step"], high=matrix.high_ms["step"],
                   label="ranks by steps: step time")  # fmt: skip
-    rows = [[name, ms_cell(float(np.nanmin(v)) if np.isfinite(v).any() else None),
-             ms_cell(float(np.nanmedian(v)) if np.isfinite(v).any() else None),
-             ms_cell(float(np.nanmax(v)) if np.isfinite(v).any() else None)]
-            for name, v in zip(names, (np.asarray(x, dtype=float) for x in values), strict=True)]  # fmt: skip
+    rows = []
+    for name, row in zip(names, values, strict=True):
+        low, mid, high = extremes(row) or (None, None, None)
+        rows.append([name, ms_cell(low), ms_cell(mid), ms_cell(high)])
     return Section("heatmap", "Ranks × steps", figure(
         svg, table(["row", "min", "median", "max"], rows, name="heatmap",
                    caption="Step time over the steps (ms)"), note=note, side=True))  # fmt: skip
