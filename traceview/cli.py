@@ -12,6 +12,7 @@ Profile a job, or point it at the profiler traces of a run (one file per rank, o
   traceview compare RUN_A RUN_B ...     runs or frameworks side by side, with ratios
   traceview scaling RUN_1 RUN_2 RUN_4   speedup, efficiency, the model's predictions
   traceview whatif RUN --balance        the steps replayed across ranks with a change
+  traceview report RUN --html FILE     the report as one HTML file with plots, to share
   traceview export RUN --format chrome  one merged multi-rank trace for Perfetto
   traceview schema report               the JSON Schema of report/compare/scaling/watch --json
 
@@ -40,7 +41,7 @@ DOCS_PAGES: dict[str, str] = {
     "compare": "docs/compare.md",
     "scaling": "docs/compare.md",
     "whatif": "docs/critical-path.md",
-    "export": "docs/reference/run-directory.md",
+    "export": "docs/share.md",
     "tui": "docs/tui.md",
     "watch": "docs/live.md",
     "profile": "docs/live.md",

@@ -4,13 +4,16 @@ parts adding up to the number it stands for."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import msgspec
 import pytest
 
-from tests.html_page import HOSTILE, MARKUP, read_page
+from tests.html_page import HOSTILE, MARKUP, OUTSIDE, read_page
 from tests.tui_models import mesh_report, pipeline_report, straggler_report
+from traceview.model.results import RunReport
 from traceview.views.html import render_html
 
 
@@ -70,3 +73,28 @@ def test_a_ranks_bar_is_its_phases_end_to_end(tmp_path) -> None:  # type: ignore
     assert len(widths) == len(shown)
     scale = widths[0] / shown[0]
     assert widths == pytest.approx([v * scale for v in shown], abs=0.11)
+
+
+GOLDEN = sorted((Path(__file__).parents[1] / "golden").glob("report-*.json"))
+
+
+@pytest.mark.parametrize("golden", GOLDEN, ids=[g.stem for g in GOLDEN])
+def test_every_golden_report_draws_with_its_numbers(golden: Path, tmp_path: Path) -> None:
+    """Every framework's report (the goldens: PyTorch CPU and GPU, TensorFlow, MXNet, Chainer)
+    renders, and its headline and per-rank figures are in the page as the report has them."""
+    said = json.loads(golden.read_text())["json"]
+    said["run"].update(path=None, run_id=None)  # (left out of the goldens: they vary)
+    report = msgspec.convert(said, RunReport)
+    page, text = page_of(report, tmp_path)
+    assert page.sections[0] == "verdict" and not OUTSIDE.search(text)
+    if report.ranks:
+        assert page.figures["step-ms"] == pytest.approx(report.summary.step_ms)
+        for phase, value in report.summary.breakdown_ms.items():
+            assert page.row("breakdown", phase)["ms"].value == pytest.approx(value)
+        for rank in report.ranks:
+            assert page.row("ranks", str(rank.rank))["step"].value == pytest.approx(rank.step_ms)
+    assert ("memory" in page.sections) == (report.summary.memory is not None)
+    assert ("pipeline" in page.sections) == (report.pipeline is not None)
+    assert ("critical-path" in page.sections) == bool(
+        report.critical_path and report.critical_path.segments
+    )
