@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SAMPLES, shared_traces
+from tests.conftest import SAMPLES, needs_xprof, shared_traces
 from tests.conftest import run_cli as traceview
 from tests.html_page import HOSTILE, MARKUP, OUTSIDE, Page, hostile_run, read_page
 from tests.synthetic_jobs import Job, write
@@ -155,9 +155,16 @@ def test_a_memory_run_draws_each_ranks_peak(tmp_path: Path) -> None:
         assert row["in phase"].text == (rank["memory"]["peak_phase"] or "")
 
 
-@pytest.mark.parametrize(
-    "trace", ["pytorch/hta_sampled_2rank", "pytorch/tracelens_mi300_ddp_resnet18"]
-)
+#: Real traces from other people's runs: PyTorch (gloo CPU, ROCm), TensorFlow (TF1 Timeline, and
+#: a multi-worker GPU profile read with xprof), MXNet.
+SHARED_PAGES = [
+    "pytorch/hta_sampled_2rank", "pytorch/tracelens_mi300_ddp_resnet18",
+    "tensorflow/tf1_timeline_mnist_mlp_gpu", "mxnet/mxnet_profiler_demo_mnist_cnn",
+    pytest.param("tensorflow/tfprofiler_gpu_multi_worker", marks=needs_xprof),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("trace", SHARED_PAGES)
 def test_shared_traces_pages_hold_the_reports_numbers(tmp_path: Path, trace: str) -> None:
     page, report, out = page_and_json(tmp_path, shared_traces(trace))
     assert page.figures["step-ms"] == pytest.approx(report["summary"]["step_ms"])
