@@ -86,8 +86,9 @@ class ReportCommand:
             "--html",
             type=Path,
             metavar="FILE",
-            help="also write the report as one self-contained HTML page with figures (opens "
-            "offline in any browser; to send or attach)",
+            help="write the report as one self-contained HTML page with figures instead of "
+            "printing it (with --json, beside the JSON); it opens offline in any browser, to "
+            "send or attach",
         )
         parser.add_argument("--top", type=int, default=10, help="operators to list (default 10)")
         parser.add_argument(
