@@ -79,7 +79,8 @@ def test_ingest_then_report_and_export(tmp_path: Path) -> None:
     trace = json.loads(gzip.decompress((tmp_path / "merged.json.gz").read_bytes()))
     events = trace["traceEvents"]
     names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
-    assert [n.split(" (")[0] for n in names] == ["rank 0", "rank 1"]
+    # a process per rank, and the critical path's own
+    assert [n.split(" (")[0] for n in names] == ["rank 0", "rank 1", "traceview critical path"]
     steps = [e for e in events if e.get("cat") == "traceview"]
     assert len(steps) == 10 and all("breakdown_ms" in e["args"] for e in steps)
     assert min(e["ts"] for e in events if "ts" in e) >= 0
