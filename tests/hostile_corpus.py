@@ -84,11 +84,11 @@ class Case:
 
 
 def trace_runs(paths: list[Path], out: Path, extra: tuple[str, ...] = ()) -> list[Run]:
-    """report, report --json and ingest -o on the same inputs."""
+    """report, report --json (writing the HTML page too) and ingest -o on the same inputs."""
     args = [str(p) for p in paths]
     return [
         Run(["report", *args]),
-        Run(["report", "--json", *args]),
+        Run(["report", "--json", "--html", str(out.parent / "page.html"), *args]),
         Run(["ingest", *args, "-o", str(out)]),
         *[Run([*e.split(), *args]) for e in extra],
     ]

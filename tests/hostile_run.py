@@ -268,6 +268,30 @@ def problems_of(o: Outcome, run: H.Run, inputs: int) -> list[str]:
             json.loads(o.out)
         except ValueError as exc:
             p.append(f"--json output does not parse ({exc})")
+    if "--html" in o.argv and o.code == 0:
+        p += page_problems(Path(o.argv[o.argv.index("--html") + 1]))
+    return p
+
+
+def page_problems(page: Path) -> list[str]:
+    """What an HTML page written from hostile input must never hold: markup from the input (a
+    second script, an element made from a name), a reference outside the page, a raw control
+    character."""
+    from tests.html_page import OUTSIDE
+
+    try:
+        text = page.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"--html: the page cannot be read back ({exc})"]
+    p = []
+    if text.count("<script") != 1:
+        p.append(f"--html: {text.count('<script')} script elements (the page has one)")
+    if m := OUTSIDE.search(text):
+        p.append(f"--html: a reference outside the page: {m.group()[:80]!r}")
+    if m := _CONTROL.search(text):
+        p.append(f"--html: control character {m.group()!r} in the page")
+    if re.search(r"<(img|iframe|object|embed|form|input)\b", text, re.I):
+        p.append("--html: an element from the input in the page")
     return p
 
 
