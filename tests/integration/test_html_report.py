@@ -173,3 +173,21 @@ def test_shared_traces_pages_hold_the_reports_numbers(tmp_path: Path, trace: str
     for rank in report["ranks"]:
         assert close(page.row("ranks", str(rank["rank"]))["step"], rank["step_ms"])
     assert not OUTSIDE.search(out.read_text())
+
+
+def test_a_hung_job_says_so_first_with_where_each_rank_was(tmp_path: Path) -> None:
+    """Flight Recorder dumps alone (no trace): ranks 0, 1 and 3 wait in call 11, rank 2 never
+    made it. The page says the failure first and lists each rank's state at the end."""
+    from tests.integration.test_flight_dumps import _dump, _entry, _write
+
+    done = [_entry(s) for s in range(1, 11)]
+    for rank in (0, 1, 3):
+        _write(tmp_path / "dumps", rank, _dump([*done, _entry(11, "started")]))
+    _write(tmp_path / "dumps", 2, _dump(done))
+    page, report, out = page_and_json(tmp_path, tmp_path / "dumps")
+    assert report["failure"]["kind"] == "hang" and report["failure"]["rank"] == 2
+    text = out.read_text()
+    assert text.index('id="failure"') < text.index('data-table="ranks-at-end"')
+    states = {int(r[0].text): r[2].text for r in page.tables["ranks-at-end"]}
+    assert states == {e["rank"]: e["state"] for e in report["ranks_at_end"]}
+    assert states[2] == "stuck" and page.tables["ranks-at-end"][0][0].text == "0"

@@ -57,11 +57,22 @@ def verdict(report: RunReport) -> Section:
     out = [f'<p class="muted">{rich_html(title_text(report))}</p>']
     job = report.run.job
     if job is not None and job.command:
-        out.append(f'<p class="muted">job: <code>{esc(" ".join(job.command), 300)}</code> · '
-                   f"exit code {esc(job.exit_code)}</p>")  # fmt: skip
+        code = "" if job.exit_code is None else f" · exit code {job.exit_code}"
+        out.append(f'<p class="muted">job: <code>{esc(" ".join(job.command), 300)}</code>'
+                   f"{code}</p>")  # fmt: skip
     said = failure_text(report)
     if said is not None:
-        out.append(f'<div class="verdict">{rich_html(said)}</div>')
+        out.append(f'<div class="verdict" id="failure">{rich_html(said)}</div>')
+    if report.ranks_at_end and (said is not None or any(
+            r.state != "finished" for r in report.ranks_at_end)):  # fmt: skip
+        ends = sorted(report.ranks_at_end, key=lambda r: (r.state == "finished", r.rank))
+        out.append(table(
+            ["rank", "step", "state", "in", "since s", "how it ended"],
+            [[r.rank, r.last_step, r.state, r.in_ or "",
+              Cell("" if r.since_s is None else f"{r.since_s:.1f}", r.since_s), r.detail or ""]
+             for r in ends],
+            name="ranks-at-end", caption="Where each rank was when the job ended",
+        ))  # fmt: skip
     if report.ranks:
         out.append(f'<div class="verdict" id="headline">{rich_html(verdict_text(report))}</div>')
     gpu = gpu_verdict_text(report)
@@ -72,13 +83,17 @@ def verdict(report: RunReport) -> Section:
         out.append(f"<p>{rich_html(whole)}</p>")
     if report.incomplete_steps:
         out.append(f"<p>{rich_html(incomplete_text(report))}</p>")
-    figures = [("step time", summary.step_ms, "ms per step, mean of ranks", "step-ms")]
+    figures = (
+        [("step time", summary.step_ms, "ms per step, mean of ranks", "step-ms")]
+        if report.ranks else []
+    )  # fmt: skip
     path = report.critical_path
     if path is not None and report.run.ranks > 1:
         figures.append(("job step", path.step_ms, "ms, first rank's start to last's end",
                         "job-step-ms"))  # fmt: skip
-    figures.append(("communication hidden", summary.comm_hidden_fraction * 100,
-                    "% behind compute", "hidden"))  # fmt: skip
+    if summary.comm_total_ms > 0:
+        figures.append(("communication hidden", summary.comm_hidden_fraction * 100,
+                        "% behind compute", "hidden"))  # fmt: skip
     big = "".join(
         f'<div class="figure-big" data-figure="{key}" data-v="{value!r}">{value:.2f}'
         f"<small>{esc(name)}: {esc(unit)}</small></div>"
