@@ -50,7 +50,7 @@ def main() -> None:
         }
         wanted = {  # page -> its sections shown in the docs
             "ddp": ["verdict", "step", "critical-path", "communication", "heatmap", "whatif",
-                    "operators"],
+                    "operators", "warnings"],
             "memory": ["memory"],
             "pipeline": ["pipeline"],
         }  # fmt: skip

@@ -191,3 +191,21 @@ def test_a_hung_job_says_so_first_with_where_each_rank_was(tmp_path: Path) -> No
     states = {int(r[0].text): r[2].text for r in page.tables["ranks-at-end"]}
     assert states == {e["rank"]: e["state"] for e in report["ranks_at_end"]}
     assert states[2] == "stuck" and page.tables["ranks-at-end"][0][0].text == "0"
+
+
+def test_every_heatmap_cell_is_in_a_table(tmp_path: Path) -> None:
+    """The ranks × steps heatmap's cells, each a rank's step time in one step: the steps table
+    of the run, to the nanosecond's rounding."""
+    import polars as pl
+
+    run = tmp_path / "run"
+    ingest_run([DDP], run)
+    page, _, _ = page_and_json(tmp_path, run)
+    steps = pl.read_parquet(run / "steps.parquet")
+    header = page.headers["heatmap-cells"][1:]
+    for row in page.tables["heatmap-cells"]:
+        rank = int(row[0].text.removeprefix("rank "))
+        mine = steps.filter(pl.col("rank") == rank)
+        for step, cell in zip(header, row[1:], strict=True):
+            wall = mine.filter(pl.col("step") == int(step))["wall_ns"]
+            assert cell.value == pytest.approx(wall[0] / 1e6), (rank, step)

@@ -9,6 +9,7 @@ slowest and fastest ranks by name, with every rank still in a table folded away.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from traceview.analysis.heatmap import StepMatrix, bands, extremes, row_of
@@ -41,6 +42,8 @@ from traceview.views.style import (
 DRAWN_RANKS = 64
 #: Steps drawn one by one in the per-step figure (past it: the slowest and a sample).
 DRAWN_STEPS = 400
+#: The heatmap's cells listed one by one up to this many (each a number in a folded table).
+HEATMAP_CELLS = 20_000
 PHASES = tuple(Breakdown.__struct_fields__)
 
 
@@ -352,9 +355,17 @@ def heatmap_section(report: RunReport, matrix: StepMatrix | None) -> Section | N
     for name, row in zip(names, values, strict=True):
         low, mid, high = extremes(row) or (None, None, None)
         rows.append([name, ms_cell(low), ms_cell(mid), ms_cell(high)])
+    cells = ""
+    if len(names) * len(columns) <= HEATMAP_CELLS:  # every cell's number, folded away
+        grid = [[name, *(ms_cell(None if math.isnan(v) else v) for v in row)]
+                for name, row in zip(names, values, strict=True)]  # fmt: skip
+        cells = (f"<details><summary>every cell ({len(names)} × {len(columns)})</summary>"
+                 + table(["row", *columns], grid, name="heatmap-cells",
+                         caption="Step time (ms) by row and step") + "</details>")  # fmt: skip
     return Section("heatmap", "Ranks × steps", figure(
         svg, table(["row", "min", "median", "max"], rows, name="heatmap",
-                   caption="Step time over the steps (ms)"), note=note, side=True))  # fmt: skip
+                   caption="Step time over the steps (ms)") + cells, note=note,
+        side=True))  # fmt: skip
 
 
 def pipeline(report: RunReport) -> Section | None:
