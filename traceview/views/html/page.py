@@ -75,7 +75,8 @@ def figure(svg: str, *tables: str, note: str = "", side: bool = False) -> str:
     (``side``: narrow tables, beside the drawing on a wide screen)."""
     extra = f'<p class="note">{esc(note, None)}</p>' if note else ""
     kind = "figure side" if side else "figure"
-    return f'<div class="{kind}"><div class="draw">{svg}</div>{extra}{"".join(tables)}</div>'
+    parts = [*tables, extra] if side else [extra, *tables]  # (the note under the drawing)
+    return f'<div class="{kind}"><div class="draw">{svg}</div>{"".join(parts)}</div>'
 
 
 #: Rich colour names (the terminal views' styles, views/style.py) as the page's classes.

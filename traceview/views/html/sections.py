@@ -363,8 +363,8 @@ def heatmap_section(report: RunReport, matrix: StepMatrix | None) -> Section | N
                  + table(["row", *columns], grid, name="heatmap-cells",
                          caption="Step time (ms) by row and step") + "</details>")  # fmt: skip
     return Section("heatmap", "Ranks × steps", figure(
-        svg, table(["row", "min", "median", "max"], rows, name="heatmap",
-                   caption="Step time over the steps (ms)") + cells, note=note,
+        svg, "<div>" + table(["row", "min", "median", "max"], rows, name="heatmap",
+                             caption="Step time over the steps (ms)") + cells + "</div>", note=note,
         side=True))  # fmt: skip
 
 
