@@ -659,7 +659,10 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
             f"{name}: what-if {cause['step_ms']:.2f} ms, run less injection {own:.2f}, "
             f"balanced run {truth:.2f}, bound {bound:.2f}"
         )
-        assert own * (1 - bound) <= cause["step_ms"] <= truth * (1 + bound), (cause, own, truth)
+        # (the two runs ran at different times on a shared machine: where load made this one
+        # the slower, 64 ms a job step against the balanced run's 26, the band is the other way)
+        low, high = sorted((own, truth))
+        assert low * (1 - bound) <= cause["step_ms"] <= high * (1 + bound), (cause, own, truth)
     summary = report["summary"]
     assert summary["straggler_rank"] == want[1] and summary["straggler_significant"] is True
     assert summary["straggler_phase"] == want[2]

@@ -123,8 +123,23 @@ def test_whole_run_puts_the_change_at_its_step_and_matches_the_timers(
     assert whole["steps"] == STEPS
     assert whole["slowest_rank"] == SLOW_RANK
     changes = [c for c in whole["changes"] if c["ms_after"] > c["ms_before"]]
-    assert [c["rank"] for c in changes] == [SLOW_RANK], whole["changes"]
-    assert abs(changes[0]["step"] - SLOW_FROM) <= 2, whole["changes"]
+    injected = [c for c in changes if abs(c["step"] - SLOW_FROM) <= 2]
+    assert [c["rank"] for c in injected] == [SLOW_RANK], whole["changes"]
+    # any other rise is real: the machine's load (three ranks, two shared cores) slowed the rank
+    # it names, as that rank's own timers show across it (its own work up by half the rise)
+    for c in changes:
+        if c in injected:
+            continue
+        rows = watched["timers"][c["rank"]]
+        step = {r["step"]: r["t1_ns"] - r["t0_ns"] for r in rows if r["name"] == "step"}
+        comm = {r["step"]: r["t1_ns"] - r["t0_ns"] for r in rows if r["name"] == "allreduce"}
+
+        def own(steps: range, step: dict = step, comm: dict = comm) -> float:
+            kept = [(step[k] - comm[k]) / 1e6 for k in steps if k in step and k in comm]
+            return sum(kept) / len(kept)
+
+        before, after = own(range(c["step"] - 20, c["step"])), own(range(c["step"], c["step"] + 20))
+        assert after - before >= 0.5 * (c["ms_after"] - c["ms_before"]), (c, before, after)
     # each rank's own work per step against its timers: the step less its all-reduce
     for rank, rows in watched["timers"].items():
         step = {r["step"]: r["t1_ns"] - r["t0_ns"] for r in rows if r["name"] == "step"}
