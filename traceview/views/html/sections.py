@@ -26,6 +26,7 @@ from traceview.views.html.page import (
 )
 from traceview.views.html.svg import Bar, Part, Segment, bars, esc, heatmap, lanes
 from traceview.views.style import (
+    best_whatifs,
     cause_advice,
     change_words,
     failure_text,
@@ -115,10 +116,7 @@ def _help(report: RunReport) -> str:
         advice = cause_advice(cause)
         line = f"<b>{esc(cause.text, 600)}</b>"
         out.append(f"<p>{line}" + (f"<br>try: {esc(advice, 600)}" if advice else "") + "</p>")
-    useful = sorted(
-        (w for w in report.whatif if w.change != "none" and w.speedup > 1.0),
-        key=lambda w: (-w.speedup, w.change),
-    )[:3]
+    useful = best_whatifs(report.whatif)
     if useful:
         items = "".join(
             f"<li>{esc(change_words(w.change))}: {w.step_ms:.2f} ms per step "
