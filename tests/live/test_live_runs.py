@@ -59,7 +59,9 @@ def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
     # A rank preempted between a timer call and the profiler's record function shows up as up
     # to a millisecond between the two in a single step: per step, allow 1 ms or 15 %, and in
     # one step per rank twice that (once seen: forward 10.39 ms against its timer's 9.03 ms in
-    # one step of a ddp run while the suite loaded both cores).
+    # one step of a ddp run while the suite loaded both cores), or by a scheduler slice of
+    # 4 ms where that is more (seen in CI: forward 14.09 ms against 10.22 ms, one step of one
+    # rank; the others and the mean held).
     check_against_timers(
         steps_with_timers(run, out),
         f"fresh {scenario}",
@@ -68,6 +70,7 @@ def test_fresh_run_matches_its_timers(live: tuple[str, Path, Path]) -> None:
         floor_ms=1.0,
         idle_may_explain=True,
         preempted=1,
+        slice_ms=4.0,
     )
 
 

@@ -16,6 +16,7 @@ the timers see the same execution, profiler overhead included, so they must agre
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -69,6 +70,7 @@ def check_against_timers(
     floor_ms: float = 0.5,
     idle_may_explain: bool = False,
     preempted: int = 0,
+    slice_ms: float = 0.0,
 ) -> None:
     """Each step within max(floor_ms, per_step), the means within max(0.3 ms, mean).
 
@@ -78,7 +80,9 @@ def check_against_timers(
     ``preempted``: per rank and phase, that many steps may be off by up to twice the allowance
     (a rank descheduled between its timer and the profiler's mark, on a machine the tests
     load: one step, not all of them; an error in the attribution shows in every step and in
-    the mean, which holds to ``mean`` regardless)."""
+    the mean, which holds to ``mean`` regardless). ``slice_ms``: such a step may be off by a
+    scheduler slice where that is more than twice the allowance (CFS lets a runnable task
+    wait several ms on 2 busy cores)."""
     for ours, timer in PAIRS.items():
         error = (df[ours] - df[timer]).abs()
         allowed = (per_step * df[timer].abs()).clip(lower_bound=floor_ms)
@@ -88,7 +92,7 @@ def check_against_timers(
             ok = ok | ((short > 0) & (short <= df["idle_tv"] + allowed))
         bad = df.filter(~ok)
         if preempted:
-            twice = 2 * (per_step * bad[timer].abs()).clip(lower_bound=floor_ms)
+            twice = (2 * per_step * bad[timer].abs()).clip(lower_bound=max(2 * floor_ms, slice_ms))
             near = bad.filter((bad[ours] - bad[timer]).abs() <= twice)
             spared = near.group_by(S.RANK).head(preempted)
             bad = bad.join(spared, on=[S.RANK, S.STEP], how="anti")
@@ -179,3 +183,13 @@ def test_one_preempted_step_is_spared_and_no_more() -> None:
         check_against_timers(frame([10, 13.2, 10, 10, 10]), "far", 0.15, 0.08, 1.0, preempted=1)
     with pytest.raises(AssertionError):
         check_against_timers(frame([10, 12.9, 10, 10, 10]), "none", 0.15, 0.08, 1.0)
+    # a scheduler slice of 4 ms spares 13.9 in one step, not 14.1, and still one step only
+    # (the means held to 10 % here, so that only the per-step rule decides)
+    sliced = partial(
+        check_against_timers, per_step=0.15, mean=0.10, floor_ms=1.0, preempted=1, slice_ms=4.0
+    )
+    sliced(frame([10, 13.9, 10, 10, 10]), "slice")
+    with pytest.raises(AssertionError, match="off by more"):
+        sliced(frame([10, 14.1, 10, 10, 10]), "past")
+    with pytest.raises(AssertionError, match="off by more"):
+        sliced(frame([10, 13.9, 12.9, 10, 10]), "2x")
