@@ -653,6 +653,7 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
             processes.append(
                 {
                     "role": status.get("role"),
+                    "trace": status.get("trace_present", False),
                     "host": status.get("host"),
                     "pid": status.get("pid"),
                     "state": state,
@@ -679,6 +680,7 @@ def collect_manifest(result: JobResult, settings: CollectSettings) -> dict[str, 
                 "stop_step": status.get("stop_step"),
                 "stop_mid_step": status.get("stop_mid_step", False),
                 "notes": status.get("notes", []),
+                "kvstore": status.get("kvstore"),
             }
         )
     worlds = [s["world_size"] for s in result.statuses if s.get("world_size") and _is_rank(s)]

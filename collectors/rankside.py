@@ -272,6 +272,7 @@ class Status:
     user_profiler: bool = False
     notes: list[str] = field(default_factory=list)
     role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler
+    kvstore: str | None = None  # an MXNet job's KVStore type (dist_sync, dist_async...)
     # a profile stopped before its --steps, while the job ran on: why, at which step (the
     # profiler's step number), and whether that step was cut short (then it is left out)
     stop_reason: str | None = None
@@ -528,11 +529,15 @@ class MemoryCap:
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``callback(module)`` once the top-level module ``name`` has finished importing."""
+    """Calls ``callback(module)`` once the top-level module ``name`` has finished importing
+    (and ``before()`` right before its body runs: an MXNet server's import never returns)."""
 
-    def __init__(self, name: str, callback: Callable[[Any], None]):
+    def __init__(
+        self, name: str, callback: Callable[[Any], None], before: Callable[[], None] | None = None
+    ):
         self.name = name
         self.callback = callback
+        self.before = before
         self.done = False
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> Any:
@@ -548,13 +553,18 @@ class AfterImport(importlib.abc.MetaPathFinder):
                 break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader, callback = spec.loader, self.callback
+        loader, callback, before = spec.loader, self.callback, self.before
 
         class _Loader(importlib.abc.Loader):
             def create_module(self, spec: Any) -> Any:
                 return loader.create_module(spec)
 
             def exec_module(self, module: Any) -> None:
+                if before is not None:
+                    try:
+                        before()
+                    except Exception as exc:  # never break the job
+                        warn(f"could not set up profiling ({type(exc).__name__}: {exc})")
                 loader.exec_module(module)
                 try:
                     callback(module)

@@ -7,7 +7,11 @@ Loaded from the bootstrap package beside the runtime (``rankside.py``), which ca
 - Parameter-server jobs (ps-lite KVStore) run a scheduler, servers and workers, told apart by
   ``DMLC_ROLE``. A scheduler or server never gets past ``import mxnet`` (MXNet runs the server
   loop inside the import and exits), so ``prepare`` records it: its status goes to
-  ``RUN/raw/<role>-<n>/status.json`` and is updated at exit. They are not profiled.
+  ``RUN/raw/<role>-<n>/status.json`` and is updated at exit. The servers are profiled through
+  the KVStore: worker 0 starts their profilers with its own window and has them dump when it
+  stops (``profile_process="server"``); a server writes ``rank<K>_`` + the file name into its
+  working directory, which ``prepare`` makes its own folder right before ``import mxnet`` runs
+  the server (the job's code before the import ran where it was started; none runs after).
 - A worker (or a process without a role) is profiled from a hook on ``gluon.Trainer.step`` (and
   ``Trainer.update``, ``Module.update``), or from ``traceview.collectors.step()`` once the script
   calls it: after ``--skip`` + ``--warmup`` steps it waits for the
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 import weakref
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .rankside import (
+    AfterImport,
     Config,
     MemoryCap,
     RankInfo,
@@ -52,6 +58,8 @@ from .rankside_record import ASYNC, IO_PHASE, StepRecord
 
 ROLE_VARIABLE = "DMLC_ROLE"
 SERVER_ROLES = ("scheduler", "server")
+#: The name a server's profile is asked for (it writes rank<K>_<name> in its folder).
+SERVER_TRACE = "traceview-server.json"
 DOMAIN = "traceview"
 TRACE_SUFFIX = ".mxnet.json.gz"
 TRACE_GZIP_LEVEL = 6
@@ -79,7 +87,8 @@ class _RoleRecord:
         self.status.role = role
         self.status.framework = "mxnet"
         self.status.notes.append(
-            f"MXNet parameter-server {role} (DMLC_ROLE={role}): recorded, not profiled"
+            f"MXNet parameter-server {role} (DMLC_ROLE={role})"
+            + (": profiled through worker 0's KVStore" if role == "server" else ": not profiled")
         )
         self.finished = False
 
@@ -92,18 +101,27 @@ class _RoleRecord:
         self.finished = True
         self.status.state, self.status.detail = state, detail
         self.status.ended_ns = time.time_ns()
+        with contextlib.suppress(Exception):  # the profile worker 0 had it dump, if any
+            self.status.trace_files = sorted(
+                p.name for p in self.folder.glob(f"rank*_{SERVER_TRACE}") if p.is_file()
+            )
         with contextlib.suppress(Exception):
             self.write()
 
 
 def prepare(config: Config) -> None:
-    """At start-up of every process: record a parameter-server scheduler or server."""
+    """At start-up of every process: record a parameter-server scheduler or server; a server
+    runs in its folder from right before ``import mxnet`` starts it (its profile lands there)."""
     role = os.environ.get(ROLE_VARIABLE, "").strip().lower()
     if role not in SERVER_ROLES:
         return
     record = _RoleRecord(config, role)
     record.write()
     install_exit_handlers(record)
+    if role == "server":
+        sys.meta_path.insert(
+            0, AfterImport("mxnet", lambda module: None, before=lambda: os.chdir(record.folder))
+        )
 
 
 # --- workers ---------------------------------------------------------------------------------------
@@ -163,6 +181,7 @@ class MXNetCollector(PacedCollector):
         self.window_done = False
         self.written = False
         self.stop_pending = False
+        self.server_profiling = False  # worker 0 started the servers' profilers
         # the profiler's own functions, kept when the watch below replaces them
         self._set_state: Any = mx.profiler.set_state
         self._set_config: Any = mx.profiler.set_config
@@ -411,6 +430,7 @@ class MXNetCollector(PacedCollector):
         status.role = os.environ.get(ROLE_VARIABLE, "").strip().lower() or None
         if self.kvstore is not None:
             with contextlib.suppress(Exception):
+                status.kvstore = str(self.kvstore.type)
                 status.notes.append(f"KVStore {self.kvstore.type}")
         return status
 
@@ -441,6 +461,7 @@ class MXNetCollector(PacedCollector):
         )
         self.domain = mx.profiler.Domain(DOMAIN)
         self._set_state("run")
+        self._server_profile(every)
         self.recording = True
         self.status.state = "profiling"
         self.status.write(self.config.run_dir)
@@ -510,7 +531,34 @@ class MXNetCollector(PacedCollector):
             self._set_state("stop")
         except Exception as exc:
             warn(f"could not stop the profiler ({type(exc).__name__}: {exc})")
+        if threading.current_thread() is threading.main_thread():
+            self._server_profile(None)  # (the KVStore is the main thread's)
         self.write_status()
+
+    def _server_profile(self, every: dict[str, Any] | None) -> None:
+        """Worker 0 of a parameter-server job starts the servers' profilers with its window
+        (``every``: the profiler's settings) and, at its end (None), stops them and has them
+        write their traces (``prepare``: into their folders)."""
+        kv = self.kvstore
+        try:
+            if kv is None or "dist" not in str(kv.type) or int(kv.rank) != 0:
+                return
+            if every is not None:
+                self._set_config(
+                    **every,
+                    aggregate_stats=False,
+                    continuous_dump=False,
+                    filename=SERVER_TRACE,
+                    profile_process="server",
+                )
+                self._set_state("run", profile_process="server")
+                self.server_profiling = True
+            elif self.server_profiling:
+                self.server_profiling = False
+                self._set_state("stop", profile_process="server")
+                self._dump(profile_process="server")
+        except Exception as exc:
+            warn(f"could not profile the servers ({type(exc).__name__}: {exc})")
 
     def _end_profile(self, at_exit: bool) -> None:
         """At exit (or when the window ends): write what was recorded."""
@@ -518,6 +566,8 @@ class MXNetCollector(PacedCollector):
             self._end_window(linger=False)
         self.finished = True
         self._stop_profiler()
+        if self.server_profiling and threading.current_thread() is threading.main_thread():
+            self._server_profile(None)
         if self.window_done and not self.written:
             self.written = True
             self._write_trace()

@@ -18,6 +18,7 @@ from traceview.model.errors import (
 )
 from traceview.model.manifest import (
     MAX_WORLD_SIZE,
+    SERVICE_ROLES,
     Clock,
     RankStatus,
     read_status,
@@ -61,6 +62,8 @@ class TraceFile:
     # the one this rank is
     devices: list[str] | None = None
     device: str | None = None
+    # the process's role in a parameter-server job as collect recorded it (DMLC_ROLE...)
+    role: str | None = None
 
     @property
     def files(self) -> list[Path]:
@@ -98,8 +101,10 @@ def rank_status(trace: Path, notes: Notes | None = None) -> RankStatus:
     that do not read are left at their defaults, with a warning in ``notes``: the trace and the
     rest of the status (its clock offset above all) are used all the same."""
     path = trace.parent / RANK_STATUS
-    try:
-        status, problem = read_status(path)
+    try:  # (a process that is not a rank, an MXNet server, says rank -1)
+        status, problem = read_status(
+            path, () if trace.parent.name.startswith("rank-") else ("rank",)
+        )
     except FileNotFoundError:
         return RankStatus()
     if problem and notes is not None:
@@ -244,6 +249,7 @@ def _identify(path: Path, parsers: list[Parser], notes: Notes) -> TraceFile | No
         clock=status.clock,
         process=getattr(identity, "process", None),  # (a plugin's identity may predate it)
         devices=getattr(identity, "devices", None),
+        role=status.role,
     )
 
 
@@ -324,7 +330,9 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
         trace.rank = trace.claimed_rank
     traces[:] = [t for t in traces if t.claimed_rank is None or by_rank[t.claimed_rank] is t]
     _one_process_one_trace(traces)
-    unclaimed = [t for t in traces if t.claimed_rank is None]
+    # a parameter server (collect says so) is no worker: numbered after them, in file order
+    serving = [t for t in traces if t.claimed_rank is None and t.role in SERVICE_ROLES]
+    unclaimed = [t for t in traces if t.claimed_rank is None and t not in serving]
     # File names are used only when they number every remaining trace without collisions.
     named = {t.path: rank_from_filename(t.path) for t in unclaimed}
     ranks = [r for r in named.values() if r is not None]
@@ -345,6 +353,12 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
         by_rank[next_rank] = trace
     if unclaimed and len(traces) > 1:
         notes.remark("ranks numbered in file order (neither the traces nor their names state them)")
+    workers = set(by_rank)
+    next_rank = max(by_rank, default=-1) + 1
+    for trace in serving:
+        trace.rank = next_rank
+        by_rank[next_rank] = trace
+        next_rank += 1
     several = sorted(r for r, t in by_rank.items() if t.more)
     if several:
         low, high = (
@@ -367,7 +381,7 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
             )
     worlds = [t.world_size for t in traces if t.world_size]
     world = max(worlds) if worlds else None
-    present = sorted(by_rank)
+    present = sorted(workers)
     beyond = [r for r in present if world is not None and r >= world]
     if beyond:
         notes.warn(

@@ -29,9 +29,10 @@ from traceview.ingest.windows import parse_windows
 from traceview.model import schema as S
 from traceview.model.columns import WORK, SpilledTable, first_start
 from traceview.model.errors import BadInput, Notes
-from traceview.model.manifest import RankIngest
+from traceview.model.manifest import SERVICE_ROLES, RankIngest
 from traceview.normalize.pipeline import RankMeta, normalize
 from traceview.normalize.rules import RuleSet, rules_for
+from traceview.normalize.steps import NO_STEP_MARKERS
 from traceview.parsers import ParsedTrace, Parser, rules_file_of
 from traceview.store import rundir as R
 
@@ -139,7 +140,7 @@ def ingest_rank(
         helper = helper and helper_pays(trace.path, trace.size)
         part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started, helper)
         if isinstance(part, RankPartial):
-            return part
+            return _with_role(part, trace, run)
         parsed = part  # the whole trace, for the whole-rank path: read once
     else:
         parsed = parse_with(parser, trace.path)
@@ -188,22 +189,55 @@ def ingest_rank(
     if normalized.inferred is not None and normalized.inferred.warmup and normalized.steps:
         found["warmup_steps"] = normalized.inferred.warmup
     found.update(_startup(first_start(normalized.events, WORK), tables.get("steps")))
-    return _partial(
+    return _with_role(
+        _partial(
+            trace,
+            parser,
+            parsed,
+            side,
+            tables,
+            [parsed.notes, normalized.notes],
+            events=normalized.events.num_rows,
+            steps=normalized.steps,
+            training_thread=normalized.training_thread,
+            threads=threads,
+            skipped=skipped,
+            meta=found,
+            started=started,
+            host=host,
+        ),
         trace,
-        parser,
-        parsed,
-        side,
-        tables,
-        [parsed.notes, normalized.notes],
-        events=normalized.events.num_rows,
-        steps=normalized.steps,
-        training_thread=normalized.training_thread,
-        threads=threads,
-        skipped=skipped,
-        meta=found,
-        started=started,
-        host=host,
+        run,
     )
+
+
+def _with_role(part: RankPartial, trace: TraceFile, run: Path) -> RankPartial:
+    """The rank's role in a parameter-server job (collect's, else what its trace showed); a
+    process without steps of its own (a server) keeps its events but no step analysis, and
+    what it did instead (``analysis.roles.server_figures``)."""
+    info = part.info
+    found = info.meta.pop("role", None)
+    how = info.meta.pop("role_from", None)
+    shown = info.meta.pop("server", None)
+    if trace.role:
+        info.role, info.role_from = trace.role.strip().lower(), "collect"
+    elif found:
+        info.role, info.role_from = str(found), str(how or "trace")
+    if info.role not in SERVICE_ROLES:
+        return part
+    from traceview.analysis.roles import server_figures
+
+    sums = int(shown.get("sums", 0)) if isinstance(shown, dict) else 0
+    info.meta["server"] = server_figures(R.read_events(run, [info.rank]), sums)
+    info.meta.pop("steps_from", None)
+    info.steps = 0
+    part.notes.remarks = [r for r in part.notes.remarks if not r.endswith(NO_STEP_MARKERS)]
+    part.tables = {
+        name: table.slice(0, 0)
+        for name, table in part.tables.items()
+        if isinstance(table, pa.Table) and name in S.SIDE_INPUTS
+    }
+    return part
 
 
 def _partial(

@@ -377,9 +377,15 @@ def _collect_notes(collected: Collected, notes: Notes) -> None:
     if others:
         roles = sorted({str(p.role) for p in others})
         counts = ", ".join(f"{sum(str(p.role) == r for p in others)} {r}" for r in roles)
+        traced = sum(p.trace for p in others)
         notes.remark(
-            f"parameter-server job: {counts} beside the workers, recorded but not profiled "
-            "(what the servers do shows as the workers' push/pull time)"
+            f"parameter-server job: {counts} beside the workers; "
+            + (
+                f"{traced} profiled (servers through worker 0's KVStore), the rest recorded"
+                if traced
+                else "recorded but not profiled (what the servers do shows as the workers' "
+                "push/pull time)"
+            )
         )
         for proc in others:
             if proc.state not in ("ok", "running"):

@@ -36,6 +36,9 @@ MAX_STATUS_BYTES = 16 << 20
 #: The largest pid a Linux host gives (``pid_max`` cannot exceed 2**22).
 MAX_PID = 1 << 22
 
+#: Roles of a parameter-server job whose processes run no training steps of their own.
+SERVICE_ROLES = ("server", "scheduler", "chief")
+
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
 Pid = Annotated[int, msgspec.Meta(ge=1, le=MAX_PID)]
 Ticks = Annotated[int, msgspec.Meta(ge=0)]
@@ -98,6 +101,7 @@ class RankStatus(Record):
     user_profiler: bool = False
     notes: list[str] = []
     role: str | None = None  # a parameter-server job's DMLC_ROLE: worker, server, scheduler
+    kvstore: str | None = None  # an MXNet job's KVStore type (dist_sync, dist_async...)
     stop_reason: str | None = None  # why the profile stopped before its --steps (memory cap)
     stop_step: int | None = None  # the profiler's step then
     stop_mid_step: bool = False  # that step was cut short
@@ -163,12 +167,14 @@ class CollectedRank(Record):
     stop_step: int | None = None  # the profiler's step then
     stop_mid_step: bool = False  # that step was cut short (it is left out of the figures)
     notes: list[str] = []
+    kvstore: str | None = None  # an MXNet job's KVStore type (dist_sync, dist_async...)
 
 
 class CollectedProcess(Record):
     """A process of the job that is not a rank (a parameter server, a scheduler)."""
 
     role: str | None = None
+    trace: bool = False  # it wrote a profile (a server profiled through the workers' KVStore)
     host: str | None = None
     pid: int | None = None
     state: str | None = None
@@ -268,6 +274,10 @@ class RankIngest(Record):
     meta: dict[str, Any] = {}  # what the trace says: backend, devices, versions, batch size...
     seconds: float = 0.0
     worker: str | None = None  # the Dask worker that ingested it (None: a local process)
+    # a parameter-server job's: worker, server, scheduler or chief (None: a peer of the
+    # collectives), and how it was known (collect's DMLC_ROLE or TF_CONFIG, or the trace)
+    role: str | None = None
+    role_from: str | None = None
 
 
 class ManifestNotes(Record):

@@ -171,8 +171,14 @@ def title_text(report: RunReport, label: str | None = None) -> Text:
         text.append(" · ")
         text.append(safe(label, 40))
     of_world = f" of {run.world_size}" if run.world_size and run.world_size != run.ranks else ""
+    who = f"{count(run.ranks, 'rank')}{of_world}"
+    if run.architecture == "parameter_server":
+        mode = {True: "synchronous", False: "asynchronous"}.get(run.synchronous, "sync unknown")  # type: ignore[arg-type]
+        roles = Counter(s.role for s in report.servers)
+        served = "".join(f", {count(n, role)}" for role, n in sorted(roles.items()))
+        who = f"parameter server ({mode}) · {count(run.ranks, 'worker')}{served}"
     text.append(
-        f" · {safe(run.framework or '?')} · {count(run.ranks, 'rank')}{of_world}"
+        f" · {safe(run.framework or '?')} · {who}"
         f" · {count(run.steps, 'step')}{_counted(report)} · {timeline_words(report)}"
     )
     return text
@@ -219,7 +225,7 @@ def verdict_text(report: RunReport) -> Text:
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the "
             f"{ms(summary.step_ms)} ms step is waiting in communication for another rank"
         )
-    elif summary.cause is not None:
+    elif summary.cause is not None and report.run.synchronous is not False:
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job step"
         )

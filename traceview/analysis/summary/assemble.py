@@ -23,6 +23,7 @@ from traceview.analysis.groups import Groups
 from traceview.analysis.memory import MemoryResults, memory_results
 from traceview.analysis.ops import in_steps
 from traceview.analysis.pipeline import stage_work
+from traceview.analysis.roles import Roles, roles_cause, run_roles
 from traceview.analysis.selection import Selection, kept_rows, select_steps
 from traceview.analysis.summary.notes import (
     _clock_warning,
@@ -95,6 +96,39 @@ from traceview.model.results import (
 # --- steps: which steps count, and each step across ranks ----------------------------------------
 
 
+def _roles_section(ctx: Context) -> Roles:
+    steps = ctx.inputs.table("steps")
+    df = pl.from_arrow(steps) if steps is not None else pl.DataFrame()
+    assert isinstance(df, pl.DataFrame)
+    return run_roles(ctx.manifest, df)
+
+
+def _place_roles(found: Roles, draft: Draft) -> None:
+    if found.architecture == "collective":
+        return
+    for rank in draft.fields["ranks"]:
+        rank.role = found.roles.get(rank.rank, "worker")  # type: ignore[assignment]
+        rank.busy_fraction = found.busy.get(rank.rank)
+    draft.fields["servers"] = found.servers
+    summary = draft.fields["summary"]
+    cause = roles_cause(found, draft.fields["ranks"])
+    if cause is not None or found.synchronous is False:
+        summary.cause = cause
+    if found.synchronous is False:  # nobody waits for anyone: there is no straggler
+        summary.straggler_rank, summary.straggler_significant = None, False
+        for rank in draft.fields["ranks"]:
+            rank.straggler = False
+    if found.missing:
+        draft.warnings.append(
+            f"parameter-server job without a {' or a '.join(found.missing)}'s trace: read as far "
+            "as the traces go"
+        )
+    draft.remarks.append(f"parameter-server job: {found.known_from}")
+
+
+ROLES = Section("roles", _roles_section, _place_roles)
+
+
 @dataclass
 class Steps:
     every: pl.DataFrame  # every step row of every rank
@@ -117,7 +151,7 @@ def _steps(ctx: Context) -> Steps:
     every = df
     # Steps that did not complete on every rank are left out of every figure (they are listed
     # apart), unless that would leave nothing.
-    incomplete = incomplete_steps(df, ctx.manifest)
+    incomplete = incomplete_steps(df, ctx.manifest, ctx.get(ROLES).synchronous is not False)
     if incomplete.height:
         kept = df.filter(~pl.col(S.STEP).is_in(incomplete[S.STEP].unique().to_list()))
         df = kept if kept.height else df
@@ -157,6 +191,9 @@ class Cross:
 
 
 def _cross(ctx: Context) -> Cross:
+    if ctx.get(ROLES).synchronous is False:  # nobody waits: no call is matched across workers
+        why = "asynchronous parameter server: the workers do not wait for each other, so no call is matched across them"
+        return Cross(None, None, groups_of(ctx.manifest), [why])
     every = cross = ctx.inputs.cross
     selection = ctx.get(STEPS).selection
     collectives, comm = ctx.inputs.table("collectives"), ctx.inputs.table("comm")
@@ -302,6 +339,8 @@ PIPELINE = Section("pipeline", _pipeline_section, _place_pipeline)
 
 
 def _critical_path_section(ctx: Context) -> Explained | None:
+    if ctx.get(ROLES).synchronous is False:  # each worker's own pace: no path across them
+        return None
     explained = _critical_path(
         ctx.inputs.segments,
         ctx.get(CROSS).every,
@@ -462,6 +501,7 @@ def _run_info(ctx: Context) -> RunInfo:
     manifest, complete = ctx.manifest, ctx.get(STEPS).complete
     ranks = ctx.get(RANKS).ranks
     choice = ctx.options.choice
+    roles = ctx.get(ROLES)
     return RunInfo(
         framework=manifest.framework,
         ranks=len(ranks),
@@ -477,6 +517,9 @@ def _run_info(ctx: Context) -> RunInfo:
         clocks=ctx.get(CLOCKS),
         steps_from=manifest_steps_from(manifest),
         step_choice=choice.describe() if choice is not None else None,
+        architecture=roles.architecture,  # type: ignore[arg-type]
+        synchronous=roles.synchronous,
+        architecture_from=roles.known_from,
     )
 
 
@@ -539,6 +582,7 @@ SECTIONS: tuple[Section[Any], ...] = (
     PIPELINE,
     CLOCKS,
     CRITICAL_PATH,
+    ROLES,
     GPU,
     MEMORY,
     STARTUP,

@@ -10,7 +10,7 @@ from traceview.analysis.crossrank import CrossRank
 from traceview.analysis.summary.units import _hidden, _host_bound, _median, _ms, _split
 from traceview.analysis.summary.verdicts import bottleneck_of
 from traceview.model import schema as S
-from traceview.model.manifest import Collected, Manifest
+from traceview.model.manifest import SERVICE_ROLES, Collected, Manifest
 from traceview.model.results import Breakdown, JobInfo, RankSpread, RankSummary, Spread
 
 
@@ -177,8 +177,9 @@ def rank_spread(ranks: list[RankSummary], extremes: int = 5) -> RankSpread | Non
 
 
 def _ranks_without_steps(manifest: Manifest, ranks: list[RankSummary]) -> list[str]:
-    """A rank that was read but has no step window is not in the figures: say so."""
-    read = {r.rank for r in manifest.ranks if r.events > 0}
+    """A rank that was read but has no step window is not in the figures: say so (a server,
+    scheduler or coordinator has no steps of its own: it is reported as what it is)."""
+    read = {r.rank for r in manifest.ranks if r.events > 0 and r.role not in SERVICE_ROLES}
     left_out = sorted(read - {r.rank for r in ranks})
     if not left_out:
         return []

@@ -9,6 +9,7 @@ from typing import cast, get_args
 import polars as pl
 import pyarrow as pa
 
+from traceview.analysis.roles import run_roles
 from traceview.analysis.selection import (
     WARMUP_FACTOR,
     Selection,
@@ -185,13 +186,16 @@ def manifest_steps_from(manifest: Manifest) -> StepsFrom | None:
 _ENDED_BADLY = ("exception", "signal", "crashed", "profiling", "stopping", "running", "unknown")
 
 
-def incomplete_steps(steps: pl.DataFrame, manifest: Manifest) -> pl.DataFrame:
+def incomplete_steps(
+    steps: pl.DataFrame, manifest: Manifest, lockstep: bool = True
+) -> pl.DataFrame:
     """(step, rank) of the steps that did not complete on every rank, the rank the step did not
     finish on (``unfinished``) or every rank that has it: the last step of a rank whose trace was
     cut short, or that died or was killed before its profile was complete (it recorded fewer steps
     than ``collect`` asked for; a rank that died after its profile was written lost no step), or
     whose profile was stopped inside a step (the memory cap), and a numbered step some ranks with
-    steps lack."""
+    steps lack (where the ranks keep in ``lockstep``: an asynchronous parameter server's workers
+    each run their own steps)."""
     empty = pl.DataFrame(schema={S.STEP: pl.Int64, S.RANK: pl.Int32, "unfinished": pl.Boolean})
     if steps.height == 0 or steps[S.STEP].null_count() > 0:
         return empty
@@ -217,7 +221,7 @@ def incomplete_steps(steps: pl.DataFrame, manifest: Manifest) -> pl.DataFrame:
         .agg(pl.col(S.STEP).max())
         .select(pl.col(S.STEP).cast(pl.Int64), pl.col(S.RANK).cast(pl.Int32))
     )
-    ranks = steps[S.RANK].n_unique()
+    ranks = steps[S.RANK].n_unique() if lockstep else 0
     partial = steps.group_by(S.STEP).agg(pl.col(S.RANK).n_unique().alias("n"))
     partial = partial.filter(pl.col("n") < ranks).select(pl.col(S.STEP).cast(pl.Int64))
     numbers = pl.concat([last.select(S.STEP), partial]).unique()
@@ -245,7 +249,8 @@ def complete_flag(
     --steps/--skip; null: counted), the report's own selection."""
     df = pl.from_arrow(steps)
     assert isinstance(df, pl.DataFrame)
-    incomplete = incomplete_steps(df, manifest)[S.STEP].unique().to_list()
+    lockstep = run_roles(manifest, df).synchronous is not False
+    incomplete = incomplete_steps(df, manifest, lockstep)[S.STEP].unique().to_list()
     flag = ~df[S.STEP].is_in(incomplete).fill_null(False)
     kept = df.filter(flag)
     selection = select_steps(kept if kept.height else df, choice, named_warmup(manifest))

@@ -76,6 +76,7 @@ from traceview.model.results.live import (
 from traceview.model.results.memory import DeviceMemory, Growth, RankMemory, RunMemory, StepMemory
 from traceview.model.results.ranks import RankSpread, RankSummary, Spread
 from traceview.model.results.report import Clocks, JobInfo, RunInfo, RunReport, Summary
+from traceview.model.results.roles import Architecture, Role, ServerSummary
 from traceview.model.results.scaling import (
     AllReduceRate,
     CollectiveFit,
@@ -103,6 +104,7 @@ __all__ = [
     "Alert",
     "AllReduceRate",
     "AllToAllRank",
+    "Architecture",
     "Blame",
     "BottleneckPhase",
     "Breakdown",
@@ -161,12 +163,14 @@ __all__ = [
     "RankSummary",
     "RankTail",
     "Result",
+    "Role",
     "RunInfo",
     "RunMemory",
     "RunReport",
     "ScaledRun",
     "Scaling",
     "ScalingBase",
+    "ServerSummary",
     "SlowStep",
     "Spent",
     "Spread",

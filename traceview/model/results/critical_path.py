@@ -87,7 +87,7 @@ class CriticalPath(Result):
 #: step (``idle``), a pipeline's ``bubble``.
 CauseKind = Literal[
     "compute", "kernel", "launch", "host_bound", "io", "transfer", "wait", "late_start", "idle",
-    "bubble",
+    "bubble", "server", "dispatch",
 ]  # fmt: skip
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from traceview.model.results.base import BottleneckPhase, Breakdown, Result, Timeline
 from traceview.model.results.gpu import HostBound, RankGpu
 from traceview.model.results.memory import RankMemory
+from traceview.model.results.roles import Role
 
 
 class RankSummary(Result):
@@ -38,6 +39,10 @@ class RankSummary(Result):
     host: str | None = None
     pid: int | None = None
     device: str | None = None
+    # a parameter-server job's worker (null: every rank is a peer of the collectives)
+    role: Role | None = None
+    # time inside its steps ÷ from its first step's start to its last step's end
+    busy_fraction: float | None = None
 
 
 class Spread(Result):

@@ -27,6 +27,7 @@ from traceview.model.results.gpu import GpuVerdict, HostBound
 from traceview.model.results.live import WholeRun
 from traceview.model.results.memory import RunMemory
 from traceview.model.results.ranks import RankSpread, RankSummary
+from traceview.model.results.roles import Architecture, ServerSummary
 from traceview.model.results.steps import IncompleteStep, OutsideOp, StepStats, StepSummary, TopOp
 
 
@@ -74,6 +75,11 @@ class RunInfo(Result):
     steps_from: StepsFrom | None = None
     # the --steps/--skip the headline figures were chosen with (null: the default selection)
     step_choice: str | None = None
+    # all-reduce and other collectives, or parameter servers (workers push and pull); whether
+    # the workers keep in lockstep (null: not known); how traceview knew both
+    architecture: Architecture = "collective"
+    synchronous: bool | None = True
+    architecture_from: str | None = None
 
 
 class Summary(Result):
@@ -161,6 +167,8 @@ class RunReport(Result):
     ranks_at_end: list[RankAtEnd] = []
     # every step of the run, profiled or not, from the step record (null: none was kept)
     whole_run: WholeRun | None = None
+    # the processes without steps of their own: parameter servers, schedulers, coordinators
+    servers: list[ServerSummary] = []
 
     @property
     def straggler(self) -> RankSummary | None:
