@@ -22,6 +22,7 @@ from traceview.model.results import (
     Scaling,
     Spread,
 )
+from traceview.views.roles import servers_text
 from traceview.views.style import (
     HOST_BOUND_HEADER,
     HOST_BOUND_NOTE,
@@ -162,6 +163,8 @@ def render(report: RunReport, console: Console, *, top: int = 10, all_ranks: boo
     console.print(communication_text(report))
     if summary.straggler_rank is not None:
         console.print(straggler_text(report))
+    if (served := servers_text(report)) is not None:
+        console.print(served)
     if report.pipeline is not None:
         console.print(pipeline_text(report.pipeline))
     path_text = critical_path_text(report)

@@ -6,9 +6,8 @@
 Each worker trains a small MLP on random data. ``--slow-rank``'s forward does ``--slow-ms`` of
 extra matrix products (real compute, not a sleep). ``--update server`` runs the optimizer on the
 servers (gluon's update_on_kvstore), ``worker`` on the workers (the servers only sum);
-``--pattern trainer`` steps with ``gluon.Trainer.step`` (one push-pull per parameter),
-``pushpull`` pushes every gradient and waits, then pulls every weight and waits (the wait after
-each push, as scripts that push and pull by hand do). Every phase ends with ``nd.waitall()`` and
+the workers step with ``gluon.Trainer.step`` (one push-pull per parameter) or, where they update,
+``allreduce_grads`` and ``update``. Every phase ends with ``nd.waitall()`` and
 is timed with perf_counter; OUT/timers-rank-R.json has each step's ``data_ms``,
 ``forward_ms``, ``backward_ms``, ``comm_ms`` (push and pull, waits included), ``update_ms``
 (the workers' own optimizer step), ``step_ms`` and its start and end (Unix µs). Steps are
@@ -38,7 +37,6 @@ def main() -> int:
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--update", choices=("server", "worker"), default="server")
-    parser.add_argument("--pattern", choices=("trainer", "pushpull"), default="trainer")
     parser.add_argument("--steps", type=int, default=0, help="default: the window and 3 more")
     args = parser.parse_args()
     os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
@@ -46,13 +44,15 @@ def main() -> int:
     from mxnet import autograd, gluon, nd
 
     skip = _int_env("TRACEVIEW_SKIP", 1)
-    iters = args.steps or skip + _int_env("TRACEVIEW_WARMUP", 2) + _int_env("TRACEVIEW_STEPS", 5) + 3
+    iters = (
+        args.steps or skip + _int_env("TRACEVIEW_WARMUP", 2) + _int_env("TRACEVIEW_STEPS", 5) + 3
+    )
     kv = mx.kv.create(args.kvstore)
     rank = kv.rank
     mx.random.seed(42)
     net = gluon.nn.HybridSequential()
-    for width in (512, 512, 10):
-        net.add(gluon.nn.Dense(width, activation="relu" if width != 10 else None))
+    for inputs, width in ((256, 512), (512, 512), (512, 10)):  # (no deferred initialization)
+        net.add(gluon.nn.Dense(width, in_units=inputs, activation="relu" if width != 10 else None))
     net.initialize(mx.init.Xavier(), ctx=mx.cpu())
     on_server = args.update == "server"
     trainer = gluon.Trainer(
@@ -64,11 +64,10 @@ def main() -> int:
     batch = 64
     features = nd.random.normal(shape=(iters * batch, 256))
     labels = nd.random.randint(0, 10, shape=(iters * batch,)).astype("float32")
-    loader = iter(gluon.data.DataLoader(gluon.data.ArrayDataset(features, labels), batch_size=batch))
+    loader = iter(
+        gluon.data.DataLoader(gluon.data.ArrayDataset(features, labels), batch_size=batch)
+    )
     extra_a = nd.random.normal(shape=(256, 256))
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    if args.pattern == "pushpull":  # the keys, initialized on the servers once
-        trainer._init_kvstore()  # noqa: SLF001 (the Trainer would at its first step)
     nd.waitall()
     records = []
     ms = 1e3
@@ -89,26 +88,17 @@ def main() -> int:
         loss.backward()
         nd.waitall()
         t3 = time.perf_counter()
-        if args.pattern == "trainer":
-            if on_server:
-                trainer.step(batch)  # push the gradients, the servers update, pull the weights
-                nd.waitall()
-                t4 = t5 = time.perf_counter()
-            else:
-                trainer.allreduce_grads()  # push the gradients, the servers sum, pull the sums
-                nd.waitall()
-                t4 = time.perf_counter()
-                trainer.update(batch)
-                nd.waitall()
-                t5 = time.perf_counter()
-        else:
-            for index, p in enumerate(params):
-                kv.push(index, p.grad())
-                nd.waitall()  # the wait after each push
-            for index, p in enumerate(params):
-                kv.pull(index, out=p.data())
+        if on_server:
+            trainer.step(batch)  # push the gradients, the servers update, pull the weights
             nd.waitall()
             t4 = t5 = time.perf_counter()
+        else:
+            trainer.allreduce_grads()  # push the gradients, the servers sum, pull the sums
+            nd.waitall()
+            t4 = time.perf_counter()
+            trainer.update(batch)
+            nd.waitall()
+            t5 = time.perf_counter()
         records.append(
             {
                 "rank": rank,
@@ -126,7 +116,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / f"timers-rank-{rank}.json"
     target.write_text(json.dumps({"kvstore": args.kvstore, "steps": records}))
-    kv._barrier() if "sync" in args.kvstore else None  # noqa: SLF001 (all workers end together)
+    kv._barrier() if "sync" in args.kvstore else None
     return 0
 
 

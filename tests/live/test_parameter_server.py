@@ -1,0 +1,160 @@
+"""Parameter-server jobs read as what they are: real ps-lite jobs (MXNet's ``dist_sync`` and
+``dist_async`` KVStore, a scheduler, servers and workers on 127.0.0.1) under ``traceview
+collect``, each worker timing its own phases (tests/workloads/ps/mxnet_ps.py), one worker slowed
+by 40 ms of matrix products in its forward.
+
+What would fail if the reading were wrong: a server counted as a worker (it has no steps, and is
+never a rank that did not finish), a wait reported where the workers do not wait for each other
+(asynchronous mode), the synchronous wait of the fast worker not matching what its timers show
+(its push-pull takes longer than the slow worker's by the time it waits for it), a worker's step
+away from its timers, a cause that names a wait in an asynchronous job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, analysed, run_cli
+from tests.live.test_mxnet import _mxnet_python
+from traceview.model import schema as S
+
+WORKLOAD = REPO / "tests" / "workloads" / "ps" / "mxnet_ps.py"
+SLOW_RANK, SLOW_MS = 1, 40.0
+
+#: name -> (KVStore, where the optimizer runs, how the workers step, workers, servers)
+SCENARIOS: dict[str, tuple[str, str, str, int, int]] = {
+    "sync": ("dist_sync", "server", "trainer", 2, 1),
+    "async": ("dist_async", "server", "trainer", 2, 1),
+    "sync-worker-update-2servers": ("dist_sync", "worker", "trainer", 2, 2),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def ps_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, dict[str, Any]]:
+    python = _mxnet_python()
+    name = request.param
+    kvstore, update, _, workers, servers = SCENARIOS[name]
+    work = tmp_path_factory.mktemp(f"ps-{name}")
+    out, run = work / "out", work / "run"
+    dmlc = Path(sys.executable).with_name("traceview-dmlc")
+    launcher = str(dmlc) if dmlc.exists() else shutil.which("traceview-dmlc") or "traceview-dmlc"
+    command = [
+        sys.executable, "-m", "traceview", "collect", "--no-report", "-o", str(run), "--",
+        launcher, "-n", str(workers), "-s", str(servers), str(python), str(WORKLOAD), str(out),
+        "--kvstore", kvstore, "--update", update,
+        "--slow-rank", str(SLOW_RANK), "--slow-ms", str(SLOW_MS),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = run_cli("report", run, "--json").json()
+    return name, run, report
+
+
+def _timers(run: Path, out: Path) -> pl.DataFrame:
+    rows = []
+    for path in sorted(out.glob("timers-rank-*.json")):
+        rows += json.loads(path.read_text())["steps"]
+    return pl.DataFrame(rows)
+
+
+def _steps_with_timers(name: str, run: Path) -> pl.DataFrame:
+    steps = pl.from_arrow(analysed(run).steps)
+    assert isinstance(steps, pl.DataFrame)
+    ours = steps.select(
+        pl.col(S.RANK).cast(pl.Int64),
+        pl.col(S.STEP).cast(pl.Int64),
+        (pl.col(S.WALL_NS) / 1e6).alias("step_tv"),
+        (pl.col(S.COMM_TOTAL_NS) / 1e6).alias("comm_tv"),
+    )
+    timers = _timers(run, run.parent / "out").select(
+        pl.col("rank").cast(pl.Int64).alias(S.RANK),
+        pl.col("step").cast(pl.Int64).alias(S.STEP),
+        "step_ms",
+        "comm_ms",
+        "forward_ms",
+    )
+    return ours.join(timers, on=[S.RANK, S.STEP], how="inner")
+
+
+def test_roles_and_architecture(ps_run: tuple[str, Path, dict[str, Any]]) -> None:
+    name, _run, report = ps_run
+    kvstore, update, _, workers, servers = SCENARIOS[name]
+    assert report["run"]["architecture"] == "parameter_server"
+    assert report["run"]["synchronous"] is (kvstore == "dist_sync")
+    assert "collect" in report["run"]["architecture_from"]
+    assert [r["role"] for r in report["ranks"]] == ["worker"] * workers
+    assert sorted(r["rank"] for r in report["ranks"]) == list(range(workers))
+    # every server profiled through worker 0's KVStore, read as a server, numbered after
+    assert [s["role"] for s in report["servers"]] == ["server"] * servers
+    assert sorted(s["rank"] for s in report["servers"]) == list(range(workers, workers + servers))
+    if update == "server":  # the optimizer runs there
+        assert sum(s["updates"] for s in report["servers"]) > 0
+    if kvstore == "dist_sync":  # a synchronous server sums the workers' pushes of a key
+        assert sum(s["sums"] for s in report["servers"]) > 0
+    else:
+        assert sum(s["sums"] for s in report["servers"]) == 0
+    for server in report["servers"]:
+        assert 0 < server["busy_fraction"] < 1 and not server["bottleneck"]
+    # a server has no steps: never a rank that did not finish, never a rank without steps
+    assert report["incomplete_steps"] == []
+    said = " ".join(report["warnings"])
+    assert "no step window" not in said and "did not finish" not in said
+    for rank in report["ranks"]:
+        assert 0 < rank["busy_fraction"] <= 1
+
+
+def test_each_workers_step_matches_its_timers(ps_run: tuple[str, Path, dict[str, Any]]) -> None:
+    """Each worker's mean step over the profiled steps within 10% of its timers, and each step
+    within 15% (2 loaded cores)."""
+    name, run, _ = ps_run
+    df = _steps_with_timers(name, run)
+    assert df[S.RANK].n_unique() == SCENARIOS[name][3] and df.height >= 8
+    error = (df["step_tv"] - df["step_ms"]).abs()
+    bad = df.filter(error > (0.15 * df["step_ms"]).clip(lower_bound=2.0))
+    assert bad.height <= 1, bad  # (one step preempted on the loaded cores)
+    means = df.group_by(S.RANK).agg(pl.col("step_tv").mean(), pl.col("step_ms").mean())
+    for rank, ours, timer in means.select(S.RANK, "step_tv", "step_ms").iter_rows():
+        assert abs(ours - timer) <= max(1.0, 0.10 * timer), (name, rank, ours, timer)
+
+
+def test_sync_wait_and_async_none(ps_run: tuple[str, Path, dict[str, Any]]) -> None:
+    """Synchronous: the fast worker waits for the slow one in its push (the server answers
+    once every worker's push of a key is in): its wait is what its push-pull takes beyond the
+    slow worker's, by the timers, within 15%. Asynchronous: nobody waits, no wait is reported,
+    and the cause is the slow worker's forward, not a wait."""
+    name, run, report = ps_run
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    fast = 1 - SLOW_RANK
+    cause = report["summary"]["cause"]
+    if SCENARIOS[name][0] == "dist_async":
+        assert ranks[fast]["comm_wait_ms"] in (None, 0.0)
+        assert report["summary"]["comm_wait_ms"] in (None, 0.0)
+        assert report["collectives"] == []
+        assert cause is not None and cause["rank"] == SLOW_RANK and cause["phase"] == S.FORWARD
+        assert "wait" not in cause["kind"] and cause["kind"] == "compute"
+        # the fast worker steps faster: throughput, not lockstep
+        df = _steps_with_timers(name, run)
+        mean = df.group_by(S.RANK).agg(pl.col("step_ms").mean())
+        by = dict(mean.iter_rows())
+        assert by[SLOW_RANK] > 1.5 * by[fast]
+        return
+    df = _steps_with_timers(name, run)
+    comm = dict(df.group_by(S.RANK).agg(pl.col("comm_ms").mean()).iter_rows())
+    expected = comm[fast] - comm[SLOW_RANK]  # what the fast worker's push-pull waits
+    assert expected > SLOW_MS * 0.6, comm  # (the workload's premise)
+    wait = ranks[fast]["comm_wait_ms"]
+    assert wait is not None and abs(wait - expected) <= max(2.0, 0.15 * expected), (wait, expected)
+    assert (ranks[SLOW_RANK]["comm_wait_ms"] or 0.0) < 0.2 * expected
+    assert cause is not None and cause["rank"] == SLOW_RANK and cause["phase"] == S.FORWARD

@@ -1,0 +1,37 @@
+"""A parameter-server job's processes in words: the workers' busy fractions and the servers'
+work (``report.servers``), for the text report."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from traceview.model.results import RunReport
+from traceview.views.style import pct, safe
+
+
+def servers_text(report: RunReport) -> Text | None:
+    """One line per role of a parameter-server job (None: not one)."""
+    if report.run.architecture != "parameter_server":
+        return None
+    mode = {True: "synchronous", False: "asynchronous"}.get(report.run.synchronous)  # type: ignore[arg-type]
+    text = Text(f"parameter server ({mode or 'synchrony not known'}): ", style="bold")
+    busy = [
+        f"rank {r.rank} {pct(r.busy_fraction)}" for r in report.ranks if r.busy_fraction is not None
+    ]
+    text.append(f"workers busy inside their steps: {', '.join(busy[:8]) or 'not known'}")
+    for server in report.servers[:8]:
+        text.append(f"\n  {server.role} rank {server.rank}")
+        if server.host:
+            text.append(f" on {safe(server.host, 40)}")
+        if server.role == "server":
+            each = f" of {server.update_ms:.3f} ms" if server.update_ms is not None else ""
+            text.append(f": {server.updates} updates{each}, {server.sums} sums of pushes")
+            if server.busy_fraction is not None:
+                text.append(f", busy {pct(server.busy_fraction)}")
+                if server.bottleneck:
+                    text.append(" (the workers' pushes queue behind it)", style="bold red")
+    if len(report.servers) > 8:
+        text.append(f"\n  ... and {len(report.servers) - 8} more (--json)")
+    if report.run.architecture_from:
+        text.append(f"\n  ({safe(report.run.architecture_from, 160)})", style="bright_black")
+    return text
