@@ -196,7 +196,7 @@ def roles_cause(roles: Roles, ranks: list[RankSummary]) -> Cause | None:
         return Cause(
             kind="server",
             rank=server.rank,
-            phase=S.COMM,  # type: ignore[arg-type]
+            phase=S.COMM,
             op="update",
             ms=round(waits, 3),
             blamed_ms=round(waits, 3),

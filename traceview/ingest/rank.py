@@ -232,10 +232,9 @@ def _with_role(part: RankPartial, trace: TraceFile, run: Path) -> RankPartial:
     info.meta.pop("steps_from", None)
     info.steps = 0
     part.notes.remarks = [r for r in part.notes.remarks if not r.endswith(NO_STEP_MARKERS)]
-    part.tables = {
-        name: table.slice(0, 0)
+    part.tables = {  # (each table kept, empty: a run of servers alone still has them all)
+        name: table.slice(0, 0) if isinstance(table, pa.Table) else table.schema.empty_table()
         for name, table in part.tables.items()
-        if isinstance(table, pa.Table) and name in S.SIDE_INPUTS
     }
     return part
 

@@ -107,7 +107,7 @@ def _place_roles(found: Roles, draft: Draft) -> None:
     if found.architecture == "collective":
         return
     for rank in draft.fields["ranks"]:
-        rank.role = found.roles.get(rank.rank, "worker")  # type: ignore[assignment]
+        rank.role = found.roles.get(rank.rank, "worker")
         rank.busy_fraction = found.busy.get(rank.rank)
     draft.fields["servers"] = found.servers
     summary = draft.fields["summary"]
