@@ -64,6 +64,9 @@ class Roles:
     roles: dict[int, str] = field(default_factory=dict)  # rank -> role (workers too)
     busy: dict[int, float] = field(default_factory=dict)  # worker rank -> busy fraction
     rates: dict[int, float] = field(default_factory=dict)  # worker rank -> steps per second
+    gaps: dict[int, float] = field(default_factory=dict)  # worker rank -> ms between steps
+    # worker rank -> other workers' updates between its pull and its push, per step (async)
+    staleness: dict[int, float] = field(default_factory=dict)
     servers: list[ServerSummary] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # roles expected and not read
 
@@ -95,8 +98,54 @@ def _rates(steps: pl.DataFrame) -> dict[int, float]:
     return {int(r): 1e9 / gap for r, gap in per.iter_rows() if gap is not None and gap > 0}
 
 
-def run_roles(manifest: Manifest, steps: pl.DataFrame) -> Roles:
-    """Who each process of the run is and whether the workers keep in lockstep."""
+def _gaps(steps: pl.DataFrame) -> dict[int, float]:
+    """Per rank: the mean time from the end of one of its steps to the start of its next."""
+    per = (
+        steps.sort(S.RANK, S.START_NS)
+        .with_columns((pl.col(S.START_NS) - pl.col(S.END_NS).shift(1)).over(S.RANK).alias("gap"))
+        .group_by(S.RANK)
+        .agg(pl.col("gap").drop_nulls().clip(lower_bound=0).mean())
+    )
+    return {int(r): round(gap / 1e6, 3) for r, gap in per.iter_rows() if gap is not None}
+
+
+def staleness(steps: pl.DataFrame) -> dict[int, float]:
+    """Per worker of an asynchronous job: the other workers' updates that reached the servers
+    between its pull and its push, per step. Each step ends with the worker's push and pull, so
+    what it computed on is the pull at its previous step's end: the others' step ends after that
+    and up to its own end are the updates it did not see. Over the time every worker has steps
+    (profile windows of different workers cover different times)."""
+    if steps.height == 0 or steps[S.RANK].n_unique() < 2:
+        return {}
+    bounds = steps.group_by(S.RANK).agg(pl.col(S.START_NS).min(), pl.col(S.END_NS).max())
+    lo = int(bounds.select(pl.col(S.START_NS).max()).item())
+    hi = int(bounds.select(pl.col(S.END_NS).min()).item())
+    if hi <= lo:
+        return {}
+    frame = steps.sort(S.RANK, S.END_NS).with_columns(
+        pl.col(S.END_NS).shift(1).over(S.RANK).alias("pulled")
+    )
+    ends = frame[S.END_NS].to_numpy()
+    ranks = frame[S.RANK].to_numpy()
+    out: dict[int, float] = {}
+    for rank in np.unique(ranks).tolist():
+        mine = frame.filter(
+            (pl.col(S.RANK) == rank) & pl.col("pulled").is_not_null()
+            & (pl.col("pulled") >= lo) & (pl.col(S.END_NS) <= hi)
+        )  # fmt: skip
+        if mine.height == 0:
+            continue
+        others = np.sort(ends[ranks != rank])
+        seen = np.searchsorted(others, mine[S.END_NS].to_numpy(), side="right")
+        before = np.searchsorted(others, mine["pulled"].to_numpy(), side="right")
+        out[int(rank)] = round(float((seen - before).mean()), 3)
+    return out
+
+
+def run_roles(manifest: Manifest, steps: pl.DataFrame, record: pl.DataFrame | None = None) -> Roles:
+    """Who each process of the run is and whether the workers keep in lockstep; ``record``:
+    every step of the run (the step record, where collect kept one), for the staleness of an
+    asynchronous job's updates."""
     roles = {r.rank: r.role for r in manifest.ranks if r.role}
     collect = manifest.collect
     others = list(collect.processes) if collect is not None else []
@@ -111,6 +160,7 @@ def run_roles(manifest: Manifest, steps: pl.DataFrame) -> Roles:
     known = f"roles from {', '.join(sources)}" if sources else "roles from collect"
     summaries = [_server_summary(r) for r in servers]
     synchronous, how = _synchrony(said, servers, steps, len(workers))
+    timeline = record if record is not None and record.height else steps
     missing = []
     if not servers and not any(p.role == "server" for p in others):
         missing.append("server")
@@ -123,6 +173,8 @@ def run_roles(manifest: Manifest, steps: pl.DataFrame) -> Roles:
         roles=roles,
         busy=busy_fractions(steps),
         rates=_rates(steps) if steps.height else {},
+        gaps=_gaps(steps) if steps.height else {},
+        staleness=staleness(timeline) if synchronous is False else {},
         servers=summaries,
         missing=missing,
     )

@@ -15,10 +15,15 @@ def servers_text(report: RunReport) -> Text | None:
         return None
     mode = {True: "synchronous", False: "asynchronous"}.get(report.run.synchronous)  # type: ignore[arg-type]
     text = Text(f"parameter server ({mode or 'synchrony not known'}): ", style="bold")
-    busy = [
-        f"rank {r.rank} {pct(r.busy_fraction)}" for r in report.ranks if r.busy_fraction is not None
-    ]
-    text.append(f"workers busy inside their steps: {', '.join(busy[:8]) or 'not known'}")
+    text.append("workers: " if report.ranks else "no worker's steps")
+    for i, rank in enumerate(report.ranks[:8]):
+        said = [f"busy {pct(rank.busy_fraction)}" if rank.busy_fraction is not None else ""]
+        said.append(f"{rank.steps_per_s:.1f} steps/s" if rank.steps_per_s is not None else "")
+        if rank.staleness is not None:
+            said.append(f"{rank.staleness:.2f} others' updates unseen a step")
+        text.append(("; " if i else "") + f"rank {rank.rank} " + ", ".join(x for x in said if x))
+    if len(report.ranks) > 8:
+        text.append(f"; ... {len(report.ranks) - 8} more")
     for server in report.servers[:8]:
         text.append(f"\n  {server.role} rank {server.rank}")
         if server.host:

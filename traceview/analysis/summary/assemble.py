@@ -100,7 +100,9 @@ def _roles_section(ctx: Context) -> Roles:
     steps = ctx.inputs.table("steps")
     df = pl.from_arrow(steps) if steps is not None else pl.DataFrame()
     assert isinstance(df, pl.DataFrame)
-    return run_roles(ctx.manifest, df)
+    read = ctx.inputs.record() if ctx.inputs.record is not None else None
+    record = pl.from_arrow(read[0]) if read is not None else None
+    return run_roles(ctx.manifest, df, record if isinstance(record, pl.DataFrame) else None)
 
 
 def _place_roles(found: Roles, draft: Draft) -> None:
@@ -109,6 +111,10 @@ def _place_roles(found: Roles, draft: Draft) -> None:
     for rank in draft.fields["ranks"]:
         rank.role = found.roles.get(rank.rank, "worker")
         rank.busy_fraction = found.busy.get(rank.rank)
+        rate = found.rates.get(rank.rank)
+        rank.steps_per_s = round(rate, 3) if rate is not None else None
+        rank.gap_ms = found.gaps.get(rank.rank)
+        rank.staleness = found.staleness.get(rank.rank)
     draft.fields["servers"] = found.servers
     summary = draft.fields["summary"]
     cause = roles_cause(found, draft.fields["ranks"])

@@ -43,6 +43,12 @@ class RankSummary(Result):
     role: Role | None = None
     # time inside its steps ÷ from its first step's start to its last step's end
     busy_fraction: float | None = None
+    # a parameter-server worker's steps per second (from the median time between its steps'
+    # starts), the mean time between one of its steps and the next, and in an asynchronous job
+    # the other workers' updates it did not see per step (between its pull and its push)
+    steps_per_s: float | None = None
+    gap_ms: float | None = None
+    staleness: float | None = None
 
 
 class Spread(Result):

@@ -23,6 +23,7 @@ def render_html(
         X.breakdown(report) if report.ranks else None,
         X.critical_path(report),
         X.communication(report) if report.ranks else None,
+        X.servers(report),
         X.heatmap_section(report, matrix),
         X.pipeline(report),
         X.memory(report),

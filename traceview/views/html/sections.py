@@ -468,6 +468,35 @@ def operators(report: RunReport) -> Section | None:
               "figure")))  # fmt: skip
 
 
+def servers(report: RunReport) -> Section | None:
+    """A parameter-server job's workers and the processes that serve them."""
+    if report.run.architecture != "parameter_server":
+        return None
+    mode = {True: "synchronous", False: "asynchronous"}.get(report.run.synchronous)  # type: ignore[arg-type]
+    workers = table(
+        ["rank", "step ms", "steps/s", "busy", "gap ms", "wait ms", "unseen updates a step"],
+        [
+            [r.rank, r.step_ms, r.steps_per_s, r.busy_fraction, r.gap_ms, r.comm_wait_ms,
+             r.staleness]
+            for r in report.ranks
+        ],
+        name="workers",
+    )  # fmt: skip
+    served = table(
+        ["rank", "role", "host", "updates", "ms an update", "sums", "busy", "bottleneck"],
+        [
+            [s.rank, s.role, s.host, s.updates, s.update_ms, s.sums, s.busy_fraction,
+             "yes" if s.bottleneck else ""]
+            for s in report.servers
+        ],
+        name="servers",
+    )  # fmt: skip
+    how = f'<p class="muted">{esc(report.run.architecture_from or "", 300)}</p>'
+    return Section(
+        "servers", f"Parameter servers ({mode or 'synchrony not known'})", workers + served + how
+    )
+
+
 def warnings(report: RunReport) -> Section | None:
     if not report.warnings and not report.remarks:
         return None
