@@ -38,12 +38,22 @@ SCENARIOS: dict[str, tuple[str, str, str, int, int]] = {
 }
 
 
+_RUNS: dict[str, tuple[str, Path, dict[str, Any]]] = {}
+
+
 @pytest.fixture(scope="module", params=sorted(SCENARIOS))
 def ps_run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, Path, dict[str, Any]]:
+    return _ps_run(request.param, tmp_path_factory)
+
+
+def _ps_run(
+    name: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, dict[str, Any]]:
+    if name in _RUNS:
+        return _RUNS[name]
     python = _mxnet_python()
-    name = request.param
     kvstore, update, _, workers, servers = SCENARIOS[name]
     work = tmp_path_factory.mktemp(f"ps-{name}")
     out, run = work / "out", work / "run"
@@ -59,7 +69,8 @@ def ps_run(
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = run_cli("report", run, "--json").json()
-    return name, run, report
+    _RUNS[name] = name, run, report
+    return _RUNS[name]
 
 
 def _timers(run: Path, out: Path) -> pl.DataFrame:
@@ -151,6 +162,7 @@ def test_sync_wait_and_async_none(ps_run: tuple[str, Path, dict[str, Any]]) -> N
         assert by[SLOW_RANK] > 1.5 * by[fast]
         # steps per second as the timers count them; the slow worker misses about as many of
         # the fast one's updates a step as the fast one runs steps in one of its own
+        # (from the starts of the profiled steps: the timers' mean over the same steps)
         for rank, timer_ms in by.items():
             rate = ranks[rank]["steps_per_s"]
             assert abs(rate - 1e3 / timer_ms) <= 0.15 * 1e3 / timer_ms, (rank, rate, timer_ms)
@@ -209,3 +221,37 @@ def test_traces_alone_tell_the_roles_and_synchrony(
     pushed = run_cli("report", without, "--json").json()
     assert [r["role"] for r in pushed["ranks"]] == ["worker"] * workers
     assert any("without a server" in w for w in pushed["warnings"])
+
+
+def test_compare_sets_sync_and_async_side_by_side(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``compare`` of the synchronous and the asynchronous job: per worker step time,
+    throughput, wait and staleness, and the runs' throughputs (worker steps per second, summed)
+    as the timers count them."""
+    _, sync, _ = _ps_run("sync", tmp_path_factory)
+    _, unsync, _ = _ps_run("async", tmp_path_factory)
+    result = run_cli("compare", sync, unsync, "--json").json()
+    runs = {r["architecture"] + str(r["synchronous"]): r for r in result["runs"]}
+    assert set(runs) == {"parameter_serverTrue", "parameter_serverFalse"}
+    for name, run, path in (  # (the timers over the profiled steps)
+        ("sync", runs["parameter_serverTrue"], sync),
+        ("async", runs["parameter_serverFalse"], unsync),
+    ):
+        timers = _steps_with_timers(name, path)
+        rates = timers.group_by(S.RANK).agg((1e3 / pl.col("step_ms").mean()).alias("rate"))
+        expected = float(rates["rate"].sum())
+        assert abs(run["worker_steps_per_s"] - expected) <= 0.15 * expected, (run, expected)
+        assert [w["rank"] for w in run["workers"]] == [0, 1]
+    assert all(w["staleness"] is None for w in runs["parameter_serverTrue"]["workers"])
+    assert all(w["staleness"] is not None for w in runs["parameter_serverFalse"]["workers"])
+    assert runs["parameter_serverFalse"]["workers"][1 - SLOW_RANK]["comm_wait_ms"] is None
+    assert runs["parameter_serverTrue"]["workers"][1 - SLOW_RANK]["comm_wait_ms"] > SLOW_MS / 2
+    # asynchronous: the fast worker is not held back, so the job trains faster
+    assert any("worker steps per second" in h for h in result["highlights"])
+    assert (
+        runs["parameter_serverFalse"]["worker_steps_per_s"]
+        > runs["parameter_serverTrue"]["worker_steps_per_s"]
+    )
+    text = run_cli("compare", sync, unsync).out
+    assert "Per worker" in text and "async PS" in text

@@ -25,6 +25,7 @@ from traceview.model.results import (
     ComparedOp,
     ComparedPhase,
     ComparedRun,
+    ComparedWorker,
     Comparison,
     RunReport,
 )
@@ -216,6 +217,10 @@ def compare(
             host_bound_ms=report.summary.host_bound_ms,
             pipeline=report.pipeline,
             cause=report.summary.cause,
+            architecture=report.run.architecture,
+            synchronous=report.run.synchronous,
+            worker_steps_per_s=_throughput(report),
+            workers=_workers(report),
         )
         for label, report in zip(labels, reports, strict=True)
     ]
@@ -278,13 +283,73 @@ def compare(
     highlights += _memory_highlights(runs)
     by_group = comm_by_group(reports, top)
     highlights += _parallel_highlights(runs, by_group)
-    for run in runs[1:]:
+    lockstep = all(run.synchronous is not False for run in runs)
+    for run in runs[1:] if lockstep else []:
         ratio = run.step_ratio
         if ratio and (ratio >= NOTABLE_RATIO or ratio <= 1 / NOTABLE_RATIO):
             highlights.insert(0, f"{run.label}'s step takes {ratio:.2f}× {labels[0]}'s")
+    highlights[:0] = _throughput_highlights(runs)
     return Comparison(
         runs=runs, phases=phases, ops=rows, highlights=highlights, comm_by_group=by_group
     )
+
+
+#: Past this many ranks a comparison lists no worker one by one.
+MAX_COMPARED_WORKERS = 64
+
+
+def _throughput(report: RunReport) -> float | None:
+    """Worker steps per second: each worker's own rate summed (a parameter-server job), or
+    every rank's step in lockstep (the job's step rate times the ranks)."""
+    rates = [r.steps_per_s for r in report.ranks]
+    if report.run.architecture == "parameter_server" and rates and None not in rates:
+        return round(sum(r for r in rates if r is not None), 3)
+    if report.summary.step_ms > 0 and report.ranks:
+        return round(len(report.ranks) * 1e3 / report.summary.step_ms, 3)
+    return None
+
+
+def _workers(report: RunReport) -> list[ComparedWorker]:
+    if len(report.ranks) > MAX_COMPARED_WORKERS:
+        return []
+    lockstep = 1e3 / report.summary.step_ms if report.summary.step_ms > 0 else None
+    return [
+        ComparedWorker(
+            rank=r.rank,
+            step_ms=r.step_ms,
+            steps_per_s=r.steps_per_s if r.steps_per_s is not None else lockstep,
+            comm_wait_ms=r.comm_wait_ms,
+            staleness=r.staleness,
+        )
+        for r in report.ranks
+    ]
+
+
+def _throughput_highlights(runs: list[ComparedRun]) -> list[str]:
+    """Where some run is a parameter-server job, how the runs' throughputs compare (a mean step
+    is not the job's where the workers keep their own pace)."""
+    if all(run.architecture == "collective" for run in runs):
+        return []
+    base = runs[0]
+    said = []
+    for run in runs[1:]:
+        if not base.worker_steps_per_s or not run.worker_steps_per_s:
+            continue
+        ratio = run.worker_steps_per_s / base.worker_steps_per_s
+        said.append(
+            f"{run.label} ({kind_of(run)}) trains at {ratio:.2f}× {base.label}'s ({kind_of(base)}) "
+            f"worker steps per second ({run.worker_steps_per_s:.1f} against "
+            f"{base.worker_steps_per_s:.1f}, summed over {len(run.workers) or run.ranks} and "
+            f"{len(base.workers) or base.ranks} workers)"
+        )
+    return said
+
+
+def kind_of(run: ComparedRun) -> str:
+    if run.architecture == "collective":
+        return "all-reduce"
+    mode = {True: "synchronous", False: "asynchronous"}.get(run.synchronous)  # type: ignore[arg-type]
+    return f"{mode or 'parameter server'} parameter server" if mode else "parameter server"
 
 
 def _share(fraction: float | None) -> str:

@@ -87,15 +87,12 @@ def busy_fractions(steps: pl.DataFrame) -> dict[int, float]:
 
 
 def _rates(steps: pl.DataFrame) -> dict[int, float]:
-    """Per rank: steps per second, from the median time between its steps' starts (a warm-up
-    step or a pause between profile windows does not move it)."""
-    per = (
-        steps.sort(S.RANK, S.START_NS)
-        .with_columns(pl.col(S.START_NS).diff().over(S.RANK).alias("gap"))
-        .group_by(S.RANK)
-        .agg(pl.col("gap").drop_nulls().median())
+    """Per rank: steps per second, from its steps' starts (the steps between its first step's
+    start and its last one's, over that time)."""
+    per = steps.group_by(S.RANK).agg(
+        pl.len().alias("n"), (pl.col(S.START_NS).max() - pl.col(S.START_NS).min()).alias("span")
     )
-    return {int(r): 1e9 / gap for r, gap in per.iter_rows() if gap is not None and gap > 0}
+    return {int(r): (n - 1) / (span / 1e9) for r, n, span in per.iter_rows() if n > 1 and span > 0}
 
 
 def _gaps(steps: pl.DataFrame) -> dict[int, float]:

@@ -3,9 +3,11 @@ work (``report.servers``), for the text report."""
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 
-from traceview.model.results import RunReport
+from traceview.analysis.compare import kind_of
+from traceview.model.results import Comparison, RunReport
 from traceview.views.style import pct, safe
 
 
@@ -40,3 +42,43 @@ def servers_text(report: RunReport) -> Text | None:
     if report.run.architecture_from:
         text.append(f"\n  ({safe(report.run.architecture_from, 160)})", style="bright_black")
     return text
+
+
+_SHORT = {
+    "synchronous parameter server": "sync PS",
+    "asynchronous parameter server": "async PS",
+    "parameter server": "PS",
+}
+
+
+def workers_table(result: Comparison) -> Table | None:
+    """Compared runs' workers side by side, where some run is a parameter-server job: the
+    figures that tell all-reduce, synchronous and asynchronous parameter servers apart."""
+    runs = result.runs
+    if all(run.architecture == "collective" for run in runs):
+        return None
+    out = Table(title="Per worker", title_justify="left", box=None, pad_edge=False)
+    for header in ("run", "kind", "rank", "step ms", "steps/s", "wait ms", "unseen/step"):
+        out.add_column(header, justify="left" if header in ("run", "kind") else "right")
+    for run in runs:
+        for worker in run.workers:
+            out.add_row(
+                safe(run.label, 24),
+                _SHORT.get(kind_of(run), kind_of(run)),
+                str(worker.rank),
+                f"{worker.step_ms:.2f}",
+                f"{worker.steps_per_s:.1f}" if worker.steps_per_s is not None else "-",
+                f"{worker.comm_wait_ms:.2f}" if worker.comm_wait_ms is not None else "-",
+                f"{worker.staleness:.2f}" if worker.staleness is not None else "-",
+            )
+        if run.worker_steps_per_s is not None:
+            out.add_row(
+                safe(run.label, 24),
+                kind_of(run),
+                "all",
+                "",
+                f"{run.worker_steps_per_s:.1f}",
+                "",
+                "",
+            )
+    return out

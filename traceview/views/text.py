@@ -22,7 +22,7 @@ from traceview.model.results import (
     Scaling,
     Spread,
 )
-from traceview.views.roles import servers_text
+from traceview.views.roles import servers_text, workers_table
 from traceview.views.style import (
     HOST_BOUND_HEADER,
     HOST_BOUND_NOTE,
@@ -673,6 +673,8 @@ def render_comparison(result: Comparison, console: Console) -> None:
         rows.append(split)
     console.print(table("Per step (ms, exclusive)", "phase", rows))
     console.print()
+    if (workers := workers_table(result)) is not None:
+        console.print(workers, "")
 
     if result.comm_by_group:
         comm_rows = [

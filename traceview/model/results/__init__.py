@@ -36,6 +36,7 @@ from traceview.model.results.compare import (
     ComparedPhase,
     ComparedRun,
     ComparedValues,
+    ComparedWorker,
     Comparison,
 )
 from traceview.model.results.critical_path import (
@@ -120,6 +121,7 @@ __all__ = [
     "ComparedPhase",
     "ComparedRun",
     "ComparedValues",
+    "ComparedWorker",
     "Comparison",
     "CriticalPath",
     "DeviceMemory",

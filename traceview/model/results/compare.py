@@ -17,6 +17,16 @@ from traceview.model.results.critical_path import Cause
 from traceview.model.results.gpu import HostBound
 
 
+class ComparedWorker(Result):
+    """One worker of a run, for setting architectures side by side (``ComparedRun.workers``)."""
+
+    rank: int
+    step_ms: float
+    steps_per_s: float | None = None
+    comm_wait_ms: float | None = None
+    staleness: float | None = None  # an asynchronous job's: others' updates unseen a step
+
+
 class ComparedRun(Result):
     label: str
     framework: str | None
@@ -47,6 +57,13 @@ class ComparedRun(Result):
     # the pipeline its point-to-point calls form (RunReport.pipeline); null: none
     pipeline: Pipeline | None = None
     cause: Cause | None = None  # what its step loses most to (Summary.cause)
+    # how the run is distributed (RunInfo), its throughput in worker steps per second (summed
+    # over the workers: every rank in lockstep; each worker at its own pace without), and per
+    # worker the figures that tell the architectures apart (empty past 64 ranks)
+    architecture: str = "collective"
+    synchronous: bool | None = True
+    worker_steps_per_s: float | None = None
+    workers: list[ComparedWorker] = []
 
 
 class ComparedValues(Result):
