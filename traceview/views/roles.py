@@ -74,7 +74,7 @@ def workers_table(result: Comparison) -> Table | None:
         if run.worker_steps_per_s is not None:
             out.add_row(
                 safe(run.label, 24),
-                kind_of(run),
+                _SHORT.get(kind_of(run), kind_of(run)),
                 "all",
                 "",
                 f"{run.worker_steps_per_s:.1f}",
