@@ -14,6 +14,7 @@ the workers' pace (lockstep workers finish their steps at one rate).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,10 +140,14 @@ def staleness(steps: pl.DataFrame) -> dict[int, float]:
     return out
 
 
-def run_roles(manifest: Manifest, steps: pl.DataFrame, record: pl.DataFrame | None = None) -> Roles:
-    """Who each process of the run is and whether the workers keep in lockstep; ``record``:
-    every step of the run (the step record, where collect kept one), for the staleness of an
-    asynchronous job's updates."""
+def run_roles(
+    manifest: Manifest,
+    steps: pl.DataFrame,
+    record: Callable[[], pl.DataFrame | None] | None = None,
+) -> Roles:
+    """Who each process of the run is and whether the workers keep in lockstep; ``record``
+    reads every step of the run (the step record, where collect kept one), for the staleness of
+    an asynchronous job's updates (read only for such a job)."""
     roles = {r.rank: r.role for r in manifest.ranks if r.role}
     collect = manifest.collect
     others = list(collect.processes) if collect is not None else []
@@ -157,7 +162,8 @@ def run_roles(manifest: Manifest, steps: pl.DataFrame, record: pl.DataFrame | No
     known = f"roles from {', '.join(sources)}" if sources else "roles from collect"
     summaries = [_server_summary(r) for r in servers]
     synchronous, how = _synchrony(said, servers, steps, len(workers))
-    timeline = record if record is not None and record.height else steps
+    kept = record() if record is not None and synchronous is False else None
+    timeline = kept if kept is not None and kept.height else steps
     missing = []
     if not servers and not any(p.role == "server" for p in others):
         missing.append("server")

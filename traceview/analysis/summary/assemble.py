@@ -100,9 +100,13 @@ def _roles_section(ctx: Context) -> Roles:
     steps = ctx.inputs.table("steps")
     df = pl.from_arrow(steps) if steps is not None else pl.DataFrame()
     assert isinstance(df, pl.DataFrame)
-    read = ctx.inputs.record() if ctx.inputs.record is not None else None
-    record = pl.from_arrow(read[0]) if read is not None else None
-    return run_roles(ctx.manifest, df, record if isinstance(record, pl.DataFrame) else None)
+
+    def record() -> pl.DataFrame | None:  # (read only for an asynchronous job's staleness)
+        read = ctx.inputs.record() if ctx.inputs.record is not None else None
+        frame = pl.from_arrow(read[0]) if read is not None else None
+        return frame if isinstance(frame, pl.DataFrame) else None
+
+    return run_roles(ctx.manifest, df, record)
 
 
 def _place_roles(found: Roles, draft: Draft) -> None:
