@@ -335,6 +335,8 @@ def _throughput_highlights(runs: list[ComparedRun]) -> list[str]:
     for run in runs[1:]:
         if not base.worker_steps_per_s or not run.worker_steps_per_s:
             continue
+        if run.architecture == base.architecture == "collective":
+            continue  # (lockstep both: the step ratio says it)
         ratio = run.worker_steps_per_s / base.worker_steps_per_s
         said.append(
             f"{run.label} ({kind_of(run)}) trains at {ratio:.2f}× {base.label}'s ({kind_of(base)}) "
