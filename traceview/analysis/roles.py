@@ -24,9 +24,10 @@ import pyarrow.compute as pc
 
 from traceview.analysis.attribution.intervals import merge_intervals
 from traceview.model import schema as S
-from traceview.model.manifest import SERVICE_ROLES, Manifest
+from traceview.model.manifest import ROLE_NAMES, SERVICE_ROLES, Manifest
 from traceview.model.results import Cause, RankSummary, ServerSummary
 
+KNOWN_ROLES = frozenset(ROLE_NAMES.values())
 #: A server busy more than this share of its span holds the workers back: their pushes queue.
 SERVER_BOTTLENECK_BUSY = 0.8
 #: Workers whose step rates differ by more than this do not wait for each other.
@@ -148,13 +149,13 @@ def run_roles(
     """Who each process of the run is and whether the workers keep in lockstep; ``record``
     reads every step of the run (the step record, where collect kept one), for the staleness of
     an asynchronous job's updates (read only for such a job)."""
-    roles = {r.rank: r.role for r in manifest.ranks if r.role}
+    roles = {r.rank: r.role for r in manifest.ranks if r.role in KNOWN_ROLES}
     collect = manifest.collect
     others = list(collect.processes) if collect is not None else []
     said = _said_synchronous(manifest)
     if not roles and not others and said is None:
         return Roles()
-    servers = [r for r in manifest.ranks if r.role in SERVICE_ROLES]
+    servers = [r for r in manifest.ranks if r.role in SERVICE_ROLES]  # (believed roles only)
     workers = sorted({r for r in steps[S.RANK].unique().to_list()} if steps.height else set())
     for rank in workers:
         roles.setdefault(rank, "worker")

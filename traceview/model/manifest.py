@@ -38,6 +38,12 @@ MAX_PID = 1 << 22
 
 #: Roles of a parameter-server job whose processes run no training steps of their own.
 SERVICE_ROLES = ("server", "scheduler", "chief")
+#: A process's role as a job names it (ps-lite's DMLC_ROLE, TF_CONFIG's task type) -> traceview's;
+#: any other name is not believed (it comes from the job: untrusted).
+ROLE_NAMES = {
+    "worker": "worker", "server": "server", "ps": "server", "scheduler": "scheduler",
+    "chief": "chief", "master": "chief",
+}  # fmt: skip
 
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
 Pid = Annotated[int, msgspec.Meta(ge=1, le=MAX_PID)]
