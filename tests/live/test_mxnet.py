@@ -209,11 +209,15 @@ def test_a_profile_past_the_memory_cap_stops_and_keeps_the_steps_before_it(tmp_p
     status = json.loads((run / "raw" / "rank-00000" / "status.json").read_text())
     stop = status["stop_step"]
     assert status["stop_reason"] == "memory cap 100 MiB reached" and 2 <= stop < 20
-    assert status["profiled_steps"] == stop - 1 and not status["stop_mid_step"]
+    # The watching thread stops it inside step `stop` (that step dropped), or the step's end
+    # sees the cap first (step `stop` ended and is kept): which comes first depends on the
+    # load. Either way every kept step is whole and in the report.
+    kept = status["profiled_steps"]
+    assert kept in (stop - 1, stop) and not status["stop_mid_step"]
     line = f"rank 0: profile stopped at step {stop}: memory cap 100 MiB reached"
     assert f"warning: {line}" in result.out
     report = run_cli("report", run, "--json").json()
-    assert [s["step"] for s in report["per_step"]] == list(range(1, stop))
+    assert [s["step"] for s in report["per_step"]] == list(range(1, kept + 1))
     assert report["incomplete_steps"] == [] and line in report["warnings"]
 
 
