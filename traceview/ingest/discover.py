@@ -18,11 +18,11 @@ from traceview.model.errors import (
 )
 from traceview.model.manifest import (
     MAX_WORLD_SIZE,
-    ROLE_NAMES,
     SERVICE_ROLES,
     Clock,
     RankStatus,
     read_status,
+    role_named,
 )
 from traceview.model.progress import Progress, quiet
 from traceview.parsers import (
@@ -332,11 +332,7 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
     traces[:] = [t for t in traces if t.claimed_rank is None or by_rank[t.claimed_rank] is t]
     _one_process_one_trace(traces)
     # a parameter server (collect says so) is no worker: numbered after them, in file order
-    serving = [
-        t
-        for t in traces
-        if t.claimed_rank is None and ROLE_NAMES.get(str(t.role).strip().lower()) in SERVICE_ROLES
-    ]
+    serving = [t for t in traces if t.claimed_rank is None and role_named(t.role) in SERVICE_ROLES]
     unclaimed = [t for t in traces if t.claimed_rank is None and t not in serving]
     # File names are used only when they number every remaining trace without collisions.
     named = {t.path: rank_from_filename(t.path) for t in unclaimed}

@@ -29,7 +29,7 @@ from traceview.ingest.windows import parse_windows
 from traceview.model import schema as S
 from traceview.model.columns import WORK, SpilledTable, first_start
 from traceview.model.errors import BadInput, Notes
-from traceview.model.manifest import ROLE_NAMES, SERVICE_ROLES, RankIngest
+from traceview.model.manifest import SERVICE_ROLES, RankIngest, role_named
 from traceview.normalize.pipeline import RankMeta, normalize
 from traceview.normalize.rules import RuleSet, rules_for
 from traceview.normalize.steps import NO_STEP_MARKERS
@@ -219,11 +219,10 @@ def _with_role(part: RankPartial, trace: TraceFile, run: Path) -> RankPartial:
     found = info.meta.pop("role", None)
     how = info.meta.pop("role_from", None)
     shown = info.meta.pop("server", None)
-    said = ROLE_NAMES.get(trace.role.strip().lower()) if isinstance(trace.role, str) else None
-    if said:
+    if said := role_named(trace.role):
         info.role, info.role_from = said, "collect"
-    elif found in ROLE_NAMES:
-        info.role, info.role_from = ROLE_NAMES[str(found)], str(how or "trace")
+    elif seen := role_named(found):
+        info.role, info.role_from = seen, str(how or "trace")
     if info.role not in SERVICE_ROLES:
         return part
     from traceview.analysis.roles import server_figures

@@ -45,6 +45,12 @@ ROLE_NAMES = {
     "chief": "chief", "master": "chief",
 }  # fmt: skip
 
+
+def role_named(value: object) -> str | None:
+    """traceview's name of a role as a job or a trace names it (None: not a role it knows)."""
+    return ROLE_NAMES.get(value.strip().lower()) if isinstance(value, str) else None
+
+
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
 Pid = Annotated[int, msgspec.Meta(ge=1, le=MAX_PID)]
 Ticks = Annotated[int, msgspec.Meta(ge=0)]

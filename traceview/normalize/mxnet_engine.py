@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from traceview.model import schema as S
 from traceview.model.columns import dictionary_array, dictionary_codes, disjoint, window_index
 from traceview.model.errors import Notes
+from traceview.normalize.mxnet_roles import pushes_to_servers, server_of
 from traceview.normalize.rules import MAX_STEP, RuleSet
 from traceview.normalize.steps import LayoutResult
 from traceview.parsers import group_ids
@@ -74,11 +75,6 @@ _BOOKKEEPING = re.compile(
 _BULK = "ImperativeBulk"
 # The fill of a head gradient with ones, which a backward call queues before its operators.
 _FILL = "SetValueOp"
-# A ps-lite server's own operators beside the optimizer's updates and the engine's bookkeeping:
-# the sums of the workers' pushes of a key (synchronous mode merges them before one update).
-_SUM = re.compile(r"^(BinaryOpKernel|ElementwiseSum|elemwise_add|_plus|_Plus|add_n|_grad_add)$")
-# A ps-lite worker's push and pull operators (KVStoreDistDefaultStoragePushPull...).
-_DIST_KVSTORE = "KVStoreDist"
 # The C API call that queues backward (autograd.backward, loss.backward()).
 _BACKWARD_CALL = re.compile(r"^MXAutogradBackward(Ex)?$")
 _WAIT = re.compile(r"^MXNDArray(WaitAll|WaitToRead|WaitToWrite|SyncCopyToCPU)$")
@@ -95,7 +91,7 @@ def lay_out(
     meta: dict[str, Any] = {"engine_devices": layout.devices, "steps_from": layout.steps_from}
     if layout.server is not None:
         meta.update(role="server", role_from="trace", server=layout.server)
-    elif any(str(name).startswith(_DIST_KVSTORE) for name in pc.unique(raw[S.NAME]).to_pylist()):
+    elif pushes_to_servers(pc.unique(raw[S.NAME]).to_pylist()):
         meta.update(role="worker", role_from="trace")  # it pushes to and pulls from servers
     return LayoutResult(
         events=_raw_table(layout.events),
@@ -211,7 +207,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
             domain = process_names.get(int(pid), "")
             what = "MXNet C API" if domain in ("", "MXNET_C_API") else f"{domain} domain"
             thread_labels.setdefault((int(pid), int(t)), f"python ({what})")
-    server = _server(ev, own, is_step, is_op)
+    server = server_of(ev.names, ev.name, own, is_step, is_op, _bookkeeping(ev))
     if server is not None:  # no steps: it serves the workers' pushes and pulls
         used = sorted({int(p) for p in ev.pid[engine]})
         devices = [process_names.get(p, f"device {p}") for p in used]
@@ -303,25 +299,6 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
         thread_labels[where] = "KVStore rounds (traceview)"
     extra = _synthetic(ev, home, windows, numbers, placed)
     return _Layout(_with_spans(ev, extra), devices, steps_from, thread_labels)
-
-
-def _server(
-    ev: _Events, own: np.ndarray, is_step: np.ndarray, is_op: np.ndarray
-) -> dict[str, int] | None:
-    """What a ps-lite server's trace shows (None: the trace is not a server's): a process that
-    marks no step, has no forward, backward, data-loading or communication of its own (a
-    worker's KVStore push and pull are communication) and runs only sums of pushes, optimizer
-    updates and engine bookkeeping. ``sums``: the merges of synchronous mode (an asynchronous
-    server applies each push at once); ``updates``: the optimizer's operators."""
-    if is_step.any() or not is_op.any():
-        return None
-    if np.isin(own, [_PHASE_CODES[p] for p in (S.FORWARD, S.BACKWARD, S.COMM, S.IO, S.H2D)]).any():
-        return None
-    summed = is_op & np.array([bool(_SUM.match(str(n))) for n in ev.names] + [False])[ev.name]
-    update = is_op & (own == _PHASE_CODES[S.UPDATE])
-    if not (summed | update).any() or (is_op & ~(summed | update | _bookkeeping(ev))).any():
-        return None
-    return {"sums": int(summed.sum()), "updates": int(update.sum())}
 
 
 def _comm_rounds(
