@@ -50,6 +50,27 @@ def test_a_rank_that_holds_little_of_what_balancing_saves_is_no_straggler() -> N
     assert pick([turn], whatif, STEPS, ranks=3).straggler is None
 
 
+def test_a_rank_the_others_wait_for_alone_is_named_where_its_replay_saves_little() -> None:
+    """Two devices sharing a host's cores (the JAX run of tests/live/test_devices.py, its figures
+    rounded): the other waits 23 ms a step for rank 1, whose forward holds 63 ms of the path;
+    replayed at the median, rank 1 saves only 4.8 ms (the replay keeps the other's waiting for a
+    core), under 5% of the step and the steps' spread: the wait, its alone, names it. Where the
+    waiting is shared (ranks 0, 2 and 3 waited for by turns, the scaling sample's figures), the
+    same small saving names no one."""
+    noisy = [116.1, 104.6, 79.8, 101.7, 115.2, 97.2]
+    slow = Candidate("kernel", 1, "forward", None, 63.3, "balance:rank=1")
+    whatif = _whatifs(102.4, **{"balance": 84.8, "balance__rank=1": 97.6})
+    picked = pick([slow], whatif, noisy, ranks=2, waited_for={1: 23.4})
+    assert picked.straggler is not None and picked.straggler.rank == 1
+    assert picked.straggler.phase == "forward" and picked.straggler.ms == 4.8
+    # without the measured wait, the replay alone is under its floor
+    assert pick([slow], whatif, noisy, ranks=2).straggler is None
+    turns = {0: 6.9, 1: 9.8, 3: 2.6}
+    shared = Candidate("compute", 1, "backward", None, 7.0, "balance:rank=1")
+    whatif = _whatifs(94.4, **{"balance": 84.7, "balance__rank=1": 93.0})
+    assert pick([shared], whatif, STEPS, ranks=4, waited_for=turns).straggler is None
+
+
 def test_nothing_stands_out_within_the_steps_own_spread() -> None:
     noisy = [60.0, 140.0, 100.0, 70.0, 130.0]
     assert noise_ms(noisy) > 20

@@ -60,6 +60,10 @@ SPECIFIC = 0.8
 #: (a loaded machine's scheduling, step-to-step jitter): a cost of the whole run, no straggler.
 HOLDS = 0.5
 
+#: The others wait for one rank alone where it causes this share of all their waiting: that wait,
+#: measured, names it even where its replay saves less than the floors (``pick``).
+WAITED_ALONE = 0.8
+
 #: ... and where it is on the path in this share of the counted steps: a straggler is slow step
 #: after step, while a loaded machine delays one rank now and another then.
 PERSISTS = 0.75
@@ -300,8 +304,9 @@ def pick(
     mean wait per step at the calls it arrived last to: the rank they wait for the most,
     ``RUN_FLOOR`` of the step and more, with its own work on the path ``RANK_FLOOR`` of it,
     holds that work's cause even where balancing every rank saves more than twice as much, and
-    where the steps' spread is wider than what its replay saves: the replay keeps the others'
-    idling, which may be its excess too (devices that share a host's cores)."""
+    where its replay saves less than the floors (the steps' spread, ``RANK_FLOOR``): the replay
+    keeps the others' idling, which may be its excess too (devices that share a host's cores),
+    and the others' measured wait is the evidence."""
     replayed = {w.change: w for w in whatif}
     waited = waited_for or {}
     most_waited = max(waited, key=lambda r: waited[r], default=None)
@@ -326,9 +331,17 @@ def pick(
         if c.change.startswith("balance:") and saves < HOLDS * every_rank and not waited_for_it:
             continue  # (the ranks take turns being slow: no one rank holds it)
         floor = (RANK_FLOOR if c.alone else RUN_FLOOR) * base.step_ms
-        # (where its replay saves what its own work on the path holds, no more: a saving beyond
-        # it is the replay's, not its work's)
-        if not (waited_for_it and c.change.startswith("balance:") and saves <= c.blamed_ms * 1.01):
+        if (
+            waited_for_it
+            and waited[c.rank] >= WAITED_ALONE * sum(waited.values())  # type: ignore[index]
+            and c.change.startswith("balance:")
+            and saves <= c.blamed_ms * 1.01
+        ):
+            # (the others' measured wait for it alone is the evidence; its replay, which keeps
+            # their idling where it is its excess too (devices sharing a host's cores), need
+            # only save something, no more than its own work on the path holds)
+            floor = 0.0
+        else:
             floor = max(noise, floor)
         if saves > floor:
             standing.append((saves, c.blamed_ms, c, w))
