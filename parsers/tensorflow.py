@@ -47,6 +47,7 @@ from traceview.parsers import (
     us_durations_to_ns,
     us_to_ns,
 )
+from traceview.parsers.tf_roles import REMOTE_TID, remote_waits, task_role
 from traceview.parsers.xplane_devices import (
     CPU_DEVICE_PID,
     Devices,
@@ -86,6 +87,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     hlo_module: str | None = None
     instance_key: str | int | None = None  # a TensorFlow collective's: one per replica
     run_id: str | int | None = None  # an XLA program's execution: its ops and the host's call
+    kernel_type: str | None = None  # an asynchronous kernel's (ExecutorState::ProcessAsync::*)
+    step_id: str | int | None = None  # ... the function execution it is part of
     name: str | None = None  # of process_name / thread_name records
 
 
@@ -293,20 +296,40 @@ def _executions_as_steps(read: _Read, path: Path) -> None:
     main = max(counts, key=lambda p: (counts[p], p))
     if counts[main] < 2:
         return
-    events = read.events
     rows = np.asarray([i for i, p in calls if p == main], np.int64)
-    ts = events.column(S.TS_NS).to_numpy()[rows]
+    ts = read.events.column(S.TS_NS).to_numpy()[rows]
     rows = rows[np.argsort(ts, kind="stable")]
-    ts = events.column(S.TS_NS).to_numpy()[rows]
-    own = events.column(S.DUR_NS).to_numpy()[rows]
-    dur = np.append(np.diff(ts), own[-1]).astype(np.int64)
-    n = len(rows)
+    ts = read.events.column(S.TS_NS).to_numpy()[rows]
+    own = read.events.column(S.DUR_NS).to_numpy()[rows]
+    _mark_steps(read, rows, np.append(np.diff(ts), own[-1]).astype(np.int64), main)
+    read.notes.remark(
+        f"{path.name}: no step markers: each call of the XLA program {main} (the one run most, "
+        f"{len(rows)} times) is a step"
+    )
+
+
+def _mark_steps(
+    read: _Read,
+    rows: np.ndarray,
+    dur: np.ndarray,
+    name: str,
+    one_thread: bool = False,
+    ts: np.ndarray | None = None,
+) -> None:
+    """Step markers on the threads of events ``rows`` (in time order), from their starts (or
+    ``ts``) for ``dur``, named ``name`` and their number; ``one_thread``: all on the thread that
+    has most of them (calls served by a pool of threads, one at a time)."""
+    events, devices, n = read.events, read.devices, len(rows)
+    tids = events.column(S.TID).to_numpy()[rows]
+    if one_thread:
+        values, counts = np.unique(tids, return_counts=True)
+        tids = np.full(n, values[np.argmax(counts)])
     markers = raw_events(
         ["tf_step"] * n,
-        [f"{main} {k}" for k in range(n)],
+        [f"{name} {k}" for k in range(n)],
         events.column(S.PID).to_numpy()[rows].tolist(),
-        events.column(S.TID).to_numpy()[rows].tolist(),
-        pa.array(ts, pa.int64()),
+        tids.tolist(),
+        pa.array(events.column(S.TS_NS).to_numpy()[rows] if ts is None else ts, pa.int64()),
         pa.array(dur, pa.int64()),
     )
     read.events = pa.concat_tables([events, S.conform(markers, events.schema)])
@@ -315,9 +338,37 @@ def _executions_as_steps(read: _Read, path: Path) -> None:
     devices.step_line = np.append(devices.step_line, np.zeros(n, bool))
     if devices.run is not None:
         devices.run = np.append(devices.run, np.full(n, -1, np.int64))
+
+
+def _parameter_server_task(read: _Read, path: Path) -> None:
+    """A task of a parameter-server job without step markers (``tf_roles``): its role in the
+    metadata; a worker's steps are the work of each execution of the function the coordinator
+    hands it (its executors' first event to their last, on their threads)."""
+    if read.devices.host_marker.any() or read.devices.step_line.any():
+        return
+    found = task_role(read.events)
+    if found is None:
+        return
+    read.meta.update(role=found.role, role_from="trace", task=found.figures)
+    if found.role != "worker" or len(found.steps) < 1:
+        return
+    waits = remote_waits(read.receives)
+    if waits is not None:
+        read.events = pa.concat_tables([read.events, S.conform(waits, read.events.schema)])
+        n = waits.num_rows
+        devices = read.devices
+        devices.of_row = np.append(devices.of_row, np.full(n, -1, np.int64))
+        devices.host_marker = np.append(devices.host_marker, np.zeros(n, bool))
+        devices.step_line = np.append(devices.step_line, np.zeros(n, bool))
+        if devices.run is not None:
+            devices.run = np.append(devices.run, np.full(n, -1, np.int64))
+        read.threads.setdefault(f"{waits[S.PID][0].as_py()}/{REMOTE_TID}", "remote reads")
+    _mark_steps(
+        read, found.steps, found.dur, found.function or "closure", one_thread=True, ts=found.start
+    )
     read.notes.remark(
-        f"{path.name}: no step markers: each call of the XLA program {main} (the one run most, "
-        f"{n} times) is a step"
+        f"{path.name}: a parameter-server worker: each of the {len(found.steps)} executions of "
+        f"{found.function} its coordinator handed it is a step"
     )
 
 
@@ -377,6 +428,8 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     framework = "jax" if facts.stats.get("jax_version") or read.jax_programs else "tensorflow"
     if framework == "jax":
         _executions_as_steps(read, path)
+    else:
+        _parameter_server_task(read, path)
     meta = read.meta
     for key in ("jax_version", "jaxlib_version", "cpu_version"):
         if facts.stats.get(key):
@@ -400,7 +453,8 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
         notes=read.notes,
         bytes_read=size,
         skipped=read.skipped,
-        infer_steps="step_groups",
+        # (a parameter server or a coordinator runs no steps of its own: none inferred)
+        infer_steps=None if meta.get("role") in ("server", "chief") else "step_groups",
         process_names=read.process_names,
     )
     return _Whole(parsed, read.devices, read.host_pid)
@@ -541,6 +595,8 @@ class _Read:
     host_pid: int | None
     jax_programs: bool = False  # XLA programs named as JAX names them (jit_step, pmap_step)
     programs: list[str | None] = dataclasses.field(default_factory=list)  # per event (calls)
+    # each _Recv's start and end (ExecutorState::ProcessAsync): key, done, pid, ts_ns, dur_ns
+    receives: tuple[list[str], list[bool], list[int], np.ndarray, np.ndarray] | None = None
 
 
 #: How JAX names the XLA programs it compiles (TensorFlow's are ``a_inference_...``)
@@ -593,6 +649,7 @@ def _events(
     collective_key: list[str | None] = []  # a TensorFlow collective's instance key
     run: list[int | None] = []  # the XLA program execution an op or a host call belongs to
     program: list[str | None] = []  # a host's call of an XLA program: the program's name
+    receives: list[tuple[str, bool, int, float, float]] = []
     for r in records:
         if r.ph != "X" or r.ts is None or r.pid is None or r.tid is None:
             skipped["metadata" if r.ph == "M" else "other"] += 1
@@ -606,6 +663,9 @@ def _events(
         key: str | None = None
         if r.pid in host_pids:
             label = r.name or ""
+            if args.kernel_type == "_Recv" and args.step_id is not None:  # (start or end)
+                key = f"{args.step_id}/{args.name}"
+                receives.append((key, label.endswith("Done"), r.pid, r.ts, r.dur or 0.0))
             if args.step_num is not None:
                 # "train 3": the step's name as TensorFlow shows it, ending in its number
                 kind, label = "tf_step", f"{(args.step_name or label).strip()} {args.step_num}"
@@ -737,9 +797,23 @@ def _events(
         "base_time_ns": start_ns,
     }
     jax = any(pair is not None and _JAX_MODULE.match(pair[0]) for pair in hlo)
+    flows, done, on, at, lasting = (
+        (list(x) for x in zip(*receives, strict=True)) if receives else ([], [], [], [], [])
+    )
+    received = (
+        (
+            flows,
+            done,
+            on,
+            us_to_ns(np.asarray(at, np.float64), base),
+            us_durations_to_ns(np.asarray(lasting, np.float64)),
+        )
+        if receives
+        else None
+    )
     return _Read(
         table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid, jax,
-        program,
+        program, received,
     )  # fmt: skip
 
 

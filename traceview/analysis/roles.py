@@ -66,6 +66,7 @@ class Roles:
     roles: dict[int, str] = field(default_factory=dict)  # rank -> role (workers too)
     busy: dict[int, float] = field(default_factory=dict)  # worker rank -> busy fraction
     rates: dict[int, float] = field(default_factory=dict)  # worker rank -> steps per second
+    ran: dict[int, int] = field(default_factory=dict)  # worker rank -> its steps
     gaps: dict[int, float] = field(default_factory=dict)  # worker rank -> ms between steps
     # worker rank -> other workers' updates between its pull and its push, per step (async)
     staleness: dict[int, float] = field(default_factory=dict)
@@ -177,6 +178,9 @@ def run_roles(
         roles=roles,
         busy=busy_fractions(steps),
         rates=_rates(steps) if steps.height else {},
+        ran={int(r): int(n) for r, n in steps[S.RANK].value_counts().iter_rows()}
+        if steps.height
+        else {},
         gaps=_gaps(steps) if steps.height else {},
         staleness=staleness(timeline) if synchronous is False else {},
         servers=summaries,
@@ -200,6 +204,8 @@ def _synchrony(
 ) -> tuple[bool | None, str]:
     if said is not None:
         return said, "synchrony from the KVStore's type"
+    if any(r.role == "chief" for r in servers):
+        return False, "asynchronous: a coordinator hands each step to whichever worker is free"
     sums = [r.meta.get("server", {}).get("sums") for r in servers]
     updates = [r.meta.get("server", {}).get("updates") for r in servers]
     if workers > 1 and any(u for u in updates if u):
@@ -228,7 +234,12 @@ def _server_summary(entry) -> ServerSummary:  # type: ignore[no-untyped-def]
         busy_fraction=busy,
         span_ms=figures.get("span_ms"),
         bottleneck=busy is not None and busy > SERVER_BOTTLENECK_BUSY,
+        dispatched=_int((entry.meta.get("task") or {}).get("dispatched")),
     )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 #: A worker this much slower than the others (in steps per second) is what limits an
@@ -265,9 +276,59 @@ def roles_cause(roles: Roles, ranks: list[RankSummary]) -> Cause | None:
                 f"{waits:.2f} ms of their {step:.2f} ms step; more servers would spread the keys"
             ),
         )
-    if roles.synchronous is not False or len(workers) < 2:
+    if roles.synchronous is not False or not workers:
         return None
     rates = {r.rank: roles.rates.get(r.rank, 1e3 / r.step_ms) for r in workers}
+    slow = _slow_worker(roles, workers, rates)
+    idle = _dispatch(roles, workers, rates)
+    if idle is not None and (slow is None or idle.speedup > slow.speedup):
+        return idle
+    return slow
+
+
+#: Workers kept idle between the closures a coordinator hands them cost the job this much of its
+#: steps per second (the steps they would run back to back) before that is the verdict.
+DISPATCH_FLOOR = 0.10
+
+
+def _dispatch(roles: Roles, workers: list[RankSummary], rates: dict[int, float]) -> Cause | None:
+    """A coordinator's workers idling between its closures: the job's steps per second against
+    what the workers would run back to back (each at one step per step time)."""
+    chief = next((s for s in roles.servers if s.role == "chief"), None)
+    if chief is None:
+        return None
+    actual = sum(rates.values())
+    gapless = sum(1e3 / r.step_ms for r in workers)
+    if actual <= 0 or gapless <= actual * (1 + DISPATCH_FLOOR):
+        return None
+    gap = float(np.mean([roles.gaps.get(r.rank, 0.0) for r in workers]))
+    step = float(np.mean([r.step_ms for r in workers]))
+    busy = ", ".join(
+        f"rank {r.rank} {roles.busy[r.rank]:.0%}" for r in workers if r.rank in roles.busy
+    )
+    speedup = gapless / actual
+    return Cause(
+        kind="dispatch",
+        rank=chief.rank,
+        phase=S.IDLE,
+        op=None,
+        ms=round(gap, 3),
+        blamed_ms=round(gap, 3),
+        change="dispatch",
+        step_ms=round(step, 3),
+        speedup=round(speedup, 2),
+        text=(
+            f"the workers idle between the steps their coordinator (rank {chief.rank}) hands "
+            f"them: {gap:.2f} ms between steps of {step:.2f} ms on average (busy: {busy}). "
+            f"Kept busy, they would train at {speedup:.2f}x the steps per second"
+        ),
+    )
+
+
+def _slow_worker(roles: Roles, workers: list[RankSummary], rates: dict[int, float]) -> Cause | None:
+    """In an asynchronous job, the slowest worker's largest excess over the others."""
+    if len(workers) < 2:
+        return None
     slow = min(workers, key=lambda r: (rates[r.rank], -r.rank))
     others = [r for r in workers if r.rank != slow.rank]
     typical = float(np.median([rates[r.rank] for r in others]))

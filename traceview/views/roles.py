@@ -30,6 +30,9 @@ def servers_text(report: RunReport) -> Text | None:
         text.append(f"\n  {server.role} rank {server.rank}")
         if server.host:
             text.append(f" on {safe(server.host, 40)}")
+        if server.role == "chief" and server.dispatched is not None:
+            ran = ", ".join(f"rank {r.rank} ran {r.steps_run}" for r in report.ranks[:8])
+            text.append(f": handed out {server.dispatched} steps ({ran})")
         if server.role == "server":
             each = f" of {server.update_ms:.3f} ms" if server.update_ms is not None else ""
             text.append(f": {server.updates} updates{each}, {server.sums} sums of pushes")

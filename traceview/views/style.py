@@ -40,6 +40,7 @@ PHASE_STYLE = {
     S.IDLE: "bright_black",
     "imbalance": "bold red",  # a verdict, not a phase: most communication is waiting
     "pipeline": "bold red",  # a verdict: a pipeline's stages wait on each other (bubble)
+    "dispatch": "bold red",  # a verdict: workers idle between a coordinator's closures
 }
 #: Column headers short enough for an 80-column terminal.
 SHORT = {
@@ -220,6 +221,11 @@ def verdict_text(report: RunReport) -> Text:
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job "
             "step (first rank's start to last rank's end) is lost to waiting for another rank"
         )
+    elif bottleneck == "dispatch":
+        text.append(
+            f" is the bottleneck: the workers idle {pct(summary.bottleneck_share)} of their "
+            "time between the steps their coordinator hands them"
+        )
     elif bottleneck == "imbalance":
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the "
@@ -301,6 +307,11 @@ def cause_advice(cause: Cause) -> str | None:
         return (
             f"look at what keeps {rank} waiting inside its steps outside every operator (a "
             "sleep, a barrier or synchronize, another process on its cores)"
+        )
+    if cause.kind == "dispatch":
+        return (
+            "give each scheduled function more work than its dispatch costs (several steps in a "
+            "loop inside it), and the coordinator cores of its own"
         )
     if cause.kind == "transfer":
         return (

@@ -117,6 +117,7 @@ def _place_roles(found: Roles, draft: Draft) -> None:
         rank.busy_fraction = found.busy.get(rank.rank)
         rate = found.rates.get(rank.rank)
         rank.steps_per_s = round(rate, 3) if rate is not None else None
+        rank.steps_run = found.ran.get(rank.rank)
         rank.gap_ms = found.gaps.get(rank.rank)
         rank.staleness = found.staleness.get(rank.rank)
     draft.fields["servers"] = found.servers
@@ -124,6 +125,10 @@ def _place_roles(found: Roles, draft: Draft) -> None:
     cause = roles_cause(found, draft.fields["ranks"])
     if cause is not None or found.synchronous is False:
         summary.cause = cause
+    if cause is not None and cause.kind == "dispatch":  # (the share of the workers' time idle)
+        summary.bottleneck = "dispatch"
+        idle = [1 - b for r, b in found.busy.items() if found.roles.get(r) == "worker"]
+        summary.bottleneck_share = round(sum(idle) / len(idle), 4) if idle else 0.0
     if found.synchronous is False:  # nobody waits for anyone: there is no straggler
         summary.straggler_rank, summary.straggler_significant = None, False
         for rank in draft.fields["ranks"]:
@@ -148,6 +153,7 @@ class Steps:
     counted: pl.DataFrame  # the rows of those steps
     per_step: list[StepSummary]
     stats: StepStats | None
+    lockstep: bool = True  # every rank's step N is one step of the job
 
     @property
     def n_counted(self) -> int:
@@ -166,9 +172,26 @@ def _steps(ctx: Context) -> Steps:
         kept = df.filter(~pl.col(S.STEP).is_in(incomplete[S.STEP].unique().to_list()))
         df = kept if kept.height else df
     # The steps every headline figure counts, decided once over the run (every rank alike).
-    selection = select_steps(df, ctx.options.choice, named_warmup(ctx.manifest))
+    # Workers that do not wait for each other number their steps apart: a step is slow (warm-up)
+    # against its own worker's pace, each worker's steps scaled to the run's median step.
+    paced = _own_pace(df) if ctx.get(ROLES).synchronous is False else df
+    selection = select_steps(paced, ctx.options.choice, named_warmup(ctx.manifest))
     per_step, stats = _per_step(df, selection)
-    return Steps(every, incomplete, df, selection, kept_rows(df, selection), per_step, stats)
+    lockstep = ctx.get(ROLES).synchronous is not False
+    steps = Steps(every, incomplete, df, selection, kept_rows(df, selection), per_step, stats)
+    steps.lockstep = lockstep
+    return steps
+
+
+def _own_pace(df: pl.DataFrame) -> pl.DataFrame:
+    if df.height == 0:
+        return df
+    median = df[S.WALL_NS].median()
+    own = pl.col(S.WALL_NS).median().over(S.RANK)
+    return df.with_columns(
+        pl.when(own > 0).then(pl.col(S.WALL_NS) / own * median).otherwise(pl.col(S.WALL_NS))
+        .cast(df.schema[S.WALL_NS]).alias(S.WALL_NS)
+    )  # fmt: skip
 
 
 def _place_steps(steps: Steps, draft: Draft) -> None:
@@ -183,7 +206,8 @@ def _place_steps(steps: Steps, draft: Draft) -> None:
     )
     draft.remarks += [
         *(steps.selection.remarks if steps.selection is not None else []),
-        *_slow_remarks(steps.per_step),
+        # (a step number is each worker's own where they do not wait for each other)
+        *(_slow_remarks(steps.per_step) if steps.lockstep else []),
     ]
 
 

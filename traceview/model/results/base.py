@@ -43,7 +43,7 @@ R = TypeVar("R", bound=Result)
 Phase = Literal["io", "h2d", "forward", "backward", "update", "comm", "other", "idle"]
 #: "imbalance": communication is the largest share, but most of it is waiting for a straggler
 BottleneckPhase = Literal[
-    "io", "h2d", "forward", "backward", "update", "comm", "imbalance", "pipeline"
+    "io", "h2d", "forward", "backward", "update", "comm", "imbalance", "pipeline", "dispatch"
 ]
 #: How the ranks' times were put on one clock: measured by ``collect``, shared by one host,
 #: estimated from matched collectives, or not at all (several hosts, nothing to estimate from).

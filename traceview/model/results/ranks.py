@@ -47,6 +47,7 @@ class RankSummary(Result):
     # starts), the mean time between one of its steps and the next, and in an asynchronous job
     # the other workers' updates it did not see per step (between its pull and its push)
     steps_per_s: float | None = None
+    steps_run: int | None = None  # a parameter-server worker's steps in its trace, counted or not
     gap_ms: float | None = None
     staleness: float | None = None
 

@@ -28,3 +28,5 @@ class ServerSummary(Result):
     span_ms: float | None = None
     # busy most of the time: the workers' pushes queue behind it
     bottleneck: bool = False
+    # a coordinator's: the steps it handed to workers (remote calls of the step function)
+    dispatched: int | None = None
