@@ -153,3 +153,29 @@ def test_workers_idling_between_closures_is_the_verdict(tf_ps: Any) -> None:
         chief = next(s for s in report["servers"] if s["role"] == "chief")
         assert cause["rank"] == chief["rank"]
     assert cause is None or cause["kind"] in ("dispatch", "server", "compute", "transfer", "io")
+
+
+def test_a_job_missing_some_tasks_profiles_is_read_as_far_as_they_go(
+    tf_ps: Any, tmp_path: Path
+) -> None:
+    """The chief's profile alone, and the workers' without the chief's and the servers': each
+    read (exit 0), the missing roles named in one warning."""
+    out, report, _ = tf_ps
+    profiles = sorted((out / "profile").glob("*.xplane.pb"))
+    chief = [p for p in profiles if p.name == "chief.xplane.pb"]
+    workers = [
+        p for p in profiles if p.name[: -len(".xplane.pb")] in {r["host"] for r in report["ranks"]}
+    ]
+    assert len(chief) == 1 and len(workers) == 2
+    for name, chosen, missing in (
+        ("chief", chief, "a server or a worker's"),
+        ("workers", workers, "a server or a chief's"),
+    ):
+        folder = tmp_path / name
+        folder.mkdir()
+        for path in chosen:
+            (folder / path.name).symlink_to(path)
+        result = run_cli("report", folder, "--json")
+        assert result.code == 0, result.err
+        warnings = [w for w in result.json()["warnings"] if "parameter-server job" in w]
+        assert len(warnings) == 1 and missing in warnings[0], warnings
