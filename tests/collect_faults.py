@@ -447,3 +447,28 @@ def interrupted(tmp_path: Path, name: str) -> None:
     assert outcome.code == code, outcome.err
     assert f"interrupted ({signal.Signals(signum).name})" in outcome.err, outcome.err
     assert "imported PyTorch" not in outcome.err, outcome.err
+
+
+#: A launcher that has not started any process of the job when it is interrupted, and exits 1 on
+#: a signal (as mpirun does): collect's code is the signal's, not the launcher's.
+EARLY_LAUNCHER = ["sh", "-c", 'trap "exit 1" INT TERM HUP; sleep 30 & wait']
+EARLY_INTERRUPTS = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
+
+
+def interrupted_before_the_job(tmp_path: Path, name: str) -> None:
+    signum = signal.Signals[name]
+
+    def interrupt(proc: subprocess.Popen[bytes], run: Path) -> None:
+        deadline = time.monotonic() + 60
+        while not (run / "raw").is_dir():  # (collect has made the run directory)
+            assert time.monotonic() < deadline and proc.poll() is None, "collect never started"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signum)
+
+    outcome = run_collect(tmp_path, EARLY_LAUNCHER, during=interrupt)
+    assert outcome.code == EARLY_INTERRUPTS[name], outcome.err
+    line = next(x for x in outcome.err.splitlines() if x.startswith("traceview: interrupted"))
+    assert line.startswith(f"traceview: interrupted ({name}) before any rank"), outcome.err
+    assert "removed the empty run directory" in line and "exited with code 1" in line
+    assert not (tmp_path / "work" / "run").exists()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import traceback
 
@@ -100,6 +101,27 @@ def _discard_stdout() -> None:
 NO_ARROW = frozenset(("watch", "profile"))
 
 
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP while traceview does its own work (SIGINT is KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end traceview as Ctrl-C does: one line, exit 128 + the signal
+    (collect hands them to the job while it runs, and restores these after)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):  # (not the main thread: left alone)
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -117,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    _stop_on_signals()
     try:
         code = int(args.handler.run(args))
         sys.stdout.flush()  # here, where a full disk behind a redirection is caught
@@ -124,9 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     except TraceviewError as exc:
         print(f"traceview: error: {safe(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("traceview: interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(
+            f"traceview: interrupted ({signal.Signals(signum).name}): what was written whole is "
+            "kept, nothing half-written (traceview writes each file whole or not at all)",
+            file=sys.stderr,
+        )
+        return 128 + signum
     except BrokenPipeError:
         _discard_stdout()
         return 0

@@ -36,3 +36,8 @@ def test_full_file_system(name: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(F.INTERRUPTS))
 def test_interrupted(name: str, tmp_path: Path) -> None:
     F.interrupted(tmp_path, name)
+
+
+@pytest.mark.parametrize("name", sorted(F.EARLY_INTERRUPTS))
+def test_interrupted_before_the_job(name: str, tmp_path: Path) -> None:
+    F.interrupted_before_the_job(tmp_path, name)

@@ -93,3 +93,36 @@ def test_a_read_only_folder(tmp_path: Path) -> None:
         _one_line(run_cli("ingest", DDP, "-o", folder / "run"), "cannot write")
     finally:
         folder.chmod(0o755)
+
+
+@pytest.mark.parametrize(("signame", "code"), [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_signal_while_traceview_works_exits_as_interrupted(
+    tmp_path: Path, run: Path, signame: str, code: int
+) -> None:
+    """A Chrome export into a named pipe no one reads waits (as `cat > fifo` does; its --help
+    says so): a signal then ends it with one line and 128 + the signal, nothing half-written
+    left in the run directory."""
+    import signal
+    import time
+
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    before = sorted(p.name for p in run.iterdir())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "traceview", "export", run, "--format", "chrome", "-o", fifo],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # (as a terminal's foreground job has them, where a background job of a shell that
+        # runs the tests may have SIGINT ignored: Python then leaves it so)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(3)  # (it has opened the pipe and waits for a reader)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.Signals[signame])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"traceview: interrupted ({signame})"), err
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert "named pipe" in run_cli("export", "--help").out

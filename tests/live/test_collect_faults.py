@@ -31,3 +31,7 @@ def test_a_full_disk_passes_the_job_s_exit_code(tmp_path: Path) -> None:
 
 def test_ctrl_c_before_pytorch_is_an_interruption(tmp_path: Path) -> None:
     F.interrupted(tmp_path, "Ctrl-C before PyTorch")
+
+
+def test_ctrl_c_before_any_process_of_the_job_exits_130(tmp_path: Path) -> None:
+    F.interrupted_before_the_job(tmp_path, "SIGINT")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -227,6 +228,16 @@ class CollectCommand:
                 render_to_console(load_report([run]))
             print(f"traceview: run directory {run} (job exit code {code})", file=sys.stderr)
             return code
+        if not result.statuses and result.interrupted and not _any_rank_started(run):
+            # interrupted by the user before the job ran: the signal's code, not the launcher's
+            removed = self._remove_empty(run, existed, args.keep, quiet=True)
+            kept = "removed the empty run directory" if removed else f"kept {run}"
+            print(
+                f"traceview: interrupted ({result.interrupted}) before any rank of the job "
+                f"started: {kept} (the launcher exited with code {code})",
+                file=sys.stderr,
+            )
+            return 128 + int(signal.Signals[result.interrupted])
         if not result.statuses:
             if result.interrupted:
                 why = (
@@ -342,7 +353,9 @@ class CollectCommand:
         return True
 
     @staticmethod
-    def _remove_empty(run: Path, existed: bool, keep: bool, empty_records: bool = False) -> bool:
+    def _remove_empty(
+        run: Path, existed: bool, keep: bool, empty_records: bool = False, quiet: bool = False
+    ) -> bool:
         """Remove a run directory collect made that received nothing from the job (only its
         bootstrap; with ``empty_records``, ranks' step records of no step count as nothing),
         unless ``keep``; says so. Whether it was removed."""
@@ -359,11 +372,20 @@ class CollectCommand:
         if keep or existed or received or not run.is_dir():
             return False
         shutil.rmtree(run, ignore_errors=True)
-        print(
-            f"traceview: removed {run}: the job left nothing in it (--keep keeps it)",
-            file=sys.stderr,
-        )
+        if not quiet:
+            print(
+                f"traceview: removed {run}: the job left nothing in it (--keep keeps it)",
+                file=sys.stderr,
+            )
         return True
+
+
+def _any_rank_started(run: Path) -> bool:
+    """Whether any process of the job started with the collector (its marker in raw/)."""
+    from traceview.collectors.rankside import STARTED
+    from traceview.store import rundir as R
+
+    return any((run / R.RAW / STARTED).glob("*"))
 
 
 def _open_screen(run: Path) -> Any:

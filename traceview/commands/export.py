@@ -44,8 +44,9 @@ class ExportCommand:
             type=Path,
             metavar="PATH",
             help="folder for parquet/csv (default RUN/export: empty or a previous export), file for "
-            "chrome (default RUN/trace.json.gz; a device or named pipe is written in place) or "
-            "html (default RUN/report.html)",
+            "chrome (default RUN/trace.json.gz; a device or named pipe is written in place: a "
+            "pipe with no reader waits for one, as `cat > fifo` does) or html (default "
+            "RUN/report.html)",
         )
         add_step_arguments(parser)
         add_window_argument(parser)

@@ -22,8 +22,10 @@ import errno
 import os
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from traceview.model import schema as S
 from traceview.model.errors import OutputError, UsageError, cannot_write
@@ -239,3 +241,22 @@ def _name(path: Path) -> str:
     """``path`` for a message: untrusted (escapes, invalid UTF-8) made printable, and cut."""
     text = str(path).encode("utf-8", "backslashreplace").decode()
     return safe(text, 120)
+
+
+def open_in_place(path: Path) -> IO[bytes]:
+    """A special file (a device, a named pipe) opened for writing in place. A pipe with no
+    reader is waited for as ``cat > fifo`` does, but a non-blocking open tried every 50 ms: a
+    signal then ends the wait (a blocking open is restarted by a native library's handler that
+    asks for it, and would outlive Ctrl-C)."""
+    if not stat.S_ISFIFO(os.stat(path).st_mode):
+        return path.open("wb")
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # (ENXIO: no reader yet)
+                raise
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "wb")

@@ -38,6 +38,7 @@ from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes, cannot_write
 from traceview.model.results import RunReport
 from traceview.store import rundir as R
+from traceview.store.outputs import open_in_place
 from traceview.views.chrome_tracks import (
     PHASES_TID,
     STEPS_TID,
@@ -166,16 +167,20 @@ def write_bytes(out: Path, data: bytes, in_place: bool = False) -> None:
     """``data`` into ``out``: atomically, or written in place into a special file."""
     with _target(out, in_place) as tmp:
         try:
-            with tmp.open("wb") as f:
+            with open_in_place(tmp) if in_place else tmp.open("wb") as f:
                 f.write(data)
         except OSError as exc:
             raise cannot_write(out, exc) from None
 
 
-def _open(path: Path, tmp: Path) -> IO[bytes]:
-    if path.suffix == ".gz":
-        return cast(IO[bytes], gzip.open(tmp, "wb", compresslevel=6))
-    return tmp.open("wb")
+@contextmanager
+def _open(path: Path, tmp: Path, in_place: bool = False) -> Iterator[IO[bytes]]:
+    with open_in_place(tmp) if in_place else tmp.open("wb") as raw:
+        if path.suffix != ".gz":
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as packed:
+            yield cast(IO[bytes], packed)
 
 
 def chrome(
@@ -219,7 +224,7 @@ def chrome(
     origin = origin or 0
     count = 0
     flow_ids = iter(range(1, 1 << 62))  # flow ids are global to the trace: numbered here
-    with _target(out, in_place) as tmp, _open(out, tmp) as f:
+    with _target(out, in_place) as tmp, _open(out, tmp, in_place) as f:
         f.write(b'{"displayTimeUnit":"ms","otherData":{"generator":"traceview"},"traceEvents":[\n')
         first = True
 
