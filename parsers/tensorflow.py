@@ -797,20 +797,15 @@ def _events(
         "base_time_ns": start_ns,
     }
     jax = any(pair is not None and _JAX_MODULE.match(pair[0]) for pair in hlo)
-    flows, done, on, at, lasting = (
-        (list(x) for x in zip(*receives, strict=True)) if receives else ([], [], [], [], [])
-    )
-    received = (
-        (
-            flows,
-            done,
-            on,
-            us_to_ns(np.asarray(at, np.float64), base),
-            us_durations_to_ns(np.asarray(lasting, np.float64)),
+    received = None
+    if receives:
+        received = (
+            [r[0] for r in receives],
+            [r[1] for r in receives],
+            [r[2] for r in receives],
+            us_to_ns(np.asarray([r[3] for r in receives], np.float64), base),
+            us_durations_to_ns(np.asarray([r[4] for r in receives], np.float64)),
         )
-        if receives
-        else None
-    )
     return _Read(
         table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid, jax,
         program, received,

@@ -167,13 +167,15 @@ def run_roles(
     kept = record() if record is not None and synchronous is False else None
     timeline = kept if kept is not None and kept.height else steps
     missing = []
-    if not any(r.role == "server" for r in [*servers, *others]):
+    if not any(r.role == "server" for r in servers) and not any(p.role == "server" for p in others):
         missing.append("server")
     if not workers:
         missing.append("worker")
     # (a TensorFlow worker runs the closures a coordinator hands it: the job had a chief)
     handed = any((r.meta.get("task") or {}).get("executions") for r in manifest.ranks)
-    if handed and not any(r.role == "chief" for r in [*servers, *others]):
+    if handed and not (
+        any(r.role == "chief" for r in servers) or any(p.role == "chief" for p in others)
+    ):
         missing.append("chief")
     return Roles(
         architecture="parameter_server",
