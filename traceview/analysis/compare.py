@@ -29,6 +29,7 @@ from traceview.model.results import (
     Comparison,
     RunReport,
 )
+from traceview.model.results.compare import kind_of
 
 #: A ratio is worth a headline when the slower side is this much slower...
 NOTABLE_RATIO = 1.5
@@ -345,13 +346,6 @@ def _throughput_highlights(runs: list[ComparedRun]) -> list[str]:
             f"{len(base.workers) or base.ranks} workers)"
         )
     return said
-
-
-def kind_of(run: ComparedRun) -> str:
-    if run.architecture == "collective":
-        return "all-reduce"
-    mode = {True: "synchronous", False: "asynchronous"}.get(run.synchronous)  # type: ignore[arg-type]
-    return f"{mode or 'parameter server'} parameter server" if mode else "parameter server"
 
 
 def _share(fraction: float | None) -> str:

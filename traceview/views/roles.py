@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from traceview.analysis.compare import kind_of
 from traceview.model.results import Comparison, RunReport
+from traceview.model.results.compare import kind_of
 from traceview.views.style import pct, safe
 
 

@@ -113,3 +113,11 @@ class Comparison(Result):
     # mesh, FSDP's gathers and reduce-scatters, a pipeline's pairs); empty for data parallelism,
     # whose communication is the phases' comm
     comm_by_group: list[ComparedCommGroup] = []
+
+
+def kind_of(run: ComparedRun) -> str:
+    """The run's architecture in words: all-reduce, or which parameter server."""
+    if run.architecture == "collective":
+        return "all-reduce"
+    mode = {True: "synchronous", False: "asynchronous"}.get(run.synchronous)  # type: ignore[arg-type]
+    return f"{mode} parameter server" if mode else "parameter server"
