@@ -165,6 +165,18 @@ def _cache_of_other(name: str) -> Callable[[Path, Path, Path], None]:
     return make
 
 
+def _unlisted(rank: int, source: int) -> Callable[[Path, Path, Path], None]:
+    """The run's own events of rank ``source`` copied in as a rank its manifest does not list
+    (its run id is right: only the manifest tells it is not the run's)."""
+
+    def make(run: Path, other: Path, outside: Path) -> None:
+        target = R.events_path(run, rank)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(R.events_path(run, source), target)
+
+    return make
+
+
 def _export_out(run: Path, other: Path, outside: Path) -> None:
     (outside / "exported").mkdir()
     os.symlink(outside / "exported", run / "export")
@@ -183,6 +195,14 @@ CASES = [
         export=True,
     ),
     Case("foreign-all", _foreign((0, 1)), 2, ("no rank left", "its events belong to run")),
+    Case(
+        "unlisted-rank",
+        _unlisted(5, 1),
+        0,
+        ("rank(s) 5 left out", "manifest does not list"),
+        (0, 1),
+        export=True,
+    ),
     Case("events-dir-link", _link("events", lambda o, _: o / "events"), 2, ("events/rank=", OUT)),
     Case(
         "rank-folder-link",
@@ -246,7 +266,7 @@ def check_case(case: Case, runs: Runs, tmp_path: Path) -> None:
             assert exported.code == 2 and OUT in exported.err, exported.err
         else:
             assert exported.code == 0, exported.err
-            if case.ranks != (0, 1):
+            if case.ranks != (0, 1) or case.id == "unlisted-rank":
                 assert "left out" in exported.err, exported.err
     assert snapshot(runs.b, outside) == before, "a file outside the run directory changed"
     if case.code == 0 and case.id.startswith("cache-"):

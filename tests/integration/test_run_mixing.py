@@ -18,7 +18,9 @@ from tests.run_mixing import (
     runs,  # noqa: F401 (the fixture)
 )
 
-CHOSEN = ("foreign-rank1", "cache-of-other-steps", "events-dir-link", "cache-link-steps")
+CHOSEN = (
+    "foreign-rank1", "cache-of-other-steps", "events-dir-link", "cache-link-steps", "unlisted-rank",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if c.id in CHOSEN])

@@ -85,7 +85,7 @@ def _reanalysis(
         seen = R.identities(run)
     per_rank, damaged = [], {}
     refused = _side_links_out(run, manifest)
-    ranks = R.event_ranks(run)
+    ranks = _listed_ranks(run, manifest)
     for done, rank in enumerate(ranks):
         progress("analysing ranks", done, len(ranks))
         try:
@@ -115,7 +115,8 @@ def _reanalysis(
     }
     segments = [t["segments"] for t in per_rank]
     newer = _version(manifest.analysis_version) > _version(ANALYSIS_VERSION)
-    if damaged or refused or newer:
+    unlisted = len(ranks) < len(R.event_ranks(run))
+    if damaged or refused or newer or unlisted:
         return tables, segments, False  # not cached: a cache holds every rank
     # read-only or damaged: uncached (RunReplaced goes on: the run is read again)
     with suppress(OutputError, OSError, ValueError, RecursionError):
@@ -124,6 +125,24 @@ def _reanalysis(
     return tables, segments, False
 
     # leaving the block renames the tables into place, then the manifest
+
+
+def _listed_ranks(run: Path, manifest: Manifest) -> list[int]:
+    """The ranks with events in the run directory that its manifest lists; events of a rank it
+    does not list (a part copied in from another run, or left by one) are left out, with one
+    warning naming them."""
+    found = R.event_ranks(run)
+    listed = {r.rank for r in manifest.ranks}
+    if not listed:  # (a manifest that lists no rank: nothing to hold the parts to)
+        return found
+    extra = [r for r in found if r not in listed]
+    if extra:
+        which = ", ".join(map(str, extra[:10])) + (" ..." if len(extra) > 10 else "")
+        manifest.notes.warnings.append(
+            f"rank(s) {which} left out: events in {run / R.EVENTS} for rank(s) its manifest "
+            "does not list (a part of another run, or copied in since the ingest)"
+        )
+    return [r for r in found if r in listed]
 
 
 def _side_links_out(run: Path, manifest: Manifest) -> set[str]:

@@ -69,9 +69,18 @@ def tables(
     except OSError as exc:
         raise cannot_write(out, exc) from None
     damaged: dict[int, BadInput] = {}
-    run_id = run_id if run_id is not None else R.read_manifest(run).run_id
-    events = R.read_events(run, damaged=damaged, run_id=run_id)
+    manifest = R.read_manifest(run)
+    run_id = run_id if run_id is not None else manifest.run_id
+    # (the ranks its manifest lists: report leaves a rank it does not list out, and says so)
+    listed = [r.rank for r in manifest.ranks] or None
+    events = R.read_events(run, listed, damaged=damaged, run_id=run_id)
     _left_out(damaged, len(damaged) < len(R.event_ranks(run)), notes)
+    unlisted = [r for r in R.event_ranks(run) if listed is not None and r not in listed]
+    if unlisted:
+        notes.warnings.append(
+            f"rank(s) {', '.join(map(str, unlisted[:10]))} left out: events for rank(s) the "
+            "run's manifest does not list"
+        )
     written = []
     for name, table in (("events", events), *analysis.items()):
         table = _plain_strings(table)
