@@ -31,20 +31,45 @@ def _outermost(
     """The collective rows no ancestor of which is a collective on the same device; for every
     other collective row the outermost such one it is inside; and for each row the nearest
     collective ancestor on another device (-1: none), the host call that launched a kernel.
-    Walks up from the collective rows only (a few per step), one level per round."""
+    Pointer jumping, so that a chain of nested calls costs the log of its depth in rounds (a
+    trace that nests one call 50,000 times in itself, not 50,000 rounds): each row's nearest
+    collective ancestor first, then along those of the same device the outermost. (A collective
+    above a collective of another device, itself above one of the first device, as a host call
+    inside a kernel would be, is not followed past the other device's.)"""
     rows = np.flatnonzero(is_collective)
-    owner = np.full(len(rows), -1, np.int64)
-    launcher = np.full(len(rows), -1, np.int64)
-    current = parent_row[rows]
-    while (current >= 0).any():
-        at = np.maximum(current, 0)
-        found = (current >= 0) & is_collective[at]
-        same = device[at] == device[rows]
-        owner = np.where(found & same, current, owner)
-        launcher = np.where(found & ~same & (launcher < 0), current, launcher)
-        current = np.where(current >= 0, parent_row[at], -1)
-    inner = owner >= 0
-    return rows[~inner], np.stack([rows[inner], owner[inner]]), launcher[~inner]
+    nearest = _nearest_marked(parent_row, is_collective)[rows]
+    at = np.maximum(nearest, 0)
+    same = (nearest >= 0) & (device[at] == device[rows])
+    # the chain of same-device collective ancestors, over the collective rows (by position)
+    position = np.full(len(parent_row), -1, np.int64)
+    position[rows] = np.arange(len(rows))
+    up = np.where(same, position[at], -1)
+    top = _root_of(up)
+    inner = top != np.arange(len(rows))
+    owner = rows[top[inner]]
+    launcher = nearest[~inner]  # (no same-device collective above: the nearest is another's)
+    return rows[~inner], np.stack([rows[inner], owner]), launcher
+
+
+def _nearest_marked(parent: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """For each row, its nearest ancestor that is ``marked`` (-1: none), by pointer jumping."""
+    up = parent.astype(np.int64, copy=True)
+    while True:
+        at = np.maximum(up, 0)
+        moving = (up >= 0) & ~marked[at]
+        if not moving.any():
+            return up
+        up = np.where(moving, up[at], up)
+
+
+def _root_of(up: np.ndarray) -> np.ndarray:
+    """For each node of a forest (``up``: its parent, -1 for a root), its root."""
+    root = np.where(up >= 0, up, np.arange(len(up)))
+    while True:
+        nxt = root[root]
+        if (nxt == root).all():
+            return root
+        root = nxt
 
 
 #: Views a worker thread runs for a call the program issued on its own thread: gloo runs
