@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, SAMPLES, run_cli
 from tests.tui_helpers import EVIL, evil_run, play, sample_run, settle
 from traceview.analysis.compare import compare
 from traceview.analysis.summary import RunInputs, summarize
@@ -24,7 +24,7 @@ from traceview.commands.tui import run_groups
 from traceview.model import schema as S
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
-from traceview.runs import Run, open_run, open_runs
+from traceview.runs import Run, ingest_run, open_run, open_runs
 from traceview.tui.app import TraceviewApp
 from traceview.tui.help import HelpScreen
 from traceview.tui.model import build_view
@@ -101,6 +101,32 @@ def test_overview_says_where_the_time_goes_with_the_reports_numbers(ddp: Run) ->
     assert f"straggler: rank {summary.straggler_rank} (waited for the most" in seen["notes"]
     assert "ranks are balanced" in seen["notes"]
     assert "host-bound" not in seen["legend"]  # a CPU run's phases have no host-bound part
+
+
+def test_overview_reads_a_parameter_server_job_as_workers_and_servers(runs_root: Path) -> None:
+    """An MXNet ps-lite job (dist_sync): the overview names the architecture, each worker's
+    busy fraction and steps per second, and how the roles were known, as the report has them."""
+    out = runs_root / "mxnet-dist_sync"
+    if not out.exists():
+        ingest_run([SAMPLES / "mxnet" / "dist_sync"], out)
+    with open_run([out]) as run:
+        report = run.report()
+        seen: dict[str, str] = {}
+
+        async def look(app: TraceviewApp, pilot: Pilot[None]) -> None:
+            seen["notes"] = plain(app.query_one("#notes", Static))
+
+        drive([run], look)
+    assert report.run.architecture == "parameter_server"
+    notes = " ".join(seen["notes"].split())
+    assert "parameter server (synchronous): workers:" in notes, notes
+    for rank in report.ranks:
+        assert rank.steps_per_s is not None and rank.busy_fraction is not None
+        assert (
+            f"rank {rank.rank} busy {pct(rank.busy_fraction)}, {rank.steps_per_s:.1f} steps/s"
+            in notes
+        )
+    assert str(report.run.architecture_from) in notes
 
 
 def test_overview_explains_the_gpu_with_the_reports_numbers(runs_root: Path) -> None:

@@ -28,6 +28,7 @@ from traceview.tui.render import (
     untrusted,
     verdict_text,
 )
+from traceview.views.roles import servers_text
 from traceview.views.style import shown_notes, whole_run_text
 
 LABEL = 9  # "rank 123 "
@@ -159,6 +160,10 @@ class OverviewPane(VerticalScroll):
         notes.append_text(communication_text(view.report))
         notes.append("\n")
         notes.append_text(straggler_text(view.report))
+        serving = servers_text(view.report)  # (a parameter-server job: workers and servers)
+        if serving is not None:
+            notes.append("\n")
+            notes.append_text(serving)
         # GPU ranks: the device's time explained (the first few; `report` lists them all)
         for row in [r for r in view.report.ranks if r.gpu is not None][:GPU_RANKS]:
             assert row.gpu is not None
