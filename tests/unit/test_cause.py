@@ -205,3 +205,21 @@ def test_the_rank_that_takes_over_is_named_with_its_phase() -> None:
     )
     cause.then_phase = None
     assert "; rank 5 then ends the step last (the others wait for it)" in cause_words(cause, 100.0)
+
+
+def test_compare_names_a_dispatch_cause_and_a_server_as_what_they_are() -> None:
+    from traceview.analysis.critical_path.cause import cause_brief
+
+    dispatch = Cause(
+        kind="dispatch", rank=3, phase="idle", op=None, ms=27.1, blamed_ms=27.1,
+        change="dispatch", step_ms=69.3, speedup=1.89, text="",
+    )  # fmt: skip
+    assert cause_brief(dispatch) == (
+        "the workers idling between the steps their coordinator hands them cost 27.1 ms per "
+        "step (1.89x without)"
+    )
+    server = Cause(
+        kind="server", rank=2, phase="comm", op="update", ms=8.0, blamed_ms=8.0,
+        change="server:rank=2", step_ms=20.0, speedup=1.4, text="",
+    )  # fmt: skip
+    assert cause_brief(server).startswith("the workers' pushes queueing at server rank 2 cost 8")

@@ -499,6 +499,8 @@ def cause_brief(cause: Cause) -> str:
         TRANSFER: "exposed communication",
         S.SEGMENT_HOST_BOUND: "the device waiting for the host",
         S.SEGMENT_LAUNCH: "the device waiting for kernel launches",
+        "dispatch": "the workers idling between the steps their coordinator hands them",
+        "server": f"the workers' pushes queueing at server {who}",
     }.get(cause.kind, f"{who}'s {phase}" if cause.change.startswith("balance:") else str(phase))
     return f"{what} cost {cause.ms:.3g} ms per step ({cause.speedup:.2f}x without)"
 
