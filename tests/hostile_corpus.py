@@ -407,6 +407,23 @@ def _json_doc_cases(fmt: str, base: Base) -> Iterator[Case]:
             b'"traceEvents":[', b'"traceEvents":[' + b'{"a":' * deep + b"1" + b"}" * deep + b",", 1
         ),
     )
+    # one event repeated: each copy nested in the one before (a collective walked up 50,000
+    # levels took 40 s), and a TF1 Session.run's start 100,000 times (100,000 steps)
+    if fmt in ("kineto", "kineto-json"):
+        yield case(
+            "one-event-50k",
+            lambda doc: {**doc, "traceEvents": [*events_of(doc), *[timed(doc)[0]] * 50_000]},
+            timeout=60,
+        )
+    if fmt == "tf1":
+
+        def sources(doc: Any) -> Any:
+            evs = events_of(doc)
+            source = next(e for e in evs if (e.get("args") or {}).get("name") == "_SOURCE")
+            many = [{**source, "ts": source["ts"] + 10 * i} for i in range(100_000)]
+            return {**doc, "traceEvents": [*evs, *many]}
+
+        yield case("source-100k", sources, timeout=120)
     # huge and many names
     yield case("name-16mb", set_all("name", "n" * (16 * 1024 * 1024), only_one=True))
     yield case(

@@ -426,6 +426,7 @@ FAST_FIXED = [
     "output-o-name-escape",
     "kill-reingest-rename-9-j1",
     "kineto-dur-1e18-all",
+    "kineto-one-event-50k",
 ]
 
 
