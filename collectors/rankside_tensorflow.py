@@ -336,6 +336,12 @@ def start(config: Config, tf: Any) -> None:
     profiles the process: one profiler session per process)."""
     if any(c.framework == "jax" for c in _collectors):
         return
+    from .rankside_tf_ps import parameter_server_task, start_task
+
+    task = parameter_server_task(os.environ.get("TF_CONFIG"))
+    if task is not None:  # a task of a parameter-server job: its own collector
+        start_task(config, tf, *task)
+        return
     collector = TensorFlowCollector(config, tf)
     collector.install()
     keras_hook = collector.hook_keras

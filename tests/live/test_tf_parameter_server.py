@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from tests.conftest import REPO, run_cli
@@ -179,3 +180,68 @@ def test_a_job_missing_some_tasks_profiles_is_read_as_far_as_they_go(
         assert result.code == 0, result.err
         warnings = [w for w in result.json()["warnings"] if "parameter-server job" in w]
         assert len(warnings) == 1 and missing in warnings[0], warnings
+
+
+# --- under traceview collect: every task profiled, the roles from TF_CONFIG -------------------
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], list[Any]]:
+    """The same job (120 closures, its own profiling off) under ``traceview collect``: the chief
+    profiles itself and the workers' and server's profiler services over one window."""
+    work = tmp_path_factory.mktemp("tfps-collect")
+    out, run = work / "out", work / "run"
+    command = [
+        sys.executable, "-m", "traceview", "collect", "--no-report", "-o", str(run), "--",
+        sys.executable, str(WORKLOAD), str(out), "--no-profile", "--workers", "2", "--ps", "1",
+        "--slow-worker", str(SLOW), "--slow-ms", "60", "--batch", "256", "--width", "2048",
+        "--steps", "120",
+    ]  # fmt: skip
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = run_cli("report", run, "--json", "--skip", "0")
+    assert result.code == 0, result.err
+    return run, result.json(), json.loads((out / "timers.json").read_text())
+
+
+def test_collect_profiles_every_task_of_the_job(collected: Any) -> None:
+    """Roles from collect (TF_CONFIG): the workers are ranks 0 and 1 (their task index), the
+    chief and the parameter server are listed as what they are; every task ended ok and wrote
+    its profile; the chief handed out about the steps the workers ran in the window."""
+    run, report, _ = collected
+    assert report["run"]["architecture"] == "parameter_server"
+    assert report["run"]["synchronous"] is False
+    assert report["run"]["architecture_from"].startswith("roles from collect")
+    assert [(r["rank"], r["role"]) for r in report["ranks"]] == [(0, "worker"), (1, "worker")]
+    assert sorted(s["role"] for s in report["servers"]) == ["chief", "server"]
+    manifest = json.loads((run / "manifest.json").read_text())["collect"]
+    every = [*manifest["ranks"], *manifest["processes"]]
+    assert len(every) == 4 and all(p["state"] == "ok" and p["trace"] for p in every), every
+    assert not [w for w in report["warnings"] if "ended" in w or "no trace" in w], report[
+        "warnings"
+    ]
+    ran = sum(r["steps_run"] for r in report["ranks"])
+    chief = next(s for s in report["servers"] if s["role"] == "chief")
+    assert ran >= 10 and abs(chief["dispatched"] - ran) <= 8, (chief, ran)
+
+
+def test_collected_workers_steps_match_their_timers(collected: Any) -> None:
+    """Each worker's steps are the closures its timers say it ran inside its profile (one at
+    either edge may be cut), and its mean step is within 10% of theirs over those closures (the
+    profile's window is read from the run's steps table only to choose them)."""
+    run, report, timers = collected
+    steps = pl.read_parquet(run / "steps.parquet")
+    for rank in report["ranks"]:
+        worker = rank["rank"]  # (collect's rank is the worker's task index)
+        mine = steps.filter(pl.col("rank") == worker)
+        lo, hi = mine["start_ns"].min() / 1e3, mine["end_ns"].max() / 1e3
+        inside = [
+            (t["t1_us"] - t["t0_us"]) / 1e3
+            for t in timers
+            if t["worker"] == worker and lo - 2e3 <= t["t0_us"] and t["t1_us"] <= hi + 2e3
+        ]
+        print(f"worker {worker}: {rank['step_ms']} ms over {rank['steps_run']} steps; timers "
+              f"{statistics.mean(inside):.2f} ms over {len(inside)} closures")  # fmt: skip
+        assert rank["steps_run"] >= 3 and abs(len(inside) - rank["steps_run"]) <= 2, rank
+        assert rank["step_ms"] == pytest.approx(statistics.mean(inside), rel=0.10)

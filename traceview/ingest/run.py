@@ -381,7 +381,7 @@ def _collect_notes(collected: Collected, notes: Notes) -> None:
         notes.remark(
             f"parameter-server job: {counts} beside the workers; "
             + (
-                f"{traced} profiled (servers through worker 0's KVStore), the rest recorded"
+                f"{traced} profiled (by worker 0's KVStore or the chief), the rest recorded"
                 if traced
                 else "recorded but not profiled (what the servers do shows as the workers' "
                 "push/pull time)"

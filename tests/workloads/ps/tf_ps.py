@@ -61,7 +61,8 @@ def launch(args: argparse.Namespace) -> int:
         env = dict(os.environ, TF_CONFIG=json.dumps(
             {"cluster": cluster, "task": {"type": kind, "index": index}}
         ))  # fmt: skip
-        env["TF_PS_PROFILER_PORT"] = str(services[kind][index])
+        if args.profile:
+            env["TF_PS_PROFILER_PORT"] = str(services[kind][index])
         home = args.out / "tasks" / f"{kind}-{index}"
         home.mkdir(parents=True, exist_ok=True)
         (home / WORKER_ID).write_text(str(index if kind == "worker" else -1))
@@ -87,7 +88,8 @@ def serve() -> int:
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    tf.profiler.experimental.server.start(int(os.environ["TF_PS_PROFILER_PORT"]))
+    if os.environ.get("TF_PS_PROFILER_PORT"):  # (not under traceview collect: it does this)
+        tf.profiler.experimental.server.start(int(os.environ["TF_PS_PROFILER_PORT"]))
     server = tf.distribute.Server(
         resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
         protocol="grpc", start=True,
@@ -151,6 +153,11 @@ def coordinate(args: argparse.Namespace) -> int:
         x, y = next(iterator)
         return strategy.run(train, args=(x, y))
 
+    if not args.profile:  # (under traceview collect, which profiles every task itself)
+        results = [coordinator.schedule(step, args=(per_worker,)) for _ in range(args.steps)]
+        coordinator.join()
+        _write_timers(args.out, results)
+        return 0
     for _ in range(3):  # (tracing and the first steps, outside the profile)
         coordinator.schedule(step, args=(per_worker,))
     coordinator.join()
@@ -169,18 +176,23 @@ def coordinate(args: argparse.Namespace) -> int:
     coordinator.join()
     tf.profiler.experimental.stop()
     traced.join()
-    timers = []
-    for result in results:
-        wid, t0, t1, t2 = result.fetch()
-        timers.append({"worker": int(wid), "t0_us": float(t0) * 1e6, "t1_us": float(t1) * 1e6,
-                       "updated_us": float(t2) * 1e6})  # fmt: skip
     profile.mkdir(parents=True, exist_ok=True)
     for found in staging.rglob("*.xplane.pb"):
         name = "chief.xplane.pb" if "chief" in found.parts else found.name
         shutil.move(str(found), profile / name)
     shutil.rmtree(staging)
-    (args.out / "timers.json").write_text(json.dumps(timers))
+    _write_timers(args.out, results)
     return 0
+
+
+def _write_timers(out: Path, results: list) -> None:  # type: ignore[type-arg]
+    timers = []
+    for result in results:
+        wid, t0, t1, t2 = result.fetch()
+        timers.append({"worker": int(wid), "t0_us": float(t0) * 1e6, "t1_us": float(t1) * 1e6,
+                       "updated_us": float(t2) * 1e6})  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timers.json").write_text(json.dumps(timers))
 
 
 def main() -> int:
@@ -194,6 +206,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--width", type=int, default=512, help="the hidden layer")
     parser.add_argument("--window-s", type=float, default=6.0, help="the other tasks' profile")
+    parser.add_argument(
+        "--no-profile", dest="profile", action="store_false",
+        help="profile nothing (under traceview collect, which profiles every task)",
+    )  # fmt: skip
     parser.add_argument("--task", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.task:
