@@ -237,8 +237,11 @@ class _Chief:
 
 
 def start_task(config: Config, tf: Any, kind: str, index: int, cluster: dict[str, Any]) -> None:
-    """Set up the task once the job has imported tensorflow."""
-    if kind == "chief":
-        install_exit_handlers(_Chief(config, tf, index, cluster))
-    else:
-        _Serving(config, tf, kind, index, cluster)
+    """Set up the task once the job has imported tensorflow (never breaking the job)."""
+    try:
+        if kind == "chief":
+            install_exit_handlers(_Chief(config, tf, index, cluster))
+        else:
+            _Serving(config, tf, kind, index, cluster)
+    except Exception as exc:
+        warn(f"could not profile this {kind} ({type(exc).__name__}: {exc}); running unprofiled")

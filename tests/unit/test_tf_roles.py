@@ -92,3 +92,21 @@ def test_the_waits_for_other_tasks_tensors_pair_start_and_end_and_merge() -> Non
     assert waits.column("dur_ns").to_pylist() == [5 * MS, MS // 2]
     assert waits.column("name").to_pylist()[0].startswith("_Recv (2 ")
     assert remote_waits(None) is None
+
+
+def test_a_parameter_server_task_is_known_by_its_tf_config() -> None:
+    """collect's TensorFlow collector takes a task of a cluster with parameter servers as such
+    (chief, worker, ps); a MultiWorkerMirroredStrategy worker, an evaluator and a config that
+    does not read are not."""
+    import json
+
+    from traceview.collectors.rankside_tf_ps import parameter_server_task
+
+    cluster = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
+    for kind, index in (("chief", 0), ("worker", 1), ("ps", 0)):
+        said = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+        assert parameter_server_task(said) == (kind, index, cluster)
+    mirrored = {"cluster": {"worker": ["h:2", "h:3"]}, "task": {"type": "worker", "index": 0}}
+    evaluator = {"cluster": cluster, "task": {"type": "evaluator", "index": 0}}
+    for value in (json.dumps(mirrored), json.dumps(evaluator), "{", "[]", None, '{"task": 1}'):
+        assert parameter_server_task(value) is None
