@@ -35,6 +35,8 @@ SCENARIOS: dict[str, tuple[str, str, str, int, int]] = {
     "sync": ("dist_sync", "server", "trainer", 2, 1),
     "async": ("dist_async", "server", "trainer", 2, 1),
     "sync-worker-update-2servers": ("dist_sync", "worker", "trainer", 2, 2),
+    # the KVStore's own push of every gradient, then pull of every weight (the wait in the pull)
+    "sync-push-pull": ("dist_sync", "server", "push-pull", 2, 1),
 }
 
 
@@ -54,7 +56,7 @@ def _ps_run(
     if name in _RUNS:
         return _RUNS[name]
     python = _mxnet_python()
-    kvstore, update, _, workers, servers = SCENARIOS[name]
+    kvstore, update, how, workers, servers = SCENARIOS[name]
     work = tmp_path_factory.mktemp(f"ps-{name}")
     out, run = work / "out", work / "run"
     dmlc = Path(sys.executable).with_name("traceview-dmlc")
@@ -62,7 +64,7 @@ def _ps_run(
     command = [
         sys.executable, "-m", "traceview", "collect", "--no-report", "-o", str(run), "--",
         launcher, "-n", str(workers), "-s", str(servers), str(python), str(WORKLOAD), str(out),
-        "--kvstore", kvstore, "--update", update,
+        "--kvstore", kvstore, "--update", update, "--step", how,
         "--slow-rank", str(SLOW_RANK), "--slow-ms", str(SLOW_MS),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -89,12 +91,14 @@ def _steps_with_timers(name: str, run: Path) -> pl.DataFrame:
         (pl.col(S.WALL_NS) / 1e6).alias("step_tv"),
         (pl.col(S.COMM_TOTAL_NS) / 1e6).alias("comm_tv"),
     )
-    timers = _timers(run, run.parent / "out").select(
+    timed = _timers(run, run.parent / "out")
+    timers = timed.select(
         pl.col("rank").cast(pl.Int64).alias(S.RANK),
         pl.col("step").cast(pl.Int64).alias(S.STEP),
         "step_ms",
         "comm_ms",
         "forward_ms",
+        *[c for c in ("push_ms", "pull_ms") if c in timed.columns],
     )
     return ours.join(timers, on=[S.RANK, S.STEP], how="inner")
 
@@ -184,6 +188,18 @@ def test_sync_wait_and_async_none(ps_run: tuple[str, Path, dict[str, Any]]) -> N
     summary = report["summary"]
     assert summary["straggler_rank"] == SLOW_RANK and summary["straggler_significant"]
     assert summary["straggler_phase"] == S.FORWARD
+    if SCENARIOS[name][2] == "push-pull":
+        # Every gradient pushed and waited for, then every weight pulled: the timers put the
+        # wait in the pushes (a synchronous server answers a push once every worker's is in),
+        # and so does the report, by the calls it matched (the pulls wait next to nothing).
+        split = dict(
+            df.group_by(S.RANK).agg(pl.col("push_ms").mean()).iter_rows()
+        )  # fmt: skip
+        in_push = split[fast] - split[SLOW_RANK]
+        by_op = {c["op"]: c for c in report["collectives"]}
+        pushed = by_op["push"]["wait_ms"] * 2  # (the mean over both workers: the fast one's all)
+        assert abs(pushed - in_push) <= max(2.0, 0.15 * in_push), (pushed, in_push)
+        assert by_op["pull"]["wait_ms"] * 2 < 0.1 * in_push, by_op["pull"]
     if SCENARIOS[name][1] == "worker":
         # A known gap: where the workers update, the slow worker's pulls do not all match the
         # fast one's (MXNet issues them differently), so the critical path is incomplete and

@@ -10,7 +10,8 @@ the workers step with ``gluon.Trainer.step`` (one push-pull per parameter) or, w
 ``allreduce_grads`` and ``update``. Every phase ends with ``nd.waitall()`` and
 is timed with perf_counter; OUT/timers-rank-R.json has each step's ``data_ms``,
 ``forward_ms``, ``backward_ms``, ``comm_ms`` (push and pull, waits included), ``update_ms``
-(the workers' own optimizer step), ``step_ms`` and its start and end (Unix µs). Steps are
+(the workers' own optimizer step), ``step_ms`` and its start and end (Unix µs), and with
+``--step push-pull`` ``push_ms`` (the pushes and a wait for them) and ``pull_ms``. Steps are
 numbered as ``traceview collect`` numbers its window (``i - TRACEVIEW_SKIP``). Needs mxnet.
 """
 
@@ -38,6 +39,11 @@ def main() -> int:
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--update", choices=("server", "worker"), default="server")
     parser.add_argument("--steps", type=int, default=0, help="default: the window and 3 more")
+    parser.add_argument(
+        "--step", choices=("trainer", "push-pull"), default="trainer",
+        help="push-pull: the KVStore's own push of every gradient, then pull of every weight "
+        "(the optimizer on the servers)",
+    )  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
     import mxnet as mx  # a scheduler or server runs its loop inside this import and exits
@@ -49,6 +55,10 @@ def main() -> int:
     )
     kv = mx.kv.create(args.kvstore)
     rank = kv.rank
+    if "async" in args.kvstore and args.slow_rank >= 0 and rank != args.slow_rank:
+        # nobody waits: the others run on while the slow worker runs its steps (4 of theirs to
+        # one of its, at most), so that their updates reach it over its whole run
+        iters *= 4
     mx.random.seed(42)
     net = gluon.nn.HybridSequential()
     for inputs, width in ((256, 512), (512, 512), (512, 10)):  # (no deferred initialization)
@@ -68,6 +78,18 @@ def main() -> int:
         gluon.data.DataLoader(gluon.data.ArrayDataset(features, labels), batch_size=batch)
     )
     extra_a = nd.random.normal(shape=(256, 256))
+    params = list(net.collect_params().values())
+    try:
+        from traceview.collectors import step as mark_step
+    except ImportError:  # (traceview not installed beside MXNet: nothing to mark for)
+
+        def mark_step() -> None:
+            pass
+
+    if args.step == "push-pull":  # (the servers run the optimizer on what the workers push)
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01))
+        for key, param in enumerate(params):
+            kv.init(key, param.data())
     nd.waitall()
     records = []
     ms = 1e3
@@ -88,7 +110,22 @@ def main() -> int:
         loss.backward()
         nd.waitall()
         t3 = time.perf_counter()
-        if on_server:
+        split: dict[str, float] = {}
+        if args.step == "push-pull":
+            for key, param in enumerate(params):  # every gradient pushed, then every weight
+                kv.push(key, param.grad())
+            nd.waitall()  # (a wait after the pushes: where the wait for the slow worker is)
+            pushed = time.perf_counter()
+            for key, param in enumerate(params):
+                kv.pull(key, out=param.data())
+            nd.waitall()
+            t4 = t5 = time.perf_counter()
+            split = {
+                "push_ms": round((pushed - t3) * ms, 4),
+                "pull_ms": round((t4 - pushed) * ms, 4),
+            }
+            mark_step()  # (no Trainer.step for collect to see: the script says where steps end)
+        elif on_server:
             trainer.step(batch)  # push the gradients, the servers update, pull the weights
             nd.waitall()
             t4 = t5 = time.perf_counter()
@@ -111,6 +148,7 @@ def main() -> int:
                 "step_ms": round((t5 - t0) * ms, 4),
                 "start_unix_us": round(start_us, 1),
                 "end_unix_us": round(time.time_ns() / 1e3, 1),
+                **split,
             }
         )
     args.out.mkdir(parents=True, exist_ok=True)
