@@ -142,7 +142,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "traceview.runs": (*INGEST, *ANALYSIS, "traceview.store", "traceview.runs", *RECORD),
     "traceview.analysis": ANALYSIS,
     "traceview.views": RENDER,
-    "traceview.views.export": (*MODEL, "traceview.views", "traceview.store.rundir"),
+    # (writes what it renders: through the run directory's store, and a special file, a named
+    # pipe, opened in place as the output places are)
+    "traceview.views.export": (
+        *MODEL,
+        "traceview.views",
+        "traceview.store.rundir",
+        "traceview.store.outputs",
+    ),
     "traceview.tui": (*RENDER, "traceview.tui", "traceview.runs"),
     "traceview.commands": ("traceview",),  # the commands wire every stage together
     "traceview.cli": ("traceview",),
