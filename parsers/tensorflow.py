@@ -319,7 +319,7 @@ def _mark_steps(
     """Step markers on the threads of events ``rows`` (in time order), from their starts (or
     ``ts``) for ``dur``, named ``name`` and their number; ``one_thread``: all on the thread that
     has most of them (calls served by a pool of threads, one at a time)."""
-    events, devices, n = read.events, read.devices, len(rows)
+    events, n = read.events, len(rows)
     tids = events.column(S.TID).to_numpy()[rows]
     if one_thread:
         values, counts = np.unique(tids, return_counts=True)
@@ -332,9 +332,15 @@ def _mark_steps(
         pa.array(events.column(S.TS_NS).to_numpy()[rows] if ts is None else ts, pa.int64()),
         pa.array(dur, pa.int64()),
     )
-    read.events = pa.concat_tables([events, S.conform(markers, events.schema)])
+    _append(read, markers, step_markers=True)
+
+
+def _append(read: _Read, table: pa.Table, step_markers: bool) -> None:
+    """Events of traceview's making after the profile's own, with their (absent) devices."""
+    n, devices = table.num_rows, read.devices
+    read.events = pa.concat_tables([read.events, S.conform(table, read.events.schema)])
     devices.of_row = np.append(devices.of_row, np.full(n, -1, np.int64))
-    devices.host_marker = np.append(devices.host_marker, np.ones(n, bool))
+    devices.host_marker = np.append(devices.host_marker, np.full(n, step_markers))
     devices.step_line = np.append(devices.step_line, np.zeros(n, bool))
     if devices.run is not None:
         devices.run = np.append(devices.run, np.full(n, -1, np.int64))
@@ -354,14 +360,7 @@ def _parameter_server_task(read: _Read, path: Path) -> None:
         return
     waits = remote_waits(read.receives)
     if waits is not None:
-        read.events = pa.concat_tables([read.events, S.conform(waits, read.events.schema)])
-        n = waits.num_rows
-        devices = read.devices
-        devices.of_row = np.append(devices.of_row, np.full(n, -1, np.int64))
-        devices.host_marker = np.append(devices.host_marker, np.zeros(n, bool))
-        devices.step_line = np.append(devices.step_line, np.zeros(n, bool))
-        if devices.run is not None:
-            devices.run = np.append(devices.run, np.full(n, -1, np.int64))
+        _append(read, waits, step_markers=False)
         read.threads.setdefault(f"{waits[S.PID][0].as_py()}/{REMOTE_TID}", "remote reads")
     _mark_steps(
         read, found.steps, found.dur, found.function or "closure", one_thread=True, ts=found.start

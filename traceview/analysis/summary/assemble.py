@@ -174,13 +174,13 @@ def _steps(ctx: Context) -> Steps:
     # The steps every headline figure counts, decided once over the run (every rank alike).
     # Workers that do not wait for each other number their steps apart: a step is slow (warm-up)
     # against its own worker's pace, each worker's steps scaled to the run's median step.
-    paced = _own_pace(df) if ctx.get(ROLES).synchronous is False else df
+    lockstep = ctx.get(ROLES).synchronous is not False
+    paced = df if lockstep else _own_pace(df)
     selection = select_steps(paced, ctx.options.choice, named_warmup(ctx.manifest))
     per_step, stats = _per_step(df, selection)
-    lockstep = ctx.get(ROLES).synchronous is not False
-    steps = Steps(every, incomplete, df, selection, kept_rows(df, selection), per_step, stats)
-    steps.lockstep = lockstep
-    return steps
+    return Steps(
+        every, incomplete, df, selection, kept_rows(df, selection), per_step, stats, lockstep
+    )
 
 
 def _own_pace(df: pl.DataFrame) -> pl.DataFrame:
