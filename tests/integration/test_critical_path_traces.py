@@ -16,6 +16,7 @@ from tests.conftest import beyond_unit, for_unit
 from tests.golden.cases import SAMPLE_CASES, shared_cases
 from traceview.analysis import critical_path as cp
 from traceview.analysis.critical_path import build_graph, critical_paths, replay
+from traceview.analysis.critical_path.walk import walk as cp_walk
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
 from traceview.runs import open_run
@@ -65,6 +66,20 @@ def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
         step = path.end_ns - path.start_ns
         assert sum(x.dur_ns for x in path.pieces) == pytest.approx(step, rel=0.01), path.step
         assert replayed.step_ns[path.step] == pytest.approx(step, rel=0.02), path.step
+
+
+@pytest.mark.parametrize("trace", EVERY_TRACE)
+def test_the_steps_laid_out_at_once_are_the_steps_walked_alone(trace: str) -> None:
+    """The walk lays out at once the steps whose last rank never waits (``walk``): their paths,
+    and every other step's, are those of each step walked alone."""
+    segments, matched, steps = _inputs(trace)
+    graph = build_graph(segments, matched, steps)
+    assert graph is not None, "no segments"
+    at_once, alone = cp_walk(graph), cp_walk(graph, at_once=False)
+    assert at_once.steps.tolist() == alone.steps.tolist()
+    assert at_once.reasons == alone.reasons
+    assert at_once.offsets.tolist() == alone.offsets.tolist()
+    assert at_once.frame.equals(alone.frame)
 
 
 @pytest.mark.parametrize("trace", EVERY_TRACE)

@@ -797,3 +797,53 @@ def test_an_nccl_kernel_on_an_early_rank_waits_for_the_last_one() -> None:
         (1, S.BACKWARD, S.SEGMENT_KERNEL, 17.0),
         (1, S.COMM, "transfer", 3.0),
     ]
+
+
+def test_steps_laid_out_at_once_are_walked_as_each_alone() -> None:
+    """Many steps of two ranks without a call between them: the steps whose last rank's last
+    item ends the step are laid out at once (``walk``), the others walked; every path equals
+    the path walked alone, and a plain step's path is its last rank's items after its late
+    start."""
+    from traceview.analysis.critical_path.walk import walk
+
+    rows = []
+    for step in range(1, 41):
+        t = step * 100
+        late = step % 4  # rank 1 starts 0-3 ms after rank 0
+        rows += [
+            (0, step, t, t + 20, S.FORWARD, S.SEGMENT_COMPUTE, "a"),
+            (1, step, t + late, t + 30, S.FORWARD, S.SEGMENT_COMPUTE, "b"),
+            (1, step, t + 30, t + 50 + (step % 3), S.BACKWARD, S.SEGMENT_COMPUTE, None),
+        ]
+        if step % 5 == 0:  # an item inside another: the last item does not end the rank's step
+            rows.append((1, step, t + 31, t + 40, S.BACKWARD, S.SEGMENT_COMPUTE, "inner"))
+        if step % 7 == 0:  # an item of no length at the step's end
+            rows.append((1, step, t + 50 + (step % 3), t + 50 + (step % 3), S.UPDATE, None, "z"))
+        if step % 11 == 0:  # rank 0 ends the step, idle after its items
+            rows.append((0, step, t + 20, t + 60, S.UPDATE, S.SEGMENT_COMPUTE, "u"))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    segments = pa.table(
+        {
+            S.RANK: pa.array([r[0] for r in rows], pa.int32()),
+            S.STEP: pa.array([r[1] for r in rows], pa.int64()),
+            S.START_NS: pa.array([r[2] * MS for r in rows], pa.int64()),
+            S.END_NS: pa.array([r[3] * MS for r in rows], pa.int64()),
+            S.PHASE: [r[4] for r in rows],
+            S.KIND: [r[5] for r in rows],
+            S.OP: pa.array([r[6] for r in rows], pa.string()),
+        },
+        schema=S.SEGMENTS_SCHEMA,
+    )
+    steps = list(range(1, 41))
+    graph = build_graph(segments, Matched(pl.DataFrame()), steps)
+    assert graph is not None
+    at_once, alone = walk(graph), walk(graph, at_once=False)
+    assert at_once.frame.equals(alone.frame)
+    assert at_once.offsets.tolist() == alone.offsets.tolist()
+    assert at_once.steps.tolist() == steps
+    step_1 = [(x.rank, x.kind, x.start_ns // MS, x.dur_ns // MS) for x in at_once.path(0).pieces]
+    assert step_1 == [(1, LATE_START, 100, 1), (1, "compute", 101, 29), (1, "compute", 130, 21)]
+    for path in at_once.paths():  # a path tiles its step where the items do not overlap
+        if path.step % 5 == 0:
+            continue
+        assert sum(x.dur_ns for x in path.pieces) == path.end_ns - path.start_ns, path.step

@@ -17,7 +17,7 @@ from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, NO_ST
 from traceview.analysis.critical_path.late import before
 from traceview.analysis.critical_path.source import _batches, _Source, _source
 from traceview.analysis.critical_path.tables import _stretches
-from traceview.analysis.critical_path.walk import WalkedPath
+from traceview.analysis.critical_path.walk import Walks
 from traceview.analysis.critical_path.whatif import _what_ifs, work_by_stage
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
@@ -91,12 +91,19 @@ def explain(
     walked: list[_StepWalk] = []
     rows: list[pl.DataFrame] = []
     batches = _batches(source, source.steps)
-    kept: list[WalkedPath] = []  # one batch: its paths (the median's is one of them)
+    kept: Walks | None = None  # one batch: its paths (the median's is one of them)
     for batch in batches:
         walks = source.walks(batch)
-        if not walks:
+        if walks is None or not len(walks):
             continue
-        walked += [_StepWalk(p.step, p.start_ns, p.end_ns, p.complete, p.reason) for p in walks]
+        walked += map(
+            _StepWalk,
+            walks.steps.tolist(),
+            walks.start_ns.tolist(),
+            walks.end_ns.tolist(),
+            [r is None for r in walks.reasons],
+            walks.reasons,
+        )
         rows.append(
             _blame_rows(walks)
             .group_by("step", "rank", "phase", "kind", "op")
@@ -136,9 +143,11 @@ def explain(
     )
     # the median step's path, for the stretches the report lists: walked again, alone, unless
     # the run was one batch (a step's path is its own, in a batch or alone)
-    again = next((p for p in kept if p.step == median.step), None)
+    again = kept.of_step(median.step) if kept is not None else None
     if again is None:
-        (again,) = source.walks([median.step])
+        alone = source.walks([median.step])
+        assert alone is not None
+        again = alone.path(0)
     del kept
     segs = [
         PathSegment(

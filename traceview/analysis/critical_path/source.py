@@ -20,7 +20,7 @@ from traceview.analysis.critical_path.waits import (
     _unexplained,
     _waiting_pieces,
 )
-from traceview.analysis.critical_path.walk import WalkedPath, critical_paths
+from traceview.analysis.critical_path.walk import Walks, walk
 from traceview.analysis.crossrank import ISSUED, Matched
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
@@ -69,7 +69,7 @@ class _Source:
     # the last graph made, and its walk where it is one step's: asked for again (a run of one
     # batch, or of one long step, walks, replays and walks its median step again in the same
     # graph), they are not made again; a new one replaces them before it is made
-    last: tuple[list[int], Graph | None, list[WalkedPath] | None] | None = None
+    last: tuple[list[int], Graph | None, Walks | None] | None = None
 
     def graph(self, steps: list[int]) -> Graph | None:
         """The graph of ``steps`` (sorted; ``_graph``), the last one where it is the same."""
@@ -80,16 +80,16 @@ class _Source:
         self.last = (steps, graph, None)
         return graph
 
-    def walks(self, steps: list[int]) -> list[WalkedPath]:
-        """``critical_paths`` of the graph of ``steps``, the last walk where it is the same
-        step's."""
+    def walks(self, steps: list[int]) -> Walks | None:
+        """``walk`` of the graph of ``steps`` (None: no graph), the last walk where it is the
+        same step's."""
         graph = self.graph(steps)
         if graph is None:
-            return []
+            return None
         assert self.last is not None
         if self.last[2] is not None:
             return self.last[2]
-        walks = critical_paths(graph, self.rows)
+        walks = walk(graph, self.rows)
         if len(steps) == 1:  # (one step's path: kept, a path is small beside its graph)
             self.last = (steps, graph, walks)
         return walks

@@ -14,7 +14,7 @@ from traceview.analysis.critical_path.walk import (
     PIECE_COLUMNS,
     PathPiece,
     _Labels,
-    critical_paths,
+    walk,
 )
 from traceview.analysis.crossrank import Matched
 from traceview.model import schema as S
@@ -81,8 +81,8 @@ def path_table(
     for batch in _batches(source, source.steps) if source is not None else []:
         assert source is not None
         graph = _graph(source, batch)
-        paths = critical_paths(graph, source.rows) if graph is not None else []
-        parts.append(_pieces_of(paths).select(S.CRITICAL_PATH_SCHEMA.names).to_arrow())
+        walks = walk(graph, source.rows) if graph is not None else None
+        parts.append(_pieces_of(walks).select(S.CRITICAL_PATH_SCHEMA.names).to_arrow())
     return pa.table(
         {
             name: pa.chunked_array(

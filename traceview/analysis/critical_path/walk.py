@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 import polars as pl
@@ -133,15 +132,46 @@ class _Pieces:
         return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
 
 
-def _frames(columns: list[list[np.ndarray]], labels: tuple[_Labels, ...]) -> list[pl.DataFrame]:
-    """Each path's pieces (``_Pieces.columns``) as PIECE_COLUMNS: one frame made for them all
-    (a run of thousands of short steps), a slice of it each."""
-    if not columns:
-        return []
+@dataclass
+class Walks:
+    """Every step's walked path of one graph: their pieces one after the other in one frame
+    (PIECE_COLUMNS; step ``i``'s are rows ``offsets[i]`` to ``offsets[i + 1]``), never a frame
+    or an object per step (a run of 100,000 tiny steps)."""
+
+    steps: np.ndarray  # int64, in the graph's order
+    start_ns: np.ndarray  # per step, the job's step: first rank's start ...
+    end_ns: np.ndarray  # ... to the last rank's end
+    reasons: list[str | None]  # per step, why its path is incomplete (None: complete)
+    frame: pl.DataFrame
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def path(self, i: int) -> WalkedPath:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        reason = self.reasons[i]
+        return WalkedPath(
+            int(self.steps[i]), int(self.start_ns[i]), int(self.end_ns[i]),
+            self.frame.slice(a, b - a), reason is None, reason,
+        )  # fmt: skip
+
+    def paths(self) -> list[WalkedPath]:
+        return [self.path(i) for i in range(len(self.steps))]
+
+    def of_step(self, step: int) -> WalkedPath | None:
+        where = np.flatnonzero(self.steps == step)
+        return self.path(int(where[0])) if len(where) else None
+
+    def step_column(self) -> np.ndarray:
+        """Each row's step."""
+        return np.repeat(self.steps, np.diff(self.offsets))
+
+
+def _frame(columns: list[np.ndarray], labels: tuple[_Labels, ...]) -> pl.DataFrame:
+    """Code columns (``_Pieces.columns``' order) as PIECE_COLUMNS."""
     phase, kind, op = labels
-    ranks, phases, ops, kinds, starts, durs = (
-        np.concatenate([path[i] for path in columns]) for i in range(6)
-    )
+    ranks, phases, ops, kinds, starts, durs = columns
     table = pa.table(
         {
             S.RANK: pa.array(ranks, pa.int64()),
@@ -154,22 +184,30 @@ def _frames(columns: list[list[np.ndarray]], labels: tuple[_Labels, ...]) -> lis
     )
     whole = pl.from_arrow(table)
     assert isinstance(whole, pl.DataFrame)
-    whole = whole.cast(PIECE_COLUMNS)  # type: ignore[arg-type]
-    offsets = np.cumsum([0, *(len(path[0]) for path in columns)]).tolist()
-    return [whole.slice(a, b - a) for a, b in pairwise(offsets)]
+    return whole.cast(PIECE_COLUMNS)  # type: ignore[arg-type]
 
 
 def critical_paths(graph: Graph, items_in_run: int | None = None) -> list[WalkedPath]:
+    """The critical path of every step of the graph (``walk``), one object each."""
+    return walk(graph, items_in_run).paths()
+
+
+def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) -> Walks:
     """The critical path of every step of the graph, walked back from its end
     (``items_in_run``: where the graph is a batch of the run's steps, the items of them all,
-    which bound a walk as the whole graph bounds it)."""
+    which bound a walk as the whole graph bounds it). A step whose last rank never waits in
+    it (a run of one rank without communication: most steps of a run of tiny steps) is laid
+    out for all such steps at once: its path is that rank's items, after its late start
+    (``at_once=False``: every step walked alone, as tests compare)."""
     items = graph.items
     start = items[S.START_NS].to_numpy()
     end = items[S.END_NS].to_numpy()
     call = items["call"].to_numpy()
-    phase, kind, op = (_Labels(items[name]) for name in (S.PHASE, S.KIND, S.OP))
+    labels = tuple(_Labels(items[name]) for name in (S.PHASE, S.KIND, S.OP))
+    phase = labels[0]
     # per item, the last item at or before it that waits for a call (-1: none)
-    last_wait = np.maximum.accumulate(np.where(call >= 0, np.arange(len(call)), -1))
+    waits = call >= 0
+    last_wait = np.maximum.accumulate(np.where(waits, np.arange(len(call)), -1))
     calls = graph.calls
     c = {
         name: calls[name].to_numpy()
@@ -185,72 +223,138 @@ def critical_paths(graph: Graph, items_in_run: int | None = None) -> list[Walked
         )
     }
     c_op = calls[S.COLLECTIVE].to_list()
-    groups = items.group_by(S.STEP, S.RANK, maintain_order=True).agg(
-        pl.col(S.START_NS).min().alias("s"),
-        pl.col(S.END_NS).max().alias("e"),
-    )
-    where = (
+    # per step and rank: its items' rows (contiguous) and span
+    groups = (
         items.with_row_index("_i")
         .group_by(S.STEP, S.RANK, maintain_order=True)
-        .agg(pl.col("_i").min().alias("lo"), pl.col("_i").max().alias("hi"))
+        .agg(
+            pl.col("_i").min().alias("lo"),
+            pl.col("_i").max().alias("hi"),
+            pl.col(S.START_NS).min().alias("s"),
+            pl.col(S.END_NS).max().alias("e"),
+        )
     )
-    bounds = {(s, r): (lo, hi) for s, r, lo, hi in where.iter_rows()}
+    bounds = dict(
+        zip(
+            zip(groups[S.STEP].to_list(), groups[S.RANK].to_list(), strict=True),
+            zip(groups["lo"].to_list(), groups["hi"].to_list(), strict=True),
+            strict=True,
+        )
+    )
     # per step: the first rank's start, the last rank's end and that rank (ties: the highest)
     jobs = (
         groups.sort(S.STEP, "e", S.RANK)
         .group_by(S.STEP, maintain_order=True)
         .agg(
-            pl.col("s").min().alias("start"), pl.col("e").last().alias("end"), pl.col(S.RANK).last()
+            pl.col("s").min().alias("start"),
+            pl.col("e").last().alias("end"),
+            pl.col(S.RANK).last(),
+            pl.col("lo").last(),
+            pl.col("hi").last(),
         )
     )
-    job_of = {row[0]: row[1:] for row in jobs.iter_rows()}
-    walked: list[tuple[int, int, int, str | None]] = []
-    columns: list[list[np.ndarray]] = []
-    for s in graph.steps:
-        if s not in job_of:
-            continue
-        job_start, job_end, last_rank = (int(v) for v in job_of[s])
-        pieces = _Pieces(start, end, (phase, kind, op))
-        reason = graph.unmatched_steps.get(s)
-        r, t = last_rank, job_end
+    row_of = {step: i for i, step in enumerate(jobs[S.STEP].to_list())}
+    order = [row_of[s] for s in graph.steps if s in row_of]
+    pick = np.array(order, np.int64)
+    steps = jobs[S.STEP].to_numpy()[pick].astype(np.int64)
+    job_start = jobs["start"].to_numpy()[pick].astype(np.int64)
+    job_end = jobs["end"].to_numpy()[pick].astype(np.int64)
+    last_rank = jobs[S.RANK].to_numpy()[pick].astype(np.int64)
+    lo = jobs["lo"].to_numpy()[pick].astype(np.int64)
+    hi = jobs["hi"].to_numpy()[pick].astype(np.int64)
+    # laid out at once: the last rank waits for nothing in the step, and its last item ends
+    # the step (the walk takes its items lo..hi whole, then its late start, if any)
+    waited = np.concatenate([[0], np.cumsum(waits)])
+    plain = (
+        (waited[hi + 1] - waited[lo] == 0)
+        & (end[hi] == job_end)
+        & (start[hi] < job_end)
+        & (job_end > job_start)
+        & at_once
+    )
+    reasons = [graph.unmatched_steps.get(int(s)) for s in steps.tolist()]
+    position, parts = _plain_columns(plain, lo, hi, job_start, last_rank, start, end, labels)
+    for i in np.flatnonzero(~plain).tolist():
+        s = int(steps[i])
+        pieces = _Pieces(start, end, labels)
+        r, t, first_start = int(last_rank[i]), int(job_end[i]), int(job_start[i])
         guard = 0
         limit = 4 * ((items_in_run or items.height) + calls.height) + 16
-        while t > job_start:
+        while t > first_start:
             guard += 1
             if guard > limit:
-                reason = "the calls wait on each other in a cycle (clocks off?)"
-                pieces.append(PathPiece(r, None, None, S.SEGMENT_IDLE, job_start, t - job_start))
+                reasons[i] = "the calls wait on each other in a cycle (clocks off?)"
+                pieces.append(
+                    PathPiece(r, None, None, S.SEGMENT_IDLE, first_start, t - first_start)
+                )
                 break
             span = bounds.get((s, r))
             if span is None or t <= start[span[0]]:
                 # before the rank's step began: late start (carried in from before the window)
-                pieces.append(PathPiece(r, None, None, LATE_START, job_start, t - job_start))
+                pieces.append(PathPiece(r, None, None, LATE_START, first_start, t - first_start))
                 break
-            lo, hi = span
-            i = lo + int(np.searchsorted(start[lo : hi + 1], t, side="left")) - 1
-            if t > end[i]:  # past the rank's last item: nothing ran on it
+            a, b = span
+            j = a + int(np.searchsorted(start[a : b + 1], t, side="left")) - 1
+            if t > end[j]:  # past the rank's last item: nothing ran on it
                 pieces.append(
-                    PathPiece(r, S.IDLE, None, S.SEGMENT_IDLE, int(end[i]), t - int(end[i]))
+                    PathPiece(r, S.IDLE, None, S.SEGMENT_IDLE, int(end[j]), t - int(end[j]))
                 )
-                t = int(end[i])
+                t = int(end[j])
                 continue
-            k = int(call[i])
+            k = int(call[j])
             if k < 0:  # the rank's own items back to its last wait (or its step's start)
-                first = max(lo, int(last_wait[i - 1]) + 1) if i > lo else lo
-                pieces.own(r, first, i, t)
+                first = max(a, int(last_wait[j - 1]) + 1) if j > a else a
+                pieces.own(r, first, j, t)
                 t = int(start[first])
                 continue
             # a piece waiting for call k: its transfer, then what the call waited for
-            t, r, done = _through_call(k, c, c_op, r, t, int(start[i]), pieces, phase[i])
-            if done:
-                continue
-        walked.append((s, job_start, job_end, reason))
-        columns.append(pieces.columns())
-    frames = _frames(columns, (phase, kind, op))
-    return [
-        WalkedPath(s, job_start, job_end, frame, reason is None, reason)
-        for (s, job_start, job_end, reason), frame in zip(walked, frames, strict=True)
+            t, r, _ = _through_call(k, c, c_op, r, t, int(start[j]), pieces, phase[j])
+        columns = pieces.columns()
+        position.append(np.full(len(columns[0]), i, np.int64))
+        for part, column in zip(parts, columns, strict=True):
+            part.append(column)
+    where = np.concatenate(position) if position else np.zeros(0, np.int64)
+    arranged = np.argsort(where, kind="stable")
+    columns = [np.concatenate(part)[arranged] if part else np.zeros(0, np.int64) for part in parts]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(where, minlength=len(steps)))])
+    return Walks(steps, job_start, job_end, reasons, _frame(columns, labels), offsets)
+
+
+def _plain_columns(
+    plain: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    job_start: np.ndarray,
+    rank: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    labels: tuple[_Labels, ...],
+) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """The paths of the ``plain`` steps (see ``walk``) as code columns (``_Pieces.columns``'
+    order), late starts first: each row's step (position), and the columns."""
+    phase, kind, op = labels
+    which = np.flatnonzero(plain)
+    late = which[start[lo[which]] > job_start[which]]
+    a, b = lo[which], hi[which]
+    counts = b - a + 1
+    row_step = np.repeat(which, counts)
+    firsts = np.cumsum(counts) - counts
+    rows = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(firsts - a, counts)
+    comm, transfer = kind.code(S.SEGMENT_COMM), kind.code(TRANSFER)
+    no_kind, late_kind = kind.code("None"), kind.code(LATE_START)
+    item_kind = kind.codes[rows]
+    item_kind = np.where(item_kind == comm, transfer, np.where(item_kind < 0, no_kind, item_kind))
+    no_label = np.full(len(late), -1, np.int64)
+    late_start = job_start[late]
+    parts = [
+        [rank[late], rank[row_step]],
+        [no_label, phase.codes[rows]],
+        [no_label, op.codes[rows]],
+        [np.full(len(late), late_kind, np.int64), item_kind],
+        [late_start, start[rows].astype(np.int64)],
+        [start[lo[late]] - late_start, (end[rows] - start[rows]).astype(np.int64)],
     ]
+    return [late, row_step], parts
 
 
 def _through_call(

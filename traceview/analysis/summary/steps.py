@@ -17,11 +17,12 @@ from traceview.analysis.selection import (
     kept_rows,
     select_steps,
 )
-from traceview.analysis.summary.units import _exact_ms, _host_bound, _median, _ms
+from traceview.analysis.summary.units import _median, _ms, exact_ms_column
 from traceview.model import schema as S
 from traceview.model.manifest import Manifest
 from traceview.model.results import (
     Breakdown,
+    HostBound,
     IncompleteStep,
     StepMark,
     StepsFrom,
@@ -74,27 +75,36 @@ def _per_step(
             marks[i] = "warm-up"
         elif not marks[i] and number not in excluded and median > 0:
             marks[i] = "slow" if means[i] > median * SLOW_FACTOR else marks[i]
-    rows = []
-    for i, row in enumerate(per_step.iter_rows(named=True)):
-        why = excluded.get(row[S.STEP])
-        rows.append(
-            StepSummary(
-                step=row[S.STEP],
-                ranks=row["ranks"],
-                step_ms=round(means[i], 6),
-                min_ms=_exact_ms(row["min"]),
-                max_ms=_exact_ms(row["max"]),
-                slowest_rank=row["slowest"],
-                vs_median=round((means[i] - median) / median, 4) if median > 0 else 0.0,
-                breakdown_ms=Breakdown(
-                    **{p: _exact_ms(row[S.phase_ns(p)]) for p in S.BREAKDOWN_PHASES}
-                ),
-                mark=marks[i],
-                host_bound_ms=_host_bound(row, _exact_ms),
-                excluded=why[0] if why is not None else None,
-                excluded_reason=why[1] if why is not None else None,
-            )
+    # column by column (a run of 100,000 tiny steps): each figure rounded at once
+    ms = {c: exact_ms_column(per_step[c]) for c in ("min", "max", *phase_cols)}
+    host_bound = _host_bound_column(per_step)
+    vs = [round((m - median) / median, 4) if median > 0 else 0.0 for m in means]
+    breakdowns = [
+        Breakdown(**dict(zip(S.BREAKDOWN_PHASES, values, strict=True)))
+        for values in zip(*(ms[c] for c in phase_cols), strict=True)
+    ]
+    whys = [excluded.get(n) for n in numbers]
+    rows = [
+        StepSummary(
+            step=number,
+            ranks=ranks,
+            step_ms=round(mean_ms, 6),
+            min_ms=low,
+            max_ms=high,
+            slowest_rank=slowest,
+            vs_median=v,
+            breakdown_ms=breakdown,
+            mark=mark,
+            host_bound_ms=hb,
+            excluded=why[0] if why is not None else None,
+            excluded_reason=why[1] if why is not None else None,
         )
+        for number, ranks, mean_ms, low, high, slowest, v, breakdown, mark, hb, why in zip(
+            numbers, per_step["ranks"].to_list(), means, ms["min"], ms["max"],
+            per_step["slowest"].to_list(), vs, breakdowns, marks, host_bound, whys,
+            strict=True,
+        )
+    ]  # fmt: skip
     mean = statistics.fmean(counted)
     stdev = statistics.stdev(counted) if len(counted) > 1 else 0.0
     stats = StepStats(
@@ -109,6 +119,19 @@ def _per_step(
         slow_factor=SLOW_FACTOR,
     )
     return rows, stats
+
+
+def _host_bound_column(per_step: pl.DataFrame) -> list[HostBound | None]:
+    """Each row's host-bound parts (``units._host_bound``, to the ns), column by column."""
+    names = [S.host_bound_ns(p) for p in S.GPU_HOST_BOUND_PHASES]
+    known = per_step.select(pl.all_horizontal(pl.col(c).is_not_null() for c in names))
+    if not known.to_series().any():
+        return [None] * per_step.height
+    columns = [exact_ms_column(per_step[c].fill_null(0)) for c in names]
+    return [
+        HostBound(**dict(zip(S.GPU_HOST_BOUND_PHASES, values, strict=True))) if ok else None
+        for ok, *values in zip(known.to_series().to_list(), *columns, strict=True)
+    ]
 
 
 def _slow_remarks(per_step: list[StepSummary]) -> list[str]:
