@@ -199,38 +199,8 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     self_ns = summed([p.self_ns for p in parts])
     nbytes = summed([p.nbytes for p in parts])
     known = summed([p.known for p in parts]) > 0
-    # each group's durations, from every part that has the group (each part's sorted)
-    pieces: list[list[np.ndarray]] = [[] for _ in range(n)]
-    for i, part in enumerate(parts):
-        mine = index[starts[i] : starts[i + 1]]
-        for local, merged in enumerate(mine.tolist()):
-            lo, hi = part.offsets[local], part.offsets[local + 1]
-            if hi > lo:
-                pieces[merged].append(part.durations[lo:hi])
-    p50, p95 = np.zeros(n), np.zeros(n)
-    for merged, found in enumerate(pieces):
-        if not found:
-            continue
-        dur = found[0] if len(found) == 1 else np.sort(np.concatenate(found))
-        for q, out in ((0.5, p50), (0.95, p95)):
-            pos = (len(dur) - 1) * q
-            lo, hi = int(np.floor(pos)), int(np.ceil(pos))
-            out[merged] = dur[lo] + (dur[hi] - dur[lo]) * (pos - lo)
-    del pieces
-    # the framework name seen most often in each group (ties: the one seen first)
-    seen_count: dict[tuple[int, str | None], int] = {}
-    for i, part in enumerate(parts):
-        mine = index[starts[i] : starts[i + 1]]
-        for group, name, times in zip(
-            mine[part.name_group].tolist(), part.name, part.name_count.tolist(), strict=True
-        ):
-            seen_count[(group, name)] = seen_count.get((group, name), 0) + times
-    name_place = places[S.NAME]
-    top: dict[int, tuple[int, int, str | None]] = {}
-    for (group, name), times in seen_count.items():
-        rank_of = (-times, -1 if name is None else name_place[name])
-        if group not in top or rank_of < top[group][:2]:
-            top[group] = (*rank_of, name)
+    p50, p95 = _percentiles(parts, index, starts, n)
+    top = _top_names(parts, index, starts, places[S.NAME], n)
     key_names = {k: [v for v, _ in sorted(places[k].items(), key=lambda kv: kv[1])] for k in _KEYS}
     table = pa.table(
         {
@@ -244,7 +214,7 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
                 for j, k in enumerate(_KEYS)
                 if k != S.STEP
             },
-            S.NAME: [(top[i][2] if i in top else None) or "" for i in range(n)],
+            S.NAME: [name or "" for name in top],
             S.COUNT: count,
             S.TOTAL_NS: total,
             S.SELF_NS: self_ns,
@@ -256,6 +226,57 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     )  # fmt: skip
     table = table.sort_by([(S.SELF_NS, "descending")])
     return S.conform(table, S.OPS_SCHEMA)
+
+
+def _percentiles(
+    parts: list[OpsPart], index: np.ndarray, starts: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each merged group's p50 and p95 of the durations of every part that has it (linear
+    between the closest ranks), for all groups at once."""
+    groups = np.concatenate(
+        [
+            np.repeat(index[starts[i] : starts[i + 1]], np.diff(part.offsets))
+            for i, part in enumerate(parts)
+        ]
+    )
+    durations = np.concatenate([part.durations for part in parts]).astype(np.int64)
+    order = np.lexsort((durations, groups))
+    dur, groups = durations[order], groups[order]
+    sizes = np.bincount(groups, minlength=n)
+    first = np.cumsum(sizes) - sizes
+    has = sizes > 0
+    out = []
+    for q in (0.5, 0.95):
+        pos = (np.maximum(sizes, 1) - 1) * q
+        lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
+        at_lo = dur[np.minimum(first + lo, len(dur) - 1)] if len(dur) else np.zeros(n, np.int64)
+        at_hi = dur[np.minimum(first + hi, len(dur) - 1)] if len(dur) else np.zeros(n, np.int64)
+        out.append(np.where(has, at_lo + (at_hi - at_lo) * (pos - lo), 0.0))
+    return out[0], out[1]
+
+
+def _top_names(
+    parts: list[OpsPart], index: np.ndarray, starts: np.ndarray, place: dict[str, int], n: int
+) -> list[str | None]:
+    """Each merged group's framework name seen most often (ties: the one seen first), for all
+    groups at once (None: a group without names)."""
+    by_place = sorted(place, key=place.__getitem__)
+    group = np.concatenate(
+        [index[starts[i] : starts[i + 1]][part.name_group] for i, part in enumerate(parts)]
+    ).astype(np.int64)
+    name = np.array([-1 if v is None else place[v] for part in parts for v in part.name], np.int64)
+    times = np.concatenate([part.name_count for part in parts]).astype(np.int64)
+    out: list[str | None] = [None] * n
+    if not len(group):
+        return out
+    pair, where = np.unique(group * (len(by_place) + 1) + (name + 1), return_inverse=True)
+    summed = np.bincount(np.asarray(where).ravel(), weights=times).astype(np.int64)
+    pair_group, pair_name = pair // (len(by_place) + 1), pair % (len(by_place) + 1) - 1
+    order = np.lexsort((pair_name, -summed, pair_group))
+    first = order[np.r_[True, pair_group[order][1:] != pair_group[order][:-1]]]
+    for g, code in zip(pair_group[first].tolist(), pair_name[first].tolist(), strict=True):
+        out[g] = by_place[code] if code >= 0 else None
+    return out
 
 
 def in_steps(ops: pa.Table, steps: list[int]) -> pa.Table:

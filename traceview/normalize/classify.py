@@ -80,6 +80,14 @@ def _stated(raw: pa.Table) -> _Stated | None:
     )
 
 
+def _warn_step_number(notes: Notes, label: str, name: str) -> None:
+    shown = repr(name) if len(name) <= 40 else repr(name[:37] + "...")
+    notes.warn(
+        f"{label}: step marker {shown}: step number too large to be a step "
+        "(corrupt), numbered by its position"
+    )
+
+
 def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: str = "") -> Classes:
     """The rules applied to each distinct (kind, category, name); a step marker whose number
     is too large to be a step is numbered by its position, with a warning in ``notes``. The
@@ -115,6 +123,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
         trace_rows[stated.rows] = False
         by_rules[:] = False
         by_rules[inverse[trace_rows]] = True
+    step_kind = KIND_CODES[S.KIND_STEP]
     for i, value in enumerate(unique.tolist()):
         name_i = value % max(len(names), 1)
         rest = value // max(len(names), 1)
@@ -125,6 +134,15 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
             u_kind[i] = KIND_CODES.get(kind, KIND_CODES[S.KIND_OP])
             u_phase[i], u_rule_op[i], u_collective[i] = NO_PHASE, -1, -1
             u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
+            continue
+        marker = rules.step_pattern.search(name) if kind in rules.step_kinds else None
+        if marker is not None:  # a step marker (as ``classify`` finds it first): numbered here
+            u_kind[i], u_phase[i], u_rule_op[i], u_collective[i] = step_kind, NO_PHASE, -1, -1
+            u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
+            number = rules.number_of(marker)
+            u_step[i] = -1 if number is None else number
+            if number is None and notes is not None and rules.has_step_number(name):
+                _warn_step_number(notes, label, name)
             continue
         result = rules.classify(kind, cat, name)
         u_kind[i] = KIND_CODES.get(result.kind, KIND_CODES[S.KIND_OP])
@@ -139,11 +157,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
             number = rules.step_number(name)
             u_step[i] = -1 if number is None else number
             if number is None and notes is not None and rules.has_step_number(name):
-                shown = repr(name) if len(name) <= 40 else repr(name[:37] + "...")
-                notes.warn(
-                    f"{label}: step marker {shown}: step number too large to be a step "
-                    "(corrupt), numbered by its position"
-                )
+                _warn_step_number(notes, label, name)
     classes = Classes(
         kind=u_kind[inverse],
         phase=u_phase[inverse],

@@ -106,7 +106,10 @@ class RuleSet:
     def step_number(self, name: str) -> int | None:
         """The step number in a marker's name; None without one, or where it is too large to be
         a step a run reached (a corrupt marker: see ``has_step_number``)."""
-        match = self.step_pattern.search(name)
+        return self.number_of(self.step_pattern.search(name))
+
+    def number_of(self, match: re.Match[str] | None) -> int | None:
+        """``step_number`` of the step pattern's match on a name."""
         if match is None or not match.groups():
             return None
         try:
