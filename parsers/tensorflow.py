@@ -2,7 +2,8 @@
 
 The XSpace is turned into trace events by the profiler's own library (xprof, the package behind
 TensorBoard's profile plugin: ``xspace_to_tool_data(..., "trace_viewer")``), so no protobuf is
-decoded here. What this module adds is TensorFlow's meaning:
+decoded here (``xplane_batches``: in a child process, many GPU planes a batch at a time). What
+this module adds is TensorFlow's meaning:
 
 - host threads: graph ops run by the executor (named by their full name,
   ``scope/op_name:OpType``), tf.data iterator work, the runtime's own regions, and step markers
@@ -20,14 +21,10 @@ Each event's ``group_id`` (TensorFlow's own grouping of events into steps) is ke
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import os
 import re
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +44,9 @@ from traceview.parsers import (
     us_durations_to_ns,
     us_to_ns,
 )
+from traceview.parsers.native_child import captured_stderr as _captured_stderr
 from traceview.parsers.tf_roles import REMOTE_TID, remote_waits, task_role
+from traceview.parsers.xplane_batches import trace_events
 from traceview.parsers.xplane_devices import (
     CPU_DEVICE_PID,
     Devices,
@@ -112,22 +111,6 @@ class _Trace(msgspec.Struct, gc=False):
 _DECODER = msgspec.json.Decoder(_Trace)
 
 
-@contextlib.contextmanager
-def _captured_stderr() -> Iterator[list[str]]:
-    """Collect what native code writes to file descriptor 2 (xprof logs its errors there)."""
-    lines: list[str] = []
-    with tempfile.TemporaryFile() as sink:
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            lines.extend(sink.read().decode("utf-8", "replace").splitlines())
-
-
 def _native_error(lines: list[str]) -> str:
     """The last error xprof logged, without its log prefix."""
     errors = [line for line in lines if line.startswith("E0000") or " error" in line.lower()]
@@ -144,6 +127,14 @@ def _require_xprof() -> Any:
             "pip install 'traceview[tensorflow]'"
         ) from None
     return raw_to_tool_data
+
+
+def _decode(data: Any) -> list[_Record]:
+    return _DECODER.decode(data).traceEvents
+
+
+def _with_pid(record: _Record, pid: int) -> _Record:
+    return msgspec.structs.replace(record, pid=pid)
 
 
 def _session(path: Path) -> tuple[int | None, dict[str, int]]:
@@ -402,21 +393,7 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     tools = _require_xprof()
     if size == 0:
         raise BadInput(f"{path}: empty file")
-    with _captured_stderr() as logged:
-        try:
-            result = tools.xspace_to_tool_data([str(path)], "trace_viewer", {})
-        except Exception as exc:
-            raise BadInput(f"{path}: not a readable XSpace: {exc}") from None
-    data = result[0] if isinstance(result, tuple) else result
-    if not data:
-        raise BadInput(
-            f"{path}: not a readable TensorFlow profile (xplane.pb): {_native_error(logged)}"
-        )
-    try:
-        records = _DECODER.decode(data).traceEvents
-    except msgspec.DecodeError as exc:  # pragma: no cover - xprof writes valid JSON
-        raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
-    del data
+    records = trace_events(tools, path, _decode, _with_pid, _native_error)
     start_ns, census = _session(path)
     facts = hlo_facts(path)
     read = _events(records, start_ns, path, facts)

@@ -55,6 +55,8 @@ class Run:
     as_nobody: bool = False
     # RLIMIT_FSIZE for the child, in bytes
     fsize: int | None = None
+    # RLIMIT_AS for the child (its address space, as `ulimit -v` sets it), in bytes
+    vsize: int | None = None
     # SIGKILL the child just before its n-th os.replace/os.rename (kill-at-rename cases)
     kill_at_rename: int | None = None
     # SIGKILL the child after this many seconds
@@ -631,6 +633,24 @@ def _xplane_cases() -> Iterator[Case]:
     yield case("deep-groups", lambda: b"\x0b" * 100_000)  # start-group tags, nested
     yield case("deep-messages", lambda: _deep_pb(20_000))
     yield case("doubled", lambda: base.raw + base.raw)
+    yield Case("xplane-gpu-planes-1000-in-4g", _many_gpu_planes)
+
+
+def _many_gpu_planes(d: Path) -> Plan:
+    """The sample with 1,000 GPU planes more, without events, read in 4 GB of address space
+    (issue 55: xprof derives each GPU plane's lines on a thread of its own, each with a stack
+    of 8 MB, the usual RLIMIT_STACK; one plane has id 700, whose process xprof gives the
+    host's threads too)."""
+    planes = []
+    for n in range(1000):
+        name = f"/device:GPU:{n}".encode()
+        plane = b"\x08" + varint(100 + n) + b"\x12" + varint(len(name)) + name
+        planes.append(b"\x0a" + varint(len(plane)) + plane)
+    path = XPLANE.write(d, XPLANE.raw + b"".join(planes))
+    runs = trace_runs([path], d / "OUT")
+    for run in runs:
+        run.vsize = 4 * 1024**3
+    return Plan(runs)
 
 
 def _deep_pb(depth: int) -> bytes:
@@ -1550,6 +1570,8 @@ def _main(argv: list[str]) -> int:
             line = "setpriv --reuid=65534 --regid=65534 --clear-groups " + line
         if run.fsize is not None:
             line = f"(ulimit -f {run.fsize // 1024}; {line})"
+        if run.vsize is not None:
+            line = f"(ulimit -v {run.vsize // 1024}; {line})"
         if run.kill_at_rename is not None:
             line += f"   # SIGKILLed before its os.replace/os.rename number {run.kill_at_rename}"
         if run.kill_after is not None:

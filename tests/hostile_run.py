@@ -153,6 +153,8 @@ for line in sys.stdin:
             os.dup2(fd_in, 0); os.dup2(fd_out, 1); os.dup2(fd_err, 2)
             if job["fsize"] is not None:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize"], job["fsize"]))
+            if job["vsize"] is not None:
+                resource.setrlimit(resource.RLIMIT_AS, (job["vsize"], job["vsize"]))
             os.execve(job["cmd"][0], job["cmd"], job["env"])
         finally:
             os._exit(127)
@@ -213,6 +215,7 @@ def execute(run: H.Run, cwd: Path, timeout: float) -> Outcome:
         "out": str(out_path),
         "err": str(err_path),
         "fsize": run.fsize,
+        "vsize": run.vsize,
         "timeout": timeout,
         "kill_after": run.kill_after,
         "mem_kill": MEMORY_KILL,

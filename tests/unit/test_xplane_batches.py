@@ -1,0 +1,273 @@
+"""An XSpace of many GPU planes converted a batch of planes at a time (parsers/xplane_batches.py,
+issue 55), and native code run in a child whose death is one line (parsers/native_child.py).
+
+The cut is checked at the wire level on XSpaces written by hand here; the conversion, against
+xprof converting the whole (skipped where xprof or TensorFlow, which writes the synthetic
+profiles, is absent): batch by batch, the trace events and the parsed events are the whole's.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from traceview.parsers import native_child as N
+from traceview.parsers import xplane_batches as XB
+
+needs_fork = pytest.mark.skipif(not N.forks(), reason="the child is forked (Linux)")
+
+
+def _varint(value: int) -> bytes:
+    return XB._varint_bytes(value)
+
+
+def _plane(plane_id: int, name: str, body: bytes = b"") -> bytes:
+    raw = name.encode()
+    content = b"\x08" + _varint(plane_id) + b"\x12" + _varint(len(raw)) + raw + body
+    return b"\x0a" + _varint(len(content)) + content
+
+
+def _space(gpus: int, *, first_id: int = 1) -> bytes:
+    host = _plane(0, "/host:CPU", b"\x1a\x02\x08\x01")  # (a line: id 1)
+    planes = [_plane(first_id + n, f"/device:GPU:{n}") for n in range(gpus)]
+    return host + b"".join(planes) + b"\x22\x04host"  # (hostnames: "host")
+
+
+# --- the cut -------------------------------------------------------------------------------------
+
+
+def test_few_gpu_planes_are_converted_whole() -> None:
+    assert XB.batches(_space(8), 8) is None
+    assert XB.batches(_space(0), 8) is None
+
+
+def test_many_gpu_planes_are_cut_into_batches_each_with_every_other_plane() -> None:
+    data = _space(10)
+    plan = XB.batches(data, 4)
+    assert plan is not None and len(plan) == 3
+    names: list[str] = []
+    for batch in plan:
+        space = XB.xspace(data, batch)
+        top = list(XB._fields(space, 0, len(space)))
+        heads = [XB._plane_head(space, *f.payload) for f in top if f.number == 1 and f.payload]
+        assert heads[0] == (0, "/host:CPU")
+        gpus = [(i, n) for i, n in heads[1:]]
+        assert len(gpus) <= 4
+        # fresh ids (none the host's), each GPU plane's pid mapped to its pid in the whole
+        assert [i for i, _ in gpus] == [1 + n for n in range(len(gpus))]
+        assert batch.pids == {
+            2 + n: 1 + (1 + int(name.rpartition(":")[2])) for n, (_, name) in enumerate(gpus)
+        }
+        assert any(f.number == 4 for f in top)  # the XSpace's other fields, as written
+        names += [str(n) for _, n in gpus]
+    assert names == [f"/device:GPU:{n}" for n in range(10)]
+
+
+def test_a_gpu_plane_whose_pid_would_be_the_hosts_gets_one_of_its_own() -> None:
+    """xprof's pid of a device plane is 1 + its id, its host threads' 701: a plane of id 700
+    would share the host's process."""
+    plan = XB.batches(_space(6, first_id=698), 4)
+    assert plan is not None
+    pids = {p for b in plan for p in b.pids.values()}
+    assert XB.HOST_PID not in pids and XB.FAR_PID + 700 in pids
+    assert {699, 700, 702, 703} <= pids
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\x0a\xff\xff\xff\xff\x0f", b"\x08" + b"\xff" * 100, b"\x0b" * 50, b"\x0a\x05ab"],
+    ids=["empty", "length-past-end", "varint-endless", "groups", "truncated"],
+)
+def test_what_is_no_well_formed_xspace_is_left_to_xprof(data: bytes) -> None:
+    assert XB.batches(data, 1) is None
+
+
+def test_batch_size_keeps_the_stacks_of_one_batchs_threads_within_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def stack(size: int) -> None:
+        monkeypatch.setattr(resource, "getrlimit", lambda _: (size, resource.RLIM_INFINITY))
+
+    stack(8 * 1024 * 1024)
+    assert XB.batch_size() == 32
+    stack(resource.RLIM_INFINITY)
+    assert XB.batch_size() == 32
+    stack(1024 * 1024)
+    assert XB.batch_size() == XB.MAX_BATCH
+    stack(1024**3)
+    assert XB.batch_size() == XB.MIN_BATCH
+
+
+# --- the child -----------------------------------------------------------------------------------
+
+
+@needs_fork
+def test_the_childs_documents_come_back_whole() -> None:
+    big = "é€" * (N._CHUNK // 2 + 17)  # several pieces, characters of several bytes
+    docs, logged = N.run(lambda: iter([b"", "{}", big]))
+    assert [bytes(d) for d in docs] == [b"", b"{}", big.encode()]
+    assert logged == []
+
+
+@needs_fork
+def test_an_exception_in_the_child_is_its_message() -> None:
+    def work() -> Any:
+        yield "first"
+        raise ValueError("bad XSpace")
+
+    with pytest.raises(N.NativeFailed, match=r"^bad XSpace$"):
+        N.run(work)
+
+
+@needs_fork
+@pytest.mark.parametrize("number", [signal.SIGABRT, signal.SIGSEGV, signal.SIGKILL])
+def test_a_child_dead_of_a_signal_is_one_line_with_the_fatal_line_it_logged(number: int) -> None:
+    def work() -> Any:
+        os.write(2, b"I0000 00:00:1.0 1 a.cc:1] fine\n")
+        os.write(2, b"F0000 00:00:1.0 1 env.cc:93] Check failed: ret == 0 (11 vs. 0)\x1b\n")
+        os.kill(os.getpid(), number)
+        yield b""
+
+    with pytest.raises(N.NativeDied) as caught:
+        N.run(work)
+    text = str(caught.value)
+    assert text.startswith(f"killed by {signal.Signals(number).name}")
+    assert text.endswith(": Check failed: ret == 0 (11 vs. 0) ") and "\n" not in text
+
+
+@needs_fork
+def test_what_the_child_logs_is_handed_back_and_the_parents_stderr_is_its_own() -> None:
+    def work() -> Any:
+        os.write(2, b"E0000 00:00:1.0 1 x.cc:2] no such plane\n")
+        yield b"x"
+
+    before = os.fstat(2)
+    _, logged = N.run(work)
+    assert logged == ["E0000 00:00:1.0 1 x.cc:2] no such plane"]
+    assert (os.fstat(2).st_ino, os.fstat(2).st_dev) == (before.st_ino, before.st_dev)
+
+
+def test_where_no_child_is_forked_the_work_runs_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(N, "forks", lambda: False)
+    pid = os.getpid()
+    docs, _ = N.run(lambda: iter([str(os.getpid())]))
+    assert docs == [str(pid)]
+    with pytest.raises(N.NativeFailed, match="nope"):
+        N.run(lambda: (_ for _ in ()).throw(OSError("nope")))
+
+
+# --- against xprof -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def synth(tmp_path: Path) -> Any:
+    pytest.importorskip("xprof", reason="reading .xplane.pb needs xprof")
+    pytest.importorskip("tensorflow", reason="the synthetic XSpaces are written with TensorFlow")
+    from tests.xspace_synth import write_xspace
+
+    def make(gpus: int, steps: int = 3, events: bool = True) -> Path:
+        """An XSpace as TensorFlow writes one (not yet grouped into steps): step markers on
+        the host, kernel launches to every GPU, each GPU's kernels by correlation id."""
+        host: list[Any] = []
+        devices: dict[str, dict[str, list[Any]]] = {}
+        corr = 1
+        for d in range(gpus):
+            devices[f"/device:GPU:{d}"] = {"Stream #1(Compute)": []}
+        for s in range(steps if events else 0):
+            t0 = s * 1000.0
+            host.append(("train", t0, 900.0, {"step_num": s, "_r": 1}))
+            for d in range(gpus):
+                launch = {"correlation_id": corr, "device_id": d}
+                host.append(("cudaLaunchKernel", t0 + 10 + d * 0.5, 0.3, launch))
+                kernel = {"correlation_id": corr, "tf_op": f"model/dense_{d % 3}/MatMul:MatMul"}
+                devices[f"/device:GPU:{d}"]["Stream #1(Compute)"].append(
+                    ("volta_sgemm", t0 + 20 + d, 50.0 + d % 7, kernel)
+                )
+                corr += 1
+        if not events:
+            host.append(("train", 0.0, 900.0, {"step_num": 0, "_r": 1}))
+        return write_xspace(
+            tmp_path / f"gpus-{gpus}.xplane.pb", {"/host:CPU": {"python": host}, **devices}
+        )
+
+    return make
+
+
+def _records(path: Path, size: int, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    import msgspec
+
+    from traceview.parsers import tensorflow as T
+
+    monkeypatch.setattr(XB, "batch_size", lambda: size)
+    records = XB.trace_events(T._require_xprof(), path, T._decode, T._with_pid, T._native_error)
+    return [msgspec.json.encode(r) for r in records]
+
+
+def test_batch_by_batch_the_trace_events_are_the_wholes(
+    synth: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = synth(10)
+    whole = _records(path, 64, monkeypatch)
+    assert any(b'"group_id"' in r for r in whole)  # (xprof grouped the kernels into steps)
+    assert _records(path, 3, monkeypatch) == whole
+
+
+def test_an_xspace_that_names_its_host_converts_batch_by_batch_as_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorFlow's sample names its host ("vm", not its file's name): xprof checks a batch's
+    host against the name it is given, so a batch is given none."""
+    pytest.importorskip("xprof", reason="reading .xplane.pb needs xprof")
+    from tests.conftest import SAMPLES
+
+    raw = (SAMPLES / "tensorflow" / "mwms" / "rank-0.xplane.pb").read_bytes()
+    path = tmp_path / "rank-0.xplane.pb"
+    path.write_bytes(raw + b"".join(_plane(100 + n, f"/device:GPU:{n}") for n in range(10)))
+    whole = _records(path, 64, monkeypatch)
+    assert b'"/device:GPU:9"' in b"".join(whole)
+    assert _records(path, 3, monkeypatch) == whole
+
+
+def test_batch_by_batch_the_parsed_profile_is_the_wholes(
+    synth: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from traceview.parsers import tensorflow as T
+
+    path = synth(6)
+    parser = T.XPlaneParser()
+
+    def parsed(size: int) -> list[Any]:
+        monkeypatch.setattr(XB, "batch_size", lambda: size)
+        T._read_whole.cache_clear()
+        devices = parser.identify(path).devices or [None]
+        out = []
+        for device in devices:
+            p = parser.parse(path, device)
+            out.append((device, p.events, p.meta, p.notes.warnings, p.notes.remarks, p.threads))
+        return out
+
+    whole, cut = parsed(64), parsed(4)
+    assert len(whole) == 6
+    for a, b in zip(whole, cut, strict=True):
+        assert a[0] == b[0] and a[1].equals(b[1]) and a[2:] == b[2:]
+
+
+def test_a_thousand_gpu_planes_keep_the_hosts_process_their_own(
+    synth: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """xprof would name GPU:699's process as the host's threads (pid 701 both): batch by batch
+    each keeps its own."""
+    import msgspec
+
+    path = synth(1000, events=False)
+    records = [msgspec.json.decode(r) for r in _records(path, XB.batch_size(), monkeypatch)]
+    names = {r["pid"]: r["args"]["name"] for r in records if r.get("name") == "process_name"}
+    assert len(names) == 1001 and names[XB.HOST_PID] == "/host:CPU"
+    assert sorted(names.values()) == sorted(
+        ["/host:CPU", *(f"/device:GPU:{n}" for n in range(1000))]
+    )
