@@ -80,10 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _return_memory_promptly() -> None:
     """Arrow's default allocator keeps freed memory for reuse; the system allocator hands large
-    blocks back at once, which keeps a one-shot command's peak memory near its working set."""
-    import pyarrow as pa
+    blocks back at once, which keeps a one-shot command's peak memory near its working set
+    (set now where pyarrow is imported already, and for when it is, where a command imports it
+    only if it needs it: ``Command.arrow_later``)."""
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    if "pyarrow" in sys.modules:
+        import pyarrow as pa
 
-    pa.set_memory_pool(pa.system_memory_pool())
+        pa.set_memory_pool(pa.system_memory_pool())
+
+
+_ARROW = ("pyarrow", "numpy", "polars")
+
+
+def _cannot_import(exc: ImportError) -> int:
+    print(
+        f"traceview: error: this Python cannot import pyarrow ({safe(exc)}); run "
+        "traceview from an environment where it can (traceview.collectors alone needs "
+        "nothing)",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _discard_stdout() -> None:
@@ -128,17 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 2
-    if args.handler.name not in NO_ARROW:
+    _return_memory_promptly()
+    if args.handler.name not in NO_ARROW and not getattr(args.handler, "arrow_later", False):
         try:
-            _return_memory_promptly()
+            import pyarrow  # noqa: F401 (here, where it cannot be imported: one line)
         except ImportError as exc:  # e.g. pyarrow built for NumPy 2 where NumPy 1 is
-            print(
-                f"traceview: error: this Python cannot import pyarrow ({safe(exc)}); run "
-                "traceview from an environment where it can (traceview.collectors alone needs "
-                "nothing)",
-                file=sys.stderr,
-            )
-            return 2
+            return _cannot_import(exc)
     _stop_on_signals()
     try:
         code = int(args.handler.run(args))
@@ -159,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         _discard_stdout()
         return 0
     except Exception as exc:  # an internal error: one line unless asked for the traceback
+        if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] in _ARROW:
+            return _cannot_import(exc)  # (a command that imports pyarrow once it needs it)
         if isinstance(exc, OSError) and no_room(exc):
             # Output that does not fit (stdout redirected to a full disk, a file-size limit):
             # the environment, not traceview; the files traceview writes itself name their path.

@@ -24,6 +24,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PY = ROOT / "traceview" / "model" / "schema.py"
+#: The phase and segment-kind names schema.py imports (read first, as its import does).
+VOCABULARY_PY = ROOT / "traceview" / "model" / "vocabulary.py"
 JSON_SCHEMAS = ROOT / "docs" / "schema"
 
 #: Parquet files of a run directory and the schema constant each is written with.
@@ -74,10 +76,10 @@ class Table:
 class _Reader:
     """Evaluates the small subset of Python that schema.py's schemas are written in."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, values: dict[str, Any] | None = None) -> None:
         self.lines = source.splitlines()
         self.tree = ast.parse(source)
-        self.values: dict[str, Any] = {}
+        self.values: dict[str, Any] = dict(values or {})
         self.comments: dict[str, str] = {}  # constant name -> its trailing comment
         self.docs: dict[str, str] = {}  # constant name -> the #: block above it
         self.functions: dict[str, str] = {}  # one-line f-string helpers: name -> template
@@ -205,7 +207,8 @@ def _is_call(node: ast.expr, attr: str) -> bool:
 
 def arrow_tables(path: Path = SCHEMA_PY) -> dict[str, Table]:
     """Every ``pa.schema`` constant of schema.py, read without importing pyarrow."""
-    reader = _Reader(path.read_text())
+    names = _Reader(VOCABULARY_PY.read_text()).values
+    reader = _Reader(path.read_text(), names)
     return {
         name: Table(name, reader.docs.get(name, ""), tuple(columns))
         for name, columns in reader.schemas.items()

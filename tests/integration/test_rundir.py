@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import SAMPLES, run_cli
+from tests.conftest import SAMPLES, Result, run_cli
 from tests.unit.test_rundir import _copy
 from traceview.collectors.rankside import rank_dir
 from traceview.model.errors import BadInput
-from traceview.runs import _TABLE_SCHEMAS, PATH_CACHE, ingest_run, open_run
+from traceview.runs import _TABLE_SCHEMAS, PATH_CACHE, finished, ingest_run, open_run
 from traceview.store import rundir as R
 
 
@@ -244,6 +244,13 @@ def test_a_claimed_world_of_ten_billion_ranks_allocates_nothing(
     assert "world_size" in result.err and len(result.err.strip().splitlines()) == 1
 
 
+def _computed(*options: str, run: Path) -> Result:
+    """``report`` of ``run`` computed, not the report a run keeps (runs/finished.py): what
+    reading the run's cached tables and critical path gives."""
+    (run / finished.REPORT_CACHE).unlink(missing_ok=True)
+    return run_cli("report", *options, run)
+
+
 def test_a_reports_critical_path_is_kept_for_the_next_one(fresh: Path, tmp_path: Path) -> None:
     """The critical path (most of what `report` costs at 1,024 ranks) is kept in the run
     directory, per choice of steps and changes, recording the key of the tables it came from:
@@ -253,24 +260,24 @@ def test_a_reports_critical_path_is_kept_for_the_next_one(fresh: Path, tmp_path:
     run = _copy(fresh, tmp_path)
     kept = run / PATH_CACHE
     kept.unlink(missing_ok=True)
-    first = run_cli("report", "--json", run).json()
+    first = _computed("--json", run=run).json()
     key, entries = json.loads(kept.read_bytes())
     assert len(entries) == 1
     (entry,) = entries.values()
     assert entry["path"]["step_ms"] == first["critical_path"]["step_ms"]
     entry["path"]["step_ms"] = 12345.0
     kept.write_text(json.dumps([key, entries]))
-    assert run_cli("report", "--json", run).json()["critical_path"]["step_ms"] == 12345.0
-    run_cli("report", "--json", "--steps", "2-3", run)
+    assert _computed("--json", run=run).json()["critical_path"]["step_ms"] == 12345.0
+    _computed("--json", "--steps", "2-3", run=run)
     run_cli("whatif", run, "--faster", "backward:2")
     assert len(json.loads(kept.read_bytes())[1]) == 3
     kept.write_text("{not json")
-    assert run_cli("report", "--json", run).json()["critical_path"] == first["critical_path"]
+    assert _computed("--json", run=run).json()["critical_path"] == first["critical_path"]
     kept.write_text(json.dumps([key, entries]))  # the changed figure again, then new events
     events = next((run / R.EVENTS).rglob("*.parquet"))
     stat = events.stat()
     os.utime(events, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    again = run_cli("report", "--json", run).json()
+    again = _computed("--json", run=run).json()
     assert again["critical_path"] == first["critical_path"]
     assert json.loads(kept.read_bytes())[0] != key
 
@@ -359,7 +366,7 @@ def test_segments_damaged_after_their_first_row_groups_are_read_then_computed_ag
     the report is the run's (none lost, none twice)."""
     run = _copy(fresh, tmp_path)
     (run / PATH_CACHE).unlink(missing_ok=True)
-    first = run_cli("report", "--json", run).json()
+    first = _computed("--json", run=run).json()
     (run / PATH_CACHE).unlink()
     segments = run / "segments.parquet"
     table = pq.read_table(segments)
@@ -377,6 +384,6 @@ def test_segments_damaged_after_their_first_row_groups_are_read_then_computed_ag
     assert file.read_row_group(0).num_rows == table.num_rows // 4  # the first groups read ...
     with pytest.raises(OSError):  # ... the third does not
         file.read_row_group(2)
-    result = run_cli("report", "--json", run)
+    result = _computed("--json", run=run)
     assert result.code == 0, result.err
     assert result.json()["critical_path"] == first["critical_path"]

@@ -95,8 +95,8 @@ def _own(module: str) -> set[str]:
 MODEL = ("traceview.model",)
 #: Of the model, parsers use the tables, errors and column helpers (not results or manifest).
 PARSERS = (
-    "traceview.model.schema", "traceview.model.errors", "traceview.model.columns",
-    "traceview.parsers",
+    "traceview.model.schema", "traceview.model.vocabulary", "traceview.model.errors",
+    "traceview.model.columns", "traceview.parsers",
 )  # fmt: skip
 NORMALIZE_BASE = (*MODEL, *PARSERS)
 NORMALIZE = (*NORMALIZE_BASE, "traceview.normalize")
@@ -121,8 +121,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "traceview": ("traceview",),  # __init__: the version only
     "traceview.__main__": ("traceview.cli",),
     "traceview.model": ("traceview", *MODEL),  # (__version__)
-    # the helpers parsers share with the core import only the schema
-    "traceview.model.schema": (),
+    # the helpers parsers share with the core import only the schema (and the names in it)
+    "traceview.model.vocabulary": (),
+    "traceview.model.schema": ("traceview.model.vocabulary",),
     "traceview.model.errors": ("traceview.model.schema",),
     "traceview.model.columns": ("traceview.model.schema",),
     "traceview.parsers": PARSERS,
@@ -139,7 +140,15 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "traceview.store.rundir": RUNDIR,
     # the step record's rows as numpy reads them (what watching a run needs, without pyarrow)
     "traceview.collectors.record_rows": (*MODEL, "traceview.collectors.rankside_record"),
-    "traceview.runs": (*INGEST, *ANALYSIS, "traceview.store", "traceview.runs", *RECORD),
+    # (and the code that computed a kept report: runs/finished.py reads traceview's modules)
+    "traceview.runs": (
+        "traceview",
+        *INGEST,
+        *ANALYSIS,
+        "traceview.store",
+        "traceview.runs",
+        *RECORD,
+    ),
     "traceview.analysis": ANALYSIS,
     "traceview.views": RENDER,
     # (writes what it renders: through the run directory's store, and a special file, a named

@@ -88,16 +88,20 @@ class IngestCommand:
 
 
 def _keep_critical_path(run: Path) -> None:
-    """The run's default report once, so that its critical path (the part of a report that
-    grows with the ranks) is kept in the run directory for the first `report` (PathFile). What
-    fails here is the report's to say, when one is asked for."""
+    """The run's default report once, kept in the run directory for the first `report`
+    (``runs.finished``), with its critical path (the part of a report that grows with the ranks:
+    PathFile) for the reports with other options. What fails here is the report's to say, when
+    one is asked for."""
+    from traceview.commands.report import TOP
     from traceview.ingest.large.trim import release_memory
     from traceview.model.errors import TraceviewError
-    from traceview.runs import open_run
+    from traceview.runs import finished, open_run
 
     release_memory(now=True)  # what the ingest freed, before the report's own
+    key = finished.key_of(run, TOP)
     try:
         with open_run([run]) as opened:
-            opened.report()
+            report = opened.report(TOP)
     except TraceviewError:
-        pass
+        return
+    finished.write(run, TOP, report, key)  # (and the report itself, for the first look)

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from traceview.store.outputs import OutputFile
 
 
+TOP = 10  # operators a report lists unless asked for more or fewer
+
+
 def load_report(
     paths: list[Path],
     rules: Path | None = None,
@@ -76,6 +79,7 @@ def write_page(
 class ReportCommand:
     name = "report"
     help = __doc__ or ""
+    arrow_later = True  # (a run's kept report is shown without it: ``runs.finished``)
 
     def prepare(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("paths", nargs="+", type=Path, metavar="PATH")
@@ -90,7 +94,9 @@ class ReportCommand:
             "printing it (with --json, beside the JSON); it opens offline in any browser, to "
             "send or attach",
         )
-        parser.add_argument("--top", type=int, default=10, help="operators to list (default 10)")
+        parser.add_argument(
+            "--top", type=int, default=TOP, help=f"operators to list (default {TOP})"
+        )
         parser.add_argument(
             "--rules", type=Path, metavar="FILE", help="extra classification rules (TOML)"
         )
@@ -104,7 +110,7 @@ class ReportCommand:
         add_window_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from traceview.views.text import render_to_console, to_json
+        from traceview.views.text import to_json
 
         choice = step_choice_of(args)
         if args.html is not None:
@@ -116,9 +122,40 @@ class ReportCommand:
             if args.json:
                 print(to_json(report))
             return 0
+        run = _plain_run(args, choice)
+        key = None
+        if run is not None:  # a run directory's plain report: the one kept there, if current
+            from traceview.runs import finished
+
+            found, key = finished.look(run, args.top, run)
+            if found is not None:
+                self._show(found, args)
+                return 0
         report = load_report(args.paths, args.rules, args.top, choice, args.window)
+        if run is not None:
+            finished.write(run, args.top, report, key)
+        self._show(report, args)
+        return 0
+
+    @staticmethod
+    def _show(report: RunReport, args: argparse.Namespace) -> None:
+        from traceview.views.text import render_to_console, to_json
+
         if args.json:
             print(to_json(report))
         else:
             render_to_console(report, top=args.top, all_ranks=args.all_ranks)
-        return 0
+
+
+def _plain_run(args: argparse.Namespace, choice: StepChoice | None) -> Path | None:
+    """The one run directory a report with no option that changes it was asked for (its kept
+    report may answer: ``runs.finished``); None for anything else."""
+    if len(args.paths) != 1 or args.rules is not None or choice is not None:
+        return None
+    if args.window is not None:
+        return None
+    (path,) = args.paths
+    try:
+        return path if (path / "manifest.json").is_file() else None
+    except OSError:
+        return None

@@ -12,6 +12,30 @@ from typing import Final, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from traceview.model.vocabulary import (  # noqa: F401 (re-exported: the schema's names)
+    ATTRIBUTION_PRIORITY,
+    BACKWARD,
+    BOTTLENECK_PHASES,
+    BREAKDOWN_PHASES,
+    COMM,
+    COMPUTE_PHASES,
+    EVENT_PHASES,
+    FORWARD,
+    GPU_HOST_BOUND_PHASES,
+    H2D,
+    IDLE,
+    IO,
+    OTHER,
+    SEGMENT_COMM,
+    SEGMENT_COMPUTE,
+    SEGMENT_HOST_BOUND,
+    SEGMENT_IDLE,
+    SEGMENT_KERNEL,
+    SEGMENT_KINDS,
+    SEGMENT_LAUNCH,
+    UPDATE,
+)
+
 
 def _skip_pandas_probe() -> None:
     """pyarrow imports pandas, where it is installed, the first time it converts Python values
@@ -42,27 +66,7 @@ _skip_pandas_probe()
 SCHEMA_VERSION: Final = "1"
 SCHEMA_VERSION_KEY: Final = b"traceview.schema_version"
 
-# --- phases ---------------------------------------------------------------------------------
-
-IO: Final = "io"
-H2D: Final = "h2d"
-FORWARD: Final = "forward"
-BACKWARD: Final = "backward"
-UPDATE: Final = "update"
-COMM: Final = "comm"
-OTHER: Final = "other"
-IDLE: Final = "idle"
-
-#: Phases an event can carry (idle is a property of time, not of an event).
-EVENT_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM, OTHER)
-#: The exclusive breakdown of a step, in report order.
-BREAKDOWN_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM, OTHER, IDLE)
-#: Phases that can be "the bottleneck" of a step.
-BOTTLENECK_PHASES: Final = (IO, H2D, FORWARD, BACKWARD, UPDATE, COMM)
-COMPUTE_PHASES: Final = (FORWARD, BACKWARD, UPDATE)
-#: The one attribution rule: an instant of a step goes to the first of these active then
-#: (compute > h2d > io > comm > other > idle; docs/design.md).
-ATTRIBUTION_PRIORITY: Final = (FORWARD, BACKWARD, UPDATE, H2D, IO, COMM, OTHER, IDLE)
+# --- phases and segment kinds: traceview.model.vocabulary's, imported above ----------------
 
 # --- event kinds ----------------------------------------------------------------------------
 
@@ -265,11 +269,6 @@ TIMELINE: Final = "timeline"  # which clock the breakdown was measured on: cpu o
 def phase_ns(phase: str) -> str:
     """The steps-table column holding the exclusive time of ``phase``."""
     return f"{phase}_ns"
-
-
-#: Phases whose host time can leave the device waiting (host-bound time, docs/design.md
-#: section 2): on GPU timelines part of the phase's exclusive time, also recorded alone.
-GPU_HOST_BOUND_PHASES: Final = (H2D, FORWARD, BACKWARD, UPDATE)
 
 
 def host_bound_ns(phase: str) -> str:
@@ -502,27 +501,6 @@ COMM_SCHEMA: Final = pa.schema(
 
 
 # --- segments: per rank, its critical timeline cut into exclusive segments ------------------------
-
-#: What a segment of a rank's timeline is: time the rank computed (host operators: CPU
-#: timelines, and the host's data loading on GPU ones), a kernel or copy ran on the device, the
-#: device waited for the host to launch work (host-bound: the host inside an operator; launch:
-#: inside the runtime call that launches a kernel or copy), communication ran with nothing above
-#: it, or nothing ran (idle). The critical path across ranks adds its own kinds (transfer, late
-#: start) where communication and step entry are explained by other ranks.
-SEGMENT_COMPUTE: Final = "compute"
-SEGMENT_KERNEL: Final = "kernel"
-SEGMENT_HOST_BOUND: Final = "host_bound"
-SEGMENT_LAUNCH: Final = "launch"
-SEGMENT_COMM: Final = "comm"
-SEGMENT_IDLE: Final = "idle"
-SEGMENT_KINDS: Final = (
-    SEGMENT_COMPUTE,
-    SEGMENT_KERNEL,
-    SEGMENT_HOST_BOUND,
-    SEGMENT_COMM,
-    SEGMENT_IDLE,
-    SEGMENT_LAUNCH,
-)
 
 #: Each step window of a rank as the sequence of its exclusive segments (the attribution rule
 #: kept in time order, not summed): a segment per stretch of one phase, kind and operator (the

@@ -12,7 +12,7 @@ from collections import Counter
 
 from rich.text import Text
 
-from traceview.model import schema as S
+from traceview.model import vocabulary as S
 from traceview.model.escape import safe
 from traceview.model.results import (
     Blame,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from traceview.model import schema as S
+from traceview.model import vocabulary as S
 from traceview.model.escape import json_safe, safe
 from traceview.model.results import (
     ComparedRun,
