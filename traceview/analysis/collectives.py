@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.model import schema as S
-from traceview.model.columns import dictionary_codes, ints, parent_rows
+from traceview.model.columns import dictionary_codes, ints, nearest_marked, parent_rows, roots
 
 
 def _outermost(
@@ -37,39 +37,18 @@ def _outermost(
     above a collective of another device, itself above one of the first device, as a host call
     inside a kernel would be, is not followed past the other device's.)"""
     rows = np.flatnonzero(is_collective)
-    nearest = _nearest_marked(parent_row, is_collective)[rows]
+    nearest = nearest_marked(parent_row, is_collective)[rows]
     at = np.maximum(nearest, 0)
     same = (nearest >= 0) & (device[at] == device[rows])
     # the chain of same-device collective ancestors, over the collective rows (by position)
     position = np.full(len(parent_row), -1, np.int64)
     position[rows] = np.arange(len(rows))
     up = np.where(same, position[at], -1)
-    top = _root_of(up)
+    top = roots(up)
     inner = top != np.arange(len(rows))
     owner = rows[top[inner]]
     launcher = nearest[~inner]  # (no same-device collective above: the nearest is another's)
     return rows[~inner], np.stack([rows[inner], owner]), launcher
-
-
-def _nearest_marked(parent: np.ndarray, marked: np.ndarray) -> np.ndarray:
-    """For each row, its nearest ancestor that is ``marked`` (-1: none), by pointer jumping."""
-    up = parent.astype(np.int64, copy=True)
-    while True:
-        at = np.maximum(up, 0)
-        moving = (up >= 0) & ~marked[at]
-        if not moving.any():
-            return up
-        up = np.where(moving, up[at], up)
-
-
-def _root_of(up: np.ndarray) -> np.ndarray:
-    """For each node of a forest (``up``: its parent, -1 for a root), its root."""
-    root = np.where(up >= 0, up, np.arange(len(up)))
-    while True:
-        nxt = root[root]
-        if (nxt == root).all():
-            return root
-        root = nxt
 
 
 #: Views a worker thread runs for a call the program issued on its own thread: gloo runs

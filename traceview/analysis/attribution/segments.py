@@ -24,21 +24,21 @@ from traceview.model.columns import (
     STRUCTURAL,
     EventArrays,
     distinct,
+    roots,
 )
 
 
 def _outermost_operator(ev: EventArrays, rows: np.ndarray) -> np.ndarray:
     """For each host event row, the outermost operator (not a region) it is nested in on its
     thread, itself included (what a segment is named by: ``linear``, not the ``addmm`` inside
-    it); device rows and -1 stay as they are."""
+    it); device rows and -1 stay as they are. Each event's climb through operators at once
+    (``roots``: a trace nesting operators 40,000 deep took 40,000 rounds)."""
     named = OPERATOR[ev.kind] & ~STRUCTURAL[ev.kind]
-    cur = rows.copy()
-    climbing = (cur >= 0) & HOST_TREE[ev.kind[np.maximum(cur, 0)]]
-    while climbing.any():
-        parent = ev.parent_row[np.maximum(cur, 0)]
-        climbing &= (parent >= 0) & named[np.maximum(parent, 0)]
-        cur = np.where(climbing, parent, cur)
-    return cur
+    parent = ev.parent_row
+    up = np.where((parent >= 0) & named[np.maximum(parent, 0)], parent, -1)
+    top = roots(up.astype(np.int64, copy=False))
+    at = np.maximum(rows, 0)
+    return np.where((rows >= 0) & HOST_TREE[ev.kind[at]], top[at], rows)
 
 
 #: The kind (schema.SEGMENT_KINDS) of each level's time on a timeline, host and device side.

@@ -31,6 +31,7 @@ from traceview.model.columns import (
     PHASE_CODE,
     STRUCTURAL,
     EventArrays,
+    nearest_marked,
     phase_table,
     unique_pairs,
 )
@@ -110,16 +111,7 @@ def _training_levels(
 def _enclosing_operator(ev: EventArrays, rows: np.ndarray) -> np.ndarray:
     """For each region row, the nearest operator (not a region) it lies in (-1: none)."""
     named = OPERATOR[ev.kind] & ~STRUCTURAL[ev.kind]
-    cur = ev.parent_row[rows]
-    found = np.full(len(rows), -1, np.int64)
-    open_ = cur >= 0
-    while open_.any():
-        hit = open_ & named[np.maximum(cur, 0)]
-        found[hit] = cur[hit]
-        open_ &= ~hit
-        cur = np.where(open_, ev.parent_row[np.maximum(cur, 0)], -1)
-        open_ &= cur >= 0
-    return found
+    return nearest_marked(ev.parent_row, named)[rows]
 
 
 def _fill_of(levels: np.ndarray) -> np.ndarray:
