@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,41 @@ __all__ = [
     "parse_with",
     "side_rows",
 ]
+
+#: Traces below this many bytes (on disk; a gzip file counts 8 times its size) are read whole,
+#: not in chunks: chunking bounds a large trace's memory, but costs a small one more than it
+#: saves (its spill and chunk files, its threads: CPU a rank, loaded 2-core machine, 23 against
+#: 18 ms for a one-step rank, 64 against 52 ms for a 1.2 MB one (113 KB gzipped); at 4.5 MB
+#: the chunks cost less, 114 against 128 ms). Such a trace is one chunk (``CHUNK_ROWS``): both
+#: paths write the same rows in the same order. ``TRACEVIEW_WHOLE_BELOW_BYTES`` sets it;
+#: ``TRACEVIEW_WHOLE_RANK=0`` chunks every trace a parser streams (the tests of the chunks),
+#: ``=1`` reads every trace whole (their reference).
+WHOLE_BELOW_BYTES = 1 << 20
+
+
+def read_whole(path: Path, size: int) -> bool:
+    """Whether a trace a parser could stream is read whole all the same: it is small
+    (``WHOLE_BELOW_BYTES``), unless ``TRACEVIEW_WHOLE_RANK=0`` says to chunk every one."""
+    if os.environ.get("TRACEVIEW_WHOLE_RANK") == "0":
+        return False
+    weight = 8 if path.name.endswith(".gz") else 1
+    below = int(os.environ.get("TRACEVIEW_WHOLE_BELOW_BYTES", WHOLE_BELOW_BYTES))
+    return size * weight < below
+
+
+#: The threads that write a rank's events while its analysis runs (``ingest_rank``): made once
+#: per process (a thread made per rank cost a small rank ~1 ms; one rank after another use one,
+#: ranks ingested at once on threads of a process one each), and made again in a process forked
+#: from one that had them (its threads did not come along).
+_writers: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _write_beside(run: Path, rank: int, events: pa.Table) -> Future[Path]:
+    global _writers
+    if _writers is None or _writers[0] != os.getpid():
+        pool = ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="traceview-write")
+        _writers = (os.getpid(), pool)
+    return _writers[1].submit(R.write_events, run, rank, events)
 
 
 @dataclass
@@ -136,7 +172,7 @@ def ingest_rank(
     offset = clock.offset_ns
     if trace.more:  # a file per profiler cycle or step: read whole, as one trace
         parsed = parse_windows(trace.files, trace.rank, lambda path: parse_with(parser, path))
-    elif wants_chunks(parser):
+    elif wants_chunks(parser) and not read_whole(trace.path, trace.size):
         helper = helper and helper_pays(trace.path, trace.size)
         part = _ingest_chunked(trace, parser, rules, run, run_id, analyze, started, helper)
         if isinstance(part, RankPartial):
@@ -171,12 +207,15 @@ def ingest_rank(
     del parsed.events
     side = side_rows(parsed, trace, offset)
     # Parquet encoding runs outside the GIL: write while the analysis runs.
-    with ThreadPoolExecutor(max_workers=1) as writer:
-        written = writer.submit(R.write_events, run, trace.rank, normalized.events)
+    written = _write_beside(run, trace.rank, normalized.events)
+    try:
         tables: dict[str, pa.Table | SpilledTable] = (
             dict(analyze(normalized.events, side)) if analyze is not None else {}
         )
-        written.result()
+    except BaseException:
+        wait([written])  # (the analysis's error is the one raised)
+        raise
+    written.result()
     found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
     if normalized.layout is not None:
         found.update(normalized.layout.meta)

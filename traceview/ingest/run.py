@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview import __version__
+from traceview.ingest.batches import batches, given, ingest_ranks
 from traceview.ingest.discover import TraceFile, assign_ranks, discover, per_device
 from traceview.ingest.lifetime import die_with_parent
 from traceview.ingest.rank import RankAnalysis, RankPartial, ingest_rank
@@ -219,21 +220,26 @@ def _run_all(
                 t, partial(ingest_rank, t, staged, run_id, rules_path, analyze, helper=True)
             )
     else:
-        # Larger files first, so the pool's last task is a short one.
+        # Larger files first, so the pool's last task is a short one; small ranks several to
+        # a task (``batches``), each rank still counted, and left out alone, as it is done.
         ordered = sorted(traces, key=lambda t: -t.size)
+        workers = min(jobs, len(traces))
         with ProcessPoolExecutor(
-            max_workers=min(jobs, len(traces)),
+            max_workers=workers,
             mp_context=get_context("spawn"),
             initializer=die_with_parent,
             initargs=(os.getpid(),),
         ) as pool:
             futures = deque(
-                (t, pool.submit(ingest_rank, t, staged, run_id, rules_path, analyze))
-                for t in ordered
+                (batch, pool.submit(ingest_ranks, batch, staged, run_id, rules_path, analyze))
+                for batch in batches(ordered, workers)
             )
             while futures:  # each result let go once combined
-                t, future = futures.popleft()
-                yield from keep(t, future.result)
+                batch, future = futures.popleft()
+                results = future.result()
+                for t, outcome in zip(batch, results, strict=True):
+                    yield from keep(t, partial(given, outcome))
+                del results
     if failed and len(failed) == done:
         more = f" (and {len(failed) - 1} more trace(s) like it)" if len(failed) > 1 else ""
         raise BadInput(f"{failed[0]}{more}")
