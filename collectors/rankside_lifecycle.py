@@ -82,20 +82,29 @@ class Collector(abc.ABC):
         first step (less its warm-up) is reached; None: none, or not yet. A window whose steps
         have all passed when it is read is said and dropped."""
         record = self._step_record
-        while record is not None and record.asked:
-            asked = record.asked[0]
-            now = record.step  # the step about to begin (the job's number)
-            if now < asked["start_step"] - asked["warmup"]:
-                return None
-            record.take_request()
-            if now < asked["start_step"] + asked["steps"]:
-                return asked
-            warn(
-                f"profile window {asked['window']} not taken: its steps "
-                f"{asked['start_step']}-{asked['start_step'] + asked['steps'] - 1} had passed "
-                f"(step {now} now) when this rank read it"
-            )
-        return None
+        passed: list[dict[str, int]] = []
+        try:
+            while record is not None and record.asked:
+                asked = record.asked[0]
+                now = record.step  # the step about to begin (the job's number)
+                if now < asked["start_step"] - asked["warmup"]:
+                    return None
+                record.take_request()
+                if now < asked["start_step"] + asked["steps"]:
+                    return asked
+                passed.append(asked)
+            return None
+        finally:
+            if passed and record is not None:  # (said once, however many: a flood of asks)
+                first = passed[0]
+                which = (
+                    f"profile window {first['window']} not taken: its steps "
+                    f"{first['start_step']}-{first['start_step'] + first['steps'] - 1} had"
+                    if len(passed) == 1
+                    else f"{len(passed)} profile windows ({first['window']} to "
+                    f"{passed[-1]['window']}) not taken: their steps had"
+                )
+                warn(f"{which} passed (step {record.step} now) when this rank read it")
 
     def open_window(self, asked: dict[str, int]) -> int:
         """Under the lock: the window ``asked`` begins at this step boundary (its warm-up as

@@ -29,15 +29,19 @@ import pyarrow as pa
 from traceview.model import schema as S
 from traceview.parsers import number_ranges, rank_from_filename
 
-#: the most of a dump read (NCCL's default ring is 2,000 entries: a few MB)
-DUMP_LIMIT = 256 << 20
+#: the most of a dump read (NCCL's default ring is 2,000 entries: a few MB; a pickle's objects
+#: take about ten times its bytes in memory)
+DUMP_LIMIT = 32 << 20
+#: the most entries of a dump read, its newest (25 times NCCL's default ring: a pickle of a few
+#: MB can hold millions of references to one entry)
+MAX_ENTRIES = 50_000
 #: bytes of an element, by the Flight Recorder's dtype names
 _DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4,
                 "Short": 2, "Char": 1, "Byte": 1, "Bool": 1,
                 "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8,
                 "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
 _KEYS = (b"pg_config", b"pg_status", b"entries", b"nccl_comm_state", b"comm_lib_version")
-_TRAILING_NUMBER = re.compile(r"(\d{1,7})$")
+_TRAILING_NUMBER = re.compile(r"(?<!\d)(\d{1,7})$")
 
 
 class NotADump(ValueError):
@@ -56,6 +60,9 @@ class FlightDump:
     # a process group's name -> how its calls name it: the name, and its ranks where they are
     # not all the dump's (two ranks' subgroups of one name are different groups)
     group_labels: dict[str, str] = field(default_factory=dict)
+    # what the dump's ``rank`` says where that is no rank (a number out of range, a string...)
+    claimed_rank: str | None = None
+    older: int = 0  # entries set aside past MAX_ENTRIES (the oldest)
 
     @property
     def record_ids(self) -> tuple[Any, ...]:
@@ -90,7 +97,10 @@ def read_dump(path: Path, form: str) -> FlightDump:
     except OSError as exc:
         raise NotADump(f"cannot read ({exc.strerror or exc})") from None
     if len(data) > DUMP_LIMIT:
-        raise NotADump(f"over {DUMP_LIMIT >> 20} MB: not a Flight Recorder dump")
+        raise NotADump(
+            f"over {DUMP_LIMIT >> 20} MB: not read as a Flight Recorder dump (NCCL's ring of "
+            "2,000 entries is a few MB)"
+        )
     try:
         read = (
             _PlainUnpickler(io.BytesIO(data)).load if form == "pickle" else lambda: json.loads(data)
@@ -105,17 +115,20 @@ def read_dump(path: Path, form: str) -> FlightDump:
     if not isinstance(content, dict) or not isinstance(content.get("entries"), list):
         raise NotADump(f"a {form} file without a Flight Recorder's entries")
     rank = content.get("rank")
+    claimed = None if rank is None or _is_rank(rank) else repr(rank)[:40]
     status = content.get("pg_status")
     version = content.get("version")
     return FlightDump(
         path=path,
         form=form,
-        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        rank=rank if _is_rank(rank) else None,
         version=str(version)[:40] if isinstance(version, str | int | float) else None,
-        entries=[e for e in content["entries"] if isinstance(e, dict)],
+        entries=[e for e in content["entries"][-MAX_ENTRIES:] if isinstance(e, dict)],
         pg_status=status if isinstance(status, dict) else {},
         group_ranks=_group_ranks(content.get("pg_config")),
         group_labels=_group_labels(content.get("pg_config")),
+        claimed_rank=claimed,
+        older=max(len(content["entries"]) - MAX_ENTRIES, 0),
     )
 
 
@@ -165,7 +178,8 @@ def rank_of_dump(dump: FlightDump) -> int | None:
     for suffix in (".json", ".pkl", ".pickle"):
         stem = stem.removesuffix(suffix)
     match = _TRAILING_NUMBER.search(stem)
-    return int(match.group(1)) if match else rank_from_filename(dump.path)
+    rank = int(match.group(1)) if match else rank_from_filename(dump.path)
+    return rank if _is_rank(rank) else None
 
 
 def flight_rows(
@@ -277,6 +291,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
 
 
+def _is_rank(value: Any) -> bool:
+    return _is_int(value) and value < MAX_RANKS
+
+
 def _bytes(entry: dict[str, Any]) -> int | None:
     try:
         total = 0
@@ -329,9 +347,19 @@ def find_dumps(files: list[Path]) -> DumpRecord | None:
             warnings.append(f"{path}: {exc}; set aside")
             continue
         rank = rank_of_dump(dump)
+        if dump.claimed_rank is not None:
+            warnings.append(
+                f"{path}: its rank {dump.claimed_rank} is no rank number; "
+                + (f"read as rank {rank}, by its file name" if rank is not None else "set aside")
+            )
         if rank is None:
-            warnings.append(f"{path}: a Flight Recorder dump that names no rank; set aside")
+            if dump.claimed_rank is None:
+                warnings.append(f"{path}: a Flight Recorder dump that names no rank; set aside")
             continue
+        if dump.older:
+            warnings.append(
+                f"{path}: {dump.older:,} older entries set aside (its newest {MAX_ENTRIES:,} read)"
+            )
         dump.entries, backwards = in_order(dump.entries)
         if backwards:
             warnings.append(

@@ -22,7 +22,7 @@ import pyarrow as pa
 from traceview.collectors import rankside_record as R
 from traceview.collectors.record_rows import CALL_DTYPE, STEP_DTYPE, op_name, written_rows
 from traceview.model import schema as S
-from traceview.parsers.flight import flight_rows, in_order
+from traceview.parsers.flight import MAX_ENTRIES, flight_rows, in_order
 
 #: the most of a JSON file of the record read (stacks, groups, end, Flight Recorder)
 JSON_LIMIT = 64 << 20
@@ -154,6 +154,11 @@ def _ranks_table(read: list[RankRecord]) -> pa.Table:
     )
 
 
+def _is_ns(value: object) -> bool:
+    """A time in ns as the record's int64 columns hold one (a wider number is no time)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
+
+
 def _read_rank(folder: Path, rank: int, warnings: list[str]) -> RankRecord:
     record = RankRecord(rank)
     steps = _bytes(folder / "steps.bin")
@@ -171,6 +176,14 @@ def _read_rank(folder: Path, rank: int, warnings: list[str]) -> RankRecord:
                     "inconsistent; left out"
                 )
             record.steps = rows[ok].copy()
+            if (
+                len(steps) == JSON_LIMIT
+                and len(rows) == (len(steps) - len(R.MAGIC_STEPS)) // STEP_DTYPE.itemsize
+            ):
+                warnings.append(
+                    f"rank {rank}: its step record is longer than {JSON_LIMIT >> 20} MB: its "
+                    f"first {len(rows):,} steps read, the rest left out"
+                )
     _read_calls(folder, record, warnings)
     groups = _json(folder / "groups.json")
     if isinstance(groups, dict):
@@ -180,7 +193,7 @@ def _read_rank(folder: Path, rank: int, warnings: list[str]) -> RankRecord:
         record.end = {
             "state": end["state"],
             "detail": end.get("detail") if isinstance(end.get("detail"), str) else None,
-            "t_ns": end.get("t_ns") if isinstance(end.get("t_ns"), int) else None,
+            "t_ns": end["t_ns"] if _is_ns(end.get("t_ns")) else None,
         }
         if end.get("phase") in R.PHASES:  # (the phase it raised in: where it stood as it died)
             record.phase_now = end["phase"]
@@ -189,7 +202,15 @@ def _read_rank(folder: Path, rank: int, warnings: list[str]) -> RankRecord:
         record.stacks = stacks
     flight = _json(folder / "fr.json")
     if isinstance(flight, dict) and isinstance(flight.get("entries"), list):
-        record.flight, backwards = in_order([e for e in flight["entries"] if isinstance(e, dict)])
+        entries = flight["entries"]
+        if len(entries) > MAX_ENTRIES:
+            warnings.append(
+                f"rank {rank}: {len(entries) - MAX_ENTRIES:,} older Flight Recorder entries set "
+                f"aside (its newest {MAX_ENTRIES:,} read)"
+            )
+        record.flight, backwards = in_order(
+            [e for e in entries[-MAX_ENTRIES:] if isinstance(e, dict)]
+        )
         if backwards:
             warnings.append(
                 f"rank {rank}: {backwards} Flight Recorder entries whose sequence number goes "

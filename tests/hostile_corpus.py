@@ -75,6 +75,14 @@ class Plan:
     keep: dict[Path, bytes] = field(default_factory=dict)
     # run directories that must still be readable (report exits 0) after every run
     survive: list[Path] = field(default_factory=list)
+    # paths that must not exist after the runs (a marker a hostile input would make if it ran)
+    absent: list[Path] = field(default_factory=list)
+    # folders nothing may be written into: folder -> a regex (re.fullmatch) of the paths in it,
+    # relative, that may appear or change all the same ("" none)
+    frozen: dict[Path, str] = field(default_factory=dict)
+    # Python programs (``python -c``) run in the case's folder while its runs run, ended after
+    # the last (a record that grows, files that vanish)
+    background: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -1541,6 +1549,9 @@ def all_cases() -> list[Case]:
     cases += _rundir_cases()
     cases += _output_cases()
     cases += _kill_cases()
+    from tests.hostile_wave4 import wave4_cases
+
+    cases += wave4_cases()
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids are unique"
     return cases
@@ -1577,6 +1588,8 @@ def _main(argv: list[str]) -> int:
         if run.kill_after is not None:
             line += f"   # SIGKILLed after {run.kill_after} s"
         print(line)
+    for program in plan.background:
+        print(f"# while they run, in {folder}: python -c {_quote(program)} &")
     return 0
 
 

@@ -13,7 +13,10 @@ Every case (``tests/hostile_corpus.py``) builds hostile inputs from the samples 
 - no raw control character in stdout or stderr (C0 and C1 but \\n and \\t, DEL, bidi
   overrides), no rich markup from the input interpreted, and ``--json`` output that parses;
 - no previous run lost: a run directory the case names must still read afterwards, and a
-  user's file that ``-o`` named must be unchanged.
+  user's file that ``-o`` named must be unchanged;
+- where the case says so: nothing written into the folders it names (``Plan.frozen``), no file
+  a hostile input's code would make (``Plan.absent``), with programs that change its inputs
+  running beside the commands (``Plan.background``).
 
 Tiers: ``test_hostile_fast`` (a fixed sample, in the normal test command) and
 ``test_hostile_full`` (tests/fuzz, marked ``fuzz``, not collected by default: ``python -m pytest
@@ -280,8 +283,6 @@ def page_problems(page: Path) -> list[str]:
     """What an HTML page written from hostile input must never hold: markup from the input (a
     second script, an element made from a name), a reference outside the page, a raw control
     character."""
-    from tests.html_page import OUTSIDE
-
     try:
         text = page.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -289,13 +290,59 @@ def page_problems(page: Path) -> list[str]:
     p = []
     if text.count("<script") != 1:
         p.append(f"--html: {text.count('<script')} script elements (the page has one)")
-    if m := OUTSIDE.search(text):
-        p.append(f"--html: a reference outside the page: {m.group()[:80]!r}")
     if m := _CONTROL.search(text):
         p.append(f"--html: control character {m.group()!r} in the page")
-    if re.search(r"<(img|iframe|object|embed|form|input)\b", text, re.I):
+    if re.search(r"<(img|iframe|object|embed|form|input|foreignObject|math)\b", text, re.I):
         p.append("--html: an element from the input in the page")
+    # (the page's own: one style element, its SVG drawings closed as opened, no comment; its
+    # elements, attributes and links as a browser parses them: a name that ends an element or
+    # opens one breaks these, a name escaped does not)
+    if text.count("<style") != 1 or text.count("</style>") != 1:
+        p.append("--html: a style element from the input in the page")
+    if text.count("<svg") != text.count("</svg>"):
+        p.append(f"--html: {text.count('<svg')} svg elements opened, {text.count('</svg>')} closed")
+    if m := re.search(r"<!--|<!\[CDATA\[", text, re.I):
+        p.append(f"--html: markup from the input in the page: {m.group()[:60]!r}")
+    p += [f"--html: {x}" for x in _foreign_markup(text)]
     return p
+
+
+#: The elements the page is made of (views/html), and the attributes no page of it has
+_PAGE_TAGS = frozenset((
+    "a", "b", "body", "br", "caption", "circle", "code", "details", "div", "g", "h1", "h2", "h3",
+    "head", "header", "html", "i", "li", "line", "main", "meta", "nav", "p", "path", "polyline",
+    "rect", "script", "section", "small", "span", "style", "summary", "svg", "table", "tbody",
+    "td", "text", "th", "thead", "title", "tr", "ul",
+))  # fmt: skip
+_NEVER_ATTRS = re.compile(r"on.*|src|srcset|srcdoc|formaction|action|xlink:href|style", re.I)
+
+
+def _foreign_markup(text: str) -> list[str]:
+    """Elements and attributes of ``text`` (an HTML page, parsed as a browser would tokenize
+    it) the page's own code never writes: made from the input; and a reference out of the
+    page (an ``href`` not to one of its own ``#`` places). Text that only reads as markup (a
+    name, escaped) is none of these."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Tags(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag not in _PAGE_TAGS:
+                found.append(f"a <{tag[:20]}> element from the input")
+            found.extend(
+                f"a {k[:20]}= attribute from the input"
+                for k, _ in attrs
+                if _NEVER_ATTRS.fullmatch(k)
+            )
+            found.extend(
+                f"a reference outside the page: {(v or '')[:80]!r}"
+                for k, v in attrs
+                if k == "href" and not (v or "").startswith("#")
+            )
+
+    Tags().feed(text)
+    return list(dict.fromkeys(found))[:5]
 
 
 def _line(text: str, needle: str) -> str:
@@ -312,18 +359,64 @@ class CaseResult:
     seconds: float
 
 
+def tree(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``folder`` (relative): its size and modification time (links not
+    followed; a folder that cannot be read holds nothing)."""
+    found: dict[str, tuple[int, int]] = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            size = info.st_size if not os.path.isdir(path) or os.path.islink(path) else 0
+            found[os.path.relpath(path, folder)] = (size, info.st_mtime_ns)
+    return found
+
+
+def _background(program: str, cwd: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", program],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 def run_case(case: H.Case, folder: Path) -> CaseResult:
     start = time.monotonic()
     plan = H.build(case, folder)
     outcomes, problems = [], []
-    for run in plan.runs:
-        o = execute(run, folder, case.timeout)
-        o.problems = problems_of(o, run, plan.inputs)
-        outcomes.append(o)
-        problems += [
-            f"`{' '.join(run.argv[:1])}`{' --json' if '--json' in run.argv else ''}: {x}"
-            for x in o.problems
-        ]
+    before = {path: tree(path) for path in plan.frozen}
+    helpers = [_background(program, folder) for program in plan.background]
+    try:
+        for run in plan.runs:
+            o = execute(run, folder, case.timeout)
+            o.problems = problems_of(o, run, plan.inputs)
+            outcomes.append(o)
+            problems += [
+                f"`{' '.join(run.argv[:1])}`{' --json' if '--json' in run.argv else ''}: {x}"
+                for x in o.problems
+            ]
+    finally:
+        for helper in helpers:
+            helper.kill()
+            helper.wait()
+    for path in plan.absent:
+        if os.path.lexists(path):
+            problems.append(f"ran: {path.name} exists (a hostile input's code ran)")
+    for path, allowed in plan.frozen.items():
+        after = tree(path)
+        changed = sorted(
+            rel
+            for rel in set(before[path]) | set(after)
+            if before[path].get(rel) != after.get(rel) and not re.fullmatch(allowed, rel)
+        )
+        if changed:
+            problems.append(f"written into {path.name}: {', '.join(changed[:5])}")
     for path, data in plan.keep.items():
         if not path.is_file() or path.read_bytes() != data:
             problems.append(f"data loss: the user's {path.name} was changed or removed")
@@ -402,6 +495,8 @@ FAST = [
     "rundir-manifest-garbage",
     "rundir-manifest-escape-csi-every-string",
     "kill-reingest-after-700ms",
+    "flight-pickle-reduce-system-p2",
+    "html-kineto-names",
 ]
 
 #: One case of each class the full tier found, and that was fixed: kept as regression tests.
@@ -430,13 +525,15 @@ FAST_FIXED = [
     "kill-reingest-rename-9-j1",
     "kineto-dur-1e18-all",
     "kineto-one-event-50k",
+    "record-steps-span-u32",
+    "request-folder-links-outside",
 ]
 
 
 def _param(case: H.Case) -> object:
     marks = []
     if case.needs is not None and not case.needs.exists():
-        marks.append(pytest.mark.skip(reason=f"needs {case.needs} (the shared traces)"))
+        marks.append(pytest.mark.skip(reason=f"needs {case.needs}"))
     if known := known_for(case.id):
         marks.append(
             pytest.mark.xfail(

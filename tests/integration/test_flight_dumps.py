@@ -11,6 +11,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import run_cli
 from traceview.analysis.failure import analyse_failure
 from traceview.parsers.flight import find_dumps
@@ -284,3 +286,35 @@ def test_entries_whose_sequence_numbers_go_back_are_set_aside(tmp_path: Path) ->
     assert sum("sequence number goes back" in w for w in found.warnings) == 3, found.warnings
     f = result.failure
     assert (f.kind, f.rank, f.seq) == ("hang", 2, 11), f
+
+
+def test_a_dump_whose_rank_is_no_rank_number_is_read_by_its_name(tmp_path: Path) -> None:
+    """A dump's ``rank`` out of range, negative or not a number: read as the rank its file name
+    ends with, said in a warning; where the name gives none either (a number wider than a
+    rank's), set aside."""
+    done = [_entry(s) for s in range(1, 4)]
+    for rank, said in ((0, 2**70), (1, -1), (2, True)):
+        _write(tmp_path, rank, {**_dump(done, world=3), "rank": said})
+    wide = tmp_path / f"nccl_trace_rank_{2**70}"
+    wide.write_bytes(pickle.dumps({**_dump(done, world=3), "rank": "x"}, protocol=2))
+    found, _ = _analysed(tmp_path)
+    assert sorted(found.dumps) == [0, 1, 2]
+    said = found.warnings
+    assert sum("is no rank number; read as rank" in w for w in said) == 3, said
+    assert any(wide.name in w and "set aside" in w for w in said), said
+    result = run_cli("report", "--json", tmp_path)
+    assert result.code == 0, result.err
+
+
+def test_a_dump_of_more_entries_than_read_keeps_its_newest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pickle of a few bytes a reference can hold millions of entries: the newest are read,
+    the others named in a warning."""
+    from traceview.parsers import flight
+
+    monkeypatch.setattr(flight, "MAX_ENTRIES", 4)
+    _write(tmp_path, 0, _dump([_entry(s) for s in range(1, 11)], world=1))
+    found, _ = _analysed(tmp_path)
+    assert [e["collective_seq_id"] for e in found.dumps[0].entries] == [7, 8, 9, 10]
+    assert any("6 older entries set aside (its newest 4 read)" in w for w in found.warnings)

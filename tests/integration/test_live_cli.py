@@ -10,7 +10,7 @@ import os
 import socket
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests.conftest import SAMPLES, run_cli
 from traceview.collectors import rankside_record as W
 
 
@@ -68,6 +68,8 @@ def test_a_look_writes_nothing_into_the_run_and_reads_the_job_as_running(tmp_pat
     ]
     text = run_cli("watch", run, "--once")
     assert text.code == 0 and "running" in text.out and "2 ranks" in text.out
+    # the live screen outside a terminal: refused at once, not drawn into a file for ever
+    _one_line_refusal(run_cli("watch", run), "the live screen needs a terminal")
     assert _tree(run) == before, "watch wrote into the run it looked at"
 
 
@@ -166,3 +168,20 @@ def test_the_live_screen_shows_the_ranks_and_p_asks_for_a_window(tmp_path: Path)
     assert "epoch 2 loss 0.4" in seen["log"] and "\x1b" not in seen["log"]
     asked = json.loads((run / "requests" / "profile-1.json").read_text())
     assert asked["steps"] == 3  # (collect's --steps, from live.json)
+
+
+def test_a_window_folder_that_links_out_of_the_run_is_refused(tmp_path: Path) -> None:
+    """RUN/windows a link to a folder elsewhere holding a window's traces: a report would
+    ingest it, and cache its analysis, there; refused in one line, nothing written there."""
+    import shutil
+
+    run = _run(tmp_path)
+    outside = tmp_path / "outside"
+    shutil.copytree(SAMPLES / "pytorch" / "slowio", outside / "1" / "raw" / "rank-00000")
+    status = {"rank": 0, "trace_files": ["rank-0.pt.trace.json.gz"], "state": "ok"}
+    (outside / "1" / "raw" / "rank-00000" / "status.json").write_text(json.dumps(status))
+    (run / "windows").symlink_to(outside, target_is_directory=True)
+    before = _tree(outside)
+    for argv in (("report", run, "--window", 1), ("report", run), ("export", run, "--window", 1)):
+        _one_line_refusal(run_cli(*argv), "a link out of the run")
+    assert _tree(outside) == before

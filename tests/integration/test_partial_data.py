@@ -77,3 +77,26 @@ def test_a_folder_of_damaged_files_only_is_one_line_naming_one(tmp_path: Path) -
     assert result.code == 2
     assert len(result.err.strip().splitlines()) == 1, result.err
     assert "no readable traces" in result.err and "corrupt gzip data" in result.err
+
+
+def test_a_ranks_windows_whose_step_numbers_begin_again_count_each_step_once(
+    tmp_path: Path,
+) -> None:
+    """Two trace files of rank 0, one after the other, both of steps 2-6 (two runs' traces, or
+    windows numbered alike): the later steps are set aside, named in one warning; each step is
+    one row of the run."""
+    from tests.hostile_wave4 import _AFTER_US, _kineto_window
+
+    (tmp_path / "rank-0.a.pt.trace.json.gz").write_bytes(_kineto_window(0.0))
+    (tmp_path / "rank-0.b.pt.trace.json.gz").write_bytes(_kineto_window(_AFTER_US))
+    shutil.copy(SAMPLES / "pytorch" / "slowio" / "rank-1.pt.trace.json.gz", tmp_path)
+    result = run_cli("report", "--json", tmp_path)
+    assert result.code == 0, result.err
+    report = result.json()
+    assert [(r["rank"], r["steps"]) for r in report["ranks"]] == [(0, 5), (1, 5)]
+    said = [w for w in report["warnings"] if "begin again" in w]
+    assert said == [
+        "rank 0: step number(s) 2-6 begin again later in the trace(s) (traces of two runs, or "
+        "profiler windows numbered alike?): the first of each is counted, the 5 later one(s) "
+        "set aside"
+    ]

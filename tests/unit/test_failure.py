@@ -401,3 +401,24 @@ def test_a_rank_that_raises_in_its_data_loading_crashed_there(tmp_path: Path) ->
     other.wait_in(0)
     other.end(0, "exception", TIMEOUT, later_s=6.0)
     assert other.failure().failure.phase != "io"
+
+
+def test_calls_of_a_group_no_file_names_are_matched_as_one_group(tmp_path: Path) -> None:
+    """A record without its groups.json (a rank killed before it wrote it, or removed): its
+    calls' group is unknown on every rank, and still one group (polars once warned on each
+    comparison with None, and matched nothing)."""
+    import warnings
+
+    job = Job(tmp_path, 3)
+    job.steady(4)
+    job.wait_in(0)
+    job.wait_in(2)
+    for path in tmp_path.glob("raw/*/groups.json"):
+        path.unlink()
+    record = read_run_record(tmp_path / "raw")
+    assert record is not None and set(record.calls.column("group").to_pylist()) == {None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = analyse_failure(record.steps, record.calls, record.ranks, job_failed=True)
+    f = result.failure
+    assert f is not None and (f.rank, f.waiting) == (1, [0, 2]), f

@@ -17,6 +17,10 @@ def test_the_corpus_is_deterministic(tmp_path: Path) -> None:
         "mxnet-splice-0",
         "xplane-escape-osc-every-string",
         "status-garbage",
+        "flight-pickle-inst-opcode",
+        "record-steps-cut-mid-row",
+        "xdev-steps-on-some-devices",
+        "multi-repeat-steps",
     ):
         a = H.build(BY_ID[case_id], tmp_path / "a" / case_id)
         b = H.build(BY_ID[case_id], tmp_path / "b" / case_id)

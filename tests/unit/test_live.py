@@ -237,7 +237,7 @@ def test_a_profile_request_reaches_the_ranks_at_its_step(tmp_path: Path, clock: 
 
 
 def test_the_collector_takes_a_window_at_its_step_and_drops_one_passed(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from traceview.collectors.rankside import Config
     from traceview.collectors.rankside_lifecycle import Collector
@@ -267,6 +267,17 @@ def test_the_collector_takes_a_window_at_its_step_and_drops_one_passed(
     ]
     assert collector.window_asked() is None  # (window 1 dropped; window 2 from step 12 on)
     assert [a["window"] for a in record.asked] == [2]
+    # a flood of asks whose steps have passed: all dropped, said in one line
+    record.asked = [
+        {"window": k, "start_step": 2, "steps": 2, "warmup": 0} for k in range(3, 1003)
+    ] + record.asked
+    assert collector.window_asked() is None and [a["window"] for a in record.asked] == [2]
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2, said
+    assert said[-1] == (
+        "traceview: 1000 profile windows (3 to 1002) not taken: their steps had passed (step 10 "
+        "now) when this rank read it"
+    )
     record.step_end()
     record.step_end()
     asked = collector.window_asked()
@@ -316,3 +327,97 @@ def test_inputs_of_no_rank_make_an_empty_look() -> None:
         )
     )
     assert look.job.state == "running" and look.ranks == [] and look.step_ms.p50 is None
+
+
+# --- hostile records, live.json and requests (issue 55) ----------------------------------------
+
+
+def _steps(folder: Path, rows: list[tuple[int, int, int, int, int, int]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "steps.bin").write_bytes(W.MAGIC_STEPS + b"".join(W.STEP_ROW.pack(*r) for r in rows))
+
+
+def test_step_numbers_far_apart_make_no_row_for_each_number_between(tmp_path: Path) -> None:
+    """Steps 0 and 2**32 - 1 (a hostile record: a look once allocated 32 GB for the numbers
+    between); a row repeated counts once."""
+    t = 1_700_000_000 * 10**9
+    rows = [(0, 1, t, t + 10 * MS, 0, 0), (2**32 - 1, 1, t + 20 * MS, t + 32 * MS, 0, 0)]
+    _steps(tmp_path / "raw" / "rank-00000", rows)
+    _steps(tmp_path / "raw" / "rank-00001", [rows[0], rows[0], rows[1]])
+    _live_json(tmp_path)
+    look = LiveRun(tmp_path).look()
+    assert look.steps.tolist() == [0, 2**32 - 1]
+    assert look.step_ms.tolist() == [10.0, 12.0]
+
+
+def test_what_live_json_says_is_bounded_and_escaped(tmp_path: Path, clock: Clock) -> None:
+    Job(tmp_path, 1, clock).step([10.0])
+    _live_json(tmp_path, collect_pid=2**70, started="\u202eevil\x1b[2J", exit_code=None)
+    job = LiveRun(tmp_path).look().job
+    assert job.collect_alive is None  # (no such process id: not asked of the system)
+    assert job.started is not None and "\u202e" not in job.started and "\x1b" not in job.started
+    (tmp_path / "raw" / "rank-00000" / "end.json").write_text(
+        json.dumps({"state": "signal", "detail": "x", "t_ns": 2**70})
+    )
+    record = read_run_record(tmp_path / "raw")
+    assert record is not None and record.ranks.column("end_ns").to_pylist() == [None]
+
+
+def test_a_job_whose_every_rank_has_ended_is_not_asked(tmp_path: Path, clock: Clock) -> None:
+    job = Job(tmp_path, 2, clock)
+    job.step([10.0, 10.0])
+    _live_json(tmp_path)
+    for rec in job.records:
+        (rec.folder / "end.json").write_text(json.dumps({"state": "ok", "t_ns": clock.now}))
+    with pytest.raises(BadInput, match="every rank of the job has ended"):
+        ask_profile(tmp_path, 2, 0)
+    assert not (tmp_path / "requests").exists()
+
+
+def test_a_request_is_never_written_over_nor_outside_the_run(tmp_path: Path, clock: Clock) -> None:
+    import threading
+
+    run = tmp_path / "run"
+    Job(run, 1, clock).step([10.0])
+    _live_json(run)
+    (run / "requests").mkdir()
+    (run / "requests" / "profile-1.json").write_bytes(b"junk")  # (unreadable: no window)
+    assert ask_profile(run, 2, 0)[0] == 2
+    assert (run / "requests" / "profile-1.json").read_bytes() == b"junk"
+    # two asks at once get two windows, neither lost
+    barrier, asked = threading.Barrier(2), []
+
+    def ask() -> None:
+        barrier.wait()
+        asked.append(ask_profile(run, 2, 0)[0])
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(asked) == [3, 4]
+    assert sorted(p.name for p in (run / "requests").iterdir()) == [
+        f"profile-{k}.json" for k in (1, 2, 3, 4)
+    ]
+    # a requests folder that links elsewhere is refused, nothing written there
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for p in (run / "requests").iterdir():
+        p.unlink()
+    (run / "requests").rmdir()
+    (run / "requests").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(BadInput, match="a link, not a folder of the run"):
+        ask_profile(run, 2, 0)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_record_longer_than_read_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from traceview.parsers import record as reader
+
+    t = 1_700_000_000 * 10**9
+    _steps(tmp_path / "raw" / "rank-00000", [(s, 1, t + s, t + s + 1, 0, 0) for s in range(30)])
+    monkeypatch.setattr(reader, "JSON_LIMIT", len(W.MAGIC_STEPS) + 10 * W.STEP_ROW.size)
+    record = read_run_record(tmp_path / "raw")
+    assert record is not None and record.steps.num_rows == 10
+    assert any("first 10 steps read, the rest left out" in w for w in record.warnings)

@@ -44,6 +44,16 @@ def _pg(name: str, desc: str, ranks: list[int]) -> dict[str, str]:
     return {"name": name, "desc": desc, "ranks": encode_ranks(ranks)}
 
 
+@pytest.mark.parametrize("text", ["0,1</script>", "0-99999999999", "x", "0-3/0", "-1"])
+def test_ranks_a_manifest_declares_that_do_not_read_are_bad_input(text: str) -> None:
+    """A run directory's manifest is untrusted: group ranks that are no ranks text, or name
+    billions of ranks, are one line (exit 2), never an internal error or a list of billions."""
+    from traceview.model.errors import BadInput
+
+    with pytest.raises(BadInput, match="its ranks in the run's manifest"):
+        declared_groups({0: [{"name": "0", "desc": "default_pg", "ranks": text}]}, 2)
+
+
 def test_declared_groups_are_the_union_of_the_ranks_declarations() -> None:
     world = _pg("0", "default_pg", [0, 1, 2, 3])
     declared = {

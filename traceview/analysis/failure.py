@@ -400,7 +400,7 @@ def _call_divergence(calls: pl.DataFrame, ranks: pl.DataFrame) -> Failure | None
     if differ.height == 0:
         return None
     group, seq = differ.row(0)[:2]
-    here = keyed.filter((pl.col(S.GROUP) == group) & (pl.col(S.SEQ) == seq))
+    here = keyed.filter(pl.col(S.GROUP).eq_missing(group) & (pl.col(S.SEQ) == seq))
     counts = here.group_by("key").agg(pl.col(S.RANK).sort().alias("ranks"), pl.len().alias("n"))
     own = {r: _own_place(keyed, r, group, seq) for r in here[S.RANK].to_list()}
     # the rank whose call is not the one it made at that place of its previous step; else the
@@ -462,7 +462,7 @@ def _others_next(keyed: pl.DataFrame, rank: int, group: str, seq: int, key: str)
     """``key`` where the other ranks' call after ``seq`` (most of them agree on it) is this
     one: the rank made that call in the place of the one it left out; else None."""
     following = keyed.filter(
-        (pl.col(S.GROUP) == group) & (pl.col(S.SEQ) == seq + 1) & (pl.col(S.RANK) != rank)
+        pl.col(S.GROUP).eq_missing(group) & (pl.col(S.SEQ) == seq + 1) & (pl.col(S.RANK) != rank)
     )["key"]
     if following.is_empty():
         return None
@@ -479,7 +479,7 @@ def _key(rows: pl.DataFrame, rank: int) -> str:
 
 
 def _position(keyed: pl.DataFrame, rank: int, group: str, seq: int) -> int | None:
-    mine = keyed.filter((pl.col(S.RANK) == rank) & (pl.col(S.GROUP) == group))
+    mine = keyed.filter((pl.col(S.RANK) == rank) & pl.col(S.GROUP).eq_missing(group))
     row = mine.filter(pl.col(S.SEQ) == seq)
     if row.height == 0 or row[S.STEP][0] is None:
         return None
@@ -494,7 +494,7 @@ def _own_place(
     """The calls ``rank`` made, in its previous step, at the place in the step of its call
     ``seq`` and at the place after it (None where not recorded)."""
     position = _position(keyed, rank, group, seq)
-    mine = keyed.filter((pl.col(S.RANK) == rank) & (pl.col(S.GROUP) == group))
+    mine = keyed.filter((pl.col(S.RANK) == rank) & pl.col(S.GROUP).eq_missing(group))
     step = mine.filter(pl.col(S.SEQ) == seq)[S.STEP]
     if position is None or step.is_empty() or step[0] is None:
         return None, None
@@ -614,7 +614,9 @@ def _waited_call(calls: pl.DataFrame, waiting: list[int]) -> dict[str, Any] | No
 
 
 def _ranks_in(calls: pl.DataFrame, group: str, seq: int) -> set[int]:
-    return set(calls.filter((pl.col(S.GROUP) == group) & (pl.col(S.SEQ) >= seq))[S.RANK].to_list())
+    return set(
+        calls.filter(pl.col(S.GROUP).eq_missing(group) & (pl.col(S.SEQ) >= seq))[S.RANK].to_list()
+    )
 
 
 def _until(states: dict[int, RankAtEnd], waiting: list[int]) -> str:

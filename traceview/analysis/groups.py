@@ -32,6 +32,8 @@ import pyarrow.compute as pc
 from traceview.analysis.collectives import RUN_PREFIX
 from traceview.model import schema as S
 from traceview.model.columns import decode_ranks
+from traceview.model.errors import BadInput
+from traceview.model.escape import safe
 from traceview.model.results import ProcessGroup
 
 #: Ends of one synchronizing call on two members within this: the same call.
@@ -124,7 +126,13 @@ def declared_groups(declared: dict[int, list[dict[str, str]]], world: int | None
                 dissent = True
             ranks = members.get(kept[1])
             if ranks is None:
-                ranks = members[kept[1]] = frozenset(decode_ranks(kept[1]))
+                try:
+                    ranks = members[kept[1]] = frozenset(decode_ranks(kept[1]))
+                except ValueError as exc:  # (a manifest written by hand, or damaged)
+                    raise BadInput(
+                        f"process group {safe(name, 60)}: its ranks in the run's manifest, "
+                        f"{safe(kept[1], 60)!r}, do not read ({safe(exc, 80)})"
+                    ) from None
             pairs.append((name, ranks))
             if rank in ranks:
                 mine.append(name)

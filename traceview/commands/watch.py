@@ -12,6 +12,7 @@ as `traceview profile` does).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -41,6 +42,11 @@ class WatchCommand:
             raise UsageError("--json prints one look: give --once with it")
         if not 0.05 <= args.interval <= 3600:
             raise UsageError("--interval must be between 0.05 and 3600 seconds")
+        if not args.once and not (sys.stdout.isatty() and sys.stdin.isatty()):
+            raise UsageError(
+                "the live screen needs a terminal: run watch in one, or give --once (and "
+                "--json) for one look"
+            )
         check_run(args.run)
         if args.once:
             look = LiveRun(args.run).snapshot()

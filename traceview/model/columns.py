@@ -376,7 +376,13 @@ def encode_ranks(ranks: list[int]) -> str:
     return ",".join(out)
 
 
+#: the most ranks ``decode_ranks`` reads from one text (a wider span is no group of a job)
+MAX_DECODED_RANKS = 1 << 22
+
+
 def decode_ranks(text: str) -> list[int]:
+    """``encode_ranks``'s text back to ranks; ValueError where it is not such a text, or names
+    more than ``MAX_DECODED_RANKS`` (what a run directory holds is untrusted)."""
     out: list[int] = []
     for part in text.split(","):
         if not part:
@@ -384,7 +390,10 @@ def decode_ranks(text: str) -> list[int]:
         span, _, step = part.partition("/")
         first, _, last = span.partition("-")
         if last:
-            out.extend(range(int(first), int(last) + 1, int(step or 1)))
+            ranks = range(int(first), int(last) + 1, int(step or 1))
+            if len(out) + len(ranks) > MAX_DECODED_RANKS:
+                raise ValueError(f"more than {MAX_DECODED_RANKS} ranks")
+            out.extend(ranks)
         else:
             out.append(int(first))
     return out

@@ -142,9 +142,11 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
     marker = marker[np.argsort(c.ts[marker], kind="stable")]
     # Keep disjoint windows: a marker that starts inside the previous one is dropped.
     marker = marker[disjoint(c.ts[marker], c.ts[marker] + c.dur[marker])]
-    starts, ends = c.ts[marker], c.ts[marker] + c.dur[marker]
     numbers = classes.step_number(marker)
     numbers = np.where(numbers >= 0, numbers, np.arange(len(marker)))
+    kept = first_of_each_step(numbers, notes)
+    marker, numbers = marker[kept], numbers[kept]
+    starts, ends = c.ts[marker], c.ts[marker] + c.dur[marker]
     if len(marker) == 0:
         notes.remark(NO_STEP_MARKERS)
         step = np.full(n, -1, np.int64)
@@ -152,3 +154,23 @@ def find_steps(classes: Classes, columns: RankColumns, trees: CallTrees, notes: 
         window = window_index(starts, ends, c.ts)
         step = np.where(window >= 0, numbers[np.maximum(window, 0)], -1)
     return Steps(training, marker, starts, ends, step, on_training)
+
+
+def first_of_each_step(numbers: np.ndarray, notes: Notes) -> np.ndarray:
+    """Which of a rank's step markers, in time order (``numbers``: their step numbers), are
+    kept: each number's first. A later marker of a number already seen (a second window of
+    another run, or windows numbered alike: one rank's step is one step) is set aside, named in
+    one warning; its events are in no step."""
+    _, first = np.unique(numbers, return_index=True)
+    kept = np.zeros(len(numbers), bool)
+    kept[first] = True
+    if not kept.all():
+        from traceview.parsers import number_ranges
+
+        again = sorted(set(numbers[~kept].tolist()))
+        notes.warn(
+            f"step number(s) {number_ranges(again)} begin again later in the trace(s) (traces "
+            "of two runs, or profiler windows numbered alike?): the first of each is counted, "
+            f"the {int((~kept).sum())} later one(s) set aside"
+        )
+    return kept

@@ -25,6 +25,7 @@ from traceview.analysis.live import JobSaid, LiveInputs, RankNow, snapshot
 from traceview.collectors import rankside_record as R
 from traceview.collectors.record_rows import CALL_DTYPE, STEP_DTYPE, op_name, written_rows
 from traceview.model.errors import BadInput
+from traceview.model.escape import safe
 from traceview.model.results.live import LiveSnapshot
 from traceview.store import names as D
 
@@ -45,7 +46,7 @@ def is_collect_run(run: Path) -> bool:
     try:
         if (run / LIVE).is_file():
             return True
-        return any((run / D.RAW).glob("rank-*/steps.bin"))
+        return any(p.is_file() for p in (run / D.RAW).glob("rank-*/steps.bin"))
     except OSError:
         return False
 
@@ -218,7 +219,7 @@ class LiveRun:
             pid=head["pid"] if head else None,
             end_state=end.get("state") if end and isinstance(end.get("state"), str) else None,
             end_detail=end.get("detail") if end and isinstance(end.get("detail"), str) else None,
-            end_ns=end.get("t_ns") if end and isinstance(end.get("t_ns"), int) else None,
+            end_ns=end["t_ns"] if end and _is_ns(end.get("t_ns")) else None,
         )
 
     def _extend_history(self, ranks: list[int]) -> None:
@@ -233,26 +234,28 @@ class LiveRun:
         if through <= self.done_through:
             return
         lo = max(self.done_through + 1, max(int(rows["step"][0]) for rows in held))
-        span = through - lo + 1
-        if span <= 0:
-            self.done_through = through
+        inside = [rows[(rows["step"] >= lo) & (rows["step"] <= through)] for rows in held]
+        # (the step numbers the rows hold, not every number between: a record's numbers may
+        # jump by billions)
+        numbers = np.unique(np.concatenate([rows["step"] for rows in inside]).astype(np.int64))
+        if not len(numbers):
+            self.done_through = max(self.done_through, through)
             return
-        longest = np.full(span, -1.0)
-        most_own = np.full(span, -np.inf)
-        who = np.full(span, -1, np.int64)
-        seen = np.zeros(span, np.int64)
-        for rank, rows in zip(ranks, held, strict=True):
-            rows = rows[(rows["step"] >= lo) & (rows["step"] <= through)]
-            at = rows["step"].astype(np.int64) - lo
+        longest = np.full(len(numbers), -1.0)
+        most_own = np.full(len(numbers), -np.inf)
+        who = np.full(len(numbers), -1, np.int64)
+        seen = np.zeros(len(numbers), np.int64)
+        for rank, rows in zip(ranks, inside, strict=True):
+            at = np.searchsorted(numbers, rows["step"].astype(np.int64))
             dur = (rows["end_ns"] - rows["start_ns"]).astype(float) / 1e6
             own = dur - np.minimum(rows["comm_ns"], rows["end_ns"] - rows["start_ns"]) / 1e6
             np.maximum.at(longest, at, dur)
             better = own > most_own[at]
             most_own[at[better]] = own[better]
             who[at[better]] = rank
-            np.add.at(seen, at, 1)
+            np.add.at(seen, np.unique(at), 1)  # (a rank's row repeated counts once)
         done = np.flatnonzero(seen == len(ranks))
-        self.steps = np.concatenate([self.steps, lo + done])[-HISTORY_MAX:]
+        self.steps = np.concatenate([self.steps, numbers[done]])[-HISTORY_MAX:]
         self.step_ms = np.concatenate([self.step_ms, longest[done]])[-HISTORY_MAX:]
         self.step_rank = np.concatenate([self.step_rank, who[done]])[-HISTORY_MAX:]
         self.done_through = through
@@ -278,12 +281,13 @@ class LiveRun:
         host = said.get("host") if isinstance(said.get("host"), str) else None
         pid = said.get("collect_pid")
         alive = None
-        if host == socket.gethostname() and isinstance(pid, int) and pid > 0:
+        if host == socket.gethostname() and isinstance(pid, int) and 0 < pid < 1 << 31:
             alive = _alive(pid)
         stall = said.get("stall_s")
         return JobSaid(
-            started=said.get("started") if isinstance(said.get("started"), str) else None,
-            host=host,
+            # (shown and printed as --json: control and bidi characters escaped)
+            started=safe(said["started"], 100) if isinstance(said.get("started"), str) else None,
+            host=safe(host, 200) if host is not None else None,
             exit_code=ended_code,
             ended=ended_code is not None or has_manifest,
             collect_alive=alive,
@@ -336,6 +340,10 @@ def _rows_in(f: Any, size: int, hint: int | None = None) -> int:
         else:
             hi = mid
     return lo
+
+
+def _is_ns(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
 
 def _alive(pid: int) -> bool:

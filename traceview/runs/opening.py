@@ -133,6 +133,12 @@ def choose_window(run: Path, window: int | None) -> tuple[Path, ProfileWindow | 
         have = ", ".join(str(k) for k in sorted(windows)) or "none"
         raise UsageError(f"{run}: no profile window {window} (windows: {have})")
     folder = window_path(run, window)
+    try:  # (what a run holds is untrusted: a window read, and cached, only inside it)
+        inside = run.resolve() in folder.resolve().parents
+    except (OSError, RuntimeError):
+        inside = False
+    if not inside:
+        raise BadInput(f"{folder}: a link out of the run; a profile window is read only inside it")
     if found.state in ("asked", "missed"):
         raise BadInput(
             f"{run}: profile window {window} has no profile yet"

@@ -141,6 +141,18 @@ def ask_window(run: Path, look: LiveInputs, steps: int, warmup: int | None) -> t
         )
     if look.job.ended or look.job.collect_alive is False:
         raise BadInput(f"{run}: the job has ended; profile asks a running job for steps")
+    if look.ranks and all(r.end_state is not None for r in look.ranks):
+        raise BadInput(
+            f"{run}: every rank of the job has ended (each wrote its end); profile asks a "
+            "running job for steps"
+        )
+    folder = run / R.REQUESTS
+    if folder.is_symlink():  # (what a run holds is untrusted: nothing is written outside it)
+        raise BadInput(
+            f"{folder}: a link, not a folder of the run; profile writes only into the run"
+        )
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(f"{folder}: not a folder; profile writes its request there")
     if not look.ranks:
         raise BadInput(
             f"{run}: no rank of the job has started its steps yet; ask again once it has"
@@ -168,10 +180,32 @@ def ask_window(run: Path, look: LiveInputs, steps: int, warmup: int | None) -> t
         "warmup": warmup,
         "asked_ns": time.time_ns(),
     }
+    return _claim(folder, request), start, len(look.ranks)
+
+
+def _claim(folder: Path, request: dict[str, Any]) -> int:
+    """``request`` written whole as profile-K.json for the first K from its window that no
+    request holds (linked from a temporary file: a request is never overwritten, two asks at
+    once get two windows); K."""
     from traceview.store import rundir
 
-    rundir.write_json(run / R.REQUESTS / f"profile-{number}.json", request)
-    return number, start, len(look.ranks)
+    first = request["window"]
+    for number in range(first, first + 100):
+        request["window"] = number
+        tmp = folder / f".ask-{os.getpid()}-{number}.json"
+        rundir.write_json(tmp, request)
+        try:
+            os.link(tmp, folder / f"profile-{number}.json")
+            return int(number)
+        except FileExistsError:
+            continue
+        except OSError:  # (a file system without links: renamed, as any file of a run is)
+            os.replace(tmp, folder / f"profile-{number}.json")
+            return int(number)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    raise BadInput(f"{folder}: profile-{first}.json to profile-{first + 99}.json are taken")
 
 
 def _live(run: Path) -> dict[str, Any]:

@@ -48,6 +48,9 @@ def step_windows(
     idx = np.flatnonzero(markers)
     idx = idx[np.argsort(ev.ts[idx], kind="stable")]
     idx = idx[disjoint(ev.ts[idx], ev.end[idx])]
+    numbered = ev.step[idx] >= 0
+    if numbered.any():  # (a marker in no step: set aside where its number began again)
+        idx = idx[numbered]
     if part is not None:
         idx = idx[(ev.ts[idx] >= part.lo) & (ev.ts[idx] < part.hi)]
         if len(idx) == 0:

@@ -218,7 +218,7 @@ def _normalize_read(
     rows = survey.inference_table(parsed.infer_steps) if parsed.infer_steps else None
     if not survey.marker_ts and rows is not None:
         inferred = _inferred(parsed, survey, rows, rules, spills, work, notes)
-    plan = make_plan(survey, chunk_rows())
+    plan = make_plan(survey, chunk_rows(), notes)
     del survey
     if plan is None:  # no host events: the whole-rank path, on what was read (strays and all)
         parsed.events = whole_table(read, base_ns)

@@ -27,10 +27,12 @@ from traceview.model.columns import (
     unique_pairs,
     window_index,
 )
+from traceview.model.errors import Notes
 from traceview.normalize.classify import KIND_CODES, classify, kinds_from_categories
 from traceview.normalize.phases import ANCHOR_PHASES
 from traceview.normalize.rules import RuleSet
 from traceview.normalize.step_inference import RepeatState, SessionRunState
+from traceview.normalize.steps import first_of_each_step
 
 #: Rows a chunk aims at: as many whole steps as hold about this many events (at least one).
 #: ``TRACEVIEW_CHUNK_ROWS`` overrides it (tests: 1, a chunk per step). Measured on the 1.02 GB
@@ -334,7 +336,7 @@ def steps_and_chunks(
     return training, mine, np.unique(cuts)
 
 
-def make_plan(survey: Survey, target_rows: int) -> Plan | None:
+def make_plan(survey: Survey, target_rows: int, notes: Notes) -> Plan | None:
     """The steps as ``normalize.find_steps`` finds them (with markers: the training thread is
     the one with the most), and the chunks. Without markers, the one window of the whole rank,
     cut in pieces, and a guess of the training thread; None where the rank has no host events
@@ -345,9 +347,11 @@ def make_plan(survey: Survey, target_rows: int) -> Plan | None:
         ts, dur = np.concatenate(survey.marker_ts), np.concatenate(survey.marker_dur)
         number = np.concatenate(survey.marker_number)
         training, mine, bounds = steps_and_chunks(pid, tid, ts, ts + dur, survey.rows, target_rows)
-        starts, ends = ts[mine], ts[mine] + dur[mine]
         numbers = number[mine]
         numbers = np.where(numbers >= 0, numbers, np.arange(len(mine)))
+        kept = first_of_each_step(numbers, notes)
+        mine, numbers = mine[kept], numbers[kept]
+        starts, ends = ts[mine], ts[mine] + dur[mine]
     else:
         guess = survey.thread_time.training()
         if guess is None or survey.timed_end < survey.timed_start:
