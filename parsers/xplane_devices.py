@@ -166,11 +166,15 @@ def one_device(
     )
     kept = pa.concat_tables([events.filter(pa.array(work)), steps])
     order = pc.sort_indices(kept, sort_keys=[(S.TS_NS, "ascending")])
-    threads = dict(parsed.threads)
+    # the labels of this rank's own threads only (each of 1,024 device ranks holding every
+    # thread's label and every device's name made the manifest grow with their square)
+    pairs = np.stack([kept.column(c).fill_null(0).to_numpy() for c in (S.PID, S.TID)], axis=1)
+    present = {f"{p}/{t}" for p, t in np.unique(pairs, axis=0).tolist()}
+    threads = {key: label for key, label in parsed.threads.items() if key in present}
     threads[f"{pid_value}/{STEPS_TID}"] = f"steps of {device}"
     meta = dict(parsed.meta)
     meta["device"] = device
-    meta["devices_in_process"] = list(devices.names)
+    meta["devices_in_process"] = len(devices.names)
     side = {}
     for name, table in parsed.side.items():
         if name == "memory" and S.DEVICE in table.column_names:
