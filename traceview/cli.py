@@ -131,6 +131,11 @@ def _stop_on_signals() -> None:
     (collect hands them to the job while it runs, and restores these after)."""
 
     def stop(signum: int, frame: object) -> None:
+        # one is enough: a second (GNU timeout signals the process and then its group) would
+        # break into the first one's ending with a traceback
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, signal.SIG_IGN)
         raise Interrupted(signum)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
