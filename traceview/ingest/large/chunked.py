@@ -2,7 +2,8 @@
 step in pieces).
 
 Every trace in a format that can be streamed (Kineto JSON, TF1 Timeline JSON) takes this
-path, whatever its size: a small trace is one chunk. A trace is never whole in memory. So does
+path but the smallest (``ingest.rank.read_whole``: under 1 MiB, read whole, as one chunk would
+hold it). A trace is never whole in memory. So does
 one whose parser reads it whole (``parsers.WholeRead``: MXNet's, Chainer's and Chrome JSON
 read with rules pair begin and end records over the whole file; TensorFlow's XSpace is a
 protobuf), its raw events alone held whole (MXNet's laid out on its engine's timeline and an
@@ -104,7 +105,8 @@ HELPER_MIN_BYTES = 256 << 20
 
 
 def wants_chunks(parser: Parser) -> bool:
-    """Whether a trace takes this path, at every size (a small trace is one chunk): its parser
+    """Whether a trace may take this path (the smallest are read whole: ``ingest.rank.read_whole``):
+    its parser
     streams (``Parser.streams``): read a batch at a time (Kineto, TF1 Timelines), or read whole
     and handed on a batch at a time (``parsers.WholeRead``: MXNet's, Chainer's and any Chrome
     JSON read with rules, whose begin and end records are paired over the whole file, and
