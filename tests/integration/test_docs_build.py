@@ -29,13 +29,15 @@ def build(root: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def sources(tmp_path: Path) -> Path:
-    """What the build reads: mkdocs.yml, docs/ (with the hook), CONTRIBUTING.md, schema.py."""
+    """What the build reads: mkdocs.yml, docs/ (with the hook), CONTRIBUTING.md, schema.py and
+    the vocabulary it imports."""
     root = tmp_path / "src"
     shutil.copytree(REPO / "docs", root / "docs")
     shutil.copy(REPO / "mkdocs.yml", root)
     shutil.copy(REPO / "CONTRIBUTING.md", root)
     (root / "traceview" / "model").mkdir(parents=True)
-    shutil.copy(REPO / "traceview" / "model" / "schema.py", root / "traceview" / "model")
+    for name in ("schema.py", "vocabulary.py"):  # (the hook reads the names schema imports)
+        shutil.copy(REPO / "traceview" / "model" / name, root / "traceview" / "model")
     return root
 
 
