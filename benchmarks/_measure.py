@@ -106,6 +106,22 @@ def _busy_s() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+def compiled(python: str) -> None:
+    """The traceview that ``python`` imports compiled to bytecode, as a wheel's install has it
+    (where PYTHONDONTWRITEBYTECODE is set, an editable install compiles every module in every
+    measured process otherwise)."""
+    where = (
+        "import os, traceview, traceview.parsers as p, traceview.collectors as c; "
+        "print('\\n'.join(os.path.dirname(m.__file__) for m in (traceview, p, c)))"
+    )
+    found = subprocess.run([python, "-c", where], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [python, "-m", "compileall", "-q", *found.stdout.split()],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def main() -> int:
     result_path = sys.argv[1]
     sep = sys.argv.index("--")

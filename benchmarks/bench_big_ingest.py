@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _measure import compiled  # type: ignore[import-not-found]
 from bench_decoders import KINDS, SHARED  # type: ignore[import-not-found]  (one definition)
 
 HERE = Path(__file__).resolve().parent
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         help="bench_decoders.py's trace kinds (sources and flags) instead of --source",
     )  # fmt: skip
     a = p.parse_args(argv)
+    for python in (sys.executable, *([a.before] if a.before else [])):
+        compiled(python)  # (as an install from a wheel has it)
     if a.single_step and a.no_markers:
         p.error("--single-step and --no-markers exclude each other")
     if a.kinds and (a.source or a.single_step or a.no_markers):

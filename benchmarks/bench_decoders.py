@@ -56,6 +56,9 @@ KINDS: dict[str, tuple[str, list[str]]] = {
     "one_step": ("hta_nccl_parser_config/nccl_data.json.gz", ["--single-step"]),
     "rocm": ("tracelens_mi300_resnet_act_checkpoint/resnet_act_checkpoint.json.gz", []),
     "kineto2021": ("kineto_resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz", []),
+    # one rank of the repository's 2-rank CPU DDP job (gloo, recorded shapes, Kineto's indented
+    # layout, ~1,000 events a step): an absolute path, SHARED / it is itself
+    "cpu_ddp": (str(HERE.parent / "sample_traces/pytorch/ddp/rank-0.pt.trace.json.gz"), []),
 }
 CANDIDATES = (
     "read",  # the floor: read the slices, decode nothing

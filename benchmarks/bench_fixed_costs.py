@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _measure import compiled  # type: ignore[import-not-found]
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MEASURE = HERE / "_measure.py"
@@ -121,6 +123,7 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=1024)
     p.add_argument("--out", type=Path, default=HERE / "results" / "fixed_costs")
     args = p.parse_args()
+    compiled(sys.executable)  # (as an install from a wheel has it)
     tv = [sys.executable, "-m", "traceview"]
     rows: list[dict[str, Any]] = []
 

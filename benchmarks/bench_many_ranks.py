@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _measure import compiled  # type: ignore[import-not-found]
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DATA = REPO / "bench-data"
@@ -125,6 +127,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", type=Path, default=HERE / "results" / "many_ranks")
     args = p.parse_args()
+    for python in (args.before, args.after):
+        compiled(python)  # (as an install from a wheel has it)
     installs = {"after": args.after, "before": args.before}
     sets = []
     if args.tiny_ranks:
@@ -162,7 +166,9 @@ def main() -> int:
                     "runs": got,
                 }
             )
-    argv = [Path(sys.executable).name, *sys.argv]
+    # The installs' interpreters are paths of the machine that ran it: named by their role.
+    named = {str(args.before): "BEFORE_PYTHON", str(args.after): "AFTER_PYTHON"}
+    argv = [Path(sys.executable).name, *(named.get(a, a) for a in sys.argv)]
     info = {
         "command": " ".join(argv),
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
