@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import mmap
 import re
 from collections import Counter
 from pathlib import Path
@@ -456,6 +457,16 @@ def _allocator_device(name: str) -> str:
 _MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
 
 
+def _names_any(path: Path, names: tuple[str, ...]) -> bool:
+    """Whether the XSpace's bytes hold any of ``names``: an event's name is a string of its
+    plane's metadata, written as is, so a profile without one has no such event."""
+    try:
+        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return any(buf.find(name.encode()) >= 0 for name in names)
+    except (OSError, ValueError):  # (not mappable: the walk decides)
+        return True
+
+
 def _memory_profile(
     path: Path, records: list[_Record], base_ns: int, notes: Notes
 ) -> pa.Table | None:
@@ -469,6 +480,8 @@ def _memory_profile(
     The XSpace's event times may be on another origin than the trace events xprof makes: the
     offset is the median difference of the events both have, by name (names that occur as
     often in both, matched in time order)."""
+    if not _names_any(path, _MEMORY_EVENTS):  # (every event of the profile, walked in Python)
+        return None
     try:
         from xprof.profile_data import ProfileData
     except ImportError:  # pragma: no cover - shipped with xprof

@@ -271,3 +271,25 @@ def test_a_thousand_gpu_planes_keep_the_hosts_process_their_own(
     assert sorted(names.values()) == sorted(
         ["/host:CPU", *(f"/device:GPU:{n}" for n in range(1000))]
     )
+
+
+def test_the_trace_json_is_xprofs_own_event_for_event(synth: Any, tmp_path: Path) -> None:
+    """``_trace_json`` encodes xprof's trace viewer events with msgspec (xprof's own Python
+    encodes each with json.dumps): its document decodes to exactly xprof's, on a real profile
+    and on ones with kernels, arguments and an instant event (no duration)."""
+    import json
+
+    from xprof.convert import raw_to_tool_data as tools
+
+    from tests.conftest import REPO
+    from tests.xspace_synth import write_xspace
+
+    host = [("train", 0.0, 90.0, {"step_num": 0}), ("mark", 5.0, 0.0, {"note": "x"})]
+    instant = write_xspace(tmp_path / "instant.xplane.pb", {"/host:CPU": {"python": host}})
+    for path in (REPO / "sample_traces/tensorflow/mwms/rank-0.xplane.pb", synth(3), instant):
+        theirs = tools.xspace_to_tool_data([str(path)], "trace_viewer", {})
+        native = tools._pywrap_profiler_plugin.xspace_to_tools_data([str(path)], *XB._TRACE)
+        ours = json.loads(XB._trace_json(native))
+        assert ours == json.loads(theirs[0] if isinstance(theirs, tuple) else theirs)
+        assert len(ours["traceEvents"]) > 3
+    assert XB._trace_json((b"", False)) == b""
