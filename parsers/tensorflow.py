@@ -1,9 +1,9 @@
 """TensorFlow 2 profiler output: ``*.xplane.pb`` (an XSpace protobuf, one per host and session).
 
 The XSpace is turned into trace events by the profiler's own library (xprof, the package behind
-TensorBoard's profile plugin: ``xspace_to_tool_data(..., "trace_viewer")``), so no protobuf is
-decoded here (``xplane_batches``: in a child process, many GPU planes a batch at a time). What
-this module adds is TensorFlow's meaning:
+TensorBoard's profile plugin: its "trace_viewer" converter), so the XSpace is not decoded here
+(``xplane_batches``: in a child process, many GPU planes a batch at a time, the converter's
+trace-event protobuf encoded as xprof's JSON). What this module adds is TensorFlow's meaning:
 
 - host threads: graph ops run by the executor (named by their full name,
   ``scope/op_name:OpType``), tf.data iterator work, the runtime's own regions, and step markers
@@ -459,7 +459,10 @@ _MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
 
 def _names_any(path: Path, names: tuple[str, ...]) -> bool:
     """Whether the XSpace's bytes hold any of ``names``: an event's name is a string of its
-    plane's metadata, written as is, so a profile without one has no such event."""
+    plane's metadata, written as is, so a profile without one has no such event. (Not a regular
+    file, as a FIFO, which opening would wait on: the walk decides, as before.)"""
+    if not path.is_file():
+        return True
     try:
         with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return any(buf.find(name.encode()) >= 0 for name in names)

@@ -259,27 +259,19 @@ def trace_events(
         plan = batches(buf, batch_size()) if buf else None
 
         def work() -> Iterator[Any]:
-            native = getattr(tools, "_pywrap_profiler_plugin", None)
+            # (xprof's Python turns the converter's protobuf into JSON an event at a time:
+            # ``_trace_json`` does it at once; every xprof the extra allows has the converter)
+            native = tools._pywrap_profiler_plugin
             if plan is None:
-                if native is None:  # (an xprof without it: its own JSON)
-                    yield _tool_data(tools.xspace_to_tool_data([str(path)], "trace_viewer", {}))
-                else:
-                    yield _trace_json(native.xspace_to_tools_data([str(path)], *_TRACE))
+                yield _trace_json(native.xspace_to_tools_data([str(path)], *_TRACE))
                 return
             # (named without a host: xprof refuses an XSpace whose host is not the one its
             # file name says, and a batch is no file)
             nameless = str(path.with_name(".xplane.pb"))
             for batch in plan:
-                one = [xspace(buf, batch)]
-                yield (
-                    _tool_data(
-                        tools.xspace_to_tools_data_from_byte_string(
-                            one, [nameless], "trace_viewer", {}
-                        )
-                    )
-                    if native is None
-                    else _trace_json(
-                        native.xspace_to_tools_data_from_byte_string(one, [nameless], *_TRACE)
+                yield _trace_json(
+                    native.xspace_to_tools_data_from_byte_string(
+                        [xspace(buf, batch)], [nameless], *_TRACE
                     )
                 )
 
@@ -299,11 +291,6 @@ def trace_events(
         return merge([(b, decode(d)) for b, d in zip(plan, docs, strict=True)], with_pid)
     except ValueError as exc:  # pragma: no cover - xprof writes valid JSON
         raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
-
-
-def _tool_data(result: Any) -> Any:
-    data = result[0] if isinstance(result, tuple) else result
-    return data or b""
 
 
 #: The trace viewer's data as xprof's native converter gives it to xprof's Python: the ``Trace``
