@@ -147,6 +147,10 @@ def _ranks_table(read: list[RankRecord]) -> pa.Table:
             S.STACK_REASON: [
                 str(r.stacks.get("reason")) if r.stacks is not None else None for r in read
             ],
+            S.STACK_NS: [
+                t if r.stacks is not None and _is_ns(t := r.stacks.get("t_ns")) else None
+                for r in read
+            ],
             S.STACK: [frames(r) for r in read],
             S.GROUP_NAMES: [json.dumps(r.groups) for r in read],
         },

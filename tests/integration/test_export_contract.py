@@ -13,6 +13,7 @@ Expected figures come from the shared traces' raw JSON (../shared/traces), not f
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -141,8 +142,13 @@ def _slices(trace: list[dict[str, Any]]) -> dict[tuple[Any, Any], list[dict[str,
     return lanes
 
 
-def _enclosing(lane: list[dict[str, Any]], ts: float) -> list[dict[str, Any]]:
-    return [e for e in lane if e["ts"] <= ts <= e["ts"] + e["dur"]]
+def _innermost(lane: list[dict[str, Any]], starts: list[float], ts: float) -> dict[str, Any] | None:
+    """The slice of ``lane`` (sorted by start; ``starts`` its starts) that encloses ``ts`` and
+    starts last."""
+    for e in reversed(lane[: bisect.bisect_right(starts, ts)]):
+        if ts <= e["ts"] + e["dur"]:
+            return e
+    return None
 
 
 def test_chrome_export_flows_details_and_named_tracks(tmp_path: Path) -> None:
@@ -174,20 +180,26 @@ def test_chrome_export_flows_details_and_named_tracks(tmp_path: Path) -> None:
             flows[(e["cat"], e["id"])][e["ph"]].append(e)
     assert len(flows) == pairs
     lanes = _slices(trace)
-    for sort in lanes.values():
-        sort.sort(key=lambda e: e["ts"])
+    starts, at = {}, {}
+    for key, lane in lanes.items():
+        lane.sort(key=lambda e: e["ts"])
+        starts[key] = [e["ts"] for e in lane]
+        at[key] = defaultdict(list)
+        for e in lane:
+            at[key][e["ts"]].append(e)
     checked = 0
     for key, parts in flows.items():
         assert len(parts["s"]) == 1 and len(parts["f"]) == 1, key
         (start,), (end,) = parts["s"], parts["f"]
         assert end.get("bp") == "e" and start["ts"] <= end["ts"], key
-        launch = _enclosing(lanes[(start["pid"], start["tid"])], start["ts"])
-        assert launch and launch[-1]["cat"] == "runtime", key
-        kernel = [e for e in lanes[(end["pid"], end["tid"])] if e["ts"] == end["ts"]]
+        lane = (start["pid"], start["tid"])
+        launch = _innermost(lanes[lane], starts[lane], start["ts"])
+        assert launch and launch["cat"] == "runtime", key
+        kernel = at[(end["pid"], end["tid"])][end["ts"]]
         assert kernel and kernel[0]["cat"] in {"kernel", "memcpy", "memset"}, key
         details = kernel[0]["args"]
         assert {"correlation", "stream", "device"} <= details.keys(), key
-        assert details["correlation"] == launch[-1]["args"]["correlation"], key
+        assert details["correlation"] == launch["args"]["correlation"], key
         if kernel[0]["cat"] == "kernel":  # its launch configuration, as the raw trace has it
             grid, block = config[details["correlation"]]
             assert (details["grid"], details["block"]) == (grid, block), key

@@ -185,9 +185,19 @@ def test_ddp_calls_made_from_cpp_are_read_from_the_flight_recorder(jobs: Any, na
     assert (f["kind"], f["rank"], f["step"], f["op"]) == (
         kind, truth["rank"], truth["step"], "all_reduce"
     ), f  # fmt: skip
-    assert sorted(f["waiting"]) == _others(job)
-    ends = {r["rank"]: r["state"] for r in report["ranks_at_end"]}
-    assert all(ends[r] == "blocked" for r in _others(job)), ends
+    ends = {r["rank"]: r for r in report["ranks_at_end"]}
+    if kind == "hang":
+        assert sorted(f["waiting"]) == _others(job)
+        assert all(ends[r]["state"] == "blocked" for r in _others(job)), ends
+        return
+    # a killed rank: the others waited for it in that call; one still computing its step when
+    # the launcher ended the job (seen once in CI on 2 loaded cores: its stacks and Flight
+    # Recorder dumped at SIGTERM, then killed before its end was written) never reached the
+    # call, is not said to have waited, and is not taken for the rank that died first
+    assert f["waiting"] and set(f["waiting"]) <= set(_others(job))
+    for rank in set(_others(job)) - set(f["waiting"]):
+        assert ends[rank]["state"] != "blocked", ends[rank]
+        assert ends[rank]["last_seq"] is None or ends[rank]["last_seq"] < f["seq"], ends[rank]
 
 
 def test_a_job_that_dies_before_its_profiled_window_is_reported_from_its_record(jobs: Any) -> None:

@@ -59,12 +59,18 @@ class Job:
         end = {"state": state, "detail": detail, "t_ns": t, "step": rec.step, "pid": rec.pid}
         (rec.folder / "end.json").write_text(json.dumps(end))
 
-    def stack(self, rank: int, frames: list[tuple[str, int, str, str]], reason: str = "signal"):
+    def stack(
+        self,
+        rank: int,
+        frames: list[tuple[str, int, str, str]],
+        reason: str = "signal",
+        t_ns: int | None = None,
+    ):
         threads = [{"thread": "MainThread", "main": True, "frames": [
             {"file": f, "line": n, "function": fn, "code": c} for f, n, fn, c in frames
         ]}]  # fmt: skip
         (self.records[rank].folder / "stacks.json").write_text(
-            json.dumps({"reason": reason, "threads": threads})
+            json.dumps({"reason": reason, "threads": threads, "t_ns": t_ns})
         )
 
     def failure(self, job_failed: bool = True):
@@ -223,6 +229,28 @@ def test_a_rank_that_dies_is_the_crash_and_the_others_waited(tmp_path: Path, how
     assert f.waiting == [0, 2]
     words = "raised at step 6: ValueError: bad batch" if how == "raised" else "was killed at step 6"
     assert words in f.detail, f.detail
+
+
+def test_a_rank_killed_by_its_launcher_after_another_died_is_not_taken_for_the_first(
+    tmp_path: Path,
+) -> None:
+    """DDP's calls are made from C++: a rank killed by itself after its forward and a slower rank
+    the launcher killed while it still computed its step both leave no end and no call open.
+    The slower one's last progress is older, but its stacks, taken at the launcher's SIGTERM,
+    say it was alive after the other died: the first to die is the crash."""
+    job = Job(tmp_path, 3)
+    job.steady(6)
+    slow, first = job.records[2], job.records[0]
+    slow.phase(W.IO_PHASE)  # (step 6 begun on the slow rank, its last progress)
+    first.restore(first.phase(W.IO_PHASE))  # then the one that dies after its forward
+    job.records[1].restore(job.records[1].phase(W.IO_PHASE))
+    job.wait_in(1)
+    job.end(1, "exception", "RuntimeError: Connection reset by peer [127.0.0.1]:4000", 1.0)
+    job.stack(2, [("/job/train.py", 40, "main", "loss.backward()")], "signal",
+              t_ns=first.progress + 2_000_000_000)  # fmt: skip
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank, f.step, f.op) == ("crash", 0, 6, "all_reduce"), f
+    assert f.waiting == [1]
 
 
 def test_steps_every_rank_changes_together_and_stages_that_differ_are_no_desync(

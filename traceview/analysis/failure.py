@@ -250,8 +250,10 @@ def _at_end(
 
 
 def _alive(rank: dict[str, Any]) -> int | None:
-    """The last sign of life of a rank that left no end: its last progress or phase change."""
-    times = [t for t in (rank[S.PROGRESS_NS], rank[S.PHASE_SINCE_NS]) if t]
+    """The last sign of life of a rank that left no end: its last progress or phase change, or
+    its stacks taken (a stall's, or a signal's: a rank its launcher killed after another rank
+    died was alive then, though its last progress may be older than that rank's)."""
+    times = [t for t in (rank[S.PROGRESS_NS], rank[S.PHASE_SINCE_NS], rank[S.STACK_NS]) if t]
     return max(times) if times else None
 
 

@@ -759,6 +759,7 @@ END_DETAIL: Final = "end_detail"
 #: JSON: its main thread's frames when it stopped [{file, line, function, code}]
 STACK: Final = "stack"
 STACK_REASON: Final = "stack_reason"  # stall, signal, exception
+STACK_NS: Final = "stack_ns"  # when the stacks were taken: the rank was alive then
 GROUP_NAMES: Final = "group_names"  # JSON: {number: name} of the groups its calls carry
 
 SITE: Final = "site"  # a call's place in the job's own code (a Flight Recorder entry's frames)
@@ -804,6 +805,7 @@ RECORD_RANKS_SCHEMA: Final = pa.schema(
         pa.field(END_DETAIL, pa.string()),
         pa.field(END_NS, pa.int64()),
         pa.field(STACK_REASON, pa.string()),
+        pa.field(STACK_NS, pa.int64()),
         pa.field(STACK, pa.string()),
         pa.field(GROUP_NAMES, pa.string()),
     ]
