@@ -284,7 +284,8 @@ class ChunkedAnalysis:
                 comm_intervals(table, tl),
                 timeline_segments(table, tl),
             )
-            self.kernels.append(kernel_launches(table, tl, self.streams))
+            if self.gpu:  # (a host-only rank launches no kernel)
+                self.kernels.append(kernel_launches(table, tl, self.streams))
         if self.gpu:  # the device work begun before the next slice, for its queueing (the
             # rows the slice looked ahead at are the next slices' own)
             mine = table_device_work(table)
