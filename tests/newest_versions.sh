@@ -25,7 +25,11 @@ for name in msgspec polars pyarrow textual xprof rich numpy; do
         changed=1
     fi
 done
-[ $changed = 1 ] || say "the libraries traceview relies on are at their pinned versions"
+if [ $changed = 0 ]; then
+    # (the pinned suite runs the unit tier on these very versions: a second run tells nothing)
+    say "the libraries traceview relies on are at their pinned versions"
+    exit 0
+fi
 if $venv -m pytest tests/unit -q -p no:cacheprovider >"$log" 2>&1; then
     say "the unit tier passes on them"
 else
