@@ -130,7 +130,7 @@ def ops_part(
         np.add.at(summed, group, values)
         return summed
 
-    distinct = {k: coded[k][1] for k in _KEYS}
+    distinct: dict[str, list[Any]] = {k: coded[k][1] for k in _KEYS}
     distinct[S.STEP] = [None if v < 0 else v for v in steps]  # (-1: no step)
     key_values = {  # (a lookup in an object array: no Python a group)
         k: _lookup([None, *distinct[k]], codes)
