@@ -7,6 +7,7 @@ import gzip
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,28 @@ from traceview.runs import ingest_run
 from traceview.store import rundir as R
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """A trace's run ingested on the whole-rank path, once for the tests that compare with it
+    (read only: what each test then ingests in chunks is its own)."""
+    made: dict[Path, Path] = {}
+
+    def run(path: Path) -> Path:
+        if path not in made:
+            out = tmp_path_factory.mktemp("whole") / "run"
+            with pytest.MonkeyPatch.context() as m:
+                assert _ingest(path, out, False, m) == []  # (no chunk: the whole rank)
+            made[path] = out
+        return made[path]
+
+    return run
+
+
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_chunked_ingest_equals_whole(
-    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: Callable[[Path], Path]
 ) -> None:
-    assert _ingest(path, tmp_path / "whole", False, monkeypatch) == []
+    whole_run = whole(path)
     counts = _ingest(path, tmp_path / "parts", True, monkeypatch)
     manifest = R.read_manifest(tmp_path / "parts")
     steps = [r.steps for r in manifest.ranks]  # (a profile of several devices: a rank each)
@@ -51,11 +69,11 @@ def test_chunked_ingest_equals_whole(
         # one chunk per step: the chunked path ran, and in as many chunks as there are steps
         # (steps inferred where the loop repeats, without markers, too: from what pass 1 kept)
         assert sorted(counts) == sorted(steps), f"{steps} steps but chunks {counts}"
-        _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch)
+        _assert_recomputed_in_chunks(whole_run, monkeypatch)
     else:  # no step markers: one window, in chunks all the same (memory records or not)
         assert counts and min(counts) >= 1, counts
-        _assert_recomputed_in_chunks(tmp_path / "whole", monkeypatch, rows=300)
-    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+        _assert_recomputed_in_chunks(whole_run, monkeypatch, rows=300)
+    _assert_same_run(whole_run, tmp_path / "parts")
 
 
 def test_a_chrome_trace_read_with_rules_in_chunks_equals_whole(
@@ -76,13 +94,17 @@ def test_a_chrome_trace_read_with_rules_in_chunks_equals_whole(
 @pytest.mark.parametrize("rows", [1, 1 << 30], ids=["step-ends", "no-step-ends"])
 @pytest.mark.parametrize("path", beyond_unit(TRACES), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_steps_cut_inside_equal_whole(
-    path: Path, rows: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path,
+    rows: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    whole: Callable[[Path], Path],
 ) -> None:
     """Every stretch of more than a few hundred events cut inside, at phase markers: steps in
     several chunks each (``rows`` 1: and cut at every step's end too; 1 << 30: at no step's
     end, so the chunks also hold the ends of steps), their windows analysed a slice at a time
     (``analysis.parts``, memory records or not), equal to the whole-rank path."""
-    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    whole_run = whole(path)
     with monkeypatch.context() as m:  # (the analysis on a thread here, to see it slice)
         m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
         sliced = _record_slices(m)  # per slice: the windows it went on with
@@ -97,7 +119,7 @@ def test_steps_cut_inside_equal_whole(
         if rank.events > 4 * 300 * (rank.steps + 1):  # steps long enough to be cut inside
             assert count > rank.steps, f"{rank.steps} steps, chunks {counts}"
             assert any(sliced), "no window was analysed a slice at a time"
-    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
+    _assert_same_run(whole_run, tmp_path / "parts")
 
 
 @pytest.mark.parametrize("rows", [8000, 12000])

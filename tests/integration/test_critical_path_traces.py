@@ -5,6 +5,8 @@ shows it failing when an edge type is dropped)."""
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -53,9 +55,29 @@ def _inputs(trace: str) -> tuple[pa.Table, Matched, list[int | None]]:
     return segments, matched, steps
 
 
+Inputs = Callable[[str], tuple[pa.Table, Matched, list[int | None]]]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Inputs:
+    """``_inputs`` of a trace, made once for the tests below (each gets its own copy, read back
+    from a file: nothing one test does to them reaches another)."""
+    folder = tmp_path_factory.mktemp("inputs")
+    made: dict[str, Path] = {}
+
+    def get(trace: str) -> tuple[pa.Table, Matched, list[int | None]]:
+        if trace not in made:
+            file = folder / f"{len(made)}.pickle"
+            file.write_bytes(pickle.dumps(_inputs(trace)))
+            made[trace] = file
+        return pickle.loads(made[trace].read_bytes())  # type: ignore[no-any-return]
+
+    return get
+
+
 @pytest.mark.parametrize("trace", EVERY_TRACE)
-def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
-    segments, matched, steps = _inputs(trace)
+def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str, inputs: Inputs) -> None:
+    segments, matched, steps = inputs(trace)
     graph = build_graph(segments, matched, steps)
     assert graph is not None, "no segments"
     paths = critical_paths(graph)
@@ -69,10 +91,10 @@ def test_replay_reproduces_every_step_and_the_path_tiles_it(trace: str) -> None:
 
 
 @pytest.mark.parametrize("trace", EVERY_TRACE)
-def test_the_steps_laid_out_at_once_are_the_steps_walked_alone(trace: str) -> None:
+def test_the_steps_laid_out_at_once_are_the_steps_walked_alone(trace: str, inputs: Inputs) -> None:
     """The walk lays out at once the steps whose last rank never waits (``walk``): their paths,
     and every other step's, are those of each step walked alone."""
-    segments, matched, steps = _inputs(trace)
+    segments, matched, steps = inputs(trace)
     graph = build_graph(segments, matched, steps)
     assert graph is not None, "no segments"
     at_once, alone = cp_walk(graph), cp_walk(graph, at_once=False)
@@ -84,13 +106,13 @@ def test_the_steps_laid_out_at_once_are_the_steps_walked_alone(trace: str) -> No
 
 @pytest.mark.parametrize("trace", EVERY_TRACE)
 def test_steps_in_batches_give_one_graphs_path_blame_and_what_ifs(
-    trace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    trace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, inputs: Inputs
 ) -> None:
     """With room for one step a graph (each step its own batch, but for steps tied by a call),
     the path, blame, per-step paths, what-ifs and the exported path are one graph's; and so
     are they where the segments are read from a file a row group at a time (each batch reads
     only the groups its steps may lie in, by their statistics)."""
-    segments, matched, steps = _inputs(trace)
+    segments, matched, steps = inputs(trace)
     counted = steps[1:] or steps  # (the first step as warm-up, as a report may count them)
     medians = {S.FORWARD: 1.0, S.BACKWARD: 2.0}
     whole = cp.explain(segments, matched, steps, counted, medians, ["faster:comm:2"])
