@@ -253,6 +253,31 @@ def test_a_rank_killed_by_its_launcher_after_another_died_is_not_taken_for_the_f
     assert f.waiting == [1]
 
 
+def test_a_rank_killed_inside_the_call_the_others_wait_in_waited_too(tmp_path: Path) -> None:
+    """The launcher killed a rank inside the call the dead rank never made, after the call had
+    failed (gloo's Flight Recorder then says it ended) and before its end was written: it
+    waited for the dead rank as the others did, and is not taken for it."""
+    job = Job(tmp_path, 3)
+    job.steady(6)
+    first = job.records[0]
+    for r in (1, 2):
+        job.records[r].restore(job.records[r].phase(W.IO_PHASE))
+    first.restore(first.phase(W.IO_PHASE))
+    job.wait_in(1)
+    job.end(1, "exception", "RuntimeError: Connection reset by peer [127.0.0.1]:4000", 1.0)
+    killed = job.records[2]
+    killed.call_end(killed.call_begin(ALL_REDUCE, job.groups[2], KIB16), 0)  # (failed: ended)
+    f = job.failure().failure
+    assert f is not None and (f.kind, f.rank, f.step, f.op, f.seq) == (
+        "crash",
+        0,
+        6,
+        "all_reduce",
+        19,
+    )
+    assert f.waiting == [1, 2]
+
+
 def test_steps_every_rank_changes_together_and_stages_that_differ_are_no_desync(
     tmp_path: Path,
 ) -> None:

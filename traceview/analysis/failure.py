@@ -541,6 +541,15 @@ def _stopped(
     _, root = min(candidates, key=lambda c: (c[0], c[1].rank))
     row = rows[root.rank]
     others = [w for w in waiting if w != root.rank]
+    if waited_in is not None:  # a rank killed inside that call (its launcher's doing, the call
+        # ended by the root's death: gloo's Flight Recorder retires it) waited for it too
+        made = _ranks_in(calls, waited_in[S.GROUP], waited_in[S.SEQ])
+        others = sorted(
+            {*others}
+            | {a.rank for a in states.values()
+               if a.rank != root.rank and a.state == "killed" and a.rank in made
+               and a.last_seq == waited_in[S.SEQ]}
+        )  # fmt: skip
     stack = _stack(ranks, root.rank)
     where = _frame_words(stack)
     call = ""
