@@ -231,6 +231,15 @@ def test_a_rank_that_dies_is_the_crash_and_the_others_waited(tmp_path: Path, how
     assert words in f.detail, f.detail
 
 
+def _rank_0_dies_rank_1_waits(job: Job) -> None:
+    """Step 6: rank 0 dies after its batch (no end, no call); rank 1 waits in the step's first
+    all-reduce until its connection to rank 0 is reset."""
+    for r in (0, 1):
+        job.records[r].restore(job.records[r].phase(W.IO_PHASE))
+    job.wait_in(1)
+    job.end(1, "exception", "RuntimeError: Connection reset by peer [127.0.0.1]:4000", 1.0)
+
+
 def test_a_rank_killed_by_its_launcher_after_another_died_is_not_taken_for_the_first(
     tmp_path: Path,
 ) -> None:
@@ -242,10 +251,7 @@ def test_a_rank_killed_by_its_launcher_after_another_died_is_not_taken_for_the_f
     job.steady(6)
     slow, first = job.records[2], job.records[0]
     slow.phase(W.IO_PHASE)  # (step 6 begun on the slow rank, its last progress)
-    first.restore(first.phase(W.IO_PHASE))  # then the one that dies after its forward
-    job.records[1].restore(job.records[1].phase(W.IO_PHASE))
-    job.wait_in(1)
-    job.end(1, "exception", "RuntimeError: Connection reset by peer [127.0.0.1]:4000", 1.0)
+    _rank_0_dies_rank_1_waits(job)
     job.stack(2, [("/job/train.py", 40, "main", "loss.backward()")], "signal",
               t_ns=first.progress + 2_000_000_000)  # fmt: skip
     f = job.failure().failure
@@ -259,23 +265,20 @@ def test_a_rank_killed_inside_the_call_the_others_wait_in_waited_too(tmp_path: P
     waited for the dead rank as the others did, and is not taken for it."""
     job = Job(tmp_path, 3)
     job.steady(6)
-    first = job.records[0]
-    for r in (1, 2):
-        job.records[r].restore(job.records[r].phase(W.IO_PHASE))
-    first.restore(first.phase(W.IO_PHASE))
-    job.wait_in(1)
-    job.end(1, "exception", "RuntimeError: Connection reset by peer [127.0.0.1]:4000", 1.0)
     killed = job.records[2]
+    killed.restore(killed.phase(W.IO_PHASE))
+    _rank_0_dies_rank_1_waits(job)
     killed.call_end(killed.call_begin(ALL_REDUCE, job.groups[2], KIB16), 0)  # (failed: ended)
     f = job.failure().failure
-    assert f is not None and (f.kind, f.rank, f.step, f.op, f.seq) == (
+    assert f is not None
+    assert (f.kind, f.rank, f.step, f.op, f.seq, f.waiting) == (
         "crash",
         0,
         6,
         "all_reduce",
         19,
+        [1, 2],
     )
-    assert f.waiting == [1, 2]
 
 
 def test_steps_every_rank_changes_together_and_stages_that_differ_are_no_desync(
