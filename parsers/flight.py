@@ -410,7 +410,8 @@ def _tables(dumps: dict[int, FlightDump], warnings: list[str]) -> DumpRecord:
             S.RANK: ranks, S.PID: [None] * n, S.STEP_NOW: [None] * n, S.PHASE_NOW: [None] * n,
             S.PHASE_SINCE_NS: [None] * n, S.PROGRESS_NS: progress, S.CALLS_LOST: [0] * n,
             S.END_STATE: states, S.END_DETAIL: [None] * n, S.END_NS: [None] * n,
-            S.STACK_REASON: [None] * n, S.STACK_NS: [None] * n, S.STACK: [None] * n, S.GROUP_NAMES: ["{}"] * n,
+            S.STACK_REASON: [None] * n, S.STACK_NS: [None] * n, S.STACK: [None] * n,
+            S.GROUP_NAMES: ["{}"] * n,
         },
         schema=S.RECORD_RANKS_SCHEMA,
     )  # fmt: skip
