@@ -128,9 +128,12 @@ class Job:
         return pl.concat(frames)
 
     def recorded_steps(self, rank: int) -> dict[int, int]:
-        """job step -> ProfilerStep#N of this rank's trace: the job step it overlaps most, by
-        clock (a ProfilerStep starts inside the optimizer step's hook, microseconds from the
-        job's step timer, later where the profiler's own work or a preemption falls there)."""
+        """job step -> ProfilerStep#N of this rank's trace, matched by clock as one offset for
+        all steps (both count up one by one): the offset under which the profiler steps overlap
+        their job steps most. A ProfilerStep starts inside the optimizer step's hook, microseconds
+        before the job's step timer ends, so one step alone can be matched wrong: a rank
+        descheduled between that hook and the timer's end leaves the next ProfilerStep mostly
+        in the job step before it."""
         truth, trace = self.truth[rank], self.traces[rank]
         to_epoch = truth["clock"]["time_ns"] - truth["clock"]["perf_counter_ns"]
         spans = {
@@ -139,19 +142,31 @@ class Job:
             if t["name"] == "step"
         }
         base = trace["baseTimeNanoseconds"]
+        profiled = {
+            int(e["name"].split("#")[1]): (
+                e["ts"] * 1000 + base,
+                (e["ts"] + e["dur"]) * 1000 + base,
+            )
+            for e in trace["traceEvents"]
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+        }
+
+        def overlap(step: int, at: float, end: float) -> float:
+            span = spans.get(step)
+            return 0.0 if span is None else min(span[1], end) - max(span[0], at)
+
+        offsets = {n - s for n in profiled for s in spans}
+        offset = max(offsets, key=lambda k: sum(overlap(n - k, *profiled[n]) for n in profiled))
         out = {}
-        for e in trace["traceEvents"]:
-            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
-                at, end = e["ts"] * 1000 + base, (e["ts"] + e["dur"]) * 1000 + base
-
-                def overlap(span: tuple[int, int], at: float = at, end: float = end) -> float:
-                    return min(span[1], end) - max(span[0], at)
-
-                step = max(spans, key=lambda s: overlap(spans[s]))
-                # the last recorded job step also holds the profiler's stop and the trace's export
-                shorter = min(spans[step][1] - spans[step][0], end - at)
-                assert overlap(spans[step]) > 0.5 * shorter, f"rank {rank}: {e['name']} is no step"
-                out[step] = int(e["name"].split("#")[1])
+        for n, (at, end) in profiled.items():
+            step = n - offset
+            assert step in spans, f"rank {rank}: ProfilerStep#{n} has no job step"
+            # the last recorded job step also holds the profiler's stop and the trace's export
+            shorter = min(spans[step][1] - spans[step][0], end - at)
+            assert overlap(step, at, end) > 0.5 * shorter, (
+                f"rank {rank}: ProfilerStep#{n} is no step"
+            )
+            out[step] = n
         return out
 
     def recorded(self, name: str) -> pl.DataFrame:
