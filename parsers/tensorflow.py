@@ -3,7 +3,8 @@
 The XSpace is turned into trace events by the profiler's own library (xprof, the package behind
 TensorBoard's profile plugin: its "trace_viewer" converter), so the XSpace is not decoded here
 (``xplane_batches``: in a child process, many GPU planes a batch at a time, the converter's
-trace-event protobuf encoded as xprof's JSON). What this module adds is TensorFlow's meaning:
+trace-event protobuf sent as rows of xprof's events). What this module adds is TensorFlow's
+meaning:
 
 - host threads: graph ops run by the executor (named by their full name,
   ``scope/op_name:OpType``), tf.data iterator work, the runtime's own regions, and step markers
@@ -95,7 +96,9 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
 _NO_ARGS = _Args()
 
 
-class _Record(msgspec.Struct, frozen=True, gc=False):
+class _Record(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """A trace event of xprof's, as ``xplane_batches`` sends it: a row of ``ROW``'s fields."""
+
     ph: str | None = None
     name: str | None = None
     pid: int | None = None
@@ -105,11 +108,7 @@ class _Record(msgspec.Struct, frozen=True, gc=False):
     args: _Args = _NO_ARGS
 
 
-class _Trace(msgspec.Struct, gc=False):
-    traceEvents: list[_Record] = []  # the JSON key
-
-
-_DECODER = msgspec.json.Decoder(_Trace)
+_DECODER = msgspec.msgpack.Decoder(list[_Record])
 
 
 def _native_error(lines: list[str]) -> str:
@@ -131,7 +130,7 @@ def _require_xprof() -> Any:
 
 
 def _decode(data: Any) -> list[_Record]:
-    return _DECODER.decode(data).traceEvents
+    return _DECODER.decode(data)
 
 
 def _with_pid(record: _Record, pid: int) -> _Record:

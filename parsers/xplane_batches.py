@@ -243,7 +243,7 @@ def trace_events(
     with_pid: Callable[[Any, int], Any],
     native_error: Callable[[list[str]], str],
 ) -> list[Any]:
-    """The XSpace at ``path`` as xprof's trace events (``decode``: a JSON document's events),
+    """The XSpace at ``path`` as xprof's trace events (``decode``: a document's rows, ``ROW``),
     in batches where it has many GPU planes, in a child process; BadInput where xprof cannot
     read it or dies."""
     buf: Any = b""  # (not a file mmap maps, as a FIFO, which opening would wait on: read whole)
@@ -260,16 +260,16 @@ def trace_events(
 
         def work() -> Iterator[Any]:
             # (xprof's Python turns the converter's protobuf into JSON an event at a time:
-            # ``_trace_json`` does it at once; every xprof the extra allows has the converter)
+            # ``_trace_rows`` does it at once; every xprof the extra allows has the converter)
             native = tools._pywrap_profiler_plugin
             if plan is None:
-                yield _trace_json(native.xspace_to_tools_data([str(path)], *_TRACE))
+                yield _trace_rows(native.xspace_to_tools_data([str(path)], *_TRACE))
                 return
             # (named without a host: xprof refuses an XSpace whose host is not the one its
             # file name says, and a batch is no file)
             nameless = str(path.with_name(".xplane.pb"))
             for batch in plan:
-                yield _trace_json(
+                yield _trace_rows(
                     native.xspace_to_tools_data_from_byte_string(
                         [xspace(buf, batch)], [nameless], *_TRACE
                     )
@@ -296,15 +296,17 @@ def trace_events(
 #: The trace viewer's data as xprof's native converter gives it to xprof's Python: the ``Trace``
 #: protobuf that ``xprof.convert.raw_to_tool_data.process_raw_trace`` turns into JSON.
 _TRACE = ("trace_viewer", {"use_saved_result": True})
-#: Events encoded at a time (a batch's dicts are all that is held besides the text).
+#: Events encoded at a time (a batch's rows are all that is held besides the encoded ones).
 _ENCODE_EVENTS = 65_536
+#: The fields of a row, in order: a trace event of xprof's JSON as an array
+ROW = ("ph", "name", "pid", "tid", "ts", "dur", "args")
 
 
-def _trace_json(result: Any) -> bytes:
-    """xprof's trace viewer JSON, from its ``Trace`` protobuf: the events
-    ``xprof.convert.trace_events_json`` makes (the same fields and values, the fake last event
-    included), encoded by msgspec a batch at a time, where xprof encodes each event with
-    ``json.dumps`` (about 13 µs an event: 16 s for 1.2 million on the 2-core machine)."""
+def _trace_rows(result: Any) -> bytes:
+    """xprof's trace viewer events, from its ``Trace`` protobuf, as one MessagePack array of
+    rows (``ROW``): the events ``xprof.convert.trace_events_json`` makes, metadata first (the
+    same fields and values, less an instant's ``"s"`` and the fake last event), where xprof
+    builds a dict an event and encodes each with ``json.dumps`` (about 13 µs an event)."""
     raw, ok = result
     if not ok or not raw:
         return b""
@@ -314,42 +316,41 @@ def _trace_json(result: Any) -> bytes:
     trace = trace_events_old_pb2.Trace()
     trace.ParseFromString(raw)
     del raw
-    meta: list[dict[str, Any]] = []
+    meta: list[tuple[Any, ...]] = []
     for did, device in sorted(trace.devices.items()):
         if device.name:
-            meta.append(
-                {"ph": "M", "pid": did, "name": "process_name", "args": {"name": device.name}}
-            )
-        meta.append(
-            {"ph": "M", "pid": did, "name": "process_sort_index", "args": {"sort_index": did}}
-        )
+            meta.append(("M", "process_name", did, None, None, None, {"name": device.name}))
+        meta.append(("M", "process_sort_index", did, None, None, None, {"sort_index": did}))
         for rid, res in sorted(device.resources.items()):
             if res.name:
-                meta.append({"ph": "M", "pid": did, "tid": rid, "name": "thread_name",
-                             "args": {"name": res.name}})  # fmt: skip
-            meta.append({"ph": "M", "pid": did, "tid": rid, "name": "thread_sort_index",
-                         "args": {"sort_index": rid}})  # fmt: skip
-    encode = msgspec.json.Encoder().encode
-    parts = [b'{"displayTimeUnit":"ns","metadata":{"highres-ticks":true},"traceEvents":[']
-    if meta:
-        parts += [encode(meta)[1:-1], b","]
+                meta.append(("M", "thread_name", did, rid, None, None, {"name": res.name}))
+            meta.append(("M", "thread_sort_index", did, rid, None, None, {"sort_index": rid}))
+    encode = msgspec.msgpack.Encoder().encode
     events = trace.trace_events
+    parts = [_array_head(len(meta) + len(events))]
+    if meta:
+        parts.append(_items(encode(meta), len(meta)))
     for first in range(0, len(events), _ENCODE_EVENTS):
-        batch = []
-        for event in events[first : first + _ENCODE_EVENTS]:
-            row: dict[str, Any] = {
-                "pid": event.device_id,
-                "tid": event.resource_id,
-                "name": event.name,
-                "ts": event.timestamp_ps / 1000000.0,
-            }
-            if event.duration_ps:
-                row["ph"], row["dur"] = "X", event.duration_ps / 1000000.0
-            else:
-                row["ph"], row["s"] = "i", "t"
-            if event.args:
-                row["args"] = dict(event.args)
-            batch.append(row)
-        parts += [encode(batch)[1:-1], b","]
-    parts.append(b"{}]}")
+        batch: list[tuple[Any, ...]] = []
+        for e in events[first : first + _ENCODE_EVENTS]:
+            d = e.duration_ps
+            row = ("X" if d else "i", e.name, e.device_id, e.resource_id,
+                   e.timestamp_ps / 1000000.0, d / 1000000.0 if d else None)  # fmt: skip
+            a = e.args
+            batch.append((*row, {k: a[k] for k in a}) if a else row)  # (no args: a row of six)
+        parts.append(_items(encode(batch), len(batch)))
     return b"".join(parts)
+
+
+def _array_head(n: int) -> bytes:
+    """MessagePack's header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _items(encoded: bytes, n: int) -> bytes:
+    """An encoded array of ``n`` items without its header: its items, to join with others'."""
+    return encoded[len(_array_head(n)) :]

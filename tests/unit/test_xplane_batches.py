@@ -213,7 +213,7 @@ def test_batch_by_batch_the_trace_events_are_the_wholes(
 ) -> None:
     path = synth(10)
     whole = _records(path, 64, monkeypatch)
-    assert any(b'"group_id"' in r for r in whole)  # (xprof grouped the kernels into steps)
+    assert any(b'"group_id":"' in r for r in whole)  # (xprof grouped the kernels into steps)
     assert _records(path, 3, monkeypatch) == whole
 
 
@@ -264,32 +264,62 @@ def test_a_thousand_gpu_planes_keep_the_hosts_process_their_own(
     each keeps its own."""
     import msgspec
 
+    from traceview.parsers import tensorflow as T
+
     path = synth(1000, events=False)
-    records = [msgspec.json.decode(r) for r in _records(path, XB.batch_size(), monkeypatch)]
-    names = {r["pid"]: r["args"]["name"] for r in records if r.get("name") == "process_name"}
+    records = [
+        msgspec.json.decode(r, type=T._Record) for r in _records(path, XB.batch_size(), monkeypatch)
+    ]
+    names = {r.pid: r.args.name for r in records if r.name == "process_name"}
     assert len(names) == 1001 and names[XB.HOST_PID] == "/host:CPU"
     assert sorted(names.values()) == sorted(
         ["/host:CPU", *(f"/device:GPU:{n}" for n in range(1000))]
     )
 
 
-def test_the_trace_json_is_xprofs_own_event_for_event(synth: Any, tmp_path: Path) -> None:
-    """``_trace_json`` encodes xprof's trace viewer events with msgspec (xprof's own Python
-    encodes each with json.dumps): its document decodes to exactly xprof's, on a real profile
-    and on ones with kernels, arguments and an instant event (no duration)."""
+def test_the_rows_are_xprofs_own_events_event_for_event(synth: Any, tmp_path: Path) -> None:
+    """``_trace_rows`` sends xprof's trace viewer events as rows (xprof's own Python encodes
+    each as a JSON object with json.dumps): they decode to exactly the events of xprof's JSON,
+    field for field and in order (less its fake last event), on a real profile and on ones with
+    kernels, arguments and an instant event (no duration)."""
     import json
 
+    import msgspec
     from xprof.convert import raw_to_tool_data as tools
 
     from tests.conftest import REPO
     from tests.xspace_synth import write_xspace
+    from traceview.parsers import tensorflow as T
 
     host = [("train", 0.0, 90.0, {"step_num": 0}), ("mark", 5.0, 0.0, {"note": "x"})]
     instant = write_xspace(tmp_path / "instant.xplane.pb", {"/host:CPU": {"python": host}})
+    sixes = 0
     for path in (REPO / "sample_traces/tensorflow/mwms/rank-0.xplane.pb", synth(3), instant):
         theirs = tools.xspace_to_tool_data([str(path)], "trace_viewer", {})
+        document = json.loads(theirs[0] if isinstance(theirs, tuple) else theirs)
         native = tools._pywrap_profiler_plugin.xspace_to_tools_data([str(path)], *XB._TRACE)
-        ours = json.loads(XB._trace_json(native))
-        assert ours == json.loads(theirs[0] if isinstance(theirs, tuple) else theirs)
-        assert len(ours["traceEvents"]) > 3
-    assert XB._trace_json((b"", False)) == b""
+        rows = msgspec.msgpack.decode(XB._trace_rows(native))
+        assert document["traceEvents"][-1] == {}  # xprof's fake last event, not sent
+        expected = [
+            [event.get(field) for field in XB.ROW] for event in document["traceEvents"][:-1]
+        ]
+        # (an event without args is a row of six; an instant's "s": "t" is not sent)
+        assert [row + [None] * (len(XB.ROW) - len(row)) for row in rows] == expected
+        assert len(rows) > 3
+        sixes += sum(len(row) == 6 for row in rows)
+        as_records = [row if row[-1] is not None else row[:-1] for row in expected]
+        assert T._decode(XB._trace_rows(native)) == msgspec.convert(as_records, list[T._Record])
+    assert sixes > 0
+    assert XB._trace_rows((b"", False)) == b""
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 65_535, 65_536, 70_000])
+def test_batches_of_rows_join_into_one_array_whatever_their_header(n: int) -> None:
+    import msgspec
+
+    encode = msgspec.msgpack.encode
+    rows = [[i, "x"] for i in range(n)]
+    cut = min(n, 20)  # (two batches, each with a header of its own size, joined as one)
+    joined = XB._array_head(n) + XB._items(encode(rows[:cut]), cut)
+    joined += XB._items(encode(rows[cut:]), n - cut)
+    assert msgspec.msgpack.decode(joined) == rows
