@@ -55,15 +55,20 @@ def forks() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork")
 
 
-def run(work: Callable[[], Iterable[str | bytes]]) -> tuple[list[Doc], list[str]]:
+def run(
+    work: Callable[[], Iterable[str | bytes]], meanwhile: Callable[[], object] | None = None
+) -> tuple[list[Doc], list[str]]:
     """``work()``'s documents and the lines native code logged on the way; in a child where
-    this platform forks. ``NativeDied`` where the child died, ``NativeFailed`` where the work
-    raised."""
+    this platform forks, ``meanwhile()`` run in this process while the child works (before the
+    work where it runs in process). ``NativeDied`` where the child died, ``NativeFailed`` where
+    the work raised."""
     if forks():
         try:
-            return _in_child(work)
+            return _in_child(work, meanwhile)
         except OSError:  # no child to be had (a process limit): in process
             pass
+    if meanwhile is not None:
+        meanwhile()
     with captured_stderr() as logged:
         try:
             docs: list[Doc] = list(work())
@@ -72,7 +77,53 @@ def run(work: Callable[[], Iterable[str | bytes]]) -> tuple[list[Doc], list[str]
     return docs, logged
 
 
-def _in_child(work: Callable[[], Iterable[str | bytes]]) -> tuple[list[Doc], list[str]]:
+def in_two(here: Callable[[], bytes], there: Callable[[], bytes]) -> tuple[bytes, bytes]:
+    """``here()`` in this process and ``there()`` at the same time in one forked for it (on
+    another core); ``there()`` run here after where no process can be forked or it died."""
+    if not forks():
+        return here(), there()
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return here(), there()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return here(), there()
+    if pid == 0:  # pragma: no cover - the helper (its coverage is not collected)
+        code = 0
+        try:
+            os.close(read_end)
+            _write_all(write_end, there())
+        except BaseException:
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    reaped = False
+    try:
+        mine = here()
+        theirs = bytearray()
+        while chunk := os.read(read_end, 1 << 20):
+            theirs += chunk
+        _, status = os.waitpid(pid, 0)
+        reaped = True
+    finally:
+        os.close(read_end)
+        if not reaped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    if status != 0:
+        return mine, there()
+    return mine, bytes(theirs)
+
+
+def _in_child(
+    work: Callable[[], Iterable[str | bytes]], meanwhile: Callable[[], object] | None
+) -> tuple[list[Doc], list[str]]:
     with tempfile.TemporaryFile() as log:
         read_end, write_end = os.pipe()
         with warnings.catch_warnings():  # (3.12 warns of a fork beside other threads)
@@ -89,6 +140,8 @@ def _in_child(work: Callable[[], Iterable[str | bytes]]) -> tuple[list[Doc], lis
         os.close(write_end)
         reaped = False
         try:
+            if meanwhile is not None:  # (the child blocks once the pipe is full, no sooner)
+                meanwhile()
             docs, error = _receive(read_end)
             _, status = os.waitpid(pid, 0)
             reaped = True

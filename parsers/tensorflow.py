@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes
@@ -393,9 +394,14 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     tools = _require_xprof()
     if size == 0:
         raise BadInput(f"{path}: empty file")
-    records = trace_events(tools, path, _decode, _with_pid, _native_error)
-    start_ns, census = _session(path)
-    facts = hlo_facts(path)
+    read_beside: dict[str, Any] = {}
+
+    def meanwhile() -> None:  # (what is read of the XSpace here, while xprof converts it)
+        read_beside["session"] = _session(path)
+        read_beside["facts"] = hlo_facts(path)
+
+    records = trace_events(tools, path, _decode, _with_pid, _native_error, meanwhile)
+    (start_ns, census), facts = read_beside["session"], read_beside["facts"]
     read = _events(records, start_ns, path, facts)
     _planes_left_out(census, read, path)
     if read.events.num_rows == 0:
@@ -609,7 +615,9 @@ def _events(
     host_pids = {pid for pid, name in planes.items() if name.startswith("/host:")}
     device_pids = {pid for pid, name in planes.items() if name.startswith("/device:")}
     device_of = {pid: device_of_plane(planes[pid]) for pid in device_pids}
-    active = {r.pid for r in records if r.ph == "X" and r.pid in device_pids}
+    active = (
+        {r.pid for r in records if r.ph == "X" and r.pid in device_pids} if device_pids else set()
+    )
     # a GPU's plane has streams, and xprof's lines derived from them; a TPU's has its ops on
     # "XLA Ops" (and no streams)
     streamed = {
@@ -652,7 +660,8 @@ def _events(
         on: str | None = None
         op_of: tuple[str, str] | None = None
         key: str | None = None
-        if r.pid in host_pids:
+        host = r.pid in host_pids
+        if host:
             label = r.name or ""
             if args.kernel_type == "_Recv" and args.step_id is not None:  # (start or end)
                 key = f"{args.step_id}/{args.name}"
@@ -721,11 +730,13 @@ def _events(
         dur.append(r.dur or 0.0)
         scope.append(kernel_scope)
         nbytes.append(size)
-        correlation.append(_int(args.correlation_id))
-        run.append(_int(args.run_id))
-        called = r.pid in host_pids and args.run_id is not None and "Execute" in label
+        # (most events carry none of these: no call made for them)
+        c, run_id, g = args.correlation_id, args.run_id, args.group_id
+        correlation.append(None if c is None else _int(c))
+        run.append(None if run_id is None else _int(run_id))
+        called = host and run_id is not None and "Execute" in label
         program.append(args.name if called and args.name else None)
-        groups.append(_int(args.group_id))
+        groups.append(None if g is None else _int(g))
         device.append(on)
         hlo.append(op_of)
         collective_key.append(key)
@@ -754,7 +765,7 @@ def _events(
     host_pid = min(host_pids) if host_pids else None
     process_names = {p: planes[p] for p in planes}
     thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}
-    xla = np.fromiter((c == "xla_op" for c in cat), bool, len(cat))
+    xla = pc.equal(pa.array(cat, pa.string()), "xla_op").to_numpy(zero_copy_only=False)
     if xla.any():  # a CPU device's ops: on a process of that device's own
         ordinal = np.fromiter(
             (

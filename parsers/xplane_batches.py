@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from traceview.model.errors import BadInput
-from traceview.parsers.native_child import NativeDied, NativeFailed, run
+from traceview.parsers.native_child import NativeDied, NativeFailed, in_two, run
 
 GPU_PREFIX = "/device:GPU:"  # the planes xprof's pool has a thread for (kGpuPlanePrefix)
 #: The address space the stacks of one batch's threads may reserve
@@ -242,10 +242,11 @@ def trace_events(
     decode: Callable[[Any], list[Any]],
     with_pid: Callable[[Any, int], Any],
     native_error: Callable[[list[str]], str],
+    meanwhile: Callable[[], object] | None = None,
 ) -> list[Any]:
     """The XSpace at ``path`` as xprof's trace events (``decode``: a document's rows, ``ROW``),
-    in batches where it has many GPU planes, in a child process; BadInput where xprof cannot
-    read it or dies."""
+    in batches where it has many GPU planes, in a child process (``meanwhile()`` run here while
+    it converts); BadInput where xprof cannot read it or dies."""
     buf: Any = b""  # (not a file mmap maps, as a FIFO, which opening would wait on: read whole)
     try:
         if path.is_file():
@@ -276,7 +277,7 @@ def trace_events(
                 )
 
         try:
-            docs, logged = run(work)
+            docs, logged = run(work, meanwhile)
         except NativeFailed as exc:
             raise BadInput(f"{path}: not a readable XSpace: {exc}") from None
         except NativeDied as exc:
@@ -330,9 +331,26 @@ def _trace_rows(result: Any) -> bytes:
     parts = [_array_head(len(meta) + len(events))]
     if meta:
         parts.append(_items(encode(meta), len(meta)))
-    for first in range(0, len(events), _ENCODE_EVENTS):
+    n = len(events)
+    if n < 2 * _ENCODE_EVENTS:
+        parts.append(_encoded_rows(events, 0, n))
+    else:  # (half of them encoded beside, on the other core)
+        half = n // 2
+        parts += in_two(
+            lambda: _encoded_rows(events, 0, half), lambda: _encoded_rows(events, half, n)
+        )
+    return b"".join(parts)
+
+
+def _encoded_rows(events: Any, first: int, last: int) -> bytes:
+    """``events[first:last]`` as rows, encoded a batch at a time: the items of an array."""
+    import msgspec
+
+    encode = msgspec.msgpack.Encoder().encode
+    parts = []
+    for start in range(first, last, _ENCODE_EVENTS):
         batch: list[tuple[Any, ...]] = []
-        for e in events[first : first + _ENCODE_EVENTS]:
+        for e in events[start : min(last, start + _ENCODE_EVENTS)]:
             d = e.duration_ps
             row = ("X" if d else "i", e.name, e.device_id, e.resource_id,
                    e.timestamp_ps / 1000000.0, d / 1000000.0 if d else None)  # fmt: skip

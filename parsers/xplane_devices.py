@@ -91,11 +91,11 @@ def find_devices(
     where it names none), threads attached by their launches (``line_device``: threads named
     for a device; ``correlation``: -1 where none), and which devices are ranks: those with work
     other than copies."""
-    n = len(labels)
-    known = sorted({d for d in labels if d is not None} | set(line_device.values()), key=_order)
+    known = sorted((set(labels) - {None}) | set(line_device.values()), key=_order)
     index = {d: i for i, d in enumerate(known)}
-    code = np.fromiter((-1 if d is None else index[d] for d in labels), np.int64, n)
-    is_step = np.fromiter((c == "tf_step" for c in cats), bool, n)
+    code = _codes(labels, index)
+    kinds = pa.array(cats, pa.string())
+    is_step = pc.equal(kinds, "tf_step").to_numpy(zero_copy_only=False)
     step_line = is_step & (code >= 0)
     host_marker = is_step & (code < 0)
     # threads: named for a device, else every launch reaching one device
@@ -123,7 +123,7 @@ def find_devices(
         attached = np.fromiter((lines.get(k, -1) for k in keys.tolist()), np.int64, len(keys))
         code[np.flatnonzero(free)] = attached
     # devices with work other than copies and step lines are ranks
-    copies = np.fromiter((c in COPY_CATS for c in cats), bool, n)
+    copies = pc.is_in(kinds, pa.array(sorted(COPY_CATS))).to_numpy(zero_copy_only=False)
     working = np.unique(code[(code >= 0) & ~copies & ~step_line])
     ranks = [known[i] for i in working.tolist()]
     renumber = np.full(len(known) + 1, -1, np.int64)
@@ -135,6 +135,14 @@ def find_devices(
             if count:
                 left_out[device] = count
     return Devices(ranks, renumber[code], host_marker, step_line, left_out)
+
+
+def _codes(labels: list[str | None], index: dict[str, int]) -> np.ndarray:
+    """Each label's number in ``index`` (which holds every label), -1 for None."""
+    encoded = pa.array(labels, pa.string()).dictionary_encode()
+    numbers = np.asarray([index[d] for d in encoded.dictionary.to_pylist()] + [-1], np.int64)
+    at = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return numbers[at]
 
 
 def one_device(

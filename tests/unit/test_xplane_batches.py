@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,76 @@ def test_where_no_child_is_forked_the_work_runs_in_process(monkeypatch: pytest.M
     assert docs == [str(pid)]
     with pytest.raises(N.NativeFailed, match="nope"):
         N.run(lambda: (_ for _ in ()).throw(OSError("nope")))
+
+
+@needs_fork
+def test_what_is_read_meanwhile_is_read_here_while_the_child_works(tmp_path: Path) -> None:
+    """``meanwhile`` runs in this process while the child still works: the child waits for a
+    file that only ``meanwhile`` writes."""
+    flag = tmp_path / "written"
+    here = os.getpid()
+    seen: list[int] = []
+
+    def work() -> Any:
+        for _ in range(2000):  # (20 s at most)
+            if flag.exists():
+                yield f"{os.getpid()}"
+                return
+            time.sleep(0.01)
+        yield "never"
+
+    def meanwhile() -> None:
+        seen.append(os.getpid())
+        flag.write_text("x")
+
+    docs, _ = N.run(work, meanwhile)
+    assert seen == [here] and int(docs[0]) != here
+
+
+def test_where_no_child_is_forked_meanwhile_runs_before_the_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(N, "forks", lambda: False)
+    order: list[str] = []
+    N.run(lambda: (order.append("work"), iter(["x"]))[1], lambda: order.append("meanwhile"))
+    assert order == ["meanwhile", "work"]
+
+
+@needs_fork
+def test_in_two_runs_the_second_part_in_another_process_at_once(tmp_path: Path) -> None:
+    """Each half waits for the other's file: they can only both finish side by side."""
+
+    def part(mine: str, theirs: str) -> bytes:
+        (tmp_path / mine).write_text("x")
+        for _ in range(2000):
+            if (tmp_path / theirs).exists():
+                return f"{mine}:{os.getpid()}".encode()
+            time.sleep(0.01)
+        return b"alone"
+
+    a, b = N.in_two(lambda: part("a", "b"), lambda: part("b", "a"))
+    assert a == f"a:{os.getpid()}".encode()
+    assert b.startswith(b"b:") and b != f"b:{os.getpid()}".encode()
+
+
+@needs_fork
+def test_in_two_runs_the_second_part_here_where_its_process_died() -> None:
+    here = os.getpid()
+
+    def there() -> bytes:
+        if os.getpid() != here:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return b"x" * (1 << 21)  # (more than a pipe holds)
+
+    assert N.in_two(lambda: b"first", there) == (b"first", b"x" * (1 << 21))
+
+
+def test_where_no_child_is_forked_in_two_runs_both_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(N, "forks", lambda: False)
+    assert N.in_two(lambda: str(os.getpid()).encode(), lambda: b"2") == (
+        str(os.getpid()).encode(),
+        b"2",
+    )
 
 
 # --- against xprof -------------------------------------------------------------------------------
