@@ -399,6 +399,7 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     def meanwhile() -> None:  # (what is read of the XSpace here, while xprof converts it)
         read_beside["session"] = _session(path)
         read_beside["facts"] = hlo_facts(path)
+        read_beside["memory"] = _memory_read(path)
 
     records = trace_events(tools, path, _decode, _with_pid, _native_error, meanwhile)
     (start_ns, census), facts = read_beside["session"], read_beside["facts"]
@@ -406,7 +407,7 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     _planes_left_out(census, read, path)
     if read.events.num_rows == 0:
         raise BadInput(f"{path}: the TensorFlow profile holds no events")
-    memory = _memory_profile(path, records, start_ns or 0, read.notes)
+    memory = _memory_profile(path, read_beside["memory"], records, start_ns or 0, read.notes)
     framework = "jax" if facts.stats.get("jax_version") or read.jax_programs else "tensorflow"
     if framework == "jax":
         _executions_as_steps(read, path)
@@ -475,28 +476,29 @@ def _names_any(path: Path, names: tuple[str, ...]) -> bool:
         return True
 
 
-def _memory_profile(
-    path: Path, records: list[_Record], base_ns: int, notes: Notes
-) -> pa.Table | None:
-    """The XSpace's memory records: TensorFlow's ``MemoryAllocation``/``MemoryDeallocation``
-    events, one per allocation and free of each BFC allocator (read whole from the XSpace:
-    xprof's memory_profile tool samples them at random), as schema.MEMORY_RAW_SCHEMA:
-    allocated = ``bytes_allocated`` after the record, reserved = ``bytes_reserved`` (null when
-    0: not a pool's reserve but the stack's), the allocating thread's line. TensorFlow writes
-    them from its BFC allocators only, which CPU runs do not use by default: those have none.
+@dataclasses.dataclass
+class _MemoryRead:
+    """The XSpace's memory records as read (``_memory_read``), before their clock is matched:
+    (device, start ns, allocated, reserved, signed size, line) each; every host event's starts
+    by name; how many records were dropped."""
 
-    The XSpace's event times may be on another origin than the trace events xprof makes: the
-    offset is the median difference of the events both have, by name (names that occur as
-    often in both, matched in time order)."""
+    rows: list[tuple[str, int, int, int | None, int, int]]
+    host_starts: dict[str, list[int]]
+    bad: int = 0
+
+
+def _memory_read(path: Path) -> _MemoryRead | None:
+    """TensorFlow's ``MemoryAllocation``/``MemoryDeallocation`` events of each BFC allocator,
+    read whole from the XSpace (xprof's memory_profile tool samples them at random); None where
+    it holds none (TensorFlow writes them from its BFC allocators only, which CPU runs do not use
+    by default) or cannot be read."""
     if not _names_any(path, _MEMORY_EVENTS):  # (every event of the profile, walked in Python)
         return None
     try:
         from xprof.profile_data import ProfileData
     except ImportError:  # pragma: no cover - shipped with xprof
         return None
-    rows: list[tuple[str, int, int, int | None, int, int]] = []
-    once: dict[str, list[int]] = {}
-    bad = 0
+    read = _MemoryRead([], {})
     with _captured_stderr():
         try:
             data = ProfileData.from_file(str(path))
@@ -506,7 +508,7 @@ def _memory_profile(
                     for event in line.events:
                         name = event.name
                         if host:
-                            once.setdefault(name, []).append(int(event.start_ns))
+                            read.host_starts.setdefault(name, []).append(int(event.start_ns))
                         if name not in _MEMORY_EVENTS:
                             continue
                         stats = dict(event.stats)
@@ -515,23 +517,39 @@ def _memory_profile(
                             reserved = int(stats.get("bytes_reserved") or 0) or None
                             size = int(stats.get("allocation_bytes") or 0)
                         except (KeyError, TypeError, ValueError):
-                            bad += 1
+                            read.bad += 1
                             continue
                         if not 0 <= held <= 1 << 50 or (reserved or 0) < 0:
-                            bad += 1
+                            read.bad += 1
                             continue
                         device = _allocator_device(str(stats.get("allocator_name", "")))
                         sign = -1 if name == "MemoryDeallocation" else 1
-                        rows.append(
+                        read.rows.append(
                             (device, int(event.start_ns), held, reserved, sign * size, number)
                         )
         except Exception:  # no memory records to read: memory is absent, not an error
             return None
-    if bad:
+    return read
+
+
+def _memory_profile(
+    path: Path, read: _MemoryRead | None, records: list[_Record], base_ns: int, notes: Notes
+) -> pa.Table | None:
+    """The memory records ``_memory_read`` read, as schema.MEMORY_RAW_SCHEMA: allocated =
+    ``bytes_allocated`` after the record, reserved = ``bytes_reserved`` (null when 0: not a
+    pool's reserve but the stack's), the allocating thread's line.
+
+    The XSpace's event times may be on another origin than the trace events xprof makes: the
+    offset is the median difference of the events both have, by name (names that occur as
+    often in both, matched in time order)."""
+    if read is None:
+        return None
+    if read.bad:
         notes.warn(
-            f"{path.name}: {bad} memory record(s) dropped: a negative or impossible total, or a "
-            "record without one"
+            f"{path.name}: {read.bad} memory record(s) dropped: a negative or impossible total, "
+            "or a record without one"
         )
+    rows = read.rows
     if not rows:
         return None
     trace: dict[str, list[float]] = {}
@@ -540,7 +558,7 @@ def _memory_profile(
             trace.setdefault(r.name, []).append(r.ts)
     shifts = [
         a * 1e3 - b
-        for n, t in once.items()
+        for n, t in read.host_starts.items()
         if len(t) == len(trace.get(n, ()))
         for a, b in zip(sorted(trace[n]), sorted(t), strict=True)
     ]
