@@ -51,6 +51,24 @@ def captured_stderr() -> Iterator[list[str]]:
             lines.extend(sink.read().decode("utf-8", "replace").splitlines())
 
 
+#: Work this process does later anyway (imports), done the next time it waits for a child:
+#: registered by the application (``while_waiting``), never by a parser.
+_WAITING: dict[str, Callable[[], object]] = {}
+
+
+def while_waiting(name: str, task: Callable[[], object]) -> None:
+    """Have ``task`` done once, the next time this process waits for a child's work (its
+    failure is left for the work itself to meet later)."""
+    _WAITING[name] = task
+
+
+def _waited() -> None:
+    while _WAITING:
+        task = _WAITING.pop(next(iter(_WAITING)))
+        with contextlib.suppress(Exception):
+            task()
+
+
 def forks() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork")
 
@@ -142,6 +160,7 @@ def _in_child(
         try:
             if meanwhile is not None:  # (the child blocks once the pipe is full, no sooner)
                 meanwhile()
+            _waited()
             docs, error = _receive(read_end)
             _, status = os.waitpid(pid, 0)
             reaped = True

@@ -196,6 +196,17 @@ def test_where_no_child_is_forked_meanwhile_runs_before_the_work(
 
 
 @needs_fork
+def test_work_left_while_waiting_is_done_once_here_while_a_child_works() -> None:
+    done: list[int] = []
+    N.while_waiting("test", lambda: done.append(os.getpid()))
+    N.while_waiting("fails", lambda: 1 / 0)  # (left for the work itself to meet)
+    docs, _ = N.run(lambda: iter([str(os.getpid())]))
+    assert done == [os.getpid()] and int(docs[0]) != os.getpid()
+    N.run(lambda: iter(["again"]))
+    assert done == [os.getpid()]
+
+
+@needs_fork
 def test_in_two_runs_the_second_part_in_another_process_at_once(tmp_path: Path) -> None:
     """Each half waits for the other's file: they can only both finish side by side."""
 

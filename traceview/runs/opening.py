@@ -4,6 +4,7 @@ run directory read as it is (its cache checked), several runs with labels of the
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import sys
 import tempfile
@@ -42,10 +43,28 @@ def _label(paths: list[Path]) -> str:
     return name + (f" (+{len(paths) - 1})" if len(paths) > 1 else "")
 
 
+#: What the analyses of an ingest import: where a profile is converted in a child process
+#: (TensorFlow's), imported while it converts
+_ANALYSES = (
+    "polars",
+    "traceview.analysis.parts",
+    "traceview.analysis.summary.assemble",
+    "traceview.analysis.crossrank.driver",
+    "traceview.analysis.critical_path.report",
+)
+
+
+def _import_analyses() -> None:
+    for name in _ANALYSES:
+        importlib.import_module(name)
+
+
 def ingest_run(paths: list[Path], out: Path, **options: Any) -> Path:
     """``ingest.ingest`` with the per-rank analysis: the events and the analysis tables."""
     from traceview.ingest.run import ingest
+    from traceview.parsers.native_child import while_waiting
 
+    while_waiting("analyses", _import_analyses)
     return ingest(paths, out, analyze=rank_tables, analysis_version=ANALYSIS_VERSION, **options)
 
 
