@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """TensorFlow profiles (``.xplane.pb``) of about 12 MB (issue 55: no 12 MB trace, however shaped,
 takes more than 5 s), side by side in one run, each command a fresh process measured by
-_measure.py (wall seconds, CPU seconds, peak RSS of the process tree; interpreter start and
-imports included), median of --repeat runs:
+_measure.py (wall seconds, CPU seconds, peak RSS and PSS of the process tree; interpreter start
+and imports included), median of --repeat runs:
 
 - ``XSpace.FromString`` of the file (TensorFlow's protobuf class, without importing the rest
   of TensorFlow): the decode alone;
@@ -33,13 +33,13 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from _measure import compiled  # type: ignore[import-not-found]
-from bench_fixed_costs import measure  # type: ignore[import-not-found]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -66,6 +66,29 @@ import sys
 from xprof.convert import raw_to_tool_data
 raw_to_tool_data.xspace_to_tool_data([sys.argv[1]], "trace_viewer", {})
 """
+
+
+def measure(argv: list[str]) -> dict[str, float]:
+    """One run of ``argv``: wall and CPU seconds, the peak RSS of the process tree and its peak
+    PSS (the pages a forked child shares with its parent counted once)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        result = Path(fh.name)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(HERE / "_measure.py"), str(result), "--", *argv],
+            capture_output=True, text=True, cwd=REPO,
+        )  # fmt: skip
+        got = json.loads(result.read_text())
+    finally:
+        result.unlink(missing_ok=True)
+    if got["rc"] != 0:
+        raise SystemExit(f"{argv} failed ({got['rc']}): {done.stderr[-2000:]}")
+    return {
+        "wall_s": got["proc_s"],
+        "cpu_s": got["user_s"] + got["sys_s"],
+        "rss_mb": max(got["maxrss_kb"], got["tree_rss_peak_kb"]) / 1024,
+        "pss_mb": max(got["maxrss_kb"], got["tree_pss_peak_kb"]) / 1024,
+    }
 
 
 def repeated(source: Path, out: Path, mb: float) -> int:
@@ -197,13 +220,14 @@ def main() -> int:
         f"Command: `{info['command']}`",
         "",
         f"Machine: {info['machine']}; median of {args.repeat} runs, each a fresh process "
-        "(interpreter start and imports included); RSS: peak of the process tree.",
+        "(interpreter start and imports included); RSS: peak of the process tree; PSS: its peak "
+        "with the pages a forked child shares with its parent counted once.",
         "",
-        "| profile | command | wall s | CPU s | peak MB |",
-        "|---|---|---:|---:|---:|",
+        "| profile | command | wall s | CPU s | peak RSS MB | peak PSS MB |",
+        "|---|---|---:|---:|---:|---:|",
         *(
             f"| {r['group']} | {r['what']} | {r['wall_s']:.3f} | {r['cpu_s']:.3f} "
-            f"| {r['rss_mb']:.0f} |"
+            f"| {r['rss_mb']:.0f} | {r['pss_mb']:.0f} |"
             for r in rows
         ),
     ]
