@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,53 @@ def measure(argv: list[str], before: Path | None = None) -> dict[str, float]:
         "wall_s": got["proc_s"],
         "cpu_s": got["user_s"] + got["sys_s"],
         "rss_mb": max(got["maxrss_kb"], got["tree_rss_peak_kb"]) / 1024,
+        # (the pages a forked child shares with its parent counted once)
+        "pss_mb": max(got["maxrss_kb"], got["tree_pss_peak_kb"]) / 1024,
     }
+
+
+class Table:
+    """Rows of commands measured ``repeat`` times each (medians), written as OUT.{json,md}."""
+
+    def __init__(self, repeat: int) -> None:
+        self.repeat = repeat
+        self.rows: list[dict[str, Any]] = []
+
+    def row(self, group: str, what: str, argv: list[str], before: Path | None = None) -> None:
+        got = [measure(argv, before) for _ in range(self.repeat)]
+        self.rows.append(
+            {"group": group, "what": what,
+             **{k: round(statistics.median(g[k] for g in got), 3) for k in got[0]}, "runs": got}
+        )  # fmt: skip
+        print(f"{group:44} {what:44} {self.rows[-1]['wall_s']:7.3f} s", flush=True)
+
+    def write(
+        self, out: Path, memory: str, header: str, cells: Callable[[dict[str, Any]], str]
+    ) -> None:
+        """``header``: the table's first line (its columns), ``cells``: a row's cells after its
+        group and command; ``memory``: what its memory figures are."""
+        info = {
+            "command": " ".join([Path(sys.executable).name, *sys.argv]).replace(
+                str(REPO) + "/", ""
+            ),
+            "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
+            "repeat": self.repeat,
+            "rows": self.rows,
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
+        columns = header.count("|") - 1
+        lines = [
+            f"Command: `{info['command']}`",
+            "",
+            f"Machine: {info['machine']}; median of {self.repeat} runs, each a fresh process "
+            f"(interpreter start and imports included); {memory}",
+            "",
+            header,
+            "|---|---|" + "---:|" * (columns - 2),
+            *(f"| {r['group']} | {r['what']} | {cells(r)} |" for r in self.rows),
+        ]
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 def kineto_trace(path: Path, steps: int) -> None:
@@ -125,16 +172,8 @@ def main() -> int:
     args = p.parse_args()
     compiled(sys.executable)  # (as an install from a wheel has it)
     tv = [sys.executable, "-m", "traceview"]
-    rows: list[dict[str, Any]] = []
-
-    def row(group: str, what: str, argv: list[str], before: Path | None = None) -> None:
-        got = [measure(argv, before) for _ in range(args.repeat)]
-        rows.append(
-            {"group": group, "what": what,
-             **{k: round(statistics.median(g[k] for g in got), 3) for k in got[0]}, "runs": got}
-        )  # fmt: skip
-        print(f"{group:28} {what:44} {rows[-1]['wall_s']:7.3f} s", flush=True)
-
+    table = Table(args.repeat)
+    row = table.row
     with tempfile.TemporaryDirectory(prefix="bench-fixed-") as tmp:
         folder = Path(tmp)
         runs = {"2 ranks": folder / "ddp"}
@@ -169,31 +208,12 @@ def main() -> int:
             out = folder / f"{name}.run"
             row(group, "traceview ingest", [*tv, "ingest", str(trace), "-o", str(out)])
             shutil.rmtree(out, ignore_errors=True)
-    info = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv[0:1], *sys.argv[1:]]).replace(
-            str(REPO) + "/", ""
-        ),
-        "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "repeat": args.repeat,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
-    lines = [
-        f"Command: `{info['command']}`",
-        "",
-        f"Machine: {info['machine']}; median of {args.repeat} runs, each a fresh process "
-        "(interpreter start and imports included); RSS: peak of the process tree.",
-        "",
+    table.write(
+        args.out,
+        "RSS: peak of the process tree.",
         "| case | command | wall s | CPU s | peak MB |",
-        "|---|---|---:|---:|---:|",
-        *(
-            f"| {r['group']} | {r['what']} | {r['wall_s']:.3f} | {r['cpu_s']:.3f} "
-            f"| {r['rss_mb']:.0f} |"
-            for r in rows
-        ),
-    ]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        lambda r: f"{r['wall_s']:.3f} | {r['cpu_s']:.3f} | {r['rss_mb']:.0f}",
+    )
     return 0
 
 

@@ -27,19 +27,15 @@ Results go to benchmarks/results/xplane.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from _measure import compiled  # type: ignore[import-not-found]
+from bench_fixed_costs import Table  # type: ignore[import-not-found]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -66,29 +62,6 @@ import sys
 from xprof.convert import raw_to_tool_data
 raw_to_tool_data.xspace_to_tool_data([sys.argv[1]], "trace_viewer", {})
 """
-
-
-def measure(argv: list[str]) -> dict[str, float]:
-    """One run of ``argv``: wall and CPU seconds, the peak RSS of the process tree and its peak
-    PSS (the pages a forked child shares with its parent counted once)."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
-        result = Path(fh.name)
-    try:
-        done = subprocess.run(
-            [sys.executable, str(HERE / "_measure.py"), str(result), "--", *argv],
-            capture_output=True, text=True, cwd=REPO,
-        )  # fmt: skip
-        got = json.loads(result.read_text())
-    finally:
-        result.unlink(missing_ok=True)
-    if got["rc"] != 0:
-        raise SystemExit(f"{argv} failed ({got['rc']}): {done.stderr[-2000:]}")
-    return {
-        "wall_s": got["proc_s"],
-        "cpu_s": got["user_s"] + got["sys_s"],
-        "rss_mb": max(got["maxrss_kb"], got["tree_rss_peak_kb"]) / 1024,
-        "pss_mb": max(got["maxrss_kb"], got["tree_pss_peak_kb"]) / 1024,
-    }
 
 
 def repeated(source: Path, out: Path, mb: float) -> int:
@@ -179,16 +152,8 @@ def main() -> int:
     args = p.parse_args()
     compiled(sys.executable)  # (as an install from a wheel has it)
     tv = [sys.executable, "-m", "traceview"]
-    rows: list[dict[str, Any]] = []
-
-    def row(group: str, what: str, argv: list[str]) -> None:
-        got = [measure(argv) for _ in range(args.repeat)]
-        rows.append(
-            {"group": group, "what": what,
-             **{k: round(statistics.median(g[k] for g in got), 3) for k in got[0]}, "runs": got}
-        )  # fmt: skip
-        print(f"{group:44} {what:28} {rows[-1]['wall_s']:7.3f} s", flush=True)
-
+    table = Table(args.repeat)
+    row = table.row
     with tempfile.TemporaryDirectory(prefix="bench-xplane-") as tmp:
         folder = Path(tmp)
         shapes = [("CPU, 2 workers", lambda out: repeated(MWMS, out, args.mb))]
@@ -208,30 +173,13 @@ def main() -> int:
                     str(trace), "-o", str(run)]  # fmt: skip
             row(group, "traceview ingest", argv)
             shutil.rmtree(run, ignore_errors=True)
-    info = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]).replace(str(REPO) + "/", ""),
-        "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "repeat": args.repeat,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
-    lines = [
-        f"Command: `{info['command']}`",
-        "",
-        f"Machine: {info['machine']}; median of {args.repeat} runs, each a fresh process "
-        "(interpreter start and imports included); RSS: peak of the process tree; PSS: its peak "
-        "with the pages a forked child shares with its parent counted once.",
-        "",
+    table.write(
+        args.out,
+        "RSS: peak of the process tree; PSS: its peak with the pages a forked child shares with "
+        "its parent counted once.",
         "| profile | command | wall s | CPU s | peak RSS MB | peak PSS MB |",
-        "|---|---|---:|---:|---:|---:|",
-        *(
-            f"| {r['group']} | {r['what']} | {r['wall_s']:.3f} | {r['cpu_s']:.3f} "
-            f"| {r['rss_mb']:.0f} | {r['pss_mb']:.0f} |"
-            for r in rows
-        ),
-    ]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        lambda r: f"{r['wall_s']:.3f} | {r['cpu_s']:.3f} | {r['rss_mb']:.0f} | {r['pss_mb']:.0f}",
+    )
     return 0
 
 
