@@ -69,6 +69,14 @@ def _waited() -> None:
             task()
 
 
+def cores() -> int:
+    """The cores this process may run on (its affinity: a job's cgroup or taskset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def forks() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork")
 
@@ -97,8 +105,9 @@ def run(
 
 def in_two(here: Callable[[], bytes], there: Callable[[], bytes]) -> tuple[bytes, bytes]:
     """``here()`` in this process and ``there()`` at the same time in one forked for it (on
-    another core); ``there()`` run here after where no process can be forked or it died."""
-    if not forks():
+    another core); ``there()`` run here after where no process can be forked or it died, or
+    where this process may run on one core only."""
+    if not forks() or cores() < 2:
         return here(), there()
     try:
         read_end, write_end = os.pipe()

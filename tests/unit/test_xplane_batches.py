@@ -209,6 +209,8 @@ def test_work_left_while_waiting_is_done_once_here_while_a_child_works() -> None
 @needs_fork
 def test_in_two_runs_the_second_part_in_another_process_at_once(tmp_path: Path) -> None:
     """Each half waits for the other's file: they can only both finish side by side."""
+    if N.cores() < 2:
+        pytest.skip("one core: both halves run here, one after the other")
 
     def part(mine: str, theirs: str) -> bytes:
         (tmp_path / mine).write_text("x")
@@ -235,8 +237,14 @@ def test_in_two_runs_the_second_part_here_where_its_process_died() -> None:
     assert N.in_two(lambda: b"first", there) == (b"first", b"x" * (1 << 21))
 
 
-def test_where_no_child_is_forked_in_two_runs_both_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(N, "forks", lambda: False)
+@pytest.mark.parametrize("where", ["no fork", "one core"])
+def test_where_no_child_is_forked_in_two_runs_both_here(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if where == "no fork":
+        monkeypatch.setattr(N, "forks", lambda: False)
+    else:
+        monkeypatch.setattr(N, "cores", lambda: 1)
     assert N.in_two(lambda: str(os.getpid()).encode(), lambda: b"2") == (
         str(os.getpid()).encode(),
         b"2",
