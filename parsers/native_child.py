@@ -114,7 +114,9 @@ def in_two(here: Callable[[], bytes], there: Callable[[], bytes]) -> tuple[bytes
     except OSError:
         return here(), there()
     try:
-        pid = os.fork()
+        with warnings.catch_warnings():  # (3.12 warns of a fork beside other threads)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
     except OSError:
         os.close(read_end)
         os.close(write_end)
@@ -122,6 +124,7 @@ def in_two(here: Callable[[], bytes], there: Callable[[], bytes]) -> tuple[bytes
     if pid == 0:  # pragma: no cover - the helper (its coverage is not collected)
         code = 0
         try:
+            _die_with_parent()
             os.close(read_end)
             _write_all(write_end, there())
         except BaseException:
