@@ -290,7 +290,7 @@ def trace_events(
         if plan is None:
             return decode(docs[0])
         return merge([(b, decode(d)) for b, d in zip(plan, docs, strict=True)], with_pid)
-    except ValueError as exc:  # pragma: no cover - xprof writes valid JSON
+    except ValueError as exc:  # pragma: no cover - the child writes valid rows
         raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
 
 
