@@ -59,7 +59,7 @@ from traceview.parsers.xplane_devices import (
     one_device,
     replica_of,
 )
-from traceview.parsers.xspace_hlo import NOTHING, HloFacts, hlo_facts
+from traceview.parsers.xspace_hlo import NOTHING, HloFacts, hlo_facts, space_with_events
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
@@ -489,47 +489,66 @@ class _MemoryRead:
 
 def _memory_read(path: Path) -> _MemoryRead | None:
     """TensorFlow's ``MemoryAllocation``/``MemoryDeallocation`` events of each BFC allocator,
-    read whole from the XSpace (xprof's memory_profile tool samples them at random); None where
-    it holds none (TensorFlow writes them from its BFC allocators only, which CPU runs do not use
-    by default) or cannot be read."""
-    if not _names_any(path, _MEMORY_EVENTS):  # (every event of the profile, walked in Python)
+    read whole from the XSpace (xprof's memory_profile tool samples them at random), and every
+    host event's start by name (to match clocks); None where it holds none (TensorFlow writes
+    them from its BFC allocators only, which CPU runs do not use by default) or cannot be read.
+    Times and stats as xprof's ProfileData gives them: a start is the line's time plus the
+    event's offset, in ns as a double; a stat by reference is its number."""
+    if not _names_any(path, _MEMORY_EVENTS):
         return None
-    try:
-        from xprof.profile_data import ProfileData
-    except ImportError:  # pragma: no cover - shipped with xprof
+    space = space_with_events(path)
+    if space is None:
         return None
     read = _MemoryRead([], {})
-    with _captured_stderr():
-        try:
-            data = ProfileData.from_file(str(path))
-            for plane in data.planes:
-                host = plane.name.startswith("/host:")
-                for number, line in enumerate(plane.lines):
-                    for event in line.events:
-                        name = event.name
-                        if host:
-                            read.host_starts.setdefault(name, []).append(int(event.start_ns))
-                        if name not in _MEMORY_EVENTS:
-                            continue
-                        stats = dict(event.stats)
-                        try:
-                            held = int(stats["bytes_allocated"])
-                            reserved = int(stats.get("bytes_reserved") or 0) or None
-                            size = int(stats.get("allocation_bytes") or 0)
-                        except (KeyError, TypeError, ValueError):
-                            read.bad += 1
-                            continue
-                        if not 0 <= held <= 1 << 50 or (reserved or 0) < 0:
-                            read.bad += 1
-                            continue
-                        device = _allocator_device(str(stats.get("allocator_name", "")))
-                        sign = -1 if name == "MemoryDeallocation" else 1
-                        read.rows.append(
-                            (device, int(event.start_ns), held, reserved, sign * size, number)
-                        )
-        except Exception:  # no memory records to read: memory is absent, not an error
-            return None
+    for plane in space.planes:
+        host = plane.name.startswith("/host:")
+        names = {m.key: m.value.name for m in plane.event_metadata}
+        wanted = [k for k, name in names.items() if name in _MEMORY_EVENTS]
+        stat_names = {m.key: m.value.name for m in plane.stat_metadata}
+        for number, line in enumerate(plane.lines):
+            events = line.events
+            ids = np.fromiter((e.metadata_id for e in events), np.int64, len(events))
+            offsets = np.fromiter((e.offset_ps for e in events), np.int64, len(events))
+            with np.errstate(invalid="ignore"):  # (a time past int64's: a hostile file's)
+                starts = (line.timestamp_ns + offsets / 1000).astype(np.int64)
+            if host and len(ids):
+                order = np.argsort(ids, kind="stable")
+                for group in np.split(order, np.flatnonzero(np.diff(ids[order])) + 1):
+                    name = names.get(int(ids[group[0]]), "")
+                    read.host_starts.setdefault(name, []).extend(starts[group].tolist())
+            for i in np.flatnonzero(np.isin(ids, wanted)).tolist() if wanted else ():
+                stats = {stat_names.get(s.metadata_id, ""): _stat_text(s) for s in events[i].stats}
+                row = _memory_row(names[int(ids[i])], int(starts[i]), stats, number)
+                if row is None:
+                    read.bad += 1
+                else:
+                    read.rows.append(row)
     return read
+
+
+def _stat_text(stat: Any) -> str:
+    """A stat's value as ProfileData gives it: text (a reference: its number)."""
+    for field in ("str_value", "int64_value", "uint64_value", "double_value", "ref_value"):
+        if stat.HasField(field):
+            return str(getattr(stat, field))
+    return ""
+
+
+def _memory_row(
+    name: str, start_ns: int, stats: dict[str, str], line: int
+) -> tuple[str, int, int, int | None, int, int] | None:
+    """A memory record's row (None: a negative or impossible total, or a record without one)."""
+    try:
+        held = int(stats["bytes_allocated"])
+        reserved = int(stats.get("bytes_reserved") or 0) or None
+        size = int(stats.get("allocation_bytes") or 0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not 0 <= held <= 1 << 50 or (reserved or 0) < 0:
+        return None
+    device = _allocator_device(str(stats.get("allocator_name", "")))
+    sign = -1 if name == "MemoryDeallocation" else 1
+    return (device, start_ns, held, reserved, sign * size, line)
 
 
 def _memory_profile(

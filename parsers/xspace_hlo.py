@@ -1,7 +1,9 @@
 """What xprof's trace events leave out of an XSpace: the XLA programs each profile carries on its
 ``/host:metadata`` plane (as ``Hlo Proto`` stats), whose instructions name the framework op
 they come from (JAX: ``jit(step)/jvp(loss)/dot_general`` for forward,
-``.../transpose(jvp(loss))/...`` for backward), and that plane's own stats (``jax_version``...).
+``.../transpose(jvp(loss))/...`` for backward), and that plane's own stats (``jax_version``...);
+and, with the lines and their events (``space_with_events``), what the parser reads of the
+events themselves beside xprof (TensorFlow's memory records).
 
 Read with protobuf from a minimal schema of the few messages needed, field numbers as in
 ``tsl/profiler/protobuf/xplane.proto`` and ``xla/service/hlo.proto`` (the tests check them
@@ -27,6 +29,24 @@ SCHEMA: dict[str, list[tuple[str, int, int, bool, str | None]]] = {
         ("event_metadata", 4, _MESSAGE, True, "EventMetadataEntry"),
         ("stat_metadata", 5, _MESSAGE, True, "StatMetadataEntry"),
         ("stats", 6, _MESSAGE, True, "XStat"),
+    ],
+    # the same messages with each plane's lines and their events (the memory records)
+    "XSpaceEvents": [("planes", 1, _MESSAGE, True, "XPlaneEvents")],
+    "XPlaneEvents": [
+        ("name", 2, _STRING, False, None),
+        ("lines", 3, _MESSAGE, True, "XLine"),
+        ("event_metadata", 4, _MESSAGE, True, "EventMetadataEntry"),
+        ("stat_metadata", 5, _MESSAGE, True, "StatMetadataEntry"),
+    ],
+    "XLine": [
+        ("name", 2, _STRING, False, None),
+        ("timestamp_ns", 3, _INT64, False, None),
+        ("events", 4, _MESSAGE, True, "XEvent"),
+    ],
+    "XEvent": [
+        ("metadata_id", 1, _INT64, False, None),
+        ("offset_ps", 2, _INT64, False, None),
+        ("stats", 4, _MESSAGE, True, "XStat"),
     ],
     "EventMetadataEntry": [
         ("key", 1, _INT64, False, None),
@@ -87,8 +107,23 @@ def _classes() -> dict[str, Any]:
     pool.Add(file)
     return {
         m: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"traceview_xspace.{m}"))
-        for m in ("XSpace", "HloProto")
+        for m in ("XSpace", "XSpaceEvents", "HloProto")
     }
+
+
+def space_with_events(path: Path) -> Any | None:
+    """The XSpace at ``path`` with its planes' lines and events (``XSpaceEvents``), None where
+    it cannot be read."""
+    try:
+        from google.protobuf.message import DecodeError
+    except ImportError:  # pragma: no cover - protobuf comes with xprof
+        return None
+    space = _classes()["XSpaceEvents"]()
+    try:
+        space.ParseFromString(path.read_bytes())
+    except (DecodeError, OSError, ValueError, RuntimeError):
+        return None
+    return space
 
 
 def _stat_value(stat: Any) -> Any:

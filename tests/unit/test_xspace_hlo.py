@@ -12,6 +12,10 @@ from traceview.parsers.xspace_hlo import SCHEMA
 _THEIRS = {
     "XSpace": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XSpace"),
     "XPlane": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XPlane"),
+    "XSpaceEvents": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XSpace"),
+    "XPlaneEvents": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XPlane"),
+    "XLine": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XLine"),
+    "XEvent": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XEvent"),
     "XEventMetadata": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XEventMetadata"),
     "XStatMetadata": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XStatMetadata"),
     "XStat": ("tensorflow.tsl.profiler.protobuf.xplane_pb2", "XStat"),
