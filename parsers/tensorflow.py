@@ -47,6 +47,7 @@ from traceview.parsers import (
     us_durations_to_ns,
     us_to_ns,
 )
+from traceview.parsers.chrome_stream import MAX_US
 from traceview.parsers.native_child import captured_stderr as _captured_stderr
 from traceview.parsers.tf_roles import REMOTE_TID, remote_waits, task_role
 from traceview.parsers.xplane_batches import trace_events
@@ -71,6 +72,8 @@ DERIVED_LINES = frozenset(
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
 _SHAPE_SUFFIX = re.compile(r"#.*$")
 _MEMCPY_SIZE = re.compile(r"size:(\d+)")
+#: The latest profile start time read as one (the year 2112, as the other readers' MAX_US)
+LATEST_NS = int(MAX_US) * 1000
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -407,6 +410,7 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     _planes_left_out(census, read, path)
     if read.events.num_rows == 0:
         raise BadInput(f"{path}: the TensorFlow profile holds no events")
+    start_ns = read.meta["base_time_ns"]  # (None where the profile's was no time)
     memory = _memory_profile(path, read_beside["memory"], records, start_ns or 0, read.notes)
     framework = "jax" if facts.stats.get("jax_version") or read.jax_programs else "tensorflow"
     if framework == "jax":
@@ -586,6 +590,15 @@ def _memory_profile(
         return None
     shift = round(float(np.median(shifts))) + base_ns
     order = sorted(range(len(rows)), key=lambda i: rows[i][1])
+    timed = [i for i in order if 0 <= rows[i][1] + shift < LATEST_NS]
+    if len(timed) < len(order):
+        notes.warn(
+            f"{path.name}: {len(order) - len(timed)} memory record(s) dropped: their time is "
+            "before 1970 or past the year 2112"
+        )
+        if not timed:
+            return None
+        order = timed
     table = pa.table(
         {
             S.DEVICE: pa.array([rows[i][0] for i in order], pa.string()),
@@ -781,12 +794,18 @@ def _events(
     _xla_scopes(hlo, scope, facts)
     if replicas:
         _collectives_by_replica(name, collective_key, device)
-    base = start_ns or 0
-    if start_ns is None:
+    if start_ns is not None and not 0 <= start_ns < LATEST_NS:
+        notes.warn(
+            f"{path.name}: the profile's start time ({start_ns} ns) is before 1970 or past the "
+            "year 2112: times are relative to the profiling session"
+        )
+        start_ns = None
+    elif start_ns is None:
         notes.remark(
             f"{path.name}: no profile start time in this XSpace (written before TensorFlow 2.x "
             "recorded it): times are relative to the profiling session"
         )
+    base = start_ns or 0
     ts_ns = us_to_ns(np.asarray(ts, np.float64), base)
     dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
     pids = np.asarray(pid, np.int64)

@@ -508,14 +508,14 @@ def host_lines(steps: int = 4) -> dict[str, list[XEvent]]:
 
 def _xdev_cases() -> Iterator[Case]:
     def case(name: str, planes: Callable[[], dict[str, dict[str, list[XEvent]]]],
-             timeout: float = 120.0, files: int = 1) -> Case:  # fmt: skip
+             timeout: float = 120.0, files: int = 1, start_ns: int = T0) -> Case:  # fmt: skip
         def build(d: Path) -> Plan:
             folder = d / "xspace"
             folder.mkdir()
             paths = []
             for k in range(files):
                 path = folder / f"host{k}.xplane.pb"
-                path.write_bytes(xspace(planes()))
+                path.write_bytes(xspace(planes(), start_ns))
                 paths.append(path)
             return Plan(trace_runs(paths, d / "OUT"), inputs=files + 1, frozen={folder: ""})
 
@@ -573,6 +573,34 @@ def _xdev_cases() -> Iterator[Case]:
     yield case("two-files-same-devices", lambda: {
         "/host:CPU": host, "/device:TPU:0": tpu_lines(), "/device:TPU:1": tpu_lines()},
         files=2)  # fmt: skip
+    # TensorFlow's memory records (read from the XSpace itself, beside xprof), and start times
+    # that are no time: a line's time and the profile's start both at the edge of int64
+    memory = {"/host:CPU": {**host, "allocator": _memory_records()}}
+    yield case("memory-records", lambda: memory)
+    yield case("start-past-int64", lambda: memory, start_ns=2**63 - 1000)
+    yield case("start-negative", lambda: memory, start_ns=-(2**62))
+
+
+def _memory_records() -> list[XEvent]:
+    """BFC allocator records, good and hostile: totals negative, huge, not numbers, missing,
+    allocators named by odd names, a record every microsecond."""
+    out: list[XEvent] = []
+    for i in range(2000):
+        stats: dict[str, Any] = {"allocator_name": "GPU_0_bfc", "bytes_allocated": i * 256,
+                                 "allocation_bytes": 256, "bytes_reserved": 0}  # fmt: skip
+        if i % 7 == 1:
+            stats["bytes_allocated"] = -5
+        elif i % 7 == 2:
+            stats["bytes_allocated"] = 2**62
+        elif i % 7 == 3:
+            stats["bytes_allocated"] = "many"
+        elif i % 7 == 4:
+            del stats["bytes_allocated"]
+        elif i % 7 == 5:
+            stats["allocator_name"] = "GPU_" + "9" * 300 + "_bfc" + ESCAPES["csi"]
+        name = "MemoryDeallocation" if i % 5 == 0 else "MemoryAllocation"
+        out.append((name, float(i), 0.0, stats))
+    return out
 
 
 # --- several trace files per rank ---------------------------------------------------------------
