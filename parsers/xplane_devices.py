@@ -91,7 +91,8 @@ def find_devices(
     where it names none), threads attached by their launches (``line_device``: threads named
     for a device; ``correlation``: -1 where none), and which devices are ranks: those with work
     other than copies."""
-    known = sorted((set(labels) - {None}) | set(line_device.values()), key=_order)
+    named = {d for d in set(labels) if d is not None}  # (the distinct labels: a few)
+    known = sorted(named | set(line_device.values()), key=_order)
     index = {d: i for i, d in enumerate(known)}
     code = _codes(labels, index)
     kinds = pa.array(cats, pa.string())
