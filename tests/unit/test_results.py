@@ -150,7 +150,12 @@ def test_the_results_phase_literals_are_the_schemas_phases() -> None:
     from traceview.model import schema as S
 
     assert get_args(results.Phase) == S.BREAKDOWN_PHASES
-    assert get_args(results.BottleneckPhase) == (*S.BOTTLENECK_PHASES, "imbalance", "pipeline", "dispatch")
+    assert get_args(results.BottleneckPhase) == (
+        *S.BOTTLENECK_PHASES,
+        "imbalance",
+        "pipeline",
+        "dispatch",
+    )
     assert get_args(results.StragglerPhase) == (*S.BOTTLENECK_PHASES[:-1], S.OTHER)
 
 
