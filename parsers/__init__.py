@@ -192,19 +192,20 @@ def int64_id(value: int) -> int:
 
 
 def raw_events(
-    categories: list[str],
-    names: list[str],
-    pid: list[int],
-    tid: list[int],
+    categories: list[str] | pa.Array,
+    names: list[str] | pa.Array,
+    pid: list[int] | np.ndarray,
+    tid: list[int] | np.ndarray,
     ts_ns: Any,
     dur_ns: Any,
     **columns: pa.Array,
 ) -> pa.Table:
-    """A RAW_SCHEMA table from per-event lists (kinds left to the core, from the categories)."""
+    """A RAW_SCHEMA table from per-event lists or arrays (kinds left to the core, from the
+    categories)."""
     table = pa.table(
         {
-            S.CAT: pa.array(categories, pa.string()).dictionary_encode(),
-            S.NAME: pa.array(names, pa.string()).dictionary_encode(),
+            S.CAT: _strings(categories).dictionary_encode(),
+            S.NAME: _strings(names).dictionary_encode(),
             S.PID: pa.array(pid, pa.int64()),
             S.TID: pa.array(tid, pa.int64()),
             S.TS_NS: ts_ns,
@@ -213,6 +214,10 @@ def raw_events(
         }
     )
     return S.conform(table, S.RAW_SCHEMA)
+
+
+def _strings(values: list[str] | pa.Array) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, pa.string())
 
 
 #: Built-in parsers, imported only when needed: "module:Class".

@@ -30,10 +30,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from traceview.model import schema as S
 from traceview.model.errors import BadInput, Notes
@@ -41,78 +39,23 @@ from traceview.parsers import (
     ParsedTrace,
     TraceIdentity,
     WholeRead,
-    int64_id,
     rank_from_filename,
     raw_events,
-    us_durations_to_ns,
-    us_to_ns,
 )
-from traceview.parsers.chrome_stream import MAX_US
 from traceview.parsers.native_child import captured_stderr as _captured_stderr
 from traceview.parsers.tf_roles import REMOTE_TID, remote_waits, task_role
 from traceview.parsers.xplane_batches import trace_events
 from traceview.parsers.xplane_devices import (
-    CPU_DEVICE_PID,
     Devices,
     device_of_plane,
-    find_devices,
-    gpu_private,
     one_device,
-    replica_of,
 )
-from traceview.parsers.xspace_hlo import NOTHING, HloFacts, hlo_facts, space_with_events
+from traceview.parsers.xplane_events import LATEST_NS, Read, read_events, starts_by_name
+from traceview.parsers.xspace_hlo import hlo_facts, space_with_events
 
 SUFFIX = ".xplane.pb"
 HOST_PLANE = "/host:CPU"
-# Lines xprof derives from the device's kernels; keeping them would count the kernels twice.
-DERIVED_LINES = frozenset(
-    ("TensorFlow Ops", "TensorFlow Name Scope", "Steps", "XLA Ops", "XLA Modules", "Source",
-     "Framework Ops", "Framework Name Scope", "XLA TraceMe", "SparseCore", "Launch Stats")
-)  # fmt: skip
 _RANK_DIR = re.compile(r"^rank-(\d+)$")
-_SHAPE_SUFFIX = re.compile(r"#.*$")
-_MEMCPY_SIZE = re.compile(r"size:(\d+)")
-#: The latest profile start time read as one (the year 2112, as the other readers' MAX_US)
-LATEST_NS = int(MAX_US) * 1000
-
-
-class _Args(msgspec.Struct, frozen=True, gc=False):
-    """The few args TensorFlow's events carry that matter here (all strings in xprof's JSON)."""
-
-    long_name: str | None = None
-    step_num: str | int | None = None
-    step_name: str | None = None
-    group_id: str | int | None = None
-    correlation_id: str | int | None = None
-    level0: str | None = msgspec.field(default=None, name="level 0")
-    annotation: str | None = None
-    memcpy_details: str | None = None
-    device_ordinal: str | int | None = None  # an XLA op run on a host thread: for that device
-    hlo_op: str | None = None
-    hlo_module: str | None = None
-    instance_key: str | int | None = None  # a TensorFlow collective's: one per replica
-    run_id: str | int | None = None  # an XLA program's execution: its ops and the host's call
-    kernel_type: str | None = None  # an asynchronous kernel's (ExecutorState::ProcessAsync::*)
-    step_id: str | int | None = None  # ... the function execution it is part of
-    name: str | None = None  # of process_name / thread_name records
-
-
-_NO_ARGS = _Args()
-
-
-class _Record(msgspec.Struct, frozen=True, gc=False, array_like=True):
-    """A trace event of xprof's, as ``xplane_batches`` sends it: a row of ``ROW``'s fields."""
-
-    ph: str | None = None
-    name: str | None = None
-    pid: int | None = None
-    tid: int | None = None
-    ts: float | None = None
-    dur: float | None = None
-    args: _Args = _NO_ARGS
-
-
-_DECODER = msgspec.msgpack.Decoder(list[_Record])
 
 
 def _native_error(lines: list[str]) -> str:
@@ -131,14 +74,6 @@ def _require_xprof() -> Any:
             "pip install 'traceview[tensorflow]'"
         ) from None
     return raw_to_tool_data
-
-
-def _decode(data: Any) -> list[_Record]:
-    return _DECODER.decode(data)
-
-
-def _with_pid(record: _Record, pid: int) -> _Record:
-    return msgspec.structs.replace(record, pid=pid)
 
 
 def _session(path: Path) -> tuple[int | None, dict[str, int]]:
@@ -218,7 +153,7 @@ class XPlaneParser:
         return parsed
 
 
-def _planes_left_out(census: dict[str, int], read: _Read, path: Path) -> None:
+def _planes_left_out(census: dict[str, int], read: Read, path: Path) -> None:
     """Planes with lines that xprof's trace events leave out (a device of a kind it does not
     know): named, their events are not read."""
     converted = set(read.meta.get("planes") or [])
@@ -233,7 +168,7 @@ def _planes_left_out(census: dict[str, int], read: _Read, path: Path) -> None:
         )
 
 
-def _device_notes(read: _Read, path: Path) -> None:
+def _device_notes(read: Read, path: Path) -> None:
     """What a profile of several devices leaves unsaid, said once: devices that are no rank,
     planes without events, devices whose steps are the host's markers where others have their
     own, devices whose events lie outside the host's window (another clock)."""
@@ -276,7 +211,7 @@ def _device_notes(read: _Read, path: Path) -> None:
         )
 
 
-def _executions_as_steps(read: _Read, path: Path) -> None:
+def _executions_as_steps(read: Read, path: Path) -> None:
     """A JAX profile without step markers (no StepTraceAnnotation, no device step lines): each
     host call of the XLA program it runs most is a step, from the call to the next one (a
     device's step then stretches to the end of its ops of that execution: ``one_device``), as
@@ -284,7 +219,7 @@ def _executions_as_steps(read: _Read, path: Path) -> None:
     devices = read.devices
     if devices.host_marker.any() or devices.step_line.any():
         return
-    calls = [(i, p) for i, p in enumerate(read.programs) if p]
+    calls = [(i, p) for i, p in enumerate(read.programs.to_pylist()) if p]
     counts = Counter(p for _, p in calls)
     if not counts:
         return
@@ -304,7 +239,7 @@ def _executions_as_steps(read: _Read, path: Path) -> None:
 
 
 def _mark_steps(
-    read: _Read,
+    read: Read,
     rows: np.ndarray,
     dur: np.ndarray,
     name: str,
@@ -330,7 +265,7 @@ def _mark_steps(
     _append(read, markers, step_markers=True)
 
 
-def _append(read: _Read, table: pa.Table, step_markers: bool) -> None:
+def _append(read: Read, table: pa.Table, step_markers: bool) -> None:
     """Events of traceview's making after the profile's own, with their (absent) devices."""
     n, devices = table.num_rows, read.devices
     read.events = pa.concat_tables([read.events, S.conform(table, read.events.schema)])
@@ -341,7 +276,7 @@ def _append(read: _Read, table: pa.Table, step_markers: bool) -> None:
         devices.run = np.append(devices.run, np.full(n, -1, np.int64))
 
 
-def _parameter_server_task(read: _Read, path: Path) -> None:
+def _parameter_server_task(read: Read, path: Path) -> None:
     """A task of a parameter-server job without step markers (``tf_roles``): its role in the
     metadata; a worker's steps are the work of each execution of the function the coordinator
     hands it (its executors' first event to their last, on their threads)."""
@@ -404,14 +339,14 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
         read_beside["facts"] = hlo_facts(path)
         read_beside["memory"] = _memory_read(path)
 
-    records = trace_events(tools, path, _decode, _with_pid, _native_error, meanwhile)
+    described, columns = trace_events(tools, path, _native_error, meanwhile)
     (start_ns, census), facts = read_beside["session"], read_beside["facts"]
-    read = _events(records, start_ns, path, facts)
+    read = read_events(described, columns, start_ns, path, facts)
     _planes_left_out(census, read, path)
     if read.events.num_rows == 0:
         raise BadInput(f"{path}: the TensorFlow profile holds no events")
     start_ns = read.meta["base_time_ns"]  # (None where the profile's was no time)
-    memory = _memory_profile(path, read_beside["memory"], records, start_ns or 0, read.notes)
+    memory = _memory_profile(path, read_beside["memory"], columns, start_ns or 0, read.notes)
     framework = "jax" if facts.stats.get("jax_version") or read.jax_programs else "tensorflow"
     if framework == "jax":
         _executions_as_steps(read, path)
@@ -556,7 +491,7 @@ def _memory_row(
 
 
 def _memory_profile(
-    path: Path, read: _MemoryRead | None, records: list[_Record], base_ns: int, notes: Notes
+    path: Path, read: _MemoryRead | None, events: pa.Table, base_ns: int, notes: Notes
 ) -> pa.Table | None:
     """The memory records ``_memory_read`` read, as schema.MEMORY_RAW_SCHEMA: allocated =
     ``bytes_allocated`` after the record, reserved = ``bytes_reserved`` (null when 0: not a
@@ -575,10 +510,7 @@ def _memory_profile(
     rows = read.rows
     if not rows:
         return None
-    trace: dict[str, list[float]] = {}
-    for r in records:
-        if r.ph == "X" and r.name and r.ts is not None:
-            trace.setdefault(r.name, []).append(r.ts)
+    trace = starts_by_name(events, {n for n in read.host_starts if n})
     shifts = [
         a * 1e3 - b
         for n, t in read.host_starts.items()
@@ -610,334 +542,3 @@ def _memory_profile(
         }
     )
     return S.conform(table, S.MEMORY_RAW_SCHEMA)
-
-
-def _int(value: str | int | None) -> int | None:
-    """An id (correlation, group) as int64: a uint64 above 2**63 keeps its bits, as pid/tid do."""
-    if value is None or value == "":
-        return None
-    try:
-        return int64_id(int(value))
-    except ValueError:
-        return None
-
-
-def _scope(args: _Args) -> str | None:
-    """The op a kernel belongs to: ``scope/name:Type`` without xprof's ``#shape=...#`` tail."""
-    text = args.level0 or args.annotation or args.long_name
-    return _SHAPE_SUFFIX.sub("", text) if text else None
-
-
-@dataclasses.dataclass
-class _Read:
-    """``_events``' result: the whole profile's events and what it says of itself."""
-
-    events: pa.Table
-    devices: Devices
-    meta: dict[str, Any]
-    threads: dict[str, str]
-    process_names: dict[int, str]
-    skipped: dict[str, int]
-    notes: Notes
-    host_pid: int | None
-    jax_programs: bool = False  # XLA programs named as JAX names them (jit_step, pmap_step)
-    programs: list[str | None] = dataclasses.field(default_factory=list)  # per event (calls)
-    # each _Recv's start and end (ExecutorState::ProcessAsync): key, done, pid, ts_ns, dur_ns
-    receives: tuple[list[str], list[bool], list[int], np.ndarray, np.ndarray] | None = None
-
-
-#: How JAX names the XLA programs it compiles (TensorFlow's are ``a_inference_...``)
-_JAX_MODULE = re.compile(r"^(jit|pjit|pmap|xmap|shard_map)_")
-
-
-def _events(
-    records: list[_Record], start_ns: int | None, path: Path, facts: HloFacts = NOTHING
-) -> _Read:
-    notes = Notes()
-    planes: dict[int, str] = {}
-    lines: dict[tuple[int, int], str] = {}
-    for r in records:
-        if r.ph == "M" and r.pid is not None and r.args.name is not None:
-            if r.name == "process_name":
-                planes[r.pid] = r.args.name
-            elif r.name == "thread_name" and r.tid is not None:
-                lines[(r.pid, r.tid)] = r.args.name
-    host_pids = {pid for pid, name in planes.items() if name.startswith("/host:")}
-    device_pids = {pid for pid, name in planes.items() if name.startswith("/device:")}
-    device_of = {pid: device_of_plane(planes[pid]) for pid in device_pids}
-    active = (
-        {r.pid for r in records if r.ph == "X" and r.pid in device_pids} if device_pids else set()
-    )
-    # a GPU's plane has streams, and xprof's lines derived from them; a TPU's has its ops on
-    # "XLA Ops" (and no streams)
-    streamed = {
-        pid for (pid, _), line in lines.items() if pid in active and line.startswith("Stream")
-    }
-    # no device plane at work: the devices are the host's (JAX's CPU devices; TensorFlow's
-    # logical CPU devices), known by their ops
-    host_devices = not active
-    replicas = host_devices and any(
-        r.args.long_name and replica_of(r.args.long_name) is not None
-        for r in records
-        if r.ph == "X" and r.pid in host_pids
-    )
-
-    skipped: Counter[str] = Counter()
-    cat: list[str] = []
-    name: list[str] = []
-    pid: list[int] = []
-    tid: list[int] = []
-    ts: list[float] = []
-    dur: list[float] = []
-    scope: list[str | None] = []
-    nbytes: list[int | None] = []
-    correlation: list[int | None] = []
-    groups: list[int | None] = []
-    device: list[str | None] = []
-    hlo: list[tuple[str, str] | None] = []  # (module, op) of an XLA op: its scope, read after
-    collective_key: list[str | None] = []  # a TensorFlow collective's instance key
-    run: list[int | None] = []  # the XLA program execution an op or a host call belongs to
-    program: list[str | None] = []  # a host's call of an XLA program: the program's name
-    receives: list[tuple[str, bool, int, float, float]] = []
-    for r in records:
-        if r.ph != "X" or r.ts is None or r.pid is None or r.tid is None:
-            skipped["metadata" if r.ph == "M" else "other"] += 1
-            continue
-        line = lines.get((r.pid, r.tid), "")
-        args = r.args
-        kernel_scope: str | None = None
-        size: int | None = None
-        on: str | None = None
-        op_of: tuple[str, str] | None = None
-        key: str | None = None
-        host = r.pid in host_pids
-        if host:
-            label = r.name or ""
-            if args.kernel_type == "_Recv" and args.step_id is not None:  # (start or end)
-                key = f"{args.step_id}/{args.name}"
-                receives.append((key, label.endswith("Done"), r.pid, r.ts, r.dur or 0.0))
-            if args.step_num is not None:
-                # "train 3": the step's name as TensorFlow shows it, ending in its number
-                kind, label = "tf_step", f"{(args.step_name or label).strip()} {args.step_num}"
-                label = label.removeprefix(f"{args.step_num} ")
-            elif host_devices and args.hlo_op and args.device_ordinal is not None:
-                # an XLA op a host thread ran for one of the host's devices
-                kind, on = "xla_op", f"CPU:{_int(args.device_ordinal) or 0}"
-                op_of = (args.hlo_module or "", args.hlo_op)
-            elif label.startswith("ThreadpoolListener"):
-                kind = "tf_host"  # a pool's bookkeeping, whichever pool
-            elif label.startswith("Iterator::") or line.startswith("tf_data"):
-                kind = "tf_data"
-                if replicas and label.startswith("GetNextFromShard") and label[16:].isdigit():
-                    on = f"CPU:{int(label[16:])}"
-            elif args.long_name and ":" in args.long_name:
-                kind, label = "tf_op", args.long_name
-                if replicas:
-                    replica = replica_of(label)
-                    on = f"CPU:{replica or 0}"
-                    if "Collective" in label and args.instance_key is not None:
-                        key = str(args.instance_key)
-            elif line.startswith("collective_ops"):
-                kind = "tf_collective"  # the collective executor's own work: communication
-            else:
-                kind = "tf_host"
-            if args.memcpy_details:
-                match = _MEMCPY_SIZE.search(args.memcpy_details)
-                size = int(match.group(1)) if match else None
-        elif r.pid in device_pids:
-            on = device_of.get(r.pid)
-            label = r.name or ""
-            if line == "Steps":  # xprof's steps of this device: read where a profile has several
-                if not label.strip().isdigit():
-                    skipped["derived"] += 1
-                    continue
-                kind, label = "tf_step", f"step {label.strip()}"
-            elif line in DERIVED_LINES and not (line == "XLA Ops" and r.pid not in streamed):
-                skipped["derived"] += 1
-                continue
-            else:
-                upper = label.upper()
-                if "MEMCPY" in upper:
-                    kind = "tf_memcpy"
-                    match = _MEMCPY_SIZE.search(args.memcpy_details or "")
-                    size = int(match.group(1)) if match else None
-                elif "MEMSET" in upper:
-                    kind = "tf_memset"
-                else:
-                    kind = "tf_kernel"
-                if args.hlo_op:
-                    op_of = (args.hlo_module or "", args.hlo_op)
-                else:
-                    kernel_scope = _scope(args)
-        else:
-            skipped["other"] += 1
-            continue
-        cat.append(kind)
-        name.append(label)
-        pid.append(r.pid)
-        tid.append(r.tid)
-        ts.append(r.ts)
-        dur.append(r.dur or 0.0)
-        scope.append(kernel_scope)
-        nbytes.append(size)
-        # (most events carry none of these: no call made for them)
-        c, run_id, g = args.correlation_id, args.run_id, args.group_id
-        correlation.append(None if c is None else _int(c))
-        run.append(None if run_id is None else _int(run_id))
-        called = host and run_id is not None and "Execute" in label
-        program.append(args.name if called and args.name else None)
-        groups.append(None if g is None else _int(g))
-        device.append(on)
-        hlo.append(op_of)
-        collective_key.append(key)
-
-    _xla_scopes(hlo, scope, facts)
-    if replicas:
-        _collectives_by_replica(name, collective_key, device)
-    if start_ns is not None and not 0 <= start_ns < LATEST_NS:
-        notes.warn(
-            f"{path.name}: the profile's start time ({start_ns} ns) is before 1970 or past the "
-            "year 2112: times are relative to the profiling session"
-        )
-        start_ns = None
-    elif start_ns is None:
-        notes.remark(
-            f"{path.name}: no profile start time in this XSpace (written before TensorFlow 2.x "
-            "recorded it): times are relative to the profiling session"
-        )
-    base = start_ns or 0
-    ts_ns = us_to_ns(np.asarray(ts, np.float64), base)
-    dur_ns = us_durations_to_ns(np.asarray(dur, np.float64))
-    pids = np.asarray(pid, np.int64)
-    tids = np.asarray(tid, np.int64)
-    if host_devices:
-        _inherit_device(device, pids, tids, ts_ns, dur_ns)
-    line_device = {
-        key: f"GPU:{n}" for key, line in lines.items() if (n := gpu_private(line)) is not None
-    }
-    corr = np.asarray([-1 if c is None else c for c in correlation], np.int64)
-    devices = find_devices(device, cat, line_device, pids, tids, corr)
-    devices.run = np.asarray([-1 if r is None else r for r in run], np.int64)
-    host_pid = min(host_pids) if host_pids else None
-    process_names = {p: planes[p] for p in planes}
-    thread_names = {f"{p}/{t}": n for (p, t), n in lines.items()}
-    xla = pc.equal(pa.array(cat, pa.string()), "xla_op").to_numpy(zero_copy_only=False)
-    if xla.any():  # a CPU device's ops: on a process of that device's own
-        ordinal = np.fromiter(
-            (
-                int(d.rpartition(":")[2]) if c == "xla_op" and d else 0
-                for c, d in zip(cat, device, strict=True)
-            ),
-            np.int64,
-            len(cat),
-        )
-        moved = CPU_DEVICE_PID + ordinal[xla]
-        for p, t, d in {
-            (int(a), int(b), f"CPU:{int(a) - CPU_DEVICE_PID}")
-            for a, b in zip(moved, tids[xla], strict=True)
-        }:
-            process_names[p] = f"/device:{d}"
-            source = next((n for (hp, ht), n in lines.items() if ht == t), str(t))
-            thread_names[f"{p}/{t}"] = f"XLA ops ({source})"
-        pids[xla] = moved
-    table = raw_events(
-        cat, name, pids.tolist(), tids.tolist(), ts_ns, dur_ns,
-        **{
-            S.CORRELATION: pa.array(correlation, pa.int64()),
-            S.BYTES: pa.array(nbytes, pa.int64()),
-            S.SCOPE: pa.array(scope, pa.string()).dictionary_encode(),
-            S.STEP_GROUP: pa.array(groups, pa.int64()),
-        },
-    )  # fmt: skip
-    meta = {
-        "planes": sorted(set(planes.values())),
-        "devices": sorted(planes[p] for p in device_pids),
-        "base_time_ns": start_ns,
-    }
-    jax = any(pair is not None and _JAX_MODULE.match(pair[0]) for pair in hlo)
-    received = None
-    if receives:
-        received = (
-            [r[0] for r in receives],
-            [r[1] for r in receives],
-            [r[2] for r in receives],
-            us_to_ns(np.asarray([r[3] for r in receives], np.float64), base),
-            us_durations_to_ns(np.asarray([r[4] for r in receives], np.float64)),
-        )
-    return _Read(
-        table, devices, meta, thread_names, process_names, dict(skipped), notes, host_pid, jax,
-        program, received,
-    )  # fmt: skip
-
-
-def _xla_scopes(
-    hlo: list[tuple[str, str] | None], scope: list[str | None], facts: HloFacts
-) -> None:
-    """Each XLA op's scope: the framework op its program says it comes from (JAX's
-    ``jit(step)/transpose(jvp(loss))/dot_general``), else its HLO name."""
-    ran: dict[str, set[str]] = {}
-    for pair in hlo:
-        if pair is not None:
-            ran.setdefault(pair[0], set()).add(pair[1])
-    names = {module: facts.op_names(module, ops) for module, ops in ran.items()}
-    for i, pair in enumerate(hlo):
-        if pair is not None:
-            scope[i] = names[pair[0]].get(pair[1]) or pair[1]
-
-
-def _collectives_by_replica(
-    name: list[str], key: list[str | None], device: list[str | None]
-) -> None:
-    """A mirrored strategy's collective ops on CPU devices, one per replica and instance: the
-    replicas' ops are made in replica order, so within an instance key the op named first
-    (``CollectiveReduceV2``, then ``_1``, ``_2``...) is replica 0's. Each is named as replica
-    0's (the name without the suffix that tells the replicas' ops apart): one call of the
-    replicas, matched across them as one."""
-    by_key: dict[str, set[str]] = {}
-    for n, k in zip(name, key, strict=True):
-        if k is not None:
-            by_key.setdefault(k, set()).add(n)
-    order = {
-        k: {n: i for i, n in enumerate(sorted(ns, key=_op_number))} for k, ns in by_key.items()
-    }
-    for i, k in enumerate(key):
-        if k is not None:
-            device[i] = f"CPU:{order[k][name[i]]}"
-            stem, kind = _op_number(name[i])[0], name[i].partition(":")[2]
-            name[i] = f"{stem}:{kind}" if kind else stem
-
-
-def _op_number(full: str) -> tuple[str, int]:
-    """``sgd/CollectiveReduceV2_2:CollectiveReduceV2`` -> ("sgd/CollectiveReduceV2", 2)."""
-    op = full.partition(":")[0]
-    stem, _, number = op.rpartition("_")
-    return (stem, int(number)) if number.isdigit() and stem else (op, 0)
-
-
-def _inherit_device(
-    device: list[str | None], pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray
-) -> None:
-    """An event of no device of its own, inside one of a device's on the same thread (an XLA
-    op's rendezvous, an op's executor calls), is that device's."""
-    labelled = np.fromiter((d is not None for d in device), bool, len(device))
-    if not labelled.any() or labelled.all():
-        return
-    _, thread = np.unique(pid * (1 << 32) + tid, return_inverse=True)
-    low = int(ts.min())
-    span = int(ts.max()) - low + 1
-    key = thread.astype(np.int64).ravel() * span + (ts - low)  # (thread, start) in one number
-    outer = np.flatnonzero(labelled)
-    outer = outer[np.argsort(key[outer], kind="stable")]
-    inner = np.flatnonzero(~labelled)
-    # the latest device event that starts at or before each free one: on its thread, and
-    # around it
-    k = np.searchsorted(key[outer], key[inner], side="right") - 1
-    found = k >= 0
-    o = outer[np.maximum(k, 0)]
-    inside = (
-        found
-        & (thread.ravel()[o] == thread.ravel()[inner])
-        & (ts[inner] + dur[inner] <= ts[o] + dur[o])
-    )
-    for i, j in zip(inner[inside].tolist(), o[inside].tolist(), strict=True):
-        device[i] = device[j]

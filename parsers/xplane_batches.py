@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import operator
 import resource
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from traceview.model.errors import BadInput
 from traceview.parsers.native_child import NativeDied, NativeFailed, in_two, run
@@ -187,66 +192,47 @@ def xspace(buf: Any, batch: Batch) -> bytes:
     return b"".join(out)
 
 
-class _Args(Protocol):
-    @property
-    def name(self) -> str | None: ...
-
-
-class Record(Protocol):
-    """What ``merge`` reads of a trace event (tensorflow's ``_Record``)."""
-
-    @property
-    def ph(self) -> str | None: ...
-    @property
-    def name(self) -> str | None: ...
-    @property
-    def pid(self) -> int | None: ...
-    @property
-    def args(self) -> _Args: ...
-
-
-def merge(
-    parts: Sequence[tuple[Batch, list[Any]]], with_pid: Callable[[Any, int], Any]
-) -> list[Any]:
-    """The batches' trace events as the whole XSpace's: metadata first, by process; then the
-    first batch's events (the other planes', then its GPU planes'), then each later batch's
-    GPU planes'. ``with_pid(record, pid)``: the record with another pid."""
-    meta: list[tuple[int, int, Any]] = []  # (pid, order, record)
-    events: list[Any] = []
-    ending: list[Any] = []  # xprof's closing {}
-    for number, (batch, records) in enumerate(parts):
-        names = {
-            r.pid: r.args.name
-            for r in records
-            if r.ph == "M" and r.name == "process_name" and r.pid is not None
-        }
-        mine = {p for p in batch.pids if names.get(p) in batch.gpu_names}
-        for r in records:
-            if r.pid in mine:
-                r = with_pid(r, batch.pids[r.pid])
-            elif number:
-                continue  # another plane's: read from the first batch
-            if r.ph == "M" and r.pid is not None:
-                meta.append((r.pid, len(meta), r))
-            elif r.ph is None and r.pid is None:
-                ending.append(r)
-            else:
-                events.append(r)
-    meta.sort(key=lambda m: (m[0], m[1]))
-    return [m[2] for m in meta] + events + ending[:1]
+def merge(parts: Sequence[tuple[Batch, pa.Table, pa.Table]]) -> tuple[pa.Table, pa.Table]:
+    """The batches' (metadata, events) as the whole XSpace's: the metadata by process; the first
+    batch's events (the other planes', then its GPU planes'), then each later batch's GPU
+    planes'; each batch's GPU planes given back their pids in the whole."""
+    metas: list[pa.Table] = []
+    tables: list[pa.Table] = []
+    for number, (batch, meta, events) in enumerate(parts):
+        pids = meta.column("pid").to_numpy()
+        named = {
+            int(p): n
+            for p, t, n in zip(pids, meta.column("tid").is_null().to_numpy(zero_copy_only=False),
+                               meta.column("name").to_pylist(), strict=True)
+            if t and n
+        }  # fmt: skip
+        mine = {p: batch.pids[p] for p in batch.pids if named.get(p) in batch.gpu_names}
+        keys = np.asarray(sorted(mine), np.int64)
+        whole = np.asarray([mine[int(k)] for k in keys], np.int64)
+        for table, into in ((meta, metas), (events, tables)):
+            pid = table.column("pid").to_numpy()
+            own = np.isin(pid, keys)
+            if len(keys):
+                pid = pid.copy()
+                pid[own] = whole[np.searchsorted(keys, pid[own])]
+                table = table.set_column(
+                    table.schema.get_field_index("pid"), "pid", pa.array(pid, pa.int64())
+                )
+            into.append(table.filter(pa.array(own)) if number else table)  # (others: the first's)
+    meta = pa.concat_tables(metas)
+    order = np.argsort(meta.column("pid").to_numpy(), kind="stable")
+    return meta.take(pa.array(order)), pa.concat_tables(tables, promote_options="default")
 
 
 def trace_events(
     tools: Any,
     path: Path,
-    decode: Callable[[Any], list[Any]],
-    with_pid: Callable[[Any, int], Any],
     native_error: Callable[[list[str]], str],
     meanwhile: Callable[[], object] | None = None,
-) -> list[Any]:
-    """The XSpace at ``path`` as xprof's trace events (``decode``: a document's rows, ``ROW``),
-    in batches where it has many GPU planes, in a child process (``meanwhile()`` run here while
-    it converts); BadInput where xprof cannot read it or dies."""
+) -> tuple[pa.Table, pa.Table]:
+    """The XSpace at ``path`` as xprof's trace events: (metadata, events), as ``columns``
+    reads them; in batches where it has many GPU planes, in a child process (``meanwhile()``
+    run here while it converts); BadInput where xprof cannot read it or dies."""
     buf: Any = b""  # (not a file mmap maps, as a FIFO, which opening would wait on: read whole)
     try:
         if path.is_file():
@@ -261,16 +247,16 @@ def trace_events(
 
         def work() -> Iterator[Any]:
             # (xprof's Python turns the converter's protobuf into JSON an event at a time:
-            # ``_trace_rows`` does it at once; every xprof the extra allows has the converter)
+            # ``_trace_columns`` reads it at once; every xprof the extra allows has the converter)
             native = tools._pywrap_profiler_plugin
             if plan is None:
-                yield _trace_rows(native.xspace_to_tools_data([str(path)], *_TRACE))
+                yield _trace_columns(native.xspace_to_tools_data([str(path)], *_TRACE))
                 return
             # (named without a host: xprof refuses an XSpace whose host is not the one its
             # file name says, and a batch is no file)
             nameless = str(path.with_name(".xplane.pb"))
             for batch in plan:
-                yield _trace_rows(
+                yield _trace_columns(
                     native.xspace_to_tools_data_from_byte_string(
                         [xspace(buf, batch)], [nameless], *_TRACE
                     )
@@ -288,87 +274,141 @@ def trace_events(
         )
     try:
         if plan is None:
-            return decode(docs[0])
-        return merge([(b, decode(d)) for b, d in zip(plan, docs, strict=True)], with_pid)
-    except ValueError as exc:  # pragma: no cover - the child writes valid rows
+            return columns(docs[0])
+        return merge([(b, *columns(d)) for b, d in zip(plan, docs, strict=True)])
+    except (ValueError, pa.ArrowInvalid) as exc:  # pragma: no cover - the child writes them
         raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
 
 
 #: The trace viewer's data as xprof's native converter gives it to xprof's Python: the ``Trace``
 #: protobuf that ``xprof.convert.raw_to_tool_data.process_raw_trace`` turns into JSON.
 _TRACE = ("trace_viewer", {"use_saved_result": True})
-#: Events encoded at a time (a batch's rows are all that is held besides the encoded ones).
-_ENCODE_EVENTS = 65_536
-#: The fields of a row, in order: a trace event of xprof's JSON as an array
-ROW = ("ph", "name", "pid", "tid", "ts", "dur", "args")
+#: Events read into columns at a time (a batch's Python objects are all that is held besides
+#: the columns made)
+_BATCH_EVENTS = 65_536
+#: The args of xprof's events read (all strings), each a column ``ARG`` + its key
+ARGS = frozenset(
+    {
+        "long_name", "step_num", "step_name", "group_id", "correlation_id", "level 0",
+        "annotation", "memcpy_details", "device_ordinal", "hlo_op", "hlo_module",
+        "instance_key", "run_id", "kernel_type", "step_id", "name",
+    }
+)  # fmt: skip
+ARG = "arg:"
+_FIELDS = operator.attrgetter(
+    "name", "device_id", "resource_id", "timestamp_ps", "duration_ps", "args"
+)
+_FRAME = struct.Struct("<Q")
 
 
-def _trace_rows(result: Any) -> bytes:
-    """xprof's trace viewer events, from its ``Trace`` protobuf, as one MessagePack array of
-    rows (``ROW``): the events ``xprof.convert.trace_events_json`` makes, metadata first (the
-    same fields and values, less an instant's ``"s"`` and the fake last event), where xprof
+def _trace_columns(result: Any) -> bytes:
+    """xprof's trace viewer events, from its ``Trace`` protobuf, as Arrow tables in frames
+    (``columns`` reads them): first the metadata, a row per device (tid null) and per
+    resource, with its name ("" where none); then the events a batch at a time: name, pid, tid,
+    ts_ps, dur_ps (0: an instant) and the args of ``ARGS`` (null where absent). The same
+    events and values as xprof's own JSON (``xprof.convert.trace_events_json``), where xprof
     builds a dict an event and encodes each with ``json.dumps`` (about 13 µs an event)."""
     raw, ok = result
     if not ok or not raw:
         return b""
-    import msgspec
     from xprof.protobuf import trace_events_old_pb2
 
     trace = trace_events_old_pb2.Trace()
     trace.ParseFromString(raw)
     del raw
-    meta: list[tuple[Any, ...]] = []
+    rows: list[tuple[int, int | None, str]] = []
     for did, device in sorted(trace.devices.items()):
-        if device.name:
-            meta.append(("M", "process_name", did, None, None, None, {"name": device.name}))
-        meta.append(("M", "process_sort_index", did, None, None, None, {"sort_index": did}))
-        for rid, res in sorted(device.resources.items()):
-            if res.name:
-                meta.append(("M", "thread_name", did, rid, None, None, {"name": res.name}))
-            meta.append(("M", "thread_sort_index", did, rid, None, None, {"sort_index": rid}))
-    encode = msgspec.msgpack.Encoder().encode
+        rows.append((did, None, device.name))
+        rows += [(did, rid, res.name) for rid, res in sorted(device.resources.items())]
+    pid, tid, name = zip(*rows, strict=True) if rows else ((), (), ())
+    meta = pa.table(
+        {
+            "pid": pa.array(pid, pa.int64()),
+            "tid": pa.array(tid, pa.uint64()),
+            "name": pa.array(name, pa.string()),
+        }
+    )
     events = trace.trace_events
-    parts = [_array_head(len(meta) + len(events))]
-    if meta:
-        parts.append(_items(encode(meta), len(meta)))
     n = len(events)
-    if n < 2 * _ENCODE_EVENTS:
-        parts.append(_encoded_rows(events, 0, n))
-    else:  # (half of them encoded beside, on the other core)
+    parts = [_frame(meta)]
+    if n < 2 * _BATCH_EVENTS:
+        parts.append(_event_frames(events, 0, n))
+    else:  # (half of them read beside, on the other core)
         half = n // 2
         parts += in_two(
-            lambda: _encoded_rows(events, 0, half), lambda: _encoded_rows(events, half, n)
+            lambda: _event_frames(events, 0, half), lambda: _event_frames(events, half, n)
         )
     return b"".join(parts)
 
 
-def _encoded_rows(events: Any, first: int, last: int) -> bytes:
-    """``events[first:last]`` as rows, encoded a batch at a time: the items of an array."""
-    import msgspec
+def _event_frames(events: Any, first: int, last: int) -> bytes:
+    """``events[first:last]`` as tables, a batch at a time, each in its frame."""
+    frames = []
+    for start in range(first, last, _BATCH_EVENTS):
+        rows = list(map(_FIELDS, events[start : min(last, start + _BATCH_EVENTS)]))
+        name, pid, tid, ts, dur, args = zip(*rows, strict=True)
+        del rows
+        found: dict[str, dict[int, str]] = {}
+        for i, a in enumerate(args):
+            if a:
+                for key in a:
+                    if key in ARGS:
+                        found.setdefault(key, {})[i] = a[key]
+        del args
+        table = {
+            "name": pa.array(name, pa.string()),
+            "pid": pa.array(pid, pa.int64()),
+            "tid": pa.array(tid, pa.uint64()),
+            "ts_ps": pa.array(ts, pa.uint64()),
+            "dur_ps": pa.array(dur, pa.uint64()),
+        }
+        for key in sorted(found):
+            values: list[str | None] = [None] * len(name)
+            for i, value in found[key].items():
+                values[i] = value
+            table[ARG + key] = pa.array(values, pa.string())
+        frames.append(_frame(pa.table(table)))
+    return b"".join(frames)
 
-    encode = msgspec.msgpack.Encoder().encode
-    parts = []
-    for start in range(first, last, _ENCODE_EVENTS):
-        batch: list[tuple[Any, ...]] = []
-        for e in events[start : min(last, start + _ENCODE_EVENTS)]:
-            d = e.duration_ps
-            row = ("X" if d else "i", e.name, e.device_id, e.resource_id,
-                   e.timestamp_ps / 1000000.0, d / 1000000.0 if d else None)  # fmt: skip
-            a = e.args
-            batch.append((*row, {k: a[k] for k in a}) if a else row)  # (no args: a row of six)
-        parts.append(_items(encode(batch), len(batch)))
-    return b"".join(parts)
+
+def _frame(table: pa.Table) -> bytes:
+    """``table`` as an Arrow stream, after its length."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue()
+    return _FRAME.pack(data.size) + data.to_pybytes()
 
 
-def _array_head(n: int) -> bytes:
-    """MessagePack's header of an array of ``n`` items."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
+def columns(doc: Any) -> tuple[pa.Table, pa.Table]:
+    """A document of ``_trace_columns``: (metadata, events), the events' batches as one table
+    (an arg no event of a batch had: null there)."""
+    buf = pa.py_buffer(doc)
+    tables = []
+    at = 0
+    while at < buf.size:
+        if at + _FRAME.size > buf.size:
+            raise ValueError("a frame cut short")
+        (size,) = _FRAME.unpack(buf[at : at + _FRAME.size].to_pybytes())
+        at += _FRAME.size
+        if at + size > buf.size:
+            raise ValueError("a frame cut short")
+        tables.append(pa.ipc.open_stream(buf.slice(at, size)).read_all())
+        at += size
+    if not tables:
+        raise ValueError("no metadata")
+    meta, batches_ = tables[0], tables[1:]
+    if not batches_:
+        return meta, _EMPTY_EVENTS
+    return meta, pa.concat_tables(batches_, promote_options="default")
 
 
-def _items(encoded: bytes, n: int) -> bytes:
-    """An encoded array of ``n`` items without its header: its items, to join with others'."""
-    return encoded[len(_array_head(n)) :]
+_EMPTY_EVENTS = pa.table(
+    {
+        "name": pa.array([], pa.string()),
+        "pid": pa.array([], pa.int64()),
+        "tid": pa.array([], pa.uint64()),
+        "ts_ps": pa.array([], pa.uint64()),
+        "dur_ps": pa.array([], pa.uint64()),
+    }
+)

@@ -80,22 +80,23 @@ class Devices:
 
 
 def find_devices(
-    labels: list[str | None],
-    cats: list[str],
+    labels: pa.Array,
+    kinds: pa.Array,
     line_device: dict[tuple[int, int], str],
     pid: np.ndarray,
     tid: np.ndarray,
     correlation: np.ndarray,
 ) -> Devices:
-    """Which device each event is (``labels``: what the parser read of each event itself, None
-    where it names none), threads attached by their launches (``line_device``: threads named
+    """Which device each event is (``labels``: what the parser read of each event itself, null
+    where it names none; ``kinds``: its category), threads attached by their launches (``line_device``: threads named
     for a device; ``correlation``: -1 where none), and which devices are ranks: those with work
     other than copies."""
-    named = {d for d in set(labels) if d is not None}  # (the distinct labels: a few)
+    encoded = pc.dictionary_encode(labels)  # (the distinct labels: a few)
+    named = set(encoded.dictionary.to_pylist())
     known = sorted(named | set(line_device.values()), key=_order)
     index = {d: i for i, d in enumerate(known)}
-    code = _codes(labels, index)
-    kinds = pa.array(cats, pa.string())
+    numbers = np.asarray([index[d] for d in encoded.dictionary.to_pylist()] + [-1], np.int64)
+    code = numbers[encoded.indices.fill_null(len(named)).to_numpy(zero_copy_only=False)]
     is_step = pc.equal(kinds, "tf_step").to_numpy(zero_copy_only=False)
     step_line = is_step & (code >= 0)
     host_marker = is_step & (code < 0)
@@ -136,14 +137,6 @@ def find_devices(
             if count:
                 left_out[device] = count
     return Devices(ranks, renumber[code], host_marker, step_line, left_out)
-
-
-def _codes(labels: list[str | None], index: dict[str, int]) -> np.ndarray:
-    """Each label's number in ``index`` (which holds every label), -1 for None."""
-    encoded = pa.array(labels, pa.string()).dictionary_encode()
-    numbers = np.asarray([index[d] for d in encoded.dictionary.to_pylist()] + [-1], np.int64)
-    at = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
-    return numbers[at]
 
 
 def one_device(

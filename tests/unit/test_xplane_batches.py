@@ -288,23 +288,28 @@ def synth(tmp_path: Path) -> Any:
     return make
 
 
-def _records(path: Path, size: int, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    import msgspec
-
+def _converted(path: Path, size: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     from traceview.parsers import tensorflow as T
 
     monkeypatch.setattr(XB, "batch_size", lambda: size)
-    records = XB.trace_events(T._require_xprof(), path, T._decode, T._with_pid, T._native_error)
-    return [msgspec.json.encode(r) for r in records]
+    return XB.trace_events(T._require_xprof(), path, T._native_error)
+
+
+def _same(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
+    """The same metadata and events (an arg's column in any order)."""
+    return all(
+        x.select(sorted(x.column_names)).equals(y.select(sorted(y.column_names)))
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_batch_by_batch_the_trace_events_are_the_wholes(
     synth: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = synth(10)
-    whole = _records(path, 64, monkeypatch)
-    assert any(b'"group_id":"' in r for r in whole)  # (xprof grouped the kernels into steps)
-    assert _records(path, 3, monkeypatch) == whole
+    whole = _converted(path, 64, monkeypatch)
+    assert whole[1].column(XB.ARG + "group_id").null_count < whole[1].num_rows  # (grouped)
+    assert _same(_converted(path, 3, monkeypatch), whole)
 
 
 def test_an_xspace_that_names_its_host_converts_batch_by_batch_as_whole(
@@ -318,9 +323,9 @@ def test_an_xspace_that_names_its_host_converts_batch_by_batch_as_whole(
     raw = (SAMPLES / "tensorflow" / "mwms" / "rank-0.xplane.pb").read_bytes()
     path = tmp_path / "rank-0.xplane.pb"
     path.write_bytes(raw + b"".join(_plane(100 + n, f"/device:GPU:{n}") for n in range(10)))
-    whole = _records(path, 64, monkeypatch)
-    assert b'"/device:GPU:9"' in b"".join(whole)
-    assert _records(path, 3, monkeypatch) == whole
+    whole = _converted(path, 64, monkeypatch)
+    assert "/device:GPU:9" in whole[0].column("name").to_pylist()
+    assert _same(_converted(path, 3, monkeypatch), whole)
 
 
 def test_batch_by_batch_the_parsed_profile_is_the_wholes(
@@ -352,64 +357,87 @@ def test_a_thousand_gpu_planes_keep_the_hosts_process_their_own(
 ) -> None:
     """xprof would name GPU:699's process as the host's threads (pid 701 both): batch by batch
     each keeps its own."""
-    import msgspec
-
-    from traceview.parsers import tensorflow as T
 
     path = synth(1000, events=False)
-    records = [
-        msgspec.json.decode(r, type=T._Record) for r in _records(path, XB.batch_size(), monkeypatch)
-    ]
-    names = {r.pid: r.args.name for r in records if r.name == "process_name"}
+    meta, _ = _converted(path, XB.batch_size(), monkeypatch)
+    names = {
+        p: n
+        for p, t, n in zip(
+            *(meta.column(c).to_pylist() for c in ("pid", "tid", "name")), strict=True
+        )
+        if t is None
+    }
     assert len(names) == 1001 and names[XB.HOST_PID] == "/host:CPU"
     assert sorted(names.values()) == sorted(
         ["/host:CPU", *(f"/device:GPU:{n}" for n in range(1000))]
     )
 
 
-def test_the_rows_are_xprofs_own_events_event_for_event(synth: Any, tmp_path: Path) -> None:
-    """``_trace_rows`` sends xprof's trace viewer events as rows (xprof's own Python encodes
-    each as a JSON object with json.dumps): they decode to exactly the events of xprof's JSON,
-    field for field and in order (less its fake last event), on a real profile and on ones with
-    kernels, arguments and an instant event (no duration)."""
+def test_the_columns_are_xprofs_own_events_event_for_event(synth: Any, tmp_path: Path) -> None:
+    """``_trace_columns`` reads xprof's trace viewer events into columns (xprof's own Python
+    encodes each as a JSON object with json.dumps): they hold exactly the events of xprof's
+    JSON, field for field and in order (less its fake last event), the metadata its process
+    and thread names, on a real profile and on ones with kernels, arguments and an instant
+    event (no duration)."""
     import json
 
-    import msgspec
     from xprof.convert import raw_to_tool_data as tools
 
     from tests.conftest import REPO
     from tests.xspace_synth import write_xspace
-    from traceview.parsers import tensorflow as T
 
     host = [("train", 0.0, 90.0, {"step_num": 0}), ("mark", 5.0, 0.0, {"note": "x"})]
     instant = write_xspace(tmp_path / "instant.xplane.pb", {"/host:CPU": {"python": host}})
-    sixes = 0
+    instants = 0
     for path in (REPO / "sample_traces/tensorflow/mwms/rank-0.xplane.pb", synth(3), instant):
         theirs = tools.xspace_to_tool_data([str(path)], "trace_viewer", {})
         document = json.loads(theirs[0] if isinstance(theirs, tuple) else theirs)
         native = tools._pywrap_profiler_plugin.xspace_to_tools_data([str(path)], *XB._TRACE)
-        rows = msgspec.msgpack.decode(XB._trace_rows(native))
-        assert document["traceEvents"][-1] == {}  # xprof's fake last event, not sent
-        expected = [
-            [event.get(field) for field in XB.ROW] for event in document["traceEvents"][:-1]
-        ]
-        # (an event without args is a row of six; an instant's "s": "t" is not sent)
-        assert [row + [None] * (len(XB.ROW) - len(row)) for row in rows] == expected
-        assert len(rows) > 3
-        sixes += sum(len(row) == 6 for row in rows)
-        as_records = [row if row[-1] is not None else row[:-1] for row in expected]
-        assert T._decode(XB._trace_rows(native)) == msgspec.convert(as_records, list[T._Record])
-    assert sixes > 0
-    assert XB._trace_rows((b"", False)) == b""
+        meta, events = XB.columns(XB._trace_columns(native))
+        assert document["traceEvents"][-1] == {}  # xprof's fake last event
+        expected = document["traceEvents"][:-1]
+        names = [(e["pid"], e.get("tid"), e["args"]["name"]) for e in expected if e["ph"] == "M"
+                 and e["name"] in ("process_name", "thread_name")]  # fmt: skip
+        rows = zip(*(meta.column(c).to_pylist() for c in ("pid", "tid", "name")), strict=True)
+        assert [row for row in rows if row[2]] == names
+        expected = [e for e in expected if e["ph"] != "M"]
+        got = events.to_pylist()
+        assert len(got) == len(expected) > 1
+        for event, row in zip(expected, got, strict=True):
+            assert event["ph"] == ("X" if row["dur_ps"] else "i")
+            assert (event["name"], event["pid"], event["tid"]) == (
+                row["name"],
+                row["pid"],
+                row["tid"],
+            )
+            assert event["ts"] == row["ts_ps"] / 1e6
+            assert event.get("dur") == (row["dur_ps"] / 1e6 if row["dur_ps"] else None)
+            args = {
+                k[len(XB.ARG) :]: v
+                for k, v in row.items()
+                if k.startswith(XB.ARG) and v is not None
+            }
+            assert args == {k: v for k, v in event.get("args", {}).items() if k in XB.ARGS}
+        instants += sum(not row["dur_ps"] for row in got)
+    assert instants > 0
+    assert XB._trace_columns((b"", False)) == b""
 
 
-@pytest.mark.parametrize("n", [0, 1, 15, 16, 65_535, 65_536, 70_000])
-def test_batches_of_rows_join_into_one_array_whatever_their_header(n: int) -> None:
-    import msgspec
+def test_frames_join_into_one_table_an_arg_absent_from_a_frame_null_there() -> None:
+    import pyarrow as pa
 
-    encode = msgspec.msgpack.encode
-    rows = [[i, "x"] for i in range(n)]
-    cut = min(n, 20)  # (two batches, each with a header of its own size, joined as one)
-    joined = XB._array_head(n) + XB._items(encode(rows[:cut]), cut)
-    joined += XB._items(encode(rows[cut:]), n - cut)
-    assert msgspec.msgpack.decode(joined) == rows
+    meta = pa.table({"pid": pa.array([1], pa.int64()), "tid": pa.array([None], pa.uint64()),
+                     "name": ["/host:CPU"]})  # fmt: skip
+    base = {"name": ["a"], "pid": pa.array([1], pa.int64()), "tid": pa.array([2], pa.uint64()),
+            "ts_ps": pa.array([5], pa.uint64()), "dur_ps": pa.array([7], pa.uint64())}  # fmt: skip
+    first = pa.table({**base, XB.ARG + "step_num": ["3"]})
+    second = pa.table({**base, XB.ARG + "run_id": ["9"]})
+    doc = XB._frame(meta) + XB._frame(first) + XB._frame(second)
+    got_meta, events = XB.columns(doc)
+    assert got_meta.equals(meta)
+    assert events.column(XB.ARG + "step_num").to_pylist() == ["3", None]
+    assert events.column(XB.ARG + "run_id").to_pylist() == [None, "9"]
+    assert XB.columns(XB._frame(meta))[1].num_rows == 0
+    for cut in (doc[:-1], doc[:5], b""):
+        with pytest.raises(ValueError):
+            XB.columns(cut)
