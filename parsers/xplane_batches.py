@@ -295,8 +295,9 @@ ARGS = frozenset(
     }
 )  # fmt: skip
 ARG = "arg:"
-_FIELDS = operator.attrgetter(
-    "name", "device_id", "resource_id", "timestamp_ps", "duration_ps", "args"
+_FIELDS = tuple(
+    operator.attrgetter(f)
+    for f in ("name", "device_id", "resource_id", "timestamp_ps", "duration_ps", "args")
 )
 _FRAME = struct.Struct("<Q")
 
@@ -330,7 +331,7 @@ def _trace_columns(result: Any) -> bytes:
     )
     events = trace.trace_events
     n = len(events)
-    parts = [_frame(meta)]
+    parts: list[Any] = _frame(meta)
     if n < 2 * _BATCH_EVENTS:
         parts.append(_event_frames(events, 0, n))
     else:  # (half of them read beside, on the other core)
@@ -343,11 +344,11 @@ def _trace_columns(result: Any) -> bytes:
 
 def _event_frames(events: Any, first: int, last: int) -> bytes:
     """``events[first:last]`` as tables, a batch at a time, each in its frame."""
-    frames = []
+    frames: list[Any] = []
     for start in range(first, last, _BATCH_EVENTS):
-        rows = list(map(_FIELDS, events[start : min(last, start + _BATCH_EVENTS)]))
-        name, pid, tid, ts, dur, args = zip(*rows, strict=True)
-        del rows
+        batch = events[start : min(last, start + _BATCH_EVENTS)]  # (their messages, made once)
+        name, pid, tid, ts, dur, args = (list(map(f, batch)) for f in _FIELDS)
+        del batch
         found: dict[str, dict[int, str]] = {}
         for i, a in enumerate(args):
             if a:
@@ -367,17 +368,17 @@ def _event_frames(events: Any, first: int, last: int) -> bytes:
             for i, value in found[key].items():
                 values[i] = value
             table[ARG + key] = pa.array(values, pa.string())
-        frames.append(_frame(pa.table(table)))
+        frames += _frame(pa.table(table))
     return b"".join(frames)
 
 
-def _frame(table: pa.Table) -> bytes:
-    """``table`` as an Arrow stream, after its length."""
+def _frame(table: pa.Table) -> list[Any]:
+    """``table`` as an Arrow stream, after its length: the two parts to join."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     data = sink.getvalue()
-    return _FRAME.pack(data.size) + data.to_pybytes()
+    return [_FRAME.pack(data.size), data]
 
 
 def columns(doc: Any) -> tuple[pa.Table, pa.Table]:

@@ -432,12 +432,12 @@ def test_frames_join_into_one_table_an_arg_absent_from_a_frame_null_there() -> N
             "ts_ps": pa.array([5], pa.uint64()), "dur_ps": pa.array([7], pa.uint64())}  # fmt: skip
     first = pa.table({**base, XB.ARG + "step_num": ["3"]})
     second = pa.table({**base, XB.ARG + "run_id": ["9"]})
-    doc = XB._frame(meta) + XB._frame(first) + XB._frame(second)
+    doc = b"".join(XB._frame(meta) + XB._frame(first) + XB._frame(second))
     got_meta, events = XB.columns(doc)
     assert got_meta.equals(meta)
     assert events.column(XB.ARG + "step_num").to_pylist() == ["3", None]
     assert events.column(XB.ARG + "run_id").to_pylist() == [None, "9"]
-    assert XB.columns(XB._frame(meta))[1].num_rows == 0
+    assert XB.columns(b"".join(XB._frame(meta)))[1].num_rows == 0
     for cut in (doc[:-1], doc[:5], b""):
         with pytest.raises(ValueError):
             XB.columns(cut)
