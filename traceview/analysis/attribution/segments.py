@@ -48,6 +48,8 @@ _HOST_KIND = np.array(
      else S.SEGMENT_KINDS.index(S.SEGMENT_COMPUTE) for name, _ in LEVELS]
     + [S.SEGMENT_KINDS.index(S.SEGMENT_IDLE)]
 )  # fmt: skip
+_PHASE_NAMES = pa.array(S.BREAKDOWN_PHASES, pa.string())
+_KIND_NAMES = pa.array(S.SEGMENT_KINDS, pa.string())
 _SEGMENT_PHASE = np.array([S.BREAKDOWN_PHASES.index(p) for p in (*LEVEL_PHASES, S.IDLE)])
 
 
@@ -176,8 +178,8 @@ def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Ta
             S.STEP: pa.array(numbers, pa.int64(), mask=numbers < 0),
             S.START_NS: pa.array(lo[heads], pa.int64()),
             S.END_NS: pa.array(ends, pa.int64()),
-            S.PHASE: pa.array(np.array(S.BREAKDOWN_PHASES, object)[phase[heads]], pa.string()),
-            S.KIND: pa.array(np.array(S.SEGMENT_KINDS, object)[kind[heads]], pa.string()),
+            S.PHASE: _PHASE_NAMES.take(pa.array(phase[heads])),
+            S.KIND: _KIND_NAMES.take(pa.array(kind[heads])),
             S.OP: ops.dictionary.take(pa.array(np.maximum(op_heads, 0), mask=op_heads < 0))
             if len(ops.dictionary)
             else pa.nulls(len(heads), pa.string()),
