@@ -447,17 +447,21 @@ def _xstat(metadata_id: int, value: Any) -> bytes:
 XEvent = tuple[str, float, float, dict[str, Any]]
 
 
-def xspace(planes: dict[str, dict[str, list[XEvent]]], start_ns: int = T0) -> bytes:
+def xspace(
+    planes: dict[str, dict[str, list[XEvent]]], start_ns: int = T0, first_line: int = 1
+) -> bytes:
     """An XSpace (tsl/profiler/protobuf/xplane.proto) as tests/xspace_synth.py writes it with
     TensorFlow's messages, written here without them: plane -> line -> events ``(name,
-    start_us, duration_us, stats)`` from ``start_ns``; a "Task Environment" plane with it."""
+    start_us, duration_us, stats)`` from ``start_ns``; a "Task Environment" plane with it. A
+    plane's lines are numbered from ``first_line`` (their ids as uint64: 2**64 - 1 at most)."""
     out = b""
     for plane_id, (plane_name, lines) in enumerate(planes.items()):
         names: dict[str, int] = {}
         stat_names: dict[str, int] = {}
         body = _pb_int(1, plane_id) + _pb_str(2, plane_name)
         for line_id, (line_name, events) in enumerate(lines.items()):
-            line = _pb_int(1, line_id + 1) + _pb_str(2, line_name) + _pb_int(3, start_ns)
+            number = (first_line + line_id) % 2**64
+            line = _pb_int(1, number) + _pb_str(2, line_name) + _pb_int(3, start_ns)
             for name, start_us, dur_us, stats in events:
                 meta = names.setdefault(name, len(names) + 1)
                 event = _pb_int(1, meta) + _pb_int(2, round(start_us * 1e6))
@@ -466,7 +470,7 @@ def xspace(planes: dict[str, dict[str, list[XEvent]]], start_ns: int = T0) -> by
                     sid = stat_names.setdefault(key, len(stat_names) + 1)
                     event += _pb_bytes(4, _xstat(sid, value))
                 line += _pb_bytes(4, event)
-            body += _pb_bytes(3, line + _pb_int(10, line_id + 1))
+            body += _pb_bytes(3, line + _pb_int(10, number))
         for name, mid in names.items():
             entry = _pb_int(1, mid) + _pb_bytes(2, _pb_int(1, mid) + _pb_str(2, name))
             body += _pb_bytes(4, entry)
@@ -508,14 +512,15 @@ def host_lines(steps: int = 4) -> dict[str, list[XEvent]]:
 
 def _xdev_cases() -> Iterator[Case]:
     def case(name: str, planes: Callable[[], dict[str, dict[str, list[XEvent]]]],
-             timeout: float = 120.0, files: int = 1, start_ns: int = T0) -> Case:  # fmt: skip
+             timeout: float = 120.0, files: int = 1, start_ns: int = T0,
+             first_line: int = 1) -> Case:  # fmt: skip
         def build(d: Path) -> Plan:
             folder = d / "xspace"
             folder.mkdir()
             paths = []
             for k in range(files):
                 path = folder / f"host{k}.xplane.pb"
-                path.write_bytes(xspace(planes(), start_ns))
+                path.write_bytes(xspace(planes(), start_ns, first_line))
                 paths.append(path)
             return Plan(trace_runs(paths, d / "OUT"), inputs=files + 1, frozen={folder: ""})
 
@@ -579,6 +584,17 @@ def _xdev_cases() -> Iterator[Case]:
     yield case("memory-records", lambda: memory)
     yield case("start-past-int64", lambda: memory, start_ns=2**63 - 1000)
     yield case("start-negative", lambda: memory, start_ns=-(2**62))
+    # threads (line ids) past int64, copies whose size is past int64, ids that are no number
+    wide = {
+        "/host:CPU": {**host, "tf_Compute": [
+            ("MatMul", s * 10_000.0 + 10, 50.0,
+             {"long_name": "m/MatMul:MatMul", "memcpy_details": "size:" + "9" * 30})
+            for s in range(4)]},
+        "/device:GPU:0": {"Stream #1(Compute)": [
+            ("MemcpyH2D", s * 10_000.0 + 100, 5.0,
+             {"memcpy_details": "size:" + "9" * 25, "correlation_id": "x"}) for s in range(4)]},
+    }  # fmt: skip
+    yield case("ids-past-int64", lambda: wide, first_line=2**64 - 2)
 
 
 def _memory_records() -> list[XEvent]:
