@@ -16,6 +16,8 @@ classes, which say why).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pyarrow as pa
 
@@ -30,9 +32,11 @@ class NotTheLayout(ValueError):
 
 
 def _varints(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The varint at each of ``at`` in ``data`` (padded with ``_WIDEST`` zeros): (values,
-    where each ends). A byte at a time, for the varints not yet ended (most end in one)."""
-    byte = data[at]
+    """The varint at each of ``at`` in ``data``: (values, where each ends; past the end of
+    ``data`` where it runs past it). A byte at a time, for the varints not yet ended (most end
+    in one)."""
+    last = len(data) - 1
+    byte = data[np.minimum(at, last)]
     values = (byte & 0x7F).astype(np.uint64)
     ends = at + 1
     more = np.flatnonzero(byte >= 0x80)
@@ -40,7 +44,7 @@ def _varints(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     while len(more):
         if shift >= 7 * _WIDEST:
             raise NotTheLayout("a varint longer than 10 bytes")
-        byte = data[ends[more]]
+        byte = data[np.minimum(ends[more], last)]
         values[more] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
         ends[more] += 1
         more = more[byte >= 0x80]
@@ -49,7 +53,7 @@ def _varints(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _records(buf: bytes, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The fields of the message ``buf`` (``data``: its bytes, padded), all length-delimited,
+    """The fields of the message ``buf`` (``data``: its bytes), all length-delimited,
     one after the other: (numbers, where each begins, where its content starts, where it
     ends). Only where each begins is found one field at a time (each ends where its length
     says); NotTheLayout for another wire type or a field cut short."""
@@ -147,28 +151,47 @@ def _last(rows: np.ndarray) -> np.ndarray:
     return np.append(rows[1:] != rows[:-1], True) if len(rows) else np.zeros(0, bool)
 
 
+#: Bytes of strings gathered at a time (their index arrays: 8 bytes a byte, transient)
+_GATHER_BYTES = 1 << 22
+
+
 def _strings(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
     """The bytes ``[start, end)`` of each as a string array (NotTheLayout: not UTF-8)."""
     lengths = ends - starts
     offsets = np.zeros(len(starts) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    kind = np.int32 if len(data) < 1 << 31 else np.int64
-    # each byte's place in ``data``: one past the byte before, or its string's start
-    step = np.ones(total, kind)
-    some = np.flatnonzero(lengths)
-    if len(some):
-        first = offsets[some]
-        step[first[1:]] = starts[some[1:]] - ends[some[:-1]] + 1
-        step[0] = starts[some[0]]
-    gather = np.cumsum(step, dtype=kind)
+    blocks = np.searchsorted(offsets, np.arange(0, int(offsets[-1]), _GATHER_BYTES), "right") - 1
+    cuts = [*np.unique(blocks).tolist(), len(starts)]
+    parts = [_gathered(data, starts[a:b], ends[a:b]) for a, b in pairwise(cuts)]
     values = pa.Array.from_buffers(
-        pa.large_binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data[gather])]
+        pa.large_binary(),
+        len(starts),
+        [
+            None,
+            pa.py_buffer(offsets),
+            pa.py_buffer(np.concatenate([np.zeros(0, np.uint8), *parts])),
+        ],
     )
     try:
         return values.cast(pa.large_string()).cast(pa.string())
     except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:
         raise NotTheLayout(f"a string that is no UTF-8: {exc}") from None
+
+
+def _gathered(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The bytes ``[start, end)`` of each, one after the other."""
+    some = ends > starts
+    starts, ends = starts[some], ends[some]
+    if not len(starts):
+        return np.zeros(0, np.uint8)
+    lengths = ends - starts
+    first = np.zeros(len(starts), np.int64)
+    np.cumsum(lengths[:-1], out=first[1:])
+    # each byte's place in ``data``: one past the byte before, or its string's start
+    step = np.ones(int(first[-1] + lengths[-1]), np.int64)
+    step[first[1:]] = starts[1:] - ends[:-1] + 1
+    step[0] = starts[0]
+    return data[np.cumsum(step)]
 
 
 def _equal(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, text: bytes) -> np.ndarray:
@@ -195,7 +218,7 @@ def read(raw: bytes, wanted_args: frozenset[str], arg_prefix: str) -> tuple[byte
     """The ``Trace`` ``raw``: (its devices' records, as a Trace holding only them; its events
     as columns: name, pid, tid, ts_ps, dur_ps and each of ``wanted_args`` an event has, named
     ``arg_prefix`` + key)."""
-    data = np.concatenate([np.frombuffer(raw, np.uint8), np.zeros(_WIDEST, np.uint8)])
+    data = np.frombuffer(raw, np.uint8)
     kind, begins, at, stop = _records(raw, data)
     mine = kind == _DEVICES
     devices = b"".join(

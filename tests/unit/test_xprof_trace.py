@@ -161,3 +161,16 @@ def test_real_profiles_read_as_the_protobuf_classes_read_them() -> None:
         assert events.num_rows > 1000
         assert _sorted(events).equals(_sorted(expected)), path
         assert _trace_of(devices).devices == _trace_of(raw).devices
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 1 << 22])
+def test_strings_are_gathered_whole_across_blocks(block: int, monkeypatch: Any) -> None:
+    import numpy as np
+
+    monkeypatch.setattr(X, "_GATHER_BYTES", block)
+    raw = "..abc.de..fghijkl.é.mn".encode()
+    spans = [(0, 0), (2, 5), (5, 5), (6, 8), (10, 17), (18, 20), (1, 1), (20, 22), (2, 4)]
+    starts, ends = (np.asarray(x, np.int64) for x in zip(*spans, strict=True))
+    got = X._strings(np.frombuffer(raw, np.uint8), starts, ends).to_pylist()
+    assert got == [raw[a:b].decode() for a, b in spans]
+    assert X._strings(np.frombuffer(raw, np.uint8), starts[:0], ends[:0]).to_pylist() == []
