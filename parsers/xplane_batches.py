@@ -335,7 +335,7 @@ def _devices(trace: Any) -> pa.Table:
     pid, tid, name = zip(*rows, strict=True) if rows else ((), (), ())
     return pa.table(
         {
-            "pid": pa.array(pid, pa.int64()),
+            "pid": _int64_bits(pid),
             "tid": pa.array(tid, pa.uint64()),
             "name": pa.array(name, pa.string()),
         }
@@ -368,7 +368,7 @@ def _event_frames(events: Any, first: int, last: int) -> bytes:
         del args
         table = {
             "name": pa.array(name, pa.string()),
-            "pid": pa.array(pid, pa.int64()),
+            "pid": _int64_bits(pid),
             "tid": pa.array(tid, pa.uint64()),
             "ts_ps": pa.array(ts, pa.uint64()),
             "dur_ps": pa.array(dur, pa.uint64()),
@@ -380,6 +380,11 @@ def _event_frames(events: Any, first: int, last: int) -> bytes:
             table[ARG + key] = pa.array(values, pa.string())
         frames += _frame(pa.table(table))
     return b"".join(frames)
+
+
+def _int64_bits(ids: Any) -> pa.Array:
+    """uint64 ids (xprof's device ids) as int64, their bits kept (as the reader of the wire)."""
+    return pa.array(np.asarray(ids, np.uint64).view(np.int64))
 
 
 def _frame(table: pa.Table) -> list[Any]:

@@ -174,3 +174,37 @@ def test_strings_are_gathered_whole_across_blocks(block: int, monkeypatch: Any) 
     got = X._strings(np.frombuffer(raw, np.uint8), starts, ends).to_pylist()
     assert got == [raw[a:b].decode() for a, b in spans]
     assert X._strings(np.frombuffer(raw, np.uint8), starts[:0], ends[:0]).to_pylist() == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_traces_read_as_the_protobuf_classes_read_them(seed: int) -> None:
+    """Traces the protobuf classes write (every field present or absent, ids and times up to
+    2**64 - 1, names of any length and script, arg keys wanted or not), read both ways."""
+    import random
+
+    from xprof.protobuf import trace_events_old_pb2
+
+    rng = random.Random(seed)
+    trace = trace_events_old_pb2.Trace()
+    for did in rng.sample(range(1, 2000), 5):
+        device = trace.devices[did]
+        device.name, device.device_id = rng.choice(["", "/host:CPU", f"/device:GPU:{did}"]), did
+        for rid in {rng.randrange(2**64) for _ in range(3)}:
+            device.resources[rid].name = rng.choice(["", "python", "Stream #1"])
+    words = ["", "a", "train", "é" * 70, "日本" * 40, "x" * 300, "MemcpyH2D"]
+    keys = [*sorted(XB.ARGS), "note", "", "long_name "]
+    for _ in range(rng.randrange(0, 3000)):
+        event = trace.trace_events.add()
+        for field, top in (("device_id", 2**64), ("resource_id", 2**64), ("timestamp_ps", 2**64),
+                           ("duration_ps", 2**64)):  # fmt: skip
+            if rng.random() < 0.8:
+                setattr(event, field, rng.randrange(0, rng.choice([2, 200, 2**40, top])))
+        if rng.random() < 0.9:
+            event.name = rng.choice(words)
+        for _ in range(rng.randrange(0, 6)):
+            event.args[rng.choice(keys)] = rng.choice(words)
+    raw = trace.SerializeToString()
+    devices, events = X.read(raw, XB.ARGS, XB.ARG)
+    _, expected = _by_upb(raw)
+    assert _sorted(events).equals(_sorted(expected))
+    assert _trace_of(devices).devices == trace.devices
