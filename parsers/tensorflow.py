@@ -3,8 +3,8 @@
 The XSpace is turned into trace events by the profiler's own library (xprof, the package behind
 TensorBoard's profile plugin: its "trace_viewer" converter), so the XSpace is not decoded here
 (``xplane_batches``: in a child process, many GPU planes a batch at a time, the converter's
-trace-event protobuf sent as rows of xprof's events). What this module adds is TensorFlow's
-meaning:
+trace-event protobuf read into columns: ``xprof_trace``). What this module and
+``xplane_events`` (each event's meaning, column by column) add is TensorFlow's meaning:
 
 - host threads: graph ops run by the executor (named by their full name,
   ``scope/op_name:OpType``), tf.data iterator work, the runtime's own regions, and step markers
