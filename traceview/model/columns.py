@@ -151,8 +151,8 @@ def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, li
     if not pa.types.is_dictionary(array.type):
         array = array.dictionary_encode()
     values = array.dictionary.to_pylist()
-    codes = np.asarray(pc.fill_null(array.indices, -1).to_numpy(zero_copy_only=False), np.int64)
-    return codes, values
+    indices = array.indices if array.null_count == 0 else pc.fill_null(array.indices, -1)
+    return np.asarray(indices.to_numpy(zero_copy_only=False), np.int64), values
 
 
 def dictionary_array(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
