@@ -200,7 +200,9 @@ def coded(
 def ints(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
     if column.null_count == 0:  # (most columns: no copy through fill_null, often none at all)
         return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+    # (fill_null is coalesce after checks that cost a small column three times the fill)
+    filled = pc.coalesce(column, pa.scalar(fill, column.type))
+    return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def parent_rows(events: pa.Table) -> np.ndarray:
