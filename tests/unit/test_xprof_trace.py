@@ -208,3 +208,28 @@ def test_random_traces_read_as_the_protobuf_classes_read_them(seed: int) -> None
     _, expected = _by_upb(raw)
     assert _sorted(events).equals(_sorted(expected))
     assert _trace_of(devices).devices == trace.devices
+
+
+def test_the_fallback_reads_many_events_in_batches_on_two_processes(monkeypatch: Any) -> None:
+    """Where the wire-level reader refuses the bytes, the protobuf classes read the events a
+    batch at a time, half of them in a second process: the same columns, in order."""
+    from xprof.protobuf import trace_events_old_pb2
+
+    trace = trace_events_old_pb2.Trace()
+    trace.devices[1].name = "/host:CPU"
+    for k in range(50):
+        event = trace.trace_events.add()
+        event.device_id, event.resource_id, event.name = 1, 2, f"op{k}"
+        event.timestamp_ps, event.duration_ps = 1000 * k, 500
+        if k % 3:
+            event.args["long_name"] = f"m/op{k}:Op"
+    raw = trace.SerializeToString()
+    _, expected = X.read(raw, XB.ARGS, XB.ARG)
+
+    def refuse(*_: Any) -> Any:
+        raise X.NotTheLayout("refused")
+
+    monkeypatch.setattr(X, "read", refuse)
+    monkeypatch.setattr(XB, "_BATCH_EVENTS", 4)  # (13 batches; 2 x 4 events and more: halves)
+    _, events = XB.columns(XB._trace_columns((raw, True)))
+    assert _sorted(events).equals(_sorted(expected))
