@@ -95,6 +95,13 @@ def test_a_read_only_folder(tmp_path: Path) -> None:
         folder.chmod(0o755)
 
 
+def _signals_as_in_a_terminal() -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("signame", "code", "times"),
     [("SIGTERM", 143, 1), ("SIGHUP", 129, 1), ("SIGINT", 130, 1), ("SIGTERM", 143, 2)],
@@ -118,8 +125,9 @@ def test_a_signal_while_traceview_works_exits_as_interrupted(
         stderr=subprocess.PIPE,
         text=True,
         # (as a terminal's foreground job has them, where a background job of a shell that
-        # runs the tests may have SIGINT ignored: Python then leaves it so)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # runs the tests may have SIGINT ignored, and one started under nohup SIGHUP: traceview
+        # then leaves them so, as it should)
+        preexec_fn=_signals_as_in_a_terminal,
     )
     time.sleep(3)  # (it has opened the pipe and waits for a reader)
     assert proc.poll() is None, proc.communicate()
