@@ -77,6 +77,9 @@ class _Source:
             return self.last[1]
         self.last = None  # (freed before the next is made)
         graph = _graph(self, steps)
+        readable = self.segments.pieces is not None  # (from a file: it can be read again)
+        if self.rest is not None and self.rest.height > GRAPH_ROWS and readable:
+            self.rest = None  # (one step's, held to make its graph: read again if need be)
         self.last = (steps, graph, None)
         return graph
 
@@ -157,6 +160,7 @@ def _source(
     communicating: list[pl.DataFrame] = []  # (rank, step) that spent time communicating
     spans: list[pl.DataFrame] = []  # of the rest, per piece (``_spans``)
     ranks: set[int] = set()
+    steps_held: set[int] = set()  # (the steps of the rest read so far)
     in_order, last = True, None
     for table in segments.in_pieces():
         seg = _compact(table, wanted)
@@ -179,9 +183,12 @@ def _source(
         del seg
         spans.append(_spans(mine))
         held += mine.height
-        if rest is not None and (held <= GRAPH_ROWS or held_whole):
+        steps_held.update(mine[S.STEP].unique().to_list())
+        # (more than a graph holds, of several steps: each batch reads its own; of one step,
+        # the rest is that step's graph, as large held as read again)
+        if rest is not None and (held <= GRAPH_ROWS or held_whole or len(steps_held) <= 1):
             rest.append(mine)
-        else:  # more than a graph holds: each batch reads its own
+        else:
             rest = None
     if not ranks:
         return None
@@ -260,15 +267,14 @@ def _graph(source: _Source, steps: list[int]) -> Graph | None:
         pieces = pieces.filter(pl.col(S.STEP).is_in(steps))
     if rest.height + pieces.height == 0:
         return None
-    items = (
-        pl.concat([rest, pieces], how="diagonal_relaxed")
-        .with_columns(pl.col("call").fill_null(-1), pl.col("early").fill_null(0))
-        .with_row_index("_o")
-        .sort(S.RANK, S.STEP, S.START_NS, S.END_NS, "_o")
-        .drop("_o")
-        # (sorted by rank and step: a run of one (rank, step) is its group, numbered from 0)
-        .with_columns(pl.struct(S.RANK, S.STEP).rle_id().cast(pl.Int64).alias("group"))
+    items = pl.concat([rest, pieces], how="diagonal_relaxed").with_columns(
+        pl.col("call").fill_null(-1), pl.col("early").fill_null(0)
     )
+    if pieces.height or not source.in_order:  # (in order, no two alike: as the sort leaves it)
+        items = items.with_row_index("_o").sort(S.RANK, S.STEP, S.START_NS, S.END_NS, "_o")
+        items = items.drop("_o")
+    # (sorted by rank and step: a run of one (rank, step) is its group, numbered from 0)
+    items = items.with_columns(pl.struct(S.RANK, S.STEP).rle_id().cast(pl.Int64).alias("group"))
     calls = _issue_points(source.calls, items)
     actions = source.actions
     if actions is not None:

@@ -59,7 +59,11 @@ class _Labels:
         encoded = column.to_arrow().dictionary_encode()
         if isinstance(encoded, pa.ChunkedArray):
             encoded = encoded.combine_chunks()
-        self.codes = np.asarray(encoded.indices.cast(pa.int64()).fill_null(-1), np.int64)
+        indices = encoded.indices  # (no copy through Arrow's cast and fill where none is null)
+        codes = (indices.fill_null(0) if indices.null_count else indices).to_numpy()
+        self.codes = codes.astype(np.int64)
+        if indices.null_count:
+            self.codes[indices.is_null().to_numpy(zero_copy_only=False)] = -1
         self.values: list[str] = encoded.dictionary.to_pylist()
         self._code_of = {value: code for code, value in enumerate(self.values)}
 
