@@ -42,7 +42,6 @@ from traceview.parsers import (
     rank_from_filename,
     raw_events,
 )
-from traceview.parsers.native_child import captured_stderr as _captured_stderr
 from traceview.parsers.tf_roles import REMOTE_TID, remote_waits, task_role
 from traceview.parsers.xplane_batches import trace_events
 from traceview.parsers.xplane_devices import (
@@ -74,29 +73,6 @@ def _require_xprof() -> Any:
             "pip install 'traceview[tensorflow]'"
         ) from None
     return raw_to_tool_data
-
-
-def _session(path: Path) -> tuple[int | None, dict[str, int]]:
-    """The session's profile_start_time (Unix ns), where the XSpace records it, and each plane's
-    number of lines (read by xprof's ProfileData: the planes as written, before xprof's trace
-    events leave out those it does not know)."""
-    try:
-        from xprof.profile_data import ProfileData
-    except ImportError:  # pragma: no cover - shipped with xprof
-        return None, {}
-    start: int | None = None
-    lines: dict[str, int] = {}
-    with _captured_stderr():
-        try:
-            data = ProfileData.from_file(str(path))
-            for plane in data.planes:
-                lines[plane.name] = sum(1 for _ in plane.lines)
-                for key, value in plane.stats:
-                    if key == "profile_start_time" and start is None:
-                        start = int(value)
-        except Exception:
-            return start, lines
-    return start, lines
 
 
 def rank_from_path(path: Path) -> int | None:
@@ -335,14 +311,13 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     read_beside: dict[str, Any] = {}
 
     def meanwhile() -> None:  # (what is read of the XSpace here, while xprof converts it)
-        read_beside["session"] = _session(path)
         read_beside["facts"] = hlo_facts(path)
         read_beside["memory"] = _memory_read(path)
 
     described, columns = trace_events(tools, path, _native_error, meanwhile)
-    (start_ns, census), facts = read_beside["session"], read_beside["facts"]
-    read = read_events(described, columns, start_ns, path, facts)
-    _planes_left_out(census, read, path)
+    facts = read_beside["facts"]
+    read = read_events(described, columns, facts.start_ns, path, facts)
+    _planes_left_out(facts.lines, read, path)
     if read.events.num_rows == 0:
         raise BadInput(f"{path}: the TensorFlow profile holds no events")
     start_ns = read.meta["base_time_ns"]  # (None where the profile's was no time)

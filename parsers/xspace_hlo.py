@@ -2,7 +2,8 @@
 ``/host:metadata`` plane (as ``Hlo Proto`` stats), whose instructions name the framework op
 they come from (JAX: ``jit(step)/jvp(loss)/dot_general`` for forward,
 ``.../transpose(jvp(loss))/...`` for backward), and that plane's own stats (``jax_version``...);
-and, with the lines and their events (``space_with_events``), what the parser reads of the
+each plane's number of lines and the session's start (read once with those); and, with the
+lines and their events (``space_with_events``), what the parser reads of the
 events themselves beside xprof (TensorFlow's memory records).
 
 Read with protobuf from a minimal schema of the few messages needed, field numbers as in
@@ -14,6 +15,7 @@ not refused; every other field of the file is skipped by the decoder.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ SCHEMA: dict[str, list[tuple[str, int, int, bool, str | None]]] = {
     "XSpace": [("planes", 1, _MESSAGE, True, "XPlane")],
     "XPlane": [
         ("name", 2, _STRING, False, None),
+        ("lines", 3, _MESSAGE, True, "XLineUnread"),  # (counted only)
         ("event_metadata", 4, _MESSAGE, True, "EventMetadataEntry"),
         ("stat_metadata", 5, _MESSAGE, True, "StatMetadataEntry"),
         ("stats", 6, _MESSAGE, True, "XStat"),
@@ -38,6 +41,7 @@ SCHEMA: dict[str, list[tuple[str, int, int, bool, str | None]]] = {
         ("event_metadata", 4, _MESSAGE, True, "EventMetadataEntry"),
         ("stat_metadata", 5, _MESSAGE, True, "StatMetadataEntry"),
     ],
+    "XLineUnread": [],  # (a line whose fields are skipped)
     "XLine": [
         ("name", 2, _STRING, False, None),
         ("timestamp_ns", 3, _INT64, False, None),
@@ -136,11 +140,22 @@ def _stat_value(stat: Any) -> Any:
 class HloFacts:
     """What the metadata plane says: the XLA programs, by module name (one name may be several
     programs: a function compiled again for other shapes or donations), each its ops' framework
-    op names; and the plane's stats (versions of the framework that wrote the profile)."""
+    op names; and the plane's stats (versions of the framework that wrote the profile). Of the
+    whole XSpace: each plane's number of lines (by name: the planes as written, before xprof's
+    trace events leave out those it does not know), and the session's profile_start_time (Unix
+    ns, from the first plane that records it)."""
 
-    def __init__(self, programs: dict[str, list[dict[str, str]]], stats: dict[str, Any]):
+    def __init__(
+        self,
+        programs: dict[str, list[dict[str, str]]],
+        stats: dict[str, Any],
+        lines: dict[str, int] | None = None,
+        start_ns: int | None = None,
+    ):
         self.programs = programs
         self.stats = stats
+        self.lines = lines or {}
+        self.start_ns = start_ns
 
     def op_names(self, module: str, ran: set[str]) -> dict[str, str]:
         """The framework op names of ``module``'s ops, from its program that holds the most of
@@ -169,7 +184,12 @@ def hlo_facts(path: Path) -> HloFacts:
         return NOTHING
     programs: dict[str, list[dict[str, str]]] = {}
     stats: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    start_ns: int | None = None
     for plane in space.planes:
+        lines[plane.name] = len(plane.lines)
+        if start_ns is None and len(plane.stats):
+            start_ns = _start_ns(plane)
         if plane.name != METADATA_PLANE:
             continue
         stat_names = {e.key: e.value.name for e in plane.stat_metadata}
@@ -182,7 +202,18 @@ def hlo_facts(path: Path) -> HloFacts:
                 if stat_names.get(stat.metadata_id) != HLO_PROTO_STAT:
                     continue
                 _add_program(classes["HloProto"], stat.bytes_value, programs)
-    return HloFacts(programs, stats)
+    return HloFacts(programs, stats, lines, start_ns)
+
+
+def _start_ns(plane: Any) -> int | None:
+    """The plane's profile_start_time stat, where it has one that is a number."""
+    names = {e.key: e.value.name for e in plane.stat_metadata}
+    for stat in plane.stats:
+        if names.get(stat.metadata_id) == "profile_start_time":
+            value = _stat_value(stat)
+            if isinstance(value, int | float) and math.isfinite(value):
+                return int(value)
+    return None
 
 
 def _add_program(hlo_class: Any, blob: bytes, programs: dict[str, list[dict[str, str]]]) -> None:

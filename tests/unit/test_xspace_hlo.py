@@ -4,6 +4,8 @@ type, so a profile is read as its writer meant."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from traceview.parsers.xspace_hlo import SCHEMA
@@ -53,3 +55,50 @@ def test_map_entries_are_tensorflows_maps() -> None:
             n: (num, t) for n, num, t, _, _ in SCHEMA[f"{name.split('_')[0].title()}MetadataEntry"]
         }
         assert keys["key"] == ours["key"] and keys["value"][0] == ours["value"][0]
+
+
+def _xprofs_census(path: Path) -> tuple[int | None, dict[str, int]]:
+    """The session's start and each plane's lines as xprof's own reader (ProfileData) gives
+    them: the reference."""
+    profile_data = pytest.importorskip("xprof.profile_data", reason="xprof's reader: the reference")
+    start, lines = None, {}
+    for plane in profile_data.ProfileData.from_file(str(path)).planes:
+        lines[plane.name] = sum(1 for _ in plane.lines)
+        for key, value in plane.stats:
+            if key == "profile_start_time" and start is None:
+                start = int(value)
+    return start, lines
+
+
+def test_the_census_is_xprofs_own_reading_of_the_sample_profiles() -> None:
+    """Each plane's lines (what the parser compares xprof's trace events with: the planes as
+    written) and the session's start, as xprof reads them."""
+    from tests.conftest import SAMPLES
+    from traceview.parsers.xspace_hlo import hlo_facts
+
+    samples = sorted((SAMPLES / "tensorflow").glob("*/rank-*.xplane.pb"))
+    assert samples
+    for path in samples:
+        facts = hlo_facts(path)
+        assert (facts.start_ns, facts.lines) == _xprofs_census(path), path
+        assert facts.start_ns is not None and any(facts.lines.values())
+
+
+def test_the_census_counts_each_planes_lines_and_finds_the_start(tmp_path: Path) -> None:
+    """Planes of several lines, an empty line, a plane of none; the start recorded by a later
+    plane than the first (the first has no stats): as xprof reads them; no XSpace: nothing."""
+    from tests.hostile_wave4 import T0, xspace
+    from traceview.parsers.xspace_hlo import hlo_facts
+
+    path = tmp_path / "host.xplane.pb"
+    events = [("op", 1.0, 1.0, {})]
+    path.write_bytes(
+        xspace({"/host:CPU": {"a": events, "b": events, "c": []}, "/device:GPU:0": {"s": events}})
+    )
+    facts = hlo_facts(path)
+    assert facts.lines == {"/host:CPU": 3, "/device:GPU:0": 1, "Task Environment": 0}
+    assert facts.start_ns == T0
+    assert (facts.start_ns, facts.lines) == _xprofs_census(path)
+    path.write_bytes(b"\xff\xff")
+    nothing = hlo_facts(path)
+    assert (nothing.start_ns, nothing.lines) == (None, {})
