@@ -182,6 +182,16 @@ def _export_out(run: Path, other: Path, outside: Path) -> None:
     os.symlink(outside / "exported", run / "export")
 
 
+def _half(name: str) -> Callable[[Path, Path, Path], None]:
+    """The run's file ``name`` cut to its first half (a copy cut short: unreadable)."""
+
+    def make(run: Path, other: Path, outside: Path) -> None:
+        data = (run / name).read_bytes()
+        (run / name).write_bytes(data[: len(data) // 2])
+
+    return make
+
+
 OUT = "a symbolic link out of the run directory"
 
 CASES = [
@@ -235,6 +245,13 @@ CASES = [
         _link("memory.parquet", _sentinel("memory.parquet")),
         0,
         ("memory records left out", OUT),
+    ),
+    Case(  # (one file of every rank's memory records: left out, not every rank)
+        "memory-cut-short",
+        _half("memory.parquet"),
+        0,
+        ("memory records left out", "memory.parquet", "unreadable"),
+        (0, 1),
     ),
     *(Case(f"cache-of-other-{n}", _cache_of_other(n), 0, ()) for n in ("steps", "ops", "gpu")),
     Case("export-folder-link", _export_out, 0, (), export=True),

@@ -114,6 +114,38 @@ def test_memory_table_in_the_run_and_export(memory_run: Path, tmp_path: Path) ->
     assert exported.num_rows == table.num_rows
 
 
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_an_unreadable_memory_table_leaves_memory_out_not_the_ranks(
+    memory_run: Path, tmp_path: Path, damage: str
+) -> None:
+    """memory.parquet (every rank's memory records, in one file) damaged: each rank's events
+    are still analysed and reported as before, memory absent, with one warning naming the
+    file (each rank was left out over it before)."""
+    import shutil
+
+    whole = report(memory_run)
+    assert whole["summary"]["memory"] is not None
+    run = tmp_path / "run"
+    shutil.copytree(memory_run, run)
+    table = run / "memory.parquet"
+    data = table.read_bytes()
+    if damage == "truncated":
+        table.write_bytes(data[: len(data) // 2])
+    else:
+        middle = len(data) // 2
+        table.write_bytes(data[:middle] + b"\xff" * 64 + data[middle + 64 :])
+    for kept in run.glob("*.cache.json"):  # (computed again, as after any change)
+        kept.unlink()
+    data = report(run)
+    assert data["run"]["ranks"] == 2 and [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert data["summary"]["breakdown_ms"] == whole["summary"]["breakdown_ms"]
+    assert data["summary"]["memory"] is None and all(r["memory"] is None for r in data["ranks"])
+    warned = [w for w in data["warnings"] if "memory.parquet" in w]
+    assert len(warned) == 1 and "memory records left out" in warned[0], data["warnings"]
+    text = run_cli("report", run)
+    assert text.code == 0 and "memory records left out" in text.out, text.err
+
+
 def test_trace_without_memory_records_reports_memory_absent_not_zero() -> None:
     data = report(SAMPLES / "pytorch" / "ddp")
     assert data["summary"]["memory"] is None

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
-from traceview.model.errors import UsageError
+from traceview.model.errors import BadInput, UsageError
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest
 from traceview.model.results import (
@@ -100,8 +100,17 @@ class Run:
 
     def side(self, name: str, ranks: list[int] | None = None) -> pa.Table | None:
         """The rows of side input ``name`` of ``ranks`` (all when None); None where the run has
-        none (``side_inputs``)."""
-        return R.read_side(self.path, name, ranks) if name in self.side_inputs else None
+        none (``side_inputs``), or where its file cannot be read (left out with a warning, as
+        the analysis leaves it out: ``reanalysis``)."""
+        if name not in self.side_inputs:
+            return None
+        try:
+            return R.read_side(self.path, name, ranks)
+        except BadInput as exc:
+            warning = f"{S.SIDE_INPUTS[name].what} left out: {exc}"
+            if warning not in self.manifest.notes.warnings:
+                self.manifest.notes.warnings.append(warning)
+            return None
 
     def report(self, top: int = 10, whatif: list[str] | None = None) -> RunReport:
         from traceview.analysis.summary import ReportOptions, summarize

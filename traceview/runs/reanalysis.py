@@ -90,11 +90,7 @@ def _reanalysis(
         progress("analysing ranks", done, len(ranks))
         try:
             R.check_events(run, rank, manifest.run_id)
-            side = {
-                name: rows
-                for name in S.SIDE_INPUTS
-                if name not in refused and (rows := R.read_side(run, name, [rank])) is not None
-            }
+            side = _side_rows(run, rank, refused, manifest)
             spill = work / f"segments-{rank}.arrows"
             tables = analyse_written(run, rank, rank_tables, side, spill)
             per_rank.append(tables or rank_tables(R.read_events(run, [rank]), side))
@@ -143,6 +139,25 @@ def _listed_ranks(run: Path, manifest: Manifest) -> list[int]:
             "does not list (a part of another run, or copied in since the ingest)"
         )
     return [r for r in found if r in listed]
+
+
+def _side_rows(run: Path, rank: int, refused: set[str], manifest: Manifest) -> dict[str, pa.Table]:
+    """The rank's rows of each side input not ``refused``; a side input whose file cannot be
+    read is left out of every rank (added to ``refused``) with one warning: the ranks' events
+    are still analysed, without it (uncached)."""
+    side = {}
+    for name, spec in S.SIDE_INPUTS.items():
+        if name in refused:
+            continue
+        try:
+            rows = R.read_side(run, name, [rank])
+        except BadInput as exc:  # (one file for every rank: unreadable for each)
+            refused.add(name)
+            manifest.notes.warnings.append(f"{spec.what} left out: {exc}")
+            continue
+        if rows is not None:
+            side[name] = rows
+    return side
 
 
 def _side_links_out(run: Path, manifest: Manifest) -> set[str]:
