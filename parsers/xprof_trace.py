@@ -214,10 +214,16 @@ def _column(rows: np.ndarray, values: pa.Array, n: int) -> pa.Array:
     return pa.concat_arrays([values, pa.nulls(1, pa.string())]).take(pa.array(index))
 
 
+#: Events read at a time: the arrays of a block's fields and arg entries (a dozen 8-byte
+#: values per field or entry, and a real profile's events hold several args each) are what the
+#: reading holds beside the columns made, not those of every event at once.
+BLOCK_EVENTS = 1 << 16
+
+
 def read(raw: bytes, wanted_args: frozenset[str], arg_prefix: str) -> tuple[bytes, pa.Table]:
     """The ``Trace`` ``raw``: (its devices' records, as a Trace holding only them; its events
     as columns: name, pid, tid, ts_ps, dur_ps and each of ``wanted_args`` an event has, named
-    ``arg_prefix`` + key)."""
+    ``arg_prefix`` + key), ``BLOCK_EVENTS`` events at a time."""
     data = np.frombuffer(raw, np.uint8)
     kind, begins, at, stop = _records(raw, data)
     mine = kind == _DEVICES
@@ -226,6 +232,28 @@ def read(raw: bytes, wanted_args: frozenset[str], arg_prefix: str) -> tuple[byte
     )
     events = kind == _EVENTS
     start, end = at[events], stop[events]
+    del kind, begins, at, stop, mine, events
+    n = len(start)
+    cuts = [*range(0, n, BLOCK_EVENTS), n] if n else [0, 0]
+    blocks = [
+        _events(data, start[a:b], end[a:b], wanted_args, arg_prefix) for a, b in pairwise(cuts)
+    ]
+    if len(blocks) == 1:
+        return devices, blocks[0]
+    # (an arg no event of a block has: null there; the columns in one block's order)
+    table = pa.concat_tables(blocks, promote_options="default")
+    base = ["name", "pid", "tid", "ts_ps", "dur_ps"]
+    return devices, table.select(base + sorted(set(table.column_names) - set(base)))
+
+
+def _events(
+    data: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    wanted_args: frozenset[str],
+    arg_prefix: str,
+) -> pa.Table:
+    """The events ``[start, end)`` of ``data`` as ``read``'s columns."""
     n = len(start)
     fields = _Fields(data, start, end, {_DEVICE_ID, _RESOURCE_ID, _NAME, _TS, _DUR, _ARGS})
     name_rows, name_s, name_e = fields.span(_NAME)
@@ -260,4 +288,4 @@ def read(raw: bytes, wanted_args: frozenset[str], arg_prefix: str) -> tuple[byte
             starts = np.where(given, value_s[np.maximum(at, 0)], 0)
             ends = np.where(given, value_e[np.maximum(at, 0)], 0)
             columns[arg_prefix + key] = _column(rows, _strings(data, starts, ends), n)
-    return devices, pa.table(columns)
+    return pa.table(columns)

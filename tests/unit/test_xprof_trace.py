@@ -176,12 +176,18 @@ def test_strings_are_gathered_whole_across_blocks(block: int, monkeypatch: Any) 
     assert X._strings(np.frombuffer(raw, np.uint8), starts[:0], ends[:0]).to_pylist() == []
 
 
+@pytest.mark.parametrize("block", [X.BLOCK_EVENTS, 7, 1000], ids=["block", "blocks-of-7", "1000"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_traces_read_as_the_protobuf_classes_read_them(seed: int) -> None:
+def test_random_traces_read_as_the_protobuf_classes_read_them(
+    seed: int, block: int, monkeypatch: Any
+) -> None:
     """Traces the protobuf classes write (every field present or absent, ids and times up to
-    2**64 - 1, names of any length and script, arg keys wanted or not), read both ways."""
+    2**64 - 1, names of any length and script, arg keys wanted or not), read both ways; read a
+    few events at a time, the same columns, in the same order (an arg some block lacks: null
+    there)."""
     import random
 
+    monkeypatch.setattr(X, "BLOCK_EVENTS", block)
     from xprof.protobuf import trace_events_old_pb2
 
     rng = random.Random(seed)
@@ -208,6 +214,8 @@ def test_random_traces_read_as_the_protobuf_classes_read_them(seed: int) -> None
     _, expected = _by_upb(raw)
     assert _sorted(events).equals(_sorted(expected))
     assert _trace_of(devices).devices == trace.devices
+    monkeypatch.setattr(X, "BLOCK_EVENTS", 1 << 40)
+    assert events.equals(X.read(raw, XB.ARGS, XB.ARG)[1])  # (as one block: order too)
 
 
 def test_the_fallback_reads_many_events_in_batches_on_two_processes(monkeypatch: Any) -> None:
