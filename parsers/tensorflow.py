@@ -41,6 +41,7 @@ from traceview.parsers import (
     WholeRead,
     rank_from_filename,
     raw_events,
+    xspace_lines,
 )
 from traceview.parsers.tf_roles import REMOTE_TID, remote_waits, task_role
 from traceview.parsers.xplane_batches import trace_events
@@ -410,6 +411,16 @@ def _memory_read(path: Path) -> _MemoryRead | None:
     event's offset, in ns as a double; a stat by reference is its number."""
     if not _names_any(path, _MEMORY_EVENTS):
         return None
+    from google.protobuf.message import DecodeError  # (xprof's own protobuf)
+
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        return _memory_read_at_the_wire_level(raw)
+    except (xspace_lines.NotTheLayout, DecodeError, ValueError, RuntimeError):
+        pass  # (read by the protobuf classes, which decide)
     space = space_with_events(path)
     if space is None:
         return None
@@ -437,6 +448,38 @@ def _memory_read(path: Path) -> _MemoryRead | None:
                     read.bad += 1
                 else:
                     read.rows.append(row)
+    return read
+
+
+def _memory_read_at_the_wire_level(raw: bytes) -> _MemoryRead:
+    """``_memory_read`` of the XSpace ``raw``, its lines and events read at the wire level
+    (``xspace_lines``): the same rows and starts, in the same order."""
+    read = _MemoryRead([], {})
+    for plane in xspace_lines.planes(raw):
+        names = plane.names
+        with np.errstate(invalid="ignore"):  # (a time past int64's: a hostile file's)
+            starts = (plane.line_ns[plane.line] + plane.offsets / 1000).astype(np.int64)
+        if plane.name.startswith("/host:") and len(plane.ids):
+            # each line's starts by name: by metadata id, in the line's order within one
+            order = np.lexsort((plane.ids, plane.line))
+            ids, lines = plane.ids[order], plane.line[order]
+            heads = np.flatnonzero(
+                np.append(True, (ids[1:] != ids[:-1]) | (lines[1:] != lines[:-1]))
+            )
+            ordered = starts[order].tolist()
+            for a, b, number in zip(
+                heads.tolist(), [*heads[1:].tolist(), len(ids)], ids[heads].tolist(), strict=True
+            ):
+                read.host_starts.setdefault(names.get(number, ""), []).extend(ordered[a:b])
+        wanted = [k for k, name in names.items() if name in _MEMORY_EVENTS]
+        rows = np.flatnonzero(np.isin(plane.ids, wanted)) if wanted else np.zeros(0, np.int64)
+        for i, event in zip(rows.tolist(), plane.events_of(rows), strict=True):
+            stats = {plane.stat_names.get(s.metadata_id, ""): _stat_text(s) for s in event.stats}
+            row = _memory_row(names[int(plane.ids[i])], int(starts[i]), stats, int(plane.line[i]))
+            if row is None:
+                read.bad += 1
+            else:
+                read.rows.append(row)
     return read
 
 
