@@ -422,8 +422,12 @@ def _memory_read(path: Path) -> _MemoryRead | None:
     except (xspace_lines.NotTheLayout, DecodeError, ValueError, RuntimeError):
         pass  # (read by the protobuf classes, which decide)
     space = space_with_events(path)
-    if space is None:
-        return None
+    return None if space is None else _memory_read_by_classes(space)
+
+
+def _memory_read_by_classes(space: Any) -> _MemoryRead:
+    """``_memory_read`` of an XSpace decoded by the protobuf classes (the minimal schema's
+    ``XSpaceEvents``: every event an object)."""
     read = _MemoryRead([], {})
     for plane in space.planes:
         host = plane.name.startswith("/host:")

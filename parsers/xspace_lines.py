@@ -9,8 +9,8 @@ lines (3), event_metadata (4), stat_metadata (5); XLine.timestamp_ns (3), events
 XEvent.metadata_id (1), offset_ps (2). As protobuf reads them: a field absent is 0, a field
 given twice keeps its last value, a field of another wire type than its own is skipped, unknown
 fields are skipped. What does not read as that layout (a group, a field cut short, a top-level
-field that is not length-delimited) raises ``NotTheLayout``: the caller reads the file with the
-protobuf classes instead.
+field that is not length-delimited) raises ValueError (``NotTheLayout`` at the top level): the
+caller reads the file with the protobuf classes instead.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from traceview.parsers.xprof_trace import NotTheLayout, _Fields, _records, _varints
+from traceview.parsers.xplane_batches import _fields, _varint
+from traceview.parsers.xprof_trace import NotTheLayout, _Fields, _records
 from traceview.parsers.xspace_hlo import _classes
 
 __all__ = ["NotTheLayout", "Plane", "planes"]
@@ -89,9 +90,11 @@ def _plane(raw: bytes, data: np.ndarray, start: int, end: int) -> Plane:
     parts: list[tuple[int, np.ndarray, np.ndarray]] = []
     for k, (a, b) in enumerate(zip(first[lines].tolist(), last[lines].tolist(), strict=True)):
         fields, starts, ends = _walk(raw, a, b)
-        stamps = starts[fields == _TIMESTAMP]
-        if len(stamps):  # (given twice: its last)
-            line_ns[k] = _varints(data, stamps[-1:])[0][0].astype(np.int64)
+        for i in np.flatnonzero(fields == -1 - _TIMESTAMP)[::-1].tolist():  # (the last varint)
+            tag, at = _varint(raw, int(starts[i]), int(ends[i]))
+            if tag & 7 == 0:
+                line_ns[k] = np.uint64(_varint(raw, at, int(ends[i]))[0]).view(np.int64)
+                break
         events = fields == _EVENTS
         parts.append((k, starts[events], ends[events]))
     line = np.concatenate([np.full(len(s), k, np.int64) for k, s, _ in parts] or [_NONE])
@@ -116,57 +119,31 @@ _NONE = np.zeros(0, np.int64)
 
 
 def _walk(raw: bytes, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The fields of the one message ``raw[start:end]``, one after the other: (numbers, where
-    each one's content starts, where it ends: a varint's bytes, a length-delimited field's
-    content, a fixed field's bytes). NotTheLayout for a group or a field cut short."""
+    """The length-delimited fields of the one message ``raw[start:end]``, one after the other:
+    (numbers, where each one's content starts, where it ends), and the others' as a negative
+    number (-1 - number) with their tag and value's span. ValueError for a group or a field cut
+    short (``xplane_batches._fields``)."""
     numbers: list[int] = []
     firsts: list[int] = []
     lasts: list[int] = []
-    pos = start
-    while pos < end:
-        tag, pos = _varint_at(raw, pos, end)
-        wire = tag & 7
-        if wire == 0:
-            first = pos
-            while pos < end and raw[pos] >= 0x80:
-                pos += 1
-            pos += 1
-        elif wire == 2:
-            size, first = _varint_at(raw, pos, end)
-            pos = first + size
-        elif wire in (1, 5):
-            first = pos
-            pos += 8 if wire == 1 else 4
+    for field in _fields(raw, start, end):
+        if field.payload is None:
+            numbers.append(-1 - field.number)
+            firsts.append(field.start)
+            lasts.append(field.end)
         else:
-            raise NotTheLayout("a group, or a wire type protobuf does not have")
-        if pos > end:
-            raise NotTheLayout("a field past its message's end")
-        numbers.append(tag >> 3)
-        firsts.append(first)
-        lasts.append(pos)
+            numbers.append(field.number)
+            firsts.append(field.payload[0])
+            lasts.append(field.payload[1])
     return (np.asarray(x, np.int64) for x in (numbers, firsts, lasts))  # type: ignore[return-value]
-
-
-def _varint_at(raw: bytes, pos: int, end: int) -> tuple[int, int]:
-    """The varint at ``pos`` and where it ends."""
-    value = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise NotTheLayout("a varint cut short")
-        byte = raw[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 def _delimited(number: int, payload: bytes) -> bytes:
     """A length-delimited field: its tag, its length, ``payload``."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return _encoded(number << 3 | 2) + _encoded(len(payload)) + payload
 
 
-def _varint(value: int) -> bytes:
+def _encoded(value: int) -> bytes:
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
