@@ -20,6 +20,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from typing import IO
 
 _PIECE, _DOC, _ERROR, _END = b"P", b"D", b"E", b"Z"
 _HEAD = struct.Struct("<cQ")
@@ -143,54 +144,93 @@ def in_two(here: Callable[[], bytes], there: Callable[[], bytes]) -> tuple[bytes
     finally:
         os.close(read_end)
         if not reaped:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+            _kill(pid)
     if status != 0:
         return mine, there()
     return mine, bytes(theirs)
 
 
-def _in_child(
-    work: Callable[[], Iterable[str | bytes]], meanwhile: Callable[[], object] | None
-) -> tuple[list[Doc], list[str]]:
-    with tempfile.TemporaryFile() as log:
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():  # (3.12 warns of a fork beside other threads)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            try:
-                pid = os.fork()
-            except OSError:
-                os.close(read_end)
-                os.close(write_end)
-                raise
-        if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
-            os.close(read_end)
-            _child(work, write_end, log.fileno())
-        os.close(write_end)
+class Child:
+    """Work running in a child forked for it (``start``); ``finish`` takes what it made (or
+    says how it failed), ``cancel`` ends it unheard."""
+
+    def __init__(self, pid: int, read_end: int, log: IO[bytes]) -> None:
+        self.pid, self.read_end, self.log = pid, read_end, log
+        self.done = False
+
+    def finish(self, meanwhile: Callable[[], object] | None = None) -> tuple[list[Doc], list[str]]:
+        """The child's documents and what native code logged on the way (``meanwhile()`` run
+        here while it works); ``NativeDied`` where it died, ``NativeFailed`` where the work
+        raised."""
+        assert not self.done, "a child's work is taken once"
+        self.done = True
         reaped = False
         try:
             if meanwhile is not None:  # (the child blocks once the pipe is full, no sooner)
                 meanwhile()
             _waited()
-            docs, error = _receive(read_end)
-            _, status = os.waitpid(pid, 0)
+            docs, error = _receive(self.read_end)
+            _, status = os.waitpid(self.pid, 0)
             reaped = True
         finally:
-            os.close(read_end)
+            os.close(self.read_end)
             if not reaped:  # interrupted (Ctrl-C) or the pipe broke: the child goes too
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-        log.seek(0)
-        logged = log.read().decode("utf-8", "replace").splitlines()
-    if error is not None:
-        raise NativeFailed(error)
-    if os.WIFSIGNALED(status):
-        raise NativeDied(_death(os.WTERMSIG(status), logged))
-    if os.WEXITSTATUS(status) != 0 or docs is None:
-        raise NativeDied(f"exited with code {os.WEXITSTATUS(status)}{_fatal(logged)}")
-    return docs, logged
+                _kill(self.pid)
+            self.log.seek(0)
+            logged = self.log.read().decode("utf-8", "replace").splitlines()
+            self.log.close()
+        if error is not None:
+            raise NativeFailed(error)
+        if os.WIFSIGNALED(status):
+            raise NativeDied(_death(os.WTERMSIG(status), logged))
+        if os.WEXITSTATUS(status) != 0 or docs is None:
+            raise NativeDied(f"exited with code {os.WEXITSTATUS(status)}{_fatal(logged)}")
+        return docs, logged
+
+    def cancel(self) -> None:
+        """The child ended and reaped, its work left (nothing where it was finished)."""
+        if self.done:
+            return
+        self.done = True
+        os.close(self.read_end)
+        _kill(self.pid)
+        self.log.close()
+
+
+def start(work: Callable[[], Iterable[str | bytes]]) -> Child:
+    """``work()`` begun in a child forked for it; OSError where no child can be had."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (the Child closes it)
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        log.close()
+        raise
+    with warnings.catch_warnings():  # (3.12 warns of a fork beside other threads)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_end)
+            os.close(write_end)
+            log.close()
+            raise
+    if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
+        os.close(read_end)
+        _child(work, write_end, log.fileno())
+    os.close(write_end)
+    return Child(pid, read_end, log)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def _in_child(
+    work: Callable[[], Iterable[str | bytes]], meanwhile: Callable[[], object] | None
+) -> tuple[list[Doc], list[str]]:
+    return start(work).finish(meanwhile)
 
 
 def _child(

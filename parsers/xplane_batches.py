@@ -20,9 +20,12 @@ process (``native_child``): where xprof dies anyway, the file is refused with on
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import mmap
 import operator
+import os
 import resource
+import stat
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,7 +37,16 @@ import pyarrow as pa
 
 from traceview.model.errors import BadInput
 from traceview.parsers import xprof_trace
-from traceview.parsers.native_child import NativeDied, NativeFailed, in_two, run
+from traceview.parsers.native_child import (
+    Child,
+    NativeDied,
+    NativeFailed,
+    cores,
+    forks,
+    in_two,
+    run,
+)
+from traceview.parsers.native_child import start as start_child
 
 GPU_PREFIX = "/device:GPU:"  # the planes xprof's pool has a thread for (kGpuPlanePrefix)
 #: The address space the stacks of one batch's threads may reserve
@@ -245,26 +257,12 @@ def trace_events(
         pass
     with contextlib.closing(buf) if isinstance(buf, mmap.mmap) else contextlib.nullcontext():
         plan = batches(buf, batch_size()) if buf else None
-
-        def work() -> Iterator[Any]:
-            # (xprof's Python turns the converter's protobuf into JSON an event at a time:
-            # ``_trace_columns`` reads it at once; every xprof the extra allows has the converter)
-            native = tools._pywrap_profiler_plugin
-            if plan is None:
-                yield _trace_columns(native.xspace_to_tools_data([str(path)], *_TRACE))
-                return
-            # (named without a host: xprof refuses an XSpace whose host is not the one its
-            # file name says, and a batch is no file)
-            nameless = str(path.with_name(".xplane.pb"))
-            for batch in plan:
-                yield _trace_columns(
-                    native.xspace_to_tools_data_from_byte_string(
-                        [xspace(buf, batch)], [nameless], *_TRACE
-                    )
-                )
-
+        started = _claimed(path) if buf else None
         try:
-            docs, logged = run(work, meanwhile)
+            if started is not None:  # (its conversion begun as the command started)
+                docs, logged = started.finish(meanwhile)
+            else:
+                docs, logged = run(lambda: _documents(tools, path, buf, plan), meanwhile)
         except NativeFailed as exc:
             raise BadInput(f"{path}: not a readable XSpace: {exc}") from None
         except NativeDied as exc:
@@ -279,6 +277,86 @@ def trace_events(
         return merge([(b, *columns(d)) for b, d in zip(plan, docs, strict=True)])
     except (ValueError, pa.ArrowInvalid) as exc:  # pragma: no cover - the child writes them
         raise BadInput(f"{path}: xprof produced unreadable trace events: {exc}") from None
+
+
+def _documents(tools: Any, path: Path, buf: Any, plan: list[Batch] | None) -> Iterator[Any]:
+    """What the child converting the XSpace at ``path`` (``buf``: its bytes, or empty where it
+    is no file) sends: a document per conversion (``_trace_columns``), one per batch of
+    ``plan``. (xprof's Python turns the converter's protobuf into JSON an event at a time:
+    ``_trace_columns`` reads it at once; every xprof the extra allows has the converter.)"""
+    native = tools._pywrap_profiler_plugin
+    if plan is None:
+        yield _trace_columns(native.xspace_to_tools_data([str(path)], *_TRACE))
+        return
+    # (named without a host: xprof refuses an XSpace whose host is not the one its file name
+    # says, and a batch is no file)
+    nameless = str(path.with_name(".xplane.pb"))
+    for batch in plan:
+        yield _trace_columns(
+            native.xspace_to_tools_data_from_byte_string([xspace(buf, batch)], [nameless], *_TRACE)
+        )
+
+
+#: Conversions begun before their read (``head_start``), by path: the file's identity when
+#: begun, and the child converting it.
+_HEAD_STARTS: dict[str, tuple[tuple[int, int, int, int], Child]] = {}
+
+
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def head_start(path: Path) -> None:
+    """Begin converting the profile at ``path`` now, in a child (as ``trace_events`` would),
+    while the command imports what it reads it with: its read takes the child over where the
+    file is still the one it read (``_claimed``). Nothing where this process cannot fork or
+    has one core, or where xprof is not installed (the read says so)."""
+    key = os.path.abspath(path)
+    identity = _identity(key)
+    if identity is None or key in _HEAD_STARTS or not forks() or cores() < 2:
+        return
+    if importlib.util.find_spec("xprof") is None:
+        return
+    try:
+        child = start_child(lambda: _converted(Path(key)))
+    except OSError:
+        return
+    _HEAD_STARTS[key] = (identity, child)
+
+
+def _converted(path: Path) -> Iterator[Any]:  # pragma: no cover - the head start's child
+    """``_documents`` of the profile at ``path``, from the file alone."""
+    from xprof.convert import raw_to_tool_data
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        yield from _documents(raw_to_tool_data, path, buf, batches(buf, batch_size()))
+
+
+def _claimed(path: Path) -> Child | None:
+    """The child a head start left converting ``path``, where the file is the one it read
+    (else it is ended: the file changed since)."""
+    key = os.path.abspath(path)
+    begun = _HEAD_STARTS.pop(key, None)
+    if begun is None:
+        return None
+    identity, child = begun
+    if _identity(key) != identity:
+        child.cancel()
+        return None
+    return child
+
+
+def cancel_head_starts() -> None:
+    """End the conversions begun that no read took (the command ended first)."""
+    while _HEAD_STARTS:
+        _, child = _HEAD_STARTS.popitem()[1]
+        child.cancel()
 
 
 #: The trace viewer's data as xprof's native converter gives it to xprof's Python: the ``Trace``

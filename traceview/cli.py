@@ -31,6 +31,7 @@ import traceback
 
 from traceview import __version__
 from traceview.commands import all_commands
+from traceview.ingest import head_start
 from traceview.model.errors import TraceviewError, cannot_write, no_room
 from traceview.model.escape import safe
 
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             import pyarrow  # noqa: F401 (here, where it cannot be imported: one line)
         except ImportError as exc:  # e.g. pyarrow built for NumPy 2 where NumPy 1 is
             return _cannot_import(exc)
+    if paths := getattr(args, "paths", None):  # (traces to read: begin the slowest part now)
+        head_start.begin(paths)
     _stop_on_signals()
     try:
         code = int(args.handler.run(args))
@@ -193,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return 1
+    finally:
+        head_start.end()
 
 
 def run() -> None:
