@@ -306,7 +306,6 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
     """The profile read and decoded once (the last one read is kept: a profile of several
     devices is identified, then parsed once per device)."""
     path = Path(name)
-    tools = _require_xprof()
     if size == 0:
         raise BadInput(f"{path}: empty file")
     read_beside: dict[str, Any] = {}
@@ -315,7 +314,7 @@ def _read_whole(name: str, mtime_ns: int, size: int) -> _Whole:
         read_beside["facts"] = hlo_facts(path)
         read_beside["memory"] = _memory_read(path)
 
-    described, columns = trace_events(tools, path, _native_error, meanwhile)
+    described, columns = trace_events(_require_xprof, path, _native_error, meanwhile)
     facts = read_beside["facts"]
     read = read_events(described, columns, facts.start_ns, path, facts)
     _planes_left_out(facts.lines, read, path)

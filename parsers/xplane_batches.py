@@ -238,14 +238,16 @@ def merge(parts: Sequence[tuple[Batch, pa.Table, pa.Table]]) -> tuple[pa.Table, 
 
 
 def trace_events(
-    tools: Any,
+    tools: Callable[[], Any],
     path: Path,
     native_error: Callable[[list[str]], str],
     meanwhile: Callable[[], object] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """The XSpace at ``path`` as xprof's trace events: (metadata, events), as ``columns``
     reads them; in batches where it has many GPU planes, in a child process (``meanwhile()``
-    run here while it converts); BadInput where xprof cannot read it or dies."""
+    run here while it converts); BadInput where xprof cannot read it or dies. ``tools()``:
+    xprof's converter module, imported only where this process starts the conversion (a
+    conversion begun ahead, ``head_start``, leaves xprof's native library to its child)."""
     buf: Any = b""  # (not a file mmap maps, as a FIFO, which opening would wait on: read whole)
     try:
         if path.is_file():
@@ -262,7 +264,8 @@ def trace_events(
             if started is not None:  # (its conversion begun as the command started)
                 docs, logged = started.finish(meanwhile)
             else:
-                docs, logged = run(lambda: _documents(tools, path, buf, plan), meanwhile)
+                converter = tools()
+                docs, logged = run(lambda: _documents(converter, path, buf, plan), meanwhile)
         except NativeFailed as exc:
             raise BadInput(f"{path}: not a readable XSpace: {exc}") from None
         except NativeDied as exc:

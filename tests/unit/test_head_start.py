@@ -62,7 +62,7 @@ def test_a_folder_of_many_entries_is_not_searched_to_the_end(
 def _read(path: Path) -> tuple[Any, Any]:
     from traceview.parsers import tensorflow as T
 
-    return XB.trace_events(T._require_xprof(), path, T._native_error)
+    return XB.trace_events(T._require_xprof, path, T._native_error)
 
 
 @pytest.fixture

@@ -292,7 +292,7 @@ def _converted(path: Path, size: int, monkeypatch: pytest.MonkeyPatch) -> tuple[
     from traceview.parsers import tensorflow as T
 
     monkeypatch.setattr(XB, "batch_size", lambda: size)
-    return XB.trace_events(T._require_xprof(), path, T._native_error)
+    return XB.trace_events(T._require_xprof, path, T._native_error)
 
 
 def _same(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
