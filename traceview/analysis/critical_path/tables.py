@@ -13,7 +13,6 @@ from traceview.analysis.critical_path.source import _batches, _graph, _source
 from traceview.analysis.critical_path.walk import (
     PIECE_COLUMNS,
     PathPiece,
-    _Labels,
     walk,
 )
 from traceview.analysis.crossrank import Matched
@@ -49,24 +48,27 @@ def _stretches(pieces: pl.DataFrame | list[PathPiece], step_ns: int) -> list[Pat
     rank = pieces[S.RANK].to_numpy()
     start = pieces[S.START_NS].to_numpy()
     dur = pieces[S.DUR_NS].to_numpy()
-    phase, kind, op = (_Labels(pieces[name]) for name in (S.PHASE, S.KIND, S.OP))
-    late = kind.codes == kind.code(LATE_START)
+    phase, kind, op = (pieces[name] for name in (S.PHASE, S.KIND, S.OP))
+    late = (kind == LATE_START).fill_null(False).to_numpy()
     edge = np.ones(n, bool)
     edge[1:] = (rank[1:] != rank[:-1]) | late[1:] | late[:-1]
     long = dur >= _STRETCH_MIN * step_ns
     index = np.arange(n)
     marks = np.maximum.accumulate(np.where(long | edge, index, -1))
     before = np.concatenate([[0], marks[:-1]])  # (a piece that is no edge has one in its run)
-    begins = edge | (long & (phase.codes != phase.codes[before]))
+    begins = edge | (long & phase.ne_missing(phase.gather(before)).to_numpy())
     first = np.flatnonzero(begins)
     last = np.append(first[1:] - 1, n - 1)
     top = np.maximum.reduceat(dur, first)
     which = np.cumsum(begins) - 1
     named = np.minimum.reduceat(np.where(dur == top[which], index, n), first)
+    # (the labels of the stretches alone: a path of a million pieces has a few thousand)
+    labels = (phase.gather(first).to_list(), op.gather(named).to_list())
+    kinds = kind.gather(named).to_list()
     return [
-        PathPiece(int(r), phase[f], op[k], kind[k], int(s0), int(s1 + d1 - s0))  # type: ignore[arg-type]
-        for r, f, k, s0, s1, d1 in zip(
-            rank[first], first, named, start[first], start[last], dur[last], strict=True
+        PathPiece(int(r), p, o, k, int(s0), int(s1 + d1 - s0))
+        for r, p, o, k, s0, s1, d1 in zip(
+            rank[first], *labels, kinds, start[first], start[last], dur[last], strict=True
         )
     ]
 

@@ -25,6 +25,18 @@ def what_ifs(graph: Graph, ranks_phase_ms: pl.DataFrame | None = None) -> list[C
     items = graph.items
     if items.height == 0:
         return changes
+    if items[S.RANK].n_unique() > 1:  # (one rank is its own median: nothing to balance)
+        changes += _balanced(graph)
+    if graph.calls.height:
+        changes.append(Change("hide_comm", hide_comm=True))
+    changes.append(Change("no_late_start", no_late_start=True))
+    return changes
+
+
+def _balanced(graph: Graph) -> list[Change]:
+    """Every rank's compute phases at the median rank's (per step and phase), where that
+    changes any (else nothing)."""
+    items = graph.items
     dur = (items[S.END_NS] - items[S.START_NS]).cast(pl.Float64)
     computing = items[S.KIND].is_in(_COMPUTING)
     frame = items.select(S.RANK, S.STEP, S.PHASE).with_columns(dur.alias("d"), computing.alias("c"))
@@ -36,12 +48,7 @@ def what_ifs(graph: Graph, ranks_phase_ms: pl.DataFrame | None = None) -> list[C
         .select(S.STEP, S.RANK, S.PHASE, "f")
     )
     f = _item_factors(graph, factor, [S.STEP, S.RANK, S.PHASE], computing.to_numpy())
-    if (f < 1.0).any():
-        changes.append(Change("balance", item_factor=f))
-    if graph.calls.height:
-        changes.append(Change("hide_comm", hide_comm=True))
-    changes.append(Change("no_late_start", no_late_start=True))
-    return changes
+    return [Change("balance", item_factor=f)] if (f < 1.0).any() else []
 
 
 def faster(graph: Graph, name: str, k: float) -> Change | None:
