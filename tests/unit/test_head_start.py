@@ -136,3 +136,14 @@ def test_a_command_refused_before_its_read_stops_the_conversion_it_began(
     assert len(begun) == 1 and begun[0].done and not XB._HEAD_STARTS
     with pytest.raises(ChildProcessError):
         os.waitpid(begun[0].pid, os.WNOHANG)
+
+
+def test_a_reader_that_cannot_be_imported_begins_nothing_and_raises_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    profile = _touch(tmp_path / "h.xplane.pb")
+    monkeypatch.setitem(sys.modules, "traceview.parsers.xplane_batches", None)  # (ImportError)
+    H.begin([profile])
+    H.end()

@@ -49,10 +49,13 @@ def begin(paths: Sequence[Path]) -> None:
         profile = the_profile(paths)
     except OSError:
         return
-    if profile is not None:
+    if profile is None:
+        return
+    try:
         from traceview.parsers.xplane_batches import head_start
-
-        head_start(profile)
+    except ImportError:  # (pyarrow that cannot be imported: the command says so, in one line)
+        return
+    head_start(profile)
 
 
 def end() -> None:
