@@ -685,7 +685,7 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
 @pytest.mark.parametrize("name", list(BALANCED.values()))
 def test_a_balanced_run_names_no_cause_of_a_rank(jobs: Any, name: str) -> None:
     """No injection: no cause a rank holds alone (at most one of the whole run, as exposed
-    communication), no straggler named, in the JSON and the text alike."""
+    communication), no straggler claimed, in the JSON and the text alike."""
     report = jobs(name).report()
     summary = report["summary"]
     cause = summary["cause"]
@@ -694,7 +694,15 @@ def test_a_balanced_run_names_no_cause_of_a_rank(jobs: Any, name: str) -> None:
     assert summary["straggler_significant"] is False
     assert not any(r["straggler"] for r in report["ranks"])
     text = run_cli("report", jobs(name).run)
-    assert "straggler: rank" not in text.out or "ranks are balanced" in text.out, text.out
+    # the text names the busiest rank, or the one waited for, only to say it is no cause: ranks
+    # balanced, or (three ranks sharing two cores: one descheduled is waited for, up to a fifth
+    # of the step and more) balancing it would not pay
+    said = " ".join(text.out.split())
+    assert (
+        "straggler: rank" not in said
+        or "ranks are balanced" in said
+        or "but balancing it replays to a saving of under 5% of the step" in said
+    ), text.out
 
 
 def test_an_overloaded_expert_is_the_cause_and_its_all_to_alls_are_exposed(jobs: Any) -> None:
