@@ -17,6 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from traceview.store.names import MANIFEST
+
 _SUFFIX = ".xplane.pb"  # (parsers.tensorflow.SUFFIX, without importing the parsers)
 #: Entries a folder's walk looks at before it gives up looking (a folder of many files is many
 #: ranks, each read in a worker of its own: no head start there)
@@ -32,7 +34,7 @@ def the_profile(paths: Sequence[Path]) -> Path | None:
         name = os.fspath(path)
         if name.endswith(_SUFFIX):
             found.append(name)
-        elif os.path.isdir(name) and not os.path.exists(os.path.join(name, "manifest.json")):
+        elif os.path.isdir(name) and not os.path.exists(os.path.join(name, MANIFEST)):
             for top, dirs, files in os.walk(name):
                 budget -= len(dirs) + len(files)
                 if budget < 0:
