@@ -11,6 +11,7 @@ from traceview.analysis.selection import select_steps
 from traceview.model import schema as S
 from traceview.model.choice import StepChoice, step_choice
 from traceview.model.errors import UsageError
+from traceview.model.vocabulary import BREAKDOWN_PHASES, FORWARD, IDLE
 
 
 def _steps(walls_ms: dict[int, list[float]]) -> pl.DataFrame:
@@ -51,6 +52,33 @@ def test_warm_up_is_decided_over_the_run_not_per_rank() -> None:
 def test_two_steps_left_at_least() -> None:
     """With two steps there is no steady state to compare the first with: both count."""
     selection = select_steps(_steps({0: [50, 1]}))
+    assert selection is not None and selection.kept == [10, 11]
+
+
+def _with_work(walls_ms: list[float], idle_ms: list[float]) -> pl.DataFrame:
+    """One rank's steps 10, 11, ... with their breakdown: ``idle_ms`` of each idle, the rest
+    of its wall time forward."""
+    steps = _steps({0: walls_ms})
+    zero = [pl.lit(0, pl.Int64).alias(S.phase_ns(p)) for p in BREAKDOWN_PHASES]
+    return steps.with_columns(zero).with_columns(
+        pl.Series(S.phase_ns(IDLE), [int(ms * 1e6) for ms in idle_ms]),
+        pl.Series(S.phase_ns(FORWARD), [int((w - i) * 1e6) for w, i in zip(walls_ms, idle_ms)]),
+    )
+
+
+def test_a_last_step_without_work_is_trailing_even_of_two() -> None:
+    """A profile of two steps whose second is the profiler's empty window (a shared ROCm trace's
+    shape: 9.3 ms, then 0.05 ms of nothing): that one step is left out, so the headline and the
+    critical path speak of the step the job ran, not of a mean with an empty one."""
+    selection = select_steps(_with_work([9.3, 0.05], [0.5, 0.05]))
+    assert selection is not None and selection.kept == [10]
+    assert selection.excluded[11][0] == "trailing"
+    assert "no rank did any work" in selection.remarks[0]
+    # the same last step with any work in it is a step of the job: both count
+    selection = select_steps(_with_work([9.3, 0.05], [0.5, 0.04]))
+    assert selection is not None and selection.kept == [10, 11]
+    # an idle last step longer than the steps before it is not the profiler's window
+    selection = select_steps(_with_work([9.3, 12.0], [0.5, 12.0]))
     assert selection is not None and selection.kept == [10, 11]
 
 

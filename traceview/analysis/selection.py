@@ -2,8 +2,8 @@
 
 By default, leading steps well above the median of the steps after them (allocator growth,
 cuDNN autotuning, lazy initialization) are left out as warm-up, and a last step of a tenth of
-the median or less (the profiler's window after the job's last ``step()``) as trailing; a later
-outlier is named and kept. ``--steps A-B`` (the trace's own step numbers) and ``--skip N`` (the first N steps) choose
+the median or less, or one that holds no work at all on any rank (the profiler's window after
+the job's last ``step()``), as trailing; a later outlier is named and kept. ``--steps A-B`` (the trace's own step numbers) and ``--skip N`` (the first N steps) choose
 instead, and then nothing is left out as warm-up. The decision is over the run's per-step
 means across ranks (never per rank), so every figure of every rank counts the same steps.
 """
@@ -19,6 +19,7 @@ from traceview.model import schema as S
 from traceview.model.choice import StepChoice
 from traceview.model.errors import UsageError
 from traceview.model.results import StepExclusion
+from traceview.model.vocabulary import BREAKDOWN_PHASES, IDLE
 
 __all__ = ["MIN_COUNTED", "WARMUP_FACTOR", "Selection", "StepChoice", "kept_rows", "select_steps"]
 
@@ -30,6 +31,8 @@ MIN_COUNTED = 2
 #: window a profiler opens at the job's last ``step()`` and closes when it stops (a per-step
 #: export's last file, a profile without a schedule), holding little or none of its work.
 TRAILING_SHARE = 0.1
+#: The phases that are work: a step whose time is all idle (on every rank) ran none of the job.
+WORK_PHASES = tuple(p for p in BREAKDOWN_PHASES if p != IDLE)
 
 
 @dataclass
@@ -98,15 +101,21 @@ def select_steps(
                 f"{WARMUP_FACTOR}x; traceview report --skip 0 keeps it, --steps A-B chooses)"
             )
         left = [(n, m) for n, m in zip(numbers, means, strict=True) if n not in excluded]
-        if len(left) > MIN_COUNTED:
+        if len(left) > 1:
             (last, mean), median = left[-1], statistics.median(m for _, m in left[:-1])
-            if median > 0 and mean < median * TRAILING_SHARE:
+            short = len(left) > MIN_COUNTED and median > 0 and mean < median * TRAILING_SHARE
+            if short or (last in _idle_steps(steps) and median > mean):
+                what = (
+                    f"a last step under {TRAILING_SHARE:.0%} of the median"
+                    if short
+                    else "a last step in which no rank did any work"
+                )
                 why = f"{_ms(mean)} against a median of {_ms(median)} of the steps before it"
                 excluded[last] = ("trailing", why)
                 remarks.append(
                     f"step {last} left out: {why}, the window a profiler opens at the job's "
-                    f"last step() and closes when it stops (a last step under "
-                    f"{TRAILING_SHARE:.0%} of the median; traceview report --skip 0 keeps it)"
+                    f"last step() and closes when it stops ({what}; traceview report --skip 0 "
+                    "keeps it)"
                 )
     else:
         chosen = numbers
@@ -134,6 +143,16 @@ def select_steps(
                 f"{len(excluded)} step(s) left out"
             )
     return Selection([n for n in numbers if n not in excluded], excluded, remarks)
+
+
+def _idle_steps(steps: pl.DataFrame) -> set[int]:
+    """The steps whose every rank's time is idle: no phase of the job in them (none where the
+    table has no breakdown)."""
+    work = [S.phase_ns(p) for p in WORK_PHASES]
+    if any(column not in steps.columns for column in work):
+        return set()
+    busy = steps.group_by(S.STEP).agg(pl.sum_horizontal(work).sum().alias("work"))
+    return {int(n) for n in busy.filter(pl.col("work") == 0)[S.STEP]}
 
 
 def kept_rows(table: pl.DataFrame, selection: Selection | None) -> pl.DataFrame:
