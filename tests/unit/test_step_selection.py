@@ -62,7 +62,10 @@ def _with_work(walls_ms: list[float], idle_ms: list[float]) -> pl.DataFrame:
     zero = [pl.lit(0, pl.Int64).alias(S.phase_ns(p)) for p in BREAKDOWN_PHASES]
     return steps.with_columns(zero).with_columns(
         pl.Series(S.phase_ns(IDLE), [int(ms * 1e6) for ms in idle_ms]),
-        pl.Series(S.phase_ns(FORWARD), [int((w - i) * 1e6) for w, i in zip(walls_ms, idle_ms)]),
+        pl.Series(
+            S.phase_ns(FORWARD),
+            [int((w - i) * 1e6) for w, i in zip(walls_ms, idle_ms, strict=True)],
+        ),
     )
 
 
