@@ -10,6 +10,7 @@ from traceview's own output.
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 from pathlib import Path
@@ -157,6 +158,39 @@ def test_tf1_timelines_cut_merged_runs_into_steps_and_find_copies() -> None:
     summary = run_cli("report", cpu, "--json").json()["summary"]
     # an MLP's backward (two matmuls per layer) outweighs its forward
     assert summary["breakdown_ms"]["backward"] > summary["breakdown_ms"]["forward"] > 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_tf1_timelines_saved_one_file_a_step_are_one_process_not_ranks(device: str) -> None:
+    """The Timeline recipe writes ``timeline_step_%d.json`` each ``Session.run``: three files of
+    one process, not three ranks of one step each (which read as a job whose ranks start
+    seconds apart). Each step runs from its file's first ``_SOURCE`` node (Session.run's start)
+    to the next file's (the last to its own last event's end): read off the files here."""
+    names = [
+        f"tensorflow/tf1_timeline_mnist_mlp_{device}/timeline_02_step_{n}.json.gz" for n in range(3)
+    ]
+    files = [shared_traces(name) for name in names]
+    spans = []
+    for path in files:
+        events = [
+            e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if "ts" in e
+        ]
+        source = min(e["ts"] for e in events if e.get("args", {}).get("name") == "_SOURCE")
+        spans.append((source, max(e["ts"] + e.get("dur", 0) for e in events)))
+    expected = [
+        (later[0] if later else end) - start
+        for (start, end), later in zip(spans, [*spans[1:], None], strict=True)
+    ]
+    result = run_cli("report", *reversed(files), "--json")  # (any order on the command line)
+    assert result.code == 0, result.err
+    report = result.json()
+    assert report["run"]["ranks"] == 1
+    assert [row["step"] for row in report["per_step"]] == [0, 1, 2]
+    measured = [row["step_ms"] * 1000 for row in report["per_step"]]
+    # (µs; each device has its _SOURCE node, up to ~10 µs apart: the step starts at one of them)
+    assert measured == pytest.approx(expected, abs=20.0)
+    assert any("3 files named by step number (0-2)" in r for r in report["remarks"])
+    assert not any("fewer trace files" in w for w in report["warnings"])
 
 
 def test_gpu_kernels_are_classified_by_the_op_they_belong_to() -> None:

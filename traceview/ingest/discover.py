@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from traceview.model.errors import (
     Notes,
     UsageError,
 )
+from traceview.model.escape import safe
 from traceview.model.manifest import (
     MAX_WORLD_SIZE,
     SERVICE_ROLES,
@@ -65,6 +67,8 @@ class TraceFile:
     device: str | None = None
     # the process's role in a parameter-server job as collect recorded it (DMLC_ROLE...)
     role: str | None = None
+    # ``more`` holds files named by step number (``_step_numbered``), not profiler windows
+    by_step_name: bool = False
 
     @property
     def files(self) -> list[Path]:
@@ -288,6 +292,46 @@ def _one_process_one_trace(traces: list[TraceFile]) -> None:
     traces[:] = kept
 
 
+#: A step's (or iteration's) number in a file name: ``timeline_step_3.json``, ``iter-12.pt.trace.json``.
+_STEP_IN_NAME = re.compile(r"(?i)(?<![a-z])(step|iter|iteration)([_-]?)(\d+)(?!\d)")
+
+
+def _step_numbered(traces: list[TraceFile], notes: Notes) -> None:
+    """Traces that state no rank and no process (a TensorFlow 1 Timeline states neither), of one
+    format, in one folder, whose names differ only in a step's number (the Timeline recipe's
+    ``timeline_step_%d.json``, a file per ``Session.run``): one process's steps, not ranks. They
+    become one trace, its other files in ``more`` (read in time order); the rest stay."""
+    groups: dict[tuple[str, Path, str], list[tuple[int, TraceFile]]] = {}
+    for trace in traces:
+        if trace.claimed_rank is not None or trace.process is not None or trace.host is not None:
+            continue
+        found = list(_STEP_IN_NAME.finditer(trace.path.name))
+        if len(found) != 1:
+            continue
+        match = found[0]
+        stem = f"{trace.path.name[: match.start(3)]}N{trace.path.name[match.end(3) :]}"
+        key = (trace.parser, trace.path.parent, stem)
+        groups.setdefault(key, []).append((int(match.group(3)), trace))
+    gone: set[int] = set()
+    for (_, folder, stem), members in groups.items():
+        numbers = [n for n, _ in members]
+        if len(members) < 2 or len(set(numbers)) < len(numbers):
+            continue
+        members.sort(key=lambda member: member[0])
+        first = members[0][1]
+        first.by_step_name = True
+        for _, trace in members[1:]:
+            first.more.append(trace.path)
+            first.size += trace.size
+            gone.add(id(trace))
+        shown = safe(str(folder / stem), 160)
+        notes.remark(
+            f"{shown}: {len(members)} files named by step number ({min(numbers)}-{max(numbers)}), "
+            "read as one process's steps in time order (the traces state no rank or process)"
+        )
+    traces[:] = [t for t in traces if id(t) not in gone]
+
+
 def _differ(first: TraceFile, other: TraceFile) -> str:
     """What tells two traces of one rank apart as different processes ("" where nothing)."""
     if first.parser != other.parser:
@@ -331,6 +375,7 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
         trace.rank = trace.claimed_rank
     traces[:] = [t for t in traces if t.claimed_rank is None or by_rank[t.claimed_rank] is t]
     _one_process_one_trace(traces)
+    _step_numbered(traces, notes)
     # a parameter server (collect says so) is no worker: numbered after them, in file order
     serving = [t for t in traces if t.claimed_rank is None and role_named(t.role) in SERVICE_ROLES]
     unclaimed = [t for t in traces if t.claimed_rank is None and t not in serving]
@@ -360,7 +405,7 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
         trace.rank = next_rank
         by_rank[next_rank] = trace
         next_rank += 1
-    several = sorted(r for r, t in by_rank.items() if t.more)
+    several = sorted(r for r, t in by_rank.items() if t.more and not t.by_step_name)
     if several:
         low, high = (
             min(len(by_rank[r].files) for r in several),
@@ -371,12 +416,13 @@ def assign_ranks(traces: list[TraceFile], notes: Notes) -> int | None:
             f"rank(s) {number_ranges(several)}: {counts} trace files each (one per profiler cycle "
             "or step), read as one trace per rank, in time order"
         )
-        most = max(len(t.files) for t in by_rank.values())
-        fewer = sorted(r for r, t in by_rank.items() if len(t.files) < most)
+        windowed = [t for t in by_rank.values() if not t.by_step_name]
+        most = max(len(t.files) for t in windowed)
+        fewer = sorted(t.rank for t in windowed if len(t.files) < most)
         if fewer:
             notes.warn(
                 f"rank(s) {number_ranges(fewer)} have fewer trace files than the {most} of rank(s) "
-                f"{number_ranges(sorted(set(by_rank) - set(fewer)))} (they stopped early, or "
+                f"{number_ranges(sorted({t.rank for t in windowed} - set(fewer)))} (they stopped early, or "
                 "files are missing): each is analysed up to where its traces stop, and a step "
                 "missing from some ranks is left out of every figure"
             )
