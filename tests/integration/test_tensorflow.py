@@ -193,6 +193,21 @@ def test_tf1_timelines_saved_one_file_a_step_are_one_process_not_ranks(device: s
     assert not any("fewer trace files" in w for w in report["warnings"])
 
 
+def test_an_incomplete_critical_path_is_no_balanced_verdict() -> None:
+    """The multi-worker BERT profile's two GPUs: the counted step's path is incomplete (its
+    collectives are not all matched), so no cause across ranks is named; the headline must not
+    then call the run balanced (its what-ifs replay a late start to 31x)."""
+    path = shared_traces("tensorflow/tfprofiler_gpu_multi_worker/34.83.195.179_6003.xplane.pb")
+    report = run_cli("report", path, "--json").json()
+    assert report["critical_path"]["complete_steps"] < report["critical_path"]["steps"]
+    assert report["summary"]["cause"] is None
+    text = run_cli("report", path).out
+    assert "balanced:" not in text
+    assert "no cause named: most counted steps' critical paths are incomplete" in " ".join(
+        text.split()
+    )
+
+
 def test_gpu_kernels_are_classified_by_the_op_they_belong_to() -> None:
     """The multi-worker BERT XSpace: kernels carry their op's name; none is left unclassified."""
     path = shared_traces("tensorflow/tfprofiler_gpu_multi_worker/34.83.195.179_6003.xplane.pb")

@@ -279,6 +279,14 @@ def cause_text(report: RunReport) -> Text:
         return text.append("\n")
     if report.critical_path is None or report.run.ranks < 2:
         return Text()
+    path = report.critical_path
+    if 2 * path.complete_steps < path.steps:  # (only a rank's own timeline was read: no verdict)
+        return Text(
+            "no cause named: most counted steps' critical paths are incomplete (their "
+            "communication is not all matched), and nothing a rank's own timeline tells saves 5% "
+            "of the step, replayed without it\n",
+            style="bright_black",
+        )
     if report.summary.bottleneck == "pipeline":  # (the stages' own rule names the slow one)
         return Text(
             "no cause stands out on the critical path: nothing saves 5% of the step, replayed "
