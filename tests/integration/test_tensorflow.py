@@ -208,6 +208,25 @@ def test_an_incomplete_critical_path_is_no_balanced_verdict() -> None:
     )
 
 
+def test_two_runs_in_one_folder_are_no_job_with_a_late_rank() -> None:
+    """The shared TF1 CPU folder holds two runs of one script, six seconds apart: three files of
+    one step each, and a file of five steps. Read as two ranks, they never ran a step at the
+    same time: no rank waited for the other, so no late start (it replayed to 300x) and no
+    imbalance is named; each step's path says why it is incomplete."""
+    folder = shared_traces("tensorflow/tf1_timeline_mnist_mlp_cpu")
+    report = run_cli("report", folder, "--json").json()
+    assert report["run"]["ranks"] == 2
+    assert report["summary"]["cause"] is None
+    assert report["summary"]["bottleneck"] != "imbalance"
+    counted = [s for s in report["per_step"] if s["excluded"] is None]
+    assert counted and all(
+        "never ran the step at the same time" in s["critical_path"]["reason"] for s in counted
+    )
+    text = " ".join(run_cli("report", folder).out.split())
+    assert "late" not in text.split("Per step")[0]
+    assert "incomplete: the ranks never ran the step at the same time" in text
+
+
 def test_gpu_kernels_are_classified_by_the_op_they_belong_to() -> None:
     """The multi-worker BERT XSpace: kernels carry their op's name; none is left unclassified."""
     path = shared_traces("tensorflow/tfprofiler_gpu_multi_worker/34.83.195.179_6003.xplane.pb")

@@ -28,6 +28,7 @@ from traceview.model.results import (
     WhatIf,
     WholeRun,
 )
+from traceview.model.results.steps import incomplete_reason
 
 PHASE_STYLE = {
     S.IO: "magenta",
@@ -282,9 +283,9 @@ def cause_text(report: RunReport) -> Text:
     path = report.critical_path
     if 2 * path.complete_steps < path.steps:  # (only a rank's own timeline was read: no verdict)
         return Text(
-            "no cause named: most counted steps' critical paths are incomplete (their "
-            "communication is not all matched), and nothing a rank's own timeline tells saves 5% "
-            "of the step, replayed without it\n",
+            "no cause named: most counted steps' critical paths are incomplete, and nothing a "
+            "rank's own timeline tells saves 5% of the step, replayed without it; incomplete: "
+            f"{incomplete_reason(report.per_step)}\n",
             style="bright_black",
         )
     if report.summary.bottleneck == "pipeline":  # (the stages' own rule names the slow one)

@@ -209,10 +209,30 @@ def _source(
         .group_by(S.RANK, S.STEP)
         .agg(pl.col("s").min(), pl.col("e").max(), pl.col("len").sum())
     )
+    for step in _apart(pl.concat([rest_spans.drop("len"), _spans(pieces).drop("len")])):
+        unmatched.setdefault(step, APART)
     return _Source(
         rest_frame, pieces, calls, sorted(set(wanted)), unmatched, held + pieces.height,
         rest_spans, segments, in_order, _actions(actions, wanted),
     )  # fmt: skip
+
+
+#: Why a step's path is no job's: its ranks were never inside it at the same time.
+APART = (
+    "the ranks never ran the step at the same time (one rank's window ends before another's "
+    "begins: traces of different runs or profiling windows, or clocks far apart), so no rank "
+    "waited for another"
+)
+
+
+def _apart(spans: pl.DataFrame) -> list[int]:
+    """The steps of several ranks (``spans``: rank, step, s, e) in which some rank's window
+    ends before another's begins: the latest start at or after the earliest end."""
+    per = spans.group_by(S.RANK, S.STEP).agg(pl.col("s").min(), pl.col("e").max())
+    steps = per.group_by(S.STEP).agg(
+        pl.col(S.RANK).n_unique().alias("ranks"), pl.col("s").max(), pl.col("e").min()
+    )
+    return steps.filter((pl.col("ranks") > 1) & (pl.col("s") >= pl.col("e")))[S.STEP].to_list()
 
 
 def _actions(actions: pa.Table | None, wanted: list[int]) -> pl.DataFrame | None:

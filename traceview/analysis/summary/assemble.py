@@ -92,6 +92,7 @@ from traceview.model.results import (
     TopOp,
     WholeRun,
 )
+from traceview.model.results.steps import incomplete_reason
 
 # --- steps: which steps count, and each step across ranks ----------------------------------------
 
@@ -401,18 +402,19 @@ def _place_critical_path(explained: Explained | None, draft: Draft) -> None:
         summary, ranks = draft.fields["summary"], draft.fields["ranks"]
         _cause_verdict(summary, ranks, explained, draft.fields["pipeline"])
         path = explained.path
+        why = incomplete_reason(draft.fields["per_step"])
         if path is not None and 2 * path.complete_steps < path.steps:
             draft.remarks.append(
                 f"cause: {path.steps - path.complete_steps} of {path.steps} counted steps' "
-                "critical paths are incomplete (their communication is not all matched): "
-                "only what a rank's own timeline tells is named (the device waiting for the "
-                "host, launches, idling, data loading), no late start, straggler or transfer"
+                "critical paths are incomplete, so only what a rank's own timeline tells is named "
+                "(the device waiting for the host, launches, idling, data loading), no late "
+                f"start, straggler or transfer; incomplete: {why}"
             )
         elif path is not None and path.complete_steps < path.steps:
             draft.remarks.append(
                 f"cause: {path.steps - path.complete_steps} of {path.steps} counted steps' "
-                "critical paths are incomplete (their communication is not all matched): the "
-                f"cause is read off the other {path.complete_steps}"
+                f"critical paths are incomplete: the cause is read off the other "
+                f"{path.complete_steps}; incomplete: {why}"
             )
     draft.fields.update(
         critical_path=explained.path if explained is not None else None,

@@ -3,6 +3,8 @@ the steps that did not complete on every rank."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from traceview.model.results.base import (
     Breakdown,
     Phase,
@@ -88,3 +90,13 @@ class IncompleteStep(Result):
     waited_rank: int | None  # that rank
     untraced_ranks: list[int] = []  # of unfinished_ranks, those whose traces hold no window
     #                                 of it (their traces stop before it, or skip it)
+
+
+def incomplete_reason(per_step: list[StepSummary]) -> str:
+    """Why the counted steps' critical paths are incomplete: the reason most of them give."""
+    reasons = Counter(
+        s.critical_path.reason
+        for s in per_step
+        if s.excluded is None and s.critical_path is not None and s.critical_path.reason
+    )
+    return reasons.most_common(1)[0][0] if reasons else "their communication is not all matched"
