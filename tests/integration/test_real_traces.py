@@ -296,3 +296,24 @@ def test_host_work_that_launches_nothing_is_named_not_launch(tmp_path: Path) -> 
     launch = segments.filter(pl.col(S.KIND) == S.SEGMENT_LAUNCH).select(S.START_NS, S.END_NS)
     launch_spans = [tuple(r) for r in launch.sort(S.START_NS).iter_rows()]
     assert sum(b - a for a, b in overlap(union(frees), launch_spans)) == 0
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pytorch/hta_cpu_only_gloo",  # one rank of a gloo job: its cause, idling, is no phase
+        "tensorflow/tf1_timeline_mnist_mlp_gpu/timeline_03_merged_5_runs.json.gz",
+    ],
+)
+def test_a_bottleneck_the_cause_does_not_name_has_its_own_share(name: str) -> None:
+    """Where the cause is no phase (one rank idling) the bottleneck is the largest phase, and
+    the share the headline gives it is that phase's share of the step, not the cause's saving
+    (the gloo rank's all-reduce was said to be 15% of a step it takes 85% of)."""
+    report = run_cli("report", shared_traces(name), "--json").json()
+    summary = report["summary"]
+    assert summary["cause"] is not None and summary["cause"]["kind"] == "idle"
+    phase = summary["bottleneck"]
+    assert phase != "idle"
+    measured = sum(r["breakdown_ms"][phase] for r in report["ranks"]) / len(report["ranks"])
+    step = sum(r["step_ms"] for r in report["ranks"]) / len(report["ranks"])
+    assert summary["bottleneck_share"] == pytest.approx(measured / step, abs=0.002)

@@ -221,25 +221,30 @@ def _cause_verdict(
         largest = bottleneck_of(summary.breakdown_ms)
         if summary.bottleneck != "pipeline" or largest is None:
             summary.bottleneck = largest
-            summary.bottleneck_share = (
-                round(summary.breakdown_ms[largest] / summary.step_ms, 4)
-                if largest and summary.step_ms
-                else 0.0
-            )
+            summary.bottleneck_share = _breakdown_share(summary, largest)
         return
     if cause.kind == TRANSFER:
         bottleneck: BottleneckPhase | None = "comm"
-    elif cause.kind in (LATE_START, S.SEGMENT_IDLE):
-        # ranks waiting for one that is not working (one rank idling: its largest phase)
-        bottleneck = "imbalance" if len(ranks) > 1 else summary.bottleneck
-    elif cause.phase in S.BOTTLENECK_PHASES:
+    elif cause.kind in (LATE_START, S.SEGMENT_IDLE) and len(ranks) > 1:
+        bottleneck = "imbalance"  # (ranks waiting for one that is not working)
+    elif cause.kind not in (LATE_START, S.SEGMENT_IDLE) and cause.phase in S.BOTTLENECK_PHASES:
         bottleneck = cause.phase
     else:
-        bottleneck = summary.bottleneck
+        # (the cause is no phase, one rank idling among them: the largest phase is the
+        # bottleneck, its share the breakdown's, not the cause's saving)
+        summary.bottleneck_share = _breakdown_share(summary, summary.bottleneck)
+        return
     summary.bottleneck = bottleneck
     # (of the job's step the replay starts from: what the cause's saving is a part of)
     job_step = cause.step_ms + cause.ms
     summary.bottleneck_share = round(cause.ms / job_step, 4) if job_step > 0 else 0.0
+
+
+def _breakdown_share(summary: Summary, phase: BottleneckPhase | None) -> float:
+    """``phase``'s share of the step in the breakdown (0 where it is none of its phases)."""
+    if phase is None or phase not in S.BREAKDOWN_PHASES or not summary.step_ms:
+        return 0.0
+    return round(summary.breakdown_ms[phase] / summary.step_ms, 4)
 
 
 def _transfer_group(explained: Explained, by_group: list[CommByGroup], ranks: int) -> None:
