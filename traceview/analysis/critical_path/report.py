@@ -12,7 +12,13 @@ import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.critical_path.blame import _OWN, _blame, _blame_per_step, _blame_rows
-from traceview.analysis.critical_path.cause import Candidate, candidates, cause_words, pick
+from traceview.analysis.critical_path.cause import (
+    Candidate,
+    candidates,
+    cause_words,
+    noise_ms,
+    pick,
+)
 from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, NO_STEP
 from traceview.analysis.critical_path.late import before
 from traceview.analysis.critical_path.source import _batches, _Source, _source
@@ -191,7 +197,9 @@ def explain(
     found = _by_stage(found, source, counted_steps)
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
-    picked = pick(found, whatif, [step_ns[p.step] / 1e6 for p in paths], ranks, explained, waits)
+    counted_ms = [step_ns[p.step] / 1e6 for p in paths]
+    picked = pick(found, whatif, counted_ms, ranks, explained, waits)
+    path.noise_ms = round(noise_ms(counted_ms), 3)
     base_ms = next((w.step_ms for w in whatif if w.change == "none"), 0.0)
     for cause in (picked.cause, picked.straggler):
         if cause is None:

@@ -78,6 +78,9 @@ class CriticalPath(Result):
     segments: list[PathSegment]  # the median step's path, in time order
     blame: list[Blame]  # mean per counted step, largest first
     by_op: list[OpBlame]  # the operators on the path, largest first (up to 10)
+    # how far the counted steps' mean could be off by their own spread (cause.noise_ms): a
+    # replay that saves less names no cause, however large a share of the step it is
+    noise_ms: float = 0.0
 
 
 #: What a cause is (``Cause.kind``): a rank's own work (``compute`` in a phase, a device
