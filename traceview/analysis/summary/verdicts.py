@@ -231,8 +231,10 @@ def _cause_verdict(
         bottleneck = cause.phase
     else:
         # (the cause is no phase, one rank idling among them: the largest phase is the
-        # bottleneck, its share the breakdown's, not the cause's saving)
-        summary.bottleneck_share = _breakdown_share(summary, summary.bottleneck)
+        # bottleneck, its share the breakdown's, not the cause's saving; a pipeline's bubble
+        # keeps the share its own rule gave it)
+        if summary.bottleneck in S.BREAKDOWN_PHASES:
+            summary.bottleneck_share = _breakdown_share(summary, summary.bottleneck)
         return
     summary.bottleneck = bottleneck
     # (of the job's step the replay starts from: what the cause's saving is a part of)
