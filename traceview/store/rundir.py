@@ -120,18 +120,9 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
 ROW_GROUP = 1 << 16
 
 
-#: A table smaller than this is written uncompressed: a codec is set up per column (zstd's
-#: took 0.37 of the 0.67 ms to write a one-step rank's 7 events and 26 columns), and on a few
-#: kilobytes it saves a few bytes (7,459 against 7,501 there).
-COMPRESS_FROM_BYTES = 64 << 10
-
-
 def write_table(path: Path, table: pa.Table) -> None:
     """``table`` as Parquet at ``path`` as it is (``write_parquet`` writes beside and renames)."""
-    options = parquet_options(table.schema)
-    if table.nbytes < COMPRESS_FROM_BYTES:
-        options["compression"] = "none"
-    pq.write_table(table, path, row_group_size=ROW_GROUP, **options)
+    pq.write_table(table, path, row_group_size=ROW_GROUP, **parquet_options(table.schema))
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:
