@@ -847,3 +847,20 @@ def test_steps_laid_out_at_once_are_walked_as_each_alone() -> None:
         if path.step % 5 == 0:
             continue
         assert sum(x.dur_ns for x in path.pieces) == path.end_ns - path.start_ns, path.step
+
+
+def test_a_step_whose_ranks_never_ran_it_together_is_apart() -> None:
+    """Per rank and step, the span of its items: a step is apart where some rank's span ends
+    before another's begins (two runs' traces in one folder); overlapping spans, one of no
+    length inside another's, or one rank alone are not."""
+    from traceview.analysis.critical_path.source import _apart
+
+    spans = pl.DataFrame(
+        {
+            "rank": [0, 1, 0, 1, 0, 1, 0],
+            "step": [1, 1, 2, 2, 3, 3, 4],
+            "s": [0, 10, 0, 5, 0, 30, 0],
+            "e": [20, 10, 10, 30, 20, 40, 5],
+        }
+    )
+    assert _apart(spans) == [3]

@@ -227,12 +227,13 @@ APART = (
 
 def _apart(spans: pl.DataFrame) -> list[int]:
     """The steps of several ranks (``spans``: rank, step, s, e) in which some rank's window
-    ends before another's begins: the latest start at or after the earliest end."""
+    ends before another's begins: the latest start after the earliest end (a window of no
+    length inside another's, or two that touch, is together)."""
     per = spans.group_by(S.RANK, S.STEP).agg(pl.col("s").min(), pl.col("e").max())
     steps = per.group_by(S.STEP).agg(
         pl.col(S.RANK).n_unique().alias("ranks"), pl.col("s").max(), pl.col("e").min()
     )
-    return steps.filter((pl.col("ranks") > 1) & (pl.col("s") >= pl.col("e")))[S.STEP].to_list()
+    return steps.filter((pl.col("ranks") > 1) & (pl.col("s") > pl.col("e")))[S.STEP].to_list()
 
 
 def _actions(actions: pa.Table | None, wanted: list[int]) -> pl.DataFrame | None:
