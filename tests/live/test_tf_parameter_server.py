@@ -223,7 +223,10 @@ def test_collect_profiles_every_task_of_the_job(collected: Any) -> None:
     ]
     ran = sum(r["steps_run"] for r in report["ranks"])
     chief = next(s for s in report["servers"] if s["role"] == "chief")
-    assert ran >= 10 and abs(chief["dispatched"] - ran) <= 8, (chief, ran)
+    # (the chief counts what it handed out in its own profile's window, the workers what ran in
+    # theirs; on two loaded cores the windows' edges differ by up to 12 of 75-97 steps, seen in
+    # two full runs; alone, within 8)
+    assert ran >= 10 and abs(chief["dispatched"] - ran) <= max(8, 0.2 * ran), (chief, ran)
 
 
 def test_collected_workers_steps_match_their_timers(collected: Any) -> None:

@@ -110,10 +110,15 @@ def test_a_window_asked_after_the_change_is_after_it_and_names_the_slowed_rank(
     steps = sorted({s["step"] for s in report["per_step"]})
     assert steps and min(steps) > SLOW_FROM, steps
     # the slowed rank named: the straggler (the cause too, unless the machine's load makes the
-    # all-reduce's transfer the larger cause: three ranks and the tests share two cores)
+    # all-reduce's transfer the larger cause, or makes the window's three steps vary more than
+    # any replay saves: no cause then; three ranks and the tests share two cores)
     summary = report["summary"]
     assert summary["straggler_rank"] == SLOW_RANK, summary
-    assert summary["cause"]["rank"] in (SLOW_RANK, None), summary["cause"]
+    cause = summary["cause"]
+    assert cause is None or cause["rank"] in (SLOW_RANK, None), cause
+    if cause is None:  # (only where the steps' own spread was the floor)
+        path = report["critical_path"]
+        assert path["noise_ms"] > 0.05 * path["step_ms"], path
 
 
 def test_whole_run_puts_the_change_at_its_step_and_matches_the_timers(
