@@ -281,10 +281,18 @@ def cause_text(report: RunReport) -> Text:
     if report.critical_path is None or report.run.ranks < 2:
         return Text()
     path = report.critical_path
-    if 2 * path.complete_steps < path.steps:  # (only a rank's own timeline was read: no verdict)
+    # (cause.pick's floors: a rank's cause 5% of the step, the whole run's 10%, and either
+    # more than the counted steps vary)
+    spread = (
+        f"more than the steps vary (±{ms(path.noise_ms)} ms) and "
+        if path.noise_ms > 0.05 * path.step_ms
+        else ""
+    )
+    floors = f"{spread}5% of the step (10% for a cause of the whole run), replayed without it"
+    if not path.explained:  # (only a rank's own timeline was read)
         return Text(
             "no cause named: most counted steps' critical paths are incomplete, and nothing a "
-            "rank's own timeline tells saves 5% of the step, replayed without it; incomplete: "
+            f"rank's own timeline tells saves {floors}; incomplete: "
             f"{incomplete_reason(report.per_step)}\n",
             style="bright_black",
         )
@@ -294,18 +302,7 @@ def cause_text(report: RunReport) -> Text:
             "without it; the pipeline's stages below\n",
             style="bright_black",
         )
-    # (cause.pick's floors: a rank's cause 5% of the step, the whole run's 10%, and either
-    # more than the counted steps vary)
-    spread = (
-        f"more than the steps vary (±{ms(path.noise_ms)} ms) and "
-        if path.noise_ms > 0.05 * path.step_ms
-        else ""
-    )
-    return Text(
-        f"balanced: nothing on the critical path saves {spread}5% of the step (10% for a cause "
-        "of the whole run), replayed without it\n",
-        style="bright_black",
-    )
+    return Text(f"balanced: nothing on the critical path saves {floors}\n", style="bright_black")
 
 
 #: A runtime call of the device's allocator, and a runtime call at all (the names segments of

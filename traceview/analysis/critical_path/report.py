@@ -182,7 +182,7 @@ def explain(
     )
     counted_steps = sorted(wanted & set(source.steps))
     ranks = source.windows().filter(pl.col("step").is_in(counted_steps))["rank"].n_unique()
-    explained = 2 * sum(p.complete for p in paths) >= len(paths)
+    explained = path.explained
     # where most steps' paths are complete, the causes are read off those alone (an incomplete
     # path lays an unmatched call's wait on its own rank: no cause of a step is read off it)
     whole = [p for p in paths if p.complete] if explained else paths

@@ -209,12 +209,13 @@ def _source(
         .group_by(S.RANK, S.STEP)
         .agg(pl.col("s").min(), pl.col("e").max(), pl.col("len").sum())
     )
-    for step in _apart(pl.concat([rest_spans.drop("len"), _spans(pieces).drop("len")])):
-        unmatched.setdefault(step, APART)
-    return _Source(
+    source = _Source(
         rest_frame, pieces, calls, sorted(set(wanted)), unmatched, held + pieces.height,
         rest_spans, segments, in_order, _actions(actions, wanted),
     )  # fmt: skip
+    for step in _apart(source.windows()):
+        unmatched.setdefault(step, APART)
+    return source
 
 
 #: Why a step's path is no job's: its ranks were never inside it at the same time.
@@ -225,12 +226,11 @@ APART = (
 )
 
 
-def _apart(spans: pl.DataFrame) -> list[int]:
-    """The steps of several ranks (``spans``: rank, step, s, e) in which some rank's window
-    ends before another's begins: the latest start after the earliest end (a window of no
-    length inside another's, or two that touch, is together)."""
-    per = spans.group_by(S.RANK, S.STEP).agg(pl.col("s").min(), pl.col("e").max())
-    steps = per.group_by(S.STEP).agg(
+def _apart(windows: pl.DataFrame) -> list[int]:
+    """The steps of several ranks (``windows``: per rank and step, s and e) in which some rank's
+    window ends before another's begins: the latest start after the earliest end (a window of
+    no length inside another's, or two that touch, is together)."""
+    steps = windows.group_by(S.STEP).agg(
         pl.col(S.RANK).n_unique().alias("ranks"), pl.col("s").max(), pl.col("e").min()
     )
     return steps.filter((pl.col("ranks") > 1) & (pl.col("s") > pl.col("e")))[S.STEP].to_list()

@@ -403,7 +403,7 @@ def _place_critical_path(explained: Explained | None, draft: Draft) -> None:
         _cause_verdict(summary, ranks, explained, draft.fields["pipeline"])
         path = explained.path
         why = incomplete_reason(draft.fields["per_step"])
-        if path is not None and 2 * path.complete_steps < path.steps:
+        if path is not None and not path.explained:
             draft.remarks.append(
                 f"cause: {path.steps - path.complete_steps} of {path.steps} counted steps' "
                 "critical paths are incomplete, so only what a rank's own timeline tells is named "

@@ -214,8 +214,7 @@ def _cause_verdict(
     # (where the paths are not explained, the ranks' waits are not known: the wait-based rule
     # stands; where they name no straggler, a pipeline's slowest stage, its own rule, stands)
     stage_named = pipeline is not None and bool(summary.straggler_significant)
-    explained_paths = 2 * path.complete_steps >= path.steps
-    if len(ranks) > 1 and explained_paths and (straggler is not None or not stage_named):
+    if len(ranks) > 1 and path.explained and (straggler is not None or not stage_named):
         _straggler(summary, ranks, straggler, path.blame)
     if cause is None:
         largest = bottleneck_of(summary.breakdown_ms)

@@ -82,6 +82,12 @@ class CriticalPath(Result):
     # replay that saves less names no cause, however large a share of the step it is
     noise_ms: float = 0.0
 
+    @property
+    def explained(self) -> bool:
+        """Whether most counted steps' paths are complete (else only what a rank's own
+        timeline tells names a cause: ``cause.pick``)."""
+        return 2 * self.complete_steps >= self.steps
+
 
 #: What a cause is (``Cause.kind``): a rank's own work (``compute`` in a phase, a device
 #: ``kernel``, ``launch``: the device waiting for kernel launches, ``host_bound``: for other host
