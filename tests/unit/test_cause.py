@@ -15,6 +15,7 @@ from traceview.analysis.critical_path.cause import (
     pick,
 )
 from traceview.analysis.critical_path.late import before
+from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
 from traceview.model.results import Blame, Cause, WhatIf
 
@@ -135,12 +136,12 @@ def test_host_work_that_is_no_launch_gets_its_own_advice() -> None:
     """The device waiting while the host is in the allocator (cudaMalloc, hipFree) or in another
     runtime call is no launch problem: fewer, larger kernels would not help."""
     from traceview.model.results import Cause
-    from traceview.views.style import cause_advice
+    from traceview.views.advice import cause_advice
 
     def advice(kind: str, op: str | None) -> str:
         cause = Cause(kind=kind, rank=None, phase="forward", op=op, ms=10.0, blamed_ms=12.0,
                       change=f"without:{kind}", step_ms=90.0, speedup=1.11, text="")  # fmt: skip
-        return cause_advice(cause) or ""
+        return cause_advice(cause, "pytorch") or ""
 
     for allocator in ("cudaMalloc", "cudaFree", "hipMalloc", "cudaHostAlloc"):
         assert "allocator" in advice("host_bound", allocator), allocator
@@ -223,3 +224,39 @@ def test_compare_names_a_dispatch_cause_and_a_server_as_what_they_are() -> None:
         change="server:rank=2", step_ms=20.0, speedup=1.4, text="",
     )  # fmt: skip
     assert cause_brief(server).startswith("the workers' pushes queueing at server rank 2 cost 8")
+
+
+def test_advice_is_said_in_the_runs_frameworks_words() -> None:
+    """The remedy names the run's framework's API: a TensorFlow job is told about tf.data and
+    CommunicationOptions, never DataLoader or DDP's buckets; a run of no known framework (or of
+    several) gets the remedy without any framework's API."""
+    from traceview.model.results import Cause
+    from traceview.views.advice import cause_advice, gpu_advice
+
+    def advice(kind: str, phase: str, framework: str | None) -> str:
+        cause = Cause(kind=kind, rank=None, phase=phase, op=None, ms=10.0, blamed_ms=12.0,
+                      change=f"without:{phase}", step_ms=90.0, speedup=1.11, text="")  # fmt: skip
+        return cause_advice(cause, framework) or ""
+
+    pytorch_words = ("DataLoader", "DDP", "bucket_cap_mb", "torch", "CUDA graphs", "non_blocking")
+    named = {
+        "pytorch": ("DataLoader", "bucket_cap_mb", "torch.compile"),
+        "tensorflow": ("tf.data", "CommunicationOptions", "jit_compile"),
+        "mxnet": ("preprocess_threads", "set_gradient_compression", "hybridize"),
+        "chainer": ("MultiprocessIterator", "double_buffering", "static_graph"),
+        "jax": ("device_put", "jit", "jit"),
+    }
+    for framework, (loader, overlap, fuse) in named.items():
+        io, comm = advice("io", S.IO, framework), advice("transfer", S.COMM, framework)
+        launch = advice("launch", S.FORWARD, framework)
+        assert loader in io and overlap in comm and fuse in launch, framework
+        assert loader in (gpu_advice("data", framework) or ""), framework
+        if framework != "pytorch":
+            for said in (io, comm, launch, gpu_advice(S.H2D, framework) or ""):
+                assert not any(w in said for w in pytorch_words), (framework, said)
+    for unknown in (None, "chrome", "pytorch+tensorflow"):
+        for said in (advice("io", S.IO, unknown), advice("transfer", S.COMM, unknown)):
+            assert said and not any(w in said for ws in named.values() for w in ws if w != "jit"), (
+                unknown,
+                said,
+            )

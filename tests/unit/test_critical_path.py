@@ -431,6 +431,54 @@ def test_a_wait_released_before_its_calls_span_closed_still_waits_for_it() -> No
     ]
 
 
+def test_a_call_run_in_regions_of_its_own_waits_in_every_one() -> None:
+    """TensorFlow runs its ring all-reduce on the calling thread, in regions of its own (a
+    ``Loop``, then the call's own end): only the last region holds the call's end. Rank 1 packs
+    its gradients (14-16, its own work), issues at 16 (the last to arrive), and is in the call
+    until 30 (``Loop`` 16-28, ``allreduce`` 28-30); rank 0 issued at 12. The transfer is the
+    14 ms from 16 to 30, all of it in the call's regions: without it, or hidden, both ranks
+    are released at 16 and update until 18; twice as fast, at 23 (step 25). Read as rank 1's
+    own time, the ``Loop`` kept the replayed step at 30."""
+    segments = _segments(
+        [
+            (0, 0, 10, S.FORWARD, S.SEGMENT_COMPUTE, "mm"),
+            (0, 10, 12, S.COMM, S.SEGMENT_COMM, "comm_packing"),
+            (0, 12, 13, S.COMM, S.SEGMENT_COMM, "CollectiveOpV2Kernel::Run"),
+            (0, 13, 28, S.COMM, S.SEGMENT_COMM, "Loop"),
+            (0, 28, 30, S.COMM, S.SEGMENT_COMM, "allreduce"),
+            (0, 30, 32, S.UPDATE, S.SEGMENT_COMPUTE, "add_"),
+            (1, 0, 14, S.FORWARD, S.SEGMENT_COMPUTE, "mm"),
+            (1, 14, 16, S.COMM, S.SEGMENT_COMM, "comm_packing"),
+            (1, 16, 28, S.COMM, S.SEGMENT_COMM, "Loop"),
+            (1, 28, 30, S.COMM, S.SEGMENT_COMM, "allreduce"),
+            (1, 30, 32, S.UPDATE, S.SEGMENT_COMPUTE, "add_"),
+        ]
+    )
+    calls = _calls(
+        [
+            {"rank": 0, "start": 12, "end": 30, "issued": 12, "last": 16, "last_rank": 1},
+            {"rank": 1, "start": 16, "end": 30, "issued": 16, "last": 16, "last_rank": 1},
+        ]
+    )
+    graph = build_graph(segments, calls, [1])
+    assert graph is not None
+    assert replay(graph).step_ns == {1: 32 * MS}
+    for name in ("without:comm", "hide_comm"):
+        change = parse_change(graph, name)
+        assert change is not None and replay(graph, change).step_ns == {1: 18 * MS}, name
+    twice = parse_change(graph, "faster:allreduce:2")
+    assert twice is not None and replay(graph, twice).step_ns == {1: 25 * MS}
+    # the path: rank 1's own work, then the call's transfer (named by its collective)
+    (path,) = critical_paths(graph)
+    assert [(x.rank, x.kind, x.op, x.dur_ns / MS) for x in path.pieces if x.dur_ns] == [
+        (1, S.SEGMENT_COMPUTE, "mm", 14.0),
+        (1, "transfer", "comm_packing", 2.0),
+        (1, "transfer", "allreduce", 12.0),
+        (1, "transfer", "allreduce", 2.0),
+        (1, S.SEGMENT_COMPUTE, "add_", 2.0),
+    ]
+
+
 def test_communication_without_a_matched_call_marks_the_step_incomplete() -> None:
     """Two ranks of a larger job (the others' traces missing): their communication kernels
     match no call, so what they waited for is unknown. The path still tiles the step, through

@@ -7,7 +7,6 @@ are shown literally and no control character reaches the terminal.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 from rich.text import Text
@@ -17,7 +16,6 @@ from traceview.model.escape import safe
 from traceview.model.results import (
     Blame,
     Breakdown,
-    Cause,
     FsdpGather,
     HostBound,
     KernelLaunches,
@@ -29,6 +27,7 @@ from traceview.model.results import (
     WholeRun,
 )
 from traceview.model.results.steps import incomplete_reason
+from traceview.views.advice import cause_advice, gpu_advice
 
 PHASE_STYLE = {
     S.IO: "magenta",
@@ -273,7 +272,7 @@ def cause_text(report: RunReport) -> Text:
     if cause is not None:
         text = Text("cause: ", style="bold")
         text.append(safe(cause.text))  # (made in the analysis, trace names already safe)
-        advice = cause_advice(cause)
+        advice = cause_advice(cause, report.run.framework)
         if advice:
             text.append("\ntry: ", style="bold")
             text.append(advice)
@@ -303,99 +302,6 @@ def cause_text(report: RunReport) -> Text:
             style="bright_black",
         )
     return Text(f"balanced: nothing on the critical path saves {floors}\n", style="bright_black")
-
-
-#: A runtime call of the device's allocator, and a runtime call at all (the names segments of
-#: host work that is not a launch carry: analysis/attribution/segments.py).
-ALLOCATOR = re.compile(r"(?i)^(cuda|hip|cu)\w*(Malloc|Free|Alloc)")
-RUNTIME_CALL = re.compile(r"^(cuda|hip|cu)[A-Z]")
-
-
-def cause_advice(cause: Cause) -> str | None:
-    """What to look at or try for the cause, by its kind (and phase)."""
-    rank = f"rank {cause.rank}" if cause.rank is not None else "the ranks"
-    does, its = ("does", "its") if cause.rank is not None else ("do", "their")
-    if cause.kind == "late_start":
-        return late_start_advice(cause, rank, does, its)
-    if cause.kind == "idle":
-        return (
-            f"look at what keeps {rank} waiting inside its steps outside every operator (a "
-            "sleep, a barrier or synchronize, another process on its cores)"
-        )
-    if cause.kind == "dispatch":
-        return (
-            "give each scheduled function more work than its dispatch costs (several steps in a "
-            "loop inside it), and the coordinator cores of its own"
-        )
-    if cause.kind == "transfer":
-        return (
-            "overlap communication with backward (DDP's gradient buckets, bucket_cap_mb), "
-            "fewer and larger calls, or a faster link (`traceview scaling --link-gbps`)"
-        )
-    if cause.kind == "host_bound" and cause.op and ALLOCATOR.search(cause.op):
-        return (
-            f"the caching allocator calls the driver ({safe(cause.op, 40)}) inside the step: "
-            "keep tensor shapes steady from step to step, drop torch.cuda.empty_cache() from "
-            "the loop, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-        )
-    if cause.kind == "host_bound" and cause.op and RUNTIME_CALL.match(cause.op):
-        return (
-            f"the host is inside {safe(cause.op, 40)}, not launching work: find what calls it "
-            "every step (the Timeline of `traceview tui` shows where)"
-        )
-    if cause.kind in ("host_bound", "launch"):
-        return GPU_ADVICE.get(cause.phase or "", GPU_ADVICE[S.FORWARD])
-    if cause.kind == "io" or cause.phase == S.IO:
-        return (
-            "use more DataLoader workers (num_workers), or prefetch the next batch while the "
-            "step computes"
-            + (f"; find why {rank} loads slower than the others" if cause.rank is not None
-               and cause.change.startswith("balance:") else "")
-        )  # fmt: skip
-    if cause.phase == S.H2D:
-        return GPU_ADVICE[S.H2D]
-    op = f" ({safe(cause.op, 40)} the most)" if cause.op else ""
-    if cause.stage is not None and cause.change.startswith("balance:"):
-        return (
-            f"stage {cause.stage}'s {cause.phase}{op} takes longer than the other stages': "
-            f"move layers from stage {cause.stage} to its neighbours so that the stages take "
-            "alike (more micro-batches shrink the bubble they wait in, not the stage)"
-        )
-    if cause.change.startswith("balance:"):
-        return (
-            f"find why {rank}'s {cause.phase}{op} takes longer than the others': more data or "
-            "longer sequences on it, uneven expert routing, a slower device or a busier host"
-        )
-    return None
-
-
-def late_start_advice(cause: Cause, rank: str, does: str, its: str) -> str:
-    """What to look at for a late start, by where the late rank was meanwhile (its largest
-    piece, ``Cause.before``): idling, data loading, its update or communication ending its
-    previous step, or time outside every step marker."""
-    timeline = "the Timeline of `traceview tui` shows it"
-    first = cause.before[0] if cause.before else None
-    if first is None or first.kind == "between_steps":
-        return (
-            f"look at what {rank} {does} between {its} steps, outside every step marker (data "
-            "loading outside the loop body, checkpoints, logging, garbage collection, a host "
-            f"synchronize): {timeline}"
-        )
-    if first.kind == "idle":
-        return (
-            f"{rank} idles outside every operator before {its} next step (a sleep, a barrier or "
-            f"synchronize, logging, garbage collection, another process on its cores): {timeline}"
-        )
-    if first.phase == S.IO:
-        return (
-            f"{rank} is still loading data when the others start: use more DataLoader workers "
-            "(num_workers), or prefetch the next batch while the step computes"
-        )
-    op = f" ({safe(first.op, 40)} the most)" if first.op else ""
-    return (
-        f"{rank} is still in {its} previous step's {first.phase}{op} when the others start: "
-        f"find why it takes longer there than on the others; {timeline}"
-    )
 
 
 def pipeline_verdict(report: RunReport, pipeline: Pipeline) -> Text:
@@ -731,16 +637,6 @@ def straggler_text(report: RunReport) -> Text:
     return text
 
 
-#: What to try when the device waits for the host, by the phase it waits in.
-GPU_ADVICE = {
-    S.UPDATE: "use a fused/foreach optimizer or CUDA graphs",
-    S.FORWARD: "launch fewer, larger kernels: a larger batch, torch.compile or CUDA graphs",
-    S.BACKWARD: "launch fewer, larger kernels: a larger batch, torch.compile or CUDA graphs",
-    S.H2D: "pin the batch in host memory and copy it with non_blocking=True",
-    "data": "use more DataLoader workers, or prefetch the next batch while the GPU computes",
-}
-
-
 def gpu_verdict_text(report: RunReport) -> Text | None:
     """The GPU verdict in words (None where the analysis gave none)."""
     verdict = report.gpu_verdict
@@ -752,11 +648,12 @@ def gpu_verdict_text(report: RunReport) -> Text | None:
         text.append(f" on rank {verdict.rank}")
     # (where the cause is the same wait, its advice is said once, under the cause)
     cause = report.summary.cause
-    advised = cause is not None and cause_advice(cause) is not None
+    framework = report.run.framework
+    advised = cause is not None and cause_advice(cause, framework) is not None
     if verdict.wait == "data":
         text.append(f", waiting for the data loader ({pct(verdict.wait_fraction)} of the step)")
         if not (advised and cause is not None and (cause.kind == "io" or cause.phase == S.IO)):
-            text.append(f": {GPU_ADVICE['data']}")
+            text.append(f": {gpu_advice('data', framework)}")
         return text
     phase = verdict.phase or S.OTHER
     text.append(f", waiting for the host ({pct(verdict.wait_fraction)} of the step): ")
@@ -769,8 +666,9 @@ def gpu_verdict_text(report: RunReport) -> Text | None:
     else:
         text.append(" is host-bound")
     host_cause = advised and cause is not None and cause.kind in ("host_bound", "launch")
-    if phase in GPU_ADVICE and not host_cause:
-        text.append(f" ({GPU_ADVICE[phase]})")
+    advice = gpu_advice(phase, framework)
+    if advice is not None and not host_cause:
+        text.append(f" ({advice})")
     return text
 
 

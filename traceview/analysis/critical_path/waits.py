@@ -160,13 +160,21 @@ def _received_when_waited(calls: pl.DataFrame, pieces: pl.DataFrame) -> pl.DataF
 
 
 def _released_early(pieces: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
-    """Waits released before their call's span closed: gloo's worker thread, descheduled on a
-    loaded machine, can close a call's span milliseconds after the training thread's wait
-    returned (and the thread may wake and wait again). Such a wait, cut at no call's end, would
-    count as the rank's own time, and no what-if could shorten it. A piece of exposed
-    communication waiting for no call, over which a call its rank issued before it is in
-    flight, and during which that call's last member arrived, waits for that call: released
-    ``early`` ns before the call's end (the replay keeps that lead)."""
+    """Exposed communication inside a call's flight that no call's end cuts: a piece waiting
+    for no call, begun after the rank's first call ending after it was issued, waits for that
+    call, released ``early`` ns before the call's end (the replay keeps that lead), where
+
+    - the call's last member arrived during the piece: gloo's worker thread, descheduled on a
+      loaded machine, can close a call's span milliseconds after the training thread's wait
+      returned (and the thread may wake and wait again); or
+    - the rank stays in communication from the piece to the piece the call's end cuts (one
+      unbroken stretch of exposed communication): a framework that runs the collective on the
+      calling thread (TensorFlow's ring all-reduce) cuts the call's span into regions of its
+      own (``Loop``, ``ExecuteAsync``), of which only the last holds the call's end.
+
+    Counted as the rank's own time, no what-if could shorten them. (A rank's own communication
+    work while a call is in flight, such as issuing the next one between its backward's
+    operators, is neither.)"""
     pieces = pieces.with_columns(pl.lit(0, pl.Int64).alias("early"))
     tails = pieces.with_row_index("_p").filter(pl.col("call") < 0)
     if tails.height == 0 or calls.height == 0:
@@ -181,17 +189,35 @@ def _released_early(pieces: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     pos = np.searchsorted(keys[order], _composite(rank, pe, t0, span), side="right")
     c = order[np.minimum(pos, len(order) - 1)]  # the rank's first call ending after the piece
     ok = (pos < len(order)) & (c_rank[c] == rank) & (issued[c] <= ps)
-    ok &= (ps < last[c]) & (last[c] <= pe)
+    arrived = (ps < last[c]) & (last[c] <= pe)
+    stretch = _stretch_ids(pieces)
+    cut = pieces["call"].to_numpy()
+    held = np.unique(stretch[cut >= 0] * (calls.height + 1) + cut[cut >= 0])
+    in_call = np.isin(stretch[tails["_p"].to_numpy()] * (calls.height + 1) + c, held)
+    ok &= arrived | in_call
     if not ok.any():
         return pieces
     at = tails["_p"].to_numpy()[ok]
-    call = pieces["call"].to_numpy().copy()
+    call = cut.copy()
     early = np.zeros(pieces.height, np.int64)
     call[at] = c[ok]
     early[at] = c_end[c[ok]] - pe[ok]
     return pieces.with_columns(
         pl.Series("call", call, pl.Int64), pl.Series("early", early, pl.Int64)
     )
+
+
+def _stretch_ids(pieces: pl.DataFrame) -> np.ndarray:
+    """Per piece, its unbroken stretch of exposed communication: a rank's pieces where each
+    starts at the end of the one before it (the pieces in (rank, start) order)."""
+    order = np.lexsort((pieces[S.START_NS].to_numpy(), pieces[S.RANK].to_numpy()))
+    rank = pieces[S.RANK].to_numpy()[order]
+    start, end = pieces[S.START_NS].to_numpy()[order], pieces[S.END_NS].to_numpy()[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (rank[1:] != rank[:-1]) | (start[1:] != end[:-1])
+    ids = np.empty(len(order), np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return ids
 
 
 def _waiting_pieces(comm: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 from traceview.analysis.heatmap import StepMatrix, bands, extremes, row_of
 from traceview.model.results import Breakdown, CommByGroup, PathSegment, RunReport
+from traceview.views.advice import cause_advice
 from traceview.views.html.page import (
     Cell,
     Section,
@@ -27,7 +28,6 @@ from traceview.views.html.page import (
 from traceview.views.html.svg import Bar, Part, Segment, bars, esc, heatmap, lanes
 from traceview.views.style import (
     best_whatifs,
-    cause_advice,
     change_words,
     failure_text,
     gpu_verdict_text,
@@ -113,7 +113,7 @@ def _help(report: RunReport) -> str:
     out = []
     cause = report.summary.cause
     if cause is not None:
-        advice = cause_advice(cause)
+        advice = cause_advice(cause, report.run.framework)
         line = f"<b>{esc(cause.text, 600)}</b>"
         out.append(f"<p>{line}" + (f"<br>try: {esc(advice, 600)}" if advice else "") + "</p>")
     useful = best_whatifs(report.whatif)
