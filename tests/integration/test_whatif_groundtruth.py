@@ -41,9 +41,7 @@ def _saving(folder: Path) -> float:
     """The timers' median over the profiled steps of the job's step less the job's step
     without the all-reduce (each rank's step less its all-reduce; the slowest rank's)."""
     records = [
-        r
-        for r in json.loads((folder / "groundtruth.json").read_text())["records"]
-        if r["profiled"]
+        r for r in json.loads((folder / "groundtruth.json").read_text())["records"] if r["profiled"]
     ]
     steps = sorted({r["step"] for r in records})
     mine = {s: [r for r in records if r["step"] == s] for s in steps}
