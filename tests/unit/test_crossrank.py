@@ -255,6 +255,49 @@ def test_calls_without_counterparts_are_counted_not_guessed() -> None:
     assert crossed.available and crossed.waits.height > 0
 
 
+def _push(rank: int, start: float, end: float, step: int = 3) -> dict:
+    ms = 1_000_000
+    return {
+        "rank": rank, "step": step, "device": "cpu", "pid": 1, "tid": 9,
+        "name": "KVStoreDistDefaultStoragePushPull", "collective": "push", "seq": 0,
+        "bytes": None, "start_ns": int(start * ms), "end_ns": int(end * ms),
+        "issued_ns": None,
+    }  # fmt: skip
+
+
+def test_a_workers_pushes_of_a_step_are_one_round() -> None:
+    """A parameter server's workers push a step's keys at once, each until the server answers,
+    in an order of their own; a profile nests them by their times, so one worker shows three
+    calls where another shows one. Each worker's pushes of the step are one round, from its
+    first push to its last answer, matched with the other's: the server answers the step's
+    last key once both pushed it (rank 1 at 5 ms), so rank 0 waits from 1 to 5 and the round
+    ends alike (11 ms)."""
+    rows = [_push(0, 1, 4), _push(0, 4.5, 9), _push(0, 9.5, 11), _push(1, 5, 11.2)]
+    from traceview.model import schema as S
+
+    table = pa.Table.from_pylist(rows)
+    table = S.conform(table, S.COLLECTIVES_SCHEMA)  # (the other columns: null)
+    matched = match_collectives(table)
+    assert matched.unmatched == {}
+    calls = matched.calls.sort("rank")
+    assert calls["rank"].to_list() == [0, 1]
+    assert calls["start_ns"].to_list() == [1_000_000, 5_000_000]
+    assert calls["end_ns"].to_list() == [11_000_000, 11_200_000]
+    assert calls["last_arrival_ns"].to_list() == [5_000_000, 5_000_000]
+    assert calls["last_rank"].to_list() == [1, 1]
+
+
+def test_an_mxnet_job_whose_pushes_overlap_backward_is_matched_every_step() -> None:
+    """``mxnet/dist_overlap``: Trainer.step right after backward, the pushes of the last layers
+    overlapping the backward of the first; every worker's every step is answered by the one
+    server (dist_sync), so every step has its calls on both workers: none left unmatched, and
+    every counted step's critical path complete (it was one of five)."""
+    report = report_of(SAMPLES / "mxnet" / "dist_overlap")
+    assert not any("unmatched" in w or "left out" in w for w in report.warnings), report.warnings
+    path = report.critical_path
+    assert path is not None and path.complete_steps == path.steps == 5
+
+
 def test_the_report_warns_once_with_counts_per_rank(tmp_path: Path) -> None:
     """A real run where one rank's trace holds one step fewer: one warning, counts per rank."""
     job = Job(ranks=3, steps=6, forward_ms={1: 20.0})

@@ -156,6 +156,37 @@ def match_pairs(p2p: pl.DataFrame, groups: Groups | None) -> tuple[pl.DataFrame,
     return matched, unpaired
 
 
+#: The calls a parameter server answers: a worker's of one view in a step are one round.
+SERVED = ("push", "pull")
+
+
+def _rounds(df: pl.DataFrame) -> pl.DataFrame:
+    """A worker's pushes and pulls of one view in a step as one call, from its first issue to
+    its last end (bytes summed): its engine runs a step's pushes at once, in an order of its
+    own, each until the server answers, and a profile nests them by their times, so that the
+    outermost calls a rank shows in a step are no count every worker shares (MXNet's
+    ``dist_sync`` with the pushes overlapping backward). The round is what every worker waits
+    through alike: the last push of the step the server needs from each."""
+    served = pl.col(S.COLLECTIVE).is_in(SERVED)
+    if not df.select(served.any()).item():
+        return df
+    keys = [S.RANK, "group_key", S.NAME, S.COLLECTIVE, "step_key"]
+    firsts = [c for c in df.columns if c not in {*keys, S.START_NS, S.END_NS, ISSUED, S.BYTES}]
+    rounds = (
+        df.filter(served)
+        .sort(S.START_NS)
+        .group_by(keys, maintain_order=True)
+        .agg(
+            *(pl.col(c).first() for c in firsts),
+            pl.col(S.START_NS).min(),
+            pl.col(S.END_NS).max(),
+            pl.col(ISSUED).min(),
+            pl.when(pl.col(S.BYTES).is_not_null().any()).then(pl.col(S.BYTES).sum()),
+        )
+    )
+    return pl.concat([df.filter(~served), rounds.select(df.columns)], how="vertical_relaxed")
+
+
 def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Matched:
     """Match every rank's collective calls with the other ranks' (module docstring): inside
     each call's process group where the run declares its groups (``groups``), the calls of a
@@ -183,7 +214,7 @@ def match_collectives(collectives: pa.Table, groups: Groups | None = None) -> Ma
         .sort(S.RANK)
     )
     pairs, unpaired = match_pairs(df.filter(point), groups)
-    df = df.filter(~point)
+    df = _rounds(df.filter(~point))
     several = groups.several if groups else []
     unknown_group = pl.col(S.GROUP).is_null() & pl.col(S.RANK).is_in(several)
     ambiguous = df.filter(unknown_group)
