@@ -79,7 +79,7 @@ class WholeRead:
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         parsed = self._parse()
-        events, parsed.events = parsed.events, S.RAW_SCHEMA.empty_table()
+        events, parsed.events = parsed.events, S.empty(S.RAW_SCHEMA)
         if self.prepare is not None:
             events = self.prepare(parsed, events)
         for batch in events.to_batches(max_chunksize=self.BATCH_ROWS):

@@ -226,7 +226,7 @@ class TimelineStream:
         self._result = ParsedTrace(
             path=path,
             framework=self.parser.framework,
-            events=S.RAW_SCHEMA.empty_table(),
+            events=S.empty(S.RAW_SCHEMA),
             rank=rank_from_filename(path),
             meta={"devices": sorted(set(processes.values()))},
             threads={},

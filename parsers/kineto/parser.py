@@ -70,7 +70,7 @@ class KinetoParser:
         table = pa.Table.from_batches(batches, S.RAW_SCHEMA) if batches else None
         del batches
         if table is None:
-            table = S.RAW_SCHEMA.empty_table()
+            table = S.empty(S.RAW_SCHEMA)
         base_ns = stream.base_ns
         if base_ns:
             ts = pc.add(table.column(S.TS_NS), pa.scalar(base_ns, pa.int64()))
@@ -271,7 +271,7 @@ class KinetoStream:
         self._result = ParsedTrace(
             path=path,
             framework=self.parser.framework,
-            events=S.RAW_SCHEMA.empty_table(),
+            events=S.empty(S.RAW_SCHEMA),
             rank=_as_int(distributed.get("rank")),
             world_size=_as_int(distributed.get("world_size")),
             host=_str_or_none(top.get("host_name")),

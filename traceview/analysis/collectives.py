@@ -135,7 +135,7 @@ def collectives_part(
     (``_id``) and without ``seq``: ``combine_collectives`` numbers the parts' calls together.
     ``parent``: each row's parent row (``arrays.parent_rows``), where the caller has it."""
     if events.num_rows == 0:
-        return _PART_SCHEMA.empty_table()
+        return S.empty(_PART_SCHEMA)
     # a region marker projected onto a stream (``nccl:all_reduce`` as a gpu_annotation) only
     # repeats the kernel it covers: the kernel is the call
     is_collective = np.asarray(pc.is_valid(events.column(S.COLLECTIVE)), bool) & ~np.asarray(
@@ -145,7 +145,7 @@ def collectives_part(
         bool,
     )
     if not is_collective.any():
-        return _PART_SCHEMA.empty_table()
+        return S.empty(_PART_SCHEMA)
     device_codes, _ = dictionary_codes(events.column(S.DEVICE))
     parent = parent_rows(events) if parent is None else parent
     rows, (inner, owner), launcher = _outermost(parent, is_collective, device_codes)
@@ -542,9 +542,9 @@ def combine_collectives(parts: list[pa.Table]) -> pa.Table:
     """The rank's collective calls (schema.COLLECTIVES_SCHEMA) from ``collectives_part`` of
     disjoint rows, in time order, each numbered (``seq``) by its place among the rank's calls of
     the same view (name and collective) in time order."""
-    calls = pa.concat_tables(parts) if parts else _PART_SCHEMA.empty_table()
+    calls = pa.concat_tables(parts) if parts else S.empty(_PART_SCHEMA)
     if calls.num_rows == 0:
-        return S.COLLECTIVES_SCHEMA.empty_table()
+        return S.empty(S.COLLECTIVES_SCHEMA)
     ids = ints(calls.column("_id"), 0)
     calls = calls.take(pa.array(np.argsort(ids, kind="stable")))  # in event order
     ts = ints(calls.column(S.START_NS), 0)

@@ -90,7 +90,7 @@ def gpu_steps(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     tl = tl or rank_timeline(events)
     n = len(tl.w_start)
     if not tl.gpu or n == 0:
-        return S.GPU_SCHEMA.empty_table()
+        return S.empty(S.GPU_SCHEMA)
     ev = tl.ev
     rank = int(events.column(S.RANK)[0].as_py())
     w_start, w_end = tl.w_start, tl.w_end
@@ -321,7 +321,7 @@ def combine_launches(parts: list[pl.DataFrame], rank: int) -> pa.Table:
     """The launches table of one rank from the ``kernel_launches`` of its step windows."""
     df = pl.concat(parts) if parts else pl.DataFrame()
     if df.height == 0:
-        return S.LAUNCHES_SCHEMA.empty_table()
+        return S.empty(S.LAUNCHES_SCHEMA)
     aggs = [
         pl.len().cast(pl.Int64).alias(S.KERNELS),
         pl.col("latency").quantile(0.5, "linear").alias(S.LATENCY_P50_NS),

@@ -256,7 +256,7 @@ def memory_steps(
     rank's events, or what the rows look up in them (the phase and operator at an instant),
     found as the rank was analysed in slices."""
     if memory is None or memory.num_rows == 0:
-        return S.MEMORY_STEPS_SCHEMA.empty_table()
+        return S.empty(S.MEMORY_STEPS_SCHEMA)
     rank = int(memory.column(S.RANK)[0].as_py())
     host = events if isinstance(events, MemoryLookups) else _HostEvents.of(events)
     windows = [

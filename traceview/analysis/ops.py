@@ -185,7 +185,7 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     """The ops table (schema.OPS_SCHEMA) of one rank from the parts of its events."""
     parts = [p for p in parts if len(p.count)]
     if not parts:
-        return S.OPS_SCHEMA.empty_table()
+        return S.empty(S.OPS_SCHEMA)
     rank = parts[0].rank
     places: dict[str, dict] = _places(parts)
     # each part's groups as rows of their keys' places; the merged groups are the distinct rows,

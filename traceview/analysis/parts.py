@@ -110,7 +110,7 @@ class RowParts:
         return {
             "ops": combine_ops(self.ops),
             "collectives": combine_collectives(self.calls),
-            "actions": pa.concat_tables([S.ACTIONS_SCHEMA.empty_table(), *self.actions]),
+            "actions": pa.concat_tables([S.empty(S.ACTIONS_SCHEMA), *self.actions]),
         }
 
 
@@ -340,7 +340,7 @@ class ChunkedAnalysis:
         tables["memory_steps"] = (
             memory_steps(self.lookups, self.memory, tables["steps"])
             if self.lookups is not None
-            else S.MEMORY_STEPS_SCHEMA.empty_table()
+            else S.empty(S.MEMORY_STEPS_SCHEMA)
         )
         memory = tables["memory_steps"]
         if memory.num_rows:  # per device: the whole trace's row, then the steps'

@@ -69,7 +69,7 @@ def actions_part(events: pa.Table, counted: np.ndarray | None = None) -> pa.Tabl
     """The pipeline actions (schema.ACTIONS_SCHEMA) among the rows of ``events`` where
     ``counted`` (default: all): their ``PP:`` regions, read off the names' dictionary."""
     if events.num_rows == 0:
-        return S.ACTIONS_SCHEMA.empty_table()
+        return S.empty(S.ACTIONS_SCHEMA)
     codes, names = dictionary_codes(events.column(S.NAME))
     # (every chunk of every rank comes here: only the names that may be actions are parsed)
     maybe = pc.fill_null(pc.starts_with(pa.array(names, pa.string()), "PP:"), False)
@@ -83,7 +83,7 @@ def actions_part(events: pa.Table, counted: np.ndarray | None = None) -> pa.Tabl
         mine &= counted
     rows = np.flatnonzero(mine)
     if not len(rows):
-        return S.ACTIONS_SCHEMA.empty_table()
+        return S.empty(S.ACTIONS_SCHEMA)
     found = [parsed[c] for c in codes[rows].tolist()]
     start = ints(events.column(S.TS_NS), 0)[rows]
     return S.conform(

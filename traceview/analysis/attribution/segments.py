@@ -119,7 +119,7 @@ def timeline_segments(events: pa.Table, tl: RankTimeline | None = None) -> pa.Ta
     rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
     tl = tl or rank_timeline(events)
     if len(tl.w_start) == 0:
-        return S.SEGMENTS_SCHEMA.empty_table()
+        return S.empty(S.SEGMENTS_SCHEMA)
     keep = tl.ends > tl.starts
     s, e, level = tl.starts[keep], tl.ends[keep], tl.levels[keep]
     rows, on_device = tl.rows[keep], tl.on_device[keep]

@@ -126,11 +126,11 @@ def comm_intervals(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table
     rank = int(events.column(S.RANK)[0].as_py()) if events.num_rows else 0
     tl = tl or rank_timeline(events)
     if len(tl.w_start) == 0:
-        return S.COMM_SCHEMA.empty_table()
+        return S.empty(S.COMM_SCHEMA)
     _, s, e, level = level_times(tl).clipped
     comm = level == _COMM_LEVEL
     if not comm.any():
-        return S.COMM_SCHEMA.empty_table()
+        return S.empty(S.COMM_SCHEMA)
     cs, ce = merge_intervals(s[comm], e[comm])
     above = level < _COMM_LEVEL
     hs, he = merge_intervals(s[above], e[above])
