@@ -279,11 +279,19 @@ def unique_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def unique_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The distinct (a, b) pairs as a 2×n array, sorted by a then b: ``np.unique(np.stack([a,
     b]), axis=1)`` without its slow row comparison."""
+    return pair_groups(a, b)[0]
+
+
+def pair_groups(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``unique_pairs`` and each row's place among them (``np.unique(..., axis=1,
+    return_inverse=True)``: the count of each pair is ``np.bincount`` of the places)."""
     order = np.lexsort((b, a))
     pairs = np.stack([a[order], b[order]])
     new = np.ones(len(order), bool)
     new[1:] = (pairs[:, 1:] != pairs[:, :-1]).any(axis=0)
-    return pairs[:, new]
+    inverse = np.empty(len(order), np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return pairs[:, new], inverse
 
 
 def training_thread_of(
@@ -304,13 +312,12 @@ def training_thread_of(
         return None
     step = kind == KIND_CODE[S.KIND_STEP]
     if step.any():
-        threads, counts = np.unique(np.stack([pid[step], tid[step]]), axis=1, return_counts=True)
-        best = int(np.argmax(counts))
+        threads, inverse = pair_groups(pid[step], tid[step])
+        best = int(np.argmax(np.bincount(inverse)))
         return int(threads[0, best]), int(threads[1, best])
     if not top.any():
         top = np.ones(len(pid), bool)
-    threads, inverse = np.unique(np.stack([pid[top], tid[top]]), axis=1, return_inverse=True)
-    inverse = inverse.ravel()
+    threads, inverse = pair_groups(pid[top], tid[top])
     busy = np.bincount(inverse, weights=dur[top].astype(np.float64))
     in_backward = np.bincount(inverse, weights=(dur[top] * backward[top]).astype(np.float64))
     autograd = in_backward >= 0.9 * busy

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceview.model import schema as S
-from traceview.model.columns import dictionary_codes, distinct, ints
+from traceview.model.columns import dictionary_codes, distinct, ints, pair_groups
 from traceview.model.errors import Notes
 from traceview.normalize.rules import MAX_STEP
 from traceview.normalize.steps import InferredSteps
@@ -249,8 +249,8 @@ def _one_thread(rows: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarra
     """The rows on the thread that holds most of them (the training loop's)."""
     if len(rows) == 0:
         return rows
-    threads, inverse = np.unique(np.stack([pid[rows], tid[rows]]), axis=1, return_inverse=True)
-    best = int(np.argmax(np.bincount(inverse.ravel())))
+    threads, inverse = pair_groups(pid[rows], tid[rows])
+    best = int(np.argmax(np.bincount(inverse)))
     keep = (pid[rows] == threads[0, best]) & (tid[rows] == threads[1, best])
     return rows[keep]
 
