@@ -22,7 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.model import schema as S
-from traceview.model.columns import dictionary_codes, ints, nearest_marked, parent_rows, roots
+from traceview.model.columns import (
+    dictionary_codes,
+    ints,
+    nearest_marked,
+    pair_groups,
+    parent_rows,
+    roots,
+)
 
 
 def _outermost(
@@ -476,7 +483,8 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     if votes_thread:
         threads, groups = np.concatenate(votes_thread), np.concatenate(votes_group)
         if len(threads):
-            pairs, counts = np.unique(np.stack([threads, groups]), axis=1, return_counts=True)
+            pairs, inverse = pair_groups(threads, groups)
+            counts = np.bincount(inverse)
             best = np.lexsort((-counts, pairs[0]))  # per thread, the most voted group first
             first = np.concatenate(([True], pairs[0, best][1:] != pairs[0, best][:-1]))
             keys, values = pairs[0, best][first], pairs[1, best][first]  # (keys sorted)

@@ -459,7 +459,7 @@ def side_rows(parsed: ParsedTrace, trace: TraceFile, offset_ns: int) -> dict[str
         parts = [t for t in (parsed.side.get(name), collected.get(name)) if t is not None]
         rows = pa.concat_tables([S.conform(t, spec.raw) for t in parts]) if parts else None
         if rows is None or rows.num_rows == 0:
-            side[name] = spec.stored.empty_table()
+            side[name] = S.empty(spec.stored)
             continue
         if offset_ns:
             for column in spec.times:

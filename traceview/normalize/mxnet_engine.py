@@ -42,7 +42,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.model import schema as S
-from traceview.model.columns import dictionary_array, dictionary_codes, disjoint, window_index
+from traceview.model.columns import (
+    dictionary_array,
+    dictionary_codes,
+    disjoint,
+    unique_pairs,
+    window_index,
+)
 from traceview.model.errors import Notes
 from traceview.normalize.mxnet_roles import pushes_to_servers, server_of
 from traceview.normalize.rules import MAX_STEP, RuleSet
@@ -239,8 +245,7 @@ def _lay_out(ev: _Events, rules: RuleSet, process_names: dict[int, str], notes: 
     devices = [process_names.get(p, f"device {p}") for p in used]
     thread_labels[home] = f"{', '.join(devices)} engine (timeline)"
     workers = [
-        (int(p), int(t))
-        for p, t in np.unique(np.stack([ev.pid[computing], ev.tid[computing]]), axis=1).T.tolist()
+        (int(p), int(t)) for p, t in unique_pairs(ev.pid[computing], ev.tid[computing]).T.tolist()
     ]
     if len(workers) > 1:
         notes.remark(

@@ -24,6 +24,12 @@ class Idioms:
     fuse: str  # fewer, larger kernels (compilation, graph capture)
     fused_update: str  # the optimizer's kernels fused
     h2d: str  # the batch copied to the device ahead of the step
+    allocator: str = ""  # more on a caching allocator that calls the driver inside the step
+
+    @property
+    def loading(self) -> str:
+        """Data loaded in parallel and ahead of the step."""
+        return f"{self.loader}, or {self.prefetch}"
 
 
 GENERIC = Idioms(
@@ -43,6 +49,10 @@ IDIOMS = {
         fuse="torch.compile or CUDA graphs",
         fused_update="use a fused/foreach optimizer or CUDA graphs",
         h2d="pin the batch in host memory and copy it with non_blocking=True",
+        allocator=(
+            ", drop torch.cuda.empty_cache() from the loop, or set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        ),
     ),
     "tensorflow": Idioms(
         overlap=(
@@ -109,7 +119,7 @@ def gpu_advice(phase: str, framework: str | None) -> str | None:
         S.FORWARD: f"launch fewer, larger kernels: a larger batch, {said.fuse}",
         S.BACKWARD: f"launch fewer, larger kernels: a larger batch, {said.fuse}",
         S.H2D: said.h2d,
-        "data": f"{said.loader}, or {said.prefetch}",
+        "data": said.loading,
     }.get(phase)
 
 
@@ -139,13 +149,7 @@ def cause_advice(cause: Cause, framework: str | None) -> str | None:
     if cause.kind == "host_bound" and cause.op and ALLOCATOR.search(cause.op):
         return (
             f"the caching allocator calls the driver ({safe(cause.op, 40)}) inside the step: "
-            "keep tensor shapes steady from step to step"
-            + (
-                ", drop torch.cuda.empty_cache() from the loop, or set "
-                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-                if said is IDIOMS["pytorch"]
-                else ""
-            )
+            f"keep tensor shapes steady from step to step{said.allocator}"
         )
     if cause.kind == "host_bound" and cause.op and RUNTIME_CALL.match(cause.op):
         return (
@@ -156,7 +160,7 @@ def cause_advice(cause: Cause, framework: str | None) -> str | None:
         return gpu_advice(cause.phase or "", framework) or gpu_advice(S.FORWARD, framework)
     if cause.kind == "io" or cause.phase == S.IO:
         return (
-            f"{said.loader}, or {said.prefetch}"
+            said.loading
             + (f"; find why {rank} loads slower than the others" if cause.rank is not None
                and cause.change.startswith("balance:") else "")
         )  # fmt: skip
@@ -195,10 +199,7 @@ def late_start_advice(cause: Cause, framework: str | None, rank: str, does: str,
             f"synchronize, logging, garbage collection, another process on its cores): {timeline}"
         )
     if first.phase == S.IO:
-        said = idioms(framework)
-        return f"{rank} is still loading data when the others start: {said.loader}, or " + (
-            said.prefetch
-        )
+        return f"{rank} is still loading data when the others start: {idioms(framework).loading}"
     op = f" ({safe(first.op, 40)} the most)" if first.op else ""
     return (
         f"{rank} is still in {its} previous step's {first.phase}{op} when the others start: "

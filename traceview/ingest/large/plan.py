@@ -23,6 +23,7 @@ from traceview.model.columns import (
     disjoint,
     distinct,
     ints,
+    pair_groups,
     training_thread_of,
     unique_pairs,
     window_index,
@@ -321,8 +322,8 @@ def steps_and_chunks(
     markers by time (``normalize.find_steps``'s: none starting inside an earlier one), and the
     chunk bounds (cut at step ends, as many whole steps a chunk as hold about ``target`` of
     the rank's ``rows`` events; the events after the last step go with the last steps)."""
-    threads, counts = np.unique(np.stack([pid, tid]), axis=1, return_counts=True)
-    best = int(np.argmax(counts))
+    threads, inverse = pair_groups(pid, tid)
+    best = int(np.argmax(np.bincount(inverse)))
     training = int(threads[0, best]), int(threads[1, best])
     mine = np.flatnonzero((pid == training[0]) & (tid == training[1]))
     mine = mine[np.argsort(ts[mine], kind="stable")]
