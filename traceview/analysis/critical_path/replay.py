@@ -71,10 +71,9 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     if transfer_of is not None and timed.kept is not None:
         transfer_of = transfer_of[timed.kept]
     wait = call >= 0
-    dur = timed.span
-    if change.item_factor is not None:
-        dur = dur * change.item_factor
-    dur = np.where(wait, 0.0, dur)
+    # (one array an item, made once and worked in place: a step can be millions of items)
+    dur = timed.span * change.item_factor if change.item_factor is not None else timed.span.copy()
+    dur[wait] = 0.0
     origin = timed.g_start
     if change.no_late_start:
         on_time = (
@@ -83,11 +82,11 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
             else np.ones(len(origin), bool)
         )
         origin = np.where(on_time, timed.step_first, timed.g_start)
-        dur = np.where(_idle_tails(items, group, wait, on_time), 0.0, dur)
+        dur[_idle_tails(items, group, wait, on_time)] = 0.0
     # prefix sums of durations per group (each group from 0)
-    csum = np.cumsum(dur)
-    before = np.concatenate([[0.0], csum])[heads]
-    prefix = csum - np.repeat(before, np.diff(np.append(heads, n)))  # P_i, i included
+    prefix = np.cumsum(dur, out=dur)
+    before = np.where(heads > 0, prefix[np.maximum(heads - 1, 0)], 0.0)
+    prefix -= np.repeat(before, np.diff(np.append(heads, n)))  # P_i, i included
     waits = np.flatnonzero(wait)
     w_group = group[waits]
     w_prefix = prefix[waits]

@@ -110,11 +110,7 @@ def explain(
             [r is None for r in walks.reasons],
             walks.reasons,
         )
-        rows.append(
-            _blame_rows(walks)
-            .group_by("step", "rank", "phase", "kind", "op")
-            .agg(pl.col("ns").sum())
-        )
+        rows.append(_blame_rows(walks))
         if len(batches) == 1:
             kept = walks
         del walks
@@ -166,6 +162,7 @@ def explain(
         )
         for x in _stretches(again.frame, median.end_ns - median.start_ns)
     ]
+    del again  # (the walked paths it is a slice of: freed before the what-ifs)
     own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
     rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}
     path = CriticalPath(

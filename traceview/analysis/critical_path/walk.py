@@ -25,12 +25,13 @@ class PathPiece:
 
 
 #: The columns of a walked path's pieces (``WalkedPath.frame``), in time order: PathPiece's
-#: fields, named as in schema.CRITICAL_PATH_SCHEMA.
+#: fields, named as in schema.CRITICAL_PATH_SCHEMA; the labels as categories (a step's path
+#: can be millions of pieces).
 PIECE_COLUMNS = {
     S.RANK: pl.Int32,
-    S.PHASE: pl.String,
-    S.OP: pl.String,
-    S.KIND: pl.String,
+    S.PHASE: pl.Categorical,
+    S.OP: pl.Categorical,
+    S.KIND: pl.Categorical,
     S.START_NS: pl.Int64,
     S.DUR_NS: pl.Int64,
 }
@@ -61,7 +62,7 @@ class _Labels:
             encoded = encoded.combine_chunks()
         indices = encoded.indices  # (no copy through Arrow's cast and fill where none is null)
         codes = (indices.fill_null(0) if indices.null_count else indices).to_numpy()
-        self.codes = codes.astype(np.int64)
+        self.codes = codes.astype(np.int32)  # (a code an item: four bytes, not eight)
         if indices.null_count:
             self.codes[indices.is_null().to_numpy(zero_copy_only=False)] = -1
         self.values: list[str] = encoded.dictionary.to_pylist()
@@ -82,9 +83,10 @@ class _Labels:
         return code
 
     def column(self, codes: np.ndarray) -> pa.Array:
-        """The strings of ``codes`` (-1: null), decoded by Arrow."""
-        dictionary = pa.array(self.values, pa.string())
-        return dictionary.take(pa.array(codes, mask=codes < 0))
+        """The labels of ``codes`` (-1: null) as a dictionary column: a path of millions of
+        pieces holds a code a piece, never a string each."""
+        indices = pa.array(codes.astype(np.int32, copy=False), pa.int32(), mask=codes < 0)
+        return pa.DictionaryArray.from_arrays(indices, pa.array(self.values, pa.string()))
 
 
 class _Pieces:
@@ -116,9 +118,9 @@ class _Pieces:
                 ranks.append(np.array([block.rank], np.int64))
                 starts.append(np.array([block.start_ns], np.int64))
                 durs.append(np.array([block.dur_ns], np.int64))
-                phases.append(np.array([self.phase.code(block.phase)], np.int64))
-                ops.append(np.array([self.op.code(block.op)], np.int64))
-                kinds.append(np.array([self.kind.code(block.kind)], np.int64))
+                phases.append(np.array([self.phase.code(block.phase)], np.int32))
+                ops.append(np.array([self.op.code(block.op)], np.int32))
+                kinds.append(np.array([self.kind.code(block.kind)], np.int32))
                 continue
             rank, first, last, until = block
             start = self.start[first : last + 1].astype(np.int64)
@@ -318,8 +320,11 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
         for part, column in zip(parts, columns, strict=True):
             part.append(column)
     where = np.concatenate(position) if position else np.zeros(0, np.int64)
-    arranged = np.argsort(where, kind="stable")
-    columns = [np.concatenate(part)[arranged] if part else np.zeros(0, np.int64) for part in parts]
+    if len(where) < 2 or bool((where[1:] >= where[:-1]).all()):  # (in order: no copy)
+        columns = [np.concatenate(part) if part else np.zeros(0, np.int64) for part in parts]
+    else:
+        arranged = np.argsort(where, kind="stable")
+        columns = [np.concatenate(part)[arranged] for part in parts]
     offsets = np.concatenate([[0], np.cumsum(np.bincount(where, minlength=len(steps)))])
     return Walks(steps, job_start, job_end, reasons, _frame(columns, labels), offsets)
 
@@ -348,13 +353,13 @@ def _plain_columns(
     no_kind, late_kind = kind.code("None"), kind.code(LATE_START)
     item_kind = kind.codes[rows]
     item_kind = np.where(item_kind == comm, transfer, np.where(item_kind < 0, no_kind, item_kind))
-    no_label = np.full(len(late), -1, np.int64)
+    no_label = np.full(len(late), -1, np.int32)
     late_start = job_start[late]
     parts = [
         [rank[late], rank[row_step]],
         [no_label, phase.codes[rows]],
         [no_label, op.codes[rows]],
-        [np.full(len(late), late_kind, np.int64), item_kind],
+        [np.full(len(late), late_kind, np.int32), item_kind],
         [late_start, start[rows].astype(np.int64)],
         [start[lo[late]] - late_start, (end[rows] - start[rows]).astype(np.int64)],
     ]

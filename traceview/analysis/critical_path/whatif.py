@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import polars as pl
@@ -247,31 +248,29 @@ def parse_change(graph: Graph, text: str) -> Change | None:
 
 def _changes(
     graph: Graph, ranks: int, blame: list[Blame], by_op: pl.DataFrame, extra: list[str]
-) -> list[Change | None]:
+) -> Iterator[Change | None]:
     """The changes the report replays, in its order (None: nothing in ``graph`` it applies
     to): none, balance, hide_comm, no_late_start, the rank with the most of its own time
     balanced, the top phase, the top operator and the top collective 2x faster, then
-    ``extra``. Each slot names the same change in every batch of a run's steps."""
+    ``extra``. Each slot names the same change in every batch of a run's steps. Made one at
+    a time, as replayed: a change holds an array an item."""
     by_name = {c.name: c for c in what_ifs(graph)}
-    changes: list[Change | None] = [
-        by_name["none"],
-        by_name.get("balance"),
-        by_name.get("hide_comm"),
-        by_name.get("no_late_start"),
-    ]
+    for name in ("none", "balance", "hide_comm", "no_late_start"):
+        yield by_name.pop(name, None)
+    del by_name
     top_rank = next((b.rank for b in blame if b.kind in _OWN and b.kind != LATE_START), None)
-    changes.append(balance_rank(graph, top_rank) if ranks > 1 and top_rank is not None else None)
+    yield balance_rank(graph, top_rank) if ranks > 1 and top_rank is not None else None
     top_phase = next(
         (b.phase for b in blame if b.kind in _OWN and b.phase not in (None, S.IDLE)), None
     )
-    changes.append(faster(graph, top_phase, 2.0) if top_phase is not None else None)
+    yield faster(graph, top_phase, 2.0) if top_phase is not None else None
     top_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] in _OWN), None)
     wanted_op = top_op is not None and top_op != top_phase
-    changes.append(faster(graph, top_op, 2.0) if wanted_op else None)  # type: ignore[arg-type]
+    yield faster(graph, top_op, 2.0) if wanted_op else None  # type: ignore[arg-type]
     comm_op = next((r["op"] for r in by_op.iter_rows(named=True) if r["kind"] == TRANSFER), None)
-    changes.append(faster(graph, comm_op, 2.0) if comm_op is not None else None)
-    changes += [parse_change(graph, text) for text in extra]
-    return changes
+    yield faster(graph, comm_op, 2.0) if comm_op is not None else None
+    for text in extra:
+        yield parse_change(graph, text)
 
 
 def _what_ifs(
@@ -297,6 +296,7 @@ def _what_ifs(
             replayed = replay(graph, change)
             results[change.name] = replayed.step_ns
             last.setdefault(change.name, []).extend(replayed.last_rank.values())
+            del change  # (before the next is made)
         per_batch.append((results["none"], results))
         del graph
     out: list[WhatIf] = []
