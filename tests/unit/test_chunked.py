@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -348,6 +349,44 @@ def test_a_trace_without_markers_is_one_window_in_chunks(
     _assert_recomputed_in_chunks(tmp_path / "parts", monkeypatch, rows=300)
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        REPO / "sample_traces" / "pytorch" / "gpu_async" / "rank-0.pt.trace.json.gz",
+        REPO / "sample_traces" / "pytorch" / "ddp" / "rank-0.pt.trace.json.gz",
+    ],
+    ids=["gpu", "cpu-ddp"],
+)
+def test_a_long_window_writes_its_settled_segments_as_it_goes(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window's segments are written on as they settle (``parts._Pending.settled``), not held
+    to its end (one step over a whole trace held every segment): held to a few rows here, in
+    slices and in one piece, the run is the one made with them held, row for row."""
+    from traceview.analysis import parts
+
+    path = _without_markers(source, tmp_path / "no-markers.pt.trace.json")
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    flushed: list[int] = []
+    real = parts._Pending.settled
+
+    def settled(self: parts._Pending) -> pa.Table | None:
+        table = real(self)
+        flushed.append(0 if table is None else table.num_rows)
+        return table
+
+    for chunks in (False, True):
+        out = tmp_path / f"held-{chunks}"
+        with monkeypatch.context() as m:
+            m.setenv("TRACEVIEW_HELPER_PROCESSES", "0")
+            m.setattr(parts, "PENDING_SEGMENTS", 8)
+            m.setattr(parts._Pending, "settled", settled)
+            _ingest(path, out, chunks, monkeypatch, piece=300, analysed_in_chunks=chunks)
+        assert sum(flushed) > 100, "no segment was written before its window ended"
+        flushed.clear()
+        _assert_same_run(tmp_path / "whole", out)
+
+
 def test_memory_records_without_markers_in_slices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -492,3 +531,53 @@ def test_an_analysis_error_reaches_the_caller(
         _ingest(SAMPLES[0], tmp_path / "run", True, monkeypatch)
     assert len(calls) == 2  # the chunks after it were not analysed
     assert _wait_for_no_helpers() == []
+
+
+def _random_segments(rng: np.random.Generator, n: int) -> pa.Table:
+    """Segments in time order as slices leave them: stretches that run on into the next row
+    (same labels, touching), time between operators (compute without one: ``gap_operators``
+    names it by the operators around it), other kinds, a step change now and then."""
+    start, ends, steps, phases, kinds, ops = [], [], [], [], [], []
+    t, step = 0, 0
+    for _ in range(n):
+        step += int(rng.random() < 0.05)
+        begin = t + int(rng.random() < 0.2) * int(rng.integers(1, 5))  # (a jump: no run-on)
+        t = begin + int(rng.integers(1, 10))
+        start.append(begin)
+        ends.append(t)
+        steps.append(step)
+        phases.append(["forward", "backward"][int(rng.random() < 0.1)])
+        kinds.append(["compute", "compute", "compute", "idle", "comm"][int(rng.integers(5))])
+        ops.append([None, "a", "a", "b"][int(rng.integers(4))])
+    return pa.table(
+        {
+            S.RANK: pa.array([0] * n, pa.int32()),
+            S.STEP: pa.array(steps, pa.int64()),
+            S.START_NS: pa.array(start, pa.int64()),
+            S.END_NS: pa.array(ends, pa.int64()),
+            S.PHASE: pa.array(phases, pa.string()),
+            S.KIND: pa.array(kinds, pa.string()),
+            S.OP: pa.array(ops, pa.string()),
+        },
+        schema=S.SEGMENTS_SCHEMA,
+    )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_settled_segments_join_as_the_whole_window_does(seed: int) -> None:
+    """Whatever rows come after them, the settled rows of a window's segments so far
+    (``parts._settled``) are joined and named alone as with every row of the window, and the
+    rest joined after them gives the window's remaining rows."""
+    from traceview.analysis.parts import _joined_segments, _settled
+
+    table = _random_segments(np.random.default_rng(seed), 400)
+    whole = _columns(_joined_segments(table))
+    cut_somewhere = False
+    for so_far in range(2, table.num_rows + 1, 7):
+        done = _settled(table.slice(0, so_far))
+        assert 0 <= done < so_far
+        if done:
+            cut_somewhere = True
+            head, rest = _joined_segments(table.slice(0, done)), _joined_segments(table.slice(done))
+            assert _columns(pa.concat_tables([head, rest])) == whole, f"cut at {done} of {so_far}"
+    assert cut_somewhere

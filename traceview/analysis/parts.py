@@ -50,6 +50,7 @@ from traceview.analysis.attribution import (
     breakdown,
     comm_intervals,
     gap_operators,
+    operator_gaps,
     rank_timeline,
     step_windows,
     timeline_segments,
@@ -286,6 +287,9 @@ class ChunkedAnalysis:
             )
             if self.gpu:  # (a host-only rank launches no kernel)
                 self.kernels.append(kernel_launches(table, tl, self.streams))
+            settled = self.pending.settled()
+            if settled is not None:
+                self._segments_done(settled)
         if self.gpu:  # the device work begun before the next slice, for its queueing (the
             # rows the slice looked ahead at are the next slices' own)
             mine = table_device_work(table)
@@ -301,10 +305,7 @@ class ChunkedAnalysis:
             self.per_window["steps"].append(steps)
             self.per_window["gpu"].append(gpu)
             self.per_window["comm"].append(comm)
-            if self.segments is not None:
-                self.segments.add(segments)
-            else:
-                self.per_window["segments"].append(segments)
+            self._segments_done(segments)
             self.after = int(ends[done - 1])
         self.open = _Open(
             (marker[done:], host_end[done:], numbers[done:]), ids[done:], device[done:]
@@ -324,6 +325,14 @@ class ChunkedAnalysis:
             before = _ending_after(before, far) if far > 0 else before
         self.before = before
         self.since = upto
+
+    def _segments_done(self, segments: pa.Table) -> None:
+        """Segments as the rank's table holds them, in time order: written on where they are
+        spilled, else kept."""
+        if self.segments is not None:
+            self.segments.add(segments)
+        else:
+            self.per_window["segments"].append(segments)
 
     def finish(self) -> dict[str, pa.Table | SpilledTable] | None:
         """The rank's tables (``rank_tables``), the segments as their file where they were
@@ -484,11 +493,11 @@ def _vocabulary_codes(column: pa.ChunkedArray, vocabulary: tuple[str, ...]) -> n
     return np.array([vocabulary.index(v) for v in values], np.int64)[codes]
 
 
-def _joined_segments(table: pa.Table) -> pa.Table:
-    """The segments of a window's slices, a segment that runs on across a cut joined with its
-    continuation (same phase, kind and operator)."""
-    if table.num_rows == 0:
-        return table
+def _segment_joins(table: pa.Table) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]:
+    """Of segments in time order: their operators' dictionary, each one's operator code once
+    a gap between two stretches of one operator is given that operator (-1: none), whether it
+    begins a segment of its own (not the continuation of the one before it: same phase, kind
+    and operator, from its end on), and whether it is such a gap."""
     start, end = ints(table.column(S.START_NS), 0), ints(table.column(S.END_NS), 0)
     step = _codes_of(table, S.STEP)
     ops = pc.dictionary_encode(table.column(S.OP)).combine_chunks()
@@ -496,15 +505,38 @@ def _joined_segments(table: pa.Table) -> pa.Table:
     # (a gap between two stretches of one operator, cut by the slices: as the whole rank's)
     kind_codes = _vocabulary_codes(table.column(S.KIND), S.SEGMENT_KINDS)
     phase_codes = _vocabulary_codes(table.column(S.PHASE), S.BREAKDOWN_PHASES)
+    gap = operator_gaps(named, kind_codes)
     named = gap_operators(named, phase_codes, kind_codes, step)
     new = np.ones(len(start), bool)
     new[1:] = (start[1:] != end[:-1]) | (named[1:] != named[:-1])
     for codes in (step, phase_codes, kind_codes):
         new[1:] |= codes[1:] != codes[:-1]
+    return ops.dictionary, named, new, gap
+
+
+def _settled(table: pa.Table) -> int:
+    """How many of the first of these segments (a window's slices so far, in time order) are
+    joined and named as they will be whatever slices follow: up to a row that begins a segment
+    of its own, where neither it nor the row before it is a gap (``gap_operators`` looks across
+    a gap to the rows on both sides; a segment runs on across a cut only into the next row)."""
+    if table.num_rows < 2:
+        return 0
+    _, _, new, gap = _segment_joins(table)
+    cuts = np.flatnonzero(new[1:] & ~gap[1:] & ~gap[:-1]) + 1
+    return int(cuts[-1]) if len(cuts) else 0
+
+
+def _joined_segments(table: pa.Table) -> pa.Table:
+    """The segments of a window's slices, a segment that runs on across a cut joined with its
+    continuation (same phase, kind and operator)."""
+    if table.num_rows == 0:
+        return table
+    end = ints(table.column(S.END_NS), 0)
+    dictionary, named, new, _ = _segment_joins(table)
     heads = np.flatnonzero(new)
     joined = table.take(pa.array(heads))
     index = joined.schema.get_field_index(S.OP)
-    op = ops.dictionary.take(pa.array(np.maximum(named[heads], 0), mask=named[heads] < 0))
+    op = dictionary.take(pa.array(np.maximum(named[heads], 0), mask=named[heads] < 0))
     joined = joined.set_column(index, joined.schema.field(index), op.cast(pa.string()))
     ends = pa.array(np.append(end[heads[1:] - 1], end[-1]), pa.int64())
     index = joined.schema.get_field_index(S.END_NS)
@@ -589,6 +621,12 @@ class _Open:
 _Open.NONE = _Open((_NONE, _NONE, _NONE), _NONE, _NONE)
 
 
+#: Pending segments beyond this many rows (a window not yet over: one long step's) are cut down
+#: to the rows later slices may still join or name (``_Pending.settled``); the rest is
+#: written on, not held to the window's end.
+PENDING_SEGMENTS = 1 << 16
+
+
 class _Pending:
     """The slices of windows not yet over: their steps, GPU, communication and segment
     rows."""
@@ -599,6 +637,22 @@ class _Pending:
         self.gpu: list[pa.Table] = []
         self.comm: list[pa.Table] = []
         self.segments: list[pa.Table] = []
+        self.look_at = PENDING_SEGMENTS  # (pending segments rows at which ``settled`` looks)
+
+    def settled(self) -> pa.Table | None:
+        """The pending segments that are as the window's end will give them (``_settled``),
+        joined, and no longer held; None where there are too few to look (a window of one
+        long step holds millions otherwise)."""
+        rows = sum(t.num_rows for t in self.segments)
+        if rows <= self.look_at:
+            return None
+        table = pa.concat_tables(self.segments)
+        done = _settled(table.drop_columns(["_id"]))
+        self.segments = [table.slice(done)]
+        self.look_at = (
+            rows - done + PENDING_SEGMENTS
+        )  # (each row looked at a bounded number of times)
+        return _joined_segments(table.slice(0, done).drop_columns(["_id"])) if done else None
 
     def add(
         self,
@@ -623,6 +677,7 @@ class _Pending:
         ids = np.concatenate(self.ids)
         steps, gpu = pa.concat_tables(self.steps), pa.concat_tables(self.gpu)
         comm, segments = pa.concat_tables(self.comm), pa.concat_tables(self.segments)
+        self.look_at = PENDING_SEGMENTS
         n = int(np.searchsorted(ids, last, side="right"))
         m = int(np.searchsorted(ints(comm.column("_id"), 0), last, side="right"))
         k = int(np.searchsorted(ints(segments.column("_id"), 0), last, side="right"))

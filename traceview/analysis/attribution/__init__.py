@@ -11,6 +11,7 @@ from traceview.analysis.attribution.schedule import (
 from traceview.analysis.attribution.segments import (
     attribution,
     gap_operators,
+    operator_gaps,
     timeline_segments,
 )
 from traceview.analysis.attribution.steps import (
@@ -58,6 +59,7 @@ __all__ = [
     "level_times",
     "merge_intervals",
     "name_mask",
+    "operator_gaps",
     "rank_timeline",
     "step_windows",
     "timeline_segments",

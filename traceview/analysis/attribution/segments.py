@@ -53,13 +53,19 @@ _KIND_NAMES = pa.array(S.SEGMENT_KINDS, pa.string())
 _SEGMENT_PHASE = np.array([S.BREAKDOWN_PHASES.index(p) for p in (*LEVEL_PHASES, S.IDLE)])
 
 
+def operator_gaps(op: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """The segments (operator codes, -1: none; ``S.SEGMENT_KINDS`` codes) that are time between
+    operators, which ``gap_operators`` may give the operator around them."""
+    return (op < 0) & (kind == _HOST_KIND[LEVEL[S.FORWARD]])
+
+
 def gap_operators(
     op: np.ndarray, phase: np.ndarray, kind: np.ndarray, window: np.ndarray
 ) -> np.ndarray:
     """Segment operator codes with the time between two stretches of one operator (Python
     between two calls of it: compute no operator holds) given to that operator, where the
     stretches before and after it are of that operator, phase and window (-1: no operator)."""
-    gap = (op < 0) & (kind == _HOST_KIND[LEVEL[S.FORWARD]])
+    gap = operator_gaps(op, kind)
     if not gap.any():
         return op
     index = np.arange(len(op))
