@@ -568,16 +568,20 @@ def test_settled_segments_join_as_the_whole_window_does(seed: int) -> None:
     """Whatever rows come after them, the settled rows of a window's segments so far
     (``parts._settled``) are joined and named alone as with every row of the window, and the
     rest joined after them gives the window's remaining rows."""
-    from traceview.analysis.parts import _joined_segments, _settled
+    from traceview.analysis.parts import _joined, _joined_segments, _segment_joins, _settled
 
     table = _random_segments(np.random.default_rng(seed), 400)
     whole = _columns(_joined_segments(table))
     cut_somewhere = False
     for so_far in range(2, table.num_rows + 1, 7):
-        done = _settled(table.slice(0, so_far))
+        dictionary, named, new, gap = _segment_joins(table.slice(0, so_far))
+        done = _settled(new, gap)
         assert 0 <= done < so_far
         if done:
             cut_somewhere = True
             head, rest = _joined_segments(table.slice(0, done)), _joined_segments(table.slice(done))
+            # (the settled rows joined from the joins over every row so far: as alone)
+            again = _joined(table.slice(0, done), dictionary, named[:done], new[:done])
+            assert _columns(again) == _columns(head)
             assert _columns(pa.concat_tables([head, rest])) == whole, f"cut at {done} of {so_far}"
     assert cut_somewhere

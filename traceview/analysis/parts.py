@@ -514,14 +514,12 @@ def _segment_joins(table: pa.Table) -> tuple[pa.Array, np.ndarray, np.ndarray, n
     return ops.dictionary, named, new, gap
 
 
-def _settled(table: pa.Table) -> int:
-    """How many of the first of these segments (a window's slices so far, in time order) are
-    joined and named as they will be whatever slices follow: up to a row that begins a segment
-    of its own, where neither it nor the row before it is a gap (``gap_operators`` looks across
-    a gap to the rows on both sides; a segment runs on across a cut only into the next row)."""
-    if table.num_rows < 2:
-        return 0
-    _, _, new, gap = _segment_joins(table)
+def _settled(new: np.ndarray, gap: np.ndarray) -> int:
+    """How many of the first of a window's segments so far (``_segment_joins``' ``new`` and
+    ``gap``) are joined and named as they will be whatever slices follow: up to a row that
+    begins a segment of its own, where neither it nor the row before it is a gap
+    (``gap_operators`` looks across a gap to the rows on both sides; a segment runs on across a
+    cut only into the next row). Those rows' joins are the same over them alone."""
     cuts = np.flatnonzero(new[1:] & ~gap[1:] & ~gap[:-1]) + 1
     return int(cuts[-1]) if len(cuts) else 0
 
@@ -531,8 +529,13 @@ def _joined_segments(table: pa.Table) -> pa.Table:
     continuation (same phase, kind and operator)."""
     if table.num_rows == 0:
         return table
-    end = ints(table.column(S.END_NS), 0)
     dictionary, named, new, _ = _segment_joins(table)
+    return _joined(table, dictionary, named, new)
+
+
+def _joined(table: pa.Table, dictionary: pa.Array, named: np.ndarray, new: np.ndarray) -> pa.Table:
+    """``_joined_segments`` of ``table`` given its ``_segment_joins``."""
+    end = ints(table.column(S.END_NS), 0)
     heads = np.flatnonzero(new)
     joined = table.take(pa.array(heads))
     index = joined.schema.get_field_index(S.OP)
@@ -646,13 +649,16 @@ class _Pending:
         rows = sum(t.num_rows for t in self.segments)
         if rows <= self.look_at:
             return None
-        table = pa.concat_tables(self.segments)
-        done = _settled(table.drop_columns(["_id"]))
-        self.segments = [table.slice(done)]
-        self.look_at = (
-            rows - done + PENDING_SEGMENTS
-        )  # (each row looked at a bounded number of times)
-        return _joined_segments(table.slice(0, done).drop_columns(["_id"])) if done else None
+        pending = pa.concat_tables(self.segments)
+        table = pending.drop_columns(["_id"])
+        dictionary, named, new, gap = _segment_joins(table)
+        done = _settled(new, gap)
+        self.segments = [pending.slice(done)]
+        # (each row looked at a bounded number of times)
+        self.look_at = rows - done + PENDING_SEGMENTS
+        if not done:
+            return None
+        return _joined(table.slice(0, done), dictionary, named[:done], new[:done])
 
     def add(
         self,
