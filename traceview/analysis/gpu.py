@@ -59,8 +59,12 @@ from traceview.model.columns import (
     KIND_CODE,
     EventArrays,
     coded,
+    dictionary_codes,
+    group_quantile,
+    group_sums,
     ints,
     kind_table,
+    sorted_in_groups,
     unique_inverse,
     window_index,
 )
@@ -271,12 +275,31 @@ def launch_stats(events: pa.Table, tl: RankTimeline | None = None) -> pa.Table:
     return combine_launches([kernel_launches(events, tl)], rank)
 
 
+@dataclass
+class KernelRows:
+    """The kernels of a rank's step windows (``kernel_launches``), what ``combine_launches``
+    sums up: each one's step (-1: none), phase (its place in ``S.EVENT_PHASES``) and operator
+    (its place in ``ops``; -1: none), and its launch latency, queueing, duration and launch
+    call's duration. A multi-GB rank keeps millions until it is done: each number takes 32 bits
+    where the slice's all fit."""
+
+    step: np.ndarray
+    phase: np.ndarray
+    op: np.ndarray
+    ops: list[str]
+    latency: np.ndarray
+    queue: np.ndarray
+    duration: np.ndarray
+    overhead: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
 def kernel_launches(
     events: pa.Table, tl: RankTimeline, earlier: StreamWork | None = None
-) -> pl.DataFrame:
-    """The kernels that started inside the timeline's step windows: their phase, op, launch
-    latency, duration and launch call's duration (what ``combine_launches`` sums up). Phase
-    and op are categorical: a multi-GB rank keeps millions of these rows until it is done.
+) -> KernelRows:
+    """The kernels that started inside the timeline's step windows (``KernelRows``).
     ``earlier``: the device work of the rank's earlier slices (``stream_free``)."""
     ev = tl.ev
     kernels, launcher = _launched(ev)
@@ -289,75 +312,105 @@ def kernel_launches(
     else:
         kernels, launcher = kernels[:0], launcher[:0]
         step = np.zeros(0, np.int64)
-    ops = events.column(S.OP).take(pa.array(kernels, pa.int64())).cast(pa.string())
+    op, ops = dictionary_codes(events.column(S.OP).take(pa.array(kernels, pa.int64())))
     delay = ev.ts[kernels] - ev.ts[launcher]
     free = stream_free(ev, kernels, earlier)
     queue = np.clip(free - ev.ts[launcher], 0, np.maximum(delay, 0))
-    return pl.DataFrame(
-        {
-            S.STEP: pa.array(step, pa.int64(), mask=step < 0),
-            S.PHASE: np.array(S.EVENT_PHASES)[ev.phase[kernels]],
-            S.OP: pl.from_arrow(ops),
-            "latency": delay - queue,
-            "queue": queue,
-            "delay": delay,
-            "duration": ev.end[kernels] - ev.ts[kernels],
-            "overhead": ev.end[launcher] - ev.ts[launcher],
-        },
-        schema={
-            S.STEP: pl.Int64,
-            S.PHASE: pl.Categorical,
-            S.OP: pl.Categorical,
-            "latency": pl.Int64,
-            "queue": pl.Int64,
-            "delay": pl.Int64,
-            "duration": pl.Int64,
-            "overhead": pl.Int64,
-        },
+    return KernelRows(
+        step=_narrowest(np.maximum(step, -1)),
+        phase=ev.phase[kernels].astype(np.int8),
+        op=op.astype(np.int32),
+        ops=[str(name) for name in ops],
+        latency=_narrowest(delay - queue),
+        queue=_narrowest(queue),
+        duration=_narrowest(ev.end[kernels] - ev.ts[kernels]),
+        overhead=_narrowest(ev.end[launcher] - ev.ts[launcher]),
     )
 
 
-def combine_launches(parts: list[pl.DataFrame], rank: int) -> pa.Table:
-    """The launches table of one rank from the ``kernel_launches`` of its step windows."""
-    df = pl.concat(parts) if parts else pl.DataFrame()
-    if df.height == 0:
+def _narrowest(values: np.ndarray) -> np.ndarray:
+    """``values`` in 32 bits where they all fit, else 64."""
+    small = not len(values) or (values.min() >= -(1 << 31) and values.max() < 1 << 31)
+    return values.astype(np.int32 if small else np.int64)
+
+
+def combine_launches(parts: list[KernelRows], rank: int) -> pa.Table:
+    """The launches table of one rank from the ``kernel_launches`` of its step windows: per
+    step, one row for all its kernels (phase and op null), one per phase (op null), one per
+    (phase, op) (op "": unknown), each level in order of step (none last), phase and op."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
         return S.empty(S.LAUNCHES_SCHEMA)
-    aggs = [
-        pl.len().cast(pl.Int64).alias(S.KERNELS),
-        pl.col("latency").quantile(0.5, "linear").alias(S.LATENCY_P50_NS),
-        pl.col("latency").quantile(0.95, "linear").alias(S.LATENCY_P95_NS),
-        pl.col("queue").quantile(0.5, "linear").alias(S.QUEUE_P50_NS),
-        pl.col("queue").quantile(0.95, "linear").alias(S.QUEUE_P95_NS),
-        pl.col("delay").sum().cast(pl.Int64).alias(S.DELAY_TOTAL_NS),
-        pl.col("queue").sum().cast(pl.Int64).alias(S.QUEUE_TOTAL_NS),
-        pl.col("duration").quantile(0.5, "linear").alias(S.DURATION_P50_NS),
-        pl.col("duration").quantile(0.95, "linear").alias(S.DURATION_P95_NS),
-        pl.col("overhead").quantile(0.5, "linear").alias(S.OVERHEAD_P50_NS),
-        pl.col("duration").sum().cast(pl.Int64).alias(S.TOTAL_NS),
-        (pl.col("duration") < pl.col("overhead")).sum().cast(pl.Int64).alias(S.SHORT_KERNELS),
+    ops = sorted({name for part in parts for name in part.ops} | {""})
+    place = {name: i for i, name in enumerate(ops)}
+    blank = place[""]  # (an unknown op: "", as a kernel whose op is "")
+    op = np.concatenate(
+        [np.append(np.array([place[n] for n in p.ops], np.int64), blank)[p.op] for p in parts]
+    )
+    phases = sorted(S.EVENT_PHASES)
+    phase = np.array([phases.index(p) for p in S.EVENT_PHASES], np.int64)[
+        np.concatenate([p.phase for p in parts])
     ]
-    df = df.with_columns(pl.col(S.OP).fill_null(""))
-    named = pl.col(S.PHASE, S.OP).cast(pl.String)  # (sorted by name, not by category)
-    by = (S.STEP, S.PHASE, S.OP)
-    groups = df.group_by(*by).agg(aggs).with_columns(named).sort(*by, nulls_last=True)
-    by_phase = (
-        df.group_by(S.STEP, S.PHASE)
-        .agg(aggs)
-        .with_columns(pl.col(S.PHASE).cast(pl.String))
-        .sort(S.STEP, S.PHASE, nulls_last=True)
-        .with_columns(pl.lit(None, pl.String).alias(S.OP))
+    step = np.concatenate([p.step.astype(np.int64) for p in parts])
+    steps, step_place = np.unique(np.where(step < 0, _NO_STEP, step), return_inverse=True)
+    values = {
+        name: np.concatenate([getattr(p, name).astype(np.int64) for p in parts])
+        for name in ("latency", "queue", "duration", "overhead")
+    }
+    short = values["duration"] < values["overhead"]
+    # each level's groups in order: a key a kernel whose order is (step, phase name, op name)
+    by_step = step_place.ravel().astype(np.int64)
+    by_phase = by_step * len(phases) + phase
+    levels = (by_step, by_phase, by_phase * len(ops) + op)
+    columns: dict[str, list[Any]] = {}
+    for level, keys in enumerate(levels):
+        present, group = unique_inverse(keys)
+        sizes = np.bincount(group, minlength=len(present))
+        rows = _launch_sums(group, sizes, values, short)
+        step_at, rest = np.divmod(present, [1, len(phases), len(phases) * len(ops)][level])
+        rows[S.STEP] = pa.array(steps[step_at], pa.int64(), mask=steps[step_at] == _NO_STEP)
+        rows[S.PHASE] = _names(phases, rest // len(ops) if level == 2 else rest, level >= 1)
+        rows[S.OP] = _names(ops, rest % len(ops), level == 2)
+        for name, column in rows.items():
+            columns.setdefault(name, []).append(column)
+    table = pa.table(
+        {name: pa.concat_arrays([pa.array(c) for c in parts]) for name, parts in columns.items()}
     )
-    total = (
-        df.group_by(S.STEP)
-        .agg(aggs)
-        .sort(S.STEP, nulls_last=True)
-        .with_columns(pl.lit(None, pl.String).alias(S.PHASE), pl.lit(None, pl.String).alias(S.OP))
-    )
-    out = pl.concat(
-        [f.select(groups.columns) for f in (total, by_phase, groups)], how="vertical_relaxed"
-    )
-    out = out.with_columns(pl.lit(rank, pl.Int32).alias(S.RANK))
-    return S.conform(out.to_arrow(), S.LAUNCHES_SCHEMA)
+    table = table.append_column(S.RANK, pa.array(np.full(table.num_rows, rank, np.int32)))
+    return S.conform(table, S.LAUNCHES_SCHEMA)
+
+
+#: A kernel of no step, as its step sorts (last).
+_NO_STEP = np.iinfo(np.int64).max
+
+
+def _names(names: list[str], at: np.ndarray, named: bool) -> pa.Array:
+    """``names[at]`` as strings (null throughout where the level does not name them)."""
+    if not named:
+        return pa.nulls(len(at), pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(at, pa.int32()), names).cast(pa.string())
+
+
+def _launch_sums(
+    group: np.ndarray, sizes: np.ndarray, values: dict[str, np.ndarray], short: np.ndarray
+) -> dict[str, Any]:
+    """One level's sums and quantiles over its groups' kernels (``group``: each kernel's)."""
+    ordered = {name: sorted_in_groups(v, group, sizes) for name, v in values.items()}
+    sums = {name: group_sums(v, sizes) for name, v in ordered.items()}
+    return {
+        S.KERNELS: sizes.astype(np.int64),
+        S.LATENCY_P50_NS: group_quantile(ordered["latency"], sizes, 0.5),
+        S.LATENCY_P95_NS: group_quantile(ordered["latency"], sizes, 0.95),
+        S.QUEUE_P50_NS: group_quantile(ordered["queue"], sizes, 0.5),
+        S.QUEUE_P95_NS: group_quantile(ordered["queue"], sizes, 0.95),
+        S.DELAY_TOTAL_NS: sums["latency"] + sums["queue"],
+        S.QUEUE_TOTAL_NS: sums["queue"],
+        S.DURATION_P50_NS: group_quantile(ordered["duration"], sizes, 0.5),
+        S.DURATION_P95_NS: group_quantile(ordered["duration"], sizes, 0.95),
+        S.OVERHEAD_P50_NS: group_quantile(ordered["overhead"], sizes, 0.5),
+        S.TOTAL_NS: sums["duration"],
+        S.SHORT_KERNELS: np.bincount(group, weights=short, minlength=len(sizes)).astype(np.int64),
+    }
 
 
 def launch_grains(launches: pa.Table) -> dict[str, pa.Table]:

@@ -172,14 +172,22 @@ def _device_records(memory: pa.Table, device: str) -> pa.Table:
 
 
 class _Records:
-    """One device's memory records by time, as arrays."""
+    """One device's memory records by time (``_device_records``), as arrays: what a window's
+    row is made of (not the table: the lookups of a helper process hold them to the end)."""
 
-    def __init__(self, memory: pa.Table, device: str):
-        self.table = _device_records(memory, device)
-        self.ts = ints(self.table.column(S.TS_NS), 0)
-        self.alloc = ints(self.table.column(S.ALLOCATED_BYTES), 0)
-        self.pid = ints(self.table.column(S.PID), 0)
-        self.tid = ints(self.table.column(S.TID), 0)
+    def __init__(self, table: pa.Table):
+        self.ts = ints(table.column(S.TS_NS), 0)
+        self.alloc = ints(table.column(S.ALLOCATED_BYTES), 0)
+        self.pid = ints(table.column(S.PID), 0)
+        self.tid = ints(table.column(S.TID), 0)
+        reserved = table.column(S.RESERVED_BYTES)
+        # the reserve where the trace gives it (-1: a record without)
+        self.reserved = ints(reserved, -1) if reserved.null_count < len(reserved) else None
+        size = table.column(S.BYTES)
+        first = size[0].as_py() if len(size) else None
+        # allocated before the first record: its total less its own size, where the trace
+        # gives the size
+        self.before = int(self.alloc[0] - first) if first is not None else None
 
     def peak(self, start: int, end: int) -> tuple[int, int, int]:
         """(first record, past the last, the first at the peak) of the window [start, end]."""
@@ -204,7 +212,9 @@ class MemoryLookups:
 
     def __init__(self, memory: pa.Table, training: tuple[int, int] | None):
         self.training = training  # (as ``_HostEvents``: the thread with the step markers)
-        self.records = [_Records(memory, device) for device in _devices(memory)]
+        self.rank = int(memory.column(S.RANK)[0].as_py())
+        self.devices = {d: _Records(_device_records(memory, d)) for d in _devices(memory)}
+        self.records = list(self.devices.values())
         self.found: dict[tuple[int, int, int], tuple[str | None, str | None]] = {}
         at_start = training or (-1, -1)
         self.pending: set[tuple[int, int, int]] = set()
@@ -253,12 +263,15 @@ def memory_steps(
 ) -> pa.Table:
     """One rank's memory figures (schema.MEMORY_STEPS_SCHEMA): per device, one row for the
     whole trace and one per step window of ``steps`` (the rank's steps table). ``events``: the
-    rank's events, or what the rows look up in them (the phase and operator at an instant),
-    found as the rank was analysed in slices."""
-    if memory is None or memory.num_rows == 0:
+    rank's events and ``memory`` its records, or what the rows look up in them (the records
+    and the phase and operator at an instant), found as the rank was analysed in slices."""
+    if isinstance(events, MemoryLookups):
+        host, rank, devices = events, events.rank, events.devices
+    elif memory is None or memory.num_rows == 0:
         return S.empty(S.MEMORY_STEPS_SCHEMA)
-    rank = int(memory.column(S.RANK)[0].as_py())
-    host = events if isinstance(events, MemoryLookups) else _HostEvents.of(events)
+    else:
+        host, rank = _HostEvents.of(events), int(memory.column(S.RANK)[0].as_py())
+        devices = {d: _Records(_device_records(memory, d)) for d in _devices(memory)}
     windows = [
         (step, int(start), int(end))
         for step, start, end in zip(
@@ -269,18 +282,9 @@ def memory_steps(
         )
     ]
     rows: dict[str, list[object]] = {f.name: [] for f in S.MEMORY_STEPS_SCHEMA}
-    for device in _devices(memory):
-        records = _Records(memory, device)
-        table, ts, alloc, pid, tid = (
-            records.table, records.ts, records.alloc, records.pid, records.tid
-        )  # fmt: skip
-        size = table.column(S.BYTES)
-        reserved = table.column(S.RESERVED_BYTES)
-        has_reserve = reserved.null_count < len(reserved)
-        res = ints(reserved, -1)
-        # before the first record: its total less its own size, where the trace gives the size
-        first = size[0].as_py() if len(size) else None
-        before = int(alloc[0] - first) if first is not None else None
+    for device, records in devices.items():
+        ts, alloc, pid, tid = records.ts, records.alloc, records.pid, records.tid
+        res, before = records.reserved, records.before
         trace = [(None, int(ts[0]), int(ts[-1]), True)]
         for step, start, end, is_whole in [
             *trace,
@@ -293,7 +297,7 @@ def memory_steps(
             if at >= 0:
                 peak, peak_ts = int(alloc[at]), int(ts[at])
                 phase, op = host.at(peak_ts, int(pid[at]), int(tid[at]))
-                if has_reserve:
+                if res is not None:
                     window_res = res[max(i0 - 1, 0) : i1]
                     reserved_peak = int(window_res.max()) if (window_res >= 0).any() else None
             if start_bytes is not None and (peak is None or start_bytes > peak):

@@ -19,7 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.model import schema as S
-from traceview.model.columns import ints, parent_rows, unique_inverse
+from traceview.model.columns import (
+    group_quantile,
+    ints,
+    parent_rows,
+    sorted_in_groups,
+    unique_inverse,
+)
 
 _COUNTED_KINDS = (S.KIND_OP, S.KIND_ANNOTATION, *S.DEVICE_ACTIVITY_KINDS)
 
@@ -258,20 +264,11 @@ def _percentiles(
             for i, part in enumerate(parts)
         ]
     )
-    durations = np.concatenate([part.durations for part in parts]).astype(np.int64)
-    order = np.lexsort((durations, groups))
-    dur, groups = durations[order], groups[order]
+    durations = np.concatenate([part.durations for part in parts])
     sizes = np.bincount(groups, minlength=n)
-    first = np.cumsum(sizes) - sizes
-    has = sizes > 0
-    out = []
-    for q in (0.5, 0.95):
-        pos = (np.maximum(sizes, 1) - 1) * q
-        lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
-        at_lo = dur[np.minimum(first + lo, len(dur) - 1)] if len(dur) else np.zeros(n, np.int64)
-        at_hi = dur[np.minimum(first + hi, len(dur) - 1)] if len(dur) else np.zeros(n, np.int64)
-        out.append(np.where(has, at_lo + (at_hi - at_lo) * (pos - lo), 0.0))
-    return out[0], out[1]
+    ordered = sorted_in_groups(durations, groups, sizes)
+    del durations, groups
+    return group_quantile(ordered, sizes, 0.5), group_quantile(ordered, sizes, 0.95)
 
 
 def _top_names(

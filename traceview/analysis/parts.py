@@ -57,6 +57,7 @@ from traceview.analysis.attribution import (
 )
 from traceview.analysis.collectives import collectives_part, combine_collectives
 from traceview.analysis.gpu import (
+    KernelRows,
     StreamWork,
     combine_launches,
     gpu_steps,
@@ -127,8 +128,8 @@ class ChunkedAnalysis:
         whole: tuple[int, int] | None = None,
         spill: Path | None = None,
     ):
-        memory = side.get("memory")  # (the rank's memory records: its memory_steps rows)
-        self.memory = memory
+        # the rank's memory records (its memory_steps rows), until the lookups take them
+        self.memory = side.get("memory")
         self.whole = whole  # a rank without step markers: its one window (open to the end)
         # where the segments (the largest table, a row per stretch of a step) are written as
         # their windows end, rather than held to the end (``finish`` then names the file)
@@ -140,7 +141,7 @@ class ChunkedAnalysis:
         self.per_window: dict[str, list[pa.Table]] = {
             name: [] for name in ("steps", "comm", "gpu", "segments")
         }
-        self.kernels: list[pl.DataFrame] = []
+        self.kernels: list[KernelRows] = []
         self.streams: StreamWork | None = None  # the last device work of each stream so far
         # chunks waiting for their windows' analysis (all rows that may overlap those windows
         # have to be in: a GPU window ends where the device finished the step, which may be
@@ -151,13 +152,9 @@ class ChunkedAnalysis:
         self.after: int | None = None  # where the last analysed chunk's last window ended
         # a chunk's windows are analysed as soon as the next chunk is in, a slice at a time
         # (``_slice``): a long step is never held whole
-        # memory rows: made at the end, from what each slice looks up (as the whole rank's
-        # analysis does: the thread with the step markers; without markers none)
-        self.lookups = (
-            MemoryLookups(memory, training if whole is None else None)
-            if memory is not None and memory.num_rows
-            else None
-        )
+        # memory rows: made at the end, from what each slice looks up (``_lookups``: made with
+        # the first slice, where the slices are analysed, not where the sink is made)
+        self.lookups: MemoryLookups | None = None
         self.whole_started = False
         self.open = _Open.NONE  # the windows that run on past the last slice
         self.next_id = 0
@@ -264,9 +261,10 @@ class ChunkedAnalysis:
             until = min(chunk.first_end, chunk.near + 1)
             pieces.append(own.filter(pc.less(own.column(S.TS_NS), until)))
         table = _unique_ids(context, [t for t in pieces if t.num_rows])
-        if self.lookups is not None:
+        lookups = self._lookups()
+        if lookups is not None:
             first = (starts >= self.since)[here]  # (where a window starts)
-            self.lookups.add(table, self.since, upto, sub_s[here], sub_e[here], first)
+            lookups.add(table, self.since, upto, sub_s[here], sub_e[here], first)
         if here.any():
             part = RankPart(
                 self.training,
@@ -326,6 +324,15 @@ class ChunkedAnalysis:
         self.before = before
         self.since = upto
 
+    def _lookups(self) -> MemoryLookups | None:
+        """What the memory rows look up as the slices pass, where the rank has memory records
+        (as the whole rank's analysis does: from the thread with the step markers; without
+        markers none)."""
+        if self.lookups is None and self.memory is not None and self.memory.num_rows:
+            self.lookups = MemoryLookups(self.memory, self.training if self.whole is None else None)
+            self.memory = None  # (the lookups hold what the rows need of it)
+        return self.lookups
+
     def _segments_done(self, segments: pa.Table) -> None:
         """Segments as the rank's table holds them, in time order: written on where they are
         spilled, else kept."""
@@ -347,8 +354,8 @@ class ChunkedAnalysis:
             for name, parts in self.per_window.items()
         }
         tables["memory_steps"] = (
-            memory_steps(self.lookups, self.memory, tables["steps"])
-            if self.lookups is not None
+            memory_steps(lookups, None, tables["steps"])
+            if (lookups := self._lookups()) is not None
             else S.empty(S.MEMORY_STEPS_SCHEMA)
         )
         memory = tables["memory_steps"]

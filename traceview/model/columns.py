@@ -294,6 +294,45 @@ def pair_groups(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return pairs[:, new], inverse
 
 
+def sorted_in_groups(values: np.ndarray, groups: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``values`` by group, then by value (``values[np.lexsort((values, groups))]``; ``sizes``:
+    each group's count), by one sort in place of one integer key a value where the ranges allow
+    it: a lexsort's orders and copies hold five times the values (a multi-GB rank's ingest
+    peaked there, at its end)."""
+    if not len(values):
+        return values.astype(np.int64)
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if len(sizes) * span >= 1 << 62:
+        return values[np.lexsort((values, groups))].astype(np.int64)
+    key = values.astype(np.int64) - low
+    key += groups * span
+    key.sort()
+    key -= np.repeat(np.arange(len(sizes), dtype=np.int64) * span, sizes) - low
+    return key
+
+
+def group_quantile(ordered: np.ndarray, sizes: np.ndarray, q: float) -> np.ndarray:
+    """Per group, the ``q`` quantile of its values, linear between the closest ranks (numpy's
+    and polars' "linear"); ``ordered``: ``sorted_in_groups``' values; 0.0 for an empty group."""
+    first = np.cumsum(sizes) - sizes
+    pos = (np.maximum(sizes, 1) - 1) * q
+    lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
+    if not len(ordered):
+        return np.zeros(len(sizes))
+    at_lo = ordered[np.minimum(first + lo, len(ordered) - 1)]
+    at_hi = ordered[np.minimum(first + hi, len(ordered) - 1)]
+    return np.where(sizes > 0, at_lo + (at_hi - at_lo) * (pos - lo), 0.0)
+
+
+def group_sums(ordered: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per group, the sum of its values (``ordered``: by group), in integers (0: an empty
+    group)."""
+    ends = np.cumsum(sizes)
+    total = np.concatenate([[0], np.cumsum(ordered, dtype=np.int64)])
+    return total[ends] - total[ends - sizes]
+
+
 def training_thread_of(
     pid: np.ndarray,
     tid: np.ndarray,

@@ -5,6 +5,7 @@ worker process on the core the ingest leaves free (``worker``), or split between
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import shutil
 import subprocess
@@ -199,7 +200,12 @@ class InWorker:
         self.lost = False  # the helper died
         self.closed = False
         self.error: BaseException | None = None
-        self._send(sink)
+        # the sink goes over in a file (its side inputs, memory records, can be tens of MB: a
+        # pipe's message is pickled whole in memory, then read whole on the other side)
+        path = self.work / "sink.pickle"
+        with path.open("wb") as out:
+            pickle.dump(sink, out, protocol=5)
+        self._send(("sink", str(path)))
 
     def _send(self, message: Any) -> None:
         if not self.lost:

@@ -10,8 +10,8 @@ imports the PRELOAD modules (comma-separated: those of the analysis it will serv
 the ingest); it then routes those rows to their chunks when asked (``route.route_later_part``,
 beside the ingest routing its own), and serves the analysis as ``analyse`` does. ``analyse``
 runs the rank's analysis beside the normalizing (``sinks.InWorker`` is its other end): the
-sink comes pickled on IN_FD (its pipe closed instead: there is nothing to analyse, and the
-worker ends), then each chunk (an Arrow file and the rows' roles), and each is answered on
+sink comes pickled in a file named on IN_FD (its pipe closed instead: there is nothing to
+analyse, and the worker ends), then each chunk (an Arrow file and the rows' roles), and each is answered on
 OUT_FD. A worker ends with the process that started it (PARENT; Linux). Any failure is its
 exit status or its answer, and the ingest then does the work itself.
 """
@@ -80,6 +80,8 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
             sink = inbox.recv()
     except EOFError:  # nothing to analyse here after all
         return
+    with Path(sink[1]).open("rb") as file:  # ("sink", its pickle: sinks.InWorker)
+        sink = pickle.load(file)
     error: BaseException | None = None
     while True:
         message = inbox.recv()
