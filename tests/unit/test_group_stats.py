@@ -41,7 +41,9 @@ def test_sorted_in_groups_is_a_lexsort_and_the_figures_are_polars(seed: int) -> 
     )
     present = sizes > 0
     assert np.array_equal(group_quantile(ordered, sizes, 0.5)[present], reference["p50"].to_numpy())
-    assert np.array_equal(group_quantile(ordered, sizes, 0.95)[present], reference["p95"].to_numpy())
+    assert np.array_equal(
+        group_quantile(ordered, sizes, 0.95)[present], reference["p95"].to_numpy()
+    )
     assert np.array_equal(group_sums(ordered, sizes)[present], reference["sum"].to_numpy())
     assert not group_quantile(ordered, sizes, 0.5)[~present].any()
     assert not group_sums(ordered, sizes)[~present].any()
