@@ -49,6 +49,19 @@ def test_sorted_in_groups_is_a_lexsort_and_the_figures_are_polars(seed: int) -> 
     assert not group_sums(ordered, sizes)[~present].any()
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_values_in_pieces_sort_as_one_array(seed: int) -> None:
+    """The ops table's percentiles pass each part's durations and 32-bit groups as they are:
+    the key is still 64 bits (a group times a span of 10**15 overflows 32)."""
+    rng = np.random.default_rng(seed)
+    groups = int(rng.integers(1, 40))
+    values = [rng.integers(0, 10**15, int(rng.integers(0, 80))) for _ in range(4)]
+    group = [rng.integers(0, groups, len(v)).astype(np.int32) for v in values]
+    every, of = np.concatenate(values), np.concatenate(group).astype(np.int64)
+    sizes = np.bincount(of, minlength=groups)
+    assert np.array_equal(sorted_in_groups(values, group, sizes), every[np.lexsort((every, of))])
+
+
 def _parts(rng: np.random.Generator) -> list[KernelRows]:
     """Random slices' kernels: steps repeated across slices and none, op names shared, unknown
     and empty, numbers that fit 32 bits and some that do not."""

@@ -258,16 +258,13 @@ def _percentiles(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each merged group's p50 and p95 of the durations of every part that has it (linear
     between the closest ranks), for all groups at once."""
-    groups = np.concatenate(
-        [
-            np.repeat(index[starts[i] : starts[i + 1]], np.diff(part.offsets))
-            for i, part in enumerate(parts)
-        ]
-    )
-    durations = np.concatenate([part.durations for part in parts])
-    sizes = np.bincount(groups, minlength=n)
-    ordered = sorted_in_groups(durations, groups, sizes)
-    del durations, groups
+    sizes = np.zeros(n, np.int64)
+    groups = []  # (each part's durations' merged groups, in 32 bits: the end's peak)
+    for i, part in enumerate(parts):
+        merged, counts = index[starts[i] : starts[i + 1]], np.diff(part.offsets)
+        np.add.at(sizes, merged, counts)
+        groups.append(np.repeat(merged.astype(np.int32), counts))
+    ordered = sorted_in_groups([part.durations for part in parts], groups, sizes)
     return group_quantile(ordered, sizes, 0.5), group_quantile(ordered, sizes, 0.95)
 
 

@@ -294,19 +294,34 @@ def pair_groups(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return pairs[:, new], inverse
 
 
-def sorted_in_groups(values: np.ndarray, groups: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def sorted_in_groups(
+    values: np.ndarray | list[np.ndarray],
+    groups: np.ndarray | list[np.ndarray],
+    sizes: np.ndarray,
+) -> np.ndarray:
     """``values`` by group, then by value (``values[np.lexsort((values, groups))]``; ``sizes``:
-    each group's count), by one sort in place of one integer key a value where the ranges allow
+    each group's count; values and groups may come in pieces, as lists of arrays alike, and are
+    never concatenated), by one sort in place of one integer key a value where the ranges allow
     it: a lexsort's orders and copies hold five times the values (a multi-GB rank's ingest
     peaked there, at its end)."""
-    if not len(values):
-        return values.astype(np.int64)
-    low = int(values.min())
-    span = int(values.max()) - low + 1
+    if isinstance(values, np.ndarray):
+        values, groups = [values], [groups]  # type: ignore[list-item]
+    pieces = [(v, g) for v, g in zip(values, groups, strict=True) if len(v)]
+    if not pieces:
+        return np.zeros(0, np.int64)
+    low = min(int(v.min()) for v, _ in pieces)
+    span = max(int(v.max()) for v, _ in pieces) - low + 1
     if len(sizes) * span >= 1 << 62:
-        return values[np.lexsort((values, groups))].astype(np.int64)
-    key = values.astype(np.int64) - low
-    key += groups * span
+        every, group = (np.concatenate(x).astype(np.int64) for x in zip(*pieces, strict=True))
+        return every[np.lexsort((every, group))]
+    key = np.empty(sum(len(v) for v, _ in pieces), np.int64)
+    at = 0
+    for v, g in pieces:
+        part = key[at : at + len(v)]
+        np.multiply(g, np.int64(span), out=part)  # (in 64 bits, whatever the groups')
+        part += v
+        at += len(v)
+    key -= low
     key.sort()
     key -= np.repeat(np.arange(len(sizes), dtype=np.int64) * span, sizes) - low
     return key

@@ -15,9 +15,11 @@ from typing import Any
 #: rank, so its faults are the rank's time, while the ingest waits for it anyway. On the 1.02 GB
 #: trace, both at 128 MB: 8.9-9.1 s, 466-467 MB; the ingest at 32 MB: 8.9 s, 420-426 MB; the
 #: helper at 32 MB too: 10.0-10.2 s, 425-434 MB (the 108.5 MB and 4.1 GB traces: the same time
-#: and peak either way).
+#: and peak either way). Once the helper held less (2026-12-06: its sink, memory lookups and
+#: kernel launches), 64 MB: the 1 GB GPU trace 374-410 MB in 9.5-10.3 s against 419-430 MB in
+#: 10.9-11.6 s at 128 MB (three rounds, alternated); 32 MB: 372-378 MB but 1.3x the time.
 TRIM_SLACK = 32 << 20
-HELPER_TRIM_SLACK = 128 << 20
+HELPER_TRIM_SLACK = 64 << 20
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
