@@ -265,6 +265,7 @@ def memory_steps(
     whole trace and one per step window of ``steps`` (the rank's steps table). ``events``: the
     rank's events and ``memory`` its records, or what the rows look up in them (the records
     and the phase and operator at an instant), found as the rank was analysed in slices."""
+    host: MemoryLookups | _HostEvents
     if isinstance(events, MemoryLookups):
         host, rank, devices = events, events.rank, events.devices
     elif memory is None or memory.num_rows == 0:

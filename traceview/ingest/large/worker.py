@@ -80,8 +80,10 @@ def analyse(inbox: Connection, outbox: Connection) -> None:
             sink = inbox.recv()
     except EOFError:  # nothing to analyse here after all
         return
-    with Path(sink[1]).open("rb") as file:  # ("sink", its pickle: sinks.InWorker)
-        sink = pickle.load(file)
+    pickled = Path(sink[1])  # ("sink", its pickle: sinks.InWorker)
+    with pickled.open("rb") as source:
+        sink = pickle.load(source)
+    pickled.unlink(missing_ok=True)
     error: BaseException | None = None
     while True:
         message = inbox.recv()
