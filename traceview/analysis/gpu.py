@@ -361,9 +361,8 @@ def combine_launches(parts: list[KernelRows], rank: int) -> pa.Table:
     # each level's groups in order: a key a kernel whose order is (step, phase name, op name)
     by_step = step_place.ravel().astype(np.int64)
     by_phase = by_step * len(phases) + phase
-    levels = (by_step, by_phase, by_phase * len(ops) + op)
     columns: dict[str, list[Any]] = {}
-    for level, keys in enumerate(levels):
+    for level, keys in enumerate((by_step, by_phase, by_phase * len(ops) + op)):
         present, group = unique_inverse(keys)
         sizes = np.bincount(group, minlength=len(present))
         rows = _launch_sums(group, sizes, values, short)
@@ -374,7 +373,7 @@ def combine_launches(parts: list[KernelRows], rank: int) -> pa.Table:
         for name, column in rows.items():
             columns.setdefault(name, []).append(column)
     table = pa.table(
-        {name: pa.concat_arrays([pa.array(c) for c in parts]) for name, parts in columns.items()}
+        {name: pa.concat_arrays([pa.array(c) for c in levels]) for name, levels in columns.items()}
     )
     table = table.append_column(S.RANK, pa.array(np.full(table.num_rows, rank, np.int32)))
     return S.conform(table, S.LAUNCHES_SCHEMA)
