@@ -203,8 +203,12 @@ class InWorker:
         # the sink goes over in a file (its side inputs, memory records, can be tens of MB: a
         # pipe's message is pickled whole in memory, then read whole on the other side)
         path = self.work / "sink.pickle"
-        with path.open("wb") as out:
-            pickle.dump(sink, out, protocol=5)
+        try:
+            with path.open("wb") as out:
+                pickle.dump(sink, out, protocol=5)
+        except OSError:  # (a full disk: the caller runs the sink on a thread)
+            self._end(kill=True)
+            raise
         self._send(("sink", str(path)))
 
     def _send(self, message: Any) -> None:
