@@ -11,8 +11,8 @@ the ingest); it then routes those rows to their chunks when asked (``route.route
 beside the ingest routing its own), and serves the analysis as ``analyse`` does. ``analyse``
 runs the rank's analysis beside the normalizing (``sinks.InWorker`` is its other end): the
 sink comes pickled in a file named on IN_FD (its pipe closed instead: there is nothing to
-analyse, and the worker ends), then each chunk (an Arrow file and the rows' roles), and each is answered on
-OUT_FD. A worker ends with the process that started it (PARENT; Linux). Any failure is its
+analyse, and the worker ends), then each chunk (an Arrow file and the rows' roles), and each
+is answered on OUT_FD. A worker ends with the process that started it (PARENT; Linux). Any failure is its
 exit status or its answer, and the ingest then does the work itself.
 """
 
