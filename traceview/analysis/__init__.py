@@ -68,10 +68,11 @@ def __getattr__(name: str) -> Any:
 
 
 def _rank_tables(
-    events: pa.Table, side: Mapping[str, pa.Table] | None = None
+    events: pa.Table, side: Mapping[str, pa.Table] | None = None, rows: bool = True
 ) -> dict[str, pa.Table]:
     """The whole rank as one part of ``analysis.parts``: the same code a rank read in chunks
-    takes, its facts found over the whole rank (so they hold)."""
+    takes, its facts found over the whole rank (so they hold). ``rows=False``: without the
+    per-event tables (``RankTables.rows`` makes those of many ranks at once)."""
     import numpy as np
 
     from traceview.analysis.attribution import whole_rank_part
@@ -79,6 +80,8 @@ def _rank_tables(
 
     training, gpu, elsewhere, whole = whole_rank_part(events)
     analysis = ChunkedAnalysis(side or {}, training, gpu, elsewhere, whole)
+    if not rows:
+        analysis.rows = None
     every = np.ones(events.num_rows, bool)
     analysis.add(events, every, every, -EVERYWHERE, EVERYWHERE)
     tables = analysis.finish()
@@ -103,9 +106,25 @@ class RankTables:
     modules: tuple[str, ...] = ("traceview.analysis.parts",)
 
     def __call__(
-        self, events: pa.Table, side: Mapping[str, pa.Table] | None = None
+        self, events: pa.Table, side: Mapping[str, pa.Table] | None = None, *, rows: bool = True
     ) -> dict[str, pa.Table]:
-        return _rank_tables(events, side)
+        """``rows=False``: all but the per-event tables (ops, collectives, actions), which
+        ``rows`` makes for many ranks at once."""
+        return _rank_tables(events, side, rows)
+
+    def rows(self, ranks: list[pa.Table]) -> dict[str, pa.Table]:
+        """The per-event tables (ops, collectives, actions) of several whole ranks' events at
+        once, each rank's rows as its own analysis gives them, rank after rank: a small rank's
+        few hundred calls to make them are paid once for a batch of ranks (``ingest.batches``)."""
+        import numpy as np
+
+        from traceview.analysis.parts import EVERYWHERE, RowParts, ranks_as_one
+
+        events = ranks_as_one(ranks)
+        every = np.ones(events.num_rows, bool)
+        parts = RowParts()
+        parts.add(events, every, every, -EVERYWHERE, EVERYWHERE)
+        return parts.finish()
 
     def chunked(
         self, side: Mapping[str, pa.Table], spill: Path | None = None

@@ -358,7 +358,7 @@ def _needed(
     gather there (-1: none); for a kernel, the start of the first kernel that copy-out launched."""
     ts = ints(events.column(S.TS_NS), 0)
     thread = np.unique(
-        np.stack([ints(events.column(S.PID), 0), ints(events.column(S.TID), 0)]),
+        np.stack([ints(events.column(c), 0) for c in (S.RANK, S.PID, S.TID)]),
         axis=1, return_inverse=True,
     )[1].ravel()  # fmt: skip
     copies = np.flatnonzero(kind == _FSDP_COPY_OUT)
@@ -427,11 +427,11 @@ _PART_SCHEMA = pa.schema(
 )
 
 
-def _link_runs(calls: pa.Table) -> pa.Table:
+def _link_runs(calls: pa.Table, rank: np.ndarray) -> pa.Table:
     """The rank's calls with each worker-run call (``RUN_PREFIX``) linked to the host call of the
     same collective that queued it: its ``issued_ns``, and the process group either names where
     the other does not. Over the rank's whole table, so a call queued in one part and run in the
-    next is linked too.
+    next is linked too. (Several ranks' calls, ``rank`` each call's code: each rank's apart.)
 
     A worker thread serves one process group. Each run votes for its thread's group with the
     group of the latest host call of its collective issued before it began; the thread takes the
@@ -442,7 +442,8 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     if not is_run.any():
         return calls
     ts = ints(calls.column(S.START_NS), 0)
-    tid = ints(calls.column(S.TID), 0)
+    # a worker thread: (rank, thread id), as one code
+    tid = pair_groups(rank, ints(calls.column(S.TID), 0))[1]
     on_cpu = np.asarray(pc.fill_null(pc.equal(calls.column(S.DEVICE), S.DEVICE_CPU), False))
     kinds, kind_names = dictionary_codes(calls.column(S.COLLECTIVE))
     group_codes, group_names = dictionary_codes(calls.column(S.GROUP))
@@ -458,15 +459,18 @@ def _link_runs(calls: pa.Table) -> pa.Table:
     needed = ints(calls.column(S.NEEDED_NS), -1).copy()
     is_issue = ~is_run & on_cpu
     # the queue a call goes through: its collective's, except that gloo runs a reduce-scatter
-    # as an all-reduce (FSDP's): those join the all-reduces' queue
+    # as an all-reduce (FSDP's) on a rank whose runs are all-reduces and no reduce-scatter:
+    # those join the all-reduces' queue
     op_codes = kinds.copy()
-    run_kinds = {kind_names[k] for k in np.unique(kinds[is_run]) if k >= 0}
-    if "reduce_scatter" not in run_kinds and "allreduce" in run_kinds:
-        scatter = (
-            kinds == kind_names.index("reduce_scatter") if "reduce_scatter" in kind_names else None
-        )
-        if scatter is not None:
-            op_codes = np.where(is_issue & scatter, kind_names.index("allreduce"), op_codes)
+    if "reduce_scatter" in kind_names and "allreduce" in kind_names:
+        scatter, allreduce = kind_names.index("reduce_scatter"), kind_names.index("allreduce")
+        ranks = int(rank.max()) + 1
+        runs_scatter = np.bincount(rank[is_run & (kinds == scatter)], minlength=ranks) > 0
+        runs_allreduce = np.bincount(rank[is_run & (kinds == allreduce)], minlength=ranks) > 0
+        joins = runs_allreduce[rank] & ~runs_scatter[rank] & is_issue & (kinds == scatter)
+        op_codes = np.where(joins, allreduce, op_codes)
+    # and a rank's queues apart from another's
+    op_codes = rank * (len(kind_names) + 1) + (op_codes + 1)
     # the threads' groups, from the votes of their runs
     votes_thread, votes_group = [], []
     for code in np.unique(op_codes[is_run]):
@@ -549,16 +553,18 @@ def _link_runs(calls: pa.Table) -> pa.Table:
 def combine_collectives(parts: list[pa.Table]) -> pa.Table:
     """The rank's collective calls (schema.COLLECTIVES_SCHEMA) from ``collectives_part`` of
     disjoint rows, in time order, each numbered (``seq``) by its place among the rank's calls of
-    the same view (name and collective) in time order."""
+    the same view (name and collective) in time order. Parts of several ranks (``RowParts`` of
+    a batch of ranks) give each rank's calls so, rank after rank."""
     calls = pa.concat_tables(parts) if parts else S.empty(_PART_SCHEMA)
     if calls.num_rows == 0:
         return S.empty(S.COLLECTIVES_SCHEMA)
     ids = ints(calls.column("_id"), 0)
     calls = calls.take(pa.array(np.argsort(ids, kind="stable")))  # in event order
     ts = ints(calls.column(S.START_NS), 0)
+    rank = np.unique(ints(calls.column(S.RANK), 0), return_inverse=True)[1].ravel()
     key = pc.binary_join_element_wise(calls.column(S.NAME), calls.column(S.COLLECTIVE), "\x00")
     _, group = np.unique(np.asarray(key.to_pylist(), dtype=object), return_inverse=True)
-    group = np.asarray(group, np.int64).ravel()
+    group = pair_groups(rank, np.asarray(group, np.int64).ravel())[1]  # (per rank)
     order = np.lexsort((ts, group))
     seq = np.empty(calls.num_rows, np.int64)
     sorted_group = group[order]
@@ -566,8 +572,8 @@ def combine_collectives(parts: list[pa.Table]) -> pa.Table:
     start_of_group = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
     seq[order] = np.arange(len(order)) - start_of_group
     table = calls.drop_columns(["_id"]).append_column(S.SEQ, pa.array(seq, pa.int64()))
-    table = _link_runs(table)
+    table = _link_runs(table, rank)
     if S.ISSUED_NS not in table.column_names:
         table = table.append_column(S.ISSUED_NS, pa.nulls(table.num_rows, pa.int64()))
     table = S.conform(table, S.COLLECTIVES_SCHEMA)
-    return table.take(pa.array(np.argsort(ts, kind="stable")))
+    return table.take(pa.array(np.lexsort((ts, rank))))  # (each rank's in time order)

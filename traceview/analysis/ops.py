@@ -32,16 +32,17 @@ _COUNTED_KINDS = (S.KIND_OP, S.KIND_ANNOTATION, *S.DEVICE_ACTIVITY_KINDS)
 
 _NAMED_KEYS = (S.DEVICE, S.KIND, S.PHASE, S.OP)
 _KEYS = (S.STEP, *_NAMED_KEYS)
+_RANK_KEYS = (S.RANK, *_KEYS)
 _NAMED = (*_NAMED_KEYS, S.NAME)
 
 
 @dataclass
 class OpsPart:
     """What some of one rank's events add to its ops table (``ops_part``): parts of disjoint
-    rows ``combine_ops`` into the table the rank's events give in one piece."""
+    rows ``combine_ops`` into the table the rank's events give in one piece. (Events of several
+    ranks, ``RowParts`` of a batch of ranks: each rank's groups apart, its rows as its own.)"""
 
-    rank: int
-    # per group (a distinct step, device, kind, phase, op): each key's value (None: null)...
+    # per group (a distinct rank, step, device, kind, phase, op): each key's value (None: null)...
     keys: dict[str, list]
     # ...how many outermost events, their total, the self time, the bytes (and whether any is
     # known)
@@ -58,7 +59,8 @@ class OpsPart:
     name_group: np.ndarray
     name: list[str | None]
     name_count: np.ndarray
-    first_seen: dict[str, dict[str, int]]  # per column of _NAMED: value -> the lowest event id
+    # per column of _NAMED: (rank, value) -> the lowest event id
+    first_seen: dict[str, dict[tuple[int, str], int]]
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
@@ -83,13 +85,18 @@ def _lookup(values: list[Any], codes: np.ndarray) -> list[Any]:
     return table[codes].tolist()
 
 
-def _first_seen(codes: np.ndarray, values: list[str], ids: np.ndarray) -> dict[str, int]:
-    """Per value among ``codes``, the lowest event id that carries it."""
-    first = np.full(len(values), np.iinfo(np.int64).max, np.int64)
+def _first_seen(
+    codes: np.ndarray, values: list[str], ids: np.ndarray, rank: np.ndarray, ranks: list[int]
+) -> dict[tuple[int, str], int]:
+    """Per (rank, value) among ``codes`` (``rank``: each row's code into ``ranks``), the lowest
+    event id that carries it."""
+    width = max(len(values), 1)
+    first = np.full(len(ranks) * width, np.iinfo(np.int64).max, np.int64)
     known = codes >= 0
-    np.minimum.at(first, codes[known], ids[known])
+    np.minimum.at(first, rank[known] * width + codes[known], ids[known])
     seen = np.flatnonzero(first < np.iinfo(np.int64).max)
-    return dict(zip([values[i] for i in seen.tolist()], first[seen].tolist(), strict=True))
+    keys = [(ranks[i // width], values[i % width]) for i in seen.tolist()]
+    return dict(zip(keys, first[seen].tolist(), strict=True))
 
 
 def ops_part(
@@ -100,13 +107,16 @@ def ops_part(
     ``arrays.parent_rows``, where the caller has it). Grouping works on dictionary codes with
     numpy: no per-event Python, no copies of the names."""
     n = events.num_rows
-    rank = int(events.column(S.RANK)[0].as_py()) if n else 0
     rows = np.arange(n) if counted is None else np.flatnonzero(counted)
     ids = ints(events.column(S.EVENT_ID), 0)
+    ranks, rank = np.unique(ints(events.column(S.RANK), 0), return_inverse=True)
+    rank, ranks = rank.ravel(), ranks.tolist()
     coded = {name: _codes(events.column(name)) for name in _NAMED}
     first_seen = {
-        name: _first_seen(codes[rows], values, ids[rows]) for name, (codes, values) in coded.items()
+        name: _first_seen(codes[rows], values, ids[rows], rank[rows], ranks)
+        for name, (codes, values) in coded.items()
     }
+    coded[S.RANK] = (rank, ranks)
     step = ints(events.column(S.STEP), -1)
     steps = np.unique(step[rows]).tolist()
     coded[S.STEP] = (np.searchsorted(np.asarray(steps, np.int64), step), steps)
@@ -124,8 +134,8 @@ def ops_part(
     nbytes = ints(events.column(S.BYTES), -1)[rows]
     is_outer = outer[rows]
     has_bytes = is_outer & (nbytes >= 0)
-    key_codes = [coded[k][0][rows] + 1 for k in _KEYS]  # 0: null
-    sizes = tuple(len(coded[k][1]) + 1 for k in _KEYS)
+    key_codes = [coded[k][0][rows] + 1 for k in _RANK_KEYS]  # 0: null
+    sizes = tuple(len(coded[k][1]) + 1 for k in _RANK_KEYS)
     key = np.ravel_multi_index(key_codes, sizes) if len(rows) else np.zeros(0, np.int64)
     keys, group = unique_inverse(key)
     group = np.asarray(group, np.int64).ravel()
@@ -136,11 +146,11 @@ def ops_part(
         np.add.at(summed, group, values)
         return summed
 
-    distinct: dict[str, list[Any]] = {k: coded[k][1] for k in _KEYS}
+    distinct: dict[str, list[Any]] = {k: coded[k][1] for k in _RANK_KEYS}
     distinct[S.STEP] = [None if v < 0 else v for v in steps]  # (-1: no step)
     key_values = {  # (a lookup in an object array: no Python a group)
         k: _lookup([None, *distinct[k]], codes)
-        for k, codes in zip(_KEYS, np.unravel_index(keys, sizes), strict=True)
+        for k, codes in zip(_RANK_KEYS, np.unravel_index(keys, sizes), strict=True)
     }
     outer_group, outer_dur = group[is_outer], dur[is_outer]
     order = np.lexsort((outer_dur, outer_group))
@@ -150,7 +160,6 @@ def ops_part(
     )
     pair_name = pair % (len(names) + 1) - 1
     return OpsPart(
-        rank=rank,
         keys=key_values,
         count=total(is_outer.astype(np.int64)),
         total=total(np.where(is_outer, dur, 0)),
@@ -166,25 +175,33 @@ def ops_part(
     )
 
 
-def _places(parts: list[OpsPart]) -> dict[str, dict[str, int]]:
-    """Per column of _NAMED, each value's place by the event in which it first appears, over
-    every part (ties in self time, in how often a name is seen, go to the values seen first)."""
-    places = {}
+def _places(parts: list[OpsPart]) -> dict[str, dict]:
+    """Per column of _NAMED, each (rank, value)'s place by the event in which it first appears
+    on its rank, over every part (ties in self time, in how often a name is seen, go to the
+    values seen first); the ranks and steps in order."""
+    places: dict[str, dict] = {}
     for column in _NAMED:
-        first: dict[str, int] = {}
+        first: dict[tuple[int, str], int] = {}
         for part in parts:
             for value, event in part.first_seen[column].items():
                 if event < first.get(value, event + 1):
                     first[value] = event
-        places[column] = {v: i for i, v in enumerate(sorted(first, key=first.__getitem__))}
-    steps = sorted({v for part in parts for v in part.keys[S.STEP] if v is not None})
-    places[S.STEP] = {v: i for i, v in enumerate(steps)}  # in step order (a null first)
+        order = sorted(first, key=lambda value: (value[0], first[value]))
+        places[column] = {v: i for i, v in enumerate(order)}
+    for column in (S.RANK, S.STEP):  # in order (a null step first)
+        values = sorted({v for part in parts for v in part.keys[column] if v is not None})
+        places[column] = {v: i for i, v in enumerate(values)}
     return places
 
 
-def _placed(values: list, place: dict) -> np.ndarray:
-    """Each value's place (a null's: -1, before every value)."""
-    return np.array([-1 if v is None else place[v] for v in values], np.int64)
+def _placed(values: list, place: dict, ranks: list[int] | None = None) -> np.ndarray:
+    """Each value's place (a null's: -1, before every value); ``ranks``: each value's rank, where
+    the places are of (rank, value)."""
+    if ranks is None:
+        return np.array([-1 if v is None else place[v] for v in values], np.int64)
+    return np.array(
+        [-1 if v is None else place[r, v] for r, v in zip(ranks, values, strict=True)], np.int64
+    )
 
 
 def combine_ops(parts: list[OpsPart]) -> pa.Table:
@@ -192,12 +209,20 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     parts = [p for p in parts if len(p.count)]
     if not parts:
         return S.empty(S.OPS_SCHEMA)
-    rank = parts[0].rank
     places: dict[str, dict] = _places(parts)
     # each part's groups as rows of their keys' places; the merged groups are the distinct rows,
     # in the order of the places (a null first)
     placed = np.concatenate(
-        [np.stack([_placed(p.keys[k], places[k]) for k in _KEYS], axis=1) for p in parts]
+        [
+            np.stack(
+                [
+                    _placed(p.keys[k], places[k], p.keys[S.RANK] if k in _NAMED else None)
+                    for k in _RANK_KEYS
+                ],
+                axis=1,
+            )
+            for p in parts
+        ]
     )
     merged_keys, index = _unique_rows(placed)
     n = len(merged_keys)
@@ -215,16 +240,19 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     known = summed([p.known for p in parts]) > 0
     p50, p95 = _percentiles(parts, index, starts, n)
     top = _top_names(parts, index, starts, places[S.NAME], n)
-    key_names = {k: [v for v, _ in sorted(places[k].items(), key=lambda kv: kv[1])] for k in _KEYS}
+    key_names = {
+        k: [v[1] if k in _NAMED else v for v in sorted(places[k], key=places[k].__getitem__)]
+        for k in _RANK_KEYS
+    }
     table = pa.table(
         {
-            S.RANK: pa.array(np.full(n, rank, np.int32)),
+            S.RANK: pa.array(np.asarray(key_names[S.RANK], np.int32)[merged_keys[:, 0]]),
             # (a place of -1, a null, takes the last value: None, or "")
-            S.STEP: pa.array(_lookup([*key_names[S.STEP], None], merged_keys[:, 0]), pa.int64()),
+            S.STEP: pa.array(_lookup([*key_names[S.STEP], None], merged_keys[:, 1]), pa.int64()),
             **{
                 k: _lookup([*key_names[k], ""], merged_keys[:, j])
-                for j, k in enumerate(_KEYS)
-                if k != S.STEP
+                for j, k in enumerate(_RANK_KEYS)
+                if k not in (S.RANK, S.STEP)
             },
             S.NAME: [name or "" for name in top],
             S.COUNT: count,
@@ -236,7 +264,7 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
             S.BYTES: pa.array(nbytes, pa.int64(), mask=~known),
         }
     )  # fmt: skip
-    table = table.sort_by([(S.SELF_NS, "descending")])
+    table = table.sort_by([(S.RANK, "ascending"), (S.SELF_NS, "descending")])  # (stable)
     return S.conform(table, S.OPS_SCHEMA)
 
 
@@ -273,11 +301,13 @@ def _top_names(
 ) -> list[str | None]:
     """Each merged group's framework name seen most often (ties: the one seen first), for all
     groups at once (None: a group without names)."""
-    by_place = sorted(place, key=place.__getitem__)
+    by_place = [value for _, value in sorted(place, key=place.__getitem__)]
     group = np.concatenate(
         [index[starts[i] : starts[i + 1]][part.name_group] for i, part in enumerate(parts)]
     ).astype(np.int64)
-    name = np.array([-1 if v is None else place[v] for part in parts for v in part.name], np.int64)
+    name = np.concatenate(
+        [_placed(part.name, place, _lookup(part.keys[S.RANK], part.name_group)) for part in parts]
+    )
     times = np.concatenate([part.name_count for part in parts]).astype(np.int64)
     out: list[str | None] = [None] * n
     if not len(group):

@@ -116,6 +116,30 @@ class RowParts:
         }
 
 
+def ranks_as_one(ranks: list[pa.Table]) -> pa.Table:
+    """Several ranks' normalized events as one table for ``RowParts``: each rank's event ids
+    (and the parents that name them) moved past the ids of the ranks before it, so that an id
+    names one event of the batch; one dictionary per column."""
+    tables, offset = [], 0
+    for events in ranks:
+        ids = ints(events.column(S.EVENT_ID), 0)
+        if offset:
+            parent = events.column(S.PARENT)
+            moved = pc.if_else(
+                pc.greater_equal(parent, 0), pc.add(parent, pa.scalar(offset, parent.type)), parent
+            )
+            events = events.set_column(
+                events.schema.get_field_index(S.EVENT_ID),
+                S.EVENT_ID,
+                pa.array(ids + offset, events.schema.field(S.EVENT_ID).type),
+            ).set_column(events.schema.get_field_index(S.PARENT), S.PARENT, moved)
+        tables.append(S.conform(events, S.EVENTS_SCHEMA))
+        offset += max(events.num_rows, int(ids.max()) + 1 if len(ids) else 0)
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+
+
 class ChunkedAnalysis:
     """``rank_tables`` of one rank, fed chunk by chunk (``add``), in time order."""
 

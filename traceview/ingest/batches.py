@@ -7,7 +7,8 @@ A batch's ranks are ingested one after the other, each as ``ingest_rank`` does a
 whose trace cannot be read is returned as its error, in its place, and the others are kept (the
 caller leaves it out with its warning, as for a rank ingested alone). The ranks' tables of one
 name are concatenated into the batch's first part (``combine`` orders rows by rank, keeping each
-rank's in order: the run's tables are the same).
+rank's in order: the run's tables are the same). The per-event tables (ops, collectives,
+actions) of the batch's ranks read whole are made for the batch at once (``_rows_at_once``).
 """
 
 from __future__ import annotations
@@ -67,13 +68,30 @@ def ingest_ranks(
     results: list[RankPartial | BadInput] = []
     for trace in traces:
         try:
-            results.append(ingest_rank(trace, run, run_id, rules_path, analyze))
+            results.append(
+                ingest_rank(trace, run, run_id, rules_path, analyze, beside=False, rows_later=True)
+            )
         except NotOneRun:
             raise
         except BadInput as exc:
             results.append(exc)
-    _merge_tables([r for r in results if isinstance(r, RankPartial)])
+    parts = [r for r in results if isinstance(r, RankPartial)]
+    _rows_at_once(parts, analyze)
+    _merge_tables(parts)
     return results
+
+
+def _rows_at_once(parts: list[RankPartial], analyze: RankAnalysis | None) -> None:
+    """The per-event tables of the parts' ranks that left them to the batch (``events``), made
+    at once and held by the first of them (``_merge_tables`` concatenates each name's tables:
+    every rank's rows, each rank's as its own analysis gives them)."""
+    waiting = [part for part in parts if part.events is not None]
+    if not waiting or analyze is None:
+        return
+    tables = analyze.rows([part.events for part in waiting])  # type: ignore[attr-defined,misc]
+    for part in waiting:
+        part.events = None
+    waiting[0].tables.update(tables)
 
 
 def _merge_tables(parts: list[RankPartial]) -> None:
