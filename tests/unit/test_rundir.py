@@ -167,3 +167,43 @@ def test_leftovers_of_a_dotted_host_and_run_name_are_recognised(
     R.recover(target, notes)
     assert R.is_run_dir(target) and R.leftovers(target) == []
     assert any("restored the previous run" in w for w in notes.warnings)
+
+
+def test_a_small_ranks_events_are_plain_pages_whose_damage_is_found(
+    fresh: Path, tmp_path: Path
+) -> None:
+    """A rank of few events is written uncompressed, each page with its checksum: in place (a
+    local pool's worker) or beside and renamed, the same file; a run of bytes overwritten
+    anywhere in its pages is an error reading it, never other numbers."""
+    import pyarrow.parquet as pq
+
+    from traceview.model.errors import BadInput
+
+    events = R.read_events(fresh, [0]).slice(0, 300)
+    assert events.num_rows < R.SMALL_EVENTS_ROWS
+    run = tmp_path / "run"
+    written = R.write_events(run, 0, events)
+    beside = written.read_bytes()
+    assert R.write_events(run, 0, events, in_place=True).read_bytes() == beside
+    meta = pq.ParquetFile(written).metadata
+    codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
+    assert codecs == {"UNCOMPRESSED"}
+    assert R.read_events(run, [0]).equals(events)
+    pages_end = (
+        min(meta.row_group(0).column(i).data_page_offset for i in range(meta.num_columns))
+        + meta.row_group(0).total_byte_size
+    )
+    undetected = []
+    for at in range(4, pages_end - 32, max(1, pages_end // 97)):
+        damaged = beside[:at] + bytes(b ^ 0x5A for b in beside[at : at + 32]) + beside[at + 32 :]
+        written.write_bytes(damaged)
+        try:
+            R.read_events(run, [0])
+        except BadInput:
+            continue
+        undetected.append(at)
+    assert not undetected
+    # a large rank stays compressed
+    many = events.take([i % events.num_rows for i in range(R.SMALL_EVENTS_ROWS)])
+    big = pq.ParquetFile(R.write_events(tmp_path / "big", 0, many)).metadata
+    assert big.row_group(0).column(0).compression == "ZSTD"

@@ -166,7 +166,8 @@ def ingest_rank(
     is free beside this one (the ranks are ingested one after the other), for a large trace's
     helper process (``chunked``). ``beside``: the events are written on a thread while the
     analysis runs; False: after it, on this one (a pool with a worker per core has no core for
-    the thread: on 2 cores, 2,000 one-step ranks took 14 % more CPU with it). ``rows_later``:
+    the thread: on 2 cores, 2,000 one-step ranks took 14 % more CPU with it), and in place
+    (``rundir.write_events``: this process is a local pool's, the only writer). ``rows_later``:
     a rank read whole leaves its per-event tables to its batch (``RankPartial.events``), where
     the analysis makes those of many ranks at once (``RankTables.rows``)."""
     from traceview.parsers import parser_named
@@ -231,7 +232,7 @@ def ingest_rank(
     if written is not None:
         written.result()
     else:
-        R.write_events(run, trace.rank, normalized.events)
+        R.write_events(run, trace.rank, normalized.events, in_place=True)
     found, threads, skipped = dict(parsed.meta), dict(parsed.threads), dict(parsed.skipped)
     if normalized.layout is not None:
         found.update(normalized.layout.meta)
