@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import SAMPLES
 from traceview.analysis import ANALYSIS_VERSION
+from traceview.model import schema as S
 from traceview.runs import ingest_run, open_run
 from traceview.store import rundir as R
 
@@ -207,3 +208,41 @@ def test_a_small_ranks_events_are_plain_pages_whose_damage_is_found(
     many = events.take([i % events.num_rows for i in range(R.SMALL_EVENTS_ROWS)])
     big = pq.ParquetFile(R.write_events(tmp_path / "big", 0, many)).metadata
     assert big.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_identities_see_every_link_out_of_the_run(fresh: Path, tmp_path: Path) -> None:
+    """A rank's events file seen by one lstat is what following every link says: a file or a
+    rank's folder linked out of the run is "out", one linked inside is the file it names."""
+    run = _copy(fresh, tmp_path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(R.events_path(run, 1), outside / "part-0.parquet")
+    slow = R.identities(run)
+
+    def each_followed() -> dict[str, R.Identity]:
+        found = {R.MANIFEST: R._identity(run, run / R.MANIFEST)}
+        for rank, path in R._rank_parts(run):
+            found[f"{R.EVENTS}/rank={rank}/{path.name}"] = R._identity(run, path)
+        for name in S.SIDE_INPUTS:
+            side = R.side_path(run, name)
+            if side.is_symlink() or side.exists():
+                found[side.name] = R._identity(run, side)
+        return found
+
+    assert slow == each_followed()
+    (run / R.EVENTS / "rank=5").mkdir()
+    (run / R.EVENTS / "rank=5" / "part-0.parquet").symlink_to(R.events_path(run, 0))
+    (run / R.EVENTS / "rank=6").symlink_to(outside)
+    (run / R.EVENTS / "rank=7").mkdir()
+    (run / R.EVENTS / "rank=7" / "part-0.parquet").symlink_to(outside / "part-0.parquet")
+    found = R.identities(run)
+    assert found == each_followed()
+    assert found["events/rank=6/part-0.parquet"] == "out"
+    assert found["events/rank=7/part-0.parquet"] == "out"
+    assert found["events/rank=5/part-0.parquet"] == found["events/rank=0/part-0.parquet"]
+    # the events folder itself linked out: every rank's file is out
+    shutil.move(run / R.EVENTS, tmp_path / "events")
+    (run / R.EVENTS).symlink_to(tmp_path / "events")
+    found = R.identities(run)
+    assert found == each_followed()
+    assert {v for k, v in found.items() if k.startswith("events/")} == {"out"}

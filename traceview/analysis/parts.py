@@ -128,11 +128,14 @@ def ranks_as_one(ranks: list[pa.Table]) -> pa.Table:
             moved = pc.if_else(
                 pc.greater_equal(parent, 0), pc.add(parent, pa.scalar(offset, parent.type)), parent
             )
+            field = events.schema.field(S.EVENT_ID)  # (as it was: no schema to conform again)
             events = events.set_column(
                 events.schema.get_field_index(S.EVENT_ID),
-                S.EVENT_ID,
-                pa.array(ids + offset, events.schema.field(S.EVENT_ID).type),
-            ).set_column(events.schema.get_field_index(S.PARENT), S.PARENT, moved)
+                field,
+                pa.array(ids + offset, field.type),
+            ).set_column(
+                events.schema.get_field_index(S.PARENT), events.schema.field(S.PARENT), moved
+            )
         tables.append(S.conform(events, S.EVENTS_SCHEMA))
         offset += max(events.num_rows, int(ids.max()) + 1 if len(ids) else 0)
     if len(tables) == 1:

@@ -436,10 +436,20 @@ def read_side(run: Path, name: str, ranks: list[int] | None = None) -> pa.Table 
 def _rank_parts(run: Path) -> list[tuple[int, Path]]:
     """(rank, file) of every events file, by rank; folders not named rank=N are not ours."""
     parts = []
-    for path in (run / EVENTS).glob("rank=*/*.parquet"):
-        number = path.parent.name.split("=", 1)[1]
-        if number.isascii() and number.isdigit() and len(number) < 10:
-            parts.append((int(number), path))
+    events = run / EVENTS
+    try:
+        folders = [e.name for e in os.scandir(events) if e.name.startswith("rank=")]
+    except OSError:  # (none, or not a folder: no events)
+        return []
+    for name in folders:  # (scandir, not glob: 20,000 ranks' folders took 0.45 s to glob)
+        number = name.split("=", 1)[1]
+        if not (number.isascii() and number.isdigit() and len(number) < 10):
+            continue
+        try:
+            files = [e.name for e in os.scandir(events / name) if e.name.endswith(".parquet")]
+        except OSError:  # (a file named rank=N, or one that cannot be read: no events)
+            continue
+        parts += [(int(number), events / name / file) for file in files]
     return sorted(parts)
 
 
@@ -530,13 +540,28 @@ def _identity(run: Path, path: Path) -> Identity:
     return (found.st_ino, found.st_size, found.st_mtime_ns)
 
 
+def _part_identity(run: Path, path: Path, events_inside: bool) -> Identity:
+    """``_identity`` of a rank's events file: where the events folder stays inside the run and
+    neither the rank's folder nor the file is a link, the file is inside, seen by one ``lstat``
+    (a real path of each of 20,000 files took a second)."""
+    if events_inside and not os.path.islink(path.parent):
+        try:
+            here = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISLNK(here.st_mode):
+            return (here.st_ino, here.st_size, here.st_mtime_ns)
+    return _identity(run, path)
+
+
 def identities(run: Path) -> dict[str, Identity]:
     """The identity of the run on disk: its manifest, every rank's events file and its side
     inputs' files. Two looks that differ saw different runs (an ingest replaced it between them) or a
     file changed; a few stat calls per rank, nothing read."""
     found = {MANIFEST: _identity(run, run / MANIFEST)}
+    events_inside = leads_out(run, run / EVENTS) is None
     for rank, path in _rank_parts(run):
-        found[f"{EVENTS}/rank={rank}/{path.name}"] = _identity(run, path)
+        found[f"{EVENTS}/rank={rank}/{path.name}"] = _part_identity(run, path, events_inside)
     for name in S.SIDE_INPUTS:
         side = side_path(run, name)
         if side.is_symlink() or side.exists():
