@@ -78,7 +78,7 @@ def _markers(
 
 
 def _nothing() -> InferredSteps:
-    return InferredSteps(_markers(0, [], np.zeros(0), np.zeros(0), np.zeros(0)))
+    return InferredSteps(S.empty(S.LAID_OUT_SCHEMA))  # (one table for every caller: ~0.2 ms)
 
 
 def _first_host_pid(raw: pa.Table, host: np.ndarray) -> int:
