@@ -177,7 +177,7 @@ class KinetoStream:
             batch = chunk.batch
             del chunk
             if held is not None and held.schema.equals(batch.schema):
-                batch = pa.Table.from_batches([held, batch]).combine_chunks().to_batches()[0]
+                batch = _one_batch(held, batch)
             elif held is not None:
                 yield from self._raw(held)
             held = None
@@ -308,6 +308,13 @@ class KinetoStream:
 #: trace on a piece of its own (its last event, decoded apart to find where the events end),
 #: so a small trace was two chunks, each paying the ~0.25 ms of making a batch raw.
 _HOLD_ROWS = 4096
+
+
+def _one_batch(first: pa.RecordBatch, then: pa.RecordBatch) -> pa.RecordBatch:
+    """Two decoded chunks' batches (of one schema) as one."""
+    if first.num_rows == 0 or then.num_rows == 0:
+        return then if first.num_rows == 0 else first
+    return pa.Table.from_batches([first, then]).combine_chunks().to_batches()[0]
 
 
 def _raw_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int, int]:
