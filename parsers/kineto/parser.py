@@ -181,7 +181,7 @@ class KinetoStream:
             elif held is not None:
                 yield from self._raw(held)
             held = None
-            if batch.num_rows < _HOLD_ROWS:
+            if batch.num_rows < _HOLD_ROWS and batch.nbytes < _HOLD_BYTES:
                 held = batch
                 continue
             yield from self._raw(batch)
@@ -308,6 +308,7 @@ class KinetoStream:
 #: trace on a piece of its own (its last event, decoded apart to find where the events end),
 #: so a small trace was two chunks, each paying the ~0.25 ms of making a batch raw.
 _HOLD_ROWS = 4096
+_HOLD_BYTES = 1 << 20  # (and of less than this: a few events of huge names are not held)
 
 
 def _one_batch(first: pa.RecordBatch, then: pa.RecordBatch) -> pa.RecordBatch:

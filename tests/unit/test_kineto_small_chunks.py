@@ -51,10 +51,15 @@ def test_a_small_trace_is_one_batch(tmp_path: Path) -> None:
 def test_many_tiny_chunks_and_metadata_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = _trace(tmp_path, [_event(i) for i in range(300)])
+    # past the reader's first block (2 MB read at once), so that it cuts chunks of its own
+    path = _trace(tmp_path, [_event(i) for i in range(30_000)])
     whole = _parsed(path)
-    small = functools.partial(kineto.ChromeTraceReader, chunk_bytes=256)  # (dozens of chunks)
+    small = functools.partial(kineto.ChromeTraceReader, chunk_bytes=64 << 10)
     monkeypatch.setattr(kineto, "ChromeTraceReader", small)
+    chunks = list(small(path, kineto._decode_chunk))
+    assert sum(c.batch.num_rows < kineto._HOLD_ROWS for c in chunks) > 5  # (held, joined)
+    assert _parsed(path) == whole
+    monkeypatch.setattr(kineto, "_HOLD_ROWS", 0)
     assert _parsed(path) == whole
     meta = {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}
     with pytest.raises(Exception) as error:  # (no events: refused, as before, with one line)
