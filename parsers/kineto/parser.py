@@ -179,26 +179,34 @@ class KinetoStream:
             if held is not None and held.schema.equals(batch.schema):
                 batch = _one_batch(held, batch)
             elif held is not None:
-                yield from self._raw(held)
+                raw, held = self._raw(held), None
+                if raw is not None:
+                    yield raw
             held = None
             if batch.num_rows < _HOLD_ROWS and batch.nbytes < _HOLD_BYTES:
                 held = batch
                 continue
-            yield from self._raw(batch)
+            # (each decoded chunk let go before its raw batch is yielded: held while the caller
+            # works on it, it cost a 4.5 MB trace 4 ms more of system time in page faults)
+            raw, batch = self._raw(batch), None
+            if raw is not None:
+                yield raw
         if held is not None:
-            yield from self._raw(held)
+            raw, held = self._raw(held), None
+            if raw is not None:
+                yield raw
         self._info = reader.info
         if self.part is None:
             self._finish()
 
-    def _raw(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    def _raw(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        """``batch`` made raw, its events counted (None: none left)."""
         raw, missing, absurd = _raw_batch(batch)
         totals = self._totals
         totals.no_ts += missing
         totals.absurd += absurd
         totals.kept += raw.num_rows
-        if raw.num_rows:
-            yield raw
+        return raw if raw.num_rows else None
 
     def part_read(self) -> KinetoPart:
         """This part's read, for the stream of the part before it (``then``)."""

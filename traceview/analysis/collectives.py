@@ -28,6 +28,7 @@ from traceview.model.columns import (
     nearest_marked,
     pair_groups,
     parent_rows,
+    rank_codes,
     roots,
 )
 
@@ -561,7 +562,7 @@ def combine_collectives(parts: list[pa.Table]) -> pa.Table:
     ids = ints(calls.column("_id"), 0)
     calls = calls.take(pa.array(np.argsort(ids, kind="stable")))  # in event order
     ts = ints(calls.column(S.START_NS), 0)
-    rank = np.unique(ints(calls.column(S.RANK), 0), return_inverse=True)[1].ravel()
+    rank = rank_codes(ints(calls.column(S.RANK), 0))[0]
     key = pc.binary_join_element_wise(calls.column(S.NAME), calls.column(S.COLLECTIVE), "\x00")
     _, group = np.unique(np.asarray(key.to_pylist(), dtype=object), return_inverse=True)
     group = pair_groups(rank, np.asarray(group, np.int64).ravel())[1]  # (per rank)

@@ -23,6 +23,7 @@ from traceview.model.columns import (
     group_quantile,
     ints,
     parent_rows,
+    rank_codes,
     sorted_in_groups,
     unique_inverse,
 )
@@ -59,8 +60,8 @@ class OpsPart:
     name_group: np.ndarray
     name: list[str | None]
     name_count: np.ndarray
-    # per column of _NAMED: (rank, value) -> the lowest event id
-    first_seen: dict[str, dict[tuple[int, str], int]]
+    # per column of _NAMED: rank -> value -> the lowest event id
+    first_seen: dict[str, dict[int, dict[str, int]]]
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
@@ -87,16 +88,19 @@ def _lookup(values: list[Any], codes: np.ndarray) -> list[Any]:
 
 def _first_seen(
     codes: np.ndarray, values: list[str], ids: np.ndarray, rank: np.ndarray, ranks: list[int]
-) -> dict[tuple[int, str], int]:
-    """Per (rank, value) among ``codes`` (``rank``: each row's code into ``ranks``), the lowest
+) -> dict[int, dict[str, int]]:
+    """Per rank and value among ``codes`` (``rank``: each row's code into ``ranks``), the lowest
     event id that carries it."""
     width = max(len(values), 1)
     first = np.full(len(ranks) * width, np.iinfo(np.int64).max, np.int64)
     known = codes >= 0
     np.minimum.at(first, rank[known] * width + codes[known], ids[known])
-    seen = np.flatnonzero(first < np.iinfo(np.int64).max)
-    keys = [(ranks[i // width], values[i % width]) for i in seen.tolist()]
-    return dict(zip(keys, first[seen].tolist(), strict=True))
+    out: dict[int, dict[str, int]] = {}
+    for i, r in enumerate(ranks):
+        mine = first[i * width : (i + 1) * width]
+        seen = np.flatnonzero(mine < np.iinfo(np.int64).max)
+        out[r] = dict(zip([values[j] for j in seen.tolist()], mine[seen].tolist(), strict=True))
+    return out
 
 
 def ops_part(
@@ -109,8 +113,7 @@ def ops_part(
     n = events.num_rows
     rows = np.arange(n) if counted is None else np.flatnonzero(counted)
     ids = ints(events.column(S.EVENT_ID), 0)
-    ranks, rank = np.unique(ints(events.column(S.RANK), 0), return_inverse=True)
-    rank, ranks = rank.ravel(), ranks.tolist()
+    rank, ranks = rank_codes(ints(events.column(S.RANK), 0))
     coded = {name: _codes(events.column(name)) for name in _NAMED}
     first_seen = {
         name: _first_seen(codes[rows], values, ids[rows], rank[rows], ranks)
@@ -176,18 +179,25 @@ def ops_part(
 
 
 def _places(parts: list[OpsPart]) -> dict[str, dict]:
-    """Per column of _NAMED, each (rank, value)'s place by the event in which it first appears
-    on its rank, over every part (ties in self time, in how often a name is seen, go to the
-    values seen first); the ranks and steps in order."""
+    """Per column of _NAMED, per rank, each value's place by the event in which it first
+    appears on the rank, over every part (ties in self time, in how often a name is seen, go to
+    the values seen first), a rank's places after those of the ranks before it; the ranks and
+    steps in order."""
     places: dict[str, dict] = {}
     for column in _NAMED:
-        first: dict[tuple[int, str], int] = {}
+        first: dict[int, dict[str, int]] = {}
         for part in parts:
-            for value, event in part.first_seen[column].items():
-                if event < first.get(value, event + 1):
-                    first[value] = event
-        order = sorted(first, key=lambda value: (value[0], first[value]))
-        places[column] = {v: i for i, v in enumerate(order)}
+            for rank, seen in part.first_seen[column].items():
+                mine = first.setdefault(rank, {})
+                for value, event in seen.items():
+                    if event < mine.get(value, event + 1):
+                        mine[value] = event
+        place, at = {}, 0
+        for rank in sorted(first):
+            mine = first[rank]
+            place[rank] = {v: at + i for i, v in enumerate(sorted(mine, key=mine.__getitem__))}
+            at += len(mine)
+        places[column] = place
     for column in (S.RANK, S.STEP):  # in order (a null step first)
         values = sorted({v for part in parts for v in part.keys[column] if v is not None})
         places[column] = {v: i for i, v in enumerate(values)}
@@ -196,12 +206,20 @@ def _places(parts: list[OpsPart]) -> dict[str, dict]:
 
 def _placed(values: list, place: dict, ranks: list[int] | None = None) -> np.ndarray:
     """Each value's place (a null's: -1, before every value); ``ranks``: each value's rank, where
-    the places are of (rank, value)."""
-    if ranks is None:
-        return np.array([-1 if v is None else place[v] for v in values], np.int64)
-    return np.array(
-        [-1 if v is None else place[r, v] for r, v in zip(ranks, values, strict=True)], np.int64
-    )
+    the places are per rank."""
+    if ranks is not None and len(set(ranks)) > 1:
+        return np.array(
+            [-1 if v is None else place[r][v] for r, v in zip(ranks, values, strict=True)],
+            np.int64,
+        )
+    if ranks is not None:  # (one rank: its places)
+        place = place[ranks[0]] if ranks else {}
+    return np.array([-1 if v is None else place[v] for v in values], np.int64)
+
+
+def _in_place_order(place: dict[int, dict[str, int]]) -> list[str]:
+    """The values of per-rank places, in the order of their places."""
+    return [v for rank in sorted(place) for v in sorted(place[rank], key=place[rank].__getitem__)]
 
 
 def combine_ops(parts: list[OpsPart]) -> pa.Table:
@@ -241,7 +259,9 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     p50, p95 = _percentiles(parts, index, starts, n)
     top = _top_names(parts, index, starts, places[S.NAME], n)
     key_names = {
-        k: [v[1] if k in _NAMED else v for v in sorted(places[k], key=places[k].__getitem__)]
+        k: _in_place_order(places[k])
+        if k in _NAMED
+        else sorted(places[k], key=places[k].__getitem__)
         for k in _RANK_KEYS
     }
     table = pa.table(
@@ -297,11 +317,11 @@ def _percentiles(
 
 
 def _top_names(
-    parts: list[OpsPart], index: np.ndarray, starts: np.ndarray, place: dict[str, int], n: int
+    parts: list[OpsPart], index: np.ndarray, starts: np.ndarray, place: dict, n: int
 ) -> list[str | None]:
     """Each merged group's framework name seen most often (ties: the one seen first), for all
     groups at once (None: a group without names)."""
-    by_place = [value for _, value in sorted(place, key=place.__getitem__)]
+    by_place = _in_place_order(place)
     group = np.concatenate(
         [index[starts[i] : starts[i + 1]][part.name_group] for i, part in enumerate(parts)]
     ).astype(np.int64)
