@@ -15,13 +15,13 @@ import pytest
 
 from tests.unit.test_fsdp import CPU_FORWARD
 from traceview.analysis import rank_tables
-from traceview.ingest.discover import discover
-from traceview.ingest.rank import parse_with
+from traceview.ingest.discover import assign_ranks, discover
+from traceview.ingest.rank import ingest_rank
 from traceview.model import schema as S
 from traceview.model.errors import Notes
 from traceview.normalize.pipeline import RankMeta, normalize
-from traceview.normalize.rules import builtin_rules, rules_for
-from traceview.parsers import parser_named, rules_file_of
+from traceview.normalize.rules import builtin_rules
+from traceview.store import rundir as R
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 FOLDERS = [
@@ -38,24 +38,13 @@ FOLDERS = [
 ROW_TABLES = ("ops", "collectives", "actions")
 
 
-def _normalized(folder: Path) -> list[pa.Table]:
-    """Each rank's normalized events, as ingest makes them of a trace read whole."""
-    out = []
-    for trace in sorted(discover([folder], Notes(), False, lambda *a: None), key=lambda t: t.rank):
-        parser = parser_named(trace.parser)
-        parsed = parse_with(parser, trace.path)
-        rules = rules_for(parser.framework, None, rules_file_of(parser))
-        meta = RankMeta("t", trace.rank, parser.framework)
-        normalized = normalize(
-            parsed.events,
-            rules,
-            meta,
-            layout=parsed.layout,
-            infer_steps=parsed.infer_steps,
-            process_names=parsed.process_names,
-        )
-        out.append(normalized.events)
-    return out
+def _normalized(folder: Path, run: Path) -> list[pa.Table]:
+    """Each rank's normalized events, as ingest writes them (``ingest_rank``, no analysis)."""
+    traces = discover([folder], Notes(), False, lambda *a: None)
+    assign_ranks(traces, Notes())
+    for trace in traces:
+        ingest_rank(trace, run, "t", None, None)
+    return [R.read_events(run, [trace.rank]) for trace in traces]
 
 
 def _as_rank(events: pa.Table, rank: int) -> pa.Table:
@@ -111,12 +100,12 @@ def _group_rank(rank: int, group: str) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[pa.Table]:
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[pa.Table]:
     """Ranks of every sample job above, FSDP and pipeline ranks, each given a rank of its own."""
     found: list[pa.Table] = []
     for folder in FOLDERS:
         if (SAMPLES / folder).exists():
-            found += _normalized(SAMPLES / folder)
+            found += _normalized(SAMPLES / folder, tmp_path_factory.mktemp("run"))
     found += [_fsdp_rank(0, 0), _fsdp_rank(0, 5_000), _pipeline_rank(0), _pipeline_rank(0)]
     found += [_tie_rank(0, "aten::add", "aten::mul"), _tie_rank(0, "aten::mul", "aten::add")]
     found += [_group_rank(0, "pg:a"), _group_rank(0, "pg:b"), _group_rank(0, "pg:b")]
