@@ -173,3 +173,44 @@ def test_one_rank_alone_is_the_whole_analysis(ranks: list[pa.Table]) -> None:
         alone = _alone(events)
         for name in ROW_TABLES:
             assert together[name].equals(alone[name]), name
+
+
+def test_no_rank_gives_every_table_empty() -> None:
+    """(A batch of servers alone: each keeps every table, empty.)"""
+    tables = rank_tables.rows([])
+    assert set(tables) == set(ROW_TABLES) and all(t.num_rows == 0 for t in tables.values())
+    assert tables["ops"].schema.equals(S.OPS_SCHEMA)
+
+
+@pytest.mark.parametrize("job", ["mxnet/dist_sync", "pytorch/ddp", "chainer/mlp"])
+def test_a_batch_ingests_each_rank_as_alone(job: str, tmp_path: Path) -> None:
+    """``ingest_ranks`` (a pool's task of small ranks) against each rank ingested alone: the
+    same tables, rank by rank, a parameter server's (every table kept, empty) included."""
+    from traceview.ingest.batches import ingest_ranks
+    from traceview.ingest.rank import RankPartial
+
+    traces = discover([SAMPLES / job], Notes(), False, lambda *a: None)
+    assign_ranks(traces, Notes())
+    if job.startswith("mxnet"):  # (its rank 1 as collect records a server)
+        traces[1].role = "server"
+    batch = ingest_ranks(traces, tmp_path / "batch", "t", None, rank_tables)
+    parts = [p for p in batch if isinstance(p, RankPartial)]
+    assert len(parts) == len(traces) and all(p.events is None for p in parts)
+    if job.startswith("mxnet"):
+        assert [p.info.role for p in parts].count("server") == 1
+        (server,) = ingest_ranks([traces[1]], tmp_path / "servers", "t", None, rank_tables)
+        assert isinstance(server, RankPartial)
+        assert set(server.tables) == set(parts[0].tables)  # (a batch of servers alone)
+        assert all(t.num_rows == 0 for n, t in server.tables.items() if n in ROW_TABLES)
+    together: dict[str, pa.Table] = {}
+    for part in parts:
+        for name, table in part.tables.items():
+            together[name] = (
+                pa.concat_tables([together[name], table]) if name in together else table
+            )
+    for trace in traces:
+        alone = ingest_rank(trace, tmp_path / "alone", "t", None, rank_tables).tables
+        assert set(alone) == set(together)
+        for name, table in alone.items():
+            mine = together[name].filter(pc.equal(together[name].column(S.RANK), trace.rank))
+            assert mine.equals(table), (job, trace.rank, name)

@@ -138,8 +138,8 @@ def ranks_as_one(ranks: list[pa.Table]) -> pa.Table:
             )
         tables.append(S.conform(events, S.EVENTS_SCHEMA))
         offset += max(events.num_rows, int(ids.max()) + 1 if len(ids) else 0)
-    if len(tables) == 1:
-        return tables[0]
+    if len(tables) < 2:
+        return tables[0] if tables else S.empty(S.EVENTS_SCHEMA)
     return pa.concat_tables(tables).unify_dictionaries().combine_chunks()
 
 

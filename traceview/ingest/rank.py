@@ -265,7 +265,9 @@ def ingest_rank(
         trace,
         run,
     )
-    if rows_later and part.info.role not in SERVICE_ROLES:  # (a server has no such rows)
+    if rows_later and part.info.role in SERVICE_ROLES:  # (a server keeps every table, empty)
+        part.tables.update(analyze.rows([]))  # type: ignore[union-attr]
+    elif rows_later:
         part.events = normalized.events
     return part
 
