@@ -114,7 +114,7 @@ def ops_part(
     rows = np.arange(n) if counted is None else np.flatnonzero(counted)
     ids = ints(events.column(S.EVENT_ID), 0)
     rank, ranks = rank_codes(ints(events.column(S.RANK), 0))
-    coded = {name: _codes(events.column(name)) for name in _NAMED}
+    coded: dict[str, tuple[np.ndarray, list[Any]]] = {n: _codes(events.column(n)) for n in _NAMED}
     first_seen = {
         name: _first_seen(codes[rows], values, ids[rows], rank[rows], ranks)
         for name, (codes, values) in coded.items()

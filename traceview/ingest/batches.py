@@ -88,7 +88,7 @@ def _rows_at_once(parts: list[RankPartial], analyze: RankAnalysis | None) -> Non
     waiting = [part for part in parts if part.events is not None]
     if not waiting or analyze is None:
         return
-    tables = analyze.rows([part.events for part in waiting])  # type: ignore[attr-defined,misc]
+    tables = analyze.rows([part.events for part in waiting])  # type: ignore[attr-defined]
     for part in waiting:
         part.events = None
     waiting[0].tables.update(tables)
