@@ -182,6 +182,19 @@ def test_ddp_calls_made_from_cpp_are_read_from_the_flight_recorder(jobs: Any, na
         assert (f["kind"], f["step"]) == (kind, truth["step"]), f
         assert ends[truth["rank"]] == "killed" and f["rank"] in [truth["rank"], *undumped], f
         return
+    if kind == "crash" and not f["waiting"]:
+        # the launcher ended the job before another rank reached the killed rank's call (seen
+        # in a full suite on 2 loaded cores): nobody waited, so no call is named, and no rank
+        # is said to have been blocked
+        ends = {r["rank"]: r for r in report["ranks_at_end"]}
+        assert (f["kind"], f["rank"], f["step"], f["op"]) == (
+            kind,
+            truth["rank"],
+            truth["step"],
+            None,
+        )
+        assert all(ends[r]["state"] != "blocked" for r in _others(job)), ends
+        return
     assert (f["kind"], f["rank"], f["step"], f["op"]) == (
         kind, truth["rank"], truth["step"], "all_reduce"
     ), f  # fmt: skip
