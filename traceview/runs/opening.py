@@ -18,7 +18,7 @@ import pyarrow as pa
 from traceview.analysis import ANALYSIS_VERSION, RANK_TABLES, rank_tables
 from traceview.ingest.discover import NoTraces
 from traceview.model.columns import TableOnDemand, Within
-from traceview.model.errors import BadInput, UsageError, cannot_write
+from traceview.model.errors import BadInput, OutputError, UsageError, cannot_write
 from traceview.model.escape import safe
 from traceview.model.manifest import Manifest, ManifestNotes
 from traceview.model.progress import Progress, quiet
@@ -28,6 +28,7 @@ from traceview.runs.handle import Run, flight_dumps
 from traceview.runs.reanalysis import _reanalyzed, reanalyze
 from traceview.runs.windows import job_ended, list_windows, window_path
 from traceview.store import rundir as R
+from traceview.store.scratch import scratch_parent
 
 if TYPE_CHECKING:
     from traceview.model.choice import StepChoice
@@ -105,30 +106,52 @@ def open_run(
             opened.segments.close()
         return
     try:
-        scratch = tempfile.TemporaryDirectory(prefix="traceview-")
-    except OSError as exc:
-        where = tempfile.gettempdir()
-        raise cannot_write(where, exc) from None  # TMPDIR chooses another place
-    with scratch as tmp:
-        try:
-            run = ingest_run(
-                paths, Path(tmp) / "run", rules_path=rules, command=sys.argv, progress=progress
-            )
-        except NoTraces as exc:
-            dumps = flight_dumps(paths)
-            if dumps is None:
-                raise
-            if not dumps.dumps:  # (only dumps set aside: say why, in the one line)
-                raise NoTraces(f"{exc}; {dumps.warnings[0]}") from None
-            opened = _dumps_only(paths, label, len(dumps.dumps))
-            opened.choice = choice
-            yield opened
-            return
+        scratch, run = _ingested(paths, rules, progress)
+    except NoTraces as exc:
+        dumps = flight_dumps(paths)
+        if dumps is None:
+            raise
+        if not dumps.dumps:  # (only dumps set aside: say why, in the one line)
+            raise NoTraces(f"{exc}; {dumps.warnings[0]}") from None
+        opened = _dumps_only(paths, label, len(dumps.dumps))
+        opened.choice = choice
+        yield opened
+        return
+    with scratch:
         opened = Run(run, label, R.read_manifest(run), *_read_tables(run), True, choice)
         try:
             yield opened
         finally:
             opened.segments.close()
+
+
+def _ingested(
+    paths: list[Path], rules: Path | None, progress: Progress
+) -> tuple[tempfile.TemporaryDirectory[str], Path]:
+    """``paths`` ingested into a temporary run: in shared memory where they are small and it
+    has room (``store.scratch``), else in the default temporary place (``TMPDIR`` chooses
+    another), or there after all where shared memory could not take the run (it filled)."""
+    shared = scratch_parent(paths)
+    for place in (shared, None) if shared is not None else (None,):
+        try:
+            scratch = tempfile.TemporaryDirectory(prefix="traceview-", dir=place)
+        except OSError as exc:
+            if place is not None:
+                continue
+            raise cannot_write(tempfile.gettempdir(), exc) from None
+        try:
+            out = Path(scratch.name) / "run"
+            return scratch, ingest_run(
+                paths, out, rules_path=rules, command=sys.argv, progress=progress
+            )
+        except OutputError:
+            scratch.cleanup()
+            if place is None:
+                raise
+        except BaseException:
+            scratch.cleanup()
+            raise
+    raise AssertionError("unreachable: the last place raises")
 
 
 def choose_window(run: Path, window: int | None) -> tuple[Path, ProfileWindow | None]:

@@ -30,6 +30,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -88,14 +89,15 @@ def atomic_path(path: Path, *, make_parent: bool = True) -> Iterator[Path]:
 
 
 def write_json(path: Path, value: Any) -> None:
-    """``value`` as JSON, atomically; a file name's bytes that are not UTF-8 written escaped."""
-    text = json.dumps(value, indent=2, sort_keys=False, default=str, ensure_ascii=False)
+    """``value`` (builtins or a msgspec Struct) as indented JSON, atomically; a file name's bytes
+    that are not UTF-8 written escaped. (msgspec: json.dumps took 0.7 s for the manifest of
+    20,000 ranks.)"""
     try:
-        data = text.encode()
+        data = msgspec.json.encode(value, enc_hook=str)
     except UnicodeEncodeError:
-        data = json.dumps(encodable(value), indent=2, default=str, ensure_ascii=False).encode()
+        data = msgspec.json.encode(encodable(msgspec.to_builtins(value, enc_hook=str)))
     with atomic_path(path) as tmp:
-        tmp.write_bytes(data + b"\n")
+        tmp.write_bytes(msgspec.json.format(data, indent=2) + b"\n")
 
 
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
@@ -276,7 +278,7 @@ def read_manifest(run: Path) -> Manifest:
 
 
 def write_manifest(run: Path, manifest: Manifest) -> None:
-    write_json(run / MANIFEST, manifest.to_builtins())
+    write_json(run / MANIFEST, manifest)
 
 
 def parquet_file(path: Path, dictionary: list[str] | None = None) -> pq.ParquetFile:
