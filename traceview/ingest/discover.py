@@ -83,8 +83,9 @@ def _candidates(folder: Path, notes: Notes | None = None) -> list[Path]:
     """The regular files under ``folder`` (hidden ones left out); a FIFO, socket or device
     among them is never opened (it could block), and named in ``notes``."""
     files, special = [], []
-    for p in sorted(folder.rglob("*")):
-        if any(part.startswith(".") for part in p.relative_to(folder).parts):
+    below = len(folder.parts)  # (parts, not relative_to, and sorted by them: as fast for 20,000)
+    for p in sorted(folder.rglob("*"), key=lambda found: found.parts):
+        if any(part.startswith(".") for part in p.parts[below:]):
             continue
         try:
             mode = p.stat().st_mode

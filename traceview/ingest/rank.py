@@ -100,17 +100,26 @@ class RankPartial:
         return self.info.rank
 
 
+#: The required parameters of each parser method seen (inspect.signature: 70 us a rank).
+_REQUIRED: dict[Any, list[str]] = {}
+
+
 def parse_with(parser: Parser, path: Path) -> ParsedTrace:
     """``parser.parse(path)``; a parser written for the old protocol ``parse(path, rules)``
     (before parsers stopped classifying) is bad input naming it, not an internal error."""
-    required = [
-        p
-        for p in inspect.signature(parser.parse).parameters.values()
-        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    method = getattr(parser.parse, "__func__", None)  # (a method's parameters: its function's)
+    required = _REQUIRED.get(method) if method is not None else None
+    if required is None:
+        required = [
+            p.name
+            for p in inspect.signature(parser.parse).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if method is not None:
+            _REQUIRED[method] = required
     if len(required) != 1:
         raise BadInput(
-            f"the {parser.name!r} trace parser takes parse({', '.join(p.name for p in required)}); "
+            f"the {parser.name!r} trace parser takes parse({', '.join(required)}); "
             "traceview's parsers take parse(path) and leave classification to the core and a "
             "rules file (docs/design.md): the plugin needs updating"
         )

@@ -122,7 +122,8 @@ def _per_step(
 
 
 def _host_bound_column(per_step: pl.DataFrame) -> list[HostBound | None]:
-    """Each row's host-bound parts (``units._host_bound``, to the ns), column by column."""
+    """Each row's host-bound parts (as ``ranks._ranks`` gives a rank's, to the ns), column by
+    column."""
     names = [S.host_bound_ns(p) for p in S.GPU_HOST_BOUND_PHASES]
     known = per_step.select(pl.all_horizontal(pl.col(c).is_not_null() for c in names))
     if not known.to_series().any():

@@ -4,8 +4,6 @@ parts."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
-from typing import Any
 
 import polars as pl
 
@@ -42,14 +40,6 @@ def _split(part_ns: float | None, whole_ms: float) -> tuple[float | None, float 
         return None, None
     part = min(_ms(part_ns), whole_ms)
     return part, round(whole_ms - part, 3)
-
-
-def _host_bound(row: dict[str, Any], to_ms: Callable[[float], float]) -> HostBound | None:
-    """A row's host-bound parts (means, ns) in ms; null where the row has none (CPU)."""
-    values = [row[S.host_bound_ns(p)] for p in S.GPU_HOST_BOUND_PHASES]
-    if any(v is None for v in values):
-        return None
-    return HostBound(**{p: to_ms(v) for p, v in zip(S.GPU_HOST_BOUND_PHASES, values, strict=True)})
 
 
 def _mean_host_bound(values: list[HostBound | None]) -> HostBound | None:
