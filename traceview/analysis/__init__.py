@@ -77,13 +77,15 @@ def _rank_tables(
 
     from traceview.analysis.attribution import whole_rank_part
     from traceview.analysis.parts import EVERYWHERE, ChunkedAnalysis
+    from traceview.model.columns import EventArrays
 
-    training, gpu, elsewhere, whole = whole_rank_part(events)
+    ev = EventArrays.of(events)  # (made once: the facts, the chunk and its slice read them)
+    training, gpu, elsewhere, whole = whole_rank_part(events, ev)
     analysis = ChunkedAnalysis(side or {}, training, gpu, elsewhere, whole)
     if not rows:
         analysis.rows = None
     every = np.ones(events.num_rows, bool)
-    analysis.add(events, every, every, -EVERYWHERE, EVERYWHERE)
+    analysis.add(events, every, every, -EVERYWHERE, EVERYWHERE, ev)
     tables = analysis.finish()
     if tables is None:  # (facts found over the whole rank hold by construction)
         raise RuntimeError("the whole rank's facts did not hold for its analysis")

@@ -188,14 +188,26 @@ class ChunkedAnalysis:
         self.since = -_NEVER  # where the next slice starts
         self.pending = _Pending()
 
-    def add(self, events: pa.Table, own: np.ndarray, counted: np.ndarray, lo: int, hi: int) -> None:
+    def add(
+        self,
+        events: pa.Table,
+        own: np.ndarray,
+        counted: np.ndarray,
+        lo: int,
+        hi: int,
+        ev: EventArrays | None = None,
+    ) -> None:
         """One chunk's normalized rows (``own``: the chunk's; the others carried in, as
-        context), ``counted``: the rows it writes; its steps are the markers in [lo, hi)."""
+        context), ``counted``: the rows it writes; its steps are the markers in [lo, hi).
+        ``ev``: their arrays, where the caller has them."""
         if events.num_rows == 0:
             return
         events = events.drop_columns([c for c in _UNUSED if c in events.column_names])
         self.rank = int(events.column(S.RANK)[0].as_py())
-        ev = EventArrays.of(events)
+        ev = ev if ev is not None else EventArrays.of(events)
+        # (the whole rank, one chunk, keeps its arrays for its one slice; a chunk of a large
+        # trace lets them go: its slices' rows are not its own alone)
+        whole_rank = lo <= -EVERYWHERE and hi >= EVERYWHERE
         self._check(ev, counted)
         if self.rows is not None:
             self.rows.add(events, own, counted, lo, hi)
@@ -207,10 +219,11 @@ class ChunkedAnalysis:
             whole = [np.array([bound]) for bound in self.whole] if first else [_NONE, _NONE]
             host = (whole[0], whole[1], np.full(len(whole[0]), -1, np.int64))
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
+        arrays = ev if whole_rank else None
         del ev
         near, far, ops = _neighbour_operators(events, own, self.training, lo, hi)
         self.queue.append(
-            _Chunk(events, own, lo, hi, host, device_steps, device_ends, near, far, ops)
+            _Chunk(events, own, lo, hi, host, device_steps, device_ends, near, far, ops, arrays)
         )
         self._drain(final=False)
 
@@ -287,7 +300,9 @@ class ChunkedAnalysis:
                 own = _on_thread(own, self.training)
             until = min(chunk.first_end, chunk.near + 1)
             pieces.append(own.filter(pc.less(own.column(S.TS_NS), until)))
-        table = _unique_ids(context, [t for t in pieces if t.num_rows])
+        pieces = [t for t in pieces if t.num_rows]
+        table = _unique_ids(context, pieces)
+        alone = not context and len(pieces) == 1 and pieces[0] is head.events  # (its rows)
         lookups = self._lookups()
         if lookups is not None:
             first = (starts >= self.since)[here]  # (where a window starts)
@@ -301,7 +316,7 @@ class ChunkedAnalysis:
                 head.hi,
                 windows=(sub_s[here], sub_e[here], numbers[here]),
             )
-            tl = rank_timeline(table, part)
+            tl = rank_timeline(table, part, head.arrays if alone else None)
             self.pending.add(
                 ids[here],
                 sub_s[here],
@@ -335,6 +350,9 @@ class ChunkedAnalysis:
         self.open = _Open(
             (marker[done:], host_end[done:], numbers[done:]), ids[done:], device[done:]
         )
+        if not following:  # the last slice (only the final drain leaves none after the head):
+            self.since = upto  # no later slice needs its rows
+            return
         self.running = _still_running(table, head.hi)
         # for the next slice: the head's rows from its last window, or from its last operators
         # on the training thread where those start later (what the next slice's gap needs)
@@ -420,6 +438,7 @@ class _Chunk:
     near: int  # where its first _NEIGHBOURS operators on the training thread have started
     far: int  # where the first of its last _NEIGHBOURS ones starts
     training_ops: int  # how many of its own operators are on the training thread
+    arrays: EventArrays | None = None  # its rows' arrays (the whole rank's only)
 
     def holds_neighbours(self) -> bool:
         """Whether a gap before it finds its neighbours here: _NEIGHBOURS operators on the

@@ -226,10 +226,13 @@ def _compute_elsewhere(
     )
 
 
-def rank_timeline(events: pa.Table, part: RankPart | None = None) -> RankTimeline:
+def rank_timeline(
+    events: pa.Table, part: RankPart | None = None, ev: EventArrays | None = None
+) -> RankTimeline:
     """The intervals that compete for each instant of one rank, and its step windows (``part``:
-    the events are a slice of the rank, and these are the whole rank's facts)."""
-    ev = EventArrays.of(events)
+    the events are a slice of the rank, and these are the whole rank's facts; ``ev``: the
+    events' arrays, where the caller has them)."""
+    ev = ev if ev is not None else EventArrays.of(events)
     host = HOST_TREE[ev.kind]
     device = DEVICE[ev.kind]
     if part is None:

@@ -128,12 +128,13 @@ def _whole_rank_facts(
 
 
 def whole_rank_part(
-    events: pa.Table,
+    events: pa.Table, ev: EventArrays | None = None
 ) -> tuple[tuple[int, int] | None, bool, bool, tuple[int, int] | None]:
     """What ``rank_timeline`` finds over a whole rank and a slice cannot: its training thread,
     whether it ran on a device, whether another thread runs its backward (on a device), and its
-    one window where the training thread has no step marker (None where it has)."""
-    ev = EventArrays.of(events)
+    one window where the training thread has no step marker (None where it has). ``ev``: the
+    events' arrays, where the caller has them."""
+    ev = ev if ev is not None else EventArrays.of(events)
     training, gpu, elsewhere = _whole_rank_facts(ev, HOST_TREE[ev.kind])
     marked = training is not None and bool(
         (
