@@ -6,7 +6,8 @@ about 0.9 ms a rank of the two workers' time and 2.7 s of removal at 20,000 one-
 sixth of the command; in shared memory it is a few microseconds. So the temporary run of
 inputs small enough goes to ``/dev/shm`` (as joblib puts its temporary folders there first),
 unless the user chose a place (``TMPDIR``, ``TEMP`` or ``TMP`` set): it is removed when the
-command ends, and it takes memory only while it lives. Larger inputs, a missing or small
+command ends, and it takes memory only while it lives (a command killed outright leaves it, as
+it would leave it in ``/tmp``, until the machine restarts). Larger inputs, a missing or small
 ``/dev/shm`` (a container's is 64 MB by default), or one that cannot be written: the default
 place, as before.
 """
