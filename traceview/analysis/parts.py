@@ -199,15 +199,13 @@ class ChunkedAnalysis:
     ) -> None:
         """One chunk's normalized rows (``own``: the chunk's; the others carried in, as
         context), ``counted``: the rows it writes; its steps are the markers in [lo, hi).
-        ``ev``: their arrays, where the caller has them."""
+        ``ev``: their arrays, where the caller has them (the whole rank's: kept for its one
+        slice; a chunk of a large trace lets its own go, its slices' rows are not its alone)."""
         if events.num_rows == 0:
             return
         events = events.drop_columns([c for c in _UNUSED if c in events.column_names])
         self.rank = int(events.column(S.RANK)[0].as_py())
-        ev = ev if ev is not None else EventArrays.of(events)
-        # (the whole rank, one chunk, keeps its arrays for its one slice; a chunk of a large
-        # trace lets them go: its slices' rows are not its own alone)
-        whole_rank = lo <= -EVERYWHERE and hi >= EVERYWHERE
+        given, ev = ev, ev if ev is not None else EventArrays.of(events)
         self._check(ev, counted)
         if self.rows is not None:
             self.rows.add(events, own, counted, lo, hi)
@@ -219,11 +217,10 @@ class ChunkedAnalysis:
             whole = [np.array([bound]) for bound in self.whole] if first else [_NONE, _NONE]
             host = (whole[0], whole[1], np.full(len(whole[0]), -1, np.int64))
         device_steps, device_ends = _device_ends(ev) if self.gpu else (_NONE, _NONE)
-        arrays = ev if whole_rank else None
         del ev
         near, far, ops = _neighbour_operators(events, own, self.training, lo, hi)
         self.queue.append(
-            _Chunk(events, own, lo, hi, host, device_steps, device_ends, near, far, ops, arrays)
+            _Chunk(events, own, lo, hi, host, device_steps, device_ends, near, far, ops, given)
         )
         self._drain(final=False)
 

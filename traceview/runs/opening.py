@@ -132,26 +132,29 @@ def _ingested(
     has room (``store.scratch``), else in the default temporary place (``TMPDIR`` chooses
     another), or there after all where shared memory could not take the run (it filled)."""
     shared = scratch_parent(paths)
-    for place in (shared, None) if shared is not None else (None,):
+    if shared is not None:
         try:
-            scratch = tempfile.TemporaryDirectory(prefix="traceview-", dir=place)
-        except OSError as exc:
-            if place is not None:
-                continue
-            raise cannot_write(tempfile.gettempdir(), exc) from None
-        try:
-            out = Path(scratch.name) / "run"
-            return scratch, ingest_run(
-                paths, out, rules_path=rules, command=sys.argv, progress=progress
-            )
+            return _ingested_in(shared, paths, rules, progress)
         except OutputError:
-            scratch.cleanup()
-            if place is None:
-                raise
-        except BaseException:
-            scratch.cleanup()
-            raise
-    raise AssertionError("unreachable: the last place raises")
+            pass
+    return _ingested_in(None, paths, rules, progress)
+
+
+def _ingested_in(
+    place: str | None, paths: list[Path], rules: Path | None, progress: Progress
+) -> tuple[tempfile.TemporaryDirectory[str], Path]:
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="traceview-", dir=place)
+    except OSError as exc:
+        raise cannot_write(place or tempfile.gettempdir(), exc) from None
+    try:
+        out = Path(scratch.name) / "run"
+        return scratch, ingest_run(
+            paths, out, rules_path=rules, command=sys.argv, progress=progress
+        )
+    except BaseException:
+        scratch.cleanup()
+        raise
 
 
 def choose_window(run: Path, window: int | None) -> tuple[Path, ProfileWindow | None]:

@@ -7,8 +7,7 @@ import numpy as np
 import polars as pl
 
 from traceview.analysis.crossrank import CrossRank
-from traceview.analysis.rounding import rounded
-from traceview.analysis.summary.units import _hidden, _median, _ms, _split
+from traceview.analysis.summary.units import _hidden, _median, _ms, _split, ms_column
 from traceview.analysis.summary.verdicts import bottleneck_of
 from traceview.model import schema as S
 from traceview.model.manifest import SERVICE_ROLES, Collected, Manifest
@@ -82,7 +81,7 @@ def _ranks(ranks_df: pl.DataFrame, cross: CrossRank | None) -> list[RankSummary]
     phases = {p: S.phase_ns(p) for p in S.BREAKDOWN_PHASES}
     bound = {p: S.host_bound_ns(p) for p in S.GPU_HOST_BOUND_PHASES}
     figures = [*phases.values(), *bound.values(), S.WALL_NS, S.COMM_TOTAL_NS, S.COMM_EXPOSED_NS]
-    ms = {name: _ms_column(ranks_df[name]) for name in [*figures, "busy_ns"]} if rows else {}
+    ms = {name: ms_column(ranks_df[name]) for name in [*figures, "busy_ns"]} if rows else {}
     median = _median(ms.get("busy_ns", []))
     ranks = []
     caused = cross.arrivals.caused_exposed_ns if cross is not None and cross.available else None
@@ -129,11 +128,6 @@ def _ranks(ranks_df: pl.DataFrame, cross: CrossRank | None) -> list[RankSummary]
             )
         )
     return ranks
-
-
-def _ms_column(ns: pl.Series) -> list[float]:
-    """``_ms`` of every value of ``ns`` (null: 0), the same floats."""
-    return rounded(ns.fill_null(0).cast(pl.Float64).to_numpy() / 1e6, 3)
 
 
 def _job(collected: Collected | None) -> JobInfo | None:
