@@ -347,8 +347,11 @@ def in_steps(ops: pa.Table, steps: list[int]) -> pa.Table:
     step (a rank without step markers: its one window is its step)."""
     if ops.num_rows == 0 or ops.column(S.STEP).null_count == ops.num_rows:
         return ops
-    step = ops.column(S.STEP)
-    return ops.filter(pc.is_in(step, pa.array(steps, pa.int64())))
+    wanted = np.unique(np.asarray(steps, np.int64))
+    step = ops.column(S.STEP).to_numpy(zero_copy_only=False)  # (a null: NaN, in no step)
+    at = np.searchsorted(wanted, step).clip(max=max(len(wanted) - 1, 0))
+    keep = wanted[at] == step if len(wanted) else np.zeros(len(step), bool)
+    return ops if keep.all() else ops.filter(pa.array(keep))
 
 
 def over_steps(ops: pa.Table, steps: list[int] | None = None) -> pa.Table:

@@ -107,14 +107,10 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     del key
     inverse = inverse.astype(np.int32)
 
-    ops: dict[str, int] = {}
-    collectives: dict[str, int] = {}
     count = len(unique)
     u_kind = np.empty(count, np.int8)
-    u_phase = np.empty(count, np.int8)
-    u_rule_op = np.empty(count, np.int32)
-    u_default_op = np.empty(count, np.int32)
-    u_collective = np.empty(count, np.int16)
+    u_phase = np.full(count, NO_PHASE, np.int8)
+    u_collective = np.full(count, -1, np.int16)
     u_from_args = np.zeros(count, bool)
     u_step = np.full(count, -1, np.int64)
     by_rules = np.ones(count, bool)  # (kind, category, name)s of the trace's own events
@@ -123,41 +119,64 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
         trace_rows[stated.rows] = False
         by_rules[:] = False
         by_rules[inverse[trace_rows]] = True
-    step_kind = KIND_CODES[S.KIND_STEP]
-    for i, value in enumerate(unique.tolist()):
-        name_i = value % max(len(names), 1)
-        rest = value // max(len(names), 1)
-        cat = cats[rest % (len(cats) + 1) - 1] if rest % (len(cats) + 1) else None
-        kind = kinds[rest // (len(cats) + 1)]
-        name = names[name_i]
-        if not by_rules[i]:  # only events a layout pass made: see below
-            u_kind[i] = KIND_CODES.get(kind, KIND_CODES[S.KIND_OP])
-            u_phase[i], u_rule_op[i], u_collective[i] = NO_PHASE, -1, -1
-            u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
-            continue
-        marker = rules.step_pattern.search(name) if kind in rules.step_kinds else None
-        if marker is not None:  # a step marker (as ``classify`` finds it first): numbered here
-            u_kind[i], u_phase[i], u_rule_op[i], u_collective[i] = step_kind, NO_PHASE, -1, -1
-            u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
-            number = rules.number_of(marker)
-            u_step[i] = -1 if number is None else number
-            if number is None and notes is not None and rules.has_step_number(name):
-                _warn_step_number(notes, label, name)
-            continue
-        result = rules.classify(kind, cat, name)
+    n_names, n_cats = max(len(names), 1), len(cats) + 1
+    u_name = (unique % n_names).tolist()
+    u_cat = (unique // n_names % n_cats).tolist()
+    u_kind_of = unique // n_names // n_cats
+    # step markers first, all at once (a run of 100,000 steps has as many distinct names):
+    # the events of a step kind whose name the step pattern finds
+    step_kind = np.array([k in rules.step_kinds for k in kinds], bool)
+    maybe = np.flatnonzero(by_rules & step_kind[u_kind_of]) if kinds else u_kind_of[:0]
+    search = rules.step_pattern.search
+    found = [search(names[u_name[i]]) for i in maybe.tolist()]
+    marker = [i for i, m in zip(maybe.tolist(), found, strict=True) if m is not None]
+    numbers = [rules.number_of(m) for m in found if m is not None]
+    u_kind[marker] = KIND_CODES[S.KIND_STEP]
+    u_step[marker] = [-1 if n is None else n for n in numbers]
+    if notes is not None:
+        for i, number in zip(marker, numbers, strict=True):
+            if number is None and rules.has_step_number(names[u_name[i]]):
+                _warn_step_number(notes, label, names[u_name[i]])
+    # only events a layout pass made: see below
+    made = np.flatnonzero(~by_rules)
+    u_kind[made] = [KIND_CODES.get(kinds[k], KIND_CODES[S.KIND_OP]) for k in u_kind_of[made]]
+    # the rest, by the rules
+    rule_ops: list[str | None] = [None] * count
+    collectives: dict[str, int] = {}
+    by_rules[marker] = False
+    for i in np.flatnonzero(by_rules).tolist():
+        name = names[u_name[i]]
+        cat = cats[u_cat[i] - 1] if u_cat[i] else None
+        result = rules.classify(kinds[u_kind_of[i]], cat, name)
         u_kind[i] = KIND_CODES.get(result.kind, KIND_CODES[S.KIND_OP])
-        u_phase[i] = PHASE_CODES[result.phase] if result.phase else NO_PHASE
-        u_rule_op[i] = ops.setdefault(result.op, len(ops)) if result.op else -1
-        u_default_op[i] = ops.setdefault(rules.default_op(name), len(ops))
-        u_collective[i] = (
-            collectives.setdefault(result.collective, len(collectives)) if result.collective else -1
-        )
+        if result.phase:
+            u_phase[i] = PHASE_CODES[result.phase]
+        rule_ops[i] = result.op or None
+        if result.collective:
+            u_collective[i] = collectives.setdefault(result.collective, len(collectives))
         u_from_args[i] = result.collective_from_args
         if result.kind == S.KIND_STEP:
             number = rules.step_number(name)
             u_step[i] = -1 if number is None else number
             if number is None and notes is not None and rules.has_step_number(name):
                 _warn_step_number(notes, label, name)
+    # each (kind, category, name)'s operators, numbered in the order they come
+    default_of = rules.default_op if rules.strip_prefixes else None
+    named = [names[j] for j in u_name]
+    defaults = named if default_of is None else [default_of(name) for name in named]
+    ops: dict[str, int] = {}
+    add = ops.setdefault
+    if any(op is not None for op in rule_ops):
+        u_rule_op = np.full(count, -1, np.int32)
+        default_codes = []
+        for i, (op, default) in enumerate(zip(rule_ops, defaults, strict=True)):
+            if op is not None:
+                u_rule_op[i] = add(op, len(ops))
+            default_codes.append(add(default, len(ops)))
+    else:
+        u_rule_op = np.full(count, -1, np.int32)
+        default_codes = [add(default, len(ops)) for default in defaults]
+    u_default_op = np.array(default_codes, np.int32).reshape(count)
     classes = Classes(
         kind=u_kind[inverse],
         phase=u_phase[inverse],

@@ -82,9 +82,10 @@ def _blame(
 
 
 def _blame_per_step(
-    df: pl.DataFrame, step_ms: dict[int, float], median_phase: dict[str, float]
+    df: pl.DataFrame, steps: np.ndarray, step_ms: np.ndarray, median_phase: dict[str, float]
 ) -> dict[int, list[Blame]]:
-    """``_blame`` of each step's rows alone (one step each), in one pass over every step's."""
+    """``_blame`` of each step's rows alone (one step each), in one pass over every step's
+    (``steps``: each walked step, ``step_ms`` its length)."""
     if df.height == 0:
         return {}
     agg = df.group_by("step", "rank", "phase", "kind").agg(
@@ -95,16 +96,19 @@ def _blame_per_step(
         descending=[False, True, False, False, False], nulls_last=True,
     )  # fmt: skip
     known = pl.DataFrame(
-        {"step": list(step_ms), "step_ms": list(step_ms.values())},
+        {"step": steps, "step_ms": step_ms},
         schema={"step": order.schema["step"], "step_ms": pl.Float64},
-    )
+    ).unique("step", keep="last", maintain_order=True)
     order = order.join(known, on="step", how="left", maintain_order="left")
     blames = _blamed(order, median_phase)
-    steps = order["step"].to_list()
-    out: dict[int, list[Blame]] = {}
-    for step, blame in zip(steps, blames, strict=True):
-        out.setdefault(step, []).append(blame)
-    return out
+    # (sorted by step: each step's rows one run)
+    step = order["step"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]]) if len(step) else step
+    ends = np.r_[starts[1:], len(step)]
+    return {
+        s: blames[a:b]
+        for s, a, b in zip(step[starts].tolist(), starts.tolist(), ends.tolist(), strict=True)
+    }
 
 
 def _blamed(rows: pl.DataFrame, median_phase: dict[str, float]) -> list[Blame]:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -29,10 +29,22 @@ class Change:
 
 @dataclass
 class Replay:
-    step_ns: dict[int, int]  # the job's step per step
+    """The replayed steps, as arrays (a run of 100,000 tiny steps): each step's number, the
+    job's step (ns) and the rank that ends it."""
+
+    steps: np.ndarray  # int64
+    ns: np.ndarray  # int64
     passes: int
     converged: bool
-    last_rank: dict[int, int] = field(default_factory=dict)  # per step, the rank that ends it
+    last: np.ndarray  # int64
+
+    @property
+    def step_ns(self) -> dict[int, int]:
+        return dict(zip(self.steps.tolist(), self.ns.tolist(), strict=True))
+
+    @property
+    def last_rank(self) -> dict[int, int]:
+        return dict(zip(self.steps.tolist(), self.last.tolist(), strict=True))
 
 
 def _idle_tails(
@@ -188,12 +200,13 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
             pl.col("r").sort_by("e", "r", descending=[True, False]).first().alias("last"),
         )
     )
-    steps = out["s"].to_list()
+    # (the job's step to the ns, as ``round`` gives it: half to even)
     return Replay(
-        dict(zip(steps, [round(v) for v in out["d"].to_list()], strict=True)),
+        out["s"].cast(pl.Int64).to_numpy(),
+        np.rint(out["d"].cast(pl.Float64).to_numpy()).astype(np.int64),
         passes,
         converged,
-        dict(zip(steps, out["last"].to_list(), strict=True)),
+        out["last"].cast(pl.Int64).to_numpy(),
     )
 
 

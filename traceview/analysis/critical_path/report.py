@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import polars as pl
@@ -26,6 +26,7 @@ from traceview.analysis.critical_path.tables import _stretches
 from traceview.analysis.critical_path.walk import Walks
 from traceview.analysis.critical_path.whatif import _what_ifs, work_by_stage
 from traceview.analysis.crossrank import Matched
+from traceview.analysis.rounding import rounded
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
 from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
@@ -58,14 +59,37 @@ class PathCache(Protocol):
 
 
 @dataclass
-class _StepWalk:
-    """What a step's walked path leaves once its pieces are counted (``explain``)."""
+class _Walked:
+    """The walked steps of a batch, or of every batch (``joined``): arrays, not an object a
+    step (a run of 100,000 tiny steps)."""
 
+    steps: np.ndarray  # int64
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    reasons: list[str | None]  # why a step's path is incomplete (None: complete)
+
+    @staticmethod
+    def joined(parts: list[_Walked]) -> _Walked:
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return _Walked(empty, empty, empty, [])
+        return _Walked(
+            np.concatenate([p.steps for p in parts]),
+            np.concatenate([p.start_ns for p in parts]),
+            np.concatenate([p.end_ns for p in parts]),
+            [r for p in parts for r in p.reasons],
+        )
+
+    def at(self, i: int) -> _MedianStep:
+        start, end = int(self.start_ns[i]), int(self.end_ns[i])
+        return _MedianStep(int(self.steps[i]), start, end, end - start)
+
+
+class _MedianStep(NamedTuple):
     step: int
     start_ns: int
     end_ns: int
-    complete: bool
-    reason: str | None
+    step_ns: int
 
 
 def explain(
@@ -94,7 +118,7 @@ def explain(
     del segments
     if source is None:
         return Explained(None, {}, [], {})
-    walked: list[_StepWalk] = []
+    walked: list[_Walked] = []
     rows: list[pl.DataFrame] = []
     batches = _batches(source, source.steps)
     kept: Walks | None = None  # one batch: its paths (the median's is one of them)
@@ -102,40 +126,35 @@ def explain(
         walks = source.walks(batch)
         if walks is None or not len(walks):
             continue
-        walked += map(
-            _StepWalk,
-            walks.steps.tolist(),
-            walks.start_ns.tolist(),
-            walks.end_ns.tolist(),
-            [r is None for r in walks.reasons],
-            walks.reasons,
-        )
+        walked.append(_Walked(walks.steps, walks.start_ns, walks.end_ns, walks.reasons))
         rows.append(_blame_rows(walks))
         if len(batches) == 1:
             kept = walks
         del walks
+    every_step = _Walked.joined(walked)
     wanted = {NO_STEP if s is None else s for s in counted}
-    paths = [p for p in walked if p.step in wanted]
-    if not paths:
+    counted_at = np.flatnonzero(np.isin(every_step.steps, np.fromiter(wanted, np.int64)))
+    if not len(counted_at):
         return Explained(None, {}, [], {})
-    step_ns = {p.step: p.end_ns - p.start_ns for p in walked}
-    ordered = sorted(paths, key=lambda p: (step_ns[p.step], p.step))
-    median = ordered[(len(ordered) - 1) // 2]
+    step_ns = every_step.end_ns - every_step.start_ns
+    complete = np.fromiter((r is None for r in every_step.reasons), bool, len(step_ns))
+    # the median counted step, by its length (a tie: the lower step)
+    by_length = counted_at[np.lexsort((every_step.steps[counted_at], step_ns[counted_at]))]
+    median = every_step.at(int(by_length[(len(by_length) - 1) // 2]))
     every = pl.concat(rows)
     df = every.filter(pl.col("step").is_in(list(wanted)))
-    n = len(paths)
-    mean_step_ms = float(np.mean([step_ns[p.step] for p in paths])) / 1e6
+    n = len(counted_at)
+    mean_step_ms = float(np.mean(step_ns[counted_at])) / 1e6
     blame = _blame(df, n, mean_step_ms, median_phase_ms)
-    per_step = {}
-    step_ms = {p.step: step_ns[p.step] / 1e6 for p in walked}
-    blames = _blame_per_step(every, step_ms, median_phase_ms)
-    for p in walked:
-        per_step[p.step] = StepPath(
-            step_ms=round(step_ms[p.step], 3),
-            complete=p.complete,
-            reason=p.reason,
-            blame=blames.get(p.step, []),
+    step_ms = step_ns / 1e6
+    blames = _blame_per_step(every, every_step.steps, step_ms, median_phase_ms)
+    per_step = {
+        step: StepPath(step_ms=ms, complete=done, reason=reason, blame=blames.get(step, []))
+        for step, ms, done, reason in zip(
+            every_step.steps.tolist(), rounded(step_ms, 3), complete.tolist(),
+            every_step.reasons, strict=True,
         )
+    }  # fmt: skip
     by_op = (
         df.filter(pl.col("op").is_not_null())
         .group_by("op", "phase", "kind")
@@ -166,10 +185,10 @@ def explain(
     own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
     rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}
     path = CriticalPath(
-        step_ms=round(step_ns[median.step] / 1e6, 3),
+        step_ms=round(median.step_ns / 1e6, 3),
         step=median.step,
         steps=n,
-        complete_steps=sum(p.complete for p in paths),
+        complete_steps=int(complete[counted_at].sum()),
         segments=segs,
         blame=blame,
         by_op=[
@@ -182,11 +201,12 @@ def explain(
     explained = path.explained
     # where most steps' paths are complete, the causes are read off those alone (an incomplete
     # path lays an unmatched call's wait on its own rank: no cause of a step is read off it)
-    whole = [p for p in paths if p.complete] if explained else paths
+    whole = counted_at[complete[counted_at]] if explained else counted_at
+    whole_steps = every_step.steps[whole].tolist()
     waits = waited_for or {}
-    if len(whole) < len(paths):
-        df_whole = df.filter(pl.col("step").is_in([p.step for p in whole]))
-        mean_whole = float(np.mean([step_ns[p.step] for p in whole])) / 1e6
+    if len(whole) < n:
+        df_whole = df.filter(pl.col("step").is_in(whole_steps))
+        mean_whole = float(np.mean(step_ns[whole])) / 1e6
         blame_whole = _blame(df_whole, len(whole), mean_whole, median_phase_ms)
         found = candidates(df_whole, len(whole), blame_whole, ranks, clock_ms, mean_whole, waits)
     else:
@@ -194,7 +214,7 @@ def explain(
     found = _by_stage(found, source, counted_steps)
     tried = [*(extra or []), *(c.change for c in found)]
     whatif = _what_ifs(source, counted_steps, blame, by_op, tried)
-    counted_ms = [step_ns[p.step] / 1e6 for p in paths]
+    counted_ms = step_ms[counted_at].tolist()
     picked = pick(found, whatif, counted_ms, ranks, explained, waits)
     path.noise_ms = round(noise_ms(counted_ms), 3)
     base_ms = next((w.step_ms for w in whatif if w.change == "none"), 0.0)
@@ -203,7 +223,7 @@ def explain(
             continue
         if cause.kind == LATE_START and cause.rank is not None:  # (where its rank was)
             cause.before = before(
-                source.segments, source.windows(), cause.rank, [p.step for p in whole]
+                source.segments, source.windows(), cause.rank, whole_steps
             )
         if cause.then_rank is not None and cause.then_rank != cause.rank:
             # (what the others then wait for)

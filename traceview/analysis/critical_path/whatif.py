@@ -11,7 +11,7 @@ import polars as pl
 
 from traceview.analysis.critical_path.blame import _OWN
 from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, TRANSFER, Graph
-from traceview.analysis.critical_path.replay import Change, replay
+from traceview.analysis.critical_path.replay import Change, Replay, replay
 from traceview.analysis.critical_path.source import _batches, _Source
 from traceview.analysis.crossrank import BUS_FACTOR
 from traceview.model import schema as S
@@ -282,40 +282,54 @@ def _what_ifs(
     windows = source.windows().filter(pl.col(S.STEP).is_in(steps))
     ranks = windows[S.RANK].n_unique()
     slot_of: dict[str, int] = {}
-    per_batch: list[tuple[dict[int, int], dict[str, dict[int, int]]]] = []
-    last: dict[str, list[int]] = {}  # per change, each replayed step's last rank
+    per_batch: list[tuple[Replay, dict[str, Replay]]] = []
     for batch in _batches(source, steps):
         graph = source.graph(batch)
         if graph is None:
             continue
-        results: dict[str, dict[int, int]] = {}
+        results: dict[str, Replay] = {}
         for slot, change in enumerate(_changes(graph, ranks, blame, by_op, extra)):
             if change is None or change.name in results:
                 continue
             slot_of[change.name] = min(slot_of.get(change.name, slot), slot)
-            replayed = replay(graph, change)
-            results[change.name] = replayed.step_ns
-            last.setdefault(change.name, []).extend(replayed.last_rank.values())
+            results[change.name] = replay(graph, change)
             del change  # (before the next is made)
         per_batch.append((results["none"], results))
         del graph
     out: list[WhatIf] = []
     base: float | None = None
     for name in sorted(slot_of, key=slot_of.__getitem__):
-        step_ns: dict[int, int] = {}
-        for none, results in per_batch:
-            step_ns.update(results.get(name, none))
-        ms = float(np.mean(sorted(step_ns.values()))) / 1e6 if step_ns else 0.0
+        # each step's replay: the change's, where it applied to the step's batch, else none's
+        step_ns = _last_per_step(
+            np.concatenate([r.get(name, none).steps for none, r in per_batch]),
+            np.concatenate([r.get(name, none).ns for none, r in per_batch]),
+        )
+        ms = float(np.mean(np.sort(step_ns))) / 1e6 if len(step_ns) else 0.0
         if base is None:
             base = ms
-        ends = last.get(name, [])
+        ends = [r[name].last for _, r in per_batch if name in r]
         out.append(
             WhatIf(
                 change=name,
                 step_ms=round(ms, 3),
                 speedup=round(base / ms, 3) if ms > 0 else 0.0,
-                # (the most often last; a tie: the lowest rank)
-                last_rank=min(set(ends), key=lambda r: (-ends.count(r), r)) if ends else None,
+                last_rank=_most_often(np.concatenate(ends)) if ends else None,
             )
         )
     return out
+
+
+def _last_per_step(steps: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """``ns`` of each step, its last value where a step comes more than once."""
+    if len(np.unique(steps)) == len(steps):
+        return ns
+    last = len(steps) - 1 - np.unique(steps[::-1], return_index=True)[1]
+    return ns[np.sort(last)]
+
+
+def _most_often(ranks: np.ndarray) -> int | None:
+    """The rank that comes most often (a tie: the lowest)."""
+    if not len(ranks):
+        return None
+    values, counts = np.unique(ranks, return_counts=True)
+    return int(values[np.argmax(counts)])  # (values sorted: the first of the most)
