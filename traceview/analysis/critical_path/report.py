@@ -222,9 +222,7 @@ def explain(
         if cause is None:
             continue
         if cause.kind == LATE_START and cause.rank is not None:  # (where its rank was)
-            cause.before = before(
-                source.segments, source.windows(), cause.rank, whole_steps
-            )
+            cause.before = before(source.segments, source.windows(), cause.rank, whole_steps)
         if cause.then_rank is not None and cause.then_rank != cause.rank:
             # (what the others then wait for)
             cause.then_phase = _own_phase(df, cause.then_rank)  # type: ignore[assignment]

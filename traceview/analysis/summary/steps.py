@@ -6,10 +6,12 @@ from __future__ import annotations
 import statistics
 from typing import cast, get_args
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from traceview.analysis.roles import run_roles
+from traceview.analysis.rounding import rounded
 from traceview.analysis.selection import (
     WARMUP_FACTOR,
     Selection,
@@ -24,13 +26,14 @@ from traceview.model.results import (
     Breakdown,
     HostBound,
     IncompleteStep,
-    StepMark,
     StepsFrom,
     StepStats,
     StepSummary,
 )
 
 SLOW_FACTOR = 1.25  # a later step this much slower than the median is marked slow
+#: Breakdown's fields in the order ``_per_step`` names them
+_BREAKDOWN_ORDER = ("io", "h2d", "forward", "backward", "update", "comm", "other", "idle")
 
 
 def _per_step(
@@ -64,31 +67,32 @@ def _per_step(
     )
     excluded = selection.excluded if selection is not None else {}
     numbers = per_step[S.STEP].to_list()
-    means = [float(v) / 1e6 for v in per_step["mean"]]
-    counted = [m for n, m in zip(numbers, means, strict=True) if n not in excluded] or means
-    median = _median(counted)
-    marks: list[StepMark] = [""] * len(means)
-    marks[0] = "first"
-    for i, number in enumerate(numbers):
-        why = excluded.get(number)
-        if why is not None and why[0] == "warm-up":
-            marks[i] = "warm-up"
-        elif not marks[i] and number not in excluded and median > 0:
-            marks[i] = "slow" if means[i] > median * SLOW_FACTOR else marks[i]
+    mean_ms = per_step["mean"].cast(pl.Float64).to_numpy() / 1e6
+    means = mean_ms.tolist()
     # column by column (a run of 100,000 tiny steps): each figure rounded at once
+    whys = [excluded.get(n) for n in numbers] if excluded else [None] * len(numbers)
+    left_out = np.array([why is not None for why in whys], bool)
+    counted = mean_ms[~left_out].tolist() or means
+    median = _median(counted)
+    marks = np.full(len(means), "", object)
+    if median > 0:  # a later counted step well above the median
+        marks[~left_out & (mean_ms > median * SLOW_FACTOR)] = "slow"
+    marks[0] = "first"
+    marks[[i for i, why in enumerate(whys) if why is not None and why[0] == "warm-up"]] = "warm-up"
     ms = {c: exact_ms_column(per_step[c]) for c in ("min", "max", *phase_cols)}
     host_bound = _host_bound_column(per_step)
-    vs = [round((m - median) / median, 4) if median > 0 else 0.0 for m in means]
+    vs = rounded((mean_ms - median) / median, 4) if median > 0 else [0.0] * len(means)
     breakdowns = [
-        Breakdown(**dict(zip(S.BREAKDOWN_PHASES, values, strict=True)))
-        for values in zip(*(ms[c] for c in phase_cols), strict=True)
+        Breakdown(io=io, h2d=h2d, forward=f, backward=b, update=u, comm=c, other=o, idle=i)
+        for io, h2d, f, b, u, c, o, i in zip(
+            *(ms[S.phase_ns(p)] for p in _BREAKDOWN_ORDER), strict=True
+        )
     ]
-    whys = [excluded.get(n) for n in numbers]
     rows = [
         StepSummary(
             step=number,
             ranks=ranks,
-            step_ms=round(mean_ms, 6),
+            step_ms=step_ms,
             min_ms=low,
             max_ms=high,
             slowest_rank=slowest,
@@ -99,9 +103,9 @@ def _per_step(
             excluded=why[0] if why is not None else None,
             excluded_reason=why[1] if why is not None else None,
         )
-        for number, ranks, mean_ms, low, high, slowest, v, breakdown, mark, hb, why in zip(
-            numbers, per_step["ranks"].to_list(), means, ms["min"], ms["max"],
-            per_step["slowest"].to_list(), vs, breakdowns, marks, host_bound, whys,
+        for number, ranks, step_ms, low, high, slowest, v, breakdown, mark, hb, why in zip(
+            numbers, per_step["ranks"].to_list(), rounded(mean_ms, 6), ms["min"], ms["max"],
+            per_step["slowest"].to_list(), vs, breakdowns, marks.tolist(), host_bound, whys,
             strict=True,
         )
     ]  # fmt: skip
