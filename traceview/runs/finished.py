@@ -144,7 +144,10 @@ def write(run: Path, top: int, report: RunReport, key: str | None) -> None:
 
     if key is None or key_of(run, top) != key:
         return
-    data = msgspec.json.encode(_Kept(key, msgspec.Raw(report.to_json())))
+    try:  # (as _Kept: the key, then the report, encoded once)
+        data = msgspec.json.encode((key, report))
+    except UnicodeEncodeError:  # (a file name that is not UTF-8: as ``to_json`` writes it)
+        data = msgspec.json.encode(_Kept(key, msgspec.Raw(report.to_json())))
     try:
         with R.atomic_path(run / REPORT_CACHE, make_parent=False) as tmp:
             tmp.write_bytes(data)
