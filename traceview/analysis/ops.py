@@ -70,13 +70,27 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not pa.types.is_dictionary(array.type):
         array = array.dictionary_encode()
+    values = array.dictionary
+    indices = pc.fill_null(array.indices, len(values)).to_numpy(zero_copy_only=False)
+    indices = np.array(indices, np.int64)  # (a copy: written below)
+    if _plain_strings(values):  # (each value once: its code is its place)
+        indices[indices == len(values)] = -1
+        return indices, values.to_pylist()
     distinct: dict[str, int] = {}
     lut = np.array(
-        [distinct.setdefault(str(v), len(distinct)) for v in array.dictionary.to_pylist()] + [-1],
+        [distinct.setdefault(str(v), len(distinct)) for v in values.to_pylist()] + [-1],
         np.int64,
     )
-    indices = pc.fill_null(array.indices, len(lut) - 1).to_numpy(zero_copy_only=False)
-    return lut[np.asarray(indices, np.int64)], list(distinct)
+    return lut[indices], list(distinct)
+
+
+def _plain_strings(values: pa.Array) -> bool:
+    """Whether a dictionary holds strings, none null and none twice."""
+    return (
+        (pa.types.is_string(values.type) or pa.types.is_large_string(values.type))
+        and values.null_count == 0
+        and len(pc.unique(values)) == len(values)
+    )
 
 
 def _lookup(values: list[Any], codes: np.ndarray) -> list[Any]:

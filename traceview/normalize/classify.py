@@ -120,7 +120,9 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
         by_rules[:] = False
         by_rules[inverse[trace_rows]] = True
     n_names, n_cats = max(len(names), 1), len(cats) + 1
-    u_name = (unique % n_names).tolist()
+    by_code = np.empty(len(names), object)  # (each key's name, by one take)
+    by_code[:] = names
+    named: list[str] = by_code[unique % n_names].tolist()
     u_cat = (unique // n_names % n_cats).tolist()
     u_kind_of = unique // n_names // n_cats
     # step markers first, all at once (a run of 100,000 steps has as many distinct names):
@@ -128,15 +130,15 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     step_kind = np.array([k in rules.step_kinds for k in kinds], bool)
     maybe = np.flatnonzero(by_rules & step_kind[u_kind_of]) if kinds else u_kind_of[:0]
     search = rules.step_pattern.search
-    found = [search(names[u_name[i]]) for i in maybe.tolist()]
+    found = [search(named[i]) for i in maybe.tolist()]
     marker = [i for i, m in zip(maybe.tolist(), found, strict=True) if m is not None]
     numbers = [rules.number_of(m) for m in found if m is not None]
     u_kind[marker] = KIND_CODES[S.KIND_STEP]
     u_step[marker] = [-1 if n is None else n for n in numbers]
     if notes is not None:
         for i, number in zip(marker, numbers, strict=True):
-            if number is None and rules.has_step_number(names[u_name[i]]):
-                _warn_step_number(notes, label, names[u_name[i]])
+            if number is None and rules.has_step_number(named[i]):
+                _warn_step_number(notes, label, named[i])
     # only events a layout pass made: see below
     made = np.flatnonzero(~by_rules)
     u_kind[made] = [KIND_CODES.get(kinds[k], KIND_CODES[S.KIND_OP]) for k in u_kind_of[made]]
@@ -145,7 +147,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     collectives: dict[str, int] = {}
     by_rules[marker] = False
     for i in np.flatnonzero(by_rules).tolist():
-        name = names[u_name[i]]
+        name = named[i]
         cat = cats[u_cat[i] - 1] if u_cat[i] else None
         result = rules.classify(kinds[u_kind_of[i]], cat, name)
         u_kind[i] = KIND_CODES.get(result.kind, KIND_CODES[S.KIND_OP])
@@ -162,7 +164,6 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
                 _warn_step_number(notes, label, name)
     # each (kind, category, name)'s operators, numbered in the order they come
     default_of = rules.default_op if rules.strip_prefixes else None
-    named = [names[j] for j in u_name]
     defaults = named if default_of is None else [default_of(name) for name in named]
     ops: dict[str, int] = {}
     add = ops.setdefault
