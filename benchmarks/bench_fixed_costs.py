@@ -14,6 +14,10 @@ imports included), median of --repeat runs:
   three ops a step) beside ``json.loads`` of the same file.
 
     python benchmarks/bench_fixed_costs.py [--repeat 5] [--steps 100000]
+        [--before /path/to/other/python --before-label COMMIT]
+
+``--before``: the python of another install (a wrapper script that sets its PYTHONPATH); its
+``traceview ingest`` of the tiny steps is measured beside this tree's, the two alternated.
 
 Results go to benchmarks/results/fixed_costs.{json,md}.
 """
@@ -50,8 +54,9 @@ msgspec.convert(doc[1], RunReport)
 _JSON_LOADS = "import json, sys; json.loads(open(sys.argv[1], 'rb').read())"
 
 
-def measure(argv: list[str], before: Path | None = None) -> dict[str, float]:
-    """One run of ``argv`` (``before``: a file removed first)."""
+def measure(argv: list[str], before: Path | None = None, cwd: Path = REPO) -> dict[str, float]:
+    """One run of ``argv`` (``before``: a file removed first) in ``cwd`` (another install's
+    ``python -m traceview`` run in the repository would import the repository's)."""
     if before is not None:
         before.unlink(missing_ok=True)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
@@ -59,7 +64,7 @@ def measure(argv: list[str], before: Path | None = None) -> dict[str, float]:
     try:
         done = subprocess.run(
             [sys.executable, str(MEASURE), str(result), "--", *argv],
-            capture_output=True, text=True, cwd=REPO,
+            capture_output=True, text=True, cwd=cwd,
         )  # fmt: skip
         got = json.loads(result.read_text())
     finally:
@@ -78,12 +83,25 @@ def measure(argv: list[str], before: Path | None = None) -> dict[str, float]:
 class Table:
     """Rows of commands measured ``repeat`` times each (medians), written as OUT.{json,md}."""
 
-    def __init__(self, repeat: int) -> None:
+    def __init__(self, repeat: int, before: str | None = None) -> None:
         self.repeat = repeat
+        self.before = before  # (another install's python: named BEFORE_PYTHON in the command)
         self.rows: list[dict[str, Any]] = []
 
     def row(self, group: str, what: str, argv: list[str], before: Path | None = None) -> None:
-        got = [measure(argv, before) for _ in range(self.repeat)]
+        self.add(group, what, [measure(argv, before) for _ in range(self.repeat)])
+
+    def rows_alternated(self, group: str, commands: dict[str, tuple[list[str], Path]]) -> None:
+        """Each of ``commands`` (what: argv and the folder it runs in) once a round, ``repeat``
+        rounds."""
+        got: dict[str, list[dict[str, float]]] = {what: [] for what in commands}
+        for _ in range(self.repeat):
+            for what, (argv, cwd) in commands.items():
+                got[what].append(measure(argv, cwd=cwd))
+        for what, runs in got.items():
+            self.add(group, what, runs)
+
+    def add(self, group: str, what: str, got: list[dict[str, float]]) -> None:
         self.rows.append(
             {"group": group, "what": what,
              **{k: round(statistics.median(g[k] for g in got), 3) for k in got[0]}, "runs": got}
@@ -96,9 +114,9 @@ class Table:
         """``header``: the table's first line (its columns), ``cells``: a row's cells after its
         group and command; ``memory``: what its memory figures are."""
         info = {
-            "command": " ".join([Path(sys.executable).name, *sys.argv]).replace(
-                str(REPO) + "/", ""
-            ),
+            "command": " ".join([Path(sys.executable).name, *sys.argv])
+            .replace(str(REPO) + "/", "")
+            .replace(self.before or "\0", "BEFORE_PYTHON"),
             "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
             "repeat": self.repeat,
             "rows": self.rows,
@@ -169,10 +187,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=100_000)
     p.add_argument("--ranks", type=int, default=1024)
     p.add_argument("--out", type=Path, default=HERE / "results" / "fixed_costs")
+    p.add_argument("--before", help="python of another install: its ingest of the tiny steps")
+    p.add_argument("--before-label", default="another install", help="what it is (a commit)")
     args = p.parse_args()
     compiled(sys.executable)  # (as an install from a wheel has it)
     tv = [sys.executable, "-m", "traceview"]
-    table = Table(args.repeat)
+    table = Table(args.repeat, args.before)
     row = table.row
     with tempfile.TemporaryDirectory(prefix="bench-fixed-") as tmp:
         folder = Path(tmp)
@@ -206,7 +226,12 @@ def main() -> int:
             group = f"{args.steps:,} steps, {fmt} ({trace.stat().st_size / 1e6:.0f} MB)"
             row(group, "json.loads", [sys.executable, "-c", _JSON_LOADS, str(trace)])
             out = folder / f"{name}.run"
-            row(group, "traceview ingest", [*tv, "ingest", str(trace), "-o", str(out)])
+            commands = {"traceview ingest": ([*tv, "ingest", str(trace), "-o", str(out)], REPO)}
+            if args.before:
+                commands[f"traceview ingest ({args.before_label})"] = (
+                    [args.before, "-m", "traceview", "ingest", str(trace), "-o", str(out)], folder
+                )  # fmt: skip
+            table.rows_alternated(group, commands)
             shutil.rmtree(out, ignore_errors=True)
     table.write(
         args.out,
