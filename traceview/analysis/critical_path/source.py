@@ -103,9 +103,10 @@ class _Source:
         if self.rest is not None:
             if steps == self.steps:
                 return self.rest
-            return self.rest.filter(pl.col(S.STEP).is_in(steps))
+            return self.rest.filter(pl.col(S.STEP).is_in(_series(steps)))
+        wanted = _series(steps)
         parts = [
-            _compact(table, steps).filter(~_waiting())
+            _compact(table, wanted).filter(~_waiting())
             for table in self.segments.in_pieces((S.STEP, steps[0], steps[-1]))
         ]
         rest = pl.concat(parts, rechunk=False)
@@ -154,6 +155,7 @@ def _source(
         segments = TableOnDemand.of(segments)
     held_whole = segments.pieces is None  # (in memory already: what is compact is kept)
     wanted = [NO_STEP if s is None else s for s in steps]
+    wanted_series = _series(wanted)
     rest: list[pl.DataFrame] | None = []
     held = 0
     comm: list[pl.DataFrame] = []
@@ -163,7 +165,7 @@ def _source(
     steps_held: set[int] = set()  # (the steps of the rest read so far)
     in_order, last = True, None
     for table in segments.in_pieces():
-        seg = _compact(table, wanted)
+        seg = _compact(table, wanted_series)
         del table
         if seg.height == 0:
             continue
@@ -255,7 +257,13 @@ def _actions(actions: pa.Table | None, wanted: list[int]) -> pl.DataFrame | None
 _SEGMENT_COLUMNS = (S.RANK, S.STEP, S.START_NS, S.END_NS, S.PHASE, S.KIND, S.OP)
 
 
-def _compact(segments: pa.Table, wanted: list[int]) -> pl.DataFrame:
+def _series(steps: list[int]) -> pl.Series:
+    """Step numbers to look up (``is_in``), as one list value: a list of 100,000 steps is
+    converted once, not by each lookup."""
+    return pl.Series(S.STEP, steps, pl.Int64).implode()
+
+
+def _compact(segments: pa.Table, wanted: pl.Series) -> pl.DataFrame:
     """The rows of ``wanted`` steps (NO_STEP for a null one), the labels as categories: a few
     bytes a row, not a string each, in every copy."""
     columns = {name: segments.column(name) for name in _SEGMENT_COLUMNS}
@@ -285,7 +293,7 @@ def _graph(source: _Source, steps: list[int]) -> Graph | None:
     """The graph of some of the source's ``steps`` (sorted)."""
     rest, pieces = source.rest_of(steps), source.pieces
     if steps != source.steps:
-        pieces = pieces.filter(pl.col(S.STEP).is_in(steps))
+        pieces = pieces.filter(pl.col(S.STEP).is_in(_series(steps)))
     if rest.height + pieces.height == 0:
         return None
     items = pl.concat([rest, pieces], how="diagonal_relaxed").with_columns(

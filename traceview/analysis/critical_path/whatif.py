@@ -299,11 +299,9 @@ def _what_ifs(
     out: list[WhatIf] = []
     base: float | None = None
     for name in sorted(slot_of, key=slot_of.__getitem__):
-        # each step's replay: the change's, where it applied to the step's batch, else none's
-        step_ns = _last_per_step(
-            np.concatenate([r.get(name, none).steps for none, r in per_batch]),
-            np.concatenate([r.get(name, none).ns for none, r in per_batch]),
-        )
+        # each step's replay (the batches hold distinct steps): the change's, where it applied
+        # to the step's batch, else none's
+        step_ns = np.concatenate([r.get(name, none).ns for none, r in per_batch])
         ms = float(np.mean(np.sort(step_ns))) / 1e6 if len(step_ns) else 0.0
         if base is None:
             base = ms
@@ -317,14 +315,6 @@ def _what_ifs(
             )
         )
     return out
-
-
-def _last_per_step(steps: np.ndarray, ns: np.ndarray) -> np.ndarray:
-    """``ns`` of each step, its last value where a step comes more than once."""
-    if len(np.unique(steps)) == len(steps):
-        return ns
-    last = len(steps) - 1 - np.unique(steps[::-1], return_index=True)[1]
-    return ns[np.sort(last)]
 
 
 def _most_often(ranks: np.ndarray) -> int | None:
