@@ -17,7 +17,7 @@ from traceview.model.columns import (
     unique_inverse,
 )
 from traceview.model.errors import Notes
-from traceview.normalize.rules import RuleSet
+from traceview.normalize.rules import NO_NUMBER, NOT_A_MARKER, RuleSet
 
 PHASE_CODES: dict[str, int] = {p: i for i, p in enumerate(S.EVENT_PHASES)}
 
@@ -129,15 +129,14 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     # the events of a step kind whose name the step pattern finds
     step_kind = np.array([k in rules.step_kinds for k in kinds], bool)
     maybe = np.flatnonzero(by_rules & step_kind[u_kind_of]) if kinds else u_kind_of[:0]
-    search = rules.step_pattern.search
-    found = [search(named[i]) for i in maybe.tolist()]
-    marker = [i for i, m in zip(maybe.tolist(), found, strict=True) if m is not None]
-    numbers = [rules.number_of(m) for m in found if m is not None]
+    number_of = rules.marker_number
+    found = np.array([number_of(named[i]) for i in maybe.tolist()], np.int64).reshape(-1)
+    marker = maybe[found != NOT_A_MARKER]
     u_kind[marker] = KIND_CODES[S.KIND_STEP]
-    u_step[marker] = [-1 if n is None else n for n in numbers]
+    u_step[marker] = found[found != NOT_A_MARKER]  # (NO_NUMBER: -1, none)
     if notes is not None:
-        for i, number in zip(marker, numbers, strict=True):
-            if number is None and rules.has_step_number(named[i]):
+        for i in maybe[found == NO_NUMBER].tolist():
+            if rules.has_step_number(named[i]):
                 _warn_step_number(notes, label, named[i])
     # only events a layout pass made: see below
     made = np.flatnonzero(~by_rules)
@@ -163,8 +162,12 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
             if number is None and notes is not None and rules.has_step_number(name):
                 _warn_step_number(notes, label, name)
     # each (kind, category, name)'s operators, numbered in the order they come
-    default_of = rules.default_op if rules.strip_prefixes else None
-    defaults = named if default_of is None else [default_of(name) for name in named]
+    default_of, prefixes = rules.default_op, rules.strip_prefixes
+    defaults = (
+        [default_of(name) if name.startswith(prefixes) else name for name in named]
+        if prefixes
+        else named
+    )
     ops: dict[str, int] = {}
     add = ops.setdefault
     if any(op is not None for op in rule_ops):

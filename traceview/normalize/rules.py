@@ -58,6 +58,10 @@ AUTO = "auto"
 MAX_STEP = 1 << 53
 
 
+#: ``RuleSet.marker_number`` of a name that is no step marker, and of a marker without a number
+NOT_A_MARKER, NO_NUMBER = -2, -1
+
+
 @dataclass
 class RuleSet:
     framework: str
@@ -102,6 +106,15 @@ class RuleSet:
             if name.startswith(prefix):
                 return name[len(prefix) :]
         return name
+
+    def marker_number(self, name: str) -> int:
+        """What the step pattern makes of a name of a step kind: NOT_A_MARKER, NO_NUMBER (a
+        marker without a step number it can read), or the marker's step number."""
+        match = self.step_pattern.search(name)
+        if match is None:
+            return NOT_A_MARKER
+        number = self.number_of(match)
+        return NO_NUMBER if number is None else number
 
     def step_number(self, name: str) -> int | None:
         """The step number in a marker's name; None without one, or where it is too large to be

@@ -70,15 +70,23 @@ class MemoRules(RuleSet):
             found = self._ops[name] = super().default_op(name)
         return found
 
+    def marker_number(self, name: str) -> int:
+        found = self._markers.get(name)
+        if found is None:
+            found = self._markers[name] = super().marker_number(name)
+        return found
+
     @classmethod
     def of(cls, rules: RuleSet) -> MemoRules:
         memo = cls(**{f.name: getattr(rules, f.name) for f in dataclasses.fields(rules) if f.init})
         memo._memo = {}
         memo._ops = {}
+        memo._markers = {}
         return memo
 
     _memo: dict[tuple[str, str | None, str], Any]
     _ops: dict[str, str]
+    _markers: dict[str, int]  # (a run of 100,000 steps: each marker's name is asked twice)
 
 
 def chunk_rows() -> int:
