@@ -228,7 +228,16 @@ def _placed(values: list, place: dict, ranks: list[int] | None = None) -> np.nda
         )
     if ranks is not None:  # (one rank: its places)
         place = place[ranks[0]] if ranks else {}
+    if len(values) > _LOOKED_UP_AT_ONCE and place:  # (a run of 100,000 tiny steps)
+        keys = pa.array(list(place))
+        found = pc.index_in(pa.array(values, keys.type), value_set=keys)
+        lut = np.array([*place.values(), -1], np.int64)
+        return lut[found.fill_null(len(place)).to_numpy(zero_copy_only=False)]
     return np.array([-1 if v is None else place[v] for v in values], np.int64)
+
+
+#: More values than this are placed by one hash lookup in Arrow, not a dict lookup each.
+_LOOKED_UP_AT_ONCE = 512
 
 
 def _in_place_order(place: dict[int, dict[str, int]]) -> list[str]:
