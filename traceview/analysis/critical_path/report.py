@@ -21,7 +21,7 @@ from traceview.analysis.critical_path.cause import (
 )
 from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, NO_STEP
 from traceview.analysis.critical_path.late import before
-from traceview.analysis.critical_path.source import _batches, _Source, _source
+from traceview.analysis.critical_path.source import _batches, _series, _Source, _source
 from traceview.analysis.critical_path.tables import _stretches
 from traceview.analysis.critical_path.walk import Walks
 from traceview.analysis.critical_path.whatif import _what_ifs, work_by_stage
@@ -142,7 +142,7 @@ def explain(
     by_length = counted_at[np.lexsort((every_step.steps[counted_at], step_ns[counted_at]))]
     median = every_step.at(int(by_length[(len(by_length) - 1) // 2]))
     every = pl.concat(rows)
-    df = every.filter(pl.col("step").is_in(list(wanted)))
+    df = every.filter(pl.col("step").is_in(_series(list(wanted))))
     n = len(counted_at)
     mean_step_ms = float(np.mean(step_ns[counted_at])) / 1e6
     blame = _blame(df, n, mean_step_ms, median_phase_ms)
@@ -197,7 +197,8 @@ def explain(
         ],
     )
     counted_steps = sorted(wanted & set(source.steps))
-    ranks = source.windows().filter(pl.col("step").is_in(counted_steps))["rank"].n_unique()
+    counted_in = _series(counted_steps)
+    ranks = source.windows().filter(pl.col("step").is_in(counted_in))["rank"].n_unique()
     explained = path.explained
     # where most steps' paths are complete, the causes are read off those alone (an incomplete
     # path lays an unmatched call's wait on its own rank: no cause of a step is read off it)
@@ -205,7 +206,7 @@ def explain(
     whole_steps = every_step.steps[whole].tolist()
     waits = waited_for or {}
     if len(whole) < n:
-        df_whole = df.filter(pl.col("step").is_in(whole_steps))
+        df_whole = df.filter(pl.col("step").is_in(_series(whole_steps)))
         mean_whole = float(np.mean(step_ns[whole])) / 1e6
         blame_whole = _blame(df_whole, len(whole), mean_whole, median_phase_ms)
         found = candidates(df_whole, len(whole), blame_whole, ranks, clock_ms, mean_whole, waits)

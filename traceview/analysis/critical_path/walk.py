@@ -240,13 +240,6 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
             pl.col(S.END_NS).max().alias("e"),
         )
     )
-    bounds = dict(
-        zip(
-            zip(groups[S.STEP].to_list(), groups[S.RANK].to_list(), strict=True),
-            zip(groups["lo"].to_list(), groups["hi"].to_list(), strict=True),
-            strict=True,
-        )
-    )
     # per step: the first rank's start, the last rank's end and that rank (ties: the highest)
     jobs = (
         groups.sort(S.STEP, "e", S.RANK)
@@ -280,7 +273,19 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
     )
     reasons = [graph.unmatched_steps.get(int(s)) for s in steps.tolist()]
     position, parts = _plain_columns(plain, lo, hi, job_start, last_rank, start, end, labels)
-    for i in np.flatnonzero(~plain).tolist():
+    walked = np.flatnonzero(~plain).tolist()
+    bounds = (  # (only the steps walked one by one ask)
+        dict(
+            zip(
+                zip(groups[S.STEP].to_list(), groups[S.RANK].to_list(), strict=True),
+                zip(groups["lo"].to_list(), groups["hi"].to_list(), strict=True),
+                strict=True,
+            )
+        )
+        if walked
+        else {}
+    )
+    for i in walked:
         s = int(steps[i])
         pieces = _Pieces(start, end, labels)
         r, t, first_start = int(last_rank[i]), int(job_end[i]), int(job_start[i])

@@ -12,7 +12,7 @@ import polars as pl
 from traceview.analysis.critical_path.blame import _OWN
 from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, TRANSFER, Graph
 from traceview.analysis.critical_path.replay import Change, Replay, replay
-from traceview.analysis.critical_path.source import _batches, _Source
+from traceview.analysis.critical_path.source import _batches, _series, _Source
 from traceview.analysis.crossrank import BUS_FACTOR
 from traceview.model import schema as S
 from traceview.model.results import Blame, WhatIf
@@ -279,7 +279,7 @@ def _what_ifs(
     """Each change replayed over ``steps`` (the counted ones), a batch at a time: a change
     with nothing to apply to in a batch leaves its steps as replayed with none. A change is
     reported where it applies to some batch, in its first slot's place (``_changes``)."""
-    windows = source.windows().filter(pl.col(S.STEP).is_in(steps))
+    windows = source.windows().filter(pl.col(S.STEP).is_in(_series(steps)))
     ranks = windows[S.RANK].n_unique()
     slot_of: dict[str, int] = {}
     per_batch: list[tuple[Replay, dict[str, Replay]]] = []
