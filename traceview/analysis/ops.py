@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from traceview.model import schema as S
 from traceview.model.columns import (
+    distinct,
     group_quantile,
     ints,
     parent_rows,
@@ -370,7 +371,7 @@ def in_steps(ops: pa.Table, steps: list[int]) -> pa.Table:
     step (a rank without step markers: its one window is its step)."""
     if ops.num_rows == 0 or ops.column(S.STEP).null_count == ops.num_rows:
         return ops
-    wanted = np.unique(np.asarray(steps, np.int64))
+    wanted = distinct(np.asarray(steps, np.int64))
     step = ops.column(S.STEP).to_numpy(zero_copy_only=False)  # (a null: NaN, in no step)
     at = np.searchsorted(wanted, step).clip(max=max(len(wanted) - 1, 0))
     keep = wanted[at] == step if len(wanted) else np.zeros(len(step), bool)

@@ -91,10 +91,19 @@ def _blame_per_step(
     agg = df.group_by("step", "rank", "phase", "kind").agg(
         (pl.col("ns").sum() / 1 / 1e6).alias("ms")
     )
-    order = agg.sort(
-        "step", "ms", "rank", "phase", "kind",
-        descending=[False, True, False, False, False], nulls_last=True,
-    )  # fmt: skip
+    # by step, then as ``_blame`` orders a step's rows (ms down; rank, phase, kind up, a null
+    # label last): one numpy sort of numbers, the labels by their places in sorted order
+    order = agg[
+        np.lexsort(
+            (
+                _lexical_codes(agg["kind"]),
+                _lexical_codes(agg["phase"]),
+                agg["rank"].to_numpy(),
+                -agg["ms"].to_numpy(),
+                agg["step"].to_numpy(),
+            )
+        )
+    ]
     known = pl.DataFrame(
         {"step": steps, "step_ms": step_ms},
         schema={"step": order.schema["step"], "step_ms": pl.Float64},
@@ -109,6 +118,15 @@ def _blame_per_step(
         s: blames[a:b]
         for s, a, b in zip(step[starts].tolist(), starts.tolist(), ends.tolist(), strict=True)
     }
+
+
+def _lexical_codes(labels: pl.Series) -> np.ndarray:
+    """Each label's place among the distinct labels sorted (a null: after them all)."""
+    values = sorted(labels.drop_nulls().unique().to_list())
+    coded = labels.replace_strict(
+        values, list(range(len(values))), default=len(values), return_dtype=pl.Int32
+    )
+    return coded.to_numpy()
 
 
 def _blamed(rows: pl.DataFrame, median_phase: dict[str, float]) -> list[Blame]:
