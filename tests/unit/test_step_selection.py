@@ -34,6 +34,26 @@ def test_leading_steps_over_1_3x_the_median_of_the_later_ones_are_warm_up() -> N
     assert "50.0 ms against a median of 19.0 ms" in selection.excluded[10][1]
 
 
+def test_steps_that_shorten_throughout_are_decided_at_once_and_named_in_brief() -> None:
+    """Each step twice as long as the one after it (64, 32, ..., 1 ms, then 1 ms): every step
+    is over 1.3x the median of the later ones until two remain. The medians past the first
+    few come from one pass (a run of 100,000 such steps took minutes, a sort a step); the
+    first five are named one by one, the rest counted in one remark."""
+    halving = [float(2**k) for k in range(6, -1, -1)]
+    walls = [w for w in halving for _ in range(3)] + [1.0, 1.0]  # 64 x3, 32 x3, ... 1 x3, 1, 1
+    selection = select_steps(_steps({0: walls}))
+    assert selection is not None
+    # after the first 64 ms step the median of the 22 later ones is (4 + 8) / 2 = 6: warm-up,
+    # and so down to the 2 ms steps (the median after the first is that of 2, 2, 1 x5: 1);
+    # the first 1 ms step against a median of 1 is not
+    expected = [10 + i for i in range(18)]
+    assert sorted(selection.excluded) == expected
+    assert selection.kept == [10 + i for i in range(18, len(walls))]
+    assert len(selection.remarks) == 6
+    assert selection.remarks[-1].startswith("and 13 more leading step(s) left out as warm-up")
+    assert selection.remarks[-1].endswith("to step 27")
+
+
 def test_a_later_outlier_is_kept() -> None:
     selection = select_steps(_steps({0: [19, 18, 60, 19]}))
     assert selection is not None and selection.kept == [10, 11, 12, 13]

@@ -10,6 +10,7 @@ means across ranks (never per rank), so every figure of every rank counts the sa
 
 from __future__ import annotations
 
+import heapq
 import statistics
 from dataclasses import dataclass, field
 
@@ -27,6 +28,12 @@ __all__ = ["MIN_COUNTED", "WARMUP_FACTOR", "Selection", "StepChoice", "kept_rows
 WARMUP_FACTOR = 1.3
 #: Warm-up is only left out where at least this many steps remain to count.
 MIN_COUNTED = 2
+#: The warm-up steps a report names one by one (the rest: counted in one remark)
+_WARMUPS_NAMED = 5
+#: Leading steps whose median of the steps after them is taken alone (a sort each); past
+#: them, every such median at once (a run whose steps shorten one after another throughout
+#: took minutes at 100,000 steps)
+_MEDIANS_ONE_BY_ONE = 8
 #: A last step under this share of the median of the steps before it is no step of the job: the
 #: window a profiler opens at the job's last ``step()`` and closes when it stops (a per-step
 #: export's last file, a profile without a schedule), holding little or none of its work.
@@ -90,15 +97,28 @@ def select_steps(
         means_left = [m for n, m in zip(numbers, means, strict=True) if n not in excluded]
         # Leading steps above WARMUP_FACTOR x the median of the steps after them, while at
         # least MIN_COUNTED steps remain (one step left is no steady state to compare with).
+        suffix: list[float] | None = None  # (a long warm-up: every median at once)
+        warmups = 0
         for i in range(len(means_left) - MIN_COUNTED):
-            median = statistics.median(means_left[i + 1 :])
+            if i < _MEDIANS_ONE_BY_ONE:
+                median = statistics.median(means_left[i + 1 :])
+            else:
+                suffix = suffix or _suffix_medians(means_left)
+                median = suffix[i + 1]
             if median <= 0 or means_left[i] <= median * WARMUP_FACTOR:
                 break
             why = f"{_ms(means_left[i])} against a median of {_ms(median)} of the steps after it"
             excluded[numbers_left[i]] = ("warm-up", why)
+            warmups += 1
+            if warmups <= _WARMUPS_NAMED:
+                remarks.append(
+                    f"step {numbers_left[i]} left out as warm-up: {why} (a leading step over "
+                    f"{WARMUP_FACTOR}x; traceview report --skip 0 keeps it, --steps A-B chooses)"
+                )
+        if warmups > _WARMUPS_NAMED:
             remarks.append(
-                f"step {numbers_left[i]} left out as warm-up: {why} (a leading step over "
-                f"{WARMUP_FACTOR}x; traceview report --skip 0 keeps it, --steps A-B chooses)"
+                f"and {warmups - _WARMUPS_NAMED} more leading step(s) left out as warm-up alike, "
+                f"to step {numbers_left[warmups - 1]}"
             )
         left = [(n, m) for n, m in zip(numbers, means, strict=True) if n not in excluded]
         if len(left) > 1:
@@ -160,3 +180,23 @@ def kept_rows(table: pl.DataFrame, selection: Selection | None) -> pl.DataFrame:
     if selection is None or not selection.excluded:
         return table
     return table.filter(pl.col(S.STEP).is_in(selection.kept))
+
+
+def _suffix_medians(values: list[float]) -> list[float]:
+    """``statistics.median(values[j:])`` for every j, the same floats (an even count: the two
+    middle values' mean), in one pass from the end over two heaps."""
+    low: list[float] = []  # the smaller half, negated (a max-heap)
+    high: list[float] = []
+    out = [0.0] * len(values)
+    for j in range(len(values) - 1, -1, -1):
+        value = values[j]
+        if low and value > -low[0]:
+            heapq.heappush(high, value)
+        else:
+            heapq.heappush(low, -value)
+        if len(low) > len(high) + 1:
+            heapq.heappush(high, -heapq.heappop(low))
+        elif len(high) > len(low):
+            heapq.heappush(low, -heapq.heappop(high))
+        out[j] = -low[0] if len(low) > len(high) else (-low[0] + high[0]) / 2
+    return out

@@ -402,7 +402,8 @@ def _place_critical_path(explained: Explained | None, draft: Draft) -> None:
         summary, ranks = draft.fields["summary"], draft.fields["ranks"]
         _cause_verdict(summary, ranks, explained, draft.fields["pipeline"])
         path = explained.path
-        why = incomplete_reason(draft.fields["per_step"])
+        incomplete = path is not None and path.complete_steps < path.steps
+        why = incomplete_reason(draft.fields["per_step"]) if incomplete else ""
         if path is not None and not path.explained:
             draft.remarks.append(
                 f"cause: {path.steps - path.complete_steps} of {path.steps} counted steps' "
