@@ -170,15 +170,14 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     )
     ops: dict[str, int] = {}
     add = ops.setdefault
-    if any(op is not None for op in rule_ops):
-        u_rule_op = np.full(count, -1, np.int32)
+    u_rule_op = np.full(count, -1, np.int32)
+    if any(op is not None for op in rule_ops):  # (a rule's op before the name's, key by key)
         default_codes = []
         for i, (op, default) in enumerate(zip(rule_ops, defaults, strict=True)):
             if op is not None:
                 u_rule_op[i] = add(op, len(ops))
             default_codes.append(add(default, len(ops)))
     else:
-        u_rule_op = np.full(count, -1, np.int32)
         default_codes = [add(default, len(ops)) for default in defaults]
     u_default_op = np.array(default_codes, np.int32).reshape(count)
     classes = Classes(

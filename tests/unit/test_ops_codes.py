@@ -1,0 +1,63 @@
+"""The ops table's lookups done at once (analysis/ops.py): a column's codes into its distinct
+values, and the places of a part's keys, against the one-value-at-a-time definitions they
+replace for runs of many tiny steps (a dictionary of 100,000 step names, 400,000 groups)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from traceview.analysis.ops import _LOOKED_UP_AT_ONCE, _codes, _placed
+
+
+def _codes_one_by_one(column: pa.ChunkedArray) -> tuple[list[int], list[str]]:
+    """Each row's code into the distinct values in the order the dictionary holds them (a
+    null: -1)."""
+    array = column.combine_chunks()
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    values = array.dictionary.to_pylist()
+    distinct: dict[str, int] = {}
+    lut = [distinct.setdefault(str(v), len(distinct)) for v in values]
+    return [-1 if i is None else lut[i] for i in array.indices.to_pylist()], list(distinct)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shape", ["plain", "dictionary", "repeated dictionary"])
+def test_a_columns_codes_are_its_values_places(seed: int, shape: str) -> None:
+    rng = random.Random(seed)
+    names = [f"ProfilerStep#{i}" for i in range(rng.randint(1, 3000))]
+    rows = [rng.choice([*names, None]) for _ in range(rng.randint(0, 5000))]
+    if shape == "plain":
+        column = pa.chunked_array([pa.array(rows, pa.string())])
+    else:
+        values = names + (names[: len(names) // 2] if shape == "repeated dictionary" else [])
+        where = {n: i for i, n in enumerate(values)}  # (a repeated value: its last place)
+        indices = pa.array([None if r is None else where[r] for r in rows], pa.int32())
+        column = pa.chunked_array([pa.DictionaryArray.from_arrays(indices, pa.array(values))])
+    codes, distinct = _codes(column)
+    want_codes, want_distinct = _codes_one_by_one(column)
+    decoded = [None if c < 0 else distinct[c] for c in codes.tolist()]
+    assert decoded == rows
+    assert sorted(set(distinct)) == sorted(distinct)  # (each value once)
+    assert codes.tolist() == want_codes and distinct == want_distinct
+
+
+@pytest.mark.parametrize("n", [10, _LOOKED_UP_AT_ONCE + 1, 20_000])
+@pytest.mark.parametrize("kind", ["strings", "steps"])
+def test_places_of_many_keys_are_those_looked_up_one_by_one(n: int, kind: str) -> None:
+    rng = random.Random(n)
+    keys: list = [f"op{i}" if kind == "strings" else rng.randrange(1 << 40) for i in range(300)]
+    place = {key: rng.randrange(10_000) for key in keys}
+    values = [rng.choice([*keys, None]) for _ in range(n)]
+    want = [-1 if v is None else place[v] for v in values]
+    assert _placed(values, place).tolist() == want
+    per_rank = {0: {k: p + 1 for k, p in place.items()}}
+    assert _placed(values, per_rank, [0] * n).tolist() == [
+        -1 if v is None else per_rank[0][v] for v in values
+    ]
+    assert _placed([None] * n, place).tolist() == [-1] * n
+    assert isinstance(_placed(values, place), np.ndarray)
