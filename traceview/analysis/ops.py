@@ -19,13 +19,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traceview.model import schema as S
+from traceview.model.columns import distinct as sorted_distinct
 from traceview.model.columns import (
-    distinct,
     group_quantile,
     ints,
     parent_rows,
     rank_codes,
     sorted_in_groups,
+    taken,
     unique_inverse,
 )
 
@@ -94,13 +95,6 @@ def _plain_strings(values: pa.Array) -> bool:
     )
 
 
-def _lookup(values: list[Any], codes: np.ndarray) -> list[Any]:
-    """``[values[c] for c in codes]``, as one numpy take."""
-    table = np.empty(len(values), object)
-    table[:] = values
-    return table[codes].tolist()
-
-
 def _first_seen(
     codes: np.ndarray, values: list[str], ids: np.ndarray, rank: np.ndarray, ranks: list[int]
 ) -> dict[int, dict[str, int]]:
@@ -167,7 +161,7 @@ def ops_part(
     distinct: dict[str, list[Any]] = {k: coded[k][1] for k in _RANK_KEYS}
     distinct[S.STEP] = [None if v < 0 else v for v in steps]  # (-1: no step)
     key_values = {  # (a lookup in an object array: no Python a group)
-        k: _lookup([None, *distinct[k]], codes)
+        k: taken([None, *distinct[k]], codes)
         for k, codes in zip(_RANK_KEYS, np.unravel_index(keys, sizes), strict=True)
     }
     outer_group, outer_dur = group[is_outer], dur[is_outer]
@@ -292,9 +286,9 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
         {
             S.RANK: pa.array(np.asarray(key_names[S.RANK], np.int32)[merged_keys[:, 0]]),
             # (a place of -1, a null, takes the last value: None, or "")
-            S.STEP: pa.array(_lookup([*key_names[S.STEP], None], merged_keys[:, 1]), pa.int64()),
+            S.STEP: pa.array(taken([*key_names[S.STEP], None], merged_keys[:, 1]), pa.int64()),
             **{
-                k: _lookup([*key_names[k], ""], merged_keys[:, j])
+                k: taken([*key_names[k], ""], merged_keys[:, j])
                 for j, k in enumerate(_RANK_KEYS)
                 if k not in (S.RANK, S.STEP)
             },
@@ -350,7 +344,7 @@ def _top_names(
         [index[starts[i] : starts[i + 1]][part.name_group] for i, part in enumerate(parts)]
     ).astype(np.int64)
     name = np.concatenate(
-        [_placed(part.name, place, _lookup(part.keys[S.RANK], part.name_group)) for part in parts]
+        [_placed(part.name, place, taken(part.keys[S.RANK], part.name_group)) for part in parts]
     )
     times = np.concatenate([part.name_count for part in parts]).astype(np.int64)
     out: list[str | None] = [None] * n
@@ -371,7 +365,7 @@ def in_steps(ops: pa.Table, steps: list[int]) -> pa.Table:
     step (a rank without step markers: its one window is its step)."""
     if ops.num_rows == 0 or ops.column(S.STEP).null_count == ops.num_rows:
         return ops
-    wanted = distinct(np.asarray(steps, np.int64))
+    wanted = sorted_distinct(np.asarray(steps, np.int64))
     step = ops.column(S.STEP).to_numpy(zero_copy_only=False)  # (a null: NaN, in no step)
     at = np.searchsorted(wanted, step).clip(max=max(len(wanted) - 1, 0))
     keep = wanted[at] == step if len(wanted) else np.zeros(len(step), bool)

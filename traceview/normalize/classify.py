@@ -14,6 +14,7 @@ from traceview.model import schema as S
 from traceview.model.columns import (
     dictionary_codes,
     ints,
+    taken,
     unique_inverse,
 )
 from traceview.model.errors import Notes
@@ -120,9 +121,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
         by_rules[:] = False
         by_rules[inverse[trace_rows]] = True
     n_names, n_cats = max(len(names), 1), len(cats) + 1
-    by_code = np.empty(len(names), object)  # (each key's name, by one take)
-    by_code[:] = names
-    named: list[str] = by_code[unique % n_names].tolist()
+    named: list[str] = taken(names, unique % n_names)  # (each key's name)
     u_cat = (unique // n_names % n_cats).tolist()
     u_kind_of = unique // n_names // n_cats
     # step markers first, all at once (a run of 100,000 steps has as many distinct names):

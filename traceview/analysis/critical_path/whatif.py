@@ -282,7 +282,7 @@ def _what_ifs(
     windows = source.windows().filter(pl.col(S.STEP).is_in(_series(steps)))
     ranks = windows[S.RANK].n_unique()
     slot_of: dict[str, int] = {}
-    per_batch: list[tuple[Replay, dict[str, Replay]]] = []
+    per_batch: list[dict[str, Replay]] = []  # per batch, per change (its "none" always)
     for batch in _batches(source, steps):
         graph = source.graph(batch)
         if graph is None:
@@ -294,18 +294,18 @@ def _what_ifs(
             slot_of[change.name] = min(slot_of.get(change.name, slot), slot)
             results[change.name] = replay(graph, change)
             del change  # (before the next is made)
-        per_batch.append((results["none"], results))
+        per_batch.append(results)
         del graph
     out: list[WhatIf] = []
     base: float | None = None
     for name in sorted(slot_of, key=slot_of.__getitem__):
         # each step's replay (the batches hold distinct steps): the change's, where it applied
         # to the step's batch, else none's
-        step_ns = np.concatenate([r.get(name, none).ns for none, r in per_batch])
+        step_ns = np.concatenate([r.get(name, r["none"]).ns for r in per_batch])
         ms = float(np.mean(np.sort(step_ns))) / 1e6 if len(step_ns) else 0.0
         if base is None:
             base = ms
-        ends = [r[name].last for _, r in per_batch if name in r]
+        ends = [r[name].last for r in per_batch if name in r]
         out.append(
             WhatIf(
                 change=name,
