@@ -28,44 +28,58 @@ def _pieces_of(walks: Walks | None) -> pl.DataFrame:
 def _blame_rows(walks: Walks) -> pl.DataFrame:
     """The time of ``walks``' pieces per step, rank, phase, kind and operator (``ns``; the
     labels as strings). The five keys are one integer a piece where their ranges allow: a
-    step's path of millions of pieces is summed without copying it or encoding its rows."""
+    step's path of millions of pieces is summed without copying it or encoding its rows (the
+    integer built a key at a time: one key's copy held beside it, not five)."""
     frame = walks.frame
     dur = frame["dur_ns"].to_numpy()
     lasts = np.flatnonzero(dur > 0)
-    keys = [walks.step_column()[lasts], frame["rank"].to_numpy()[lasts]]
     labels = ("phase", "kind", "op")
-    for name in labels:  # (a category's code; a null after every code)
-        codes = frame[name].to_physical()
-        top = codes.max()
-        fill = 0 if top is None else int(top) + 1  # type: ignore[arg-type]
-        keys.append(codes.fill_null(fill).to_numpy()[lasts])
-    low = [int(k.min()) if len(k) else 0 for k in keys]
-    sizes = [int(k.max()) - lo + 1 if len(k) else 1 for k, lo in zip(keys, low, strict=True)]
-    if np.prod(np.asarray(sizes, np.float64)) >= 2.0**62:  # (steps far apart: by the columns)
-        rows = frame.with_columns(pl.Series("step", walks.step_column(), pl.Int64))
-        return (
-            rows.filter(pl.col("dur_ns") > 0)
-            .group_by("step", "rank", *labels)
-            .agg(pl.col("dur_ns").sum().alias("ns"))
-            .with_columns(pl.col(*labels).cast(pl.String))
-        )
-    key = np.ravel_multi_index(
-        [k.astype(np.int64) - lo for k, lo in zip(keys, low, strict=True)], sizes
-    )
+
+    def codes(name: str) -> np.ndarray:  # (a category's code; a null after every code)
+        physical = frame[name].to_physical()
+        top = physical.max()
+        return physical.fill_null(0 if top is None else int(top) + 1).to_numpy()  # type: ignore[arg-type]
+
+    keys = (walks.step_column, frame["rank"].to_numpy, *(lambda n=n: codes(n) for n in labels))
+    key = np.zeros(len(lasts), np.int64)
+    size = 1.0
+    for column in keys:
+        values = column()[lasts]
+        if len(values):
+            low = int(values.min())
+            width = int(values.max()) - low + 1
+            size *= width
+            if size >= 2.0**62:  # (steps far apart: by the columns)
+                return _blame_rows_by_columns(walks)
+            key *= width
+            key += values.astype(np.int64, copy=False) - low
+        del values
     groups = (
         pl.DataFrame({"key": key, "ns": dur[lasts], "row": lasts})
         .group_by("key")
         .agg(pl.col("ns").sum(), pl.col("row").first())
     )
+    del key
     row = groups["row"].to_numpy()
     return pl.DataFrame(
         {
-            "step": walks.step_column()[row],
+            "step": walks.steps[np.searchsorted(walks.offsets, row, side="right") - 1],
             "rank": frame["rank"].to_numpy()[row],
             **{name: frame[name].gather(row).cast(pl.String) for name in labels},
             "ns": groups["ns"],
         },
         schema_overrides={"step": pl.Int64},
+    )
+
+
+def _blame_rows_by_columns(walks: Walks) -> pl.DataFrame:
+    """``_blame_rows`` grouped by the five columns themselves."""
+    rows = walks.frame.with_columns(pl.Series("step", walks.step_column(), pl.Int64))
+    return (
+        rows.filter(pl.col("dur_ns") > 0)
+        .group_by("step", "rank", "phase", "kind", "op")
+        .agg(pl.col("dur_ns").sum().alias("ns"))
+        .with_columns(pl.col("phase", "kind", "op").cast(pl.String))
     )
 
 

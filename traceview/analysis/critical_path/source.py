@@ -77,9 +77,6 @@ class _Source:
             return self.last[1]
         self.last = None  # (freed before the next is made)
         graph = _graph(self, steps)
-        readable = self.segments.pieces is not None  # (from a file: it can be read again)
-        if self.rest is not None and self.rest.height > GRAPH_ROWS and readable:
-            self.rest = None  # (one step's, held to make its graph: read again if need be)
         self.last = (steps, graph, None)
         return graph
 
@@ -99,10 +96,14 @@ class _Source:
 
     def rest_of(self, steps: list[int]) -> pl.DataFrame:
         """The rest of ``steps`` (sorted), sorted: where the rest is not held, read again,
-        only the pieces (row groups) that may hold those steps."""
+        only the pieces (row groups) that may hold those steps. A rest held that is more than
+        a graph holds (one step's) is given up: its graph is made of its columns."""
         if self.rest is not None:
             if steps == self.steps:
-                return self.rest
+                rest = self.rest
+                if rest.height > GRAPH_ROWS and self.segments.pieces is not None:
+                    self.rest = None  # (from a file: read again if need be)
+                return rest
             return self.rest.filter(pl.col(S.STEP).is_in(_series(steps)))
         wanted = _series(steps)
         parts = [
@@ -296,12 +297,16 @@ def _graph(source: _Source, steps: list[int]) -> Graph | None:
         pieces = pieces.filter(pl.col(S.STEP).is_in(_series(steps)))
     if rest.height + pieces.height == 0:
         return None
-    items = pl.concat([rest, pieces], how="diagonal_relaxed").with_columns(
-        pl.col("call").fill_null(-1), pl.col("early").fill_null(0)
-    )
+    items = _items(rest, pieces)
+    del rest
     if pieces.height or not source.in_order:  # (in order, no two alike: as the sort leaves it)
-        items = items.with_row_index("_o").sort(S.RANK, S.STEP, S.START_NS, S.END_NS, "_o")
-        items = items.drop("_o")
+        # by rank, step, start and end (ties in their order), a column at a time: each old
+        # column freed as its sorted copy is made, never a second copy of every item
+        keys = (S.RANK, S.STEP, S.START_NS, S.END_NS)
+        order = items.select(pl.arg_sort_by(keys, maintain_order=True)).to_series()
+        for name in items.columns:
+            items = items.with_columns(items[name].gather(order))
+        del order
     # (sorted by rank and step: a run of one (rank, step) is its group, numbered from 0)
     items = items.with_columns(pl.struct(S.RANK, S.STEP).rle_id().cast(pl.Int64).alias("group"))
     calls = _issue_points(source.calls, items)
@@ -309,6 +314,21 @@ def _graph(source: _Source, steps: list[int]) -> Graph | None:
     if actions is not None:
         actions = actions.filter(pl.col(S.STEP).is_in(steps))
     return Graph(items, calls, list(steps), source.unmatched, actions)
+
+
+def _items(rest: pl.DataFrame, pieces: pl.DataFrame) -> pl.DataFrame:
+    """The rest, then the waiting pieces (their call and how early it was released; the rest's
+    -1 and 0): the rest's columns not copied where both have the same types."""
+    fills = {"call": -1, "early": 0}
+    missing = [c for c in pieces.columns if c not in rest.schema]
+    if set(missing) <= set(fills) and all(
+        pieces.schema.get(c) == t for c, t in rest.schema.items()
+    ):
+        rest = rest.with_columns(pl.lit(fills[c], pieces.schema[c]).alias(c) for c in missing)
+        items = pl.concat([rest, pieces.select(rest.columns)], how="vertical", rechunk=False)
+    else:
+        items = pl.concat([rest, pieces], how="diagonal_relaxed")
+    return items.with_columns(pl.col("call").fill_null(-1), pl.col("early").fill_null(0))
 
 
 def _batches(source: _Source, steps: list[int]) -> list[list[int]]:

@@ -41,7 +41,8 @@ def _stretches(pieces: pl.DataFrame | list[PathPiece], step_ns: int) -> list[Pat
             [(x.rank, x.phase, x.op, x.kind, x.start_ns, x.dur_ns) for x in pieces],
             schema=PIECE_COLUMNS, orient="row",
         )  # fmt: skip
-    pieces = pieces.filter(pl.col(S.DUR_NS) > 0)
+    if (pieces[S.DUR_NS] <= 0).any():  # (else kept as it is: a path of millions, not copied)
+        pieces = pieces.filter(pl.col(S.DUR_NS) > 0)
     n = pieces.height
     if n == 0:
         return []
@@ -53,15 +54,19 @@ def _stretches(pieces: pl.DataFrame | list[PathPiece], step_ns: int) -> list[Pat
     edge = np.ones(n, bool)
     edge[1:] = (rank[1:] != rank[:-1]) | late[1:] | late[:-1]
     long = dur >= _STRETCH_MIN * step_ns
-    index = np.arange(n)
-    marks = np.maximum.accumulate(np.where(long | edge, index, -1))
-    before = np.concatenate([[0], marks[:-1]])  # (a piece that is no edge has one in its run)
-    begins = edge | (long & phase.ne_missing(phase.gather(before)).to_numpy())
+    # a long piece's phase against that of the last long or edge piece before it (the first
+    # piece is an edge: every other has one)
+    marked = np.flatnonzero(long | edge)
+    longs = np.flatnonzero(long)
+    before = marked[np.maximum(np.searchsorted(marked, longs) - 1, 0)]
+    begins = edge
+    begins[longs] |= phase.gather(longs).ne_missing(phase.gather(before)).to_numpy()
     first = np.flatnonzero(begins)
     last = np.append(first[1:] - 1, n - 1)
     top = np.maximum.reduceat(dur, first)
-    which = np.cumsum(begins) - 1
-    named = np.minimum.reduceat(np.where(dur == top[which], index, n), first)
+    # each stretch named by its first longest piece
+    tops = np.flatnonzero(dur == np.repeat(top, last - first + 1))
+    named = tops[np.searchsorted(tops, first)]
     # (the labels of the stretches alone: a path of a million pieces has a few thousand)
     labels = (phase.gather(first).to_list(), op.gather(named).to_list())
     kinds = kind.gather(named).to_list()

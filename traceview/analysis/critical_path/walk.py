@@ -209,11 +209,7 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
     start = items[S.START_NS].to_numpy()
     end = items[S.END_NS].to_numpy()
     call = items["call"].to_numpy()
-    labels = tuple(_Labels(items[name]) for name in (S.PHASE, S.KIND, S.OP))
-    phase = labels[0]
-    # per item, the last item at or before it that waits for a call (-1: none)
     waits = call >= 0
-    last_wait = np.maximum.accumulate(np.where(waits, np.arange(len(call)), -1))
     calls = graph.calls
     c = {
         name: calls[name].to_numpy()
@@ -229,16 +225,19 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
         )
     }
     c_op = calls[S.COLLECTIVE].to_list()
-    # per step and rank: its items' rows (contiguous) and span
-    groups = (
-        items.with_row_index("_i")
-        .group_by(S.STEP, S.RANK, maintain_order=True)
-        .agg(
-            pl.col("_i").min().alias("lo"),
-            pl.col("_i").max().alias("hi"),
-            pl.col(S.START_NS).min().alias("s"),
-            pl.col(S.END_NS).max().alias("e"),
-        )
+    # per step and rank (a group: the items are sorted by rank, step and start): its items'
+    # rows (contiguous) and span
+    group = items["group"].to_numpy()  # (a graph has items: _graph makes none of none)
+    first = np.flatnonzero(np.diff(group, prepend=group[:1] - 1))
+    groups = pl.DataFrame(
+        {
+            S.STEP: items[S.STEP].gather(first),
+            S.RANK: items[S.RANK].gather(first),
+            "lo": first,
+            "hi": np.append(first[1:] - 1, len(group) - 1),
+            "s": start[first],
+            "e": np.maximum.reduceat(end, first),
+        }
     )
     # per step: the first rank's start, the last rank's end and that rank (ties: the highest)
     jobs = (
@@ -263,15 +262,22 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
     hi = jobs["hi"].to_numpy()[pick].astype(np.int64)
     # laid out at once: the last rank waits for nothing in the step, and its last item ends
     # the step (the walk takes its items lo..hi whole, then its late start, if any)
-    waited = np.concatenate([[0], np.cumsum(waits)])
+    waiting = np.flatnonzero(waits)
     plain = (
-        (waited[hi + 1] - waited[lo] == 0)
+        (np.searchsorted(waiting, hi, side="right") == np.searchsorted(waiting, lo))
         & (end[hi] == job_end)
         & (start[hi] < job_end)
         & (job_end > job_start)
         & at_once
     )
     reasons = [graph.unmatched_steps.get(int(s)) for s in steps.tolist()]
+    if plain.all() and not (start[lo] > job_start).any():  # (every path its last rank's items)
+        offsets = np.concatenate([[0], np.cumsum(hi - lo + 1)])
+        return Walks(steps, job_start, job_end, reasons, _items_frame(items, lo, hi), offsets)
+    labels = tuple(_Labels(items[name]) for name in (S.PHASE, S.KIND, S.OP))
+    phase = labels[0]
+    # per item, the last item at or before it that waits for a call (-1: none)
+    last_wait = np.maximum.accumulate(np.where(waits, np.arange(len(call)), -1))
     position, parts = _plain_columns(plain, lo, hi, job_start, last_rank, start, end, labels)
     walked = np.flatnonzero(~plain).tolist()
     bounds = (  # (only the steps walked one by one ask)
@@ -332,6 +338,40 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
         columns = [np.concatenate(part)[arranged] for part in parts]
     offsets = np.concatenate([[0], np.cumsum(np.bincount(where, minlength=len(steps)))])
     return Walks(steps, job_start, job_end, reasons, _frame(columns, labels), offsets)
+
+
+def _items_frame(items: pl.DataFrame, lo: np.ndarray, hi: np.ndarray) -> pl.DataFrame:
+    """The paths of steps that are each their last rank's items ``lo``..``hi`` whole, from
+    the graph's own columns (PIECE_COLUMNS): a slice where the steps' items follow one
+    another (one long step: no copy of its millions of items), else one gather."""
+    counts = hi - lo + 1
+    if len(lo) == 0 or bool((lo[1:] == hi[:-1] + 1).all()):
+        rows = items.slice(int(lo[0]) if len(lo) else 0, int(counts.sum()))
+    else:
+        firsts = np.cumsum(counts) - counts
+        at = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(firsts - lo, counts)
+        rows = items.select(pl.col(S.RANK, S.PHASE, S.OP, S.KIND, S.START_NS, S.END_NS).gather(at))
+    return rows.select(
+        pl.col(S.RANK), pl.col(S.PHASE), pl.col(S.OP), _path_kinds(rows[S.KIND]),
+        pl.col(S.START_NS), (pl.col(S.END_NS) - pl.col(S.START_NS)).alias(S.DUR_NS),
+    ).cast(PIECE_COLUMNS)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _path_kinds(kind: pl.Series) -> pl.Series:
+    """Items' kinds as a path reads them: a wait's as a transfer, a kind-less segment's as
+    "None" (as str() writes it); relabelled in the dictionary, a code an item, no string."""
+    if not (kind.is_null().any() or (kind == S.SEGMENT_COMM).any()):
+        return kind
+    encoded = kind.to_arrow()
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    values = [TRANSFER if v == S.SEGMENT_COMM else v for v in encoded.dictionary.to_pylist()]
+    indices = encoded.indices
+    if indices.null_count:
+        indices = indices.fill_null(len(values))
+        values.append("None")
+    relabelled = pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
+    return pl.Series(S.KIND, relabelled)
 
 
 def _plain_columns(
