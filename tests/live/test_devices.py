@@ -228,7 +228,13 @@ def test_collect_profiles_a_jax_job_per_device_without_touching_it(tmp_path: Pat
     assert [r["device"] for r in report["ranks"]] == [f"CPU:{d}" for d in range(DEVICES)]
     assert report["run"]["steps_from"] == "markers"
     counted = [s for s in report["per_step"] if s["excluded"] is None]
-    assert len(counted) == 4, report["per_step"]
+    # of the 4 profiled steps, a leading one the machine slowed past 1.3x the median of the
+    # later ones is left out as warm-up (the rule: it happened on a loaded 2-core machine);
+    # the others are counted
+    left_out = [s for s in report["per_step"] if s["excluded"] is not None]
+    assert all(s["excluded"] == "warm-up" for s in left_out), report["per_step"]
+    assert len(counted) >= 3 and len(counted) + len(left_out) == 4, report["per_step"]
+    assert report["per_step"][len(left_out) :] == counted, report["per_step"]
     # the counted steps carry the job's own numbers: its timers of those very steps
     steps = {s["step"] for s in counted}
     truth = [json.loads(line) for line in truth_path.read_text().splitlines()]

@@ -3,6 +3,9 @@ row's share of the step and excess over the median rank."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -40,7 +43,8 @@ def _blame_rows(walks: Walks) -> pl.DataFrame:
         top = physical.max()
         return physical.fill_null(0 if top is None else int(top) + 1).to_numpy()  # type: ignore[arg-type]
 
-    keys = (walks.step_column, frame["rank"].to_numpy, *(lambda n=n: codes(n) for n in labels))
+    keys: list[Callable[[], np.ndarray]] = [walks.step_column, frame["rank"].to_numpy]
+    keys += [partial(codes, name) for name in labels]
     key = np.zeros(len(lasts), np.int64)
     size = 1.0
     for column in keys:

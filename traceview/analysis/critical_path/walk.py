@@ -228,15 +228,15 @@ def walk(graph: Graph, items_in_run: int | None = None, at_once: bool = True) ->
     # per step and rank (a group: the items are sorted by rank, step and start): its items'
     # rows (contiguous) and span
     group = items["group"].to_numpy()  # (a graph has items: _graph makes none of none)
-    first = np.flatnonzero(np.diff(group, prepend=group[:1] - 1))
+    heads = np.flatnonzero(np.diff(group, prepend=group[:1] - 1))
     groups = pl.DataFrame(
         {
-            S.STEP: items[S.STEP].gather(first),
-            S.RANK: items[S.RANK].gather(first),
-            "lo": first,
-            "hi": np.append(first[1:] - 1, len(group) - 1),
-            "s": start[first],
-            "e": np.maximum.reduceat(end, first),
+            S.STEP: items[S.STEP].gather(heads),
+            S.RANK: items[S.RANK].gather(heads),
+            "lo": heads,
+            "hi": np.append(heads[1:] - 1, len(group) - 1),
+            "s": start[heads],
+            "e": np.maximum.reduceat(end, heads),
         }
     )
     # per step: the first rank's start, the last rank's end and that rank (ties: the highest)
