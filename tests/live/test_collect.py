@@ -139,11 +139,14 @@ def test_ddp_job_under_mpich(tmp_path: Path) -> None:
 
 
 def test_a_failing_rank_keeps_the_others_traces(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+    run, meet = tmp_path / "run", tmp_path / "meet"
+    meet.mkdir()
+    # rank 1 fails once rank 0 is at step 6 too (past its profile): the ranks train apart, and
+    # on a loaded machine rank 0 could otherwise still be starting when rank 1 fails
     result = run_cli(
         "collect", "-o", run, "--skip", "0", "--warmup", "1", "--steps", "3", "--",
         *_mpirun(), sys.executable, WORKLOADS / "ddp_train.py",
-        "--no-ddp", "--fail-rank", "1", "--fail-at", "6", "--steps", "5000",
+        "--no-ddp", "--fail-rank", "1", "--fail-at", "6", "--steps", "5000", "--meet", meet,
     )  # fmt: skip
     assert result.code != 0, "the job's failure is collect's exit code"
     states = {r["rank"]: r for r in _manifest(run)["collect"]["ranks"]}

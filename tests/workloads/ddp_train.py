@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -48,12 +50,28 @@ def launcher_rank() -> tuple[int, int]:
     return 0, 1
 
 
+def _meet(folder: Path, rank: int, world: int, waits: bool) -> None:
+    """Mark this rank as at the failing step; the failing rank waits (up to a minute) for every
+    rank's mark, so ranks that train apart (--no-ddp) are all past their profiles when it fails."""
+    (folder / f"rank-{rank}").touch()
+    deadline = time.monotonic() + 60
+    while waits and time.monotonic() < deadline:
+        if sum(1 for _ in folder.glob("rank-*")) >= world:
+            return
+        time.sleep(0.01)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--fail-rank", type=int, default=-1, help="this rank raises an error")
     parser.add_argument("--fail-at", type=int, default=4, help="... at this step")
     parser.add_argument("--no-ddp", action="store_true", help="ranks train independently")
+    parser.add_argument(
+        "--meet",
+        type=Path,
+        help="a folder: at --fail-at every rank marks it, the failing one waits",
+    )
     parser.add_argument("--port", default="29650")
     args = parser.parse_args()
 
@@ -73,6 +91,8 @@ def main() -> None:
     loader = DataLoader(Batches(64 * args.steps), batch_size=64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step, (x, y) in enumerate(loader):
+        if step == args.fail_at and args.meet is not None:
+            _meet(args.meet, rank, world, waits=rank == args.fail_rank)
         if step == args.fail_at and rank == args.fail_rank:
             raise RuntimeError(f"rank {rank} fails on purpose at step {step}")
         optimizer.zero_grad()
