@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from traceview.analysis.ops import _LOOKED_UP_AT_ONCE, _codes, _placed
+from traceview.analysis.ops import Coded, _codes, _placed
 
 
 def _codes_one_by_one(column: pa.ChunkedArray) -> tuple[list[int], list[str]]:
@@ -46,18 +46,33 @@ def test_a_columns_codes_are_its_values_places(seed: int, shape: str) -> None:
     assert codes.tolist() == want_codes and distinct == want_distinct
 
 
-@pytest.mark.parametrize("n", [10, _LOOKED_UP_AT_ONCE + 1, 20_000])
+@pytest.mark.parametrize("n", [10, 513, 20_000])
 @pytest.mark.parametrize("kind", ["strings", "steps"])
 def test_places_of_many_keys_are_those_looked_up_one_by_one(n: int, kind: str) -> None:
     rng = random.Random(n)
     keys: list = [f"op{i}" if kind == "strings" else rng.randrange(1 << 40) for i in range(300)]
     place = {key: rng.randrange(10_000) for key in keys}
+    # a part's dictionary: more values than its groups name, a null among them (a step of -1)
+    dictionary = [*keys, None, "unused"]
+    rng.shuffle(dictionary)
     values = [rng.choice([*keys, None]) for _ in range(n)]
-    want = [-1 if v is None else place[v] for v in values]
-    assert _placed(values, place).tolist() == want
-    per_rank = {0: {k: p + 1 for k, p in place.items()}}
-    assert _placed(values, per_rank, [0] * n).tolist() == [
-        -1 if v is None else per_rank[0][v] for v in values
+    codes = [
+        rng.choice([-1, dictionary.index(None)]) if v is None else dictionary.index(v)
+        for v in values
     ]
-    assert _placed([None] * n, place).tolist() == [-1] * n
-    assert isinstance(_placed(values, place), np.ndarray)
+    column = Coded(np.asarray(codes, np.int64), dictionary)
+    want = [-1 if v is None else place[v] for v in values]
+    assert _placed(column, place).tolist() == want
+    named = {dictionary[c] for c in codes if c >= 0}
+    assert column.present() == sorted(named, key=dictionary.index)
+    # per rank: each group's rank picks the places
+    ranks = [3, 7]
+    per_rank = {r: {k: p + r for k, p in place.items()} for r in ranks}
+    rank_codes = [rng.randrange(2) for _ in range(n)]
+    by_rank = _placed(column, per_rank, Coded(np.asarray(rank_codes, np.int64), ranks))
+    assert by_rank.tolist() == [
+        -1 if v is None else per_rank[ranks[r]][v] for r, v in zip(rank_codes, values, strict=True)
+    ]
+    nulls = Coded(np.full(n, -1, np.int64), dictionary)
+    assert _placed(nulls, place).tolist() == [-1] * n
+    assert isinstance(_placed(column, place), np.ndarray)

@@ -26,7 +26,6 @@ from traceview.model.columns import (
     parent_rows,
     rank_codes,
     sorted_in_groups,
-    taken,
     unique_inverse,
 )
 
@@ -40,13 +39,27 @@ _NAMED = (*_NAMED_KEYS, S.NAME)
 
 
 @dataclass
+class Coded:
+    """A column as codes into its distinct values (-1: null)."""
+
+    codes: np.ndarray
+    values: list
+
+    def present(self) -> list:
+        """The values some code names (a part's dictionary may hold more)."""
+        seen = np.bincount(self.codes[self.codes >= 0], minlength=len(self.values))
+        return [self.values[i] for i in np.flatnonzero(seen).tolist()]
+
+
+@dataclass
 class OpsPart:
     """What some of one rank's events add to its ops table (``ops_part``): parts of disjoint
     rows ``combine_ops`` into the table the rank's events give in one piece. (Events of several
     ranks, ``RowParts`` of a batch of ranks: each rank's groups apart, its rows as its own.)"""
 
-    # per group (a distinct rank, step, device, kind, phase, op): each key's value (None: null)...
-    keys: dict[str, list]
+    # per group (a distinct rank, step, device, kind, phase, op): each key's code into its
+    # distinct values (-1: null)...
+    keys: dict[str, Coded]
     # ...how many outermost events, their total, the self time, the bytes (and whether any is
     # known)
     count: np.ndarray
@@ -60,7 +73,7 @@ class OpsPart:
     offsets: np.ndarray
     # per (group, name) pair: how many of the group's events carry the name
     name_group: np.ndarray
-    name: list[str | None]
+    name: Coded
     name_count: np.ndarray
     # per column of _NAMED: rank -> value -> the lowest event id
     first_seen: dict[str, dict[int, dict[str, int]]]
@@ -160,10 +173,12 @@ def ops_part(
 
     distinct: dict[str, list[Any]] = {k: coded[k][1] for k in _RANK_KEYS}
     distinct[S.STEP] = [None if v < 0 else v for v in steps]  # (-1: no step)
-    key_values = {  # (a lookup in an object array: no Python a group)
-        k: taken([None, *distinct[k]], codes)
+    key_codes = {
+        k: np.asarray(codes, np.int64) - 1  # (0 above: null)
         for k, codes in zip(_RANK_KEYS, np.unravel_index(keys, sizes), strict=True)
     }
+    if steps and steps[0] < 0:  # (the step of -1: null)
+        key_codes[S.STEP][key_codes[S.STEP] == 0] = -1
     outer_group, outer_dur = group[is_outer], dur[is_outer]
     order = np.lexsort((outer_dur, outer_group))
     name_codes, names = coded[S.NAME]
@@ -172,7 +187,7 @@ def ops_part(
     )
     pair_name = pair % (len(names) + 1) - 1
     return OpsPart(
-        keys=key_values,
+        keys={k: Coded(key_codes[k], distinct[k]) for k in _RANK_KEYS},
         count=total(is_outer.astype(np.int64)),
         total=total(np.where(is_outer, dur, 0)),
         self_ns=total(self_ns),
@@ -181,7 +196,7 @@ def ops_part(
         durations=outer_dur[order],
         offsets=np.searchsorted(outer_group[order], np.arange(g + 1)),
         name_group=pair // (len(names) + 1),
-        name=[names[c] if c >= 0 else None for c in pair_name.tolist()],
+        name=Coded(np.asarray(pair_name, np.int64), names),
         name_count=pair_counts.astype(np.int64),
         first_seen=first_seen,
     )
@@ -208,31 +223,29 @@ def _places(parts: list[OpsPart]) -> dict[str, dict]:
             at += len(mine)
         places[column] = place
     for column in (S.RANK, S.STEP):  # in order (a null step first)
-        values = sorted({v for part in parts for v in part.keys[column] if v is not None})
-        places[column] = {v: i for i, v in enumerate(values)}
+        values = {v for part in parts for v in part.keys[column].present() if v is not None}
+        places[column] = {v: i for i, v in enumerate(sorted(values))}
     return places
 
 
-def _placed(values: list, place: dict, ranks: list[int] | None = None) -> np.ndarray:
-    """Each value's place (a null's: -1, before every value); ``ranks``: each value's rank, where
-    the places are per rank."""
-    if ranks is not None and len(set(ranks)) > 1:
-        return np.array(
-            [-1 if v is None else place[r][v] for r, v in zip(ranks, values, strict=True)],
-            np.int64,
-        )
-    if ranks is not None:  # (one rank: its places)
-        place = place[ranks[0]] if ranks else {}
-    if len(values) > _LOOKED_UP_AT_ONCE and place:  # (a run of 100,000 tiny steps)
-        keys = pa.array(list(place))
-        found = pc.index_in(pa.array(values, keys.type), value_set=keys)
-        lut = np.array([*place.values(), -1], np.int64)
-        return lut[found.fill_null(len(place)).to_numpy(zero_copy_only=False)]
-    return np.array([-1 if v is None else place[v] for v in values], np.int64)
-
-
-#: More values than this are placed by one hash lookup in Arrow, not a dict lookup each.
-_LOOKED_UP_AT_ONCE = 512
+def _placed(column: Coded, place: dict, rank: Coded | None = None) -> np.ndarray:
+    """Each code's value's place (a null's: -1, before every value), a lookup a distinct value
+    (or, with ``rank``, each code's rank where the places are per rank: a distinct pair)."""
+    codes = column.codes
+    if rank is None:
+        lut = np.full(len(column.values) + 1, -1, np.int64)  # (the last: a null's)
+        for i in np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(column.values))):
+            value = column.values[i]
+            lut[i] = -1 if value is None else place[value]
+        return lut[codes]
+    width = len(column.values) + 1
+    pairs, inverse = np.unique(rank.codes * width + (codes + 1), return_inverse=True)
+    values = [None, *column.values]
+    found = [
+        -1 if values[c] is None else place[rank.values[r]][values[c]]
+        for r, c in zip((pairs // width).tolist(), (pairs % width).tolist(), strict=True)
+    ]
+    return np.asarray(found, np.int64)[np.asarray(inverse).ravel()]
 
 
 def _in_place_order(place: dict[int, dict[str, int]]) -> list[str]:
@@ -285,14 +298,14 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     table = pa.table(
         {
             S.RANK: pa.array(np.asarray(key_names[S.RANK], np.int32)[merged_keys[:, 0]]),
-            # (a place of -1, a null, takes the last value: None, or "")
-            S.STEP: pa.array(taken([*key_names[S.STEP], None], merged_keys[:, 1]), pa.int64()),
+            # (a place of -1: a null step, an empty name)
+            S.STEP: _taken_ints(key_names[S.STEP], merged_keys[:, 1]),
             **{
-                k: taken([*key_names[k], ""], merged_keys[:, j])
+                k: _taken_strings(key_names[k], merged_keys[:, j])
                 for j, k in enumerate(_RANK_KEYS)
                 if k not in (S.RANK, S.STEP)
             },
-            S.NAME: [name or "" for name in top],
+            S.NAME: _taken_strings(top[1], top[0]),
             S.COUNT: count,
             S.TOTAL_NS: total,
             S.SELF_NS: self_ns,
@@ -304,6 +317,18 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     )  # fmt: skip
     table = table.sort_by([(S.RANK, "ascending"), (S.SELF_NS, "descending")])  # (stable)
     return S.conform(table, S.OPS_SCHEMA)
+
+
+def _taken_strings(values: list[str], codes: np.ndarray) -> pa.Array:
+    """``values[code]`` for each code, "" for -1 (a null, a group without a name): one take."""
+    table = pa.array([*(v or "" for v in values), ""], pa.string())
+    return table.take(pa.array(np.where(codes < 0, len(values), codes)))
+
+
+def _taken_ints(values: list[int], codes: np.ndarray) -> pa.Array:
+    """``values[code]`` for each code, null for -1."""
+    table = np.asarray([*values, 0], np.int64)
+    return pa.array(table[np.where(codes < 0, len(values), codes)], mask=codes < 0)
 
 
 def _unique_rows(placed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -336,28 +361,32 @@ def _percentiles(
 
 def _top_names(
     parts: list[OpsPart], index: np.ndarray, starts: np.ndarray, place: dict, n: int
-) -> list[str | None]:
+) -> tuple[np.ndarray, list[str]]:
     """Each merged group's framework name seen most often (ties: the one seen first), for all
-    groups at once (None: a group without names)."""
+    groups at once: its code into the names in the order of their places (-1: a group without
+    names), and those names."""
     by_place = _in_place_order(place)
     group = np.concatenate(
         [index[starts[i] : starts[i + 1]][part.name_group] for i, part in enumerate(parts)]
     ).astype(np.int64)
     name = np.concatenate(
-        [_placed(part.name, place, taken(part.keys[S.RANK], part.name_group)) for part in parts]
+        [
+            _placed(part.name, place, Coded(rank.codes[part.name_group], rank.values))
+            for part in parts
+            for rank in [part.keys[S.RANK]]
+        ]
     )
     times = np.concatenate([part.name_count for part in parts]).astype(np.int64)
-    out: list[str | None] = [None] * n
+    out = np.full(n, -1, np.int64)
     if not len(group):
-        return out
+        return out, by_place
     pair, where = np.unique(group * (len(by_place) + 1) + (name + 1), return_inverse=True)
     summed = np.bincount(np.asarray(where).ravel(), weights=times).astype(np.int64)
     pair_group, pair_name = pair // (len(by_place) + 1), pair % (len(by_place) + 1) - 1
     order = np.lexsort((pair_name, -summed, pair_group))
     first = order[np.r_[True, pair_group[order][1:] != pair_group[order][:-1]]]
-    for g, code in zip(pair_group[first].tolist(), pair_name[first].tolist(), strict=True):
-        out[g] = by_place[code] if code >= 0 else None
-    return out
+    out[pair_group[first]] = pair_name[first]
+    return out, by_place
 
 
 def in_steps(ops: pa.Table, steps: list[int]) -> pa.Table:
