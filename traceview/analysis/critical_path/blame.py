@@ -14,7 +14,7 @@ from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, NO_ST
 from traceview.analysis.critical_path.walk import PIECE_COLUMNS, Walks
 from traceview.analysis.rounding import rounded
 from traceview.model import schema as S
-from traceview.model.results import Blame
+from traceview.model.results import Blame, from_columns
 
 _OWN = (*_COMPUTING, LATE_START)
 
@@ -169,17 +169,16 @@ def _blamed(rows: pl.DataFrame, median_phase: dict[str, float]) -> list[Blame]:
         .alias("excess"),
     )
     excess = figures["excess"]
-    known = excess.is_not_null().to_list()
-    return [
-        Blame(rank=r, phase=p, kind=k, ms=m, share=sh, excess_ms=e if ok else None)
-        for r, p, k, m, sh, e, ok in zip(
-            rows["rank"].to_list(),
-            rows["phase"].to_list(),
-            rows["kind"].to_list(),
-            rounded(figures["ms"].to_numpy(), 3),
-            rounded(figures["share"].to_numpy(), 4),
-            rounded(excess.fill_null(0.0).to_numpy(), 3),
-            known,
-            strict=True,
-        )
-    ]
+    excess_ms = np.array(rounded(excess.fill_null(0.0).to_numpy(), 3), object)
+    excess_ms[excess.is_null().to_numpy()] = None
+    return from_columns(
+        Blame,
+        {
+            "rank": rows["rank"].to_list(),
+            "phase": rows["phase"].to_list(),
+            "kind": rows["kind"].to_list(),
+            "ms": rounded(figures["ms"].to_numpy(), 3),
+            "share": rounded(figures["share"].to_numpy(), 4),
+            "excess_ms": excess_ms.tolist(),
+        },
+    )

@@ -29,7 +29,15 @@ from traceview.analysis.crossrank import Matched
 from traceview.analysis.rounding import rounded
 from traceview.model import schema as S
 from traceview.model.columns import TableOnDemand
-from traceview.model.results import Cause, CriticalPath, OpBlame, PathSegment, StepPath, WhatIf
+from traceview.model.results import (
+    Cause,
+    CriticalPath,
+    OpBlame,
+    PathSegment,
+    StepPath,
+    WhatIf,
+    from_columns,
+)
 
 #: Bump when the path, blame or replay change: a run directory's kept paths (PathCache) are
 #: then computed again.
@@ -148,13 +156,22 @@ def explain(
     blame = _blame(df, n, mean_step_ms, median_phase_ms)
     step_ms = step_ns / 1e6
     blames = _blame_per_step(every, every_step.steps, step_ms, median_phase_ms)
-    per_step = {
-        step: StepPath(step_ms=ms, complete=done, reason=reason, blame=blames.get(step, []))
-        for step, ms, done, reason in zip(
-            every_step.steps.tolist(), rounded(step_ms, 3), complete.tolist(),
-            every_step.reasons, strict=True,
+    numbers = every_step.steps.tolist()
+    per_step = dict(
+        zip(
+            numbers,
+            from_columns(
+                StepPath,
+                {
+                    "step_ms": rounded(step_ms, 3),
+                    "complete": complete.tolist(),
+                    "reason": every_step.reasons,
+                    "blame": [blames.get(step, []) for step in numbers],
+                },
+            ),
+            strict=True,
         )
-    }  # fmt: skip
+    )
     by_op = (
         df.filter(pl.col("op").is_not_null())
         .group_by("op", "phase", "kind")

@@ -29,6 +29,7 @@ from traceview.model.results import (
     StepsFrom,
     StepStats,
     StepSummary,
+    from_columns,
 )
 
 SLOW_FACTOR = 1.25  # a later step this much slower than the median is marked slow
@@ -82,33 +83,25 @@ def _per_step(
     ms = {c: exact_ms_column(per_step[c]) for c in ("min", "max", *phase_cols)}
     host_bound = _host_bound_column(per_step)
     vs = rounded((mean_ms - median) / median, 4) if median > 0 else [0.0] * len(means)
-    breakdowns = [
-        Breakdown(io=io, h2d=h2d, forward=f, backward=b, update=u, comm=c, other=o, idle=i)
-        for io, h2d, f, b, u, c, o, i in zip(
-            *(ms[S.phase_ns(p)] for p in _BREAKDOWN_ORDER), strict=True
-        )
-    ]
-    rows = [
-        StepSummary(
-            step=number,
-            ranks=ranks,
-            step_ms=step_ms,
-            min_ms=low,
-            max_ms=high,
-            slowest_rank=slowest,
-            vs_median=v,
-            breakdown_ms=breakdown,
-            mark=mark,
-            host_bound_ms=hb,
-            excluded=why[0] if why is not None else None,
-            excluded_reason=why[1] if why is not None else None,
-        )
-        for number, ranks, step_ms, low, high, slowest, v, breakdown, mark, hb, why in zip(
-            numbers, per_step["ranks"].to_list(), rounded(mean_ms, 6), ms["min"], ms["max"],
-            per_step["slowest"].to_list(), vs, breakdowns, marks.tolist(), host_bound, whys,
-            strict=True,
-        )
-    ]  # fmt: skip
+    breakdowns = from_columns(Breakdown, {p: ms[S.phase_ns(p)] for p in _BREAKDOWN_ORDER})
+    rows = from_columns(
+        StepSummary,
+        {
+            "step": numbers,
+            "ranks": per_step["ranks"].to_list(),
+            "step_ms": rounded(mean_ms, 6),
+            "min_ms": ms["min"],
+            "max_ms": ms["max"],
+            "slowest_rank": per_step["slowest"].to_list(),
+            "vs_median": vs,
+            "breakdown_ms": breakdowns,
+            "mark": marks.tolist(),
+            "host_bound_ms": host_bound,
+            "excluded": [None if why is None else why[0] for why in whys],
+            "excluded_reason": [None if why is None else why[1] for why in whys],
+            "critical_path": [None] * len(numbers),
+        },
+    )
     mean = statistics.fmean(counted)
     stdev = statistics.stdev(counted) if len(counted) > 1 else 0.0
     stats = StepStats(

@@ -17,6 +17,7 @@ from traceview.model.results.base import (
     StepsFrom,
     StragglerPhase,
     Timeline,
+    from_columns,
     from_json,
 )
 from traceview.model.results.comm import (
@@ -194,6 +195,7 @@ __all__ = [
     "WhatIf",
     "WhatIfs",
     "WholeRun",
+    "from_columns",
     "from_json",
     "json_schema",
 ]
