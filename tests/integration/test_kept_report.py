@@ -160,6 +160,24 @@ def test_a_damaged_or_odd_kept_report_is_computed_again(tmp_path: Path, kind: st
         assert not (tmp_path / "elsewhere.json").exists()  # nothing written through it
 
 
+def test_a_kept_report_laid_out_otherwise_is_decoded_whole(tmp_path: Path) -> None:
+    """``report --json`` prints the kept bytes with the run's path replaced where they are as
+    traceview encodes them; a kept report indented, or with its fields in another order, is
+    decoded whole: the same JSON, still without computing the report."""
+    run = _ingested(tmp_path)
+    expected = _computed(run, "--json")
+    run_cli("report", "--json", run)  # (keeps it again)
+    assert _report(run, "--json") == (expected, False)
+    key, report = json.loads((run / finished.REPORT_CACHE).read_bytes())
+    moved = {"summary": report["summary"], **report}  # "run" no longer first
+    for layout in (json.dumps([key, report], indent=2), json.dumps([key, moved])):
+        (run / finished.REPORT_CACHE).write_text(layout)
+        assert _report(run, "--json") == (expected, False)
+    report["run"]["ranks"] = "two"  # (not a report: computed again)
+    (run / finished.REPORT_CACHE).write_text(json.dumps([key, report], indent=2))
+    assert _report(run, "--json") == (expected, True)
+
+
 def test_a_read_only_run_reports_and_keeps_nothing(tmp_path: Path) -> None:
     if os.geteuid() == 0:
         pytest.skip("root writes into a read-only folder")

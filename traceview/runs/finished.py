@@ -111,12 +111,9 @@ def key_of(run: Path, top: int) -> str | None:
     return None if found is None else f"{found}:top={top}"
 
 
-def look(run: Path, top: int, shown: Path) -> tuple[RunReport | None, str | None]:
-    """The kept report of ``run`` with ``top`` operators where it is current (else None), its
-    run's path as the user wrote it (``shown``); and the run's key as it is now (None: it
-    cannot be kept), for ``write`` once a report is computed."""
-    from traceview.model.results import RunReport
-
+def _kept(run: Path, top: int) -> tuple[_Kept | None, str | None]:
+    """The kept report of ``run`` with ``top`` operators where its key is the run's as it is
+    now (else None: absent, stale, damaged or odd), and that key (None: it cannot be kept)."""
     key = key_of(run, top)
     if key is None:
         return None, None
@@ -127,13 +124,59 @@ def look(run: Path, top: int, shown: Path) -> tuple[RunReport | None, str | None
             return None, key
         with open(path, "rb") as fh:
             kept = msgspec.json.decode(fh.read(), type=_Kept)
-        if kept.key != key:
-            return None, key
-        report = msgspec.json.decode(kept.report, type=RunReport)
     except (OSError, RecursionError, msgspec.DecodeError, msgspec.ValidationError):
         return None, key
+    return (kept if kept.key == key else None), key
+
+
+def _decoded(kept: _Kept, shown: Path) -> RunReport | None:
+    from traceview.model.results import RunReport
+
+    try:
+        report = msgspec.json.decode(kept.report, type=RunReport)
+    except (RecursionError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
     report.run = msgspec.structs.replace(report.run, path=str(shown))
-    return report, key
+    return report
+
+
+def look(run: Path, top: int, shown: Path) -> tuple[RunReport | None, str | None]:
+    """The kept report of ``run`` with ``top`` operators where it is current (else None), its
+    run's path as the user wrote it (``shown``); and the run's key as it is now (None: it
+    cannot be kept), for ``write`` once a report is computed."""
+    kept, key = _kept(run, top)
+    return (None if kept is None else _decoded(kept, shown)), key
+
+
+class _Head(msgspec.Struct):
+    run: msgspec.Raw  # (a report's first field: the rest is not decoded)
+
+
+_RUN_FIELD = b'{"run":'
+
+
+def look_json(run: Path, top: int, shown: Path) -> tuple[bytes | None, str | None]:
+    """As ``look``, the report as ``Result.to_json`` encodes it: the kept bytes with the run's
+    path replaced, not decoded into structs (60 MB for 100,000 steps). The key says they are
+    this code's report of the run as it is now; the JSON is checked whole, the types were when
+    it was written. A report kept otherwise (not as msgspec encodes it) is decoded."""
+    kept, key = _kept(run, top)
+    if kept is None:
+        return None, key
+    report = memoryview(kept.report)
+    try:
+        head = memoryview(msgspec.json.decode(report, type=_Head).run)
+        rest = len(_RUN_FIELD) + len(head)
+        if report[: len(_RUN_FIELD)] == _RUN_FIELD and report[len(_RUN_FIELD) : rest] == head:
+            from traceview.model.results import RunInfo
+
+            info = msgspec.json.decode(head, type=RunInfo)
+            info = msgspec.structs.replace(info, path=str(shown))
+            return b"".join((_RUN_FIELD, msgspec.json.encode(info), report[rest:])), key
+    except (RecursionError, UnicodeEncodeError, msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    decoded = _decoded(kept, shown)
+    return (None if decoded is None else decoded.to_json()), key
 
 
 def write(run: Path, top: int, report: RunReport, key: str | None) -> None:
