@@ -160,21 +160,49 @@ def test_a_damaged_or_odd_kept_report_is_computed_again(tmp_path: Path, kind: st
         assert not (tmp_path / "elsewhere.json").exists()  # nothing written through it
 
 
-def test_a_kept_report_laid_out_otherwise_is_decoded_whole(tmp_path: Path) -> None:
-    """``report --json`` prints the kept bytes with the run's path replaced where they are as
-    traceview encodes them; a kept report indented, or with its fields in another order, is
-    decoded whole: the same JSON, still without computing the report."""
+def test_a_kept_report_as_written_is_printed_with_its_path_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``report --json`` prints the kept bytes with the run's path replaced, not decoding
+    them, where they are the bytes traceview wrote (their CRC kept beside them)."""
+    run = _ingested(tmp_path)
+    expected = _computed(run, "--json")
+    run_cli("report", "--json", run)  # (keeps it again)
+
+    def decoded(*_: object) -> None:
+        raise AssertionError("the kept report was decoded")
+
+    monkeypatch.setattr(finished, "_decoded", decoded)
+    printed, _ = finished.look_json(run, 10, Path("elsewhere"))
+    assert printed is not None
+    assert json.loads(printed)["run"]["path"] == "elsewhere"
+    assert json.loads(printed) == {**json.loads(expected), "run": json.loads(printed)["run"]}
+    printed, _ = finished.look_json(run, 10, run)
+    assert printed is not None and printed + "\n" == expected
+
+
+def test_a_kept_report_edited_or_laid_out_otherwise_is_decoded_whole(tmp_path: Path) -> None:
+    """A kept report indented, with its fields in another order, or edited, is not printed as
+    it is: decoded whole (the same JSON, still without computing the report), or computed again
+    where it is no report."""
     run = _ingested(tmp_path)
     expected = _computed(run, "--json")
     run_cli("report", "--json", run)  # (keeps it again)
     assert _report(run, "--json") == (expected, False)
-    key, report = json.loads((run / finished.REPORT_CACHE).read_bytes())
+    key, report, crc = json.loads((run / finished.REPORT_CACHE).read_bytes())
     moved = {"summary": report["summary"], **report}  # "run" no longer first
-    for layout in (json.dumps([key, report], indent=2), json.dumps([key, moved])):
+    spaced = (run / finished.REPORT_CACHE).read_bytes().replace(b',"summary"', b' ,"summary"', 1)
+    for layout in (json.dumps([key, report, crc], indent=2), json.dumps([key, moved, crc])):
         (run / finished.REPORT_CACHE).write_text(layout)
         assert _report(run, "--json") == (expected, False)
-    report["run"]["ranks"] = "two"  # (not a report: computed again)
-    (run / finished.REPORT_CACHE).write_text(json.dumps([key, report], indent=2))
+    (run / finished.REPORT_CACHE).write_bytes(spaced)
+    assert _report(run, "--json") == (expected, False)
+    # as traceview writes it but for a warning after the run that is no string
+    damaged = spaced.replace(b' ,"summary"', b',"summary"').replace(
+        b'"warnings":[', b'"warnings":[1,', 1
+    )
+    assert b'"warnings":[1,' in damaged
+    (run / finished.REPORT_CACHE).write_bytes(damaged)
     assert _report(run, "--json") == (expected, True)
 
 

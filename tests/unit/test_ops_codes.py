@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from traceview.analysis.ops import Coded, _codes, _placed
+from traceview.analysis.ops import Coded, _codes, _placed, _taken_ints, _taken_strings
 
 
 def _codes_one_by_one(column: pa.ChunkedArray) -> tuple[list[int], list[str]]:
@@ -46,7 +46,7 @@ def test_a_columns_codes_are_its_values_places(seed: int, shape: str) -> None:
     assert codes.tolist() == want_codes and distinct == want_distinct
 
 
-@pytest.mark.parametrize("n", [10, 513, 20_000])
+@pytest.mark.parametrize("n", [10, 600, 20_000])
 @pytest.mark.parametrize("kind", ["strings", "steps"])
 def test_places_of_many_keys_are_those_looked_up_one_by_one(n: int, kind: str) -> None:
     rng = random.Random(n)
@@ -76,3 +76,13 @@ def test_places_of_many_keys_are_those_looked_up_one_by_one(n: int, kind: str) -
     nulls = Coded(np.full(n, -1, np.int64), dictionary)
     assert _placed(nulls, place).tolist() == [-1] * n
     assert isinstance(_placed(column, place), np.ndarray)
+
+
+def test_the_tables_strings_and_steps_are_taken_by_code() -> None:
+    """A merged group's key or name is its code's value; a code of -1 is an empty string (a
+    group without a name) or a null step."""
+    codes = np.array([2, -1, 0, 0, 1, -1], np.int64)
+    assert _taken_strings(["a", "b", None], codes).to_pylist() == ["", "", "a", "a", "b", ""]
+    assert _taken_ints([-7, 3, 1 << 40], codes).to_pylist() == [1 << 40, None, -7, -7, 3, None]
+    assert _taken_strings([], np.full(2, -1, np.int64)).to_pylist() == ["", ""]
+    assert _taken_ints([], np.zeros(0, np.int64)).to_pylist() == []

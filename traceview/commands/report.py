@@ -132,7 +132,7 @@ class ReportCommand:
                 if kept is not None:
                     from traceview.model.escape import json_safe
 
-                    print(json_safe(kept.decode()))
+                    print(json_safe(kept))
                     return 0
             else:
                 found, key = finished.look(run, args.top, run)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import stat
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,6 +104,7 @@ def fingerprint(run: Path) -> str | None:
 class _Kept(msgspec.Struct, array_like=True):
     key: str  # fingerprint and the report's options
     report: msgspec.Raw  # (decoded as a RunReport only where the key matches)
+    crc: int = -1  # the report's bytes' CRC-32 as written: they are printed as they are
 
 
 def key_of(run: Path, top: int) -> str | None:
@@ -155,28 +157,36 @@ class _Head(msgspec.Struct):
 _RUN_FIELD = b'{"run":'
 
 
-def look_json(run: Path, top: int, shown: Path) -> tuple[bytes | None, str | None]:
+def look_json(run: Path, top: int, shown: Path) -> tuple[str | None, str | None]:
     """As ``look``, the report as ``Result.to_json`` encodes it: the kept bytes with the run's
     path replaced, not decoded into structs (60 MB for 100,000 steps). The key says they are
-    this code's report of the run as it is now; the JSON is checked whole, the types were when
-    it was written. A report kept otherwise (not as msgspec encodes it) is decoded."""
+    this code's report of the run as it is now, their CRC that they are the bytes ``write``
+    encoded from it; any other kept report (edited, damaged) is decoded whole, as ``look``
+    does."""
     kept, key = _kept(run, top)
     if kept is None:
         return None, key
     report = memoryview(kept.report)
+    if zlib.crc32(report) == kept.crc and (spliced := _spliced(report, shown)) is not None:
+        return spliced, key
+    decoded = _decoded(kept, shown)
+    return (None if decoded is None else decoded.to_json().decode()), key
+
+
+def _spliced(report: memoryview, shown: Path) -> str | None:
+    """``report`` with its run's path replaced by ``shown``; None where the report does not
+    begin with its run as msgspec encodes one (or ``shown`` is no UTF-8)."""
+    from traceview.model.results import RunInfo
+
     try:
         head = memoryview(msgspec.json.decode(report, type=_Head).run)
         rest = len(_RUN_FIELD) + len(head)
-        if report[: len(_RUN_FIELD)] == _RUN_FIELD and report[len(_RUN_FIELD) : rest] == head:
-            from traceview.model.results import RunInfo
-
-            info = msgspec.json.decode(head, type=RunInfo)
-            info = msgspec.structs.replace(info, path=str(shown))
-            return b"".join((_RUN_FIELD, msgspec.json.encode(info), report[rest:])), key
-    except (RecursionError, UnicodeEncodeError, msgspec.DecodeError, msgspec.ValidationError):
-        pass
-    decoded = _decoded(kept, shown)
-    return (None if decoded is None else decoded.to_json()), key
+        if report[: len(_RUN_FIELD)] != _RUN_FIELD or report[len(_RUN_FIELD) : rest] != head:
+            return None
+        info = msgspec.structs.replace(msgspec.json.decode(head, type=RunInfo), path=str(shown))
+        return b"".join((_RUN_FIELD, msgspec.json.encode(info), report[rest:])).decode()
+    except (RecursionError, UnicodeError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def write(run: Path, top: int, report: RunReport, key: str | None) -> None:
@@ -187,10 +197,8 @@ def write(run: Path, top: int, report: RunReport, key: str | None) -> None:
 
     if key is None or key_of(run, top) != key:
         return
-    try:  # (as _Kept: the key, then the report, encoded once)
-        data = msgspec.json.encode((key, report))
-    except UnicodeEncodeError:  # (a file name that is not UTF-8: as ``to_json`` writes it)
-        data = msgspec.json.encode(_Kept(key, msgspec.Raw(report.to_json())))
+    encoded = report.to_json()
+    data = msgspec.json.encode(_Kept(key, msgspec.Raw(encoded), zlib.crc32(encoded)))
     try:
         with R.atomic_path(run / REPORT_CACHE, make_parent=False) as tmp:
             tmp.write_bytes(data)

@@ -46,6 +46,8 @@ def from_columns(cls: type[R], columns: dict[str, Any]) -> list[R]:
     100,000 tiny steps makes a million)."""
     if set(columns) != set(cls.__struct_fields__):
         raise ValueError(f"{cls.__name__} has the fields {cls.__struct_fields__}, not {[*columns]}")
+    if len({len(column) for column in columns.values()}) > 1:
+        raise ValueError(f"{cls.__name__}'s columns differ in length")
     return list(map(cls, *(columns[name] for name in cls.__struct_fields__)))
 
 
