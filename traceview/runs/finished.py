@@ -198,9 +198,11 @@ def write(run: Path, top: int, report: RunReport, key: str | None) -> None:
     if key is None or key_of(run, top) != key:
         return
     encoded = report.to_json()
-    data = msgspec.json.encode(_Kept(key, msgspec.Raw(encoded), zlib.crc32(encoded)))
+    # (as _Kept, written a piece at a time: the report is not copied again)
+    head = b"[" + msgspec.json.encode(key) + b","
+    tail = b"," + str(zlib.crc32(encoded)).encode() + b"]"
     try:
-        with R.atomic_path(run / REPORT_CACHE, make_parent=False) as tmp:
-            tmp.write_bytes(data)
+        with R.atomic_path(run / REPORT_CACHE, make_parent=False) as tmp, open(tmp, "wb") as fh:
+            fh.writelines((head, encoded, tail))
     except (OutputError, OSError):
         pass
