@@ -173,12 +173,12 @@ def ops_part(
 
     distinct: dict[str, list[Any]] = {k: coded[k][1] for k in _RANK_KEYS}
     distinct[S.STEP] = [None if v < 0 else v for v in steps]  # (-1: no step)
-    key_codes = {
+    group_codes = {
         k: np.asarray(codes, np.int64) - 1  # (0 above: null)
         for k, codes in zip(_RANK_KEYS, np.unravel_index(keys, sizes), strict=True)
     }
     if steps and steps[0] < 0:  # (the step of -1: null)
-        key_codes[S.STEP][key_codes[S.STEP] == 0] = -1
+        group_codes[S.STEP][group_codes[S.STEP] == 0] = -1
     outer_group, outer_dur = group[is_outer], dur[is_outer]
     order = np.lexsort((outer_dur, outer_group))
     name_codes, names = coded[S.NAME]
@@ -187,7 +187,7 @@ def ops_part(
     )
     pair_name = pair % (len(names) + 1) - 1
     return OpsPart(
-        keys={k: Coded(key_codes[k], distinct[k]) for k in _RANK_KEYS},
+        keys={k: Coded(group_codes[k], distinct[k]) for k in _RANK_KEYS},
         count=total(is_outer.astype(np.int64)),
         total=total(np.where(is_outer, dur, 0)),
         self_ns=total(self_ns),
@@ -289,7 +289,7 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     known = summed([p.known for p in parts]) > 0
     p50, p95 = _percentiles(parts, index, starts, n)
     top = _top_names(parts, index, starts, places[S.NAME], n)
-    key_names = {
+    key_names: dict[str, list[Any]] = {
         k: _in_place_order(places[k])
         if k in _NAMED
         else sorted(places[k], key=places[k].__getitem__)
