@@ -374,6 +374,35 @@ def test_a_job_whose_every_rank_has_ended_is_not_asked(tmp_path: Path, clock: Cl
     assert not (tmp_path / "requests").exists()
 
 
+def test_asks_at_once_from_threads_of_one_process_each_get_a_window(tmp_path: Path) -> None:
+    """Four threads of one process claiming the same window at once, twenty-five times: each
+    gets a window of its own (their temporary files were one name a process and window: one
+    thread's clean-up removed another's file before it was linked, and that ask was lost)."""
+    import threading
+
+    from traceview.runs.windows import _claim
+
+    def claim(folder: Path, barrier: threading.Barrier, claimed: list[int]) -> None:
+        barrier.wait()
+        claimed.append(_claim(folder, {"window": 1, "start_step": 5}))
+
+    for round_ in range(25):
+        folder = tmp_path / f"requests-{round_}"
+        folder.mkdir()
+        barrier, claimed = threading.Barrier(4), []
+        threads = [
+            threading.Thread(target=claim, args=(folder, barrier, claimed)) for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(claimed) == [1, 2, 3, 4]
+        assert sorted(p.name for p in folder.iterdir()) == [
+            f"profile-{k}.json" for k in (1, 2, 3, 4)
+        ]
+
+
 def test_a_request_is_never_written_over_nor_outside_the_run(tmp_path: Path, clock: Clock) -> None:
     import threading
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,9 +191,10 @@ def _claim(folder: Path, request: dict[str, Any]) -> int:
     from traceview.store import rundir
 
     first = request["window"]
+    mine = secrets.token_hex(8)  # (asks at once, threads of one process too: a file each)
     for number in range(first, first + 100):
         request["window"] = number
-        tmp = folder / f".ask-{os.getpid()}-{number}.json"
+        tmp = folder / f".ask-{os.getpid()}-{mine}-{number}.json"
         rundir.write_json(tmp, request)
         try:
             os.link(tmp, folder / f"profile-{number}.json")
