@@ -45,10 +45,18 @@ class Coded:
     codes: np.ndarray
     values: list
 
-    def present(self) -> list:
-        """The values some code names (a part's dictionary may hold more)."""
+    def named(self) -> list[int]:
+        """The codes some row holds (a part's dictionary may hold more values)."""
         seen = np.bincount(self.codes[self.codes >= 0], minlength=len(self.values))
-        return [self.values[i] for i in np.flatnonzero(seen).tolist()]
+        return np.flatnonzero(seen).tolist()
+
+    def present(self) -> list:
+        """The values some row holds."""
+        return [self.values[i] for i in self.named()]
+
+    def at(self, rows: np.ndarray) -> Coded:
+        """The codes of ``rows``, into the same values."""
+        return Coded(self.codes[rows], self.values)
 
 
 @dataclass
@@ -234,7 +242,7 @@ def _placed(column: Coded, place: dict, rank: Coded | None = None) -> np.ndarray
     codes = column.codes
     if rank is None:
         lut = np.full(len(column.values) + 1, -1, np.int64)  # (the last: a null's)
-        for i in np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(column.values))):
+        for i in column.named():
             value = column.values[i]
             lut[i] = -1 if value is None else place[value]
         return lut[codes]
@@ -370,11 +378,7 @@ def _top_names(
         [index[starts[i] : starts[i + 1]][part.name_group] for i, part in enumerate(parts)]
     ).astype(np.int64)
     name = np.concatenate(
-        [
-            _placed(part.name, place, Coded(rank.codes[part.name_group], rank.values))
-            for part in parts
-            for rank in [part.keys[S.RANK]]
-        ]
+        [_placed(part.name, place, part.keys[S.RANK].at(part.name_group)) for part in parts]
     )
     times = np.concatenate([part.name_count for part in parts]).astype(np.int64)
     out = np.full(n, -1, np.int64)
