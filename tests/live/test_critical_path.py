@@ -682,18 +682,59 @@ def test_the_cause_is_the_injected_one(jobs: Any, name: str) -> None:
         assert "idles outside every operator" in text.out, text.out[:1200]
 
 
+def _timed_straggler(job: CriticalJob, report: dict[str, Any]) -> int:
+    """A straggler named in a job run without injection must be one the job's own record shows
+    (a loaded two-core CI machine, three ranks: rank 0 of ddp3-balanced once replayed to 7.6% of
+    the step saved by balancing it; with a CPU hog beside, rank 1 to 13.6% by its late starts).
+    Its change is the what-if of its rank that saves the most; by that change's kind, the rank
+    stands out in its compute (forward timer + backward compute) or in its late starts (its
+    ProfilerStep marker's start after the first rank's, from the raw traces), means over the
+    counted steps: the longest of the ranks', over the median rank's by at least half what the
+    change replays to save. Returns the rank."""
+    rank = report["summary"]["straggler_rank"]
+    base = _whatif(report, "none")["step_ms"]
+    own = [w for w in report["whatif"] if w["change"].endswith(f":rank={rank}")]
+    change = min(own, key=lambda w: w["step_ms"])
+    saves = base - change["step_ms"]
+    if change["change"].startswith("balance:"):
+        compute = job.compute_ms()
+        means = dict(zip(compute["rank"].to_list(), compute["mean"].to_list(), strict=True))
+    else:
+        assert change["change"].startswith("no_late_start:"), (change, report["whatif"])
+        starts = job.markers().filter(pl.col("tstep").is_in(job.counted()))
+        late = (
+            starts.with_columns((pl.col("start") - pl.col("start").min().over("tstep")) / 1e6)
+            .group_by("rank")
+            .agg(pl.col("start").mean())
+        )
+        means = dict(zip(late["rank"].to_list(), late["start"].to_list(), strict=True))
+    excess = means[rank] - statistics.median(means.values())
+    print(f"straggler rank {rank}, {change['change']} saves {saves:.2f} ms; timed {means}")
+    assert max(means, key=means.__getitem__) == rank, (rank, means)
+    assert excess >= 0.5 * saves, (rank, means, excess, saves)
+    return int(rank)
+
+
 @pytest.mark.parametrize("name", list(BALANCED.values()))
 def test_a_balanced_run_names_no_cause_of_a_rank(jobs: Any, name: str) -> None:
     """No injection: no cause a rank holds alone (at most one of the whole run, as exposed
-    communication), no straggler claimed, in the JSON and the text alike."""
-    report = jobs(name).report()
+    communication), no straggler claimed, in the JSON and the text alike; unless the job's own
+    timers show one (``_timed_straggler``: a loaded machine can slow one rank of a balanced job
+    throughout)."""
+    job = jobs(name)
+    report = job.report()
     summary = report["summary"]
     cause = summary["cause"]
     print(f"{name}: {cause and cause['text']}; what-ifs {report['whatif']}")
+    if summary["straggler_significant"]:
+        rank = _timed_straggler(job, report)
+        assert cause is None or cause["rank"] in (None, rank), cause
+        assert [r["rank"] for r in report["ranks"] if r["straggler"]] == [rank], report["ranks"]
+        return
     assert cause is None or cause["rank"] is None, cause
     assert summary["straggler_significant"] is False
     assert not any(r["straggler"] for r in report["ranks"])
-    text = run_cli("report", jobs(name).run)
+    text = run_cli("report", job.run)
     # the text names the busiest rank, or the one waited for, only to say it is no cause: ranks
     # balanced, or (three ranks sharing two cores: one descheduled is waited for, up to a fifth
     # of the step and more) balancing it would not pay
