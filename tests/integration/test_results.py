@@ -43,6 +43,14 @@ def test_text_json_and_tui_give_the_same_verdicts(sample: str, tmp_path: Path) -
     if cause is not None:
         words = " ".join(cause["text"].split()[:6])
         assert tui["verdict"].startswith("cause: ") and words in " ".join(text.split())
+    phases = summary["breakdown_ms"]
+    if cause is not None and bottleneck in phases and as_json["run"]["synchronous"] is not False:
+        # the share above is the cause's saving; the phase's own share (the per-step table's,
+        # the breakdown's) is named beside it, so the two never read as one figure
+        own = f"{100 * phases[bottleneck] / summary['step_ms']:.0f}%"
+        said = f"goes to the cause above ({bottleneck} itself: {own} of the step, mean of ranks)"
+        for screen in (text, tui["verdict"]):
+            assert said in " ".join(screen.split()), (said, screen)
     if summary["comm_total_ms"] > 0:
         hidden = f"(hidden: {summary['hidden']})"
         assert hidden in text.replace("\n", " ") and hidden in tui["verdict"]

@@ -232,9 +232,17 @@ def verdict_text(report: RunReport) -> Text:
             f"{ms(summary.step_ms)} ms step is waiting in communication for another rank"
         )
     elif summary.cause is not None and report.run.synchronous is not False:
+        # (the share is what the cause's replay saves, not the phase's own share of the step,
+        # which the per-step table shows: both named, so the two figures do not read as one)
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job step"
         )
+        if bottleneck in summary.breakdown_ms.__struct_fields__ and summary.step_ms > 0:
+            own = summary.breakdown_ms[bottleneck] / summary.step_ms
+            text.append(
+                f" goes to the cause above ({bottleneck} itself: {pct(own)} of the step, "
+                "mean of ranks)"
+            )
     else:
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the "
