@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from traceview.model import schema as S
+from traceview.model.columns import compact_dictionaries
 from traceview.model.errors import BadInput, Notes
 
 
@@ -84,7 +85,7 @@ class WholeRead:
             events = self.prepare(parsed, events)
         for batch in events.to_batches(max_chunksize=self.BATCH_ROWS):
             if batch.num_rows:
-                yield batch
+                yield compact_dictionaries(batch)
         del events
         self._result = parsed
 

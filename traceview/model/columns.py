@@ -155,6 +155,36 @@ def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, li
     return np.asarray(indices.to_numpy(zero_copy_only=False), np.int64), values
 
 
+def compact_dictionaries(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with each dictionary column's dictionary cut to the values its rows use, in
+    their order there (a slice of a whole trace keeps the whole trace's dictionary: a Chainer
+    trace's 85,000 step names in every batch of 65,536 rows, each read again by every pass that
+    looks at a chunk's names)."""
+    columns = list(batch.columns)
+    for i, column in enumerate(columns):
+        if not pa.types.is_dictionary(column.type):
+            continue
+        indices = column.indices
+        valid = indices.is_valid().to_numpy(zero_copy_only=False)
+        codes = indices.to_numpy(zero_copy_only=False)[valid].astype(np.int64, copy=False)
+        used = np.unique(codes)
+        if len(used) == len(column.dictionary):
+            continue
+        places = np.zeros(len(column.dictionary), np.int64)
+        places[used] = np.arange(len(used))
+        remapped = np.zeros(len(column), np.int64)
+        remapped[valid] = places[codes]
+        new_indices = pa.array(
+            remapped.astype(indices.type.to_pandas_dtype()), indices.type, mask=~valid
+        )
+        columns[i] = pa.DictionaryArray.from_arrays(
+            new_indices,
+            column.dictionary.take(pa.array(used, pa.int64())),
+            ordered=column.type.ordered,
+        )
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
 def dictionary_array(codes: np.ndarray, values: list[Any]) -> pa.DictionaryArray:
     """``dictionary_codes`` the other way: codes (-1: null) into ``values`` as a dictionary array
     of strings."""
