@@ -72,3 +72,9 @@ def test_a_chainer_trace_read_whole_hands_on_batches_of_their_own_names(
     assert len(set().union(*names)) > max(len(n) for n in names)  # (batches differ)
     for batch, used in zip(batches, names, strict=True):
         assert len(batch.column(S.NAME).dictionary) == len(used - {None})
+
+
+def test_a_column_of_nulls_keeps_no_value() -> None:
+    batch = _batch([None, None], ["a", "b"], [1, 2])
+    names = compact_dictionaries(batch).column(0)
+    assert names.to_pylist() == [None, None] and len(names.dictionary) == 0
