@@ -16,6 +16,13 @@ trace (interpreter start and imports); data RSS is the peak minus that tiny run'
 
     .venv/bin/python benchmarks/bench_ingest_mxnet.py --repeat 3
     .venv/bin/python benchmarks/bench_ingest_mxnet.py --format chainer --target-mb 1000 --whole
+    .venv/bin/python benchmarks/bench_ingest_mxnet.py --format chainer --target-mb 296 \
+        --before /path/to/other/python --before-label COMMIT
+
+``--before``: the python of another install (a wrapper script that sets its PYTHONPATH); its
+``traceview ingest`` is measured beside this tree's. Every command runs once a round, the
+rounds repeated (a machine whose speed drifts moves every row alike), in a folder outside the
+repository (so ``-m traceview`` is that install's).
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ def measure(argv: list[str], work: Path) -> dict[str, Any]:
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        cwd=work,
     )
     data = json.loads(result.read_text())
     if data["rc"] != 0:
@@ -85,7 +93,12 @@ def measure(argv: list[str], work: Path) -> dict[str, Any]:
     return data
 
 
-def loaders(traceview: list[str], work: Path, whole: bool = False) -> dict[str, Any]:
+def loaders(
+    traceview: list[str],
+    work: Path,
+    whole: bool = False,
+    before: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     def json_loads(path: Path) -> list[str]:
         return [sys.executable, "-c", f"import json; json.loads(open({str(path)!r}, 'rb').read())"]
 
@@ -98,6 +111,15 @@ def loaders(traceview: list[str], work: Path, whole: bool = False) -> dict[str, 
         return ["env", "TRACEVIEW_WHOLE_RANK=1", *ingest(path)]
 
     found = {"json.loads": json_loads, "traceview ingest": ingest}
+    if before is not None:
+        python, label = before
+
+        def ingest_before(path: Path) -> list[str]:
+            out = work / "run-before"
+            shutil.rmtree(out, ignore_errors=True)
+            return [python, "-m", "traceview", "ingest", str(path), "-o", str(out)]
+
+        found[f"traceview ingest ({label})"] = ingest_before
     if whole:
         found["traceview ingest, read whole"] = ingest_whole
     return found
@@ -110,6 +132,8 @@ def main() -> int:
     parser.add_argument("--whole", action="store_true", help="also traceview with ranks read whole")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, help="results/ingest_FORMAT by default")
+    parser.add_argument("--before", help="python of another install, measured beside this tree")
+    parser.add_argument("--before-label", default="another install", help="what it is (a commit)")
     args = parser.parse_args()
     source, suffix = SOURCES[args.format]
     data = REPO / "bench-data" / args.format
@@ -127,9 +151,17 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.format}-") as tmp:
         work = Path(tmp)
-        for name, command in loaders(traceview, work, args.whole).items():
-            base = [measure(command(tiny), work) for _ in range(args.repeat)]
-            runs = [measure(command(big), work) for _ in range(args.repeat)]
+        before = (args.before, args.before_label) if args.before else None
+        commands = loaders(traceview, work, args.whole, before)
+        # (a round: every command on the tiny trace and on the big one)
+        got: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
+            name: ([], []) for name in commands
+        }
+        for _ in range(args.repeat):
+            for name, command in commands.items():
+                got[name][0].append(measure(command(tiny), work))
+                got[name][1].append(measure(command(big), work))
+        for name, (base, runs) in got.items():
             base_s = statistics.median(r["proc_s"] for r in base)
             base_kb = statistics.median(r["maxrss_kb"] for r in base)
             wall = statistics.median(r["proc_s"] for r in runs)
@@ -143,6 +175,11 @@ def main() -> int:
                     "peak_rss_mb": round(peak_kb / 1024, 1),
                     "data_rss_mb": round((peak_kb - base_kb) / 1024, 1),
                     "data_rss_per_file": round((peak_kb - base_kb) * 1024 / size, 2),
+                    "cpu_s": round(
+                        statistics.median(r["user_s"] + r["sys_s"] for r in runs)
+                        - statistics.median(r["user_s"] + r["sys_s"] for r in base),
+                        3,
+                    ),
                     "wall_s_runs": [round(r["proc_s"], 3) for r in runs],
                     "foreign_cpu_s": [round(r["foreign_cpu_s"], 2) for r in runs],
                 }
@@ -152,19 +189,26 @@ def main() -> int:
         f"{source.parent.relative_to(REPO)}), "
         f"median of {args.repeat}",
         "",
-        "| loader | seconds | MB/s | peak RSS | data RSS | data RSS ÷ file |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| loader | seconds | CPU s | MB/s | peak RSS | data RSS | data RSS ÷ file |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {r['loader']} | {r['seconds']:.2f} | {r['mb_per_s']:.1f} | "
+            f"| {r['loader']} | {r['seconds']:.2f} | {r['cpu_s']:.2f} | {r['mb_per_s']:.1f} | "
             f"{r['peak_rss_mb']:.0f} MB | {r['data_rss_mb']:.0f} MB | {r['data_rss_per_file']:.1f}× |"
             for r in rows
         ),
     ]
+    command = " ".join([Path(sys.executable).name, *sys.argv]).replace(str(REPO) + "/", "")
+    if args.before:
+        command = command.replace(args.before, "BEFORE_PYTHON")
+    table = [f"Command: `{command}`", "", *table]
     print("\n".join(table))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text("\n".join(table) + "\n")
     args.out.with_suffix(".json").write_text(
-        json.dumps({"file_mb": round(size / MB, 1), "copies": copies, "rows": rows}, indent=1)
+        json.dumps(
+            {"command": command, "file_mb": round(size / MB, 1), "copies": copies, "rows": rows},
+            indent=1,
+        )
     )
     return 0
 
