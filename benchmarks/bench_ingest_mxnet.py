@@ -102,10 +102,15 @@ def loaders(
     def json_loads(path: Path) -> list[str]:
         return [sys.executable, "-c", f"import json; json.loads(open({str(path)!r}, 'rb').read())"]
 
-    def ingest(path: Path) -> list[str]:
-        out = work / "run"
-        shutil.rmtree(out, ignore_errors=True)
-        return [*traceview, "ingest", str(path), "-o", str(out)]
+    def ingest_by(command: list[str], folder: str) -> Any:
+        def ingest(path: Path) -> list[str]:
+            out = work / folder
+            shutil.rmtree(out, ignore_errors=True)
+            return [*command, "ingest", str(path), "-o", str(out)]
+
+        return ingest
+
+    ingest = ingest_by(traceview, "run")
 
     def ingest_whole(path: Path) -> list[str]:
         return ["env", "TRACEVIEW_WHOLE_RANK=1", *ingest(path)]
@@ -113,13 +118,7 @@ def loaders(
     found = {"json.loads": json_loads, "traceview ingest": ingest}
     if before is not None:
         python, label = before
-
-        def ingest_before(path: Path) -> list[str]:
-            out = work / "run-before"
-            shutil.rmtree(out, ignore_errors=True)
-            return [python, "-m", "traceview", "ingest", str(path), "-o", str(out)]
-
-        found[f"traceview ingest ({label})"] = ingest_before
+        found[f"traceview ingest ({label})"] = ingest_by([python, "-m", "traceview"], "run-before")
     if whole:
         found["traceview ingest, read whole"] = ingest_whole
     return found

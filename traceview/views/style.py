@@ -237,7 +237,7 @@ def verdict_text(report: RunReport) -> Text:
         text.append(
             f" is the bottleneck: {pct(summary.bottleneck_share)} of the {ms(job_step)} ms job step"
         )
-        if bottleneck in summary.breakdown_ms.__struct_fields__ and summary.step_ms > 0:
+        if bottleneck in S.BREAKDOWN_PHASES and summary.step_ms > 0:
             own = summary.breakdown_ms[bottleneck] / summary.step_ms
             text.append(
                 f" goes to the cause above ({bottleneck} itself: {pct(own)} of the step, "
