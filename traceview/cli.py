@@ -32,6 +32,7 @@ import traceback
 from traceview import __version__
 from traceview.commands import all_commands
 from traceview.ingest import head_start
+from traceview.ingest.large import trim
 from traceview.model.errors import TraceviewError, cannot_write, no_room
 from traceview.model.escape import safe
 
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _return_memory_promptly()
+    trim.hand_back_promptly(getattr(args, "paths", None) or getattr(args, "runs", None) or [])
     if args.handler.name not in NO_ARROW and not getattr(args.handler, "arrow_later", False):
         try:
             import pyarrow  # noqa: F401 (here, where it cannot be imported: one line)

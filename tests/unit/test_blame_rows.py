@@ -74,3 +74,27 @@ def test_a_label_null_on_every_piece_is_summed_as_null() -> None:
 def test_pieces_that_last_nothing_are_no_rows() -> None:
     pieces = [(2, 0, "forward", "aten::mm", "compute", 0)]
     assert _blame_rows(_walks([2], pieces)).height == 0
+
+
+@pytest.mark.parametrize("shape", ["one step, one rank", "some steps with no piece", "nulls"])
+def test_every_piece_lasting_is_summed_by_its_labels(shape: str) -> None:
+    """Every piece lasting (one long step's path: nothing gathered, a key of one value
+    skipped): the sums are the pieces', whichever keys vary."""
+    rng = np.random.default_rng(11)
+    steps = [5] if shape == "one step, one rank" else [1, 2, 7, 9]
+    held = steps if shape != "some steps with no piece" else [2, 9]  # (1 and 7: none)
+    ranks = [3] if shape == "one step, one rank" else [0, 1, 2]
+    phases = ["forward", "backward", None] if shape == "nulls" else ["forward", "backward"]
+    pieces = [
+        (
+            held[int(rng.integers(len(held)))],
+            ranks[int(rng.integers(len(ranks)))],
+            phases[int(rng.integers(len(phases)))],
+            [None, "aten::mm", "aten::add"][int(rng.integers(3))] if shape == "nulls" else "mm",
+            ["compute", "idle"][int(rng.integers(2))],
+            int(rng.integers(1, 1_000_000)),
+        )
+        for _ in range(3_000)
+    ]
+    pieces.sort(key=lambda p: steps.index(p[0]))  # (a walk's pieces: by step)
+    assert _read(_blame_rows(_walks(steps, pieces))) == _by_hand(pieces)

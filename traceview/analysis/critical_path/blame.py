@@ -3,9 +3,6 @@ row's share of the step and excess over the median rank."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -32,39 +29,70 @@ def _blame_rows(walks: Walks) -> pl.DataFrame:
     """The time of ``walks``' pieces per step, rank, phase, kind and operator (``ns``; the
     labels as strings). The five keys are one integer a piece where their ranges allow: a
     step's path of millions of pieces is summed without copying it or encoding its rows (the
-    integer built a key at a time: one key's copy held beside it, not five)."""
+    integer built in place a key at a time, a key of one value skipped: one key's column held
+    beside it, not five; every piece lasting, none is gathered)."""
     frame = walks.frame
-    dur = frame["dur_ns"].to_numpy()
-    lasts = np.flatnonzero(dur > 0)
+    lasting = frame["dur_ns"].to_numpy() > 0
+    every = bool(lasting.all())
+    lasts = np.flatnonzero(lasting) if not every else np.zeros(0, np.int64)
+    count = frame.height if every else len(lasts)
+    del lasting
     labels = ("phase", "kind", "op")
 
-    def codes(name: str) -> np.ndarray:  # (a category's code; a null after every code)
+    def codes(name: str) -> tuple[pl.Series, int | None]:
+        # (a category's code; a null after every code)
         physical = frame[name].to_physical()
         top = physical.max()
-        return physical.fill_null(0 if top is None else int(top) + 1).to_numpy()  # type: ignore[arg-type]
+        return physical, None if top is None else int(top) + 1  # type: ignore[arg-type]
 
-    keys: list[Callable[[], np.ndarray]] = [walks.step_column, frame["rank"].to_numpy]
-    keys += [partial(codes, name) for name in labels]
-    key = np.zeros(len(lasts), np.int64)
+    def column(name: str) -> np.ndarray:
+        if name == "step":
+            return walks.step_column()
+        if name == "rank":
+            return frame["rank"].to_numpy()
+        physical, null = codes(name)
+        return physical.fill_null(0 if null is None else null).to_numpy()
+
+    def bounds(name: str) -> tuple[int, int]:
+        """The key's lowest and highest value over the lasting pieces (or every piece)."""
+        if name == "step":
+            held = walks.steps[np.diff(walks.offsets) > 0] if every else walks.steps
+            return (int(held.min()), int(held.max())) if len(held) else (0, 0)
+        if name == "rank":
+            low, high = frame["rank"].min(), frame["rank"].max()
+        else:
+            physical, null = codes(name)
+            low, high = physical.min(), physical.max()
+            if physical.null_count():
+                low, high = (null, null) if low is None else (low, null)
+        return (0, 0) if low is None else (int(low), int(high))  # type: ignore[arg-type]
+
+    key = np.zeros(count, np.int64)
     size = 1.0
-    for column in keys:
-        values = column()[lasts]
+    for name in ("step", "rank", *labels):
+        low, high = bounds(name) if every else (0, 0)
+        if every and low == high:
+            continue  # (one value: nothing to tell apart)
+        values = column(name) if every else column(name)[lasts]
         if len(values):
-            low = int(values.min())
-            width = int(values.max()) - low + 1
+            low = int(values.min()) if not every else low
+            width = (int(values.max()) if not every else high) - low + 1
             size *= width
             if size >= 2.0**62:  # (steps far apart: by the columns)
                 return _blame_rows_by_columns(walks)
             key *= width
-            key += values.astype(np.int64, copy=False) - low
+            np.add(key, values, out=key, casting="unsafe")
+            key -= low
         del values
+    ns = frame["dur_ns"] if every else frame["dur_ns"].gather(lasts)
+    by_key = pl.DataFrame([pl.Series("key", key), ns.alias("ns")])
+    del key, ns
     groups = (
-        pl.DataFrame({"key": key, "ns": dur[lasts], "row": lasts})
-        .group_by("key")
-        .agg(pl.col("ns").sum(), pl.col("row").first())
+        by_key.with_row_index("at").group_by("key").agg(pl.col("ns").sum(), pl.col("at").first())
     )
-    del key
-    row = groups["row"].to_numpy()
+    del by_key
+    at = groups["at"].to_numpy()
+    row = at if every else lasts[at]
     return pl.DataFrame(
         {
             "step": walks.steps[np.searchsorted(walks.offsets, row, side="right") - 1],

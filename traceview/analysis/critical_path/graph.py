@@ -108,8 +108,7 @@ class _Timed:
         items = graph.items
         n = items.height
         t0 = int(items[S.START_NS].min()) if n else 0  # type: ignore[arg-type]
-        start = items[S.START_NS].to_numpy() - t0
-        end = items[S.END_NS].to_numpy() - t0
+        start = items[S.START_NS].to_numpy()
         group = items["group"].to_numpy()
         # only the calls of the graph's steps and those its items wait for move its items (a
         # batch holds every step its waits reach: ``_tied``); the others are left out
@@ -117,7 +116,7 @@ class _Timed:
         first = np.ones(n, bool)
         first[1:] = group[1:] != group[:-1]
         heads = np.flatnonzero(first)
-        g_start = start[first].astype(np.float64)
+        g_start = (start[first] - t0).astype(np.float64)
         g_step = items[S.STEP].to_numpy()[first]
         step_first = g_start
         if len(heads):
@@ -126,11 +125,20 @@ class _Timed:
             )
             job_of = dict(zip(job_start["s"].to_list(), job_start["t"].to_list(), strict=True))
             step_first = np.array([job_of[s] for s in g_step])
-        span = (end - start).astype(np.float64)
+        span = _durations(start, items[S.END_NS].to_numpy())
         g_rank = items[S.RANK].to_numpy()[first]
         return cls(
             t0, span, group, call, calls, kept, first, heads, g_start, g_step, step_first, g_rank
         )  # fmt: skip
+
+
+def _durations(start: np.ndarray, end: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+    """``end - start`` (int64 ns, exact) as float64, a block at a time: no int64 copy of every
+    item beside the result (one long step is millions of items)."""
+    out = np.empty(len(start), np.float64)
+    for lo in range(0, len(start), block):
+        out[lo : lo + block] = end[lo : lo + block] - start[lo : lo + block]
+    return out
 
 
 def _calls_that_move(

@@ -57,12 +57,19 @@ def _idle_tails(
     n = len(group)
     if n == 0:
         return np.zeros(0, bool)
-    last = np.full(int(group.max()) + 1, -1)
+    groups = int(group.max()) + 1
+    last = np.full(groups, -1)
     waits = np.flatnonzero(wait)
     np.maximum.at(last, group[waits], waits)
-    idle = (items[S.KIND] == S.SEGMENT_IDLE).to_numpy()
-    after = (np.arange(n) > last[group]) & (last[group] >= 0)
-    return idle & after & on_time[group]
+    # the items after each such group's last wait, marked as runs (an array of bytes, not an
+    # index an item: a step of millions of items)
+    ends = np.searchsorted(group, np.arange(1, groups + 1))
+    marked = (last >= 0) & on_time
+    edges = np.zeros(n + 1, np.int8)
+    np.add.at(edges, last[marked] + 1, 1)
+    np.add.at(edges, ends[marked], -1)
+    after = np.cumsum(edges[:-1], dtype=np.int8).view(bool)
+    return (items[S.KIND] == S.SEGMENT_IDLE).to_numpy() & after
 
 
 def replay(graph: Graph, change: Change | None = None) -> Replay:
@@ -98,7 +105,7 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
     # prefix sums of durations per group (each group from 0)
     prefix = np.cumsum(dur, out=dur)
     before = np.where(heads > 0, prefix[np.maximum(heads - 1, 0)], 0.0)
-    prefix -= np.repeat(before, np.diff(np.append(heads, n)))  # P_i, i included
+    _minus_per_group(prefix, heads, before)  # P_i, i included
     waits = np.flatnonzero(wait)
     w_group = group[waits]
     w_prefix = prefix[waits]
@@ -208,6 +215,18 @@ def replay(graph: Graph, change: Change | None = None) -> Replay:
         converged,
         out["last"].cast(pl.Int64).to_numpy(),
     )
+
+
+def _minus_per_group(values: np.ndarray, heads: np.ndarray, amounts: np.ndarray) -> None:
+    """Each group's ``amounts`` taken from its ``values`` in place (``heads``: where each group
+    begins): slice by slice where the groups are few (one long step: no array an item), else
+    at once."""
+    if len(heads) <= 256:
+        tails = [*heads[1:].tolist(), len(values)]
+        for lo, hi, amount in zip(heads.tolist(), tails, amounts.tolist(), strict=True):
+            values[lo:hi] -= amount
+    else:
+        values -= np.repeat(amounts, np.diff(np.append(heads, len(values))))
 
 
 def _group_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:

@@ -199,6 +199,7 @@ def explain(
         for x in _stretches(again.frame, median.end_ns - median.start_ns)
     ]
     del again  # (the walked paths it is a slice of: freed before the what-ifs)
+    source.forget_walks()
     own = df.filter(pl.col("kind").is_in(_OWN)).group_by("rank").agg(pl.col("ns").sum())
     rank_blame = {int(r): float(v) / n / 1e6 for r, v in own.iter_rows()}
     path = CriticalPath(

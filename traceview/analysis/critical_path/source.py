@@ -90,9 +90,15 @@ class _Source:
         if self.last[2] is not None:
             return self.last[2]
         walks = walk(graph, self.rows)
-        if len(steps) == 1:  # (one step's path: kept, a path is small beside its graph)
+        if len(steps) == 1:  # (one step's path: kept until ``forget_walks``)
             self.last = (steps, graph, walks)
         return walks
+
+    def forget_walks(self) -> None:
+        """Free the kept walk, keeping its graph (the what-ifs replay it): one rank's path of
+        one long step is as many items as the graph."""
+        if self.last is not None:
+            self.last = (self.last[0], self.last[1], None)
 
     def rest_of(self, steps: list[int]) -> pl.DataFrame:
         """The rest of ``steps`` (sorted), sorted: where the rest is not held, read again,
@@ -308,7 +314,7 @@ def _graph(source: _Source, steps: list[int]) -> Graph | None:
             items = items.with_columns(items[name].gather(order))
         del order
     # (sorted by rank and step: a run of one (rank, step) is its group, numbered from 0)
-    items = items.with_columns(pl.struct(S.RANK, S.STEP).rle_id().cast(pl.Int64).alias("group"))
+    items = items.with_columns(pl.struct(S.RANK, S.STEP).rle_id().cast(pl.Int32).alias("group"))
     calls = _issue_points(source.calls, items)
     actions = source.actions
     if actions is not None:
