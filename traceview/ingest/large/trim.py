@@ -3,8 +3,6 @@ polars' allocator told to hand it back at once where a command reads a large tra
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import re
 import sys
@@ -46,31 +44,37 @@ def release_memory(*, now: bool = False) -> None:
     keeps it otherwise, and the next chunk's allocations land beside it: the peak would grow by
     a chunk's worth each chunk); ``now``: at once (after a pass whose arrays are gone)."""
     global _trimmed_at
-    if _LIBC is not None and (now or _rss() - _trimmed_at > TRIM_SLACK):
-        _LIBC.malloc_trim(0)
+    libc = _libc()
+    if libc is not None and (now or _rss() - _trimmed_at > TRIM_SLACK):
+        libc.malloc_trim(0)
         _trimmed_at = _rss()
 
 
+_LIBC: list[Any] = []  # (found once, when first asked: ctypes.util costs a command ~13 ms)
+
+
 def _libc() -> Any:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:  # not glibc (macOS, musl): nothing to hand back this way
-        return None
+    if not _LIBC:
+        import ctypes
+        import ctypes.util
 
-
-_LIBC = _libc()
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.append(libc if hasattr(libc, "malloc_trim") else None)
+        except OSError:  # not glibc (macOS, musl): nothing to hand back this way
+            _LIBC.append(None)
+    return _LIBC[0]
 
 
 #: A command given a trace at least this large (bytes on disk, a gzip file 8 times its size; of
 #: a run directory, its largest rank's trace as ingested) has polars' allocator (jemalloc) hand
 #: freed pages back at once, not half a second to a second later (polars' own setting, which
 #: this one follows and overrides): a long step's critical path is built, walked and replayed
-#: stage after stage within that time, and the pages jemalloc keeps are not numpy's to reuse. The 1.02 GB one-step trace (alternated, 2 cores): ingest 439 MB
-#: against 552-580, 14.6-18.3 s against 16.8-18.3; a fresh ``report --json`` of it 421 against
-#: 546-559 MB. The 1.02 GB trace of 309 steps: 381-388 against 394-398 MB, no slower. Not below:
-#: 100,000 tiny Kineto steps (47 MB) took 6.5-6.8 s against 5.6-6.3, each step's arrays faulted
-#: in again.
+#: stage after stage within that time, and the pages jemalloc keeps are not numpy's to reuse.
+#: The 1.02 GB one-step trace (2 cores, alternated): the ingest peaks at 390-392 MB against
+#: 482-492 MB with polars' setting, in the same time. The price where nothing is saved: the
+#: 4.10 GB trace of 1,230 steps took 64.7-72.2 s against 61.6-65.6 s (4 rounds; the same
+#: peak); 100,000 tiny Kineto steps (47 MB, not affected: below) took 10% longer with it.
 PROMPT_FROM_BYTES = 256 << 20
 POLARS_ALLOCATOR = "_RJEM_MALLOC_CONF"  # (read once, when polars is loaded)
 _AT_ONCE = "dirty_decay_ms:0,muzzy_decay_ms:0"
