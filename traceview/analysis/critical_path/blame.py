@@ -70,19 +70,23 @@ def _blame_rows(walks: Walks) -> pl.DataFrame:
     key = np.zeros(count, np.int64)
     size = 1.0
     for name in ("step", "rank", *labels):
-        low, high = bounds(name) if every else (0, 0)
-        if every and low == high:
-            continue  # (one value: nothing to tell apart)
-        values = column(name) if every else column(name)[lasts]
-        if len(values):
-            low = int(values.min()) if not every else low
-            width = (int(values.max()) if not every else high) - low + 1
-            size *= width
-            if size >= 2.0**62:  # (steps far apart: by the columns)
-                return _blame_rows_by_columns(walks)
-            key *= width
-            np.add(key, values, out=key, casting="unsafe")
-            key -= low
+        if every:
+            low, high = bounds(name)
+            if low == high:
+                continue  # (one value: nothing to tell apart)
+            values = column(name)
+        else:
+            values = column(name)[lasts]
+            if not len(values):
+                continue
+            low, high = int(values.min()), int(values.max())
+        width = high - low + 1
+        size *= width
+        if size >= 2.0**62:  # (steps far apart: by the columns)
+            return _blame_rows_by_columns(walks)
+        key *= width
+        np.add(key, values, out=key, casting="unsafe")
+        key -= low
         del values
     ns = frame["dur_ns"] if every else frame["dur_ns"].gather(lasts)
     by_key = pl.DataFrame([pl.Series("key", key), ns.alias("ns")])
