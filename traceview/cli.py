@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
 from traceview import __version__
 from traceview.commands import all_commands
@@ -92,6 +93,13 @@ def _return_memory_promptly() -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
+def _inputs(args: argparse.Namespace) -> list[Path]:
+    """The traces or runs a command reads (what ``trim.hand_back_promptly`` sizes)."""
+    paths = getattr(args, "paths", None) or getattr(args, "runs", None)
+    run = getattr(args, "run", None)
+    return list(paths) if paths else [run] if isinstance(run, Path) else []
+
+
 _ARROW = ("pyarrow", "numpy", "polars")
 
 
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _return_memory_promptly()
-    trim.hand_back_promptly(getattr(args, "paths", None) or getattr(args, "runs", None) or [])
+    trim.hand_back_promptly(_inputs(args))
     if args.handler.name not in NO_ARROW and not getattr(args.handler, "arrow_later", False):
         try:
             import pyarrow  # noqa: F401 (here, where it cannot be imported: one line)

@@ -289,7 +289,10 @@ class CollectCommand:
                 file=sys.stderr,
             )
             return code
+        from traceview.ingest.large import trim
         from traceview.model.errors import OutputError, TraceviewError
+
+        trim.hand_back_promptly([run])  # (the ranks' traces, before polars loads)
         from traceview.runs import ingest_run
 
         try:
