@@ -19,6 +19,7 @@ from typing import cast
 import pyarrow as pa
 
 from traceview.ingest.discover import TraceFile
+from traceview.ingest.large.trim import weighted_bytes
 from traceview.ingest.rank import RankAnalysis, RankPartial, ingest_rank
 from traceview.ingest.windows import NotOneRun
 from traceview.model.errors import BadInput
@@ -33,7 +34,7 @@ TASKS_PER_WORKER = 8
 
 
 def _weight(trace: TraceFile) -> int:
-    return trace.size * (8 if trace.path.name.endswith(".gz") else 1)
+    return weighted_bytes(trace.path.name, trace.size)
 
 
 def batches(traces: list[TraceFile], workers: int) -> list[list[TraceFile]]:

@@ -26,6 +26,7 @@ from traceview.ingest.large.sinks import (
     RankAnalysisInChunks,
     SideTables,
 )
+from traceview.ingest.large.trim import weighted_bytes
 from traceview.ingest.windows import parse_windows
 from traceview.model import schema as S
 from traceview.model.columns import WORK, SpilledTable, first_start
@@ -62,9 +63,8 @@ def read_whole(path: Path, size: int) -> bool:
     (``WHOLE_BELOW_BYTES``), unless ``TRACEVIEW_WHOLE_RANK=0`` says to chunk every one."""
     if os.environ.get("TRACEVIEW_WHOLE_RANK") == "0":
         return False
-    weight = 8 if path.name.endswith(".gz") else 1
     below = int(os.environ.get("TRACEVIEW_WHOLE_BELOW_BYTES", WHOLE_BELOW_BYTES))
-    return size * weight < below
+    return weighted_bytes(path.name, size) < below
 
 
 #: The threads that write a rank's events while its analysis runs (``ingest_rank``): made once

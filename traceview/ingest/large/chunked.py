@@ -82,7 +82,7 @@ from traceview.ingest.large.spill import (
     whole_table,
     without_strays,
 )
-from traceview.ingest.large.trim import release_memory
+from traceview.ingest.large.trim import release_memory, weighted_bytes
 from traceview.ingest.large.writer import EventsWriter, with_self
 from traceview.model import schema as S
 from traceview.model.columns import (
@@ -119,8 +119,8 @@ def wants_chunks(parser: Parser) -> bool:
 
 def helper_pays(path: Path, size: int) -> bool:
     """Whether a trace is large enough for a helper process (``HELPER_MIN_BYTES``)."""
-    weight = 8 if path.name.endswith(".gz") else 1
-    return size * weight >= int(os.environ.get("TRACEVIEW_HELPER_MIN_BYTES", HELPER_MIN_BYTES))
+    least = int(os.environ.get("TRACEVIEW_HELPER_MIN_BYTES", HELPER_MIN_BYTES))
+    return weighted_bytes(path.name, size) >= least
 
 
 @dataclass

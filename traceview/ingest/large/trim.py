@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from traceview.store.names import MANIFEST
+
 #: Memory freed by chunks and kept by glibc (the process's RSS above what it was after the last
 #: hand-back) that is handed back to the system. Handing it back after every chunk kept the peak
 #: 70-100 MB lower, but the next chunk faulted the same pages in again: 0.7 s of a 1 GB trace's
@@ -102,7 +104,7 @@ def largest_trace(paths: Sequence[Path]) -> int:
             if not os.path.isdir(name):
                 largest = max(largest, _weighted(name))
                 continue
-            manifest = os.path.join(name, "manifest.json")
+            manifest = os.path.join(name, MANIFEST)
             if os.path.isfile(manifest):
                 with open(manifest, "rb") as fh:
                     read = [int(m) for m in _BYTES_READ.findall(fh.read())]
@@ -118,8 +120,13 @@ def largest_trace(paths: Sequence[Path]) -> int:
     return largest
 
 
+def weighted_bytes(name: str, size: int) -> int:
+    """A trace's bytes on disk as its work goes: a gzip file counts 8 times its size."""
+    return size * (8 if name.endswith(".gz") else 1)
+
+
 def _weighted(name: str) -> int:
     try:
-        return os.path.getsize(name) * (8 if name.endswith(".gz") else 1)
+        return weighted_bytes(name, os.path.getsize(name))
     except OSError:
         return 0
