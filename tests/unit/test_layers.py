@@ -101,7 +101,11 @@ PARSERS = (
 NORMALIZE_BASE = (*MODEL, *PARSERS)
 NORMALIZE = (*NORMALIZE_BASE, "traceview.normalize")
 RUNDIR = (*MODEL, "traceview.store.rundir", "traceview.store.names")
-INGEST = (*NORMALIZE, "traceview.store.rundir", "traceview.store.outputs", "traceview.ingest")
+#: (the run directory's file names: what store.rundir itself imports, without pyarrow)
+INGEST = (
+    *NORMALIZE, "traceview.store.rundir", "traceview.store.names", "traceview.store.outputs",
+    "traceview.ingest",
+)  # fmt: skip
 ANALYSIS = (*MODEL, "traceview.analysis")
 #: What a view may call of the analysis: its public entry points for the views.
 PUBLIC_ANALYSIS = (

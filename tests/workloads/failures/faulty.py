@@ -17,8 +17,8 @@ Faults (KIND):
 - skip: the rank leaves out call 2 of the step (with equal shapes gloo pairs the calls that
   follow silently; with --shapes differ the next call's size differs);
 - other-op: the rank calls dist.broadcast where the others call all_reduce 2;
-- raise: the rank raises RuntimeError after its forward;
-- kill: the rank sends itself SIGKILL after its forward.
+- raise: the rank raises RuntimeError after its forward (and a second's pause);
+- kill: the rank sends itself SIGKILL after its forward (and a second's pause).
 """
 
 from __future__ import annotations
@@ -115,6 +115,10 @@ def main() -> None:
         x, y = next(loader)
         loss = nn.functional.cross_entropy(model(x), y)
         here = faulty and step == args.step
+        if here and args.fault in ("raise", "kill"):
+            # (the others reach the step's first all-reduce and wait there for this rank: on a
+            # loaded machine they could still be in their backward when the launcher ends them)
+            time.sleep(1.0)
         if here and args.fault == "raise":
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
         if here and args.fault == "kill":
