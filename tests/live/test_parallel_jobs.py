@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import statistics
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -808,10 +809,13 @@ def test_a_slow_virtual_stage_is_named_as_a_stage(jobs: Any) -> None:
     assert cause["ms"] <= cause["blamed_ms"] * 1.01, cause
     headline = next(line for line in text.out.splitlines() if line.startswith("cause: "))
     assert headline.startswith("cause: stage 2 (rank 0)'s forward"), text.out[:600]
-    # balancing stage 2 alone leaves stage 0 (on the same rank) as it was: it saves no more
-    # than balancing rank 0 whole, which also shrinks stage 0's forward
-    whole = next(w for w in report["whatif"] if w["change"] == "balance:rank=0")
-    assert cause["step_ms"] >= whole["step_ms"] * 0.99, (cause, whole)
+    # balancing stage 2 alone shortens stage 2's work and nothing else (stage 0, on the same
+    # rank, stays as it was): the step saves no more than the work taken away, stage 2's compute
+    # above the other stages' median. (Not "no more than balancing rank 0 whole": that brings
+    # rank 0 to rank 1's stages, which take longer than stage 0; it may save less.)
+    ours = {s["stage"]: s for s in report["pipeline"]["stages"]}  # (the job made last)
+    rest = statistics.median(ours[k]["compute_ms"] for k in (0, 1, 3))
+    assert cause["ms"] <= (ours[2]["compute_ms"] - rest) * 1.1 + 1.0, (cause, ours)
     asked = run_cli("whatif", job.run, "--balance-stage", "2", "--json")
     assert asked.code == 0, asked.err
     (stage,) = [w for w in json.loads(asked.out)["whatif"] if w["change"] == "balance:stage=2"]
