@@ -246,10 +246,13 @@ def _mean_per_step(frame: pl.DataFrame, *by: str) -> pl.DataFrame:
 
 def stage_truth(job: Job) -> pl.DataFrame:
     """Per stage (= rank): schedule, compute (forward + loss + backward), bubble, p2p wait and
-    the forward and backward compute, in ms per recorded step."""
+    the forward and backward compute, in ms per step the report counts (a slow leading step
+    it leaves out as warm-up, which a loaded machine can make, would weigh on the timers' mean
+    alone)."""
     names = ["schedule", "stage_forward", "loss", "stage_backward", "p2p_wait"]
+    counted = [s["step"] for s in job.report()["per_step"] if s.get("excluded") is None]
     per = (
-        job.timers.filter(pl.col("tstep").is_not_null(), pl.col("name").is_in(names))
+        job.timers.filter(pl.col("tstep").is_in(counted), pl.col("name").is_in(names))
         .group_by("rank", "tstep")
         .agg(pl.col("ms").filter(pl.col("name") == n).sum().alias(n) for n in names)
         .with_columns(
