@@ -1,19 +1,34 @@
 """Start N TensorFlow workers on this machine the way a cluster manager would: each process
-gets its own TF_CONFIG and nothing else that names its rank (no MPI, no RANK variables)."""
+gets its own TF_CONFIG and nothing else that names its rank (no MPI, no RANK variables).
+
+    tf_config_launcher.py WORKERS PORT [tf_train.py's arguments]: PORT 0 picks free ports."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 
+def _free_ports(count: int) -> list[int]:
+    """Ports free now, held together while chosen so that they differ."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
 def main() -> int:
     workers, port = int(sys.argv[1]), int(sys.argv[2])
     script = Path(__file__).with_name("tf_train.py")
-    cluster = {"worker": [f"127.0.0.1:{port + i}" for i in range(workers)]}
+    ports = _free_ports(workers) if port == 0 else [port + i for i in range(workers)]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for index in range(workers):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
