@@ -26,9 +26,9 @@ The model's own compute on balanced ranks is never a cause: it is what the step 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from traceview.analysis.critical_path.graph import _COMPUTING, LATE_START, TRANSFER
@@ -260,8 +260,9 @@ def noise_ms(step_ms: list[float]) -> float:
     440 ms, one rank 47 ms slower each)."""
     if len(step_ms) < 2:
         return 0.0
-    middle = statistics.median(step_ms)
-    spread = 1.4826 * statistics.median(abs(s - middle) for s in step_ms)
+    steps = np.asarray(step_ms, np.float64)  # (numpy's median: the same float as statistics')
+    middle = float(np.median(steps))
+    spread = 1.4826 * float(np.median(np.abs(steps - middle)))
     return 2 * spread / math.sqrt(len(step_ms))
 
 

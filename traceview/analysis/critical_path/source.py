@@ -4,6 +4,7 @@ batches of at most ``GRAPH_ROWS`` items (``_batches``)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -344,19 +345,23 @@ def _batches(source: _Source, steps: list[int]) -> list[list[int]]:
     if not steps:
         return []
     per_step = source.step_rows()
-    sizes = [per_step.get(s, 0) for s in steps]
-    if sum(sizes) <= GRAPH_ROWS:
+    sizes = np.fromiter((per_step.get(s, 0) for s in steps), np.int64, len(steps))
+    if int(sizes.sum()) <= GRAPH_ROWS:
         return [list(steps)]
-    tied = _tied(source, steps)
-    batches: list[list[int]] = [[steps[0]]]
-    held = sizes[0]
-    for i in range(1, len(steps)):
-        if held + sizes[i] > GRAPH_ROWS and not tied[i - 1]:
-            batches.append([])
-            held = 0
-        batches[-1].append(steps[i])
-        held += sizes[i]
-    return batches
+    # a batch from step i runs to the first step k > i that would take it past GRAPH_ROWS and
+    # may start one (not tied to the step before it); a batch at a time, not a step
+    held = np.r_[0, np.cumsum(sizes)]  # held[k] - held[i]: steps i .. k-1
+    free = np.flatnonzero(~_tied(source, steps)) + 1  # the steps a batch may start at
+    cuts = [0]
+    while True:
+        i = cuts[-1]
+        past = int(np.searchsorted(held, held[i] + GRAPH_ROWS, side="right")) - 1
+        at = int(np.searchsorted(free, max(past, i + 1)))
+        if at == len(free):
+            break
+        cuts.append(int(free[at]))
+    cuts.append(len(steps))
+    return [steps[a:b] for a, b in itertools.pairwise(cuts)]
 
 
 def _tied(source: _Source, steps: list[int]) -> np.ndarray:

@@ -103,7 +103,8 @@ def _per_step(
         },
     )
     mean = statistics.fmean(counted)
-    stdev = statistics.stdev(counted) if len(counted) > 1 else 0.0
+    # (numpy's, not statistics.stdev: its exact fractions take 0.1 s a 100,000 steps)
+    stdev = float(np.std(np.asarray(counted, np.float64), ddof=1)) if len(counted) > 1 else 0.0
     stats = StepStats(
         count=len(counted),
         mean_ms=round(mean, 6),
