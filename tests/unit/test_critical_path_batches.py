@@ -31,8 +31,8 @@ class _Rows:
     def __init__(self, sizes: list[int]) -> None:
         self.sizes = sizes
 
-    def step_rows(self) -> dict[int, int]:
-        return dict(enumerate(self.sizes))
+    def step_rows(self, steps: list[int]) -> np.ndarray:
+        return np.array([self.sizes[s] for s in steps], np.int64)
 
 
 @pytest.mark.parametrize("seed", range(4))

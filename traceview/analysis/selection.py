@@ -80,8 +80,9 @@ def select_steps(
             )
         return None
     per_step = steps.group_by(S.STEP).agg(pl.col(S.WALL_NS).mean().alias("mean")).sort(S.STEP)
-    numbers = [int(s) for s in per_step[S.STEP]]
-    means = [float(v) / 1e6 for v in per_step["mean"]]
+    numbers = per_step[S.STEP].cast(pl.Int64).to_list()
+    # (numpy's division: the same floats as one at a time; polars' may differ in the last bit)
+    means = (per_step["mean"].cast(pl.Float64).to_numpy() / 1e6).tolist()
     excluded: dict[int, tuple[StepExclusion, str]] = {}
     remarks: list[str] = []
     if choice is None:

@@ -125,9 +125,13 @@ class _Source:
         spans = [f.drop("len") for f in (self.rest_spans, _spans(self.pieces))]
         return pl.concat(spans).group_by(S.RANK, S.STEP).agg(pl.col("s").min(), pl.col("e").max())
 
-    def step_rows(self) -> dict[int, int]:
+    def step_rows(self, steps: list[int]) -> np.ndarray:
+        """The items of each of ``steps`` (0 where it has none)."""
         counts = pl.concat([self.rest_spans, _spans(self.pieces)])
-        return dict(counts.group_by(S.STEP).agg(pl.col("len").sum()).iter_rows())
+        per_step = counts.group_by(S.STEP).agg(pl.col("len").sum())
+        wanted = pl.DataFrame({S.STEP: steps}, schema={S.STEP: per_step.schema[S.STEP]})
+        joined = wanted.join(per_step, on=S.STEP, how="left", maintain_order="left")
+        return joined["len"].fill_null(0).to_numpy().astype(np.int64, copy=False)
 
 
 def _waiting() -> pl.Expr:
@@ -344,8 +348,7 @@ def _batches(source: _Source, steps: list[int]) -> list[list[int]]:
     through a call (``_tied``): each batch's graph then replays as the whole one does."""
     if not steps:
         return []
-    per_step = source.step_rows()
-    sizes = np.fromiter((per_step.get(s, 0) for s in steps), np.int64, len(steps))
+    sizes = source.step_rows(steps)
     if int(sizes.sum()) <= GRAPH_ROWS:
         return [list(steps)]
     # a batch from step i runs to the first step k > i that would take it past GRAPH_ROWS and
