@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free now, held together while chosen so that they differ."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+from ps.tf_ps import free_ports  # (this folder is the script's: on sys.path)
 
 
 def main() -> int:
     workers, port = int(sys.argv[1]), int(sys.argv[2])
     script = Path(__file__).with_name("tf_train.py")
-    ports = _free_ports(workers) if port == 0 else [port + i for i in range(workers)]
+    ports = free_ports(workers) if port == 0 else [port + i for i in range(workers)]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = []
     for index in range(workers):

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """n ports free now (held together while chosen, so that they differ)."""
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
@@ -47,7 +48,7 @@ WORKER_ID = "worker_id.txt"
 
 def launch(args: argparse.Namespace) -> int:
     """Start the parameter servers and workers, then the chief; stop the others when it ends."""
-    ports = _free_ports(2 * (args.workers + args.ps) + 1)
+    ports = free_ports(2 * (args.workers + args.ps) + 1)
     grpc, profiler = ports[: args.workers + args.ps + 1], ports[args.workers + args.ps + 1 :]
     cluster = {
         "chief": [f"127.0.0.1:{grpc[0]}"],
