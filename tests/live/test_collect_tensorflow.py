@@ -137,7 +137,7 @@ def test_workers_configured_by_tf_config_alone(tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = collect_tensorflow(
         run, "--steps", "2", "--warmup", "1", "--skip", "2", "--",
-        sys.executable, WORKLOADS / "tf_config_launcher.py", "2", "0", "--steps", "8",
+        sys.executable, WORKLOADS / "tf_config_launcher.py", "2", "--steps", "8",
     )  # fmt: skip
     assert result.code == 0, result.err
     for rank in (0, 1):

@@ -146,10 +146,6 @@ class CriticalJob(Job):
         spans = spans.filter(pl.col("len") == self.ranks)
         return dict(zip(spans["tstep"].to_list(), spans["ms"].to_list(), strict=True))
 
-    def counted(self) -> list[int]:
-        """The trace steps the report counts (per_step[].excluded null)."""
-        return [s["step"] for s in self.report()["per_step"] if s.get("excluded") is None]
-
     def per_step(self, tstep: int) -> dict[str, Any]:
         (entry,) = [s for s in self.report()["per_step"] if s["step"] == tstep]
         return entry

@@ -182,6 +182,10 @@ class Job:
             self._report = json.loads(result.out)
         return self._report
 
+    def counted(self) -> list[int]:
+        """The trace steps the report counts (per_step[].excluded null)."""
+        return [s["step"] for s in self.report()["per_step"] if s.get("excluded") is None]
+
 
 def _launcher() -> list[str]:
     pytest.importorskip("torch", reason="pip install torch==2.13.0 (the CPU build)")
@@ -250,9 +254,8 @@ def stage_truth(job: Job) -> pl.DataFrame:
     it leaves out as warm-up, which a loaded machine can make, would weigh on the timers' mean
     alone)."""
     names = ["schedule", "stage_forward", "loss", "stage_backward", "p2p_wait"]
-    counted = [s["step"] for s in job.report()["per_step"] if s.get("excluded") is None]
     per = (
-        job.timers.filter(pl.col("tstep").is_in(counted), pl.col("name").is_in(names))
+        job.timers.filter(pl.col("tstep").is_in(job.counted()), pl.col("name").is_in(names))
         .group_by("rank", "tstep")
         .agg(pl.col("ms").filter(pl.col("name") == n).sum().alias(n) for n in names)
         .with_columns(
@@ -491,7 +494,7 @@ def against_timers_once_more(jobs: Any, name: str, check: Any) -> None:
 def _gathers_against_timers(job: Job) -> None:
     name = job.name
     report = job.report()
-    counted = {s["step"] for s in report["per_step"] if s["excluded"] is None}
+    counted = set(job.counted())
     gathers = {(g["phase"], g["unit"]): g for g in report["fsdp_gathers"]}
     units = ["0", "2", "4", "6"]
     assert set(gathers) == {(p, u) for p in ("forward", "backward") for u in units}, gathers
@@ -660,8 +663,7 @@ def test_fast_ranks_wait_matches_their_timers(jobs: Any, name: str) -> None:
 
 def _waits_against_timers(job: Job) -> None:
     slow = job.truth[0]["slow_rank"]
-    counted = {s["step"] for s in job.report()["per_step"] if s.get("excluded") is None}
-    truth = arrival_truth(job, counted)
+    truth = arrival_truth(job, set(job.counted()))
     ranks = {r["rank"]: r for r in job.report()["ranks"]}
     for t in truth.filter(pl.col("rank") != slow).iter_rows(named=True):
         got = ranks[t["rank"]]["comm_wait_ms"]
@@ -766,7 +768,7 @@ def test_a_slow_virtual_stage_is_named_as_a_stage(jobs: Any) -> None:
     report = job.report()
     pipe = report["pipeline"]
     assert (pipe["slowest_stage"], pipe["slowest_phase"]) == (2, "forward"), pipe
-    counted = {s["step"] for s in report["per_step"] if s["excluded"] is None}
+    counted = set(job.counted())
     last = pipe["stage_count"] - 1  # (the loss: inside the last stage's forward action)
     rows = []
     for r, t in enumerate(job.truth):
