@@ -94,6 +94,38 @@ def test_a_trace_of_our_own_with_its_rules(tmp_path: Path) -> None:
     assert ops["Relu/fwd"]["phase"] == "forward"
 
 
+@pytest.mark.parametrize("marker", ["step#{}", "Iteration_{}", "train step {}", "ProfilerStep#{}"])
+def test_markers_the_defaults_know_are_numbered_by_their_names(tmp_path: Path, marker: str) -> None:
+    """A rules file without ``[step]``: the defaults' common marker names give their own numbers
+    (the steps here begin at 5, so numbering by position would give 0-3), with no warning."""
+    trace = tmp_path / "inhouse.json"
+    write_trace(trace)
+    doc = json.loads(trace.read_text())
+    for event in doc["traceEvents"]:
+        if event["name"].startswith("iteration "):
+            event["name"] = marker.format(int(event["name"].split()[1]) + 5)
+    trace.write_text(json.dumps(doc))
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULES.replace("[step]", "[_unused]").replace("pattern = '^iteration", "# '"))
+    result = run_cli("report", trace, "--rules", rules, "--json")
+    assert result.code == 0, result.err
+    data = result.json()
+    assert [s["step"] for s in data["per_step"]] == [5, 6, 7, 8]
+    assert not data["warnings"], data["warnings"]
+
+    # a pattern whose first group is not the number: numbered by position, and told why
+    rules.write_text(
+        RULES.replace(r"pattern = '^iteration (\d+)$'", r"pattern = '^(it)eration \d+$'")
+    )
+    write_trace(trace)
+    result = run_cli("report", trace, "--rules", rules, "--json")
+    assert result.code == 0, result.err
+    data = result.json()
+    assert [s["step"] for s in data["per_step"]] == [0, 1, 2, 3]
+    told = [w for w in data["warnings"] if "first group reads 'it', not a number" in w]
+    assert len(told) == 4, data["warnings"]
+
+
 def test_without_rules_a_trace_of_nobody_we_know_is_refused(tmp_path: Path) -> None:
     trace = tmp_path / "inhouse.json"
     write_trace(trace)

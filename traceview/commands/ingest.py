@@ -92,6 +92,7 @@ def _keep_critical_path(run: Path) -> None:
     (``runs.finished``), with its critical path (the part of a report that grows with the ranks:
     PathFile) for the reports with other options. What fails here is the report's to say, when
     one is asked for."""
+    from traceview.commands.held import hold_until_exit
     from traceview.commands.report import TOP
     from traceview.ingest.large.trim import release_memory
     from traceview.model.errors import TraceviewError
@@ -105,3 +106,4 @@ def _keep_critical_path(run: Path) -> None:
     except TraceviewError:
         return
     finished.write(run, TOP, report, key)  # (and the report itself, for the first look)
+    hold_until_exit(report, opened)

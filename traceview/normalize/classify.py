@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traceview.model import schema as S
 from traceview.model.columns import (
@@ -81,12 +82,48 @@ def _stated(raw: pa.Table) -> _Stated | None:
     )
 
 
-def _warn_step_number(notes: Notes, label: str, name: str) -> None:
-    shown = repr(name) if len(name) <= 40 else repr(name[:37] + "...")
-    notes.warn(
-        f"{label}: step marker {shown}: step number too large to be a step "
-        "(corrupt), numbered by its position"
+def _warn_step_number(notes: Notes, label: str, name: str, rules: RuleSet) -> None:
+    shown = _short(name)
+    text = rules.number_text(name)
+    why = (
+        "step number too large to be a step (corrupt)"
+        if text.isdigit()
+        else f"the step pattern's first group reads {_short(text)}, not a number"
     )
+    notes.warn(f"{label}: step marker {shown}: {why}, numbered by its position")
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+
+
+#: The most digits a step number read at once may have (10**15 - 1 < MAX_STEP)
+_DIGITS = 15
+
+
+def marker_numbers(rules: RuleSet, names: list[str]) -> np.ndarray:
+    """``rules.marker_number`` of each name (int64). Where the step pattern is a literal and its
+    number (``RuleSet.marker_literal``), the names that are the literal and 1-15 ASCII digits are
+    read at once and the names without the literal are no markers; the rest (other digits, a
+    trailing newline ``$`` allows, longer numbers) and every name of another pattern are asked of
+    the pattern one at a time (a run of 100,000 steps has as many distinct marker names)."""
+    literal = rules.marker_literal()
+    ask = rules.marker_number
+    if literal is None or not names:
+        return np.array([ask(name) for name in names], np.int64).reshape(-1)
+    try:
+        values = pa.array(names, pa.string())
+    except (UnicodeEncodeError, pa.ArrowException):  # (a name with a lone surrogate)
+        return np.array([ask(name) for name in names], np.int64).reshape(-1)
+    prefixed = pc.starts_with(values, literal)
+    rest = pc.utf8_slice_codeunits(values, len(literal))  # (code points, as len counts)
+    digits = pc.and_(pc.ascii_is_decimal(rest), pc.less_equal(pc.binary_length(rest), _DIGITS))
+    quick = pc.and_(prefixed, digits).to_numpy(zero_copy_only=False)
+    found = np.full(len(names), NOT_A_MARKER, np.int64)
+    found[quick] = pc.filter(rest, quick).cast(pa.int64()).to_numpy()
+    asked = np.flatnonzero(prefixed.to_numpy(zero_copy_only=False) & ~quick)
+    found[asked] = [ask(name) for name in taken(names, asked)]
+    return found
 
 
 def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: str = "") -> Classes:
@@ -128,15 +165,14 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
     # the events of a step kind whose name the step pattern finds
     step_kind = np.array([k in rules.step_kinds for k in kinds], bool)
     maybe = np.flatnonzero(by_rules & step_kind[u_kind_of]) if kinds else u_kind_of[:0]
-    number_of = rules.marker_number
-    found = np.array([number_of(named[i]) for i in maybe.tolist()], np.int64).reshape(-1)
+    found = marker_numbers(rules, taken(named, maybe))
     marker = maybe[found != NOT_A_MARKER]
     u_kind[marker] = KIND_CODES[S.KIND_STEP]
     u_step[marker] = found[found != NOT_A_MARKER]  # (NO_NUMBER: -1, none)
     if notes is not None:
         for i in maybe[found == NO_NUMBER].tolist():
             if rules.has_step_number(named[i]):
-                _warn_step_number(notes, label, named[i])
+                _warn_step_number(notes, label, named[i], rules)
     # only events a layout pass made: see below
     made = np.flatnonzero(~by_rules)
     u_kind[made] = [KIND_CODES.get(kinds[k], KIND_CODES[S.KIND_OP]) for k in u_kind_of[made]]
@@ -159,7 +195,7 @@ def classify(raw: pa.Table, rules: RuleSet, notes: Notes | None = None, label: s
             number = rules.step_number(name)
             u_step[i] = -1 if number is None else number
             if number is None and notes is not None and rules.has_step_number(name):
-                _warn_step_number(notes, label, name)
+                _warn_step_number(notes, label, name, rules)
     # each (kind, category, name)'s operators, numbered in the order they come
     default_of, prefixes = rules.default_op, rules.strip_prefixes
     defaults = (

@@ -61,6 +61,10 @@ MAX_STEP = 1 << 53
 #: ``RuleSet.marker_number`` of a name that is no step marker, and of a marker without a number
 NOT_A_MARKER, NO_NUMBER = -2, -1
 
+#: A step pattern that is a literal and its number, ``^LITERAL(\d+)$`` (no flag set): the
+#: literal's characters, each plain or a punctuation mark escaped.
+_LITERAL_AND_NUMBER = re.compile(r"\^((?:[^.^$*+?{}\[\]\\|()]|\\[^\w\s])*)\(\\d\+\)\$")
+
 
 @dataclass
 class RuleSet:
@@ -116,6 +120,16 @@ class RuleSet:
         number = self.number_of(match)
         return NO_NUMBER if number is None else number
 
+    def marker_literal(self) -> str | None:
+        """The literal a step pattern of the form ``^LITERAL(\\d+)$`` begins with (escapes
+        undone), else None. Such a pattern finds exactly the names that are the literal and
+        digits, so a name that is the literal and ASCII digits needs no search
+        (``classify.marker_numbers``)."""
+        if self.step_pattern.flags != re.UNICODE:
+            return None
+        found = _LITERAL_AND_NUMBER.fullmatch(self.step_pattern.pattern)
+        return None if found is None else re.sub(r"\\(.)", r"\1", found.group(1))
+
     def step_number(self, name: str) -> int | None:
         """The step number in a marker's name; None without one, or where it is too large to be
         a step a run reached (a corrupt marker: see ``has_step_number``)."""
@@ -133,8 +147,12 @@ class RuleSet:
 
     def has_step_number(self, name: str) -> bool:
         """Whether the name holds a step number at all (readable or not)."""
+        return bool(self.number_text(name))
+
+    def number_text(self, name: str) -> str:
+        """What the step pattern's first group finds in the name ("": no group, no match)."""
         match = self.step_pattern.search(name)
-        return match is not None and bool(match.groups()) and bool(match.group(1))
+        return (match.group(1) or "") if match is not None and match.groups() else ""
 
     def normalize_collective(self, hint: str | None) -> str | None:
         if not hint:

@@ -133,11 +133,12 @@ def _blame(
 
 def _blame_per_step(
     df: pl.DataFrame, steps: np.ndarray, step_ms: np.ndarray, median_phase: dict[str, float]
-) -> dict[int, list[Blame]]:
-    """``_blame`` of each step's rows alone (one step each), in one pass over every step's
-    (``steps``: each walked step, ``step_ms`` its length)."""
+) -> list[list[Blame]]:
+    """``_blame`` of each step's rows alone (one step each), in one pass over every step's:
+    a list for each of ``steps`` (each walked step, ``step_ms`` its length; a step twice, or
+    with no rows, is given the step's rows, or none)."""
     if df.height == 0:
-        return {}
+        return [[] for _ in range(len(steps))]
     agg = df.group_by("step", "rank", "phase", "kind").agg(
         (pl.col("ns").sum() / 1 / 1e6).alias("ms")
     )
@@ -160,14 +161,12 @@ def _blame_per_step(
     ).unique("step", keep="last", maintain_order=True)
     order = order.join(known, on="step", how="left", maintain_order="left")
     blames = _blamed(order, median_phase)
-    # (sorted by step: each step's rows one run)
+    # (sorted by step: each step's rows one run, found by a search)
     step = order["step"].to_numpy()
-    starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]]) if len(step) else step
-    ends = np.r_[starts[1:], len(step)]
-    return {
-        s: blames[a:b]
-        for s, a, b in zip(step[starts].tolist(), starts.tolist(), ends.tolist(), strict=True)
-    }
+    wanted = np.asarray(steps).astype(step.dtype, copy=False)
+    starts = np.searchsorted(step, wanted, "left").tolist()
+    ends = np.searchsorted(step, wanted, "right").tolist()
+    return [blames[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
 def _lexical_codes(labels: pl.Series) -> np.ndarray:

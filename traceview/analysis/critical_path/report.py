@@ -166,7 +166,7 @@ def explain(
                     "step_ms": rounded(step_ms, 3),
                     "complete": complete.tolist(),
                     "reason": every_step.reasons,
-                    "blame": [blames.get(step, []) for step in numbers],
+                    "blame": blames,
                 },
             ),
             strict=True,
