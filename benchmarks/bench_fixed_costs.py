@@ -11,7 +11,10 @@ imports included), median of --repeat runs:
   before);
 - tiny steps: ``traceview ingest`` of a trace of --steps steps (a Kineto trace: a
   ProfilerStep and three operators a step; a TF1 Timeline: a Session.run's _SOURCE node and
-  three ops a step) beside ``json.loads`` of the same file.
+  three ops a step) beside ``json.loads`` and the typed decode of its seven fields
+  (``_typed_decode.py``) of the same file, and beside ``traceview ingest`` of the same events
+  in a hundredth as many steps (a marker every 100 groups, the others plain annotations or
+  NoOps): what is paid per step, and what per event.
 
     python benchmarks/bench_fixed_costs.py [--repeat 5] [--steps 100000]
         [--before /path/to/other/python --before-label COMMIT]
@@ -42,6 +45,9 @@ from _measure import compiled  # type: ignore[import-not-found]
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MEASURE = HERE / "_measure.py"
+TYPED_DECODE = HERE / "_typed_decode.py"
+#: The tiny steps' events again, a step marker every FEWER groups: what the events cost alone.
+FEWER = 100
 DDP = REPO / "sample_traces" / "pytorch" / "ddp"
 KEPT = "report.cache.json"
 
@@ -137,14 +143,20 @@ class Table:
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-def kineto_trace(path: Path, steps: int) -> None:
-    """A Kineto trace of ``steps`` steps: a ProfilerStep and three operators each (10 µs)."""
+def kineto_trace(path: Path, steps: int, every: int = 1) -> None:
+    """A Kineto trace of ``steps`` groups of an annotation and three operators (10 µs), the
+    annotation a ProfilerStep (covering ``every`` groups) at every ``every``-th group and a
+    plain region at the others: the same events in ``steps / every`` steps."""
     with open(path, "w") as fh:
         fh.write('{"schemaVersion": 1, "traceEvents": [\n')
         for s in range(steps):
             t = 1000.0 + 10 * s
+            marker = not s % every
+            annotation = (
+                (f"ProfilerStep#{s // every}", 10.0 * every - 1) if marker else ("region", 9.0)
+            )
             ops = (
-                ("user_annotation", f"ProfilerStep#{s}", t, 9.0),
+                ("user_annotation", annotation[0], t, annotation[1]),
                 ("cpu_op", "aten::linear", t + 0.5, 3.0),
                 ("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", t + 4, 2.0),
                 ("cpu_op", "Optimizer.step#SGD.step", t + 6.5, 2.0),
@@ -158,9 +170,10 @@ def kineto_trace(path: Path, steps: int) -> None:
         fh.write('], "traceName": "tiny"}\n')
 
 
-def timeline_trace(path: Path, steps: int) -> None:
-    """A TF1 Timeline (``tf.profiler`` RunMetadata as Chrome JSON) of ``steps`` Session.runs:
-    a _SOURCE node and three ops each (10 µs)."""
+def timeline_trace(path: Path, steps: int, every: int = 1) -> None:
+    """A TF1 Timeline (``tf.profiler`` RunMetadata as Chrome JSON) of ``steps`` groups of a NoOp
+    and three ops (10 µs), the NoOp a Session.run's _SOURCE node at every ``every``-th group:
+    the same events in ``steps / every`` Session.runs."""
     with open(path, "w") as fh:
         fh.write('{"traceEvents": [\n')
         fh.write(
@@ -169,7 +182,8 @@ def timeline_trace(path: Path, steps: int) -> None:
         )  # fmt: skip
         for s in range(steps):
             t = 1000 + 10 * s
-            nodes = (("NoOp", "_SOURCE", t, 1), ("MatMul", "dense/MatMul", t + 1, 4),
+            source = "_SOURCE" if not s % every else "init/NoOp"
+            nodes = (("NoOp", source, t, 1), ("MatMul", "dense/MatMul", t + 1, 4),
                      ("Relu", "dense/Relu", t + 5, 2), ("ApplyGradientDescent",
                      "GradientDescent/update_dense/kernel/ApplyGradientDescent", t + 7, 2))  # fmt: skip
             for op, name, ts, dur in nodes:
@@ -221,12 +235,21 @@ def main() -> int:
             ("Kineto", kineto_trace, "tiny.pt.trace.json"),
             ("TF1 Timeline", timeline_trace, "tiny.timeline.json"),
         ):
-            trace = folder / name
+            trace, fewer = folder / name, folder / f"fewer-{name}"
             make(trace, args.steps)
+            make(fewer, args.steps, FEWER)
             group = f"{args.steps:,} steps, {fmt} ({trace.stat().st_size / 1e6:.0f} MB)"
             row(group, "json.loads", [sys.executable, "-c", _JSON_LOADS, str(trace)])
+            row(group, "typed decode of the seven fields",
+                [sys.executable, str(TYPED_DECODE), str(trace)])  # fmt: skip
             out = folder / f"{name}.run"
-            commands = {"traceview ingest": ([*tv, "ingest", str(trace), "-o", str(out)], REPO)}
+            commands = {
+                "traceview ingest": ([*tv, "ingest", str(trace), "-o", str(out)], REPO),
+                f"traceview ingest, the same events in {args.steps // FEWER:,} steps": (
+                    [*tv, "ingest", str(fewer), "-o", str(out)],
+                    REPO,
+                ),
+            }
             if args.before:
                 commands[f"traceview ingest ({args.before_label})"] = (
                     [args.before, "-m", "traceview", "ingest", str(trace), "-o", str(out)], folder
