@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import SHARED, for_unit
@@ -323,6 +324,37 @@ def test_a_timeline_streams_in_chunks_whatever_its_names_order(
     )
     assert first == counts
     _assert_same_run(tmp_path / "first", tmp_path / "parts")
+
+
+def test_a_chunk_holds_the_names_of_its_own_inferred_markers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps inferred in pass 1 (a TF1 Timeline's Session.runs) are spilled in batches, each
+    with the names its rows use: a chunk's rows carry the names of its own markers and a few
+    more, not every marker's (a slice of one batch of them all held every name: 100,000 for as
+    many Session.runs, in each chunk, decoded again by each pass over it). Equal to the
+    whole-rank path."""
+    runs = 400
+    monkeypatch.setattr(chunked, "_MARKER_BATCH_ROWS", 16)
+    path = _timeline(tmp_path / "timeline.json", False, runs)
+    names: list[tuple[int, int]] = []  # per chunk: its markers, the names its rows carry
+    real = chunked.read_chunk
+
+    def reading(work: Path, chunk: int, shift: int) -> pa.Table | None:
+        table = real(work, chunk, shift)
+        if table is not None:
+            markers = pc.sum(pc.equal(table.column(S.CAT), "traceview")).as_py() or 0
+            carried = sum(len(c.dictionary) for c in table.column(S.NAME).chunks)
+            names.append((markers, carried))
+        return table
+
+    monkeypatch.setattr(chunked, "read_chunk", reading)
+    counts = _ingest(path, tmp_path / "parts", True, monkeypatch, rows=200)
+    assert counts[0] >= 10 and sum(m for m, _ in names) == runs
+    # (a chunk's markers, the ends of the two batches it cuts, and the graph's five op names)
+    assert all(carried <= markers + 2 * 16 + 5 for markers, carried in names), names
+    _ingest(path, tmp_path / "whole", False, monkeypatch)
+    _assert_same_run(tmp_path / "whole", tmp_path / "parts")
 
 
 def test_a_trace_without_markers_is_one_window_in_chunks(

@@ -87,6 +87,7 @@ from traceview.ingest.large.writer import EventsWriter, with_self
 from traceview.model import schema as S
 from traceview.model.columns import (
     WORK,
+    compact_dictionaries,
     first_start,
     ints,
 )
@@ -102,6 +103,9 @@ from traceview.store import rundir as R
 #: helper process (reading the later part of the file, then analysing the chunks): it costs an
 #: interpreter and its imports, about a second of CPU, which a smaller trace does not repay.
 HELPER_MIN_BYTES = 256 << 20
+
+#: The inferred step markers are spilled in batches of at most this many rows.
+_MARKER_BATCH_ROWS = 4096
 
 
 def wants_chunks(parser: Parser) -> bool:
@@ -273,9 +277,11 @@ def _inferred(
     if found is None:
         return None
     if found.markers.num_rows:
-        markers = S.conform(found.markers, S.RAW_SCHEMA).to_batches()
-        spill = work / "markers.arrows"
-        spill_surveyed(iter(markers), survey, rules, spill)  # (numbered from survey.rows)
+        # (in batches, each with the names its rows use: a chunk routed a slice of one batch
+        # of every marker held all their names, 100,000 for as many Session.runs)
+        markers = S.conform(found.markers, S.RAW_SCHEMA).to_batches(_MARKER_BATCH_ROWS)
+        spill = work / "markers.arrows"  # (numbered from survey.rows)
+        spill_surveyed(map(compact_dictionaries, markers), survey, rules, spill)
         spills.append((spill, 0))
     return found
 
