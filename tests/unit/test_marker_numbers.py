@@ -1,7 +1,8 @@
 """Step markers' numbers read at once (``classify.marker_numbers``) against the step pattern
 asked one name at a time (``RuleSet.marker_number``), on names built to sit on every edge of
-``^LITERAL(\\d+)$``: Unicode digits, a trailing newline ``$`` allows, numbers past 15 digits and
-past ``MAX_STEP``, the literal alone, names that only begin like it, lone surrogates."""
+``^LITERAL(\\d+)$`` and of TensorFlow's ``(\\d+)$``: Unicode digits, a trailing newline ``$``
+allows, numbers past 15 digits and past ``MAX_STEP``, the literal alone, names that only begin
+like it, names of other characters, lone surrogates."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ PATTERNS = [
     r"^iteration (\d+)$",
     r"^é\#(\d+)$",
     r"^(\d+)$",
-    r"(\d+)$",  # (not a literal: asked name by name)
+    r"(\d+)$",  # (a name's trailing digits: read at once where the name is ASCII)
+    r"(\d+)\Z",  # (neither: asked name by name)
     r"(?i)^(?:ProfilerStep#|step#)(\d+)$",
 ]
 
@@ -59,6 +61,17 @@ def test_the_literal_of_a_pattern() -> None:
     assert literal(r"^x(\d+)$", re.MULTILINE) is None
 
 
+def test_the_trailing_number_pattern() -> None:
+    def trailing(pattern: str, flags: int = 0) -> bool:
+        return RuleSet("test", step_pattern=re.compile(pattern, flags)).trailing_number()
+
+    assert trailing(r"(\d+)$")
+    for other in (r"^(\d+)$", r"(\d+)\Z", r"(\d*)$", r"x(\d+)$", r"(\d+)$$", r"([0-9]+)$"):
+        assert not trailing(other), other
+    assert not trailing(r"(\d+)$", re.MULTILINE)
+    assert not trailing(r"(\d+)$", re.ASCII)
+
+
 def test_a_marker_of_100000_steps_read_at_once() -> None:
     rules = RuleSet("test")
     names = [f"ProfilerStep#{i}" for i in range(100_000)] + [
@@ -69,3 +82,8 @@ def test_a_marker_of_100000_steps_read_at_once() -> None:
     got = marker_numbers(rules, names)
     assert got[:100_000].tolist() == list(range(100_000))
     assert got[100_000:].tolist() == [NOT_A_MARKER, NOT_A_MARKER, NO_NUMBER]
+    tensorflow = RuleSet("test", step_pattern=re.compile(r"(\d+)$"))
+    names = [f"Session.run {i}" for i in range(100_000)] + ["Session.run", "1" * 20, "x\u0663"]
+    got = marker_numbers(tensorflow, names)
+    assert got[:100_000].tolist() == list(range(100_000))
+    assert got[100_000:].tolist() == [NOT_A_MARKER, NO_NUMBER, 3]

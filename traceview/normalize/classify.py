@@ -104,24 +104,33 @@ _DIGITS = 15
 def marker_numbers(rules: RuleSet, names: list[str]) -> np.ndarray:
     """``rules.marker_number`` of each name (int64). Where the step pattern is a literal and its
     number (``RuleSet.marker_literal``), the names that are the literal and 1-15 ASCII digits are
-    read at once and the names without the literal are no markers; the rest (other digits, a
-    trailing newline ``$`` allows, longer numbers) and every name of another pattern are asked of
-    the pattern one at a time (a run of 100,000 steps has as many distinct marker names)."""
+    read at once and the names without the literal are no markers; where it is a name's trailing
+    digits (``RuleSet.trailing_number``), so are the names of ASCII characters and no line
+    break. The rest (other digits, a trailing newline ``$`` allows, longer numbers) and every
+    name of another pattern are asked of the pattern one at a time (a run of 100,000 steps has
+    as many distinct marker names)."""
     literal = rules.marker_literal()
     ask = rules.marker_number
-    if literal is None or not names:
+    if (literal is None and not rules.trailing_number()) or not names:
         return np.array([ask(name) for name in names], np.int64).reshape(-1)
     try:
         values = pa.array(names, pa.string())
     except (UnicodeEncodeError, pa.ArrowException):  # (a name with a lone surrogate)
         return np.array([ask(name) for name in names], np.int64).reshape(-1)
-    prefixed = pc.starts_with(values, literal)
-    rest = pc.utf8_slice_codeunits(values, len(literal))  # (code points, as len counts)
-    digits = pc.and_(pc.ascii_is_decimal(rest), pc.less_equal(pc.binary_length(rest), _DIGITS))
-    quick = pc.and_(prefixed, digits).to_numpy(zero_copy_only=False)
+    if literal is not None:
+        unsure = pc.starts_with(values, literal)  # (without it: no marker)
+        number = pc.utf8_slice_codeunits(values, len(literal))  # (code points, as len counts)
+        readable = pc.ascii_is_decimal(number)
+    else:  # (an ASCII name without a line break: its digits at the end, or no marker)
+        plain = pc.and_(pc.string_is_ascii(values), pc.invert(pc.match_substring(values, "\n")))
+        number = pc.struct_field(pc.extract_regex(values, "(?P<n>[0-9]+)$"), [0])
+        unsure = pc.or_(pc.invert(plain), number.is_valid())
+        readable = plain
+    quick = pc.and_(pc.and_(unsure, readable), pc.less_equal(pc.binary_length(number), _DIGITS))
+    quick = pc.fill_null(quick, False).to_numpy(zero_copy_only=False)
     found = np.full(len(names), NOT_A_MARKER, np.int64)
-    found[quick] = pc.filter(rest, quick).cast(pa.int64()).to_numpy()
-    asked = np.flatnonzero(prefixed.to_numpy(zero_copy_only=False) & ~quick)
+    found[quick] = pc.filter(number, quick).cast(pa.int64()).to_numpy()
+    asked = np.flatnonzero(unsure.to_numpy(zero_copy_only=False) & ~quick)
     found[asked] = [ask(name) for name in taken(names, asked)]
     return found
 

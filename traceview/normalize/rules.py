@@ -130,6 +130,12 @@ class RuleSet:
         found = _LITERAL_AND_NUMBER.fullmatch(self.step_pattern.pattern)
         return None if found is None else re.sub(r"\\(.)", r"\1", found.group(1))
 
+    def trailing_number(self) -> bool:
+        """Whether the step pattern is ``(\\d+)$`` (TensorFlow's: a name's trailing digits), which
+        a name of ASCII characters and no line break answers without a search
+        (``classify.marker_numbers``)."""
+        return self.step_pattern.flags == re.UNICODE and self.step_pattern.pattern == r"(\d+)$"
+
     def step_number(self, name: str) -> int | None:
         """The step number in a marker's name; None without one, or where it is too large to be
         a step a run reached (a corrupt marker: see ``has_step_number``)."""
