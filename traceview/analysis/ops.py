@@ -45,14 +45,16 @@ class Coded:
     codes: np.ndarray
     values: list
 
-    def named(self) -> list[int]:
+    def named_codes(self) -> np.ndarray:
         """The codes some row holds (a part's dictionary may hold more values)."""
         seen = np.bincount(self.codes[self.codes >= 0], minlength=len(self.values))
-        return np.flatnonzero(seen).tolist()
+        return np.flatnonzero(seen)
 
-    def present(self) -> list:
-        """The values some row holds."""
-        return [self.values[i] for i in self.named()]
+    def numbers(self) -> np.ndarray:
+        """A rank or step column's values as int64 (a null: -1; no rank or step is negative)."""
+        return np.fromiter(
+            (-1 if v is None else v for v in self.values), np.int64, len(self.values)
+        )
 
     def at(self, rows: np.ndarray) -> Coded:
         """The codes of ``rows``, into the same values."""
@@ -210,12 +212,12 @@ def ops_part(
     )
 
 
-def _places(parts: list[OpsPart]) -> dict[str, dict]:
+def _places(parts: list[OpsPart]) -> dict[str, Any]:
     """Per column of _NAMED, per rank, each value's place by the event in which it first
     appears on the rank, over every part (ties in self time, in how often a name is seen, go to
     the values seen first), a rank's places after those of the ranks before it; the ranks and
-    steps in order."""
-    places: dict[str, dict] = {}
+    steps in order (their distinct numbers sorted: a number's place is where it is found)."""
+    places: dict[str, Any] = {}
     for column in _NAMED:
         first: dict[int, dict[str, int]] = {}
         for part in parts:
@@ -231,21 +233,21 @@ def _places(parts: list[OpsPart]) -> dict[str, dict]:
             at += len(mine)
         places[column] = place
     for column in (S.RANK, S.STEP):  # in order (a null step first)
-        values = {v for part in parts for v in part.keys[column].present() if v is not None}
-        places[column] = {v: i for i, v in enumerate(sorted(values))}
+        present = [p.keys[column].numbers()[p.keys[column].named_codes()] for p in parts]
+        numbers = np.unique(np.concatenate(present))
+        places[column] = numbers[numbers >= 0]
     return places
 
 
-def _placed(column: Coded, place: dict, rank: Coded | None = None) -> np.ndarray:
-    """Each code's value's place (a null's: -1, before every value), a lookup a distinct value
-    (or, with ``rank``, each code's rank where the places are per rank: a distinct pair)."""
+def _placed(column: Coded, place: Any, rank: Coded | None = None) -> np.ndarray:
+    """Each code's value's place (a null's: -1, before every value): a rank's or step's where
+    its number is among the sorted ``place``; a named value's a lookup a distinct value (with
+    ``rank``, each code's rank where the places are per rank: a distinct pair)."""
     codes = column.codes
     if rank is None:
-        lut = np.full(len(column.values) + 1, -1, np.int64)  # (the last: a null's)
-        for i in column.named():
-            value = column.values[i]
-            lut[i] = -1 if value is None else place[value]
-        return lut[codes]
+        numbers = column.numbers()
+        found = np.where(numbers >= 0, np.searchsorted(place, numbers), -1)
+        return np.append(found, -1)[codes]  # (a code of -1, the last: a null's)
     width = len(column.values) + 1
     pairs, inverse = np.unique(rank.codes * width + (codes + 1), return_inverse=True)
     values = [None, *column.values]
@@ -266,7 +268,7 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     parts = [p for p in parts if len(p.count)]
     if not parts:
         return S.empty(S.OPS_SCHEMA)
-    places: dict[str, dict] = _places(parts)
+    places = _places(parts)
     # each part's groups as rows of their keys' places; the merged groups are the distinct rows,
     # in the order of the places (a null first)
     placed = np.concatenate(
@@ -298,10 +300,7 @@ def combine_ops(parts: list[OpsPart]) -> pa.Table:
     p50, p95 = _percentiles(parts, index, starts, n)
     top = _top_names(parts, index, starts, places[S.NAME], n)
     key_names: dict[str, list[Any]] = {
-        k: _in_place_order(places[k])
-        if k in _NAMED
-        else sorted(places[k], key=places[k].__getitem__)
-        for k in _RANK_KEYS
+        k: _in_place_order(places[k]) if k in _NAMED else places[k].tolist() for k in _RANK_KEYS
     }
     table = pa.table(
         {
