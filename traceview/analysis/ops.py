@@ -246,8 +246,8 @@ def _placed(column: Coded, place: Any, rank: Coded | None = None) -> np.ndarray:
     codes = column.codes
     if rank is None:
         numbers = column.numbers()
-        found = np.where(numbers >= 0, np.searchsorted(place, numbers), -1)
-        return np.append(found, -1)[codes]  # (a code of -1, the last: a null's)
+        at = np.where(numbers >= 0, np.searchsorted(place, numbers), -1)
+        return np.append(at, -1)[codes]  # (a code of -1, the last: a null's)
     width = len(column.values) + 1
     pairs, inverse = np.unique(rank.codes * width + (codes + 1), return_inverse=True)
     values = [None, *column.values]
